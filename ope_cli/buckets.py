@@ -1,0 +1,201 @@
+"""Episodes -> fixed-shape padded [batch, time] arrays, grouped by length bucket.
+
+Bucket lengths grow geometrically (8, 16, 32, ... by default) without a cap, so a
+10,000-step episode gets a 16,384-step bucket rather than being dropped. A bucket of
+length T is always cut into batches of the same number of episodes B(T), so the
+kernel sees one shape per bucket and compiles once for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from ope_cli.config import BatchingConfig
+from ope_cli.episodes import EpisodeChunk
+
+RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedBatch:
+    """B episodes of one bucket, padded to T steps. Padding is absorbing: no reward, ratio 1.
+
+    Attributes:
+      observation: [B, T] (index or scalar) or [B, T, obs_dim]; None when not read.
+      action: [B, T] int64 (discrete) or [B, T, act_dim] float64.
+      reward: [B, T] float64, 0 on padding.
+      log_behavior: [B, T] float64 log pi_b(a|s), 0 on padding.
+      log_target: [B, T] float64 logged log pi_e(a|s), 0 on padding; None when not logged.
+      step_mask: [B, T] bool, True on real steps.
+      episode_mask: [B] bool, True on real episodes (False on rows that only fill the batch).
+      group: [B] int32 resampling group of each episode, from its id.
+    """
+
+    observation: np.ndarray | None
+    action: np.ndarray
+    reward: np.ndarray
+    log_behavior: np.ndarray
+    log_target: np.ndarray | None
+    step_mask: np.ndarray
+    episode_mask: np.ndarray
+    group: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.step_mask.shape
+
+
+def bucket_lengths_upto(max_length: int, min_bucket: int, growth: float) -> np.ndarray:
+    """Increasing bucket lengths, ceil(min_bucket * growth**k), until one is >= max_length."""
+    lengths = [max(1, min_bucket)]
+    while lengths[-1] < max_length:
+        lengths.append(max(lengths[-1] + 1, math.ceil(min_bucket * growth ** len(lengths))))
+    return np.asarray(lengths, np.int64)
+
+
+def episodes_per_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
+    """B for a bucket of ``length`` steps: about ``batch_steps`` cells, a multiple of ``multiple_of``."""
+    episodes = max(1, batch_steps // length)
+    return -(-episodes // multiple_of) * multiple_of
+
+
+def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
+    """The sub-chunk of the given episode indices ([k] int), steps gathered in one go."""
+    offsets = chunk.offsets
+    lengths = chunk.lengths[episodes]
+    rows = np.repeat(offsets[episodes], lengths) + (
+        np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    )
+
+    def rows_of(array: np.ndarray | None) -> np.ndarray | None:
+        return None if array is None else array[rows]
+
+    return dataclasses.replace(
+        chunk,
+        ids=chunk.ids[episodes],
+        keys=chunk.keys[episodes],
+        lengths=lengths,
+        observation=rows_of(chunk.observation),
+        action=rows_of(chunk.action),
+        reward=rows_of(chunk.reward),
+        log_behavior=rows_of(chunk.log_behavior),
+        log_target=rows_of(chunk.log_target),
+    )
+
+
+def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
+    """One chunk holding the episodes of ``chunks`` in order (file of the first)."""
+    if len(chunks) == 1:
+        return chunks[0]
+
+    def joined(name: str) -> np.ndarray | None:
+        parts = [getattr(c, name) for c in chunks]
+        return None if parts[0] is None else np.concatenate(parts)
+
+    return dataclasses.replace(chunks[0], **{
+        name: joined(name)
+        for name in ("ids", "keys", "lengths", "observation", "action", "reward", "log_behavior",
+                     "log_target")
+    })
+
+
+def pad(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
+    """Pads <= ``batch`` episodes of <= ``length`` steps into a [batch, length] PaddedBatch."""
+    lengths = chunk.lengths
+    episode_of_row = np.repeat(np.arange(lengths.size), lengths)
+    time_of_row = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], lengths)
+
+    def padded(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None:
+            return None
+        out = np.zeros((batch, length, *values.shape[1:]), values.dtype)
+        out[episode_of_row, time_of_row] = values
+        return out
+
+    step_mask = np.zeros((batch, length), bool)
+    step_mask[episode_of_row, time_of_row] = True
+    episode_mask = np.zeros(batch, bool)
+    episode_mask[: lengths.size] = True
+    group = np.zeros(batch, np.int32)
+    group[: lengths.size] = (chunk.keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    return PaddedBatch(
+        observation=padded(chunk.observation),
+        action=padded(chunk.action),
+        reward=padded(chunk.reward),
+        log_behavior=padded(chunk.log_behavior),
+        log_target=padded(chunk.log_target),
+        step_mask=step_mask,
+        episode_mask=episode_mask,
+        group=group,
+    )
+
+
+class Bucketer:
+    """Collects episodes per length bucket and emits full fixed-shape batches.
+
+    Attributes (for reports): ``real_steps`` and ``padded_steps`` (cells of emitted
+    batches, filler rows included) and ``shapes`` (the distinct [B, T] shapes emitted).
+    """
+
+    def __init__(self, batching: BatchingConfig, multiple_of: int = 1):
+        self.batching = batching
+        self.multiple_of = multiple_of
+        self._lengths = bucket_lengths_upto(1, batching.min_bucket, batching.bucket_growth)
+        self._pending: dict[int, list[EpisodeChunk]] = {}
+        self._pending_count: dict[int, int] = {}
+        self.real_steps = 0
+        self.padded_steps = 0
+        self.shapes: set[tuple[int, int]] = set()
+
+    def add(self, chunk: EpisodeChunk) -> Iterator[PaddedBatch]:
+        """Files the chunk's episodes into buckets; yields every batch that became full."""
+        longest = int(chunk.lengths.max())
+        if longest > self._lengths[-1]:
+            self._lengths = bucket_lengths_upto(longest, self.batching.min_bucket, self.batching.bucket_growth)
+        bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
+        for bucket in np.unique(bucket_of):
+            length = int(self._lengths[bucket])
+            members = np.flatnonzero(bucket_of == bucket)
+            part = chunk if members.size == chunk.num_episodes else take_episodes(chunk, members)
+            self._pending.setdefault(length, []).append(part)
+            self._pending_count[length] = self._pending_count.get(length, 0) + members.size
+            yield from self._drain(length, final=False)
+
+    def flush(self) -> Iterator[PaddedBatch]:
+        """Yields the remaining, partly filled batches (filler rows masked out)."""
+        for length in sorted(self._pending):
+            yield from self._drain(length, final=True)
+
+    def _tail_batch(self, batch: int, episodes: int) -> int:
+        """Rows for a bucket's last, partial batch: the full size halved while the episodes
+        still fit, so a nearly empty bucket does not pay for a full batch of filler rows
+        (at most log2(B) extra shapes per bucket, and only at the end)."""
+        rows = batch
+        while rows % 2 == 0 and rows // 2 >= episodes and (rows // 2) % self.multiple_of == 0:
+            rows //= 2
+        return rows
+
+    def _drain(self, length: int, final: bool) -> Iterator[PaddedBatch]:
+        batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
+        count = self._pending_count.get(length, 0)
+        if count == 0 or (count < batch and not final):
+            return
+        pending = concat_chunks(self._pending.pop(length))
+        self._pending_count[length] = 0
+        start = 0
+        while count - start >= batch or (final and start < count):
+            stop = min(start + batch, count)
+            part = take_episodes(pending, np.arange(start, stop)) if (start, stop) != (0, count) else pending
+            rows = batch if stop - start == batch else self._tail_batch(batch, stop - start)
+            self.real_steps += part.num_steps
+            self.padded_steps += rows * length
+            self.shapes.add((rows, length))
+            yield pad(part, length, rows)
+            start = stop
+        if start < count:
+            self._pending[length] = [take_episodes(pending, np.arange(start, count))]
+            self._pending_count[length] = count - start

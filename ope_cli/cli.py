@@ -1,0 +1,203 @@
+"""The ``ope`` command line: typer options -> config -> core -> formatter -> exit code.
+
+Heavy imports (jax, the pipeline) happen inside commands so ``ope --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import traceback
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ope_cli import __version__
+from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.errors import OpeError, UsageError
+
+app = typer.Typer(
+    name="ope",
+    help="Offline policy evaluation (IS, WIS, PDIS, WPDIS) over logged Parquet/Arrow episodes.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+stderr = Console(stderr=True)
+_state = {"debug": False}
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class PrecisionOption(str, enum.Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
+                                                 help="Print the version and exit.")] = None,
+) -> None:
+    """Estimate how well evaluation policies would do, from episodes logged by another policy.
+
+    Example: [bold]ope evaluate logs.parquet --policy ckpt.npz --gamma 0.99[/bold]
+    """
+    _state["debug"] = debug
+
+
+ColumnOption = Annotated[str | None, typer.Option(rich_help_panel="Columns")]
+
+
+@app.command()
+def evaluate(
+    data: Annotated[str, typer.Argument(help="Parquet file, directory of Parquet files, glob, or "
+                                              "Arrow IPC/Feather file.")],
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", "-p", help="Checkpoint .npz or entry point package.module:name; repeat for several "
+        "policies (one pass). Omit to use target probabilities logged in the data.")] = None,
+    gamma: Annotated[float, typer.Option(help="Discount factor in [0, 1].")] = 1.0,
+    estimator: Annotated[list[str] | None, typer.Option(
+        "--estimator", "-e", help=f"Estimator to report ({', '.join(ESTIMATORS)}); repeatable. "
+        "Default: all.")] = None,
+    output_format: Annotated[OutputFormat | None, typer.Option(
+        "--format", "-f", help="Output on stdout. Default: table on a terminal, json otherwise.")] = None,
+    confidence: Annotated[float, typer.Option(help="Confidence level of the intervals.")] = 0.95,
+    precision: Annotated[PrecisionOption | None, typer.Option(
+        help="Kernel precision. Default: float64 on CPU, float32 on accelerators.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")] = False,
+    episode_col: ColumnOption = None,
+    step_col: ColumnOption = None,
+    obs_col: ColumnOption = None,
+    action_col: ColumnOption = None,
+    reward_col: ColumnOption = None,
+    behavior_prob_col: ColumnOption = None,
+    behavior_log_prob_col: ColumnOption = None,
+    target_prob_col: ColumnOption = None,
+    target_log_prob_col: ColumnOption = None,
+    read_rows: Annotated[int, typer.Option(help="Rows per record batch read.",
+                                           rich_help_panel="Batching")] = BatchingConfig.read_rows,
+    batch_steps: Annotated[int, typer.Option(help="Padded steps per kernel call.",
+                                             rich_help_panel="Batching")] = BatchingConfig.batch_steps,
+    min_bucket: Annotated[int, typer.Option(help="Shortest episode-length bucket; lengths double.",
+                                            rich_help_panel="Batching")] = BatchingConfig.min_bucket,
+) -> None:
+    """Estimate each policy's value from the logged episodes in DATA.
+
+    Examples:
+
+      ope evaluate logs.parquet --policy ckpt.npz --gamma 0.99
+
+      ope evaluate logs/ -p a.npz -p b.npz --format json | jq '.results[0].estimates.wis.value'
+
+      ope evaluate episodes.parquet --policy mypkg.models:policy --obs-col state --behavior-prob-col pscore
+    """
+    from ope_cli.pipeline import evaluate as run_evaluation
+    from ope_cli.report import render_table, to_csv, to_json
+
+    config = EvaluationConfig(
+        data=data,
+        policies=tuple(policy or ()),
+        gamma=gamma,
+        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else ESTIMATORS,
+        confidence=confidence,
+        columns=ColumnMapping(
+            episode=episode_col, step=step_col, observation=obs_col, action=action_col,
+            reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
+            target_prob=target_prob_col, target_log_prob=target_log_prob_col,
+        ),
+        batching=BatchingConfig(read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket),
+        precision=precision.value if precision else None,
+    )
+    chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
+    with _progress(quiet) as on_progress:
+        result = run_evaluation(config, on_progress=on_progress)
+    if chosen is OutputFormat.json:
+        sys.stdout.write(to_json(result) + "\n")
+    elif chosen is OutputFormat.csv:
+        sys.stdout.write(to_csv(result))
+    else:
+        render_table(result, Console())
+
+
+class _progress:
+    """A rich progress bar of rows read on stderr, only when stderr is a terminal."""
+
+    def __init__(self, quiet: bool):
+        self.enabled = not quiet and stderr.is_terminal
+        self._progress = None
+        self._task = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("reading"), BarColumn(), TextColumn("{task.completed:,} rows"),
+                                  TimeRemainingColumn(), console=stderr, transient=True)
+        self._progress.__enter__()
+        self._task = self._progress.add_task("rows", total=None)
+        return self.update
+
+    def update(self, rows: int, total: int | None) -> None:
+        self._progress.update(self._task, completed=rows, total=total)
+
+    def __exit__(self, *exc_info):
+        if self._progress is not None:
+            self._progress.__exit__(*exc_info)
+        return False
+
+
+def _error_line(error: BaseException) -> str:
+    return str(error).strip().replace("\n", " ")
+
+
+def main() -> None:
+    """Console entry point: runs the app and maps errors to one stderr line and an exit code."""
+    debug = "--debug" in sys.argv[1:]
+    try:
+        code = app(standalone_mode=False)
+    except OpeError as error:
+        if debug:
+            traceback.print_exc()
+        stderr.print(f"ope: {error.kind}: {_error_line(error)}", markup=False, highlight=False,
+                     soft_wrap=True)
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        stderr.print("ope: aborted", markup=False)
+        sys.exit(130)
+    except typer.TyperException as error:  # usage errors from option parsing
+        stderr.print(f"ope: usage error: {_error_line(error.format_message())}", markup=False,
+                     highlight=False, soft_wrap=True)
+        sys.exit(UsageError.exit_code)
+    except KeyboardInterrupt:
+        stderr.print("ope: interrupted", markup=False)
+        sys.exit(130)
+    except Exception as error:  # noqa: BLE001 - anything else is a bug: say so, exit 1
+        if debug:
+            traceback.print_exc()
+        stderr.print(f"ope: internal error (a bug; rerun with --debug for the traceback): "
+                     f"{type(error).__name__}: {_error_line(error)}", markup=False, soft_wrap=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
+
+
+

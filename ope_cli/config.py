@@ -1,0 +1,56 @@
+"""Frozen settings that flow from the command line into the core."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+ESTIMATORS: tuple[str, ...] = ("is", "wis", "pdis", "wpdis")
+Precision = Literal["float32", "float64"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnMapping:
+    """User overrides of column names; ``None`` means detect from defaults and aliases."""
+
+    episode: str | None = None
+    step: str | None = None
+    observation: str | None = None
+    action: str | None = None
+    reward: str | None = None
+    behavior_prob: str | None = None
+    behavior_log_prob: str | None = None
+    target_prob: str | None = None
+    target_log_prob: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingConfig:
+    """How rows are read and episodes are padded.
+
+    Attributes:
+      read_rows: rows per Arrow record batch read from disk.
+      batch_steps: padded steps ([batch, time] cells) per kernel call; a bucket of
+        length T runs ``max(1, batch_steps // T)`` episodes per call.
+      min_bucket: length of the shortest bucket; bucket lengths grow geometrically.
+      bucket_growth: ratio between consecutive bucket lengths (> 1).
+    """
+
+    read_rows: int = 65_536
+    batch_steps: int = 65_536
+    min_bucket: int = 8
+    bucket_growth: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationConfig:
+    """Everything ``ope evaluate`` needs, independent of the terminal."""
+
+    data: str
+    policies: tuple[str, ...] = ()
+    gamma: float = 1.0
+    estimators: tuple[str, ...] = ESTIMATORS
+    confidence: float = 0.95
+    columns: ColumnMapping = ColumnMapping()
+    batching: BatchingConfig = BatchingConfig()
+    precision: Precision | None = None  # None: float64 on CPU, float32 on accelerators

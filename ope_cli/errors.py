@@ -1,0 +1,46 @@
+"""The project's exception types; each carries the exit code the CLI returns for it."""
+
+from __future__ import annotations
+
+
+class OpeError(Exception):
+    """A problem the user can act on, reported as one line on stderr."""
+
+    exit_code: int = 1
+    kind: str = "error"
+
+
+class UsageError(OpeError):
+    """Bad command-line usage: unknown option values, missing arguments (exit 2)."""
+
+    exit_code = 2
+    kind = "usage error"
+
+
+class DataError(OpeError):
+    """The logged data is missing, unreadable, or breaks the data contract (exit 3)."""
+
+    exit_code = 3
+    kind = "invalid data"
+
+
+class PolicyError(OpeError):
+    """A policy checkpoint or entry point cannot be loaded or used (exit 4)."""
+
+    exit_code = 4
+    kind = "invalid policy"
+
+
+def where(file: str | None = None, episode: object = None, step: int | None = None) -> str:
+    """Formats a location prefix such as ``logs.parquet: episode 17, step 3: ``."""
+    parts = []
+    if file is not None:
+        parts.append(str(file))
+    inner = []
+    if episode is not None:
+        inner.append(f"episode {episode!r}" if isinstance(episode, str) else f"episode {episode}")
+    if step is not None:
+        inner.append(f"step {step}")
+    if inner:
+        parts.append(", ".join(inner))
+    return ": ".join(parts) + ": " if parts else ""

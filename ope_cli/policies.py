@@ -1,0 +1,298 @@
+"""Evaluation policies: ``.npz`` checkpoints, ``module:name`` entry points, logged targets.
+
+Every policy becomes a per-step function ``log_prob(params, observation, action) -> []``
+written for one step; the kernel vmaps it over steps, episodes and (for stacked
+checkpoints) policies. Checkpoints of the same kind and shapes share one function
+and are stacked along a leading policy axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ope_cli.errors import DataError, PolicyError
+
+LogProbFn = Callable[[Any, Any, Any], Any]
+LOGGED = "logged target probabilities"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """One evaluation policy.
+
+    Attributes:
+      name: as given on the command line (the report's ``policy`` field).
+      kind: checkpoint kind, ``entry_point`` or ``logged``.
+      params: dict of parameter arrays (checkpoints), else None.
+      static: hashable settings that select the function (e.g. the MLP activation).
+      log_prob: per-step ``(params, observation, action) -> log pi(a|s)``; None for logged.
+      discrete: whether the policy is over integer actions (None: unknown, entry points).
+      n_actions, n_states, obs_dim, act_dim: sizes to check the data against (None: unknown).
+    """
+
+    name: str
+    kind: str
+    params: dict[str, np.ndarray] | None
+    static: tuple
+    log_prob: LogProbFn | None
+    discrete: bool | None = None
+    n_actions: int | None = None
+    n_states: int | None = None
+    obs_dim: int | None = None
+    act_dim: int | None = None
+
+    @property
+    def stack_key(self) -> tuple:
+        """Policies with equal keys run as one vmapped, stacked kernel."""
+        if self.params is None:
+            return (self.kind, self.name)
+        shapes = tuple((k, v.shape, v.dtype.str) for k, v in sorted(self.params.items()))
+        return (self.kind, self.static, shapes)
+
+
+# --- per-step log-probabilities (pure JAX) -------------------------------------------------
+
+
+def _jnp():
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def _vector(observation):
+    jnp = _jnp()
+    return jnp.atleast_1d(observation)
+
+
+def tabular_log_prob(params, observation, action):
+    """log softmax(logits[s])[a]; observation is an integer state."""
+    import jax
+
+    return jax.nn.log_softmax(params["logits"][observation])[action]
+
+
+def linear_softmax_log_prob(params, observation, action):
+    """log softmax((s @ W + b) / temperature)[a]."""
+    import jax
+
+    logits = (_vector(observation) @ params["weight"] + params["bias"]) / params["temperature"]
+    return jax.nn.log_softmax(logits)[action]
+
+
+def _mlp_log_prob(activation: str) -> LogProbFn:
+    def mlp_softmax_log_prob(params, observation, action):
+        """log softmax(MLP(s))[a] with ``activation`` between layers."""
+        import jax
+
+        act = {"tanh": _jnp().tanh, "relu": jax.nn.relu}[activation]
+        hidden = _vector(observation)
+        layers = len(params) // 2
+        for i in range(layers):
+            hidden = hidden @ params[f"weight_{i}"] + params[f"bias_{i}"]
+            if i < layers - 1:
+                hidden = act(hidden)
+        return jax.nn.log_softmax(hidden)[action]
+
+    return mlp_softmax_log_prob
+
+
+def linear_gaussian_log_prob(params, observation, action):
+    """Diagonal Gaussian log-density of the action vector, mean s @ W + b, std exp(log_std)."""
+    jnp = _jnp()
+    mean = _vector(observation) @ params["weight"] + params["bias"]
+    log_std = params["log_std"]
+    z = (jnp.atleast_1d(action) - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi))
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def _array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str) -> np.ndarray:
+    if key not in arrays:
+        raise PolicyError(f"{path}: checkpoint has no array {key!r} (has: {', '.join(sorted(arrays))})")
+    value = arrays[key]
+    if value.dtype.kind not in "fiu":
+        raise PolicyError(f"{path}: array {key!r} has dtype {value.dtype}, expected numbers")
+    if value.ndim != ndim:
+        raise PolicyError(f"{path}: array {key!r} has shape {value.shape}, expected {ndim} dimension(s)")
+    if not np.isfinite(value).all():
+        raise PolicyError(f"{path}: array {key!r} holds NaN or infinite values")
+    return value.astype(np.float64)
+
+
+def _same(path: str, what: str, expected: int, key: str, actual: int) -> None:
+    if expected != actual:
+        raise PolicyError(f"{path}: {what}: {key!r} has size {actual}, expected {expected}")
+
+
+def load_checkpoint(path: str) -> Policy:
+    """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except FileNotFoundError:
+        raise PolicyError(f"{path}: no such checkpoint file") from None
+    except ValueError as error:
+        if "allow_pickle" in str(error):
+            raise PolicyError(f"{path}: checkpoint holds pickled Python objects, which are not loaded "
+                              "(save plain numeric arrays and a string 'kind')") from None
+        raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
+    if "kind" not in arrays:
+        raise PolicyError(f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
+                          "mlp_softmax, linear_gaussian)")
+    kind = str(arrays.pop("kind"))
+    if kind == "tabular":
+        logits = _array(arrays, "logits", 2, path)
+        return Policy(path, kind, {"logits": logits}, (), tabular_log_prob, discrete=True,
+                      n_states=logits.shape[0], n_actions=logits.shape[1])
+    if kind == "linear_softmax":
+        weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
+        _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+        temperature = _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
+        if not temperature > 0:
+            raise PolicyError(f"{path}: temperature must be > 0, got {float(temperature)}")
+        params = {"weight": weight, "bias": bias, "temperature": np.asarray(temperature)}
+        return Policy(path, kind, params, (), linear_softmax_log_prob, discrete=True,
+                      obs_dim=weight.shape[0], n_actions=weight.shape[1])
+    if kind == "mlp_softmax":
+        activation = str(arrays.pop("activation", "tanh"))
+        if activation not in ("tanh", "relu"):
+            raise PolicyError(f"{path}: activation {activation!r} is not one of tanh, relu")
+        layers = sum(1 for key in arrays if key.startswith("weight_"))
+        if layers == 0:
+            raise PolicyError(f"{path}: mlp_softmax checkpoint has no 'weight_0' array")
+        params = {}
+        width = None
+        for i in range(layers):
+            weight = _array(arrays, f"weight_{i}", 2, path)
+            bias = _array(arrays, f"bias_{i}", 1, path)
+            if width is not None:
+                _same(path, f"layer {i} input must match layer {i - 1} output", width, f"weight_{i}",
+                      weight.shape[0])
+            _same(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
+            width = weight.shape[1]
+            params[f"weight_{i}"], params[f"bias_{i}"] = weight, bias
+        return Policy(path, kind, params, (activation,), _mlp_log_prob(activation), discrete=True,
+                      obs_dim=params["weight_0"].shape[0], n_actions=width)
+    if kind == "linear_gaussian":
+        weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
+        log_std = _array(arrays, "log_std", 1, path)
+        _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+        _same(path, "log_std must match weight's columns", weight.shape[1], "log_std", log_std.shape[0])
+        return Policy(path, kind, {"weight": weight, "bias": bias, "log_std": log_std}, (),
+                      linear_gaussian_log_prob, discrete=False, obs_dim=weight.shape[0],
+                      act_dim=weight.shape[1])
+    raise PolicyError(f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
+                      "mlp_softmax or linear_gaussian)")
+
+
+# --- entry points --------------------------------------------------------------------------
+
+
+def load_entry_point(spec: str) -> Policy:
+    """Imports ``package.module:name``: a per-step log_prob function, or an object with a
+    ``log_prob`` or ``prob`` method of that signature."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise PolicyError(f"{spec}: expected an .npz checkpoint or an entry point 'package.module:name'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules import
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure of user code is a policy error
+        raise PolicyError(f"{spec}: cannot import module {module_name!r}: {type(error).__name__}: "
+                          f"{error}") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if hasattr(target, "log_prob") and callable(target.log_prob):
+        method = target.log_prob
+
+        def log_prob(params, observation, action):
+            return method(observation, action)
+    elif hasattr(target, "prob") and callable(target.prob):
+        method = target.prob
+
+        def log_prob(params, observation, action):
+            return _jnp().log(method(observation, action))
+    elif callable(target):
+        function = target
+
+        def log_prob(params, observation, action):
+            return function(observation, action)
+    else:
+        raise PolicyError(f"{spec}: {attribute!r} is not callable and has no log_prob or prob method")
+    return Policy(spec, "entry_point", None, (), log_prob)
+
+
+def load_policy(spec: str) -> Policy:
+    """A policy from a command-line ``--policy`` value."""
+    if spec.endswith(".npz") or Path(spec).is_file():
+        return load_checkpoint(spec)
+    return load_entry_point(spec)
+
+
+def logged_policy() -> Policy:
+    """The evaluation policy whose probabilities are logged in the data."""
+    return Policy(LOGGED, "logged", None, (), None)
+
+
+# --- checks against the data ---------------------------------------------------------------
+
+
+def check_against_schema(policy: Policy, schema) -> None:
+    """Type-level compatibility of a policy and the data (before any row is read)."""
+    if policy.discrete is True and schema.action_kind != "discrete":
+        raise DataError(f"actions in column {schema.columns['action']!r} are not integers, but policy "
+                        f"{policy.name} ({policy.kind}) is over discrete actions")
+    if policy.discrete is False and schema.action_kind == "discrete":
+        raise DataError(f"actions in column {schema.columns['action']!r} are integers, but policy "
+                        f"{policy.name} ({policy.kind}) is over continuous actions")
+    if policy.kind == "tabular" and schema.observation_kind != "index":
+        raise DataError(f"policy {policy.name} is tabular and needs integer state observations, but "
+                        f"column {schema.columns['observation']!r} holds {schema.observation_kind} values")
+    if policy.obs_dim is not None and schema.observation_dim not in (None, policy.obs_dim):
+        raise DataError(f"observations in column {schema.columns['observation']!r} have size "
+                        f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}")
+
+
+def check_against_chunk(policy: Policy, chunk) -> None:
+    """Value-level compatibility (action and state ranges, observation size) of one chunk."""
+    from ope_cli.errors import where
+
+    def fail(bad: np.ndarray, problem: str) -> None:
+        rows = np.flatnonzero(bad)
+        if rows.size:
+            episode, step = chunk.locate(int(rows[0]))
+            raise DataError(f"{where(chunk.file, episode, step)}{problem} ({rows.size} row(s) affected)")
+
+    if policy.n_actions is not None:
+        fail(chunk.action >= policy.n_actions,
+             f"action is outside policy {policy.name}'s {policy.n_actions} actions (0..{policy.n_actions - 1})")
+    if policy.n_states is not None:
+        fail(chunk.observation >= policy.n_states,
+             f"state index is outside policy {policy.name}'s {policy.n_states} states")
+    if policy.obs_dim is not None and chunk.observation is not None:
+        size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
+        if size != policy.obs_dim:
+            fail(np.ones(chunk.num_steps, bool),
+                 f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}")
+    if policy.act_dim is not None:
+        size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
+        if size != policy.act_dim:
+            fail(np.ones(chunk.num_steps, bool),
+                 f"action has size {size}, but policy {policy.name} expects {policy.act_dim}")

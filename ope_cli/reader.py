@@ -1,0 +1,137 @@
+"""Parquet / Arrow IPC files -> projected record batches, each tagged with its file."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ope_cli.errors import DataError
+
+PARQUET_MAGIC = b"PAR1"
+ARROW_FILE_MAGIC = b"ARROW1"
+ARROW_STREAM_CONTINUATION = b"\xff\xff\xff\xff"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourcedBatch:
+    """A record batch and the file it came from (so errors can say where)."""
+
+    file: str
+    batch: pa.RecordBatch
+    last_in_file: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedDataset:
+    """An ordered list of data files read as one dataset.
+
+    Attributes:
+      source: what the user passed (file, directory or glob).
+      files: data files in read order (sorted paths).
+      format: ``parquet`` or ``ipc``.
+      dataset: the pyarrow dataset over ``files`` (hive partitions for directories).
+    """
+
+    source: str
+    files: tuple[str, ...]
+    format: str
+    dataset: ds.Dataset
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.dataset.schema
+
+    def count_rows(self) -> int | None:
+        """Total rows from file metadata (cheap for Parquet), or None when unknown."""
+        if self.format != "parquet":
+            return None
+        try:
+            return sum(fragment.metadata.num_rows for fragment in self.dataset.get_fragments())
+        except (OSError, pa.ArrowException):
+            return None
+
+
+def _sniff_format(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as error:
+        raise DataError(f"{path}: cannot read file ({error.strerror or error})") from None
+    if head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    if head.startswith(ARROW_FILE_MAGIC) or head.startswith(ARROW_STREAM_CONTINUATION):
+        return "ipc"
+    if not head:
+        raise DataError(f"{path}: file is empty (0 bytes), not a Parquet or Arrow file")
+    raise DataError(f"{path}: not a Parquet or Arrow IPC/Feather file (unrecognised header)")
+
+
+def _data_files_in(directory: Path) -> list[str]:
+    files = []
+    for root, dirs, names in os.walk(directory):
+        # Hidden and underscore-prefixed entries are metadata (_SUCCESS, .crc), as in pyarrow.
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        files.extend(os.path.join(root, n) for n in names if not n.startswith((".", "_")))
+    return sorted(files)
+
+
+def open_dataset(source: str) -> LoggedDataset:
+    """Resolves a file, directory or glob into an ordered dataset; raises DataError."""
+    path = Path(source)
+    base_dir: str | None = None
+    if path.is_dir():
+        files = _data_files_in(path)
+        base_dir = str(path)
+        if not files:
+            raise DataError(f"{source}: directory holds no data files")
+    elif path.is_file():
+        files = [str(path)]
+    elif glob.has_magic(source):
+        files = sorted(f for f in glob.glob(source, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise DataError(f"{source}: no files match this pattern")
+    else:
+        raise DataError(f"{source}: no such file or directory")
+
+    formats = {_sniff_format(f) for f in files}
+    if len(formats) > 1:
+        raise DataError(f"{source}: mixes Parquet and Arrow IPC files; use one format")
+    (file_format,) = formats
+    try:
+        dataset = ds.dataset(
+            files,
+            format=file_format,
+            partitioning="hive" if base_dir else None,
+            partition_base_dir=base_dir,
+        )
+    except (OSError, pa.ArrowException) as error:
+        raise DataError(f"{source}: cannot open dataset: {_first_line(error)}") from None
+    return LoggedDataset(source=source, files=tuple(files), format=file_format, dataset=dataset)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def iter_batches(data: LoggedDataset, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
+    """Streams record batches of at most ``rows`` rows, file by file, in file order."""
+    for fragment in data.dataset.get_fragments():
+        try:
+            batches = fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
+            previous = None
+            for batch in batches:
+                if previous is not None:
+                    yield SourcedBatch(fragment.path, previous, last_in_file=False)
+                previous = batch
+        except (OSError, pa.ArrowException) as error:
+            raise DataError(f"{fragment.path}: cannot read: {_first_line(error)}") from None
+        if previous is None:  # a file with no rows still ends the file's episodes
+            previous = pa.RecordBatch.from_pylist([], schema=data.schema.select(columns))
+        yield SourcedBatch(fragment.path, previous, last_in_file=True)
