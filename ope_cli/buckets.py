@@ -171,12 +171,13 @@ class Bucketer:
             yield from self._drain(length, final=True)
 
     def _tail_batch(self, batch: int, episodes: int) -> int:
-        """Rows for a bucket's last, partial batch: the full size halved while the episodes
-        still fit, so a nearly empty bucket does not pay for a full batch of filler rows
-        (at most log2(B) extra shapes per bucket, and only at the end)."""
+        """Rows for a bucket's last, partial batch: the full size divided by 4 while the
+        episodes still fit, so a nearly empty bucket does not pay for a full batch of
+        filler rows. A coarse ladder keeps the number of extra shapes (compilations) small.
+        """
         rows = batch
-        while rows % 2 == 0 and rows // 2 >= episodes and (rows // 2) % self.multiple_of == 0:
-            rows //= 2
+        while rows % 4 == 0 and rows // 4 >= episodes and (rows // 4) % self.multiple_of == 0:
+            rows //= 4
         return rows
 
     def _drain(self, length: int, final: bool) -> Iterator[PaddedBatch]:

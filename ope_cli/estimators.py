@@ -15,33 +15,31 @@ import jax
 import jax.numpy as jnp
 
 
+# Columns of the per-group sums. Trajectory terms use w_i = W_{i,T_i-1} / exp(log_scale_trajectory)
+# and G_i the discounted return; per-decision terms P_i = sum_t gamma^t W_{i,t} r_{i,t} /
+# exp(log_scale_step).
+GROUP_SUM_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g", "sum_w2g2",
+                    "sum_p", "sum_p2")
+
+
 class BatchStatistics(NamedTuple):
     """Sufficient statistics of one batch for one policy; merged across batches in ``stats``.
 
-    Trajectory terms use w_i = exp(log W_{i,T_i-1} - log_scale_trajectory); per-decision
-    terms use exp(log W_{i,t} - log_scale_step); WPDIS terms use a scale per step t.
+    Every sum is kept per resampling group (rows of ``group_sums``, ``group_num_t``,
+    ``group_den_t``), so one matrix product computes them all and later resampling
+    (jackknife over groups) needs no second pass.
     """
 
-    count: jax.Array  # [] episodes
-    zero_count: jax.Array  # [] episodes whose trajectory weight is 0
-    log_scale_trajectory: jax.Array  # [] max_i log W_{i,T_i-1} (-inf if no episode)
-    sum_w: jax.Array  # [] sum_i w_i
-    sum_w2: jax.Array  # [] sum_i w_i^2
-    sum_wg: jax.Array  # [] sum_i w_i G_i
-    sum_w2g: jax.Array  # [] sum_i w_i^2 G_i
-    sum_w2g2: jax.Array  # [] sum_i w_i^2 G_i^2
-    group_count: jax.Array  # [K] episodes per group
-    group_sum_w: jax.Array  # [K] sum of w_i per group (WPDIS denominators after the bucket ends)
+    log_scale_trajectory: jax.Array  # [] max_i log W_{i,T_i-1} (-inf if every weight is 0)
     log_scale_step: jax.Array  # [] max_{i,t} log W_{i,t}
-    sum_p: jax.Array  # [] sum_i P_i, P_i = sum_t gamma^t W_{i,t} r_{i,t} (scaled)
-    sum_p2: jax.Array  # [] sum_i P_i^2 (scaled twice)
     log_scale_t: jax.Array  # [T] max_i log W_{i,t}
-    group_num_t: jax.Array  # [K, T] sum_i in group of W_{i,t} r_{i,t} (scaled per t)
-    group_den_t: jax.Array  # [K, T] sum_i in group of W_{i,t} (scaled per t)
+    group_sums: jax.Array  # [K, F] the GROUP_SUM_FIELDS per group
+    group_num_t: jax.Array  # [K, T] sum_i W_{i,t} r_{i,t} / exp(log_scale_t)
+    group_den_t: jax.Array  # [K, T] sum_i W_{i,t} / exp(log_scale_t)
 
 
 def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
-    """Cumulative log importance weights log W_t = sum_{k<=t} log(pi_e/pi_b), shape [T].
+    """Cumulative log importance weights log W_t = sum_{k<=t} log(pi_e/pi_b), shape [..., T].
 
     Padded steps get log-ratio 0 (absorbing), through ``where`` so that whatever the
     policy computed on padding (even NaN) never leaks in.
@@ -61,7 +59,7 @@ def batch_statistics(
     step_mask_bt: jax.Array,
     episode_mask_b: jax.Array,
     group_b: jax.Array,
-    gamma: float,
+    gamma: jax.Array | float,
     num_groups: int,
 ) -> BatchStatistics:
     """Statistics of a padded batch for one policy.
@@ -72,7 +70,7 @@ def batch_statistics(
       step_mask_bt: [B, T] True on real steps.
       episode_mask_b: [B] True on real episodes.
       group_b: [B] int resampling group in [0, num_groups).
-      gamma: discount factor.
+      gamma: discount factor (a traced scalar, so one compilation serves every gamma).
       num_groups: K.
     """
     dtype = log_w_bt.dtype
@@ -80,40 +78,38 @@ def batch_statistics(
     log_w_bt = jnp.where(episode_mask_b[:, None], log_w_bt, -jnp.inf)
     reward_bt = jnp.where(step_mask_bt & episode_mask_b[:, None], reward_bt, 0.0)
     discount_t = jnp.asarray(gamma, dtype) ** jnp.arange(num_steps, dtype=dtype)
-    one_hot_bk = jax.nn.one_hot(group_b, num_groups, dtype=dtype) * episode_mask_b[:, None]
 
-    # Trajectory-wise terms: IS, WIS and the weight diagnostics.
-    log_w_final_b = log_w_bt[:, -1]
-    log_scale_trajectory = jnp.max(log_w_final_b)
-    w_b = jnp.exp(log_w_final_b - _safe_scale(log_scale_trajectory))
-    return_b = jnp.sum(discount_t * reward_bt, axis=-1)
-    w2_b = w_b * w_b
-
-    # Per-decision terms: PDIS (one scale for the whole batch).
-    log_scale_step = jnp.max(log_w_bt)
-    w_step_bt = jnp.exp(log_w_bt - _safe_scale(log_scale_step))
-    p_b = jnp.sum(discount_t * w_step_bt * reward_bt, axis=-1)
-
-    # WPDIS terms: a scale per step, so late steps whose weights all drifted far from the
-    # early ones still form a well-defined ratio sum_i W_it r_it / sum_i W_it.
+    # One scale per step. Padding is absorbing, so the last column holds every episode's
+    # final weight and its scale is the trajectory scale; the per-decision scale is the
+    # largest of all. Each step's own scale keeps WPDIS's ratio sum_i W_it r_it / sum_i W_it
+    # defined even when late weights drifted hundreds of e-folds from early ones.
     log_scale_t = jnp.max(log_w_bt, axis=0)
-    w_t_bt = jnp.exp(log_w_bt - _safe_scale(log_scale_t))
+    log_scale_step = jnp.max(log_scale_t)
+    safe_scale_t = _safe_scale(log_scale_t)
+    w_t_bt = jnp.exp(log_w_bt - safe_scale_t)
+    wr_bt = w_t_bt * reward_bt
+    to_step_scale_t = jnp.where(
+        jnp.isfinite(log_scale_t), jnp.exp(safe_scale_t - _safe_scale(log_scale_step)), 0.0
+    )
 
+    w_b = w_t_bt[:, -1]
+    w2_b = w_b * w_b
+    return_b = reward_bt @ discount_t
+    p_b = wr_bt @ (discount_t * to_step_scale_t)
+    real_b = episode_mask_b.astype(dtype)
+    zero_b = (episode_mask_b & (log_w_bt[:, -1] == -jnp.inf)).astype(dtype)
+    per_episode_bf = jnp.stack(
+        [real_b, zero_b, w_b, w2_b, w_b * return_b, w2_b * return_b, w2_b * return_b * return_b,
+         p_b, p_b * p_b],
+        axis=-1,
+    )
+    one_hot_bk = jax.nn.one_hot(group_b, num_groups, dtype=dtype) * real_b[:, None]
+    per_step_sums = one_hot_bk.T @ jnp.concatenate([wr_bt, w_t_bt], axis=-1)
     return BatchStatistics(
-        count=jnp.sum(episode_mask_b.astype(dtype)),
-        zero_count=jnp.sum((episode_mask_b & (log_w_final_b == -jnp.inf)).astype(dtype)),
-        log_scale_trajectory=log_scale_trajectory,
-        sum_w=jnp.sum(w_b),
-        sum_w2=jnp.sum(w2_b),
-        sum_wg=jnp.sum(w_b * return_b),
-        sum_w2g=jnp.sum(w2_b * return_b),
-        sum_w2g2=jnp.sum(w2_b * return_b * return_b),
-        group_count=jnp.sum(one_hot_bk, axis=0),
-        group_sum_w=one_hot_bk.T @ w_b,
+        log_scale_trajectory=log_scale_t[-1],
         log_scale_step=log_scale_step,
-        sum_p=jnp.sum(p_b),
-        sum_p2=jnp.sum(p_b * p_b),
         log_scale_t=log_scale_t,
-        group_num_t=one_hot_bk.T @ (w_t_bt * reward_bt),
-        group_den_t=one_hot_bk.T @ w_t_bt,
+        group_sums=one_hot_bk.T @ per_episode_bf,
+        group_num_t=per_step_sums[:, :num_steps],
+        group_den_t=per_step_sums[:, num_steps:],
     )

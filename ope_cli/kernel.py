@@ -1,21 +1,50 @@
-"""The one jitted kernel per policy group: vmap the policy over steps, episodes and
-stacked policies, then reduce a padded [B, T] batch to BatchStatistics with a leading
-policy axis [P, ...]."""
+"""The jitted kernel: vmap a policy's per-step log_prob over steps, episodes and stacked
+policies, then reduce a padded [B, T] batch to BatchStatistics with a leading policy
+axis [P, ...]. One module-level jit serves every run in the process, so each
+(policy function, batch shape, dtype) compiles once; a persistent compilation cache
+(``enable_compilation_cache``) carries compilations across processes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ope_cli.buckets import PaddedBatch
-from ope_cli.errors import OpeError, PolicyError
+from ope_cli.errors import PolicyError
 from ope_cli.estimators import BatchStatistics, batch_statistics, log_weights
-from ope_cli.policies import Policy
+from ope_cli.policies import LogProbFn, Policy
+
+_traces = 0  # how many times the kernel was traced (= compiled or fetched from the cache)
+
+
+def trace_count() -> int:
+    return _traces
+
+
+def enable_compilation_cache() -> str | None:
+    """Turns on JAX's persistent compilation cache (``OPE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ope/xla`` or ``~/.cache/ope/xla``; ``OPE_CACHE_DIR=off`` disables).
+    Returns the directory used, or None."""
+    setting = os.environ.get("OPE_CACHE_DIR")
+    if setting and setting.lower() in ("0", "off", "none", "false"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = setting or os.path.join(base, "ope", "xla")
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # a read-only home must not stop an evaluation
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return directory
 
 
 @dataclasses.dataclass
@@ -50,62 +79,63 @@ def group_policies(policies: Sequence[Policy]) -> list[PolicyGroup]:
     return list(groups.values())
 
 
-class Kernel:
-    """A jitted ``(params, batch arrays) -> BatchStatistics [P, ...]`` for one policy group.
+def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
+                      log_target, step_mask, dtype):
+    """[P, B, T] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
+    if log_prob is None:  # logged target probabilities
+        return log_target[None]
+    per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    if params is None:
+        log_pi = per_step(None, observation, action)[None]
+    else:
+        log_pi = jax.vmap(per_step, in_axes=(0, None, None))(params, observation, action)
+    if log_pi.shape[1:] != step_mask.shape:
+        raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[3:]}")
+    return log_pi.astype(dtype)
 
-    ``traces`` counts compilations (one per distinct batch shape) for tests and reports.
-    """
+
+@functools.partial(jax.jit, static_argnames=("log_prob", "num_groups", "dtype"))
+def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
+            group, gamma, *, log_prob, num_groups, dtype) -> BatchStatistics:
+    global _traces
+    _traces += 1
+    log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
+    log_w = log_weights(log_pi, log_behavior, step_mask)
+    per_policy = functools.partial(batch_statistics, num_groups=num_groups)
+    return jax.vmap(per_policy, in_axes=(0, None, None, None, None, None))(
+        log_w, reward, step_mask, episode_mask, group, gamma
+    )
+
+
+class Kernel:
+    """``batch -> BatchStatistics [P, ...]`` (device arrays, dispatched asynchronously)
+    for one policy group."""
 
     def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype):
         self.group = group
-        self.dtype = dtype
-        self.traces = 0
-        self.params = group.stacked_params(dtype)
-        self._jitted = jax.jit(functools.partial(self._statistics, gamma=gamma, num_groups=num_groups))
+        self.dtype = np.dtype(dtype)
+        self.gamma = jnp.asarray(gamma, self.dtype)
+        self.num_groups = num_groups
+        self.params = group.stacked_params(self.dtype)
 
-    def _policy_log_probs(self, params, observation, action, log_target, step_mask):
-        """[P, B, T] log pi_e(a_t | s_t) of every policy in the group."""
-        head = self.group.head
-        if head.log_prob is None:  # logged target probabilities
-            return log_target[None]
-        per_step = jax.vmap(jax.vmap(head.log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
-        if params is None:
-            log_pi = per_step(None, observation, action)[None]
-        else:
-            log_pi = jax.vmap(per_step, in_axes=(0, None, None))(params, observation, action)
-        expected = (len(self.group.policies), *step_mask.shape)
-        if log_pi.shape != expected:
-            raise PolicyError(f"policy {head.name}: log_prob must return a scalar per step, got "
-                              f"shape {log_pi.shape[3:]}")
-        return log_pi.astype(self.dtype)
-
-    def _statistics(self, params, observation, action, reward, log_behavior, log_target,
-                    step_mask, episode_mask, group, *, gamma, num_groups) -> BatchStatistics:
-        self.traces += 1
-        log_pi = self._policy_log_probs(params, observation, action, log_target, step_mask)
-        log_w = log_weights(log_pi, log_behavior, step_mask)
-        per_policy = functools.partial(batch_statistics, gamma=gamma, num_groups=num_groups)
-        return jax.vmap(per_policy, in_axes=(0, None, None, None, None))(
-            log_w, reward, step_mask, episode_mask, group
-        )
+    def _real(self, x: np.ndarray | None):
+        if x is None:
+            return None
+        return jnp.asarray(x, self.dtype) if np.issubdtype(x.dtype, np.floating) else jnp.asarray(x)
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:
-        """Dispatches the kernel asynchronously; the result holds device arrays."""
-        def real(x):
-            if x is None:
-                return None
-            return jnp.asarray(x, self.dtype) if np.issubdtype(x.dtype, np.floating) else jnp.asarray(x)
-
-        args = (self.params, real(batch.observation), real(batch.action), real(batch.reward),
-                real(batch.log_behavior), real(batch.log_target), batch.step_mask,
-                batch.episode_mask, batch.group)
-        if self.group.head.kind != "entry_point":
-            return self._jitted(*args)
+        head = self.group.head
+        args = (self.params, self._real(batch.observation), self._real(batch.action),
+                self._real(batch.reward), self._real(batch.log_behavior), self._real(batch.log_target),
+                batch.step_mask, batch.episode_mask, batch.group, self.gamma)
+        static = dict(log_prob=head.log_prob, num_groups=self.num_groups, dtype=self.dtype.name)
+        if head.kind != "entry_point":
+            return _kernel(*args, **static)
         try:
-            return self._jitted(*args)
-        except OpeError:
-            raise
+            return _kernel(*args, **static)
+        except PolicyError as error:
+            raise PolicyError(f"policy {head.name}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise PolicyError(f"policy {self.group.head.name} cannot be evaluated under jax.jit/vmap "
+            raise PolicyError(f"policy {head.name} cannot be evaluated under jax.jit/vmap "
                               f"(is it JAX-traceable?): {type(error).__name__}: {message}") from None

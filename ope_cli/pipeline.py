@@ -102,7 +102,10 @@ def evaluate(
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli.kernel import Kernel, group_policies
+    from ope_cli.kernel import Kernel, enable_compilation_cache, group_policies, trace_count
+
+    enable_compilation_cache()
+    traces_before = trace_count()
 
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
@@ -172,6 +175,6 @@ def evaluate(
         precision=precision,
         padded_steps=bucketer.padded_steps,
         batch_shapes=sorted(bucketer.shapes),
-        compiles=sum(kernel.traces for kernel in kernels),
+        compiles=trace_count() - traces_before,
     )
 

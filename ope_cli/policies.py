@@ -9,6 +9,7 @@ and are stacked along a leading policy axis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import os
@@ -89,6 +90,7 @@ def linear_softmax_log_prob(params, observation, action):
     return jax.nn.log_softmax(logits)[action]
 
 
+@functools.cache  # one function object per activation, so the jit cache recognises it
 def _mlp_log_prob(activation: str) -> LogProbFn:
     def mlp_softmax_log_prob(params, observation, action):
         """log softmax(MLP(s))[a] with ``activation`` between layers."""
@@ -219,6 +221,17 @@ def load_entry_point(spec: str) -> Policy:
         if not hasattr(target, part):
             raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
+    return Policy(spec, "entry_point", None, (), _entry_point_log_prob(spec, attribute, target))
+
+
+_ENTRY_POINT_WRAPPERS: dict[int, tuple[Any, LogProbFn]] = {}
+
+
+def _entry_point_log_prob(spec: str, attribute: str, target: Any) -> LogProbFn:
+    """The per-step ``(params, observation, action)`` wrapper of a user object, one per
+    object, so that loading the same entry point twice reuses its compiled kernels."""
+    if id(target) in _ENTRY_POINT_WRAPPERS:
+        return _ENTRY_POINT_WRAPPERS[id(target)][1]
     if hasattr(target, "log_prob") and callable(target.log_prob):
         method = target.log_prob
 
@@ -230,13 +243,12 @@ def load_entry_point(spec: str) -> Policy:
         def log_prob(params, observation, action):
             return _jnp().log(method(observation, action))
     elif callable(target):
-        function = target
-
         def log_prob(params, observation, action):
-            return function(observation, action)
+            return target(observation, action)
     else:
         raise PolicyError(f"{spec}: {attribute!r} is not callable and has no log_prob or prob method")
-    return Policy(spec, "entry_point", None, (), log_prob)
+    _ENTRY_POINT_WRAPPERS[id(target)] = (target, log_prob)  # holding target keeps its id unique
+    return log_prob
 
 
 def load_policy(spec: str) -> Policy:

@@ -1,0 +1,242 @@
+"""The whole pipeline (reader -> episodes -> buckets -> kernel -> stats) against the
+plain float64 NumPy reference, and its invariance to how the data is cut."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from datasets import (
+    random_checkpoint,
+    perturb_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    to_reference_input,
+    write_episode_layout,
+    write_step_layout,
+)
+from reference import reference_estimates, reference_stderr
+
+from ope_cli.buckets import RESAMPLING_GROUPS
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.episodes import id_keys
+from ope_cli.pipeline import evaluate
+
+ESTIMATORS = ("is", "wis", "pdis", "wpdis")
+DIAGNOSTICS = ("ess", "ess_fraction", "mean_weight", "max_weight", "max_weight_share",
+               "zero_weight_fraction")
+
+
+def assert_close(actual, expected, rtol, what=""):
+    if expected is None:
+        assert actual is None, what
+        return
+    assert actual is not None, what
+    assert actual == pytest.approx(expected, rel=rtol, abs=rtol * 1e-3), what
+
+
+def run(data, policies, gamma=0.95, precision="float64", **batching):
+    config = EvaluationConfig(data=str(data), policies=tuple(str(p) for p in policies), gamma=gamma,
+                              precision=precision, batching=BatchingConfig(**batching))
+    return evaluate(config)
+
+
+def check_against_reference(result, episodes, checkpoints, gamma, rtol):
+    for policy_result, ckpt in zip(result.results, checkpoints, strict=True):
+        reference_input = to_reference_input(episodes, ckpt)
+        expected = reference_estimates(reference_input, gamma)
+        expected_stderr = reference_stderr(reference_input, gamma)
+        for name in ESTIMATORS:
+            assert_close(policy_result.estimates[name].value, expected[name], rtol, name)
+        for name in ("is", "wis", "pdis"):
+            assert_close(policy_result.estimates[name].stderr, expected_stderr[name], rtol, name)
+        for name in DIAGNOSTICS:
+            assert_close(getattr(policy_result.diagnostics, name), expected[name], rtol, name)
+
+
+def make_case(tmp_path, kind, n_episodes=300, seed=0, policies=2, **episode_options):
+    rng = np.random.default_rng(seed)
+    behavior = random_checkpoint(kind, rng)
+    episodes = random_episodes(rng, n_episodes, behavior=behavior, **episode_options)
+    checkpoints = [perturb_checkpoint(behavior, rng, 0.3 * (i + 1)) for i in range(policies)]
+    paths = [save_checkpoint(tmp_path / f"ckpt{i}.npz", c) for i, c in enumerate(checkpoints)]
+    return episodes, checkpoints, paths
+
+
+@pytest.mark.parametrize("kind", ["tabular", "linear_softmax", "mlp_softmax", "linear_gaussian"])
+@pytest.mark.parametrize("layout", ["step", "episode"])
+def test_matches_reference_for_each_policy_kind_and_layout(tmp_path, kind, layout):
+    episodes, checkpoints, paths = make_case(tmp_path, kind, seed=hash((kind, layout)) % 1000)
+    writer = write_step_layout if layout == "step" else write_episode_layout
+    data = writer(episodes, tmp_path / "logs.parquet")
+    result = run(data, paths, gamma=0.95, batch_steps=512, read_rows=97)
+    assert result.layout == layout
+    assert result.episodes == len(episodes)
+    assert result.steps == sum(len(e["reward"]) for e in episodes)
+    check_against_reference(result, episodes, checkpoints, 0.95, rtol=1e-6)
+
+
+def test_float32_kernel_matches_reference_to_1e4(tmp_path):
+    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", seed=3)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    result = run(data, paths, gamma=0.99, precision="float32")
+    assert result.precision == "float32"
+    check_against_reference(result, episodes, checkpoints, 0.99, rtol=1e-4)
+
+
+def _values(result):
+    return [
+        {name: (e.value, e.stderr) for name, e in r.estimates.items()}
+        | {"diagnostics": tuple(vars(r.diagnostics).values())}
+        for r in result.results
+    ]
+
+
+def assert_same_results(a, b, rtol=1e-9):
+    for ra, rb in zip(_values(a), _values(b), strict=True):
+        for key in ra:
+            for x, y in zip(ra[key], rb[key], strict=True):
+                assert_close(x, y, rtol, key)
+
+
+@pytest.mark.parametrize("batching", [
+    dict(read_rows=1),
+    dict(read_rows=13, batch_steps=64),
+    dict(batch_steps=100_000, min_bucket=1),
+    dict(min_bucket=5, batch_steps=333),
+    dict(min_bucket=300),  # one bucket for everything
+])
+def test_invariant_to_record_batches_buckets_and_batch_sizes(tmp_path, batching):
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=150, seed=5)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    assert_same_results(run(data, paths), run(data, paths, **batching))
+
+
+def test_invariant_to_file_splitting_and_format(tmp_path):
+    episodes, _, paths = make_case(tmp_path, "mlp_softmax", n_episodes=200, seed=7)
+    one = run(write_step_layout(episodes, tmp_path / "one.parquet"), paths)
+    split = run(write_step_layout(episodes, tmp_path / "split", n_files=7, row_group_size=50), paths)
+    feather = run(write_step_layout(episodes, tmp_path / "one.arrow", file_format="feather"), paths)
+    episode_layout = run(write_episode_layout(episodes, tmp_path / "episodes", n_files=3), paths)
+    shuffled = run(write_step_layout(episodes, tmp_path / "shuffled.parquet",
+                                     shuffle_steps_within_episode=True), paths)
+    for other in (split, feather, episode_layout, shuffled):
+        assert_same_results(one, other)
+    assert split.files == 7
+
+
+def test_policies_in_one_pass_equal_separate_runs(tmp_path):
+    rng = np.random.default_rng(11)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 120, behavior=behavior)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    stacked = [save_checkpoint(tmp_path / f"s{i}.npz", perturb_checkpoint(behavior, rng, 0.5))
+               for i in range(3)]
+    mlp = save_checkpoint(tmp_path / "mlp.npz", random_checkpoint("mlp_softmax", rng))
+    order = [stacked[0], mlp, stacked[1], stacked[2]]  # mixed kinds keep command-line order
+    together = run(data, order)
+    assert [r.policy for r in together.results] == [str(p) for p in order]
+    for i, path in enumerate(order):
+        alone = run(data, [path])
+        for name in ESTIMATORS:
+            assert_close(together.results[i].estimates[name].value, alone.results[0].estimates[name].value,
+                         1e-12, name)
+
+
+def test_on_policy_data_gives_mean_return(tmp_path):
+    rng = np.random.default_rng(2)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 100, behavior=behavior)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    path = save_checkpoint(tmp_path / "behavior.npz", behavior)
+    result = run(data, [path], gamma=1.0)
+    mean_return = np.mean([e["reward"].sum() for e in episodes])
+    for name in ESTIMATORS:
+        assert result.results[0].estimates[name].value == pytest.approx(mean_return, rel=1e-9)
+    assert result.results[0].diagnostics.ess == pytest.approx(100)
+
+
+def test_long_horizon_weights_that_overflow_a_naive_product(tmp_path):
+    """Episodes of 2,000-3,000 steps whose log-weights reach hundreds: the naive float64
+    product overflows (WIS = inf/inf) or underflows, the log-space pipeline does not."""
+    rng = np.random.default_rng(4)
+    behavior = random_checkpoint("tabular", rng, n_states=6, n_actions=3)
+    episodes = random_episodes(rng, 12, behavior=behavior, length_dist="uniform", max_length=3000)
+    for e in episodes:  # force long episodes
+        assert len(e["reward"]) >= 1
+    episodes = [e for e in episodes if len(e["reward"]) >= 2000] or episodes[:1]
+    target = perturb_checkpoint(behavior, rng, 2.0)
+    path = save_checkpoint(tmp_path / "far.npz", target)
+    reference_input = to_reference_input(episodes, target)
+    log_final = [np.sum(e["log_target"] - e["log_behavior"]) for e in reference_input]
+    assert max(abs(x) for x in log_final) > 710  # exp() of it is outside float64
+    data = write_step_layout(episodes, tmp_path / "long.parquet")
+    result = run(data, [path], gamma=1.0)
+    assert result.max_length >= 2000
+    expected = reference_estimates(reference_input, 1.0)
+    for name in ("wis", "wpdis"):
+        assert expected[name] is not None
+        assert_close(result.results[0].estimates[name].value, expected[name], 1e-6, name)
+    for name in DIAGNOSTICS:
+        assert_close(getattr(result.results[0].diagnostics, name), expected[name], 1e-6, name)
+
+
+def test_wpdis_stderr_is_the_grouped_jackknife(tmp_path):
+    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=400, seed=9,
+                                             policies=1)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    result = run(data, paths, gamma=0.9)
+    reference_input = to_reference_input(episodes, checkpoints[0])
+    groups = id_keys(np.array([e["episode_id"] for e in episodes])) % np.uint64(RESAMPLING_GROUPS)
+    leave_out = np.array([
+        reference_estimates([x for x, grp in zip(reference_input, groups, strict=True) if grp != g], 0.9)["wpdis"]
+        for g in np.unique(groups)
+    ])
+    k = len(leave_out)
+    expected = math.sqrt((k - 1) / k * np.sum((leave_out - leave_out.mean()) ** 2))
+    assert result.results[0].estimates["wpdis"].stderr == pytest.approx(expected, rel=1e-6)
+
+
+ENTRY_POINT = """
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_params = np.load({path!r})
+
+
+def log_prob(observation, action):
+    logits = observation @ _params["weight"] + _params["bias"]
+    return jax.nn.log_softmax(logits)[action]
+"""
+
+
+def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=600, seed=12,
+                                   length_dist="uniform", max_length=300, policies=1)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    # A freshly imported entry point is a function the jit cache has never seen.
+    (tmp_path / "fresh_policy.py").write_text(ENTRY_POINT.format(path=str(paths[0])))
+    monkeypatch.chdir(tmp_path)
+    first = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=500)
+    assert first.compiles == len(first.batch_shapes)
+    assert len(first.batch_shapes) <= 2 * 6  # 6 buckets (8..256 and 512), a full and a tail shape
+    again = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=333)
+    assert again.compiles == 0  # same shapes, same function: nothing traced again
+    assert_same_results(first, again)
+    checkpoint = run(data, paths, batch_steps=1024, read_rows=500)
+    assert_same_results(first, checkpoint)
+
+
+def test_logged_target_probabilities(tmp_path):
+    from datasets import add_target_probs
+
+    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=100, seed=13,
+                                             policies=1)
+    logged = add_target_probs(episodes, checkpoints[0])
+    data = write_step_layout(logged, tmp_path / "logs.parquet", extra_columns=("target_prob",))
+    from_logged = run(data, [])
+    from_checkpoint = run(data, paths)
+    assert from_logged.results[0].policy == "logged target probabilities"
+    assert_same_results(from_logged, from_checkpoint, rtol=1e-9)
