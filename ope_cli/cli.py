@@ -79,6 +79,8 @@ def evaluate(
     confidence: Annotated[float, typer.Option(help="Confidence level of the intervals.")] = 0.95,
     precision: Annotated[PrecisionOption | None, typer.Option(
         help="Kernel precision. Default: float64 on CPU, float32 on accelerators.")] = None,
+    devices: Annotated[int | None, typer.Option(
+        help="Shard episodes over this many local devices. Default: all.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")] = False,
     episode_col: ColumnOption = None,
     step_col: ColumnOption = None,
@@ -122,6 +124,7 @@ def evaluate(
         ),
         batching=BatchingConfig(read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket),
         precision=precision.value if precision else None,
+        devices=devices,
     )
     chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
     with _progress(quiet) as on_progress:

@@ -54,3 +54,4 @@ class EvaluationConfig:
     columns: ColumnMapping = ColumnMapping()
     batching: BatchingConfig = BatchingConfig()
     precision: Precision | None = None  # None: float64 on CPU, float32 on accelerators
+    devices: int | None = None  # local devices to shard over; None: all

@@ -16,12 +16,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ope_cli.buckets import PaddedBatch
-from ope_cli.errors import PolicyError
+from ope_cli.errors import PolicyError, UsageError
 from ope_cli.estimators import BatchStatistics, batch_statistics, log_weights
 from ope_cli.policies import LogProbFn, Policy
 
+BATCH_AXIS = "batch"
 _traces = 0  # how many times the kernel was traced (= compiled or fetched from the cache)
 
 
@@ -94,41 +96,78 @@ def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
     return log_pi.astype(dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("log_prob", "num_groups", "dtype"))
-def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, gamma, *, log_prob, num_groups, dtype) -> BatchStatistics:
-    global _traces
-    _traces += 1
+def _statistics(params, observation, action, reward, log_behavior, log_target, step_mask,
+                episode_mask, group, gamma, *, log_prob, num_groups, dtype) -> BatchStatistics:
+    """BatchStatistics [1, P, ...] of (this device's share of) a padded batch."""
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
     per_policy = functools.partial(batch_statistics, num_groups=num_groups)
-    return jax.vmap(per_policy, in_axes=(0, None, None, None, None, None))(
+    statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None))(
         log_w, reward, step_mask, episode_mask, group, gamma
     )
+    return jax.tree.map(lambda x: x[None], statistics)
+
+
+@functools.partial(jax.jit, static_argnames=("log_prob", "num_groups", "dtype", "mesh"))
+def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
+            group, gamma, *, log_prob, num_groups, dtype, mesh) -> BatchStatistics:
+    """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
+
+    With a mesh, each device reduces its own share of the episodes and the per-device
+    partials come back to the host to be merged there: no cross-device collective runs
+    inside the kernel, so any number of calls can be in flight without deadlocking.
+    """
+    global _traces
+    _traces += 1
+    statistics = functools.partial(_statistics, log_prob=log_prob, num_groups=num_groups, dtype=dtype)
+    args = (params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
+            group, gamma)
+    if mesh is None:
+        return statistics(*args)
+    by_episode = PartitionSpec(BATCH_AXIS)
+    in_specs = (PartitionSpec(), *(by_episode,) * 8, PartitionSpec())
+    return jax.shard_map(statistics, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
+
+
+def local_mesh(devices: int | None = None) -> Mesh | None:
+    """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
+    available = jax.local_devices()
+    count = len(available) if devices is None else devices
+    if not 1 <= count <= len(available):
+        raise UsageError(f"--devices {count}: this process has {len(available)} device(s)")
+    if count == 1:
+        return None
+    return Mesh(np.array(available[:count]), (BATCH_AXIS,))
 
 
 class Kernel:
-    """``batch -> BatchStatistics [P, ...]`` (device arrays, dispatched asynchronously)
-    for one policy group."""
+    """``batch -> BatchStatistics [D, P, ...]`` (device arrays, dispatched asynchronously)
+    for one policy group, the episode axis sharded over ``mesh`` when given."""
 
-    def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype):
+    def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype, mesh: Mesh | None):
         self.group = group
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
         self.num_groups = num_groups
+        self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
+        self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
 
-    def _real(self, x: np.ndarray | None):
+    def _put(self, x: np.ndarray | None):
+        """Host array -> device, cast to the kernel's float dtype, split by episode."""
         if x is None:
             return None
-        return jnp.asarray(x, self.dtype) if np.issubdtype(x.dtype, np.floating) else jnp.asarray(x)
+        if np.issubdtype(x.dtype, np.floating):
+            x = x.astype(self.dtype, copy=False)
+        return jax.device_put(x, self._sharding)
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:
         head = self.group.head
-        args = (self.params, self._real(batch.observation), self._real(batch.action),
-                self._real(batch.reward), self._real(batch.log_behavior), self._real(batch.log_target),
-                batch.step_mask, batch.episode_mask, batch.group, self.gamma)
-        static = dict(log_prob=head.log_prob, num_groups=self.num_groups, dtype=self.dtype.name)
+        args = (self.params, *(self._put(x) for x in (
+            batch.observation, batch.action, batch.reward, batch.log_behavior, batch.log_target,
+            batch.step_mask, batch.episode_mask, batch.group)), self.gamma)
+        static = dict(log_prob=head.log_prob, num_groups=self.num_groups, dtype=self.dtype.name,
+                      mesh=self.mesh)
         if head.kind != "entry_point":
             return _kernel(*args, **static)
         try:

@@ -102,7 +102,7 @@ def evaluate(
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli.kernel import Kernel, enable_compilation_cache, group_policies, trace_count
+    from ope_cli.kernel import Kernel, enable_compilation_cache, group_policies, local_mesh, trace_count
 
     enable_compilation_cache()
     traces_before = trace_count()
@@ -110,16 +110,20 @@ def evaluate(
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
     dtype = np.float64 if precision == "float64" else np.float32
-    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype) for group in group_policies(policies)]
+    mesh = local_mesh(config.devices)
+    devices = 1 if mesh is None else mesh.size
+    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh)
+               for group in group_policies(policies)]
     accumulators = [init(RESAMPLING_GROUPS) for _ in policies]
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
         for kernel, statistics in pending:
-            host = jax.device_get(statistics)
-            for position, index in enumerate(kernel.group.indices):
-                one = type(host)(*(value[position] for value in host))
-                accumulators[index] = merge(accumulators[index], from_batch(one))
+            host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
+            for device in range(devices):
+                for position, index in enumerate(kernel.group.indices):
+                    one = type(host)(*(value[device, position] for value in host))
+                    accumulators[index] = merge(accumulators[index], from_batch(one))
 
     def run(batch) -> None:
         in_flight.append([(kernel, kernel(batch)) for kernel in kernels])
@@ -128,7 +132,7 @@ def evaluate(
 
     total_rows = data.count_rows()
     assembler = EpisodeAssembler(schema)
-    bucketer = Bucketer(config.batching)
+    bucketer = Bucketer(config.batching, multiple_of=devices)
     episodes = steps = max_length = 0
     for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
         for policy in policies:
@@ -171,7 +175,7 @@ def evaluate(
         results=results,
         seconds=time.perf_counter() - started,
         backend=backend,
-        devices=1,
+        devices=devices,
         precision=precision,
         padded_steps=bucketer.padded_steps,
         batch_shapes=sorted(bucketer.shapes),

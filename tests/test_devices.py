@@ -1,0 +1,55 @@
+"""Sharding over several (emulated) devices gives the single-device estimates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from datasets import perturb_checkpoint, random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+
+def ope_json(args, device_count, cwd):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={device_count}")
+    completed = subprocess.run([sys.executable, "-m", "ope_cli.cli", "evaluate", *args, "--format", "json"],
+                               capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("devices")
+    rng = np.random.default_rng(21)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 500, behavior=behavior, max_length=300)
+    data = write_step_layout(episodes, tmp / "split", n_files=3)
+    policies = [save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
+                for i in range(2)]
+    args = [str(data), *(f"--policy={p}" for p in policies), "--gamma", "0.97", "--batch-steps", "2048"]
+    return tmp, args, ope_json(args, 1, tmp)
+
+
+@pytest.mark.parametrize("device_count", [4, 3])
+def test_sharded_over_devices_equals_one_device(case, device_count):
+    tmp, args, single = case
+    sharded = ope_json(args, device_count, tmp)
+    assert sharded["runtime"]["devices"] == device_count
+    assert single["runtime"]["devices"] == 1
+    for one, many in zip(single["results"], sharded["results"], strict=True):
+        for name, estimate in one["estimates"].items():
+            for field, value in estimate.items():
+                assert many["estimates"][name][field] == pytest.approx(value, rel=1e-9), (name, field)
+        for field, value in one["diagnostics"].items():
+            assert many["diagnostics"][field] == pytest.approx(value, rel=1e-9), field
+    for batch, _ in sharded["runtime"]["batch_shapes"]:
+        assert batch % device_count == 0
+
+
+def test_devices_option_limits_the_mesh(case):
+    tmp, args, _ = case
+    limited = ope_json([*args, "--devices", "2"], 4, tmp)
+    assert limited["runtime"]["devices"] == 2
