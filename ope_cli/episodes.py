@@ -110,7 +110,8 @@ def hash_strings(array: pa.Array) -> np.ndarray:
 
 def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
     """[n] uint64 keys of episode ids (integers or strings)."""
-    if isinstance(ids, pa.Array) and (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+    if isinstance(ids, pa.Array) and (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)
+                                      or pa.types.is_string_view(ids.type)):
         return hash_strings(ids)
     return mix64(np.asarray(ids).astype(np.int64).view(np.uint64))
 
@@ -119,10 +120,13 @@ def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
 
 
 def _plain(array: pa.Array) -> pa.Array:
+    """A single, non-dictionary, non-view array (views become large strings)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
+    if pa.types.is_string_view(array.type):
+        array = pc.cast(array, pa.large_string())
     return array
 
 
@@ -220,7 +224,6 @@ class EpisodeAssembler:
             else:
                 chunk = self._step_rows(sourced)
             if chunk is not None and chunk.num_episodes:
-                self._seen.add(chunk)
                 yield chunk
 
     # step layout ---------------------------------------------------------------------
@@ -366,6 +369,8 @@ class EpisodeAssembler:
 
     def _finish(self, file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray) -> EpisodeChunk:
         """Orders steps, validates values, and packs the episodes starting at ``starts``."""
+        # Reappearing ids first: a split episode would otherwise look like a missing step.
+        self._seen.add(file, rows.keys[starts], rows.ids[starts])
         if rows.step is not None:
             rows = _order_steps(file, rows, starts, lengths)
         chunk = EpisodeChunk(
@@ -474,11 +479,11 @@ class _SeenKeys:
         self._pending: list[np.ndarray] = []
         self._pending_size = 0
 
-    def add(self, chunk: EpisodeChunk) -> None:
-        keys = chunk.keys
+    def add(self, file: str, keys: np.ndarray, ids: np.ndarray) -> None:
+        """Records the episodes' keys ([E] uint64); DataError if one was seen before."""
         unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)
         if (counts > 1).any():
-            self._fail(chunk, int(first_index[np.argmax(counts > 1)]))
+            self._fail(file, ids[int(first_index[np.argmax(counts > 1)])])
         seen = np.zeros(keys.shape, bool)
         if self._sorted.size:
             position = np.searchsorted(self._sorted, keys).clip(max=self._sorted.size - 1)
@@ -486,16 +491,20 @@ class _SeenKeys:
         for block in self._pending:
             seen |= np.isin(keys, block)
         if seen.any():
-            self._fail(chunk, int(np.argmax(seen)))
+            self._fail(file, ids[int(np.argmax(seen))])
         self._pending.append(unique)
         self._pending_size += unique.size
         if self._pending_size > max(4096, self._sorted.size // 4) or len(self._pending) > 16:
             self._sorted = np.sort(np.concatenate([self._sorted, *self._pending]))
             self._pending, self._pending_size = [], 0
 
+    def all_keys(self) -> np.ndarray:
+        """[E] sorted uint64 keys of every episode seen."""
+        return np.sort(np.concatenate([self._sorted, *self._pending]))
+
     @staticmethod
-    def _fail(chunk: EpisodeChunk, episode: int) -> None:
+    def _fail(file: str, episode_id: object) -> None:
         raise DataError(
-            f"{where(chunk.file, _display_id(chunk.ids[episode]))}episode id appears in more than one "
+            f"{where(file, _display_id(episode_id))}episode id appears in more than one "
             "place (its rows must be contiguous within one file)"
         )

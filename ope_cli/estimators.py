@@ -32,10 +32,10 @@ class BatchStatistics(NamedTuple):
 
     log_scale_trajectory: jax.Array  # [] max_i log W_{i,T_i-1} (-inf if every weight is 0)
     log_scale_step: jax.Array  # [] max_{i,t} log W_{i,t}
-    log_scale_t: jax.Array  # [T] max_i log W_{i,t}
     group_sums: jax.Array  # [K, F] the GROUP_SUM_FIELDS per group
-    group_num_t: jax.Array  # [K, T] sum_i W_{i,t} r_{i,t} / exp(log_scale_t)
-    group_den_t: jax.Array  # [K, T] sum_i W_{i,t} / exp(log_scale_t)
+    group_log_scale_t: jax.Array  # [K, T] max over the group's episodes of log W_{i,t}
+    group_num_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} r_{i,t} / exp(group_log_scale_t)
+    group_den_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} / exp(group_log_scale_t)
 
 
 def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
@@ -79,37 +79,35 @@ def batch_statistics(
     reward_bt = jnp.where(step_mask_bt & episode_mask_b[:, None], reward_bt, 0.0)
     discount_t = jnp.asarray(gamma, dtype) ** jnp.arange(num_steps, dtype=dtype)
 
-    # One scale per step. Padding is absorbing, so the last column holds every episode's
-    # final weight and its scale is the trajectory scale; the per-decision scale is the
-    # largest of all. Each step's own scale keeps WPDIS's ratio sum_i W_it r_it / sum_i W_it
-    # defined even when late weights drifted hundreds of e-folds from early ones.
-    log_scale_t = jnp.max(log_w_bt, axis=0)
-    log_scale_step = jnp.max(log_scale_t)
-    safe_scale_t = _safe_scale(log_scale_t)
-    w_t_bt = jnp.exp(log_w_bt - safe_scale_t)
-    wr_bt = w_t_bt * reward_bt
-    to_step_scale_t = jnp.where(
-        jnp.isfinite(log_scale_t), jnp.exp(safe_scale_t - _safe_scale(log_scale_step)), 0.0
-    )
+    # WPDIS sums get a scale per group and step: its ratio sum_i W_it r_it / sum_i W_it stays
+    # defined when late weights drifted hundreds of e-folds from early ones, and leaving one
+    # group out (the jackknife) never subtracts a dominant group from the rest.
+    group_log_scale_t = jax.ops.segment_max(log_w_bt, group_b, num_segments=num_groups)
+    w_bt = jnp.exp(log_w_bt - _safe_scale(group_log_scale_t)[group_b])
+    real_b = episode_mask_b.astype(dtype)
+    one_hot_bk = jax.nn.one_hot(group_b, num_groups, dtype=dtype) * real_b[:, None]
+    per_step_sums = one_hot_bk.T @ jnp.concatenate([w_bt * reward_bt, w_bt], axis=-1)
 
-    w_b = w_t_bt[:, -1]
+    # Trajectory terms (padding is absorbing: the last column holds final weights) and
+    # per-decision terms, each relative to the batch's largest log-weight of its kind.
+    log_w_final_b = log_w_bt[:, -1]
+    log_scale_trajectory = jnp.max(log_w_final_b)
+    log_scale_step = jnp.max(log_w_bt)
+    w_b = jnp.exp(log_w_final_b - _safe_scale(log_scale_trajectory))
     w2_b = w_b * w_b
     return_b = reward_bt @ discount_t
-    p_b = wr_bt @ (discount_t * to_step_scale_t)
-    real_b = episode_mask_b.astype(dtype)
-    zero_b = (episode_mask_b & (log_w_bt[:, -1] == -jnp.inf)).astype(dtype)
+    p_b = (jnp.exp(log_w_bt - _safe_scale(log_scale_step)) * reward_bt) @ discount_t
+    zero_b = (episode_mask_b & (log_w_final_b == -jnp.inf)).astype(dtype)
     per_episode_bf = jnp.stack(
         [real_b, zero_b, w_b, w2_b, w_b * return_b, w2_b * return_b, w2_b * return_b * return_b,
          p_b, p_b * p_b],
         axis=-1,
     )
-    one_hot_bk = jax.nn.one_hot(group_b, num_groups, dtype=dtype) * real_b[:, None]
-    per_step_sums = one_hot_bk.T @ jnp.concatenate([wr_bt, w_t_bt], axis=-1)
     return BatchStatistics(
-        log_scale_trajectory=log_scale_t[-1],
+        log_scale_trajectory=log_scale_trajectory,
         log_scale_step=log_scale_step,
-        log_scale_t=log_scale_t,
         group_sums=one_hot_bk.T @ per_episode_bf,
+        group_log_scale_t=group_log_scale_t,
         group_num_t=per_step_sums[:, :num_steps],
         group_den_t=per_step_sums[:, num_steps:],
     )

@@ -173,7 +173,7 @@ def resolve_schema(schema: pa.Schema, mapping: ColumnMapping, *, logged_target: 
         if pa.types.is_dictionary(id_type):
             id_type = id_type.value_type
         if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type)
-                or pa.types.is_large_string(id_type)):
+                or pa.types.is_large_string(id_type) or pa.types.is_string_view(id_type)):
             raise _type_error(columns["episode"], "integers or strings", id_type, "episode")
     elif layout == "step":
         raise _missing("episode", names, "episode id")

@@ -28,14 +28,14 @@ class Accumulator:
     """Float64 running statistics of one policy over every batch seen so far.
 
     The per-step arrays have length L, the longest bucket seen. For t >= L every episode
-    has ended, so WPDIS's denominator there is the groups' trajectory-weight sum and its
-    numerator 0 (``_extend``).
+    has ended, so each group's WPDIS terms there equal those at L - 1 with no reward
+    (``_extend``).
     """
 
     log_scale_trajectory: float
     log_scale_step: float
-    log_scale_t: np.ndarray  # [L]
     group_sums: np.ndarray  # [K, F] columns GROUP_SUM_FIELDS
+    group_log_scale_t: np.ndarray  # [K, L]
     group_num_t: np.ndarray  # [K, L]
     group_den_t: np.ndarray  # [K, L]
 
@@ -57,8 +57,8 @@ def init(num_groups: int) -> Accumulator:
     return Accumulator(
         log_scale_trajectory=-math.inf,
         log_scale_step=-math.inf,
-        log_scale_t=np.zeros(0),
         group_sums=np.zeros((num_groups, len(GROUP_SUM_FIELDS))),
+        group_log_scale_t=np.zeros((num_groups, 0)),
         group_num_t=np.zeros((num_groups, 0)),
         group_den_t=np.zeros((num_groups, 0)),
     )
@@ -71,17 +71,22 @@ def _rescale(log_scale, new_log_scale):
 
 
 def _extend(acc: Accumulator, length: int) -> Accumulator:
-    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
-    extra = length - acc.log_scale_t.shape[-1]
+    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values:
+    each group keeps its last weights and gets no more reward."""
+    length_now = acc.group_log_scale_t.shape[-1]
+    extra = length - length_now
     if extra <= 0:
         return acc
     num_groups = acc.group_sums.shape[0]
-    sum_w = acc.group_sums[:, _FIELD["sum_w"]]
+    if length_now == 0:
+        last_scale, last_den = np.full(num_groups, -math.inf), np.zeros(num_groups)
+    else:
+        last_scale, last_den = acc.group_log_scale_t[:, -1], acc.group_den_t[:, -1]
     return dataclasses.replace(
         acc,
-        log_scale_t=np.concatenate([acc.log_scale_t, np.full(extra, acc.log_scale_trajectory)]),
-        group_num_t=np.concatenate([acc.group_num_t, np.zeros((num_groups, extra))], axis=-1),
-        group_den_t=np.concatenate([acc.group_den_t, np.repeat(sum_w[:, None], extra, axis=-1)], axis=-1),
+        group_log_scale_t=np.concatenate([acc.group_log_scale_t, np.repeat(last_scale[:, None], extra, 1)], 1),
+        group_num_t=np.concatenate([acc.group_num_t, np.zeros((num_groups, extra))], 1),
+        group_den_t=np.concatenate([acc.group_den_t, np.repeat(last_den[:, None], extra, 1)], 1),
     )
 
 
@@ -93,19 +98,19 @@ def _column_factors(trajectory: float, step: float) -> np.ndarray:
 
 def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     """Statistics of the union of the episodes behind ``a`` and ``b``."""
-    length = max(a.log_scale_t.shape[-1], b.log_scale_t.shape[-1])
+    length = max(a.group_log_scale_t.shape[-1], b.group_log_scale_t.shape[-1])
     a, b = _extend(a, length), _extend(b, length)
     trajectory = max(a.log_scale_trajectory, b.log_scale_trajectory)
     step = max(a.log_scale_step, b.log_scale_step)
     factors_a = _column_factors(_rescale(a.log_scale_trajectory, trajectory), _rescale(a.log_scale_step, step))
     factors_b = _column_factors(_rescale(b.log_scale_trajectory, trajectory), _rescale(b.log_scale_step, step))
-    scale_t = np.maximum(a.log_scale_t, b.log_scale_t)
-    ta, tb = _rescale(a.log_scale_t, scale_t), _rescale(b.log_scale_t, scale_t)
+    scale_gt = np.maximum(a.group_log_scale_t, b.group_log_scale_t)
+    ta, tb = _rescale(a.group_log_scale_t, scale_gt), _rescale(b.group_log_scale_t, scale_gt)
     return Accumulator(
         log_scale_trajectory=trajectory,
         log_scale_step=step,
-        log_scale_t=scale_t,
         group_sums=a.group_sums * factors_a + b.group_sums * factors_b,
+        group_log_scale_t=scale_gt,
         group_num_t=a.group_num_t * ta + b.group_num_t * tb,
         group_den_t=a.group_den_t * ta + b.group_den_t * tb,
     )
@@ -206,22 +211,41 @@ def finalize(
     return {name: estimates[name] for name in ESTIMATORS}, diagnostics
 
 
+def _combine_groups(log_scale_gt: np.ndarray, values_gt: np.ndarray, log_scale_t: np.ndarray) -> np.ndarray:
+    """[T] sum over groups of values_gt * exp(log_scale_gt - log_scale_t) (log-sum-exp style)."""
+    return np.sum(values_gt * _rescale(log_scale_gt, log_scale_t[None, :]), axis=0)
+
+
+def _wpdis(log_scale_gt, num_gt, den_gt, discount_t) -> tuple[float | None, int]:
+    """(WPDIS of the given groups or None, the first step with no weight left)."""
+    log_scale_t = np.max(log_scale_gt, axis=0)
+    den_t = _combine_groups(log_scale_gt, den_gt, log_scale_t)
+    if not (den_t > 0).all():
+        return None, int(np.argmax(~(den_t > 0)))
+    num_t = _combine_groups(log_scale_gt, num_gt, log_scale_t)
+    return float(np.sum(discount_t * num_t / den_t)), -1
+
+
 def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -> Estimate:
     """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a delete-a-group jackknife
     standard error over the non-empty id-hash groups."""
     acc = _extend(acc, max_length)
-    num_gt, den_gt = acc.group_num_t[:, :max_length], acc.group_den_t[:, :max_length]
+    scale_gt, num_gt, den_gt = (x[:, :max_length] for x in
+                                (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t))
     discount_t = gamma ** np.arange(max_length, dtype=np.float64)
-    num_t, den_t = num_gt.sum(axis=0), den_gt.sum(axis=0)
-    if not (den_t > 0).all():
-        first = int(np.argmax(~(den_t > 0)))
-        return Estimate(None, None, None, None, f"every episode has zero weight at step {first}")
-    value = float(np.sum(discount_t * num_t / den_t))
+    value, empty_step = _wpdis(scale_gt, num_gt, den_gt, discount_t)
+    if value is None:
+        return Estimate(None, None, None, None, f"every episode has zero weight at step {empty_step}")
     groups = np.flatnonzero(acc.group_sums[:, _FIELD["count"]] > 0)
-    den_without_gt = den_t - den_gt[groups]
-    if groups.size < 2 or not (den_without_gt > 0).all():
-        return _estimate(value, None, z, "too few episode groups with weight for a standard error")
-    leave_out_g = np.sum(discount_t * (num_t - num_gt[groups]) / den_without_gt, axis=-1)
+    if groups.size < 2:
+        return _estimate(value, None, z, "too few episode groups for a standard error")
+    leave_out = []
+    for g in groups:
+        others = groups[groups != g]
+        leave_out.append(_wpdis(scale_gt[others], num_gt[others], den_gt[others], discount_t)[0])
+    if any(v is None for v in leave_out):
+        return _estimate(value, None, z, "a group holds all the weight at some step; no standard error")
+    leave_out_g = np.asarray(leave_out)
     k = groups.size
     stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
     return _estimate(value, stderr, z)

@@ -1,0 +1,371 @@
+"""Episodes -> fixed-shape padded [B, T] batches by length bucket (ope_cli/buckets.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ope_cli.buckets import (
+    RESAMPLING_GROUPS,
+    Bucketer,
+    bucket_lengths_upto,
+    concat_chunks,
+    episodes_per_batch,
+    pad,
+    take_episodes,
+)
+from ope_cli.config import BatchingConfig
+from ope_cli.episodes import EpisodeChunk, mix64
+
+CHUNK_FIELDS = (
+    "ids",
+    "keys",
+    "lengths",
+    "observation",
+    "action",
+    "reward",
+    "log_behavior",
+    "log_target",
+)
+
+
+def make_chunk(
+    lengths, first_id: int = 0, obs_dim: int | None = 3, seed: int = 0, with_target: bool = True
+) -> EpisodeChunk:
+    """Episodes whose every per-step value identifies (episode id, step):
+    reward = id + step / 1000, action = step, observation[..., 0] = id."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, np.int64)
+    ids = np.arange(first_id, first_id + lengths.size, dtype=np.int64)
+    id_of_row = np.repeat(ids, lengths)
+    step_of_row = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    if obs_dim is None:
+        observation = id_of_row.astype(np.float64)
+    else:
+        observation = np.concatenate(
+            [id_of_row[:, None].astype(np.float64), rng.normal(size=(id_of_row.size, obs_dim - 1))],
+            axis=1,
+        )
+    return EpisodeChunk(
+        file="test.parquet",
+        ids=ids,
+        keys=mix64(ids.view(np.uint64)),
+        lengths=lengths,
+        observation=observation,
+        action=step_of_row.astype(np.int64),
+        reward=id_of_row + step_of_row / 1000.0,
+        log_behavior=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)),
+        log_target=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)) if with_target else None,
+    )
+
+
+def assert_chunks_equal(a: EpisodeChunk, b: EpisodeChunk) -> None:
+    for name in CHUNK_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+# --------------------------------------------------------------------- bucket lengths
+
+
+def test_bucket_lengths_geometric():
+    np.testing.assert_array_equal(bucket_lengths_upto(100, 8, 2.0), [8, 16, 32, 64, 128])
+    np.testing.assert_array_equal(bucket_lengths_upto(128, 8, 2.0), [8, 16, 32, 64, 128])
+    np.testing.assert_array_equal(bucket_lengths_upto(129, 8, 2.0), [8, 16, 32, 64, 128, 256])
+    np.testing.assert_array_equal(bucket_lengths_upto(1, 8, 2.0), [8])
+    np.testing.assert_array_equal(bucket_lengths_upto(8, 8, 2.0), [8])
+
+
+def test_bucket_lengths_have_no_cap():
+    lengths = bucket_lengths_upto(10_000, 8, 2.0)
+    assert lengths[-1] == 16_384
+    assert lengths[-2] < 10_000
+    lengths = bucket_lengths_upto(10**7, 8, 2.0)
+    assert lengths[-1] >= 10**7
+
+
+@pytest.mark.parametrize("growth", [1.1, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("min_bucket", [1, 5, 8])
+@pytest.mark.parametrize("max_length", [1, 7, 100, 10_000])
+def test_bucket_lengths_cover_and_grow(growth, min_bucket, max_length):
+    lengths = bucket_lengths_upto(max_length, min_bucket, growth)
+    assert lengths[0] == min_bucket
+    assert lengths[-1] >= max_length
+    assert len(lengths) == 1 or lengths[-2] < max_length  # no bucket more than needed
+    assert np.all(np.diff(lengths) >= 1)
+    for k, length in enumerate(lengths):
+        assert length >= math.ceil(min_bucket * growth**k) - 1e-9
+    # a bounded number of buckets: about log(max / min) / log(growth)
+    bound = math.log(max(max_length, min_bucket) / min_bucket) / math.log(growth) + 2
+    assert len(lengths) <= bound
+
+
+def test_bucket_lengths_prefix_is_stable():
+    short = bucket_lengths_upto(100, 8, 1.5)
+    long = bucket_lengths_upto(100_000, 8, 1.5)
+    np.testing.assert_array_equal(long[: short.size], short)
+
+
+def test_episodes_per_batch():
+    assert episodes_per_batch(8, 65_536) == 8192
+    assert episodes_per_batch(16_384, 65_536) == 4
+    assert episodes_per_batch(100_000, 65_536) == 1  # never zero
+    assert episodes_per_batch(10, 100, multiple_of=4) == 12
+    assert episodes_per_batch(10, 80, multiple_of=4) == 8
+    assert episodes_per_batch(100_000, 65_536, multiple_of=8) == 8
+    for length in (1, 3, 8, 100, 1000):
+        for multiple in (1, 2, 8):
+            b = episodes_per_batch(length, 4096, multiple)
+            assert b >= 1 and b % multiple == 0
+
+
+# ---------------------------------------------------------------------- chunk helpers
+
+
+def test_take_episodes_gathers_the_right_steps():
+    chunk = make_chunk([3, 1, 4, 1, 5])
+    part = take_episodes(chunk, np.array([4, 0, 2]))
+    np.testing.assert_array_equal(part.ids, [4, 0, 2])
+    np.testing.assert_array_equal(part.lengths, [5, 3, 4])
+    np.testing.assert_array_equal(
+        part.reward,
+        np.concatenate(
+            [
+                4 + np.arange(5) / 1000,
+                0 + np.arange(3) / 1000,
+                2 + np.arange(4) / 1000,
+            ]
+        ),
+    )
+    np.testing.assert_array_equal(part.observation[:, 0], np.repeat([4, 0, 2], [5, 3, 4]))
+    assert part.observation.shape == (12, 3)
+    assert part.file == chunk.file
+
+
+def test_take_episodes_empty_selection():
+    part = take_episodes(make_chunk([2, 3]), np.array([], np.int64))
+    assert part.num_episodes == 0
+    assert part.num_steps == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_take_and_concat_round_trip(seed):
+    rng = np.random.default_rng(seed)
+    chunk = make_chunk(rng.integers(1, 20, size=40), seed=seed)
+    cuts = np.sort(rng.choice(np.arange(1, 40), size=rng.integers(1, 8), replace=False))
+    parts = [take_episodes(chunk, idx) for idx in np.split(np.arange(40), cuts)]
+    assert_chunks_equal(concat_chunks(parts), chunk)
+    assert concat_chunks([chunk]) is chunk
+
+
+def test_concat_without_optional_arrays():
+    parts = [
+        make_chunk([2, 3], obs_dim=None, with_target=False),
+        make_chunk([4], first_id=2, obs_dim=None, with_target=False),
+    ]
+    joined = concat_chunks(parts)
+    assert joined.log_target is None
+    np.testing.assert_array_equal(joined.ids, [0, 1, 2])
+    np.testing.assert_array_equal(joined.lengths, [2, 3, 4])
+
+
+# ---------------------------------------------------------------------------- pad
+
+
+@pytest.mark.parametrize("obs_dim", [None, 3])
+def test_pad_places_values_and_masks(obs_dim):
+    chunk = make_chunk([3, 1, 8, 5], obs_dim=obs_dim)
+    batch = pad(chunk, length=8, batch=6)
+    assert batch.shape == (6, 8)
+    assert batch.reward.shape == (6, 8)
+    assert batch.observation.shape == ((6, 8) if obs_dim is None else (6, 8, 3))
+    np.testing.assert_array_equal(batch.episode_mask, [True] * 4 + [False] * 2)
+    for e, (lo, hi) in enumerate(zip(chunk.offsets[:-1], chunk.offsets[1:], strict=True)):
+        t = hi - lo
+        np.testing.assert_array_equal(batch.step_mask[e], np.arange(8) < t)
+        for name in ("reward", "action", "log_behavior", "log_target", "observation"):
+            padded, flat = getattr(batch, name), getattr(chunk, name)
+            np.testing.assert_array_equal(padded[e, :t], flat[lo:hi], err_msg=name)
+            assert np.all(padded[e, t:] == 0), name
+    for name in ("reward", "action", "log_behavior", "log_target", "observation"):
+        assert np.all(getattr(batch, name)[4:] == 0), name
+    assert not batch.step_mask[4:].any()
+    assert batch.step_mask.sum() == chunk.num_steps
+    assert batch.action.dtype == chunk.action.dtype
+    assert batch.reward.dtype == np.float64
+
+
+def test_pad_groups():
+    chunk = make_chunk(np.ones(100, np.int64))
+    batch = pad(chunk, length=8, batch=128)
+    assert batch.group.dtype == np.int32
+    real = batch.group[:100]
+    assert np.all((real >= 0) & (real < RESAMPLING_GROUPS))
+    np.testing.assert_array_equal(
+        real, (chunk.keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    )
+    np.testing.assert_array_equal(batch.group[100:], 0)
+    assert np.unique(real).size > RESAMPLING_GROUPS // 2  # hashed ids spread over the groups
+
+
+def test_pad_without_target():
+    batch = pad(make_chunk([2], with_target=False), length=8, batch=1)
+    assert batch.log_target is None
+
+
+# ------------------------------------------------------------------------- Bucketer
+
+
+def run_bucketer(chunks, batching: BatchingConfig, multiple_of: int = 1):
+    bucketer = Bucketer(batching, multiple_of=multiple_of)
+    batches = []
+    for chunk in chunks:
+        batches.extend(bucketer.add(chunk))
+    batches.extend(bucketer.flush())
+    return bucketer, batches
+
+
+def skewed_chunks(seed: int, n_chunks: int = 12, max_length: int = 700):
+    rng = np.random.default_rng(seed)
+    chunks, next_id = [], 0
+    for _ in range(n_chunks):
+        n = int(rng.integers(1, 60))
+        lengths = np.clip(np.rint(rng.lognormal(np.log(15), 1.2, size=n)), 1, max_length).astype(
+            np.int64
+        )
+        chunks.append(make_chunk(lengths, first_id=next_id, seed=int(rng.integers(1 << 30))))
+        next_id += n
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("multiple_of", [1, 4])
+def test_bucketer_emits_every_episode_once_with_its_steps(seed, multiple_of):
+    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2.0)
+    chunks = skewed_chunks(seed)
+    all_episodes = concat_chunks(chunks)
+    bucketer, batches = run_bucketer(chunks, batching, multiple_of)
+    lengths_table = bucket_lengths_upto(int(all_episodes.lengths.max()), 8, 2.0)
+
+    seen_ids = []
+    for batch in batches:
+        b, t = batch.shape
+        assert t in lengths_table
+        assert b % multiple_of == 0
+        assert batch.episode_mask.sum() >= 1
+        # real rows first, then filler
+        n_real = int(batch.episode_mask.sum())
+        assert batch.episode_mask[:n_real].all() and not batch.episode_mask[n_real:].any()
+        assert not batch.step_mask[n_real:].any()
+        for row in range(n_real):
+            episode_id = int(batch.observation[row, 0, 0])
+            index = int(np.flatnonzero(all_episodes.ids == episode_id)[0])
+            length = int(all_episodes.lengths[index])
+            # the smallest bucket that holds the episode
+            assert t == lengths_table[np.searchsorted(lengths_table, length)]
+            np.testing.assert_array_equal(batch.step_mask[row], np.arange(t) < length)
+            lo = all_episodes.offsets[index]
+            np.testing.assert_array_equal(
+                batch.reward[row, :length], all_episodes.reward[lo : lo + length]
+            )
+            np.testing.assert_array_equal(
+                batch.log_target[row, :length], all_episodes.log_target[lo : lo + length]
+            )
+            assert np.all(batch.reward[row, length:] == 0)
+            seen_ids.append(episode_id)
+    np.testing.assert_array_equal(np.sort(seen_ids), np.sort(all_episodes.ids))
+
+    assert bucketer.real_steps == all_episodes.num_steps
+    assert bucketer.padded_steps == sum(b * t for b, t in (batch.shape for batch in batches))
+    assert bucketer.shapes == {batch.shape for batch in batches}
+
+
+def test_bucketer_bounded_shapes():
+    batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
+    rng = np.random.default_rng(11)
+    chunks = [make_chunk(rng.integers(1, 1000, size=50), first_id=50 * k) for k in range(40)]
+    bucketer, batches = run_bucketer(chunks, batching)
+    buckets = bucket_lengths_upto(1000, 8, 2.0)
+    allowed = set()
+    for t in buckets:
+        b = episodes_per_batch(int(t), 1024)
+        while True:
+            allowed.add((b, int(t)))
+            if b % 2 or b == 1:
+                break
+            b //= 2
+    shapes = {batch.shape for batch in batches}
+    assert shapes <= allowed
+    # full batches in every bucket, and at most one partial batch per bucket
+    for t in buckets:
+        full = episodes_per_batch(int(t), 1024)
+        partial = [batch for batch in batches if batch.shape[1] == t and batch.shape[0] != full]
+        assert len(partial) <= 1
+        filler_full = [
+            batch for batch in batches if batch.shape == (full, t) and not batch.episode_mask.all()
+        ]
+        assert len(filler_full) <= 1
+
+
+def test_bucketer_shapes_do_not_grow_with_data():
+    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2.0)
+    few = run_bucketer(skewed_chunks(0, n_chunks=5), batching)[0].shapes
+    many = run_bucketer(skewed_chunks(0, n_chunks=200), batching)[0].shapes
+    buckets = bucket_lengths_upto(700, 8, 2.0)
+    # per bucket: one full shape plus at most log2(B) tail shapes
+    bound = sum(1 + int(math.log2(episodes_per_batch(int(t), 512))) for t in buckets)
+    assert len(many) <= bound
+    assert len(few) <= bound
+
+
+@pytest.mark.parametrize("n_episodes", [1, 3, 5])
+def test_tail_batch_shrinks_for_nearly_empty_bucket(n_episodes):
+    batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
+    full = episodes_per_batch(8, 1024)  # 128 episodes per batch of bucket 8
+    bucketer = Bucketer(batching)
+    lengths = np.arange(n_episodes) % 8 + 1
+    assert list(bucketer.add(make_chunk(lengths))) == []
+    (batch,) = list(bucketer.flush())
+    rows, t = batch.shape
+    assert t == 8
+    assert n_episodes <= rows < full // 2  # far fewer filler rows than a full batch
+    assert full % rows == 0  # a rung of the ladder below the full size
+    assert batch.episode_mask.sum() == n_episodes
+    assert bucketer.padded_steps == rows * 8
+    assert bucketer.real_steps == int(lengths.sum())
+
+
+def test_tail_batch_respects_multiple_of():
+    batching = BatchingConfig(batch_steps=256, min_bucket=8, bucket_growth=2.0)
+    bucketer = Bucketer(batching, multiple_of=8)
+    list(bucketer.add(make_chunk([2])))
+    (batch,) = list(bucketer.flush())
+    assert batch.shape == (8, 8)
+
+
+def test_full_batches_are_emitted_before_flush():
+    batching = BatchingConfig(batch_steps=64, min_bucket=8, bucket_growth=2.0)  # B = 8 for T = 8
+    bucketer = Bucketer(batching)
+    emitted = list(bucketer.add(make_chunk(np.full(19, 4))))
+    assert [b.shape for b in emitted] == [(8, 8), (8, 8)]
+    assert all(b.episode_mask.all() for b in emitted)
+    (tail,) = list(bucketer.flush())
+    assert tail.shape[1] == 8 and 3 <= tail.shape[0] <= 8
+    np.testing.assert_array_equal(tail.episode_mask, np.arange(tail.shape[0]) < 3)
+    assert list(bucketer.flush()) == []
+
+
+def test_ten_thousand_step_episode_fits():
+    batching = BatchingConfig()
+    bucketer, batches = run_bucketer([make_chunk([10_000, 3], obs_dim=None)], batching)
+    shapes = sorted(batch.shape for batch in batches)
+    assert (1, 16_384) in shapes
+    (long,) = [batch for batch in batches if batch.shape[1] == 16_384]
+    assert long.step_mask.sum() == 10_000
+    np.testing.assert_array_equal(long.reward[0, :10_000], np.arange(10_000) / 1000.0)
+    assert bucketer.real_steps == 10_003

@@ -1,0 +1,230 @@
+"""Files, directories and globs -> ordered, projected record batches (ope_cli/reader.py)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from ope_cli.errors import DataError
+from ope_cli.reader import iter_batches, open_dataset
+
+
+def table(start: int, stop: int) -> pa.Table:
+    ids = np.arange(start, stop, dtype=np.int64)
+    return pa.table({"episode_id": ids, "reward": ids.astype(np.float64) / 10, "extra": ids * 2})
+
+
+def read_ids(data, rows: int = 1000) -> list[int]:
+    return [
+        i for b in iter_batches(data, ["episode_id"], rows) for i in b.batch.column(0).to_pylist()
+    ]
+
+
+# ------------------------------------------------------------------------------ sources
+
+
+def test_single_parquet_file(tmp_path):
+    path = tmp_path / "logs.parquet"
+    pq.write_table(table(0, 25), path)
+    data = open_dataset(str(path))
+    assert data.format == "parquet"
+    assert data.files == (str(path),)
+    assert data.schema.names == ["episode_id", "reward", "extra"]
+    assert data.count_rows() == 25
+    assert read_ids(data) == list(range(25))
+
+
+def test_feather_file(tmp_path):
+    path = tmp_path / "logs.feather"
+    feather.write_feather(table(0, 25), path, chunksize=10)
+    data = open_dataset(str(path))
+    assert data.format == "ipc"
+    assert read_ids(data, rows=4) == list(range(25))
+
+
+def test_arrow_ipc_file_with_other_suffix(tmp_path):
+    path = tmp_path / "logs.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table(0, 5).schema) as writer:
+        writer.write_table(table(0, 5))
+    data = open_dataset(str(path))
+    assert data.format == "ipc"
+    assert read_ids(data) == list(range(5))
+
+
+def test_directory_reads_files_in_sorted_order_and_skips_metadata(tmp_path):
+    # written out of order, so that creation order differs from name order
+    pq.write_table(table(20, 30), tmp_path / "part-2.parquet")
+    pq.write_table(table(0, 10), tmp_path / "part-0.parquet")
+    pq.write_table(table(10, 20), tmp_path / "part-1.parquet")
+    pq.write_table(table(100, 110), tmp_path / ".hidden.parquet")
+    pq.write_table(table(200, 210), tmp_path / "_temporary.parquet")
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    (tmp_path / ".part-0.parquet.crc").write_bytes(b"not parquet")
+    hidden_dir = tmp_path / "_logs"
+    hidden_dir.mkdir()
+    pq.write_table(table(300, 310), hidden_dir / "x.parquet")
+    data = open_dataset(str(tmp_path))
+    assert [os.path.basename(f) for f in data.files] == [
+        "part-0.parquet",
+        "part-1.parquet",
+        "part-2.parquet",
+    ]
+    assert read_ids(data, rows=3) == list(range(30))
+    assert data.count_rows() == 30
+    assert [b.file for b in iter_batches(data, ["episode_id"], 100)] == list(data.files)
+
+
+def test_nested_directories_are_sorted_by_full_path(tmp_path):
+    for name, (lo, hi) in {
+        "b/x.parquet": (10, 20),
+        "a/y.parquet": (0, 10),
+        "c.parquet": (20, 25),
+    }.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        pq.write_table(table(lo, hi), tmp_path / name)
+    data = open_dataset(str(tmp_path))
+    assert read_ids(data) == list(range(25))
+
+
+def test_hive_partitioned_directory(tmp_path):
+    for day, (lo, hi) in {"2024-01-02": (10, 30), "2024-01-01": (0, 10)}.items():
+        part = tmp_path / f"day={day}"
+        part.mkdir()
+        pq.write_table(table(lo, hi), part / "data.parquet")
+    data = open_dataset(str(tmp_path))
+    assert "day" in data.schema.names
+    assert read_ids(data, rows=7) == list(range(30))
+    days = [
+        d
+        for b in iter_batches(data, ["episode_id", "day"], 7)
+        for d in b.batch.column(1).to_pylist()
+    ]
+    assert days == ["2024-01-01"] * 10 + ["2024-01-02"] * 20
+
+
+def test_glob(tmp_path):
+    pq.write_table(table(5, 10), tmp_path / "b.parquet")
+    pq.write_table(table(0, 5), tmp_path / "a.parquet")
+    (tmp_path / "notes.txt").write_text("not data")
+    data = open_dataset(str(tmp_path / "*.parquet"))
+    assert [os.path.basename(f) for f in data.files] == ["a.parquet", "b.parquet"]
+    assert read_ids(data) == list(range(10))
+
+
+def test_glob_matching_nothing(tmp_path):
+    with pytest.raises(DataError, match="no files match"):
+        open_dataset(str(tmp_path / "*.parquet"))
+
+
+def test_nonexistent_path(tmp_path):
+    missing = str(tmp_path / "missing.parquet")
+    with pytest.raises(DataError) as info:
+        open_dataset(missing)
+    assert missing in str(info.value)
+    assert "no such file" in str(info.value)
+
+
+def test_empty_directory(tmp_path):
+    with pytest.raises(DataError, match="no data files"):
+        open_dataset(str(tmp_path))
+
+
+def test_directory_with_only_metadata_files(tmp_path):
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(DataError, match="no data files"):
+        open_dataset(str(tmp_path))
+
+
+def test_not_a_parquet_file(tmp_path):
+    path = tmp_path / "logs.parquet"
+    path.write_text("episode_id,reward\n1,2.0\n")
+    with pytest.raises(DataError) as info:
+        open_dataset(str(path))
+    assert str(path) in str(info.value)
+    assert "not a Parquet or Arrow" in str(info.value)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "logs.parquet"
+    path.write_bytes(b"")
+    with pytest.raises(DataError) as info:
+        open_dataset(str(path))
+    assert str(path) in str(info.value)
+    assert "empty" in str(info.value)
+
+
+def test_truncated_parquet_file(tmp_path):
+    path = tmp_path / "logs.parquet"
+    pq.write_table(table(0, 100), path)
+    path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(DataError) as info:
+        data = open_dataset(str(path))
+        list(iter_batches(data, ["episode_id"], 10))
+    assert str(path) in str(info.value)
+
+
+def test_mixed_formats_in_directory(tmp_path):
+    pq.write_table(table(0, 5), tmp_path / "a.parquet")
+    feather.write_feather(table(5, 10), tmp_path / "b.feather")
+    with pytest.raises(DataError, match="mixes"):
+        open_dataset(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "feather"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 10, 1000])
+def test_iter_batches_sizes_and_last_in_file(tmp_path, file_format, rows):
+    sizes = [10, 0, 1, 23]
+    start = 0
+    for k, size in enumerate(sizes):
+        path = tmp_path / f"part-{k}.{file_format}"
+        if file_format == "parquet":
+            pq.write_table(table(start, start + size), path, row_group_size=4)
+        else:
+            feather.write_feather(table(start, start + size), path, chunksize=4)
+        start += size
+    data = open_dataset(str(tmp_path))
+    batches = list(iter_batches(data, ["reward", "episode_id"], rows))
+
+    for b in batches:
+        assert b.batch.num_rows <= rows
+        assert b.batch.schema.names == ["reward", "episode_id"]  # projected, in the order asked
+    # batches come file by file; exactly each file's final batch is marked
+    files = [b.file for b in batches]
+    assert files == sorted(files)
+    assert sorted(set(files)) == list(data.files)
+    for file, size in zip(data.files, sizes, strict=True):
+        mine = [b for b in batches if b.file == file]
+        assert [b.last_in_file for b in mine] == [False] * (len(mine) - 1) + [True]
+        assert sum(b.batch.num_rows for b in mine) == size
+    ids = [i for b in batches for i in b.batch.column("episode_id").to_pylist()]
+    assert ids == list(range(sum(sizes)))
+
+
+def test_zero_row_file_still_yields_its_end(tmp_path):
+    path = tmp_path / "empty.parquet"
+    pq.write_table(table(0, 0), path)
+    data = open_dataset(str(path))
+    batches = list(iter_batches(data, ["episode_id", "reward"], 5))
+    assert len(batches) == 1
+    (only,) = batches
+    assert only.last_in_file is True
+    assert only.batch.num_rows == 0
+    assert only.batch.schema.names == ["episode_id", "reward"]
+    assert only.file == str(path)
+
+
+def test_count_rows(tmp_path):
+    pq.write_table(table(0, 12), tmp_path / "a.parquet", row_group_size=5)
+    pq.write_table(table(12, 13), tmp_path / "b.parquet")
+    pq.write_table(table(0, 0), tmp_path / "c.parquet")
+    assert open_dataset(str(tmp_path)).count_rows() == 13
+    feather.write_feather(table(0, 3), tmp_path / "x.feather")
+    assert open_dataset(str(tmp_path / "x.feather")).count_rows() is None
