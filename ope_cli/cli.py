@@ -6,6 +6,7 @@ Heavy imports (jax, the pipeline) happen inside commands so ``ope --help`` is in
 from __future__ import annotations
 
 import enum
+import os
 import sys
 import traceback
 
@@ -91,6 +92,19 @@ def evaluate(
     behavior_log_prob_col: ColumnOption = None,
     target_prob_col: ColumnOption = None,
     target_log_prob_col: ColumnOption = None,
+    coordinator: Annotated[str | None, typer.Option(
+        help="HOST:PORT of process 0, for a multi-process run.", rich_help_panel="Cluster")] = None,
+    num_processes: Annotated[int | None, typer.Option(
+        help="Number of processes in the run.", rich_help_panel="Cluster")] = None,
+    process_id: Annotated[int | None, typer.Option(
+        help="This process's index, 0 .. N-1; process 0 prints the result.",
+        rich_help_panel="Cluster")] = None,
+    distributed: Annotated[bool, typer.Option(
+        "--distributed", help="Join a multi-process run detected by JAX (e.g. under SLURM).",
+        rich_help_panel="Cluster")] = False,
+    timeout: Annotated[int, typer.Option(
+        help="Seconds to wait for the other processes to join or answer.",
+        rich_help_panel="Cluster")] = 60,
     read_rows: Annotated[int, typer.Option(help="Rows per record batch read.",
                                            rich_help_panel="Batching")] = BatchingConfig.read_rows,
     batch_steps: Annotated[int, typer.Option(help="Padded steps per kernel call.",
@@ -108,6 +122,7 @@ def evaluate(
 
       ope evaluate episodes.parquet --policy mypkg.models:policy --obs-col state --behavior-prob-col pscore
     """
+    from ope_cli.distributed import DistributedConfig
     from ope_cli.pipeline import evaluate as run_evaluation
     from ope_cli.report import render_table, to_csv, to_json
 
@@ -127,14 +142,28 @@ def evaluate(
         devices=devices,
     )
     chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
+    cluster = DistributedConfig(coordinator=coordinator, num_processes=num_processes,
+                                process_id=process_id, auto=distributed, timeout_seconds=timeout)
     with _progress(quiet) as on_progress:
-        result = run_evaluation(config, on_progress=on_progress)
+        result = run_evaluation(config, on_progress=on_progress, distributed=cluster)
+    if result.process_id != 0:
+        return  # every process holds the reduced result; process 0 prints it
     if chosen is OutputFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     elif chosen is OutputFormat.csv:
         sys.stdout.write(to_csv(result))
     else:
-        render_table(result, Console())
+        render_table(result, _stdout_console(result))
+
+
+def _stdout_console(result) -> Console:
+    """A console for the table: the terminal's width on a terminal; in a file or pipe wide
+    enough that no policy name is cut (the 80 columns rich assumes would fold paths)."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    longest = max(len(r.policy) for r in result.results)
+    return Console(width=max(100, longest + 70))
 
 
 class _progress:
@@ -169,11 +198,71 @@ def _error_line(error: BaseException) -> str:
     return str(error).strip().replace("\n", " ")
 
 
+_RUNTIME_EXIT_CODE = 5
+
+
+def _wants_cluster(argv: list[str]) -> bool:
+    return any(a.split("=")[0] in ("--coordinator", "--num-processes", "--process-id", "--distributed")
+               for a in argv)
+
+
+def _supervise(argv: list[str]) -> int:
+    """Runs this command in a child process and reports how it ended.
+
+    JAX's distributed runtime aborts a process (SIGABRT, with C++ logs) when a peer dies
+    or stops answering; the child takes that fall, and this parent turns it into one clear
+    line and exit code 5. Only the child's own ``ope:`` lines reach stderr (all of it with
+    --debug); stdout passes straight through.
+    """
+    import signal
+    import subprocess
+
+    env = dict(os.environ, OPE_CLUSTER_WORKER="1", PYTHONUNBUFFERED="1")
+    child = subprocess.Popen([sys.executable, "-m", "ope_cli.cli", *argv], stdin=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=env)
+    debug = "--debug" in argv
+    runtime_log = []  # the runtime's own fatal-error lines, to say what went wrong
+    try:
+        for raw in child.stderr:
+            line = raw.decode(errors="replace")
+            if debug or line.startswith("ope:"):
+                sys.stderr.write(line)
+            elif "absl::Status" in line or line.startswith("RPC:"):
+                runtime_log.append(line)
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        child.wait()
+        raise
+    if code < 0:
+        log = "".join(runtime_log)
+        if "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log:
+            reason = ("could not join the run: the coordinator did not answer in time (is process 0 "
+                      "running, and is --coordinator its reachable HOST:PORT?)")
+        else:
+            reason = "another process died or stopped answering; see that process's error"
+        stderr.print(f"ope: distributed run failed: stopped by the JAX runtime "
+                     f"({signal.Signals(-code).name}): {reason}", markup=False, highlight=False,
+                     soft_wrap=True)
+        return _RUNTIME_EXIT_CODE
+    return code
+
+
 def main() -> None:
     """Console entry point: runs the app and maps errors to one stderr line and an exit code."""
-    debug = "--debug" in sys.argv[1:]
+    argv = sys.argv[1:]
+    debug = "--debug" in argv
+    if debug:  # accepted anywhere on the line, not only before the command
+        argv = ["--debug", *(a for a in argv if a != "--debug")]
+    if _wants_cluster(argv):
+        if not os.environ.get("OPE_CLUSTER_WORKER"):
+            sys.exit(_supervise(argv))
+        # The collectives library prints to the C-level stdout; keep stdout for the result.
+        result_fd = os.dup(1)
+        os.dup2(2, 1)
+        sys.stdout = os.fdopen(result_fd, "w")
     try:
-        code = app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except OpeError as error:
         if debug:
             traceback.print_exc()
@@ -201,6 +290,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-

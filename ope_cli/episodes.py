@@ -9,7 +9,7 @@ share it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -130,31 +130,34 @@ def _plain(array: pa.Array) -> pa.Array:
     return array
 
 
-def _check_no_nulls(array: pa.Array, column: str, file: str) -> None:
+Locate = Callable[[int], tuple[object, int | None]]  # row -> (episode id, step)
+
+
+def _check_no_nulls(array: pa.Array, column: str, file: str, locate: Locate | None) -> None:
     if array.null_count:
         first = int(np.flatnonzero(np.asarray(pc.is_null(array)))[0])
-        raise DataError(
-            f"{file}: column {column!r} has {array.null_count} null value(s) (first at row {first} of a "
-            "record batch); every step needs a value"
-        )
+        place = where(file, *locate(first)) if locate else f"{file}: "
+        raise DataError(f"{place}column {column!r} is null ({array.null_count} null value(s) in this "
+                        "record batch); every step needs a value")
 
 
-def _numbers(array: pa.Array, column: str, file: str, dtype: type) -> np.ndarray:
-    _check_no_nulls(array, column, file)
+def _numbers(array: pa.Array, column: str, file: str, dtype: type, locate: Locate | None = None) -> np.ndarray:
+    _check_no_nulls(array, column, file, locate)
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _list_parts(array: pa.Array, column: str, file: str) -> tuple[pa.Array, np.ndarray]:
+def _list_parts(array: pa.Array, column: str, file: str, locate: Locate | None = None
+                ) -> tuple[pa.Array, np.ndarray]:
     """(flattened values, [n] lengths) of a list or fixed-size-list array."""
-    _check_no_nulls(array, column, file)
+    _check_no_nulls(array, column, file, locate)
     if pa.types.is_fixed_size_list(array.type):
         return array.flatten(), np.full(len(array), array.type.list_size, np.int64)
     return pc.list_flatten(array), np.asarray(pc.list_value_length(array), dtype=np.int64)
 
 
-def _vectors(array: pa.Array, column: str, file: str, locate) -> np.ndarray:
+def _vectors(array: pa.Array, column: str, file: str, locate: Locate) -> np.ndarray:
     """[n, d] float64 from a column of equal-length number lists; ragged -> DataError."""
-    values, lengths = _list_parts(array, column, file)
+    values, lengths = _list_parts(array, column, file, locate)
     if len(lengths) == 0:
         return np.zeros((0, 0))
     ragged = np.flatnonzero(lengths != lengths[0])
@@ -165,7 +168,9 @@ def _vectors(array: pa.Array, column: str, file: str, locate) -> np.ndarray:
             f"{int(lengths[ragged[0]])}, but earlier vectors have length {int(lengths[0])} "
             f"({ragged.size} ragged row(s) in this batch)"
         )
-    return _numbers(values, column, file, np.float64).reshape(len(lengths), int(lengths[0]))
+    dim = int(lengths[0])
+    return _numbers(values, column, file, np.float64,
+                    lambda index: locate(index // max(dim, 1))).reshape(len(lengths), dim)
 
 
 # --- assembly ----------------------------------------------------------------------------
@@ -226,18 +231,25 @@ class EpisodeAssembler:
             if chunk is not None and chunk.num_episodes:
                 yield chunk
 
+    def seen_keys(self) -> np.ndarray:
+        """[E] sorted uint64 keys of every episode assembled so far."""
+        return self._seen.all_keys()
+
     # step layout ---------------------------------------------------------------------
 
     def _read_step_rows(self, sourced: SourcedBatch) -> _Rows:
         s, batch, file = self.schema, sourced.batch, sourced.file
         col = s.columns
         id_array = _plain(batch.column(col["episode"]))
-        _check_no_nulls(id_array, col["episode"], file)
+        _check_no_nulls(id_array, col["episode"], file, None)
         keys = id_keys(id_array)
         ids = id_array.to_numpy(zero_copy_only=False)
-        step = _numbers(_plain(batch.column(col["step"])), col["step"], file, np.int64) if "step" in col else None
+        step = None
+        if "step" in col:
+            step = _numbers(_plain(batch.column(col["step"])), col["step"], file, np.int64,
+                            lambda row: (_display_id(ids[row]), None))
 
-        def locate(row: int) -> tuple[object, int]:
+        def locate(row: int) -> tuple[object, int | None]:
             return _display_id(ids[row]), int(step[row]) if step is not None else None
 
         return _Rows(
@@ -247,10 +259,10 @@ class EpisodeAssembler:
             observation=self._observation(_plain(batch.column(col["observation"])), file, locate)
             if "observation" in col else None,
             action=self._action(_plain(batch.column(col["action"])), file, locate),
-            reward=_numbers(_plain(batch.column(col["reward"])), col["reward"], file, np.float64),
+            reward=_numbers(_plain(batch.column(col["reward"])), col["reward"], file, np.float64, locate),
             log_behavior=_numbers(_plain(batch.column(self._behavior_column)), self._behavior_column,
-                                  file, np.float64),
-            log_target=self._target(batch, file),
+                                  file, np.float64, locate),
+            log_target=self._target(batch, file, locate),
         )
 
     @property
@@ -258,26 +270,26 @@ class EpisodeAssembler:
         col = self.schema.columns
         return col["behavior_log_prob"] if self.schema.behavior_is_log else col["behavior_prob"]
 
-    def _target(self, batch: pa.RecordBatch, file: str) -> np.ndarray | None:
+    def _target(self, batch: pa.RecordBatch, file: str, locate: Locate) -> np.ndarray | None:
         if self.schema.target is None:
             return None
-        name = self.schema.columns["target_prob" if self.schema.target == "prob" else "target_log_prob"]
-        return _numbers(_plain(batch.column(name)), name, file, np.float64)
+        name = self.schema.columns[self.schema.target_role]
+        return _numbers(_plain(batch.column(name)), name, file, np.float64, locate)
 
     def _observation(self, array: pa.Array, file: str, locate) -> np.ndarray:
         name = self.schema.columns["observation"]
         if self.schema.observation_kind == "vector":
             return _vectors(array, name, file, locate)
         dtype = np.int64 if self.schema.observation_kind == "index" else np.float64
-        return _numbers(array, name, file, dtype)
+        return _numbers(array, name, file, dtype, locate)
 
     def _action(self, array: pa.Array, file: str, locate) -> np.ndarray:
         name = self.schema.columns["action"]
         if self.schema.action_kind == "discrete":
-            return _numbers(array, name, file, np.int64)
+            return _numbers(array, name, file, np.int64, locate)
         if self.schema.action_is_vector:
             return _vectors(array, name, file, locate)
-        return _numbers(array, name, file, np.float64)
+        return _numbers(array, name, file, np.float64, locate)
 
     def _step_rows(self, sourced: SourcedBatch) -> EpisodeChunk | None:
         rows = self._read_step_rows(sourced)
@@ -308,7 +320,7 @@ class EpisodeAssembler:
             return None
         if "episode" in col:
             id_array = _plain(batch.column(col["episode"]))
-            _check_no_nulls(id_array, col["episode"], file)
+            _check_no_nulls(id_array, col["episode"], file, None)
             episode_keys = id_keys(id_array)
             episode_ids = id_array.to_numpy(zero_copy_only=False)
         else:
@@ -322,7 +334,8 @@ class EpisodeAssembler:
                      "target_prob", "target_log_prob"):
             if role not in col:
                 continue
-            values, role_lengths = _list_parts(_plain(batch.column(col[role])), col[role], file)
+            values, role_lengths = _list_parts(_plain(batch.column(col[role])), col[role], file,
+                                               lambda e: (_display_id(episode_ids[e]), None))
             if lengths is None:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:
@@ -334,11 +347,15 @@ class EpisodeAssembler:
                 )
             flat[role] = values
         row_episode = np.repeat(np.arange(n_episodes), lengths)
-        step = _numbers(flat["step"], col["step"], file, np.int64) if "step" in flat else None
+        episode_start = np.cumsum(lengths) - lengths
+        step = None
 
         def locate(row: int) -> tuple[object, int]:
             e = int(row_episode[row])
-            return _display_id(episode_ids[e]), int(step[row]) if step is not None else None
+            return _display_id(episode_ids[e]), int(step[row] if step is not None else row - episode_start[e])
+
+        if "step" in flat:
+            step = _numbers(flat["step"], col["step"], file, np.int64, locate)
 
         rows = _Rows(
             keys=episode_keys[row_episode],
@@ -346,10 +363,11 @@ class EpisodeAssembler:
             step=step,
             observation=self._observation(flat["observation"], file, locate) if "observation" in flat else None,
             action=self._action(flat["action"], file, locate),
-            reward=_numbers(flat["reward"], col["reward"], file, np.float64),
-            log_behavior=_numbers(flat[self._behavior_role], self._behavior_column, file, np.float64),
+            reward=_numbers(flat["reward"], col["reward"], file, np.float64, locate),
+            log_behavior=_numbers(flat[self._behavior_role], self._behavior_column, file, np.float64,
+                                  locate),
             log_target=None if s.target is None else _numbers(
-                flat["target_prob" if s.target == "prob" else "target_log_prob"], "target", file, np.float64
+                flat[s.target_role], col[s.target_role], file, np.float64, locate
             ),
         )
         empty = np.flatnonzero(lengths == 0)

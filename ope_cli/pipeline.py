@@ -12,8 +12,17 @@ import numpy as np
 
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer
 from ope_cli.config import ESTIMATORS, EvaluationConfig
+from ope_cli.distributed import (
+    DistributedConfig,
+    allgather_ints,
+    check_all_succeeded,
+    check_disjoint_episodes,
+    initialize,
+    reduce_accumulators,
+    share_files,
+)
 from ope_cli.episodes import EpisodeAssembler
-from ope_cli.errors import DataError, UsageError
+from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.policies import (
     Policy,
     check_against_chunk,
@@ -23,7 +32,7 @@ from ope_cli.policies import (
 )
 from ope_cli.reader import iter_batches, open_dataset
 from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.stats import Diagnostics, Estimate, finalize, from_batch, init, merge
+from ope_cli.stats import Accumulator, Diagnostics, Estimate, finalize, from_batch, init, merge
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 CONFIDENCE_METHOD = ("normal approximation: sample standard error (is, pdis), delta method (wis), "
@@ -57,6 +66,8 @@ class EvaluationResult:
     seconds: float
     backend: str
     devices: int
+    processes: int
+    process_id: int
     precision: str
     padded_steps: int
     batch_shapes: list[tuple[int, int]]
@@ -83,77 +94,82 @@ def check_config(config: EvaluationConfig) -> None:
         raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
 
 
+@dataclasses.dataclass
+class _LocalPass:
+    """What one process learned from its share of the data."""
+
+    accumulators: list[Accumulator]
+    episodes: int = 0
+    steps: int = 0
+    rows_read: int = 0
+    max_length: int = 0
+    padded_steps: int = 0
+    keys: np.ndarray | None = None
+
+    def counters(self) -> list[int]:
+        length = self.accumulators[0].group_log_scale_t.shape[-1]
+        return [self.episodes, self.steps, self.rows_read, self.max_length, self.padded_steps, length]
+
+
 def evaluate(
-    config: EvaluationConfig, on_progress: Callable[[int, int | None], None] | None = None
+    config: EvaluationConfig,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    distributed: DistributedConfig | None = None,
 ) -> EvaluationResult:
     """Streams the data once and estimates every policy. Raises OpeError subclasses.
 
     ``on_progress(rows_read, total_rows_or_None)`` is called as record batches arrive.
+    With ``distributed``, this process joins a multi-process run, reads its share of the
+    files, and every process returns the same, fully reduced result.
     """
     started = time.perf_counter()
     check_config(config)
-    policies: list[Policy] = [load_policy(spec) for spec in config.policies] or [logged_policy()]
-    data = open_dataset(config.data)
-    schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies)
-    for policy in policies:
-        if policy.kind != "logged":
-            check_against_schema(policy, schema)
-
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli.kernel import Kernel, enable_compilation_cache, group_policies, local_mesh, trace_count
+    process_id, num_processes = 0, 1
+    if distributed is not None and distributed.enabled:
+        process_id, num_processes = initialize(distributed)
+    from ope_cli.kernel import enable_compilation_cache, local_mesh, trace_count
 
     enable_compilation_cache()
     traces_before = trace_count()
-
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
-    dtype = np.float64 if precision == "float64" else np.float32
     mesh = local_mesh(config.devices)
     devices = 1 if mesh is None else mesh.size
-    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh)
-               for group in group_policies(policies)]
-    accumulators = [init(RESAMPLING_GROUPS) for _ in policies]
-    in_flight: collections.deque = collections.deque()
-
-    def absorb(pending) -> None:
-        for kernel, statistics in pending:
-            host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
-            for device in range(devices):
-                for position, index in enumerate(kernel.group.indices):
-                    one = type(host)(*(value[device, position] for value in host))
-                    accumulators[index] = merge(accumulators[index], from_batch(one))
-
-    def run(batch) -> None:
-        in_flight.append([(kernel, kernel(batch)) for kernel in kernels])
-        if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
-            absorb(in_flight.popleft())
-
-    total_rows = data.count_rows()
-    assembler = EpisodeAssembler(schema)
     bucketer = Bucketer(config.batching, multiple_of=devices)
-    episodes = steps = max_length = 0
-    for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
+
+    error: OpeError | None = None
+    try:
+        policies: list[Policy] = [load_policy(spec) for spec in config.policies] or [logged_policy()]
+        data = open_dataset(config.data)
+        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies)
         for policy in policies:
-            check_against_chunk(policy, chunk)
-        episodes += chunk.num_episodes
-        steps += chunk.num_steps
-        max_length = max(max_length, int(chunk.lengths.max()))
-        for batch in bucketer.add(chunk):
-            run(batch)
-        if on_progress is not None:
-            on_progress(assembler.rows_read, total_rows)
-    if episodes == 0:
+            if policy.kind != "logged":
+                check_against_schema(policy, schema)
+        files = len(data.files)
+        if num_processes > 1:
+            data = data.restrict(share_files(data.files, process_id, num_processes))
+        local = _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress)
+    except OpeError as failure:
+        if num_processes == 1:
+            raise
+        error = failure
+    if num_processes > 1:
+        check_all_succeeded(error)
+        check_disjoint_episodes(local.keys)
+        totals = allgather_ints(local.counters())
+        local.episodes, local.steps, local.rows_read = (int(x) for x in totals[:, :3].sum(axis=0))
+        local.max_length = int(totals[:, 3].max())
+        local.padded_steps = int(totals[:, 4].sum())
+        local.accumulators = reduce_accumulators(local.accumulators, int(totals[:, 5].max()))
+    if local.episodes == 0:
         raise DataError(f"{config.data}: no episodes (the data has no rows)")
-    for batch in bucketer.flush():
-        run(batch)
-    while in_flight:
-        absorb(in_flight.popleft())
 
     results = []
-    for policy, accumulator in zip(policies, accumulators, strict=True):
-        estimates, diagnostics = finalize(accumulator, config.gamma, max_length, config.confidence)
+    for policy, accumulator in zip(policies, local.accumulators, strict=True):
+        estimates, diagnostics = finalize(accumulator, config.gamma, local.max_length, config.confidence)
         results.append(PolicyResult(
             policy=policy.name,
             estimates={name: estimates[name] for name in config.estimators},
@@ -163,11 +179,11 @@ def evaluate(
         source=config.data,
         layout=schema.layout,
         schema=schema,
-        files=len(data.files),
-        episodes=episodes,
-        steps=steps,
-        rows_read=assembler.rows_read,
-        max_length=max_length,
+        files=files,
+        episodes=local.episodes,
+        steps=local.steps,
+        rows_read=local.rows_read,
+        max_length=local.max_length,
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
@@ -176,9 +192,58 @@ def evaluate(
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
+        processes=num_processes,
+        process_id=process_id,
         precision=precision,
-        padded_steps=bucketer.padded_steps,
+        padded_steps=local.padded_steps,
         batch_shapes=sorted(bucketer.shapes),
         compiles=trace_count() - traces_before,
     )
 
+
+def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress) -> _LocalPass:
+    """Reads this process's files once and accumulates every policy's statistics."""
+    import jax
+
+    from ope_cli.kernel import Kernel, group_policies
+
+    dtype = np.float64 if precision == "float64" else np.float32
+    devices = 1 if mesh is None else mesh.size
+    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh)
+               for group in group_policies(policies)]
+    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS) for _ in policies])
+    in_flight: collections.deque = collections.deque()
+
+    def absorb(pending) -> None:
+        for kernel, statistics in pending:
+            host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
+            for device in range(devices):
+                for position, index in enumerate(kernel.group.indices):
+                    one = type(host)(*(value[device, position] for value in host))
+                    local.accumulators[index] = merge(local.accumulators[index], from_batch(one))
+
+    def run(batch) -> None:
+        in_flight.append([(kernel, kernel(batch)) for kernel in kernels])
+        if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
+            absorb(in_flight.popleft())
+
+    total_rows = data.count_rows()
+    assembler = EpisodeAssembler(schema)
+    for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
+        for policy in policies:
+            check_against_chunk(policy, chunk)
+        local.episodes += chunk.num_episodes
+        local.steps += chunk.num_steps
+        local.max_length = max(local.max_length, int(chunk.lengths.max()))
+        for batch in bucketer.add(chunk):
+            run(batch)
+        if on_progress is not None:
+            on_progress(assembler.rows_read, total_rows)
+    for batch in bucketer.flush():
+        run(batch)
+    while in_flight:
+        absorb(in_flight.popleft())
+    local.rows_read = assembler.rows_read
+    local.padded_steps = bucketer.padded_steps
+    local.keys = assembler.seen_keys()
+    return local

@@ -140,6 +140,8 @@ def _same(path: str, what: str, expected: int, key: str, actual: int) -> None:
 
 def load_checkpoint(path: str) -> Policy:
     """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        raise PolicyError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

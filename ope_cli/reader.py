@@ -36,16 +36,29 @@ class LoggedDataset:
       files: data files in read order (sorted paths).
       format: ``parquet`` or ``ipc``.
       dataset: the pyarrow dataset over ``files`` (hive partitions for directories).
+      partition_base_dir: the directory hive partitions are relative to, if any.
     """
 
     source: str
     files: tuple[str, ...]
     format: str
     dataset: ds.Dataset
+    partition_base_dir: str | None = None
 
     @property
     def schema(self) -> pa.Schema:
         return self.dataset.schema
+
+    def restrict(self, files: tuple[str, ...]) -> LoggedDataset:
+        """The same dataset (schema, partitioning) over a subset of its files."""
+        dataset = ds.dataset(
+            list(files),
+            schema=self.schema,
+            format=self.format,
+            partitioning="hive" if self.partition_base_dir else None,
+            partition_base_dir=self.partition_base_dir,
+        )
+        return dataclasses.replace(self, files=tuple(files), dataset=dataset)
 
     def count_rows(self) -> int | None:
         """Total rows from file metadata (cheap for Parquet), or None when unknown."""
@@ -112,7 +125,8 @@ def open_dataset(source: str) -> LoggedDataset:
         )
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{source}: cannot open dataset: {_first_line(error)}") from None
-    return LoggedDataset(source=source, files=tuple(files), format=file_format, dataset=dataset)
+    return LoggedDataset(source=source, files=tuple(files), format=file_format, dataset=dataset,
+                         partition_base_dir=base_dir)
 
 
 def _first_line(error: BaseException) -> str:

@@ -17,12 +17,7 @@ from ope_cli.pipeline import EvaluationResult
 
 SCHEMA_VERSION = 1
 FORMATS = ("table", "json", "csv")
-ESTIMATOR_TITLES = {
-    "is": "IS (trajectory-wise)",
-    "wis": "WIS (weighted)",
-    "pdis": "PDIS (per-decision)",
-    "wpdis": "WPDIS (weighted per-decision)",
-}
+ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
 DIAGNOSTIC_FIELDS = ("ess", "ess_fraction", "mean_weight", "max_weight", "max_weight_share",
                      "zero_weight_fraction")
 
@@ -67,7 +62,7 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "steps_per_second": result.steps_per_second,
             "backend": result.backend,
             "devices": result.devices,
-            "processes": 1,
+            "processes": result.processes,
             "precision": result.precision,
             "padded_steps": result.padded_steps,
             "batch_shapes": [list(shape) for shape in result.batch_shapes],
@@ -103,7 +98,7 @@ def render_table(result: EvaluationResult, console: Console) -> None:
     title = (f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
              f"({result.layout} layout), gamma={result.gamma:g}")
     table = Table(title=title, title_justify="left")
-    table.add_column("policy", style="bold")
+    table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator")
     table.add_column("value", justify="right")
     table.add_column("std. err.", justify="right")
@@ -119,7 +114,8 @@ def render_table(result: EvaluationResult, console: Console) -> None:
 
     diagnostics = Table(title="weight diagnostics (trajectory weights)", title_justify="left")
     for column in ("policy", "ESS", "ESS / n", "mean weight", "max weight", "max share", "zero weights"):
-        diagnostics.add_column(column, justify="left" if column == "policy" else "right")
+        diagnostics.add_column(column, justify="left" if column == "policy" else "right",
+                               overflow="fold")
     for policy in result.results:
         d = policy.diagnostics
         diagnostics.add_row(policy.policy, _fmt(d.ess, ".1f"), _fmt(d.ess_fraction, ".1%"),

@@ -69,6 +69,11 @@ class DataSchema:
     target: Literal["prob", "log_prob"] | None
 
     @property
+    def target_role(self) -> str:
+        """The role of the logged target column (``target_prob`` or ``target_log_prob``)."""
+        return "target_prob" if self.target == "prob" else "target_log_prob"
+
+    @property
     def read_columns(self) -> list[str]:
         """The column names to project when reading, in a stable order."""
         return list(dict.fromkeys(self.columns.values()))

@@ -29,7 +29,7 @@ class Accumulator:
 
     The per-step arrays have length L, the longest bucket seen. For t >= L every episode
     has ended, so each group's WPDIS terms there equal those at L - 1 with no reward
-    (``_extend``).
+    (``extend``).
     """
 
     log_scale_trajectory: float
@@ -70,7 +70,7 @@ def _rescale(log_scale, new_log_scale):
         return np.where(log_scale == new_log_scale, 1.0, np.exp(log_scale - new_log_scale))
 
 
-def _extend(acc: Accumulator, length: int) -> Accumulator:
+def extend(acc: Accumulator, length: int) -> Accumulator:
     """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values:
     each group keeps its last weights and gets no more reward."""
     length_now = acc.group_log_scale_t.shape[-1]
@@ -99,7 +99,7 @@ def _column_factors(trajectory: float, step: float) -> np.ndarray:
 def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     """Statistics of the union of the episodes behind ``a`` and ``b``."""
     length = max(a.group_log_scale_t.shape[-1], b.group_log_scale_t.shape[-1])
-    a, b = _extend(a, length), _extend(b, length)
+    a, b = extend(a, length), extend(b, length)
     trajectory = max(a.log_scale_trajectory, b.log_scale_trajectory)
     step = max(a.log_scale_step, b.log_scale_step)
     factors_a = _column_factors(_rescale(a.log_scale_trajectory, trajectory), _rescale(a.log_scale_step, step))
@@ -229,7 +229,7 @@ def _wpdis(log_scale_gt, num_gt, den_gt, discount_t) -> tuple[float | None, int]
 def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -> Estimate:
     """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a delete-a-group jackknife
     standard error over the non-empty id-hash groups."""
-    acc = _extend(acc, max_length)
+    acc = extend(acc, max_length)
     scale_gt, num_gt, den_gt = (x[:, :max_length] for x in
                                 (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t))
     discount_t = gamma ** np.arange(max_length, dtype=np.float64)

@@ -1,0 +1,157 @@
+"""Several processes (hosts) under JAX's multi-process runtime: which files each reads,
+and the reduction of their partial statistics with JAX collectives.
+
+Every process runs the same pipeline over a disjoint, deterministic share of the files,
+then all of them exchange their accumulators (``process_allgather``) and merge them in
+process order, so every process holds the same result and process 0 prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.stats import Accumulator, extend, merge
+
+MESSAGE_BYTES = 2048
+
+
+class DistributedError(OpeError):
+    """A peer process failed, died or could not be reached (exit 5)."""
+
+    exit_code = 5
+    kind = "distributed run failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How to join a multi-process run; ``auto`` lets JAX detect the cluster (SLURM, ...)."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+    timeout_seconds: int = 60
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or self.coordinator is not None or (self.num_processes or 1) > 1
+
+
+def initialize(config: DistributedConfig) -> tuple[int, int]:
+    """Joins the run (``jax.distributed.initialize``); returns (process_id, num_processes)."""
+    import jax
+
+    if not config.auto:
+        missing = [name for name, value in (("--coordinator", config.coordinator),
+                                            ("--num-processes", config.num_processes),
+                                            ("--process-id", config.process_id)) if value is None]
+        if missing:
+            raise UsageError(f"a multi-process run needs {', '.join(missing)} (or --distributed to "
+                             "detect the cluster)")
+        if not 0 <= config.process_id < config.num_processes:
+            raise UsageError(f"--process-id must be in [0, {config.num_processes}), got {config.process_id}")
+    # CPU devices need a collectives backend to talk across processes (GPUs use NCCL). This
+    # must be set, like everything here, before anything initialises a JAX backend.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=config.coordinator,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+            initialization_timeout=config.timeout_seconds,
+            heartbeat_timeout_seconds=max(5, min(config.timeout_seconds, 100)),
+        )
+    except Exception as error:  # noqa: BLE001 - the runtime raises several types here
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DistributedError(
+            f"could not join the run at {config.coordinator or 'the detected coordinator'} within "
+            f"{config.timeout_seconds}s (are all processes started, and is the address reachable?): {first}"
+        ) from None
+    return jax.process_index(), jax.process_count()
+
+
+def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> tuple[str, ...]:
+    """This process's contiguous run of files, balanced by bytes (same on every process).
+
+    File i goes to the process whose equal share of the total bytes contains the middle of
+    file i, so shares are contiguous, disjoint, and cover every file. With fewer files than
+    processes, some processes get none and contribute empty statistics.
+    """
+    sizes = np.array([max(os.path.getsize(f), 1) for f in files], np.float64)
+    middles = np.cumsum(sizes) - sizes / 2
+    owner = np.minimum((middles / sizes.sum() * num_processes).astype(int), num_processes - 1)
+    return tuple(f for f, o in zip(files, owner, strict=True) if o == process_id)
+
+
+def _gather(array: np.ndarray) -> np.ndarray:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array))
+
+
+def _encode(message: str) -> np.ndarray:
+    data = message.encode()[: MESSAGE_BYTES]
+    out = np.zeros(MESSAGE_BYTES, np.uint8)
+    out[: len(data)] = np.frombuffer(data, np.uint8)
+    return out
+
+
+def check_all_succeeded(error: OpeError | None) -> None:
+    """Collective: every process says whether its share succeeded; if any failed, every
+    process raises (the failing one its own error, the others one that names it)."""
+    status = np.array([0 if error is None else error.exit_code], np.int64)
+    codes = _gather(status)[:, 0]
+    messages = _gather(_encode("" if error is None else f"{error.kind}: {error}"))
+    failed = np.flatnonzero(codes)
+    if error is not None:
+        raise error
+    if failed.size:
+        first = int(failed[0])
+        text = bytes(messages[first]).rstrip(b"\0").decode(errors="replace")
+        failure = OpeError(f"process {first} failed: {text}")
+        failure.exit_code = int(codes[first])
+        failure.kind = "error in another process"
+        raise failure
+
+
+def check_disjoint_episodes(keys: np.ndarray) -> None:
+    """Collective: an episode id read by two processes is an error, not a double count."""
+    counts = _gather(np.array([keys.size], np.int64))[:, 0]
+    padded = np.zeros(int(counts.max()), np.uint64)
+    padded[: keys.size] = keys
+    gathered = _gather(padded)
+    everything = np.concatenate([gathered[p, : counts[p]] for p in range(len(counts))])
+    unique, occurrences = np.unique(everything, return_counts=True)
+    shared = int((occurrences > 1).sum())
+    if shared:
+        raise DataError(f"{shared} episode id(s) appear in the files of more than one process "
+                        "(an episode must not span files)")
+
+
+def allgather_ints(values: list[int]) -> np.ndarray:
+    """[N, len(values)] the same integers from every process."""
+    return _gather(np.asarray(values, np.int64))
+
+
+def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Accumulator]:
+    """Collective: each policy's accumulators of all processes, merged in process order.
+    ``length`` is the longest per-step array over all processes (the same everywhere)."""
+    merged = []
+    for accumulator in accumulators:
+        accumulator = extend(accumulator, length)
+        parts = {name: _gather(np.asarray(getattr(accumulator, name), np.float64))
+                 for name in ("log_scale_trajectory", "log_scale_step", "group_sums",
+                              "group_log_scale_t", "group_num_t", "group_den_t")}
+        total = None
+        for process in range(parts["group_sums"].shape[0]):
+            one = Accumulator(**{
+                name: float(value[process]) if value.ndim == 1 else value[process]
+                for name, value in parts.items()
+            })
+            total = one if total is None else merge(total, one)
+        merged.append(total)
+    return merged

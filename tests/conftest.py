@@ -1,0 +1,92 @@
+"""Shared fixtures: run the real ``ope`` entry point in a subprocess."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class OpeRun:
+    """One finished ``ope`` process."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float = 0.0  # wall time of the process
+
+    def __repr__(self) -> str:  # shown in assertion messages
+        return (
+            f"ope {' '.join(self.args)} -> exit {self.returncode}\n"
+            f"--- stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
+        )
+
+
+def ope_command() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m ope_cli.cli``."""
+    script = Path(sys.executable).with_name("ope")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "ope_cli.cli"]
+
+
+def run_ope(
+    args: Sequence[str | os.PathLike],
+    cwd: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> OpeRun:
+    """Runs ``ope ARGS`` with stdout and stderr captured (so neither is a terminal).
+
+    The CLI tests check CPU results, so JAX is pinned to the CPU unless the caller's
+    environment already says otherwise. COLUMNS and LINES are dropped so that output
+    meant for a pipe looks the same wherever the tests run (``env`` may set them).
+    """
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    full_env = {**inherited, **(env or {})}
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    args = tuple(str(a) for a in args)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*ope_command(), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    return OpeRun(args, done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
+
+
+def run_ope_many(calls: Mapping[str, Mapping], workers: int | None = None) -> dict[str, OpeRun]:
+    """Runs several ``run_ope(**kwargs)`` concurrently; {name: kwargs} -> {name: OpeRun}.
+
+    Each ``ope`` process spends most of its time importing and compiling, so running
+    them side by side keeps a test module that needs dozens of them fast.
+    """
+    workers = workers or max(2, os.cpu_count() or 2)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = {name: pool.submit(run_ope, **kwargs) for name, kwargs in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def ope():
+    """``ope(args, cwd=None, env=None) -> OpeRun`` running the real entry point."""
+    return run_ope
+
+
+@pytest.fixture(scope="session")
+def ope_many():
+    """``ope_many({name: {"args": [...], "cwd": ...}}) -> {name: OpeRun}``, run concurrently."""
+    return run_ope_many

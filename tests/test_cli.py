@@ -1,0 +1,1053 @@
+"""The ``ope`` command line, run as a real subprocess on Parquet/Arrow files in tmp_path.
+
+Every ``ope`` process costs about a second of imports and compiles, so each group of
+cases below is declared up front and run concurrently by one module-scoped fixture
+(``good``, ``variants``, ``bad``); the tests then check one finished run each.
+
+Checked against SPEC.md: section 1 (stdout carries only the result, exit codes, one
+stderr line per user error, no traceback), section 2 (layouts, aliases, column
+options, bad values), section 3 (checkpoints, entry points, logged targets) and
+section 5 (the JSON document). Numbers are compared with the float64 NumPy reference
+in ``tests/reference.py`` to a relative 1e-6.
+
+Choices of the tool that the tests pin down (the spec leaves them open):
+- without ``--format``, output to a pipe (not a terminal) is JSON;
+- no ``--policy`` and no target-probability column is invalid data (exit 3);
+- actions outside the checkpoint's action space, observations of the wrong size and
+  float actions for a discrete policy are data errors (exit 3), not policy errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from datasets import (
+    add_target_probs,
+    episode_layout_table,
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    step_layout_table,
+    to_reference_input,
+    write_episode_layout,
+    write_step_layout,
+    write_table,
+)
+from reference import reference_estimates, reference_stderr
+
+import ope_cli
+
+GAMMA = 0.9
+N_EPISODES = 300
+ESTIMATORS = ("is", "wis", "pdis", "wpdis")
+ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
+DIAGNOSTICS = (
+    "ess",
+    "ess_fraction",
+    "mean_weight",
+    "max_weight",
+    "max_weight_share",
+    "zero_weight_fraction",
+)
+REL = 1e-6
+POLICY_MODULE = "ope_cli_test_policies"  # written into the work directory, imported by ope
+EVAL = ("evaluate",)
+LONG_POLICY = "checkpoints/run-2024-06-13/step_000100000.npz"
+COMMON = ("--gamma", str(GAMMA))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class World:
+    """One small logged dataset, two checkpoints, their reference values, and a work dir.
+
+    Every ``ope`` run uses ``root`` as its working directory and relative paths.
+    ``bad_episode`` is an episode id (> 0, at least 3 steps) where bad values are planted;
+    ``bad_row`` is its step-2 row and ``last_row`` its last row in ``table``.
+    """
+
+    root: Path
+    episodes: list
+    table: pa.Table
+    ckpt_a: dict
+    ckpt_b: dict
+    ref_a: dict
+    ref_b: dict
+    stderr_a: dict
+    stderr_b: dict
+    bad_episode: int
+    bad_row: int
+    last_row: int
+
+    @property
+    def steps(self) -> int:
+        return int(sum(len(ep["reward"]) for ep in self.episodes))
+
+    @property
+    def max_length(self) -> int:
+        return int(max(len(ep["reward"]) for ep in self.episodes))
+
+    def write(self, name: str, table: pa.Table, **options) -> str:
+        """Writes ``table`` as bad/NAME and returns the path relative to ``root``."""
+        (self.root / "bad").mkdir(exist_ok=True)
+        write_table(table, self.root / "bad" / name, **options)
+        return f"bad/{name}"
+
+    def text(self, name: str, content: str | bytes) -> str:
+        (self.root / "bad").mkdir(exist_ok=True)
+        path = self.root / "bad" / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return f"bad/{name}"
+
+
+def _build_world(root: Path) -> World:
+    rng = np.random.default_rng(20240613)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=4, n_actions=4)
+    # Episodes of 1..8 steps fit one length bucket of the default batching: one compile
+    # per kernel keeps each ope process short (one variant below uses several buckets).
+    episodes = random_episodes(rng, N_EPISODES, behavior=behavior, median_length=4, max_length=8)
+    ckpt_a = perturb_checkpoint(behavior, rng, 0.3)
+    ckpt_b = perturb_checkpoint(behavior, rng, 0.6)
+    save_checkpoint(root / "a.npz", ckpt_a)
+    save_checkpoint(root / "b.npz", ckpt_b)
+    table = step_layout_table(episodes)
+    write_table(table, root / "data.parquet")
+
+    lengths = np.array([len(ep["reward"]) for ep in episodes])
+    bad_episode = int(np.flatnonzero((lengths >= 3) & (np.arange(len(lengths)) > 0))[0])
+    start = int(lengths[:bad_episode].sum())
+    ref_input_a = to_reference_input(episodes, ckpt_a)
+    ref_input_b = to_reference_input(episodes, ckpt_b)
+    _write_policy_modules(root, root / "a.npz")
+    return World(
+        root=root,
+        episodes=episodes,
+        table=table,
+        ckpt_a=ckpt_a,
+        ckpt_b=ckpt_b,
+        ref_a=reference_estimates(ref_input_a, GAMMA),
+        ref_b=reference_estimates(ref_input_b, GAMMA),
+        stderr_a=reference_stderr(ref_input_a, GAMMA),
+        stderr_b=reference_stderr(ref_input_b, GAMMA),
+        bad_episode=bad_episode,
+        bad_row=start + 2,
+        last_row=start + int(lengths[bad_episode]) - 1,
+    )
+
+
+def _write_policy_modules(root: Path, checkpoint: Path) -> None:
+    """Entry-point modules: a per-step JAX function and an object with ``prob`` equal to the
+    linear_softmax checkpoint, a module that fails to import, two untraceable functions."""
+    (root / f"{POLICY_MODULE}.py").write_text(
+        textwrap.dedent(f"""\
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        # NumPy float64 constants: traced after ope enables x64, so the math is float64.
+        with np.load({str(checkpoint)!r}) as _ckpt:
+            _WEIGHT = np.asarray(_ckpt["weight"], np.float64)
+            _BIAS = np.asarray(_ckpt["bias"], np.float64)
+
+
+        def log_prob(observation, action):
+            return jax.nn.log_softmax(observation @ _WEIGHT + _BIAS)[action]
+
+
+        class ProbPolicy:
+            def prob(self, observation, action):
+                return jax.nn.softmax(observation @ _WEIGHT + _BIAS)[action]
+
+
+        prob_policy = ProbPolicy()
+        """)
+    )
+    (root / "ope_cli_test_broken.py").write_text(
+        "import ope_cli_test_no_such_dependency  # noqa: F401\n\n"
+        "def log_prob(observation, action):\n    return 0.0\n"
+    )
+    (root / "ope_cli_test_untraceable.py").write_text(
+        textwrap.dedent("""\
+        import jax.numpy as jnp
+
+
+        def with_float(observation, action):
+            return jnp.log(float(observation[0]) ** 2 + 0.5) - 2.0
+
+
+        def with_if(observation, action):
+            if observation[0] > 0:
+                return jnp.log(0.5)
+            return jnp.log(0.25)
+        """)
+    )
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> World:
+    return _build_world(tmp_path_factory.mktemp("cli"))
+
+
+def _list_column(matrix: np.ndarray) -> pa.Array:
+    """[N, d] -> list<double> column."""
+    flat = pa.array(np.ascontiguousarray(matrix, np.float64).ravel())
+    offsets = pa.array(np.arange(0, matrix.size + 1, matrix.shape[1], dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, flat)
+
+
+def _replace(table: pa.Table, name: str, values) -> pa.Table:
+    array = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values)
+    return table.set_column(table.schema.get_field_index(name), name, array)
+
+
+def _numpy(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy().copy()
+
+
+def _observations(world: World) -> np.ndarray:
+    return np.concatenate([ep["observation"] for ep in world.episodes])  # [N, 4]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name} in the JSON output")
+
+
+def parse_json(run) -> dict:
+    """stdout as exactly one JSON document, with no NaN/Infinity anywhere."""
+    assert run.returncode == 0, run
+    return json.loads(run.stdout, parse_constant=_reject_constant)
+
+
+def assert_quiet_stderr(run) -> None:
+    """A successful run may warn on stderr, but reports no error and no traceback."""
+    assert "Traceback" not in run.stderr, run
+    assert not any(line.startswith("ope:") for line in run.stderr.splitlines()), run
+    assert "error" not in run.stderr.lower(), run
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _number_or_null(x) -> bool:
+    return x is None or _is_number(x)
+
+
+def check_document(doc: dict, policies: list[str], estimators=ESTIMATORS, source=None) -> None:
+    """Every field of SPEC section 5, with the right types."""
+    assert doc["schema_version"] == 1
+    assert doc["tool"] == {**doc["tool"], "name": "ope", "version": ope_cli.__version__}
+    dataset = doc["dataset"]
+    if source is not None:
+        assert dataset["source"] == source
+    assert isinstance(dataset["source"], str)
+    assert dataset["layout"] in ("step", "episode")
+    for key in ("episodes", "steps", "max_length"):
+        assert isinstance(dataset[key], int) and not isinstance(dataset[key], bool), key
+    assert _is_number(doc["gamma"])
+    assert doc["confidence"]["level"] == pytest.approx(0.95)
+    assert isinstance(doc["confidence"]["method"], str) and doc["confidence"]["method"]
+    assert [r["policy"] for r in doc["results"]] == policies
+    for result in doc["results"]:
+        assert set(result["estimates"]) == set(estimators)
+        for name, estimate in result["estimates"].items():
+            for field in ESTIMATE_FIELDS:
+                assert field in estimate, (name, field)
+                assert _number_or_null(estimate[field]), (name, field, estimate[field])
+        for field in DIAGNOSTICS:
+            assert field in result["diagnostics"], field
+            assert _number_or_null(result["diagnostics"][field]), field
+    runtime = doc["runtime"]
+    assert _is_number(runtime["seconds"]) and runtime["seconds"] >= 0
+    assert _is_number(runtime["steps_per_second"]) and runtime["steps_per_second"] >= 0
+    assert isinstance(runtime["backend"], str) and runtime["backend"]
+    assert isinstance(runtime["devices"], int) and runtime["devices"] >= 1
+    assert isinstance(runtime["processes"], int) and runtime["processes"] >= 1
+
+
+def assert_close(actual, expected, what: str, rel: float = REL) -> None:
+    if expected is None:
+        assert actual is None, f"{what}: expected null, got {actual}"
+    else:
+        assert actual is not None, f"{what}: expected {expected}, got null"
+        assert math.isclose(actual, expected, rel_tol=rel, abs_tol=1e-12), (
+            f"{what}: {actual} != reference {expected}"
+        )
+
+
+def assert_matches_reference(
+    result: dict, ref: dict, ref_stderr: dict | None = None, estimators=ESTIMATORS
+) -> None:
+    """Estimates and diagnostics of one ``results`` entry against reference_estimates."""
+    for name in estimators:
+        assert_close(result["estimates"][name]["value"], ref[name], f"{name}.value")
+    for name in DIAGNOSTICS:
+        assert_close(result["diagnostics"][name], ref[name], f"diagnostics.{name}")
+    for name, expected in (ref_stderr or {}).items():
+        if name in estimators:
+            assert_close(result["estimates"][name]["stderr"], expected, f"{name}.stderr")
+
+
+def assert_same_numbers(one: dict, other: dict) -> None:
+    """Two ``results`` entries agree to a relative 1e-6 (policy names aside)."""
+    for name, estimate in one["estimates"].items():
+        for field in ESTIMATE_FIELDS:
+            assert_close(estimate[field], other["estimates"][name][field], f"{name}.{field}")
+    for name in DIAGNOSTICS:
+        assert_close(one["diagnostics"][name], other["diagnostics"][name], f"diagnostics.{name}")
+
+
+# ----------------------------------------------------------------------- good runs
+
+
+def _good_calls(world: World) -> dict[str, list[str]]:
+    eps = world.episodes
+    logged = step_layout_table(add_target_probs(eps, world.ckpt_a), extra_columns=["target_prob"])
+    write_table(logged, world.root / "logged.parquet")
+    zero = _replace(logged, "target_prob", np.zeros(logged.num_rows))
+    write_table(zero, world.root / "logged_zero.parquet")
+    long_policy = world.root / LONG_POLICY  # a checkpoint path as training runs write them
+    long_policy.parent.mkdir(parents=True)
+    save_checkpoint(long_policy, world.ckpt_a)
+    json_a = [*EVAL, "data.parquet", "-p", "a.npz", *COMMON]
+    return {
+        "a": [*json_a, "--format", "json"],
+        "b_default_format": [*EVAL, "data.parquet", "-p", "b.npz", *COMMON],
+        "several": [
+            *EVAL,
+            "data.parquet",
+            "-p",
+            "b.npz",
+            "-p",
+            f"{POLICY_MODULE}:log_prob",
+            "-p",
+            "a.npz",
+            *COMMON,
+            "--format",
+            "json",
+        ],
+        "csv": [*EVAL, "data.parquet", "-p", "a.npz", "-p", "b.npz", *COMMON, "--format", "csv"],
+        "table": [
+            *EVAL,
+            "data.parquet",
+            "-p",
+            LONG_POLICY,
+            "-p",
+            "b.npz",
+            *COMMON,
+            "--format",
+            "table",
+        ],
+        "estimators": [*json_a, "--estimator", "wis", "--estimator", "is", "--format", "json"],
+        "entry_points": [
+            *EVAL,
+            "data.parquet",
+            "-p",
+            f"{POLICY_MODULE}:log_prob",
+            "-p",
+            f"{POLICY_MODULE}:prob_policy",
+            *COMMON,
+            "--format",
+            "json",
+        ],
+        "logged": [*EVAL, "logged.parquet", *COMMON, "--format", "json"],
+        "logged_zero": [*EVAL, "logged_zero.parquet", *COMMON, "--format", "json"],
+        "version": ["--version"],
+        "help": ["--help"],
+        "evaluate_help": ["evaluate", "--help"],
+    }
+
+
+@pytest.fixture(scope="module")
+def good(world, ope_many) -> dict:
+    calls = _good_calls(world)
+    return ope_many({name: {"args": args, "cwd": world.root} for name, args in calls.items()})
+
+
+def test_json_document_matches_reference(world, good):
+    run = good["a"]
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    check_document(doc, ["a.npz"], source="data.parquet")
+    assert doc["dataset"]["layout"] == "step"
+    assert doc["dataset"]["episodes"] == N_EPISODES
+    assert doc["dataset"]["steps"] == world.steps
+    assert doc["dataset"]["max_length"] == world.max_length
+    assert doc["gamma"] == pytest.approx(GAMMA)
+    (result,) = doc["results"]
+    assert_matches_reference(result, world.ref_a, world.stderr_a)
+    for name, estimate in result["estimates"].items():
+        assert estimate["stderr"] > 0, name
+        assert estimate["ci_low"] < estimate["value"] < estimate["ci_high"], name
+    assert doc["runtime"]["processes"] == 1
+
+
+def test_default_format_off_a_terminal_is_json(world, good):
+    """Documented choice: stdout that is not a terminal gets JSON unless --format says."""
+    run = good["b_default_format"]
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    check_document(doc, ["b.npz"])
+    assert_matches_reference(doc["results"][0], world.ref_b, world.stderr_b)
+
+
+def test_several_policies_in_one_run_keep_order_and_numbers(world, good):
+    doc = parse_json(good["several"])
+    assert_quiet_stderr(good["several"])
+    check_document(doc, ["b.npz", f"{POLICY_MODULE}:log_prob", "a.npz"])
+    b, entry_a, a = doc["results"]
+    assert_same_numbers(b, parse_json(good["b_default_format"])["results"][0])
+    assert_same_numbers(a, parse_json(good["a"])["results"][0])
+    assert_same_numbers(entry_a, a)
+    assert_matches_reference(b, world.ref_b, world.stderr_b)
+    assert_matches_reference(a, world.ref_a, world.stderr_a)
+
+
+def test_csv_output(world, good):
+    run = good["csv"]
+    assert run.returncode == 0, run
+    assert_quiet_stderr(run)
+    rows = list(csv.DictReader(io.StringIO(run.stdout)))
+    header = next(csv.reader(io.StringIO(run.stdout)))
+    assert {"policy", "estimator", "value", "stderr", "ci_low", "ci_high"} <= set(header)
+    assert [(r["policy"], r["estimator"]) for r in rows] == [
+        (p, e) for p in ("a.npz", "b.npz") for e in ESTIMATORS
+    ]
+    for row in rows:
+        ref = world.ref_a if row["policy"] == "a.npz" else world.ref_b
+        assert_close(
+            float(row["value"]), ref[row["estimator"]], f"{row['policy']} {row['estimator']}"
+        )
+        assert float(row["ci_low"]) < float(row["value"]) < float(row["ci_high"])
+
+
+def test_table_output(good):
+    """Written to a pipe or file (80 columns), the table still names every policy in full:
+    two checkpoints of one run differ only at the end of their paths."""
+    run = good["table"]
+    assert run.returncode == 0, run
+    assert_quiet_stderr(run)
+    for label in ("IS", "WIS", "PDIS", "WPDIS"):
+        assert re.search(rf"\b{label}\b", run.stdout), (label, run.stdout)
+    assert not run.stdout.lstrip().startswith("{")
+    assert "b.npz" in run.stdout
+    assert LONG_POLICY in run.stdout, run
+
+
+def test_estimator_option_restricts_the_estimates(world, good):
+    doc = parse_json(good["estimators"])
+    check_document(doc, ["a.npz"], estimators=("wis", "is"))
+    assert_matches_reference(
+        doc["results"][0], world.ref_a, world.stderr_a, estimators=("wis", "is")
+    )
+
+
+def test_entry_points_equal_the_checkpoint(world, good):
+    """A per-step JAX ``log_prob`` function and an object with a ``prob`` method, both
+    the linear_softmax checkpoint a.npz, imported from the working directory."""
+    run = good["entry_points"]
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    check_document(doc, [f"{POLICY_MODULE}:log_prob", f"{POLICY_MODULE}:prob_policy"])
+    checkpoint = parse_json(good["a"])["results"][0]
+    for result in doc["results"]:
+        assert_matches_reference(result, world.ref_a, world.stderr_a)
+        assert_same_numbers(result, checkpoint)
+
+
+def test_logged_target_probabilities(world, good):
+    run = good["logged"]
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    assert len(doc["results"]) == 1
+    check_document(doc, [doc["results"][0]["policy"]], source="logged.parquet")
+    assert_matches_reference(doc["results"][0], world.ref_a, world.stderr_a)
+
+
+def test_undefined_estimates_are_null_not_nan(world, good):
+    """Logged target probabilities all 0: every weight is 0, so WIS, WPDIS, ESS and the max
+    weight share are 0/0 -> null; IS = PDIS = 0; the document is still valid JSON."""
+    run = good["logged_zero"]
+    assert "NaN" not in run.stdout and "Infinity" not in run.stdout, run
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    check_document(doc, [doc["results"][0]["policy"]])
+    ref = reference_estimates(
+        [
+            {**e, "log_target": np.full(len(e["reward"]), -np.inf)}
+            for e in to_reference_input(world.episodes, world.ckpt_a)
+        ],
+        GAMMA,
+    )
+    assert ref["wis"] is None and ref["wpdis"] is None and ref["zero_weight_fraction"] == 1.0
+    result = doc["results"][0]
+    assert_matches_reference(result, ref)
+    assert result["estimates"]["wis"]["ci_low"] is None
+    assert result["estimates"]["wis"]["ci_high"] is None
+
+
+def test_version_and_help(good):
+    assert good["version"].returncode == 0, good["version"]
+    assert ope_cli.__version__ in good["version"].stdout
+    assert good["help"].returncode == 0, good["help"]
+    assert "evaluate" in good["help"].stdout
+    run = good["evaluate_help"]
+    assert run.returncode == 0, run
+    for option in ("--policy", "--format", "--gamma", "--estimator"):
+        assert option in run.stdout, option
+
+
+# -------------------------------------------------------- layouts, columns, files
+
+
+def _variant_calls(world: World) -> dict[str, tuple[list[str], str]]:
+    """{name: (extra args before the options, expected layout)}; each evaluates a.npz."""
+    eps, root = world.episodes, world.root
+    calls: dict[str, tuple[list[str], str]] = {}
+
+    # state/pscore plus decoys under the default names: the options must win over them.
+    table = step_layout_table(eps, column_names={"observation": "state", "behavior_prob": "pscore"})
+    table = table.append_column("observation", _list_column(_observations(world)[:, :3]))
+    table = table.append_column("behavior_prob", pa.array(np.full(table.num_rows, 0.5)))
+    write_table(table, root / "state_pscore.parquet")
+    calls["column_options"] = (
+        ["state_pscore.parquet", "--obs-col", "state", "--behavior-prob-col", "pscore"],
+        "step",
+    )
+
+    aliases = {
+        "observation": "obs",
+        "action": "actions",
+        "reward": "rewards",
+        "behavior_prob": "propensity",
+    }
+    write_table(step_layout_table(eps, column_names=aliases), root / "aliases.parquet")
+    calls["aliases"] = (["aliases.parquet"], "step")
+
+    write_episode_layout(eps, root / "episodes.parquet")
+    calls["episode_layout"] = (["episodes.parquet"], "episode")
+
+    write_episode_layout(
+        eps, root / "episodes_no_id.parquet", id_type=None, obs_type="fixed_size_list"
+    )
+    calls["episode_layout_no_id_fixed_size_obs"] = (["episodes_no_id.parquet"], "episode")
+
+    write_step_layout(eps, root / "log_prob.parquet", prob_column="behavior_log_prob")
+    calls["behavior_log_prob"] = (["log_prob.parquet"], "step")
+
+    write_step_layout(eps, root / "data.feather", file_format="feather", row_group_size=97)
+    calls["feather"] = (["data.feather"], "step")
+
+    write_step_layout(eps, root / "parts", n_files=3)
+    calls["directory"] = (["parts"], "step")
+
+    write_step_layout(eps, root / "globbed", n_files=4)
+    (root / "globbed" / "README.txt").write_text("not data; the glob must not pick this up\n")
+    calls["glob"] = (["globbed/part-*.parquet"], "step")
+
+    write_step_layout(
+        eps,
+        root / "shuffled.parquet",
+        id_type=str,
+        shuffle_steps_within_episode=True,
+        row_group_size=101,
+    )
+    calls["string_ids_shuffled_steps_small_batches"] = (
+        ["shuffled.parquet", "--read-rows", "37", "--min-bucket", "2"],
+        "step",
+    )
+
+    write_step_layout(eps, root / "no_step.parquet", include_step=False)
+    calls["no_step_column"] = (["no_step.parquet"], "step")
+    return calls
+
+
+VARIANTS = (
+    "column_options",
+    "aliases",
+    "episode_layout",
+    "episode_layout_no_id_fixed_size_obs",
+    "behavior_log_prob",
+    "feather",
+    "directory",
+    "glob",
+    "string_ids_shuffled_steps_small_batches",
+    "no_step_column",
+)
+
+
+@pytest.fixture(scope="module")
+def variants(world, ope_many) -> dict:
+    calls = _variant_calls(world)
+    assert tuple(calls) == VARIANTS
+    runs = ope_many(
+        {
+            name: {
+                "args": [*EVAL, args[0], "-p", "a.npz", *args[1:], *COMMON, "--format", "json"],
+                "cwd": world.root,
+            }
+            for name, (args, _) in calls.items()
+        }
+    )
+    return {name: (runs[name], calls[name][1], calls[name][0][0]) for name in calls}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_data_variants_give_the_reference_numbers(world, variants, name):
+    run, layout, source = variants[name]
+    doc = parse_json(run)
+    assert_quiet_stderr(run)
+    check_document(doc, ["a.npz"], source=source)
+    assert doc["dataset"]["layout"] == layout
+    assert doc["dataset"]["episodes"] == N_EPISODES
+    assert doc["dataset"]["steps"] == world.steps
+    assert doc["dataset"]["max_length"] == world.max_length
+    assert_matches_reference(doc["results"][0], world.ref_a, world.stderr_a)
+
+
+# ------------------------------------------------------------------------ bad inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    """A bad input: ``make(world, name) -> args`` (after ``evaluate``), the exit code, and
+    regular expressions (case-insensitive) the stderr line must (``patterns``) and must
+    not (``forbidden``) contain.
+
+    ``make`` writes its files under the neutral ``name`` (``{F}`` in a pattern), so no
+    pattern matches just because of a file name. ``{E}``, ``{S}`` and ``{L}`` stand for the
+    bad episode id, step 2, and that episode's last step.
+    """
+
+    id: str
+    code: int
+    patterns: tuple[str, ...]
+    make: object
+    forbidden: tuple[str, ...] = ()  # patterns that would misstate the problem
+
+
+def _with_policy(path: str, policy: str = "a.npz") -> list[str]:
+    return [path, "-p", policy]
+
+
+def _drop(column: str):
+    def make(w: World, name: str) -> list[str]:
+        return _with_policy(w.write(f"{name}.parquet", w.table.drop_columns([column])))
+
+    return make
+
+
+def _set_value(column: str, value):
+    """Sets ``column`` at the bad episode's step 2."""
+
+    def make(w: World, name: str) -> list[str]:
+        values = _numpy(w.table, column)
+        values[w.bad_row] = value
+        return _with_policy(w.write(f"{name}.parquet", _replace(w.table, column, values)))
+
+    return make
+
+
+def _null_reward(w: World, name: str) -> list[str]:
+    values = _numpy(w.table, "reward").tolist()
+    values[w.bad_row] = None
+    return _with_policy(w.write(f"{name}.parquet", _replace(w.table, "reward", pa.array(values))))
+
+
+def _string_rewards(w: World, name: str) -> list[str]:
+    rewards = pa.array([f"{r:.6f}" for r in _numpy(w.table, "reward")])
+    return _with_policy(w.write(f"{name}.parquet", _replace(w.table, "reward", rewards)))
+
+
+def _float_actions(w: World, name: str) -> list[str]:
+    actions = _numpy(w.table, "action").astype(np.float64)
+    return _with_policy(w.write(f"{name}.parquet", _replace(w.table, "action", actions)))
+
+
+def _obs_size_3(w: World, name: str) -> list[str]:
+    table = _replace(w.table, "observation", _list_column(_observations(w)[:, :3]))
+    return _with_policy(w.write(f"{name}.parquet", table))
+
+
+def _obs_size_3_fixed(w: World, name: str) -> list[str]:
+    flat = pa.array(np.ascontiguousarray(_observations(w)[:, :3]).ravel())
+    table = _replace(w.table, "observation", pa.FixedSizeListArray.from_arrays(flat, 3))
+    return _with_policy(w.write(f"{name}.parquet", table))
+
+
+def _ragged_obs(w: World, name: str) -> list[str]:
+    rows = _observations(w).tolist()
+    rows[w.bad_row] = rows[w.bad_row][:3]
+    table = _replace(w.table, "observation", pa.array(rows, pa.list_(pa.float64())))
+    return _with_policy(w.write(f"{name}.parquet", table))
+
+
+def _duplicate_step(w: World, name: str) -> list[str]:
+    steps = _numpy(w.table, "step")
+    steps[w.bad_row] = 1  # steps 0, 1, 1, 3, ...
+    return _with_policy(w.write(f"{name}.parquet", _replace(w.table, "step", steps)))
+
+
+def _missing_step(w: World, name: str) -> list[str]:
+    steps = _numpy(w.table, "step")
+    steps[w.last_row] += 1  # 0, ..., L-1, L+1: step L is missing
+    return _with_policy(w.write(f"{name}.parquet", _replace(w.table, "step", steps)))
+
+
+def _split_episode(with_step: bool):
+    """The bad episode's last row moved after the next episode's rows (ids E, E+1, E)."""
+
+    def make(w: World, name: str) -> list[str]:
+        n = w.table.num_rows
+        next_end = w.last_row + 1 + len(w.episodes[w.bad_episode + 1]["reward"])
+        order = np.r_[0 : w.last_row, w.last_row + 1 : next_end, w.last_row, next_end:n]
+        table = w.table.take(pa.array(order))
+        if not with_step:
+            table = table.drop_columns(["step"])
+        return _with_policy(w.write(f"{name}.parquet", table))
+
+    return make
+
+
+def _episode_in_two_files(w: World, name: str) -> list[str]:
+    e = w.bad_episode
+    directory = w.root / "bad" / name
+    directory.mkdir(parents=True)
+    write_table(step_layout_table(w.episodes[: e + 1]), directory / "part-0.parquet")
+    write_table(step_layout_table(w.episodes[e : e + 10]), directory / "part-1.parquet")
+    return _with_policy(f"bad/{name}")
+
+
+def _zero_rows(w: World, name: str) -> list[str]:
+    return _with_policy(w.write(f"{name}.parquet", w.table.slice(0, 0)))
+
+
+def _empty_directory(w: World, name: str) -> list[str]:
+    directory = w.root / "bad" / name
+    directory.mkdir(parents=True)
+    (directory / "_SUCCESS").write_text("")
+    return _with_policy(f"bad/{name}")
+
+
+def _truncated(w: World, name: str) -> list[str]:
+    data = (w.root / "data.parquet").read_bytes()
+    return _with_policy(w.text(f"{name}.parquet", data[: len(data) // 2]))
+
+
+def _episode_lists_disagree(w: World, name: str) -> list[str]:
+    table = episode_layout_table(w.episodes)
+    rewards = table.column("rewards").to_pylist()
+    rewards[w.bad_episode] = rewards[w.bad_episode][:-1]
+    table = _replace(table, "rewards", pa.array(rewards, pa.list_(pa.float64())))
+    return _with_policy(w.write(f"{name}.parquet", table))
+
+
+def _checkpoint(mutate):
+    """A copy of checkpoint a, changed by ``mutate(dict) -> dict``, saved as bad/ID.npz."""
+
+    def make(w: World, name: str) -> list[str]:
+        (w.root / "bad").mkdir(exist_ok=True)
+        save_checkpoint(w.root / "bad" / f"{name}.npz", mutate(dict(w.ckpt_a)))
+        return _with_policy("data.parquet", f"bad/{name}.npz")
+
+    return make
+
+
+def _pickled_checkpoint(w: World, name: str) -> list[str]:
+    (w.root / "bad").mkdir(exist_ok=True)
+    with open(w.root / "bad" / f"{name}.npz", "wb") as handle:
+        np.savez(
+            handle,
+            kind=np.array("linear_softmax"),
+            weight=w.ckpt_a["weight"],
+            bias=w.ckpt_a["bias"],
+            meta=np.array([{"lr": 0.1}], dtype=object),
+        )
+    return _with_policy("data.parquet", f"bad/{name}.npz")
+
+
+def _text_checkpoint(w: World, name: str) -> list[str]:
+    return _with_policy("data.parquet", w.text(f"{name}.npz", "weights: [1, 2, 3]\n"))
+
+
+def _args(*args: str):
+    return lambda w, name: list(args)
+
+
+def _without(mapping: dict, key: str) -> dict:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+LOC = (r"\bepisode {E}\b", r"\bstep {S}\b")  # the bad value's episode and step
+SPLIT = "contiguous|more than one (place|run)|split|appears again"
+
+BAD = [
+    # missing or mistyped columns (schema)
+    Bad("missing_reward", 3, ("reward",), _drop("reward")),
+    Bad("missing_action", 3, ("action",), _drop("action")),
+    Bad("missing_behavior_prob", 3, ("behavior", "prob"), _drop("behavior_prob")),
+    Bad("string_rewards", 3, ("reward", "type|string"), _string_rewards),
+    # bad values: what and where (file, episode, step)
+    Bad("nan_reward", 3, (r"{F}\.parquet", *LOC, "reward", "nan"), _set_value("reward", np.nan)),
+    Bad("inf_reward", 3, (r"{F}\.parquet", *LOC, "reward", "inf"), _set_value("reward", np.inf)),
+    Bad("null_reward", 3, (r"{F}\.parquet", *LOC, "reward", "null|missing"), _null_reward),
+    Bad(
+        "zero_behavior_prob",
+        3,
+        (r"{F}\.parquet", *LOC, "behavior prob"),
+        _set_value("behavior_prob", 0.0),
+    ),
+    Bad(
+        "negative_behavior_prob",
+        3,
+        (r"{F}\.parquet", *LOC, "behavior prob"),
+        _set_value("behavior_prob", -0.25),
+    ),
+    Bad(
+        "behavior_prob_above_one",
+        3,
+        (r"{F}\.parquet", *LOC, "behavior prob", "> ?1|greater than 1|above 1"),
+        _set_value("behavior_prob", 1.5),
+    ),
+    Bad(
+        "action_out_of_range",
+        3,
+        (r"{F}\.parquet", *LOC, "action", r"\b4\b"),
+        _set_value("action", 4),
+    ),
+    Bad(
+        "negative_action",
+        3,
+        (r"{F}\.parquet", *LOC, "action", "negative|< ?0"),
+        _set_value("action", -1),
+    ),
+    Bad("float_actions_discrete_policy", 3, ("action", "integer|discrete"), _float_actions),
+    Bad("observation_size", 3, ("observation", r"\b3\b", r"\b4\b"), _obs_size_3),
+    Bad("observation_size_fixed_list", 3, ("observation", r"\b3\b", r"\b4\b"), _obs_size_3_fixed),
+    Bad("ragged_observations", 3, (r"{F}\.parquet", *LOC, "observation"), _ragged_obs),
+    # episode structure
+    Bad(
+        "duplicate_step",
+        3,
+        (r"{F}\.parquet", LOC[0], "duplicate|more than once|twice"),
+        _duplicate_step,
+    ),
+    Bad(
+        "missing_step",
+        3,
+        (r"{F}\.parquet", LOC[0], r"missing", r"\bstep {L}\b"),
+        _missing_step,
+    ),
+    # ids E, E+1, E: with a step column the second run of E holds its last step, so no step
+    # of E is missing or repeated; the error must say the rows are split, not "step 0 is missing"
+    Bad(
+        "episode_rows_interleaved",
+        3,
+        (r"{F}\.parquet", LOC[0], SPLIT),
+        _split_episode(with_step=True),
+        forbidden=("missing",),
+    ),
+    Bad(
+        "episode_rows_interleaved_no_step",
+        3,
+        (r"{F}\.parquet", LOC[0], SPLIT),
+        _split_episode(with_step=False),
+    ),
+    Bad(
+        "episode_in_two_files",
+        3,
+        (r"{F}/part-1\.parquet", LOC[0], "file|more than one"),
+        _episode_in_two_files,
+    ),
+    Bad(
+        "episode_lists_disagree",
+        3,
+        (r"{F}\.parquet", LOC[0], "rewards"),
+        _episode_lists_disagree,
+    ),
+    # files
+    Bad("zero_rows", 3, (r"{F}\.parquet", "no (rows|episodes|data)|empty"), _zero_rows),
+    Bad(
+        "empty_directory",
+        3,
+        ("{F}", "no data files|no (parquet )?files|empty"),
+        _empty_directory,
+    ),
+    Bad(
+        "nonexistent_path",
+        3,
+        ("does_not_exist.parquet", "no such|not found|does not exist"),
+        _args("bad/does_not_exist.parquet", "-p", "a.npz"),
+    ),
+    Bad(
+        "truncated_parquet",
+        3,
+        (
+            r"{F}\.parquet",
+            "cannot|corrupt|invalid|truncated|unreadable|parquet magic|footer",
+        ),
+        _truncated,
+    ),
+    Bad(
+        "text_not_parquet",
+        3,
+        (r"{F}\.parquet", "not a parquet|unrecognised|unrecognized"),
+        lambda w, name: _with_policy(w.text(f"{name}.parquet", "episode_id,reward\n0,1.0\n")),
+    ),
+    # checkpoints and entry points
+    Bad(
+        "checkpoint_missing_file",
+        4,
+        ("bad/no_such_checkpoint.npz", "no such|not found|does not exist"),
+        _args("data.parquet", "-p", "bad/no_such_checkpoint.npz"),
+    ),
+    Bad(
+        "checkpoint_missing_array",
+        4,
+        (r"{F}\.npz", "'bias'|bias"),
+        _checkpoint(lambda c: _without(c, "bias")),
+    ),
+    Bad(
+        "checkpoint_bias_length",
+        4,
+        (r"{F}\.npz", "bias"),
+        _checkpoint(lambda c: {**c, "bias": np.zeros(3)}),
+    ),
+    Bad(
+        "checkpoint_unknown_kind",
+        4,
+        (r"{F}\.npz", "kind", "transformer"),
+        _checkpoint(lambda c: {**c, "kind": "transformer"}),
+    ),
+    Bad(
+        "checkpoint_pickled_object",
+        4,
+        (r"{F}\.npz", "pickle"),
+        _pickled_checkpoint,
+    ),
+    # np.load(allow_pickle=False) reports any non-zip, non-.npy file as pickled data
+    Bad(
+        "checkpoint_text_file",
+        4,
+        (
+            r"{F}\.npz",
+            "not a|zip|corrupt|unreadable|cannot read|unrecognised|unknown format",
+        ),
+        _text_checkpoint,
+        forbidden=("pickle",),
+    ),
+    Bad(
+        "entry_point_no_module",
+        4,
+        ("ope_cli_test_missing_module",),
+        _args("data.parquet", "-p", "ope_cli_test_missing_module:policy"),
+    ),
+    Bad(
+        "entry_point_import_fails",
+        4,
+        ("ope_cli_test_broken", "import"),
+        _args("data.parquet", "-p", "ope_cli_test_broken:log_prob"),
+    ),
+    Bad(
+        "entry_point_no_attribute",
+        4,
+        ("no_such_name",),
+        _args("data.parquet", "-p", f"{POLICY_MODULE}:no_such_name"),
+    ),
+    Bad(
+        "entry_point_float_of_tracer",
+        4,
+        ("ope_cli_test_untraceable:with_float", "trac|jit"),
+        _args("data.parquet", "-p", "ope_cli_test_untraceable:with_float"),
+    ),
+    Bad(
+        "entry_point_python_if",
+        4,
+        ("ope_cli_test_untraceable:with_if", "trac|jit"),
+        _args("data.parquet", "-p", "ope_cli_test_untraceable:with_if"),
+    ),
+    # usage
+    Bad(
+        "gamma_above_one",
+        2,
+        ("gamma", r"1\.5"),
+        _args("data.parquet", "-p", "a.npz", "--gamma", "1.5"),
+    ),
+    Bad(
+        "unknown_option",
+        2,
+        ("--no-such-option",),
+        _args("data.parquet", "-p", "a.npz", "--no-such-option"),
+    ),
+    Bad(
+        "unknown_estimator",
+        2,
+        ("estimator", "foo"),
+        _args("data.parquet", "-p", "a.npz", "--estimator", "foo"),
+    ),
+    Bad(
+        "unknown_format",
+        2,
+        ("format", "xml"),
+        _args("data.parquet", "-p", "a.npz", "--format", "xml"),
+    ),
+    # no policy and nothing logged to evaluate: invalid data (the tool's choice)
+    Bad("no_policy_no_target_column", 3, ("target", "--policy"), _args("data.parquet")),
+]
+
+
+def _input_name(case: Bad) -> str:
+    """A neutral file name for the case's input, so that no pattern matches the name alone."""
+    return f"input{BAD.index(case):02d}"
+
+
+@pytest.fixture(scope="module")
+def bad(world, ope_many) -> dict:
+    calls = {}
+    for case in BAD:
+        args = case.make(world, _input_name(case))
+        calls[case.id] = {"args": [*EVAL, *args], "cwd": world.root}
+    return ope_many(calls)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
+def test_bad_input_is_one_clear_error_line(world, bad, case):
+    run = bad[case.id]
+    assert run.returncode == case.code, run
+    assert run.stdout == "", run
+    assert "Traceback" not in run.stderr, run
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run
+    (line,) = lines
+    assert line.startswith("ope: "), run
+    assert "internal error" not in line, run
+    values = {
+        "F": _input_name(case),
+        "E": world.bad_episode,
+        "S": 2,
+        "L": len(world.episodes[world.bad_episode]["reward"]) - 1,
+    }
+    for pattern in case.patterns:
+        pattern = pattern.format(**values) if "{" in pattern and "}" in pattern else pattern
+        assert re.search(pattern, line, re.IGNORECASE), f"{pattern!r} not in: {line}"
+    for pattern in case.forbidden:
+        assert not re.search(pattern, line, re.IGNORECASE), f"{pattern!r} misstates: {line}"
