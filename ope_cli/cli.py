@@ -163,7 +163,38 @@ def _stdout_console(result) -> Console:
     if console.is_terminal:
         return console
     longest = max(len(r.policy) for r in result.results)
-    return Console(width=max(100, longest + 70))
+    return Console(width=max(100, longest + 90))
+
+
+@app.command()
+def generate(
+    env: Annotated[str, typer.Argument(help="Environment: bandit, chain, control or gaussian.")],
+    out: Annotated[str, typer.Argument(help="Output directory.")],
+    episodes: Annotated[int, typer.Option(help="Number of logged episodes.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives identical files.")] = 0,
+    gamma: Annotated[float, typer.Option(help="Discount factor of the true values.")] = 1.0,
+    horizon: Annotated[int | None, typer.Option(help="Maximum episode length, where it applies.")] = None,
+    shift: Annotated[float, typer.Option(
+        help="How far the evaluation policies are from the behavior policy (0 = identical).")] = 0.5,
+    files: Annotated[int, typer.Option(help="Split the logs into this many Parquet files.")] = 1,
+) -> None:
+    """Write a synthetic logged dataset whose evaluation policies' values are known.
+
+    Writes OUT/logs.parquet (or OUT/logs/ with --files > 1), OUT/behavior.npz,
+    OUT/policies/eval_*.npz and OUT/truth.json (each policy's true value).
+
+    Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
+    """
+    from ope_cli.generate import generate as write_environment
+
+    try:
+        truth = write_environment(env, out, episodes=episodes, seed=seed, gamma=gamma, horizon=horizon,
+                                  shift=shift, files=files)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    import json
+
+    sys.stdout.write(json.dumps(truth, indent=2) + "\n")
 
 
 class _progress:
@@ -206,6 +237,17 @@ def _wants_cluster(argv: list[str]) -> bool:
                for a in argv)
 
 
+def _die_with_parent() -> None:
+    """In the worker: ask Linux to kill it when its supervisor dies, even by SIGKILL, so a
+    killed ``ope`` never leaves a worker behind that its peers keep waiting for."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def _supervise(argv: list[str]) -> int:
     """Runs this command in a child process and reports how it ended.
 
@@ -219,7 +261,9 @@ def _supervise(argv: list[str]) -> int:
 
     env = dict(os.environ, OPE_CLUSTER_WORKER="1", PYTHONUNBUFFERED="1")
     child = subprocess.Popen([sys.executable, "-m", "ope_cli.cli", *argv], stdin=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, env=env)
+                             stderr=subprocess.PIPE, env=env, preexec_fn=_die_with_parent)
+    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda number, frame: child.send_signal(number))
     debug = "--debug" in argv
     runtime_log = []  # the runtime's own fatal-error lines, to say what went wrong
     try:

@@ -90,3 +90,16 @@ def ope():
 def ope_many():
     """``ope_many({name: {"args": [...], "cwd": ...}}) -> {name: OpeRun}``, run concurrently."""
     return run_ope_many
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_compilation_cache(tmp_path_factory):
+    """Every test process (and the ``ope`` subprocesses, through the environment) shares
+    one compilation cache for this session, outside the user's home cache."""
+    previous = os.environ.get("OPE_CACHE_DIR")
+    os.environ["OPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("OPE_CACHE_DIR", None)
+    else:
+        os.environ["OPE_CACHE_DIR"] = previous

@@ -1,0 +1,169 @@
+"""Several real processes on 127.0.0.1 under JAX's multi-process runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import ope_command
+from datasets import (
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    step_layout_table,
+    write_step_layout,
+    write_table,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None):
+    cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(num_processes),
+               "--process-id", str(process_id), "--timeout", str(timeout)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra_env or {})
+    return subprocess.Popen([*ope_command(), "evaluate", *args, *cluster], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_cluster(args, num_processes, cwd, timeout=60):
+    """Runs every process to completion; returns [(returncode, stdout, stderr)] by process id."""
+    port = free_port()
+    processes = [start(args, i, num_processes, port, cwd, timeout) for i in range(num_processes)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    return [(p.returncode, *output) for p, output in zip(processes, outputs, strict=True)]
+
+
+def single(args, cwd):
+    done = subprocess.run([*ope_command(), "evaluate", *args], cwd=cwd, capture_output=True, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    rng = np.random.default_rng(31)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 600, behavior=behavior, max_length=120)
+    write_step_layout(episodes, tmp / "five", n_files=5)
+    write_step_layout(episodes, tmp / "two", n_files=2)
+    for i in range(2):
+        save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
+    return tmp, episodes
+
+
+def assert_same_json(one, many):
+    assert many["dataset"] | {"files": one["dataset"]["files"]} == one["dataset"]
+    for a, b in zip(one["results"], many["results"], strict=True):
+        assert a["policy"] == b["policy"]
+        for name, estimate in a["estimates"].items():
+            for field, value in estimate.items():
+                assert b["estimates"][name][field] == pytest.approx(value, rel=1e-9), (name, field)
+        for field, value in a["diagnostics"].items():
+            assert b["diagnostics"][field] == pytest.approx(value, rel=1e-9), field
+
+
+@pytest.mark.parametrize("num_processes, data", [(2, "five"), (3, "five"), (3, "two")])
+def test_processes_agree_with_one_process(world, num_processes, data):
+    """(3, "two"): fewer files than processes, so process 2 reads nothing and is idle."""
+    tmp, _ = world
+    args = [data, "-p", "p0.npz", "-p", "p1.npz", "--gamma", "0.95", "--format", "json"]
+    reference = single(args, tmp)
+    outcomes = run_cluster(args, num_processes, tmp)
+    for code, _, err in outcomes:
+        assert code == 0, err
+    assert all(out == "" for _, out, _ in outcomes[1:])  # only process 0 prints
+    result = json.loads(outcomes[0][1])
+    assert result["runtime"]["processes"] == num_processes
+    assert_same_json(reference, result)
+
+
+def test_a_data_error_in_one_process_stops_all(world):
+    tmp, episodes = world
+    bad = [dict(e) for e in episodes[:40]]
+    bad[-1]["reward"] = np.array(bad[-1]["reward"], dtype=float)
+    bad[-1]["reward"][0] = np.nan
+    (tmp / "bad").mkdir()
+    write_table(step_layout_table(bad[:20]), tmp / "bad" / "a.parquet")
+    write_table(step_layout_table(bad[20:]), tmp / "bad" / "b.parquet")
+    outcomes = run_cluster(["bad", "-p", "p0.npz", "--format", "json"], 2, tmp)
+    codes = [code for code, _, _ in outcomes]
+    assert codes == [3, 3], outcomes
+    assert "reward is NaN" in outcomes[1][2]
+    assert outcomes[0][2].startswith("ope: ") and "process 1 failed" in outcomes[0][2]
+    for _, out, err in outcomes:
+        assert out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_episode_id_in_two_processes_is_an_error(world):
+    tmp, episodes = world
+    (tmp / "dup").mkdir()
+    write_table(step_layout_table(episodes[:10]), tmp / "dup" / "a.parquet")
+    write_table(step_layout_table(episodes[5:15]), tmp / "dup" / "b.parquet")  # ids 5..9 twice
+    outcomes = run_cluster(["dup", "-p", "p0.npz", "--format", "json"], 2, tmp)
+    assert [code for code, _, _ in outcomes] == [3, 3], outcomes
+    assert "more than one process" in outcomes[0][2]
+
+
+def test_unreachable_coordinator_ends_with_a_clear_error(world):
+    tmp, _ = world
+    started = time.monotonic()
+    lonely = start(["five", "-p", "p0.npz"], 1, 2, free_port(), tmp, timeout=5)
+    out, err = lonely.communicate(timeout=120)
+    assert lonely.returncode == 5, err
+    assert time.monotonic() - started < 60
+    assert out == "" and "Traceback" not in err
+    assert err.startswith("ope: distributed run failed") and "coordinator" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+SLOW_POLICY = """
+import os
+import time
+
+import jax
+
+_params = {"weight": jax.numpy.zeros((4, 4)), "bias": jax.numpy.zeros(4)}
+
+
+def log_prob(observation, action):
+    if os.environ.get("OPE_TEST_STALL"):
+        time.sleep(120)  # at trace time: this process has joined the run and stalls in its work
+    return jax.nn.log_softmax(observation @ _params["weight"] + _params["bias"])[action]
+"""
+
+
+def test_a_process_that_dies_ends_the_others_without_a_hang(world):
+    """Process 1 joins, stalls in its share and is killed; process 0, done with its own share
+    and waiting for the reduction, must end with a clear error, not hang."""
+    tmp, _ = world
+    (tmp / "stall_policy.py").write_text(SLOW_POLICY)
+    port = free_port()
+    args = ["five", "-p", "stall_policy:log_prob"]
+    survivor = start(args, 0, 2, port, tmp, timeout=10)
+    victim = start(args, 1, 2, port, tmp, timeout=10, extra_env={"OPE_TEST_STALL": "1"})
+    time.sleep(8.0)
+    assert victim.poll() is None and survivor.poll() is None  # both joined and are working
+    victim.kill()  # SIGKILL to the `ope` process; its worker must not outlive it
+    started = time.monotonic()
+    out, err = survivor.communicate(timeout=120)
+    victim.communicate(timeout=60)
+    assert time.monotonic() - started < 60
+    assert survivor.returncode == 5, err
+    assert out == "" and "Traceback" not in err
+    assert err.startswith("ope: distributed run failed") and "died or stopped answering" in err
+    assert len(err.strip().splitlines()) == 1

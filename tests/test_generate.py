@@ -1,0 +1,294 @@
+"""Tests of `ope generate`: files, schema, determinism and the ground truth's correctness.
+
+The truths are checked two ways: against NumPy Monte Carlo runs of the evaluation policy on the
+environment's arrays (independent of the JAX simulator), and against the logged data itself
+with shift=0, where the evaluation policy is the behavior policy (checks the JAX simulator).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ope_cli import generate as gen
+
+CONTROL_EPISODES = 4000
+POLICY_KEYS = {
+    "tabular": {"kind", "logits"},
+    "linear_softmax": {"kind", "weight", "bias"},
+    "linear_gaussian": {"kind", "weight", "bias", "log_std"},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_control_truth():
+    """A smaller control Monte Carlo truth (8192 episodes) keeps the tests fast."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gen, "CONTROL_TRUTH_EPISODES", 1 << 13)
+        patch.setattr(gen, "CONTROL_TRUTH_CONTINUED", 1 << 10)
+        yield
+
+
+@pytest.fixture(scope="module")
+def on_policy(tmp_path_factory, small_control_truth) -> dict[str, tuple[Path, dict]]:
+    """Each env generated with shift=0 (so eval_0 is the behavior policy): (out dir, truth)."""
+    episodes = {"bandit": 20_000, "chain": 5000, "control": CONTROL_EPISODES, "gaussian": 5000}
+    outputs = {}
+    for env, n in episodes.items():
+        out = tmp_path_factory.mktemp(env)
+        outputs[env] = (out, gen.generate(env, out, episodes=n, seed=3, shift=0.0))
+    return outputs
+
+
+def _load_policy(path: Path) -> tuple[str, dict[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = dict(archive)
+    kind = arrays.pop("kind")
+    assert kind.shape == () and kind.dtype.kind == "U"
+    return str(kind), arrays
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _sample(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+    """One index per row of probs [n, k]."""
+    return np.minimum(
+        (rng.random((len(probs), 1)) > np.cumsum(probs, axis=1)).sum(axis=1), probs.shape[1] - 1
+    )
+
+
+def _behavior_log_prob(
+    kind: str, policy: dict[str, np.ndarray], obs: np.ndarray, action: np.ndarray
+) -> np.ndarray:
+    if kind == "tabular":
+        return np.log(_softmax(policy["logits"][obs])[np.arange(len(obs)), action])
+    if kind == "linear_softmax":
+        return np.log(
+            _softmax(obs @ policy["weight"] + policy["bias"])[np.arange(len(obs)), action]
+        )
+    z = (action - obs @ policy["weight"] - policy["bias"]) * np.exp(-policy["log_std"])
+    return np.sum(-0.5 * z**2 - policy["log_std"] - 0.5 * math.log(2 * math.pi), axis=1)
+
+
+@pytest.mark.parametrize("env", gen.ENVIRONMENTS)
+def test_files_schema_and_checkpoints(env, on_policy):
+    out, truth = on_policy[env]
+    table = pq.read_table(out / "logs.parquet")
+    vector = pa.list_(pa.float64())
+    assert table.schema.names == [
+        "episode_id",
+        "step",
+        "observation",
+        "action",
+        "reward",
+        "behavior_prob",
+    ]
+    assert (
+        table.schema.field("episode_id").type == pa.int64()
+        and table.schema.field("step").type == pa.int64()
+    )
+    assert table.schema.field("observation").type == (pa.int64() if env == "chain" else vector)
+    assert table.schema.field("action").type == (vector if env == "gaussian" else pa.int64())
+    assert (
+        table.schema.field("reward").type
+        == pa.float64()
+        == table.schema.field("behavior_prob").type
+    )
+
+    episode, step = table["episode_id"].to_numpy(), table["step"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, np.diff(episode) != 0])
+    assert np.array_equal(
+        episode[starts], np.arange(truth["episodes"])
+    )  # contiguous, every id once
+    assert np.array_equal(
+        step, np.arange(len(step)) - np.repeat(starts, np.diff(np.r_[starts, len(step)]))
+    )
+    assert truth["steps"] == len(step) and truth["max_length"] == step.max() + 1
+
+    kind, behavior = _load_policy(out / "behavior.npz")
+    obs = np.asarray(table["observation"].to_pylist())
+    action = np.asarray(table["action"].to_pylist())
+    log_prob = _behavior_log_prob(kind, behavior, obs, action)
+    np.testing.assert_allclose(np.exp(log_prob), table["behavior_prob"].to_numpy(), rtol=1e-9)
+    assert np.all(np.isfinite(table["reward"].to_numpy()))
+
+    assert [p["policy"] for p in truth["policies"]] == [
+        "policies/eval_0.npz",
+        "policies/eval_1.npz",
+        "policies/eval_2.npz",
+    ]
+    for entry in [truth["behavior"], *truth["policies"]]:
+        entry_kind, arrays = _load_policy(out / entry["policy"])
+        assert entry_kind == kind and set(arrays) | {"kind"} == POLICY_KEYS[kind]
+        assert all(a.dtype == np.float64 for a in arrays.values())
+        assert math.isfinite(entry["value"]) and entry["stderr"] >= 0
+    assert json.loads((out / "truth.json").read_text()) == truth
+    assert {"env", "gamma", "episodes", "seed", "policies"} <= set(truth) and truth["env"] == env
+
+
+@pytest.mark.parametrize("env", gen.ENVIRONMENTS)
+def test_same_seed_same_bytes(env, tmp_path):
+    options = {"episodes": 300, "seed": 11, "horizon": 50 if env == "control" else None}
+    first = gen.generate(env, tmp_path / "a", **options)
+    second = gen.generate(env, tmp_path / "b", **options)
+    other = gen.generate(env, tmp_path / "c", **{**options, "seed": 12})
+    assert first == second
+    names = ["logs.parquet", "behavior.npz", "truth.json"] + [
+        f"policies/eval_{k}.npz" for k in range(3)
+    ]
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert (tmp_path / "a" / "logs.parquet").read_bytes() != (
+        tmp_path / "c" / "logs.parquet"
+    ).read_bytes()
+    assert [p["value"] for p in other["policies"]] == [
+        p["value"] for p in first["policies"]
+    ]  # seed: data only
+
+
+def test_files_split_whole_episodes_and_same_data(tmp_path):
+    gen.generate("chain", tmp_path / "one", episodes=100, seed=5)
+    single = pq.read_table(tmp_path / "one" / "logs.parquet")
+    gen.generate("chain", tmp_path / "three", episodes=100, seed=5, files=3)
+    parts = sorted((tmp_path / "three" / "logs").glob("*.parquet"))
+    assert [p.name for p in parts] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    ids = [set(pq.read_table(p)["episode_id"].to_pylist()) for p in parts]
+    assert (
+        all(ids) and sum(map(len, ids)) == len(set().union(*ids)) == 100
+    )  # no episode spans files
+    assert pa.concat_tables(pq.read_table(p) for p in parts).equals(single)
+
+
+@pytest.mark.parametrize(
+    ("env", "options", "match"),
+    [
+        ("maze", {}, "unknown environment"),
+        ("chain", {"episodes": 0}, "episodes"),
+        ("chain", {"gamma": 1.5}, "gamma"),
+        ("chain", {"horizon": 0}, "horizon"),
+        ("bandit", {"horizon": 5}, "horizon"),
+        ("chain", {"shift": float("nan")}, "shift"),
+        ("chain", {"episodes": 3, "files": 4}, "files"),
+        ("chain", {"seed": -1}, "seed"),
+    ],
+)
+def test_bad_options_raise_value_error(env, options, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        gen.generate(env, tmp_path, **options)
+    assert not (tmp_path / "truth.json").exists()
+
+
+def _chain_monte_carlo(
+    env: dict,
+    logits: np.ndarray,
+    gamma: float,
+    horizon: int | None,
+    n: int,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    """Mean and stderr of the discounted return of n chain episodes (expected rewards)."""
+    state = _sample(rng, np.broadcast_to(env["initial"], (n, len(env["initial"]))))
+    returns, alive, t = np.zeros(n), np.ones(n, bool), 0
+    while alive.any() and t != horizon:
+        action = _sample(rng, _softmax(logits[state]))
+        returns += alive * gamma**t * env["mean_reward"][state, action]
+        alive &= rng.random(n) >= env["terminate"][state, action]
+        state = _sample(rng, env["transitions"][state, action])
+        t += 1
+    return returns.mean(), returns.std(ddof=1) / math.sqrt(n)
+
+
+@pytest.mark.parametrize(("gamma", "horizon"), [(1.0, None), (0.9, 8)])
+def test_chain_truth_matches_monte_carlo(gamma, horizon, tmp_path):
+    truth = gen.generate("chain", tmp_path, episodes=10, gamma=gamma, horizon=horizon)
+    env, _ = gen._ENVIRONMENTS["chain"].build(0.5)
+    _, policy = _load_policy(tmp_path / "policies" / "eval_0.npz")
+    mean, stderr = _chain_monte_carlo(
+        env, policy["logits"], gamma, horizon, 30_000, np.random.default_rng(0)
+    )
+    assert abs(mean - truth["policies"][0]["value"]) < 4 * stderr
+
+
+def test_bandit_truth_matches_monte_carlo(tmp_path):
+    truth = gen.generate("bandit", tmp_path, episodes=10)
+    env, _ = gen._ENVIRONMENTS["bandit"].build(0.5)
+    rng, n = np.random.default_rng(1), 100_000
+    for entry in truth["policies"]:
+        _, policy = _load_policy(tmp_path / entry["policy"])
+        x = env["contexts"][rng.integers(len(env["contexts"]), size=n)]
+        action = _sample(rng, _softmax(x @ policy["weight"] + policy["bias"]))
+        click = 1 / (
+            1 + np.exp(-(x @ env["reward_weight"] + env["reward_bias"])[np.arange(n), action])
+        )
+        reward = (rng.random(n) < click).astype(float)
+        assert abs(reward.mean() - entry["value"]) < 4 * reward.std() / math.sqrt(n)
+
+
+def test_gaussian_truth_matches_monte_carlo(tmp_path):
+    truth = gen.generate("gaussian", tmp_path, episodes=10, gamma=0.95)
+    env, _ = gen._ENVIRONMENTS["gaussian"].build(0.5)
+    rng, n = np.random.default_rng(2), 50_000
+    for entry in truth["policies"]:
+        _, policy = _load_policy(tmp_path / entry["policy"])
+        obs, returns = rng.normal(size=(n, 3)), np.zeros(n)
+        for t in range(truth["horizon"]):
+            action = (
+                obs @ policy["weight"]
+                + policy["bias"]
+                + np.exp(policy["log_std"]) * rng.normal(size=(n, 2))
+            )
+            returns -= 0.95**t * np.sum((action - obs @ env["gain"] - env["offset"]) ** 2, axis=1)
+            obs = (
+                obs @ env["dynamics"]
+                + action @ env["control"]
+                + env["state_noise"] * rng.normal(size=(n, 3))
+            )
+        assert abs(returns.mean() - entry["value"]) < 4 * returns.std() / math.sqrt(n)
+
+
+@pytest.mark.parametrize("env", gen.ENVIRONMENTS)
+def test_on_policy_mean_return_matches_truth(env, on_policy):
+    out, truth = on_policy[env]
+    table = pq.read_table(out / "logs.parquet", columns=["episode_id", "reward"])
+    returns = np.bincount(table["episode_id"].to_numpy(), table["reward"].to_numpy())  # gamma = 1
+    stderr = math.hypot(
+        returns.std(ddof=1) / math.sqrt(len(returns)), truth["policies"][0]["stderr"]
+    )
+    for entry in [
+        truth["behavior"],
+        *truth["policies"],
+    ]:  # shift 0: every policy is the behavior policy
+        assert entry["value"] == pytest.approx(truth["behavior"]["value"], rel=1e-12)
+    assert abs(returns.mean() - truth["policies"][0]["value"]) < 4 * stderr
+
+
+def test_control_lengths_are_long_tailed(on_policy):
+    out, truth = on_policy["control"]
+    episode = pq.read_table(out / "logs.parquet", columns=["episode_id"])["episode_id"].to_numpy()
+    lengths = np.bincount(episode)
+    assert len(lengths) == CONTROL_EPISODES and lengths.min() >= 1
+    assert lengths.max() == truth["horizon"] == 1000 == truth["max_length"]
+    assert np.median(lengths) <= 20 and np.mean(lengths) < 100
+    assert truth["policies"][0]["method"].startswith("monte carlo (")
+    assert 0 < truth["policies"][0]["stderr"] < 0.1
+
+
+def test_truth_ranks_checkpoints(tmp_path):
+    """eval_0 (shift) beats eval_1 (shift / 2) beats the behavior policy beats eval_2 (-shift)."""
+    for env in ("bandit", "chain", "gaussian"):
+        truth = gen.generate(env, tmp_path / env, episodes=10)
+        eval_0, eval_1, eval_2 = (p["value"] for p in truth["policies"])
+        assert eval_0 > eval_1 > truth["behavior"]["value"] > eval_2
