@@ -145,7 +145,8 @@ def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Ac
         accumulator = extend(accumulator, length)
         parts = {name: _gather(np.asarray(getattr(accumulator, name), np.float64))
                  for name in ("log_scale_trajectory", "log_scale_step", "group_sums",
-                              "group_log_scale_t", "group_num_t", "group_den_t")}
+                              "group_log_scale_t", "group_num_t", "group_den_t",
+                              "log_weight_histogram")}
         total = None
         for process in range(parts["group_sums"].shape[0]):
             one = Accumulator(**{

@@ -22,6 +22,12 @@ GROUP_SUM_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g
                     "sum_p", "sum_p2")
 
 
+# Histogram of log10 trajectory weights: HISTOGRAM_BINS equal bins over HISTOGRAM_LOG10_RANGE,
+# plus one bin below and one above; zero weights are counted in ``zero_count`` instead.
+HISTOGRAM_LOG10_RANGE = (-10.0, 10.0)
+HISTOGRAM_BINS = 80
+
+
 class BatchStatistics(NamedTuple):
     """Sufficient statistics of one batch for one policy; merged across batches in ``stats``.
 
@@ -36,6 +42,7 @@ class BatchStatistics(NamedTuple):
     group_log_scale_t: jax.Array  # [K, T] max over the group's episodes of log W_{i,t}
     group_num_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} r_{i,t} / exp(group_log_scale_t)
     group_den_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} / exp(group_log_scale_t)
+    log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
 
 
 def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
@@ -51,6 +58,15 @@ def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t:
 def _safe_scale(log_scale: jax.Array) -> jax.Array:
     """The scale to subtract: 0 where it is -inf (all weights zero) so exp never sees NaN."""
     return jnp.where(jnp.isfinite(log_scale), log_scale, 0.0)
+
+
+def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Array:
+    """[HISTOGRAM_BINS + 2] counts of log10(w) per bin (first and last: out of range)."""
+    low, high = HISTOGRAM_LOG10_RANGE
+    width = (high - low) / HISTOGRAM_BINS
+    log10_w = jnp.where(include_b, log_w_b / jnp.log(10.0), low)
+    bins = jnp.clip(jnp.floor((log10_w - low) / width).astype(jnp.int32) + 1, 0, HISTOGRAM_BINS + 1)
+    return jax.ops.segment_sum(include_b.astype(dtype), bins, num_segments=HISTOGRAM_BINS + 2)
 
 
 def batch_statistics(
@@ -104,6 +120,7 @@ def batch_statistics(
         axis=-1,
     )
     return BatchStatistics(
+        log_weight_histogram=_log10_histogram(log_w_final_b, episode_mask_b & (zero_b == 0), dtype),
         log_scale_trajectory=log_scale_trajectory,
         log_scale_step=log_scale_step,
         group_sums=one_hot_bk.T @ per_episode_bf,

@@ -32,7 +32,17 @@ from ope_cli.policies import (
 )
 from ope_cli.reader import iter_batches, open_dataset
 from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.stats import Accumulator, Diagnostics, Estimate, finalize, from_batch, init, merge
+from ope_cli.stats import (
+    Accumulator,
+    Diagnostics,
+    Estimate,
+    Profile,
+    finalize,
+    from_batch,
+    init,
+    merge,
+    profile,
+)
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 CONFIDENCE_METHOD = ("normal approximation: sample standard error (is, pdis), delta method (wis), "
@@ -44,6 +54,7 @@ class PolicyResult:
     policy: str
     estimates: dict[str, Estimate]
     diagnostics: Diagnostics
+    profile: Profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +185,7 @@ def evaluate(
             policy=policy.name,
             estimates={name: estimates[name] for name in config.estimators},
             diagnostics=diagnostics,
+            profile=profile(accumulator, config.gamma, local.max_length),
         ))
     return EvaluationResult(
         source=config.data,

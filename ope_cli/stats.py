@@ -15,7 +15,12 @@ from statistics import NormalDist
 import numpy as np
 
 from ope_cli.config import ESTIMATORS
-from ope_cli.estimators import GROUP_SUM_FIELDS, BatchStatistics
+from ope_cli.estimators import (
+    GROUP_SUM_FIELDS,
+    HISTOGRAM_BINS,
+    HISTOGRAM_LOG10_RANGE,
+    BatchStatistics,
+)
 
 _FIELD = {name: i for i, name in enumerate(GROUP_SUM_FIELDS)}
 # How each column of group_sums scales: by 1 (counts), w, w^2, P or P^2.
@@ -38,6 +43,7 @@ class Accumulator:
     group_log_scale_t: np.ndarray  # [K, L]
     group_num_t: np.ndarray  # [K, L]
     group_den_t: np.ndarray  # [K, L]
+    log_weight_histogram: np.ndarray  # [HISTOGRAM_BINS + 2]
 
     def total(self, field: str) -> float:
         """A GROUP_SUM_FIELDS column summed over groups."""
@@ -61,6 +67,7 @@ def init(num_groups: int) -> Accumulator:
         group_log_scale_t=np.zeros((num_groups, 0)),
         group_num_t=np.zeros((num_groups, 0)),
         group_den_t=np.zeros((num_groups, 0)),
+        log_weight_histogram=np.zeros(HISTOGRAM_BINS + 2),
     )
 
 
@@ -113,6 +120,7 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         group_log_scale_t=scale_gt,
         group_num_t=a.group_num_t * ta + b.group_num_t * tb,
         group_den_t=a.group_den_t * ta + b.group_den_t * tb,
+        log_weight_histogram=a.log_weight_histogram + b.log_weight_histogram,
     )
 
 
@@ -249,3 +257,47 @@ def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -
     k = groups.size
     stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
     return _estimate(value, stderr, z)
+
+
+# --- shapes of the data behind the estimates (for reports and plots) -----------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Per-step and per-weight views of one policy's statistics.
+
+    Attributes:
+      wpdis_partial_t: [L] WPDIS summed up to each step t (its last entry is WPDIS).
+      mean_weight_t: [L] mean cumulative weight (1/n) sum_i W_{i,t}; ~1 when all is well.
+      histogram_edges: [HISTOGRAM_BINS + 1] log10-weight bin edges.
+      histogram_counts: [HISTOGRAM_BINS + 2] episodes below, in each bin, and above.
+      zero_weights: episodes with weight exactly 0 (not in the histogram).
+    """
+
+    wpdis_partial_t: np.ndarray
+    mean_weight_t: np.ndarray
+    histogram_edges: np.ndarray
+    histogram_counts: np.ndarray
+    zero_weights: int
+
+
+def profile(acc: Accumulator, gamma: float, max_length: int) -> Profile:
+    """The per-step WPDIS path and weight mass, and the log-weight histogram."""
+    acc = extend(acc, max_length)
+    scale_gt, num_gt, den_gt = (x[:, :max_length] for x in
+                                (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t))
+    log_scale_t = np.max(scale_gt, axis=0)
+    num_t = _combine_groups(scale_gt, num_gt, log_scale_t)
+    den_t = _combine_groups(scale_gt, den_gt, log_scale_t)
+    discount_t = gamma ** np.arange(max_length, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        term_t = np.where(den_t > 0, discount_t * num_t / den_t, np.nan)
+        mean_weight_t = den_t * np.exp(np.where(np.isfinite(log_scale_t), log_scale_t, -np.inf)) / acc.total("count")
+    low, high = HISTOGRAM_LOG10_RANGE
+    return Profile(
+        wpdis_partial_t=np.cumsum(term_t),
+        mean_weight_t=mean_weight_t,
+        histogram_edges=np.linspace(low, high, HISTOGRAM_BINS + 1),
+        histogram_counts=acc.log_weight_histogram.copy(),
+        zero_weights=int(acc.total("zero_count")),
+    )

@@ -240,3 +240,22 @@ def test_logged_target_probabilities(tmp_path):
     from_checkpoint = run(data, paths)
     assert from_logged.results[0].policy == "logged target probabilities"
     assert_same_results(from_logged, from_checkpoint, rtol=1e-9)
+
+
+def test_profile_histogram_and_wpdis_path(tmp_path):
+    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=200, seed=17,
+                                             policies=1)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    result = run(data, paths, gamma=0.9)
+    policy = result.results[0]
+    profile = policy.profile
+    assert profile.histogram_counts.sum() + profile.zero_weights == result.episodes
+    log10_w = np.array([np.sum(e["log_target"] - e["log_behavior"])
+                        for e in to_reference_input(episodes, checkpoints[0])]) / np.log(10)
+    expected, _ = np.histogram(log10_w, bins=profile.histogram_edges)
+    np.testing.assert_array_equal(profile.histogram_counts[1:-1], expected)
+    assert profile.wpdis_partial_t.shape == (result.max_length,)
+    assert profile.wpdis_partial_t[-1] == pytest.approx(policy.estimates["wpdis"].value, rel=1e-9)
+    assert profile.mean_weight_t[0] == pytest.approx(
+        np.mean([np.exp(e["log_target"][0] - e["log_behavior"][0])
+                 for e in to_reference_input(episodes, checkpoints[0])]), rel=1e-9)
