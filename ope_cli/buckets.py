@@ -33,6 +33,7 @@ class PaddedBatch:
       step_mask: [B, T] bool, True on real steps.
       episode_mask: [B] bool, True on real episodes (False on rows that only fill the batch).
       group: [B] int32 resampling group of each episode, from its id.
+      key_hi, key_lo: [B] uint32 halves of each episode's id hash (bootstrap streams).
     """
 
     observation: np.ndarray | None
@@ -43,6 +44,8 @@ class PaddedBatch:
     step_mask: np.ndarray
     episode_mask: np.ndarray
     group: np.ndarray
+    key_hi: np.ndarray
+    key_lo: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -122,6 +125,10 @@ def pad(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
     episode_mask[: lengths.size] = True
     group = np.zeros(batch, np.int32)
     group[: lengths.size] = (chunk.keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    key_hi = np.zeros(batch, np.uint32)
+    key_lo = np.zeros(batch, np.uint32)
+    key_hi[: lengths.size] = (chunk.keys >> np.uint64(32)).astype(np.uint32)
+    key_lo[: lengths.size] = (chunk.keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     return PaddedBatch(
         observation=padded(chunk.observation),
         action=padded(chunk.action),
@@ -131,6 +138,8 @@ def pad(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
         step_mask=step_mask,
         episode_mask=episode_mask,
         group=group,
+        key_hi=key_hi,
+        key_lo=key_lo,
     )
 
 

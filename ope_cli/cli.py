@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+import threading
 import traceback
 
 from typing import Annotated
@@ -37,6 +38,11 @@ class OutputFormat(str, enum.Enum):
     csv = "csv"
 
 
+class OnInvalid(str, enum.Enum):
+    error = "error"
+    drop = "drop"
+
+
 class PrecisionOption(str, enum.Enum):
     float32 = "float32"
     float64 = "float64"
@@ -61,7 +67,15 @@ def _main(
     _state["debug"] = debug
 
 
-ColumnOption = Annotated[str | None, typer.Option(rich_help_panel="Columns")]
+ColumnOption = Annotated[str | None, typer.Option(
+    help="Column holding this role (overrides the default name and its aliases).",
+    rich_help_panel="Columns")]
+
+
+def _column(role: str) -> typer.models.OptionInfo:
+    """A column-mapping option: its column overrides the default name and the aliases."""
+    return typer.Option(help=f"Column holding {role} (overrides the default and its aliases).",
+                        rich_help_panel="Columns")
 
 
 @app.command()
@@ -78,20 +92,42 @@ def evaluate(
     output_format: Annotated[OutputFormat | None, typer.Option(
         "--format", "-f", help="Output on stdout. Default: table on a terminal, json otherwise.")] = None,
     confidence: Annotated[float, typer.Option(help="Confidence level of the intervals.")] = 0.95,
+    ci: Annotated[str, typer.Option(
+        "--ci", help="Interval method: normal, percentile (Poisson bootstrap) or bootstrap-t "
+        "(studentized Poisson bootstrap).")] = "normal",
+    bootstrap_samples: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap's random streams.")] = 0,
     precision: Annotated[PrecisionOption | None, typer.Option(
         help="Kernel precision. Default: float64 on CPU, float32 on accelerators.")] = None,
     devices: Annotated[int | None, typer.Option(
         help="Shard episodes over this many local devices. Default: all.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")] = False,
-    episode_col: ColumnOption = None,
-    step_col: ColumnOption = None,
-    obs_col: ColumnOption = None,
-    action_col: ColumnOption = None,
-    reward_col: ColumnOption = None,
-    behavior_prob_col: ColumnOption = None,
-    behavior_log_prob_col: ColumnOption = None,
-    target_prob_col: ColumnOption = None,
-    target_log_prob_col: ColumnOption = None,
+    on_invalid: Annotated[OnInvalid, typer.Option(
+        help="error: stop at the first invalid value; drop: leave out the episodes with invalid "
+        "values (NaN/inf, bad probabilities, out-of-range actions or states, duplicate or missing "
+        "steps, nulls) and report how many were dropped, and why.")] = OnInvalid.error,
+    rank_by: Annotated[str, typer.Option(
+        help=f"Estimator that ranks several policies in the table, highest first "
+        f"({', '.join(ESTIMATORS)}); the best is highlighted.")] = "wis",
+    plot: Annotated[str | None, typer.Option(
+        metavar="DIR", help="Also write PNG figures into DIR: log10 weight histogram, per-step "
+        "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
+        "pip install 'ope-cli[plot]'.")] = None,
+    episode_col: Annotated[str | None, _column("the episode id (default episode_id)")] = None,
+    step_col: Annotated[str | None, _column("the 0-based step in its episode (default step)")] = None,
+    obs_col: Annotated[str | None, _column("the observation (default observation)")] = None,
+    action_col: Annotated[str | None, _column("the logged action (default action)")] = None,
+    reward_col: Annotated[str | None, _column("the reward (default reward)")] = None,
+    behavior_prob_col: Annotated[str | None, _column(
+        "the behavior policy's probability of the logged action (default behavior_prob)")] = None,
+    behavior_log_prob_col: Annotated[str | None, _column(
+        "the behavior policy's log-probability of the logged action "
+        "(default behavior_log_prob)")] = None,
+    target_prob_col: Annotated[str | None, _column(
+        "logged evaluation-policy probabilities, used without --policy "
+        "(default target_prob)")] = None,
+    target_log_prob_col: Annotated[str | None, _column(
+        "logged evaluation-policy log-probabilities (default target_log_prob)")] = None,
     coordinator: Annotated[str | None, typer.Option(
         help="HOST:PORT of process 0, for a multi-process run.", rich_help_panel="Cluster")] = None,
     num_processes: Annotated[int | None, typer.Option(
@@ -132,6 +168,9 @@ def evaluate(
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else ESTIMATORS,
         confidence=confidence,
+        interval=ci,
+        bootstrap_samples=bootstrap_samples,
+        seed=seed,
         columns=ColumnMapping(
             episode=episode_col, step=step_col, observation=obs_col, action=action_col,
             reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
@@ -140,20 +179,48 @@ def evaluate(
         batching=BatchingConfig(read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket),
         precision=precision.value if precision else None,
         devices=devices,
+        on_invalid=on_invalid.value,
     )
+    rank_by = _check_rank_by(rank_by, config.estimators)
+    if plot is not None:
+        from ope_cli.plots import require_matplotlib
+
+        require_matplotlib()  # before the run, not after it
     chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
     cluster = DistributedConfig(coordinator=coordinator, num_processes=num_processes,
                                 process_id=process_id, auto=distributed, timeout_seconds=timeout)
-    with _progress(quiet) as on_progress:
-        result = run_evaluation(config, on_progress=on_progress, distributed=cluster)
+    with _progress(quiet) as (on_progress, on_status):
+        result = run_evaluation(config, on_progress=on_progress, distributed=cluster,
+                                on_status=on_status)
     if result.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
+    if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
+        from ope_cli.plots import write_plots
+
+        written = write_plots(result, plot)
+        if not quiet:
+            stderr.print(f"figures: {', '.join(str(p) for p in written)}", markup=False,
+                         highlight=False, soft_wrap=True)
     if chosen is OutputFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     elif chosen is OutputFormat.csv:
         sys.stdout.write(to_csv(result))
     else:
-        render_table(result, _stdout_console(result))
+        render_table(result, _stdout_console(result), rank_by=rank_by)
+
+
+def _check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
+    """--rank-by as an estimator the run reports; the default (wis) falls back to the first
+    reported estimator when --estimator leaves WIS out."""
+    rank_by = rank_by.lower()
+    if rank_by not in ESTIMATORS:
+        raise UsageError(f"--rank-by must be one of {', '.join(ESTIMATORS)}, got {rank_by!r}")
+    if rank_by in estimators:
+        return rank_by
+    if rank_by == "wis":
+        return estimators[0]
+    raise UsageError(f"--rank-by {rank_by}: not among the reported estimators "
+                     f"({', '.join(estimators)}); add --estimator {rank_by}")
 
 
 def _stdout_console(result) -> Console:
@@ -192,36 +259,83 @@ def generate(
                                   shift=shift, files=files)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    except OSError as error:  # an output path that cannot be written: say which, no traceback
+        raise UsageError(f"{error.filename or out}: cannot write the output "
+                         f"({error.strerror or error})") from None
     import json
 
     sys.stdout.write(json.dumps(truth, indent=2) + "\n")
 
 
 class _progress:
-    """A rich progress bar of rows read on stderr, only when stderr is a terminal."""
+    """Progress of ``ope evaluate`` on stderr: a status ("compiling kernel for [B, T] ...",
+    "reading") with a spinner, and a bar of rows read out of the total known from the Parquet
+    metadata, with throughput, elapsed time and ETA.
 
-    def __init__(self, quiet: bool):
-        self.enabled = not quiet and stderr.is_terminal
+    It appears only when stderr is a terminal and not ``--quiet``, and only for runs longer
+    than ``delay`` seconds (a timer starts the display; rich's own refresh thread keeps the
+    spinner and clock moving while the main thread is busy compiling). ``with _progress(q) as
+    (on_progress, on_status)``: both None when disabled.
+    """
+
+    def __init__(self, quiet: bool, console: Console | None = None, delay: float = 1.0):
+        self.console = console or stderr
+        self.enabled = not quiet and self.console.is_terminal
+        self.delay = delay
         self._progress = None
         self._task = None
+        self._timer = None
+        self._lock = threading.Lock()
+        self._started = self._closed = False
 
     def __enter__(self):
         if not self.enabled:
-            return None
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            return None, None
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self._progress = Progress(TextColumn("reading"), BarColumn(), TextColumn("{task.completed:,} rows"),
-                                  TimeRemainingColumn(), console=stderr, transient=True)
-        self._progress.__enter__()
-        self._task = self._progress.add_task("rows", total=None)
-        return self.update
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            TextColumn("{task.fields[rows]}"), TextColumn("{task.fields[rate]}", style="cyan"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=self.console, transient=True)
+        self._task = self._progress.add_task("starting", total=None, rows="", rate="")
+        self._timer = threading.Timer(self.delay, self._start)
+        self._timer.daemon = True
+        self._timer.start()
+        return self.update, self.status
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._progress.start()
+                self._started = True
 
     def update(self, rows: int, total: int | None) -> None:
-        self._progress.update(self._task, completed=rows, total=total)
+        """Rows read so far, of ``total`` (None when unknown)."""
+        self._progress.update(self._task, completed=rows, total=total, description="reading")
+        speed = self._progress.tasks[0].speed
+        self._progress.update(
+            self._task, rows=f"{rows:,}" + (f"/{total:,}" if total else "") + " rows",
+            rate=f"{speed:,.0f} rows/s" if speed else "")
+
+    def status(self, text: str) -> None:
+        """A step without row progress, e.g. the first compilation of a batch shape."""
+        self._progress.update(self._task, description=text)
 
     def __exit__(self, *exc_info):
-        if self._progress is not None:
-            self._progress.__exit__(*exc_info)
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            if self._started:
+                self._progress.stop()
         return False
 
 

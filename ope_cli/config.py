@@ -51,7 +51,11 @@ class EvaluationConfig:
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95
+    interval: str = "normal"  # normal | percentile | bootstrap-t (stats.INTERVALS)
+    bootstrap_samples: int = 200
+    seed: int = 0
     columns: ColumnMapping = ColumnMapping()
     batching: BatchingConfig = BatchingConfig()
     precision: Precision | None = None  # None: float64 on CPU, float32 on accelerators
     devices: int | None = None  # local devices to shard over; None: all
+    on_invalid: str = "error"  # error: stop at the first bad value; drop: leave out invalid episodes

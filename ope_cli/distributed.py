@@ -146,11 +146,12 @@ def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Ac
         parts = {name: _gather(np.asarray(getattr(accumulator, name), np.float64))
                  for name in ("log_scale_trajectory", "log_scale_step", "group_sums",
                               "group_log_scale_t", "group_num_t", "group_den_t",
-                              "log_weight_histogram")}
+                              "log_weight_histogram", "replicate_sums", "replicate_log_scale_t",
+                              "replicate_num_t", "replicate_den_t")}
         total = None
         for process in range(parts["group_sums"].shape[0]):
             one = Accumulator(**{
-                name: float(value[process]) if value.ndim == 1 else value[process]
+                name: float(value[process]) if name.startswith("log_scale") else value[process]
                 for name, value in parts.items()
             })
             total = one if total is None else merge(total, one)

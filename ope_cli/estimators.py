@@ -9,6 +9,7 @@ reward 0 after an episode ends, so W_t stays at the episode's final weight.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -43,6 +44,10 @@ class BatchStatistics(NamedTuple):
     group_num_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} r_{i,t} / exp(group_log_scale_t)
     group_den_t: jax.Array  # [K, T] sum_{i in g} W_{i,t} / exp(group_log_scale_t)
     log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
+    replicate_sums: jax.Array  # [R, F] GROUP_SUM_FIELDS weighted by bootstrap counts
+    replicate_log_scale_t: jax.Array  # [T] max_i log W_{i,t}
+    replicate_num_t: jax.Array  # [R, T] sum_i c_ir W_{i,t} r_{i,t} / exp(replicate_log_scale_t)
+    replicate_den_t: jax.Array  # [R, T] sum_i c_ir W_{i,t} / exp(replicate_log_scale_t)
 
 
 def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
@@ -69,12 +74,36 @@ def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Arr
     return jax.ops.segment_sum(include_b.astype(dtype), bins, num_segments=HISTOGRAM_BINS + 2)
 
 
+# Poisson(1) cumulative distribution up to 20 (the rest has probability < 1e-19).
+_POISSON_CDF = tuple(
+    sum(math.exp(-1) / math.factorial(j) for j in range(k + 1)) for k in range(21)
+)
+
+
+def poisson_counts(key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array,
+                   num_replicates: int) -> jax.Array:
+    """[B, R] Poisson(1) bootstrap counts, one independent stream per episode.
+
+    Each episode's counts come from a counter-based key of (seed, episode-id hash), so
+    they do not depend on which batch, bucket, device or process the episode lands in.
+    """
+    cdf = jnp.asarray(_POISSON_CDF, jnp.float32)
+
+    def one_episode(hi, lo):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), hi), lo)
+        uniform = jax.random.uniform(key, (num_replicates,), jnp.float32)
+        return jnp.searchsorted(cdf, uniform, side="right")
+
+    return jax.vmap(one_episode)(key_hi_b, key_lo_b)
+
+
 def batch_statistics(
     log_w_bt: jax.Array,
     reward_bt: jax.Array,
     step_mask_bt: jax.Array,
     episode_mask_b: jax.Array,
     group_b: jax.Array,
+    counts_br: jax.Array,
     gamma: jax.Array | float,
     num_groups: int,
 ) -> BatchStatistics:
@@ -86,6 +115,7 @@ def batch_statistics(
       step_mask_bt: [B, T] True on real steps.
       episode_mask_b: [B] True on real episodes.
       group_b: [B] int resampling group in [0, num_groups).
+      counts_br: [B, R] bootstrap counts of each episode in each replicate (R may be 0).
       gamma: discount factor (a traced scalar, so one compilation serves every gamma).
       num_groups: K.
     """
@@ -119,7 +149,17 @@ def batch_statistics(
          p_b, p_b * p_b],
         axis=-1,
     )
+    # Bootstrap replicates: the same sums, each episode counted c_ir times. One scale per
+    # step serves every replicate (nothing is subtracted from these sums later).
+    counts_rb = (counts_br.astype(dtype) * real_b[:, None]).T
+    replicate_log_scale_t = jnp.max(log_w_bt, axis=0)
+    w_t_bt = jnp.exp(log_w_bt - _safe_scale(replicate_log_scale_t))
+    replicate_per_step = counts_rb @ jnp.concatenate([w_t_bt * reward_bt, w_t_bt], axis=-1)
     return BatchStatistics(
+        replicate_sums=counts_rb @ per_episode_bf,
+        replicate_log_scale_t=replicate_log_scale_t,
+        replicate_num_t=replicate_per_step[:, :num_steps],
+        replicate_den_t=replicate_per_step[:, num_steps:],
         log_weight_histogram=_log10_histogram(log_w_final_b, episode_mask_b & (zero_b == 0), dtype),
         log_scale_trajectory=log_scale_trajectory,
         log_scale_step=log_scale_step,

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.estimators import BatchStatistics, batch_statistics, log_weights
+from ope_cli.estimators import BatchStatistics, batch_statistics, log_weights, poisson_counts
 from ope_cli.policies import LogProbFn, Policy
 
 BATCH_AXIS = "batch"
@@ -97,20 +97,24 @@ def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
 
 
 def _statistics(params, observation, action, reward, log_behavior, log_target, step_mask,
-                episode_mask, group, gamma, *, log_prob, num_groups, dtype) -> BatchStatistics:
+                episode_mask, group, key_hi, key_lo, gamma, seed, *, log_prob, num_groups,
+                num_replicates, dtype) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch."""
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
+    counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
     per_policy = functools.partial(batch_statistics, num_groups=num_groups)
-    statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None))(
-        log_w, reward, step_mask, episode_mask, group, gamma
+    statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None, None))(
+        log_w, reward, step_mask, episode_mask, group, counts, gamma
     )
     return jax.tree.map(lambda x: x[None], statistics)
 
 
-@functools.partial(jax.jit, static_argnames=("log_prob", "num_groups", "dtype", "mesh"))
+@functools.partial(jax.jit,
+                   static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh"))
 def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, gamma, *, log_prob, num_groups, dtype, mesh) -> BatchStatistics:
+            group, key_hi, key_lo, gamma, seed, *, log_prob, num_groups, num_replicates, dtype,
+            mesh) -> BatchStatistics:
     """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
 
     With a mesh, each device reduces its own share of the episodes and the per-device
@@ -119,13 +123,14 @@ def _kernel(params, observation, action, reward, log_behavior, log_target, step_
     """
     global _traces
     _traces += 1
-    statistics = functools.partial(_statistics, log_prob=log_prob, num_groups=num_groups, dtype=dtype)
+    statistics = functools.partial(_statistics, log_prob=log_prob, num_groups=num_groups,
+                                   num_replicates=num_replicates, dtype=dtype)
     args = (params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, gamma)
+            group, key_hi, key_lo, gamma, seed)
     if mesh is None:
         return statistics(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
-    in_specs = (PartitionSpec(), *(by_episode,) * 8, PartitionSpec())
+    in_specs = (PartitionSpec(), *(by_episode,) * 10, PartitionSpec(), PartitionSpec())
     return jax.shard_map(statistics, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
@@ -144,11 +149,14 @@ class Kernel:
     """``batch -> BatchStatistics [D, P, ...]`` (device arrays, dispatched asynchronously)
     for one policy group, the episode axis sharded over ``mesh`` when given."""
 
-    def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype, mesh: Mesh | None):
+    def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype, mesh: Mesh | None,
+                 num_replicates: int = 0, seed: int = 0):
         self.group = group
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
+        self.seed = jnp.asarray(seed, jnp.uint32)
         self.num_groups = num_groups
+        self.num_replicates = num_replicates
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
         self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
@@ -165,9 +173,10 @@ class Kernel:
         head = self.group.head
         args = (self.params, *(self._put(x) for x in (
             batch.observation, batch.action, batch.reward, batch.log_behavior, batch.log_target,
-            batch.step_mask, batch.episode_mask, batch.group)), self.gamma)
-        static = dict(log_prob=head.log_prob, num_groups=self.num_groups, dtype=self.dtype.name,
-                      mesh=self.mesh)
+            batch.step_mask, batch.episode_mask, batch.group, batch.key_hi, batch.key_lo)),
+            self.gamma, self.seed)
+        static = dict(log_prob=head.log_prob, num_groups=self.num_groups,
+                      num_replicates=self.num_replicates, dtype=self.dtype.name, mesh=self.mesh)
         if head.kind != "entry_point":
             return _kernel(*args, **static)
         try:

@@ -21,12 +21,12 @@ from ope_cli.distributed import (
     reduce_accumulators,
     share_files,
 )
-from ope_cli.episodes import EpisodeAssembler
+from ope_cli.episodes import REASONS, EpisodeAssembler, dropped_by_reason
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.policies import (
     Policy,
-    check_against_chunk,
     check_against_schema,
+    chunk_checks,
     load_policy,
     logged_policy,
 )
@@ -45,8 +45,14 @@ from ope_cli.stats import (
 )
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
-CONFIDENCE_METHOD = ("normal approximation: sample standard error (is, pdis), delta method (wis), "
-                     "grouped jackknife over 32 episode-id hash groups (wpdis)")
+STANDARD_ERRORS = ("standard errors: sample standard error (is, pdis), delta method (wis), grouped "
+                   "jackknife over 32 episode-id hash groups (wpdis)")
+INTERVAL_METHODS = {
+    "normal": "normal approximation, estimate +- z * standard error",
+    "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
+    "bootstrap-t": "Poisson bootstrap, studentized (bootstrap-t) interval for is, wis, pdis and "
+                   "percentile for wpdis ({samples} replicates, seed {seed})",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,7 @@ class EvaluationResult:
     estimators: tuple[str, ...]
     confidence_level: float
     confidence_method: str
+    interval: str
     results: list[PolicyResult]
     seconds: float
     backend: str
@@ -83,6 +90,12 @@ class EvaluationResult:
     padded_steps: int
     batch_shapes: list[tuple[int, int]]
     compiles: int
+    # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
+    # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
+    on_invalid: str = "error"
+    episodes_dropped: int = 0
+    steps_dropped: int = 0
+    dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def steps_per_second(self) -> float:
@@ -101,8 +114,16 @@ def check_config(config: EvaluationConfig) -> None:
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
         raise UsageError("batching options must be positive, and the bucket growth > 1")
+    if config.interval not in INTERVAL_METHODS:
+        raise UsageError(f"--ci must be one of {', '.join(INTERVAL_METHODS)}, got {config.interval!r}")
+    if config.interval != "normal" and config.bootstrap_samples < 10:
+        raise UsageError(f"--bootstrap-samples must be at least 10, got {config.bootstrap_samples}")
+    if not 0 <= config.seed < 2**32:
+        raise UsageError(f"--seed must be in [0, 2^32), got {config.seed}")
     if config.precision not in (None, "float32", "float64"):
         raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
+    if config.on_invalid not in ("error", "drop"):
+        raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
 
 
 @dataclasses.dataclass
@@ -116,20 +137,26 @@ class _LocalPass:
     max_length: int = 0
     padded_steps: int = 0
     keys: np.ndarray | None = None
+    dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
+        default_factory=lambda: np.zeros((len(REASONS), 2), np.int64))
 
     def counters(self) -> list[int]:
         length = self.accumulators[0].group_log_scale_t.shape[-1]
-        return [self.episodes, self.steps, self.rows_read, self.max_length, self.padded_steps, length]
+        return [self.episodes, self.steps, self.rows_read, self.max_length, self.padded_steps, length,
+                *self.dropped.ravel().tolist()]
 
 
 def evaluate(
     config: EvaluationConfig,
     on_progress: Callable[[int, int | None], None] | None = None,
     distributed: DistributedConfig | None = None,
+    on_status: Callable[[str], None] | None = None,
 ) -> EvaluationResult:
     """Streams the data once and estimates every policy. Raises OpeError subclasses.
 
-    ``on_progress(rows_read, total_rows_or_None)`` is called as record batches arrive.
+    ``on_progress(rows_read, total_rows_or_None)`` is called as record batches arrive;
+    ``on_status(text)`` before a step that may take a while without progress (compiling
+    the kernel for a new batch shape).
     With ``distributed``, this process joins a multi-process run, reads its share of the
     files, and every process returns the same, fully reduced result.
     """
@@ -162,7 +189,8 @@ def evaluate(
         files = len(data.files)
         if num_processes > 1:
             data = data.restrict(share_files(data.files, process_id, num_processes))
-        local = _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress)
+        local = _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress,
+                            on_status)
     except OpeError as failure:
         if num_processes == 1:
             raise
@@ -175,12 +203,19 @@ def evaluate(
         local.max_length = int(totals[:, 3].max())
         local.padded_steps = int(totals[:, 4].sum())
         local.accumulators = reduce_accumulators(local.accumulators, int(totals[:, 5].max()))
+        local.dropped = totals[:, 6:].sum(axis=0).reshape(len(REASONS), 2)
+    dropped = dropped_by_reason(local.dropped)
+    if local.episodes == 0 and dropped:
+        reasons = ", ".join(f"{reason}: {counts['episodes']}" for reason, counts in dropped.items())
+        raise DataError(f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
+                        f"as invalid ({reasons})")
     if local.episodes == 0:
         raise DataError(f"{config.data}: no episodes (the data has no rows)")
 
     results = []
     for policy, accumulator in zip(policies, local.accumulators, strict=True):
-        estimates, diagnostics = finalize(accumulator, config.gamma, local.max_length, config.confidence)
+        estimates, diagnostics = finalize(accumulator, config.gamma, local.max_length, config.confidence,
+                                          config.interval)
         results.append(PolicyResult(
             policy=policy.name,
             estimates={name: estimates[name] for name in config.estimators},
@@ -199,7 +234,9 @@ def evaluate(
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
-        confidence_method=CONFIDENCE_METHOD,
+        confidence_method=INTERVAL_METHODS[config.interval].format(
+            samples=config.bootstrap_samples, seed=config.seed) + "; " + STANDARD_ERRORS,
+        interval=config.interval,
         results=results,
         seconds=time.perf_counter() - started,
         backend=backend,
@@ -210,10 +247,15 @@ def evaluate(
         padded_steps=local.padded_steps,
         batch_shapes=sorted(bucketer.shapes),
         compiles=trace_count() - traces_before,
+        on_invalid=config.on_invalid,
+        episodes_dropped=int(local.dropped[:, 0].sum()),
+        steps_dropped=int(local.dropped[:, 1].sum()),
+        dropped=dropped,
     )
 
 
-def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress) -> _LocalPass:
+def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress,
+                on_status=None) -> _LocalPass:
     """Reads this process's files once and accumulates every policy's statistics."""
     import jax
 
@@ -221,9 +263,10 @@ def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_pr
 
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
-    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh)
+    replicates = 0 if config.interval == "normal" else config.bootstrap_samples
+    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh, replicates, config.seed)
                for group in group_policies(policies)]
-    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS) for _ in policies])
+    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS, replicates) for _ in policies])
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
@@ -234,16 +277,29 @@ def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_pr
                     one = type(host)(*(value[device, position] for value in host))
                     local.accumulators[index] = merge(local.accumulators[index], from_batch(one))
 
+    shapes_seen: set[tuple[int, int]] = set()
+
     def run(batch) -> None:
+        shape = batch.step_mask.shape
+        new_shape = on_status is not None and shape not in shapes_seen
+        if new_shape:  # jit compiles (once per shape) inside the kernel call
+            on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
+        shapes_seen.add(shape)
         in_flight.append([(kernel, kernel(batch)) for kernel in kernels])
+        if new_shape:
+            on_status("evaluating")
         if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
             absorb(in_flight.popleft())
 
     total_rows = data.count_rows()
-    assembler = EpisodeAssembler(schema)
-    for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
+    if on_progress is not None:
+        on_progress(0, total_rows)
+    def policy_checks(chunk):  # action and state ranges, validated with the data's values
         for policy in policies:
-            check_against_chunk(policy, chunk)
+            yield from chunk_checks(policy, chunk)
+
+    assembler = EpisodeAssembler(schema, config.on_invalid, policy_checks)
+    for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
         local.episodes += chunk.num_episodes
         local.steps += chunk.num_steps
         local.max_length = max(local.max_length, int(chunk.lengths.max()))
@@ -258,4 +314,5 @@ def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_pr
     local.rows_read = assembler.rows_read
     local.padded_steps = bucketer.padded_steps
     local.keys = assembler.seen_keys()
+    local.dropped = assembler.validation.dropped_counts()
     return local

@@ -9,8 +9,11 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ope_cli import __version__
 from ope_cli.pipeline import EvaluationResult
@@ -53,9 +56,17 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "steps": result.steps,
             "rows_read": result.rows_read,
             "max_length": result.max_length,
+            # Every row read is used or dropped (--on-invalid drop); in the episode layout a
+            # row is an episode: rows_read = episodes + episodes_dropped.
+            "on_invalid": result.on_invalid,
+            "steps_used": result.steps,
+            "steps_dropped": result.steps_dropped,
+            "episodes_dropped": result.episodes_dropped,
+            "dropped": result.dropped,
         },
         "gamma": result.gamma,
-        "confidence": {"level": result.confidence_level, "method": result.confidence_method},
+        "confidence": {"level": result.confidence_level, "interval": result.interval,
+                       "method": result.confidence_method},
         "results": results,
         "runtime": {
             "seconds": result.seconds,
@@ -92,34 +103,194 @@ def _fmt(x: float | None, spec: str = ".4g") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def render_table(result: EvaluationResult, console: Console) -> None:
-    """Estimates per policy (value, stderr, interval) and a diagnostics block."""
+# Plain-words warnings under the table: thresholds on the trajectory-weight diagnostics.
+ESS_FRACTION_WARNING = 0.1  # fewer effective episodes than this share of n
+MAX_SHARE_WARNING = 0.5  # one episode holds more than this share of the total weight
+MEAN_WEIGHT_RANGE = (0.5, 2.0)  # the mean weight is 1 in expectation when propensities are right
+SPARK = " ▁▂▃▄▅▆▇█"
+HISTOGRAM_WIDTH = (12, 48)  # characters of the in-terminal weight histogram, least and most
+
+
+def resolve_rank_by(result: EvaluationResult, rank_by: str | None = None) -> str:
+    """The estimator that ranks policies: ``rank_by``, else WIS if reported, else the first."""
+    if rank_by is not None:
+        return rank_by
+    return "wis" if "wis" in result.estimators else result.estimators[0]
+
+
+def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
+    """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
+    Equal values keep the command-line order."""
+    values = [p.estimates[estimator].value if estimator in p.estimates else None
+              for p in result.results]
+    order = sorted((i for i, v in enumerate(values) if v is not None), key=lambda i: -values[i])
+    ranks: list[int | None] = [None] * len(values)
+    for rank, index in enumerate(order, 1):
+        ranks[index] = rank
+    return ranks
+
+
+def diagnostic_warnings(result: EvaluationResult) -> list[str]:
+    """Plain-words warnings about weight diagnostics that make an estimate hard to trust."""
+    warnings = []
+    n = result.episodes
+    for policy in result.results:
+        d, name = policy.diagnostics, policy.policy
+        if d.zero_weight_fraction == 1.0:
+            warnings.append(f"{name}: every trajectory weight is zero: the policy gives "
+                            "probability 0 to a logged action in every episode, so these logs say "
+                            "nothing about it.")
+            continue
+        if d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING:
+            warnings.append(f"{name}: the effective sample size is {d.ess:,.1f} of {n:,} episodes "
+                            f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
+                            "episodes; the policy is probably too far from the behavior policy for "
+                            "these logs (expect wide or overconfident intervals).")
+        if d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING:
+            warnings.append(f"{name}: one episode holds {d.max_weight_share:.0%} of the total "
+                            "weight: WIS and WPDIS are essentially that single episode's return.")
+        low, high = MEAN_WEIGHT_RANGE
+        if d.mean_weight is None:
+            warnings.append(f"{name}: the trajectory weights overflow float64: the policy and the "
+                            "behavior probabilities disagree by orders of magnitude.")
+        elif not low <= d.mean_weight <= high:
+            warnings.append(f"{name}: the mean weight is {d.mean_weight:.3g}, far from 1 (its "
+                            "expected value when the behavior probabilities are right): check "
+                            "that the behavior probabilities are those of the logged actions "
+                            "(not log-probabilities, not of another action) and that the policy "
+                            "sees the observations it was trained on; with very heavy-tailed "
+                            "weights, too few episodes can also cause it.")
+    return warnings
+
+
+def _weight_label(log10_w: float) -> str:
+    return format(10.0**log10_w, ".3g")
+
+
+def weight_sparklines(result: EvaluationResult) -> tuple[list[str], str, str]:
+    """One sparkline per policy of its log10 trajectory-weight histogram, on a common window
+    around the occupied bins and weight 1, plus a tick line (``┬`` at weight 1) and a label
+    line for the window's ends. Each policy's bars are scaled to its own fullest bin."""
+    counts = np.array([p.profile.histogram_counts[1:-1] for p in result.results])  # [P, bins]
+    edges = result.results[0].profile.histogram_edges
+    bins = counts.shape[1]
+    one = int(np.clip(np.searchsorted(edges, 0.0, side="right") - 1, 0, bins - 1))  # bin of w = 1
+    occupied = np.flatnonzero(counts.sum(axis=0))
+    low = min(int(occupied[0]), one) if occupied.size else one
+    high = max(int(occupied[-1]), one) if occupied.size else one
+    least, most = HISTOGRAM_WIDTH
+    while high - low + 1 < least and (low > 0 or high < bins - 1):
+        low, high = max(low - 1, 0), min(high + 1, bins - 1)
+    group = math.ceil((high - low + 1) / most)  # bins per character
+    width = math.ceil((high - low + 1) / group)
+    padded = np.zeros((counts.shape[0], width * group))
+    padded[:, : high - low + 1] = counts[:, low : high + 1]
+    merged = padded.reshape(counts.shape[0], width, group).sum(axis=2)
+    lines = []
+    for row in merged:
+        top = row.max()
+        levels = np.where(row > 0, np.ceil(row / top * (len(SPARK) - 1)) if top > 0 else 0, 0)
+        lines.append("".join(SPARK[int(level)] for level in levels))
+    at_one = (one - low) // group
+    ticks = "─" * at_one + "┬" + "─" * (width - at_one - 1)
+    left = _weight_label(edges[low])
+    right = _weight_label(edges[min(low + width * group, bins)])
+    labels = [" "] * width
+    for text, start in ((left, 0), ("1", at_one), (right, width - len(right))):
+        end = start + len(text)
+        if start >= 0 and end <= width and all(c == " " for c in labels[start:end]):
+            labels[start:end] = text
+    return lines, ticks, "".join(labels)
+
+
+def _off_scale(policy) -> str:
+    p = policy.profile
+    parts = []
+    if p.zero_weights:
+        parts.append(f"{p.zero_weights:,} zero")
+    if p.histogram_counts[0]:
+        parts.append(f"{int(p.histogram_counts[0]):,} < {_weight_label(p.histogram_edges[0])}")
+    if p.histogram_counts[-1]:
+        parts.append(f"{int(p.histogram_counts[-1]):,} > {_weight_label(p.histogram_edges[-1])}")
+    return ", ".join(parts)
+
+
+def render_table(result: EvaluationResult, console: Console, rank_by: str | None = None) -> None:
+    """Estimates grouped by policy (value ± standard error, interval; with several policies a
+    rank by ``rank_by`` and the best highlighted), weight diagnostics, an in-terminal
+    histogram of the log10 trajectory weights, and warnings in plain words."""
     level = f"{result.confidence_level:.0%}"
+    rank_by = resolve_rank_by(result, rank_by)
+    several = len(result.results) > 1
+    ranks = rank_policies(result, rank_by) if several else [None]
     title = (f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
              f"({result.layout} layout), gamma={result.gamma:g}")
-    table = Table(title=title, title_justify="left")
+    caption = (f"rank: by {ESTIMATOR_TITLES[rank_by]} (underlined), highest first; ★ best"
+               if several else None)
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    if several:
+        table.add_column("rank", justify="right")
     table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator")
-    table.add_column("value", justify="right")
-    table.add_column("std. err.", justify="right")
+    table.add_column("value ± std. err.", justify="right")
     table.add_column(f"{level} interval", justify="right")
     for i, policy in enumerate(result.results):
+        best = several and ranks[i] == 1
         for j, (name, e) in enumerate(policy.estimates.items()):
             interval = "n/a" if e.ci_low is None else f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
-            value = _fmt(e.value) if e.note is None or e.value is not None else f"n/a ({e.note})"
-            table.add_row(policy.policy if j == 0 else "", ESTIMATOR_TITLES[name], value,
-                          _fmt(e.stderr), interval, end_section=j == len(policy.estimates) - 1
-                          and i < len(result.results) - 1)
+            if e.value is None:
+                value = f"n/a ({e.note})" if e.note else "n/a"
+            elif e.stderr is None:
+                value = _fmt(e.value) + (f" ({e.note})" if e.note else "")
+            else:
+                value = f"{_fmt(e.value)} ± {_fmt(e.stderr)}"
+            ranking = several and name == rank_by
+            label = Text(ESTIMATOR_TITLES[name], style="underline" if ranking else "")
+            cells = [policy.policy if j == 0 else "", label, value, interval]
+            if several:
+                rank = "" if j else ("★ 1" if best else "–" if ranks[i] is None else str(ranks[i]))
+                cells.insert(0, rank)
+            last = j == len(policy.estimates) - 1 and i < len(result.results) - 1
+            table.add_row(*cells, style="green" if best else None, end_section=last)
     console.print(table)
 
     diagnostics = Table(title="weight diagnostics (trajectory weights)", title_justify="left")
-    for column in ("policy", "ESS", "ESS / n", "mean weight", "max weight", "max share", "zero weights"):
+    for column in ("policy", "ESS", "ESS / n", "mean weight", "max weight", "max share",
+                   "zero weights"):
         diagnostics.add_column(column, justify="left" if column == "policy" else "right",
                                overflow="fold")
+    low, high = MEAN_WEIGHT_RANGE
     for policy in result.results:
         d = policy.diagnostics
-        diagnostics.add_row(policy.policy, _fmt(d.ess, ".1f"), _fmt(d.ess_fraction, ".1%"),
-                            _fmt(d.mean_weight), _fmt(d.max_weight), _fmt(d.max_weight_share, ".1%"),
-                            _fmt(d.zero_weight_fraction, ".1%"))
+
+        def flag(text: str, bad: bool) -> Text:
+            return Text(text, style="bold yellow" if bad else "")
+
+        diagnostics.add_row(
+            policy.policy, _fmt(d.ess, ".1f"),
+            flag(_fmt(d.ess_fraction, ".1%"),
+                 d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING),
+            flag(_fmt(d.mean_weight), d.mean_weight is None or not low <= d.mean_weight <= high),
+            _fmt(d.max_weight),
+            flag(_fmt(d.max_weight_share, ".1%"),
+                 d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING),
+            _fmt(d.zero_weight_fraction, ".1%"))
     console.print(diagnostics)
-    console.print(f"[dim]intervals: {result.confidence_method}[/dim]")
+
+    lines, ticks, labels = weight_sparklines(result)
+    off_scale = [_off_scale(policy) for policy in result.results]
+    histogram = Table(title="trajectory weights (log scale)", title_justify="left",
+                      box=box.SIMPLE_HEAD)
+    histogram.add_column("policy", overflow="fold")
+    histogram.add_column("distribution", no_wrap=True)
+    extra_column = any(off_scale)
+    if extra_column:
+        histogram.add_column("zero / off scale")
+    for policy, line, extra in zip(result.results, lines, off_scale, strict=True):
+        histogram.add_row(policy.policy, Text(line, style="cyan"), *[extra][:extra_column])
+    histogram.add_row("weight", Text(f"{ticks}\n{labels}", style="dim"), *[""][:extra_column])
+    console.print(histogram)
+
+    for warning in diagnostic_warnings(result):
+        console.print(Text(f"warning: {warning}", style="yellow"))
+    console.print(Text(f"intervals: {result.confidence_method}", style="dim"))

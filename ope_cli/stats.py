@@ -44,6 +44,10 @@ class Accumulator:
     group_num_t: np.ndarray  # [K, L]
     group_den_t: np.ndarray  # [K, L]
     log_weight_histogram: np.ndarray  # [HISTOGRAM_BINS + 2]
+    replicate_sums: np.ndarray  # [R, F] bootstrap replicates of the group_sums columns
+    replicate_log_scale_t: np.ndarray  # [L]
+    replicate_num_t: np.ndarray  # [R, L]
+    replicate_den_t: np.ndarray  # [R, L]
 
     def total(self, field: str) -> float:
         """A GROUP_SUM_FIELDS column summed over groups."""
@@ -58,7 +62,7 @@ def from_batch(batch: BatchStatistics) -> Accumulator:
     })
 
 
-def init(num_groups: int) -> Accumulator:
+def init(num_groups: int, num_replicates: int = 0) -> Accumulator:
     """The accumulator of no episodes (the identity of ``merge``)."""
     return Accumulator(
         log_scale_trajectory=-math.inf,
@@ -68,6 +72,10 @@ def init(num_groups: int) -> Accumulator:
         group_num_t=np.zeros((num_groups, 0)),
         group_den_t=np.zeros((num_groups, 0)),
         log_weight_histogram=np.zeros(HISTOGRAM_BINS + 2),
+        replicate_sums=np.zeros((num_replicates, len(GROUP_SUM_FIELDS))),
+        replicate_log_scale_t=np.zeros(0),
+        replicate_num_t=np.zeros((num_replicates, 0)),
+        replicate_den_t=np.zeros((num_replicates, 0)),
     )
 
 
@@ -77,23 +85,31 @@ def _rescale(log_scale, new_log_scale):
         return np.where(log_scale == new_log_scale, 1.0, np.exp(log_scale - new_log_scale))
 
 
+def _lengthen(scale_t: np.ndarray, num_rt: np.ndarray, den_rt: np.ndarray, extra: int):
+    """Per-step arrays (scale [.., L], sums [rows, L]) lengthened by ``extra`` steps after
+    every episode ended: each row keeps its last weights and gets no more reward."""
+    rows = num_rt.shape[0]
+    if scale_t.shape[-1] == 0:
+        last_scale = np.full(scale_t.shape[:-1] + (1,), -math.inf)
+        last_den = np.zeros((rows, 1))
+    else:
+        last_scale, last_den = scale_t[..., -1:], den_rt[:, -1:]
+    return (np.concatenate([scale_t, np.repeat(last_scale, extra, -1)], -1),
+            np.concatenate([num_rt, np.zeros((rows, extra))], -1),
+            np.concatenate([den_rt, np.repeat(last_den, extra, -1)], -1))
+
+
 def extend(acc: Accumulator, length: int) -> Accumulator:
-    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values:
-    each group keeps its last weights and gets no more reward."""
-    length_now = acc.group_log_scale_t.shape[-1]
-    extra = length - length_now
+    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
+    extra = length - acc.group_log_scale_t.shape[-1]
     if extra <= 0:
         return acc
-    num_groups = acc.group_sums.shape[0]
-    if length_now == 0:
-        last_scale, last_den = np.full(num_groups, -math.inf), np.zeros(num_groups)
-    else:
-        last_scale, last_den = acc.group_log_scale_t[:, -1], acc.group_den_t[:, -1]
+    group = _lengthen(acc.group_log_scale_t, acc.group_num_t, acc.group_den_t, extra)
+    replicate = _lengthen(acc.replicate_log_scale_t, acc.replicate_num_t, acc.replicate_den_t, extra)
     return dataclasses.replace(
         acc,
-        group_log_scale_t=np.concatenate([acc.group_log_scale_t, np.repeat(last_scale[:, None], extra, 1)], 1),
-        group_num_t=np.concatenate([acc.group_num_t, np.zeros((num_groups, extra))], 1),
-        group_den_t=np.concatenate([acc.group_den_t, np.repeat(last_den[:, None], extra, 1)], 1),
+        group_log_scale_t=group[0], group_num_t=group[1], group_den_t=group[2],
+        replicate_log_scale_t=replicate[0], replicate_num_t=replicate[1], replicate_den_t=replicate[2],
     )
 
 
@@ -113,6 +129,8 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     factors_b = _column_factors(_rescale(b.log_scale_trajectory, trajectory), _rescale(b.log_scale_step, step))
     scale_gt = np.maximum(a.group_log_scale_t, b.group_log_scale_t)
     ta, tb = _rescale(a.group_log_scale_t, scale_gt), _rescale(b.group_log_scale_t, scale_gt)
+    scale_t = np.maximum(a.replicate_log_scale_t, b.replicate_log_scale_t)
+    ra, rb = _rescale(a.replicate_log_scale_t, scale_t), _rescale(b.replicate_log_scale_t, scale_t)
     return Accumulator(
         log_scale_trajectory=trajectory,
         log_scale_step=step,
@@ -121,6 +139,10 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         group_num_t=a.group_num_t * ta + b.group_num_t * tb,
         group_den_t=a.group_den_t * ta + b.group_den_t * tb,
         log_weight_histogram=a.log_weight_histogram + b.log_weight_histogram,
+        replicate_sums=a.replicate_sums * factors_a + b.replicate_sums * factors_b,
+        replicate_log_scale_t=scale_t,
+        replicate_num_t=a.replicate_num_t * ra + b.replicate_num_t * rb,
+        replicate_den_t=a.replicate_den_t * ra + b.replicate_den_t * rb,
     )
 
 
@@ -164,14 +186,38 @@ def _scaled(value: float, log_scale: float) -> float | None:
     return _finite(math.copysign(math.exp(log_magnitude), value))
 
 
-def _mean_and_stderr(total: float, total_sq: float, n: float, log_scale: float):
-    """Mean and its standard error (sample std, ddof=1, / sqrt n) of n numbers known by
-    their scaled sum and sum of squares; each None where not finite or n < 2."""
-    mean = _scaled(total / n, log_scale)
-    if n < 2:
-        return mean, None
-    variance = max(total_sq - total * total / n, 0.0) / (n - 1)
-    return mean, _scaled(math.sqrt(variance / n), log_scale)
+def _scaled_array(values: np.ndarray, log_scale: float) -> np.ndarray:
+    """values * exp(log_scale), NaN where that overflows float64 (or values are NaN)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        magnitude = np.log(np.abs(values)) + log_scale
+        out = np.sign(values) * np.exp(np.minimum(magnitude, 709.7))
+    return np.where(values == 0, 0.0, np.where(magnitude > 709.7, np.nan, out))
+
+
+def _sum_estimates(sums: np.ndarray, log_scale_trajectory: float, log_scale_step: float
+                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(value, stderr) of IS, WIS and PDIS from GROUP_SUM_FIELDS sums [..., F] (NaN where
+    undefined). Serves the totals and every bootstrap replicate alike.
+
+    IS and PDIS: mean and sample standard error (ddof 1) of the per-episode terms; WIS: the
+    delta method, Var ~ sum_i w_i^2 (G_i - WIS)^2 / (sum_i w_i)^2, expanded into sums.
+    """
+    column = {name: sums[..., i] for name, i in _FIELD.items()}
+    n = column["count"]
+    out = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for name, first, second, log_scale in (("is", "sum_wg", "sum_w2g2", log_scale_trajectory),
+                                               ("pdis", "sum_p", "sum_p2", log_scale_step)):
+            total, total_sq = column[first], column[second]
+            variance = np.maximum(total_sq - total * total / n, 0.0) / (n - 1)
+            stderr = np.where(n > 1, np.sqrt(variance / n), np.nan)
+            out[name] = (_scaled_array(total / n, log_scale), _scaled_array(stderr, log_scale))
+        sum_w = column["sum_w"]
+        wis = np.where(sum_w > 0, column["sum_wg"] / sum_w, np.nan)
+        residual = column["sum_w2g2"] - 2 * wis * column["sum_w2g"] + wis * wis * column["sum_w2"]
+        wis_stderr = np.where((n > 1) & (sum_w > 0), np.sqrt(np.maximum(residual, 0.0)) / sum_w, np.nan)
+    out["wis"] = (wis, wis_stderr)
+    return out
 
 
 def _estimate(value: float | None, stderr: float | None, z: float, note: str | None = None) -> Estimate:
@@ -181,32 +227,65 @@ def _estimate(value: float | None, stderr: float | None, z: float, note: str | N
     return Estimate(value, stderr, _finite(value - z * stderr), _finite(value + z * stderr), note)
 
 
-def finalize(
-    acc: Accumulator, gamma: float, max_length: int, confidence: float
-) -> tuple[dict[str, Estimate], Diagnostics]:
-    """The four estimates (normal intervals at ``confidence``) and the diagnostics."""
-    total = acc.total
-    n = total("count")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    sum_w = total("sum_w")
-    estimates: dict[str, Estimate] = {}
+UNDEFINED = {
+    "is": "the trajectory weights overflow float64",
+    "wis": "every trajectory weight is zero",
+    "pdis": "the per-decision weights overflow float64",
+}
+INTERVALS = ("normal", "percentile", "bootstrap-t")
+MIN_VALID_REPLICATES = 0.9  # below this share of defined replicates, no bootstrap interval
 
-    value, stderr = _mean_and_stderr(total("sum_wg"), total("sum_w2g2"), n, acc.log_scale_trajectory)
-    estimates["is"] = _estimate(value, stderr, z, None if value is not None else
-                                "the trajectory weights overflow float64")
-    if sum_w > 0:
-        wis = total("sum_wg") / sum_w
-        # Delta method: Var ~ sum_i w_i^2 (G_i - WIS)^2 / (sum_i w_i)^2, expanded into sums.
-        residual = total("sum_w2g2") - 2 * wis * total("sum_w2g") + wis * wis * total("sum_w2")
-        estimates["wis"] = _estimate(wis, math.sqrt(max(residual, 0.0)) / sum_w if n > 1 else None, z)
-    else:
-        estimates["wis"] = Estimate(None, None, None, None, "every trajectory weight is zero")
-    value, stderr = _mean_and_stderr(total("sum_p"), total("sum_p2"), n, acc.log_scale_step)
-    estimates["pdis"] = _estimate(value, stderr, z, None if value is not None else
-                                  "the per-decision weights overflow float64")
+
+def _bootstrap_interval(estimate: Estimate, replicates: np.ndarray, replicate_stderr: np.ndarray | None,
+                        confidence: float) -> Estimate:
+    """Replaces a normal interval by a Poisson-bootstrap one: percentile, or studentized
+    (bootstrap-t) when replicate standard errors are given."""
+    if estimate.value is None or estimate.stderr is None:
+        return estimate
+    low_q, high_q = (1 - confidence) / 2, (1 + confidence) / 2
+    if replicate_stderr is None:
+        valid = np.isfinite(replicates)
+        if valid.mean() < MIN_VALID_REPLICATES:
+            return dataclasses.replace(estimate, ci_low=None, ci_high=None,
+                                       note="too many bootstrap replicates are undefined")
+        low, high = np.quantile(replicates[valid], [low_q, high_q])
+        return dataclasses.replace(estimate, ci_low=float(low), ci_high=float(high))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (replicates - estimate.value) / replicate_stderr
+    valid = np.isfinite(t)
+    if valid.mean() < MIN_VALID_REPLICATES:
+        return dataclasses.replace(estimate, ci_low=None, ci_high=None,
+                                   note="too many bootstrap replicates are undefined")
+    t_low, t_high = np.quantile(t[valid], [low_q, high_q])
+    return dataclasses.replace(estimate, ci_low=_finite(estimate.value - t_high * estimate.stderr),
+                               ci_high=_finite(estimate.value - t_low * estimate.stderr))
+
+
+def finalize(
+    acc: Accumulator, gamma: float, max_length: int, confidence: float, interval: str = "normal"
+) -> tuple[dict[str, Estimate], Diagnostics]:
+    """The four estimates with intervals at ``confidence`` (method ``interval``, one of
+    INTERVALS), and the diagnostics."""
+    totals = acc.group_sums.sum(axis=0)
+    n = totals[_FIELD["count"]]
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    acc = extend(acc, max_length)
+    estimates: dict[str, Estimate] = {}
+    for name, (value, stderr) in _sum_estimates(totals, acc.log_scale_trajectory, acc.log_scale_step).items():
+        value, stderr = _finite(float(value)), _finite(float(stderr))
+        estimates[name] = _estimate(value, stderr, z, None if value is not None else UNDEFINED[name])
     estimates["wpdis"] = _finalize_wpdis(acc, gamma, max_length, z)
 
-    ess = sum_w**2 / total("sum_w2") if sum_w > 0 else None
+    if interval != "normal":
+        replicates = _sum_estimates(acc.replicate_sums, acc.log_scale_trajectory, acc.log_scale_step)
+        replicates["wpdis"] = (_wpdis_replicates(acc, gamma, max_length), None)
+        for name, (values, stderrs) in replicates.items():
+            studentized = interval == "bootstrap-t" and stderrs is not None
+            estimates[name] = _bootstrap_interval(estimates[name], values,
+                                                  stderrs if studentized else None, confidence)
+
+    sum_w = totals[_FIELD["sum_w"]]
+    ess = sum_w**2 / totals[_FIELD["sum_w2"]] if sum_w > 0 else None
     diagnostics = Diagnostics(
         ess=_finite(ess),
         ess_fraction=_finite(ess / n) if ess is not None else None,
@@ -214,9 +293,19 @@ def finalize(
         # The largest weight is exp(scale), which is 1 after scaling.
         max_weight=_scaled(1.0, acc.log_scale_trajectory) if sum_w > 0 else 0.0,
         max_weight_share=_finite(1.0 / sum_w) if sum_w > 0 else None,
-        zero_weight_fraction=total("zero_count") / n,
+        zero_weight_fraction=float(totals[_FIELD["zero_count"]] / n),
     )
     return {name: estimates[name] for name in ESTIMATORS}, diagnostics
+
+
+def _wpdis_replicates(acc: Accumulator, gamma: float, max_length: int) -> np.ndarray:
+    """[R] WPDIS of each bootstrap replicate (NaN where some step has no weight)."""
+    num_rt = acc.replicate_num_t[:, :max_length]
+    den_rt = acc.replicate_den_t[:, :max_length]
+    discount_t = gamma ** np.arange(max_length, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.sum(discount_t * num_rt / den_rt, axis=-1)
+    return np.where((den_rt > 0).all(axis=-1), values, np.nan)
 
 
 def _combine_groups(log_scale_gt: np.ndarray, values_gt: np.ndarray, log_scale_t: np.ndarray) -> np.ndarray:

@@ -29,7 +29,8 @@ def case(tmp_path_factory):
     data = write_step_layout(episodes, tmp / "split", n_files=3)
     policies = [save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
                 for i in range(2)]
-    args = [str(data), *(f"--policy={p}" for p in policies), "--gamma", "0.97", "--batch-steps", "2048"]
+    args = [str(data), *(f"--policy={p}" for p in policies), "--gamma", "0.97", "--batch-steps", "2048",
+            "--ci", "bootstrap-t", "--bootstrap-samples", "40"]
     return tmp, args, ope_json(args, 1, tmp)
 
 

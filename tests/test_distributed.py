@@ -81,7 +81,8 @@ def assert_same_json(one, many):
 def test_processes_agree_with_one_process(world, num_processes, data):
     """(3, "two"): fewer files than processes, so process 2 reads nothing and is idle."""
     tmp, _ = world
-    args = [data, "-p", "p0.npz", "-p", "p1.npz", "--gamma", "0.95", "--format", "json"]
+    args = [data, "-p", "p0.npz", "-p", "p1.npz", "--gamma", "0.95", "--format", "json",
+            "--ci", "bootstrap-t", "--bootstrap-samples", "40"]
     reference = single(args, tmp)
     outcomes = run_cluster(args, num_processes, tmp)
     for code, _, err in outcomes:

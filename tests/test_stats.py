@@ -81,7 +81,8 @@ def padded_batch(episodes, groups, rng, shape=None):
 
 def _statistics(log_target, log_behavior, reward, step_mask, episode_mask, group, gamma):
     log_w = log_weights(log_target, log_behavior, step_mask)
-    return batch_statistics(log_w, reward, step_mask, episode_mask, group, gamma, K)
+    no_replicates = jnp.zeros((log_w.shape[0], 0))
+    return batch_statistics(log_w, reward, step_mask, episode_mask, group, no_replicates, gamma, K)
 
 
 _jitted_statistics = jax.jit(_statistics)

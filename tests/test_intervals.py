@@ -1,0 +1,126 @@
+"""Bootstrap intervals and ground truth: estimates against environments whose value is known."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from datasets import perturb_checkpoint, random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.estimators import poisson_counts
+from ope_cli.generate import generate
+from ope_cli.pipeline import evaluate
+
+
+def run(data, policies, **options):
+    batching = {k: options.pop(k) for k in ("read_rows", "batch_steps", "min_bucket") if k in options}
+    config = EvaluationConfig(data=str(data), policies=tuple(str(p) for p in policies),
+                              batching=BatchingConfig(**batching), **options)
+    return evaluate(config)
+
+
+def intervals(result):
+    return [[(e.value, e.ci_low, e.ci_high) for e in r.estimates.values()] for r in result.results]
+
+
+def test_poisson_counts_are_poisson_one_and_depend_only_on_key_and_seed():
+    jax.config.update("jax_enable_x64", True)
+    hi = np.arange(2000, dtype=np.uint32)
+    lo = (hi * 7919).astype(np.uint32)
+    counts = np.asarray(poisson_counts(hi, lo, np.uint32(5), 300))
+    assert counts.shape == (2000, 300)
+    assert counts.mean() == pytest.approx(1.0, abs=0.01)
+    assert counts.var() == pytest.approx(1.0, abs=0.02)
+    assert np.mean(counts == 0) == pytest.approx(np.exp(-1), abs=0.005)
+    # The same episode gets the same counts in any batch, at any position.
+    shuffled = np.random.default_rng(0).permutation(2000)
+    again = np.asarray(poisson_counts(hi[shuffled], lo[shuffled], np.uint32(5), 300))
+    np.testing.assert_array_equal(again, counts[shuffled])
+    other_seed = np.asarray(poisson_counts(hi, lo, np.uint32(6), 300))
+    assert not np.array_equal(other_seed, counts)
+
+
+@pytest.fixture(scope="module")
+def small_case(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("boot")
+    rng = np.random.default_rng(41)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 300, behavior=behavior, max_length=150)
+    policy = save_checkpoint(tmp / "p.npz", perturb_checkpoint(behavior, rng, 0.3))
+    one = write_step_layout(episodes, tmp / "one.parquet")
+    split = write_step_layout(episodes, tmp / "split", n_files=4)
+    return one, split, policy
+
+
+@pytest.mark.parametrize("method", ["percentile", "bootstrap-t"])
+def test_bootstrap_intervals_do_not_depend_on_batching_or_files(small_case, method):
+    one, split, policy = small_case
+    options = dict(interval=method, bootstrap_samples=64, seed=3, gamma=0.97)
+    reference = intervals(run(one, [policy], **options))
+    for other in (run(one, [policy], read_rows=17, batch_steps=300, **options),
+                  run(one, [policy], min_bucket=3, **options),
+                  run(split, [policy], **options)):
+        for a, b in zip(reference, intervals(other), strict=True):
+            np.testing.assert_allclose(np.array(b, float), np.array(a, float), rtol=1e-9)
+    different_seed = intervals(run(one, [policy], **{**options, "seed": 4}))
+    assert different_seed != reference
+
+
+def test_bootstrap_spread_matches_the_analytic_standard_error(small_case):
+    one, _, policy = small_case
+    result = run(one, [policy], interval="percentile", bootstrap_samples=400, seed=1)
+    for name in ("is", "pdis"):
+        e = result.results[0].estimates[name]
+        # A 95% percentile interval of a near-normal statistic spans about 2 * 1.96 standard errors.
+        assert (e.ci_high - e.ci_low) / (2 * 1.96 * e.stderr) == pytest.approx(1.0, abs=0.25), name
+        assert e.ci_low < e.value < e.ci_high
+
+
+ENVIRONMENTS = {  # env -> (episodes, gamma)
+    "bandit": (4000, 1.0),
+    "chain": (3000, 0.95),
+    "control": (3000, 0.99),
+    "gaussian": (3000, 1.0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ENVIRONMENTS))
+def ground_truth(request, tmp_path_factory):
+    env = request.param
+    episodes, gamma = ENVIRONMENTS[env]
+    out = tmp_path_factory.mktemp(env)
+    truth = generate(env, out, episodes=episodes, seed=11, gamma=gamma, shift=0.3)
+    policies = [out / entry["policy"] for entry in truth["policies"]]
+    result = run(out / "logs.parquet", policies, gamma=gamma)
+    return env, truth, result
+
+
+def test_unbiased_estimators_land_near_the_truth(ground_truth):
+    """IS and PDIS are unbiased: each lands within 4 of its standard errors (plus the truth's
+    own Monte Carlo error) of the true value, on every environment and evaluation policy."""
+    env, truth, result = ground_truth
+    for entry, policy in zip(truth["policies"], result.results, strict=True):
+        for name in ("is", "pdis"):
+            e = policy.estimates[name]
+            tolerance = 4 * np.hypot(e.stderr, entry["stderr"])
+            assert abs(e.value - entry["value"]) < tolerance, (env, entry["policy"], name, e, entry)
+
+
+def test_weighted_estimators_land_near_the_truth(ground_truth):
+    env, truth, result = ground_truth
+    for entry, policy in zip(truth["policies"], result.results, strict=True):
+        for name in ("wis", "wpdis"):
+            e = policy.estimates[name]
+            tolerance = 4 * np.hypot(e.stderr, entry["stderr"])
+            assert abs(e.value - entry["value"]) < tolerance, (env, entry["policy"], name, e, entry)
+
+
+def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth):
+    env, _, result = ground_truth
+    if env != "control":
+        pytest.skip("the long-horizon environment is control")
+    for policy in result.results:
+        assert policy.estimates["pdis"].stderr < policy.estimates["is"].stderr
+        assert policy.estimates["wpdis"].stderr < policy.estimates["wis"].stderr
+
