@@ -56,14 +56,26 @@ def bucket_lengths_upto(max_length: int, min_bucket: int, growth: float) -> np.n
     """Increasing bucket lengths, ceil(min_bucket * growth**k), until one is >= max_length."""
     lengths = [max(1, min_bucket)]
     while lengths[-1] < max_length:
-        lengths.append(max(lengths[-1] + 1, math.ceil(min_bucket * growth ** len(lengths))))
+        # The tolerance keeps sqrt(2)**4 * 8 at 32, not 33, despite rounding in the power.
+        lengths.append(max(lengths[-1] + 1, math.ceil(min_bucket * growth ** len(lengths) - 1e-9)))
     return np.asarray(lengths, np.int64)
 
 
 def episodes_per_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
-    """B for a bucket of ``length`` steps: about ``batch_steps`` cells, a multiple of ``multiple_of``."""
-    episodes = max(1, batch_steps // length)
+    """B for a bucket of ``length`` steps: the largest power of two with at most
+    ``batch_steps`` cells (at least 1), rounded up to a multiple of ``multiple_of``. Powers of
+    two let a bucket's last batch shrink by halves (``Bucketer._tail_batch``)."""
+    episodes = 1 << max(0, (batch_steps // length).bit_length() - 1)
     return -(-episodes // multiple_of) * multiple_of
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.zeros with 64-byte alignment, so handing the array to XLA on CPU needs no copy."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(size + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + size].view(dtype).reshape(shape)
 
 
 def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
@@ -90,6 +102,27 @@ def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
     )
 
 
+def slice_episodes(chunk: EpisodeChunk, start: int, stop: int) -> EpisodeChunk:
+    """Episodes ``start:stop`` of ``chunk`` as views (no copy)."""
+    offsets = chunk.offsets
+    first, last = int(offsets[start]), int(offsets[stop])
+
+    def rows_of(array: np.ndarray | None) -> np.ndarray | None:
+        return None if array is None else array[first:last]
+
+    return dataclasses.replace(
+        chunk,
+        ids=chunk.ids[start:stop],
+        keys=chunk.keys[start:stop],
+        lengths=chunk.lengths[start:stop],
+        observation=rows_of(chunk.observation),
+        action=rows_of(chunk.action),
+        reward=rows_of(chunk.reward),
+        log_behavior=rows_of(chunk.log_behavior),
+        log_target=rows_of(chunk.log_target),
+    )
+
+
 def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
     """One chunk holding the episodes of ``chunks`` in order (file of the first)."""
     if len(chunks) == 1:
@@ -106,29 +139,35 @@ def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
     })
 
 
-def pad(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
-    """Pads <= ``batch`` episodes of <= ``length`` steps into a [batch, length] PaddedBatch."""
-    lengths = chunk.lengths
+def pad(chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
+        ) -> PaddedBatch:
+    """Pads episodes ``start:stop`` of ``chunk`` (<= ``batch`` of them, each <= ``length``
+    steps) into a [batch, length] PaddedBatch, scattering straight from the chunk's arrays."""
+    stop = chunk.num_episodes if stop is None else stop
+    offsets = chunk.offsets
+    lengths = chunk.lengths[start:stop]
+    keys = chunk.keys[start:stop]
+    first, last = int(offsets[start]), int(offsets[stop])
     episode_of_row = np.repeat(np.arange(lengths.size), lengths)
-    time_of_row = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], lengths)
+    time_of_row = np.arange(last - first) - np.repeat(offsets[start:stop] - first, lengths)
 
     def padded(values: np.ndarray | None) -> np.ndarray | None:
         if values is None:
             return None
-        out = np.zeros((batch, length, *values.shape[1:]), values.dtype)
-        out[episode_of_row, time_of_row] = values
+        out = _zeros((batch, length, *values.shape[1:]), values.dtype)
+        out[episode_of_row, time_of_row] = values[first:last]
         return out
 
-    step_mask = np.zeros((batch, length), bool)
+    step_mask = _zeros((batch, length), bool)
     step_mask[episode_of_row, time_of_row] = True
     episode_mask = np.zeros(batch, bool)
     episode_mask[: lengths.size] = True
     group = np.zeros(batch, np.int32)
-    group[: lengths.size] = (chunk.keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    group[: lengths.size] = (keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
     key_hi = np.zeros(batch, np.uint32)
     key_lo = np.zeros(batch, np.uint32)
-    key_hi[: lengths.size] = (chunk.keys >> np.uint64(32)).astype(np.uint32)
-    key_lo[: lengths.size] = (chunk.keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    key_hi[: lengths.size] = (keys >> np.uint64(32)).astype(np.uint32)
+    key_lo[: lengths.size] = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     return PaddedBatch(
         observation=padded(chunk.observation),
         action=padded(chunk.action),
@@ -166,12 +205,15 @@ class Bucketer:
         if longest > self._lengths[-1]:
             self._lengths = bucket_lengths_upto(longest, self.batching.min_bucket, self.batching.bucket_growth)
         bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
-        for bucket in np.unique(bucket_of):
+        buckets, first, counts = np.unique(bucket_of, return_index=True, return_counts=True)
+        if buckets.size > 1:  # one gather puts each bucket's episodes next to each other
+            order = np.argsort(bucket_of, kind="stable")
+            chunk = take_episodes(chunk, order)
+            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        for bucket, start, count in zip(buckets, first, counts, strict=True):
             length = int(self._lengths[bucket])
-            members = np.flatnonzero(bucket_of == bucket)
-            part = chunk if members.size == chunk.num_episodes else take_episodes(chunk, members)
-            self._pending.setdefault(length, []).append(part)
-            self._pending_count[length] = self._pending_count.get(length, 0) + members.size
+            self._pending.setdefault(length, []).append(slice_episodes(chunk, int(start), int(start + count)))
+            self._pending_count[length] = self._pending_count.get(length, 0) + int(count)
             yield from self._drain(length, final=False)
 
     def flush(self) -> Iterator[PaddedBatch]:
@@ -180,13 +222,11 @@ class Bucketer:
             yield from self._drain(length, final=True)
 
     def _tail_batch(self, batch: int, episodes: int) -> int:
-        """Rows for a bucket's last, partial batch: the full size divided by 4 while the
-        episodes still fit, so a nearly empty bucket does not pay for a full batch of
-        filler rows. A coarse ladder keeps the number of extra shapes (compilations) small.
-        """
+        """Rows for a bucket's last, partial batch: the full size halved while the episodes
+        still fit, so a nearly empty bucket does not pay for a full batch of filler rows."""
         rows = batch
-        while rows % 4 == 0 and rows // 4 >= episodes and (rows // 4) % self.multiple_of == 0:
-            rows //= 4
+        while rows % 2 == 0 and rows // 2 >= episodes and (rows // 2) % self.multiple_of == 0:
+            rows //= 2
         return rows
 
     def _drain(self, length: int, final: bool) -> Iterator[PaddedBatch]:
@@ -199,13 +239,13 @@ class Bucketer:
         start = 0
         while count - start >= batch or (final and start < count):
             stop = min(start + batch, count)
-            part = take_episodes(pending, np.arange(start, stop)) if (start, stop) != (0, count) else pending
             rows = batch if stop - start == batch else self._tail_batch(batch, stop - start)
-            self.real_steps += part.num_steps
+            padded = pad(pending, length, rows, start, stop)
+            self.real_steps += int(pending.offsets[stop] - pending.offsets[start])
             self.padded_steps += rows * length
             self.shapes.add((rows, length))
-            yield pad(part, length, rows)
+            yield padded
             start = stop
         if start < count:
-            self._pending[length] = [take_episodes(pending, np.arange(start, count))]
+            self._pending[length] = [slice_episodes(pending, start, count)]
             self._pending_count[length] = count - start

@@ -39,7 +39,7 @@ class BatchingConfig:
     read_rows: int = 65_536
     batch_steps: int = 65_536
     min_bucket: int = 8
-    bucket_growth: float = 2.0
+    bucket_growth: float = 2**0.5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,8 +131,13 @@ def batch_statistics(
     group_log_scale_t = jax.ops.segment_max(log_w_bt, group_b, num_segments=num_groups)
     w_bt = jnp.exp(log_w_bt - _safe_scale(group_log_scale_t)[group_b])
     real_b = episode_mask_b.astype(dtype)
-    one_hot_bk = jax.nn.one_hot(group_b, num_groups, dtype=dtype) * real_b[:, None]
-    per_step_sums = one_hot_bk.T @ jnp.concatenate([w_bt * reward_bt, w_bt], axis=-1)
+
+    def sum_by_group(values_b: jax.Array) -> jax.Array:
+        """[K, ...] sums over the real episodes of each group."""
+        real = jnp.where(episode_mask_b.reshape((-1,) + (1,) * (values_b.ndim - 1)), values_b, 0.0)
+        return jax.ops.segment_sum(real, group_b, num_segments=num_groups)
+
+    per_step_sums = sum_by_group(jnp.concatenate([w_bt * reward_bt, w_bt], axis=-1))
 
     # Trajectory terms (padding is absorbing: the last column holds final weights) and
     # per-decision terms, each relative to the batch's largest log-weight of its kind.
@@ -163,7 +168,7 @@ def batch_statistics(
         log_weight_histogram=_log10_histogram(log_w_final_b, episode_mask_b & (zero_b == 0), dtype),
         log_scale_trajectory=log_scale_trajectory,
         log_scale_step=log_scale_step,
-        group_sums=one_hot_bk.T @ per_episode_bf,
+        group_sums=sum_by_group(per_episode_bf),
         group_log_scale_t=group_log_scale_t,
         group_num_t=per_step_sums[:, :num_steps],
         group_den_t=per_step_sums[:, num_steps:],

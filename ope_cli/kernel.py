@@ -100,6 +100,9 @@ def _statistics(params, observation, action, reward, log_behavior, log_target, s
                 episode_mask, group, key_hi, key_lo, gamma, seed, *, log_prob, num_groups,
                 num_replicates, dtype) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch."""
+    observation, action, reward, log_behavior, log_target = (
+        x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
+        for x in (observation, action, reward, log_behavior, log_target))
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
     counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
@@ -162,11 +165,12 @@ class Kernel:
         self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
 
     def _put(self, x: np.ndarray | None):
-        """Host array -> device, cast to the kernel's float dtype, split by episode."""
+        """Host array -> device, split by episode. Floats wider than the kernel's dtype are
+        narrowed first (less to transfer); narrower ones are widened on the device."""
         if x is None:
             return None
-        if np.issubdtype(x.dtype, np.floating):
-            x = x.astype(self.dtype, copy=False)
+        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
+            x = x.astype(self.dtype)
         return jax.device_put(x, self._sharding)
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:

@@ -115,13 +115,15 @@ def test_episodes_per_batch():
     assert episodes_per_batch(8, 65_536) == 8192
     assert episodes_per_batch(16_384, 65_536) == 4
     assert episodes_per_batch(100_000, 65_536) == 1  # never zero
-    assert episodes_per_batch(10, 100, multiple_of=4) == 12
+    assert episodes_per_batch(10, 100) == 8  # the largest power of two <= 100 // 10
+    assert episodes_per_batch(10, 100, multiple_of=3) == 9  # then up to a multiple of 3
     assert episodes_per_batch(10, 80, multiple_of=4) == 8
     assert episodes_per_batch(100_000, 65_536, multiple_of=8) == 8
     for length in (1, 3, 8, 100, 1000):
         for multiple in (1, 2, 8):
             b = episodes_per_batch(length, 4096, multiple)
             assert b >= 1 and b % multiple == 0
+            assert b & (b - 1) == 0 or multiple > 1  # a power of two unless rounded up
 
 
 # ---------------------------------------------------------------------- chunk helpers
@@ -361,7 +363,7 @@ def test_full_batches_are_emitted_before_flush():
 
 
 def test_ten_thousand_step_episode_fits():
-    batching = BatchingConfig()
+    batching = BatchingConfig(bucket_growth=2.0)  # lengths 8, 16, ..., 16384
     bucketer, batches = run_bucketer([make_chunk([10_000, 3], obs_dim=None)], batching)
     shapes = sorted(batch.shape for batch in batches)
     assert (1, 16_384) in shapes
