@@ -9,6 +9,7 @@ import enum
 import os
 import sys
 import threading
+import time
 import traceback
 
 from typing import Annotated
@@ -16,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ope_cli import __version__
+from ope_cli import __version__, bench
 from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import OpeError, UsageError
 
@@ -73,8 +74,10 @@ ColumnOption = Annotated[str | None, typer.Option(
 
 
 def _column(role: str) -> typer.models.OptionInfo:
-    """A column-mapping option: its column overrides the default name and the aliases."""
-    return typer.Option(help=f"Column holding {role} (overrides the default and its aliases).",
+    """A column-mapping option: ``role`` is "what (default name)"; the option's column
+    replaces the default name and its aliases."""
+    what, default = role.rsplit(" (default ", 1)
+    return typer.Option(help=f"Column holding {what}. Default: {default.rstrip(')')} or an alias.",
                         rich_help_panel="Columns")
 
 
@@ -112,7 +115,7 @@ def evaluate(
     plot: Annotated[str | None, typer.Option(
         metavar="DIR", help="Also write PNG figures into DIR: log10 weight histogram, per-step "
         "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
-        "pip install 'ope-cli[plot]'.")] = None,
+        "pip install 'ope-cli\\[plot]'.")] = None,  # \[ : not rich markup
     episode_col: Annotated[str | None, _column("the episode id (default episode_id)")] = None,
     step_col: Annotated[str | None, _column("the 0-based step in its episode (default step)")] = None,
     obs_col: Annotated[str | None, _column("the observation (default observation)")] = None,
@@ -267,6 +270,71 @@ def generate(
     sys.stdout.write(json.dumps(truth, indent=2) + "\n")
 
 
+class InspectFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command("inspect")
+def inspect_command(
+    data: Annotated[str, typer.Argument(help="Parquet file, directory of Parquet files, glob, or "
+                                              "Arrow IPC/Feather file.")],
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", "-p", help="Also check actions and states against this policy's ranges; "
+        "repeatable.")] = None,
+    output_format: Annotated[InspectFormat | None, typer.Option(
+        "--format", "-f", help="Output on stdout. Default: table on a terminal, json otherwise.")
+    ] = None,
+    read_rows: Annotated[int, typer.Option(help="Rows per record batch read.",
+                                           rich_help_panel="Batching")] = BatchingConfig.read_rows,
+    episode_col: Annotated[str | None, _column("the episode id (default episode_id)")] = None,
+    step_col: Annotated[str | None, _column("the 0-based step in its episode (default step)")] = None,
+    obs_col: Annotated[str | None, _column("the observation (default observation)")] = None,
+    action_col: Annotated[str | None, _column("the logged action (default action)")] = None,
+    reward_col: Annotated[str | None, _column("the reward (default reward)")] = None,
+    behavior_prob_col: Annotated[str | None, _column(
+        "the behavior policy's probability of the logged action (default behavior_prob)")] = None,
+    behavior_log_prob_col: Annotated[str | None, _column(
+        "the behavior policy's log-probability of the logged action "
+        "(default behavior_log_prob)")] = None,
+    target_prob_col: Annotated[str | None, _column(
+        "logged evaluation-policy probabilities (default target_prob)")] = None,
+    target_log_prob_col: Annotated[str | None, _column(
+        "logged evaluation-policy log-probabilities (default target_log_prob)")] = None,
+) -> None:
+    """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
+    problem in it. Exits 3 when there are problems (the report still goes to stdout).
+
+    Example: ope inspect logs.parquet --format json | jq '.problems'
+    """
+    from ope_cli.inspect import InspectConfig, inspect, render_table, to_json
+
+    config = InspectConfig(
+        data=data,
+        columns=ColumnMapping(
+            episode=episode_col, step=step_col, observation=obs_col, action=action_col,
+            reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
+            target_prob=target_prob_col, target_log_prob=target_log_prob_col,
+        ),
+        read_rows=read_rows,
+        policies=tuple(policy or ()),
+    )
+    report = inspect(config)
+    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
+    if chosen is InspectFormat.json:
+        sys.stdout.write(to_json(report) + "\n")
+    else:
+        console = Console()
+        render_table(report, console if console.is_terminal else Console(width=120))
+    if not report.ok:
+        sys.stdout.flush()
+        count = sum(p.episodes for p in report.problems)
+        stderr.print(f"ope: invalid data: {data}: {len(report.problems)} kind(s) of validation "
+                     f"problem, in {count:,} episode(s) (see the report)", markup=False,
+                     highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
+
+
 class _progress:
     """Progress of ``ope evaluate`` on stderr: a status ("compiling kernel for [B, T] ...",
     "reading") with a spinner, and a bar of rows read out of the total known from the Parquet
@@ -287,6 +355,7 @@ class _progress:
         self._timer = None
         self._lock = threading.Lock()
         self._started = self._closed = False
+        self._reading_since: float | None = None
 
     def __enter__(self):
         if not self.enabled:
@@ -319,11 +388,14 @@ class _progress:
 
     def update(self, rows: int, total: int | None) -> None:
         """Rows read so far, of ``total`` (None when unknown)."""
-        self._progress.update(self._task, completed=rows, total=total, description="reading")
-        speed = self._progress.tasks[0].speed
-        self._progress.update(
-            self._task, rows=f"{rows:,}" + (f"/{total:,}" if total else "") + " rows",
-            rate=f"{speed:,.0f} rows/s" if speed else "")
+        now = time.monotonic()
+        if self._reading_since is None:
+            self._reading_since = now
+        elapsed = now - self._reading_since
+        rate = f"{rows / elapsed:,.0f} rows/s" if rows and elapsed > 0 else ""  # average so far
+        self._progress.update(self._task, completed=rows, total=total, description="reading",
+                              rows=f"{rows:,}" + (f"/{total:,}" if total else "") + " rows",
+                              rate=rate)
 
     def status(self, text: str) -> None:
         """A step without row progress, e.g. the first compilation of a batch shape."""
@@ -342,6 +414,8 @@ class _progress:
 def _error_line(error: BaseException) -> str:
     return str(error).strip().replace("\n", " ")
 
+
+bench.register(app)
 
 _RUNTIME_EXIT_CODE = 5
 

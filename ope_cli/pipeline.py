@@ -182,7 +182,8 @@ def evaluate(
     try:
         policies: list[Policy] = [load_policy(spec) for spec in config.policies] or [logged_policy()]
         data = open_dataset(config.data)
-        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies)
+        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies,
+                                source=config.data)
         for policy in policies:
             if policy.kind != "logged":
                 check_against_schema(policy, schema)

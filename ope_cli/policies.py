@@ -284,29 +284,38 @@ def check_against_schema(policy: Policy, schema) -> None:
                         f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}")
 
 
+def chunk_checks(policy: Policy, chunk):
+    """Value-level compatibility of one chunk with the policy, as episodes.value_checks does
+    it: yields (reason, problem, [N] bool rows). Action and state ranges can be dropped
+    (``--on-invalid drop``); a size mismatch concerns every row and never is."""
+    if policy.n_actions is not None:
+        yield ("action_out_of_range",
+               f"action is outside policy {policy.name}'s {policy.n_actions} actions "
+               f"(0..{policy.n_actions - 1})", chunk.action >= policy.n_actions)
+    if policy.n_states is not None and chunk.observation is not None:
+        yield ("state_out_of_range",
+               f"state index is outside policy {policy.name}'s {policy.n_states} states "
+               f"(0..{policy.n_states - 1})", chunk.observation >= policy.n_states)
+    if policy.obs_dim is not None and chunk.observation is not None:
+        size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
+        if size != policy.obs_dim:
+            yield ("observation_size",
+                   f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}",
+                   np.ones(chunk.num_steps, bool))
+    if policy.act_dim is not None:
+        size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
+        if size != policy.act_dim:
+            yield ("action_size", f"action has size {size}, but policy {policy.name} expects "
+                   f"{policy.act_dim}", np.ones(chunk.num_steps, bool))
+
+
 def check_against_chunk(policy: Policy, chunk) -> None:
-    """Value-level compatibility (action and state ranges, observation size) of one chunk."""
+    """Value-level compatibility (action and state ranges, observation size) of one chunk;
+    a DataError at the first problem."""
     from ope_cli.errors import where
 
-    def fail(bad: np.ndarray, problem: str) -> None:
+    for _, problem, bad in chunk_checks(policy, chunk):
         rows = np.flatnonzero(bad)
         if rows.size:
             episode, step = chunk.locate(int(rows[0]))
             raise DataError(f"{where(chunk.file, episode, step)}{problem} ({rows.size} row(s) affected)")
-
-    if policy.n_actions is not None:
-        fail(chunk.action >= policy.n_actions,
-             f"action is outside policy {policy.name}'s {policy.n_actions} actions (0..{policy.n_actions - 1})")
-    if policy.n_states is not None:
-        fail(chunk.observation >= policy.n_states,
-             f"state index is outside policy {policy.name}'s {policy.n_states} states")
-    if policy.obs_dim is not None and chunk.observation is not None:
-        size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
-        if size != policy.obs_dim:
-            fail(np.ones(chunk.num_steps, bool),
-                 f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}")
-    if policy.act_dim is not None:
-        size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
-        if size != policy.act_dim:
-            fail(np.ones(chunk.num_steps, bool),
-                 f"action has size {size}, but policy {policy.name} expects {policy.act_dim}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from ope_cli.errors import DataError
 
@@ -125,6 +126,12 @@ def open_dataset(source: str) -> LoggedDataset:
         )
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{source}: cannot open dataset: {_first_line(error)}") from None
+    try:  # a damaged footer can decode into names that are not text
+        for field in dataset.schema:
+            field.name, str(field.type)
+    except (UnicodeDecodeError, pa.ArrowException) as error:
+        raise DataError(f"{source}: cannot read the schema (column names or types are damaged: "
+                        f"{_first_line(error)})") from None
     return LoggedDataset(source=source, files=tuple(files), format=file_format, dataset=dataset,
                          partition_base_dir=base_dir)
 
@@ -134,18 +141,63 @@ def _first_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
+def _family(dtype: pa.DataType) -> str:
+    """What a column holds, ignoring widths and encodings that read the same (int32 and
+    int64, float and int, string and large_string, dictionaries, list flavours)."""
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype):
+        return "number"
+    if (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+            or pa.types.is_string_view(dtype)):
+        return "string"
+    if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)) or (
+            pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)):
+        return f"list<{_family(dtype.value_type)}>"
+    return str(dtype)
+
+
+def _check_file_schema(data: LoggedDataset, fragment, columns: list[str]) -> None:
+    """A file whose columns differ from the dataset's (its first file's) would otherwise be
+    cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
+    physical = fragment.physical_schema
+    for name in columns:
+        index = physical.get_field_index(name)
+        if index < 0:
+            if data.partition_base_dir is None:  # hive partition columns live in the path
+                raise DataError(f"{fragment.path}: has no column {name!r}, which the dataset's "
+                                "other files have")
+            continue
+        actual, expected = physical.field(index).type, data.schema.field(name).type
+        if _family(actual) != _family(expected):
+            raise DataError(f"{fragment.path}: column {name!r} has type {actual} in this file but "
+                            f"{expected} in the dataset's first file")
+
+
+def _file_batches(data: LoggedDataset, fragment, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
+    """One file's record batches. Parquet files are read with a plain ParquetFile reader: the
+    dataset scanner decodes far ahead of its consumer (hundreds of MiB on large files),
+    while this holds about one row group, so memory does not grow with the data. Columns that
+    only exist in hive partition paths need the dataset scanner."""
+    physical = fragment.physical_schema
+    if data.format == "parquet" and all(physical.get_field_index(c) >= 0 for c in columns):
+        return pq.ParquetFile(fragment.path, pre_buffer=False).iter_batches(batch_size=rows, columns=columns)
+    return fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
+
+
 def iter_batches(data: LoggedDataset, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
     """Streams record batches of at most ``rows`` rows, file by file, in file order."""
     for fragment in data.dataset.get_fragments():
         try:
-            batches = fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
+            _check_file_schema(data, fragment, columns)
+            batches = _file_batches(data, fragment, columns, rows)
             previous = None
             for batch in batches:
                 if previous is not None:
                     yield SourcedBatch(fragment.path, previous, last_in_file=False)
                 previous = batch
-        except (OSError, pa.ArrowException) as error:
+        except (OSError, pa.ArrowException, UnicodeDecodeError) as error:
             raise DataError(f"{fragment.path}: cannot read: {_first_line(error)}") from None
         if previous is None:  # a file with no rows still ends the file's episodes
-            previous = pa.RecordBatch.from_pylist([], schema=data.schema.select(columns))
+            previous = pa.RecordBatch.from_pylist([], schema=pa.schema([data.schema.field(c) for c in columns]))
         yield SourcedBatch(fragment.path, previous, last_in_file=True)

@@ -215,6 +215,16 @@ def _off_scale(policy) -> str:
     return ", ".join(parts)
 
 
+def dropped_line(result: EvaluationResult) -> str:
+    """One line saying how many invalid episodes --on-invalid drop left out, and why."""
+    if not result.episodes_dropped:
+        return "--on-invalid drop: no invalid episodes, nothing dropped"
+    reasons = "; ".join(f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
+                        for reason, counts in result.dropped.items())
+    return (f"--on-invalid drop: dropped {result.episodes_dropped:,} invalid episode(s), "
+            f"{result.steps_dropped:,} step(s), not in the estimates ({reasons})")
+
+
 def render_table(result: EvaluationResult, console: Console, rank_by: str | None = None) -> None:
     """Estimates grouped by policy (value ± standard error, interval; with several policies a
     rank by ``rank_by`` and the best highlighted), weight diagnostics, an in-terminal
@@ -253,6 +263,8 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
             last = j == len(policy.estimates) - 1 and i < len(result.results) - 1
             table.add_row(*cells, style="green" if best else None, end_section=last)
     console.print(table)
+    if result.on_invalid == "drop":
+        console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
 
     diagnostics = Table(title="weight diagnostics (trajectory weights)", title_justify="left")
     for column in ("policy", "ESS", "ESS / n", "mean weight", "max weight", "max share",

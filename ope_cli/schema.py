@@ -120,13 +120,24 @@ def _type_error(column: str, expected: str, actual: pa.DataType, role: str) -> D
     )
 
 
-def resolve_schema(schema: pa.Schema, mapping: ColumnMapping, *, logged_target: bool) -> DataSchema:
-    """Detects the layout and column roles of ``schema``; raises DataError naming the column.
+def resolve_schema(schema: pa.Schema, mapping: ColumnMapping, *, logged_target: bool,
+                   source: str | None = None) -> DataSchema:
+    """Detects the layout and column roles of ``schema``; raises DataError naming the column
+    (and ``source``, the data's path, when given).
 
     With ``logged_target`` the evaluation policy's probabilities come from the data
     (no ``--policy``), so a target column is required and observations are not;
     otherwise observations are required and target columns are not read.
     """
+    if source is None:
+        return _resolve_schema(schema, mapping, logged_target)
+    try:
+        return _resolve_schema(schema, mapping, logged_target)
+    except DataError as error:
+        raise DataError(f"{source}: {error}") from None
+
+
+def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bool) -> DataSchema:
     names = list(schema.names)
     found = {role: _find_column(role, names, mapping) for role in ALIASES}
     columns = {role: name for role, name in found.items() if name is not None}

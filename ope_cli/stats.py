@@ -205,7 +205,9 @@ def _sum_estimates(sums: np.ndarray, log_scale_trajectory: float, log_scale_step
     column = {name: sums[..., i] for name, i in _FIELD.items()}
     n = column["count"]
     out = {}
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # Sums of squares of astronomically large returns overflow to inf: the value stays, its
+    # standard error becomes null (not a warning on stderr).
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for name, first, second, log_scale in (("is", "sum_wg", "sum_w2g2", log_scale_trajectory),
                                                ("pdis", "sum_p", "sum_p2", log_scale_step)):
             total, total_sq = column[first], column[second]
@@ -344,7 +346,8 @@ def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -
         return _estimate(value, None, z, "a group holds all the weight at some step; no standard error")
     leave_out_g = np.asarray(leave_out)
     k = groups.size
-    stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
+    with np.errstate(over="ignore", invalid="ignore"):
+        stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
     return _estimate(value, stderr, z)
 
 

@@ -1051,3 +1051,77 @@ def test_bad_input_is_one_clear_error_line(world, bad, case):
         assert re.search(pattern, line, re.IGNORECASE), f"{pattern!r} not in: {line}"
     for pattern in case.forbidden:
         assert not re.search(pattern, line, re.IGNORECASE), f"{pattern!r} misstates: {line}"
+
+
+# ------------------------------------------------- help, ranking option, progress display
+
+
+def test_every_command_and_option_has_help_and_an_example():
+    import typer.main
+
+    from ope_cli.cli import app
+
+    root = typer.main.get_command(app)
+    assert all(getattr(p, "help", None) for p in root.params), root.params
+    for name, command in root.commands.items():
+        assert command.help and "ope " + name in command.help, f"{name}: no example in its help"
+        for param in command.params:
+            assert getattr(param, "help", None), f"ope {name}: {param.name} has no help text"
+
+
+def test_shell_completion_stays_enabled(good):
+    assert "--install-completion" in good["help"].stdout, good["help"]
+
+
+def test_rank_by_must_be_a_reported_estimator(world, ope_many):
+    base = [*EVAL, "data.parquet", "-p", "a.npz", "-p", "b.npz", "--format", "table"]
+    runs = ope_many({
+        "unknown": {"args": [*base, "--rank-by", "dr"], "cwd": world.root},
+        "not_reported": {"args": [*base, "--rank-by", "pdis", "-e", "wis"], "cwd": world.root},
+        "default_without_wis": {"args": [*base, "-e", "pdis", "-e", "is"], "cwd": world.root},
+    })
+    for name in ("unknown", "not_reported"):
+        run = runs[name]
+        assert run.returncode == 2 and run.stdout == "", run
+        assert run.stderr.startswith("ope: usage error: --rank-by"), run
+    run = runs["default_without_wis"]  # the default falls back to the first estimator shown
+    assert run.returncode == 0, run
+    assert "rank: by PDIS" in run.stdout, run
+
+
+def test_progress_shows_status_rows_and_rate_on_a_terminal():
+    import time
+
+    from rich.console import Console
+
+    from ope_cli.cli import _progress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140)
+    with _progress(quiet=False, console=console, delay=0.0) as (on_progress, on_status):
+        time.sleep(0.2)  # the delayed start
+        on_progress(0, 1_000_000)
+        on_status("compiling kernel for [1024, 64] ...")
+        time.sleep(0.3)  # rich refreshes while the caller is busy
+        for rows in (250_000, 500_000):  # a rate needs two advances
+            on_progress(rows, 1_000_000)
+            time.sleep(0.3)
+    text = out.getvalue()
+    assert "compiling kernel for [1024, 64] ..." in text
+    assert "500,000/1,000,000 rows" in text and "rows/s" in text
+
+
+def test_progress_stays_hidden_when_quiet_off_a_terminal_or_fast():
+    from rich.console import Console
+
+    from ope_cli.cli import _progress
+
+    with _progress(quiet=True, console=Console(force_terminal=True)) as callbacks:
+        assert callbacks == (None, None)
+    with _progress(quiet=False, console=Console(file=io.StringIO())) as callbacks:
+        assert callbacks == (None, None)  # not a terminal
+    out = io.StringIO()
+    with _progress(quiet=False, console=Console(file=out, force_terminal=True), delay=5) as (
+        on_progress, on_status):
+        on_progress(10, 10)  # done before the delay: nothing is ever drawn
+    assert out.getvalue() == ""

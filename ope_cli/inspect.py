@@ -1,0 +1,381 @@
+"""``ope inspect DATA``: what the data holds and every validation problem in it, in one pass.
+
+The schema as detected (layout, which column plays which role), episode and step counts,
+the length histogram, a behavior-probability summary, action counts (discrete actions),
+and every problem the validation of ``episodes.py`` finds, with counts and the first
+place each occurs. The same checks as ``ope evaluate`` run here (``EpisodeAssembler`` in
+``collect`` mode), so ``inspect`` reports exactly what ``evaluate`` would stop at or, with
+``--on-invalid drop``, leave out. Memory is bounded like ``evaluate``'s: per record batch,
+plus fixed-size histograms and 8 bytes per episode id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from ope_cli import __version__
+from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, Problem
+from ope_cli.errors import DataError
+from ope_cli.policies import check_against_schema, chunk_checks, load_policy
+from ope_cli.reader import iter_batches, open_dataset
+from ope_cli.schema import ALIASES, DataSchema, resolve_schema
+
+SCHEMA_VERSION = 1
+MAX_DISTINCT_ACTIONS = 1000  # counted one by one; further distinct actions count as "other"
+_LOG10_MIN, _LOG10_MAX, _BINS_PER_DECADE = -40.0, 10.0, 1000  # median to ~0.12% relative
+LENGTH_BINS = 64  # episode lengths 1, 2-3, 4-7, ... (powers of two)
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectConfig:
+    """What ``ope inspect`` reads: the data, column overrides, and optional policies whose
+    action and state ranges the data is checked against."""
+
+    data: str
+    columns: ColumnMapping = ColumnMapping()
+    read_rows: int = BatchingConfig.read_rows
+    policies: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class InspectReport:
+    """The result of ``inspect``; summaries cover the valid episodes (the ones ``evaluate``
+    uses), counts of the invalid ones are in ``invalid_*`` and ``problems``."""
+
+    source: str
+    format: str
+    files: int
+    schema: DataSchema
+    column_types: dict[str, str]
+    rows_read: int = 0
+    episodes: int = 0  # valid episodes
+    steps: int = 0
+    invalid_episodes: int = 0
+    invalid_steps: int = 0
+    min_length: int | None = None
+    max_length: int = 0
+    length_counts: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(LENGTH_BINS, np.int64)
+    )
+    behavior_min: float | None = None
+    behavior_max: float | None = None
+    behavior_log10_counts: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(
+            int((_LOG10_MAX - _LOG10_MIN) * _BINS_PER_DECADE), np.int64
+        )
+    )
+    action_counts: dict[int, int] | None = None
+    other_actions: int = 0
+    problems: list[Problem] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def behavior_median(self) -> float | None:
+        """Median behavior probability (or density), from a log-spaced histogram."""
+        total = int(self.behavior_log10_counts.sum())
+        if total == 0:
+            return None
+        index = int(np.searchsorted(np.cumsum(self.behavior_log10_counts), (total + 1) // 2))
+        median = 10 ** (_LOG10_MIN + (index + 0.5) / _BINS_PER_DECADE)
+        return float(min(max(median, self.behavior_min), self.behavior_max))
+
+    def length_histogram(self) -> list[tuple[int, int, int]]:
+        """(shortest, longest, episodes) per power-of-two bin, up to the longest episode."""
+        if not self.episodes:
+            return []
+        last = int(self.max_length).bit_length()
+        return [(1 << k, (1 << (k + 1)) - 1, int(self.length_counts[k])) for k in range(last)]
+
+    def add(self, chunk: EpisodeChunk) -> None:
+        """Adds one chunk of valid episodes to the summaries."""
+        lengths = chunk.lengths
+        self.episodes += chunk.num_episodes
+        self.steps += chunk.num_steps
+        self.max_length = max(self.max_length, int(lengths.max()))
+        shortest = int(lengths.min())
+        self.min_length = shortest if self.min_length is None else min(self.min_length, shortest)
+        bins = np.minimum(np.floor(np.log2(lengths)).astype(np.int64), LENGTH_BINS - 1)
+        self.length_counts += np.bincount(bins, minlength=LENGTH_BINS)
+        log10 = chunk.log_behavior / math.log(10)
+        low, high = float(np.exp(chunk.log_behavior.min())), float(np.exp(chunk.log_behavior.max()))
+        self.behavior_min = low if self.behavior_min is None else min(self.behavior_min, low)
+        self.behavior_max = high if self.behavior_max is None else max(self.behavior_max, high)
+        index = np.clip(
+            ((log10 - _LOG10_MIN) * _BINS_PER_DECADE).astype(np.int64),
+            0,
+            self.behavior_log10_counts.size - 1,
+        )
+        self.behavior_log10_counts += np.bincount(index, minlength=self.behavior_log10_counts.size)
+        if self.schema.action_kind == "discrete":
+            counts = self.action_counts if self.action_counts is not None else {}
+            for action, count in zip(*np.unique(chunk.action, return_counts=True), strict=True):
+                action, count = int(action), int(count)
+                if action in counts or len(counts) < MAX_DISTINCT_ACTIONS:
+                    counts[action] = counts.get(action, 0) + count
+                else:
+                    self.other_actions += count
+            self.action_counts = counts
+
+
+def _has_target_column(names: list[str], mapping: ColumnMapping) -> bool:
+    if mapping.target_prob is not None or mapping.target_log_prob is not None:
+        return True
+    lower = {name.lower() for name in names}
+    return any(
+        alias in lower for role in ("target_prob", "target_log_prob") for alias in ALIASES[role]
+    )
+
+
+def inspect(config: InspectConfig) -> InspectReport:
+    """Reads the data once. Raises DataError (or PolicyError) only when it cannot be read
+    at all (no such path, no usable schema); every other problem is in the report, and a
+    file whose reading fails is reported and skipped."""
+    if config.read_rows < 1:
+        from ope_cli.errors import UsageError
+
+        raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
+    policies = [load_policy(spec) for spec in config.policies]
+    data = open_dataset(config.data)
+    logged_target = not policies and _has_target_column(list(data.schema.names), config.columns)
+    schema = resolve_schema(
+        data.schema, config.columns, logged_target=logged_target, source=config.data
+    )
+    for policy in policies:
+        check_against_schema(policy, schema)
+
+    def policy_checks(chunk):
+        for policy in policies:
+            yield from chunk_checks(policy, chunk)
+
+    report = InspectReport(
+        source=config.data,
+        format=data.format,
+        files=len(data.files),
+        schema=schema,
+        column_types={
+            role: str(data.schema.field(name).type) for role, name in schema.columns.items()
+        },
+    )
+    assembler = EpisodeAssembler(schema, "collect", policy_checks)
+    remaining = list(data.files)
+    while remaining:
+        part = data.restrict(tuple(remaining))
+        current = remaining[0]
+        try:
+            for chunk in assembler.chunks(
+                iter_batches(part, schema.read_columns, config.read_rows)
+            ):
+                current = chunk.file
+                report.add(chunk)
+            remaining = []
+        except DataError as error:  # this file cannot be read on: report it, go on with the next
+            failed = _failed_file(str(error), remaining) or current
+            message = str(error).removeprefix(f"{failed}: ")
+            assembler.validation.found(
+                "file_error",
+                f"{message} (the rest of this file was not read)",
+                failed,
+                None,
+                None,
+                0,
+                0,
+            )
+            assembler.abandon_file()
+            remaining = remaining[remaining.index(failed) + 1 :]
+    validation = assembler.validation
+    report.rows_read = assembler.rows_read
+    report.invalid_episodes = validation.episodes_dropped
+    report.invalid_steps = validation.steps_dropped
+    report.problems = list(validation.problems.values())
+    return report
+
+
+def _failed_file(message: str, files: list[str]) -> str | None:
+    """The file a DataError's message starts with (errors name their file first)."""
+    for file in files:
+        if message.startswith(f"{file}: "):
+            return file
+    return None
+
+
+# --- formats -----------------------------------------------------------------------------
+
+
+def _number(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def to_json_dict(report: InspectReport) -> dict[str, Any]:
+    s = report.schema
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+        "command": "inspect",
+        "dataset": {
+            "source": report.source,
+            "format": report.format,
+            "files": report.files,
+            "layout": s.layout,
+            "columns": {
+                role: {"name": name, "type": report.column_types[role]}
+                for role, name in s.columns.items()
+            },
+            "observation": None
+            if s.observation_kind is None
+            else {"kind": s.observation_kind, "dim": s.observation_dim},
+            "action": {"kind": s.action_kind, "vector": s.action_is_vector},
+            "behavior": "log_prob" if s.behavior_is_log else "prob",
+            "target": s.target,
+        },
+        "counts": {
+            "rows_read": report.rows_read,
+            "episodes": report.episodes + report.invalid_episodes,
+            "steps": report.steps + report.invalid_steps,
+            "valid_episodes": report.episodes,
+            "valid_steps": report.steps,
+            "invalid_episodes": report.invalid_episodes,
+            "invalid_steps": report.invalid_steps,
+            "min_length": report.min_length,
+            "max_length": report.max_length,
+            "mean_length": report.steps / report.episodes if report.episodes else None,
+        },
+        "length_histogram": [
+            {"min": low, "max": high, "episodes": count}
+            for low, high, count in report.length_histogram()
+        ],
+        "behavior_prob": None
+        if report.behavior_min is None
+        else {
+            "kind": "probability" if s.action_kind == "discrete" else "density",
+            "min": _number(report.behavior_min),
+            "median": _number(report.behavior_median),
+            "max": _number(report.behavior_max),
+        },
+        "action_counts": None
+        if report.action_counts is None
+        else {str(action): count for action, count in sorted(report.action_counts.items())},
+        "other_actions": report.other_actions,
+        "problems": [
+            {
+                "reason": p.reason,
+                "message": p.message,
+                "episodes": p.episodes,
+                "steps": p.steps,
+                "file": p.file,
+                "episode": p.episode,
+                "step": p.step,
+            }
+            for p in report.problems
+        ],
+        "valid": report.ok,
+    }
+
+
+def to_json(report: InspectReport) -> str:
+    return json.dumps(to_json_dict(report), indent=2, allow_nan=False, default=str)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else format(x, ".4g")
+
+
+def render_table(report: InspectReport, console) -> None:
+    """The report as rich tables (``console`` is a rich Console on stdout)."""
+    from rich.table import Table
+
+    s = report.schema
+    doc = to_json_dict(report)
+    counts = doc["counts"]
+    console.print(
+        f"[bold]{report.source}[/bold]: {report.format}, {report.files} file(s), "
+        f"{s.layout} layout, {counts['rows_read']:,} rows read",
+        highlight=False,
+    )
+    columns = Table(title="columns", title_justify="left")
+    for name in ("role", "column", "type"):
+        columns.add_column(name)
+    for role, name in s.columns.items():
+        columns.add_row(role, name, report.column_types[role])
+    console.print(columns)
+    observation = (
+        "none"
+        if s.observation_kind is None
+        else (s.observation_kind + (f" (size {s.observation_dim})" if s.observation_dim else ""))
+    )
+    action = s.action_kind + (" vectors" if s.action_is_vector else "")
+    console.print(
+        f"observations: {observation}; actions: {action}; behavior column holds "
+        f"{'log-probabilities' if s.behavior_is_log else 'probabilities'}"
+        + (f"; target {s.target} logged" if s.target else ""),
+        highlight=False,
+    )
+    lengths = (
+        f"valid episode lengths {report.min_length} to {report.max_length}"
+        if report.episodes
+        else "no valid episodes"
+    )
+    console.print(
+        f"episodes: {counts['episodes']:,} ({counts['invalid_episodes']:,} invalid); steps: "
+        f"{counts['steps']:,} ({counts['invalid_steps']:,} in invalid episodes); {lengths}",
+        highlight=False,
+    )
+    if report.episodes:
+        histogram = Table(title="episode lengths (valid episodes)", title_justify="left")
+        histogram.add_column("length", justify="right")
+        histogram.add_column("episodes", justify="right")
+        histogram.add_column("")
+        largest = max(count for _, _, count in report.length_histogram()) or 1
+        for low, high, count in report.length_histogram():
+            histogram.add_row(
+                str(low) if low == high else f"{low}-{high}",
+                f"{count:,}",
+                "#" * math.ceil(30 * count / largest) if count else "",
+            )
+        console.print(histogram)
+    if doc["behavior_prob"] is not None:
+        b = doc["behavior_prob"]
+        console.print(
+            f"behavior {b['kind']}: min {_fmt(b['min'])}, median {_fmt(b['median'])}, "
+            f"max {_fmt(b['max'])}",
+            highlight=False,
+        )
+    if report.action_counts is not None:
+        actions = Table(title="actions (valid episodes)", title_justify="left")
+        actions.add_column("action", justify="right")
+        actions.add_column("steps", justify="right")
+        actions.add_column("share", justify="right")
+        ranked = sorted(report.action_counts.items(), key=lambda item: (-item[1], item[0]))
+        for action, count in ranked[:20]:
+            actions.add_row(str(action), f"{count:,}", f"{count / max(report.steps, 1):.1%}")
+        rest = sum(count for _, count in ranked[20:]) + report.other_actions
+        if rest:
+            actions.add_row(
+                f"{len(ranked) - 20 if len(ranked) > 20 else 0} more + other",
+                f"{rest:,}",
+                f"{rest / max(report.steps, 1):.1%}",
+            )
+        console.print(actions)
+    if report.ok:
+        console.print("no validation problems found", highlight=False)
+        return
+    problems = Table(title=f"validation problems ({len(report.problems)})", title_justify="left")
+    for name, justify in (
+        ("reason", "left"),
+        ("problem", "left"),
+        ("episodes", "right"),
+        ("steps affected", "right"),
+        ("first at", "left"),
+    ):
+        problems.add_column(name, justify=justify, overflow="fold")
+    for p in report.problems:
+        problems.add_row(p.reason, p.message, f"{p.episodes:,}", f"{p.steps:,}", p.location)
+    console.print(problems)

@@ -1,0 +1,228 @@
+"""``ope inspect`` (ope_cli/inspect.py): the schema as detected, counts, length histogram,
+propensity summary, action counts, and every validation problem - with the same checks,
+and the same verdict per episode, as ``ope evaluate --on-invalid drop``."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import test_on_invalid
+from datasets import (
+    add_target_probs,
+    episode_layout_table,
+    random_checkpoint,
+    random_episodes,
+    step_layout_table,
+    write_step_layout,
+    write_table,
+)
+from rich.console import Console
+
+from ope_cli.config import ColumnMapping
+from ope_cli.errors import DataError
+from ope_cli.inspect import InspectConfig, inspect, render_table, to_json, to_json_dict
+
+
+def _episodes(seed=0, n=50, **options):
+    rng = np.random.default_rng(seed)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=3)
+    return random_episodes(rng, n, behavior=behavior, median_length=6, max_length=40, **options)
+
+
+def test_clean_data(tmp_path):
+    episodes = _episodes()
+    write_step_layout(episodes, tmp_path / "logs.parquet", row_group_size=33)
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=50))
+    doc = json.loads(to_json(report))
+    lengths = np.array([len(e["reward"]) for e in episodes])
+    assert report.ok and doc["valid"] and doc["problems"] == []
+    assert doc["dataset"]["layout"] == "step"
+    assert doc["dataset"]["columns"]["behavior_prob"] == {"name": "behavior_prob", "type": "double"}
+    assert doc["dataset"]["observation"] == {"kind": "vector", "dim": None}
+    counts = doc["counts"]
+    assert counts["episodes"] == counts["valid_episodes"] == len(episodes)
+    assert counts["steps"] == counts["rows_read"] == lengths.sum()
+    assert (counts["min_length"], counts["max_length"]) == (lengths.min(), lengths.max())
+    histogram = doc["length_histogram"]
+    assert sum(b["episodes"] for b in histogram) == len(episodes)
+    for b in histogram:
+        assert b["episodes"] == np.sum((lengths >= b["min"]) & (lengths <= b["max"]))
+    probs = np.concatenate([e["behavior_prob"] for e in episodes])
+    summary = doc["behavior_prob"]
+    assert summary["kind"] == "probability"
+    assert summary["min"] == pytest.approx(probs.min(), rel=1e-12)
+    assert summary["max"] == pytest.approx(probs.max(), rel=1e-12)
+    assert summary["median"] == pytest.approx(np.median(probs), rel=3e-3)
+    actions = np.concatenate([e["action"] for e in episodes])
+    assert doc["action_counts"] == {str(a): int(np.sum(actions == a)) for a in np.unique(actions)}
+
+
+def test_episode_layout_and_logged_targets(tmp_path):
+    """Without --policy, a target column is validated too; observations are optional."""
+    rng = np.random.default_rng(1)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = add_target_probs(random_episodes(rng, 20, behavior=behavior), behavior)
+    table = episode_layout_table(episodes, extra_columns=["target_prob"]).drop_columns(
+        ["observations"]
+    )
+    write_table(table, tmp_path / "episodes.parquet")
+    doc = to_json_dict(inspect(InspectConfig(str(tmp_path / "episodes.parquet"))))
+    assert doc["dataset"]["layout"] == "episode"
+    assert doc["dataset"]["target"] == "prob"
+    assert doc["dataset"]["observation"] is None
+    assert doc["counts"]["rows_read"] == 20 and doc["valid"]
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory):
+    """test_on_invalid's table of planted problems split over two files, and a third file
+    that is damaged."""
+    root = tmp_path_factory.mktemp("messy")
+    episodes, _, policy = test_on_invalid._setup(root)
+    table, plan = test_on_invalid._bad_step_table(episodes)
+    middle = int(test_on_invalid._rows(episodes)[40])
+    (root / "logs").mkdir()
+    write_table(table.slice(0, middle), root / "logs" / "part-0.parquet", row_group_size=50)
+    write_table(table.slice(middle), root / "logs" / "part-1.parquet", row_group_size=50)
+    whole = (root / "logs" / "part-1.parquet").read_bytes()
+    (root / "logs" / "part-2.parquet").write_bytes(whole[: len(whole) // 2])
+    return root, episodes, policy, plan
+
+
+def test_every_problem_is_listed_with_counts(messy):
+    root, episodes, policy, plan = messy
+    report = inspect(InspectConfig(str(root / "logs"), policies=(str(policy),), read_rows=16))
+    assert not report.ok
+    by_reason: dict[str, int] = {}
+    for problem in report.problems:
+        by_reason[problem.reason] = by_reason.get(problem.reason, 0) + problem.episodes
+    planted = set(test_on_invalid.PLANTED) | {
+        "null_observation",
+        "behavior_prob_zero",
+        "duplicate_step",
+    }
+    assert set(by_reason) == planted | {"file_error"}
+    # Each planted problem once, plus the second problems of the two double episodes.
+    assert by_reason["reward_not_finite"] == 2
+    assert by_reason["behavior_prob_zero"] == 2
+    assert by_reason["duplicate_step"] == 2
+    (damaged,) = [p for p in report.problems if p.reason == "file_error"]
+    assert damaged.file.endswith("part-2.parquet")
+    assert report.invalid_episodes == len(plan)
+    assert report.episodes == len(episodes) - len(plan)
+    for problem in report.problems:
+        if problem.reason != "file_error":
+            assert problem.file.endswith(".parquet") and problem.episode is not None
+
+
+def test_inspect_and_drop_agree(messy):
+    """The same checks, the same verdict: what inspect counts as invalid is exactly what
+    evaluate --on-invalid drop leaves out (on the readable files)."""
+    root, _, policy, _ = messy
+    readable = root / "readable"
+    readable.mkdir(exist_ok=True)
+    for name in ("part-0.parquet", "part-1.parquet"):
+        (readable / name).write_bytes((root / "logs" / name).read_bytes())
+    report = inspect(InspectConfig(str(readable), policies=(str(policy),)))
+    result = test_on_invalid._run(readable, policy)
+    assert report.invalid_episodes == result.episodes_dropped
+    assert report.invalid_steps == result.steps_dropped
+    assert report.episodes == result.episodes and report.steps == result.steps
+    assert report.rows_read == result.rows_read
+
+
+def test_cli_exit_codes_and_formats(messy, ope_many):
+    root, _, policy, _ = messy
+    write_step_layout(_episodes(seed=2, n=10), root / "clean.parquet")
+    runs = ope_many(
+        {
+            "messy_json": {
+                "args": ["inspect", "logs", "-p", str(policy), "--format", "json"],
+                "cwd": root,
+            },
+            "messy_table": {"args": ["inspect", "logs", "--format", "table"], "cwd": root},
+            "clean_table": {"args": ["inspect", "clean.parquet", "--format", "table"], "cwd": root},
+            "clean_default": {"args": ["inspect", "clean.parquet"], "cwd": root},
+            "missing": {"args": ["inspect", "nothing.parquet"], "cwd": root},
+            "csv": {"args": ["inspect", "clean.parquet", "--format", "csv"], "cwd": root},
+        }
+    )
+    run = runs["messy_json"]
+    assert run.returncode == 3, run
+    doc = json.loads(run.stdout)
+    assert not doc["valid"] and len(doc["problems"]) >= len(test_on_invalid.PLANTED)
+    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("ope: invalid data: "), run
+    table = runs["messy_table"]
+    assert table.returncode == 3, table
+    for word in ("reward_not_finite", "missing_step", "file_error", "part-2.parquet"):
+        assert word in table.stdout, word
+    assert (
+        runs["clean_table"].returncode == 0
+        and "no validation problems" in runs["clean_table"].stdout
+    ), runs["clean_table"]
+    assert json.loads(runs["clean_default"].stdout)["valid"] is True  # a pipe gets JSON
+    assert runs["missing"].returncode == 3 and runs["missing"].stdout == "", runs["missing"]
+    assert runs["csv"].returncode == 2, runs["csv"]
+    for run in runs.values():
+        assert "Traceback" not in run.stderr, run
+
+
+def test_table_rendering(messy):
+    root, _, policy, _ = messy
+    console = Console(width=160, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    render_table(inspect(InspectConfig(str(root / "logs"), policies=(str(policy),))), console)
+    text = console.export_text()
+    for word in (
+        "columns",
+        "episode lengths",
+        "behavior probability",
+        "actions",
+        "validation problems",
+        "action_out_of_range",
+    ):
+        assert word in text, word
+
+
+def test_unusable_data_is_one_error(tmp_path):
+    write_table(step_layout_table(_episodes(n=5)).drop_columns(["reward"]), tmp_path / "x.parquet")
+    with pytest.raises(DataError, match=r"x\.parquet: no reward column"):
+        inspect(InspectConfig(str(tmp_path / "x.parquet")))
+    with pytest.raises(DataError, match="no such file"):
+        inspect(InspectConfig(str(tmp_path / "nothing")))
+
+
+def test_same_report_for_any_batch_size(tmp_path):
+    episodes = _episodes(seed=3, n=60)
+    table = step_layout_table(episodes)
+    rewards = table.column("reward").to_numpy().copy()
+    rewards[[5, 77, 140]] = np.nan
+    write_table(
+        table.set_column(4, "reward", pa.array(rewards)),
+        tmp_path / "logs.parquet",
+        row_group_size=41,
+    )
+    docs = [
+        to_json_dict(inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=rows)))
+        for rows in (1, 13, 1 << 20)
+    ]
+    for doc in docs[1:]:
+        assert doc == docs[0]
+
+
+def test_memory_is_bounded_by_the_batch(tmp_path):
+    """Four times the data, about the same peak of Python/NumPy memory (batches of 4,096
+    rows; Arrow's own buffers are per batch too)."""
+    peaks = []
+    for n in (2_000, 8_000):
+        path = tmp_path / f"logs{n}.parquet"
+        write_step_layout(_episodes(seed=4, n=n), path, row_group_size=4096)
+        tracemalloc.start()
+        report = inspect(InspectConfig(str(path), columns=ColumnMapping(), read_rows=4096))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert report.ok
+    assert peaks[1] < 1.6 * peaks[0], peaks

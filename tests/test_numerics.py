@@ -1,0 +1,245 @@
+"""Numerical edge cases of the whole pipeline against the float64 reference (SPEC 4, 5).
+
+Each case gives the reference's number (relative 1e-6), or - where no finite float64
+exists - a null with a note saying why, never NaN or inf in the JSON document:
+
+- trajectory weights whose product overflows float64 (log W > 709): WIS, WPDIS and the
+  diagnostics are exact through log-space accumulation; IS/PDIS are null with a note;
+- weights that underflow (log W < -745): the weighted estimates are still exact;
+- one episode of more than 10,000 steps (a 16,384-step bucket);
+- every weight zero (logged target probabilities 0): WIS and WPDIS null with a note;
+- a single episode: WIS = its return, no standard error (n = 1);
+- rewards of 1e30 (and 1e200, where squares overflow: standard errors null).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from datasets import (
+    add_target_probs,
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    step_layout_table,
+    to_reference_input,
+    write_step_layout,
+    write_table,
+)
+from reference import reference_estimates, reference_log_prob, reference_stderr
+
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.pipeline import evaluate
+from ope_cli.report import to_json
+
+ESTIMATORS = ("is", "wis", "pdis", "wpdis")
+DIAGNOSTICS = (
+    "ess",
+    "ess_fraction",
+    "mean_weight",
+    "max_weight",
+    "max_weight_share",
+    "zero_weight_fraction",
+)
+REL = 1e-6
+
+
+def _run(data, policies=(), gamma=1.0, **batching):
+    config = EvaluationConfig(
+        data=str(data),
+        policies=tuple(str(p) for p in policies),
+        gamma=gamma,
+        precision="float64",
+        batching=BatchingConfig(**batching),
+    )
+    return evaluate(config)
+
+
+def _close(actual, expected, what):
+    if expected is None:
+        assert actual is None, f"{what}: expected null, got {actual}"
+    else:
+        assert actual is not None, f"{what}: expected {expected}, got null"
+        assert math.isclose(actual, expected, rel_tol=REL, abs_tol=1e-300), (what, actual, expected)
+
+
+def _check(result, reference_input, gamma, stderr=True):
+    """Every estimate and diagnostic equals the reference; a null has a note; the JSON
+    document holds no NaN or infinity."""
+    expected = reference_estimates(reference_input, gamma)
+    expected_stderr = reference_stderr(reference_input, gamma)
+    (policy,) = result.results
+    for name in ESTIMATORS:
+        estimate = policy.estimates[name]
+        _close(estimate.value, expected[name], name)
+        if estimate.value is None:
+            assert estimate.note, f"{name} is null without a note"
+        if stderr and name in expected_stderr:
+            _close(estimate.stderr, expected_stderr[name], f"{name}.stderr")
+    for name in DIAGNOSTICS:
+        _close(getattr(policy.diagnostics, name), expected[name], name)
+    json.loads(to_json(result), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    return expected
+
+
+def _opposed(tmp_path, n_episodes=24, length=400, seed=1):
+    """Tabular episodes sampled from a peaked policy S, a policy A that puts the logged
+    actions' probability mass elsewhere (logits -S), and the target checkpoint near S.
+    Returns (episodes logged as if by A, episodes logged by S, checkpoints A and S', paths)."""
+    rng = np.random.default_rng(seed)
+    sampler = random_checkpoint("tabular", rng, n_states=4, n_actions=3, scale=3.0)
+    anti = {"kind": "tabular", "logits": -sampler["logits"]}
+    episodes = random_episodes(
+        rng,
+        n_episodes,
+        behavior=sampler,
+        length_dist="fixed",
+        median_length=length,
+        max_length=length,
+    )
+    near = perturb_checkpoint(sampler, rng, 0.3)
+
+    def logged_by(ckpt):
+        out = []
+        for e in episodes:
+            log_b = reference_log_prob(ckpt, e["observation"], e["action"])
+            out.append({**e, "behavior_log_prob": log_b, "behavior_prob": np.exp(log_b)})
+        return out
+
+    return (
+        logged_by(anti),
+        episodes,
+        anti,
+        near,
+        save_checkpoint(tmp_path / "anti.npz", anti),
+        save_checkpoint(tmp_path / "near.npz", near),
+    )
+
+
+def test_weights_that_overflow_float64_as_a_product(tmp_path):
+    """Logged propensities of a policy that rarely takes the logged actions, a target that
+    usually does: every trajectory weight is beyond e^709, the largest float64."""
+    logged, _, _, near, _, near_path = _opposed(tmp_path)
+    reference_input = to_reference_input(logged, near)
+    log_w = [float(np.sum(e["log_target"] - e["log_behavior"])) for e in reference_input]
+    assert min(log_w) > 710, min(log_w)
+    result = _run(write_step_layout(logged, tmp_path / "logs.parquet"), [near_path])
+    expected = _check(result, reference_input, 1.0)
+    assert expected["wis"] is not None and expected["wpdis"] is not None
+    estimates = result.results[0].estimates
+    assert estimates["is"].value is None and "overflow" in estimates["is"].note
+    assert estimates["pdis"].value is None and "overflow" in estimates["pdis"].note
+    assert result.results[0].diagnostics.max_weight is None  # e^{log W} itself overflows
+    assert result.results[0].diagnostics.ess is not None
+
+
+def test_weights_that_underflow_float64(tmp_path):
+    """The roles swapped: every trajectory weight is below e^-745 (0.0 as a plain float64
+    product), yet WIS and WPDIS are exact and no weight counts as zero."""
+    _, sampled, _, _, anti_path, _ = _opposed(tmp_path)
+    anti = {"kind": "tabular", "logits": np.load(anti_path)["logits"]}
+    reference_input = to_reference_input(sampled, anti)
+    log_w = [float(np.sum(e["log_target"] - e["log_behavior"])) for e in reference_input]
+    assert max(log_w) < -745, max(log_w)
+    result = _run(write_step_layout(sampled, tmp_path / "low.parquet"), [anti_path])
+    expected = _check(result, reference_input, 1.0)
+    assert expected["wis"] is not None
+    assert result.results[0].estimates["is"].value == 0.0  # underflows to 0, which is right
+    assert result.results[0].diagnostics.zero_weight_fraction == 0.0  # tiny, not zero
+
+
+def test_an_episode_of_more_than_10000_steps(tmp_path):
+    rng = np.random.default_rng(3)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=3)
+    episodes = random_episodes(rng, 6, behavior=behavior, median_length=20, max_length=40)
+    long = random_episodes(
+        rng, 1, behavior=behavior, length_dist="fixed", median_length=12_345, max_length=12_345
+    )[0]
+    episodes.insert(2, {**long, "episode_id": 1000})
+    target = perturb_checkpoint(behavior, rng, 0.02)  # log W stays moderate over 12k steps
+    policy = save_checkpoint(tmp_path / "near.npz", target)
+    result = _run(
+        write_step_layout(episodes, tmp_path / "logs.parquet", row_group_size=5000),
+        [policy],
+        gamma=0.999,
+        read_rows=4096,
+    )
+    assert result.max_length == 12_345
+    assert any(length >= 12_345 for _, length in result.batch_shapes)
+    _check(result, to_reference_input(episodes, target), 0.999)
+
+
+def test_all_zero_weights_give_null_wis_with_a_note(tmp_path):
+    rng = np.random.default_rng(4)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = add_target_probs(
+        random_episodes(rng, 30, behavior=behavior, median_length=6, max_length=12), behavior
+    )
+    table = step_layout_table(episodes, extra_columns=["target_prob"])
+    table = table.set_column(
+        table.schema.get_field_index("target_prob"),
+        "target_prob",
+        pa.array(np.zeros(table.num_rows)),
+    )
+    write_table(table, tmp_path / "zero.parquet")
+    result = _run(tmp_path / "zero.parquet")
+    reference_input = [
+        {**e, "log_target": np.full(len(e["reward"]), -np.inf)}
+        for e in to_reference_input(episodes, behavior)
+    ]
+    expected = _check(result, reference_input, 1.0)
+    assert expected["wis"] is None and expected["wpdis"] is None
+    estimates = result.results[0].estimates
+    assert estimates["is"].value == 0.0 and estimates["pdis"].value == 0.0
+    assert "zero" in estimates["wis"].note
+    assert "zero" in estimates["wpdis"].note
+    document = json.loads(to_json(result))
+    assert document["results"][0]["estimates"]["wis"]["value"] is None
+    assert "NaN" not in to_json(result)
+
+
+def test_a_single_episode(tmp_path):
+    rng = np.random.default_rng(5)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(
+        rng, 1, behavior=behavior, length_dist="fixed", median_length=9, max_length=9
+    )
+    target = perturb_checkpoint(behavior, rng, 0.5)
+    policy = save_checkpoint(tmp_path / "target.npz", target)
+    result = _run(write_step_layout(episodes, tmp_path / "one.parquet"), [policy], gamma=0.9)
+    reference_input = to_reference_input(episodes, target)
+    _check(result, reference_input, 0.9, stderr=False)  # the reference's WIS stderr is 0 here
+    episode_return = float(np.sum(episodes[0]["reward"] * 0.9 ** np.arange(9)))
+    estimates = result.results[0].estimates
+    assert estimates["wis"].value == pytest.approx(episode_return, rel=1e-12)
+    for name in ESTIMATORS:  # no spread from one episode: no standard error, no interval
+        assert estimates[name].stderr is None and estimates[name].ci_low is None, name
+    assert result.results[0].diagnostics.ess == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("scale", [1e30, 1e200])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the reference's
+def test_huge_rewards(tmp_path, scale):
+    """1e30 rewards: every number is right. 1e200: the values are, but squares of returns
+    overflow float64, so the standard errors (and intervals) are null, not inf or NaN."""
+    rng = np.random.default_rng(6)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 40, behavior=behavior, median_length=5, max_length=10)
+    episodes = [{**e, "reward": e["reward"] * scale} for e in episodes]
+    target = perturb_checkpoint(behavior, rng, 0.3)
+    policy = save_checkpoint(tmp_path / "target.npz", target)
+    result = _run(write_step_layout(episodes, tmp_path / "big.parquet"), [policy], gamma=0.95)
+    reference_input = to_reference_input(episodes, target)
+    _check(result, reference_input, 0.95, stderr=scale < 1e100)
+    estimates = result.results[0].estimates
+    if scale < 1e100:
+        assert all(estimates[name].stderr is not None for name in ESTIMATORS)
+    else:
+        for name in ("is", "wis", "pdis"):
+            assert estimates[name].value is not None
+            assert estimates[name].stderr is None and estimates[name].ci_low is None, name

@@ -1,0 +1,330 @@
+"""``--on-invalid drop``: invalid episodes are left out, counted by reason, and everything
+else is exactly what the valid episodes alone give (ope_cli/episodes.py, pipeline.py).
+
+Invalid values are planted in chosen episodes of a random dataset; the estimates with
+``drop`` must equal the float64 reference over the remaining episodes, the report must
+count the dropped episodes and steps under the first problem of each, and every row read
+must be accounted for (step layout: rows_read = steps + steps_dropped; episode layout,
+where a row is an episode: rows_read = episodes + episodes_dropped).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datasets import (
+    episode_layout_table,
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    step_layout_table,
+    to_reference_input,
+    write_table,
+)
+from reference import reference_estimates
+
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.errors import DataError
+from ope_cli.pipeline import evaluate
+
+GAMMA = 0.9
+ESTIMATORS = ("is", "wis", "pdis", "wpdis")
+DIAGNOSTICS = (
+    "ess",
+    "ess_fraction",
+    "mean_weight",
+    "max_weight",
+    "max_weight_share",
+    "zero_weight_fraction",
+)
+
+
+def _setup(tmp_path, n=80, seed=3):
+    rng = np.random.default_rng(seed)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=3)
+    episodes = random_episodes(rng, n, behavior=behavior, median_length=5, max_length=12)
+    target = perturb_checkpoint(behavior, rng, 0.4)
+    policy = save_checkpoint(tmp_path / "target.npz", target)
+    return episodes, target, policy
+
+
+def _run(data, policy, on_invalid="drop", **batching):
+    config = EvaluationConfig(
+        data=str(data),
+        policies=(str(policy),),
+        gamma=GAMMA,
+        precision="float64",
+        on_invalid=on_invalid,
+        batching=BatchingConfig(**batching),
+    )
+    return evaluate(config)
+
+
+def _assert_matches(result, episodes, target):
+    expected = reference_estimates(to_reference_input(episodes, target), GAMMA)
+    (policy,) = result.results
+    for name in ESTIMATORS:
+        assert policy.estimates[name].value == pytest.approx(expected[name], rel=1e-6), name
+    for name in DIAGNOSTICS:
+        assert getattr(policy.diagnostics, name) == pytest.approx(expected[name], rel=1e-6), name
+
+
+def _rows(episodes) -> np.ndarray:
+    """[E + 1] first row of each episode in the step-layout table, then the total."""
+    return np.concatenate([[0], np.cumsum([len(e["reward"]) for e in episodes])])
+
+
+# reason -> how it is planted into the step-layout table at an episode's step 1
+PLANTED = (
+    "reward_not_finite",
+    "behavior_prob_zero",
+    "behavior_prob_above_one",
+    "action_out_of_range",
+    "action_negative",
+    "observation_not_finite",
+    "duplicate_step",
+    "missing_step",
+    "null_reward",
+    "ragged_observation",
+    "behavior_prob_nan",
+    "null_action",
+)
+
+
+def _bad_step_table(episodes):
+    """The step table with one problem planted per episode in PLANTED order, plus two
+    episodes with two problems each (counted under the first check that fails). Returns
+    (table, {episode index: reason})."""
+    candidates = [i for i, e in enumerate(episodes) if len(e["reward"]) >= 3 and i % 3 == 1]
+    plan = dict(zip(candidates, PLANTED, strict=False))
+    doubles = candidates[len(PLANTED) : len(PLANTED) + 2]
+    assert len(plan) == len(PLANTED) and len(doubles) == 2
+    table = step_layout_table(episodes)
+    starts = _rows(episodes)
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    for index, reason in plan.items():
+        row = int(starts[index]) + 1
+        if reason == "reward_not_finite":
+            columns["reward"][row] = float("inf")
+        elif reason == "behavior_prob_zero":
+            columns["behavior_prob"][row] = 0.0
+        elif reason == "behavior_prob_above_one":
+            columns["behavior_prob"][row] = 1.5
+        elif reason == "behavior_prob_nan":
+            columns["behavior_prob"][row] = float("nan")
+        elif reason == "action_out_of_range":
+            columns["action"][row] = 3
+        elif reason == "action_negative":
+            columns["action"][row] = -2
+        elif reason == "observation_not_finite":
+            columns["observation"][row][0] = float("nan")
+        elif reason == "duplicate_step":
+            columns["step"][row + 1] = 1
+        elif reason == "missing_step":
+            columns["step"][int(starts[index + 1]) - 1] += 10
+        elif reason == "null_reward":
+            columns["reward"][row] = None
+        elif reason == "null_action":
+            columns["action"][row] = None
+        elif reason == "ragged_observation":
+            columns["observation"][row] = columns["observation"][row][:2]
+    first, second = doubles
+    columns["behavior_prob"][int(starts[first])] = 0.0  # behavior 0 at step 0 ...
+    columns["reward"][int(starts[first]) + 2] = float("nan")  # ... but the reward check runs first
+    columns["observation"][int(starts[second]) + 1] = None  # null (read first) ...
+    columns["step"][int(starts[second]) + 2] = 0  # ... before a duplicate step 0
+    plan[first], plan[second] = "reward_not_finite", "null_observation"
+    return pa.table(
+        {name: pa.array(values, table.schema.field(name).type) for name, values in columns.items()}
+    ), plan
+
+
+def _expected_dropped(episodes, plan) -> dict:
+    dropped: dict[str, dict[str, int]] = {}
+    for index, reason in plan.items():
+        counts = dropped.setdefault(reason, {"episodes": 0, "steps": 0})
+        counts["episodes"] += 1
+        counts["steps"] += len(episodes[index]["reward"])
+    return dropped
+
+
+@pytest.fixture(scope="module")
+def step_case(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("drop")
+    episodes, target, policy = _setup(tmp_path)
+    table, plan = _bad_step_table(episodes)
+    write_table(table, tmp_path / "bad.parquet")
+    return tmp_path, episodes, target, policy, plan
+
+
+@pytest.mark.parametrize("read_rows", [1, 7, 64, 65_536])
+def test_drop_leaves_out_exactly_the_invalid_episodes(step_case, read_rows):
+    """However record batches cut the episodes (invalid rows carried into the next batch),
+    the result is the reference over the valid episodes."""
+    tmp_path, episodes, target, policy, plan = step_case
+    result = _run(tmp_path / "bad.parquet", policy, read_rows=read_rows, batch_steps=256)
+    valid = [e for i, e in enumerate(episodes) if i not in plan]
+    _assert_matches(result, valid, target)
+    assert result.episodes == len(valid)
+    assert result.episodes_dropped == len(plan)
+    assert result.dropped == _expected_dropped(episodes, plan)
+    assert result.rows_read == result.steps + result.steps_dropped
+    assert result.steps_dropped == sum(len(episodes[i]["reward"]) for i in plan)
+
+
+def test_default_stops_at_the_first_invalid_value(step_case):
+    """Without drop the run stops; read row by row, at the first invalid episode (in larger
+    batches a null is seen as the batch is read, before earlier episodes' values)."""
+    tmp_path, episodes, _, policy, plan = step_case
+    first = min(plan)
+    with pytest.raises(DataError, match=rf"episode {episodes[first]['episode_id']}, step 1\b"):
+        _run(tmp_path / "bad.parquet", policy, on_invalid="error", read_rows=1)
+
+
+def test_drop_without_invalid_episodes_changes_nothing(tmp_path):
+    episodes, target, policy = _setup(tmp_path, n=40, seed=5)
+    write_table(step_layout_table(episodes), tmp_path / "good.parquet")
+    dropped = _run(tmp_path / "good.parquet", policy)
+    error = _run(tmp_path / "good.parquet", policy, on_invalid="error")
+    assert dropped.episodes_dropped == dropped.steps_dropped == 0 and dropped.dropped == {}
+    assert dropped.rows_read == dropped.steps == error.steps
+    for a, b in zip(
+        dropped.results[0].estimates.values(), error.results[0].estimates.values(), strict=True
+    ):
+        assert a == b
+    _assert_matches(dropped, episodes, target)
+
+
+def test_drop_in_the_episode_layout(tmp_path):
+    episodes, target, policy = _setup(tmp_path, n=60, seed=9)
+    table = episode_layout_table(episodes)
+    table = table.append_column(
+        "steps", pa.array([list(range(len(e["reward"]))) for e in episodes], pa.list_(pa.int64()))
+    )
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    long = [i for i, e in enumerate(episodes) if len(e["reward"]) >= 3]
+    plan = {
+        long[0]: "null_action",
+        long[1]: "empty_episode",
+        long[2]: "lists_disagree",
+        long[3]: "reward_not_finite",
+        long[4]: "duplicate_step",
+        long[5]: "observation_not_finite",
+    }
+    columns["actions"][long[0]] = None
+    for name in ("observations", "actions", "rewards", "action_probs", "steps"):
+        columns[name][long[1]] = []
+    columns["rewards"][long[2]] = columns["rewards"][long[2]][:-1]
+    columns["rewards"][long[3]][1] = float("nan")
+    columns["steps"][long[4]][2] = 1
+    columns["observations"][long[5]][0][1] = float("-inf")
+    bad = pa.table(
+        {name: pa.array(values, table.schema.field(name).type) for name, values in columns.items()}
+    )
+    write_table(bad, tmp_path / "episodes.parquet", row_group_size=7)
+
+    result = _run(tmp_path / "episodes.parquet", policy, read_rows=5, batch_steps=256)
+    valid = [e for i, e in enumerate(episodes) if i not in plan]
+    _assert_matches(result, valid, target)
+    steps = {i: len(episodes[i]["reward"]) for i in plan}
+    steps[long[1]] = 0  # emptied
+    steps[long[2]] -= 1  # its rewards list was shortened
+    expected = {reason: {"episodes": 1, "steps": steps[i]} for i, reason in plan.items()}
+    assert result.dropped == expected
+    assert result.rows_read == result.episodes + result.episodes_dropped == len(episodes)
+    assert result.steps + result.steps_dropped == sum(
+        steps.get(i, len(e["reward"])) for i, e in enumerate(episodes)
+    )
+
+
+def test_drop_checks_states_against_a_tabular_policy(tmp_path):
+    rng = np.random.default_rng(2)
+    behavior = random_checkpoint("tabular", rng, n_states=5, n_actions=2)
+    episodes = random_episodes(rng, 30, behavior=behavior, median_length=4, max_length=8)
+    policy = save_checkpoint(tmp_path / "tab.npz", behavior)
+    table = step_layout_table(episodes)
+    states = table.column("observation").to_numpy().copy()
+    starts = _rows(episodes)
+    states[starts[4]] = 5  # one past the last state
+    states[starts[9]] = -1
+    table = table.set_column(
+        table.schema.get_field_index("observation"), "observation", pa.array(states)
+    )
+    write_table(table, tmp_path / "tab.parquet")
+    result = _run(tmp_path / "tab.parquet", policy)
+    assert result.dropped == {
+        "state_negative": {"episodes": 1, "steps": len(episodes[9]["reward"])},
+        "state_out_of_range": {"episodes": 1, "steps": len(episodes[4]["reward"])},
+    }
+    _assert_matches(result, [e for i, e in enumerate(episodes) if i not in (4, 9)], behavior)
+
+
+def test_structural_problems_are_never_dropped(tmp_path):
+    """Drop is for bad values in an episode; rows of one episode in two places, or data that
+    does not fit the policy at all, still stop the run."""
+    episodes, _, policy = _setup(tmp_path, n=20, seed=4)
+    (tmp_path / "split").mkdir()
+    write_table(step_layout_table(episodes[:6]), tmp_path / "split" / "part-0.parquet")
+    write_table(step_layout_table(episodes[5:]), tmp_path / "split" / "part-1.parquet")
+    with pytest.raises(DataError, match="more than one place"):
+        _run(tmp_path / "split", policy)
+    other = save_checkpoint(
+        tmp_path / "wide.npz",
+        random_checkpoint("linear_softmax", np.random.default_rng(0), obs_dim=5, n_actions=3),
+    )
+    write_table(step_layout_table(episodes), tmp_path / "logs.parquet")
+    with pytest.raises(DataError, match="expects 5"):
+        _run(tmp_path / "logs.parquet", other)
+
+
+def test_dropping_every_episode_is_an_error(tmp_path):
+    episodes, _, policy = _setup(tmp_path, n=10, seed=6)
+    table = step_layout_table(episodes)
+    table = table.set_column(
+        table.schema.get_field_index("reward"), "reward", pa.array(np.full(table.num_rows, np.nan))
+    )
+    write_table(table, tmp_path / "all_bad.parquet")
+    with pytest.raises(DataError, match=r"dropped every episode.*reward_not_finite: 10"):
+        _run(tmp_path / "all_bad.parquet", policy)
+
+
+def test_cli_reports_what_was_dropped(step_case, ope_many):
+    tmp_path, episodes, _, policy, plan = step_case
+    args = ["evaluate", "bad.parquet", "-p", policy.name, "--on-invalid", "drop", "--gamma", "0.9"]
+    runs = ope_many(
+        {
+            "json": {"args": [*args, "--format", "json"], "cwd": tmp_path},
+            "table": {"args": [*args, "--format", "table"], "cwd": tmp_path},
+            "error": {"args": args[:4], "cwd": tmp_path},
+        }
+    )
+    assert runs["json"].returncode == 0, runs["json"]
+    dataset = json.loads(runs["json"].stdout)["dataset"]
+    expected = _expected_dropped(episodes, plan)
+    assert dataset["on_invalid"] == "drop"
+    assert dataset["dropped"] == expected
+    assert dataset["episodes_dropped"] == len(plan)
+    assert dataset["steps_dropped"] == sum(c["steps"] for c in expected.values())
+    assert dataset["steps_used"] == dataset["steps"]
+    assert dataset["rows_read"] == dataset["steps_used"] + dataset["steps_dropped"]
+    assert runs["table"].returncode == 0, runs["table"]
+    line = next(li for li in runs["table"].stdout.splitlines() if "--on-invalid drop" in li)
+    assert f"dropped {len(plan)} invalid episode(s)" in line
+    assert "reward_not_finite" in line
+    assert runs["error"].returncode == 3 and runs["error"].stdout == "", runs["error"]
+
+
+def test_default_json_accounts_for_every_row(tmp_path, ope):
+    episodes, _, policy = _setup(tmp_path, n=15, seed=8)
+    pq.write_table(step_layout_table(episodes), tmp_path / "logs.parquet")
+    run = ope(["evaluate", "logs.parquet", "-p", policy.name, "--format", "json"], cwd=tmp_path)
+    assert run.returncode == 0, run
+    dataset = json.loads(run.stdout)["dataset"]
+    assert dataset["on_invalid"] == "error"
+    assert dataset["dropped"] == {} and dataset["episodes_dropped"] == dataset["steps_dropped"] == 0
+    assert dataset["rows_read"] == dataset["steps_used"] == dataset["steps"]

@@ -1,0 +1,119 @@
+"""The table formatter on real result objects: ranking, the best policy, the in-terminal
+weight histogram and plain-words warnings for poor diagnostics (no CLI in between)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ope_cli.config import EvaluationConfig
+from ope_cli.pipeline import evaluate
+from ope_cli.report import (
+    SPARK,
+    diagnostic_warnings,
+    rank_policies,
+    render_table,
+    resolve_rank_by,
+    weight_sparklines,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CKPT, OTHER = (str(EXAMPLES / "policies" / name) for name in ("ckpt.npz", "other.npz"))
+
+
+@pytest.fixture(scope="module")
+def result():
+    """The shipped example, two policies: other.npz has the higher WIS (0.21 vs -5.28)."""
+    return evaluate(EvaluationConfig(data=str(EXAMPLES / "data" / "logs.parquet"),
+                                     policies=(CKPT, OTHER)))
+
+
+def _render(result, **options) -> str:
+    out = io.StringIO()
+    render_table(result, Console(file=out, width=160, force_terminal=False), **options)
+    return out.getvalue()
+
+
+def _with_diagnostics(result, index, **changes):
+    results = list(result.results)
+    policy = results[index]
+    results[index] = dataclasses.replace(
+        policy, diagnostics=dataclasses.replace(policy.diagnostics, **changes))
+    return dataclasses.replace(result, results=results)
+
+
+def test_rank_by_estimator(result):
+    assert resolve_rank_by(result) == "wis"
+    assert rank_policies(result, "wis") == [2, 1]
+    values = [p.estimates["pdis"].value for p in result.results]
+    assert rank_policies(result, "pdis") == ([1, 2] if values[0] > values[1] else [2, 1])
+    narrowed = dataclasses.replace(result, estimators=("pdis", "is"))
+    assert resolve_rank_by(narrowed) == "pdis"
+
+
+def test_undefined_values_rank_last(result):
+    results = list(result.results)
+    estimates = dict(results[1].estimates)
+    estimates["wis"] = dataclasses.replace(estimates["wis"], value=None)
+    results[1] = dataclasses.replace(results[1], estimates=estimates)
+    assert rank_policies(dataclasses.replace(result, results=results), "wis") == [1, None]
+
+
+def test_table_groups_by_policy_ranks_and_marks_the_best(result):
+    text = _render(result)
+    for heading in ("rank", "policy", "estimator", "value ± std. err.", "95% interval"):
+        assert heading in text
+    best_row = next(line for line in text.splitlines() if "★ 1" in line)
+    assert OTHER in best_row and " IS " in best_row
+    assert "rank: by WIS" in text
+    wis = result.results[0].estimates["wis"]
+    assert f"{wis.value:.4g} ± {wis.stderr:.4g}" in text
+    assert f"[{wis.ci_low:.4g}, {wis.ci_high:.4g}]" in text
+    assert "warning" not in text  # the example's diagnostics are healthy
+
+
+def test_rank_by_option_changes_the_caption(result):
+    assert "rank: by PDIS" in _render(result, rank_by="pdis")
+
+
+def test_one_policy_has_no_rank_column(result):
+    one = dataclasses.replace(result, results=result.results[:1])
+    text = _render(one)
+    assert "rank" not in text and "★" not in text
+
+
+def test_weight_histogram_in_the_table(result):
+    lines, ticks, labels = weight_sparklines(result)
+    assert len(lines) == 2 and len({len(line) for line in (*lines, ticks, labels)}) == 1
+    assert all(set(line) <= set(SPARK) and "█" in line for line in lines)  # each scaled to its max
+    assert ticks.count("┬") == 1 and labels[ticks.index("┬")] == "1"  # the tick marks weight 1
+    text = _render(result)
+    assert "trajectory weights (log scale)" in text
+    for line in lines:
+        assert line.strip() in text
+
+
+def test_warnings_in_plain_words(result):
+    poor = _with_diagnostics(result, 1, ess=50.0, ess_fraction=0.025, max_weight_share=0.6,
+                             mean_weight=3.2)
+    warnings = diagnostic_warnings(poor)
+    assert len(warnings) == 3 and all(w.startswith(OTHER) for w in warnings)
+    assert "effective sample size" in warnings[0] and "2.5%" in warnings[0]
+    assert "one episode holds 60%" in warnings[1]
+    assert "mean weight is 3.2" in warnings[2] and "behavior probabilities" in warnings[2]
+    text = _render(poor)
+    assert text.count("warning:") == 3
+
+    low_mean = _with_diagnostics(result, 0, mean_weight=0.3)
+    assert [w.split(":")[0] for w in diagnostic_warnings(low_mean)] == [CKPT]
+
+
+def test_all_zero_weights_get_one_warning(result):
+    zero = _with_diagnostics(result, 0, ess=None, ess_fraction=None, mean_weight=0.0,
+                             max_weight=0.0, max_weight_share=None, zero_weight_fraction=1.0)
+    (warning,) = diagnostic_warnings(zero)
+    assert "every trajectory weight is zero" in warning
