@@ -68,17 +68,36 @@ def _main(
     _state["debug"] = debug
 
 
-ColumnOption = Annotated[str | None, typer.Option(
-    help="Column holding this role (overrides the default name and its aliases).",
-    rich_help_panel="Columns")]
-
-
 def _column(role: str) -> typer.models.OptionInfo:
     """A column-mapping option: ``role`` is "what (default name)"; the option's column
     replaces the default name and its aliases."""
     what, default = role.rsplit(" (default ", 1)
     return typer.Option(help=f"Column holding {what}. Default: {default.rstrip(')')} or an alias.",
                         rich_help_panel="Columns")
+
+
+EpisodeCol = Annotated[str | None, _column("the episode id (default episode_id)")]
+StepCol = Annotated[str | None, _column("the 0-based step in its episode (default step)")]
+ObsCol = Annotated[str | None, _column("the observation (default observation)")]
+ActionCol = Annotated[str | None, _column("the logged action (default action)")]
+RewardCol = Annotated[str | None, _column("the reward (default reward)")]
+BehaviorProbCol = Annotated[str | None, _column(
+    "the behavior policy's probability of the logged action (default behavior_prob)")]
+BehaviorLogProbCol = Annotated[str | None, _column(
+    "the behavior policy's log-probability of the logged action (default behavior_log_prob)")]
+TargetProbCol = Annotated[str | None, _column(
+    "logged evaluation-policy probabilities, used without --policy (default target_prob)")]
+TargetLogProbCol = Annotated[str | None, _column(
+    "logged evaluation-policy log-probabilities (default target_log_prob)")]
+
+
+def _columns(episode_col, step_col, obs_col, action_col, reward_col, behavior_prob_col,
+             behavior_log_prob_col, target_prob_col, target_log_prob_col) -> ColumnMapping:
+    return ColumnMapping(
+        episode=episode_col, step=step_col, observation=obs_col, action=action_col,
+        reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
+        target_prob=target_prob_col, target_log_prob=target_log_prob_col,
+    )
 
 
 @app.command()
@@ -116,21 +135,15 @@ def evaluate(
         metavar="DIR", help="Also write PNG figures into DIR: log10 weight histogram, per-step "
         "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
         "pip install 'ope-cli\\[plot]'.")] = None,  # \[ : not rich markup
-    episode_col: Annotated[str | None, _column("the episode id (default episode_id)")] = None,
-    step_col: Annotated[str | None, _column("the 0-based step in its episode (default step)")] = None,
-    obs_col: Annotated[str | None, _column("the observation (default observation)")] = None,
-    action_col: Annotated[str | None, _column("the logged action (default action)")] = None,
-    reward_col: Annotated[str | None, _column("the reward (default reward)")] = None,
-    behavior_prob_col: Annotated[str | None, _column(
-        "the behavior policy's probability of the logged action (default behavior_prob)")] = None,
-    behavior_log_prob_col: Annotated[str | None, _column(
-        "the behavior policy's log-probability of the logged action "
-        "(default behavior_log_prob)")] = None,
-    target_prob_col: Annotated[str | None, _column(
-        "logged evaluation-policy probabilities, used without --policy "
-        "(default target_prob)")] = None,
-    target_log_prob_col: Annotated[str | None, _column(
-        "logged evaluation-policy log-probabilities (default target_log_prob)")] = None,
+    episode_col: EpisodeCol = None,
+    step_col: StepCol = None,
+    obs_col: ObsCol = None,
+    action_col: ActionCol = None,
+    reward_col: RewardCol = None,
+    behavior_prob_col: BehaviorProbCol = None,
+    behavior_log_prob_col: BehaviorLogProbCol = None,
+    target_prob_col: TargetProbCol = None,
+    target_log_prob_col: TargetLogProbCol = None,
     coordinator: Annotated[str | None, typer.Option(
         help="HOST:PORT of process 0, for a multi-process run.", rich_help_panel="Cluster")] = None,
     num_processes: Annotated[int | None, typer.Option(
@@ -174,11 +187,8 @@ def evaluate(
         interval=ci,
         bootstrap_samples=bootstrap_samples,
         seed=seed,
-        columns=ColumnMapping(
-            episode=episode_col, step=step_col, observation=obs_col, action=action_col,
-            reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
-            target_prob=target_prob_col, target_log_prob=target_log_prob_col,
-        ),
+        columns=_columns(episode_col, step_col, obs_col, action_col, reward_col, behavior_prob_col,
+                         behavior_log_prob_col, target_prob_col, target_log_prob_col),
         batching=BatchingConfig(read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket),
         precision=precision.value if precision else None,
         devices=devices,
@@ -287,20 +297,15 @@ def inspect_command(
     ] = None,
     read_rows: Annotated[int, typer.Option(help="Rows per record batch read.",
                                            rich_help_panel="Batching")] = BatchingConfig.read_rows,
-    episode_col: Annotated[str | None, _column("the episode id (default episode_id)")] = None,
-    step_col: Annotated[str | None, _column("the 0-based step in its episode (default step)")] = None,
-    obs_col: Annotated[str | None, _column("the observation (default observation)")] = None,
-    action_col: Annotated[str | None, _column("the logged action (default action)")] = None,
-    reward_col: Annotated[str | None, _column("the reward (default reward)")] = None,
-    behavior_prob_col: Annotated[str | None, _column(
-        "the behavior policy's probability of the logged action (default behavior_prob)")] = None,
-    behavior_log_prob_col: Annotated[str | None, _column(
-        "the behavior policy's log-probability of the logged action "
-        "(default behavior_log_prob)")] = None,
-    target_prob_col: Annotated[str | None, _column(
-        "logged evaluation-policy probabilities (default target_prob)")] = None,
-    target_log_prob_col: Annotated[str | None, _column(
-        "logged evaluation-policy log-probabilities (default target_log_prob)")] = None,
+    episode_col: EpisodeCol = None,
+    step_col: StepCol = None,
+    obs_col: ObsCol = None,
+    action_col: ActionCol = None,
+    reward_col: RewardCol = None,
+    behavior_prob_col: BehaviorProbCol = None,
+    behavior_log_prob_col: BehaviorLogProbCol = None,
+    target_prob_col: TargetProbCol = None,
+    target_log_prob_col: TargetLogProbCol = None,
 ) -> None:
     """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
     problem in it. Exits 3 when there are problems (the report still goes to stdout).
@@ -311,11 +316,8 @@ def inspect_command(
 
     config = InspectConfig(
         data=data,
-        columns=ColumnMapping(
-            episode=episode_col, step=step_col, observation=obs_col, action=action_col,
-            reward=reward_col, behavior_prob=behavior_prob_col, behavior_log_prob=behavior_log_prob_col,
-            target_prob=target_prob_col, target_log_prob=target_log_prob_col,
-        ),
+        columns=_columns(episode_col, step_col, obs_col, action_col, reward_col, behavior_prob_col,
+                         behavior_log_prob_col, target_prob_col, target_log_prob_col),
         read_rows=read_rows,
         policies=tuple(policy or ()),
     )

@@ -164,21 +164,20 @@ class Kernel:
         self.params = group.stacked_params(self.dtype)
         self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
 
-    def _put(self, x: np.ndarray | None):
-        """Host array -> device, split by episode. Floats wider than the kernel's dtype are
-        narrowed first (less to transfer); narrower ones are widened on the device."""
-        if x is None:
-            return None
-        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
-            x = x.astype(self.dtype)
-        return jax.device_put(x, self._sharding)
+    def _narrow(self, x: np.ndarray | None) -> np.ndarray | None:
+        """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
+        narrower ones are widened on the device."""
+        if x is not None and np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
+            return x.astype(self.dtype)
+        return x
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:
         head = self.group.head
-        args = (self.params, *(self._put(x) for x in (
+        arrays = [self._narrow(x) for x in (
             batch.observation, batch.action, batch.reward, batch.log_behavior, batch.log_target,
-            batch.step_mask, batch.episode_mask, batch.group, batch.key_hi, batch.key_lo)),
-            self.gamma, self.seed)
+            batch.step_mask, batch.episode_mask, batch.group, batch.key_hi, batch.key_lo)]
+        on_device = jax.device_put(arrays, self._sharding)  # one call for the whole batch
+        args = (self.params, *on_device, self.gamma, self.seed)
         static = dict(log_prob=head.log_prob, num_groups=self.num_groups,
                       num_replicates=self.num_replicates, dtype=self.dtype.name, mesh=self.mesh)
         if head.kind != "entry_point":
