@@ -205,15 +205,15 @@ class Bucketer:
         if longest > self._lengths[-1]:
             self._lengths = bucket_lengths_upto(longest, self.batching.min_bucket, self.batching.bucket_growth)
         bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
-        buckets, first, counts = np.unique(bucket_of, return_index=True, return_counts=True)
-        if buckets.size > 1:  # one gather puts each bucket's episodes next to each other
-            order = np.argsort(bucket_of, kind="stable")
-            chunk = take_episodes(chunk, order)
-            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        for bucket, start, count in zip(buckets, first, counts, strict=True):
+        for bucket in np.unique(bucket_of):
             length = int(self._lengths[bucket])
-            self._pending.setdefault(length, []).append(slice_episodes(chunk, int(start), int(start + count)))
-            self._pending_count[length] = self._pending_count.get(length, 0) + int(count)
+            members = np.flatnonzero(bucket_of == bucket)
+            # A gathered copy, not a view: a view would keep the whole chunk alive for as
+            # long as a slow-filling bucket (long episodes are rare) holds its few episodes,
+            # and memory would grow with the data.
+            part = chunk if members.size == chunk.num_episodes else take_episodes(chunk, members)
+            self._pending.setdefault(length, []).append(part)
+            self._pending_count[length] = self._pending_count.get(length, 0) + members.size
             yield from self._drain(length, final=False)
 
     def flush(self) -> Iterator[PaddedBatch]:

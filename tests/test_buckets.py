@@ -371,3 +371,20 @@ def test_ten_thousand_step_episode_fits():
     assert long.step_mask.sum() == 10_000
     np.testing.assert_array_equal(long.reward[0, :10_000], np.arange(10_000) / 1000.0)
     assert bucketer.real_steps == 10_003
+
+
+def test_pending_episodes_do_not_keep_whole_chunks_alive():
+    """A rarely filled bucket (long episodes) holds a few episodes for a long time: it must
+    hold copies of them, not views that keep every chunk they came from in memory (memory
+    would then grow with the data)."""
+    bucketer = Bucketer(BatchingConfig(batch_steps=4096))
+    chunks = [make_chunk([3] * 200 + [900], first_id=1000 * i, seed=i) for i in range(3)]
+    for chunk in chunks:
+        list(bucketer.add(chunk))
+    long_bucket = max(bucketer._pending)  # the 900-step episodes' bucket, not yet full
+    held = bucketer._pending[long_bucket]
+    assert sum(part.num_episodes for part in held) == 3  # a batch of that bucket holds 4
+    for part in held:
+        for array in (part.reward, part.observation, part.action, part.log_behavior, part.keys):
+            # Its own memory, or a view of an array no larger than itself.
+            assert array.base is None or np.asarray(array.base).nbytes <= array.nbytes
