@@ -22,7 +22,7 @@ from ope_cli import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, Problem
 from ope_cli.errors import DataError
-from ope_cli.policies import check_against_schema, chunk_checks, load_policy
+from ope_cli.policies import check_against_schema, chunk_checks, load_policies
 from ope_cli.reader import iter_batches, open_dataset
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
 
@@ -143,7 +143,7 @@ def inspect(config: InspectConfig) -> InspectReport:
         from ope_cli.errors import UsageError
 
         raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
-    policies = [load_policy(spec) for spec in config.policies]
+    policies = load_policies(config.policies)
     data = open_dataset(config.data)
     logged_target = not policies and _has_target_column(list(data.schema.names), config.columns)
     schema = resolve_schema(

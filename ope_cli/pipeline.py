@@ -27,7 +27,7 @@ from ope_cli.policies import (
     Policy,
     check_against_schema,
     chunk_checks,
-    load_policy,
+    load_policies,
     logged_policy,
 )
 from ope_cli.reader import iter_batches, open_dataset
@@ -180,7 +180,7 @@ def evaluate(
 
     error: OpeError | None = None
     try:
-        policies: list[Policy] = [load_policy(spec) for spec in config.policies] or [logged_policy()]
+        policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
         data = open_dataset(config.data)
         schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies,
                                 source=config.data)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import importlib
 import math
 import os
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,21 @@ def load_policy(spec: str) -> Policy:
     if spec.endswith(".npz") or Path(spec).is_file():
         return load_checkpoint(spec)
     return load_entry_point(spec)
+
+
+def load_policies(specs: Sequence[str]) -> list[Policy]:
+    """The policies of every ``--policy`` value, in order; a glob such as 'ckpts/*.npz'
+    (quoted, so the shell leaves it alone) stands for its matching files, sorted."""
+    policies = []
+    for spec in specs:
+        if glob.has_magic(spec) and not Path(spec).exists():
+            matches = sorted(glob.glob(spec))
+            if not matches:
+                raise PolicyError(f"{spec}: no checkpoint matches this pattern")
+            policies.extend(load_policy(match) for match in matches)
+        else:
+            policies.append(load_policy(spec))
+    return policies
 
 
 def logged_policy() -> Policy:

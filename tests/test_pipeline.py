@@ -21,6 +21,7 @@ from reference import reference_estimates, reference_stderr
 from ope_cli.buckets import RESAMPLING_GROUPS, bucket_lengths_upto
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.episodes import id_keys
+from ope_cli.errors import PolicyError
 from ope_cli.pipeline import evaluate
 
 ESTIMATORS = ("is", "wis", "pdis", "wpdis")
@@ -260,3 +261,14 @@ def test_profile_histogram_and_wpdis_path(tmp_path):
     assert profile.mean_weight_t[0] == pytest.approx(
         np.mean([np.exp(e["log_target"][0] - e["log_behavior"][0])
                  for e in to_reference_input(episodes, checkpoints[0])]), rel=1e-9)
+
+
+def test_a_policy_glob_stands_for_its_sorted_checkpoints(tmp_path):
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=60, seed=19, policies=3)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    by_glob = run(data, [str(tmp_path / "ckpt*.npz")])
+    listed = run(data, sorted(paths))
+    assert [r.policy for r in by_glob.results] == [str(p) for p in sorted(paths)]
+    assert_same_results(by_glob, listed)
+    with pytest.raises(PolicyError, match="no checkpoint matches"):
+        run(data, [str(tmp_path / "nothing*.npz")])
