@@ -44,22 +44,13 @@ from datasets import (
     write_step_layout,
     write_table,
 )
-from reference import reference_estimates, reference_stderr
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
 import ope_cli
 
 GAMMA = 0.9
 N_EPISODES = 300
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
 ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
-DIAGNOSTICS = (
-    "ess",
-    "ess_fraction",
-    "mean_weight",
-    "max_weight",
-    "max_weight_share",
-    "zero_weight_fraction",
-)
 REL = 1e-6
 POLICY_MODULE = "ope_cli_test_policies"  # written into the work directory, imported by ope
 EVAL = ("evaluate",)

@@ -31,21 +31,18 @@ from datasets import (
     write_step_layout,
     write_table,
 )
-from reference import reference_estimates, reference_log_prob, reference_stderr
+from reference import (
+    DIAGNOSTICS,
+    ESTIMATORS,
+    reference_estimates,
+    reference_log_prob,
+    reference_stderr,
+)
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.pipeline import evaluate
 from ope_cli.report import to_json
 
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-DIAGNOSTICS = (
-    "ess",
-    "ess_fraction",
-    "mean_weight",
-    "max_weight",
-    "max_weight_share",
-    "zero_weight_fraction",
-)
 REL = 1e-6
 
 

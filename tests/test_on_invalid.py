@@ -26,22 +26,13 @@ from datasets import (
     to_reference_input,
     write_table,
 )
-from reference import reference_estimates
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.errors import DataError
 from ope_cli.pipeline import evaluate
 
 GAMMA = 0.9
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-DIAGNOSTICS = (
-    "ess",
-    "ess_fraction",
-    "mean_weight",
-    "max_weight",
-    "max_weight_share",
-    "zero_weight_fraction",
-)
 
 
 def _setup(tmp_path, n=80, seed=3):

@@ -16,7 +16,7 @@ from datasets import (
     write_episode_layout,
     write_step_layout,
 )
-from reference import reference_estimates, reference_stderr
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
 from ope_cli.buckets import RESAMPLING_GROUPS, bucket_lengths_upto
 from ope_cli.config import BatchingConfig, EvaluationConfig
@@ -24,9 +24,6 @@ from ope_cli.episodes import id_keys
 from ope_cli.errors import PolicyError
 from ope_cli.pipeline import evaluate
 
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-DIAGNOSTICS = ("ess", "ess_fraction", "mean_weight", "max_weight", "max_weight_share",
-               "zero_weight_fraction")
 
 
 def assert_close(actual, expected, rtol, what=""):

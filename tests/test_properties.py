@@ -35,22 +35,13 @@ from datasets import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_estimates, reference_stderr
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import DataError
 from ope_cli.pipeline import evaluate
 
 GAMMA = 0.95
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-DIAGNOSTICS = (
-    "ess",
-    "ess_fraction",
-    "mean_weight",
-    "max_weight",
-    "max_weight_share",
-    "zero_weight_fraction",
-)
 SECONDS_PER_CORRUPT_FILE = 20  # generous on a loaded 2-core machine; a read takes ~10 ms
 
 

@@ -15,22 +15,13 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from reference import reference_estimates, reference_stderr  # noqa: E402
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr  # noqa: E402
 
 from ope_cli import stats  # noqa: E402
 from ope_cli.estimators import batch_statistics, log_weights  # noqa: E402
 
 K = 8  # resampling groups
 REL = 1e-9
-ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-DIAGNOSTICS = (
-    "ess",
-    "ess_fraction",
-    "mean_weight",
-    "max_weight",
-    "max_weight_share",
-    "zero_weight_fraction",
-)
 
 
 def random_episodes(rng, n, max_length=30, ratio_scale=0.3, reward_mean=1.0):
