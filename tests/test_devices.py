@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from datasets import perturb_checkpoint, random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+from conftest import run_ope
+from datasets import (
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    write_step_layout,
+)
 
 
 def ope_json(args, device_count, cwd):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={device_count}")
-    completed = subprocess.run([sys.executable, "-m", "ope_cli.cli", "evaluate", *args, "--format", "json"],
-                               capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
-    assert completed.returncode == 0, completed.stderr
-    return json.loads(completed.stdout)
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={device_count}"}
+    done = run_ope(["evaluate", *args, "--format", "json"], cwd=cwd, env=flags)
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")

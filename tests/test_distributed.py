@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ope_command
+from conftest import ope_command, run_ope
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -47,9 +47,8 @@ def run_cluster(args, num_processes, cwd, timeout=60):
 
 
 def single(args, cwd):
-    done = subprocess.run([*ope_command(), "evaluate", *args], cwd=cwd, capture_output=True, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = run_ope(["evaluate", *args], cwd=cwd)
+    assert done.returncode == 0, done
     return json.loads(done.stdout)
 
 
