@@ -115,8 +115,16 @@ def evaluate(
         "--format", "-f", help="Output on stdout. Default: table on a terminal, json otherwise.")] = None,
     confidence: Annotated[float, typer.Option(help="Confidence level of the intervals.")] = 0.95,
     ci: Annotated[str, typer.Option(
-        "--ci", help="Interval method: normal, percentile (Poisson bootstrap) or bootstrap-t "
-        "(studentized Poisson bootstrap).")] = "normal",
+        "--ci", help="Interval method: betting (finite-sample, needs bounded rewards), normal, "
+        "percentile (Poisson bootstrap) or bootstrap-t (studentized Poisson bootstrap). auto: "
+        "betting when the reward range is known (--reward-range or the data's metadata), else "
+        "normal.")] = "auto",
+    reward_range: Annotated[tuple[float, float] | None, typer.Option(
+        metavar="LOW HIGH", help="Every reward lies in [LOW, HIGH]; enables betting intervals. "
+        "Checked against the data.")] = None,
+    horizon: Annotated[int | None, typer.Option(
+        metavar="STEPS", help="No episode is longer than STEPS; betting intervals need it when "
+        "--gamma is 1. Checked against the data.")] = None,
     bootstrap_samples: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap's random streams.")] = 0,
     precision: Annotated[PrecisionOption | None, typer.Option(
@@ -185,6 +193,8 @@ def evaluate(
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else ESTIMATORS,
         confidence=confidence,
         interval=ci,
+        reward_range=reward_range,
+        horizon=horizon,
         bootstrap_samples=bootstrap_samples,
         seed=seed,
         columns=_columns(episode_col, step_col, obs_col, action_col, reward_col, behavior_prob_col,

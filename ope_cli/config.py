@@ -51,7 +51,11 @@ class EvaluationConfig:
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95
-    interval: str = "normal"  # normal | percentile | bootstrap-t (stats.INTERVALS)
+    # auto: betting when bounds on the rewards are known (reward_range, or declared by the
+    # data), else normal | betting | normal | percentile | bootstrap-t (stats.INTERVALS)
+    interval: str = "auto"
+    reward_range: tuple[float, float] | None = None  # every reward lies in [low, high]
+    horizon: int | None = None  # no episode is longer (needed for betting when gamma = 1)
     bootstrap_samples: int = 200
     seed: int = 0
     columns: ColumnMapping = ColumnMapping()

@@ -147,7 +147,7 @@ def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Ac
                  for name in ("log_scale_trajectory", "log_scale_step", "group_sums",
                               "group_log_scale_t", "group_num_t", "group_den_t",
                               "log_weight_histogram", "replicate_sums", "replicate_log_scale_t",
-                              "replicate_num_t", "replicate_den_t")}
+                              "replicate_num_t", "replicate_den_t", "betting_histogram")}
         total = None
         for process in range(parts["group_sums"].shape[0]):
             one = Accumulator(**{

@@ -136,9 +136,11 @@ REASONS: tuple[str, ...] = (
     "action_not_finite", "observation_not_finite", "state_negative", "action_out_of_range",
     "state_out_of_range",
     # Never dropped: they are about the dataset or its structure, not one episode's values.
-    "observation_size", "action_size", "episode_reappears", "file_error",
+    "observation_size", "action_size", "episode_reappears", "file_error", "reward_out_of_range",
+    "episode_too_long",
 )
-FATAL_REASONS = frozenset({"observation_size", "action_size", "episode_reappears", "file_error"})
+FATAL_REASONS = frozenset({"observation_size", "action_size", "episode_reappears", "file_error",
+                           "reward_out_of_range", "episode_too_long"})
 _REASON_INDEX = {reason: i for i, reason in enumerate(REASONS)}
 # Problems found while converting a record batch, kept per row as bits until the episode
 # they belong to is complete.

@@ -28,6 +28,17 @@ GROUP_SUM_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g
 HISTOGRAM_LOG10_RANGE = (-10.0, 10.0)
 HISTOGRAM_BINS = 80
 
+# Betting intervals (``stats.betting_interval``) need the law of four non-negative per-episode
+# variables, normalised so that their means lie in [0, 1]; a histogram of their natural logs
+# is a mergeable summary of it. Rows: BETTING_VARIABLES; column 0 counts values below the
+# range (and zeros), column k >= 1 values in [exp(low + (k-1) width), exp(low + k width)), the
+# last one also everything above. ``stats`` reads each bin as its lower edge, which never
+# overstates a value, so the intervals stay valid.
+BETTING_VARIABLES = ("trajectory_low", "trajectory_high", "decision_low", "decision_high")
+BETTING_LOG_RANGE = (-32.0, 48.0)
+BETTING_BIN_WIDTH = 1.0 / 128
+BETTING_BINS = round((BETTING_LOG_RANGE[1] - BETTING_LOG_RANGE[0]) / BETTING_BIN_WIDTH)
+
 
 class BatchStatistics(NamedTuple):
     """Sufficient statistics of one batch for one policy; merged across batches in ``stats``.
@@ -48,6 +59,7 @@ class BatchStatistics(NamedTuple):
     replicate_log_scale_t: jax.Array  # [T] max_i log W_{i,t}
     replicate_num_t: jax.Array  # [R, T] sum_i c_ir W_{i,t} r_{i,t} / exp(replicate_log_scale_t)
     replicate_den_t: jax.Array  # [R, T] sum_i c_ir W_{i,t} / exp(replicate_log_scale_t)
+    betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
 
 def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
@@ -97,6 +109,61 @@ def poisson_counts(key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array,
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
+def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, discount_t: jax.Array,
+                      betting_range: jax.Array) -> jax.Array:
+    """[4, B] log of the BETTING_VARIABLES of each episode (-inf for a zero).
+
+    With rewards in [a, b] (a <= 0 <= b, as the absorbing reward 0 must be), a discounted
+    horizon H = sum_{t < horizon} gamma^t and R = (b - a) H, each is >= 0 and, because the
+    weights have mean 1 under the behavior policy, has mean v = (V - a H) / R or 1 - v:
+
+      trajectory_low  = W_{T-1} (G - a H) / R
+      trajectory_high = W_{T-1} (b H - G) / R
+      decision_low    = [sum_t gamma^t W_t (r_t - a) + W_{T-1} (-a) (H - sum_t gamma^t)] / R
+      decision_high   = [sum_t gamma^t W_t (b - r_t) + W_{T-1} b (H - sum_t gamma^t)] / R
+
+    The per-step sums run over the padded steps too, where r = 0 and W stays W_{T-1}; the
+    last term tops them up to the horizon, so padding cancels out. Args: log_w_bt [B, T]
+    (-inf rows for padding episodes), reward_bt [B, T] (0 on padding), discount_t [T],
+    betting_range [3] = (a, b, H).
+    """
+    low, high, horizon = betting_range[0], betting_range[1], betting_range[2]
+    span = (high - low) * horizon
+    log_w_final_b = log_w_bt[:, -1]
+    return_b = reward_bt @ discount_t
+    rest = horizon - jnp.sum(discount_t)  # discount of the steps after the padded ones
+    # Per-decision sums relative to each episode's largest weight, so no exp overflows.
+    log_peak_b = jnp.max(log_w_bt, axis=1)
+    w_bt = jnp.exp(log_w_bt - _safe_scale(log_peak_b)[:, None])
+    w_final_b = w_bt[:, -1]
+    decision_low = (w_bt * (reward_bt - low)) @ discount_t - low * rest * w_final_b
+    decision_high = (w_bt * (high - reward_bt)) @ discount_t + high * rest * w_final_b
+
+    def log_of(values_b, log_scale_b):
+        # Rounding can leave -1e-16 where the exact value is 0; never take the log of it.
+        return jnp.log(jnp.maximum(values_b, 0.0) / span) + log_scale_b
+
+    return jnp.stack([
+        log_of(return_b - low * horizon, log_w_final_b),
+        log_of(high * horizon - return_b, log_w_final_b),
+        log_of(decision_low, log_peak_b),
+        log_of(decision_high, log_peak_b),
+    ])
+
+
+def _betting_histogram(log_x_vb: jax.Array, include_b: jax.Array, dtype) -> jax.Array:
+    """[V, BETTING_BINS + 1] counts per natural-log bin of each variable (see BETTING_LOG_RANGE)."""
+    low, high = BETTING_LOG_RANGE
+    # -inf (a zero) goes below the range, +inf above; the small margin sends values within
+    # rounding of a bin's upper edge to the bin below, which can only understate them.
+    position = jnp.clip(jnp.nan_to_num(log_x_vb, nan=low - 1.0), low - 1.0, high + 1.0)
+    offset = (position - low) / BETTING_BIN_WIDTH - 1e-3
+    bins = jnp.clip(jnp.floor(offset).astype(jnp.int32) + 1, 0, BETTING_BINS)
+    one_hot = jax.vmap(lambda b: jax.ops.segment_sum(include_b.astype(dtype), b,
+                                                     num_segments=BETTING_BINS + 1))
+    return one_hot(bins)
+
+
 def batch_statistics(
     log_w_bt: jax.Array,
     reward_bt: jax.Array,
@@ -106,6 +173,7 @@ def batch_statistics(
     counts_br: jax.Array,
     gamma: jax.Array | float,
     num_groups: int,
+    betting_range: jax.Array | None = None,
 ) -> BatchStatistics:
     """Statistics of a padded batch for one policy.
 
@@ -118,6 +186,7 @@ def batch_statistics(
       counts_br: [B, R] bootstrap counts of each episode in each replicate (R may be 0).
       gamma: discount factor (a traced scalar, so one compilation serves every gamma).
       num_groups: K.
+      betting_range: [3] (a, b, H) of ``betting_variables`` to histogram them, or None.
     """
     dtype = log_w_bt.dtype
     num_steps = log_w_bt.shape[-1]
@@ -160,7 +229,14 @@ def batch_statistics(
     replicate_log_scale_t = jnp.max(log_w_bt, axis=0)
     w_t_bt = jnp.exp(log_w_bt - _safe_scale(replicate_log_scale_t))
     replicate_per_step = counts_rb @ jnp.concatenate([w_t_bt * reward_bt, w_t_bt], axis=-1)
+    if betting_range is None:
+        betting_histogram = jnp.zeros((len(BETTING_VARIABLES), 0), dtype)
+    else:
+        betting_histogram = _betting_histogram(
+            betting_variables(log_w_bt, reward_bt, discount_t, betting_range.astype(dtype)),
+            episode_mask_b, dtype)
     return BatchStatistics(
+        betting_histogram=betting_histogram,
         replicate_sums=counts_rb @ per_episode_bf,
         replicate_log_scale_t=replicate_log_scale_t,
         replicate_num_t=replicate_per_step[:, :num_steps],

@@ -18,7 +18,7 @@ Environments:
   set of 100, 10 actions, Bernoulli rewards; ``linear_softmax`` policies. Truth: exact
   enumeration over contexts and actions.
 - ``chain``: 10 states in a line, actions left/stay/right that slip, mean rewards growing to the
-  right plus Gaussian noise, a termination probability per (state, action) of 5-15%;
+  right, Bernoulli rewards in {0, 1}, a termination probability per (state, action) of 5-15%;
   ``tabular`` policies. Truth: the Bellman equations (a linear solve; backward induction when
   ``horizon`` caps the episodes).
 - ``control``: 4-d linear-Gaussian state, actions noop/push+/push-, reward ``exp(-|s|^2 / 8)``
@@ -53,6 +53,8 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ope_cli.reader import METADATA_KEY
 
 ENVIRONMENTS: tuple[str, ...] = ("bandit", "chain", "control", "gaussian")
 
@@ -179,11 +181,10 @@ def _chain_build(shift: float) -> tuple[Params, list[Params]]:
                 transitions[s, a, target] += (1 - slip) * (move == intended) + slip / 3
     env = {
         "transitions": transitions,
-        "mean_reward": np.linspace(0.0, 1.0, n_states)[:, None]
-        + rng.normal(scale=0.1, size=(n_states, n_actions)),
+        "mean_reward": np.clip(np.linspace(0.0, 1.0, n_states)[:, None]
+                               + rng.normal(scale=0.1, size=(n_states, n_actions)), 0.0, 1.0),
         "terminate": rng.uniform(0.05, 0.15, size=(n_states, n_actions)),
         "initial": np.array([0.5, 0.3, 0.2] + [0.0] * (n_states - 3)),
-        "reward_noise": np.float64(0.5),
     }
     behavior = {"logits": rng.normal(scale=0.5, size=(n_states, n_actions))}
     direction = {"logits": np.tile([-1.0, 0.0, 1.0], (n_states, 1))}  # go right
@@ -198,7 +199,7 @@ def _chain_step(params: Params, state: State, uniform: jax.Array, normal: jax.Ar
     s = state["obs"]
     probs = jax.nn.softmax(params["behavior"]["logits"][s])
     action = _sample_index(uniform[0], probs)
-    reward = params["mean_reward"][s, action] + params["reward_noise"] * normal[0]
+    reward = (uniform[3] < params["mean_reward"][s, action]).astype(jnp.float64)  # Bernoulli
     terminated = uniform[1] < params["terminate"][s, action]
     next_s = _sample_index(uniform[2], params["transitions"][s, action])
     record = {"observation": s, "action": action, "reward": reward, "behavior_prob": probs[action]}
@@ -471,14 +472,15 @@ class _Environment:
     noise: tuple[int, int]  # uniforms and normals a reset or a step draws
     kind: str  # the policies' checkpoint kind
     default_horizon: int | None
+    reward_range: tuple[float, float] | None  # declared in the logs' metadata when bounded
 
 
 _ENVIRONMENTS = {
     "bandit": _Environment(
-        _bandit_build, _bandit_reset, _bandit_step, _bandit_truth, (2, 0), "linear_softmax", 1
+        _bandit_build, _bandit_reset, _bandit_step, _bandit_truth, (2, 0), "linear_softmax", 1, (0.0, 1.0)
     ),
     "chain": _Environment(
-        _chain_build, _chain_reset, _chain_step, _chain_truth, (3, 1), "tabular", None
+        _chain_build, _chain_reset, _chain_step, _chain_truth, (4, 0), "tabular", None, (0.0, 1.0)
     ),
     "control": _Environment(
         _control_build,
@@ -488,6 +490,7 @@ _ENVIRONMENTS = {
         (1, 5),
         "linear_softmax",
         1000,
+        None,
     ),
     "gaussian": _Environment(
         _gaussian_build,
@@ -497,6 +500,7 @@ _ENVIRONMENTS = {
         (0, 5),
         "linear_gaussian",
         5,
+        None,
     ),
 }
 
@@ -643,9 +647,12 @@ def _column(values: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1)))
 
 
-def _table(data: dict[str, np.ndarray]) -> pa.Table:
+def _table(data: dict[str, np.ndarray], declared: dict) -> pa.Table:
+    """The step-layout table, with the bounds every episode keeps to in its schema metadata
+    (what ``ope evaluate --ci betting`` relies on)."""
     names = ("episode_id", "step", "observation", "action", "reward", "behavior_prob")
-    return pa.table({name: _column(data[name]) for name in names})
+    table = pa.table({name: _column(data[name]) for name in names})
+    return table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)})
 
 
 def _write_logs(
@@ -673,7 +680,8 @@ def _write_logs(
             data = _simulate(
                 environment, params, data_key, start, min(BLOCK_EPISODES, last - start), horizon
             )
-            table = _table(data)
+            declared = {"reward_range": environment.reward_range, "horizon": horizon}
+            table = _table(data, declared)
             writer = writer or pq.ParquetWriter(path, table.schema, compression="snappy")
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
             steps += len(data["step"])
@@ -768,6 +776,7 @@ def generate(
         "seed": seed,
         "shift": shift,
         "horizon": horizon,
+        "reward_range": list(environment.reward_range) if environment.reward_range else None,
         "steps": steps,
         "max_length": longest,
         "policies": entries[1:],

@@ -97,8 +97,8 @@ def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
 
 
 def _statistics(params, observation, action, reward, log_behavior, log_target, step_mask,
-                episode_mask, group, key_hi, key_lo, gamma, seed, *, log_prob, num_groups,
-                num_replicates, dtype) -> BatchStatistics:
+                episode_mask, group, key_hi, key_lo, gamma, seed, betting_range, *, log_prob,
+                num_groups, num_replicates, dtype) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch."""
     observation, action, reward, log_behavior, log_target = (
         x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
@@ -106,7 +106,8 @@ def _statistics(params, observation, action, reward, log_behavior, log_target, s
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
     counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
-    per_policy = functools.partial(batch_statistics, num_groups=num_groups)
+    per_policy = functools.partial(batch_statistics, num_groups=num_groups,
+                                   betting_range=betting_range)
     statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None, None))(
         log_w, reward, step_mask, episode_mask, group, counts, gamma
     )
@@ -116,8 +117,8 @@ def _statistics(params, observation, action, reward, log_behavior, log_target, s
 @functools.partial(jax.jit,
                    static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh"))
 def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, key_hi, key_lo, gamma, seed, *, log_prob, num_groups, num_replicates, dtype,
-            mesh) -> BatchStatistics:
+            group, key_hi, key_lo, gamma, seed, betting_range, *, log_prob, num_groups,
+            num_replicates, dtype, mesh) -> BatchStatistics:
     """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
 
     With a mesh, each device reduces its own share of the episodes and the per-device
@@ -129,11 +130,11 @@ def _kernel(params, observation, action, reward, log_behavior, log_target, step_
     statistics = functools.partial(_statistics, log_prob=log_prob, num_groups=num_groups,
                                    num_replicates=num_replicates, dtype=dtype)
     args = (params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, key_hi, key_lo, gamma, seed)
+            group, key_hi, key_lo, gamma, seed, betting_range)
     if mesh is None:
         return statistics(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
-    in_specs = (PartitionSpec(), *(by_episode,) * 10, PartitionSpec(), PartitionSpec())
+    in_specs = (PartitionSpec(), *(by_episode,) * 10, *(PartitionSpec(),) * 3)
     return jax.shard_map(statistics, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
@@ -153,13 +154,17 @@ class Kernel:
     for one policy group, the episode axis sharded over ``mesh`` when given."""
 
     def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype, mesh: Mesh | None,
-                 num_replicates: int = 0, seed: int = 0):
+                 num_replicates: int = 0, seed: int = 0,
+                 betting_range: tuple[float, float, float] | None = None):
         self.group = group
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
         self.seed = jnp.asarray(seed, jnp.uint32)
         self.num_groups = num_groups
         self.num_replicates = num_replicates
+        # (a, b, H) of estimators.betting_variables; None: no betting histogram
+        self.betting_range = (None if betting_range is None
+                              else jnp.asarray(betting_range, self.dtype))
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
         self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
@@ -177,7 +182,7 @@ class Kernel:
             batch.observation, batch.action, batch.reward, batch.log_behavior, batch.log_target,
             batch.step_mask, batch.episode_mask, batch.group, batch.key_hi, batch.key_lo)]
         on_device = jax.device_put(arrays, self._sharding)  # one call for the whole batch
-        args = (self.params, *on_device, self.gamma, self.seed)
+        args = (self.params, *on_device, self.gamma, self.seed, self.betting_range)
         static = dict(log_prob=head.log_prob, num_groups=self.num_groups,
                       num_replicates=self.num_replicates, dtype=self.dtype.name, mesh=self.mesh)
         if head.kind != "entry_point":

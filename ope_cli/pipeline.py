@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -30,7 +31,7 @@ from ope_cli.policies import (
     load_policies,
     logged_policy,
 )
-from ope_cli.reader import iter_batches, open_dataset
+from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.stats import (
     Accumulator,
@@ -48,11 +49,19 @@ MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bo
 STANDARD_ERRORS = ("standard errors: sample standard error (is, pdis), delta method (wis), grouped "
                    "jackknife over 32 episode-id hash groups (wpdis)")
 INTERVAL_METHODS = {
+    "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
+               "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
+               "discounted horizon {horizon:g}; trajectory weights for is and wis, per-decision "
+               "weights for pdis and wpdis",
     "normal": "normal approximation, estimate +- z * standard error",
     "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
     "bootstrap-t": "Poisson bootstrap, studentized (bootstrap-t) interval for is, wis, pdis and "
                    "percentile for wpdis ({samples} replicates, seed {seed})",
 }
+
+
+ASYMPTOTIC = (" (asymptotic: heavy-tailed weights make it cover less often than stated; "
+              "--reward-range LOW HIGH gives finite-sample betting intervals)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +89,8 @@ class EvaluationResult:
     confidence_level: float
     confidence_method: str
     interval: str
+    reward_range: tuple[float, float] | None
+    horizon: int | None
     results: list[PolicyResult]
     seconds: float
     backend: str
@@ -114,9 +125,16 @@ def check_config(config: EvaluationConfig) -> None:
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
         raise UsageError("batching options must be positive, and the bucket growth > 1")
-    if config.interval not in INTERVAL_METHODS:
-        raise UsageError(f"--ci must be one of {', '.join(INTERVAL_METHODS)}, got {config.interval!r}")
-    if config.interval != "normal" and config.bootstrap_samples < 10:
+    if config.interval not in ("auto", *INTERVAL_METHODS):
+        raise UsageError(f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, "
+                         f"got {config.interval!r}")
+    if config.reward_range is not None:
+        low, high = config.reward_range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise UsageError(f"--reward-range needs finite LOW < HIGH, got {low} {high}")
+    if config.horizon is not None and config.horizon < 1:
+        raise UsageError(f"--horizon must be a positive number of steps, got {config.horizon}")
+    if config.interval in ("percentile", "bootstrap-t") and config.bootstrap_samples < 10:
         raise UsageError(f"--bootstrap-samples must be at least 10, got {config.bootstrap_samples}")
     if not 0 <= config.seed < 2**32:
         raise UsageError(f"--seed must be in [0, 2^32), got {config.seed}")
@@ -124,6 +142,76 @@ def check_config(config: EvaluationConfig) -> None:
         raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
     if config.on_invalid not in ("error", "drop"):
         raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalPlan:
+    """The interval method of a run and, for betting, the bounds it relies on."""
+
+    method: str
+    reward_range: tuple[float, float] | None = None
+    horizon: int | None = None
+    bounds_source: str | None = None  # where the reward range comes from
+    horizon_source: str | None = None
+    betting_range: tuple[float, float, float] | None = None  # (a, b, H): estimators.betting_variables
+
+    def describe(self, config: EvaluationConfig) -> str:
+        if self.betting_range is None:
+            return INTERVAL_METHODS[self.method].format(samples=config.bootstrap_samples,
+                                                        seed=config.seed) + ASYMPTOTIC
+
+        low, high = self.reward_range
+        return INTERVAL_METHODS["betting"].format(low=low, high=high, horizon=self.betting_range[2],
+                                                  bounds_source=self.bounds_source)
+
+    def chunk_checks(self, chunk):
+        """Rewards outside the range and steps beyond the horizon (never dropped: the bounds
+        are a promise about every episode, and betting intervals are only as good as it)."""
+        if self.reward_range is not None:
+            low, high = self.reward_range
+            yield ("reward_out_of_range", f"reward is outside the range [{low:g}, {high:g}] "
+                   f"({self.bounds_source}) that betting intervals rely on",
+                   (chunk.reward < low) | (chunk.reward > high))
+        if self.horizon is not None:
+            position = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], chunk.lengths)
+            yield ("episode_too_long", f"episode is longer than the horizon of {self.horizon} steps "
+                   f"({self.horizon_source}) that betting intervals rely on", position >= self.horizon)
+
+
+def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
+    """Resolves ``--ci auto`` (betting when the rewards are bounded, else normal) and the
+    bounds of betting intervals: options first, then what the data declares."""
+    reward_range = config.reward_range or declared.reward_range
+    horizon = config.horizon or declared.horizon
+    betting_range = None
+    if reward_range is not None and (config.gamma < 1 or horizon is not None):
+        gamma = config.gamma
+        if horizon is None:
+            discounted_horizon = 1.0 / (1.0 - gamma)
+        elif gamma == 1.0:
+            discounted_horizon = float(horizon)
+        else:
+            discounted_horizon = (1.0 - gamma**horizon) / (1.0 - gamma)
+        # The absorbing reward 0 after an episode ends must lie in the range too.
+        betting_range = (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
+    method = config.interval
+    if config.reward_range is not None and betting_range is None:
+        raise UsageError("--reward-range with --gamma 1 also needs --horizon STEPS: without "
+                         "discounting, only a horizon bounds the return")
+    if method == "auto":
+        method = "betting" if betting_range is not None else "normal"
+    if method != "betting":
+        return IntervalPlan(method)
+    if betting_range is None:
+        missing = ("--reward-range LOW HIGH" if reward_range is None
+                   else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)")
+        raise UsageError(f"--ci betting needs bounds on every episode's return: pass {missing}, or "
+                         "declare it in the data's schema metadata (see the README)")
+    def source(option: str, value) -> str:
+        return option if value is not None else "declared by the data"
+
+    return IntervalPlan("betting", reward_range, horizon, source("--reward-range", config.reward_range),
+                        source("--horizon", config.horizon), betting_range)
 
 
 @dataclasses.dataclass
@@ -187,11 +275,12 @@ def evaluate(
         for policy in policies:
             if policy.kind != "logged":
                 check_against_schema(policy, schema)
+        plan = plan_intervals(config, data.declared_bounds())
         files = len(data.files)
         if num_processes > 1:
             data = data.restrict(share_files(data.files, process_id, num_processes))
-        local = _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress,
-                            on_status)
+        local = _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
+                            on_progress, on_status)
     except OpeError as failure:
         if num_processes == 1:
             raise
@@ -216,7 +305,7 @@ def evaluate(
     results = []
     for policy, accumulator in zip(policies, local.accumulators, strict=True):
         estimates, diagnostics = finalize(accumulator, config.gamma, local.max_length, config.confidence,
-                                          config.interval)
+                                          plan.method, plan.betting_range)
         results.append(PolicyResult(
             policy=policy.name,
             estimates={name: estimates[name] for name in config.estimators},
@@ -235,9 +324,10 @@ def evaluate(
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
-        confidence_method=INTERVAL_METHODS[config.interval].format(
-            samples=config.bootstrap_samples, seed=config.seed) + "; " + STANDARD_ERRORS,
-        interval=config.interval,
+        confidence_method=plan.describe(config) + "; " + STANDARD_ERRORS,
+        interval=plan.method,
+        reward_range=plan.reward_range,
+        horizon=plan.horizon,
         results=results,
         seconds=time.perf_counter() - started,
         backend=backend,
@@ -255,7 +345,7 @@ def evaluate(
     )
 
 
-def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_progress,
+def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer, on_progress,
                 on_status=None) -> _LocalPass:
     """Reads this process's files once and accumulates every policy's statistics."""
     import jax
@@ -264,10 +354,12 @@ def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_pr
 
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
-    replicates = 0 if config.interval == "normal" else config.bootstrap_samples
-    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh, replicates, config.seed)
+    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
+    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh, replicates, config.seed,
+                      plan.betting_range)
                for group in group_policies(policies)]
-    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS, replicates) for _ in policies])
+    betting = plan.betting_range is not None
+    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS, replicates, betting) for _ in policies])
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
@@ -295,9 +387,10 @@ def _local_pass(config, data, schema, policies, precision, mesh, bucketer, on_pr
     total_rows = data.count_rows()
     if on_progress is not None:
         on_progress(0, total_rows)
-    def policy_checks(chunk):  # action and state ranges, validated with the data's values
+    def policy_checks(chunk):  # action and state ranges and bounds, validated with the data
         for policy in policies:
             yield from chunk_checks(policy, chunk)
+        yield from plan.chunk_checks(chunk)
 
     assembler = EpisodeAssembler(schema, config.on_invalid, policy_checks)
     for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):

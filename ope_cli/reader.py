@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,19 @@ class SourcedBatch:
     last_in_file: bool
 
 
+# Schema metadata in which data declares bounds that ``--ci betting`` relies on.
+METADATA_KEY = "ope"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredBounds:
+    """What the data says about every possible episode: rewards in [low, high], and at most
+    ``horizon`` steps (None: not declared)."""
+
+    reward_range: tuple[float, float] | None = None
+    horizon: int | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class LoggedDataset:
     """An ordered list of data files read as one dataset.
@@ -49,6 +64,29 @@ class LoggedDataset:
     @property
     def schema(self) -> pa.Schema:
         return self.dataset.schema
+
+    def declared_bounds(self) -> DeclaredBounds:
+        """The reward range and horizon the data declares in its schema metadata (key
+        METADATA_KEY, a JSON object with "reward_range": [low, high] and "horizon": steps)."""
+        raw = (self.schema.metadata or {}).get(METADATA_KEY.encode())
+        if raw is None:
+            return DeclaredBounds()
+        try:
+            declared = json.loads(raw)
+            reward_range = declared.get("reward_range")
+            horizon = declared.get("horizon")
+            if reward_range is not None:
+                low, high = (float(x) for x in reward_range)
+                if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                    raise ValueError
+                reward_range = (low, high)
+            if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon
+                                        or horizon < 1):
+                raise ValueError
+        except (ValueError, TypeError, AttributeError):
+            raise DataError(f"{self.source}: schema metadata {METADATA_KEY!r} must be a JSON object "
+                            f'like {{"reward_range": [0, 1], "horizon": 100}}, got {raw[:80]!r}') from None
+        return DeclaredBounds(reward_range, None if horizon is None else int(horizon))
 
     def restrict(self, files: tuple[str, ...]) -> LoggedDataset:
         """The same dataset (schema, partitioning) over a subset of its files."""

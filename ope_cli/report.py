@@ -66,7 +66,9 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
         },
         "gamma": result.gamma,
         "confidence": {"level": result.confidence_level, "interval": result.interval,
-                       "method": result.confidence_method},
+                       "method": result.confidence_method,
+                       "reward_range": list(result.reward_range) if result.reward_range else None,
+                       "horizon": result.horizon},
         "results": results,
         "runtime": {
             "seconds": result.seconds,

@@ -16,6 +16,10 @@ import numpy as np
 
 from ope_cli.config import ESTIMATORS
 from ope_cli.estimators import (
+    BETTING_BIN_WIDTH,
+    BETTING_BINS,
+    BETTING_LOG_RANGE,
+    BETTING_VARIABLES,
     GROUP_SUM_FIELDS,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
@@ -48,6 +52,7 @@ class Accumulator:
     replicate_log_scale_t: np.ndarray  # [L]
     replicate_num_t: np.ndarray  # [R, L]
     replicate_den_t: np.ndarray  # [R, L]
+    betting_histogram: np.ndarray  # [4, BETTING_BINS + 1] ([4, 0] without betting intervals)
 
     def total(self, field: str) -> float:
         """A GROUP_SUM_FIELDS column summed over groups."""
@@ -62,7 +67,7 @@ def from_batch(batch: BatchStatistics) -> Accumulator:
     })
 
 
-def init(num_groups: int, num_replicates: int = 0) -> Accumulator:
+def init(num_groups: int, num_replicates: int = 0, betting: bool = False) -> Accumulator:
     """The accumulator of no episodes (the identity of ``merge``)."""
     return Accumulator(
         log_scale_trajectory=-math.inf,
@@ -76,6 +81,7 @@ def init(num_groups: int, num_replicates: int = 0) -> Accumulator:
         replicate_log_scale_t=np.zeros(0),
         replicate_num_t=np.zeros((num_replicates, 0)),
         replicate_den_t=np.zeros((num_replicates, 0)),
+        betting_histogram=np.zeros((len(BETTING_VARIABLES), BETTING_BINS + 1 if betting else 0)),
     )
 
 
@@ -143,6 +149,7 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         replicate_log_scale_t=scale_t,
         replicate_num_t=a.replicate_num_t * ra + b.replicate_num_t * rb,
         replicate_den_t=a.replicate_den_t * ra + b.replicate_den_t * rb,
+        betting_histogram=a.betting_histogram + b.betting_histogram,
     )
 
 
@@ -234,7 +241,7 @@ UNDEFINED = {
     "wis": "every trajectory weight is zero",
     "pdis": "the per-decision weights overflow float64",
 }
-INTERVALS = ("normal", "percentile", "bootstrap-t")
+INTERVALS = ("betting", "normal", "percentile", "bootstrap-t")
 MIN_VALID_REPLICATES = 0.9  # below this share of defined replicates, no bootstrap interval
 
 
@@ -263,11 +270,87 @@ def _bootstrap_interval(estimate: Estimate, replicates: np.ndarray, replicate_st
                                ci_high=_finite(estimate.value - t_low * estimate.stderr))
 
 
+# Betting intervals: the gambler stakes these fractions of the largest bet that cannot go
+# bankrupt, and the wealth averages over them (an equal-weight mixture of 20 fixed bets).
+BETTING_FRACTIONS = 0.95 * 2.0 ** (-np.arange(20) / 2)
+
+
+def _betting_values() -> np.ndarray:
+    """[BETTING_BINS + 1] the value each histogram bin stands for: its lower edge (0 below)."""
+    low, _ = BETTING_LOG_RANGE
+    return np.concatenate([[0.0], np.exp(low + BETTING_BIN_WIDTH * np.arange(BETTING_BINS))])
+
+
+def betting_lower_bound(counts: np.ndarray, alpha: float) -> float | None:
+    """Lower confidence bound, valid at level 1 - alpha for every sample size, on the mean
+    mu in [0, 1] of a non-negative variable X, from the histogram of log X (``counts``
+    [BETTING_BINS + 1], see estimators.BETTING_LOG_RANGE). None without data.
+
+    To test mu = m, a gambler bets a fraction c of the largest stake 1/m that cannot go
+    bankrupt, so each episode multiplies its wealth by 1 - c + c X_i / m. If mu = m that is a
+    non-negative martingale started at 1 for every c, and so is the average over
+    BETTING_FRACTIONS; by Markov's inequality it reaches 1/alpha with probability <= alpha.
+    Every m whose wealth reaches 1/alpha is rejected. The wealth falls as m grows, so the
+    rejected m form an interval [0, m*) that bisection finds; m* is the bound. Reading each
+    bin as its lower edge understates X, hence the wealth, so the bound stays valid.
+    """
+    bins = np.flatnonzero(counts)
+    if bins.size == 0:
+        return None
+    n_k, x_k = counts[bins], _betting_values()[bins]
+    threshold = math.log(1.0 / alpha)
+    fractions = BETTING_FRACTIONS[:, None]
+
+    def rejected(m: float) -> bool:
+        log_wealth_c = np.log1p(fractions * (x_k / m - 1.0)) @ n_k
+        top = log_wealth_c.max()
+        return top + math.log(np.mean(np.exp(log_wealth_c - top))) >= threshold
+
+    if rejected(1.0):
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if rejected(middle) else (low, middle)
+    return low
+
+
+def _betting_intervals(estimates: dict[str, Estimate], histogram: np.ndarray,
+                       betting_range: tuple[float, float, float], confidence: float
+                       ) -> dict[str, Estimate]:
+    """Replaces the intervals by betting ones, with 1 - confidence split over both sides:
+    trajectory weights for is and wis, per-decision weights for pdis and wpdis (see
+    estimators.betting_variables for the variables and their means)."""
+    low, high, horizon = betting_range
+    alpha = (1.0 - confidence) / 2
+    intervals = {}
+    for kind, row in (("trajectory", 0), ("decision", 2)):
+        v_low = betting_lower_bound(histogram[row], alpha)
+        v_high = betting_lower_bound(histogram[row + 1], alpha)
+        if v_low is None or v_high is None:
+            intervals[kind] = (None, None, None)
+        elif v_low > 1.0 - v_high:
+            intervals[kind] = (None, None, "the lower betting bound exceeds the upper one: rewards "
+                               "outside the range, or the behavior policy misses actions of the "
+                               "evaluated one")
+        else:
+            intervals[kind] = (low * horizon + (high - low) * horizon * v_low,
+                               low * horizon + (high - low) * horizon * (1.0 - v_high), None)
+    out = {}
+    for name, estimate in estimates.items():
+        ci_low, ci_high, note = intervals["trajectory" if name in ("is", "wis") else "decision"]
+        out[name] = dataclasses.replace(estimate, ci_low=_finite(ci_low), ci_high=_finite(ci_high),
+                                        note=estimate.note or note)
+    return out
+
+
 def finalize(
-    acc: Accumulator, gamma: float, max_length: int, confidence: float, interval: str = "normal"
+    acc: Accumulator, gamma: float, max_length: int, confidence: float, interval: str = "normal",
+    betting_range: tuple[float, float, float] | None = None,
 ) -> tuple[dict[str, Estimate], Diagnostics]:
     """The four estimates with intervals at ``confidence`` (method ``interval``, one of
-    INTERVALS), and the diagnostics."""
+    INTERVALS), and the diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
+    estimators.betting_variables and an accumulator that holds their histogram."""
     totals = acc.group_sums.sum(axis=0)
     n = totals[_FIELD["count"]]
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
@@ -278,7 +361,11 @@ def finalize(
         estimates[name] = _estimate(value, stderr, z, None if value is not None else UNDEFINED[name])
     estimates["wpdis"] = _finalize_wpdis(acc, gamma, max_length, z)
 
-    if interval != "normal":
+    if interval == "betting":
+        if betting_range is None or acc.betting_histogram.shape[-1] == 0:
+            raise ValueError("betting intervals need a reward range and the betting histogram")
+        estimates = _betting_intervals(estimates, acc.betting_histogram, betting_range, confidence)
+    elif interval != "normal":
         replicates = _sum_estimates(acc.replicate_sums, acc.log_scale_trajectory, acc.log_scale_step)
         replicates["wpdis"] = (_wpdis_replicates(acc, gamma, max_length), None)
         for name, (values, stderrs) in replicates.items():

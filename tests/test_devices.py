@@ -53,6 +53,17 @@ def test_sharded_over_devices_equals_one_device(case, device_count):
         assert batch % device_count == 0
 
 
+def test_betting_intervals_sharded_equal_one_device(case):
+    tmp, args, _ = case
+    betting = [*args[:-4], "--reward-range", "-3", "3"]
+    single, sharded = ope_json(betting, 1, tmp), ope_json(betting, 4, tmp)
+    assert single["confidence"]["interval"] == sharded["confidence"]["interval"] == "betting"
+    for one, many in zip(single["results"], sharded["results"], strict=True):
+        for name, estimate in one["estimates"].items():
+            for field in ("ci_low", "ci_high"):
+                assert many["estimates"][name][field] == pytest.approx(estimate[field], rel=1e-9)
+
+
 def test_devices_option_limits_the_mesh(case):
     tmp, args, _ = case
     limited = ope_json([*args, "--devices", "2"], 4, tmp)

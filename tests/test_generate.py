@@ -120,6 +120,11 @@ def test_files_schema_and_checkpoints(env, on_policy):
     log_prob = _behavior_log_prob(kind, behavior, obs, action)
     np.testing.assert_allclose(np.exp(log_prob), table["behavior_prob"].to_numpy(), rtol=1e-9)
     assert np.all(np.isfinite(table["reward"].to_numpy()))
+    declared = json.loads(pq.read_schema(out / "logs.parquet").metadata[b"ope"])
+    assert declared == {"reward_range": truth["reward_range"], "horizon": truth["horizon"]}
+    if declared["reward_range"] is not None:  # bandit, chain: the data keep the promise
+        low, high = declared["reward_range"]
+        assert low <= table["reward"].to_numpy().min() and table["reward"].to_numpy().max() <= high
 
     assert [p["policy"] for p in truth["policies"]] == [
         "policies/eval_0.npz",
