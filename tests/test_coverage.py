@@ -89,7 +89,12 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
                      for method in coverage.METHODS})
     for method, run in runs.items():
         assert run.returncode == 0, run
-        cli = json.loads(run.stdout)["results"][0]["estimates"]
+        document = json.loads(run.stdout)
+        assert document["confidence"]["interval"] == method
+        if method == "betting":  # the bounds chain declares in its metadata
+            assert document["confidence"]["reward_range"] == [0.0, 1.0]
+            assert document["confidence"]["horizon"] is None
+        cli = document["results"][0]["estimates"]
         estimates, _ = finalize(from_batch(batch), GAMMA, arrays["reward"].shape[-1], 0.95, method,
                                 plan.betting_range)
         for name, estimate in estimates.items():

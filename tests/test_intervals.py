@@ -145,3 +145,57 @@ def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth
         assert policy.estimates["pdis"].stderr < policy.estimates["is"].stderr
         assert policy.estimates["wpdis"].stderr < policy.estimates["wis"].stderr
 
+
+
+def _log_histogram(x: np.ndarray) -> np.ndarray:
+    """The kernel's histogram of log x (estimators._betting_histogram) for one variable."""
+    from ope_cli.estimators import _betting_histogram
+
+    with np.errstate(divide="ignore"):
+        log_x = np.log(x)[None]
+    return np.asarray(_betting_histogram(log_x, np.ones(x.size, bool), np.float64))[0]
+
+
+def test_betting_variables_match_their_formulas():
+    """Padded [B, T] arrays give the per-episode variables written plainly from the formulas."""
+    from ope_cli.estimators import betting_variables
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(7)
+    lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 8, 0.9, (-1.0, 2.0, 12)
+    discounted = (1 - gamma**horizon) / (1 - gamma)
+    log_ratio = rng.normal(scale=0.7, size=(4, steps))
+    reward = rng.uniform(a, b, size=(4, steps))
+    mask = np.arange(steps) < lengths[:, None]
+    log_w = np.cumsum(np.where(mask, log_ratio, 0.0), axis=1)
+    got = np.exp(np.asarray(betting_variables(
+        log_w, np.where(mask, reward, 0.0), gamma ** np.arange(steps), np.array([a, b, discounted]))))
+    span = (b - a) * discounted
+    for i, n in enumerate(lengths):
+        w_t, r_t, g_t = np.exp(log_w[i, :n]), reward[i, :n], gamma ** np.arange(n)
+        ret, rest = g_t @ r_t, discounted - g_t.sum()  # rest: discount of the steps never taken
+        want = [w_t[-1] * (ret - a * discounted) / span, w_t[-1] * (b * discounted - ret) / span,
+                (g_t @ (w_t * (r_t - a)) - a * rest * w_t[-1]) / span,
+                (g_t @ (w_t * (b - r_t)) + b * rest * w_t[-1]) / span]
+        np.testing.assert_allclose(got[:, i], want, rtol=1e-12)
+
+
+def test_betting_lower_bound_is_valid_and_sharpens_with_data():
+    from ope_cli.stats import betting_lower_bound
+
+    rng = np.random.default_rng(3)
+    mean = 0.3
+    misses, bounds = 0, {}
+    for n in (100, 400, 1600):
+        for _ in range(200 if n == 100 else 20):
+            # heavy-tailed, non-negative, mean 0.3: lognormal weights times a [0, 1] return
+            x = np.exp(rng.normal(-0.5, 1.0, n)) * rng.beta(0.6, 1.4, n)
+            bound = betting_lower_bound(_log_histogram(x), 0.025)
+            assert bound <= x.mean() + 1e-12
+            misses += n == 100 and bound > mean
+            bounds.setdefault(n, []).append(bound)
+    assert misses <= 200 * 0.025 + 3 * np.sqrt(200 * 0.025)  # at most alpha, up to 3 sd
+    gaps = [mean - np.mean(bounds[n]) for n in (100, 400, 1600)]
+    assert gaps[0] > gaps[1] > gaps[2] > 0
+    assert betting_lower_bound(np.zeros_like(_log_histogram(np.ones(1))), 0.025) is None
+    assert betting_lower_bound(_log_histogram(np.zeros(50)), 0.025) == 0.0
