@@ -4,6 +4,7 @@ padded batches -> kernel -> batch statistics -> merged accumulators -> result.""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
@@ -31,7 +32,7 @@ from ope_cli.policies import (
     load_policies,
     logged_policy,
 )
-from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset
+from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset, prefetched
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.stats import (
     Accumulator,
@@ -393,14 +394,16 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
         yield from plan.chunk_checks(chunk)
 
     assembler = EpisodeAssembler(schema, config.on_invalid, policy_checks)
-    for chunk in assembler.chunks(iter_batches(data, schema.read_columns, config.batching.read_rows)):
-        local.episodes += chunk.num_episodes
-        local.steps += chunk.num_steps
-        local.max_length = max(local.max_length, int(chunk.lengths.max()))
-        for batch in bucketer.add(chunk):
-            run(batch)
-        if on_progress is not None:
-            on_progress(assembler.rows_read, total_rows)
+    reading = prefetched(iter_batches(data, schema.read_columns, config.batching.read_rows))
+    with contextlib.closing(reading):  # a failure below stops the reading thread at once
+        for chunk in assembler.chunks(reading):
+            local.episodes += chunk.num_episodes
+            local.steps += chunk.num_steps
+            local.max_length = max(local.max_length, int(chunk.lengths.max()))
+            for batch in bucketer.add(chunk):
+                run(batch)
+            if on_progress is not None:
+                on_progress(assembler.rows_read, total_rows)
     for batch in bucketer.flush():
         run(batch)
     while in_flight:

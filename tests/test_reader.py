@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ope_cli.errors import DataError
-from ope_cli.reader import iter_batches, open_dataset
+from ope_cli.reader import iter_batches, open_dataset, prefetched
 
 
 def table(start: int, stop: int) -> pa.Table:
@@ -228,3 +228,37 @@ def test_count_rows(tmp_path):
     assert open_dataset(str(tmp_path)).count_rows() == 13
     feather.write_feather(table(0, 3), tmp_path / "x.feather")
     assert open_dataset(str(tmp_path / "x.feather")).count_rows() is None
+
+
+def test_prefetched_keeps_order_and_reraises_in_place():
+    assert list(prefetched(iter(range(100)), depth=3)) == list(range(100))
+
+    def failing():
+        yield 1
+        yield 2
+        raise DataError("broken file")
+
+    seen = []
+    with pytest.raises(DataError, match="broken file"):
+        for item in prefetched(failing()):
+            seen.append(item)
+    assert seen == [1, 2]
+
+
+def test_prefetched_stops_its_thread_when_the_consumer_stops():
+    import threading
+
+    produced = []
+
+    def endless():
+        i = 0
+        while True:
+            produced.append(i)
+            yield i
+            i += 1
+
+    reading = prefetched(endless(), depth=2)
+    assert [next(reading) for _ in range(5)] == [0, 1, 2, 3, 4]
+    reading.close()
+    assert not any(t.name == "ope-prefetch" and t.is_alive() for t in threading.enumerate())
+    assert len(produced) <= 5 + 2 + 1  # at most depth items (and the one being put) ahead
