@@ -149,6 +149,23 @@ _READ_FLAGS: tuple[str, ...] = REASONS[:8]
 Check = tuple[str, str, np.ndarray]  # (reason, problem, [N] bool: the rows that have it)
 
 
+def bounds_checks(chunk: EpisodeChunk, reward_range: tuple[float, float] | None,
+                  horizon: int | None, reward_source: str | None,
+                  horizon_source: str | None) -> Iterator[Check]:
+    """Rewards outside ``reward_range`` and steps at or beyond ``horizon`` (None: no check).
+    Never dropped (FATAL_REASONS): the bounds are a promise about every episode, and
+    betting intervals are only as good as it."""
+    if reward_range is not None:
+        low, high = reward_range
+        yield ("reward_out_of_range", f"reward is outside the range [{low:g}, {high:g}] "
+               f"({reward_source}) that betting intervals rely on",
+               (chunk.reward < low) | (chunk.reward > high))
+    if horizon is not None:
+        position = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], chunk.lengths)
+        yield ("episode_too_long", f"episode is longer than the horizon of {horizon} steps "
+               f"({horizon_source}) that betting intervals rely on", position >= horizon)
+
+
 @dataclasses.dataclass
 class Problem:
     """One kind of validation problem, how often it occurred, and where it first did."""

@@ -20,10 +20,10 @@ import numpy as np
 
 from ope_cli import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, Problem
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, Problem, bounds_checks
 from ope_cli.errors import DataError
 from ope_cli.policies import check_against_schema, chunk_checks, load_policies
-from ope_cli.reader import iter_batches, open_dataset
+from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
 
 SCHEMA_VERSION = 1
@@ -72,6 +72,7 @@ class InspectReport:
     )
     action_counts: dict[int, int] | None = None
     other_actions: int = 0
+    declared: DeclaredBounds = DeclaredBounds()  # bounds in the schema metadata (checked)
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
     @property
@@ -152,9 +153,13 @@ def inspect(config: InspectConfig) -> InspectReport:
     for policy in policies:
         check_against_schema(policy, schema)
 
+    declared = data.declared_bounds()
+
     def policy_checks(chunk):
         for policy in policies:
             yield from chunk_checks(policy, chunk)
+        yield from bounds_checks(chunk, declared.reward_range, declared.horizon,
+                                 "declared by the data", "declared by the data")
 
     report = InspectReport(
         source=config.data,
@@ -164,6 +169,7 @@ def inspect(config: InspectConfig) -> InspectReport:
         column_types={
             role: str(data.schema.field(name).type) for role, name in schema.columns.items()
         },
+        declared=declared,
     )
     assembler = EpisodeAssembler(schema, "collect", policy_checks)
     remaining = list(data.files)
@@ -235,6 +241,11 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
             "action": {"kind": s.action_kind, "vector": s.action_is_vector},
             "behavior": "log_prob" if s.behavior_is_log else "prob",
             "target": s.target,
+            "declared": {
+                "reward_range": list(report.declared.reward_range)
+                if report.declared.reward_range else None,
+                "horizon": report.declared.horizon,
+            },
         },
         "counts": {
             "rows_read": report.rows_read,
@@ -318,6 +329,13 @@ def render_table(report: InspectReport, console) -> None:
         + (f"; target {s.target} logged" if s.target else ""),
         highlight=False,
     )
+    declared = report.declared
+    if declared.reward_range or declared.horizon:
+        parts = ([f"rewards in [{declared.reward_range[0]:g}, {declared.reward_range[1]:g}]"]
+                 if declared.reward_range else []) + (
+            [f"at most {declared.horizon} steps"] if declared.horizon else [])
+        console.print(f"declared in the metadata (for betting intervals): {', '.join(parts)}",
+                      highlight=False)
     lengths = (
         f"valid episode lengths {report.min_length} to {report.max_length}"
         if report.episodes

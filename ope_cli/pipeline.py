@@ -23,7 +23,7 @@ from ope_cli.distributed import (
     reduce_accumulators,
     share_files,
 )
-from ope_cli.episodes import REASONS, EpisodeAssembler, dropped_by_reason
+from ope_cli.episodes import REASONS, EpisodeAssembler, bounds_checks, dropped_by_reason
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.policies import (
     Policy,
@@ -166,17 +166,8 @@ class IntervalPlan:
                                                   bounds_source=self.bounds_source)
 
     def chunk_checks(self, chunk):
-        """Rewards outside the range and steps beyond the horizon (never dropped: the bounds
-        are a promise about every episode, and betting intervals are only as good as it)."""
-        if self.reward_range is not None:
-            low, high = self.reward_range
-            yield ("reward_out_of_range", f"reward is outside the range [{low:g}, {high:g}] "
-                   f"({self.bounds_source}) that betting intervals rely on",
-                   (chunk.reward < low) | (chunk.reward > high))
-        if self.horizon is not None:
-            position = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], chunk.lengths)
-            yield ("episode_too_long", f"episode is longer than the horizon of {self.horizon} steps "
-                   f"({self.horizon_source}) that betting intervals rely on", position >= self.horizon)
+        return bounds_checks(chunk, self.reward_range, self.horizon, self.bounds_source,
+                             self.horizon_source)
 
 
 def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:

@@ -77,6 +77,28 @@ def test_episode_layout_and_logged_targets(tmp_path):
     assert doc["counts"]["rows_read"] == 20 and doc["valid"]
 
 
+def test_declared_bounds_are_shown_and_checked(tmp_path):
+    """Bounds in the schema metadata (what betting intervals rely on) are reported, and every
+    reward or step beyond them is a problem."""
+    episodes = _episodes(n=30)
+    table = step_layout_table(episodes)
+    rewards = np.concatenate([e["reward"] for e in episodes])
+    declared = {"reward_range": [float(np.quantile(rewards, 0.1)), 10.0], "horizon": 5}
+    write_table(table.replace_schema_metadata({"ope": json.dumps(declared)}), tmp_path / "l.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "l.parquet")))
+    doc = to_json_dict(report)
+    assert doc["dataset"]["declared"] == declared
+    found = {p.reason: p.episodes for p in report.problems}
+    low_reward = np.array([np.any(e["reward"] < declared["reward_range"][0]) for e in episodes])
+    too_long = np.array([len(e["reward"]) > 5 for e in episodes])
+    assert found == {"reward_out_of_range": int(low_reward.sum()),
+                     "episode_too_long": int(too_long.sum())}
+    console = Console(width=120, record=True)
+    render_table(report, console)
+    text = console.export_text()
+    assert "rewards in [" in text and "at most 5 steps" in text
+
+
 @pytest.fixture(scope="module")
 def messy(tmp_path_factory):
     """test_on_invalid's table of planted problems split over two files, and a third file
