@@ -15,6 +15,9 @@ from datasets import (
     write_step_layout,
 )
 
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.pipeline import evaluate
+
 
 def ope_json(args, device_count, cwd):
     flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={device_count}"}
@@ -56,12 +59,19 @@ def test_sharded_over_devices_equals_one_device(case, device_count):
 def test_betting_intervals_sharded_equal_one_device(case):
     tmp, args, _ = case
     betting = [*args[:-4], "--reward-range", "-3", "3"]
-    single, sharded = ope_json(betting, 1, tmp), ope_json(betting, 4, tmp)
-    assert single["confidence"]["interval"] == sharded["confidence"]["interval"] == "betting"
-    for one, many in zip(single["results"], sharded["results"], strict=True):
-        for name, estimate in one["estimates"].items():
+    sharded = ope_json(betting, 4, tmp)
+    assert sharded["confidence"]["interval"] == "betting"
+    # this test process has one CPU device: the single-device run happens in-process
+    data, *policies = (a.removeprefix("--policy=") for a in args[:3])
+    single = evaluate(EvaluationConfig(data=data, policies=tuple(policies), gamma=0.97,
+                                       reward_range=(-3.0, 3.0),
+                                       batching=BatchingConfig(batch_steps=2048)))
+    assert single.devices == 1 and single.interval == "betting"
+    for one, many in zip(single.results, sharded["results"], strict=True):
+        for name, estimate in one.estimates.items():
             for field in ("ci_low", "ci_high"):
-                assert many["estimates"][name][field] == pytest.approx(estimate[field], rel=1e-9)
+                assert many["estimates"][name][field] == pytest.approx(getattr(estimate, field),
+                                                                       rel=1e-9)
 
 
 def test_devices_option_limits_the_mesh(case):
