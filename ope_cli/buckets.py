@@ -18,6 +18,7 @@ from ope_cli.config import BatchingConfig
 from ope_cli.episodes import EpisodeChunk
 
 RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
+STEP_FIELDS = ("observation", "action", "reward", "log_behavior", "log_target")  # [N, ...] arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,27 +103,6 @@ def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
     )
 
 
-def slice_episodes(chunk: EpisodeChunk, start: int, stop: int) -> EpisodeChunk:
-    """Episodes ``start:stop`` of ``chunk`` as views (no copy)."""
-    offsets = chunk.offsets
-    first, last = int(offsets[start]), int(offsets[stop])
-
-    def rows_of(array: np.ndarray | None) -> np.ndarray | None:
-        return None if array is None else array[first:last]
-
-    return dataclasses.replace(
-        chunk,
-        ids=chunk.ids[start:stop],
-        keys=chunk.keys[start:stop],
-        lengths=chunk.lengths[start:stop],
-        observation=rows_of(chunk.observation),
-        action=rows_of(chunk.action),
-        reward=rows_of(chunk.reward),
-        log_behavior=rows_of(chunk.log_behavior),
-        log_target=rows_of(chunk.log_target),
-    )
-
-
 def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
     """One chunk holding the episodes of ``chunks`` in order (file of the first)."""
     if len(chunks) == 1:
@@ -139,47 +119,100 @@ def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
     })
 
 
+def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
+    """An all-padding [batch, length] PaddedBatch with the dtypes and trailing shapes of
+    ``chunk``'s arrays, ready for ``place_episodes``."""
+
+    def zeros_like(values: np.ndarray | None) -> np.ndarray | None:
+        return None if values is None else _zeros((batch, length, *values.shape[1:]), values.dtype)
+
+    return PaddedBatch(
+        observation=zeros_like(chunk.observation),
+        action=zeros_like(chunk.action),
+        reward=zeros_like(chunk.reward),
+        log_behavior=zeros_like(chunk.log_behavior),
+        log_target=zeros_like(chunk.log_target),
+        step_mask=_zeros((batch, length), bool),
+        episode_mask=np.zeros(batch, bool),
+        group=np.zeros(batch, np.int32),
+        key_hi=np.zeros(batch, np.uint32),
+        key_lo=np.zeros(batch, np.uint32),
+    )
+
+
+def place_episodes(batch: PaddedBatch, row: int, chunk: EpisodeChunk, episodes: np.ndarray,
+                   offsets: np.ndarray | None = None) -> int:
+    """Copies episodes ``episodes`` ([k] indices into ``chunk``, each <= T steps) into rows
+    ``row:row + k`` of ``batch`` ([B, T]). Each array is gathered straight into its [k, T]
+    block (cell t of an episode reads its step min(t, length - 1)), then the padding cells
+    are zeroed. ``offsets`` is ``chunk.offsets`` when the caller has it. Returns the steps."""
+    offsets = chunk.offsets if offsets is None else offsets
+    length = batch.shape[1]
+    lengths = chunk.lengths[episodes]
+    time = np.arange(length)
+    real = time < lengths[:, None]  # [k, T]
+    source = offsets[episodes][:, None] + np.minimum(time, lengths[:, None] - 1)
+    padding = np.flatnonzero(~real)  # in the [k * T] flattening of the block
+    rows = slice(row, row + episodes.size)
+    for name in STEP_FIELDS:
+        padded, values = getattr(batch, name), getattr(chunk, name)
+        if padded is None:
+            continue
+        block = padded[rows]
+        if block.dtype == values.dtype:  # indices are in range: "clip" skips the checks
+            np.take(values, source, axis=0, out=block, mode="clip")
+        else:  # a batch widened for another file's wider column
+            block[...] = values[source]
+        block.reshape(-1, *block.shape[2:])[padding] = 0
+    batch.step_mask[rows] = real
+    keys = chunk.keys[episodes]
+    batch.episode_mask[rows] = True
+    batch.group[rows] = (keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    batch.key_hi[rows] = (keys >> np.uint64(32)).astype(np.uint32)
+    batch.key_lo[rows] = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return int(lengths.sum())
+
+
+def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
+    """``batch``, its per-step arrays copied to a wider dtype where ``chunk``'s is wider
+    (files may store a column as float32 in one and float64 in another); usually itself."""
+    wider = {}
+    for name in STEP_FIELDS:
+        padded, values = getattr(batch, name), getattr(chunk, name)
+        if padded is not None and values is not None:
+            dtype = np.result_type(padded.dtype, values.dtype)
+            if dtype != padded.dtype:
+                wider[name] = _zeros(padded.shape, dtype)
+                wider[name][...] = padded
+    return dataclasses.replace(batch, **wider) if wider else batch
+
+
+def first_rows(batch: PaddedBatch, rows: int) -> PaddedBatch:
+    """Rows ``:rows`` of ``batch`` as views (still 64-byte aligned: same start)."""
+    return PaddedBatch(**{
+        field.name: None if (value := getattr(batch, field.name)) is None else value[:rows]
+        for field in dataclasses.fields(PaddedBatch)
+    })
+
+
 def pad(chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
         ) -> PaddedBatch:
     """Pads episodes ``start:stop`` of ``chunk`` (<= ``batch`` of them, each <= ``length``
-    steps) into a [batch, length] PaddedBatch, scattering straight from the chunk's arrays."""
+    steps) into a [batch, length] PaddedBatch."""
     stop = chunk.num_episodes if stop is None else stop
-    offsets = chunk.offsets
-    lengths = chunk.lengths[start:stop]
-    keys = chunk.keys[start:stop]
-    first, last = int(offsets[start]), int(offsets[stop])
-    episode_of_row = np.repeat(np.arange(lengths.size), lengths)
-    time_of_row = np.arange(last - first) - np.repeat(offsets[start:stop] - first, lengths)
+    padded = empty_batch(chunk, length, batch)
+    place_episodes(padded, 0, chunk, np.arange(start, stop))
+    return padded
 
-    def padded(values: np.ndarray | None) -> np.ndarray | None:
-        if values is None:
-            return None
-        out = _zeros((batch, length, *values.shape[1:]), values.dtype)
-        out[episode_of_row, time_of_row] = values[first:last]
-        return out
 
-    step_mask = _zeros((batch, length), bool)
-    step_mask[episode_of_row, time_of_row] = True
-    episode_mask = np.zeros(batch, bool)
-    episode_mask[: lengths.size] = True
-    group = np.zeros(batch, np.int32)
-    group[: lengths.size] = (keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
-    key_hi = np.zeros(batch, np.uint32)
-    key_lo = np.zeros(batch, np.uint32)
-    key_hi[: lengths.size] = (keys >> np.uint64(32)).astype(np.uint32)
-    key_lo[: lengths.size] = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    return PaddedBatch(
-        observation=padded(chunk.observation),
-        action=padded(chunk.action),
-        reward=padded(chunk.reward),
-        log_behavior=padded(chunk.log_behavior),
-        log_target=padded(chunk.log_target),
-        step_mask=step_mask,
-        episode_mask=episode_mask,
-        group=group,
-        key_hi=key_hi,
-        key_lo=key_lo,
-    )
+@dataclasses.dataclass
+class _OpenBatch:
+    """A bucket's batch being filled: ``rows`` episodes with ``steps`` real steps so far.
+    Its arrays are its own (episodes are copied in), so no chunk outlives its ``add``."""
+
+    batch: PaddedBatch
+    rows: int = 0
+    steps: int = 0
 
 
 class Bucketer:
@@ -193,8 +226,7 @@ class Bucketer:
         self.batching = batching
         self.multiple_of = multiple_of
         self._lengths = bucket_lengths_upto(1, batching.min_bucket, batching.bucket_growth)
-        self._pending: dict[int, list[EpisodeChunk]] = {}
-        self._pending_count: dict[int, int] = {}
+        self._open: dict[int, _OpenBatch] = {}  # bucket length -> its partly filled batch
         self.real_steps = 0
         self.padded_steps = 0
         self.shapes: set[tuple[int, int]] = set()
@@ -204,22 +236,33 @@ class Bucketer:
         longest = int(chunk.lengths.max())
         if longest > self._lengths[-1]:
             self._lengths = bucket_lengths_upto(longest, self.batching.min_bucket, self.batching.bucket_growth)
+        offsets = chunk.offsets
         bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
         for bucket in np.unique(bucket_of):
             length = int(self._lengths[bucket])
+            batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
             members = np.flatnonzero(bucket_of == bucket)
-            # A gathered copy, not a view: a view would keep the whole chunk alive for as
-            # long as a slow-filling bucket (long episodes are rare) holds its few episodes,
-            # and memory would grow with the data.
-            part = chunk if members.size == chunk.num_episodes else take_episodes(chunk, members)
-            self._pending.setdefault(length, []).append(part)
-            self._pending_count[length] = self._pending_count.get(length, 0) + members.size
-            yield from self._drain(length, final=False)
+            while members.size:
+                open_batch = self._open.get(length)
+                if open_batch is None:
+                    open_batch = self._open[length] = _OpenBatch(empty_batch(chunk, length, batch))
+                else:
+                    open_batch.batch = widened(open_batch.batch, chunk)
+                placed = members[: batch - open_batch.rows]
+                open_batch.steps += place_episodes(open_batch.batch, open_batch.rows, chunk, placed,
+                                                   offsets)
+                open_batch.rows += placed.size
+                members = members[placed.size:]
+                if open_batch.rows == batch:
+                    del self._open[length]
+                    yield self._emit(open_batch, batch)
 
     def flush(self) -> Iterator[PaddedBatch]:
         """Yields the remaining, partly filled batches (filler rows masked out)."""
-        for length in sorted(self._pending):
-            yield from self._drain(length, final=True)
+        for length in sorted(self._open):
+            open_batch = self._open.pop(length)
+            batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
+            yield self._emit(open_batch, self._tail_batch(batch, open_batch.rows))
 
     def _tail_batch(self, batch: int, episodes: int) -> int:
         """Rows for a bucket's last, partial batch: the full size halved while the episodes
@@ -229,23 +272,12 @@ class Bucketer:
             rows //= 2
         return rows
 
-    def _drain(self, length: int, final: bool) -> Iterator[PaddedBatch]:
-        batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
-        count = self._pending_count.get(length, 0)
-        if count == 0 or (count < batch and not final):
-            return
-        pending = concat_chunks(self._pending.pop(length))
-        self._pending_count[length] = 0
-        start = 0
-        while count - start >= batch or (final and start < count):
-            stop = min(start + batch, count)
-            rows = batch if stop - start == batch else self._tail_batch(batch, stop - start)
-            padded = pad(pending, length, rows, start, stop)
-            self.real_steps += int(pending.offsets[stop] - pending.offsets[start])
-            self.padded_steps += rows * length
-            self.shapes.add((rows, length))
-            yield padded
-            start = stop
-        if start < count:
-            self._pending[length] = [slice_episodes(pending, start, count)]
-            self._pending_count[length] = count - start
+    def _emit(self, open_batch: _OpenBatch, rows: int) -> PaddedBatch:
+        """The first ``rows`` rows of a filled (or final) batch, counted in the statistics."""
+        padded = open_batch.batch
+        if rows < padded.shape[0]:
+            padded = first_rows(padded, rows)
+        self.real_steps += open_batch.steps
+        self.padded_steps += padded.shape[0] * padded.shape[1]
+        self.shapes.add(padded.shape)
+        return padded

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -12,9 +15,13 @@ from ope_cli.buckets import (
     Bucketer,
     bucket_lengths_upto,
     concat_chunks,
+    empty_batch,
     episodes_per_batch,
+    first_rows,
     pad,
+    place_episodes,
     take_episodes,
+    widened,
 )
 from ope_cli.config import BatchingConfig
 from ope_cli.episodes import EpisodeChunk, mix64
@@ -381,10 +388,64 @@ def test_pending_episodes_do_not_keep_whole_chunks_alive():
     chunks = [make_chunk([3] * 200 + [900], first_id=1000 * i, seed=i) for i in range(3)]
     for chunk in chunks:
         list(bucketer.add(chunk))
-    long_bucket = max(bucketer._pending)  # the 900-step episodes' bucket, not yet full
-    held = bucketer._pending[long_bucket]
-    assert sum(part.num_episodes for part in held) == 3  # a batch of that bucket holds 4
-    for part in held:
-        for array in (part.reward, part.observation, part.action, part.log_behavior, part.keys):
-            # Its own memory, or a view of an array no larger than itself.
-            assert array.base is None or np.asarray(array.base).nbytes <= array.nbytes
+    long_bucket = max(bucketer._open)  # the 900-step episodes' bucket, not yet full
+    held = bucketer._open[long_bucket]
+    assert held.rows == 3  # a batch of that bucket holds 4
+    assert int(held.batch.step_mask.sum()) == 3 * 900
+    chunk_arrays = [getattr(chunk, name) for chunk in chunks for name in CHUNK_FIELDS
+                    if getattr(chunk, name) is not None]
+    for open_batch in bucketer._open.values():
+        for array in (open_batch.batch.reward, open_batch.batch.observation,
+                      open_batch.batch.action, open_batch.batch.log_behavior,
+                      open_batch.batch.key_hi):
+            # Its own memory (64 bytes of slack for alignment), no view of any chunk.
+            assert array.base is None or np.asarray(array.base).nbytes <= array.nbytes + 64
+            assert not any(np.shares_memory(array, other) for other in chunk_arrays)
+    alive = [weakref.ref(array) for array in chunk_arrays if array.base is None]
+    del chunk_arrays, chunks, chunk
+    gc.collect()
+    assert alive and not any(ref() is not None for ref in alive)  # the chunks were freed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_place_episodes_in_parts_equals_pad_at_once(seed):
+    """Filling a batch from several chunks, a few episodes at a time and in any order of
+    rows, gives the same arrays as padding the concatenated episodes in one go."""
+    rng = np.random.default_rng(seed)
+    chunks = [make_chunk(rng.integers(1, 17, size=n), first_id=100 * k, seed=seed + k)
+              for k, n in enumerate(rng.integers(1, 9, size=4))]
+    joined = concat_chunks(chunks)
+    expected = pad(joined, length=16, batch=40)
+    batch = empty_batch(chunks[0], 16, 40)
+    row = 0
+    for chunk in chunks:
+        cut = int(rng.integers(0, chunk.num_episodes + 1))
+        for episodes in (np.arange(cut), np.arange(cut, chunk.num_episodes)):
+            steps = place_episodes(batch, row, chunk, episodes)
+            assert steps == int(chunk.lengths[episodes].sum())
+            row += episodes.size
+    for name in ("observation", "action", "reward", "log_behavior", "log_target", "step_mask",
+                 "episode_mask", "group", "key_hi", "key_lo"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(expected, name), err_msg=name)
+        assert getattr(batch, name).dtype == getattr(expected, name).dtype, name
+
+
+def test_widened_promotes_only_when_a_chunk_is_wider():
+    chunk32 = make_chunk([2, 3])
+    chunk32 = dataclasses.replace(chunk32, observation=chunk32.observation.astype(np.float32))
+    batch = empty_batch(chunk32, 8, 4)
+    place_episodes(batch, 0, chunk32, np.arange(2))
+    assert widened(batch, chunk32) is batch
+    wide = widened(batch, make_chunk([4], first_id=2))
+    assert wide.observation.dtype == np.float64 and batch.observation.dtype == np.float32
+    np.testing.assert_array_equal(wide.observation, batch.observation)
+    assert wide.reward is batch.reward  # unchanged arrays are shared, not copied
+
+
+def test_first_rows_are_aligned_views():
+    batch = pad(make_chunk([3, 1, 2]), length=8, batch=8)
+    head = first_rows(batch, 4)
+    assert head.shape == (4, 8)
+    assert np.shares_memory(head.reward, batch.reward)
+    assert head.reward.ctypes.data % 64 == 0 and head.observation.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(head.episode_mask, [True] * 3 + [False])
