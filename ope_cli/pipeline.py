@@ -353,14 +353,21 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
     betting = plan.betting_range is not None
     local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS, replicates, betting) for _ in policies])
     in_flight: collections.deque = collections.deque()
+    # Per bucket length T, per policy: the batches of that length merged so far. Merging
+    # like with like needs no lengthening to the longest bucket (cheap [K, T] arrays); the
+    # lengths are merged into ``local.accumulators`` once, at the end.
+    by_length: dict[int, list[Accumulator]] = {}
 
     def absorb(pending) -> None:
-        for kernel, statistics in pending:
+        length, results = pending
+        partials = by_length.setdefault(
+            length, [init(RESAMPLING_GROUPS, replicates, betting) for _ in policies])
+        for kernel, statistics in results:
             host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
             for device in range(devices):
                 for position, index in enumerate(kernel.group.indices):
                     one = type(host)(*(value[device, position] for value in host))
-                    local.accumulators[index] = merge(local.accumulators[index], from_batch(one))
+                    partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()
 
@@ -370,7 +377,7 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
         if new_shape:  # jit compiles (once per shape) inside the kernel call
             on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
         shapes_seen.add(shape)
-        in_flight.append([(kernel, kernel(batch)) for kernel in kernels])
+        in_flight.append((shape[1], [(kernel, kernel(batch)) for kernel in kernels]))
         if new_shape:
             on_status("evaluating")
         if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
@@ -399,6 +406,9 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
         run(batch)
     while in_flight:
         absorb(in_flight.popleft())
+    for length in sorted(by_length):
+        local.accumulators = [merge(total, partial) for total, partial
+                              in zip(local.accumulators, by_length[length], strict=True)]
     local.rows_read = assembler.rows_read
     local.padded_steps = bucketer.padded_steps
     local.keys = assembler.seen_keys()
