@@ -51,8 +51,8 @@ class EvaluationConfig:
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95
-    # auto: betting when bounds on the rewards are known (reward_range, or declared by the
-    # data), else normal | betting | normal | percentile | bootstrap-t (stats.INTERVALS)
+    # auto (betting when the rewards are known to be bounded: reward_range, or declared by
+    # the data; else normal), or one of stats.INTERVALS: betting, normal, percentile, bootstrap-t
     interval: str = "auto"
     reward_range: tuple[float, float] | None = None  # every reward lies in [low, high]
     horizon: int | None = None  # no episode is longer (needed for betting when gamma = 1)
