@@ -3,10 +3,10 @@
 `ope generate` writes DATASETS x EPISODES episodes of one environment in one batched JAX
 rollout; episode ids 0..EPISODES-1 form dataset 0, the next EPISODES dataset 1, and so on, so
 the datasets are independent samples with one known truth (truth.json). Every dataset is then
-evaluated at once: the policy's log-probabilities and the kernel's batch statistics
-(``ope_cli.estimators.batch_statistics``, the code `ope evaluate` runs) are vmapped over a
-[datasets, episodes, time] array, and each dataset's statistics are finalised with every
-interval method (``ope_cli.stats.finalize``). The README's coverage table comes from:
+evaluated at once: the logs are padded as `ope evaluate` pads them (``ope_cli.buckets.pad``)
+into [datasets, episodes, time] arrays, the kernel's own statistics
+(``ope_cli.kernel.policy_group_statistics``) are vmapped over the datasets, and each dataset's
+statistics are finalised with every interval method (``ope_cli.stats.finalize``). The README's coverage table comes from:
 
     python examples/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
 
@@ -34,72 +34,68 @@ def binomial_tolerance(datasets: int, confidence: float, sigmas: float = 3.0) ->
     return confidence - sigmas * math.sqrt(confidence * (1 - confidence) / datasets)
 
 
-def padded_datasets(logs: Path, datasets: int, episodes: int) -> dict[str, np.ndarray]:
-    """The step-layout logs as [datasets, episodes, T] arrays (T: the longest episode).
+def padded_datasets(logs: Path, datasets: int, episodes: int):
+    """The step-layout logs as one PaddedBatch whose fields are [datasets, episodes, T, ...]
+    (T: the longest episode), padded by ``ope_cli.buckets.pad`` as `ope evaluate` pads.
 
     ``ope generate`` writes steps sorted by (episode_id, step) and ids 0..N-1, so episode i is
-    row i // episodes, column i % episodes. Keys are the episode-id hashes `ope evaluate`
-    uses for resampling groups and bootstrap streams.
+    row i // episodes, column i % episodes.
     """
     import pyarrow.parquet as pq
 
-    from ope_cli.buckets import RESAMPLING_GROUPS
-    from ope_cli.episodes import id_keys
+    from ope_cli.buckets import PaddedBatch, pad
+    from ope_cli.episodes import EpisodeChunk, id_keys
 
     table = pq.read_table(logs, columns=["episode_id", "observation", "action", "reward",
                                          "behavior_prob"])
-    ids = table.column("episode_id").to_numpy()
-    lengths = np.bincount(ids, minlength=datasets * episodes)
-    longest = int(lengths.max())
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    step = np.arange(len(ids)) - starts[ids]
-
-    def padded(values: np.ndarray, fill) -> np.ndarray:
-        out = np.full((datasets * episodes, longest), fill, values.dtype)
-        out[ids, step] = values
-        return out.reshape(datasets, episodes, longest)
-
-    keys = id_keys(np.arange(datasets * episodes)).reshape(datasets, episodes)
-    return {
-        "observation": padded(table.column("observation").to_numpy(), 0),
-        "action": padded(table.column("action").to_numpy(), 0),
-        "reward": padded(table.column("reward").to_numpy(), 0.0),
-        "log_behavior": padded(np.log(table.column("behavior_prob").to_numpy()), 0.0),
-        "step_mask": padded(np.ones(len(ids), bool), False),
-        "group": (keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32),
-        "key_hi": (keys >> np.uint64(32)).astype(np.uint32),
-        "key_lo": (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32),
-    }
+    ids = np.arange(datasets * episodes)
+    lengths = np.bincount(table.column("episode_id").to_numpy(), minlength=ids.size)
+    chunk = EpisodeChunk(
+        file=str(logs), ids=ids, keys=id_keys(ids), lengths=lengths,
+        observation=table.column("observation").to_numpy(),
+        action=table.column("action").to_numpy(),
+        reward=table.column("reward").to_numpy(),
+        log_behavior=np.log(table.column("behavior_prob").to_numpy()),
+        log_target=None,
+    )
+    padded = pad(chunk, int(lengths.max()), ids.size)
+    return PaddedBatch(**{
+        name: None if value is None else value.reshape(datasets, episodes, *value.shape[1:])
+        for name, value in vars(padded).items()
+    })
 
 
-def dataset_statistics(arrays: dict[str, np.ndarray], policy, gamma: float, seed: int,
-                       replicates: int, betting_range, chunk: int = 25) -> list:
-    """BatchStatistics of every dataset (a list, one per dataset), ``chunk`` datasets per call
-    of one jitted function vmapped over datasets."""
+def dataset_statistics(padded, policy, gamma: float, seed: int, replicates: int, betting_range,
+                       chunk: int = 25) -> list:
+    """BatchStatistics of every dataset (a list, one per dataset): the kernel's own
+    ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call."""
+    import functools
+
     import jax
     import jax.numpy as jnp
 
     from ope_cli.buckets import RESAMPLING_GROUPS
-    from ope_cli.estimators import batch_statistics, log_weights, poisson_counts
+    from ope_cli.kernel import PolicyGroup, policy_group_statistics
+
+    statistics = functools.partial(
+        policy_group_statistics, PolicyGroup([policy], [0]).stacked_params(np.float64),
+        log_prob=policy.log_prob, num_groups=RESAMPLING_GROUPS, num_replicates=replicates,
+        dtype="float64")
+    names = ("observation", "action", "reward", "log_behavior", "step_mask", "episode_mask",
+             "group", "key_hi", "key_lo")
 
     @jax.jit
-    def statistics(params, obs, action, reward, log_behavior, step_mask, group, key_hi, key_lo):
-        log_pi = jax.vmap(jax.vmap(policy.log_prob, in_axes=(None, 0, 0)),
-                          in_axes=(None, 0, 0))(params, obs, action)
-        log_w = log_weights(log_pi, log_behavior, step_mask)
-        counts = poisson_counts(key_hi, key_lo, seed, replicates)
-        return batch_statistics(log_w, reward, step_mask, jnp.ones(obs.shape[0], bool), group,
-                                counts, gamma, RESAMPLING_GROUPS, jnp.asarray(betting_range))
+    def per_dataset(observation, action, reward, log_behavior, step_mask, episode_mask, group,
+                    key_hi, key_lo):
+        return statistics(observation, action, reward, log_behavior, None, step_mask,
+                          episode_mask, group, key_hi, key_lo, jnp.asarray(gamma),
+                          jnp.asarray(seed, jnp.uint32), jnp.asarray(betting_range))
 
-    names = ("observation", "action", "reward", "log_behavior", "step_mask", "group", "key_hi",
-             "key_lo")
-    params = {k: jnp.asarray(v) for k, v in policy.params.items()}
     out = []
-    for start in range(0, len(arrays["reward"]), chunk):
-        part = [arrays[name][start:start + chunk] for name in names]
-        batched = jax.device_get(jax.vmap(statistics, in_axes=(None,) + (0,) * len(names))(
-            params, *part))
-        out.extend(type(batched)(*(v[d] for v in batched)) for d in range(len(part[0])))
+    for start in range(0, padded.reward.shape[0], chunk):
+        part = [getattr(padded, name)[start:start + chunk] for name in names]
+        batched = jax.device_get(jax.vmap(per_dataset)(*part))  # [d, 1, 1, ...]: device, policy
+        out.extend(type(batched)(*(v[d, 0, 0] for v in batched)) for d in range(len(part[0])))
     return out
 
 
@@ -125,9 +121,9 @@ def measure(env: str = "chain", datasets: int = 400, episodes: int = 300, gamma:
         logs = Path(directory) / "logs.parquet"
         plan = plan_intervals(EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
                               open_dataset(str(logs)).declared_bounds())
-        arrays = padded_datasets(logs, datasets, episodes)
-    max_length = arrays["reward"].shape[-1]
-    batches = dataset_statistics(arrays, policy, gamma, seed, bootstrap_samples,
+        padded = padded_datasets(logs, datasets, episodes)
+    max_length = padded.reward.shape[-1]
+    batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples,
                                  plan.betting_range)
     covered = {m: {e: 0 for e in ESTIMATORS} for m in METHODS}
     width = {m: {e: 0.0 for e in ESTIMATORS} for m in METHODS}

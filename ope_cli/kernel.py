@@ -96,10 +96,12 @@ def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
     return log_pi.astype(dtype)
 
 
-def _statistics(params, observation, action, reward, log_behavior, log_target, step_mask,
-                episode_mask, group, key_hi, key_lo, gamma, seed, betting_range, *, log_prob,
-                num_groups, num_replicates, dtype) -> BatchStatistics:
-    """BatchStatistics [1, P, ...] of (this device's share of) a padded batch."""
+def policy_group_statistics(params, observation, action, reward, log_behavior, log_target,
+                            step_mask, episode_mask, group, key_hi, key_lo, gamma, seed,
+                            betting_range, *, log_prob, num_groups, num_replicates,
+                            dtype) -> BatchStatistics:
+    """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
+    fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted."""
     observation, action, reward, log_behavior, log_target = (
         x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
         for x in (observation, action, reward, log_behavior, log_target))
@@ -127,8 +129,8 @@ def _kernel(params, observation, action, reward, log_behavior, log_target, step_
     """
     global _traces
     _traces += 1
-    statistics = functools.partial(_statistics, log_prob=log_prob, num_groups=num_groups,
-                                   num_replicates=num_replicates, dtype=dtype)
+    statistics = functools.partial(policy_group_statistics, log_prob=log_prob,
+                                   num_groups=num_groups, num_replicates=num_replicates, dtype=dtype)
     args = (params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
             group, key_hi, key_lo, gamma, seed, betting_range)
     if mesh is None:

@@ -81,8 +81,8 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
     plan = plan_intervals(EvaluationConfig(data=str(logs), gamma=GAMMA),
                           open_dataset(str(logs)).declared_bounds())
     assert plan.method == "betting"
-    arrays = coverage.padded_datasets(logs, 1, EPISODES)
-    (batch,) = coverage.dataset_statistics(arrays, load_checkpoint(str(checkpoint)), GAMMA, 0, 200,
+    padded = coverage.padded_datasets(logs, 1, EPISODES)
+    (batch,) = coverage.dataset_statistics(padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200,
                                            plan.betting_range)
     runs = ope_many({method: {"args": ["evaluate", logs, "-p", checkpoint, "--gamma", GAMMA,
                                        "--ci", method, "--format", "json"]}
@@ -95,7 +95,7 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
             assert document["confidence"]["reward_range"] == [0.0, 1.0]
             assert document["confidence"]["horizon"] is None
         cli = document["results"][0]["estimates"]
-        estimates, _ = finalize(from_batch(batch), GAMMA, arrays["reward"].shape[-1], 0.95, method,
+        estimates, _ = finalize(from_batch(batch), GAMMA, padded.reward.shape[-1], 0.95, method,
                                 plan.betting_range)
         for name, estimate in estimates.items():
             got = [estimate.value, estimate.ci_low, estimate.ci_high]
