@@ -28,7 +28,7 @@ GROUP_SUM_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g
 HISTOGRAM_LOG10_RANGE = (-10.0, 10.0)
 HISTOGRAM_BINS = 80
 
-# Betting intervals (``stats.betting_interval``) need the law of four non-negative per-episode
+# Betting intervals (``stats.betting_lower_bound``) need the law of four non-negative per-episode
 # variables, normalised so that their means lie in [0, 1]; a histogram of their natural logs
 # is a mergeable summary of it. Rows: BETTING_VARIABLES; column 0 counts values below the
 # range (and zeros), column k >= 1 values in [exp(low + (k-1) width), exp(low + k width)), the
@@ -109,8 +109,8 @@ def poisson_counts(key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array,
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
-def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, discount_t: jax.Array,
-                      betting_range: jax.Array) -> jax.Array:
+def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, return_b: jax.Array,
+                      discount_t: jax.Array, betting_range: jax.Array) -> jax.Array:
     """[4, B] log of the BETTING_VARIABLES of each episode (-inf for a zero).
 
     With rewards in [a, b] (a <= 0 <= b, as the absorbing reward 0 must be), a discounted
@@ -124,13 +124,12 @@ def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, discount_t: jax
 
     The per-step sums run over the padded steps too, where r = 0 and W stays W_{T-1}; the
     last term tops them up to the horizon, so padding cancels out. Args: log_w_bt [B, T]
-    (-inf rows for padding episodes), reward_bt [B, T] (0 on padding), discount_t [T],
-    betting_range [3] = (a, b, H).
+    (-inf rows for padding episodes), reward_bt [B, T] (0 on padding), return_b [B] the
+    discounted returns G, discount_t [T], betting_range [3] = (a, b, H).
     """
     low, high, horizon = betting_range[0], betting_range[1], betting_range[2]
     span = (high - low) * horizon
     log_w_final_b = log_w_bt[:, -1]
-    return_b = reward_bt @ discount_t
     rest = horizon - jnp.sum(discount_t)  # discount of the steps after the padded ones
     # Per-decision sums relative to each episode's largest weight, so no exp overflows.
     log_peak_b = jnp.max(log_w_bt, axis=1)
@@ -233,7 +232,8 @@ def batch_statistics(
         betting_histogram = jnp.zeros((len(BETTING_VARIABLES), 0), dtype)
     else:
         betting_histogram = _betting_histogram(
-            betting_variables(log_w_bt, reward_bt, discount_t, betting_range.astype(dtype)),
+            betting_variables(log_w_bt, reward_bt, return_b, discount_t,
+                              betting_range.astype(dtype)),
             episode_mask_b, dtype)
     return BatchStatistics(
         betting_histogram=betting_histogram,

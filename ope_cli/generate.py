@@ -673,6 +673,7 @@ def _write_logs(
         (out / "logs").mkdir(exist_ok=True)
         paths = [out / "logs" / f"part-{k:05d}.parquet" for k in range(files)]
     bounds = [k * episodes // files for k in range(files + 1)]
+    declared = {"reward_range": environment.reward_range, "horizon": horizon}
     steps = longest = 0
     for path, first, last in zip(paths, bounds[:-1], bounds[1:], strict=True):
         writer = None
@@ -680,7 +681,6 @@ def _write_logs(
             data = _simulate(
                 environment, params, data_key, start, min(BLOCK_EPISODES, last - start), horizon
             )
-            declared = {"reward_range": environment.reward_range, "horizon": horizon}
             table = _table(data, declared)
             writer = writer or pq.ParquetWriter(path, table.schema, compression="snappy")
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)

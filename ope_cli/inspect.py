@@ -329,11 +329,12 @@ def render_table(report: InspectReport, console) -> None:
         + (f"; target {s.target} logged" if s.target else ""),
         highlight=False,
     )
-    declared = report.declared
-    if declared.reward_range or declared.horizon:
-        parts = ([f"rewards in [{declared.reward_range[0]:g}, {declared.reward_range[1]:g}]"]
-                 if declared.reward_range else []) + (
-            [f"at most {declared.horizon} steps"] if declared.horizon else [])
+    declared, parts = report.declared, []
+    if declared.reward_range:
+        parts.append(f"rewards in [{declared.reward_range[0]:g}, {declared.reward_range[1]:g}]")
+    if declared.horizon:
+        parts.append(f"at most {declared.horizon} steps")
+    if parts:
         console.print(f"declared in the metadata (for betting intervals): {', '.join(parts)}",
                       highlight=False)
     lengths = (

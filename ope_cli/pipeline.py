@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 
@@ -32,7 +31,7 @@ from ope_cli.policies import (
     load_policies,
     logged_policy,
 )
-from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset, prefetched
+from ope_cli.reader import DeclaredBounds, is_reward_range, iter_batches, open_dataset, prefetched
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.stats import (
     Accumulator,
@@ -131,7 +130,7 @@ def check_config(config: EvaluationConfig) -> None:
                          f"got {config.interval!r}")
     if config.reward_range is not None:
         low, high = config.reward_range
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        if not is_reward_range(low, high):
             raise UsageError(f"--reward-range needs finite LOW < HIGH, got {low} {high}")
     if config.horizon is not None and config.horizon < 1:
         raise UsageError(f"--horizon must be a positive number of steps, got {config.horizon}")
@@ -160,7 +159,6 @@ class IntervalPlan:
         if self.betting_range is None:
             return INTERVAL_METHODS[self.method].format(samples=config.bootstrap_samples,
                                                         seed=config.seed) + ASYMPTOTIC
-
         low, high = self.reward_range
         return INTERVAL_METHODS["betting"].format(low=low, high=high, horizon=self.betting_range[2],
                                                   bounds_source=self.bounds_source)
@@ -199,6 +197,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
                    else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)")
         raise UsageError(f"--ci betting needs bounds on every episode's return: pass {missing}, or "
                          "declare it in the data's schema metadata (see the README)")
+
     def source(option: str, value) -> str:
         return option if value is not None else "declared by the data"
 
@@ -350,8 +349,11 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
     kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh, replicates, config.seed,
                       plan.betting_range)
                for group in group_policies(policies)]
-    betting = plan.betting_range is not None
-    local = _LocalPass(accumulators=[init(RESAMPLING_GROUPS, replicates, betting) for _ in policies])
+    def no_episodes() -> list[Accumulator]:  # one per policy
+        return [init(RESAMPLING_GROUPS, replicates, plan.betting_range is not None)
+                for _ in policies]
+
+    local = _LocalPass(accumulators=no_episodes())
     in_flight: collections.deque = collections.deque()
     # Per bucket length T, per policy: the batches of that length merged so far. Merging
     # like with like needs no lengthening to the longest bucket (cheap [K, T] arrays); the
@@ -360,8 +362,7 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
 
     def absorb(pending) -> None:
         length, results = pending
-        partials = by_length.setdefault(
-            length, [init(RESAMPLING_GROUPS, replicates, betting) for _ in policies])
+        partials = by_length.setdefault(length, no_episodes())
         for kernel, statistics in results:
             host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
             for device in range(devices):

@@ -37,6 +37,11 @@ class SourcedBatch:
 METADATA_KEY = "ope"
 
 
+def is_reward_range(low: float, high: float) -> bool:
+    """Whether [low, high] can bound rewards: finite, and low < high."""
+    return math.isfinite(low) and math.isfinite(high) and low < high
+
+
 @dataclasses.dataclass(frozen=True)
 class DeclaredBounds:
     """What the data says about every possible episode: rewards in [low, high], and at most
@@ -80,7 +85,7 @@ class LoggedDataset:
             horizon = declared.get("horizon")
             if reward_range is not None:
                 low, high = (float(x) for x in reward_range)
-                if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                if not is_reward_range(low, high):
                     raise ValueError
                 reward_range = (low, high)
             if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon

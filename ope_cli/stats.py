@@ -9,6 +9,7 @@ relative to; merging rescales both sides to the larger maximum (log-sum-exp).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from statistics import NormalDist
 
@@ -275,6 +276,7 @@ def _bootstrap_interval(estimate: Estimate, replicates: np.ndarray, replicate_st
 BETTING_FRACTIONS = 0.95 * 2.0 ** (-np.arange(20) / 2)
 
 
+@functools.cache
 def _betting_values() -> np.ndarray:
     """[BETTING_BINS + 1] the value each histogram bin stands for: its lower edge (0 below)."""
     low, _ = BETTING_LOG_RANGE

@@ -168,8 +168,9 @@ def test_betting_variables_match_their_formulas():
     reward = rng.uniform(a, b, size=(4, steps))
     mask = np.arange(steps) < lengths[:, None]
     log_w = np.cumsum(np.where(mask, log_ratio, 0.0), axis=1)
-    got = np.exp(np.asarray(betting_variables(
-        log_w, np.where(mask, reward, 0.0), gamma ** np.arange(steps), np.array([a, b, discounted]))))
+    padded_reward, discount_t = np.where(mask, reward, 0.0), gamma ** np.arange(steps)
+    got = np.exp(np.asarray(betting_variables(log_w, padded_reward, padded_reward @ discount_t,
+                                              discount_t, np.array([a, b, discounted]))))
     span = (b - a) * discounted
     for i, n in enumerate(lengths):
         w_t, r_t, g_t = np.exp(log_w[i, :n]), reward[i, :n], gamma ** np.arange(n)
