@@ -46,12 +46,16 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
     from ope_cli.buckets import PaddedBatch, pad
     from ope_cli.episodes import EpisodeChunk, id_keys
 
-    table = pq.read_table(logs, columns=["episode_id", "observation", "action", "reward",
-                                         "behavior_prob"])
+    table = pq.read_table(
+        logs, columns=["episode_id", "observation", "action", "reward", "behavior_prob"]
+    )
     ids = np.arange(datasets * episodes)
     lengths = np.bincount(table.column("episode_id").to_numpy(), minlength=ids.size)
     chunk = EpisodeChunk(
-        file=str(logs), ids=ids, keys=id_keys(ids), lengths=lengths,
+        file=str(logs),
+        ids=ids,
+        keys=id_keys(ids),
+        lengths=lengths,
         observation=table.column("observation").to_numpy(),
         action=table.column("action").to_numpy(),
         reward=table.column("reward").to_numpy(),
@@ -59,14 +63,17 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
         log_target=None,
     )
     padded = pad(chunk, int(lengths.max()), ids.size)
-    return PaddedBatch(**{
-        name: None if value is None else value.reshape(datasets, episodes, *value.shape[1:])
-        for name, value in vars(padded).items()
-    })
+    return PaddedBatch(
+        **{
+            name: None if value is None else value.reshape(datasets, episodes, *value.shape[1:])
+            for name, value in vars(padded).items()
+        }
+    )
 
 
-def dataset_statistics(padded, policy, gamma: float, seed: int, replicates: int, betting_range,
-                       chunk: int = 25) -> list:
+def dataset_statistics(
+    padded, policy, gamma: float, seed: int, replicates: int, betting_range, chunk: int = 25
+) -> list:
     """BatchStatistics of every dataset (a list, one per dataset): the kernel's own
     ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call."""
     import functools
@@ -78,30 +85,64 @@ def dataset_statistics(padded, policy, gamma: float, seed: int, replicates: int,
     from ope_cli.kernel import PolicyGroup, policy_group_statistics
 
     statistics = functools.partial(
-        policy_group_statistics, PolicyGroup([policy], [0]).stacked_params(np.float64),
-        log_prob=policy.log_prob, num_groups=RESAMPLING_GROUPS, num_replicates=replicates,
-        dtype="float64")
-    names = ("observation", "action", "reward", "log_behavior", "step_mask", "episode_mask",
-             "group", "key_hi", "key_lo")
+        policy_group_statistics,
+        PolicyGroup([policy], [0]).stacked_params(np.float64),
+        log_prob=policy.log_prob,
+        num_groups=RESAMPLING_GROUPS,
+        num_replicates=replicates,
+        dtype="float64",
+    )
+    names = (
+        "observation",
+        "action",
+        "reward",
+        "log_behavior",
+        "step_mask",
+        "episode_mask",
+        "group",
+        "key_hi",
+        "key_lo",
+    )
 
     @jax.jit
-    def per_dataset(observation, action, reward, log_behavior, step_mask, episode_mask, group,
-                    key_hi, key_lo):
-        return statistics(observation, action, reward, log_behavior, None, step_mask,
-                          episode_mask, group, key_hi, key_lo, jnp.asarray(gamma),
-                          jnp.asarray(seed, jnp.uint32), jnp.asarray(betting_range))
+    def per_dataset(
+        observation, action, reward, log_behavior, step_mask, episode_mask, group, key_hi, key_lo
+    ):
+        return statistics(
+            observation,
+            action,
+            reward,
+            log_behavior,
+            None,
+            step_mask,
+            episode_mask,
+            group,
+            key_hi,
+            key_lo,
+            jnp.asarray(gamma),
+            jnp.asarray(seed, jnp.uint32),
+            jnp.asarray(betting_range),
+        )
 
     out = []
     for start in range(0, padded.reward.shape[0], chunk):
-        part = [getattr(padded, name)[start:start + chunk] for name in names]
+        part = [getattr(padded, name)[start : start + chunk] for name in names]
         batched = jax.device_get(jax.vmap(per_dataset)(*part))  # [d, 1, 1, ...]: device, policy
         out.extend(type(batched)(*(v[d, 0, 0] for v in batched)) for d in range(len(part[0])))
     return out
 
 
-def measure(env: str = "chain", datasets: int = 400, episodes: int = 300, gamma: float = 0.95,
-            shift: float = 0.5, confidence: float = 0.95, seed: int = 0,
-            bootstrap_samples: int = 200, policy_index: int = 0) -> dict:
+def measure(
+    env: str = "chain",
+    datasets: int = 400,
+    episodes: int = 300,
+    gamma: float = 0.95,
+    shift: float = 0.5,
+    confidence: float = 0.95,
+    seed: int = 0,
+    bootstrap_samples: int = 200,
+    policy_index: int = 0,
+) -> dict:
     """Coverage and mean width of each method's intervals for each estimator."""
     import jax
 
@@ -114,17 +155,19 @@ def measure(env: str = "chain", datasets: int = 400, episodes: int = 300, gamma:
     from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:
-        truth = generate(env, directory, episodes=datasets * episodes, seed=seed, gamma=gamma,
-                         shift=shift)
+        truth = generate(
+            env, directory, episodes=datasets * episodes, seed=seed, gamma=gamma, shift=shift
+        )
         entry = truth["policies"][policy_index]
         policy = load_checkpoint(str(Path(directory) / entry["policy"]))
         logs = Path(directory) / "logs.parquet"
-        plan = plan_intervals(EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
-                              open_dataset(str(logs)).declared_bounds())
+        plan = plan_intervals(
+            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            open_dataset(str(logs)).declared_bounds(),
+        )
         padded = padded_datasets(logs, datasets, episodes)
     max_length = padded.reward.shape[-1]
-    batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples,
-                                 plan.betting_range)
+    batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples, plan.betting_range)
     covered = {m: {e: 0 for e in ESTIMATORS} for m in METHODS}
     width = {m: {e: 0.0 for e in ESTIMATORS} for m in METHODS}
     for batch in batches:
@@ -132,17 +175,25 @@ def measure(env: str = "chain", datasets: int = 400, episodes: int = 300, gamma:
         # Steps past a dataset's own longest episode add nothing to WPDIS, so the longest
         # of all datasets serves every one.
         for method in METHODS:
-            estimates, _ = finalize(accumulator, gamma, max_length, confidence, method,
-                                    plan.betting_range)
+            estimates, _ = finalize(
+                accumulator, gamma, max_length, confidence, method, plan.betting_range
+            )
             for name, e in estimates.items():
                 if e.ci_low is not None and e.ci_low <= entry["value"] <= e.ci_high:
                     covered[method][name] += 1
                 if e.ci_low is not None:
                     width[method][name] += (e.ci_high - e.ci_low) / datasets
     return {
-        "env": env, "datasets": datasets, "episodes": episodes, "gamma": gamma, "shift": shift,
-        "confidence": confidence, "policy": entry["policy"], "truth": entry["value"],
-        "reward_range": list(plan.reward_range), "discounted_horizon": plan.betting_range[2],
+        "env": env,
+        "datasets": datasets,
+        "episodes": episodes,
+        "gamma": gamma,
+        "shift": shift,
+        "confidence": confidence,
+        "policy": entry["policy"],
+        "truth": entry["value"],
+        "reward_range": list(plan.reward_range),
+        "discounted_horizon": plan.betting_range[2],
         "tolerance": binomial_tolerance(datasets, confidence),
         "coverage": {m: {e: covered[m][e] / datasets for e in ESTIMATORS} for m in METHODS},
         "mean_width": width,
@@ -152,8 +203,10 @@ def measure(env: str = "chain", datasets: int = 400, episodes: int = 300, gamma:
 def markdown(result: dict) -> str:
     lines = ["| method | " + " | ".join(ESTIMATORS) + " |", "| --- |" + " --- |" * len(ESTIMATORS)]
     for method in METHODS:
-        cells = [f"{result['coverage'][method][e]:.1%} (width {result['mean_width'][method][e]:.2f})"
-                 for e in ESTIMATORS]
+        cells = [
+            f"{result['coverage'][method][e]:.1%} (width {result['mean_width'][method][e]:.2f})"
+            for e in ESTIMATORS
+        ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -171,9 +224,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{args.env}, {args.datasets} datasets x {args.episodes} episodes, gamma {args.gamma}, "
-          f"shift {args.shift}, truth {result['truth']:.4f}; 95% intervals; a method keeps its "
-          f"promise at coverage >= {result['tolerance']:.1%} (3 binomial sd below 95%)\n")
+    print(
+        f"{args.env}, {args.datasets} datasets x {args.episodes} episodes, gamma {args.gamma}, "
+        f"shift {args.shift}, truth {result['truth']:.4f}; 95% intervals; a method keeps its "
+        f"promise at coverage >= {result['tolerance']:.1%} (3 binomial sd below 95%)\n"
+    )
     print(markdown(result))
 
 

@@ -44,39 +44,53 @@ def episode_ids_and_steps(done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return episode_id, step.astype(np.int64)
 
 
-def to_step_table(observation: np.ndarray, action: np.ndarray, reward: np.ndarray,
-                  done: np.ndarray, behavior_prob: np.ndarray) -> pa.Table:
+def to_step_table(
+    observation: np.ndarray,
+    action: np.ndarray,
+    reward: np.ndarray,
+    done: np.ndarray,
+    behavior_prob: np.ndarray,
+) -> pa.Table:
     """Concatenated per-step arrays ([N, obs_dim] observations) -> a step-layout table."""
     episode_id, step = episode_ids_and_steps(done)
     observation = np.asarray(observation, np.float64)
     flat = pa.array(observation.reshape(-1))
-    return pa.table({
-        "episode_id": episode_id,
-        "step": step,
-        # A fixed-size list keeps the observation width in the schema; list<double> works too.
-        "observation": pa.FixedSizeListArray.from_arrays(flat, observation.shape[1]),
-        "action": np.asarray(action, np.int64),
-        "reward": np.asarray(reward, np.float64),
-        "behavior_prob": np.asarray(behavior_prob, np.float64),
-    })
+    return pa.table(
+        {
+            "episode_id": episode_id,
+            "step": step,
+            # A fixed-size list keeps the observation width in the schema; list<double> works too.
+            "observation": pa.FixedSizeListArray.from_arrays(flat, observation.shape[1]),
+            "action": np.asarray(action, np.int64),
+            "reward": np.asarray(reward, np.float64),
+            "behavior_prob": np.asarray(behavior_prob, np.float64),
+        }
+    )
 
 
 def from_transitions(transitions: list[dict]) -> pa.Table:
     """A Gymnasium-style list of transition dicts -> a step-layout table."""
+
     def column(key):
         return np.array([t[key] for t in transitions])
 
     done = column("terminated") | column("truncated")
-    return to_step_table(np.stack([t["obs"] for t in transitions]), column("action"),
-                         column("reward"), done, column("behavior_prob"))
+    return to_step_table(
+        np.stack([t["obs"] for t in transitions]),
+        column("action"),
+        column("reward"),
+        done,
+        column("behavior_prob"),
+    )
 
 
 def from_arrays(arrays: dict[str, np.ndarray]) -> pa.Table:
     """A D4RL-style dict (observations, actions, rewards, terminals, timeouts, action_probs)
     -> a step-layout table."""
     done = np.asarray(arrays["terminals"], bool) | np.asarray(arrays["timeouts"], bool)
-    return to_step_table(arrays["observations"], arrays["actions"], arrays["rewards"], done,
-                         arrays["action_probs"])
+    return to_step_table(
+        arrays["observations"], arrays["actions"], arrays["rewards"], done, arrays["action_probs"]
+    )
 
 
 # --- a toy rollout that produces both kinds of logs -------------------------------------
@@ -95,9 +109,16 @@ def rollout(num_episodes: int = 200, max_steps: int = 30, seed: int = 0) -> list
             next_obs = 0.8 * obs + 0.5 * rng.normal(size=OBS_DIM)
             terminated = bool(rng.random() < 0.05)
             truncated = t == max_steps - 1 and not terminated
-            transitions.append({"obs": obs, "action": action, "reward": reward,
-                                "terminated": terminated, "truncated": truncated,
-                                "behavior_prob": 1.0 / N_ACTIONS})
+            transitions.append(
+                {
+                    "obs": obs,
+                    "action": action,
+                    "reward": reward,
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "behavior_prob": 1.0 / N_ACTIONS,
+                }
+            )
             obs = next_obs
             if terminated or truncated:
                 break
@@ -123,8 +144,10 @@ def main(out_dir: str) -> None:
     pq.write_table(from_transitions(transitions), out / "transitions.parquet")
     pq.write_table(from_arrays(as_arrays(transitions)), out / "arrays.parquet")
     episodes = int(sum(t["terminated"] or t["truncated"] for t in transitions))
-    print(f"wrote {out / 'transitions.parquet'} and {out / 'arrays.parquet'}: "
-          f"{episodes} episodes, {len(transitions)} steps")
+    print(
+        f"wrote {out / 'transitions.parquet'} and {out / 'arrays.parquet'}: "
+        f"{episodes} episodes, {len(transitions)} steps"
+    )
 
 
 if __name__ == "__main__":

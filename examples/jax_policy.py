@@ -71,6 +71,7 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 2:
-        sys.exit("usage: python examples/jax_policy.py OUT.npz  (writes the mlp_softmax "
-                 "checkpoint)")
+        sys.exit(
+            "usage: python examples/jax_policy.py OUT.npz  (writes the mlp_softmax checkpoint)"
+        )
     save_checkpoint(sys.argv[1])

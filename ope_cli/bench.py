@@ -128,8 +128,10 @@ def behavior_params(seed: int, obs_dim: int = OBS_DIM, n_actions: int = N_ACTION
     import numpy as np
 
     rng = np.random.default_rng([seed, 0])
-    return {"weight": rng.normal(size=(obs_dim, n_actions)) / math.sqrt(obs_dim),
-            "bias": 0.5 * rng.normal(size=n_actions)}
+    return {
+        "weight": rng.normal(size=(obs_dim, n_actions)) / math.sqrt(obs_dim),
+        "bias": 0.5 * rng.normal(size=n_actions),
+    }
 
 
 def _softmax_rows(logits: np.ndarray) -> np.ndarray:
@@ -160,14 +162,16 @@ def step_table(first_id: int, lengths: np.ndarray, behavior: dict, rng: np.rando
     reward = np.tanh(observation.astype(np.float64) @ reward_table)[np.arange(n), action]
     reward += 0.1 * rng.standard_normal(n)
     offsets = pa.array(np.arange(0, n * obs_dim + 1, obs_dim, dtype=np.int32))
-    return pa.table({
-        "episode_id": episode_id,
-        "step": step,
-        "observation": pa.ListArray.from_arrays(offsets, pa.array(observation.ravel())),
-        "action": action,
-        "reward": reward,
-        "behavior_prob": behavior_prob,
-    })
+    return pa.table(
+        {
+            "episode_id": episode_id,
+            "step": step,
+            "observation": pa.ListArray.from_arrays(offsets, pa.array(observation.ravel())),
+            "action": action,
+            "reward": reward,
+            "behavior_prob": behavior_prob,
+        }
+    )
 
 
 def generate_data(path: str | os.PathLike, episodes: int, seed: int) -> dict:
@@ -181,8 +185,12 @@ def generate_data(path: str | os.PathLike, episodes: int, seed: int) -> dict:
     writer = None
     try:
         for block, first in enumerate(range(0, episodes, BLOCK_EPISODES)):
-            table = step_table(first, lengths[first:first + BLOCK_EPISODES], behavior,
-                               np.random.default_rng([seed, 2, block]))
+            table = step_table(
+                first,
+                lengths[first : first + BLOCK_EPISODES],
+                behavior,
+                np.random.default_rng([seed, 2, block]),
+            )
             if writer is None:
                 writer = pq.ParquetWriter(str(path), table.schema)
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
@@ -200,8 +208,10 @@ def write_checkpoints(directory: Path, k: int, seed: int, behavior: dict) -> lis
     paths = []
     for i in range(k):
         path = directory / f"eval_{i}.npz"
-        arrays = {name: value + POLICY_SHIFT * rng.normal(size=value.shape)
-                  for name, value in behavior.items()}
+        arrays = {
+            name: value + POLICY_SHIFT * rng.normal(size=value.shape)
+            for name, value in behavior.items()
+        }
         with open(path, "wb") as handle:
             np.savez(handle, kind=np.asarray("linear_softmax"), **arrays)
         paths.append(str(path))
@@ -220,12 +230,18 @@ def _inspect_data(source: str, batching: BatchingConfig) -> dict:
 
     data = open_dataset(source)
     schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
-    if (schema.layout != "step" or schema.observation_kind != "vector"
-            or schema.action_kind != "discrete"):
-        raise UsageError("ope bench --data needs step-layout data with vector observations and "
-                         "integer actions (as `ope bench` generates)")
-    episode_col, obs_col, action_col = (schema.columns[role]
-                                        for role in ("episode", "observation", "action"))
+    if (
+        schema.layout != "step"
+        or schema.observation_kind != "vector"
+        or schema.action_kind != "discrete"
+    ):
+        raise UsageError(
+            "ope bench --data needs step-layout data with vector observations and "
+            "integer actions (as `ope bench` generates)"
+        )
+    episode_col, obs_col, action_col = (
+        schema.columns[role] for role in ("episode", "observation", "action")
+    )
     ids, obs_dim, max_action = [], None, 0
     for sourced in iter_batches(data, [episode_col, obs_col, action_col], batching.read_rows):
         batch = sourced.batch
@@ -240,8 +256,13 @@ def _inspect_data(source: str, batching: BatchingConfig) -> dict:
     ids_all = np.concatenate(ids)
     boundaries = np.flatnonzero(ids_all[1:] != ids_all[:-1]) + 1
     lengths = np.diff(np.concatenate([[0], boundaries, [ids_all.size]]))
-    return {"episodes": int(lengths.size), "steps": int(ids_all.size), "lengths": lengths,
-            "obs_dim": obs_dim, "n_actions": max_action + 1}
+    return {
+        "episodes": int(lengths.size),
+        "steps": int(ids_all.size),
+        "lengths": lengths,
+        "obs_dim": obs_dim,
+        "n_actions": max_action + 1,
+    }
 
 
 # --- the NumPy twin of the kernel ------------------------------------------------------------
@@ -253,8 +274,17 @@ def _inspect_data(source: str, batching: BatchingConfig) -> dict:
 # diagnostics the kernel adds beyond these (weight histograms, bootstrap replicates) are not
 # computed here, which if anything favours NumPy in the comparison.
 
-TWIN_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g", "sum_w2g2", "sum_p",
-               "sum_p2")
+TWIN_FIELDS = (
+    "count",
+    "zero_count",
+    "sum_w",
+    "sum_w2",
+    "sum_wg",
+    "sum_w2g",
+    "sum_w2g2",
+    "sum_p",
+    "sum_p2",
+)
 _TWIN_SCALING = ("one", "one", "w", "w2", "w", "w2", "w2", "p", "p2")
 
 
@@ -275,8 +305,9 @@ class TwinStatistics(NamedTuple):
     group_den_kt: np.ndarray  # [K, L] sum_{i in k} W_{i,t} / exp(group_log_scale_kt)
 
 
-def numpy_linear_softmax_log_prob(params: dict, observation_btd: np.ndarray,
-                                  action_bt: np.ndarray) -> np.ndarray:
+def numpy_linear_softmax_log_prob(
+    params: dict, observation_btd: np.ndarray, action_bt: np.ndarray
+) -> np.ndarray:
     """[B, T] log softmax((s @ W + b) / temperature)[a], float64, for one linear_softmax policy.
 
     The A logits are kept as A separate [B, T] planes, so the log-sum-exp over actions is
@@ -285,8 +316,9 @@ def numpy_linear_softmax_log_prob(params: dict, observation_btd: np.ndarray,
     import numpy as np
 
     temperature = float(params.get("temperature", 1.0))
-    logits_bta = (observation_btd.astype(np.float64, copy=False) @ params["weight"]
-                  + params["bias"]) / temperature
+    logits_bta = (
+        observation_btd.astype(np.float64, copy=False) @ params["weight"] + params["bias"]
+    ) / temperature
     logits_a = [logits_bta[..., a] for a in range(logits_bta.shape[-1])]
     max_bt = np.maximum.reduce(logits_a)
     log_norm_bt = max_bt + np.log(sum(np.exp(plane - max_bt) for plane in logits_a))
@@ -297,10 +329,16 @@ def numpy_linear_softmax_log_prob(params: dict, observation_btd: np.ndarray,
     return chosen_bt - log_norm_bt
 
 
-def numpy_batch_statistics(log_target_bt: np.ndarray, log_behavior_bt: np.ndarray,
-                           reward_bt: np.ndarray, step_mask_bt: np.ndarray,
-                           episode_mask_b: np.ndarray, group_b: np.ndarray, gamma: float,
-                           num_groups: int) -> TwinStatistics:
+def numpy_batch_statistics(
+    log_target_bt: np.ndarray,
+    log_behavior_bt: np.ndarray,
+    reward_bt: np.ndarray,
+    step_mask_bt: np.ndarray,
+    episode_mask_b: np.ndarray,
+    group_b: np.ndarray,
+    gamma: float,
+    num_groups: int,
+) -> TwinStatistics:
     """Log weights and batch statistics of one padded batch, in float64 NumPy.
 
     Args:
@@ -345,8 +383,20 @@ def numpy_batch_statistics(log_target_bt: np.ndarray, log_behavior_bt: np.ndarra
     w2_b = w_b * w_b
     return_b = reward_bt @ discount_t
     zero_b = (episode_mask_b & (log_w_final_b == -np.inf)).astype(np.float64)
-    per_episode_bf = np.stack([real_b, zero_b, w_b, w2_b, w_b * return_b, w2_b * return_b,
-                               w2_b * return_b * return_b, p_b, p_b * p_b], axis=-1)
+    per_episode_bf = np.stack(
+        [
+            real_b,
+            zero_b,
+            w_b,
+            w2_b,
+            w_b * return_b,
+            w2_b * return_b,
+            w2_b * return_b * return_b,
+            p_b,
+            p_b * p_b,
+        ],
+        axis=-1,
+    )
     return TwinStatistics(
         log_scale_trajectory=log_scale_trajectory,
         log_scale_step=log_scale_step,
@@ -377,8 +427,9 @@ def twin_init(num_groups: int) -> TwinStatistics:
     import numpy as np
 
     empty = np.zeros((num_groups, 0))
-    return TwinStatistics(-math.inf, -math.inf, np.zeros((num_groups, len(TWIN_FIELDS))),
-                          empty, empty, empty)
+    return TwinStatistics(
+        -math.inf, -math.inf, np.zeros((num_groups, len(TWIN_FIELDS))), empty, empty, empty
+    )
 
 
 def _twin_extend(s: TwinStatistics, length: int) -> TwinStatistics:
@@ -394,12 +445,15 @@ def _twin_extend(s: TwinStatistics, length: int) -> TwinStatistics:
         last_scale_k, last_den_k = np.full(k, -np.inf), np.zeros(k)
     else:
         last_scale_k, last_den_k = s.group_log_scale_kt[:, -1], s.group_den_kt[:, -1]
+
     def continued(values_kt, last_k):
         return np.concatenate([values_kt, np.repeat(last_k[:, None], extra, 1)], 1)
 
-    return s._replace(group_log_scale_kt=continued(s.group_log_scale_kt, last_scale_k),
-                      group_num_kt=continued(s.group_num_kt, np.zeros(k)),
-                      group_den_kt=continued(s.group_den_kt, last_den_k))
+    return s._replace(
+        group_log_scale_kt=continued(s.group_log_scale_kt, last_scale_k),
+        group_num_kt=continued(s.group_num_kt, np.zeros(k)),
+        group_den_kt=continued(s.group_den_kt, last_den_k),
+    )
 
 
 def twin_merge(a: TwinStatistics, b: TwinStatistics) -> TwinStatistics:
@@ -445,8 +499,9 @@ def twin_estimates(s: TwinStatistics, gamma: float, max_length: int) -> dict[str
     total_f = dict(zip(TWIN_FIELDS, s.group_sums_kf.sum(axis=0), strict=True))
     n = total_f["count"]
     s = _twin_extend(s, max_length)
-    scale_kt, num_kt, den_kt = (x[:, :max_length] for x in
-                                (s.group_log_scale_kt, s.group_num_kt, s.group_den_kt))
+    scale_kt, num_kt, den_kt = (
+        x[:, :max_length] for x in (s.group_log_scale_kt, s.group_num_kt, s.group_den_kt)
+    )
     log_scale_t = scale_kt.max(axis=0)
     den_t = np.sum(den_kt * _rescale(scale_kt, log_scale_t), axis=0)
     num_t = np.sum(num_kt * _rescale(scale_kt, log_scale_t), axis=0)
@@ -460,16 +515,26 @@ def twin_estimates(s: TwinStatistics, gamma: float, max_length: int) -> dict[str
     }
 
 
-def numpy_statistics(batch: PaddedBatch, params: dict, gamma: float,
-                     num_groups: int) -> TwinStatistics:
+def numpy_statistics(
+    batch: PaddedBatch, params: dict, gamma: float, num_groups: int
+) -> TwinStatistics:
     """The NumPy twin of one kernel call for one linear_softmax policy."""
     log_target_bt = numpy_linear_softmax_log_prob(params, batch.observation, batch.action)
-    return numpy_batch_statistics(log_target_bt, batch.log_behavior, batch.reward, batch.step_mask,
-                                  batch.episode_mask, batch.group, gamma, num_groups)
+    return numpy_batch_statistics(
+        log_target_bt,
+        batch.log_behavior,
+        batch.reward,
+        batch.step_mask,
+        batch.episode_mask,
+        batch.group,
+        gamma,
+        num_groups,
+    )
 
 
-def numpy_estimates(batches: list[PaddedBatch], params: dict, gamma: float,
-                    max_length: int) -> dict[str, float | None]:
+def numpy_estimates(
+    batches: list[PaddedBatch], params: dict, gamma: float, max_length: int
+) -> dict[str, float | None]:
     """The four estimates of one linear_softmax policy from padded batches, NumPy only."""
     from ope_cli.buckets import RESAMPLING_GROUPS
 
@@ -538,8 +603,12 @@ def time_interleaved(trials: dict[str, Trial], rounds: int) -> dict[str, dict]:
         for name, trial in trials.items():
             best[name] = min(best[name], _timed(trial.run)[0])
     return {
-        name: {"seconds": best[name], "steps_per_second": _rate(trial.steps, best[name]),
-               "runs": rounds, **trial.info}
+        name: {
+            "seconds": best[name],
+            "steps_per_second": _rate(trial.steps, best[name]),
+            "runs": rounds,
+            **trial.info,
+        }
         for name, trial in trials.items()
     }
 
@@ -562,8 +631,11 @@ def prepare_io_floor(source: str, batching: BatchingConfig) -> Trial:
         rows = 0
         for batch in dataset.to_batches(columns=columns, batch_size=batching.read_rows):
             for column in batch.columns:
-                if (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-                        or pa.types.is_fixed_size_list(column.type)):
+                if (
+                    pa.types.is_list(column.type)
+                    or pa.types.is_large_list(column.type)
+                    or pa.types.is_fixed_size_list(column.type)
+                ):
                     column.flatten().to_numpy().reshape(len(column), -1)
                 else:
                     np.asarray(column.to_numpy(zero_copy_only=False))
@@ -574,8 +646,9 @@ def prepare_io_floor(source: str, batching: BatchingConfig) -> Trial:
     return Trial(read, rows, {"columns": columns})
 
 
-def prepare_end_to_end(source: str, policies: list[str], precision: str | None,
-                       batching: BatchingConfig) -> tuple[Trial, Any]:
+def prepare_end_to_end(
+    source: str, policies: list[str], precision: str | None, batching: BatchingConfig
+) -> tuple[Trial, Any]:
     """``ope evaluate`` from Parquet (pipeline.evaluate plus the JSON report), run once from
     a cold jit cache to compile; returns the trial and that first EvaluationResult."""
     import jax
@@ -584,8 +657,9 @@ def prepare_end_to_end(source: str, policies: list[str], precision: str | None,
     from ope_cli.pipeline import evaluate
     from ope_cli.report import to_json
 
-    config = EvaluationConfig(data=source, policies=tuple(policies), gamma=GAMMA,
-                              precision=precision, batching=batching)
+    config = EvaluationConfig(
+        data=source, policies=tuple(policies), gamma=GAMMA, precision=precision, batching=batching
+    )
 
     def run():
         result = evaluate(config)
@@ -594,8 +668,11 @@ def prepare_end_to_end(source: str, policies: list[str], precision: str | None,
 
     jax.clear_caches()
     first_seconds, first = _timed(run)
-    return Trial(run, first.steps, {"first_run_seconds": first_seconds,
-                                    "compiles": first.compiles, "policies": len(policies)}), first
+    return Trial(
+        run,
+        first.steps,
+        {"first_run_seconds": first_seconds, "compiles": first.compiles, "policies": len(policies)},
+    ), first
 
 
 def device_batches(batches: list[PaddedBatch], dtype, mesh) -> list[PaddedBatch]:
@@ -615,14 +692,23 @@ def device_batches(batches: list[PaddedBatch], dtype, mesh) -> list[PaddedBatch]
             x = x.astype(dtype, copy=False)
         return jax.device_put(x, sharding)
 
-    on_device = [dataclasses.replace(b, **{f.name: put(getattr(b, f.name))
-                                           for f in dataclasses.fields(b)}) for b in batches]
+    on_device = [
+        dataclasses.replace(b, **{f.name: put(getattr(b, f.name)) for f in dataclasses.fields(b)})
+        for b in batches
+    ]
     jax.block_until_ready([dataclasses.astuple(b) for b in on_device])
     return on_device
 
 
-def prepare_kernel(on_device: list[PaddedBatch], checkpoints: list[str], precision: str, mesh,
-                   real_steps: int, max_length: int, cold: bool) -> Trial:
+def prepare_kernel(
+    on_device: list[PaddedBatch],
+    checkpoints: list[str],
+    precision: str,
+    mesh,
+    real_steps: int,
+    max_length: int,
+    cold: bool,
+) -> Trial:
     """The jitted kernel alone over batches already on the device. One first pass compiles
     (from a cold jit cache when ``cold``); its statistics give the first policy's estimates,
     to compare precisions."""
@@ -654,15 +740,23 @@ def prepare_kernel(on_device: list[PaddedBatch], checkpoints: list[str], precisi
             acc = merge(acc, from_batch(one))
     estimates, _ = finalize(acc, GAMMA, max_length, 0.95)
     padded_steps = sum(b.step_mask.size for b in on_device)
-    return Trial(one_pass, real_steps, {
-        "first_run_seconds": first_seconds, "compiles": compiles, "precision": precision,
-        "policies": len(checkpoints), "padded_steps": padded_steps,
-        "estimates": {name: e.value for name, e in estimates.items()},
-    })
+    return Trial(
+        one_pass,
+        real_steps,
+        {
+            "first_run_seconds": first_seconds,
+            "compiles": compiles,
+            "precision": precision,
+            "policies": len(checkpoints),
+            "padded_steps": padded_steps,
+            "estimates": {name: e.value for name, e in estimates.items()},
+        },
+    )
 
 
-def prepare_numpy(batches: list[PaddedBatch], checkpoint: str, real_steps: int,
-                  max_length: int) -> Trial:
+def prepare_numpy(
+    batches: list[PaddedBatch], checkpoint: str, real_steps: int, max_length: int
+) -> Trial:
     """The NumPy twin over the same padded (host) batches, merged and finalized."""
     import numpy as np
 
@@ -686,8 +780,9 @@ def _load_loop_module():
     return module
 
 
-def measure_loop(source: str, checkpoint: str, episodes: int, batching: BatchingConfig,
-                 total_steps: int) -> dict:
+def measure_loop(
+    source: str, checkpoint: str, episodes: int, batching: BatchingConfig, total_steps: int
+) -> dict:
     """examples/is_loop.py ``loop_estimates`` on the first ``episodes`` episodes (columns
     renamed to the loop's defaults), its steps/s extrapolated to ``total_steps``."""
     import warnings
@@ -701,8 +796,10 @@ def measure_loop(source: str, checkpoint: str, episodes: int, batching: Batching
 
     module = _load_loop_module()
     if module is None:
-        return {"steps_per_second": None, "note": "examples/is_loop.py not found (installed "
-                "without the repository's examples/)"}
+        return {
+            "steps_per_second": None,
+            "note": "examples/is_loop.py not found (installed without the repository's examples/)",
+        }
     data = open_dataset(source)
     schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
     roles = ("episode", "step", "observation", "action", "reward", "behavior_prob")
@@ -718,8 +815,9 @@ def measure_loop(source: str, checkpoint: str, episodes: int, batching: Batching
         if seen > episodes:
             break
     table = pa.Table.from_batches(parts).select(names)
-    table = table.rename_columns(["episode_id", "step", "observation", "action", "reward",
-                                  "behavior_prob"])
+    table = table.rename_columns(
+        ["episode_id", "step", "observation", "action", "reward", "behavior_prob"]
+    )
     ids = np.asarray(table.column("episode_id").to_numpy())
     starts = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1, [ids.size]])
     table = table.slice(0, int(starts[min(episodes, starts.size - 1)]))
@@ -735,8 +833,9 @@ def measure_loop(source: str, checkpoint: str, episodes: int, batching: Batching
         "extrapolated": True,
         "extrapolated_seconds": total_steps / steps_per_second if steps_per_second else None,
         "note": f"run on the first {min(episodes, starts.size - 1)} episodes "
-                f"({table.num_rows:,} steps), extrapolated to all {total_steps:,} steps"
-                if table.num_rows < total_steps else "run on every episode",
+        f"({table.num_rows:,} steps), extrapolated to all {total_steps:,} steps"
+        if table.num_rows < total_steps
+        else "run on every episode",
     }
 
 
@@ -751,8 +850,9 @@ def _peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int,
     started = time.perf_counter()
     peak_kib = 0
     with open(stdout_path, "wb") as stdout, tempfile.TemporaryFile() as stderr:
-        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                 env=env)
+        child = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env
+        )
         status_path = Path(f"/proc/{child.pid}/status")
         cmdline_path = Path(f"/proc/{child.pid}/cmdline")
         marker = command[-1].encode()
@@ -770,8 +870,14 @@ def _peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int,
     return peak_kib * 1024, time.perf_counter() - started
 
 
-def measure_memory(directory: Path, base_steps: int, seed: int, checkpoint: str,
-                   batching: BatchingConfig, progress: Progress) -> dict:
+def measure_memory(
+    directory: Path,
+    base_steps: int,
+    seed: int,
+    checkpoint: str,
+    batching: BatchingConfig,
+    progress: Progress,
+) -> dict:
     """Peak RSS of ``ope evaluate`` subprocesses on 1x and MEMORY_FACTORx generated data."""
     import json
 
@@ -781,20 +887,41 @@ def measure_memory(directory: Path, base_steps: int, seed: int, checkpoint: str,
         path = directory / f"memory_{factor}x.parquet"
         info = generate_data(path, episodes_for_steps(base_steps * factor), seed + factor)
         progress(f"memory: ope evaluate on {info['steps']:,} steps ({factor}x) in a subprocess")
-        command = [sys.executable, "-m", "ope_cli.cli", "evaluate",
-                   "--policy", checkpoint, "--format", "json", "--quiet",
-                   "--read-rows", str(batching.read_rows),
-                   "--batch-steps", str(batching.batch_steps),
-                   "--min-bucket", str(batching.min_bucket), str(path)]
+        command = [
+            sys.executable,
+            "-m",
+            "ope_cli.cli",
+            "evaluate",
+            "--policy",
+            checkpoint,
+            "--format",
+            "json",
+            "--quiet",
+            "--read-rows",
+            str(batching.read_rows),
+            "--batch-steps",
+            str(batching.batch_steps),
+            "--min-bucket",
+            str(batching.min_bucket),
+            str(path),
+        ]
         peak, seconds = _peak_rss_of(command, env, directory / f"memory_{factor}x.json")
         reported = json.loads((directory / f"memory_{factor}x.json").read_text())
         path.unlink()
-        runs[f"{factor}x"] = {"steps": reported["dataset"]["steps"], "peak_rss_bytes": peak,
-                              "peak_rss_mib": peak / 2**20, "seconds": seconds}
+        runs[f"{factor}x"] = {
+            "steps": reported["dataset"]["steps"],
+            "peak_rss_bytes": peak,
+            "peak_rss_mib": peak / 2**20,
+            "seconds": seconds,
+        }
     growth = _ratio(runs[f"{MEMORY_FACTOR}x"]["peak_rss_bytes"], runs["1x"]["peak_rss_bytes"])
-    return {**runs, "growth": growth, "factor": MEMORY_FACTOR,
-            "method": "VmHWM of each ope evaluate child, read while it runs; compilation cache "
-                      "off in both"}
+    return {
+        **runs,
+        "growth": growth,
+        "factor": MEMORY_FACTOR,
+        "method": "VmHWM of each ope evaluate child, read while it runs; compilation cache "
+        "off in both",
+    }
 
 
 # --- the whole bench ----------------------------------------------------------------------
@@ -839,9 +966,14 @@ def _relative_difference(a: dict, b: dict) -> float | None:
 def _quantiles(lengths: np.ndarray) -> dict:
     import numpy as np
 
-    return {"median": float(np.median(lengths)), "p90": float(np.quantile(lengths, 0.9)),
-            "p99": float(np.quantile(lengths, 0.99)), "max": int(lengths.max()),
-            "mean": float(lengths.mean()), "at_least_1000": int(np.count_nonzero(lengths >= 1000))}
+    return {
+        "median": float(np.median(lengths)),
+        "p90": float(np.quantile(lengths, 0.9)),
+        "p99": float(np.quantile(lengths, 0.99)),
+        "max": int(lengths.max()),
+        "mean": float(lengths.mean()),
+        "at_least_1000": int(np.count_nonzero(lengths >= 1000)),
+    }
 
 
 def _target(met: bool | None, value: float | int | None, threshold: str, note: str | None = None):
@@ -895,51 +1027,65 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     progress("padding every batch on the host, and putting them on the device")
     batches, bucketer, max_length = host_batches(source, config.batching, devices)
     real = bucketer.real_steps
-    on_device = {name: device_batches(batches, np_dtype, mesh)
-                 for name, np_dtype in (("float64", "float64"), ("float32", "float32"))}
+    on_device = {
+        name: device_batches(batches, np_dtype, mesh)
+        for name, np_dtype in (("float64", "float64"), ("float32", "float32"))
+    }
     progress("kernel alone: first passes (compiles)")
-    trials["kernel"] = prepare_kernel(on_device[precision], one, precision, mesh, real, max_length,
-                                      cold=True)
-    trials[f"kernel_{other}"] = prepare_kernel(on_device[other], one, other, mesh, real,
-                                               max_length, cold=False)
+    trials["kernel"] = prepare_kernel(
+        on_device[precision], one, precision, mesh, real, max_length, cold=True
+    )
+    trials[f"kernel_{other}"] = prepare_kernel(
+        on_device[other], one, other, mesh, real, max_length, cold=False
+    )
     if k > 1:
         progress(f"{k} stacked policies: first runs (compile)")
-        trials["kernel_many"] = prepare_kernel(on_device[precision], many, precision, mesh, real,
-                                               max_length, cold=False)
-        trials["end_to_end_many"], _ = prepare_end_to_end(source, many, precision,
-                                                          config.batching)
+        trials["kernel_many"] = prepare_kernel(
+            on_device[precision], many, precision, mesh, real, max_length, cold=False
+        )
+        trials["end_to_end_many"], _ = prepare_end_to_end(source, many, precision, config.batching)
     trials["numpy"] = prepare_numpy(batches, one[0], real, max_length)
     progress(f"timing everything, {ROUNDS} interleaved rounds")
     m = time_interleaved(trials, ROUNDS)
-    m["kernel"]["padded_steps_per_second"] = _rate(m["kernel"]["padded_steps"],
-                                                   m["kernel"]["seconds"])
+    m["kernel"]["padded_steps_per_second"] = _rate(
+        m["kernel"]["padded_steps"], m["kernel"]["seconds"]
+    )
     batch_count = len(batches)
     del batches, on_device, trials
 
     progress(f"python loop: the first {config.loop_episodes} episodes")
-    m["loop"] = measure_loop(source, one[0], config.loop_episodes, config.batching,
-                             dataset["steps"])
+    m["loop"] = measure_loop(
+        source, one[0], config.loop_episodes, config.batching, dataset["steps"]
+    )
     m["memory"] = None
     if config.memory:
-        m["memory"] = measure_memory(directory, config.memory_steps, config.seed, one[0],
-                                     config.batching, progress)
+        m["memory"] = measure_memory(
+            directory, config.memory_steps, config.seed, one[0], config.batching, progress
+        )
 
     summary = _summary(config, m, result, bucketer, precision)
     return {
         "schema_version": BENCH_SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
         "dataset": {**dataset, "lengths": _quantiles(lengths)},
-        "runtime": {"backend": backend, "devices": devices, "precision": precision,
-                    "jax": jax.__version__, "cpus": os.cpu_count(),
-                    "load_average": {"start": load_before, "end": _load_average()},
-                    "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
-                    "bench_seconds": time.perf_counter() - started},
-        "batching": {"read_rows": config.batching.read_rows,
-                     "batch_steps": config.batching.batch_steps,
-                     "min_bucket": config.batching.min_bucket,
-                     "bucket_growth": config.batching.bucket_growth,
-                     "batches": batch_count,
-                     "shapes": [list(shape) for shape in sorted(bucketer.shapes)]},
+        "runtime": {
+            "backend": backend,
+            "devices": devices,
+            "precision": precision,
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+            "load_average": {"start": load_before, "end": _load_average()},
+            "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
+            "bench_seconds": time.perf_counter() - started,
+        },
+        "batching": {
+            "read_rows": config.batching.read_rows,
+            "batch_steps": config.batching.batch_steps,
+            "min_bucket": config.batching.min_bucket,
+            "bucket_growth": config.batching.bucket_growth,
+            "batches": batch_count,
+            "shapes": [list(shape) for shape in sorted(bucketer.shapes)],
+        },
         **summary,
     }
 
@@ -958,16 +1104,21 @@ def _dataset(config: BenchConfig, directory: Path, progress: Progress):
         behavior = behavior_params(config.seed, info["obs_dim"], info["n_actions"])
         dataset = {"source": source, "generated": False}
     obs_dim, n_actions = behavior["weight"].shape
-    dataset.update(episodes=info["episodes"], steps=info["steps"], obs_dim=int(obs_dim),
-                   n_actions=int(n_actions),
-                   bytes=sum(Path(f).stat().st_size for f in _files(source)))
+    dataset.update(
+        episodes=info["episodes"],
+        steps=info["steps"],
+        obs_dim=int(obs_dim),
+        n_actions=int(n_actions),
+        bytes=sum(Path(f).stat().st_size for f in _files(source)),
+    )
     return source, dataset, info["lengths"], behavior
 
 
 def _summary(config: BenchConfig, m: dict, result, bucketer, precision: str) -> dict:
     """Measurements, ratios, padding, compiles, policies, precision and targets."""
-    loop, numpy_run, e2e, io_floor, kernel = (m[name] for name in (
-        "loop", "numpy", "end_to_end", "io_floor", "kernel"))
+    loop, numpy_run, e2e, io_floor, kernel = (
+        m[name] for name in ("loop", "numpy", "end_to_end", "io_floor", "kernel")
+    )
     other = "float32" if precision == "float64" else "float64"
     kernels = {precision: kernel, other: m[f"kernel_{other}"]}
     for entry in (e2e, kernel):
@@ -980,8 +1131,12 @@ def _summary(config: BenchConfig, m: dict, result, bucketer, precision: str) -> 
         "kernel_over_end_to_end": _ratio(kernel["steps_per_second"], e2e["steps_per_second"]),
     }
     waste = _ratio(bucketer.padded_steps - bucketer.real_steps, bucketer.real_steps)
-    padding = {"real_steps": bucketer.real_steps, "padded_steps": bucketer.padded_steps,
-               "ratio": _ratio(bucketer.padded_steps, bucketer.real_steps), "waste": waste}
+    padding = {
+        "real_steps": bucketer.real_steps,
+        "padded_steps": bucketer.padded_steps,
+        "ratio": _ratio(bucketer.padded_steps, bucketer.real_steps),
+        "waste": waste,
+    }
     compiles = {
         "end_to_end": result.compiles,
         "end_to_end_seconds": e2e["compile_seconds"],
@@ -991,15 +1146,20 @@ def _summary(config: BenchConfig, m: dict, result, bucketer, precision: str) -> 
         "persistent_cache": "off (cold compiles, measured the same way every run)",
     }
     precisions = {
-        name: {"steps_per_second": run["steps_per_second"], "seconds": run["seconds"],
-               "estimates": run["estimates"]}
+        name: {
+            "steps_per_second": run["steps_per_second"],
+            "seconds": run["seconds"],
+            "estimates": run["estimates"],
+        }
         for name, run in sorted(kernels.items())
     }
     precisions["numpy_float64"] = {"estimates": numpy_run["estimates"]}
     precisions["max_relative_difference"] = _relative_difference(
-        kernels["float32"]["estimates"], kernels["float64"]["estimates"])
+        kernels["float32"]["estimates"], kernels["float64"]["estimates"]
+    )
     precisions["numpy_vs_kernel_max_relative_difference"] = _relative_difference(
-        numpy_run["estimates"], kernels["float64"]["estimates"])
+        numpy_run["estimates"], kernels["float64"]["estimates"]
+    )
     policies = {"k": config.policies}
     if config.policies > 1:
         many, e2e_many = m["kernel_many"], m["end_to_end_many"]
@@ -1022,23 +1182,37 @@ def _summary(config: BenchConfig, m: dict, result, bucketer, precision: str) -> 
     targets = {
         "kernel_faster_than_numpy": _target(
             None if ratios["kernel_over_numpy"] is None else ratios["kernel_over_numpy"] > 1,
-            ratios["kernel_over_numpy"], "> 1 (steps/s ratio)"),
+            ratios["kernel_over_numpy"],
+            "> 1 (steps/s ratio)",
+        ),
         "kernel_vs_loop": _target(
-            None if ratios["kernel_over_loop"] is None
+            None
+            if ratios["kernel_over_loop"] is None
             else ratios["kernel_over_loop"] >= TARGET_LOOP_SPEEDUP,
-            ratios["kernel_over_loop"], f">= {TARGET_LOOP_SPEEDUP:g} (steps/s ratio)"),
+            ratios["kernel_over_loop"],
+            f">= {TARGET_LOOP_SPEEDUP:g} (steps/s ratio)",
+        ),
         "end_to_end_vs_io_floor": _target(
             at_most(ratios["end_to_end_over_io_floor"], TARGET_END_TO_END_OVER_IO),
-            ratios["end_to_end_over_io_floor"], f"<= {TARGET_END_TO_END_OVER_IO} (time ratio)"),
-        "padding_waste": _target(at_most(waste, TARGET_PADDING_WASTE), waste,
-                                 f"<= {TARGET_PADDING_WASTE} ((padded - real) / real steps)"),
+            ratios["end_to_end_over_io_floor"],
+            f"<= {TARGET_END_TO_END_OVER_IO} (time ratio)",
+        ),
+        "padding_waste": _target(
+            at_most(waste, TARGET_PADDING_WASTE),
+            waste,
+            f"<= {TARGET_PADDING_WASTE} ((padded - real) / real steps)",
+        ),
         "compiles_per_shape": _target(
             result.compiles <= len(result.batch_shapes) and kernel["compiles"] <= shapes,
-            result.compiles, f"<= {len(result.batch_shapes)} (bucket shapes used)"),
+            result.compiles,
+            f"<= {len(result.batch_shapes)} (bucket shapes used)",
+        ),
         "memory_growth": _target(
-            at_most(growth, TARGET_MEMORY_GROWTH), growth,
+            at_most(growth, TARGET_MEMORY_GROWTH),
+            growth,
             f"<= {TARGET_MEMORY_GROWTH} (peak RSS, {MEMORY_FACTOR}x data / 1x)",
-            None if memory is not None else "not measured; run `ope bench --memory`"),
+            None if memory is not None else "not measured; run `ope bench --memory`",
+        ),
     }
     return {
         "measurements": {
@@ -1099,44 +1273,74 @@ def render_bench(result: dict, console: Console) -> None:
 
     data, runtime, m = result["dataset"], result["runtime"], result["measurements"]
     lengths = data["lengths"]
-    title = (f"ope bench: {data['steps']:,} steps, {data['episodes']:,} episodes (length median "
-             f"{lengths['median']:g}, p99 {lengths['p99']:g}, max {lengths['max']:,}); "
-             f"{runtime['backend']}, {runtime['devices']} device(s), {runtime['precision']}")
+    title = (
+        f"ope bench: {data['steps']:,} steps, {data['episodes']:,} episodes (length median "
+        f"{lengths['median']:g}, p99 {lengths['p99']:g}, max {lengths['max']:,}); "
+        f"{runtime['backend']}, {runtime['devices']} device(s), {runtime['precision']}"
+    )
     table = Table(title=title, title_justify="left")
     table.add_column("measurement")
     table.add_column("steps/s", justify="right")
     table.add_column("time", justify="right")
     table.add_column("notes")
     loop, kernel, e2e = m["loop"], m["kernel"], m["end_to_end"]
-    loop_time = (f"{_seconds(loop.get('extrapolated_seconds'))} (extrapolated)"
-                 if loop.get("extrapolated_seconds") else "-")
+    loop_time = (
+        f"{_seconds(loop.get('extrapolated_seconds'))} (extrapolated)"
+        if loop.get("extrapolated_seconds")
+        else "-"
+    )
     rows = [
         ("python loop (examples/is_loop.py)", loop, loop_time, loop.get("note", "")),
-        ("numpy twin, float64", m["numpy"], _seconds(m["numpy"]["seconds"]),
-         "padded batches, log space"),
-        (f"jitted kernel, {kernel['precision']}", kernel, _seconds(kernel["seconds"]),
-         f"data on the device, steady state; {kernel['compiles']} compiles took "
-         f"{_seconds(kernel['compile_seconds'])} more"),
-        ("ope evaluate, end to end", e2e, _seconds(e2e["seconds"]),
-         f"Parquet -> report, after a compile run of {_seconds(e2e['first_run_seconds'])}"),
-        ("pyarrow read (I/O floor)", m["io_floor"], _seconds(m["io_floor"]["seconds"]),
-         f"{len(m['io_floor']['columns'])} projected columns to NumPy"),
+        (
+            "numpy twin, float64",
+            m["numpy"],
+            _seconds(m["numpy"]["seconds"]),
+            "padded batches, log space",
+        ),
+        (
+            f"jitted kernel, {kernel['precision']}",
+            kernel,
+            _seconds(kernel["seconds"]),
+            f"data on the device, steady state; {kernel['compiles']} compiles took "
+            f"{_seconds(kernel['compile_seconds'])} more",
+        ),
+        (
+            "ope evaluate, end to end",
+            e2e,
+            _seconds(e2e["seconds"]),
+            f"Parquet -> report, after a compile run of {_seconds(e2e['first_run_seconds'])}",
+        ),
+        (
+            "pyarrow read (I/O floor)",
+            m["io_floor"],
+            _seconds(m["io_floor"]["seconds"]),
+            f"{len(m['io_floor']['columns'])} projected columns to NumPy",
+        ),
     ]
     for name, entry, seconds, note in rows:
         table.add_row(name, _si(entry.get("steps_per_second")), seconds, note)
     console.print(table)
 
     targets = Table(title="targets (SPEC section 6)", title_justify="left")
-    for column, justify in (("target", "left"), ("value", "right"), ("threshold", "left"),
-                            ("met", "center")):
+    for column, justify in (
+        ("target", "left"),
+        ("value", "right"),
+        ("threshold", "left"),
+        ("met", "center"),
+    ):
         targets.add_column(column, justify=justify)
     for name, target in result["targets"].items():
         value = target["value"]
-        shown = ("-" if value is None else f"{value:,}" if isinstance(value, int)
-                 else f"{value:,.3g}")
+        shown = (
+            "-" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.3g}"
+        )
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[target["met"]]
-        targets.add_row(name.replace("_", " "), shown, target["threshold"]
-                        + (f" ({target['note']})" if target.get("note") else ""), met)
+        targets.add_row(
+            name.replace("_", " "),
+            shown,
+            target["threshold"] + (f" ({target['note']})" if target.get("note") else ""),
+            met,
+        )
     console.print(targets)
 
     padding, compiles, policies = result["padding"], result["compiles"], result["policies"]
@@ -1158,18 +1362,22 @@ def render_bench(result: dict, console: Console) -> None:
     if "cost_ratio" in policies:
         lines.append(
             f"policies: {policies['k']} stacked cost {_times(policies['cost_ratio'])} of one in "
-            f"the kernel, {_times(policies['end_to_end_cost_ratio'])} end to end")
+            f"the kernel, {_times(policies['end_to_end_cost_ratio'])} end to end"
+        )
     memory = result.get("memory")
     if memory:
         small, large = memory["1x"], memory[f"{memory['factor']}x"]
         lines.append(
             f"memory: peak RSS {small['peak_rss_mib']:,.0f} MiB on {small['steps']:,} steps, "
             f"{large['peak_rss_mib']:,.0f} MiB on {large['steps']:,} steps "
-            f"(growth {_times(memory['growth'])})")
+            f"(growth {_times(memory['growth'])})"
+        )
     load = runtime["load_average"]
     if load["start"] is not None:
-        lines.append(f"load average {load['start']:.2f} at the start, {load['end']:.2f} at the "
-                     f"end, on {runtime['cpus']} CPUs (a busy machine makes timings noisy)")
+        lines.append(
+            f"load average {load['start']:.2f} at the start, {load['end']:.2f} at the "
+            f"end, on {runtime['cpus']} CPUs (a busy machine makes timings noisy)"
+        )
     for line in lines:
         console.print(line, highlight=False)
 
@@ -1211,39 +1419,65 @@ def register(app: typer.Typer) -> None:
 
     @app.command("bench")
     def bench_command(
-        data: Annotated[str | None, typer.Option(
-            help="Step-layout Parquet data to measure instead of generated data.")] = None,
-        episodes: Annotated[int, typer.Option(
-            help="Episodes to generate (long-tailed lengths, ~83 steps each).")] = DEFAULT_EPISODES,
+        data: Annotated[
+            str | None,
+            typer.Option(help="Step-layout Parquet data to measure instead of generated data."),
+        ] = None,
+        episodes: Annotated[
+            int, typer.Option(help="Episodes to generate (long-tailed lengths, ~83 steps each).")
+        ] = DEFAULT_EPISODES,
         seed: Annotated[int, typer.Option(help="Seed of the generated data and policies.")] = 0,
-        policies: Annotated[int, typer.Option(
-            help="K stacked linear_softmax policies, for the cost of K relative to 1.")] = 4,
-        precision: Annotated[BenchPrecision | None, typer.Option(
-            help="Kernel precision of the main measurements. Default: as ope evaluate.")] = None,
-        output_format: Annotated[BenchFormat | None, typer.Option(
-            "--format", "-f",
-            help="Output on stdout. Default: table on a terminal, json otherwise.")] = None,
-        memory: Annotated[bool, typer.Option(
-            "--memory",
-            help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.")
+        policies: Annotated[
+            int,
+            typer.Option(
+                help="K stacked linear_softmax policies, for the cost of K relative to 1."
+            ),
+        ] = 4,
+        precision: Annotated[
+            BenchPrecision | None,
+            typer.Option(
+                help="Kernel precision of the main measurements. Default: as ope evaluate."
+            ),
+        ] = None,
+        output_format: Annotated[
+            BenchFormat | None,
+            typer.Option(
+                "--format",
+                "-f",
+                help="Output on stdout. Default: table on a terminal, json otherwise.",
+            ),
+        ] = None,
+        memory: Annotated[
+            bool,
+            typer.Option(
+                "--memory",
+                help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.",
+            ),
         ] = False,
-        memory_steps: Annotated[int, typer.Option(
-            help="Steps of the 1x dataset of --memory.")] = DEFAULT_MEMORY_STEPS,
-        loop_episodes: Annotated[int, typer.Option(
-            help="Episodes the Python loop runs on (its speed is extrapolated).")
+        memory_steps: Annotated[
+            int, typer.Option(help="Steps of the 1x dataset of --memory.")
+        ] = DEFAULT_MEMORY_STEPS,
+        loop_episodes: Annotated[
+            int, typer.Option(help="Episodes the Python loop runs on (its speed is extrapolated).")
         ] = DEFAULT_LOOP_EPISODES,
-        out: Annotated[str | None, typer.Option(
-            help="Keep generated files in this directory. Default: a temporary one.")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")
-                         ] = False,
-        read_rows: Annotated[int, typer.Option(
-            help="Rows per record batch read.", rich_help_panel="Batching")
+        out: Annotated[
+            str | None,
+            typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
+        ] = None,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress on stderr.")
+        ] = False,
+        read_rows: Annotated[
+            int, typer.Option(help="Rows per record batch read.", rich_help_panel="Batching")
         ] = BatchingConfig.read_rows,
-        batch_steps: Annotated[int, typer.Option(
-            help="Padded steps per kernel call.", rich_help_panel="Batching")
+        batch_steps: Annotated[
+            int, typer.Option(help="Padded steps per kernel call.", rich_help_panel="Batching")
         ] = BatchingConfig.batch_steps,
-        min_bucket: Annotated[int, typer.Option(
-            help="Shortest episode-length bucket; lengths double.", rich_help_panel="Batching")
+        min_bucket: Annotated[
+            int,
+            typer.Option(
+                help="Shortest episode-length bucket; lengths double.", rich_help_panel="Batching"
+            ),
         ] = BatchingConfig.min_bucket,
     ) -> None:
         """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
@@ -1260,11 +1494,18 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         config = BenchConfig(
-            data=data, episodes=episodes, seed=seed, policies=policies,
-            precision=precision.value if precision else None, memory=memory,
-            memory_steps=memory_steps, loop_episodes=loop_episodes, out=out,
-            batching=BatchingConfig(read_rows=read_rows, batch_steps=batch_steps,
-                                    min_bucket=min_bucket),
+            data=data,
+            episodes=episodes,
+            seed=seed,
+            policies=policies,
+            precision=precision.value if precision else None,
+            memory=memory,
+            memory_steps=memory_steps,
+            loop_episodes=loop_episodes,
+            out=out,
+            batching=BatchingConfig(
+                read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
+            ),
         )
         chosen = output_format or (BenchFormat.table if sys.stdout.isatty() else BenchFormat.json)
         stderr = Console(stderr=True)

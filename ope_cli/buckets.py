@@ -112,11 +112,22 @@ def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
         parts = [getattr(c, name) for c in chunks]
         return None if parts[0] is None else np.concatenate(parts)
 
-    return dataclasses.replace(chunks[0], **{
-        name: joined(name)
-        for name in ("ids", "keys", "lengths", "observation", "action", "reward", "log_behavior",
-                     "log_target")
-    })
+    return dataclasses.replace(
+        chunks[0],
+        **{
+            name: joined(name)
+            for name in (
+                "ids",
+                "keys",
+                "lengths",
+                "observation",
+                "action",
+                "reward",
+                "log_behavior",
+                "log_target",
+            )
+        },
+    )
 
 
 def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
@@ -140,8 +151,13 @@ def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
     )
 
 
-def place_episodes(batch: PaddedBatch, row: int, chunk: EpisodeChunk, episodes: np.ndarray,
-                   offsets: np.ndarray | None = None) -> int:
+def place_episodes(
+    batch: PaddedBatch,
+    row: int,
+    chunk: EpisodeChunk,
+    episodes: np.ndarray,
+    offsets: np.ndarray | None = None,
+) -> int:
     """Copies episodes ``episodes`` ([k] indices into ``chunk``, each <= T steps) into rows
     ``row:row + k`` of ``batch`` ([B, T]). Each array is gathered straight into its [k, T]
     block (cell t of an episode reads its step min(t, length - 1)), then the padding cells
@@ -189,14 +205,17 @@ def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
 
 def first_rows(batch: PaddedBatch, rows: int) -> PaddedBatch:
     """Rows ``:rows`` of ``batch`` as views (still 64-byte aligned: same start)."""
-    return PaddedBatch(**{
-        field.name: None if (value := getattr(batch, field.name)) is None else value[:rows]
-        for field in dataclasses.fields(PaddedBatch)
-    })
+    return PaddedBatch(
+        **{
+            field.name: None if (value := getattr(batch, field.name)) is None else value[:rows]
+            for field in dataclasses.fields(PaddedBatch)
+        }
+    )
 
 
-def pad(chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
-        ) -> PaddedBatch:
+def pad(
+    chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
+) -> PaddedBatch:
     """Pads episodes ``start:stop`` of ``chunk`` (<= ``batch`` of them, each <= ``length``
     steps) into a [batch, length] PaddedBatch."""
     stop = chunk.num_episodes if stop is None else stop
@@ -235,7 +254,9 @@ class Bucketer:
         """Files the chunk's episodes into buckets; yields every batch that became full."""
         longest = int(chunk.lengths.max())
         if longest > self._lengths[-1]:
-            self._lengths = bucket_lengths_upto(longest, self.batching.min_bucket, self.batching.bucket_growth)
+            self._lengths = bucket_lengths_upto(
+                longest, self.batching.min_bucket, self.batching.bucket_growth
+            )
         offsets = chunk.offsets
         bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
         for bucket in np.unique(bucket_of):
@@ -249,10 +270,11 @@ class Bucketer:
                 else:
                     open_batch.batch = widened(open_batch.batch, chunk)
                 placed = members[: batch - open_batch.rows]
-                open_batch.steps += place_episodes(open_batch.batch, open_batch.rows, chunk, placed,
-                                                   offsets)
+                open_batch.steps += place_episodes(
+                    open_batch.batch, open_batch.rows, chunk, placed, offsets
+                )
                 open_batch.rows += placed.size
-                members = members[placed.size:]
+                members = members[placed.size :]
                 if open_batch.rows == batch:
                     del self._open[length]
                     yield self._emit(open_batch, batch)

@@ -62,4 +62,6 @@ class EvaluationConfig:
     batching: BatchingConfig = BatchingConfig()
     precision: Precision | None = None  # None: float64 on CPU, float32 on accelerators
     devices: int | None = None  # local devices to shard over; None: all
-    on_invalid: str = "error"  # error: stop at the first bad value; drop: leave out invalid episodes
+    on_invalid: str = (
+        "error"  # error: stop at the first bad value; drop: leave out invalid episodes
+    )

@@ -46,14 +46,24 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
     import jax
 
     if not config.auto:
-        missing = [name for name, value in (("--coordinator", config.coordinator),
-                                            ("--num-processes", config.num_processes),
-                                            ("--process-id", config.process_id)) if value is None]
+        missing = [
+            name
+            for name, value in (
+                ("--coordinator", config.coordinator),
+                ("--num-processes", config.num_processes),
+                ("--process-id", config.process_id),
+            )
+            if value is None
+        ]
         if missing:
-            raise UsageError(f"a multi-process run needs {', '.join(missing)} (or --distributed to "
-                             "detect the cluster)")
+            raise UsageError(
+                f"a multi-process run needs {', '.join(missing)} (or --distributed to "
+                "detect the cluster)"
+            )
         if not 0 <= config.process_id < config.num_processes:
-            raise UsageError(f"--process-id must be in [0, {config.num_processes}), got {config.process_id}")
+            raise UsageError(
+                f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
+            )
     # CPU devices need a collectives backend to talk across processes (GPUs use NCCL). This
     # must be set, like everything here, before anything initialises a JAX backend.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -94,7 +104,7 @@ def _gather(array: np.ndarray) -> np.ndarray:
 
 
 def _encode(message: str) -> np.ndarray:
-    data = message.encode()[: MESSAGE_BYTES]
+    data = message.encode()[:MESSAGE_BYTES]
     out = np.zeros(MESSAGE_BYTES, np.uint8)
     out[: len(data)] = np.frombuffer(data, np.uint8)
     return out
@@ -128,8 +138,10 @@ def check_disjoint_episodes(keys: np.ndarray) -> None:
     unique, occurrences = np.unique(everything, return_counts=True)
     shared = int((occurrences > 1).sum())
     if shared:
-        raise DataError(f"{shared} episode id(s) appear in the files of more than one process "
-                        "(an episode must not span files)")
+        raise DataError(
+            f"{shared} episode id(s) appear in the files of more than one process "
+            "(an episode must not span files)"
+        )
 
 
 def allgather_ints(values: list[int]) -> np.ndarray:
@@ -143,17 +155,31 @@ def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Ac
     merged = []
     for accumulator in accumulators:
         accumulator = extend(accumulator, length)
-        parts = {name: _gather(np.asarray(getattr(accumulator, name), np.float64))
-                 for name in ("log_scale_trajectory", "log_scale_step", "group_sums",
-                              "group_log_scale_t", "group_num_t", "group_den_t",
-                              "log_weight_histogram", "replicate_sums", "replicate_log_scale_t",
-                              "replicate_num_t", "replicate_den_t", "betting_histogram")}
+        parts = {
+            name: _gather(np.asarray(getattr(accumulator, name), np.float64))
+            for name in (
+                "log_scale_trajectory",
+                "log_scale_step",
+                "group_sums",
+                "group_log_scale_t",
+                "group_num_t",
+                "group_den_t",
+                "log_weight_histogram",
+                "replicate_sums",
+                "replicate_log_scale_t",
+                "replicate_num_t",
+                "replicate_den_t",
+                "betting_histogram",
+            )
+        }
         total = None
         for process in range(parts["group_sums"].shape[0]):
-            one = Accumulator(**{
-                name: float(value[process]) if name.startswith("log_scale") else value[process]
-                for name, value in parts.items()
-            })
+            one = Accumulator(
+                **{
+                    name: float(value[process]) if name.startswith("log_scale") else value[process]
+                    for name, value in parts.items()
+                }
+            )
             total = one if total is None else merge(total, one)
         merged.append(total)
     return merged

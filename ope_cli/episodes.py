@@ -96,7 +96,9 @@ def hash_strings(array: pa.Array) -> np.ndarray:
     array = pc.cast(array, pa.large_string()) if not pa.types.is_large_string(array.type) else array
     _, offsets_buffer, data_buffer = array.buffers()
     offsets = np.frombuffer(offsets_buffer, np.int64)[array.offset : array.offset + len(array) + 1]
-    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    data = (
+        np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    )
     lengths = np.diff(offsets)
     starts = offsets[:-1]
     total = int(lengths.sum())
@@ -114,8 +116,11 @@ def hash_strings(array: pa.Array) -> np.ndarray:
 
 def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
     """[n] uint64 keys of episode ids (integers or strings)."""
-    if isinstance(ids, pa.Array) and (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)
-                                      or pa.types.is_string_view(ids.type)):
+    if isinstance(ids, pa.Array) and (
+        pa.types.is_string(ids.type)
+        or pa.types.is_large_string(ids.type)
+        or pa.types.is_string_view(ids.type)
+    ):
         return hash_strings(ids)
     return mix64(np.asarray(ids).astype(np.int64).view(np.uint64))
 
@@ -128,19 +133,51 @@ OnInvalid = Literal["error", "drop", "collect"]
 # ``ope inspect``'s problems. An episode with several problems counts under the first one
 # found (in the order of the checks), so the dropped counts add up to the totals.
 REASONS: tuple[str, ...] = (
-    "null_step", "null_observation", "null_action", "null_reward", "null_behavior_prob",
-    "null_target_prob", "ragged_observation", "ragged_action", "empty_episode", "lists_disagree",
-    "duplicate_step", "missing_step", "reward_not_finite", "behavior_prob_nan",
-    "support_violation", "behavior_prob_zero", "behavior_prob_negative", "behavior_prob_infinite",
-    "behavior_prob_above_one", "target_prob_invalid", "target_prob_above_one", "action_negative",
-    "action_not_finite", "observation_not_finite", "state_negative", "action_out_of_range",
+    "null_step",
+    "null_observation",
+    "null_action",
+    "null_reward",
+    "null_behavior_prob",
+    "null_target_prob",
+    "ragged_observation",
+    "ragged_action",
+    "empty_episode",
+    "lists_disagree",
+    "duplicate_step",
+    "missing_step",
+    "reward_not_finite",
+    "behavior_prob_nan",
+    "support_violation",
+    "behavior_prob_zero",
+    "behavior_prob_negative",
+    "behavior_prob_infinite",
+    "behavior_prob_above_one",
+    "target_prob_invalid",
+    "target_prob_above_one",
+    "action_negative",
+    "action_not_finite",
+    "observation_not_finite",
+    "state_negative",
+    "action_out_of_range",
     "state_out_of_range",
     # Never dropped: they are about the dataset or its structure, not one episode's values.
-    "observation_size", "action_size", "episode_reappears", "file_error", "reward_out_of_range",
+    "observation_size",
+    "action_size",
+    "episode_reappears",
+    "file_error",
+    "reward_out_of_range",
     "episode_too_long",
 )
-FATAL_REASONS = frozenset({"observation_size", "action_size", "episode_reappears", "file_error",
-                           "reward_out_of_range", "episode_too_long"})
+FATAL_REASONS = frozenset(
+    {
+        "observation_size",
+        "action_size",
+        "episode_reappears",
+        "file_error",
+        "reward_out_of_range",
+        "episode_too_long",
+    }
+)
 _REASON_INDEX = {reason: i for i, reason in enumerate(REASONS)}
 # Problems found while converting a record batch, kept per row as bits until the episode
 # they belong to is complete.
@@ -149,21 +186,32 @@ _READ_FLAGS: tuple[str, ...] = REASONS[:8]
 Check = tuple[str, str, np.ndarray]  # (reason, problem, [N] bool: the rows that have it)
 
 
-def bounds_checks(chunk: EpisodeChunk, reward_range: tuple[float, float] | None,
-                  horizon: int | None, reward_source: str | None,
-                  horizon_source: str | None) -> Iterator[Check]:
+def bounds_checks(
+    chunk: EpisodeChunk,
+    reward_range: tuple[float, float] | None,
+    horizon: int | None,
+    reward_source: str | None,
+    horizon_source: str | None,
+) -> Iterator[Check]:
     """Rewards outside ``reward_range`` and steps at or beyond ``horizon`` (None: no check).
     Never dropped (FATAL_REASONS): the bounds are a promise about every episode, and
     betting intervals are only as good as it."""
     if reward_range is not None:
         low, high = reward_range
-        yield ("reward_out_of_range", f"reward is outside the range [{low:g}, {high:g}] "
-               f"({reward_source}) that betting intervals rely on",
-               (chunk.reward < low) | (chunk.reward > high))
+        yield (
+            "reward_out_of_range",
+            f"reward is outside the range [{low:g}, {high:g}] "
+            f"({reward_source}) that betting intervals rely on",
+            (chunk.reward < low) | (chunk.reward > high),
+        )
     if horizon is not None:
         position = np.arange(chunk.num_steps) - np.repeat(chunk.offsets[:-1], chunk.lengths)
-        yield ("episode_too_long", f"episode is longer than the horizon of {horizon} steps "
-               f"({horizon_source}) that betting intervals rely on", position >= horizon)
+        yield (
+            "episode_too_long",
+            f"episode is longer than the horizon of {horizon} steps "
+            f"({horizon_source}) that betting intervals rely on",
+            position >= horizon,
+        )
 
 
 @dataclasses.dataclass
@@ -190,12 +238,21 @@ class Validation:
         self.problems: dict[tuple[str, str], Problem] = {}
         self.dropped: dict[str, list[int]] = {}  # reason -> [episodes, steps]
 
-    def found(self, reason: str, message: str, file: str | None, episode: object, step: int | None,
-              episodes: int, steps: int) -> None:
+    def found(
+        self,
+        reason: str,
+        message: str,
+        file: str | None,
+        episode: object,
+        step: int | None,
+        episodes: int,
+        steps: int,
+    ) -> None:
         problem = self.problems.get((reason, message))
         if problem is None:
-            problem = self.problems[(reason, message)] = Problem(reason, message, file=file,
-                                                                 episode=episode, step=step)
+            problem = self.problems[(reason, message)] = Problem(
+                reason, message, file=file, episode=episode, step=step
+            )
         problem.episodes += episodes
         problem.steps += steps
 
@@ -223,8 +280,11 @@ class Validation:
 def dropped_by_reason(counts: np.ndarray) -> dict[str, dict[str, int]]:
     """{reason: {"episodes", "steps"}} of the reasons with dropped episodes, from
     ``Validation.dropped_counts`` (summed over processes)."""
-    return {reason: {"episodes": int(counts[i, 0]), "steps": int(counts[i, 1])}
-            for i, reason in enumerate(REASONS) if counts[i, 0]}
+    return {
+        reason: {"episodes": int(counts[i, 0]), "steps": int(counts[i, 1])}
+        for i, reason in enumerate(REASONS)
+        if counts[i, 0]
+    }
 
 
 # --- Arrow -> NumPy ----------------------------------------------------------------------
@@ -257,9 +317,15 @@ def _mark(flags: np.ndarray, reason: str, rows: np.ndarray) -> None:
     flags[rows] |= np.uint16(1 << _READ_FLAGS.index(reason))
 
 
-def _check_no_nulls(array: pa.Array, column: str, file: str, locate: Locate | None,
-                    flags: np.ndarray | None = None, reason: str | None = None,
-                    row_of: RowOf | None = None) -> bool:
+def _check_no_nulls(
+    array: pa.Array,
+    column: str,
+    file: str,
+    locate: Locate | None,
+    flags: np.ndarray | None = None,
+    reason: str | None = None,
+    row_of: RowOf | None = None,
+) -> bool:
     """Whether ``array`` has nulls: a DataError without ``flags``, else their rows marked."""
     if not array.null_count:
         return False
@@ -268,15 +334,25 @@ def _check_no_nulls(array: pa.Array, column: str, file: str, locate: Locate | No
     if flags is None:
         place = where(file, *locate(int(rows[0]))) if locate else f"{file}: "
         count = np.unique(rows).size if row_of is not None else rows.size
-        raise DataError(f"{place}column {column!r} is null; every step needs a value ({count} "
-                        "row(s) affected in this record batch)")
+        raise DataError(
+            f"{place}column {column!r} is null; every step needs a value ({count} "
+            "row(s) affected in this record batch)"
+        )
     _mark(flags, reason, rows)
     return True
 
 
-def _numbers(array: pa.Array, column: str, file: str, dtype: type, locate: Locate | None = None,
-             flags: np.ndarray | None = None, reason: str | None = None, fill: float = 0,
-             row_of: RowOf | None = None) -> np.ndarray:
+def _numbers(
+    array: pa.Array,
+    column: str,
+    file: str,
+    dtype: type,
+    locate: Locate | None = None,
+    flags: np.ndarray | None = None,
+    reason: str | None = None,
+    fill: float = 0,
+    row_of: RowOf | None = None,
+) -> np.ndarray:
     """[n] ``dtype`` values; a null is an error, or (with ``flags``) ``fill`` and a marked row."""
     if _check_no_nulls(array, column, file, locate, flags, reason, row_of):
         if fill < 0 and pa.types.is_unsigned_integer(array.type):
@@ -285,9 +361,14 @@ def _numbers(array: pa.Array, column: str, file: str, dtype: type, locate: Locat
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _list_parts(array: pa.Array, column: str, file: str, locate: Locate | None = None,
-                flags: np.ndarray | None = None, reason: str | None = None
-                ) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
+def _list_parts(
+    array: pa.Array,
+    column: str,
+    file: str,
+    locate: Locate | None = None,
+    flags: np.ndarray | None = None,
+    reason: str | None = None,
+) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
     """(flattened values, [n] lengths, [n] bool null rows or None) of a list or
     fixed-size-list array. With ``flags``, a null list is marked and holds no values (a
     fixed-size one keeps its null slots)."""
@@ -295,8 +376,11 @@ def _list_parts(array: pa.Array, column: str, file: str, locate: Locate | None =
     null_rows = np.asarray(pc.is_null(array), bool) if nulls else None
     if pa.types.is_fixed_size_list(array.type):
         size = array.type.list_size
-        values = array.flatten() if not nulls else array.values.slice(array.offset * size,
-                                                                       len(array) * size)
+        values = (
+            array.flatten()
+            if not nulls
+            else array.values.slice(array.offset * size, len(array) * size)
+        )
         return values, np.full(len(array), size, np.int64), null_rows
     lengths = pc.list_value_length(array)
     if nulls:
@@ -304,8 +388,15 @@ def _list_parts(array: pa.Array, column: str, file: str, locate: Locate | None =
     return pc.list_flatten(array), np.asarray(lengths, dtype=np.int64), null_rows
 
 
-def _vectors(array: pa.Array, column: str, file: str, locate: Locate, dim: int | None,
-             flags: np.ndarray | None = None, role: str = "observation") -> np.ndarray:
+def _vectors(
+    array: pa.Array,
+    column: str,
+    file: str,
+    locate: Locate,
+    dim: int | None,
+    flags: np.ndarray | None = None,
+    role: str = "observation",
+) -> np.ndarray:
     """[n, d] floats from a column of number lists of length ``dim`` (None: the batch's usual
     length). Another length is a DataError, or (with ``flags``) a marked row of zeros. Float32
     vectors stay float32 (the kernel casts on the device: half the host copies and transfer)."""
@@ -367,22 +458,31 @@ class _Rows:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
     def slice(self, start: int, stop: int | None = None) -> _Rows:
-        return _Rows(**{
-            name: None if value is None else value[start:stop] for name, value in self._fields().items()
-        })
+        return _Rows(
+            **{
+                name: None if value is None else value[start:stop]
+                for name, value in self._fields().items()
+            }
+        )
 
     def take(self, order: np.ndarray) -> _Rows:
-        return _Rows(**{
-            name: None if value is None else value[order] for name, value in self._fields().items()
-        })
+        return _Rows(
+            **{
+                name: None if value is None else value[order]
+                for name, value in self._fields().items()
+            }
+        )
 
     @staticmethod
     def concat(first: _Rows, second: _Rows) -> _Rows:
-        return _Rows(**{
-            name: None if getattr(first, name) is None
-            else np.concatenate([getattr(first, name), getattr(second, name)])
-            for name in (f.name for f in dataclasses.fields(_Rows))
-        })
+        return _Rows(
+            **{
+                name: None
+                if getattr(first, name) is None
+                else np.concatenate([getattr(first, name), getattr(second, name)])
+                for name in (f.name for f in dataclasses.fields(_Rows))
+            }
+        )
 
 
 def _log_probability(array: np.ndarray, is_log: bool) -> np.ndarray:
@@ -405,8 +505,12 @@ class EpisodeAssembler:
     state ranges) to the same validation.
     """
 
-    def __init__(self, schema: DataSchema, on_invalid: OnInvalid = "error",
-                 chunk_checks: ChunkChecks | None = None):
+    def __init__(
+        self,
+        schema: DataSchema,
+        on_invalid: OnInvalid = "error",
+        chunk_checks: ChunkChecks | None = None,
+    ):
         if on_invalid not in ("error", "drop", "collect"):
             raise ValueError(f"on_invalid must be error, drop or collect, got {on_invalid!r}")
         self.schema = schema
@@ -429,8 +533,10 @@ class EpisodeAssembler:
                     chunk = self._step_rows(sourced)
             except pa.ArrowException as error:  # values a damaged file decoded into (bad UTF-8)
                 lines = str(error).strip().splitlines() or [type(error).__name__]
-                raise DataError(f"{sourced.file}: cannot convert the values read: {lines[0]} "
-                                "(is the file damaged?)") from None
+                raise DataError(
+                    f"{sourced.file}: cannot convert the values read: {lines[0]} "
+                    "(is the file damaged?)"
+                ) from None
             if chunk is not None and chunk.num_episodes:
                 yield chunk
 
@@ -459,8 +565,16 @@ class EpisodeAssembler:
         flags = np.zeros(batch.num_rows, np.uint16) if self._flags_mode else None
         step = None
         if "step" in col:
-            step = _numbers(_plain(batch.column(col["step"])), col["step"], file, np.int64,
-                            lambda row: (_display_id(ids[row]), None), flags, "null_step", -1)
+            step = _numbers(
+                _plain(batch.column(col["step"])),
+                col["step"],
+                file,
+                np.int64,
+                lambda row: (_display_id(ids[row]), None),
+                flags,
+                "null_step",
+                -1,
+            )
 
         def locate(row: int) -> tuple[object, int | None]:
             return _display_id(ids[row]), int(step[row]) if step is not None else None
@@ -469,15 +583,27 @@ class EpisodeAssembler:
             keys=keys,
             ids=ids,
             step=step,
-            observation=self._observation(_plain(batch.column(col["observation"])), file, locate,
-                                          flags) if "observation" in col else None,
+            observation=self._observation(
+                _plain(batch.column(col["observation"])), file, locate, flags
+            )
+            if "observation" in col
+            else None,
             action=self._action(_plain(batch.column(col["action"])), file, locate, flags),
-            reward=_numbers(_plain(batch.column(col["reward"])), col["reward"], file, np.float64,
-                            locate, flags, "null_reward"),
-            log_behavior=self._behavior(_plain(batch.column(self._behavior_column)), file, locate,
-                                        flags),
+            reward=_numbers(
+                _plain(batch.column(col["reward"])),
+                col["reward"],
+                file,
+                np.float64,
+                locate,
+                flags,
+                "null_reward",
+            ),
+            log_behavior=self._behavior(
+                _plain(batch.column(self._behavior_column)), file, locate, flags
+            ),
             log_target=self._target(_plain(batch.column(col[s.target_role])), file, locate, flags)
-            if s.target is not None else None,
+            if s.target is not None
+            else None,
             flags=flags,
         )
 
@@ -487,13 +613,29 @@ class EpisodeAssembler:
         return col["behavior_log_prob"] if self.schema.behavior_is_log else col["behavior_prob"]
 
     def _behavior(self, array: pa.Array, file: str, locate: Locate, flags) -> np.ndarray:
-        return _numbers(array, self._behavior_column, file, np.float64, locate, flags,
-                        "null_behavior_prob", 0.0 if self.schema.behavior_is_log else 1.0)
+        return _numbers(
+            array,
+            self._behavior_column,
+            file,
+            np.float64,
+            locate,
+            flags,
+            "null_behavior_prob",
+            0.0 if self.schema.behavior_is_log else 1.0,
+        )
 
     def _target(self, array: pa.Array, file: str, locate: Locate, flags) -> np.ndarray:
         name = self.schema.columns[self.schema.target_role]
-        return _numbers(array, name, file, np.float64, locate, flags, "null_target_prob",
-                        0.0 if self.schema.target == "log_prob" else 1.0)
+        return _numbers(
+            array,
+            name,
+            file,
+            np.float64,
+            locate,
+            flags,
+            "null_target_prob",
+            0.0 if self.schema.target == "log_prob" else 1.0,
+        )
 
     def _observation(self, array: pa.Array, file: str, locate, flags) -> np.ndarray:
         name = self.schema.columns["observation"]
@@ -539,8 +681,16 @@ class EpisodeAssembler:
 
     # episode layout ------------------------------------------------------------------
 
-    _EPISODE_ROLES = ("reward", "action", "observation", "step", "behavior_prob",
-                      "behavior_log_prob", "target_prob", "target_log_prob")
+    _EPISODE_ROLES = (
+        "reward",
+        "action",
+        "observation",
+        "step",
+        "behavior_prob",
+        "behavior_log_prob",
+        "target_prob",
+        "target_log_prob",
+    )
 
     def _episode_rows(self, sourced: SourcedBatch) -> EpisodeChunk | None:
         s, batch, file = self.schema, sourced.batch, sourced.file
@@ -554,7 +704,9 @@ class EpisodeAssembler:
             episode_keys = id_keys(id_array)
             episode_ids = id_array.to_numpy(zero_copy_only=False)
         else:
-            episode_ids = np.arange(self._next_row_id, self._next_row_id + n_episodes, dtype=np.int64)
+            episode_ids = np.arange(
+                self._next_row_id, self._next_row_id + n_episodes, dtype=np.int64
+            )
             episode_keys = id_keys(episode_ids)
         self._next_row_id += n_episodes
         if self._flags_mode:
@@ -572,8 +724,12 @@ class EpisodeAssembler:
         for role in self._EPISODE_ROLES:
             if role not in col:
                 continue
-            values, role_lengths, _ = _list_parts(_plain(batch.column(col[role])), col[role], file,
-                                                  lambda e: (_display_id(episode_ids[e]), None))
+            values, role_lengths, _ = _list_parts(
+                _plain(batch.column(col[role])),
+                col[role],
+                file,
+                lambda e: (_display_id(episode_ids[e]), None),
+            )
             if lengths is None:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:
@@ -591,24 +747,30 @@ class EpisodeAssembler:
 
         def locate(row: int) -> tuple[object, int]:
             e = int(row_episode[row])
-            return _display_id(episode_ids[e]), int(step[row] if step is not None else row - episode_start[e])
+            return _display_id(episode_ids[e]), int(
+                step[row] if step is not None else row - episode_start[e]
+            )
 
         if "step" in flat:
-            step = _numbers(flat["step"], col["step"], file, np.int64, locate, flags, "null_step",
-                            -1)
+            step = _numbers(
+                flat["step"], col["step"], file, np.int64, locate, flags, "null_step", -1
+            )
 
         rows = _Rows(
             keys=episode_keys[row_episode],
             ids=episode_ids[row_episode],
             step=step,
             observation=self._observation(flat["observation"], file, locate, flags)
-            if "observation" in flat else None,
+            if "observation" in flat
+            else None,
             action=self._action(flat["action"], file, locate, flags),
-            reward=_numbers(flat["reward"], col["reward"], file, np.float64, locate, flags,
-                            "null_reward"),
+            reward=_numbers(
+                flat["reward"], col["reward"], file, np.float64, locate, flags, "null_reward"
+            ),
             log_behavior=self._behavior(flat[self._behavior_role], file, locate, flags),
-            log_target=None if s.target is None else self._target(flat[s.target_role], file,
-                                                                  locate, flags),
+            log_target=None
+            if s.target is None
+            else self._target(flat[s.target_role], file, locate, flags),
             flags=flags,
         )
         empty = np.flatnonzero(lengths == 0)
@@ -620,8 +782,9 @@ class EpisodeAssembler:
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         return self._finish(file, rows, starts, lengths)
 
-    def _screen_episode_lists(self, file: str, batch: pa.RecordBatch, episode_ids: np.ndarray
-                              ) -> np.ndarray:
+    def _screen_episode_lists(
+        self, file: str, batch: pa.RecordBatch, episode_ids: np.ndarray
+    ) -> np.ndarray:
         """[E] bool: the episodes (rows) whose list columns are usable. Null lists, empty
         episodes and lists of different lengths are recorded (and dropped) here, before the
         lists are flattened into steps."""
@@ -629,30 +792,48 @@ class EpisodeAssembler:
         roles = [role for role in self._EPISODE_ROLES if role in col]
         arrays = {role: _plain(batch.column(col[role])) for role in roles}
         null = {role: np.asarray(pc.is_null(arrays[role]), bool) for role in roles}
-        lengths = {role: np.asarray(pc.fill_null(pc.list_value_length(arrays[role]), 0), np.int64)
-                   if not pa.types.is_fixed_size_list(arrays[role].type)
-                   else np.full(len(arrays[role]), arrays[role].type.list_size, np.int64)
-                   for role in roles}
+        lengths = {
+            role: np.asarray(pc.fill_null(pc.list_value_length(arrays[role]), 0), np.int64)
+            if not pa.types.is_fixed_size_list(arrays[role].type)
+            else np.full(len(arrays[role]), arrays[role].type.list_size, np.int64)
+            for role in roles
+        }
         steps = lengths["reward"]
-        checks: list[Check] = [(_null_reason(role), _null_message(col[role]), null[role])
-                               for role in roles]
+        checks: list[Check] = [
+            (_null_reason(role), _null_message(col[role]), null[role]) for role in roles
+        ]
         checks.append(("empty_episode", "episode has no steps", (steps == 0) & ~null["reward"]))
         for role in roles[1:]:
-            checks.append((
-                "lists_disagree",
-                f"list column {col[role]!r} and {col['reward']!r} have different lengths",
-                (lengths[role] != steps) & ~null[role] & ~null["reward"],
-            ))
-        first = self._judge(file, checks, steps, np.arange(steps.size),
-                            lambda e: (_display_id(episode_ids[e]), None), per_episode=True)
+            checks.append(
+                (
+                    "lists_disagree",
+                    f"list column {col[role]!r} and {col['reward']!r} have different lengths",
+                    (lengths[role] != steps) & ~null[role] & ~null["reward"],
+                )
+            )
+        first = self._judge(
+            file,
+            checks,
+            steps,
+            np.arange(steps.size),
+            lambda e: (_display_id(episode_ids[e]), None),
+            per_episode=True,
+        )
         return self._drop(first, steps)
 
     def _remember(self, file: str, keys: np.ndarray, ids: np.ndarray) -> None:
         """Records the ids of episodes dropped before _finish (so a reappearance is caught)."""
         reappearing = self._seen.add(file, keys, ids, raise_error=self.on_invalid != "collect")
         if reappearing is not None:
-            self.validation.found("episode_reappears", _REAPPEARS, file,
-                                  _display_id(ids[reappearing[0]]), None, reappearing.size, 0)
+            self.validation.found(
+                "episode_reappears",
+                _REAPPEARS,
+                file,
+                _display_id(ids[reappearing[0]]),
+                None,
+                reappearing.size,
+                0,
+            )
 
     @property
     def _behavior_role(self) -> str:
@@ -660,11 +841,14 @@ class EpisodeAssembler:
 
     # shared --------------------------------------------------------------------------
 
-    def _finish(self, file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray) -> EpisodeChunk:
+    def _finish(
+        self, file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray
+    ) -> EpisodeChunk:
         """Orders steps, validates values, and packs the episodes starting at ``starts``."""
         # Reappearing ids first: a split episode would otherwise look like a missing step.
-        reappearing = self._seen.add(file, rows.keys[starts], rows.ids[starts],
-                                     raise_error=self.on_invalid != "collect")
+        reappearing = self._seen.add(
+            file, rows.keys[starts], rows.ids[starts], raise_error=self.on_invalid != "collect"
+        )
         checks: list[Check] = []
         if reappearing is not None:
             row_mask = np.zeros(rows.reward.shape[0], bool)
@@ -686,8 +870,11 @@ class EpisodeAssembler:
         )
         if rows.flags is not None and rows.flags.any():
             checks = [*self._flag_checks(rows.flags), *checks]
-        all_checks = itertools.chain(checks, value_checks(chunk, self.schema),
-                                     self.chunk_checks(chunk) if self.chunk_checks else ())
+        all_checks = itertools.chain(
+            checks,
+            value_checks(chunk, self.schema),
+            self.chunk_checks(chunk) if self.chunk_checks else (),
+        )
         episode_of_row = _LazyEpisodeOfRow(chunk.lengths)
         first = self._judge(file, all_checks, chunk.lengths, episode_of_row, chunk.locate)
         if first is not None and (first >= 0).any():
@@ -695,7 +882,8 @@ class EpisodeAssembler:
         return dataclasses.replace(
             chunk,
             log_behavior=_log_probability(chunk.log_behavior, self.schema.behavior_is_log),
-            log_target=None if chunk.log_target is None
+            log_target=None
+            if chunk.log_target is None
             else _log_probability(chunk.log_target, self.schema.target == "log_prob"),
         )
 
@@ -707,15 +895,33 @@ class EpisodeAssembler:
                 continue
             role = reason.split("_", 1)[1]
             if reason.startswith("null_"):
-                column = (self._behavior_column if role == "behavior_prob" else
-                          col[self.schema.target_role] if role == "target_prob" else col[role])
+                column = (
+                    self._behavior_column
+                    if role == "behavior_prob"
+                    else col[self.schema.target_role]
+                    if role == "target_prob"
+                    else col[role]
+                )
                 yield reason, _null_message(column), bad
             else:
-                yield reason, (f"column {col[role]!r} holds a vector whose length is not "
-                               f"{self._dims[role]}, the length of the other {role} vectors"), bad
+                yield (
+                    reason,
+                    (
+                        f"column {col[role]!r} holds a vector whose length is not "
+                        f"{self._dims[role]}, the length of the other {role} vectors"
+                    ),
+                    bad,
+                )
 
-    def _judge(self, file: str, checks: Iterable[Check], lengths: np.ndarray, episode_of_row,
-               locate: Locate, per_episode: bool = False) -> np.ndarray | None:
+    def _judge(
+        self,
+        file: str,
+        checks: Iterable[Check],
+        lengths: np.ndarray,
+        episode_of_row,
+        locate: Locate,
+        per_episode: bool = False,
+    ) -> np.ndarray | None:
         """Runs ``checks`` in order. on_invalid=error: a DataError at the first problem, as
         ``file: episode E, step T: problem (N row(s) affected)``. Otherwise records each
         problem and returns [E] int16: the index in REASONS of each episode's first problem,
@@ -726,11 +932,13 @@ class EpisodeAssembler:
             if not rows.size:
                 continue
             episode, step = locate(int(rows[0]))
-            if self.on_invalid == "error" or (self.on_invalid == "drop"
-                                              and reason in FATAL_REASONS):
+            if self.on_invalid == "error" or (
+                self.on_invalid == "drop" and reason in FATAL_REASONS
+            ):
                 unit = "episode(s)" if per_episode else "row(s)"
                 raise DataError(
-                    f"{where(file, episode, step)}{problem} ({rows.size} {unit} affected)")
+                    f"{where(file, episode, step)}{problem} ({rows.size} {unit} affected)"
+                )
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
             self.validation.found(reason, problem, file, episode, step, episodes.size, steps)
@@ -772,8 +980,9 @@ def _select(chunk: EpisodeChunk, keep: np.ndarray) -> EpisodeChunk:
     return take_episodes(chunk, np.flatnonzero(keep))
 
 
-def _order_steps(file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray, collect: bool
-                 ) -> tuple[_Rows, list[Check]]:
+def _order_steps(
+    file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray, collect: bool
+) -> tuple[_Rows, list[Check]]:
     """Sorts rows by step within each episode. A duplicate or missing step is a DataError,
     or with ``collect`` two checks (duplicate, missing) flagging one row per bad episode."""
     n = rows.step.shape[0]
@@ -796,7 +1005,8 @@ def _order_steps(file: str, rows: _Rows, starts: np.ndarray, lengths: np.ndarray
         raise DataError(f"{where(file, episode)}{problem} ({bad_episodes} episode(s) affected)")
     first_bad = bad[np.concatenate([[True], np.diff(episode_of_row[bad]) != 0])]
     repeated = (first_bad > starts[episode_of_row[first_bad]]) & (
-        rows.step[first_bad] == rows.step[np.maximum(first_bad - 1, 0)])
+        rows.step[first_bad] == rows.step[np.maximum(first_bad - 1, 0)]
+    )
     duplicate, missing = np.zeros(n, bool), np.zeros(n, bool)
     duplicate[first_bad[repeated] - 1] = True  # the first row of the repeated step
     missing[first_bad[~repeated]] = True  # the row where the missing step belongs
@@ -823,43 +1033,67 @@ def value_checks(chunk: EpisodeChunk, schema: DataSchema) -> Iterator[Check]:
         zero = behavior == 0
         behavior_zero = "behavior probability is 0"
     if target is not None:
-        yield ("support_violation", "support violation: the logged target probability is > 0 "
-               f"where the {behavior_zero}", zero & target_positive)
+        yield (
+            "support_violation",
+            f"support violation: the logged target probability is > 0 where the {behavior_zero}",
+            zero & target_positive,
+        )
         yield "behavior_prob_zero", behavior_zero, zero & ~target_positive
     else:
-        yield ("behavior_prob_zero", f"{behavior_zero}, a support violation wherever the "
-               "evaluation policy can take the logged action (importance weights need "
-               "pi_b(a|s) > 0)", zero)
+        yield (
+            "behavior_prob_zero",
+            f"{behavior_zero}, a support violation wherever the "
+            "evaluation policy can take the logged action (importance weights need "
+            "pi_b(a|s) > 0)",
+            zero,
+        )
     if schema.behavior_is_log:
         yield "behavior_prob_infinite", "behavior log-probability is +inf", behavior == np.inf
         if discrete:
-            yield ("behavior_prob_above_one",
-                   "behavior log-probability is > 0 (probability > 1) for a discrete action",
-                   behavior > PROBABILITY_TOLERANCE)
+            yield (
+                "behavior_prob_above_one",
+                "behavior log-probability is > 0 (probability > 1) for a discrete action",
+                behavior > PROBABILITY_TOLERANCE,
+            )
     else:
         yield "behavior_prob_negative", "behavior probability is negative", behavior < 0
         yield "behavior_prob_infinite", "behavior probability is infinite", np.isinf(behavior)
         if discrete:
-            yield ("behavior_prob_above_one", "behavior probability is > 1 for a discrete action",
-                   behavior > 1 + PROBABILITY_TOLERANCE)
+            yield (
+                "behavior_prob_above_one",
+                "behavior probability is > 1 for a discrete action",
+                behavior > 1 + PROBABILITY_TOLERANCE,
+            )
     if target is not None:
         if schema.target == "log_prob":
-            yield ("target_prob_invalid", "target log-probability is NaN or +inf",
-                   np.isnan(target) | (target == np.inf))
+            yield (
+                "target_prob_invalid",
+                "target log-probability is NaN or +inf",
+                np.isnan(target) | (target == np.inf),
+            )
         else:
-            yield ("target_prob_invalid", "target probability is negative, NaN or infinite",
-                   ~np.isfinite(target) | (target < 0))
+            yield (
+                "target_prob_invalid",
+                "target probability is negative, NaN or infinite",
+                ~np.isfinite(target) | (target < 0),
+            )
             if discrete:
-                yield ("target_prob_above_one", "target probability is > 1 for a discrete action",
-                       target > 1 + PROBABILITY_TOLERANCE)
+                yield (
+                    "target_prob_above_one",
+                    "target probability is > 1 for a discrete action",
+                    target > 1 + PROBABILITY_TOLERANCE,
+                )
     if discrete:
         yield "action_negative", "action is negative", chunk.action < 0
     else:
         yield "action_not_finite", "action is NaN or infinite", ~_finite_rows(chunk.action)
     if chunk.observation is not None:
         if chunk.observation.dtype.kind == "f":
-            yield ("observation_not_finite", "observation is NaN or infinite",
-                   ~_finite_rows(chunk.observation))
+            yield (
+                "observation_not_finite",
+                "observation is NaN or infinite",
+                ~_finite_rows(chunk.observation),
+            )
         elif schema.observation_kind == "index":
             yield "state_negative", "observation (state index) is negative", chunk.observation < 0
 
@@ -874,8 +1108,9 @@ def _finite_rows(values: np.ndarray) -> np.ndarray:
     return finite.all(axis=-1)
 
 
-_REAPPEARS = ("episode id appears in more than one place (its rows must be contiguous within one "
-              "file)")
+_REAPPEARS = (
+    "episode id appears in more than one place (its rows must be contiguous within one file)"
+)
 
 
 class _SeenKeys:
@@ -888,8 +1123,9 @@ class _SeenKeys:
         self._pending: list[np.ndarray] = []
         self._pending_size = 0
 
-    def add(self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
-            ) -> np.ndarray | None:
+    def add(
+        self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
+    ) -> np.ndarray | None:
         """Records the episodes' keys ([E] uint64). An id seen before (or twice here) is a
         DataError, or without ``raise_error`` flagged in the returned [E] bool (None: none)."""
         unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)

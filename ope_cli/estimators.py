@@ -15,12 +15,20 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-
 # Columns of the per-group sums. Trajectory terms use w_i = W_{i,T_i-1} / exp(log_scale_trajectory)
 # and G_i the discounted return; per-decision terms P_i = sum_t gamma^t W_{i,t} r_{i,t} /
 # exp(log_scale_step).
-GROUP_SUM_FIELDS = ("count", "zero_count", "sum_w", "sum_w2", "sum_wg", "sum_w2g", "sum_w2g2",
-                    "sum_p", "sum_p2")
+GROUP_SUM_FIELDS = (
+    "count",
+    "zero_count",
+    "sum_w",
+    "sum_w2",
+    "sum_wg",
+    "sum_w2g",
+    "sum_w2g2",
+    "sum_p",
+    "sum_p2",
+)
 
 
 # Histogram of log10 trajectory weights: HISTOGRAM_BINS equal bins over HISTOGRAM_LOG10_RANGE,
@@ -62,7 +70,9 @@ class BatchStatistics(NamedTuple):
     betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
 
-def log_weights(log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array) -> jax.Array:
+def log_weights(
+    log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array
+) -> jax.Array:
     """Cumulative log importance weights log W_t = sum_{k<=t} log(pi_e/pi_b), shape [..., T].
 
     Padded steps get log-ratio 0 (absorbing), through ``where`` so that whatever the
@@ -87,13 +97,12 @@ def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Arr
 
 
 # Poisson(1) cumulative distribution up to 20 (the rest has probability < 1e-19).
-_POISSON_CDF = tuple(
-    sum(math.exp(-1) / math.factorial(j) for j in range(k + 1)) for k in range(21)
-)
+_POISSON_CDF = tuple(sum(math.exp(-1) / math.factorial(j) for j in range(k + 1)) for k in range(21))
 
 
-def poisson_counts(key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array,
-                   num_replicates: int) -> jax.Array:
+def poisson_counts(
+    key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array, num_replicates: int
+) -> jax.Array:
     """[B, R] Poisson(1) bootstrap counts, one independent stream per episode.
 
     Each episode's counts come from a counter-based key of (seed, episode-id hash), so
@@ -109,8 +118,13 @@ def poisson_counts(key_hi_b: jax.Array, key_lo_b: jax.Array, seed: jax.Array,
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
-def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, return_b: jax.Array,
-                      discount_t: jax.Array, betting_range: jax.Array) -> jax.Array:
+def betting_variables(
+    log_w_bt: jax.Array,
+    reward_bt: jax.Array,
+    return_b: jax.Array,
+    discount_t: jax.Array,
+    betting_range: jax.Array,
+) -> jax.Array:
     """[4, B] log of the BETTING_VARIABLES of each episode (-inf for a zero).
 
     With rewards in [a, b] (a <= 0 <= b, as the absorbing reward 0 must be), a discounted
@@ -142,12 +156,14 @@ def betting_variables(log_w_bt: jax.Array, reward_bt: jax.Array, return_b: jax.A
         # Rounding can leave -1e-16 where the exact value is 0; never take the log of it.
         return jnp.log(jnp.maximum(values_b, 0.0) / span) + log_scale_b
 
-    return jnp.stack([
-        log_of(return_b - low * horizon, log_w_final_b),
-        log_of(high * horizon - return_b, log_w_final_b),
-        log_of(decision_low, log_peak_b),
-        log_of(decision_high, log_peak_b),
-    ])
+    return jnp.stack(
+        [
+            log_of(return_b - low * horizon, log_w_final_b),
+            log_of(high * horizon - return_b, log_w_final_b),
+            log_of(decision_low, log_peak_b),
+            log_of(decision_high, log_peak_b),
+        ]
+    )
 
 
 def _betting_histogram(log_x_vb: jax.Array, include_b: jax.Array, dtype) -> jax.Array:
@@ -158,8 +174,9 @@ def _betting_histogram(log_x_vb: jax.Array, include_b: jax.Array, dtype) -> jax.
     position = jnp.clip(jnp.nan_to_num(log_x_vb, nan=low - 1.0), low - 1.0, high + 1.0)
     offset = (position - low) / BETTING_BIN_WIDTH - 1e-3
     bins = jnp.clip(jnp.floor(offset).astype(jnp.int32) + 1, 0, BETTING_BINS)
-    one_hot = jax.vmap(lambda b: jax.ops.segment_sum(include_b.astype(dtype), b,
-                                                     num_segments=BETTING_BINS + 1))
+    one_hot = jax.vmap(
+        lambda b: jax.ops.segment_sum(include_b.astype(dtype), b, num_segments=BETTING_BINS + 1)
+    )
     return one_hot(bins)
 
 
@@ -218,8 +235,17 @@ def batch_statistics(
     p_b = (jnp.exp(log_w_bt - _safe_scale(log_scale_step)) * reward_bt) @ discount_t
     zero_b = (episode_mask_b & (log_w_final_b == -jnp.inf)).astype(dtype)
     per_episode_bf = jnp.stack(
-        [real_b, zero_b, w_b, w2_b, w_b * return_b, w2_b * return_b, w2_b * return_b * return_b,
-         p_b, p_b * p_b],
+        [
+            real_b,
+            zero_b,
+            w_b,
+            w2_b,
+            w_b * return_b,
+            w2_b * return_b,
+            w2_b * return_b * return_b,
+            p_b,
+            p_b * p_b,
+        ],
         axis=-1,
     )
     # Bootstrap replicates: the same sums, each episode counted c_ir times. One scale per
@@ -232,9 +258,12 @@ def batch_statistics(
         betting_histogram = jnp.zeros((len(BETTING_VARIABLES), 0), dtype)
     else:
         betting_histogram = _betting_histogram(
-            betting_variables(log_w_bt, reward_bt, return_b, discount_t,
-                              betting_range.astype(dtype)),
-            episode_mask_b, dtype)
+            betting_variables(
+                log_w_bt, reward_bt, return_b, discount_t, betting_range.astype(dtype)
+            ),
+            episode_mask_b,
+            dtype,
+        )
     return BatchStatistics(
         betting_histogram=betting_histogram,
         replicate_sums=counts_rb @ per_episode_bf,

@@ -181,8 +181,12 @@ def _chain_build(shift: float) -> tuple[Params, list[Params]]:
                 transitions[s, a, target] += (1 - slip) * (move == intended) + slip / 3
     env = {
         "transitions": transitions,
-        "mean_reward": np.clip(np.linspace(0.0, 1.0, n_states)[:, None]
-                               + rng.normal(scale=0.1, size=(n_states, n_actions)), 0.0, 1.0),
+        "mean_reward": np.clip(
+            np.linspace(0.0, 1.0, n_states)[:, None]
+            + rng.normal(scale=0.1, size=(n_states, n_actions)),
+            0.0,
+            1.0,
+        ),
         "terminate": rng.uniform(0.05, 0.15, size=(n_states, n_actions)),
         "initial": np.array([0.5, 0.3, 0.2] + [0.0] * (n_states - 3)),
     }
@@ -477,7 +481,14 @@ class _Environment:
 
 _ENVIRONMENTS = {
     "bandit": _Environment(
-        _bandit_build, _bandit_reset, _bandit_step, _bandit_truth, (2, 0), "linear_softmax", 1, (0.0, 1.0)
+        _bandit_build,
+        _bandit_reset,
+        _bandit_step,
+        _bandit_truth,
+        (2, 0),
+        "linear_softmax",
+        1,
+        (0.0, 1.0),
     ),
     "chain": _Environment(
         _chain_build, _chain_reset, _chain_step, _chain_truth, (4, 0), "tabular", None, (0.0, 1.0)

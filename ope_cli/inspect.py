@@ -158,8 +158,13 @@ def inspect(config: InspectConfig) -> InspectReport:
     def policy_checks(chunk):
         for policy in policies:
             yield from chunk_checks(policy, chunk)
-        yield from bounds_checks(chunk, declared.reward_range, declared.horizon,
-                                 "declared by the data", "declared by the data")
+        yield from bounds_checks(
+            chunk,
+            declared.reward_range,
+            declared.horizon,
+            "declared by the data",
+            "declared by the data",
+        )
 
     report = InspectReport(
         source=config.data,
@@ -243,7 +248,8 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
             "target": s.target,
             "declared": {
                 "reward_range": list(report.declared.reward_range)
-                if report.declared.reward_range else None,
+                if report.declared.reward_range
+                else None,
                 "horizon": report.declared.horizon,
             },
         },
@@ -335,8 +341,9 @@ def render_table(report: InspectReport, console) -> None:
     if declared.horizon:
         parts.append(f"at most {declared.horizon} steps")
     if parts:
-        console.print(f"declared in the metadata (for betting intervals): {', '.join(parts)}",
-                      highlight=False)
+        console.print(
+            f"declared in the metadata (for betting intervals): {', '.join(parts)}", highlight=False
+        )
     lengths = (
         f"valid episode lengths {report.min_length} to {report.max_length}"
         if report.episodes

@@ -81,8 +81,9 @@ def group_policies(policies: Sequence[Policy]) -> list[PolicyGroup]:
     return list(groups.values())
 
 
-def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
-                      log_target, step_mask, dtype):
+def _policy_log_probs(
+    log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
+):
     """[P, B, T] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
     if log_prob is None:  # logged target probabilities
         return log_target[None]
@@ -96,31 +97,70 @@ def _policy_log_probs(log_prob: LogProbFn | None, params, observation, action,
     return log_pi.astype(dtype)
 
 
-def policy_group_statistics(params, observation, action, reward, log_behavior, log_target,
-                            step_mask, episode_mask, group, key_hi, key_lo, gamma, seed,
-                            betting_range, *, log_prob, num_groups, num_replicates,
-                            dtype) -> BatchStatistics:
+def policy_group_statistics(
+    params,
+    observation,
+    action,
+    reward,
+    log_behavior,
+    log_target,
+    step_mask,
+    episode_mask,
+    group,
+    key_hi,
+    key_lo,
+    gamma,
+    seed,
+    betting_range,
+    *,
+    log_prob,
+    num_groups,
+    num_replicates,
+    dtype,
+) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
     fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted."""
     observation, action, reward, log_behavior, log_target = (
         x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
-        for x in (observation, action, reward, log_behavior, log_target))
+        for x in (observation, action, reward, log_behavior, log_target)
+    )
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
     counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
-    per_policy = functools.partial(batch_statistics, num_groups=num_groups,
-                                   betting_range=betting_range)
+    per_policy = functools.partial(
+        batch_statistics, num_groups=num_groups, betting_range=betting_range
+    )
     statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None, None))(
         log_w, reward, step_mask, episode_mask, group, counts, gamma
     )
     return jax.tree.map(lambda x: x[None], statistics)
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh"))
-def _kernel(params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, key_hi, key_lo, gamma, seed, betting_range, *, log_prob, num_groups,
-            num_replicates, dtype, mesh) -> BatchStatistics:
+@functools.partial(
+    jax.jit, static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh")
+)
+def _kernel(
+    params,
+    observation,
+    action,
+    reward,
+    log_behavior,
+    log_target,
+    step_mask,
+    episode_mask,
+    group,
+    key_hi,
+    key_lo,
+    gamma,
+    seed,
+    betting_range,
+    *,
+    log_prob,
+    num_groups,
+    num_replicates,
+    dtype,
+    mesh,
+) -> BatchStatistics:
     """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
 
     With a mesh, each device reduces its own share of the episodes and the per-device
@@ -129,10 +169,29 @@ def _kernel(params, observation, action, reward, log_behavior, log_target, step_
     """
     global _traces
     _traces += 1
-    statistics = functools.partial(policy_group_statistics, log_prob=log_prob,
-                                   num_groups=num_groups, num_replicates=num_replicates, dtype=dtype)
-    args = (params, observation, action, reward, log_behavior, log_target, step_mask, episode_mask,
-            group, key_hi, key_lo, gamma, seed, betting_range)
+    statistics = functools.partial(
+        policy_group_statistics,
+        log_prob=log_prob,
+        num_groups=num_groups,
+        num_replicates=num_replicates,
+        dtype=dtype,
+    )
+    args = (
+        params,
+        observation,
+        action,
+        reward,
+        log_behavior,
+        log_target,
+        step_mask,
+        episode_mask,
+        group,
+        key_hi,
+        key_lo,
+        gamma,
+        seed,
+        betting_range,
+    )
     if mesh is None:
         return statistics(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
@@ -155,9 +214,17 @@ class Kernel:
     """``batch -> BatchStatistics [D, P, ...]`` (device arrays, dispatched asynchronously)
     for one policy group, the episode axis sharded over ``mesh`` when given."""
 
-    def __init__(self, group: PolicyGroup, gamma: float, num_groups: int, dtype, mesh: Mesh | None,
-                 num_replicates: int = 0, seed: int = 0,
-                 betting_range: tuple[float, float, float] | None = None):
+    def __init__(
+        self,
+        group: PolicyGroup,
+        gamma: float,
+        num_groups: int,
+        dtype,
+        mesh: Mesh | None,
+        num_replicates: int = 0,
+        seed: int = 0,
+        betting_range: tuple[float, float, float] | None = None,
+    ):
         self.group = group
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
@@ -165,28 +232,52 @@ class Kernel:
         self.num_groups = num_groups
         self.num_replicates = num_replicates
         # (a, b, H) of estimators.betting_variables; None: no betting histogram
-        self.betting_range = (None if betting_range is None
-                              else jnp.asarray(betting_range, self.dtype))
+        self.betting_range = (
+            None if betting_range is None else jnp.asarray(betting_range, self.dtype)
+        )
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
-        self._sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
+        self._sharding = (
+            NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
+        )
 
     def _narrow(self, x: np.ndarray | None) -> np.ndarray | None:
         """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
         narrower ones are widened on the device."""
-        if x is not None and np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
+        if (
+            x is not None
+            and np.issubdtype(x.dtype, np.floating)
+            and x.dtype.itemsize > self.dtype.itemsize
+        ):
             return x.astype(self.dtype)
         return x
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:
         head = self.group.head
-        arrays = [self._narrow(x) for x in (
-            batch.observation, batch.action, batch.reward, batch.log_behavior, batch.log_target,
-            batch.step_mask, batch.episode_mask, batch.group, batch.key_hi, batch.key_lo)]
+        arrays = [
+            self._narrow(x)
+            for x in (
+                batch.observation,
+                batch.action,
+                batch.reward,
+                batch.log_behavior,
+                batch.log_target,
+                batch.step_mask,
+                batch.episode_mask,
+                batch.group,
+                batch.key_hi,
+                batch.key_lo,
+            )
+        ]
         on_device = jax.device_put(arrays, self._sharding)  # one call for the whole batch
         args = (self.params, *on_device, self.gamma, self.seed, self.betting_range)
-        static = dict(log_prob=head.log_prob, num_groups=self.num_groups,
-                      num_replicates=self.num_replicates, dtype=self.dtype.name, mesh=self.mesh)
+        static = dict(
+            log_prob=head.log_prob,
+            num_groups=self.num_groups,
+            num_replicates=self.num_replicates,
+            dtype=self.dtype.name,
+            mesh=self.mesh,
+        )
         if head.kind != "entry_point":
             return _kernel(*args, **static)
         try:
@@ -195,5 +286,7 @@ class Kernel:
             raise PolicyError(f"policy {head.name}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise PolicyError(f"policy {head.name} cannot be evaluated under jax.jit/vmap "
-                              f"(is it JAX-traceable?): {type(error).__name__}: {message}") from None
+            raise PolicyError(
+                f"policy {head.name} cannot be evaluated under jax.jit/vmap "
+                f"(is it JAX-traceable?): {type(error).__name__}: {message}"
+            ) from None

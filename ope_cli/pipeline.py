@@ -46,22 +46,26 @@ from ope_cli.stats import (
 )
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
-STANDARD_ERRORS = ("standard errors: sample standard error (is, pdis), delta method (wis), grouped "
-                   "jackknife over 32 episode-id hash groups (wpdis)")
+STANDARD_ERRORS = (
+    "standard errors: sample standard error (is, pdis), delta method (wis), grouped "
+    "jackknife over 32 episode-id hash groups (wpdis)"
+)
 INTERVAL_METHODS = {
     "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
-               "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
-               "discounted horizon {horizon:g}; trajectory weights for is and wis, per-decision "
-               "weights for pdis and wpdis",
+    "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
+    "discounted horizon {horizon:g}; trajectory weights for is and wis, per-decision "
+    "weights for pdis and wpdis",
     "normal": "normal approximation, estimate +- z * standard error",
     "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
     "bootstrap-t": "Poisson bootstrap, studentized (bootstrap-t) interval for is, wis, pdis and "
-                   "percentile for wpdis ({samples} replicates, seed {seed})",
+    "percentile for wpdis ({samples} replicates, seed {seed})",
 }
 
 
-ASYMPTOTIC = (" (asymptotic: heavy-tailed weights make it cover less often than stated; "
-              "--reward-range LOW HIGH gives finite-sample betting intervals)")
+ASYMPTOTIC = (
+    " (asymptotic: heavy-tailed weights make it cover less often than stated; "
+    "--reward-range LOW HIGH gives finite-sample betting intervals)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +130,9 @@ def check_config(config: EvaluationConfig) -> None:
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
         raise UsageError("batching options must be positive, and the bucket growth > 1")
     if config.interval not in ("auto", *INTERVAL_METHODS):
-        raise UsageError(f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, "
-                         f"got {config.interval!r}")
+        raise UsageError(
+            f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
+        )
     if config.reward_range is not None:
         low, high = config.reward_range
         if not is_reward_range(low, high):
@@ -153,19 +158,27 @@ class IntervalPlan:
     horizon: int | None = None
     bounds_source: str | None = None  # where the reward range comes from
     horizon_source: str | None = None
-    betting_range: tuple[float, float, float] | None = None  # (a, b, H): estimators.betting_variables
+    betting_range: tuple[float, float, float] | None = (
+        None  # (a, b, H): estimators.betting_variables
+    )
 
     def describe(self, config: EvaluationConfig) -> str:
         if self.betting_range is None:
-            return INTERVAL_METHODS[self.method].format(samples=config.bootstrap_samples,
-                                                        seed=config.seed) + ASYMPTOTIC
+            return (
+                INTERVAL_METHODS[self.method].format(
+                    samples=config.bootstrap_samples, seed=config.seed
+                )
+                + ASYMPTOTIC
+            )
         low, high = self.reward_range
-        return INTERVAL_METHODS["betting"].format(low=low, high=high, horizon=self.betting_range[2],
-                                                  bounds_source=self.bounds_source)
+        return INTERVAL_METHODS["betting"].format(
+            low=low, high=high, horizon=self.betting_range[2], bounds_source=self.bounds_source
+        )
 
     def chunk_checks(self, chunk):
-        return bounds_checks(chunk, self.reward_range, self.horizon, self.bounds_source,
-                             self.horizon_source)
+        return bounds_checks(
+            chunk, self.reward_range, self.horizon, self.bounds_source, self.horizon_source
+        )
 
 
 def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
@@ -186,23 +199,36 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         betting_range = (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
     method = config.interval
     if config.reward_range is not None and betting_range is None:
-        raise UsageError("--reward-range with --gamma 1 also needs --horizon STEPS: without "
-                         "discounting, only a horizon bounds the return")
+        raise UsageError(
+            "--reward-range with --gamma 1 also needs --horizon STEPS: without "
+            "discounting, only a horizon bounds the return"
+        )
     if method == "auto":
         method = "betting" if betting_range is not None else "normal"
     if method != "betting":
         return IntervalPlan(method)
     if betting_range is None:
-        missing = ("--reward-range LOW HIGH" if reward_range is None
-                   else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)")
-        raise UsageError(f"--ci betting needs bounds on every episode's return: pass {missing}, or "
-                         "declare it in the data's schema metadata (see the README)")
+        missing = (
+            "--reward-range LOW HIGH"
+            if reward_range is None
+            else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
+        )
+        raise UsageError(
+            f"--ci betting needs bounds on every episode's return: pass {missing}, or "
+            "declare it in the data's schema metadata (see the README)"
+        )
 
     def source(option: str, value) -> str:
         return option if value is not None else "declared by the data"
 
-    return IntervalPlan("betting", reward_range, horizon, source("--reward-range", config.reward_range),
-                        source("--horizon", config.horizon), betting_range)
+    return IntervalPlan(
+        "betting",
+        reward_range,
+        horizon,
+        source("--reward-range", config.reward_range),
+        source("--horizon", config.horizon),
+        betting_range,
+    )
 
 
 @dataclasses.dataclass
@@ -217,12 +243,20 @@ class _LocalPass:
     padded_steps: int = 0
     keys: np.ndarray | None = None
     dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
-        default_factory=lambda: np.zeros((len(REASONS), 2), np.int64))
+        default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
+    )
 
     def counters(self) -> list[int]:
         length = self.accumulators[0].group_log_scale_t.shape[-1]
-        return [self.episodes, self.steps, self.rows_read, self.max_length, self.padded_steps, length,
-                *self.dropped.ravel().tolist()]
+        return [
+            self.episodes,
+            self.steps,
+            self.rows_read,
+            self.max_length,
+            self.padded_steps,
+            length,
+            *self.dropped.ravel().tolist(),
+        ]
 
 
 def evaluate(
@@ -261,8 +295,9 @@ def evaluate(
     try:
         policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
         data = open_dataset(config.data)
-        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies,
-                                source=config.data)
+        schema = resolve_schema(
+            data.schema, config.columns, logged_target=not config.policies, source=config.data
+        )
         for policy in policies:
             if policy.kind != "logged":
                 check_against_schema(policy, schema)
@@ -270,8 +305,9 @@ def evaluate(
         files = len(data.files)
         if num_processes > 1:
             data = data.restrict(share_files(data.files, process_id, num_processes))
-        local = _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
-                            on_progress, on_status)
+        local = _local_pass(
+            config, plan, data, schema, policies, precision, mesh, bucketer, on_progress, on_status
+        )
     except OpeError as failure:
         if num_processes == 1:
             raise
@@ -288,21 +324,31 @@ def evaluate(
     dropped = dropped_by_reason(local.dropped)
     if local.episodes == 0 and dropped:
         reasons = ", ".join(f"{reason}: {counts['episodes']}" for reason, counts in dropped.items())
-        raise DataError(f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
-                        f"as invalid ({reasons})")
+        raise DataError(
+            f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
+            f"as invalid ({reasons})"
+        )
     if local.episodes == 0:
         raise DataError(f"{config.data}: no episodes (the data has no rows)")
 
     results = []
     for policy, accumulator in zip(policies, local.accumulators, strict=True):
-        estimates, diagnostics = finalize(accumulator, config.gamma, local.max_length, config.confidence,
-                                          plan.method, plan.betting_range)
-        results.append(PolicyResult(
-            policy=policy.name,
-            estimates={name: estimates[name] for name in config.estimators},
-            diagnostics=diagnostics,
-            profile=profile(accumulator, config.gamma, local.max_length),
-        ))
+        estimates, diagnostics = finalize(
+            accumulator,
+            config.gamma,
+            local.max_length,
+            config.confidence,
+            plan.method,
+            plan.betting_range,
+        )
+        results.append(
+            PolicyResult(
+                policy=policy.name,
+                estimates={name: estimates[name] for name in config.estimators},
+                diagnostics=diagnostics,
+                profile=profile(accumulator, config.gamma, local.max_length),
+            )
+        )
     return EvaluationResult(
         source=config.data,
         layout=schema.layout,
@@ -336,8 +382,9 @@ def evaluate(
     )
 
 
-def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer, on_progress,
-                on_status=None) -> _LocalPass:
+def _local_pass(
+    config, plan, data, schema, policies, precision, mesh, bucketer, on_progress, on_status=None
+) -> _LocalPass:
     """Reads this process's files once and accumulates every policy's statistics."""
     import jax
 
@@ -346,12 +393,24 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
     replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
-    kernels = [Kernel(group, config.gamma, RESAMPLING_GROUPS, dtype, mesh, replicates, config.seed,
-                      plan.betting_range)
-               for group in group_policies(policies)]
+    kernels = [
+        Kernel(
+            group,
+            config.gamma,
+            RESAMPLING_GROUPS,
+            dtype,
+            mesh,
+            replicates,
+            config.seed,
+            plan.betting_range,
+        )
+        for group in group_policies(policies)
+    ]
+
     def no_episodes() -> list[Accumulator]:  # one per policy
-        return [init(RESAMPLING_GROUPS, replicates, plan.betting_range is not None)
-                for _ in policies]
+        return [
+            init(RESAMPLING_GROUPS, replicates, plan.betting_range is not None) for _ in policies
+        ]
 
     local = _LocalPass(accumulators=no_episodes())
     in_flight: collections.deque = collections.deque()
@@ -387,6 +446,7 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
     total_rows = data.count_rows()
     if on_progress is not None:
         on_progress(0, total_rows)
+
     def policy_checks(chunk):  # action and state ranges and bounds, validated with the data
         for policy in policies:
             yield from chunk_checks(policy, chunk)
@@ -408,8 +468,10 @@ def _local_pass(config, plan, data, schema, policies, precision, mesh, bucketer,
     while in_flight:
         absorb(in_flight.popleft())
     for length in sorted(by_length):
-        local.accumulators = [merge(total, partial) for total, partial
-                              in zip(local.accumulators, by_length[length], strict=True)]
+        local.accumulators = [
+            merge(total, partial)
+            for total, partial in zip(local.accumulators, by_length[length], strict=True)
+        ]
     local.rows_read = assembler.rows_read
     local.padded_steps = bucketer.padded_steps
     local.keys = assembler.seen_keys()

@@ -24,8 +24,10 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib, an optional extra: pip install 'ope-cli[plot]' "
-                         "(or pip install matplotlib)") from None
+        raise UsageError(
+            "--plot needs matplotlib, an optional extra: pip install 'ope-cli[plot]' "
+            "(or pip install matplotlib)"
+        ) from None
     return matplotlib
 
 
@@ -45,8 +47,9 @@ def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UsageError(f"--plot {directory}: cannot create the directory: "
-                         f"{error.strerror}") from None
+        raise UsageError(
+            f"--plot {directory}: cannot create the directory: {error.strerror}"
+        ) from None
     written = []
     for name, draw in zip(FIGURES, (_weights, _horizon, _estimates), strict=True):
         figure = draw(plt, result)
@@ -63,7 +66,7 @@ def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
 
 def _label(name: str, limit: int = 48) -> str:
     """A legend label: long checkpoint paths keep their informative end."""
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
 
 
 def _weights(plt, result: EvaluationResult):
@@ -108,9 +111,14 @@ def _horizon(plt, result: EvaluationResult):
     top.set_title(f"Per-decision estimate over the horizon (gamma = {result.gamma:g})")
     top.legend(fontsize="small")
     bottom.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    positive = np.concatenate([r.profile.mean_weight_t[np.isfinite(r.profile.mean_weight_t)
-                                                       & (r.profile.mean_weight_t > 0)]
-                               for r in result.results])
+    positive = np.concatenate(
+        [
+            r.profile.mean_weight_t[
+                np.isfinite(r.profile.mean_weight_t) & (r.profile.mean_weight_t > 0)
+            ]
+            for r in result.results
+        ]
+    )
     if positive.size and positive.max() / positive.min() > 10:
         bottom.set_yscale("log")  # weights are multiplicative: a log axis shows drift both ways
     bottom.set_xlabel("step t")
@@ -138,8 +146,9 @@ def _estimates(plt, result: EvaluationResult):
         axes.errorbar(xs, values, yerr=[low, high], fmt="o", capsize=4, label=_label(policy.policy))
     axes.set_xticks(range(len(names)), [ESTIMATOR_TITLES.get(n, n) for n in names])
     axes.set_ylabel("estimated value")
-    axes.set_title(f"Estimates with {result.confidence_level:.0%} intervals "
-                   f"({result.episodes:,} episodes)")
+    axes.set_title(
+        f"Estimates with {result.confidence_level:.0%} intervals ({result.episodes:,} episodes)"
+    )
     axes.grid(axis="y", alpha=0.3)
     if count:
         axes.legend(fontsize="small")

@@ -123,12 +123,16 @@ def linear_gaussian_log_prob(params, observation, action):
 
 def _array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str) -> np.ndarray:
     if key not in arrays:
-        raise PolicyError(f"{path}: checkpoint has no array {key!r} (has: {', '.join(sorted(arrays))})")
+        raise PolicyError(
+            f"{path}: checkpoint has no array {key!r} (has: {', '.join(sorted(arrays))})"
+        )
     value = arrays[key]
     if value.dtype.kind not in "fiu":
         raise PolicyError(f"{path}: array {key!r} has dtype {value.dtype}, expected numbers")
     if value.ndim != ndim:
-        raise PolicyError(f"{path}: array {key!r} has shape {value.shape}, expected {ndim} dimension(s)")
+        raise PolicyError(
+            f"{path}: array {key!r} has shape {value.shape}, expected {ndim} dimension(s)"
+        )
     if not np.isfinite(value).all():
         raise PolicyError(f"{path}: array {key!r} holds NaN or infinite values")
     return value.astype(np.float64)
@@ -150,28 +154,50 @@ def load_checkpoint(path: str) -> Policy:
         raise PolicyError(f"{path}: no such checkpoint file") from None
     except ValueError as error:
         if "allow_pickle" in str(error):
-            raise PolicyError(f"{path}: checkpoint holds pickled Python objects, which are not loaded "
-                              "(save plain numeric arrays and a string 'kind')") from None
+            raise PolicyError(
+                f"{path}: checkpoint holds pickled Python objects, which are not loaded "
+                "(save plain numeric arrays and a string 'kind')"
+            ) from None
         raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
     except (OSError, zipfile.BadZipFile, EOFError) as error:
         raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
     if "kind" not in arrays:
-        raise PolicyError(f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
-                          "mlp_softmax, linear_gaussian)")
+        raise PolicyError(
+            f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
+            "mlp_softmax, linear_gaussian)"
+        )
     kind = str(arrays.pop("kind"))
     if kind == "tabular":
         logits = _array(arrays, "logits", 2, path)
-        return Policy(path, kind, {"logits": logits}, (), tabular_log_prob, discrete=True,
-                      n_states=logits.shape[0], n_actions=logits.shape[1])
+        return Policy(
+            path,
+            kind,
+            {"logits": logits},
+            (),
+            tabular_log_prob,
+            discrete=True,
+            n_states=logits.shape[0],
+            n_actions=logits.shape[1],
+        )
     if kind == "linear_softmax":
         weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
         _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
-        temperature = _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
+        temperature = (
+            _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
+        )
         if not temperature > 0:
             raise PolicyError(f"{path}: temperature must be > 0, got {float(temperature)}")
         params = {"weight": weight, "bias": bias, "temperature": np.asarray(temperature)}
-        return Policy(path, kind, params, (), linear_softmax_log_prob, discrete=True,
-                      obs_dim=weight.shape[0], n_actions=weight.shape[1])
+        return Policy(
+            path,
+            kind,
+            params,
+            (),
+            linear_softmax_log_prob,
+            discrete=True,
+            obs_dim=weight.shape[0],
+            n_actions=weight.shape[1],
+        )
     if kind == "mlp_softmax":
         activation = str(arrays.pop("activation", "tanh"))
         if activation not in ("tanh", "relu"):
@@ -185,23 +211,51 @@ def load_checkpoint(path: str) -> Policy:
             weight = _array(arrays, f"weight_{i}", 2, path)
             bias = _array(arrays, f"bias_{i}", 1, path)
             if width is not None:
-                _same(path, f"layer {i} input must match layer {i - 1} output", width, f"weight_{i}",
-                      weight.shape[0])
+                _same(
+                    path,
+                    f"layer {i} input must match layer {i - 1} output",
+                    width,
+                    f"weight_{i}",
+                    weight.shape[0],
+                )
             _same(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
             width = weight.shape[1]
             params[f"weight_{i}"], params[f"bias_{i}"] = weight, bias
-        return Policy(path, kind, params, (activation,), _mlp_log_prob(activation), discrete=True,
-                      obs_dim=params["weight_0"].shape[0], n_actions=width)
+        return Policy(
+            path,
+            kind,
+            params,
+            (activation,),
+            _mlp_log_prob(activation),
+            discrete=True,
+            obs_dim=params["weight_0"].shape[0],
+            n_actions=width,
+        )
     if kind == "linear_gaussian":
         weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
         log_std = _array(arrays, "log_std", 1, path)
         _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
-        _same(path, "log_std must match weight's columns", weight.shape[1], "log_std", log_std.shape[0])
-        return Policy(path, kind, {"weight": weight, "bias": bias, "log_std": log_std}, (),
-                      linear_gaussian_log_prob, discrete=False, obs_dim=weight.shape[0],
-                      act_dim=weight.shape[1])
-    raise PolicyError(f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
-                      "mlp_softmax or linear_gaussian)")
+        _same(
+            path,
+            "log_std must match weight's columns",
+            weight.shape[1],
+            "log_std",
+            log_std.shape[0],
+        )
+        return Policy(
+            path,
+            kind,
+            {"weight": weight, "bias": bias, "log_std": log_std},
+            (),
+            linear_gaussian_log_prob,
+            discrete=False,
+            obs_dim=weight.shape[0],
+            act_dim=weight.shape[1],
+        )
+    raise PolicyError(
+        f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
+        "mlp_softmax or linear_gaussian)"
+    )
 
 
 # --- entry points --------------------------------------------------------------------------
@@ -212,14 +266,17 @@ def load_entry_point(spec: str) -> Policy:
     ``log_prob`` or ``prob`` method of that signature."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise PolicyError(f"{spec}: expected an .npz checkpoint or an entry point 'package.module:name'")
+        raise PolicyError(
+            f"{spec}: expected an .npz checkpoint or an entry point 'package.module:name'"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules import
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - any import failure of user code is a policy error
-        raise PolicyError(f"{spec}: cannot import module {module_name!r}: {type(error).__name__}: "
-                          f"{error}") from None
+        raise PolicyError(
+            f"{spec}: cannot import module {module_name!r}: {type(error).__name__}: {error}"
+        ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
@@ -246,10 +303,13 @@ def _entry_point_log_prob(spec: str, attribute: str, target: Any) -> LogProbFn:
         def log_prob(params, observation, action):
             return _jnp().log(method(observation, action))
     elif callable(target):
+
         def log_prob(params, observation, action):
             return target(observation, action)
     else:
-        raise PolicyError(f"{spec}: {attribute!r} is not callable and has no log_prob or prob method")
+        raise PolicyError(
+            f"{spec}: {attribute!r} is not callable and has no log_prob or prob method"
+        )
     _ENTRY_POINT_WRAPPERS[id(target)] = (target, log_prob)  # holding target keeps its id unique
     return log_prob
 
@@ -287,17 +347,25 @@ def logged_policy() -> Policy:
 def check_against_schema(policy: Policy, schema) -> None:
     """Type-level compatibility of a policy and the data (before any row is read)."""
     if policy.discrete is True and schema.action_kind != "discrete":
-        raise DataError(f"actions in column {schema.columns['action']!r} are not integers, but policy "
-                        f"{policy.name} ({policy.kind}) is over discrete actions")
+        raise DataError(
+            f"actions in column {schema.columns['action']!r} are not integers, but policy "
+            f"{policy.name} ({policy.kind}) is over discrete actions"
+        )
     if policy.discrete is False and schema.action_kind == "discrete":
-        raise DataError(f"actions in column {schema.columns['action']!r} are integers, but policy "
-                        f"{policy.name} ({policy.kind}) is over continuous actions")
+        raise DataError(
+            f"actions in column {schema.columns['action']!r} are integers, but policy "
+            f"{policy.name} ({policy.kind}) is over continuous actions"
+        )
     if policy.kind == "tabular" and schema.observation_kind != "index":
-        raise DataError(f"policy {policy.name} is tabular and needs integer state observations, but "
-                        f"column {schema.columns['observation']!r} holds {schema.observation_kind} values")
+        raise DataError(
+            f"policy {policy.name} is tabular and needs integer state observations, but "
+            f"column {schema.columns['observation']!r} holds {schema.observation_kind} values"
+        )
     if policy.obs_dim is not None and schema.observation_dim not in (None, policy.obs_dim):
-        raise DataError(f"observations in column {schema.columns['observation']!r} have size "
-                        f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}")
+        raise DataError(
+            f"observations in column {schema.columns['observation']!r} have size "
+            f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}"
+        )
 
 
 def chunk_checks(policy: Policy, chunk):
@@ -305,24 +373,35 @@ def chunk_checks(policy: Policy, chunk):
     it: yields (reason, problem, [N] bool rows). Action and state ranges can be dropped
     (``--on-invalid drop``); a size mismatch concerns every row and never is."""
     if policy.n_actions is not None:
-        yield ("action_out_of_range",
-               f"action is outside policy {policy.name}'s {policy.n_actions} actions "
-               f"(0..{policy.n_actions - 1})", chunk.action >= policy.n_actions)
+        yield (
+            "action_out_of_range",
+            f"action is outside policy {policy.name}'s {policy.n_actions} actions "
+            f"(0..{policy.n_actions - 1})",
+            chunk.action >= policy.n_actions,
+        )
     if policy.n_states is not None and chunk.observation is not None:
-        yield ("state_out_of_range",
-               f"state index is outside policy {policy.name}'s {policy.n_states} states "
-               f"(0..{policy.n_states - 1})", chunk.observation >= policy.n_states)
+        yield (
+            "state_out_of_range",
+            f"state index is outside policy {policy.name}'s {policy.n_states} states "
+            f"(0..{policy.n_states - 1})",
+            chunk.observation >= policy.n_states,
+        )
     if policy.obs_dim is not None and chunk.observation is not None:
         size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
         if size != policy.obs_dim:
-            yield ("observation_size",
-                   f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}",
-                   np.ones(chunk.num_steps, bool))
+            yield (
+                "observation_size",
+                f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}",
+                np.ones(chunk.num_steps, bool),
+            )
     if policy.act_dim is not None:
         size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
         if size != policy.act_dim:
-            yield ("action_size", f"action has size {size}, but policy {policy.name} expects "
-                   f"{policy.act_dim}", np.ones(chunk.num_steps, bool))
+            yield (
+                "action_size",
+                f"action has size {size}, but policy {policy.name} expects {policy.act_dim}",
+                np.ones(chunk.num_steps, bool),
+            )
 
 
 def check_against_chunk(policy: Policy, chunk) -> None:
@@ -334,4 +413,6 @@ def check_against_chunk(policy: Policy, chunk) -> None:
         rows = np.flatnonzero(bad)
         if rows.size:
             episode, step = chunk.locate(int(rows[0]))
-            raise DataError(f"{where(chunk.file, episode, step)}{problem} ({rows.size} row(s) affected)")
+            raise DataError(
+                f"{where(chunk.file, episode, step)}{problem} ({rows.size} row(s) affected)"
+            )

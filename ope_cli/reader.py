@@ -10,8 +10,8 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -88,12 +88,15 @@ class LoggedDataset:
                 if not is_reward_range(low, high):
                     raise ValueError
                 reward_range = (low, high)
-            if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon
-                                        or horizon < 1):
+            if horizon is not None and (
+                isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1
+            ):
                 raise ValueError
         except (ValueError, TypeError, AttributeError):
-            raise DataError(f"{self.source}: schema metadata {METADATA_KEY!r} must be a JSON object "
-                            f'like {{"reward_range": [0, 1], "horizon": 100}}, got {raw[:80]!r}') from None
+            raise DataError(
+                f"{self.source}: schema metadata {METADATA_KEY!r} must be a JSON object "
+                f'like {{"reward_range": [0, 1], "horizon": 100}}, got {raw[:80]!r}'
+            ) from None
         return DeclaredBounds(reward_range, None if horizon is None else int(horizon))
 
     def restrict(self, files: tuple[str, ...]) -> LoggedDataset:
@@ -176,10 +179,17 @@ def open_dataset(source: str) -> LoggedDataset:
         for field in dataset.schema:
             field.name, str(field.type)
     except (UnicodeDecodeError, pa.ArrowException) as error:
-        raise DataError(f"{source}: cannot read the schema (column names or types are damaged: "
-                        f"{_first_line(error)})") from None
-    return LoggedDataset(source=source, files=tuple(files), format=file_format, dataset=dataset,
-                         partition_base_dir=base_dir)
+        raise DataError(
+            f"{source}: cannot read the schema (column names or types are damaged: "
+            f"{_first_line(error)})"
+        ) from None
+    return LoggedDataset(
+        source=source,
+        files=tuple(files),
+        format=file_format,
+        dataset=dataset,
+        partition_base_dir=base_dir,
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -194,11 +204,15 @@ def _family(dtype: pa.DataType) -> str:
         dtype = dtype.value_type
     if pa.types.is_integer(dtype) or pa.types.is_floating(dtype):
         return "number"
-    if (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-            or pa.types.is_string_view(dtype)):
+    if (
+        pa.types.is_string(dtype)
+        or pa.types.is_large_string(dtype)
+        or pa.types.is_string_view(dtype)
+    ):
         return "string"
     if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)) or (
-            pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)):
+        pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
+    ):
         return f"list<{_family(dtype.value_type)}>"
     return str(dtype)
 
@@ -211,23 +225,30 @@ def _check_file_schema(data: LoggedDataset, fragment, columns: list[str]) -> Non
         index = physical.get_field_index(name)
         if index < 0:
             if data.partition_base_dir is None:  # hive partition columns live in the path
-                raise DataError(f"{fragment.path}: has no column {name!r}, which the dataset's "
-                                "other files have")
+                raise DataError(
+                    f"{fragment.path}: has no column {name!r}, which the dataset's other files have"
+                )
             continue
         actual, expected = physical.field(index).type, data.schema.field(name).type
         if _family(actual) != _family(expected):
-            raise DataError(f"{fragment.path}: column {name!r} has type {actual} in this file but "
-                            f"{expected} in the dataset's first file")
+            raise DataError(
+                f"{fragment.path}: column {name!r} has type {actual} in this file but "
+                f"{expected} in the dataset's first file"
+            )
 
 
-def _file_batches(data: LoggedDataset, fragment, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
+def _file_batches(
+    data: LoggedDataset, fragment, columns: list[str], rows: int
+) -> Iterator[pa.RecordBatch]:
     """One file's record batches. Parquet files are read with a plain ParquetFile reader: the
     dataset scanner decodes far ahead of its consumer (hundreds of MiB on large files),
     while this holds about one row group, so memory does not grow with the data. Columns that
     only exist in hive partition paths need the dataset scanner."""
     physical = fragment.physical_schema
     if data.format == "parquet" and all(physical.get_field_index(c) >= 0 for c in columns):
-        return pq.ParquetFile(fragment.path, pre_buffer=False).iter_batches(batch_size=rows, columns=columns)
+        return pq.ParquetFile(fragment.path, pre_buffer=False).iter_batches(
+            batch_size=rows, columns=columns
+        )
     return fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
 
 
@@ -245,7 +266,9 @@ def iter_batches(data: LoggedDataset, columns: list[str], rows: int) -> Iterator
         except (OSError, pa.ArrowException, UnicodeDecodeError) as error:
             raise DataError(f"{fragment.path}: cannot read: {_first_line(error)}") from None
         if previous is None:  # a file with no rows still ends the file's episodes
-            previous = pa.RecordBatch.from_pylist([], schema=pa.schema([data.schema.field(c) for c in columns]))
+            previous = pa.RecordBatch.from_pylist(
+                [], schema=pa.schema([data.schema.field(c) for c in columns])
+            )
         yield SourcedBatch(fragment.path, previous, last_in_file=True)
 
 

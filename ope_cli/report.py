@@ -21,8 +21,14 @@ from ope_cli.pipeline import EvaluationResult
 SCHEMA_VERSION = 1
 FORMATS = ("table", "json", "csv")
 ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
-DIAGNOSTIC_FIELDS = ("ess", "ess_fraction", "mean_weight", "max_weight", "max_weight_share",
-                     "zero_weight_fraction")
+DIAGNOSTIC_FIELDS = (
+    "ess",
+    "ess_fraction",
+    "mean_weight",
+    "max_weight",
+    "max_weight_share",
+    "zero_weight_fraction",
+)
 
 
 def _number(x: float | None) -> float | None:
@@ -36,15 +42,21 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
     for policy in result.results:
         estimates = {}
         for name, estimate in policy.estimates.items():
-            entry = {k: _number(getattr(estimate, k)) for k in ("value", "stderr", "ci_low", "ci_high")}
+            entry = {
+                k: _number(getattr(estimate, k)) for k in ("value", "stderr", "ci_low", "ci_high")
+            }
             if estimate.note:
                 entry["note"] = estimate.note
             estimates[name] = entry
-        results.append({
-            "policy": policy.policy,
-            "estimates": estimates,
-            "diagnostics": {k: _number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()},
-        })
+        results.append(
+            {
+                "policy": policy.policy,
+                "estimates": estimates,
+                "diagnostics": {
+                    k: _number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()
+                },
+            }
+        )
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
@@ -65,10 +77,13 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "dropped": result.dropped,
         },
         "gamma": result.gamma,
-        "confidence": {"level": result.confidence_level, "interval": result.interval,
-                       "method": result.confidence_method,
-                       "reward_range": list(result.reward_range) if result.reward_range else None,
-                       "horizon": result.horizon},
+        "confidence": {
+            "level": result.confidence_level,
+            "interval": result.interval,
+            "method": result.confidence_method,
+            "reward_range": list(result.reward_range) if result.reward_range else None,
+            "horizon": result.horizon,
+        },
         "results": results,
         "runtime": {
             "seconds": result.seconds,
@@ -92,12 +107,22 @@ def to_csv(result: EvaluationResult) -> str:
     """One row per policy x estimator; the policy's diagnostics repeat on each of its rows."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS])
+    writer.writerow(
+        ["policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS]
+    )
     for policy in result.results:
         diagnostics = dataclasses.asdict(policy.diagnostics)
         for name, e in policy.estimates.items():
-            cells = [e.value, e.stderr, e.ci_low, e.ci_high, *(diagnostics[k] for k in DIAGNOSTIC_FIELDS)]
-            writer.writerow([policy.policy, name, *("" if c is None else repr(float(c)) for c in cells)])
+            cells = [
+                e.value,
+                e.stderr,
+                e.ci_low,
+                e.ci_high,
+                *(diagnostics[k] for k in DIAGNOSTIC_FIELDS),
+            ]
+            writer.writerow(
+                [policy.policy, name, *("" if c is None else repr(float(c)) for c in cells)]
+            )
     return out.getvalue()
 
 
@@ -123,8 +148,9 @@ def resolve_rank_by(result: EvaluationResult, rank_by: str | None = None) -> str
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
     Equal values keep the command-line order."""
-    values = [p.estimates[estimator].value if estimator in p.estimates else None
-              for p in result.results]
+    values = [
+        p.estimates[estimator].value if estimator in p.estimates else None for p in result.results
+    ]
     order = sorted((i for i, v in enumerate(values) if v is not None), key=lambda i: -values[i])
     ranks: list[int | None] = [None] * len(values)
     for rank, index in enumerate(order, 1):
@@ -139,29 +165,39 @@ def diagnostic_warnings(result: EvaluationResult) -> list[str]:
     for policy in result.results:
         d, name = policy.diagnostics, policy.policy
         if d.zero_weight_fraction == 1.0:
-            warnings.append(f"{name}: every trajectory weight is zero: the policy gives "
-                            "probability 0 to a logged action in every episode, so these logs say "
-                            "nothing about it.")
+            warnings.append(
+                f"{name}: every trajectory weight is zero: the policy gives "
+                "probability 0 to a logged action in every episode, so these logs say "
+                "nothing about it."
+            )
             continue
         if d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING:
-            warnings.append(f"{name}: the effective sample size is {d.ess:,.1f} of {n:,} episodes "
-                            f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
-                            "episodes; the policy is probably too far from the behavior policy for "
-                            "these logs (expect wide or overconfident intervals).")
+            warnings.append(
+                f"{name}: the effective sample size is {d.ess:,.1f} of {n:,} episodes "
+                f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
+                "episodes; the policy is probably too far from the behavior policy for "
+                "these logs (expect wide or overconfident intervals)."
+            )
         if d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING:
-            warnings.append(f"{name}: one episode holds {d.max_weight_share:.0%} of the total "
-                            "weight: WIS and WPDIS are essentially that single episode's return.")
+            warnings.append(
+                f"{name}: one episode holds {d.max_weight_share:.0%} of the total "
+                "weight: WIS and WPDIS are essentially that single episode's return."
+            )
         low, high = MEAN_WEIGHT_RANGE
         if d.mean_weight is None:
-            warnings.append(f"{name}: the trajectory weights overflow float64: the policy and the "
-                            "behavior probabilities disagree by orders of magnitude.")
+            warnings.append(
+                f"{name}: the trajectory weights overflow float64: the policy and the "
+                "behavior probabilities disagree by orders of magnitude."
+            )
         elif not low <= d.mean_weight <= high:
-            warnings.append(f"{name}: the mean weight is {d.mean_weight:.3g}, far from 1 (its "
-                            "expected value when the behavior probabilities are right): check "
-                            "that the behavior probabilities are those of the logged actions "
-                            "(not log-probabilities, not of another action) and that the policy "
-                            "sees the observations it was trained on; with very heavy-tailed "
-                            "weights, too few episodes can also cause it.")
+            warnings.append(
+                f"{name}: the mean weight is {d.mean_weight:.3g}, far from 1 (its "
+                "expected value when the behavior probabilities are right): check "
+                "that the behavior probabilities are those of the logged actions "
+                "(not log-probabilities, not of another action) and that the policy "
+                "sees the observations it was trained on; with very heavy-tailed "
+                "weights, too few episodes can also cause it."
+            )
     return warnings
 
 
@@ -221,10 +257,14 @@ def dropped_line(result: EvaluationResult) -> str:
     """One line saying how many invalid episodes --on-invalid drop left out, and why."""
     if not result.episodes_dropped:
         return "--on-invalid drop: no invalid episodes, nothing dropped"
-    reasons = "; ".join(f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
-                        for reason, counts in result.dropped.items())
-    return (f"--on-invalid drop: dropped {result.episodes_dropped:,} invalid episode(s), "
-            f"{result.steps_dropped:,} step(s), not in the estimates ({reasons})")
+    reasons = "; ".join(
+        f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
+        for reason, counts in result.dropped.items()
+    )
+    return (
+        f"--on-invalid drop: dropped {result.episodes_dropped:,} invalid episode(s), "
+        f"{result.steps_dropped:,} step(s), not in the estimates ({reasons})"
+    )
 
 
 def render_table(result: EvaluationResult, console: Console, rank_by: str | None = None) -> None:
@@ -235,10 +275,15 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
     rank_by = resolve_rank_by(result, rank_by)
     several = len(result.results) > 1
     ranks = rank_policies(result, rank_by) if several else [None]
-    title = (f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
-             f"({result.layout} layout), gamma={result.gamma:g}")
-    caption = (f"rank: by {ESTIMATOR_TITLES[rank_by]} (underlined), highest first; ★ best"
-               if several else None)
+    title = (
+        f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
+        f"({result.layout} layout), gamma={result.gamma:g}"
+    )
+    caption = (
+        f"rank: by {ESTIMATOR_TITLES[rank_by]} (underlined), highest first; ★ best"
+        if several
+        else None
+    )
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     if several:
         table.add_column("rank", justify="right")
@@ -269,10 +314,18 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
         console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
 
     diagnostics = Table(title="weight diagnostics (trajectory weights)", title_justify="left")
-    for column in ("policy", "ESS", "ESS / n", "mean weight", "max weight", "max share",
-                   "zero weights"):
-        diagnostics.add_column(column, justify="left" if column == "policy" else "right",
-                               overflow="fold")
+    for column in (
+        "policy",
+        "ESS",
+        "ESS / n",
+        "mean weight",
+        "max weight",
+        "max share",
+        "zero weights",
+    ):
+        diagnostics.add_column(
+            column, justify="left" if column == "policy" else "right", overflow="fold"
+        )
     low, high = MEAN_WEIGHT_RANGE
     for policy in result.results:
         d = policy.diagnostics
@@ -281,20 +334,27 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
             return Text(text, style="bold yellow" if bad else "")
 
         diagnostics.add_row(
-            policy.policy, _fmt(d.ess, ".1f"),
-            flag(_fmt(d.ess_fraction, ".1%"),
-                 d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING),
+            policy.policy,
+            _fmt(d.ess, ".1f"),
+            flag(
+                _fmt(d.ess_fraction, ".1%"),
+                d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING,
+            ),
             flag(_fmt(d.mean_weight), d.mean_weight is None or not low <= d.mean_weight <= high),
             _fmt(d.max_weight),
-            flag(_fmt(d.max_weight_share, ".1%"),
-                 d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING),
-            _fmt(d.zero_weight_fraction, ".1%"))
+            flag(
+                _fmt(d.max_weight_share, ".1%"),
+                d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING,
+            ),
+            _fmt(d.zero_weight_fraction, ".1%"),
+        )
     console.print(diagnostics)
 
     lines, ticks, labels = weight_sparklines(result)
     off_scale = [_off_scale(policy) for policy in result.results]
-    histogram = Table(title="trajectory weights (log scale)", title_justify="left",
-                      box=box.SIMPLE_HEAD)
+    histogram = Table(
+        title="trajectory weights (log scale)", title_justify="left", box=box.SIMPLE_HEAD
+    )
     histogram.add_column("policy", overflow="fold")
     histogram.add_column("distribution", no_wrap=True)
     extra_column = any(off_scale)

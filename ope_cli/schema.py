@@ -17,16 +17,33 @@ ActionKind = Literal["discrete", "continuous"]
 # Default names first, then the aliases the spec recognises; plural forms serve the
 # episode layout but are accepted in either.
 ALIASES: dict[str, tuple[str, ...]] = {
-    "episode": ("episode_id", "episode", "episode_ids", "episode_index", "trajectory_id", "traj_id"),
+    "episode": (
+        "episode_id",
+        "episode",
+        "episode_ids",
+        "episode_index",
+        "trajectory_id",
+        "traj_id",
+    ),
     "step": ("step", "steps", "t", "timestep", "step_id"),
     "observation": ("observation", "observations", "obs", "state", "states"),
     "action": ("action", "actions"),
     "reward": ("reward", "rewards"),
     "behavior_prob": (
-        "behavior_prob", "behavior_probs", "action_prob", "action_probs",
-        "propensity", "propensities", "pscore",
+        "behavior_prob",
+        "behavior_probs",
+        "action_prob",
+        "action_probs",
+        "propensity",
+        "propensities",
+        "pscore",
     ),
-    "behavior_log_prob": ("behavior_log_prob", "behavior_log_probs", "behavior_logp", "log_propensity"),
+    "behavior_log_prob": (
+        "behavior_log_prob",
+        "behavior_log_probs",
+        "behavior_logp",
+        "log_propensity",
+    ),
     "target_prob": ("target_prob", "target_probs"),
     "target_log_prob": ("target_log_prob", "target_log_probs"),
 }
@@ -80,9 +97,13 @@ class DataSchema:
 
 
 def _is_list(dtype: pa.DataType) -> bool:
-    return pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(
-        dtype
-    ) or pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
+    return (
+        pa.types.is_list(dtype)
+        or pa.types.is_large_list(dtype)
+        or pa.types.is_fixed_size_list(dtype)
+        or pa.types.is_list_view(dtype)
+        or pa.types.is_large_list_view(dtype)
+    )
 
 
 def _is_number(dtype: pa.DataType) -> bool:
@@ -120,8 +141,9 @@ def _type_error(column: str, expected: str, actual: pa.DataType, role: str) -> D
     )
 
 
-def resolve_schema(schema: pa.Schema, mapping: ColumnMapping, *, logged_target: bool,
-                   source: str | None = None) -> DataSchema:
+def resolve_schema(
+    schema: pa.Schema, mapping: ColumnMapping, *, logged_target: bool, source: str | None = None
+) -> DataSchema:
     """Detects the layout and column roles of ``schema``; raises DataError naming the column
     (and ``source``, the data's path, when given).
 
@@ -188,8 +210,12 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
         id_type = schema.field(columns["episode"]).type
         if pa.types.is_dictionary(id_type):
             id_type = id_type.value_type
-        if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type)
-                or pa.types.is_large_string(id_type) or pa.types.is_string_view(id_type)):
+        if not (
+            pa.types.is_integer(id_type)
+            or pa.types.is_string(id_type)
+            or pa.types.is_large_string(id_type)
+            or pa.types.is_string_view(id_type)
+        ):
             raise _type_error(columns["episode"], "integers or strings", id_type, "episode")
     elif layout == "step":
         raise _missing("episode", names, "episode id")
@@ -206,8 +232,12 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
     elif _is_list(action_type) and _is_number(action_type.value_type):
         action_kind, action_is_vector = "continuous", True
     else:
-        raise _type_error(columns["action"], "integers, numbers or lists of numbers",
-                          schema.field(columns["action"]).type, "action")
+        raise _type_error(
+            columns["action"],
+            "integers, numbers or lists of numbers",
+            schema.field(columns["action"]).type,
+            "action",
+        )
 
     observation_kind: ObservationKind | None = None
     observation_dim = None
@@ -222,10 +252,16 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
             if pa.types.is_fixed_size_list(obs_type):
                 observation_dim = obs_type.list_size
         else:
-            raise _type_error(columns["observation"], "numbers, integer states or lists of numbers",
-                              schema.field(columns["observation"]).type, "observation")
+            raise _type_error(
+                columns["observation"],
+                "numbers, integer states or lists of numbers",
+                schema.field(columns["observation"]).type,
+                "observation",
+            )
 
-    target = "prob" if "target_prob" in columns else "log_prob" if "target_log_prob" in columns else None
+    target = (
+        "prob" if "target_prob" in columns else "log_prob" if "target_log_prob" in columns else None
+    )
     return DataSchema(
         layout=layout,
         columns=columns,

@@ -29,8 +29,17 @@ from ope_cli.estimators import (
 
 _FIELD = {name: i for i, name in enumerate(GROUP_SUM_FIELDS)}
 # How each column of group_sums scales: by 1 (counts), w, w^2, P or P^2.
-_SCALING = {"count": "one", "zero_count": "one", "sum_w": "w", "sum_w2": "w2", "sum_wg": "w",
-            "sum_w2g": "w2", "sum_w2g2": "w2", "sum_p": "p", "sum_p2": "p2"}
+_SCALING = {
+    "count": "one",
+    "zero_count": "one",
+    "sum_w": "w",
+    "sum_w2": "w2",
+    "sum_wg": "w",
+    "sum_w2g": "w2",
+    "sum_w2g2": "w2",
+    "sum_p": "p",
+    "sum_p2": "p2",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +72,9 @@ class Accumulator:
 def from_batch(batch: BatchStatistics) -> Accumulator:
     """One batch's statistics for one policy (device or NumPy arrays) as float64."""
     values = {name: np.asarray(value, np.float64) for name, value in batch._asdict().items()}
-    return Accumulator(**{
-        name: float(value) if value.ndim == 0 else value for name, value in values.items()
-    })
+    return Accumulator(
+        **{name: float(value) if value.ndim == 0 else value for name, value in values.items()}
+    )
 
 
 def init(num_groups: int, num_replicates: int = 0, betting: bool = False) -> Accumulator:
@@ -101,9 +110,11 @@ def _lengthen(scale_t: np.ndarray, num_rt: np.ndarray, den_rt: np.ndarray, extra
         last_den = np.zeros((rows, 1))
     else:
         last_scale, last_den = scale_t[..., -1:], den_rt[:, -1:]
-    return (np.concatenate([scale_t, np.repeat(last_scale, extra, -1)], -1),
-            np.concatenate([num_rt, np.zeros((rows, extra))], -1),
-            np.concatenate([den_rt, np.repeat(last_den, extra, -1)], -1))
+    return (
+        np.concatenate([scale_t, np.repeat(last_scale, extra, -1)], -1),
+        np.concatenate([num_rt, np.zeros((rows, extra))], -1),
+        np.concatenate([den_rt, np.repeat(last_den, extra, -1)], -1),
+    )
 
 
 def extend(acc: Accumulator, length: int) -> Accumulator:
@@ -112,11 +123,17 @@ def extend(acc: Accumulator, length: int) -> Accumulator:
     if extra <= 0:
         return acc
     group = _lengthen(acc.group_log_scale_t, acc.group_num_t, acc.group_den_t, extra)
-    replicate = _lengthen(acc.replicate_log_scale_t, acc.replicate_num_t, acc.replicate_den_t, extra)
+    replicate = _lengthen(
+        acc.replicate_log_scale_t, acc.replicate_num_t, acc.replicate_den_t, extra
+    )
     return dataclasses.replace(
         acc,
-        group_log_scale_t=group[0], group_num_t=group[1], group_den_t=group[2],
-        replicate_log_scale_t=replicate[0], replicate_num_t=replicate[1], replicate_den_t=replicate[2],
+        group_log_scale_t=group[0],
+        group_num_t=group[1],
+        group_den_t=group[2],
+        replicate_log_scale_t=replicate[0],
+        replicate_num_t=replicate[1],
+        replicate_den_t=replicate[2],
     )
 
 
@@ -132,8 +149,12 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     a, b = extend(a, length), extend(b, length)
     trajectory = max(a.log_scale_trajectory, b.log_scale_trajectory)
     step = max(a.log_scale_step, b.log_scale_step)
-    factors_a = _column_factors(_rescale(a.log_scale_trajectory, trajectory), _rescale(a.log_scale_step, step))
-    factors_b = _column_factors(_rescale(b.log_scale_trajectory, trajectory), _rescale(b.log_scale_step, step))
+    factors_a = _column_factors(
+        _rescale(a.log_scale_trajectory, trajectory), _rescale(a.log_scale_step, step)
+    )
+    factors_b = _column_factors(
+        _rescale(b.log_scale_trajectory, trajectory), _rescale(b.log_scale_step, step)
+    )
     scale_gt = np.maximum(a.group_log_scale_t, b.group_log_scale_t)
     ta, tb = _rescale(a.group_log_scale_t, scale_gt), _rescale(b.group_log_scale_t, scale_gt)
     scale_t = np.maximum(a.replicate_log_scale_t, b.replicate_log_scale_t)
@@ -202,8 +223,9 @@ def _scaled_array(values: np.ndarray, log_scale: float) -> np.ndarray:
     return np.where(values == 0, 0.0, np.where(magnitude > 709.7, np.nan, out))
 
 
-def _sum_estimates(sums: np.ndarray, log_scale_trajectory: float, log_scale_step: float
-                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _sum_estimates(
+    sums: np.ndarray, log_scale_trajectory: float, log_scale_step: float
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(value, stderr) of IS, WIS and PDIS from GROUP_SUM_FIELDS sums [..., F] (NaN where
     undefined). Serves the totals and every bootstrap replicate alike.
 
@@ -216,8 +238,10 @@ def _sum_estimates(sums: np.ndarray, log_scale_trajectory: float, log_scale_step
     # Sums of squares of astronomically large returns overflow to inf: the value stays, its
     # standard error becomes null (not a warning on stderr).
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for name, first, second, log_scale in (("is", "sum_wg", "sum_w2g2", log_scale_trajectory),
-                                               ("pdis", "sum_p", "sum_p2", log_scale_step)):
+        for name, first, second, log_scale in (
+            ("is", "sum_wg", "sum_w2g2", log_scale_trajectory),
+            ("pdis", "sum_p", "sum_p2", log_scale_step),
+        ):
             total, total_sq = column[first], column[second]
             variance = np.maximum(total_sq - total * total / n, 0.0) / (n - 1)
             stderr = np.where(n > 1, np.sqrt(variance / n), np.nan)
@@ -225,12 +249,16 @@ def _sum_estimates(sums: np.ndarray, log_scale_trajectory: float, log_scale_step
         sum_w = column["sum_w"]
         wis = np.where(sum_w > 0, column["sum_wg"] / sum_w, np.nan)
         residual = column["sum_w2g2"] - 2 * wis * column["sum_w2g"] + wis * wis * column["sum_w2"]
-        wis_stderr = np.where((n > 1) & (sum_w > 0), np.sqrt(np.maximum(residual, 0.0)) / sum_w, np.nan)
+        wis_stderr = np.where(
+            (n > 1) & (sum_w > 0), np.sqrt(np.maximum(residual, 0.0)) / sum_w, np.nan
+        )
     out["wis"] = (wis, wis_stderr)
     return out
 
 
-def _estimate(value: float | None, stderr: float | None, z: float, note: str | None = None) -> Estimate:
+def _estimate(
+    value: float | None, stderr: float | None, z: float, note: str | None = None
+) -> Estimate:
     value, stderr = _finite(value), _finite(stderr)
     if value is None or stderr is None:
         return Estimate(value, stderr, None, None, note)
@@ -246,8 +274,12 @@ INTERVALS = ("betting", "normal", "percentile", "bootstrap-t")
 MIN_VALID_REPLICATES = 0.9  # below this share of defined replicates, no bootstrap interval
 
 
-def _bootstrap_interval(estimate: Estimate, replicates: np.ndarray, replicate_stderr: np.ndarray | None,
-                        confidence: float) -> Estimate:
+def _bootstrap_interval(
+    estimate: Estimate,
+    replicates: np.ndarray,
+    replicate_stderr: np.ndarray | None,
+    confidence: float,
+) -> Estimate:
     """Replaces a normal interval by a Poisson-bootstrap one: percentile, or studentized
     (bootstrap-t) when replicate standard errors are given."""
     if estimate.value is None or estimate.stderr is None:
@@ -256,19 +288,27 @@ def _bootstrap_interval(estimate: Estimate, replicates: np.ndarray, replicate_st
     if replicate_stderr is None:
         valid = np.isfinite(replicates)
         if valid.mean() < MIN_VALID_REPLICATES:
-            return dataclasses.replace(estimate, ci_low=None, ci_high=None,
-                                       note="too many bootstrap replicates are undefined")
+            return dataclasses.replace(
+                estimate,
+                ci_low=None,
+                ci_high=None,
+                note="too many bootstrap replicates are undefined",
+            )
         low, high = np.quantile(replicates[valid], [low_q, high_q])
         return dataclasses.replace(estimate, ci_low=float(low), ci_high=float(high))
     with np.errstate(divide="ignore", invalid="ignore"):
         t = (replicates - estimate.value) / replicate_stderr
     valid = np.isfinite(t)
     if valid.mean() < MIN_VALID_REPLICATES:
-        return dataclasses.replace(estimate, ci_low=None, ci_high=None,
-                                   note="too many bootstrap replicates are undefined")
+        return dataclasses.replace(
+            estimate, ci_low=None, ci_high=None, note="too many bootstrap replicates are undefined"
+        )
     t_low, t_high = np.quantile(t[valid], [low_q, high_q])
-    return dataclasses.replace(estimate, ci_low=_finite(estimate.value - t_high * estimate.stderr),
-                               ci_high=_finite(estimate.value - t_low * estimate.stderr))
+    return dataclasses.replace(
+        estimate,
+        ci_low=_finite(estimate.value - t_high * estimate.stderr),
+        ci_high=_finite(estimate.value - t_low * estimate.stderr),
+    )
 
 
 # Betting intervals: the gambler stakes these fractions of the largest bet that cannot go
@@ -317,9 +357,12 @@ def betting_lower_bound(counts: np.ndarray, alpha: float) -> float | None:
     return low
 
 
-def _betting_intervals(estimates: dict[str, Estimate], histogram: np.ndarray,
-                       betting_range: tuple[float, float, float], confidence: float
-                       ) -> dict[str, Estimate]:
+def _betting_intervals(
+    estimates: dict[str, Estimate],
+    histogram: np.ndarray,
+    betting_range: tuple[float, float, float],
+    confidence: float,
+) -> dict[str, Estimate]:
     """Replaces the intervals by betting ones, with 1 - confidence split over both sides:
     trajectory weights for is and wis, per-decision weights for pdis and wpdis (see
     estimators.betting_variables for the variables and their means)."""
@@ -332,22 +375,34 @@ def _betting_intervals(estimates: dict[str, Estimate], histogram: np.ndarray,
         if v_low is None or v_high is None:
             intervals[kind] = (None, None, None)
         elif v_low > 1.0 - v_high:
-            intervals[kind] = (None, None, "the lower betting bound exceeds the upper one: rewards "
-                               "outside the range, or the behavior policy misses actions of the "
-                               "evaluated one")
+            intervals[kind] = (
+                None,
+                None,
+                "the lower betting bound exceeds the upper one: rewards "
+                "outside the range, or the behavior policy misses actions of the "
+                "evaluated one",
+            )
         else:
-            intervals[kind] = (low * horizon + (high - low) * horizon * v_low,
-                               low * horizon + (high - low) * horizon * (1.0 - v_high), None)
+            intervals[kind] = (
+                low * horizon + (high - low) * horizon * v_low,
+                low * horizon + (high - low) * horizon * (1.0 - v_high),
+                None,
+            )
     out = {}
     for name, estimate in estimates.items():
         ci_low, ci_high, note = intervals["trajectory" if name in ("is", "wis") else "decision"]
-        out[name] = dataclasses.replace(estimate, ci_low=_finite(ci_low), ci_high=_finite(ci_high),
-                                        note=estimate.note or note)
+        out[name] = dataclasses.replace(
+            estimate, ci_low=_finite(ci_low), ci_high=_finite(ci_high), note=estimate.note or note
+        )
     return out
 
 
 def finalize(
-    acc: Accumulator, gamma: float, max_length: int, confidence: float, interval: str = "normal",
+    acc: Accumulator,
+    gamma: float,
+    max_length: int,
+    confidence: float,
+    interval: str = "normal",
     betting_range: tuple[float, float, float] | None = None,
 ) -> tuple[dict[str, Estimate], Diagnostics]:
     """The four estimates with intervals at ``confidence`` (method ``interval``, one of
@@ -358,9 +413,13 @@ def finalize(
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     acc = extend(acc, max_length)
     estimates: dict[str, Estimate] = {}
-    for name, (value, stderr) in _sum_estimates(totals, acc.log_scale_trajectory, acc.log_scale_step).items():
+    for name, (value, stderr) in _sum_estimates(
+        totals, acc.log_scale_trajectory, acc.log_scale_step
+    ).items():
         value, stderr = _finite(float(value)), _finite(float(stderr))
-        estimates[name] = _estimate(value, stderr, z, None if value is not None else UNDEFINED[name])
+        estimates[name] = _estimate(
+            value, stderr, z, None if value is not None else UNDEFINED[name]
+        )
     estimates["wpdis"] = _finalize_wpdis(acc, gamma, max_length, z)
 
     if interval == "betting":
@@ -368,12 +427,15 @@ def finalize(
             raise ValueError("betting intervals need a reward range and the betting histogram")
         estimates = _betting_intervals(estimates, acc.betting_histogram, betting_range, confidence)
     elif interval != "normal":
-        replicates = _sum_estimates(acc.replicate_sums, acc.log_scale_trajectory, acc.log_scale_step)
+        replicates = _sum_estimates(
+            acc.replicate_sums, acc.log_scale_trajectory, acc.log_scale_step
+        )
         replicates["wpdis"] = (_wpdis_replicates(acc, gamma, max_length), None)
         for name, (values, stderrs) in replicates.items():
             studentized = interval == "bootstrap-t" and stderrs is not None
-            estimates[name] = _bootstrap_interval(estimates[name], values,
-                                                  stderrs if studentized else None, confidence)
+            estimates[name] = _bootstrap_interval(
+                estimates[name], values, stderrs if studentized else None, confidence
+            )
 
     sum_w = totals[_FIELD["sum_w"]]
     ess = sum_w**2 / totals[_FIELD["sum_w2"]] if sum_w > 0 else None
@@ -399,7 +461,9 @@ def _wpdis_replicates(acc: Accumulator, gamma: float, max_length: int) -> np.nda
     return np.where((den_rt > 0).all(axis=-1), values, np.nan)
 
 
-def _combine_groups(log_scale_gt: np.ndarray, values_gt: np.ndarray, log_scale_t: np.ndarray) -> np.ndarray:
+def _combine_groups(
+    log_scale_gt: np.ndarray, values_gt: np.ndarray, log_scale_t: np.ndarray
+) -> np.ndarray:
     """[T] sum over groups of values_gt * exp(log_scale_gt - log_scale_t) (log-sum-exp style)."""
     return np.sum(values_gt * _rescale(log_scale_gt, log_scale_t[None, :]), axis=0)
 
@@ -418,12 +482,15 @@ def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -
     """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a delete-a-group jackknife
     standard error over the non-empty id-hash groups."""
     acc = extend(acc, max_length)
-    scale_gt, num_gt, den_gt = (x[:, :max_length] for x in
-                                (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t))
+    scale_gt, num_gt, den_gt = (
+        x[:, :max_length] for x in (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t)
+    )
     discount_t = gamma ** np.arange(max_length, dtype=np.float64)
     value, empty_step = _wpdis(scale_gt, num_gt, den_gt, discount_t)
     if value is None:
-        return Estimate(None, None, None, None, f"every episode has zero weight at step {empty_step}")
+        return Estimate(
+            None, None, None, None, f"every episode has zero weight at step {empty_step}"
+        )
     groups = np.flatnonzero(acc.group_sums[:, _FIELD["count"]] > 0)
     if groups.size < 2:
         return _estimate(value, None, z, "too few episode groups for a standard error")
@@ -432,7 +499,9 @@ def _finalize_wpdis(acc: Accumulator, gamma: float, max_length: int, z: float) -
         others = groups[groups != g]
         leave_out.append(_wpdis(scale_gt[others], num_gt[others], den_gt[others], discount_t)[0])
     if any(v is None for v in leave_out):
-        return _estimate(value, None, z, "a group holds all the weight at some step; no standard error")
+        return _estimate(
+            value, None, z, "a group holds all the weight at some step; no standard error"
+        )
     leave_out_g = np.asarray(leave_out)
     k = groups.size
     with np.errstate(over="ignore", invalid="ignore"):
@@ -465,15 +534,20 @@ class Profile:
 def profile(acc: Accumulator, gamma: float, max_length: int) -> Profile:
     """The per-step WPDIS path and weight mass, and the log-weight histogram."""
     acc = extend(acc, max_length)
-    scale_gt, num_gt, den_gt = (x[:, :max_length] for x in
-                                (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t))
+    scale_gt, num_gt, den_gt = (
+        x[:, :max_length] for x in (acc.group_log_scale_t, acc.group_num_t, acc.group_den_t)
+    )
     log_scale_t = np.max(scale_gt, axis=0)
     num_t = _combine_groups(scale_gt, num_gt, log_scale_t)
     den_t = _combine_groups(scale_gt, den_gt, log_scale_t)
     discount_t = gamma ** np.arange(max_length, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         term_t = np.where(den_t > 0, discount_t * num_t / den_t, np.nan)
-        mean_weight_t = den_t * np.exp(np.where(np.isfinite(log_scale_t), log_scale_t, -np.inf)) / acc.total("count")
+        mean_weight_t = (
+            den_t
+            * np.exp(np.where(np.isfinite(log_scale_t), log_scale_t, -np.inf))
+            / acc.total("count")
+        )
     low, high = HISTOGRAM_LOG10_RANGE
     return Profile(
         wpdis_partial_t=np.cumsum(term_t),

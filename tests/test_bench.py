@@ -37,8 +37,14 @@ def test_generated_data_is_long_tailed_step_layout(tmp_path):
     info = bench.generate_data(path, 3000, seed=1)
     table = pq.read_table(path)
     assert table.num_rows == info["steps"] == int(info["lengths"].sum())
-    assert table.column_names == ["episode_id", "step", "observation", "action", "reward",
-                                  "behavior_prob"]
+    assert table.column_names == [
+        "episode_id",
+        "step",
+        "observation",
+        "action",
+        "reward",
+        "behavior_prob",
+    ]
     observation_type = table.schema.field("observation").type
     assert pa.types.is_list(observation_type) and observation_type.value_type == pa.float32()
     lengths = info["lengths"]
@@ -76,9 +82,14 @@ def test_numpy_twin_matches_reference(tmp_path, gamma, shift, batch_steps):
 def test_numpy_twin_handles_zero_weights_filler_rows_and_split_batches():
     rng = np.random.default_rng(4)
     lengths = rng.integers(1, 17, 30)
-    episodes = [{"log_target": np.log(rng.uniform(0.05, 1.0, t)),
-                 "log_behavior": np.log(rng.uniform(0.05, 1.0, t)),
-                 "reward": rng.normal(size=t)} for t in lengths]
+    episodes = [
+        {
+            "log_target": np.log(rng.uniform(0.05, 1.0, t)),
+            "log_behavior": np.log(rng.uniform(0.05, 1.0, t)),
+            "reward": rng.normal(size=t),
+        }
+        for t in lengths
+    ]
     episodes[3]["log_target"][0] = -np.inf  # a zero weight
     episodes[7]["log_target"][-1] = -np.inf
 
@@ -87,12 +98,19 @@ def test_numpy_twin_handles_zero_weights_filler_rows_and_split_batches():
         step_mask = np.zeros((rows, 16), bool)
         for i, episode in enumerate(part):
             for key in out:
-                out[key][i, :len(episode["reward"])] = episode[key]
-            step_mask[i, :len(episode["reward"])] = True
+                out[key][i, : len(episode["reward"])] = episode[key]
+            step_mask[i, : len(episode["reward"])] = True
         group = rng.integers(0, RESAMPLING_GROUPS, rows)
-        return bench.numpy_batch_statistics(out["log_target"], out["log_behavior"], out["reward"],
-                                            step_mask, np.arange(rows) < len(part), group, 0.9,
-                                            RESAMPLING_GROUPS)
+        return bench.numpy_batch_statistics(
+            out["log_target"],
+            out["log_behavior"],
+            out["reward"],
+            step_mask,
+            np.arange(rows) < len(part),
+            group,
+            0.9,
+            RESAMPLING_GROUPS,
+        )
 
     merged = bench.twin_init(RESAMPLING_GROUPS)
     for part, rows in ((episodes[:12], 16), (episodes[12:], 20)):
@@ -117,8 +135,15 @@ def test_numpy_twin_agrees_with_ope_evaluate(tmp_path):
     batches, _, max_length = bench.host_batches(str(data), batching, 1)
     params = {k: v for k, v in target.items() if k != "kind"}
     twin = bench.numpy_estimates(batches, params, 0.9, max_length)
-    result = evaluate(EvaluationConfig(data=str(data), policies=(str(checkpoint),), gamma=0.9,
-                                       precision="float64", batching=batching))
+    result = evaluate(
+        EvaluationConfig(
+            data=str(data),
+            policies=(str(checkpoint),),
+            gamma=0.9,
+            precision="float64",
+            batching=batching,
+        )
+    )
     for name in ESTIMATORS:
         assert twin[name] == pytest.approx(result.results[0].estimates[name].value, rel=1e-9), name
 
@@ -146,10 +171,27 @@ def tiny_bench(tmp_path_factory):
 
     bench.register(app)
     out = tmp_path_factory.mktemp("bench")
-    result = CliRunner().invoke(app, [
-        "bench", "--episodes", "40", "--loop-episodes", "10", "--policies", "2", "--format", "json",
-        "--min-bucket", "256", "--batch-steps", "4096", "--out", str(out), "--quiet",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--episodes",
+            "40",
+            "--loop-episodes",
+            "10",
+            "--policies",
+            "2",
+            "--format",
+            "json",
+            "--min-bucket",
+            "256",
+            "--batch-steps",
+            "4096",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -176,8 +218,14 @@ def test_bench_json_has_every_measurement(tiny_bench):
 
 def test_bench_targets_and_precision(tiny_bench):
     targets = tiny_bench["targets"]
-    assert set(targets) == {"kernel_faster_than_numpy", "kernel_vs_loop", "end_to_end_vs_io_floor",
-                            "padding_waste", "compiles_per_shape", "memory_growth"}
+    assert set(targets) == {
+        "kernel_faster_than_numpy",
+        "kernel_vs_loop",
+        "end_to_end_vs_io_floor",
+        "padding_waste",
+        "compiles_per_shape",
+        "memory_growth",
+    }
     for name, target in targets.items():
         if name == "memory_growth":
             assert target["met"] is None and tiny_bench["memory"] is None
@@ -196,8 +244,15 @@ def test_render_bench_prints_tables(tiny_bench):
     console = Console(record=True, width=160)
     bench.render_bench(tiny_bench, console)
     text = console.export_text()
-    for expected in ("python loop", "numpy twin", "jitted kernel", "end to end", "I/O floor",
-                     "padding waste", "extrapolated"):
+    for expected in (
+        "python loop",
+        "numpy twin",
+        "jitted kernel",
+        "end to end",
+        "I/O floor",
+        "padding waste",
+        "extrapolated",
+    ):
         assert expected in text
 
 

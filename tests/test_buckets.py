@@ -392,12 +392,20 @@ def test_pending_episodes_do_not_keep_whole_chunks_alive():
     held = bucketer._open[long_bucket]
     assert held.rows == 3  # a batch of that bucket holds 4
     assert int(held.batch.step_mask.sum()) == 3 * 900
-    chunk_arrays = [getattr(chunk, name) for chunk in chunks for name in CHUNK_FIELDS
-                    if getattr(chunk, name) is not None]
+    chunk_arrays = [
+        getattr(chunk, name)
+        for chunk in chunks
+        for name in CHUNK_FIELDS
+        if getattr(chunk, name) is not None
+    ]
     for open_batch in bucketer._open.values():
-        for array in (open_batch.batch.reward, open_batch.batch.observation,
-                      open_batch.batch.action, open_batch.batch.log_behavior,
-                      open_batch.batch.key_hi):
+        for array in (
+            open_batch.batch.reward,
+            open_batch.batch.observation,
+            open_batch.batch.action,
+            open_batch.batch.log_behavior,
+            open_batch.batch.key_hi,
+        ):
             # Its own memory (64 bytes of slack for alignment), no view of any chunk.
             assert array.base is None or np.asarray(array.base).nbytes <= array.nbytes + 64
             assert not any(np.shares_memory(array, other) for other in chunk_arrays)
@@ -412,8 +420,10 @@ def test_place_episodes_in_parts_equals_pad_at_once(seed):
     """Filling a batch from several chunks, a few episodes at a time and in any order of
     rows, gives the same arrays as padding the concatenated episodes in one go."""
     rng = np.random.default_rng(seed)
-    chunks = [make_chunk(rng.integers(1, 17, size=n), first_id=100 * k, seed=seed + k)
-              for k, n in enumerate(rng.integers(1, 9, size=4))]
+    chunks = [
+        make_chunk(rng.integers(1, 17, size=n), first_id=100 * k, seed=seed + k)
+        for k, n in enumerate(rng.integers(1, 9, size=4))
+    ]
     joined = concat_chunks(chunks)
     expected = pad(joined, length=16, batch=40)
     batch = empty_batch(chunks[0], 16, 40)
@@ -424,8 +434,18 @@ def test_place_episodes_in_parts_equals_pad_at_once(seed):
             steps = place_episodes(batch, row, chunk, episodes)
             assert steps == int(chunk.lengths[episodes].sum())
             row += episodes.size
-    for name in ("observation", "action", "reward", "log_behavior", "log_target", "step_mask",
-                 "episode_mask", "group", "key_hi", "key_lo"):
+    for name in (
+        "observation",
+        "action",
+        "reward",
+        "log_behavior",
+        "log_target",
+        "step_mask",
+        "episode_mask",
+        "group",
+        "key_hi",
+        "key_lo",
+    ):
         np.testing.assert_array_equal(getattr(batch, name), getattr(expected, name), err_msg=name)
         assert getattr(batch, name).dtype == getattr(expected, name).dtype, name
 

@@ -1004,24 +1004,65 @@ BAD = [
     # no policy and nothing logged to evaluate: invalid data (the tool's choice)
     Bad("no_policy_no_target_column", 3, ("target", "--policy"), _args("data.parquet")),
     # bounds of betting intervals
-    Bad("reward_outside_declared_range", 3, ("episode {E}", "step {S}", "reward", r"\[-3, 3\]"),
-        lambda w, name: [*_set_value("reward", 5.0)(w, name), "--reward-range", "-3", "3",
-                         "--horizon", "1000"]),
-    Bad("reward_range_without_horizon_at_gamma_one", 2, ("--reward-range", "--horizon"),
-        _args("data.parquet", "-p", "a.npz", "--reward-range", "-3", "3")),
-    Bad("episode_longer_than_horizon", 3, ("episode", "horizon of 2 steps"),
-        _args("data.parquet", "-p", "a.npz", "--reward-range", "-3", "3", "--horizon", "2")),
-    Bad("betting_without_reward_range", 2, ("--ci betting", "--reward-range"),
-        _args("data.parquet", "-p", "a.npz", "--ci", "betting")),
-    Bad("betting_gamma_one_without_horizon", 2, ("--horizon",),
-        _args("data.parquet", "-p", "a.npz", "--ci", "betting", "--reward-range", "-3", "3")),
-    Bad("reward_range_reversed", 2, ("--reward-range", "LOW < HIGH"),
-        _args("data.parquet", "-p", "a.npz", "--reward-range", "1", "0")),
-    Bad("horizon_not_positive", 2, ("--horizon", "positive"),
-        _args("data.parquet", "-p", "a.npz", "--horizon", "0")),
-    Bad("declared_bounds_malformed", 3, ("metadata", "reward_range"),
-        lambda w, name: _with_policy(w.write(f"{name}.parquet", w.table.replace_schema_metadata(
-            {"ope": '{"reward_range": [1]}'})))),
+    Bad(
+        "reward_outside_declared_range",
+        3,
+        ("episode {E}", "step {S}", "reward", r"\[-3, 3\]"),
+        lambda w, name: [
+            *_set_value("reward", 5.0)(w, name),
+            "--reward-range",
+            "-3",
+            "3",
+            "--horizon",
+            "1000",
+        ],
+    ),
+    Bad(
+        "reward_range_without_horizon_at_gamma_one",
+        2,
+        ("--reward-range", "--horizon"),
+        _args("data.parquet", "-p", "a.npz", "--reward-range", "-3", "3"),
+    ),
+    Bad(
+        "episode_longer_than_horizon",
+        3,
+        ("episode", "horizon of 2 steps"),
+        _args("data.parquet", "-p", "a.npz", "--reward-range", "-3", "3", "--horizon", "2"),
+    ),
+    Bad(
+        "betting_without_reward_range",
+        2,
+        ("--ci betting", "--reward-range"),
+        _args("data.parquet", "-p", "a.npz", "--ci", "betting"),
+    ),
+    Bad(
+        "betting_gamma_one_without_horizon",
+        2,
+        ("--horizon",),
+        _args("data.parquet", "-p", "a.npz", "--ci", "betting", "--reward-range", "-3", "3"),
+    ),
+    Bad(
+        "reward_range_reversed",
+        2,
+        ("--reward-range", "LOW < HIGH"),
+        _args("data.parquet", "-p", "a.npz", "--reward-range", "1", "0"),
+    ),
+    Bad(
+        "horizon_not_positive",
+        2,
+        ("--horizon", "positive"),
+        _args("data.parquet", "-p", "a.npz", "--horizon", "0"),
+    ),
+    Bad(
+        "declared_bounds_malformed",
+        3,
+        ("metadata", "reward_range"),
+        lambda w, name: _with_policy(
+            w.write(
+                f"{name}.parquet", w.table.replace_schema_metadata({"ope": '{"reward_range": [1]}'})
+            )
+        ),
+    ),
 ]
 
 
@@ -1085,11 +1126,13 @@ def test_shell_completion_stays_enabled(good):
 
 def test_rank_by_must_be_a_reported_estimator(world, ope_many):
     base = [*EVAL, "data.parquet", "-p", "a.npz", "-p", "b.npz", "--format", "table"]
-    runs = ope_many({
-        "unknown": {"args": [*base, "--rank-by", "dr"], "cwd": world.root},
-        "not_reported": {"args": [*base, "--rank-by", "pdis", "-e", "wis"], "cwd": world.root},
-        "default_without_wis": {"args": [*base, "-e", "pdis", "-e", "is"], "cwd": world.root},
-    })
+    runs = ope_many(
+        {
+            "unknown": {"args": [*base, "--rank-by", "dr"], "cwd": world.root},
+            "not_reported": {"args": [*base, "--rank-by", "pdis", "-e", "wis"], "cwd": world.root},
+            "default_without_wis": {"args": [*base, "-e", "pdis", "-e", "is"], "cwd": world.root},
+        }
+    )
     for name in ("unknown", "not_reported"):
         run = runs[name]
         assert run.returncode == 2 and run.stdout == "", run
@@ -1132,6 +1175,8 @@ def test_progress_stays_hidden_when_quiet_off_a_terminal_or_fast():
         assert callbacks == (None, None)  # not a terminal
     out = io.StringIO()
     with _progress(quiet=False, console=Console(file=out, force_terminal=True), delay=5) as (
-        on_progress, on_status):
+        on_progress,
+        on_status,
+    ):
         on_progress(10, 10)  # done before the delay: nothing is ever drawn
     assert out.getvalue() == ""

@@ -23,8 +23,9 @@ DATASETS, EPISODES, GAMMA = 400, 300, 0.95
 
 
 def _coverage_module():
-    spec = importlib.util.spec_from_file_location("ope_coverage_example",
-                                                  ROOT / "examples" / "coverage.py")
+    spec = importlib.util.spec_from_file_location(
+        "ope_coverage_example", ROOT / "examples" / "coverage.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -78,15 +79,33 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
 
     generate("chain", tmp_path, episodes=EPISODES, seed=3, gamma=GAMMA)
     logs, checkpoint = tmp_path / "logs.parquet", tmp_path / "policies" / "eval_0.npz"
-    plan = plan_intervals(EvaluationConfig(data=str(logs), gamma=GAMMA),
-                          open_dataset(str(logs)).declared_bounds())
+    plan = plan_intervals(
+        EvaluationConfig(data=str(logs), gamma=GAMMA), open_dataset(str(logs)).declared_bounds()
+    )
     assert plan.method == "betting"
     padded = coverage.padded_datasets(logs, 1, EPISODES)
-    (batch,) = coverage.dataset_statistics(padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200,
-                                           plan.betting_range)
-    runs = ope_many({method: {"args": ["evaluate", logs, "-p", checkpoint, "--gamma", GAMMA,
-                                       "--ci", method, "--format", "json"]}
-                     for method in coverage.METHODS})
+    (batch,) = coverage.dataset_statistics(
+        padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200, plan.betting_range
+    )
+    runs = ope_many(
+        {
+            method: {
+                "args": [
+                    "evaluate",
+                    logs,
+                    "-p",
+                    checkpoint,
+                    "--gamma",
+                    GAMMA,
+                    "--ci",
+                    method,
+                    "--format",
+                    "json",
+                ]
+            }
+            for method in coverage.METHODS
+        }
+    )
     for method, run in runs.items():
         assert run.returncode == 0, run
         document = json.loads(run.stdout)
@@ -95,8 +114,9 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
             assert document["confidence"]["reward_range"] == [0.0, 1.0]
             assert document["confidence"]["horizon"] is None
         cli = document["results"][0]["estimates"]
-        estimates, _ = finalize(from_batch(batch), GAMMA, padded.reward.shape[-1], 0.95, method,
-                                plan.betting_range)
+        estimates, _ = finalize(
+            from_batch(batch), GAMMA, padded.reward.shape[-1], 0.95, method, plan.betting_range
+        )
         for name, estimate in estimates.items():
             got = [estimate.value, estimate.ci_low, estimate.ci_high]
             want = [cli[name][k] for k in ("value", "ci_low", "ci_high")]

@@ -33,10 +33,22 @@ def case(tmp_path_factory):
     behavior = random_checkpoint("linear_softmax", rng)
     episodes = random_episodes(rng, 500, behavior=behavior, max_length=300)
     data = write_step_layout(episodes, tmp / "split", n_files=3)
-    policies = [save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
-                for i in range(2)]
-    args = [str(data), *(f"--policy={p}" for p in policies), "--gamma", "0.97", "--batch-steps", "2048",
-            "--ci", "bootstrap-t", "--bootstrap-samples", "40"]
+    policies = [
+        save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
+        for i in range(2)
+    ]
+    args = [
+        str(data),
+        *(f"--policy={p}" for p in policies),
+        "--gamma",
+        "0.97",
+        "--batch-steps",
+        "2048",
+        "--ci",
+        "bootstrap-t",
+        "--bootstrap-samples",
+        "40",
+    ]
     return tmp, args, ope_json(args, 1, tmp)
 
 
@@ -49,7 +61,10 @@ def test_sharded_over_devices_equals_one_device(case, device_count):
     for one, many in zip(single["results"], sharded["results"], strict=True):
         for name, estimate in one["estimates"].items():
             for field, value in estimate.items():
-                assert many["estimates"][name][field] == pytest.approx(value, rel=1e-9), (name, field)
+                assert many["estimates"][name][field] == pytest.approx(value, rel=1e-9), (
+                    name,
+                    field,
+                )
         for field, value in one["diagnostics"].items():
             assert many["diagnostics"][field] == pytest.approx(value, rel=1e-9), field
     for batch, _ in sharded["runtime"]["batch_shapes"]:
@@ -63,15 +78,22 @@ def test_betting_intervals_sharded_equal_one_device(case):
     assert sharded["confidence"]["interval"] == "betting"
     # this test process has one CPU device: the single-device run happens in-process
     data, *policies = (a.removeprefix("--policy=") for a in args[:3])
-    single = evaluate(EvaluationConfig(data=data, policies=tuple(policies), gamma=0.97,
-                                       reward_range=(-3.0, 3.0),
-                                       batching=BatchingConfig(batch_steps=2048)))
+    single = evaluate(
+        EvaluationConfig(
+            data=data,
+            policies=tuple(policies),
+            gamma=0.97,
+            reward_range=(-3.0, 3.0),
+            batching=BatchingConfig(batch_steps=2048),
+        )
+    )
     assert single.devices == 1 and single.interval == "betting"
     for one, many in zip(single.results, sharded["results"], strict=True):
         for name, estimate in one.estimates.items():
             for field in ("ci_low", "ci_high"):
-                assert many["estimates"][name][field] == pytest.approx(getattr(estimate, field),
-                                                                       rel=1e-9)
+                assert many["estimates"][name][field] == pytest.approx(
+                    getattr(estimate, field), rel=1e-9
+                )
 
 
 def test_devices_option_limits_the_mesh(case):

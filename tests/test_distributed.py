@@ -29,13 +29,27 @@ def free_port() -> int:
 
 
 def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None):
-    cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(num_processes),
-               "--process-id", str(process_id), "--timeout", str(timeout)]
+    cluster = [
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        str(num_processes),
+        "--process-id",
+        str(process_id),
+        "--timeout",
+        str(timeout),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env or {})
-    return subprocess.Popen([*ope_command(), "evaluate", *args, *cluster], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*ope_command(), "evaluate", *args, *cluster],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_cluster(args, num_processes, cwd, timeout=60):
@@ -80,8 +94,21 @@ def assert_same_json(one, many):
 def test_processes_agree_with_one_process(world, num_processes, data):
     """(3, "two"): fewer files than processes, so process 2 reads nothing and is idle."""
     tmp, _ = world
-    args = [data, "-p", "p0.npz", "-p", "p1.npz", "--gamma", "0.95", "--format", "json",
-            "--ci", "bootstrap-t", "--bootstrap-samples", "40"]
+    args = [
+        data,
+        "-p",
+        "p0.npz",
+        "-p",
+        "p1.npz",
+        "--gamma",
+        "0.95",
+        "--format",
+        "json",
+        "--ci",
+        "bootstrap-t",
+        "--bootstrap-samples",
+        "40",
+    ]
     reference = single(args, tmp)
     outcomes = run_cluster(args, num_processes, tmp)
     for code, _, err in outcomes:

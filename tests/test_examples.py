@@ -29,8 +29,14 @@ ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
 
 
 def _python(args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _json(run) -> dict:
@@ -63,16 +69,24 @@ def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope):
     transitions, arrays = tmp_path / "transitions.parquet", tmp_path / "arrays.parquet"
     table = pq.read_table(transitions)
     assert table.equals(pq.read_table(arrays))
-    assert table.column_names == ["episode_id", "step", "observation", "action", "reward",
-                                  "behavior_prob"]
+    assert table.column_names == [
+        "episode_id",
+        "step",
+        "observation",
+        "action",
+        "reward",
+        "behavior_prob",
+    ]
     episode_id = table.column("episode_id").to_numpy()
     step = table.column("step").to_numpy()
     starts = np.flatnonzero(np.diff(episode_id, prepend=-1))
     assert (step[starts] == 0).all() and (np.diff(episode_id) >= 0).all()
 
     checkpoint = EXAMPLES / "policies" / "ckpt.npz"
-    docs = [_json(ope(["evaluate", path, "-p", checkpoint, "--format", "json"], cwd=tmp_path))
-            for path in (transitions, arrays)]
+    docs = [
+        _json(ope(["evaluate", path, "-p", checkpoint, "--format", "json"], cwd=tmp_path))
+        for path in (transitions, arrays)
+    ]
     assert docs[0]["dataset"]["episodes"] == len(starts)
     assert docs[0]["dataset"]["steps"] == table.num_rows
     _assert_same_estimates(docs[0]["results"][0], docs[1]["results"][0], rel=1e-12)
@@ -86,8 +100,18 @@ def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope):
     checkpoint = tmp_path / "mlp.npz"
     made = _python([EXAMPLES / "jax_policy.py", checkpoint])
     assert made.returncode == 0, made.stderr
-    doc = _json(_evaluate(ope, DATA.relative_to(ROOT), "--policy", "examples.jax_policy:log_prob",
-                          "--policy", checkpoint, "--format", "json"))
+    doc = _json(
+        _evaluate(
+            ope,
+            DATA.relative_to(ROOT),
+            "--policy",
+            "examples.jax_policy:log_prob",
+            "--policy",
+            checkpoint,
+            "--format",
+            "json",
+        )
+    )
     entry, saved = doc["results"]
     assert entry["policy"] == "examples.jax_policy:log_prob"
     assert all(entry["estimates"][e]["value"] is not None for e in entry["estimates"])
@@ -98,9 +122,13 @@ def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope):
 def checkpoints(tmp_path_factory):
     """``ope generate bandit``: logs, three evaluation checkpoints and their true values."""
     out = tmp_path_factory.mktemp("pick") / "bandit"
-    done = subprocess.run([*ope_command(), "generate", "bandit", str(out), "--episodes", "3000"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    done = subprocess.run(
+        [*ope_command(), "generate", "bandit", str(out), "--episodes", "3000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert done.returncode == 0, done.stderr
     truth = json.loads((out / "truth.json").read_text())
     return out, truth
@@ -111,8 +139,13 @@ def test_pick_best_picks_the_truly_best_checkpoint(checkpoints, tool):
     if tool == "jq" and shutil.which("jq") is None:
         pytest.skip("jq is not installed")
     out, truth = checkpoints
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "OPE": " ".join(ope_command()),
-           "PYTHON": sys.executable, "USE_JQ": "1" if tool == "jq" else "0"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "OPE": " ".join(ope_command()),
+        "PYTHON": sys.executable,
+        "USE_JQ": "1" if tool == "jq" else "0",
+    }
     script = [str(EXAMPLES / "pick_best.sh"), str(out / "logs.parquet"), str(out / "policies")]
     run = subprocess.run(["bash", *script], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
@@ -124,7 +157,11 @@ def test_pick_best_picks_the_truly_best_checkpoint(checkpoints, tool):
 
 
 def test_pick_best_without_checkpoints_is_a_usage_error(tmp_path):
-    run = subprocess.run(["bash", str(EXAMPLES / "pick_best.sh"), str(DATA), str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", str(EXAMPLES / "pick_best.sh"), str(DATA), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert "no .npz checkpoints" in run.stderr

@@ -84,15 +84,19 @@ def test_declared_bounds_are_shown_and_checked(tmp_path):
     table = step_layout_table(episodes)
     rewards = np.concatenate([e["reward"] for e in episodes])
     declared = {"reward_range": [float(np.quantile(rewards, 0.1)), 10.0], "horizon": 5}
-    write_table(table.replace_schema_metadata({"ope": json.dumps(declared)}), tmp_path / "l.parquet")
+    write_table(
+        table.replace_schema_metadata({"ope": json.dumps(declared)}), tmp_path / "l.parquet"
+    )
     report = inspect(InspectConfig(str(tmp_path / "l.parquet")))
     doc = to_json_dict(report)
     assert doc["dataset"]["declared"] == declared
     found = {p.reason: p.episodes for p in report.problems}
     low_reward = np.array([np.any(e["reward"] < declared["reward_range"][0]) for e in episodes])
     too_long = np.array([len(e["reward"]) > 5 for e in episodes])
-    assert found == {"reward_out_of_range": int(low_reward.sum()),
-                     "episode_too_long": int(too_long.sum())}
+    assert found == {
+        "reward_out_of_range": int(low_reward.sum()),
+        "episode_too_long": int(too_long.sum()),
+    }
     console = Console(width=120, record=True)
     render_table(report, console)
     text = console.export_text()

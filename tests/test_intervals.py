@@ -5,7 +5,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from datasets import perturb_checkpoint, random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+from datasets import (
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    write_step_layout,
+)
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.estimators import poisson_counts
@@ -14,9 +20,15 @@ from ope_cli.pipeline import evaluate
 
 
 def run(data, policies, **options):
-    batching = {k: options.pop(k) for k in ("read_rows", "batch_steps", "min_bucket") if k in options}
-    config = EvaluationConfig(data=str(data), policies=tuple(str(p) for p in policies),
-                              batching=BatchingConfig(**batching), **options)
+    batching = {
+        k: options.pop(k) for k in ("read_rows", "batch_steps", "min_bucket") if k in options
+    }
+    config = EvaluationConfig(
+        data=str(data),
+        policies=tuple(str(p) for p in policies),
+        batching=BatchingConfig(**batching),
+        **options,
+    )
     return evaluate(config)
 
 
@@ -58,9 +70,11 @@ def test_bootstrap_intervals_do_not_depend_on_batching_or_files(small_case, meth
     one, split, policy = small_case
     options = dict(interval=method, bootstrap_samples=64, seed=3, gamma=0.97)
     reference = intervals(run(one, [policy], **options))
-    for other in (run(one, [policy], read_rows=17, batch_steps=300, **options),
-                  run(one, [policy], min_bucket=3, **options),
-                  run(split, [policy], **options)):
+    for other in (
+        run(one, [policy], read_rows=17, batch_steps=300, **options),
+        run(one, [policy], min_bucket=3, **options),
+        run(split, [policy], **options),
+    ):
         for a, b in zip(reference, intervals(other), strict=True):
             np.testing.assert_allclose(np.array(b, float), np.array(a, float), rtol=1e-9)
     different_seed = intervals(run(one, [policy], **{**options, "seed": 4}))
@@ -72,9 +86,11 @@ def test_betting_intervals_do_not_depend_on_batching_or_files(small_case):
     options = dict(interval="betting", reward_range=(-3.0, 3.0), gamma=0.97)
     reference = intervals(run(one, [policy], **options))
     # (record-batch and batch sizes are covered by the bootstrap test: the same merge)
-    for other in (run(one, [policy], min_bucket=3, **options),
-                  run(split, [policy], **options),
-                  run(one, [policy], precision="float32", **options)):
+    for other in (
+        run(one, [policy], min_bucket=3, **options),
+        run(split, [policy], **options),
+        run(one, [policy], precision="float32", **options),
+    ):
         for a, b in zip(reference, intervals(other), strict=True):
             np.testing.assert_allclose(np.array(b, float), np.array(a, float), rtol=1e-6)
     # is/wis share the trajectory interval, pdis/wpdis the per-decision one; each holds V
@@ -146,7 +162,6 @@ def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth
         assert policy.estimates["wpdis"].stderr < policy.estimates["wis"].stderr
 
 
-
 def _log_histogram(x: np.ndarray) -> np.ndarray:
     """The kernel's histogram of log x (estimators._betting_histogram) for one variable."""
     from ope_cli.estimators import _betting_histogram
@@ -169,15 +184,27 @@ def test_betting_variables_match_their_formulas():
     mask = np.arange(steps) < lengths[:, None]
     log_w = np.cumsum(np.where(mask, log_ratio, 0.0), axis=1)
     padded_reward, discount_t = np.where(mask, reward, 0.0), gamma ** np.arange(steps)
-    got = np.exp(np.asarray(betting_variables(log_w, padded_reward, padded_reward @ discount_t,
-                                              discount_t, np.array([a, b, discounted]))))
+    got = np.exp(
+        np.asarray(
+            betting_variables(
+                log_w,
+                padded_reward,
+                padded_reward @ discount_t,
+                discount_t,
+                np.array([a, b, discounted]),
+            )
+        )
+    )
     span = (b - a) * discounted
     for i, n in enumerate(lengths):
         w_t, r_t, g_t = np.exp(log_w[i, :n]), reward[i, :n], gamma ** np.arange(n)
         ret, rest = g_t @ r_t, discounted - g_t.sum()  # rest: discount of the steps never taken
-        want = [w_t[-1] * (ret - a * discounted) / span, w_t[-1] * (b * discounted - ret) / span,
-                (g_t @ (w_t * (r_t - a)) - a * rest * w_t[-1]) / span,
-                (g_t @ (w_t * (b - r_t)) + b * rest * w_t[-1]) / span]
+        want = [
+            w_t[-1] * (ret - a * discounted) / span,
+            w_t[-1] * (b * discounted - ret) / span,
+            (g_t @ (w_t * (r_t - a)) - a * rest * w_t[-1]) / span,
+            (g_t @ (w_t * (b - r_t)) + b * rest * w_t[-1]) / span,
+        ]
         np.testing.assert_allclose(got[:, i], want, rtol=1e-12)
 
 

@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 import pytest
 from datasets import (
-    random_checkpoint,
     perturb_checkpoint,
+    random_checkpoint,
     random_episodes,
     save_checkpoint,
     to_reference_input,
@@ -26,7 +26,6 @@ from ope_cli.errors import PolicyError
 from ope_cli.pipeline import evaluate
 
 
-
 def assert_close(actual, expected, rtol, what=""):
     if expected is None:
         assert actual is None, what
@@ -36,8 +35,13 @@ def assert_close(actual, expected, rtol, what=""):
 
 
 def run(data, policies, gamma=0.95, precision="float64", **batching):
-    config = EvaluationConfig(data=str(data), policies=tuple(str(p) for p in policies), gamma=gamma,
-                              precision=precision, batching=BatchingConfig(**batching))
+    config = EvaluationConfig(
+        data=str(data),
+        policies=tuple(str(p) for p in policies),
+        gamma=gamma,
+        precision=precision,
+        batching=BatchingConfig(**batching),
+    )
     return evaluate(config)
 
 
@@ -101,13 +105,16 @@ def assert_same_results(a, b, rtol=1e-9):
                 assert_close(x, y, rtol, key)
 
 
-@pytest.mark.parametrize("batching", [
-    dict(read_rows=1),
-    dict(read_rows=13, batch_steps=64),
-    dict(batch_steps=100_000, min_bucket=1),
-    dict(min_bucket=5, batch_steps=333),
-    dict(min_bucket=300),  # one bucket for everything
-])
+@pytest.mark.parametrize(
+    "batching",
+    [
+        dict(read_rows=1),
+        dict(read_rows=13, batch_steps=64),
+        dict(batch_steps=100_000, min_bucket=1),
+        dict(min_bucket=5, batch_steps=333),
+        dict(min_bucket=300),  # one bucket for everything
+    ],
+)
 def test_invariant_to_record_batches_buckets_and_batch_sizes(tmp_path, batching):
     episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=150, seed=5)
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
@@ -117,11 +124,17 @@ def test_invariant_to_record_batches_buckets_and_batch_sizes(tmp_path, batching)
 def test_invariant_to_file_splitting_and_format(tmp_path):
     episodes, _, paths = make_case(tmp_path, "mlp_softmax", n_episodes=200, seed=7)
     one = run(write_step_layout(episodes, tmp_path / "one.parquet"), paths)
-    split = run(write_step_layout(episodes, tmp_path / "split", n_files=7, row_group_size=50), paths)
+    split = run(
+        write_step_layout(episodes, tmp_path / "split", n_files=7, row_group_size=50), paths
+    )
     feather = run(write_step_layout(episodes, tmp_path / "one.arrow", file_format="feather"), paths)
     episode_layout = run(write_episode_layout(episodes, tmp_path / "episodes", n_files=3), paths)
-    shuffled = run(write_step_layout(episodes, tmp_path / "shuffled.parquet",
-                                     shuffle_steps_within_episode=True), paths)
+    shuffled = run(
+        write_step_layout(
+            episodes, tmp_path / "shuffled.parquet", shuffle_steps_within_episode=True
+        ),
+        paths,
+    )
     for other in (split, feather, episode_layout, shuffled):
         assert_same_results(one, other)
     assert split.files == 7
@@ -132,8 +145,10 @@ def test_policies_in_one_pass_equal_separate_runs(tmp_path):
     behavior = random_checkpoint("linear_softmax", rng)
     episodes = random_episodes(rng, 120, behavior=behavior)
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
-    stacked = [save_checkpoint(tmp_path / f"s{i}.npz", perturb_checkpoint(behavior, rng, 0.5))
-               for i in range(3)]
+    stacked = [
+        save_checkpoint(tmp_path / f"s{i}.npz", perturb_checkpoint(behavior, rng, 0.5))
+        for i in range(3)
+    ]
     mlp = save_checkpoint(tmp_path / "mlp.npz", random_checkpoint("mlp_softmax", rng))
     order = [stacked[0], mlp, stacked[1], stacked[2]]  # mixed kinds keep command-line order
     together = run(data, order)
@@ -141,8 +156,12 @@ def test_policies_in_one_pass_equal_separate_runs(tmp_path):
     for i, path in enumerate(order):
         alone = run(data, [path])
         for name in ESTIMATORS:
-            assert_close(together.results[i].estimates[name].value, alone.results[0].estimates[name].value,
-                         1e-12, name)
+            assert_close(
+                together.results[i].estimates[name].value,
+                alone.results[0].estimates[name].value,
+                1e-12,
+                name,
+            )
 
 
 def test_on_policy_data_gives_mean_return(tmp_path):
@@ -184,16 +203,21 @@ def test_long_horizon_weights_that_overflow_a_naive_product(tmp_path):
 
 
 def test_wpdis_stderr_is_the_grouped_jackknife(tmp_path):
-    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=400, seed=9,
-                                             policies=1)
+    episodes, checkpoints, paths = make_case(
+        tmp_path, "linear_softmax", n_episodes=400, seed=9, policies=1
+    )
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     result = run(data, paths, gamma=0.9)
     reference_input = to_reference_input(episodes, checkpoints[0])
     groups = id_keys(np.array([e["episode_id"] for e in episodes])) % np.uint64(RESAMPLING_GROUPS)
-    leave_out = np.array([
-        reference_estimates([x for x, grp in zip(reference_input, groups, strict=True) if grp != g], 0.9)["wpdis"]
-        for g in np.unique(groups)
-    ])
+    leave_out = np.array(
+        [
+            reference_estimates(
+                [x for x, grp in zip(reference_input, groups, strict=True) if grp != g], 0.9
+            )["wpdis"]
+            for g in np.unique(groups)
+        ]
+    )
     k = len(leave_out)
     expected = math.sqrt((k - 1) / k * np.sum((leave_out - leave_out.mean()) ** 2))
     assert result.results[0].estimates["wpdis"].stderr == pytest.approx(expected, rel=1e-6)
@@ -214,8 +238,15 @@ def log_prob(observation, action):
 
 
 def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
-    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=600, seed=12,
-                                   length_dist="uniform", max_length=300, policies=1)
+    episodes, _, paths = make_case(
+        tmp_path,
+        "linear_softmax",
+        n_episodes=600,
+        seed=12,
+        length_dist="uniform",
+        max_length=300,
+        policies=1,
+    )
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     # A freshly imported entry point is a function the jit cache has never seen.
     (tmp_path / "fresh_policy.py").write_text(ENTRY_POINT.format(path=str(paths[0])))
@@ -234,8 +265,9 @@ def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
 def test_logged_target_probabilities(tmp_path):
     from datasets import add_target_probs
 
-    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=100, seed=13,
-                                             policies=1)
+    episodes, checkpoints, paths = make_case(
+        tmp_path, "linear_softmax", n_episodes=100, seed=13, policies=1
+    )
     logged = add_target_probs(episodes, checkpoints[0])
     data = write_step_layout(logged, tmp_path / "logs.parquet", extra_columns=("target_prob",))
     from_logged = run(data, [])
@@ -245,22 +277,33 @@ def test_logged_target_probabilities(tmp_path):
 
 
 def test_profile_histogram_and_wpdis_path(tmp_path):
-    episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", n_episodes=200, seed=17,
-                                             policies=1)
+    episodes, checkpoints, paths = make_case(
+        tmp_path, "linear_softmax", n_episodes=200, seed=17, policies=1
+    )
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     result = run(data, paths, gamma=0.9)
     policy = result.results[0]
     profile = policy.profile
     assert profile.histogram_counts.sum() + profile.zero_weights == result.episodes
-    log10_w = np.array([np.sum(e["log_target"] - e["log_behavior"])
-                        for e in to_reference_input(episodes, checkpoints[0])]) / np.log(10)
+    log10_w = np.array(
+        [
+            np.sum(e["log_target"] - e["log_behavior"])
+            for e in to_reference_input(episodes, checkpoints[0])
+        ]
+    ) / np.log(10)
     expected, _ = np.histogram(log10_w, bins=profile.histogram_edges)
     np.testing.assert_array_equal(profile.histogram_counts[1:-1], expected)
     assert profile.wpdis_partial_t.shape == (result.max_length,)
     assert profile.wpdis_partial_t[-1] == pytest.approx(policy.estimates["wpdis"].value, rel=1e-9)
     assert profile.mean_weight_t[0] == pytest.approx(
-        np.mean([np.exp(e["log_target"][0] - e["log_behavior"][0])
-                 for e in to_reference_input(episodes, checkpoints[0])]), rel=1e-9)
+        np.mean(
+            [
+                np.exp(e["log_target"][0] - e["log_behavior"][0])
+                for e in to_reference_input(episodes, checkpoints[0])
+            ]
+        ),
+        rel=1e-9,
+    )
 
 
 def test_a_policy_glob_stands_for_its_sorted_checkpoints(tmp_path):

@@ -13,9 +13,15 @@ FIGURES = ("weights.png", "horizon.png", "estimates.png")
 
 
 def _args(*extra):
-    return ["evaluate", str(EXAMPLES / "data" / "logs.parquet"),
-            "-p", str(EXAMPLES / "policies" / "ckpt.npz"),
-            "-p", str(EXAMPLES / "policies" / "other.npz"), *extra]
+    return [
+        "evaluate",
+        str(EXAMPLES / "data" / "logs.parquet"),
+        "-p",
+        str(EXAMPLES / "policies" / "ckpt.npz"),
+        "-p",
+        str(EXAMPLES / "policies" / "other.npz"),
+        *extra,
+    ]
 
 
 def test_plot_writes_png_figures(tmp_path, ope):
@@ -37,8 +43,11 @@ def test_plot_without_matplotlib_is_a_usage_error(tmp_path, ope):
     stub = tmp_path / "stub" / "matplotlib"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
-    run = ope(_args("--plot", tmp_path / "figures"), cwd=tmp_path,
-              env={"PYTHONPATH": str(tmp_path / "stub")})
+    run = ope(
+        _args("--plot", tmp_path / "figures"),
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "stub")},
+    )
     assert run.returncode == 2, run
     assert run.stdout == ""
     assert "ope: usage error: --plot needs matplotlib" in run.stderr

@@ -28,8 +28,9 @@ CKPT, OTHER = (str(EXAMPLES / "policies" / name) for name in ("ckpt.npz", "other
 @pytest.fixture(scope="module")
 def result():
     """The shipped example, two policies: other.npz has the higher WIS (0.21 vs -5.28)."""
-    return evaluate(EvaluationConfig(data=str(EXAMPLES / "data" / "logs.parquet"),
-                                     policies=(CKPT, OTHER)))
+    return evaluate(
+        EvaluationConfig(data=str(EXAMPLES / "data" / "logs.parquet"), policies=(CKPT, OTHER))
+    )
 
 
 def _render(result, **options) -> str:
@@ -42,7 +43,8 @@ def _with_diagnostics(result, index, **changes):
     results = list(result.results)
     policy = results[index]
     results[index] = dataclasses.replace(
-        policy, diagnostics=dataclasses.replace(policy.diagnostics, **changes))
+        policy, diagnostics=dataclasses.replace(policy.diagnostics, **changes)
+    )
     return dataclasses.replace(result, results=results)
 
 
@@ -98,8 +100,9 @@ def test_weight_histogram_in_the_table(result):
 
 
 def test_warnings_in_plain_words(result):
-    poor = _with_diagnostics(result, 1, ess=50.0, ess_fraction=0.025, max_weight_share=0.6,
-                             mean_weight=3.2)
+    poor = _with_diagnostics(
+        result, 1, ess=50.0, ess_fraction=0.025, max_weight_share=0.6, mean_weight=3.2
+    )
     warnings = diagnostic_warnings(poor)
     assert len(warnings) == 3 and all(w.startswith(OTHER) for w in warnings)
     assert "effective sample size" in warnings[0] and "2.5%" in warnings[0]
@@ -113,7 +116,15 @@ def test_warnings_in_plain_words(result):
 
 
 def test_all_zero_weights_get_one_warning(result):
-    zero = _with_diagnostics(result, 0, ess=None, ess_fraction=None, mean_weight=0.0,
-                             max_weight=0.0, max_weight_share=None, zero_weight_fraction=1.0)
+    zero = _with_diagnostics(
+        result,
+        0,
+        ess=None,
+        ess_fraction=None,
+        mean_weight=0.0,
+        max_weight=0.0,
+        max_weight_share=None,
+        zero_weight_fraction=1.0,
+    )
     (warning,) = diagnostic_warnings(zero)
     assert "every trajectory weight is zero" in warning
