@@ -1,0 +1,117 @@
+"""Bench's own view of the data: opened once, padded once, and the loop baseline's first episodes.
+
+``host_batches`` is the one place where bench chains reader -> episodes -> buckets itself
+(as ``ope evaluate`` does); everything bench learns about ``--data`` (episode lengths,
+observation size, action count) comes from those padded batches, not from another pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from ope_cli.buckets import Bucketer
+from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.episodes import EpisodeAssembler
+from ope_cli.errors import DataError, UsageError
+from ope_cli.reader import LoggedDataset, iter_batches, open_dataset
+from ope_cli.schema import resolve_schema
+
+if TYPE_CHECKING:
+    from ope_cli.buckets import PaddedBatch
+    from ope_cli.schema import DataSchema
+
+# The column names the loop baseline reads, by role.
+LOOP_COLUMNS = {
+    "episode": "episode_id",
+    "step": "step",
+    "observation": "observation",
+    "action": "action",
+    "reward": "reward",
+    "behavior_prob": "behavior_prob",
+}
+
+
+class BenchSource(NamedTuple):
+    """A step-layout dataset opened once: the path given, its files and its resolved schema."""
+
+    path: str
+    data: LoggedDataset
+    schema: DataSchema
+
+
+def open_source(source: str) -> BenchSource:
+    """Opens ``source`` and checks it is what bench measures: step layout, vector
+    observations, integer actions (as ``ope bench`` generates)."""
+    data = open_dataset(source)
+    schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
+    if (
+        schema.layout != "step"
+        or schema.observation_kind != "vector"
+        or schema.action_kind != "discrete"
+    ):
+        raise UsageError(
+            "ope bench --data needs step-layout data with vector observations and "
+            "integer actions (as `ope bench` generates)"
+        )
+    return BenchSource(source, data, schema)
+
+
+def host_batches(
+    source: BenchSource, batching: BatchingConfig, devices: int
+) -> tuple[list[PaddedBatch], Bucketer, int]:
+    """Every padded batch of ``source`` as ``ope evaluate`` builds them (same reader,
+    assembler and bucketer), kept on the host; returns (batches, bucketer, max_length)."""
+    bucketer = Bucketer(batching, multiple_of=devices)
+    batches, max_length = [], 0
+    assembler = EpisodeAssembler(source.schema)
+    records = iter_batches(source.data, source.schema.read_columns, batching.read_rows)
+    for chunk in assembler.chunks(records):
+        max_length = max(max_length, int(chunk.lengths.max()))
+        batches.extend(bucketer.add(chunk))
+    batches.extend(bucketer.flush())
+    return batches, bucketer, max_length
+
+
+def describe_batches(batches: list[PaddedBatch], name: str) -> dict:
+    """What bench needs to know about ``--data``, from its padded batches: episodes, steps,
+    [E] episode lengths (in batch order), observation size and action count."""
+    lengths = [b.step_mask[b.episode_mask].sum(axis=1) for b in batches]
+    lengths_e = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    if lengths_e.size == 0:
+        raise DataError(f"{name}: no rows")
+    n_actions = 1 + max(int(b.action[b.step_mask].max(initial=0)) for b in batches)
+    return {
+        "episodes": int(lengths_e.size),
+        "steps": int(lengths_e.sum()),
+        "lengths": lengths_e.astype(np.int64),
+        "obs_dim": int(batches[0].observation.shape[-1]),
+        "n_actions": n_actions,
+    }
+
+
+def loop_head_table(source: BenchSource, episodes: int, read_rows: int) -> pa.Table | None:
+    """The first ``episodes`` episodes of ``source`` as a table with the loop baseline's
+    column names (LOOP_COLUMNS); None when the data lacks one of those columns."""
+    columns = source.schema.columns
+    if any(role not in columns for role in LOOP_COLUMNS):
+        return None
+    names = [columns[role] for role in LOOP_COLUMNS]
+    parts, seen, last_id = [], 0, None
+    for sourced in iter_batches(source.data, names, read_rows):
+        ids = np.asarray(sourced.batch.column(names[0]).to_numpy(zero_copy_only=False))
+        if ids.size == 0:
+            continue
+        parts.append(sourced.batch)
+        # episodes starting in this record batch (one cut by the batch boundary counts once)
+        seen += int(np.count_nonzero(ids[1:] != ids[:-1])) + (ids[0] != last_id)
+        last_id = ids[-1]
+        if seen > episodes:
+            break
+    table = pa.Table.from_batches(parts).select(names)
+    table = table.rename_columns(list(LOOP_COLUMNS.values()))
+    ids = np.asarray(table.column("episode_id").to_numpy())
+    starts = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1, [ids.size]])
+    return table.slice(0, int(starts[min(episodes, starts.size - 1)]))

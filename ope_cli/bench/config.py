@@ -1,0 +1,47 @@
+"""``ope bench``'s configuration and the constants every bench module shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ope_cli.config import BatchingConfig
+
+BENCH_SCHEMA_VERSION = 1
+GAMMA = 0.99  # the discount of every bench measurement
+DEFAULT_EPISODES = 24_000  # ~2M steps
+DEFAULT_LOOP_EPISODES = 300
+DEFAULT_MEMORY_STEPS = 200_000
+MEMORY_FACTOR = 10
+ROUNDS = 3  # interleaved timed runs of every measurement; the fastest of each counts
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Everything ``ope bench`` needs, independent of the terminal.
+
+    Attributes:
+      data: a step-layout Parquet file/directory to measure instead of generated data.
+      episodes: episodes to generate (about 83 steps each).
+      seed: seed of the generated data and checkpoints.
+      policies: K, the stacked linear_softmax checkpoints of the many-policies measurement.
+      precision: the kernel precision of the main measurements (None: as ``ope evaluate``).
+      memory: also measure peak memory of ``ope evaluate`` subprocesses on 1x and 10x data.
+      memory_steps: steps of the 1x memory dataset.
+      loop_episodes: episodes the Python loop runs on (then extrapolated).
+      out: directory for generated files (default: a temporary directory, removed after).
+      batching: read and batch sizes, as ``ope evaluate``'s.
+    """
+
+    data: str | None = None
+    episodes: int = DEFAULT_EPISODES
+    seed: int = 0
+    policies: int = 4
+    precision: str | None = None
+    memory: bool = False
+    memory_steps: int = DEFAULT_MEMORY_STEPS
+    loop_episodes: int = DEFAULT_LOOP_EPISODES
+    out: str | None = None
+    batching: BatchingConfig = BatchingConfig()

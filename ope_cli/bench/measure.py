@@ -1,0 +1,242 @@
+"""The timed measurements of ``ope bench``, each prepared (read, compiled, warmed) as a Trial.
+
+- ``io_floor``: pyarrow alone reading the projected columns and converting them to NumPy;
+- ``end_to_end``: ``ope evaluate`` (``pipeline.evaluate`` plus the JSON report) from Parquet;
+- ``kernel``: the jitted kernel alone on batches already on the device (steady state);
+- ``numpy``: the NumPy twin over the same padded host batches;
+- ``loop``: the per-episode Python loop baseline, on the first episodes, extrapolated.
+
+Every trial runs ROUNDS times, round-robin, the fastest counting (``time_interleaved``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ope_cli.bench.batches import BenchSource, loop_head_table
+from ope_cli.bench.config import GAMMA
+from ope_cli.bench.loop import loop_estimates
+from ope_cli.bench.twin import numpy_estimates
+from ope_cli.buckets import RESAMPLING_GROUPS
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.kernel import BATCH_AXIS, Kernel, group_policies, trace_count
+from ope_cli.pipeline import evaluate
+from ope_cli.policies import load_policy
+from ope_cli.report import to_json
+from ope_cli.stats import finalize, from_batch, init, merge
+
+if TYPE_CHECKING:
+    from ope_cli.buckets import PaddedBatch
+
+
+def rate(steps: int, seconds: float) -> float | None:
+    """Steps per second, None for a zero time."""
+    return steps / seconds if seconds > 0 else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, None where either is missing or b is not positive."""
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def timed(function: Callable[[], Any]) -> tuple[float, Any]:
+    """(wall seconds, value) of one call."""
+    started = time.perf_counter()
+    value = function()
+    return time.perf_counter() - started, value
+
+
+@dataclasses.dataclass
+class Trial:
+    """One measurement, prepared (data read, compiled, warmed) and ready to be timed.
+
+    ``run()`` does the timed unit of work once; ``steps`` is how many real steps it covers;
+    ``info`` holds what the preparation learned (first-run time, compiles, estimates).
+    """
+
+    run: Callable[[], Any]
+    steps: int
+    info: dict
+
+
+def time_interleaved(trials: dict[str, Trial], rounds: int) -> dict[str, dict]:
+    """Times every trial ``rounds`` times, round-robin, so that a change in the load of a
+    shared machine hits all of them alike; the fastest run of each counts."""
+    best = {name: math.inf for name in trials}
+    for _ in range(rounds):
+        for name, trial in trials.items():
+            best[name] = min(best[name], timed(trial.run)[0])
+    return {
+        name: {
+            "seconds": best[name],
+            "steps_per_second": rate(trial.steps, best[name]),
+            "runs": rounds,
+            **trial.info,
+        }
+        for name, trial in trials.items()
+    }
+
+
+def prepare_io_floor(source: BenchSource, batching: BatchingConfig) -> Trial:
+    """pyarrow alone: the projected columns in record batches, each column to NumPy."""
+    columns = source.schema.read_columns
+    dataset = ds.dataset(list(source.data.files), format=source.data.format)
+
+    def read() -> int:
+        rows = 0
+        for batch in dataset.to_batches(columns=columns, batch_size=batching.read_rows):
+            for column in batch.columns:
+                if (
+                    pa.types.is_list(column.type)
+                    or pa.types.is_large_list(column.type)
+                    or pa.types.is_fixed_size_list(column.type)
+                ):
+                    column.flatten().to_numpy().reshape(len(column), -1)
+                else:
+                    np.asarray(column.to_numpy(zero_copy_only=False))
+            rows += batch.num_rows
+        return rows
+
+    rows = read()  # the file in the page cache, as for every other measurement
+    return Trial(read, rows, {"columns": columns})
+
+
+def prepare_end_to_end(
+    source: str, policies: list[str], precision: str | None, batching: BatchingConfig
+) -> tuple[Trial, Any]:
+    """``ope evaluate`` from Parquet (pipeline.evaluate plus the JSON report), run once from
+    a cold jit cache to compile; returns the trial and that first EvaluationResult."""
+    config = EvaluationConfig(
+        data=source, policies=tuple(policies), gamma=GAMMA, precision=precision, batching=batching
+    )
+
+    def run():
+        result = evaluate(config)
+        to_json(result)
+        return result
+
+    jax.clear_caches()
+    first_seconds, first = timed(run)
+    return Trial(
+        run,
+        first.steps,
+        {"first_run_seconds": first_seconds, "compiles": first.compiles, "policies": len(policies)},
+    ), first
+
+
+def device_batches(batches: list[PaddedBatch], dtype, mesh) -> list[PaddedBatch]:
+    """The batches on the device(s), floats cast to ``dtype``, episodes split over ``mesh``."""
+    sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
+
+    def put(x):
+        if x is None:
+            return None
+        if np.issubdtype(x.dtype, np.floating):
+            x = x.astype(dtype, copy=False)
+        return jax.device_put(x, sharding)
+
+    on_device = [
+        dataclasses.replace(b, **{f.name: put(getattr(b, f.name)) for f in dataclasses.fields(b)})
+        for b in batches
+    ]
+    jax.block_until_ready([dataclasses.astuple(b) for b in on_device])
+    return on_device
+
+
+def prepare_kernel(
+    on_device: list[PaddedBatch],
+    checkpoints: list[str],
+    precision: str,
+    mesh,
+    real_steps: int,
+    max_length: int,
+    cold: bool,
+) -> Trial:
+    """The jitted kernel alone over batches already on the device. One first pass compiles
+    (from a cold jit cache when ``cold``); its statistics give the first policy's estimates,
+    to compare precisions."""
+    dtype = np.float64 if precision == "float64" else np.float32
+    (group,) = group_policies([load_policy(path) for path in checkpoints])
+    kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh)
+
+    def one_pass():
+        return jax.block_until_ready([kernel(batch) for batch in on_device])
+
+    if cold:
+        jax.clear_caches()
+    traces = trace_count()
+    first_seconds, outputs = timed(one_pass)
+    compiles = trace_count() - traces
+
+    acc = init(RESAMPLING_GROUPS)
+    for statistics in jax.device_get(outputs):  # [D, P, ...]
+        for device in range(statistics.group_sums.shape[0]):
+            one = type(statistics)(*(value[device, 0] for value in statistics))
+            acc = merge(acc, from_batch(one))
+    estimates, _ = finalize(acc, GAMMA, max_length, 0.95)
+    padded_steps = sum(b.step_mask.size for b in on_device)
+    return Trial(
+        one_pass,
+        real_steps,
+        {
+            "first_run_seconds": first_seconds,
+            "compiles": compiles,
+            "precision": precision,
+            "policies": len(checkpoints),
+            "padded_steps": padded_steps,
+            "estimates": {name: e.value for name, e in estimates.items()},
+        },
+    )
+
+
+def prepare_numpy(
+    batches: list[PaddedBatch], checkpoint: str, real_steps: int, max_length: int
+) -> Trial:
+    """The NumPy twin over the same padded (host) batches, merged and finalized."""
+    with np.load(checkpoint, allow_pickle=False) as archive:
+        params = {k: archive[k] for k in archive.files if k != "kind"}
+
+    def run():
+        return numpy_estimates(batches, params, GAMMA, max_length)
+
+    return Trial(run, real_steps, {"precision": "float64", "estimates": run()})
+
+
+def measure_loop(
+    source: BenchSource, checkpoint: str, episodes: int, batching: BatchingConfig, total_steps: int
+) -> dict:
+    """The packaged loop baseline (``bench.loop.loop_estimates``) on the first ``episodes``
+    episodes (columns renamed to the loop's defaults), its steps/s extrapolated to
+    ``total_steps``."""
+    table = loop_head_table(source, episodes, batching.read_rows)
+    if table is None:
+        return {"steps_per_second": None, "note": "the loop needs step and behavior_prob columns"}
+    ids = np.asarray(table.column("episode_id").to_numpy())
+    ran = int(np.count_nonzero(ids[1:] != ids[:-1])) + (ids.size > 0)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        seconds, _ = timed(lambda: loop_estimates(table, checkpoint, GAMMA))
+    steps_per_second = rate(table.num_rows, seconds)
+    return {
+        "seconds": seconds,
+        "steps": table.num_rows,
+        "episodes": ran,
+        "steps_per_second": steps_per_second,
+        "extrapolated": True,
+        "extrapolated_seconds": total_steps / steps_per_second if steps_per_second else None,
+        "note": f"run on the first {ran} episodes "
+        f"({table.num_rows:,} steps), extrapolated to all {total_steps:,} steps"
+        if table.num_rows < total_steps
+        else "run on every episode",
+    }

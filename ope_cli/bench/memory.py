@@ -1,0 +1,100 @@
+"""``ope bench --memory``: peak RSS of ``ope evaluate`` subprocesses on 1x and 10x data."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ope_cli.bench.config import MEMORY_FACTOR, Progress
+from ope_cli.bench.data import episodes_for_steps, generate_data
+from ope_cli.bench.measure import ratio
+from ope_cli.config import BatchingConfig
+
+
+def _peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int, float]:
+    """(peak resident set size in bytes, wall seconds) of one child process.
+
+    The peak is the child's own ``VmHWM`` (/proc/<pid>/status), read every few milliseconds
+    once it has exec'd ``command`` (its command line then holds ``command[-1]``, which must
+    not be in ours). Not ``ru_maxrss``: Linux folds the forking parent's
+    high-water mark into the child's at exec, so a big parent would hide the child's.
+    """
+    started = time.perf_counter()
+    peak_kib = 0
+    with open(stdout_path, "wb") as stdout, tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env
+        )
+        status_path = Path(f"/proc/{child.pid}/status")
+        cmdline_path = Path(f"/proc/{child.pid}/cmdline")
+        marker = command[-1].encode()
+        while child.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                if marker in cmdline_path.read_bytes():  # exec'd: its own memory from here on
+                    for line in status_path.read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            peak_kib = max(peak_kib, int(line.split()[1]))
+            time.sleep(0.005)
+        stderr.seek(0)
+        message = stderr.read().decode(errors="replace").strip()[-500:]
+    if child.returncode != 0:
+        raise RuntimeError(f"ope evaluate exited {child.returncode}: {message}")
+    return peak_kib * 1024, time.perf_counter() - started
+
+
+def measure_memory(
+    directory: Path,
+    base_steps: int,
+    seed: int,
+    checkpoint: str,
+    batching: BatchingConfig,
+    progress: Progress,
+) -> dict:
+    """Peak RSS of ``ope evaluate`` subprocesses on 1x and MEMORY_FACTORx generated data."""
+    runs = {}
+    env = dict(os.environ, OPE_CACHE_DIR="off")
+    for factor in (1, MEMORY_FACTOR):
+        path = directory / f"memory_{factor}x.parquet"
+        info = generate_data(path, episodes_for_steps(base_steps * factor), seed + factor)
+        progress(f"memory: ope evaluate on {info['steps']:,} steps ({factor}x) in a subprocess")
+        command = [
+            sys.executable,
+            "-m",
+            "ope_cli.cli",
+            "evaluate",
+            "--policy",
+            checkpoint,
+            "--format",
+            "json",
+            "--quiet",
+            "--read-rows",
+            str(batching.read_rows),
+            "--batch-steps",
+            str(batching.batch_steps),
+            "--min-bucket",
+            str(batching.min_bucket),
+            str(path),
+        ]
+        peak, seconds = _peak_rss_of(command, env, directory / f"memory_{factor}x.json")
+        reported = json.loads((directory / f"memory_{factor}x.json").read_text())
+        path.unlink()
+        runs[f"{factor}x"] = {
+            "steps": reported["dataset"]["steps"],
+            "peak_rss_bytes": peak,
+            "peak_rss_mib": peak / 2**20,
+            "seconds": seconds,
+        }
+    growth = ratio(runs[f"{MEMORY_FACTOR}x"]["peak_rss_bytes"], runs["1x"]["peak_rss_bytes"])
+    return {
+        **runs,
+        "growth": growth,
+        "factor": MEMORY_FACTOR,
+        "method": "VmHWM of each ope evaluate child, read while it runs; compilation cache "
+        "off in both",
+    }

@@ -1,0 +1,171 @@
+"""``ope bench``'s result drawn for people (rich tables) or written as one JSON document.
+
+Rendering only: every number comes from the dict ``bench`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _si(x: float | None, unit: str = "") -> str:
+    """1234567 -> '1.23M'; None -> '-'."""
+    if x is None:
+        return "-"
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g}{prefix}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.3g}x" if x < 1000 else f"{x:,.0f}x"
+
+
+def render_bench(result: dict, console: Console) -> None:
+    """The bench result as rich tables: measurements, then targets, then the details."""
+    console.print(_measurements_table(result))
+    console.print(_targets_table(result["targets"]))
+    for line in _detail_lines(result):
+        console.print(line, highlight=False)
+
+
+def _measurements_table(result: dict) -> Table:
+    data, runtime, m = result["dataset"], result["runtime"], result["measurements"]
+    lengths = data["lengths"]
+    title = (
+        f"ope bench: {data['steps']:,} steps, {data['episodes']:,} episodes (length median "
+        f"{lengths['median']:g}, p99 {lengths['p99']:g}, max {lengths['max']:,}); "
+        f"{runtime['backend']}, {runtime['devices']} device(s), {runtime['precision']}"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("measurement")
+    table.add_column("steps/s", justify="right")
+    table.add_column("time", justify="right")
+    table.add_column("notes")
+    loop, kernel, e2e = m["loop"], m["kernel"], m["end_to_end"]
+    loop_time = (
+        f"{_seconds(loop.get('extrapolated_seconds'))} (extrapolated)"
+        if loop.get("extrapolated_seconds")
+        else "-"
+    )
+    rows = [
+        ("python loop (examples/is_loop.py)", loop, loop_time, loop.get("note", "")),
+        (
+            "numpy twin, float64",
+            m["numpy"],
+            _seconds(m["numpy"]["seconds"]),
+            "padded batches, log space",
+        ),
+        (
+            f"jitted kernel, {kernel['precision']}",
+            kernel,
+            _seconds(kernel["seconds"]),
+            f"data on the device, steady state; {kernel['compiles']} compiles took "
+            f"{_seconds(kernel['compile_seconds'])} more",
+        ),
+        (
+            "ope evaluate, end to end",
+            e2e,
+            _seconds(e2e["seconds"]),
+            f"Parquet -> report, after a compile run of {_seconds(e2e['first_run_seconds'])}",
+        ),
+        (
+            "pyarrow read (I/O floor)",
+            m["io_floor"],
+            _seconds(m["io_floor"]["seconds"]),
+            f"{len(m['io_floor']['columns'])} projected columns to NumPy",
+        ),
+    ]
+    for name, entry, seconds, note in rows:
+        table.add_row(name, _si(entry.get("steps_per_second")), seconds, note)
+    return table
+
+
+def _targets_table(targets_by_name: dict) -> Table:
+    targets = Table(title="targets (SPEC section 6)", title_justify="left")
+    for column, justify in (
+        ("target", "left"),
+        ("value", "right"),
+        ("threshold", "left"),
+        ("met", "center"),
+    ):
+        targets.add_column(column, justify=justify)
+    for name, target in targets_by_name.items():
+        value = target["value"]
+        shown = (
+            "-" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.3g}"
+        )
+        met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[target["met"]]
+        targets.add_row(
+            name.replace("_", " "),
+            shown,
+            target["threshold"] + (f" ({target['note']})" if target.get("note") else ""),
+            met,
+        )
+    return targets
+
+
+def _detail_lines(result: dict) -> list[str]:
+    runtime = result["runtime"]
+    padding, compiles, policies = result["padding"], result["compiles"], result["policies"]
+    precision, batching = result["precision"], result["batching"]
+    lines = [
+        f"padding: {padding['padded_steps']:,} padded / {padding['real_steps']:,} real steps "
+        f"(waste {padding['waste']:.1%}), bucket growth {batching['bucket_growth']:g}, "
+        f"{batching['batches']} batches of {batching['batch_steps']:,} cells in "
+        f"{len(batching['shapes'])} shapes",
+        f"compiles: ope evaluate {compiles['end_to_end']} "
+        f"({_seconds(compiles['end_to_end_seconds'])}), kernel alone {compiles['kernel']} "
+        f"({_seconds(compiles['kernel_seconds'])}), {compiles['bucket_shapes']} bucket shapes; "
+        f"persistent cache {compiles['persistent_cache']}",
+        f"precision: float32 {_si(precision['float32']['steps_per_second'])} steps/s, float64 "
+        f"{_si(precision['float64']['steps_per_second'])} steps/s, max relative difference of "
+        f"the estimates {_number(precision['max_relative_difference'])}; numpy twin vs float64 "
+        f"kernel {_number(precision['numpy_vs_kernel_max_relative_difference'])}",
+    ]
+    if "cost_ratio" in policies:
+        lines.append(
+            f"policies: {policies['k']} stacked cost {_times(policies['cost_ratio'])} of one in "
+            f"the kernel, {_times(policies['end_to_end_cost_ratio'])} end to end"
+        )
+    memory = result.get("memory")
+    if memory:
+        small, large = memory["1x"], memory[f"{memory['factor']}x"]
+        lines.append(
+            f"memory: peak RSS {small['peak_rss_mib']:,.0f} MiB on {small['steps']:,} steps, "
+            f"{large['peak_rss_mib']:,.0f} MiB on {large['steps']:,} steps "
+            f"(growth {_times(memory['growth'])})"
+        )
+    load = runtime["load_average"]
+    if load["start"] is not None:
+        lines.append(
+            f"load average {load['start']:.2f} at the start, {load['end']:.2f} at the "
+            f"end, on {runtime['cpus']} CPUs (a busy machine makes timings noisy)"
+        )
+    return lines
+
+
+def _number(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def to_json(result: dict) -> str:
+    def clean(value):  # NaN/inf are not JSON numbers; the spec's rule: null
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(result), indent=2, allow_nan=False)

@@ -1,0 +1,218 @@
+"""The whole ``ope bench``: one dataset, every measurement, one JSON-ready dict.
+
+On one long-tailed dataset (generated, or ``--data``) it times, on the same episodes, the
+Python loop baseline, the NumPy twin, the jitted kernel alone (float32, float64, and K
+stacked policies), ``ope evaluate`` end to end and the pyarrow I/O floor; with ``--memory``
+also the peak RSS of ``ope evaluate`` subprocesses. Steps/s count real (logged) steps.
+Absolute times on a shared machine are noise; the ratios between measurements of one run
+are what the targets are about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+
+from ope_cli import __version__
+from ope_cli.bench.batches import BenchSource, describe_batches, host_batches, open_source
+from ope_cli.bench.config import BENCH_SCHEMA_VERSION, ROUNDS, BenchConfig, Progress
+from ope_cli.bench.data import behavior_params, generate_data, write_checkpoints
+from ope_cli.bench.measure import (
+    device_batches,
+    measure_loop,
+    prepare_end_to_end,
+    prepare_io_floor,
+    prepare_kernel,
+    prepare_numpy,
+    rate,
+    time_interleaved,
+    timed,
+)
+from ope_cli.bench.memory import measure_memory
+from ope_cli.bench.summary import quantiles, summary
+from ope_cli.errors import UsageError
+from ope_cli.kernel import local_mesh
+
+
+def bench(config: BenchConfig, on_progress: Progress | None = None) -> dict:
+    """Runs every measurement on one dataset and returns the JSON-ready result.
+
+    ``on_progress(message)`` is told what is being measured (for a status line on stderr).
+    """
+    progress = on_progress or (lambda message: None)
+    _check(config)
+    # Cold compilations, measured the same way every run (and the user's cache untouched).
+    with _environment(OPE_CACHE_DIR="off"), _work_directory(config.out) as directory:
+        return _bench(config, directory, progress)
+
+
+def _check(config: BenchConfig) -> None:
+    if config.episodes < 1 or config.policies < 1 or config.loop_episodes < 1:
+        raise UsageError("--episodes, --policies and --loop-episodes must be >= 1")
+    if config.memory_steps < 1:
+        raise UsageError("--memory-steps must be >= 1")
+    b = config.batching
+    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
+        raise UsageError("batching options must be positive, and the bucket growth > 1")
+    if config.precision not in (None, "float32", "float64"):
+        raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
+
+
+@contextlib.contextmanager
+def _work_directory(out: str | None) -> Iterator[Path]:
+    if out is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+    else:
+        with tempfile.TemporaryDirectory(prefix="ope-bench-") as name:
+            yield Path(name)
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (how busy a shared machine was), None where unknown."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
+    started = time.perf_counter()
+    load_before = _load_average()
+    jax.config.update("jax_enable_x64", True)
+    backend = jax.default_backend()
+    precision = config.precision or ("float64" if backend == "cpu" else "float32")
+    mesh = local_mesh(None)
+    devices = 1 if mesh is None else mesh.size
+    source, dataset, info = _dataset(config, directory, progress)
+    progress("padding every batch on the host")
+    batches, bucketer, max_length = host_batches(source, config.batching, devices)
+    if info is None:  # --data: what bench needs to know, from its padded batches
+        info = describe_batches(batches, source.path)
+        behavior = behavior_params(config.seed, info["obs_dim"], info["n_actions"])
+    else:
+        behavior = behavior_params(config.seed)
+    obs_dim, n_actions = behavior["weight"].shape
+    dataset.update(
+        episodes=info["episodes"],
+        steps=info["steps"],
+        obs_dim=int(obs_dim),
+        n_actions=int(n_actions),
+        bytes=sum(Path(f).stat().st_size for f in source.data.files),
+    )
+    checkpoints = write_checkpoints(directory, config.policies, config.seed, behavior)
+    m, result = _time_trials(
+        config, source, checkpoints, (batches, bucketer, max_length), precision, mesh, progress
+    )
+    batch_count = len(batches)
+    del batches
+
+    progress(f"python loop: the first {config.loop_episodes} episodes")
+    m["loop"] = measure_loop(
+        source, checkpoints[0], config.loop_episodes, config.batching, dataset["steps"]
+    )
+    m["memory"] = None
+    if config.memory:
+        m["memory"] = measure_memory(
+            directory, config.memory_steps, config.seed, checkpoints[0], config.batching, progress
+        )
+    return {
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+        "dataset": {**dataset, "lengths": quantiles(info["lengths"])},
+        "runtime": {
+            "backend": backend,
+            "devices": devices,
+            "precision": precision,
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+            "load_average": {"start": load_before, "end": _load_average()},
+            "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
+            "bench_seconds": time.perf_counter() - started,
+        },
+        "batching": {
+            "read_rows": config.batching.read_rows,
+            "batch_steps": config.batching.batch_steps,
+            "min_bucket": config.batching.min_bucket,
+            "bucket_growth": config.batching.bucket_growth,
+            "batches": batch_count,
+            "shapes": [list(shape) for shape in sorted(bucketer.shapes)],
+        },
+        **summary(config, m, result, bucketer, precision),
+    }
+
+
+def _time_trials(
+    config: BenchConfig,
+    source: BenchSource,
+    checkpoints: list[str],
+    padded: tuple,
+    precision: str,
+    mesh,
+    progress: Progress,
+) -> tuple[dict, object]:
+    """Prepares every trial (first runs compile), times them ROUNDS times interleaved;
+    returns (measurements by name, the first ``ope evaluate`` result)."""
+    batches, bucketer, max_length = padded
+    other = "float32" if precision == "float64" else "float64"
+    one, many, path = checkpoints[:1], checkpoints, source.path
+    progress("end to end: a first ope evaluate (compiles)")
+    trials = {"io_floor": prepare_io_floor(source, config.batching)}
+    trials["end_to_end"], result = prepare_end_to_end(path, one, precision, config.batching)
+    progress("putting the padded batches on the device")
+    on_device = {name: device_batches(batches, name, mesh) for name in ("float64", "float32")}
+    real = bucketer.real_steps
+    progress("kernel alone: first passes (compiles)")
+    trials["kernel"] = prepare_kernel(
+        on_device[precision], one, precision, mesh, real, max_length, cold=True
+    )
+    trials[f"kernel_{other}"] = prepare_kernel(
+        on_device[other], one, other, mesh, real, max_length, cold=False
+    )
+    if config.policies > 1:
+        progress(f"{config.policies} stacked policies: first runs (compile)")
+        trials["kernel_many"] = prepare_kernel(
+            on_device[precision], many, precision, mesh, real, max_length, cold=False
+        )
+        trials["end_to_end_many"], _ = prepare_end_to_end(path, many, precision, config.batching)
+    trials["numpy"] = prepare_numpy(batches, one[0], real, max_length)
+    progress(f"timing everything, {ROUNDS} interleaved rounds")
+    m = time_interleaved(trials, ROUNDS)
+    m["kernel"]["padded_steps_per_second"] = rate(
+        m["kernel"]["padded_steps"], m["kernel"]["seconds"]
+    )
+    return m, result
+
+
+def _dataset(config: BenchConfig, directory: Path, progress: Progress):
+    """(opened source, its dataset block so far, the generator's info or None for ``--data``)."""
+    if config.data is None:
+        path = str(directory / "bench.parquet")
+        progress(f"generating {config.episodes:,} long-tailed episodes")
+        seconds, info = timed(lambda: generate_data(path, config.episodes, config.seed))
+        dataset = {"source": path, "generated": True, "generate_seconds": seconds}
+    else:
+        path, info = config.data, None
+        dataset = {"source": path, "generated": False}
+    return open_source(path), dataset, info
