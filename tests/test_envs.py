@@ -1,4 +1,5 @@
-"""Tests of `ope generate`: files, schema, determinism and the ground truth's correctness.
+"""Tests of `ope generate` and its environments (`ope_cli.envs`): files, schema, determinism
+and the ground truth's correctness.
 
 The truths are checked two ways: against NumPy Monte Carlo runs of the evaluation policy on the
 environment's arrays (independent of the JAX simulator), and against the logged data itself
@@ -17,6 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ope_cli import generate as gen
+from ope_cli.envs import control
+from ope_cli.envs.registry import ENVIRONMENTS
 
 CONTROL_EPISODES = 4000
 POLICY_KEYS = {
@@ -30,8 +33,8 @@ POLICY_KEYS = {
 def small_control_truth():
     """A smaller control Monte Carlo truth (8192 episodes) keeps the tests fast."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gen, "CONTROL_TRUTH_EPISODES", 1 << 13)
-        patch.setattr(gen, "CONTROL_TRUTH_CONTINUED", 1 << 10)
+        patch.setattr(control, "CONTROL_TRUTH_EPISODES", 1 << 13)
+        patch.setattr(control, "CONTROL_TRUTH_CONTINUED", 1 << 10)
         yield
 
 
@@ -219,7 +222,7 @@ def _chain_monte_carlo(
 @pytest.mark.parametrize(("gamma", "horizon"), [(1.0, None), (0.9, 8)])
 def test_chain_truth_matches_monte_carlo(gamma, horizon, tmp_path):
     truth = gen.generate("chain", tmp_path, episodes=10, gamma=gamma, horizon=horizon)
-    env, _ = gen._ENVIRONMENTS["chain"].build(0.5)
+    env, _ = ENVIRONMENTS["chain"].build(0.5)
     _, policy = _load_policy(tmp_path / "policies" / "eval_0.npz")
     mean, stderr = _chain_monte_carlo(
         env, policy["logits"], gamma, horizon, 30_000, np.random.default_rng(0)
@@ -229,7 +232,7 @@ def test_chain_truth_matches_monte_carlo(gamma, horizon, tmp_path):
 
 def test_bandit_truth_matches_monte_carlo(tmp_path):
     truth = gen.generate("bandit", tmp_path, episodes=10)
-    env, _ = gen._ENVIRONMENTS["bandit"].build(0.5)
+    env, _ = ENVIRONMENTS["bandit"].build(0.5)
     rng, n = np.random.default_rng(1), 100_000
     for entry in truth["policies"]:
         _, policy = _load_policy(tmp_path / entry["policy"])
@@ -244,7 +247,7 @@ def test_bandit_truth_matches_monte_carlo(tmp_path):
 
 def test_gaussian_truth_matches_monte_carlo(tmp_path):
     truth = gen.generate("gaussian", tmp_path, episodes=10, gamma=0.95)
-    env, _ = gen._ENVIRONMENTS["gaussian"].build(0.5)
+    env, _ = ENVIRONMENTS["gaussian"].build(0.5)
     rng, n = np.random.default_rng(2), 50_000
     for entry in truth["policies"]:
         _, policy = _load_policy(tmp_path / entry["policy"])
@@ -297,3 +300,13 @@ def test_truth_ranks_checkpoints(tmp_path):
         truth = gen.generate(env, tmp_path / env, episodes=10)
         eval_0, eval_1, eval_2 = (p["value"] for p in truth["policies"])
         assert eval_0 > eval_1 > truth["behavior"]["value"] > eval_2
+
+
+def test_registry_holds_one_record_per_environment():
+    assert tuple(ENVIRONMENTS) == gen.ENVIRONMENTS == ("bandit", "chain", "control", "gaussian")
+    for name, environment in ENVIRONMENTS.items():
+        assert environment.name == name
+        assert environment.kind in POLICY_KEYS
+        _, policies = environment.build(0.5)
+        assert len(policies) == 4  # behavior, eval_0, eval_1, eval_2
+        assert set(policies[0]) | {"kind"} == POLICY_KEYS[environment.kind]

@@ -1,0 +1,81 @@
+"""The environment record of ``ope generate`` and what every environment shares.
+
+An environment is one record (``Environment``): its name, its defaults (horizon, declared
+reward range, the checkpoint kind of its policies) and four functions:
+
+- ``build(shift) -> (env arrays, [behavior, eval_0, eval_1, eval_2] policy arrays)``;
+- ``reset(params, uniform [U], normal [N]) -> per-episode state with "obs"``;
+- ``step(params, state, uniform [U], normal [N], t) -> (next state, record, terminated)``, the
+  record holding "observation", "action", "reward", "behavior_prob" under params["behavior"];
+- ``truth(env arrays, policies, gamma, horizon) -> [(value, stderr, method)]`` per policy, the
+  exact (or Monte Carlo, with its standard error) value of each policy.
+
+``reset`` and ``step`` are written for one episode; the rollout engine vmaps and scans them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+POLICY_SCALES = (1.0, 0.5, -1.0)  # eval_k = behavior + POLICY_SCALES[k] * shift * direction
+
+Params = dict[str, Any]
+State = dict[str, jax.Array]
+Record = dict[str, jax.Array]
+Truth = tuple[float, float, str]  # value, stderr, method
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """One environment of ``ope generate``: its name, defaults, rollout and exact truth."""
+
+    name: str
+    build: Callable[[float], tuple[Params, list[Params]]]
+    reset: Callable[..., State]
+    step: Callable[..., tuple[State, Record, jax.Array]]
+    truth: Callable[[Params, list[Params], float, int | None], list[Truth]]
+    noise: tuple[int, int]  # uniforms and normals a reset or a step draws
+    kind: str  # the policies' checkpoint kind
+    default_horizon: int | None
+    reward_range: tuple[float, float] | None  # declared in the logs' metadata when bounded
+
+
+def draw(key: jax.Array, steps: int, noise: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+    """One random call: uniforms in (0, 1) [steps, U] and standard normals [steps, N]."""
+    n_uniform, n_normal = noise
+    raw = jax.random.uniform(key, (steps, n_uniform + n_normal), minval=np.nextafter(-1.0, 0.0))
+    uniform = (raw[:, :n_uniform] + 1.0) / 2.0
+    normal = math.sqrt(2.0) * jax.scipy.special.erfinv(raw[:, n_uniform:])
+    return uniform, normal
+
+
+def sample_index(uniform: jax.Array, probs: jax.Array) -> jax.Array:
+    """Inverse-CDF draw of an index from probs [n] with one uniform []; returns int []."""
+    return jnp.sum(uniform > jnp.cumsum(probs)[:-1])
+
+
+def linear_softmax(policy: Params, obs: jax.Array) -> jax.Array:
+    """softmax(obs [d] @ weight [d, A] + bias [A]) -> probs [A]."""
+    return jax.nn.softmax(obs @ policy["weight"] + policy["bias"])
+
+
+def softmax_np(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, float64 NumPy."""
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def shifted(behavior: Params, direction: Params, shift: float) -> list[Params]:
+    """[behavior, eval_0, ...]: eval_k = behavior + POLICY_SCALES[k] * shift * direction."""
+    evals = [
+        {k: v + scale * shift * direction[k] for k, v in behavior.items()}
+        for scale in POLICY_SCALES
+    ]
+    return [behavior, *evals]

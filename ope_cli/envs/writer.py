@@ -1,0 +1,84 @@
+"""The files of ``ope generate``: step-layout Parquet logs (with the declared reward range and
+horizon in the schema metadata) and byte-reproducible .npz checkpoints."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ope_cli.envs.base import Environment, Params
+from ope_cli.envs.rollout import simulate
+from ope_cli.reader import METADATA_KEY
+
+BLOCK_EPISODES = 1 << 17  # episodes simulated and written at a time (bounds memory)
+ROW_GROUP_ROWS = 1 << 17
+
+
+def _column(values: np.ndarray) -> pa.Array:
+    """[N] -> a scalar column; [N, d] -> a list<float64> column."""
+    if values.ndim == 1:
+        return pa.array(values)
+    offsets = np.arange(0, values.size + 1, values.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1)))
+
+
+def _table(data: dict[str, np.ndarray], declared: dict) -> pa.Table:
+    """The step-layout table, with the bounds every episode keeps to in its schema metadata
+    (what ``ope evaluate --ci betting`` relies on)."""
+    names = ("episode_id", "step", "observation", "action", "reward", "behavior_prob")
+    table = pa.table({name: _column(data[name]) for name in names})
+    return table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)})
+
+
+def write_logs(
+    environment: Environment,
+    params: Params,
+    data_key: jax.Array,
+    episodes: int,
+    horizon: int | None,
+    files: int,
+    out: Path,
+) -> tuple[int, int]:
+    """Simulates and writes the episodes, whole ones per file; returns (steps, longest episode)."""
+    for stale in [out / "logs.parquet", *(out / "logs").glob("part-*.parquet")]:  # an earlier run's
+        stale.unlink(missing_ok=True)
+    if files == 1:
+        paths = [out / "logs.parquet"]
+    else:
+        (out / "logs").mkdir(exist_ok=True)
+        paths = [out / "logs" / f"part-{k:05d}.parquet" for k in range(files)]
+    bounds = [k * episodes // files for k in range(files + 1)]
+    declared = {"reward_range": environment.reward_range, "horizon": horizon}
+    steps = longest = 0
+    for path, first, last in zip(paths, bounds[:-1], bounds[1:], strict=True):
+        writer = None
+        for start in range(first, last, BLOCK_EPISODES):
+            data = simulate(
+                environment, params, data_key, start, min(BLOCK_EPISODES, last - start), horizon
+            )
+            table = _table(data, declared)
+            writer = writer or pq.ParquetWriter(path, table.schema, compression="snappy")
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            steps += len(data["step"])
+            longest = max(longest, int(data["step"].max()) + 1)
+        writer.close()
+    return steps, longest
+
+
+def write_npz(path: Path, kind: str, arrays: Params) -> None:
+    """Like np.savez, with a fixed date in the archive so equal arrays give equal bytes."""
+    entries = {
+        "kind": np.array(kind),
+        **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()},
+    }
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, value in entries.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, value, allow_pickle=False)
