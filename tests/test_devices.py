@@ -18,6 +18,8 @@ from datasets import (
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.pipeline import evaluate
 
+pytestmark = pytest.mark.slow
+
 
 def ope_json(args, device_count, cwd):
     flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={device_count}"}

@@ -21,6 +21,8 @@ from datasets import (
     write_table,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -41,6 +41,8 @@ from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import DataError
 from ope_cli.pipeline import evaluate
 
+pytestmark = pytest.mark.slow
+
 GAMMA = 0.95
 SECONDS_PER_CORRUPT_FILE = 20  # generous on a loaded 2-core machine; a read takes ~10 ms
 
