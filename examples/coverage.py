@@ -6,7 +6,8 @@ the datasets are independent samples with one known truth (truth.json). Every da
 evaluated at once: the logs are padded as `ope evaluate` pads them (``ope_cli.buckets.pad``)
 into [datasets, episodes, time] arrays, the kernel's own statistics
 (``ope_cli.kernel.policy_group_statistics``) are vmapped over the datasets, and each dataset's
-statistics are finalised with every interval method (``ope_cli.stats.finalize``). The README's coverage table comes from:
+statistics are finalised with every interval method (``ope_cli.stats.finalize``). The
+README's coverage table comes from:
 
     python examples/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
 
@@ -17,6 +18,7 @@ prints the raw numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import tempfile
@@ -105,20 +107,12 @@ def dataset_statistics(
     )
 
     @jax.jit
-    def per_dataset(
-        observation, action, reward, log_behavior, step_mask, episode_mask, group, key_hi, key_lo
-    ):
+    def per_dataset(*fields):  # the arrays of one dataset, in the order of ``names``
+        given = dict(zip(names, fields, strict=True))
         return statistics(
-            observation,
-            action,
-            reward,
-            log_behavior,
-            None,
-            step_mask,
-            episode_mask,
-            group,
-            key_hi,
-            key_lo,
+            *(given[name] for name in names[:4]),
+            None,  # log_target: not logged
+            *(given[name] for name in names[4:]),
             jnp.asarray(gamma),
             jnp.asarray(seed, jnp.uint32),
             jnp.asarray(betting_range),
@@ -132,18 +126,28 @@ def dataset_statistics(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    """The study's finer settings: the intervals' confidence, the generator's seed, bootstrap
+    replicates, and which evaluation policy (``policies/eval_<policy_index>.npz``)."""
+
+    confidence: float = 0.95
+    seed: int = 0
+    bootstrap_samples: int = 200
+    policy_index: int = 0
+
+
 def measure(
     env: str = "chain",
     datasets: int = 400,
     episodes: int = 300,
     gamma: float = 0.95,
     shift: float = 0.5,
-    confidence: float = 0.95,
-    seed: int = 0,
-    bootstrap_samples: int = 200,
-    policy_index: int = 0,
+    options: StudyOptions = StudyOptions(),
 ) -> dict:
     """Coverage and mean width of each method's intervals for each estimator."""
+    confidence, seed = options.confidence, options.seed
+    bootstrap_samples, policy_index = options.bootstrap_samples, options.policy_index
     import jax
 
     jax.config.update("jax_enable_x64", True)

@@ -1,0 +1,98 @@
+"""``ope bench``'s summary (ratios, targets) and rendering, on made-up measurements: no timing,
+no device, so they run in the quick loop."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from ope_cli.bench.config import BenchConfig
+from ope_cli.bench.render import render_bench, to_json
+from ope_cli.bench.summary import TARGET_LOOP_SPEEDUP, relative_difference, summary
+
+ESTIMATES = {"is": 1.0, "wis": 0.5, "pdis": 0.75, "wpdis": 0.6}
+
+
+def _timing(seconds, steps=1000, **info):
+    return {"seconds": seconds, "steps_per_second": steps / seconds, "runs": 3, **info}
+
+
+@pytest.fixture
+def measurements():
+    kernel = dict(first_run_seconds=2.0, compiles=2, precision="float64", policies=1)
+    return {
+        "loop": {"steps_per_second": 10.0, "seconds": 1.0, "note": "run on the first episodes"},
+        "numpy": _timing(0.5, precision="float64", estimates=ESTIMATES),
+        "kernel": _timing(0.01, padded_steps=1200, estimates=ESTIMATES, **kernel),
+        "kernel_float32": _timing(
+            0.008, estimates={k: v * (1 + 1e-7) for k, v in ESTIMATES.items()}
+        ),
+        "kernel_many": _timing(0.03, compiles=2),
+        "end_to_end": _timing(0.2, first_run_seconds=1.5, compiles=2, policies=1),
+        "end_to_end_many": _timing(0.4),
+        "io_floor": _timing(0.1, columns=["episode_id", "reward"]),
+        "memory": None,
+    }
+
+
+def _document(measurements):
+    bucketer = SimpleNamespace(real_steps=1000, padded_steps=1200, shapes={(8, 64), (4, 128)})
+    result = SimpleNamespace(compiles=2, batch_shapes=[(8, 64), (4, 128)])
+    config = BenchConfig(policies=3)
+    return summary(config, measurements, result, bucketer, "float64")
+
+
+def test_summary_ratios_and_targets(measurements):
+    document = _document(measurements)
+    ratios, targets = document["ratios"], document["targets"]
+    assert ratios["kernel_over_numpy"] == pytest.approx(50.0)
+    assert ratios["kernel_over_loop"] == pytest.approx(1e5 / 10.0)
+    assert ratios["end_to_end_over_io_floor"] == pytest.approx(2.0)
+    assert targets["kernel_vs_loop"]["met"] is (ratios["kernel_over_loop"] >= TARGET_LOOP_SPEEDUP)
+    assert targets["end_to_end_vs_io_floor"]["met"] is False
+    assert targets["padding_waste"]["value"] == pytest.approx(0.2)
+    assert targets["padding_waste"]["met"] is True
+    assert targets["compiles_per_shape"]["met"] is True
+    assert (
+        targets["memory_growth"]["met"] is None
+        and "ope bench --memory" in (targets["memory_growth"]["note"])
+    )
+    assert document["policies"]["cost_ratio"] == pytest.approx(3.0)
+    assert document["policies"]["cost_per_policy"] == pytest.approx(1.0)
+    assert document["precision"]["max_relative_difference"] == pytest.approx(1e-7)
+    assert document["precision"]["numpy_vs_kernel_max_relative_difference"] == 0.0
+    assert "estimates" not in document["measurements"]["kernel"]
+    assert document["measurements"]["kernel"]["compile_seconds"] == pytest.approx(1.99)
+
+
+def test_relative_difference_is_none_when_an_estimate_is_missing():
+    assert relative_difference({"is": None}, {"is": 1.0}) is None
+    assert relative_difference({"is": 2.0}, {"is": 1.0}) == 1.0
+
+
+def test_render_and_json(measurements):
+    from rich.console import Console
+
+    document = {
+        "dataset": {"steps": 1000, "episodes": 20, "lengths": {"median": 40, "p99": 90, "max": 99}},
+        "runtime": {
+            "backend": "cpu",
+            "devices": 1,
+            "precision": "float64",
+            "cpus": 2,
+            "load_average": {"start": 1.0, "end": 2.0},
+        },
+        "batching": {"bucket_growth": 2.0, "batches": 3, "batch_steps": 4096, "shapes": [[8, 64]]},
+        **_document(measurements),
+    }
+    document["measurements"]["loop"]["extrapolated_seconds"] = 100.0
+    console = Console(record=True, width=160)
+    render_bench(document, console)
+    text = console.export_text()
+    for expected in ("python loop", "numpy twin", "jitted kernel", "I/O floor", "padding waste"):
+        assert expected in text
+    document["ratios"]["kernel_over_loop"] = math.inf
+    assert json.loads(to_json(document))["ratios"]["kernel_over_loop"] is None
