@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
-from ope_cli import __version__
+from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig
 from ope_cli.errors import DataError, UsageError
 
@@ -1008,8 +1008,10 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
 
     started = time.perf_counter()
     load_before = _load_average()
-    jax.config.update("jax_enable_x64", True)
+    from ope_cli import runtime
     from ope_cli.kernel import local_mesh
+
+    runtime.configure()  # x64; the cache stays off (OPE_CACHE_DIR=off around the bench)
 
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
