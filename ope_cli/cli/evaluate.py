@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -40,6 +40,10 @@ from ope_cli.cli.options import (
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import ESTIMATORS, BatchingConfig, EvaluationConfig
 from ope_cli.errors import UsageError
+
+if TYPE_CHECKING:  # annotations only: the distributed runtime and results load with the run
+    from ope_cli.distributed import DistributedConfig
+    from ope_cli.results import EvaluationResult
 
 TABLE_WIDTH = 100  # least columns of a table written to a file or pipe
 TABLE_MARGIN = 90  # columns besides the policy name
@@ -184,7 +188,14 @@ def evaluate(
     run_and_report(config, cluster, output_format, rank_by, plot, quiet)
 
 
-def run_and_report(config, cluster, output_format, rank_by, plot, quiet) -> None:
+def run_and_report(
+    config: EvaluationConfig,
+    cluster: DistributedConfig,
+    output_format: OutputFormat | None,
+    rank_by: str,
+    plot: str | None,
+    quiet: bool,
+) -> None:
     """Checks the output options, runs the evaluation (with progress), writes the figures,
     then the result on stdout, from process 0 only."""
     from ope_cli import runtime
@@ -212,7 +223,7 @@ def run_and_report(config, cluster, output_format, rank_by, plot, quiet) -> None
     write_result(result, chosen, rank_by)
 
 
-def write_result(result, chosen: OutputFormat, rank_by: str) -> None:
+def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str) -> None:
     """The result on stdout in the chosen format."""
     from ope_cli.report import render_table, to_csv, to_json
 
