@@ -228,12 +228,13 @@ def evaluate(
 
     from ope_cli import runtime
 
-    runtime.configure()  # x64 and the compilation cache, also without the command line
+    runtime.enable_x64()  # the runtime is configured here, also without the command line
     process_id, num_processes = 0, 1
     if distributed is not None and distributed.enabled:
         process_id, num_processes = initialize(distributed)
     from ope_cli.kernel import local_mesh, trace_count
 
+    runtime.enable_compilation_cache()
     traces_before = trace_count()
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")

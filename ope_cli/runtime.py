@@ -1,11 +1,12 @@
 """The one place that writes ``jax.config``: 64-bit types, the persistent compilation
 cache, and the collectives backend of multi-process CPU runs.
 
-Who calls it: the ``ope`` commands that run JAX (before their first JAX call),
-``tests/conftest.py`` (so in-process tests get x64), and the public entry points
-``ope_cli.evaluate`` (``pipeline.evaluate``) themselves, so that the library works without
-the command line. ``configure`` is idempotent and cheap after the first call. JAX is
-imported inside the functions: importing this module stays instant (``ope --help``).
+Who calls it: ``tests/conftest.py`` and ``ope bench`` call ``configure``; the public
+``ope_cli.evaluate`` (``pipeline.evaluate``, also behind ``ope evaluate``) configures the
+runtime itself, so the library works without the command line: ``enable_x64`` first, then,
+after joining a multi-process run, ``enable_compilation_cache``. Every function is
+idempotent. JAX is imported inside the functions: importing this module stays instant
+(``ope --help``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ def configure() -> str | None:
 
     Call it before creating JAX arrays: arrays made earlier keep 32-bit types.
     """
+    enable_x64()
+    return enable_compilation_cache()
+
+
+def enable_x64() -> None:
+    """64-bit types: float64 kernels on CPU, int64 ids. Before creating JAX arrays."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    return enable_compilation_cache()
 
 
 def cache_directory() -> str | None:

@@ -198,7 +198,6 @@ def run_and_report(
 ) -> None:
     """Checks the output options, runs the evaluation (with progress), writes the figures,
     then the result on stdout, from process 0 only."""
-    from ope_cli import runtime
     from ope_cli.pipeline import evaluate as run_evaluation
 
     rank_by = check_rank_by(rank_by, config.estimators)
@@ -207,7 +206,7 @@ def run_and_report(
 
         require_matplotlib()  # before the run, not after it
     chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
-    runtime.configure()
+    # pipeline.evaluate configures the runtime (ope_cli.runtime), around joining a cluster.
     with ProgressDisplay(quiet) as (on_progress, on_status):
         result = run_evaluation(
             config, on_progress=on_progress, distributed=cluster, on_status=on_status
