@@ -1,3 +1,71 @@
-"""ope: offline policy evaluation of RL policies over logged episodes."""
+"""ope: offline policy evaluation of RL policies over logged episodes.
 
-__version__ = "0.1.0"
+The public API (``__all__``)::
+
+    import ope_cli
+
+    result = ope_cli.evaluate(ope_cli.EvaluationConfig("logs.parquet", policies=("a.npz",)))
+    result.results[0].estimates["wis"].value
+
+    report = ope_cli.inspect(ope_cli.InspectConfig("logs.parquet"))
+    truth = ope_cli.generate("chain", "demo", episodes=5000)
+
+Names load on first use, so ``import ope_cli`` (and the command line's ``--help``) does
+not import JAX. Errors are ``OpeError`` subclasses carrying the CLI's exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+from ope_cli._version import __version__
+
+_API = {  # public name -> (module, attribute)
+    "evaluate": ("ope_cli.pipeline", "evaluate"),
+    "EvaluationConfig": ("ope_cli.config", "EvaluationConfig"),
+    "BatchingConfig": ("ope_cli.config", "BatchingConfig"),
+    "ColumnMapping": ("ope_cli.config", "ColumnMapping"),
+    "EvaluationResult": ("ope_cli.results", "EvaluationResult"),
+    "PolicyResult": ("ope_cli.results", "PolicyResult"),
+    "inspect": ("ope_cli.inspect", "inspect"),
+    "InspectConfig": ("ope_cli.inspect", "InspectConfig"),
+    "InspectReport": ("ope_cli.inspect", "InspectReport"),
+    "generate": ("ope_cli.generate", "generate"),
+    "OpeError": ("ope_cli.errors", "OpeError"),
+    "UsageError": ("ope_cli.errors", "UsageError"),
+    "DataError": ("ope_cli.errors", "DataError"),
+    "PolicyError": ("ope_cli.errors", "PolicyError"),
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> object:
+    """Loads a public name on first use and keeps it on the package."""
+    try:
+        module, attribute = _API[name]
+    except KeyError:
+        raise AttributeError(f"module 'ope_cli' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    object.__setattr__(sys.modules[__name__], name, value)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})
+
+
+class _Package(types.ModuleType):
+    """``ope_cli.inspect`` and ``ope_cli.generate`` name both a public function and a
+    submodule. Importing a submodule sets it as an attribute of its package; here the
+    function keeps the public name (reach the modules with ``from ope_cli.inspect import``)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from ope_cli import runtime
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.stats import Accumulator, extend, merge
 
@@ -64,9 +65,8 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             raise UsageError(
                 f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
             )
-    # CPU devices need a collectives backend to talk across processes (GPUs use NCCL). This
-    # must be set, like everything here, before anything initialises a JAX backend.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # Like everything here, before anything initialises a JAX backend.
+    runtime.enable_cpu_collectives()
     try:
         jax.distributed.initialize(
             coordinator_address=config.coordinator,

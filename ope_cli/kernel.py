@@ -2,16 +2,14 @@
 policies, then reduce a padded [B, T] batch to BatchStatistics with a leading policy
 axis [P, ...]. One module-level jit serves every run in the process, so each
 (policy function, batch shape, dtype) compiles once; a persistent compilation cache
-(``enable_compilation_cache``) carries compilations across processes.
+(``runtime.enable_compilation_cache``) carries compilations across processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -29,24 +27,6 @@ _traces = 0  # how many times the kernel was traced (= compiled or fetched from 
 
 def trace_count() -> int:
     return _traces
-
-
-def enable_compilation_cache() -> str | None:
-    """Turns on JAX's persistent compilation cache (``OPE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/ope/xla`` or ``~/.cache/ope/xla``; ``OPE_CACHE_DIR=off`` disables).
-    Returns the directory used, or None."""
-    setting = os.environ.get("OPE_CACHE_DIR")
-    if setting and setting.lower() in ("0", "off", "none", "false"):
-        return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = setting or os.path.join(base, "ope", "xla")
-    try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # a read-only home must not stop an evaluation
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    return directory
 
 
 @dataclasses.dataclass

@@ -32,12 +32,10 @@ from ope_cli.policies import (
     logged_policy,
 )
 from ope_cli.reader import DeclaredBounds, is_reward_range, iter_batches, open_dataset, prefetched
-from ope_cli.schema import DataSchema, resolve_schema
+from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.schema import resolve_schema
 from ope_cli.stats import (
     Accumulator,
-    Diagnostics,
-    Estimate,
-    Profile,
     finalize,
     from_batch,
     init,
@@ -66,55 +64,6 @@ ASYMPTOTIC = (
     " (asymptotic: heavy-tailed weights make it cover less often than stated; "
     "--reward-range LOW HIGH gives finite-sample betting intervals)"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyResult:
-    policy: str
-    estimates: dict[str, Estimate]
-    diagnostics: Diagnostics
-    profile: Profile
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluationResult:
-    """Everything a report shows; independent of the terminal and output format."""
-
-    source: str
-    layout: str
-    schema: DataSchema
-    files: int
-    episodes: int
-    steps: int
-    rows_read: int
-    max_length: int
-    gamma: float
-    estimators: tuple[str, ...]
-    confidence_level: float
-    confidence_method: str
-    interval: str
-    reward_range: tuple[float, float] | None
-    horizon: int | None
-    results: list[PolicyResult]
-    seconds: float
-    backend: str
-    devices: int
-    processes: int
-    process_id: int
-    precision: str
-    padded_steps: int
-    batch_shapes: list[tuple[int, int]]
-    compiles: int
-    # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
-    # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
-    on_invalid: str = "error"
-    episodes_dropped: int = 0
-    steps_dropped: int = 0
-    dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps / self.seconds if self.seconds > 0 else 0.0
 
 
 def check_config(config: EvaluationConfig) -> None:
@@ -277,13 +226,15 @@ def evaluate(
     check_config(config)
     import jax
 
-    jax.config.update("jax_enable_x64", True)
+    from ope_cli import runtime
+
+    runtime.enable_x64()  # the runtime is configured here, also without the command line
     process_id, num_processes = 0, 1
     if distributed is not None and distributed.enabled:
         process_id, num_processes = initialize(distributed)
-    from ope_cli.kernel import enable_compilation_cache, local_mesh, trace_count
+    from ope_cli.kernel import local_mesh, trace_count
 
-    enable_compilation_cache()
+    runtime.enable_compilation_cache()
     traces_before = trace_count()
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")

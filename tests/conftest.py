@@ -1,9 +1,12 @@
-"""Shared fixtures: run the real ``ope`` entry point in a subprocess."""
+"""Shared fixtures: run ``ope`` in this process (``ope_cli.cli.run``) or as the real
+entry point in a subprocess; configure the JAX runtime once for in-process tests."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import io
 import os
 import subprocess
 import sys
@@ -80,6 +83,65 @@ def run_ope_many(calls: Mapping[str, Mapping], workers: int | None = None) -> di
         return {name: future.result() for name, future in futures.items()}
 
 
+@contextlib.contextmanager
+def _process_state(cwd: str | os.PathLike | None, env: Mapping[str, str] | None):
+    """The working directory, environment and import path of one in-process run, restored
+    after it; COLUMNS and LINES are dropped as for a subprocess."""
+    previous_cwd, previous_env, previous_path = os.getcwd(), dict(os.environ), list(sys.path)
+    try:
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(previous_cwd)
+        os.environ.clear()
+        os.environ.update(previous_env)
+        sys.path[:] = previous_path
+
+
+def run_ope_in_process(
+    args: Sequence[str | os.PathLike],
+    cwd: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+) -> OpeRun:
+    """Runs ``ope ARGS`` through ``ope_cli.cli.run`` in this process, with stdout and
+    stderr captured (neither is a terminal): the same exit code and output as the real
+    command, without its start-up (about a second of imports and compilation)."""
+    from ope_cli.cli import run
+
+    args = tuple(str(a) for a in args)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    with (
+        _process_state(cwd, env),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        code = run(list(args))
+    seconds = time.perf_counter() - started
+    return OpeRun(args, code, stdout.getvalue(), stderr.getvalue(), seconds)
+
+
+def run_ope_many_in_process(calls: Mapping[str, Mapping]) -> dict[str, OpeRun]:
+    """``run_ope_in_process(**kwargs)`` for each of {name: kwargs}, one after the other."""
+    return {name: run_ope_in_process(**kwargs) for name, kwargs in calls.items()}
+
+
+@pytest.fixture(scope="session")
+def ope_in_process():
+    """``ope_in_process(args, cwd=None, env=None) -> OpeRun`` through ``ope_cli.cli.run``."""
+    return run_ope_in_process
+
+
+@pytest.fixture(scope="session")
+def ope_many_in_process():
+    """``ope_many_in_process({name: {"args": [...], "cwd": ...}}) -> {name: OpeRun}``."""
+    return run_ope_many_in_process
+
+
 @pytest.fixture(scope="session")
 def ope():
     """``ope(args, cwd=None, env=None) -> OpeRun`` running the real entry point."""
@@ -103,3 +165,12 @@ def _private_compilation_cache(tmp_path_factory):
         os.environ.pop("OPE_CACHE_DIR", None)
     else:
         os.environ["OPE_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_runtime(_private_compilation_cache):
+    """x64 and the session's compilation cache for every in-process test, as the ``ope``
+    commands set them (``ope_cli.runtime`` is the one place that writes jax.config)."""
+    from ope_cli import runtime
+
+    runtime.configure()

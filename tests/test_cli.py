@@ -1,8 +1,11 @@
-"""The ``ope`` command line, run as a real subprocess on Parquet/Arrow files in tmp_path.
+"""The ``ope`` command line on Parquet/Arrow files in tmp_path.
 
-Every ``ope`` process costs about a second of imports and compiles, so each group of
-cases below is declared up front and run concurrently by one module-scoped fixture
-(``good``, ``variants``, ``bad``); the tests then check one finished run each.
+The cases run in this process through ``ope_cli.cli.run(argv)`` with stdout and stderr
+captured (an ``ope`` process costs about a second of imports and compiles); each group is
+declared up front and run by one module-scoped fixture (``good``, ``variants``, ``bad``),
+and the tests then check one finished run each. A few smoke tests (``SMOKE``) run the
+real ``ope`` entry point in subprocesses and check that exit codes, the one stderr line
+and an empty stdout are the same across the process boundary.
 
 Checked against SPEC.md: section 1 (stdout carries only the result, exit codes, one
 stderr line per user error, no traceback), section 2 (layouts, aliases, column
@@ -369,9 +372,16 @@ def _good_calls(world: World) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def good(world, ope_many) -> dict:
-    calls = _good_calls(world)
-    return ope_many({name: {"args": args, "cwd": world.root} for name, args in calls.items()})
+def good_calls(world) -> dict[str, list[str]]:
+    """{name: args}; writes the inputs of the good runs once."""
+    return _good_calls(world)
+
+
+@pytest.fixture(scope="module")
+def good(world, good_calls, ope_many_in_process) -> dict:
+    return ope_many_in_process(
+        {name: {"args": args, "cwd": world.root} for name, args in good_calls.items()}
+    )
 
 
 def test_json_document_matches_reference(world, good):
@@ -587,10 +597,10 @@ VARIANTS = (
 
 
 @pytest.fixture(scope="module")
-def variants(world, ope_many) -> dict:
+def variants(world, ope_many_in_process) -> dict:
     calls = _variant_calls(world)
     assert tuple(calls) == VARIANTS
-    runs = ope_many(
+    runs = ope_many_in_process(
         {
             name: {
                 "args": [*EVAL, args[0], "-p", "a.npz", *args[1:], *COMMON, "--format", "json"],
@@ -1071,18 +1081,31 @@ def _input_name(case: Bad) -> str:
     return f"input{BAD.index(case):02d}"
 
 
-@pytest.fixture(scope="module")
-def bad(world, ope_many) -> dict:
+def _bad_calls(world: World) -> dict[str, dict]:
     calls = {}
     for case in BAD:
         args = case.make(world, _input_name(case))
         calls[case.id] = {"args": [*EVAL, *args], "cwd": world.root}
-    return ope_many(calls)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def bad_calls(world) -> dict[str, dict]:
+    """{case id: run_ope kwargs}; writes every case's input files once."""
+    return _bad_calls(world)
+
+
+@pytest.fixture(scope="module")
+def bad(bad_calls, ope_many_in_process) -> dict:
+    return ope_many_in_process(bad_calls)
 
 
 @pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
 def test_bad_input_is_one_clear_error_line(world, bad, case):
-    run = bad[case.id]
+    _check_bad_run(world, bad[case.id], case)
+
+
+def _check_bad_run(world: World, run, case: Bad) -> None:
     assert run.returncode == case.code, run
     assert run.stdout == "", run
     assert "Traceback" not in run.stderr, run
@@ -1124,9 +1147,9 @@ def test_shell_completion_stays_enabled(good):
     assert "--install-completion" in good["help"].stdout, good["help"]
 
 
-def test_rank_by_must_be_a_reported_estimator(world, ope_many):
+def test_rank_by_must_be_a_reported_estimator(world, ope_many_in_process):
     base = [*EVAL, "data.parquet", "-p", "a.npz", "-p", "b.npz", "--format", "table"]
-    runs = ope_many(
+    runs = ope_many_in_process(
         {
             "unknown": {"args": [*base, "--rank-by", "dr"], "cwd": world.root},
             "not_reported": {"args": [*base, "--rank-by", "pdis", "-e", "wis"], "cwd": world.root},
@@ -1147,11 +1170,11 @@ def test_progress_shows_status_rows_and_rate_on_a_terminal():
 
     from rich.console import Console
 
-    from ope_cli.cli import _progress
+    from ope_cli.cli.progress import ProgressDisplay
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140)
-    with _progress(quiet=False, console=console, delay=0.0) as (on_progress, on_status):
+    with ProgressDisplay(quiet=False, console=console, delay=0.0) as (on_progress, on_status):
         time.sleep(0.2)  # the delayed start
         on_progress(0, 1_000_000)
         on_status("compiling kernel for [1024, 64] ...")
@@ -1167,16 +1190,74 @@ def test_progress_shows_status_rows_and_rate_on_a_terminal():
 def test_progress_stays_hidden_when_quiet_off_a_terminal_or_fast():
     from rich.console import Console
 
-    from ope_cli.cli import _progress
+    from ope_cli.cli.progress import ProgressDisplay
 
-    with _progress(quiet=True, console=Console(force_terminal=True)) as callbacks:
+    with ProgressDisplay(quiet=True, console=Console(force_terminal=True)) as callbacks:
         assert callbacks == (None, None)
-    with _progress(quiet=False, console=Console(file=io.StringIO())) as callbacks:
+    with ProgressDisplay(quiet=False, console=Console(file=io.StringIO())) as callbacks:
         assert callbacks == (None, None)  # not a terminal
     out = io.StringIO()
-    with _progress(quiet=False, console=Console(file=out, force_terminal=True), delay=5) as (
+    with ProgressDisplay(quiet=False, console=Console(file=out, force_terminal=True), delay=5) as (
         on_progress,
         on_status,
     ):
         on_progress(10, 10)  # done before the delay: nothing is ever drawn
     assert out.getvalue() == ""
+
+
+# ------------------------------------------ smoke tests across the real process boundary
+
+SMOKE_GOOD = ("a", "table", "version")  # exit 0
+SMOKE_BAD = (  # exit 2, 2, 3, 3, 4, 4
+    "gamma_above_one",
+    "unknown_option",
+    "missing_reward",
+    "nan_reward",
+    "checkpoint_text_file",
+    "entry_point_no_module",
+)
+
+
+@pytest.fixture(scope="module")
+def smoke(world, good_calls, bad_calls, ope_many) -> dict:
+    """A few of the cases above, run by the real ``ope`` entry point in subprocesses."""
+    calls = {name: {"args": good_calls[name], "cwd": world.root} for name in SMOKE_GOOD}
+    calls.update({name: bad_calls[name] for name in SMOKE_BAD})
+    missing = bad_calls["missing_reward"]
+    calls["missing_reward/json"] = {**missing, "args": [*missing["args"], "--format", "json"]}
+    return ope_many(calls)
+
+
+def test_smoke_cases_cover_every_exit_code():
+    codes = {case.code for case in BAD if case.id in SMOKE_BAD}
+    assert codes == {2, 3, 4}
+
+
+@pytest.mark.parametrize("name", SMOKE_BAD)
+def test_real_process_error_is_the_same_one_line(world, bad, smoke, name):
+    """Exit code, one stderr line and an empty stdout hold across the process boundary,
+    and equal what the in-process run gave."""
+    case = next(case for case in BAD if case.id == name)
+    run = smoke[name]
+    _check_bad_run(world, run, case)
+    assert (run.returncode, run.stdout, run.stderr) == (
+        bad[name].returncode,
+        bad[name].stdout,
+        bad[name].stderr,
+    ), (run, bad[name])
+
+
+def test_real_process_json_error_leaves_stdout_empty(bad, smoke):
+    run = smoke["missing_reward/json"]
+    assert run.returncode == 3 and run.stdout == "", run
+    assert run.stderr == bad["missing_reward"].stderr, run
+
+
+def test_real_process_results_equal_the_in_process_ones(good, smoke):
+    run = smoke["a"]
+    assert run.returncode == 0, run
+    assert_quiet_stderr(run)
+    assert_same_numbers(parse_json(run)["results"][0], parse_json(good["a"])["results"][0])
+    for name in ("table", "version"):
+        assert smoke[name].returncode == 0, smoke[name]
+        assert smoke[name].stdout == good[name].stdout, (smoke[name], good[name])

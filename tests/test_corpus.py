@@ -1,4 +1,6 @@
-"""A corpus of bad inputs, each run through the real ``ope`` command line (SPEC 1, 2, 3).
+"""A corpus of bad inputs, each run through the ``ope`` command line (SPEC 1, 2, 3), in
+this process through ``ope_cli.cli.run`` (``test_cli``'s smoke tests check that a real
+``ope`` process gives the same exit code and line).
 
 Every case must end with its exit code (2 usage, 3 data, 4 policy), exactly one stderr
 line ``ope: ...`` that names what is wrong and where (file, episode, step, column) and how
@@ -960,15 +962,16 @@ JSON_CASES = (
 
 
 @pytest.fixture(scope="module")
-def runs(corpus, ope_many) -> dict:
+def runs(corpus, ope_many_in_process) -> dict:
+    """Every case through ``ope_cli.cli.run`` in this process (a real ``ope`` process
+    spends most of its second importing; ``test_cli``'s smoke tests cross that boundary)."""
     calls = {}
     for case in CASES:
         args = [*case.command, *case.make(corpus, _input_name(case))]
         calls[case.id] = {"args": args, "cwd": corpus.root}
         if case.id in JSON_CASES:
             calls[f"{case.id}/json"] = {"args": [*args, "--format", "json"], "cwd": corpus.root}
-    # A failing ope spends most of its second importing; four at a time keep two cores busy.
-    return ope_many(calls, workers=4)
+    return ope_many_in_process(calls)
 
 
 def _check_line(run, case: Case, corpus: Corpus) -> str:

@@ -24,7 +24,8 @@ from rich.console import Console
 
 from ope_cli.config import ColumnMapping
 from ope_cli.errors import DataError
-from ope_cli.inspect import InspectConfig, inspect, render_table, to_json, to_json_dict
+from ope_cli.inspect import InspectConfig, inspect
+from ope_cli.report.inspect import render_table, to_json, to_json_dict
 
 
 def _episodes(seed=0, n=50, **options):

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import jax
 
-from ope_cli import __version__
+from ope_cli import runtime
+from ope_cli._version import __version__
 from ope_cli.bench.batches import BenchSource, describe_batches, host_batches, open_source
 from ope_cli.bench.config import BENCH_SCHEMA_VERSION, ROUNDS, BenchConfig, Progress
 from ope_cli.bench.data import behavior_params, generate_data, write_checkpoints
@@ -100,7 +101,7 @@ def _load_average() -> float | None:
 def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     started = time.perf_counter()
     load_before = _load_average()
-    jax.config.update("jax_enable_x64", True)
+    runtime.configure()  # x64; the cache stays off (OPE_CACHE_DIR=off around the bench)
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
     mesh = local_mesh(None)

@@ -1,0 +1,114 @@
+"""The ``ope`` command line: typer options -> config -> core -> formatter -> exit code.
+
+``run(argv)`` runs one command in this process and returns its exit code, mapping every
+error to one stderr line in one place; ``main()`` (the console script) wraps it and also
+supervises multi-process runs. Heavy imports (jax, the pipeline) happen inside the
+commands, so ``ope --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+
+from ope_cli._version import __version__
+from ope_cli.cli import bench, evaluate, generate, inspect, supervisor
+from ope_cli.cli.console import say
+from ope_cli.errors import OpeError, UsageError
+
+INTERRUPTED_EXIT_CODE = 130
+INTERNAL_ERROR_EXIT_CODE = 1
+
+app = typer.Typer(
+    name="ope",
+    help="Offline policy evaluation (IS, WIS, PDIS, WPDIS) over logged Parquet/Arrow episodes.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[
+        bool | None,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = None,
+) -> None:
+    """Estimate how well evaluation policies would do, from episodes logged by another policy.
+
+    Example: [bold]ope evaluate logs.parquet --policy ckpt.npz --gamma 0.99[/bold]
+    """
+    # --debug is read from the command line by ``run``, which handles the errors.
+
+
+app.command("evaluate")(evaluate.evaluate)
+app.command("generate")(generate.generate)
+app.command("inspect")(inspect.inspect)
+bench.register(app)
+
+
+def _error_line(error: BaseException) -> str:
+    return str(error).strip().replace("\n", " ")
+
+
+def run(argv: list[str]) -> int:
+    """Runs ``ope ARGV`` in this process and returns the exit code (SPEC: 0 ok, 1 internal
+    error, 2 usage, 3 data, 4 policy, 130 interrupted). Results go to ``sys.stdout``; an
+    error is one line ``ope: ...`` on ``sys.stderr``, its traceback only with ``--debug``."""
+    debug = "--debug" in argv
+    if debug:  # accepted anywhere on the line, not only before the command
+        argv = ["--debug", *(a for a in argv if a != "--debug")]
+    try:
+        code = app(args=list(argv), prog_name="ope", standalone_mode=False)
+    except OpeError as error:
+        if debug:
+            traceback.print_exc()
+        say(f"ope: {error.kind}: {_error_line(error)}")
+        return error.exit_code
+    except typer.Abort:
+        say("ope: aborted")
+        return INTERRUPTED_EXIT_CODE
+    except typer.TyperException as error:  # usage errors from option parsing
+        say(f"ope: usage error: {_error_line(error.format_message())}")
+        return UsageError.exit_code
+    except KeyboardInterrupt:
+        say("ope: interrupted")
+        return INTERRUPTED_EXIT_CODE
+    except Exception as error:  # noqa: BLE001 - anything else is a bug: say so, exit 1
+        if debug:
+            traceback.print_exc()
+        say(
+            f"ope: internal error (a bug; rerun with --debug for the traceback): "
+            f"{type(error).__name__}: {_error_line(error)}",
+            highlight=True,
+        )
+        return INTERNAL_ERROR_EXIT_CODE
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    """Console entry point: ``ope ARGS`` -> exit code. A multi-process run is handed to a
+    supervised worker process (see ``supervisor``)."""
+    argv = sys.argv[1:]
+    if supervisor.wants_cluster(argv):
+        if not supervisor.is_worker():
+            sys.exit(supervisor.supervise(argv))
+        supervisor.keep_stdout_for_the_result()
+    sys.exit(run(argv))
+
+
+__all__ = ["app", "main", "run"]

@@ -1,0 +1,23 @@
+"""Consoles of the command line, created per call so that they write to the current
+``sys.stdout`` / ``sys.stderr`` (which in-process callers and tests may redirect)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+
+def stderr_console() -> Console:
+    """A console on the current stderr: progress, warnings, errors (people, not data)."""
+    return Console(stderr=True)
+
+
+def say(line: str, highlight: bool = False) -> None:
+    """One unwrapped line on stderr, printed as is (no markup)."""
+    stderr_console().print(line, markup=False, highlight=highlight, soft_wrap=True)
+
+
+def table_console(width: int) -> Console:
+    """A console for tables on stdout: the terminal's width on a terminal, else ``width``
+    columns (the 80 columns rich assumes in a pipe would fold paths)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=width)

@@ -1,0 +1,92 @@
+"""``ope inspect DATA``: what the data holds and every validation problem in it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ope_cli.cli.console import say, table_console
+from ope_cli.cli.options import (
+    ActionCol,
+    BehaviorLogProbCol,
+    BehaviorProbCol,
+    Data,
+    EpisodeCol,
+    InspectFormat,
+    InspectFormatOption,
+    ObsCol,
+    ReadRows,
+    RewardCol,
+    StepCol,
+    TargetLogProbCol,
+    TargetProbCol,
+    column_mapping,
+)
+from ope_cli.config import BatchingConfig
+
+INVALID_DATA_EXIT_CODE = 3
+
+
+def inspect(
+    data: Data,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Also check actions and states against this policy's ranges; repeatable.",
+        ),
+    ] = None,
+    output_format: InspectFormatOption = None,
+    read_rows: ReadRows = BatchingConfig.read_rows,
+    episode_col: EpisodeCol = None,
+    step_col: StepCol = None,
+    obs_col: ObsCol = None,
+    action_col: ActionCol = None,
+    reward_col: RewardCol = None,
+    behavior_prob_col: BehaviorProbCol = None,
+    behavior_log_prob_col: BehaviorLogProbCol = None,
+    target_prob_col: TargetProbCol = None,
+    target_log_prob_col: TargetLogProbCol = None,
+) -> None:
+    """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
+    problem in it. Exits 3 when there are problems (the report still goes to stdout).
+
+    Example: ope inspect logs.parquet --format json | jq '.problems'
+    """
+    from ope_cli.inspect import InspectConfig
+    from ope_cli.inspect import inspect as run_inspection
+    from ope_cli.report.inspect import render_table, to_json
+
+    config = InspectConfig(
+        data=data,
+        columns=column_mapping(
+            episode_col,
+            step_col,
+            obs_col,
+            action_col,
+            reward_col,
+            behavior_prob_col,
+            behavior_log_prob_col,
+            target_prob_col,
+            target_log_prob_col,
+        ),
+        read_rows=read_rows,
+        policies=tuple(policy or ()),
+    )
+    report = run_inspection(config)
+    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
+    if chosen is InspectFormat.json:
+        sys.stdout.write(to_json(report) + "\n")
+    else:
+        render_table(report, table_console(width=120))
+    if not report.ok:
+        sys.stdout.flush()
+        count = sum(p.episodes for p in report.problems)
+        say(
+            f"ope: invalid data: {data}: {len(report.problems)} kind(s) of validation "
+            f"problem, in {count:,} episode(s) (see the report)"
+        )
+        raise typer.Exit(INVALID_DATA_EXIT_CODE)

@@ -1,0 +1,187 @@
+"""Options shared by several commands, declared once as ``Annotated`` aliases.
+
+A command declares ``gamma: Gamma = 1.0`` instead of repeating the ``typer.Option``; the
+help text, panel and flags then agree everywhere. The column options map to
+``ColumnMapping`` through ``column_mapping``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from ope_cli.config import ESTIMATORS, ColumnMapping
+
+COLUMNS_PANEL = "Columns"
+BATCHING_PANEL = "Batching"
+CLUSTER_PANEL = "Cluster"
+FORMAT_HELP = "Output on stdout. Default: table on a terminal, json otherwise."
+
+
+class OutputFormat(enum.StrEnum):
+    """``ope evaluate --format``."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class InspectFormat(enum.StrEnum):
+    """``ope inspect --format``."""
+
+    table = "table"
+    json = "json"
+
+
+class OnInvalid(enum.StrEnum):
+    error = "error"
+    drop = "drop"
+
+
+class PrecisionOption(enum.StrEnum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+def _column(role: str) -> typer.models.OptionInfo:
+    """A column-mapping option: ``role`` is "what (default name)"; the option's column
+    replaces the default name and its aliases."""
+    what, default = role.rsplit(" (default ", 1)
+    return typer.Option(
+        help=f"Column holding {what}. Default: {default.rstrip(')')} or an alias.",
+        rich_help_panel=COLUMNS_PANEL,
+    )
+
+
+# --- data and policies
+Data = Annotated[
+    str,
+    typer.Argument(
+        help="Parquet file, directory of Parquet files, glob, or Arrow IPC/Feather file."
+    ),
+]
+
+# --- column mapping (evaluate, inspect)
+EpisodeCol = Annotated[str | None, _column("the episode id (default episode_id)")]
+StepCol = Annotated[str | None, _column("the 0-based step in its episode (default step)")]
+ObsCol = Annotated[str | None, _column("the observation (default observation)")]
+ActionCol = Annotated[str | None, _column("the logged action (default action)")]
+RewardCol = Annotated[str | None, _column("the reward (default reward)")]
+BehaviorProbCol = Annotated[
+    str | None,
+    _column("the behavior policy's probability of the logged action (default behavior_prob)"),
+]
+BehaviorLogProbCol = Annotated[
+    str | None,
+    _column(
+        "the behavior policy's log-probability of the logged action (default behavior_log_prob)"
+    ),
+]
+TargetProbCol = Annotated[
+    str | None,
+    _column("logged evaluation-policy probabilities, used without --policy (default target_prob)"),
+]
+TargetLogProbCol = Annotated[
+    str | None, _column("logged evaluation-policy log-probabilities (default target_log_prob)")
+]
+
+# --- output
+EvaluateFormat = Annotated[OutputFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)]
+InspectFormatOption = Annotated[
+    InspectFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")]
+
+# --- estimation
+Gamma = Annotated[float, typer.Option(help="Discount factor in [0, 1].")]
+Estimators = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--estimator",
+        "-e",
+        help=f"Estimator to report ({', '.join(ESTIMATORS)}); repeatable. Default: all.",
+    ),
+]
+Precision = Annotated[
+    PrecisionOption | None,
+    typer.Option(help="Kernel precision. Default: float64 on CPU, float32 on accelerators."),
+]
+Devices = Annotated[
+    int | None, typer.Option(help="Shard episodes over this many local devices. Default: all.")
+]
+
+# --- batching
+ReadRows = Annotated[
+    int, typer.Option(help="Rows per record batch read.", rich_help_panel=BATCHING_PANEL)
+]
+BatchSteps = Annotated[
+    int, typer.Option(help="Padded steps per kernel call.", rich_help_panel=BATCHING_PANEL)
+]
+MinBucket = Annotated[
+    int,
+    typer.Option(
+        help="Shortest episode-length bucket; lengths double.", rich_help_panel=BATCHING_PANEL
+    ),
+]
+
+# --- multi-process runs
+Coordinator = Annotated[
+    str | None,
+    typer.Option(
+        help="HOST:PORT of process 0, for a multi-process run.", rich_help_panel=CLUSTER_PANEL
+    ),
+]
+NumProcesses = Annotated[
+    int | None,
+    typer.Option(help="Number of processes in the run.", rich_help_panel=CLUSTER_PANEL),
+]
+ProcessId = Annotated[
+    int | None,
+    typer.Option(
+        help="This process's index, 0 .. N-1; process 0 prints the result.",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+Distributed = Annotated[
+    bool,
+    typer.Option(
+        "--distributed",
+        help="Join a multi-process run detected by JAX (e.g. under SLURM).",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+Timeout = Annotated[
+    int,
+    typer.Option(
+        help="Seconds to wait for the other processes to join or answer.",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+CLUSTER_OPTIONS = ("--coordinator", "--num-processes", "--process-id", "--distributed")
+
+
+def column_mapping(
+    episode_col: str | None = None,
+    step_col: str | None = None,
+    obs_col: str | None = None,
+    action_col: str | None = None,
+    reward_col: str | None = None,
+    behavior_prob_col: str | None = None,
+    behavior_log_prob_col: str | None = None,
+    target_prob_col: str | None = None,
+    target_log_prob_col: str | None = None,
+) -> ColumnMapping:
+    """The column options (None: the default name or an alias) as a ``ColumnMapping``."""
+    return ColumnMapping(
+        episode=episode_col,
+        step=step_col,
+        observation=obs_col,
+        action=action_col,
+        reward=reward_col,
+        behavior_prob=behavior_prob_col,
+        behavior_log_prob=behavior_log_prob_col,
+        target_prob=target_prob_col,
+        target_log_prob=target_log_prob_col,
+    )

@@ -1,0 +1,94 @@
+"""Multi-process runs: the ``ope`` process supervises a worker that joins the JAX
+distributed runtime, so a runtime abort becomes one clear line and exit code 5."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ope_cli.cli.console import say
+from ope_cli.cli.options import CLUSTER_OPTIONS
+
+RUNTIME_EXIT_CODE = 5
+WORKER_ENV = "OPE_CLUSTER_WORKER"
+
+
+def wants_cluster(argv: list[str]) -> bool:
+    """Whether the command line asks for a multi-process run."""
+    return any(a.split("=")[0] in CLUSTER_OPTIONS for a in argv)
+
+
+def _die_with_parent() -> None:
+    """In the worker: ask Linux to kill it when its supervisor dies, even by SIGKILL, so a
+    killed ``ope`` never leaves a worker behind that its peers keep waiting for."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def supervise(argv: list[str]) -> int:
+    """Runs this command in a child process and reports how it ended.
+
+    JAX's distributed runtime aborts a process (SIGABRT, with C++ logs) when a peer dies
+    or stops answering; the child takes that fall, and this parent turns it into one clear
+    line and exit code 5. Only the child's own ``ope:`` lines reach stderr (all of it with
+    --debug); stdout passes straight through.
+    """
+    import signal
+    import subprocess
+
+    env = {**os.environ, WORKER_ENV: "1", "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ope_cli.cli", *argv],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=_die_with_parent,
+    )
+    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda number, frame: child.send_signal(number))
+    debug = "--debug" in argv
+    runtime_log = []  # the runtime's own fatal-error lines, to say what went wrong
+    try:
+        for raw in child.stderr:
+            line = raw.decode(errors="replace")
+            if debug or line.startswith("ope:"):
+                sys.stderr.write(line)
+            elif "absl::Status" in line or line.startswith("RPC:"):
+                runtime_log.append(line)
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        child.wait()
+        raise
+    if code < 0:
+        log = "".join(runtime_log)
+        if "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log:
+            reason = (
+                "could not join the run: the coordinator did not answer in time (is process 0 "
+                "running, and is --coordinator its reachable HOST:PORT?)"
+            )
+        else:
+            reason = "another process died or stopped answering; see that process's error"
+        say(
+            f"ope: distributed run failed: stopped by the JAX runtime "
+            f"({signal.Signals(-code).name}): {reason}"
+        )
+        return RUNTIME_EXIT_CODE
+    return code
+
+
+def is_worker() -> bool:
+    """Whether this process is the supervised worker of a multi-process run."""
+    return bool(os.environ.get(WORKER_ENV))
+
+
+def keep_stdout_for_the_result() -> None:
+    """In the worker: the collectives library prints to the C-level stdout; point fd 1 at
+    stderr and keep the real stdout for the result."""
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(result_fd, "w")

@@ -1,0 +1,85 @@
+"""Number formatting shared by every formatter (table, JSON, CSV, inspect, bench, plots).
+
+Text helpers take ``None`` (an undefined number) and print ``missing`` instead ("n/a" in
+the evaluate and inspect tables, "-" in the bench tables); ``json_number`` turns NaN and
+inf into None, which JSON writes as null (the spec forbids NaN in the output).
+"""
+
+from __future__ import annotations
+
+import math
+
+MISSING = "n/a"
+ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
+_SI_PREFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def estimator_title(name: str) -> str:
+    """The display name of an estimator: "wis" -> "WIS"."""
+    return ESTIMATOR_TITLES.get(name, name.upper())
+
+
+def json_number(x: float | None) -> float | None:
+    """A JSON-safe number: NaN and inf become None (null)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def significant(x: float | None, digits: int = 4, missing: str = MISSING) -> str:
+    """``digits`` significant digits: 0.123456 -> "0.1235", 1234567 -> "1.235e+06"."""
+    return missing if x is None else format(x, f".{digits}g")
+
+
+def fixed(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
+    """``decimals`` digits after the point: 12.345 -> "12.3"."""
+    return missing if x is None else format(x, f".{decimals}f")
+
+
+def percent(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
+    """A fraction as a percentage: 0.1234 -> "12.3%"."""
+    return missing if x is None else format(x, f".{decimals}%")
+
+
+def scientific(x: float | None, digits: int = 2, missing: str = MISSING) -> str:
+    """Scientific notation with ``digits`` decimals: 0.000123 -> "1.23e-04"."""
+    return missing if x is None else format(x, f".{digits}e")
+
+
+def si(x: float | None, unit: str = "", missing: str = MISSING) -> str:
+    """Three significant digits with an SI prefix: 1234567, "steps/s" -> "1.23Msteps/s"."""
+    if x is None:
+        return missing
+    for factor, prefix in _SI_PREFIXES:
+        if abs(x) >= factor:
+            return f"{x / factor:.3g}{prefix}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def seconds(x: float | None, missing: str = MISSING) -> str:
+    """A duration in seconds: 1.23456 -> "1.235 s", 123.4 -> "123.4 s"."""
+    if x is None:
+        return missing
+    return f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
+
+
+def times(x: float | None, missing: str = MISSING) -> str:
+    """A ratio as a factor: 12.345 -> "12.3x", 12345.6 -> "12,346x"."""
+    if x is None:
+        return missing
+    return f"{x:,.3g}x" if x < 1000 else f"{x:,.0f}x"
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator <= 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def count(n: int) -> str:
+    """An integer count with thousands separators: 1234567 -> "1,234,567"."""
+    return f"{n:,}"
+
+
+def weight_label(log10_weight: float) -> str:
+    """A weight given by its log10, in 3 significant digits: 2.0 -> "100"."""
+    return significant(10.0**log10_weight, 3)

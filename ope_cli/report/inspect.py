@@ -1,0 +1,214 @@
+"""``ope inspect`` output: the report of ``ope_cli.inspect`` as one JSON document or as
+rich tables. Reads the report object only."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from ope_cli._version import __version__
+from ope_cli.report.formatting import json_number, significant
+
+if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
+    from ope_cli.inspect import InspectReport
+
+SCHEMA_VERSION = 1
+
+
+def to_json_dict(report: InspectReport) -> dict[str, Any]:
+    s = report.schema
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+        "command": "inspect",
+        "dataset": {
+            "source": report.source,
+            "format": report.format,
+            "files": report.files,
+            "layout": s.layout,
+            "columns": {
+                role: {"name": name, "type": report.column_types[role]}
+                for role, name in s.columns.items()
+            },
+            "observation": None
+            if s.observation_kind is None
+            else {"kind": s.observation_kind, "dim": s.observation_dim},
+            "action": {"kind": s.action_kind, "vector": s.action_is_vector},
+            "behavior": "log_prob" if s.behavior_is_log else "prob",
+            "target": s.target,
+            "declared": {
+                "reward_range": list(report.declared.reward_range)
+                if report.declared.reward_range
+                else None,
+                "horizon": report.declared.horizon,
+            },
+        },
+        "counts": {
+            "rows_read": report.rows_read,
+            "episodes": report.episodes + report.invalid_episodes,
+            "steps": report.steps + report.invalid_steps,
+            "valid_episodes": report.episodes,
+            "valid_steps": report.steps,
+            "invalid_episodes": report.invalid_episodes,
+            "invalid_steps": report.invalid_steps,
+            "min_length": report.min_length,
+            "max_length": report.max_length,
+            "mean_length": report.steps / report.episodes if report.episodes else None,
+        },
+        "length_histogram": [
+            {"min": low, "max": high, "episodes": count}
+            for low, high, count in report.length_histogram()
+        ],
+        "behavior_prob": None
+        if report.behavior_min is None
+        else {
+            "kind": "probability" if s.action_kind == "discrete" else "density",
+            "min": json_number(report.behavior_min),
+            "median": json_number(report.behavior_median),
+            "max": json_number(report.behavior_max),
+        },
+        "action_counts": None
+        if report.action_counts is None
+        else {str(action): count for action, count in sorted(report.action_counts.items())},
+        "other_actions": report.other_actions,
+        "problems": [
+            {
+                "reason": p.reason,
+                "message": p.message,
+                "episodes": p.episodes,
+                "steps": p.steps,
+                "file": p.file,
+                "episode": p.episode,
+                "step": p.step,
+            }
+            for p in report.problems
+        ],
+        "valid": report.ok,
+    }
+
+
+def to_json(report: InspectReport) -> str:
+    return json.dumps(to_json_dict(report), indent=2, allow_nan=False, default=str)
+
+
+def _schema_lines(report: InspectReport, counts: dict[str, Any]) -> list[str]:
+    """What the schema says: observations, actions, behavior column, declared bounds, counts."""
+    s = report.schema
+    observation = (
+        "none"
+        if s.observation_kind is None
+        else (s.observation_kind + (f" (size {s.observation_dim})" if s.observation_dim else ""))
+    )
+    action = s.action_kind + (" vectors" if s.action_is_vector else "")
+    lines = [
+        f"observations: {observation}; actions: {action}; behavior column holds "
+        f"{'log-probabilities' if s.behavior_is_log else 'probabilities'}"
+        + (f"; target {s.target} logged" if s.target else "")
+    ]
+    declared, parts = report.declared, []
+    if declared.reward_range:
+        parts.append(f"rewards in [{declared.reward_range[0]:g}, {declared.reward_range[1]:g}]")
+    if declared.horizon:
+        parts.append(f"at most {declared.horizon} steps")
+    if parts:
+        lines.append(f"declared in the metadata (for betting intervals): {', '.join(parts)}")
+    lengths = (
+        f"valid episode lengths {report.min_length} to {report.max_length}"
+        if report.episodes
+        else "no valid episodes"
+    )
+    lines.append(
+        f"episodes: {counts['episodes']:,} ({counts['invalid_episodes']:,} invalid); steps: "
+        f"{counts['steps']:,} ({counts['invalid_steps']:,} in invalid episodes); {lengths}"
+    )
+    return lines
+
+
+def _columns_table(report: InspectReport) -> Table:
+    columns = Table(title="columns", title_justify="left")
+    for name in ("role", "column", "type"):
+        columns.add_column(name)
+    for role, name in report.schema.columns.items():
+        columns.add_row(role, name, report.column_types[role])
+    return columns
+
+
+def _lengths_table(report: InspectReport) -> Table:
+    histogram = Table(title="episode lengths (valid episodes)", title_justify="left")
+    histogram.add_column("length", justify="right")
+    histogram.add_column("episodes", justify="right")
+    histogram.add_column("")
+    largest = max(count for _, _, count in report.length_histogram()) or 1
+    for low, high, count in report.length_histogram():
+        histogram.add_row(
+            str(low) if low == high else f"{low}-{high}",
+            f"{count:,}",
+            "#" * math.ceil(30 * count / largest) if count else "",
+        )
+    return histogram
+
+
+def _actions_table(report: InspectReport) -> Table:
+    actions = Table(title="actions (valid episodes)", title_justify="left")
+    actions.add_column("action", justify="right")
+    actions.add_column("steps", justify="right")
+    actions.add_column("share", justify="right")
+    ranked = sorted(report.action_counts.items(), key=lambda item: (-item[1], item[0]))
+    for action, count in ranked[:20]:
+        actions.add_row(str(action), f"{count:,}", f"{count / max(report.steps, 1):.1%}")
+    rest = sum(count for _, count in ranked[20:]) + report.other_actions
+    if rest:
+        actions.add_row(
+            f"{len(ranked) - 20 if len(ranked) > 20 else 0} more + other",
+            f"{rest:,}",
+            f"{rest / max(report.steps, 1):.1%}",
+        )
+    return actions
+
+
+def _problems_table(report: InspectReport) -> Table:
+    problems = Table(title=f"validation problems ({len(report.problems)})", title_justify="left")
+    for name, justify in (
+        ("reason", "left"),
+        ("problem", "left"),
+        ("episodes", "right"),
+        ("steps affected", "right"),
+        ("first at", "left"),
+    ):
+        problems.add_column(name, justify=justify, overflow="fold")
+    for p in report.problems:
+        problems.add_row(p.reason, p.message, f"{p.episodes:,}", f"{p.steps:,}", p.location)
+    return problems
+
+
+def render_table(report: InspectReport, console) -> None:
+    """The report as rich tables (``console`` is a rich Console on stdout)."""
+    doc = to_json_dict(report)
+    counts = doc["counts"]
+    console.print(
+        f"[bold]{report.source}[/bold]: {report.format}, {report.files} file(s), "
+        f"{report.schema.layout} layout, {counts['rows_read']:,} rows read",
+        highlight=False,
+    )
+    console.print(_columns_table(report))
+    lines = _schema_lines(report, counts)
+    for line in lines:
+        console.print(line, highlight=False)
+    if report.episodes:
+        console.print(_lengths_table(report))
+    if doc["behavior_prob"] is not None:
+        b = doc["behavior_prob"]
+        console.print(
+            f"behavior {b['kind']}: min {significant(b['min'])}, "
+            f"median {significant(b['median'])}, max {significant(b['max'])}",
+            highlight=False,
+        )
+    if report.action_counts is not None:
+        console.print(_actions_table(report))
+    if report.ok:
+        console.print("no validation problems found", highlight=False)
+        return
+    console.print(_problems_table(report))

@@ -1,0 +1,79 @@
+"""``ope evaluate --format json``: one JSON document (schema_version 1, SPEC section 5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ope_cli._version import __version__
+from ope_cli.report.formatting import json_number
+from ope_cli.results import EvaluationResult, PolicyResult
+
+SCHEMA_VERSION = 1
+ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
+
+
+def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
+    estimates = {}
+    for name, estimate in policy.estimates.items():
+        entry = {k: json_number(getattr(estimate, k)) for k in ESTIMATE_FIELDS}
+        if estimate.note:
+            entry["note"] = estimate.note
+        estimates[name] = entry
+    return {
+        "policy": policy.policy,
+        "estimates": estimates,
+        "diagnostics": {
+            k: json_number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()
+        },
+    }
+
+
+def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
+    """The spec's JSON document (section 5); extra fields are additions, none renamed."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+        "dataset": {
+            "source": result.source,
+            "layout": result.layout,
+            "files": result.files,
+            "episodes": result.episodes,
+            "steps": result.steps,
+            "rows_read": result.rows_read,
+            "max_length": result.max_length,
+            # Every row read is used or dropped (--on-invalid drop); in the episode layout a
+            # row is an episode: rows_read = episodes + episodes_dropped.
+            "on_invalid": result.on_invalid,
+            "steps_used": result.steps,
+            "steps_dropped": result.steps_dropped,
+            "episodes_dropped": result.episodes_dropped,
+            "dropped": result.dropped,
+        },
+        "gamma": result.gamma,
+        "confidence": {
+            "level": result.confidence_level,
+            "interval": result.interval,
+            "method": result.confidence_method,
+            "reward_range": list(result.reward_range) if result.reward_range else None,
+            "horizon": result.horizon,
+        },
+        "results": [_policy_dict(policy) for policy in result.results],
+        "runtime": {
+            "seconds": result.seconds,
+            "steps_per_second": result.steps_per_second,
+            "backend": result.backend,
+            "devices": result.devices,
+            "processes": result.processes,
+            "precision": result.precision,
+            "padded_steps": result.padded_steps,
+            "batch_shapes": [list(shape) for shape in result.batch_shapes],
+            "compiles": result.compiles,
+        },
+    }
+
+
+def to_json(result: EvaluationResult) -> str:
+    """The document as indented JSON text (no trailing newline)."""
+    return json.dumps(to_json_dict(result), indent=2, allow_nan=False)

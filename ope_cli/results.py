@@ -1,0 +1,67 @@
+"""Result objects of ``ope evaluate``: what the core returns and every formatter reads.
+
+Plain frozen dataclasses with no behaviour beyond derived numbers, so the formatters in
+``ope_cli.report`` depend on this module only, never on the pipeline that fills them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX through stats
+    from ope_cli.schema import DataSchema
+    from ope_cli.stats import Diagnostics, Estimate, Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyResult:
+    """One policy's estimates {estimator: Estimate}, trajectory-weight diagnostics and the
+    per-step profile behind the figures."""
+
+    policy: str
+    estimates: dict[str, Estimate]
+    diagnostics: Diagnostics
+    profile: Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationResult:
+    """Everything a report shows; independent of the terminal and output format."""
+
+    source: str
+    layout: str
+    schema: DataSchema
+    files: int
+    episodes: int
+    steps: int
+    rows_read: int
+    max_length: int
+    gamma: float
+    estimators: tuple[str, ...]
+    confidence_level: float
+    confidence_method: str
+    interval: str
+    reward_range: tuple[float, float] | None
+    horizon: int | None
+    results: list[PolicyResult]
+    seconds: float
+    backend: str
+    devices: int
+    processes: int
+    process_id: int
+    precision: str
+    padded_steps: int
+    batch_shapes: list[tuple[int, int]]
+    compiles: int
+    # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
+    # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
+    on_invalid: str = "error"
+    episodes_dropped: int = 0
+    steps_dropped: int = 0
+    dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def steps_per_second(self) -> float:
+        """Steps used per second of wall time (0 when no time was measured)."""
+        return self.steps / self.seconds if self.seconds > 0 else 0.0

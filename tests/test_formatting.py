@@ -1,0 +1,47 @@
+"""``ope_cli.report.formatting``: the one number-formatting helper of every formatter."""
+
+from __future__ import annotations
+
+import math
+
+from ope_cli.report import formatting as f
+
+
+def test_missing_numbers():
+    for text in (f.significant, f.fixed, f.percent, f.scientific, f.si, f.seconds, f.times):
+        assert text(None) == "n/a"
+        assert text(None, missing="-") == "-"
+
+
+def test_significant_fixed_percent_scientific():
+    assert f.significant(0.123456) == "0.1235"
+    assert f.significant(1234567.0) == "1.235e+06"
+    assert f.significant(2.0, 3) == "2"
+    assert f.fixed(12.345) == "12.3"
+    assert f.fixed(12.345, 2) == "12.35"
+    assert f.percent(0.1234) == "12.3%"
+    assert f.percent(0.5, 0) == "50%"
+    assert f.scientific(0.000123) == "1.23e-04"
+
+
+def test_si_seconds_times_ratio_count():
+    assert f.si(1_234_567, "steps/s") == "1.23Msteps/s"
+    assert f.si(2_500) == "2.5k"
+    assert f.si(3.2e9) == "3.2G"
+    assert f.si(12.0) == "12"
+    assert f.seconds(1.23456) == "1.235 s"
+    assert f.seconds(123.45) == "123.5 s"
+    assert f.times(12.345) == "12.3x"
+    assert f.times(12_345.6) == "12,346x"
+    assert f.ratio(6.0, 3.0) == 2.0
+    assert f.ratio(None, 3.0) is None and f.ratio(1.0, 0.0) is None
+    assert f.count(1234567) == "1,234,567"
+
+
+def test_json_numbers_and_labels():
+    assert f.json_number(1.5) == 1.5
+    assert f.json_number(None) is None
+    assert f.json_number(math.nan) is None and f.json_number(-math.inf) is None
+    assert f.weight_label(2.0) == "100"
+    assert f.weight_label(-3.0) == "0.001"
+    assert f.estimator_title("wpdis") == "WPDIS"
