@@ -735,8 +735,8 @@ def prepare_kernel(
 
     acc = init(RESAMPLING_GROUPS)
     for statistics in jax.device_get(outputs):  # [D, P, ...]
-        for device in range(statistics.group_sums.shape[0]):
-            one = type(statistics)(*(value[device, 0] for value in statistics))
+        for device in range(statistics.log_weight_histogram.shape[0]):
+            one = jax.tree.map(lambda value: value[device, 0], statistics)  # noqa: B023
             acc = merge(acc, from_batch(one))
     estimates, _ = finalize(acc, GAMMA, max_length, 0.95)
     padded_steps = sum(b.step_mask.size for b in on_device)

@@ -19,6 +19,7 @@ from rich.console import Console
 from ope_cli import __version__, bench
 from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import OpeError, UsageError
+from ope_cli.estimators import names as estimator_names
 
 app = typer.Typer(
     name="ope",
@@ -362,8 +363,10 @@ def _check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
     """--rank-by as an estimator the run reports; the default (wis) falls back to the first
     reported estimator when --estimator leaves WIS out."""
     rank_by = rank_by.lower()
-    if rank_by not in ESTIMATORS:
-        raise UsageError(f"--rank-by must be one of {', '.join(ESTIMATORS)}, got {rank_by!r}")
+    if rank_by not in estimator_names():
+        raise UsageError(
+            f"--rank-by must be one of {', '.join(estimator_names())}, got {rank_by!r}"
+        )
     if rank_by in estimators:
         return rank_by
     if rank_by == "wis":

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.errors import UsageError
+from ope_cli.estimators import title as estimator_title
 from ope_cli.pipeline import EvaluationResult
 
-ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
 FIGURES = ("weights.png", "horizon.png", "estimates.png")
 DPI = 120
 
@@ -144,7 +144,7 @@ def _estimates(plt, result: EvaluationResult):
             low.append(e.value - e.ci_low if e.ci_low is not None else 0.0)
             high.append(e.ci_high - e.value if e.ci_high is not None else 0.0)
         axes.errorbar(xs, values, yerr=[low, high], fmt="o", capsize=4, label=_label(policy.policy))
-    axes.set_xticks(range(len(names)), [ESTIMATOR_TITLES.get(n, n) for n in names])
+    axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
     axes.set_title(
         f"Estimates with {result.confidence_level:.0%} intervals ({result.episodes:,} episodes)"

@@ -16,11 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ope_cli import __version__
+from ope_cli.estimators import title as estimator_title
 from ope_cli.pipeline import EvaluationResult
 
 SCHEMA_VERSION = 1
 FORMATS = ("table", "json", "csv")
-ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
 DIAGNOSTIC_FIELDS = (
     "ess",
     "ess_fraction",
@@ -280,7 +280,7 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
         f"({result.layout} layout), gamma={result.gamma:g}"
     )
     caption = (
-        f"rank: by {ESTIMATOR_TITLES[rank_by]} (underlined), highest first; ★ best"
+        f"rank: by {estimator_title(rank_by)} (underlined), highest first; ★ best"
         if several
         else None
     )
@@ -302,7 +302,7 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
             else:
                 value = f"{_fmt(e.value)} ± {_fmt(e.stderr)}"
             ranking = several and name == rank_by
-            label = Text(ESTIMATOR_TITLES[name], style="underline" if ranking else "")
+            label = Text(estimator_title(name), style="underline" if ranking else "")
             cells = [policy.policy if j == 0 else "", label, value, interval]
             if several:
                 rank = "" if j else ("★ 1" if best else "–" if ranks[i] is None else str(ranks[i]))
