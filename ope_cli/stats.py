@@ -160,11 +160,12 @@ def _shift_moments(moments: np.ndarray, delta: float) -> np.ndarray:
     = sum_j C(k, j) delta^(k - j) sum v (x - c)^j."""
     if delta == 0.0:
         return moments
-    order = moments.shape[-1]
+    delta = np.float64(delta)  # astronomically large returns overflow to inf, not an error
     out = np.zeros_like(moments)
-    for k in range(order):
-        for j in range(k + 1):
-            out[..., k] += comb(k, j) * delta ** (k - j) * moments[..., j]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(moments.shape[-1]):
+            for j in range(k + 1):
+                out[..., k] += comb(k, j) * delta ** (k - j) * moments[..., j]
     return out
 
 
