@@ -122,7 +122,10 @@ def dataset_statistics(
     for start in range(0, padded.reward.shape[0], chunk):
         part = [getattr(padded, name)[start : start + chunk] for name in names]
         batched = jax.device_get(jax.vmap(per_dataset)(*part))  # [d, 1, 1, ...]: device, policy
-        out.extend(type(batched)(*(v[d, 0, 0] for v in batched)) for d in range(len(part[0])))
+        out.extend(
+            jax.tree.map(lambda v: v[d, 0, 0], batched)  # noqa: B023
+            for d in range(len(part[0]))
+        )
     return out
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-ESTIMATORS: tuple[str, ...] = ("is", "wis", "pdis", "wpdis")
+from ope_cli.estimators import names
+
+# The estimators registered when the package is imported (is, wis, pdis, wpdis); any
+# estimator registered later (``ope_cli.estimators.register``) is accepted by name too.
+ESTIMATORS: tuple[str, ...] = names()
 Precision = Literal["float32", "float64"]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ope_cli import runtime
 from ope_cli.errors import DataError, OpeError, UsageError
-from ope_cli.stats import Accumulator, extend, merge
+from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
 
@@ -79,7 +79,8 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DistributedError(
             f"could not join the run at {config.coordinator or 'the detected coordinator'} within "
-            f"{config.timeout_seconds}s (are all processes started, and is the address reachable?): {first}"
+            f"{config.timeout_seconds}s (are all processes started, and is the address "
+            f"reachable?): {first}"
         ) from None
     return jax.process_index(), jax.process_count()
 
@@ -152,34 +153,15 @@ def allgather_ints(values: list[int]) -> np.ndarray:
 def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Accumulator]:
     """Collective: each policy's accumulators of all processes, merged in process order.
     ``length`` is the longest per-step array over all processes (the same everywhere)."""
+    import jax
+
     merged = []
     for accumulator in accumulators:
-        accumulator = extend(accumulator, length)
-        parts = {
-            name: _gather(np.asarray(getattr(accumulator, name), np.float64))
-            for name in (
-                "log_scale_trajectory",
-                "log_scale_step",
-                "group_sums",
-                "group_log_scale_t",
-                "group_num_t",
-                "group_den_t",
-                "log_weight_histogram",
-                "replicate_sums",
-                "replicate_log_scale_t",
-                "replicate_num_t",
-                "replicate_den_t",
-                "betting_histogram",
-            )
-        }
+        leaves, tree = jax.tree.flatten(extend(accumulator, length))
+        parts = [_gather(np.asarray(leaf, np.float64)) for leaf in leaves]  # [N, ...] each
         total = None
-        for process in range(parts["group_sums"].shape[0]):
-            one = Accumulator(
-                **{
-                    name: float(value[process]) if name.startswith("log_scale") else value[process]
-                    for name, value in parts.items()
-                }
-            )
+        for process in range(parts[0].shape[0]):
+            one = from_batch(jax.tree.unflatten(tree, [part[process] for part in parts]))
             total = one if total is None else merge(total, one)
         merged.append(total)
     return merged

@@ -18,7 +18,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.estimators import BatchStatistics, batch_statistics, log_weights, poisson_counts
+from ope_cli.estimators import names
+from ope_cli.estimators.batch import (
+    BatchStatistics,
+    WeightedBatch,
+    batch_statistics,
+    log_weights,
+    poisson_counts,
+)
 from ope_cli.policies import LogProbFn, Policy
 
 BATCH_AXIS = "batch"
@@ -97,9 +104,11 @@ def policy_group_statistics(
     num_groups,
     num_replicates,
     dtype,
+    estimators=None,
 ) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
-    fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted."""
+    fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
+    ``estimators``: the registered estimators whose sums to compute (None: all)."""
     observation, action, reward, log_behavior, log_target = (
         x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
         for x in (observation, action, reward, log_behavior, log_target)
@@ -107,17 +116,18 @@ def policy_group_statistics(
     log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
     log_w = log_weights(log_pi, log_behavior, step_mask)
     counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
-    per_policy = functools.partial(
-        batch_statistics, num_groups=num_groups, betting_range=betting_range
-    )
-    statistics = jax.vmap(per_policy, in_axes=(0, None, None, None, None, None, None))(
-        log_w, reward, step_mask, episode_mask, group, counts, gamma
-    )
+
+    def per_policy(log_w_bt):
+        batch = WeightedBatch(log_w_bt, reward, step_mask, episode_mask, group, counts)
+        return batch_statistics(batch, gamma, num_groups, betting_range, estimators)
+
+    statistics = jax.vmap(per_policy)(log_w)
     return jax.tree.map(lambda x: x[None], statistics)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh")
+    jax.jit,
+    static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh", "estimators"),
 )
 def _kernel(
     params,
@@ -140,6 +150,7 @@ def _kernel(
     num_replicates,
     dtype,
     mesh,
+    estimators=None,
 ) -> BatchStatistics:
     """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
 
@@ -155,6 +166,7 @@ def _kernel(
         num_groups=num_groups,
         num_replicates=num_replicates,
         dtype=dtype,
+        estimators=estimators,
     )
     args = (
         params,
@@ -206,6 +218,7 @@ class Kernel:
         betting_range: tuple[float, float, float] | None = None,
     ):
         self.group = group
+        self.estimators = names()  # every estimator registered when the kernel is made
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
         self.seed = jnp.asarray(seed, jnp.uint32)
@@ -257,6 +270,7 @@ class Kernel:
             num_replicates=self.num_replicates,
             dtype=self.dtype.name,
             mesh=self.mesh,
+            estimators=self.estimators,
         )
         if head.kind != "entry_point":
             return _kernel(*args, **static)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer
-from ope_cli.config import ESTIMATORS, EvaluationConfig
+from ope_cli.config import EvaluationConfig
 from ope_cli.distributed import (
     DistributedConfig,
     allgather_ints,
@@ -24,6 +24,12 @@ from ope_cli.distributed import (
 )
 from ope_cli.episodes import REASONS, EpisodeAssembler, bounds_checks, dropped_by_reason
 from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.estimators import names as estimator_names
+from ope_cli.estimators.base import (
+    describe_betting,
+    describe_bootstrap_t,
+    describe_standard_errors,
+)
 from ope_cli.policies import (
     Policy,
     check_against_schema,
@@ -44,19 +50,14 @@ from ope_cli.stats import (
 )
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
-STANDARD_ERRORS = (
-    "standard errors: sample standard error (is, pdis), delta method (wis), grouped "
-    "jackknife over 32 episode-id hash groups (wpdis)"
-)
-INTERVAL_METHODS = {
+INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
     "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
     "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
-    "discounted horizon {horizon:g}; trajectory weights for is and wis, per-decision "
-    "weights for pdis and wpdis",
+    "discounted horizon {horizon:g}; {betting_estimators}",
     "normal": "normal approximation, estimate +- z * standard error",
     "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
-    "bootstrap-t": "Poisson bootstrap, studentized (bootstrap-t) interval for is, wis, pdis and "
-    "percentile for wpdis ({samples} replicates, seed {seed})",
+    "bootstrap-t": "Poisson bootstrap, {bootstrap_t_estimators} "
+    "({samples} replicates, seed {seed})",
 }
 
 
@@ -72,9 +73,11 @@ def check_config(config: EvaluationConfig) -> None:
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if not 0.0 < config.confidence < 1.0:
         raise UsageError(f"--confidence must be in (0, 1), got {config.confidence}")
-    unknown = [e for e in config.estimators if e not in ESTIMATORS]
+    unknown = [e for e in config.estimators if e not in estimator_names()]
     if unknown:
-        raise UsageError(f"unknown estimator {unknown[0]!r} (choose from {', '.join(ESTIMATORS)})")
+        raise UsageError(
+            f"unknown estimator {unknown[0]!r} (choose from {', '.join(estimator_names())})"
+        )
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
         raise UsageError("batching options must be positive, and the bucket growth > 1")
@@ -112,16 +115,23 @@ class IntervalPlan:
     )
 
     def describe(self, config: EvaluationConfig) -> str:
+        estimators = estimator_names()
         if self.betting_range is None:
             return (
                 INTERVAL_METHODS[self.method].format(
-                    samples=config.bootstrap_samples, seed=config.seed
+                    samples=config.bootstrap_samples,
+                    seed=config.seed,
+                    bootstrap_t_estimators=describe_bootstrap_t(estimators),
                 )
                 + ASYMPTOTIC
             )
         low, high = self.reward_range
         return INTERVAL_METHODS["betting"].format(
-            low=low, high=high, horizon=self.betting_range[2], bounds_source=self.bounds_source
+            low=low,
+            high=high,
+            horizon=self.betting_range[2],
+            bounds_source=self.bounds_source,
+            betting_estimators=describe_betting(estimators),
         )
 
     def chunk_checks(self, chunk):
@@ -196,7 +206,7 @@ class _LocalPass:
     )
 
     def counters(self) -> list[int]:
-        length = self.accumulators[0].group_log_scale_t.shape[-1]
+        length = self.accumulators[0].length
         return [
             self.episodes,
             self.steps,
@@ -312,7 +322,9 @@ def evaluate(
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
-        confidence_method=plan.describe(config) + "; " + STANDARD_ERRORS,
+        confidence_method=plan.describe(config)
+        + "; "
+        + describe_standard_errors(estimator_names()),
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
@@ -377,7 +389,7 @@ def _local_pass(
             host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
             for device in range(devices):
                 for position, index in enumerate(kernel.group.indices):
-                    one = type(host)(*(value[device, position] for value in host))
+                    one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
                     partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()

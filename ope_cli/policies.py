@@ -40,6 +40,9 @@ class Policy:
       log_prob: per-step ``(params, observation, action) -> log pi(a|s)``; None for logged.
       discrete: whether the policy is over integer actions (None: unknown, entry points).
       n_actions, n_states, obs_dim, act_dim: sizes to check the data against (None: unknown).
+      actions_checked: False when nothing bounds the logged discrete actions this policy is
+        given (an entry point that declares no ``n_actions``): JAX's gather clamps an index
+        out of range instead of failing, so the report says they are unchecked.
     """
 
     name: str
@@ -52,6 +55,7 @@ class Policy:
     n_states: int | None = None
     obs_dim: int | None = None
     act_dim: int | None = None
+    actions_checked: bool = True
 
     @property
     def stack_key(self) -> tuple:
@@ -143,13 +147,13 @@ def _same(path: str, what: str, expected: int, key: str, actual: int) -> None:
         raise PolicyError(f"{path}: {what}: {key!r} has size {actual}, expected {expected}")
 
 
-def load_checkpoint(path: str) -> Policy:
-    """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
+def _read_archive(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file; PolicyError when it is missing or unreadable."""
     if Path(path).is_file() and not zipfile.is_zipfile(path):
         raise PolicyError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+            return {key: archive[key] for key in archive.files}
     except FileNotFoundError:
         raise PolicyError(f"{path}: no such checkpoint file") from None
     except ValueError as error:
@@ -161,101 +165,124 @@ def load_checkpoint(path: str) -> Policy:
         raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
     except (OSError, zipfile.BadZipFile, EOFError) as error:
         raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
+
+
+def _tabular(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+    logits = _array(arrays, "logits", 2, path)
+    return Policy(
+        path,
+        kind,
+        {"logits": logits},
+        (),
+        tabular_log_prob,
+        discrete=True,
+        n_states=logits.shape[0],
+        n_actions=logits.shape[1],
+    )
+
+
+def _linear_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+    weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
+    _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+    temperature = (
+        _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
+    )
+    if not temperature > 0:
+        raise PolicyError(f"{path}: temperature must be > 0, got {float(temperature)}")
+    params = {"weight": weight, "bias": bias, "temperature": np.asarray(temperature)}
+    return Policy(
+        path,
+        kind,
+        params,
+        (),
+        linear_softmax_log_prob,
+        discrete=True,
+        obs_dim=weight.shape[0],
+        n_actions=weight.shape[1],
+    )
+
+
+def _mlp_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+    activation = str(arrays.pop("activation", "tanh"))
+    if activation not in ("tanh", "relu"):
+        raise PolicyError(f"{path}: activation {activation!r} is not one of tanh, relu")
+    layers = sum(1 for key in arrays if key.startswith("weight_"))
+    if layers == 0:
+        raise PolicyError(f"{path}: mlp_softmax checkpoint has no 'weight_0' array")
+    params = {}
+    width = None
+    for i in range(layers):
+        weight = _array(arrays, f"weight_{i}", 2, path)
+        bias = _array(arrays, f"bias_{i}", 1, path)
+        if width is not None:
+            _same(
+                path,
+                f"layer {i} input must match layer {i - 1} output",
+                width,
+                f"weight_{i}",
+                weight.shape[0],
+            )
+        _same(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
+        width = weight.shape[1]
+        params[f"weight_{i}"], params[f"bias_{i}"] = weight, bias
+    return Policy(
+        path,
+        kind,
+        params,
+        (activation,),
+        _mlp_log_prob(activation),
+        discrete=True,
+        obs_dim=params["weight_0"].shape[0],
+        n_actions=width,
+    )
+
+
+def _linear_gaussian(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+    weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
+    log_std = _array(arrays, "log_std", 1, path)
+    _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+    _same(
+        path,
+        "log_std must match weight's columns",
+        weight.shape[1],
+        "log_std",
+        log_std.shape[0],
+    )
+    return Policy(
+        path,
+        kind,
+        {"weight": weight, "bias": bias, "log_std": log_std},
+        (),
+        linear_gaussian_log_prob,
+        discrete=False,
+        obs_dim=weight.shape[0],
+        act_dim=weight.shape[1],
+    )
+
+
+_CHECKPOINT_KINDS = {
+    "tabular": _tabular,
+    "linear_softmax": _linear_softmax,
+    "mlp_softmax": _mlp_softmax,
+    "linear_gaussian": _linear_gaussian,
+}
+
+
+def load_checkpoint(path: str) -> Policy:
+    """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
+    arrays = _read_archive(path)
     if "kind" not in arrays:
         raise PolicyError(
             f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
             "mlp_softmax, linear_gaussian)"
         )
     kind = str(arrays.pop("kind"))
-    if kind == "tabular":
-        logits = _array(arrays, "logits", 2, path)
-        return Policy(
-            path,
-            kind,
-            {"logits": logits},
-            (),
-            tabular_log_prob,
-            discrete=True,
-            n_states=logits.shape[0],
-            n_actions=logits.shape[1],
+    if kind not in _CHECKPOINT_KINDS:
+        raise PolicyError(
+            f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
+            "mlp_softmax or linear_gaussian)"
         )
-    if kind == "linear_softmax":
-        weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
-        _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
-        temperature = (
-            _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
-        )
-        if not temperature > 0:
-            raise PolicyError(f"{path}: temperature must be > 0, got {float(temperature)}")
-        params = {"weight": weight, "bias": bias, "temperature": np.asarray(temperature)}
-        return Policy(
-            path,
-            kind,
-            params,
-            (),
-            linear_softmax_log_prob,
-            discrete=True,
-            obs_dim=weight.shape[0],
-            n_actions=weight.shape[1],
-        )
-    if kind == "mlp_softmax":
-        activation = str(arrays.pop("activation", "tanh"))
-        if activation not in ("tanh", "relu"):
-            raise PolicyError(f"{path}: activation {activation!r} is not one of tanh, relu")
-        layers = sum(1 for key in arrays if key.startswith("weight_"))
-        if layers == 0:
-            raise PolicyError(f"{path}: mlp_softmax checkpoint has no 'weight_0' array")
-        params = {}
-        width = None
-        for i in range(layers):
-            weight = _array(arrays, f"weight_{i}", 2, path)
-            bias = _array(arrays, f"bias_{i}", 1, path)
-            if width is not None:
-                _same(
-                    path,
-                    f"layer {i} input must match layer {i - 1} output",
-                    width,
-                    f"weight_{i}",
-                    weight.shape[0],
-                )
-            _same(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
-            width = weight.shape[1]
-            params[f"weight_{i}"], params[f"bias_{i}"] = weight, bias
-        return Policy(
-            path,
-            kind,
-            params,
-            (activation,),
-            _mlp_log_prob(activation),
-            discrete=True,
-            obs_dim=params["weight_0"].shape[0],
-            n_actions=width,
-        )
-    if kind == "linear_gaussian":
-        weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
-        log_std = _array(arrays, "log_std", 1, path)
-        _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
-        _same(
-            path,
-            "log_std must match weight's columns",
-            weight.shape[1],
-            "log_std",
-            log_std.shape[0],
-        )
-        return Policy(
-            path,
-            kind,
-            {"weight": weight, "bias": bias, "log_std": log_std},
-            (),
-            linear_gaussian_log_prob,
-            discrete=False,
-            obs_dim=weight.shape[0],
-            act_dim=weight.shape[1],
-        )
-    raise PolicyError(
-        f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
-        "mlp_softmax or linear_gaussian)"
-    )
+    return _CHECKPOINT_KINDS[kind](path, kind, arrays)
 
 
 # --- entry points --------------------------------------------------------------------------
@@ -281,7 +308,28 @@ def load_entry_point(spec: str) -> Policy:
         if not hasattr(target, part):
             raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
-    return Policy(spec, "entry_point", None, (), _entry_point_log_prob(spec, attribute, target))
+    n_actions = _declared_action_count(spec, target)
+    return Policy(
+        spec,
+        "entry_point",
+        None,
+        (),
+        _entry_point_log_prob(spec, attribute, target),
+        discrete=True if n_actions is not None else None,
+        n_actions=n_actions,
+        actions_checked=n_actions is not None,
+    )
+
+
+def _declared_action_count(spec: str, target: Any) -> int | None:
+    """The ``n_actions`` attribute of an entry point (function or object), if it declares
+    one: logged discrete actions are then checked against it like a checkpoint's."""
+    value = getattr(target, "n_actions", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise PolicyError(f"{spec}: n_actions must be a positive integer, got {value!r}")
+    return int(value)
 
 
 _ENTRY_POINT_WRAPPERS: dict[int, tuple[Any, LogProbFn]] = {}

@@ -14,7 +14,7 @@ from datasets import (
 )
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.estimators import poisson_counts
+from ope_cli.estimators.batch import poisson_counts
 from ope_cli.generate import generate
 from ope_cli.pipeline import evaluate
 
@@ -163,8 +163,8 @@ def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth
 
 
 def _log_histogram(x: np.ndarray) -> np.ndarray:
-    """The kernel's histogram of log x (estimators._betting_histogram) for one variable."""
-    from ope_cli.estimators import _betting_histogram
+    """The kernel's histogram of log x (estimators.batch._betting_histogram) for one variable."""
+    from ope_cli.estimators.batch import _betting_histogram
 
     with np.errstate(divide="ignore"):
         log_x = np.log(x)[None]
@@ -173,7 +173,7 @@ def _log_histogram(x: np.ndarray) -> np.ndarray:
 
 def test_betting_variables_match_their_formulas():
     """Padded [B, T] arrays give the per-episode variables written plainly from the formulas."""
-    from ope_cli.estimators import betting_variables
+    from ope_cli.estimators.batch import betting_variables
 
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(7)
@@ -209,7 +209,7 @@ def test_betting_variables_match_their_formulas():
 
 
 def test_betting_lower_bound_is_valid_and_sharpens_with_data():
-    from ope_cli.stats import betting_lower_bound
+    from ope_cli.intervals import betting_lower_bound
 
     rng = np.random.default_rng(3)
     mean = 0.3

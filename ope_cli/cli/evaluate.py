@@ -40,6 +40,7 @@ from ope_cli.cli.options import (
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import ESTIMATORS, BatchingConfig, EvaluationConfig
 from ope_cli.errors import UsageError
+from ope_cli.estimators import names
 
 if TYPE_CHECKING:  # annotations only: the distributed runtime and results load with the run
     from ope_cli.distributed import DistributedConfig
@@ -153,7 +154,7 @@ def evaluate(
         data=data,
         policies=tuple(policy or ()),
         gamma=gamma,
-        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else ESTIMATORS,
+        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else names(),
         confidence=confidence,
         interval=ci,
         reward_range=reward_range,
@@ -239,8 +240,8 @@ def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
     """--rank-by as an estimator the run reports; the default (wis) falls back to the first
     reported estimator when --estimator leaves WIS out."""
     rank_by = rank_by.lower()
-    if rank_by not in ESTIMATORS:
-        raise UsageError(f"--rank-by must be one of {', '.join(ESTIMATORS)}, got {rank_by!r}")
+    if rank_by not in names():
+        raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
     if rank_by in estimators:
         return rank_by
     if rank_by == "wis":

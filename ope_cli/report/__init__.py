@@ -7,7 +7,6 @@ report) only, never the pipeline, and number formatting lives in ``formatting``.
 """
 
 from ope_cli.report.csv_format import DIAGNOSTIC_FIELDS, to_csv
-from ope_cli.report.formatting import ESTIMATOR_TITLES
 from ope_cli.report.json_format import SCHEMA_VERSION, to_json, to_json_dict
 from ope_cli.report.table import (
     SPARK,
@@ -23,7 +22,6 @@ FORMATS = ("table", "json", "csv")
 
 __all__ = [
     "DIAGNOSTIC_FIELDS",
-    "ESTIMATOR_TITLES",
     "FORMATS",
     "SCHEMA_VERSION",
     "SPARK",

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 
+from ope_cli.estimators import title
+
 MISSING = "n/a"
-ESTIMATOR_TITLES = {"is": "IS", "wis": "WIS", "pdis": "PDIS", "wpdis": "WPDIS"}
 _SI_PREFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def estimator_title(name: str) -> str:
-    """The display name of an estimator: "wis" -> "WIS"."""
-    return ESTIMATOR_TITLES.get(name, name.upper())
+    """The display name of an estimator, from its registration: "wis" -> "WIS"."""
+    return title(name)
 
 
 def json_number(x: float | None) -> float | None:

@@ -1,0 +1,369 @@
+"""The estimator record, its registry, and the vocabulary both sides of it share.
+
+An estimator is written for ONE episode (arrays [T], the rlax habit): ``terms(episode)``
+returns named per-episode values, and the kernel vmaps it over a padded batch. Each value
+is declared once, with its log-scaling kind, as a ``Sum`` (a scalar per episode, summed per
+resampling group and bootstrap replicate) or a ``StepSum`` (a [T] row, summed per group
+and step). Weights live in log space: a Sum's value is relative to exp(power * M), M the
+batch's largest log scale of its kind (``Episode.log_scales``; ``weight`` gives the scaled
+weight), a StepSum's relative to the episode's own per-step weight (the kernel scales it
+per group and step). ``stats`` keeps each kind's sums relative to the largest log scale
+seen so far (log-sum-exp), so products that over- or underflow as plain numbers still
+combine exactly. ``finalize`` reads the merged sums by name. This module imports no JAX:
+the registry is cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+Array = Any  # a JAX array under trace (per-episode side), a NumPy array (finalize side)
+
+
+def jnp():
+    """jax.numpy for ``terms`` functions, imported when a kernel traces them (importing the
+    registry, e.g. for ``--help``, does not start JAX)."""
+    import jax.numpy
+
+    return jax.numpy
+
+
+# Histogram of log10 trajectory weights: HISTOGRAM_BINS equal bins over HISTOGRAM_LOG10_RANGE,
+# plus one bin below and one above; zero weights are counted in ``zero_count`` instead.
+HISTOGRAM_LOG10_RANGE = (-10.0, 10.0)
+HISTOGRAM_BINS = 80
+
+# Betting intervals (``stats.betting_lower_bound``) need the law of four non-negative per-episode
+# variables, normalised so that their means lie in [0, 1]; a histogram of their natural logs
+# is a mergeable summary of it. Rows: BETTING_VARIABLES; column 0 counts values below the
+# range (and zeros), column k >= 1 values in [exp(low + (k-1) width), exp(low + k width)), the
+# last one also everything above. ``stats`` reads each bin as its lower edge, which never
+# overstates a value, so the intervals stay valid.
+BETTING_VARIABLES = ("trajectory_low", "trajectory_high", "decision_low", "decision_high")
+BETTING_LOG_RANGE = (-32.0, 48.0)
+BETTING_BIN_WIDTH = 1.0 / 128
+BETTING_BINS = round((BETTING_LOG_RANGE[1] - BETTING_LOG_RANGE[0]) / BETTING_BIN_WIDTH)
+
+
+class Episode(NamedTuple):
+    """One episode as an estimator's ``terms`` sees it (the kernel vmaps over episodes).
+
+    Padding is absorbing: after the episode ends the log-ratio is 0 (log_w_t stays at the
+    final weight) and the reward is 0. A padding episode (no data) has log_w_t = -inf.
+
+    Attributes:
+      log_w_t: [T] cumulative log importance weights log W_t.
+      reward_t: [T] rewards, 0 after the end.
+      discount_t: [T] gamma^t.
+      step_mask_t: [T] True on the episode's own steps.
+      return_: [] discounted return G = sum_t gamma^t r_t.
+      fields: per-step inputs beyond these ([T, ...]), by name, as the data path provides
+        them (empty today; e.g. Q-hat and V-hat columns for doubly robust estimators).
+      log_scales: scalar Scale name -> [] the batch's largest log scale of that kind (the
+        same for every episode of the batch): a Sum's value is relative to exp(power * it).
+    """
+
+    log_w_t: Array
+    reward_t: Array
+    discount_t: Array
+    step_mask_t: Array
+    return_: Array
+    fields: Mapping[str, Array]
+    log_scales: Mapping[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """A log-scaling kind: the log of the weight that a family of values is relative to.
+
+    ``log_scale(episode)`` is [] (a scalar kind: one batch-wide scale, the running max) or
+    [T] when ``per_step`` (a scale per resampling group and step). A scalar kind may have a
+    ``pivot(episode) -> []``: the pivot of a batch is that of the episode with the largest
+    log scale, and ``Sum.moments`` are centred on it (see ``Sum``).
+    """
+
+    name: str
+    log_scale: Callable[[Episode], Array]
+    per_step: bool = False
+    pivot: Callable[[Episode], Array] | None = None
+
+
+def _final_log_weight(episode: Episode) -> Array:
+    return episode.log_w_t[-1]
+
+
+def _peak_log_weight(episode: Episode) -> Array:
+    return episode.log_w_t.max()
+
+
+def _step_log_weight(episode: Episode) -> Array:
+    return episode.log_w_t
+
+
+def _return(episode: Episode) -> Array:
+    return episode.return_
+
+
+# The trajectory weight W_{T-1} (pivot: the return), an episode's largest per-decision weight
+# max_t W_t, and the per-step weight W_t.
+TRAJECTORY = Scale("trajectory", _final_log_weight, pivot=_return)
+DECISION = Scale("decision", _peak_log_weight)
+STEP = Scale("step", _step_log_weight, per_step=True)
+
+
+def weight(episode: Episode, scale: Scale) -> Array:
+    """[] exp(log scale of the episode - the batch's largest), 0 for a zero weight: the
+    episode's weight of a scalar kind relative to the batch's scale."""
+    np_ = jnp()
+    log_max = episode.log_scales[scale.name]
+    return np_.exp(scale.log_scale(episode) - np_.where(np_.isfinite(log_max), log_max, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sum:
+    """A mergeable scalar sum over episodes of ``terms()[name]``.
+
+    The per-episode value v is relative to exp(power * M), M the batch's largest log scale
+    of ``scale`` (``Episode.log_scales``; None: not scaled, e.g. counts); e.g. W G for
+    TRAJECTORY is ``weight(episode, TRAJECTORY) * G``. With ``moments = m`` the kernel sums
+    v (x - c)^k for k = 0..m,
+    where x is the scale's pivot of the episode and c the batch's pivot (shape [..., m + 1]):
+    accumulating around a pivot keeps centred second moments accurate when one episode
+    holds nearly all the weight; ``stats`` shifts the pivot when it merges.
+    """
+
+    name: str
+    scale: Scale | None = None
+    power: Literal[1, 2] = 1
+    moments: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSum:
+    """A mergeable per-step sum over episodes of ``terms()[name]`` ([T] per episode).
+
+    Values are relative to exp(log_scale_t) of the per-step ``scale``. ``after_end`` says
+    what the sum is at steps past the longest episode of a batch: "hold" repeats the last
+    step (a weight relative to W_t, which stays at the final weight), "zero" (a reward).
+    """
+
+    name: str
+    scale: Scale = STEP
+    after_end: Literal["hold", "zero"] = "hold"
+
+
+class Point(NamedTuple):
+    """A finalised value and standard error (None where undefined), with a note."""
+
+    value: float | None
+    stderr: float | None
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What finalisation knows beyond the sums."""
+
+    gamma: float
+    max_length: int  # longest episode; per-step sums are extended to it
+
+    @property
+    def discount_t(self) -> np.ndarray:
+        return self.gamma ** np.arange(self.max_length, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sums:
+    """Merged sums of a set of episodes, as ``finalize`` reads them (NumPy float64).
+
+    Leading axes: none for the totals, [R] for the bootstrap replicates, [K] for groups.
+
+    Attributes:
+      sums: name -> [...] (or [..., m + 1] with moments), relative to
+        exp(power * log_scales[scale.name]).
+      log_scales: scalar scale name -> [] running max log scale.
+      pivots: scalar scale name -> [] the pivot the moments are centred on.
+      step_sums: name -> [..., L] relative to exp(step_log_scales[scale.name]).
+      step_log_scales: per-step scale name -> [..., L] (broadcasts against step_sums).
+    """
+
+    sums: Mapping[str, np.ndarray]
+    log_scales: Mapping[str, float]
+    pivots: Mapping[str, float]
+    step_sums: Mapping[str, np.ndarray]
+    step_log_scales: Mapping[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grouped:
+    """Merged sums of every episode, and per resampling group for estimators that resample
+    groups (jackknife): ``groups`` are the non-empty groups, ``select(groups)`` combines
+    some of them into Sums."""
+
+    totals: Sums
+    groups: np.ndarray
+    select: Callable[[np.ndarray], Sums]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """One estimator: what the kernel sums per episode, and how the sums become estimates.
+
+    Attributes:
+      name: the ``--estimator`` value and JSON key.
+      title: how tables and plots show it.
+      stderr_method: the report's words for its standard error.
+      sums: the mergeable sums it reads (``Sum`` or ``StepSum``), with their scaling kinds.
+      terms: ``terms(episode) -> {name: value}`` for ONE episode ([] per Sum, [T] per
+        StepSum), written with jax.numpy; vmapped by the kernel.
+      finalize: ``finalize(grouped, context) -> Point``: the value and standard error.
+      replicates: ``replicates(sums, context) -> (values [R], stderrs [R] or None)`` of the
+        bootstrap replicates (sums with a leading [R] axis); None: no bootstrap intervals.
+      studentized: whether ``replicates`` gives standard errors, so that ``bootstrap-t`` is
+        studentized (else it falls back to the percentile interval).
+      betting: which betting variables bound it ("trajectory" or "decision"); None: none.
+    """
+
+    name: str
+    title: str
+    stderr_method: str
+    sums: tuple[Sum | StepSum, ...]
+    terms: Callable[[Episode], dict[str, Array]]
+    finalize: Callable[[Grouped, Context], Point]
+    replicates: Callable[[Sums, Context], tuple[np.ndarray, np.ndarray | None]] | None = None
+    studentized: bool = False
+    betting: Literal["trajectory", "decision"] | None = None
+
+
+# --- registry ------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Estimator] = {}
+_SUMS: dict[str, Sum | StepSum] = {}
+
+
+def _count_terms(episode: Episode) -> dict[str, Array]:
+    """1 per episode, and 1 for an episode whose trajectory weight is exactly 0."""
+    one = jnp().ones_like(episode.return_)
+    return {"count": one, "zero_count": jnp().where(episode.log_w_t[-1] == -jnp().inf, 1.0, 0.0)}
+
+
+def _weight_terms(episode: Episode) -> dict[str, Array]:
+    """Trajectory weights W and W^2, and per-step weights (relative to W_t), for the
+    diagnostics and the report's per-step profile."""
+    w = weight(episode, TRAJECTORY)
+    return {
+        "sum_w": w,
+        "sum_w2": w * w,
+        "w_t": jnp().ones_like(episode.reward_t),
+        "wr_t": episode.reward_t,
+    }
+
+
+# Sums every run needs (diagnostics, the report's per-step profile), whatever it estimates.
+CORE_SUMS: tuple[Sum | StepSum, ...] = (
+    Sum("count"),
+    Sum("zero_count"),
+    Sum("sum_w", TRAJECTORY),
+    Sum("sum_w2", TRAJECTORY, power=2),
+    StepSum("wr_t", STEP, after_end="zero"),
+    StepSum("w_t", STEP, after_end="hold"),
+)
+
+
+def core_terms(episode: Episode) -> dict[str, Array]:
+    """The per-episode values of CORE_SUMS."""
+    return {**_count_terms(episode), **_weight_terms(episode)}
+
+
+def _declare(spec: Sum | StepSum) -> None:
+    known = _SUMS.get(spec.name)
+    if known is not None and known != spec:
+        raise ValueError(f"sum {spec.name!r} is already declared differently: {known}")
+    _SUMS[spec.name] = spec
+
+
+for _spec in CORE_SUMS:
+    _declare(_spec)
+
+
+def register(estimator: Estimator) -> Estimator:
+    """Adds an estimator (a new name, or a replacement of the same name); returns it."""
+    for spec in estimator.sums:
+        _declare(spec)
+    _REGISTRY[estimator.name] = estimator
+    return estimator
+
+
+def unregister(name: str) -> None:
+    """Removes an estimator (its declared sums stay known); for tests and plug-in reloads."""
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Estimator:
+    """The registered estimator called ``name``; KeyError if there is none."""
+    return _REGISTRY[name]
+
+
+def names() -> tuple[str, ...]:
+    """Registered estimator names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def title(name: str) -> str:
+    """How tables and plots show an estimator (its name when it is not registered)."""
+    return _REGISTRY[name].title if name in _REGISTRY else name
+
+
+def _and(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def describe_standard_errors(estimators: tuple[str, ...]) -> str:
+    """The report's standard-error line: each method with the estimators that use it."""
+    by_method: dict[str, list[str]] = {}
+    for name in estimators:
+        by_method.setdefault(get(name).stderr_method, []).append(name)
+    return "standard errors: " + ", ".join(
+        f"{method} ({', '.join(members)})" for method, members in by_method.items()
+    )
+
+
+def describe_betting(estimators: tuple[str, ...]) -> str:
+    """Which weights bound each estimator's betting interval, for the method line."""
+    kinds = {"trajectory": "trajectory weights", "decision": "per-decision weights"}
+    parts = []
+    for kind, words in kinds.items():
+        members = [name for name in estimators if get(name).betting == kind]
+        if members:
+            parts.append(f"{words} for {_and(members)}")
+    return ", ".join(parts)
+
+
+def describe_bootstrap_t(estimators: tuple[str, ...]) -> str:
+    """Which estimators get a studentized bootstrap interval and which a percentile one."""
+    studentized = [name for name in estimators if get(name).studentized]
+    percentile = [name for name in estimators if not get(name).studentized]
+    parts = []
+    if studentized:
+        parts.append(f"studentized (bootstrap-t) interval for {', '.join(studentized)}")
+    if percentile:
+        parts.append(f"percentile for {_and(percentile)}")
+    return " and ".join(parts)
+
+
+def sum_spec(name: str) -> Sum | StepSum:
+    """The declaration of a sum (core or of some registered estimator)."""
+    return _SUMS[name]
+
+
+def sums_of(estimators: tuple[str, ...]) -> tuple[Sum | StepSum, ...]:
+    """CORE_SUMS and those of ``estimators``, each once, in declaration order."""
+    specs = {spec.name: spec for spec in CORE_SUMS}
+    for name in estimators:
+        specs.update((spec.name, spec) for spec in get(name).sums)
+    return tuple(specs.values())

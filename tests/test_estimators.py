@@ -1,0 +1,297 @@
+"""Estimators as plug-ins (ope_cli/estimators/): per-episode terms against plain formulas,
+closed forms, the registry, and a toy estimator registered from the tests alone that goes
+through the whole pipeline (in process, the table and JSON formatters, several devices)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from datasets import (  # noqa: E402
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    to_reference_input,
+    write_step_layout,
+)
+from reference import reference_estimates  # noqa: E402
+
+from ope_cli import estimators, stats  # noqa: E402
+from ope_cli.estimators import base, importance  # noqa: E402
+from ope_cli.estimators.batch import (  # noqa: E402
+    WeightedBatch,
+    batch_statistics,
+    log_weights,
+)
+
+TESTS = Path(__file__).parent
+
+
+def one_episode(rng, length, padded, gamma=0.9):
+    """An Episode ([padded] arrays, absorbing after ``length`` steps) and its plain parts."""
+    log_ratio = np.where(np.arange(padded) < length, rng.normal(0, 0.5, padded), 0.0)
+    reward = np.where(np.arange(padded) < length, rng.normal(1, 1, padded), 0.0)
+    discount = gamma ** np.arange(padded)
+    log_w = np.cumsum(log_ratio)
+    episode = base.Episode(
+        jnp.asarray(log_w),
+        jnp.asarray(reward),
+        jnp.asarray(discount),
+        jnp.asarray(np.arange(padded) < length),
+        jnp.asarray(reward @ discount),
+        {},
+        {"trajectory": jnp.asarray(log_w[-1]), "decision": jnp.asarray(log_w.max())},
+    )
+    return episode, log_w, reward, discount
+
+
+def test_per_episode_terms_match_plain_formulas():
+    rng = np.random.default_rng(0)
+    episode, log_w, reward, discount = one_episode(rng, 5, 8)
+    g = reward @ discount
+    trajectory = importance.trajectory_terms(episode)
+    assert float(trajectory["sum_wg"]) == pytest.approx(g, rel=1e-15)
+    assert float(trajectory["sum_w2g2"]) == pytest.approx(g * g, rel=1e-15)
+    decision = importance.per_decision_terms(episode)
+    peak = log_w.max()
+    p = np.sum(discount * np.exp(log_w - peak) * reward)  # P relative to max_t W_t
+    assert float(decision["sum_p"]) == pytest.approx(p, rel=1e-14)
+    assert float(decision["sum_p2"]) == pytest.approx(p * p, rel=1e-14)
+    core = base.core_terms(episode)
+    assert float(core["count"]) == 1.0 and float(core["zero_count"]) == 0.0
+    assert float(core["sum_w"]) == 1.0 and float(core["sum_w2"]) == 1.0  # the batch's max
+    half = episode._replace(log_scales={"trajectory": jnp.asarray(log_w[-1] + np.log(2.0))})
+    assert float(importance.trajectory_terms(half)["sum_wg"]) == pytest.approx(g / 2, rel=1e-15)
+    np.testing.assert_array_equal(core["wr_t"], reward)
+    np.testing.assert_array_equal(core["w_t"], np.ones(8))
+
+
+def test_zero_weight_episode_terms_stay_finite():
+    rng = np.random.default_rng(1)
+    episode, *_ = one_episode(rng, 3, 4)
+    minus_inf = jnp.asarray(-jnp.inf)
+    episode = episode._replace(
+        log_w_t=jnp.full(4, -jnp.inf), log_scales={"trajectory": minus_inf, "decision": minus_inf}
+    )
+    assert float(base.core_terms(episode)["zero_count"]) == 1.0
+    assert np.isfinite(float(importance.per_decision_terms(episode)["sum_p"]))
+
+
+@jax.jit
+def _jitted_statistics(batch, gamma):
+    return batch_statistics(batch, gamma, 8, estimators=("is", "wis", "pdis", "wpdis"))
+
+
+def finalize_episodes(episodes, gamma, groups=None):
+    """Estimates of reference-format episodes through one padded batch, merge and finalize."""
+    n, longest = len(episodes), max(len(ep["reward"]) for ep in episodes)
+    log_target, log_behavior, reward = (np.zeros((n, longest)) for _ in range(3))
+    step_mask = np.zeros((n, longest), bool)
+    for i, ep in enumerate(episodes):
+        t = len(ep["reward"])
+        log_target[i, :t], log_behavior[i, :t], reward[i, :t] = (
+            ep["log_target"],
+            ep["log_behavior"],
+            ep["reward"],
+        )
+        step_mask[i, :t] = True
+    group = np.arange(n) % 8 if groups is None else groups
+    batch = WeightedBatch(
+        log_weights(jnp.asarray(log_target), jnp.asarray(log_behavior), jnp.asarray(step_mask)),
+        jnp.asarray(reward),
+        jnp.asarray(step_mask),
+        jnp.ones(n, bool),
+        jnp.asarray(group, jnp.int32),
+        jnp.zeros((n, 0)),
+    )
+    statistics = _jitted_statistics(batch, jnp.asarray(gamma))
+    accumulator = stats.merge(stats.init(8), stats.from_batch(statistics))
+    return stats.finalize(accumulator, gamma, longest, 0.95)
+
+
+def test_on_policy_data_gives_the_mean_return():
+    rng = np.random.default_rng(2)
+    episodes = []
+    for _ in range(20):
+        t = int(rng.integers(1, 9))
+        log_b = np.log(rng.uniform(0.1, 1.0, t))
+        episodes.append({"log_target": log_b, "log_behavior": log_b, "reward": rng.normal(size=t)})
+    estimates, diagnostics = finalize_episodes(episodes, 1.0)
+    mean_return = np.mean([ep["reward"].sum() for ep in episodes])
+    for name in ("is", "wis", "pdis"):
+        assert estimates[name].value == pytest.approx(mean_return, rel=1e-12), name
+    assert diagnostics.ess == pytest.approx(20, rel=1e-12)
+
+
+def test_one_episode_gives_its_return_for_the_weighted_estimators():
+    rng = np.random.default_rng(3)
+    episode = {
+        "log_target": rng.normal(size=6),
+        "log_behavior": rng.normal(size=6),
+        "reward": rng.normal(size=6),
+    }
+    estimates, _ = finalize_episodes([episode], 0.9)
+    ret = float(episode["reward"] @ 0.9 ** np.arange(6))
+    assert estimates["wis"].value == pytest.approx(ret, rel=1e-12)
+    assert estimates["wpdis"].value == pytest.approx(ret, rel=1e-12)
+    reference = reference_estimates([episode], 0.9)
+    for name in ("is", "pdis"):
+        assert estimates[name].value == pytest.approx(reference[name], rel=1e-12)
+    assert estimates["is"].stderr is None and estimates["wis"].stderr is None
+
+
+def test_registry_order_titles_and_method_texts():
+    assert estimators.names()[:4] == ("is", "wis", "pdis", "wpdis")
+    assert [estimators.get(n).title for n in ("is", "wis", "pdis", "wpdis")] == [
+        "IS",
+        "WIS",
+        "PDIS",
+        "WPDIS",
+    ]
+    assert estimators.title("unknown") == "unknown"
+    four = ("is", "wis", "pdis", "wpdis")
+    assert base.describe_standard_errors(four) == (
+        "standard errors: sample standard error (is, pdis), delta method (wis), grouped "
+        "jackknife over 32 episode-id hash groups (wpdis)"
+    )
+    assert base.describe_betting(four) == (
+        "trajectory weights for is and wis, per-decision weights for pdis and wpdis"
+    )
+    assert base.describe_bootstrap_t(four) == (
+        "studentized (bootstrap-t) interval for is, wis, pdis and percentile for wpdis"
+    )
+
+
+def test_a_sum_cannot_be_declared_twice_differently():
+    clash = base.Estimator(
+        name="clash",
+        title="CLASH",
+        stderr_method="none",
+        sums=(base.Sum("sum_wg", base.DECISION),),  # is and wis declare it on TRAJECTORY
+        terms=lambda episode: {},
+        finalize=lambda grouped, context: base.Point(None, None),
+    )
+    with pytest.raises(ValueError, match="already declared differently"):
+        estimators.register(clash)
+    assert "clash" not in estimators.names()
+
+
+# --- a toy estimator through the whole pipeline ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_case(tmp_path_factory):
+    """Logs of 200 episodes and a checkpoint; the expected toy value of that policy."""
+    tmp = tmp_path_factory.mktemp("toy")
+    rng = np.random.default_rng(4)
+    behavior = random_checkpoint("tabular", rng)
+    episodes = random_episodes(rng, 200, behavior=behavior, max_length=12)
+    target = perturb_checkpoint(behavior, rng, 0.3)
+    path = save_checkpoint(tmp / "target.npz", target)
+    data = write_step_layout(episodes, tmp / "logs.parquet")
+    reference = to_reference_input(episodes, target)
+    sys.path.insert(0, str(TESTS))
+    import toy_estimator
+
+    expected = toy_estimator.expected_toy(
+        [ep["log_target"] for ep in reference], [ep["log_behavior"] for ep in reference]
+    )
+    estimators.unregister("toy")
+    return data, path, expected, reference
+
+
+@pytest.fixture
+def toy_registered():
+    import toy_estimator
+
+    estimators.register(toy_estimator.TOY)
+    yield
+    estimators.unregister("toy")
+
+
+def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registered):
+    from rich.console import Console
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import evaluate
+    from ope_cli.report import render_table, to_json
+
+    data, path, expected, reference = toy_case
+    config = EvaluationConfig(
+        data=str(data), policies=(str(path),), gamma=0.9, estimators=("toy", "wis")
+    )
+    result = evaluate(config)
+    toy = result.results[0].estimates["toy"]
+    assert toy.value == pytest.approx(expected, rel=1e-10)
+    assert toy.stderr is not None and toy.ci_low < toy.value < toy.ci_high
+    wis = reference_estimates(reference, 0.9)["wis"]
+    assert result.results[0].estimates["wis"].value == pytest.approx(wis, rel=1e-10)
+    assert "toy sample standard error (toy)" in result.confidence_method
+
+    document = json.loads(to_json(result))
+    assert list(document["results"][0]["estimates"]) == ["toy", "wis"]
+    assert document["results"][0]["estimates"]["toy"]["value"] == pytest.approx(expected)
+    console = Console(file=io.StringIO(), width=200)
+    render_table(result, console, rank_by="toy")
+    assert "TOY" in console.file.getvalue()
+
+    bootstrap = evaluate(
+        EvaluationConfig(
+            data=str(data),
+            policies=(str(path),),
+            gamma=0.9,
+            estimators=("toy",),
+            interval="bootstrap-t",
+            bootstrap_samples=50,
+        )
+    )
+    interval = bootstrap.results[0].estimates["toy"]
+    assert interval.value == pytest.approx(expected, rel=1e-10)
+    assert interval.ci_low is not None and interval.ci_low < interval.value < interval.ci_high
+
+
+@pytest.mark.slow
+def test_toy_estimator_on_two_devices_through_the_cli(toy_case):
+    """A fresh process: the device count is set before JAX starts, the helper module
+    registers the toy, and the CLI's own entry point runs with --estimator toy."""
+    data, path, expected, _ = toy_case
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+    )
+    command = [
+        sys.executable,
+        str(TESTS / "toy_estimator.py"),
+        "evaluate",
+        str(data),
+        "-p",
+        str(path),
+        "--gamma",
+        "0.9",
+        "--estimator",
+        "toy",
+        "--devices",
+        "2",
+        "--format",
+        "json",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["runtime"]["devices"] == 2
+    assert list(document["results"][0]["estimates"]) == ["toy"]
+    assert document["results"][0]["estimates"]["toy"]["value"] == pytest.approx(expected, rel=1e-10)

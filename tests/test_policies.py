@@ -1,0 +1,191 @@
+"""Policies (ope_cli/policies.py): every checkpoint kind against the NumPy formula of
+tests/reference.py, load errors, and the action range an entry point declares."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from datasets import random_checkpoint, save_checkpoint  # noqa: E402
+from reference import reference_log_prob  # noqa: E402
+
+from ope_cli.errors import PolicyError  # noqa: E402
+from ope_cli.policies import (  # noqa: E402
+    chunk_checks,
+    load_checkpoint,
+    load_entry_point,
+    load_policies,
+    logged_policy,
+)
+
+
+def policy_log_probs(policy, observation, action) -> np.ndarray:
+    """[T] the policy's per-step log_prob vmapped over steps, as the kernel does."""
+    params = None if policy.params is None else jax.tree.map(jnp.asarray, policy.params)
+    per_step = jax.vmap(policy.log_prob, in_axes=(None, 0, 0))
+    return np.asarray(per_step(params, jnp.asarray(observation), jnp.asarray(action)))
+
+
+CASES = {
+    "tabular": dict(n_states=7, n_actions=3),
+    "linear_softmax": dict(obs_dim=3, n_actions=5, temperature=0.7),
+    "mlp_softmax": dict(obs_dim=3, n_actions=4, hidden=(6, 5), activation="relu"),
+    "linear_gaussian": dict(obs_dim=3, act_dim=2),
+}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_each_checkpoint_kind_matches_the_numpy_formula(kind, tmp_path):
+    rng = np.random.default_rng(1)
+    ckpt = random_checkpoint(kind, rng, **CASES[kind])
+    policy = load_checkpoint(str(save_checkpoint(tmp_path / f"{kind}.npz", ckpt)))
+    assert policy.kind == kind and policy.actions_checked
+    if kind == "tabular":
+        observation, action = rng.integers(0, 7, size=11), rng.integers(0, 3, size=11)
+    else:
+        observation = rng.normal(size=(11, 3))
+        action = rng.normal(size=(11, 2)) if kind == "linear_gaussian" else rng.integers(0, 4, 11)
+    np.testing.assert_allclose(
+        policy_log_probs(policy, observation, action),
+        reference_log_prob(ckpt, observation, action),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    assert policy.discrete is (kind != "linear_gaussian")
+
+
+def test_mlp_default_activation_is_tanh(tmp_path):
+    rng = np.random.default_rng(2)
+    ckpt = random_checkpoint("mlp_softmax", rng, obs_dim=2, n_actions=3)
+    policy = load_checkpoint(str(save_checkpoint(tmp_path / "m.npz", ckpt)))
+    observation, action = rng.normal(size=(5, 2)), rng.integers(0, 3, size=5)
+    np.testing.assert_allclose(
+        policy_log_probs(policy, observation, action),
+        reference_log_prob(ckpt, observation, action),
+        rtol=1e-12,
+    )
+
+
+def test_same_kind_and_shapes_stack(tmp_path):
+    rng = np.random.default_rng(3)
+    paths = [
+        str(save_checkpoint(tmp_path / f"p{i}.npz", random_checkpoint("tabular", rng)))
+        for i in range(3)
+    ]
+    other = str(save_checkpoint(tmp_path / "q.npz", random_checkpoint("tabular", rng, n_actions=2)))
+    keys = [p.stack_key for p in load_policies([*paths, other])]
+    assert keys[0] == keys[1] == keys[2] != keys[3]
+    assert [p.name for p in load_policies([str(tmp_path / "p*.npz")])] == paths
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"kind": "tabular"}, "has no array 'logits'"),
+        ({"kind": "tabular", "logits": np.zeros(3)}, "expected 2 dimension"),
+        ({"kind": "tabular", "logits": np.array([[0.0, np.nan]])}, "NaN or infinite"),
+        ({"kind": "nonsense", "logits": np.zeros((2, 2))}, "nonsense"),
+        (
+            {"kind": "linear_softmax", "weight": np.zeros((3, 2)), "bias": np.zeros(4)},
+            "'bias' has size 4",
+        ),
+    ],
+)
+def test_checkpoint_load_errors(content, message, tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **content)
+    with pytest.raises(PolicyError, match=message):
+        load_checkpoint(str(path))
+
+
+def test_not_a_zip_and_missing_glob(tmp_path):
+    path = tmp_path / "text.npz"
+    path.write_text("hello")
+    with pytest.raises(PolicyError, match="not a zip archive"):
+        load_checkpoint(str(path))
+    with pytest.raises(PolicyError, match="no checkpoint matches"):
+        load_policies([str(tmp_path / "none*.npz")])
+
+
+@pytest.fixture
+def entry_module():
+    """A module ``ope_test_policies`` with entry points that do and do not declare n_actions."""
+    module = types.ModuleType("ope_test_policies")
+
+    def uniform(observation, action):
+        return jnp.log(jnp.asarray(1.0 / 3.0))
+
+    def declared(observation, action):
+        return jnp.log(jnp.asarray(1.0 / 3.0))
+
+    declared.n_actions = 3
+
+    class WithMethod:
+        n_actions = 2
+
+        def prob(self, observation, action):
+            return jnp.asarray(0.5)
+
+    def broken(observation, action):
+        return 0.0
+
+    broken.n_actions = 0
+    module.uniform, module.declared, module.with_method, module.broken = (
+        uniform,
+        declared,
+        WithMethod(),
+        broken,
+    )
+    sys.modules[module.__name__] = module
+    yield module.__name__
+    del sys.modules[module.__name__]
+
+
+class Chunk:
+    """The fields chunk_checks reads of an episodes chunk."""
+
+    def __init__(self, action):
+        self.action = np.asarray(action)
+        self.observation = None
+        self.num_steps = self.action.shape[0]
+
+
+def test_entry_point_declaring_n_actions_has_its_actions_checked(entry_module):
+    policy = load_entry_point(f"{entry_module}:declared")
+    assert policy.n_actions == 3 and policy.discrete and policy.actions_checked
+    (check,) = list(chunk_checks(policy, Chunk([0, 2, 3, 1, 5])))
+    reason, message, bad = check
+    assert reason == "action_out_of_range" and "3 actions" in message
+    np.testing.assert_array_equal(bad, [False, False, True, False, True])
+    method = load_entry_point(f"{entry_module}:with_method")
+    assert method.n_actions == 2 and method.actions_checked
+    np.testing.assert_allclose(policy_log_probs(method, np.zeros(2), np.zeros(2, int)), np.log(0.5))
+
+
+def test_entry_point_without_n_actions_is_marked_unchecked(entry_module):
+    policy = load_entry_point(f"{entry_module}:uniform")
+    assert policy.n_actions is None and policy.discrete is None
+    assert not policy.actions_checked
+    assert list(chunk_checks(policy, Chunk([0, 7]))) == []
+    assert logged_policy().actions_checked
+
+
+def test_entry_point_with_a_bad_n_actions(entry_module):
+    with pytest.raises(PolicyError, match="n_actions must be a positive integer"):
+        load_entry_point(f"{entry_module}:broken")
+
+
+def test_entry_point_load_errors(entry_module):
+    with pytest.raises(PolicyError, match="expected an .npz checkpoint or an entry point"):
+        load_entry_point("no_colon_here")
+    with pytest.raises(PolicyError, match="cannot import module"):
+        load_entry_point("surely_not_a_module_xyz:f")
+    with pytest.raises(PolicyError, match="has no attribute"):
+        load_entry_point(f"{entry_module}:missing")

@@ -1,0 +1,83 @@
+"""A toy estimator, registered from the tests alone (no edit to ope_cli), to show that a new
+estimator needs no change to the core: the mean per-decision weight mass
+
+    toy = (1/n) sum_i sum_{t < T_i} W_{i,t}
+
+(on-policy data: the mean episode length). Its value comes from a per-step sum, its
+standard error from scalar per-episode sums; it has bootstrap replicates but no betting
+interval. Importing this module registers it (``python -c "import toy_estimator"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ope_cli.estimators import Estimator, register
+from ope_cli.estimators.base import DECISION, STEP, Context, Grouped, Point, StepSum, Sum, jnp
+from ope_cli.estimators.logspace import finite, scaled_array
+
+
+def toy_terms(episode):
+    """For ONE episode ([T] arrays): the mask per step (relative to W_t), and the mass
+    m = sum_t W_t [t < T] relative to the batch's largest W_t, with m^2."""
+    np_ = jnp()
+    mask_t = episode.step_mask_t.astype(episode.log_w_t.dtype)
+    log_max = episode.log_scales["decision"]
+    safe_max = np_.where(np_.isfinite(log_max), log_max, 0.0)
+    mass = np_.sum(np_.where(episode.step_mask_t, np_.exp(episode.log_w_t - safe_max), 0.0))
+    return {"toy_mask_t": mask_t, "toy_mass": mass, "toy_mass2": mass * mass}
+
+
+def _mean_and_sem(sums):
+    s, n = sums.sums, sums.sums["count"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        variance = np.maximum(s["toy_mass2"] - s["toy_mass"] ** 2 / n, 0.0) / (n - 1)
+        stderr = np.where(n > 1, np.sqrt(variance / n), np.nan)
+        scale = sums.log_scales["decision"]
+        return scaled_array(s["toy_mass"] / n, scale), scaled_array(stderr, scale)
+
+
+def toy_finalize(grouped: Grouped, context: Context) -> Point:
+    totals = grouped.totals
+    log_scale_t = totals.step_log_scales["step"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        weight_t = np.where(np.isfinite(log_scale_t), np.exp(log_scale_t), 0.0)
+        value = np.sum(totals.step_sums["toy_mask_t"] * weight_t) / totals.sums["count"]
+    return Point(finite(float(value)), finite(float(_mean_and_sem(totals)[1])))
+
+
+def toy_replicates(sums, context: Context):
+    return _mean_and_sem(sums)
+
+
+TOY = register(
+    Estimator(
+        name="toy",
+        title="TOY",
+        stderr_method="toy sample standard error",
+        sums=(
+            StepSum("toy_mask_t", STEP, after_end="zero"),
+            Sum("toy_mass", DECISION),
+            Sum("toy_mass2", DECISION, power=2),
+        ),
+        terms=toy_terms,
+        finalize=toy_finalize,
+        replicates=toy_replicates,
+        studentized=True,
+    )
+)
+
+
+def expected_toy(log_target_steps, log_behavior_steps) -> float:
+    """The toy value of episodes given as lists of [T_i] log-probability arrays (NumPy)."""
+    masses = [
+        np.exp(np.cumsum(np.asarray(t) - np.asarray(b))).sum()
+        for t, b in zip(log_target_steps, log_behavior_steps, strict=True)
+    ]
+    return float(np.mean(masses))
+
+
+if __name__ == "__main__":  # the CLI with the toy registered: python tests/toy_estimator.py ...
+    from ope_cli.cli import main
+
+    main()
