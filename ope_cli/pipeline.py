@@ -15,14 +15,15 @@ from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer
 from ope_cli.config import ESTIMATORS, EvaluationConfig
 from ope_cli.distributed import (
     DistributedConfig,
-    allgather_ints,
+    allgather_ragged,
     check_all_succeeded,
     check_disjoint_episodes,
     initialize,
     reduce_accumulators,
+    reduce_counters,
     share_files,
 )
-from ope_cli.episodes import REASONS, EpisodeAssembler, bounds_checks, dropped_by_reason
+from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.policies import (
     Policy,
@@ -44,6 +45,7 @@ from ope_cli.stats import (
     merge,
     profile,
 )
+from ope_cli.validate import REASONS, bounds_checks, dropped_by_reason
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 STANDARD_ERRORS = (
@@ -177,7 +179,11 @@ class IntervalPlan:
 
     def chunk_checks(self, chunk):
         return bounds_checks(
-            chunk, self.reward_range, self.horizon, self.bounds_source, self.horizon_source
+            chunk.steps,
+            chunk.lengths,
+            self.reward_range,
+            self.horizon,
+            (self.bounds_source, self.horizon_source),
         )
 
 
@@ -232,31 +238,36 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
 
 
 @dataclasses.dataclass
-class _LocalPass:
-    """What one process learned from its share of the data."""
+class Counters:
+    """Integer tallies of one process's share; summed across processes field by field
+    (``max`` where the metadata says so), so a new counter is one new field."""
 
-    accumulators: list[Accumulator]
     episodes: int = 0
     steps: int = 0
     rows_read: int = 0
-    max_length: int = 0
     padded_steps: int = 0
-    keys: np.ndarray | None = None
+    max_length: int = dataclasses.field(default=0, metadata={"reduce": "max"})
     dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
         default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
     )
 
-    def counters(self) -> list[int]:
-        length = self.accumulators[0].group_log_scale_t.shape[-1]
-        return [
-            self.episodes,
-            self.steps,
-            self.rows_read,
-            self.max_length,
-            self.padded_steps,
-            length,
-            *self.dropped.ravel().tolist(),
-        ]
+
+@dataclasses.dataclass
+class _LocalPass:
+    """What one process learned from its share of the data."""
+
+    accumulators: list[Accumulator]
+    counters: Counters = dataclasses.field(default_factory=Counters)
+    keys: np.ndarray | None = None
+    shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
+
+    def reduce_across_processes(self) -> None:
+        """Collective: every process ends with the totals of all of them."""
+        check_disjoint_episodes(self.keys)
+        self.counters = reduce_counters(self.counters)
+        self.accumulators = reduce_accumulators(self.accumulators)
+        shapes = allgather_ragged(np.array(sorted(self.shapes), np.int64).reshape(-1, 2))
+        self.shapes = {(int(b), int(t)) for b, t in shapes}
 
 
 def evaluate(
@@ -314,21 +325,16 @@ def evaluate(
         error = failure
     if num_processes > 1:
         check_all_succeeded(error)
-        check_disjoint_episodes(local.keys)
-        totals = allgather_ints(local.counters())
-        local.episodes, local.steps, local.rows_read = (int(x) for x in totals[:, :3].sum(axis=0))
-        local.max_length = int(totals[:, 3].max())
-        local.padded_steps = int(totals[:, 4].sum())
-        local.accumulators = reduce_accumulators(local.accumulators, int(totals[:, 5].max()))
-        local.dropped = totals[:, 6:].sum(axis=0).reshape(len(REASONS), 2)
-    dropped = dropped_by_reason(local.dropped)
-    if local.episodes == 0 and dropped:
+        local.reduce_across_processes()
+    counts = local.counters
+    dropped = dropped_by_reason(counts.dropped)
+    if counts.episodes == 0 and dropped:
         reasons = ", ".join(f"{reason}: {counts['episodes']}" for reason, counts in dropped.items())
         raise DataError(
             f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
             f"as invalid ({reasons})"
         )
-    if local.episodes == 0:
+    if counts.episodes == 0:
         raise DataError(f"{config.data}: no episodes (the data has no rows)")
 
     results = []
@@ -336,7 +342,7 @@ def evaluate(
         estimates, diagnostics = finalize(
             accumulator,
             config.gamma,
-            local.max_length,
+            counts.max_length,
             config.confidence,
             plan.method,
             plan.betting_range,
@@ -346,7 +352,7 @@ def evaluate(
                 policy=policy.name,
                 estimates={name: estimates[name] for name in config.estimators},
                 diagnostics=diagnostics,
-                profile=profile(accumulator, config.gamma, local.max_length),
+                profile=profile(accumulator, config.gamma, counts.max_length),
             )
         )
     return EvaluationResult(
@@ -354,10 +360,10 @@ def evaluate(
         layout=schema.layout,
         schema=schema,
         files=files,
-        episodes=local.episodes,
-        steps=local.steps,
-        rows_read=local.rows_read,
-        max_length=local.max_length,
+        episodes=counts.episodes,
+        steps=counts.steps,
+        rows_read=counts.rows_read,
+        max_length=counts.max_length,
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
@@ -372,12 +378,12 @@ def evaluate(
         processes=num_processes,
         process_id=process_id,
         precision=precision,
-        padded_steps=local.padded_steps,
-        batch_shapes=sorted(bucketer.shapes),
+        padded_steps=counts.padded_steps,
+        batch_shapes=sorted(local.shapes),
         compiles=trace_count() - traces_before,
         on_invalid=config.on_invalid,
-        episodes_dropped=int(local.dropped[:, 0].sum()),
-        steps_dropped=int(local.dropped[:, 1].sum()),
+        episodes_dropped=int(counts.dropped[:, 0].sum()),
+        steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped,
     )
 
@@ -413,6 +419,7 @@ def _local_pass(
         ]
 
     local = _LocalPass(accumulators=no_episodes())
+    counts = local.counters
     in_flight: collections.deque = collections.deque()
     # Per bucket length T, per policy: the batches of that length merged so far. Merging
     # like with like needs no lengthening to the longest bucket (cheap [K, T] arrays); the
@@ -426,7 +433,7 @@ def _local_pass(
             host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
             for device in range(devices):
                 for position, index in enumerate(kernel.group.indices):
-                    one = type(host)(*(value[device, position] for value in host))
+                    one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
                     partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()
@@ -456,9 +463,9 @@ def _local_pass(
     reading = prefetched(iter_batches(data, schema.read_columns, config.batching.read_rows))
     with contextlib.closing(reading):  # a failure below stops the reading thread at once
         for chunk in assembler.chunks(reading):
-            local.episodes += chunk.num_episodes
-            local.steps += chunk.num_steps
-            local.max_length = max(local.max_length, int(chunk.lengths.max()))
+            counts.episodes += chunk.num_episodes
+            counts.steps += chunk.num_steps
+            counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
             for batch in bucketer.add(chunk):
                 run(batch)
             if on_progress is not None:
@@ -472,8 +479,9 @@ def _local_pass(
             merge(total, partial)
             for total, partial in zip(local.accumulators, by_length[length], strict=True)
         ]
-    local.rows_read = assembler.rows_read
-    local.padded_steps = bucketer.padded_steps
+    counts.rows_read = assembler.rows_read
+    counts.padded_steps = bucketer.padded_steps
+    counts.dropped = assembler.validation.dropped_counts()
     local.keys = assembler.seen_keys()
-    local.dropped = assembler.validation.dropped_counts()
+    local.shapes = set(bucketer.shapes)
     return local

@@ -21,8 +21,8 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_st
 
 from ope_cli.buckets import RESAMPLING_GROUPS, bucket_lengths_upto
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.episodes import id_keys
 from ope_cli.errors import PolicyError
+from ope_cli.ids import id_keys
 from ope_cli.pipeline import evaluate
 
 
