@@ -129,7 +129,7 @@ def measure(
     from ope_cli.generate import generate
     from ope_cli.pipeline import plan_intervals
     from ope_cli.policies import load_checkpoint
-    from ope_cli.reader import open_dataset
+    from ope_cli.sources import open_dataset
     from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:

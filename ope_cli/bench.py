@@ -225,8 +225,8 @@ def _inspect_data(source: str, batching: BatchingConfig) -> dict:
     import pyarrow.compute as pc
 
     from ope_cli.config import ColumnMapping
-    from ope_cli.reader import iter_batches, open_dataset
     from ope_cli.schema import resolve_schema
+    from ope_cli.sources import iter_batches, open_dataset
 
     data = open_dataset(source)
     schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
@@ -567,8 +567,8 @@ def host_batches(source: str, batching: BatchingConfig, devices: int):
     from ope_cli.buckets import Bucketer
     from ope_cli.config import ColumnMapping
     from ope_cli.episodes import EpisodeAssembler
-    from ope_cli.reader import iter_batches, open_dataset
     from ope_cli.schema import resolve_schema
+    from ope_cli.sources import iter_batches, open_dataset
 
     data = open_dataset(source)
     schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
@@ -620,8 +620,8 @@ def prepare_io_floor(source: str, batching: BatchingConfig) -> Trial:
     import pyarrow.dataset as ds
 
     from ope_cli.config import ColumnMapping
-    from ope_cli.reader import open_dataset
     from ope_cli.schema import resolve_schema
+    from ope_cli.sources import open_dataset
 
     logged = open_dataset(source)
     columns = resolve_schema(logged.schema, ColumnMapping(), logged_target=False).read_columns
@@ -791,8 +791,8 @@ def measure_loop(
     import pyarrow as pa
 
     from ope_cli.config import ColumnMapping
-    from ope_cli.reader import iter_batches, open_dataset
     from ope_cli.schema import resolve_schema
+    from ope_cli.sources import iter_batches, open_dataset
 
     module = _load_loop_module()
     if module is None:
@@ -1241,7 +1241,7 @@ def _load_average() -> float | None:
 
 
 def _files(source: str) -> list[Path]:
-    from ope_cli.reader import open_dataset
+    from ope_cli.sources import open_dataset
 
     return [Path(f) for f in open_dataset(source).files]
 

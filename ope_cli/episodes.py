@@ -33,8 +33,8 @@ from ope_cli.convert import (
 )
 from ope_cli.errors import DataError, where
 from ope_cli.ids import REAPPEARS, SeenKeys, display_id, id_keys
-from ope_cli.reader import SourcedBatch
 from ope_cli.schema import DataSchema
+from ope_cli.sources import SourcedBatch
 from ope_cli.steps import Steps, map_arrays, step_field
 from ope_cli.validate import Check, OnInvalid, Validation, value_checks
 

@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ope_cli.reader import METADATA_KEY
+from ope_cli.sources import METADATA_KEY
 
 ENVIRONMENTS: tuple[str, ...] = ("bandit", "chain", "control", "gaussian")
 

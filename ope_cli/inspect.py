@@ -23,8 +23,8 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError
 from ope_cli.policies import check_against_schema, chunk_checks, load_policies
-from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
+from ope_cli.sources import DeclaredBounds, iter_batches, open_dataset
 from ope_cli.validate import Check, Problem, bounds_checks
 
 SCHEMA_VERSION = 1
