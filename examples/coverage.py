@@ -45,8 +45,10 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
     """
     import pyarrow.parquet as pq
 
-    from ope_cli.buckets import PaddedBatch, pad
-    from ope_cli.episodes import EpisodeChunk, id_keys
+    from ope_cli.buckets import pad
+    from ope_cli.episodes import EpisodeChunk
+    from ope_cli.ids import id_keys
+    from ope_cli.steps import Steps, map_arrays
 
     table = pq.read_table(
         logs, columns=["episode_id", "observation", "action", "reward", "behavior_prob"]
@@ -58,19 +60,16 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
         ids=ids,
         keys=id_keys(ids),
         lengths=lengths,
-        observation=table.column("observation").to_numpy(),
-        action=table.column("action").to_numpy(),
-        reward=table.column("reward").to_numpy(),
-        log_behavior=np.log(table.column("behavior_prob").to_numpy()),
-        log_target=None,
+        steps=Steps(
+            observation=table.column("observation").to_numpy(),
+            action=table.column("action").to_numpy(),
+            reward=table.column("reward").to_numpy(),
+            log_behavior=np.log(table.column("behavior_prob").to_numpy()),
+            log_target=None,
+        ),
     )
     padded = pad(chunk, int(lengths.max()), ids.size)
-    return PaddedBatch(
-        **{
-            name: None if value is None else value.reshape(datasets, episodes, *value.shape[1:])
-            for name, value in vars(padded).items()
-        }
-    )
+    return map_arrays(lambda value: value.reshape(datasets, episodes, *value.shape[1:]), padded)
 
 
 def dataset_statistics(
@@ -94,25 +93,11 @@ def dataset_statistics(
         num_replicates=replicates,
         dtype="float64",
     )
-    names = (
-        "observation",
-        "action",
-        "reward",
-        "log_behavior",
-        "step_mask",
-        "episode_mask",
-        "group",
-        "key_hi",
-        "key_lo",
-    )
 
     @jax.jit
-    def per_dataset(*fields):  # the arrays of one dataset, in the order of ``names``
-        given = dict(zip(names, fields, strict=True))
+    def per_dataset(batch):
         return statistics(
-            *(given[name] for name in names[:4]),
-            None,  # log_target: not logged
-            *(given[name] for name in names[4:]),
+            batch,
             jnp.asarray(gamma),
             jnp.asarray(seed, jnp.uint32),
             jnp.asarray(betting_range),
@@ -120,12 +105,10 @@ def dataset_statistics(
 
     out = []
     for start in range(0, padded.reward.shape[0], chunk):
-        part = [getattr(padded, name)[start : start + chunk] for name in names]
-        batched = jax.device_get(jax.vmap(per_dataset)(*part))  # [d, 1, 1, ...]: device, policy
-        out.extend(
-            jax.tree.map(lambda v: v[d, 0, 0], batched)  # noqa: B023
-            for d in range(len(part[0]))
-        )
+        part = jax.tree.map(lambda value: value[start : start + chunk], padded)  # noqa: B023
+        batched = jax.device_get(jax.vmap(per_dataset)(part))  # [d, 1, 1, ...]: device, policy
+        count = part.step_mask.shape[0]
+        out.extend(jax.tree.map(lambda v: v[d, 0, 0], batched) for d in range(count))  # noqa: B023
     return out
 
 
@@ -158,7 +141,7 @@ def measure(
     from ope_cli.generate import generate
     from ope_cli.pipeline import plan_intervals
     from ope_cli.policies import load_checkpoint
-    from ope_cli.reader import open_dataset
+    from ope_cli.sources import open_dataset
     from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:

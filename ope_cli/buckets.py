@@ -11,42 +11,39 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from ope_cli.config import BatchingConfig
 from ope_cli.episodes import EpisodeChunk
+from ope_cli.steps import Steps, map_arrays, step_field
 
 RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
-STEP_FIELDS = ("observation", "action", "reward", "log_behavior", "log_target")  # [N, ...] arrays
 
 
-@dataclasses.dataclass(frozen=True)
-class PaddedBatch:
+class PaddedBatch(NamedTuple):
     """B episodes of one bucket, padded to T steps. Padding is absorbing: no reward, ratio 1.
+    A NamedTuple, hence a JAX pytree as it is: the kernel takes and shards it whole.
 
     Attributes:
-      observation: [B, T] (index or scalar) or [B, T, obs_dim]; None when not read.
-      action: [B, T] int64 (discrete) or [B, T, act_dim] float64.
-      reward: [B, T] float64, 0 on padding.
-      log_behavior: [B, T] float64 log pi_b(a|s), 0 on padding.
-      log_target: [B, T] float64 logged log pi_e(a|s), 0 on padding; None when not logged.
+      steps: Steps of [B, T, ...] arrays, 0 on padding (``batch.reward`` reads
+        ``batch.steps.reward``); a field that was not read is None.
       step_mask: [B, T] bool, True on real steps.
       episode_mask: [B] bool, True on real episodes (False on rows that only fill the batch).
       group: [B] int32 resampling group of each episode, from its id.
       key_hi, key_lo: [B] uint32 halves of each episode's id hash (bootstrap streams).
     """
 
-    observation: np.ndarray | None
-    action: np.ndarray
-    reward: np.ndarray
-    log_behavior: np.ndarray
-    log_target: np.ndarray | None
+    steps: Steps
     step_mask: np.ndarray
     episode_mask: np.ndarray
     group: np.ndarray
     key_hi: np.ndarray
     key_lo: np.ndarray
+
+    def __getattr__(self, name: str) -> np.ndarray | None:
+        return step_field(self, name)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -79,70 +76,13 @@ def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return raw[start : start + size].view(dtype).reshape(shape)
 
 
-def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
-    """The sub-chunk of the given episode indices ([k] int), steps gathered in one go."""
-    offsets = chunk.offsets
-    lengths = chunk.lengths[episodes]
-    rows = np.repeat(offsets[episodes], lengths) + (
-        np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    )
-
-    def rows_of(array: np.ndarray | None) -> np.ndarray | None:
-        return None if array is None else array[rows]
-
-    return dataclasses.replace(
-        chunk,
-        ids=chunk.ids[episodes],
-        keys=chunk.keys[episodes],
-        lengths=lengths,
-        observation=rows_of(chunk.observation),
-        action=rows_of(chunk.action),
-        reward=rows_of(chunk.reward),
-        log_behavior=rows_of(chunk.log_behavior),
-        log_target=rows_of(chunk.log_target),
-    )
-
-
-def concat_chunks(chunks: list[EpisodeChunk]) -> EpisodeChunk:
-    """One chunk holding the episodes of ``chunks`` in order (file of the first)."""
-    if len(chunks) == 1:
-        return chunks[0]
-
-    def joined(name: str) -> np.ndarray | None:
-        parts = [getattr(c, name) for c in chunks]
-        return None if parts[0] is None else np.concatenate(parts)
-
-    return dataclasses.replace(
-        chunks[0],
-        **{
-            name: joined(name)
-            for name in (
-                "ids",
-                "keys",
-                "lengths",
-                "observation",
-                "action",
-                "reward",
-                "log_behavior",
-                "log_target",
-            )
-        },
-    )
-
-
 def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
     """An all-padding [batch, length] PaddedBatch with the dtypes and trailing shapes of
     ``chunk``'s arrays, ready for ``place_episodes``."""
-
-    def zeros_like(values: np.ndarray | None) -> np.ndarray | None:
-        return None if values is None else _zeros((batch, length, *values.shape[1:]), values.dtype)
-
     return PaddedBatch(
-        observation=zeros_like(chunk.observation),
-        action=zeros_like(chunk.action),
-        reward=zeros_like(chunk.reward),
-        log_behavior=zeros_like(chunk.log_behavior),
-        log_target=zeros_like(chunk.log_target),
+        steps=map_arrays(
+            lambda values: _zeros((batch, length, *values.shape[1:]), values.dtype), chunk.steps
+        ),
         step_mask=_zeros((batch, length), bool),
         episode_mask=np.zeros(batch, bool),
         group=np.zeros(batch, np.int32),
@@ -170,8 +110,7 @@ def place_episodes(
     source = offsets[episodes][:, None] + np.minimum(time, lengths[:, None] - 1)
     padding = np.flatnonzero(~real)  # in the [k * T] flattening of the block
     rows = slice(row, row + episodes.size)
-    for name in STEP_FIELDS:
-        padded, values = getattr(batch, name), getattr(chunk, name)
+    for padded, values in zip(batch.steps, chunk.steps, strict=True):
         if padded is None:
             continue
         block = padded[rows]
@@ -192,25 +131,23 @@ def place_episodes(
 def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
     """``batch``, its per-step arrays copied to a wider dtype where ``chunk``'s is wider
     (files may store a column as float32 in one and float64 in another); usually itself."""
-    wider = {}
-    for name in STEP_FIELDS:
-        padded, values = getattr(batch, name), getattr(chunk, name)
-        if padded is not None and values is not None:
-            dtype = np.result_type(padded.dtype, values.dtype)
-            if dtype != padded.dtype:
-                wider[name] = _zeros(padded.shape, dtype)
-                wider[name][...] = padded
-    return dataclasses.replace(batch, **wider) if wider else batch
+
+    def wider(padded: np.ndarray, values: np.ndarray | None) -> np.ndarray:
+        dtype = padded.dtype if values is None else np.result_type(padded.dtype, values.dtype)
+        if dtype == padded.dtype:
+            return padded
+        copy = _zeros(padded.shape, dtype)
+        copy[...] = padded
+        return copy
+
+    steps = map_arrays(wider, batch.steps, chunk.steps)
+    changed = any(a is not b for a, b in zip(steps, batch.steps, strict=True))
+    return batch._replace(steps=steps) if changed else batch
 
 
 def first_rows(batch: PaddedBatch, rows: int) -> PaddedBatch:
     """Rows ``:rows`` of ``batch`` as views (still 64-byte aligned: same start)."""
-    return PaddedBatch(
-        **{
-            field.name: None if (value := getattr(batch, field.name)) is None else value[:rows]
-            for field in dataclasses.fields(PaddedBatch)
-        }
-    )
+    return map_arrays(lambda values: values[:rows], batch)
 
 
 def pad(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
+C = TypeVar("C")
 
 
 class DistributedError(OpeError):
@@ -129,13 +131,20 @@ def check_all_succeeded(error: OpeError | None) -> None:
         raise failure
 
 
+def allgather_ragged(values: np.ndarray) -> np.ndarray:
+    """Collective: [sum of n_p, ...] every process's ``values`` ([n_p, ...], n_p may differ;
+    the trailing shape and dtype may not) concatenated in process order."""
+    values = np.asarray(values)
+    counts = _gather(np.array([values.shape[0]], np.int64))[:, 0]
+    padded = np.zeros((int(counts.max()), *values.shape[1:]), values.dtype)
+    padded[: values.shape[0]] = values
+    gathered = _gather(padded)
+    return np.concatenate([gathered[p, : counts[p]] for p in range(len(counts))])
+
+
 def check_disjoint_episodes(keys: np.ndarray) -> None:
     """Collective: an episode id read by two processes is an error, not a double count."""
-    counts = _gather(np.array([keys.size], np.int64))[:, 0]
-    padded = np.zeros(int(counts.max()), np.uint64)
-    padded[: keys.size] = keys
-    gathered = _gather(padded)
-    everything = np.concatenate([gathered[p, : counts[p]] for p in range(len(counts))])
+    everything = allgather_ragged(np.asarray(keys, np.uint64))
     unique, occurrences = np.unique(everything, return_counts=True)
     shared = int((occurrences > 1).sum())
     if shared:
@@ -145,16 +154,33 @@ def check_disjoint_episodes(keys: np.ndarray) -> None:
         )
 
 
-def allgather_ints(values: list[int]) -> np.ndarray:
-    """[N, len(values)] the same integers from every process."""
-    return _gather(np.asarray(values, np.int64))
+def allgather(values: np.ndarray) -> np.ndarray:
+    """Collective: [N, ...] the array ``values`` (same shape and dtype everywhere) of every
+    process, in process order."""
+    return _gather(np.asarray(values))
 
 
-def reduce_accumulators(accumulators: list[Accumulator], length: int) -> list[Accumulator]:
+def reduce_counters(counters: C) -> C:
+    """Collective: a dataclass of integer counters (ints or int arrays) summed over processes,
+    or reduced with ``max`` where the field's metadata says ``{"reduce": "max"}``. Generic
+    over the fields, so a new counter needs no edit here."""
+    reduced = {}
+    for field in dataclasses.fields(counters):
+        gathered = _gather(np.asarray(getattr(counters, field.name), np.int64))
+        total = gathered.max(axis=0) if field.metadata.get("reduce") == "max" else gathered.sum(0)
+        reduced[field.name] = int(total) if total.ndim == 0 else total
+    return dataclasses.replace(counters, **reduced)
+
+
+def reduce_accumulators(accumulators: list[Accumulator]) -> list[Accumulator]:
     """Collective: each policy's accumulators of all processes, merged in process order.
-    ``length`` is the longest per-step array over all processes (the same everywhere)."""
+    Generic over the accumulator's fields (a pytree); the per-step arrays are first
+    lengthened to the longest over all processes."""
     import jax
 
+    if not accumulators:
+        return []
+    length = int(_gather(np.array([accumulators[0].length], np.int64)).max())
     merged = []
     for accumulator in accumulators:
         leaves, tree = jax.tree.flatten(extend(accumulator, length))

@@ -17,11 +17,12 @@ import math
 import numpy as np
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, Problem, bounds_checks
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError
 from ope_cli.policies import check_against_schema, chunk_checks, load_policies
-from ope_cli.reader import DeclaredBounds, iter_batches, open_dataset
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
+from ope_cli.sources import DeclaredBounds, iter_batches, open_dataset
+from ope_cli.validate import Check, Problem, bounds_checks
 
 MAX_DISTINCT_ACTIONS = 1000  # counted one by one; further distinct actions count as "other"
 _LOG10_MIN, _LOG10_MAX, _BINS_PER_DECADE = -40.0, 10.0, 1000  # median to ~0.12% relative
@@ -155,11 +156,11 @@ def inspect(config: InspectConfig) -> InspectReport:
         for policy in policies:
             yield from chunk_checks(policy, chunk)
         yield from bounds_checks(
-            chunk,
+            chunk.steps,
+            chunk.lengths,
             declared.reward_range,
             declared.horizon,
-            "declared by the data",
-            "declared by the data",
+            ("declared by the data", "declared by the data"),
         )
 
     report = InspectReport(
@@ -187,14 +188,9 @@ def inspect(config: InspectConfig) -> InspectReport:
         except DataError as error:  # this file cannot be read on: report it, go on with the next
             failed = _failed_file(str(error), remaining) or current
             message = str(error).removeprefix(f"{failed}: ")
+            problem = f"{message} (the rest of this file was not read)"
             assembler.validation.found(
-                "file_error",
-                f"{message} (the rest of this file was not read)",
-                failed,
-                None,
-                None,
-                0,
-                0,
+                Check("file_error", problem, np.zeros(0, bool)), failed, (None, None), (0, 0)
             )
             assembler.abandon_file()
             remaining = remaining[remaining.index(failed) + 1 :]

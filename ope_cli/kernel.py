@@ -84,18 +84,9 @@ def _policy_log_probs(
     return log_pi.astype(dtype)
 
 
-def policy_group_statistics(
+def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     params,
-    observation,
-    action,
-    reward,
-    log_behavior,
-    log_target,
-    step_mask,
-    episode_mask,
-    group,
-    key_hi,
-    key_lo,
+    batch: PaddedBatch,
     gamma,
     seed,
     betting_range,
@@ -109,17 +100,20 @@ def policy_group_statistics(
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
     fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
     ``estimators``: the registered estimators whose sums to compute (None: all)."""
-    observation, action, reward, log_behavior, log_target = (
-        x.astype(dtype) if x is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
-        for x in (observation, action, reward, log_behavior, log_target)
+    steps = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch.steps
     )
-    log_pi = _policy_log_probs(log_prob, params, observation, action, log_target, step_mask, dtype)
-    log_w = log_weights(log_pi, log_behavior, step_mask)
-    counts = poisson_counts(key_hi, key_lo, seed, num_replicates)
+    log_pi = _policy_log_probs(
+        log_prob, params, steps.observation, steps.action, steps.log_target, batch.step_mask, dtype
+    )
+    log_w = log_weights(log_pi, steps.log_behavior, batch.step_mask)
+    counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
 
     def per_policy(log_w_bt):
-        batch = WeightedBatch(log_w_bt, reward, step_mask, episode_mask, group, counts)
-        return batch_statistics(batch, gamma, num_groups, betting_range, estimators)
+        weighted = WeightedBatch(
+            log_w_bt, steps.reward, batch.step_mask, batch.episode_mask, batch.group, counts
+        )
+        return batch_statistics(weighted, gamma, num_groups, betting_range, estimators)
 
     statistics = jax.vmap(per_policy)(log_w)
     return jax.tree.map(lambda x: x[None], statistics)
@@ -129,18 +123,9 @@ def policy_group_statistics(
     jax.jit,
     static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh", "estimators"),
 )
-def _kernel(
+def _kernel(  # noqa: PLR0913 - statics are keyword-only
     params,
-    observation,
-    action,
-    reward,
-    log_behavior,
-    log_target,
-    step_mask,
-    episode_mask,
-    group,
-    key_hi,
-    key_lo,
+    batch: PaddedBatch,
     gamma,
     seed,
     betting_range,
@@ -154,9 +139,10 @@ def _kernel(
 ) -> BatchStatistics:
     """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
 
-    With a mesh, each device reduces its own share of the episodes and the per-device
-    partials come back to the host to be merged there: no cross-device collective runs
-    inside the kernel, so any number of calls can be in flight without deadlocking.
+    With a mesh, each device reduces its own share of the episodes (every leaf of ``batch``
+    is split along its episode axis) and the per-device partials come back to the host to be
+    merged there: no cross-device collective runs inside the kernel, so any number of calls
+    can be in flight without deadlocking.
     """
     global _traces
     _traces += 1
@@ -168,26 +154,13 @@ def _kernel(
         dtype=dtype,
         estimators=estimators,
     )
-    args = (
-        params,
-        observation,
-        action,
-        reward,
-        log_behavior,
-        log_target,
-        step_mask,
-        episode_mask,
-        group,
-        key_hi,
-        key_lo,
-        gamma,
-        seed,
-        betting_range,
-    )
+    args = (params, batch, gamma, seed, betting_range)
     if mesh is None:
         return statistics(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
-    in_specs = (PartitionSpec(), *(by_episode,) * 10, *(PartitionSpec(),) * 3)
+    replicated = PartitionSpec()
+    batch_specs = jax.tree.map(lambda _: by_episode, batch)
+    in_specs = (replicated, batch_specs, replicated, replicated, replicated)
     return jax.shard_map(statistics, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
@@ -234,36 +207,18 @@ class Kernel:
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
         )
 
-    def _narrow(self, x: np.ndarray | None) -> np.ndarray | None:
+    def _narrow(self, x: np.ndarray) -> np.ndarray:
         """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
         narrower ones are widened on the device."""
-        if (
-            x is not None
-            and np.issubdtype(x.dtype, np.floating)
-            and x.dtype.itemsize > self.dtype.itemsize
-        ):
+        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
             return x.astype(self.dtype)
         return x
 
     def __call__(self, batch: PaddedBatch) -> BatchStatistics:
         head = self.group.head
-        arrays = [
-            self._narrow(x)
-            for x in (
-                batch.observation,
-                batch.action,
-                batch.reward,
-                batch.log_behavior,
-                batch.log_target,
-                batch.step_mask,
-                batch.episode_mask,
-                batch.group,
-                batch.key_hi,
-                batch.key_lo,
-            )
-        ]
-        on_device = jax.device_put(arrays, self._sharding)  # one call for the whole batch
-        args = (self.params, *on_device, self.gamma, self.seed, self.betting_range)
+        narrowed = jax.tree.map(self._narrow, batch)  # None fields stay None
+        on_device = jax.device_put(narrowed, self._sharding)  # one call for the whole batch
+        args = (self.params, on_device, self.gamma, self.seed, self.betting_range)
         static = dict(
             log_prob=head.log_prob,
             num_groups=self.num_groups,

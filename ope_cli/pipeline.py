@@ -7,22 +7,23 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer
+from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
 from ope_cli.config import EvaluationConfig
 from ope_cli.distributed import (
     DistributedConfig,
-    allgather_ints,
+    allgather_ragged,
     check_all_succeeded,
     check_disjoint_episodes,
     initialize,
     reduce_accumulators,
+    reduce_counters,
     share_files,
 )
-from ope_cli.episodes import REASONS, EpisodeAssembler, bounds_checks, dropped_by_reason
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.estimators import names as estimator_names
 from ope_cli.estimators.base import (
@@ -37,9 +38,16 @@ from ope_cli.policies import (
     load_policies,
     logged_policy,
 )
-from ope_cli.reader import DeclaredBounds, is_reward_range, iter_batches, open_dataset, prefetched
 from ope_cli.results import EvaluationResult, PolicyResult
-from ope_cli.schema import resolve_schema
+from ope_cli.schema import DataSchema, resolve_schema
+from ope_cli.sources import (
+    Dataset,
+    DeclaredBounds,
+    is_reward_range,
+    iter_batches,
+    open_dataset,
+    prefetched,
+)
 from ope_cli.stats import (
     Accumulator,
     finalize,
@@ -48,6 +56,7 @@ from ope_cli.stats import (
     merge,
     profile,
 )
+from ope_cli.validate import REASONS, Check, bounds_checks, dropped_by_reason
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
@@ -85,6 +94,10 @@ def check_config(config: EvaluationConfig) -> None:
         raise UsageError(
             f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
         )
+    _check_interval_options(config)
+
+
+def _check_interval_options(config: EvaluationConfig) -> None:
     if config.reward_range is not None:
         low, high = config.reward_range
         if not is_reward_range(low, high):
@@ -136,7 +149,11 @@ class IntervalPlan:
 
     def chunk_checks(self, chunk):
         return bounds_checks(
-            chunk, self.reward_range, self.horizon, self.bounds_source, self.horizon_source
+            chunk.steps,
+            chunk.lengths,
+            self.reward_range,
+            self.horizon,
+            (self.bounds_source, self.horizon_source),
         )
 
 
@@ -191,31 +208,127 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
 
 
 @dataclasses.dataclass
-class _LocalPass:
-    """What one process learned from its share of the data."""
+class Counters:
+    """Integer tallies of one process's share; summed across processes field by field
+    (``max`` where the metadata says so), so a new counter is one new field."""
 
-    accumulators: list[Accumulator]
     episodes: int = 0
     steps: int = 0
     rows_read: int = 0
-    max_length: int = 0
     padded_steps: int = 0
-    keys: np.ndarray | None = None
+    max_length: int = dataclasses.field(default=0, metadata={"reduce": "max"})
     dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
         default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
     )
 
-    def counters(self) -> list[int]:
-        length = self.accumulators[0].length
-        return [
-            self.episodes,
-            self.steps,
-            self.rows_read,
-            self.max_length,
-            self.padded_steps,
-            length,
-            *self.dropped.ravel().tolist(),
-        ]
+
+@dataclasses.dataclass
+class _LocalPass:
+    """What one process learned from its share of the data."""
+
+    accumulators: list[Accumulator]
+    counters: Counters = dataclasses.field(default_factory=Counters)
+    keys: np.ndarray | None = None
+    shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
+
+    def reduce_across_processes(self) -> None:
+        """Collective: every process ends with the totals of all of them."""
+        check_disjoint_episodes(self.keys)
+        self.counters = reduce_counters(self.counters)
+        self.accumulators = reduce_accumulators(self.accumulators)
+        shapes = allgather_ragged(np.array(sorted(self.shapes), np.int64).reshape(-1, 2))
+        self.shapes = {(int(b), int(t)) for b, t in shapes}
+
+
+class BatchStream:
+    """One process's share of the data as padded batches: ``for batch in stream`` reads the
+    files once (read ahead on a thread), assembles and validates episodes, and yields the
+    [B, T] PaddedBatch of each bucket as it fills, then the partly filled ones.
+
+    What consumers need besides the batches: ``schema``, ``policies``, ``plan`` (interval
+    method and bounds), ``data`` (this process's files), ``files`` (all processes' count),
+    and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
+    (the [B, T] shapes emitted) and ``seen_keys()``.
+    """
+
+    def __init__(  # noqa: PLR0913 - what stream() resolved, handed over once
+        self,
+        config: EvaluationConfig,
+        data: Dataset,
+        schema: DataSchema,
+        policies: list[Policy],
+        plan: IntervalPlan,
+        files: int,
+        multiple_of: int = 1,
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ):
+        self.config, self.data, self.schema = config, data, schema
+        self.policies, self.plan, self.files = policies, plan, files
+        self.on_progress = on_progress
+        self.counters = Counters()
+        self.bucketer = Bucketer(config.batching, multiple_of=multiple_of)
+        self.assembler = EpisodeAssembler(schema, config.on_invalid, self._chunk_checks)
+
+    def _chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
+        """Action and state ranges and bounds, validated with the data."""
+        for policy in self.policies:
+            yield from chunk_checks(policy, chunk)
+        yield from self.plan.chunk_checks(chunk)
+
+    @property
+    def shapes(self) -> set[tuple[int, int]]:
+        return self.bucketer.shapes
+
+    def seen_keys(self) -> np.ndarray:
+        """[E] sorted uint64 keys of the episodes read so far."""
+        return self.assembler.seen_keys()
+
+    def __iter__(self) -> Iterator[PaddedBatch]:
+        counts, assembler, bucketer = self.counters, self.assembler, self.bucketer
+        total_rows = self.data.count_rows()
+        if self.on_progress is not None:
+            self.on_progress(0, total_rows)
+        reading = prefetched(
+            iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
+        )
+        with contextlib.closing(reading):  # a failure below stops the reading thread at once
+            for chunk in assembler.chunks(reading):
+                counts.episodes += chunk.num_episodes
+                counts.steps += chunk.num_steps
+                counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
+                yield from bucketer.add(chunk)
+                if self.on_progress is not None:
+                    self.on_progress(assembler.rows_read, total_rows)
+        yield from bucketer.flush()
+        counts.rows_read = assembler.rows_read
+        counts.padded_steps = bucketer.padded_steps
+        counts.dropped = assembler.validation.dropped_counts()
+
+
+def stream(
+    config: EvaluationConfig,
+    multiple_of: int = 1,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    process: tuple[int, int] = (0, 1),
+) -> BatchStream:
+    """Opens the data of ``config`` (and its policies) for one pass of padded batches, with
+    episodes per batch a multiple of ``multiple_of`` (the devices they are sharded over).
+    ``process`` = (process id, number of processes): this process reads its share of the
+    files. Raises OpeError subclasses (the data is read as the stream is iterated)."""
+    policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
+    data = open_dataset(config.data)
+    schema = resolve_schema(
+        data.schema, config.columns, logged_target=not config.policies, source=config.data
+    )
+    for policy in policies:
+        if policy.kind != "logged":
+            check_against_schema(policy, schema)
+    plan = plan_intervals(config, data.declared_bounds())
+    files = len(data.files)
+    process_id, num_processes = process
+    if num_processes > 1:
+        data = data.restrict(share_files(data.files, process_id, num_processes))
+    return BatchStream(config, data, schema, policies, plan, files, multiple_of, on_progress)
 
 
 def evaluate(
@@ -250,75 +363,30 @@ def evaluate(
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
     mesh = local_mesh(config.devices)
     devices = 1 if mesh is None else mesh.size
-    bucketer = Bucketer(config.batching, multiple_of=devices)
 
     error: OpeError | None = None
     try:
-        policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
-        data = open_dataset(config.data)
-        schema = resolve_schema(
-            data.schema, config.columns, logged_target=not config.policies, source=config.data
-        )
-        for policy in policies:
-            if policy.kind != "logged":
-                check_against_schema(policy, schema)
-        plan = plan_intervals(config, data.declared_bounds())
-        files = len(data.files)
-        if num_processes > 1:
-            data = data.restrict(share_files(data.files, process_id, num_processes))
-        local = _local_pass(
-            config, plan, data, schema, policies, precision, mesh, bucketer, on_progress, on_status
-        )
+        batches = stream(config, devices, on_progress, (process_id, num_processes))
+        local = _local_pass(batches, precision, mesh, on_status)
     except OpeError as failure:
         if num_processes == 1:
             raise
         error = failure
     if num_processes > 1:
         check_all_succeeded(error)
-        check_disjoint_episodes(local.keys)
-        totals = allgather_ints(local.counters())
-        local.episodes, local.steps, local.rows_read = (int(x) for x in totals[:, :3].sum(axis=0))
-        local.max_length = int(totals[:, 3].max())
-        local.padded_steps = int(totals[:, 4].sum())
-        local.accumulators = reduce_accumulators(local.accumulators, int(totals[:, 5].max()))
-        local.dropped = totals[:, 6:].sum(axis=0).reshape(len(REASONS), 2)
-    dropped = dropped_by_reason(local.dropped)
-    if local.episodes == 0 and dropped:
-        reasons = ", ".join(f"{reason}: {counts['episodes']}" for reason, counts in dropped.items())
-        raise DataError(
-            f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
-            f"as invalid ({reasons})"
-        )
-    if local.episodes == 0:
-        raise DataError(f"{config.data}: no episodes (the data has no rows)")
-
-    results = []
-    for policy, accumulator in zip(policies, local.accumulators, strict=True):
-        estimates, diagnostics = finalize(
-            accumulator,
-            config.gamma,
-            local.max_length,
-            config.confidence,
-            plan.method,
-            plan.betting_range,
-        )
-        results.append(
-            PolicyResult(
-                policy=policy.name,
-                estimates={name: estimates[name] for name in config.estimators},
-                diagnostics=diagnostics,
-                profile=profile(accumulator, config.gamma, local.max_length),
-            )
-        )
+        local.reduce_across_processes()
+    counts = local.counters
+    _check_some_episodes(config, counts)
+    plan = batches.plan
     return EvaluationResult(
         source=config.data,
-        layout=schema.layout,
-        schema=schema,
-        files=files,
-        episodes=local.episodes,
-        steps=local.steps,
-        rows_read=local.rows_read,
-        max_length=local.max_length,
+        layout=batches.schema.layout,
+        schema=batches.schema,
+        files=batches.files,
+        episodes=counts.episodes,
+        steps=counts.steps,
+        rows_read=counts.rows_read,
+        max_length=counts.max_length,
         gamma=config.gamma,
         estimators=tuple(config.estimators),
         confidence_level=config.confidence,
@@ -328,31 +396,74 @@ def evaluate(
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
-        results=results,
+        results=_policy_results(config, plan, batches.policies, local),
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
         processes=num_processes,
         process_id=process_id,
         precision=precision,
-        padded_steps=local.padded_steps,
-        batch_shapes=sorted(bucketer.shapes),
+        padded_steps=counts.padded_steps,
+        batch_shapes=sorted(local.shapes),
         compiles=trace_count() - traces_before,
         on_invalid=config.on_invalid,
-        episodes_dropped=int(local.dropped[:, 0].sum()),
-        steps_dropped=int(local.dropped[:, 1].sum()),
-        dropped=dropped,
+        episodes_dropped=int(counts.dropped[:, 0].sum()),
+        steps_dropped=int(counts.dropped[:, 1].sum()),
+        dropped=dropped_by_reason(counts.dropped),
     )
 
 
-def _local_pass(
-    config, plan, data, schema, policies, precision, mesh, bucketer, on_progress, on_status=None
-) -> _LocalPass:
-    """Reads this process's files once and accumulates every policy's statistics."""
+def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
+    """A DataError when no episode is left to estimate from."""
+    dropped = dropped_by_reason(counts.dropped)
+    if counts.episodes == 0 and dropped:
+        reasons = ", ".join(f"{reason}: {c['episodes']}" for reason, c in dropped.items())
+        raise DataError(
+            f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
+            f"as invalid ({reasons})"
+        )
+    if counts.episodes == 0:
+        raise DataError(f"{config.data}: no episodes (the data has no rows)")
+
+
+def _policy_results(
+    config: EvaluationConfig, plan: IntervalPlan, policies: list[Policy], local: _LocalPass
+) -> list[PolicyResult]:
+    """Each policy's estimates, diagnostics and profile from its accumulator."""
+    max_length = local.counters.max_length
+    results = []
+    for policy, accumulator in zip(policies, local.accumulators, strict=True):
+        estimates, diagnostics = finalize(
+            accumulator,
+            config.gamma,
+            max_length,
+            config.confidence,
+            plan.method,
+            plan.betting_range,
+        )
+        results.append(
+            PolicyResult(
+                policy=policy.name,
+                estimates={name: estimates[name] for name in config.estimators},
+                diagnostics=diagnostics,
+                profile=profile(accumulator, config.gamma, max_length),
+            )
+        )
+    return results
+
+
+def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _LocalPass:
+    """Consumes this process's stream once and accumulates every policy's statistics.
+
+    Batches are dispatched up to MAX_BATCHES_IN_FLIGHT ahead, so host work overlaps the
+    kernel. Per bucket length T, per policy, the batches of that length are merged first:
+    merging like with like needs no lengthening to the longest bucket (cheap [K, T]
+    arrays); the lengths are merged into the totals once, at the end."""
     import jax
 
     from ope_cli.kernel import Kernel, group_policies
 
+    config, plan, policies = batches.config, batches.plan, batches.policies
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
     replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
@@ -375,12 +486,8 @@ def _local_pass(
             init(RESAMPLING_GROUPS, replicates, plan.betting_range is not None) for _ in policies
         ]
 
-    local = _LocalPass(accumulators=no_episodes())
-    in_flight: collections.deque = collections.deque()
-    # Per bucket length T, per policy: the batches of that length merged so far. Merging
-    # like with like needs no lengthening to the longest bucket (cheap [K, T] arrays); the
-    # lengths are merged into ``local.accumulators`` once, at the end.
     by_length: dict[int, list[Accumulator]] = {}
+    in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
         length, results = pending
@@ -393,9 +500,8 @@ def _local_pass(
                     partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()
-
-    def run(batch) -> None:
-        shape = batch.step_mask.shape
+    for batch in batches:
+        shape = batch.shape
         new_shape = on_status is not None and shape not in shapes_seen
         if new_shape:  # jit compiles (once per shape) inside the kernel call
             on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
@@ -405,38 +511,9 @@ def _local_pass(
             on_status("evaluating")
         if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
             absorb(in_flight.popleft())
-
-    total_rows = data.count_rows()
-    if on_progress is not None:
-        on_progress(0, total_rows)
-
-    def policy_checks(chunk):  # action and state ranges and bounds, validated with the data
-        for policy in policies:
-            yield from chunk_checks(policy, chunk)
-        yield from plan.chunk_checks(chunk)
-
-    assembler = EpisodeAssembler(schema, config.on_invalid, policy_checks)
-    reading = prefetched(iter_batches(data, schema.read_columns, config.batching.read_rows))
-    with contextlib.closing(reading):  # a failure below stops the reading thread at once
-        for chunk in assembler.chunks(reading):
-            local.episodes += chunk.num_episodes
-            local.steps += chunk.num_steps
-            local.max_length = max(local.max_length, int(chunk.lengths.max()))
-            for batch in bucketer.add(chunk):
-                run(batch)
-            if on_progress is not None:
-                on_progress(assembler.rows_read, total_rows)
-    for batch in bucketer.flush():
-        run(batch)
     while in_flight:
         absorb(in_flight.popleft())
+    totals = no_episodes()
     for length in sorted(by_length):
-        local.accumulators = [
-            merge(total, partial)
-            for total, partial in zip(local.accumulators, by_length[length], strict=True)
-        ]
-    local.rows_read = assembler.rows_read
-    local.padded_steps = bucketer.padded_steps
-    local.keys = assembler.seen_keys()
-    local.dropped = assembler.validation.dropped_counts()
-    return local
+        totals = [merge(t, p) for t, p in zip(totals, by_length[length], strict=True)]
+    return _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))

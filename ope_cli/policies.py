@@ -16,13 +16,14 @@ import math
 import os
 import sys
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ope_cli.errors import DataError, PolicyError
+from ope_cli.validate import Check
 
 LogProbFn = Callable[[Any, Any, Any], Any]
 LOGGED = "logged target probabilities"
@@ -416,19 +417,19 @@ def check_against_schema(policy: Policy, schema) -> None:
         )
 
 
-def chunk_checks(policy: Policy, chunk):
-    """Value-level compatibility of one chunk with the policy, as episodes.value_checks does
-    it: yields (reason, problem, [N] bool rows). Action and state ranges can be dropped
+def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
+    """Value-level compatibility of one chunk with the policy, as validate.value_checks does
+    it: yields Check(reason, problem, [N] bool rows). Action and state ranges can be dropped
     (``--on-invalid drop``); a size mismatch concerns every row and never is."""
     if policy.n_actions is not None:
-        yield (
+        yield Check(
             "action_out_of_range",
             f"action is outside policy {policy.name}'s {policy.n_actions} actions "
             f"(0..{policy.n_actions - 1})",
             chunk.action >= policy.n_actions,
         )
     if policy.n_states is not None and chunk.observation is not None:
-        yield (
+        yield Check(
             "state_out_of_range",
             f"state index is outside policy {policy.name}'s {policy.n_states} states "
             f"(0..{policy.n_states - 1})",
@@ -437,7 +438,7 @@ def chunk_checks(policy: Policy, chunk):
     if policy.obs_dim is not None and chunk.observation is not None:
         size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
         if size != policy.obs_dim:
-            yield (
+            yield Check(
                 "observation_size",
                 f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}",
                 np.ones(chunk.num_steps, bool),
@@ -445,7 +446,7 @@ def chunk_checks(policy: Policy, chunk):
     if policy.act_dim is not None:
         size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
         if size != policy.act_dim:
-            yield (
+            yield Check(
                 "action_size",
                 f"action has size {size}, but policy {policy.name} expects {policy.act_dim}",
                 np.ones(chunk.num_steps, bool),

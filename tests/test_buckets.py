@@ -14,17 +14,17 @@ from ope_cli.buckets import (
     RESAMPLING_GROUPS,
     Bucketer,
     bucket_lengths_upto,
-    concat_chunks,
     empty_batch,
     episodes_per_batch,
     first_rows,
     pad,
     place_episodes,
-    take_episodes,
     widened,
 )
 from ope_cli.config import BatchingConfig
-from ope_cli.episodes import EpisodeChunk, mix64
+from ope_cli.episodes import EpisodeChunk, concat_chunks, take_episodes
+from ope_cli.ids import mix64
+from ope_cli.steps import Steps
 
 CHUNK_FIELDS = (
     "ids",
@@ -60,11 +60,13 @@ def make_chunk(
         ids=ids,
         keys=mix64(ids.view(np.uint64)),
         lengths=lengths,
-        observation=observation,
-        action=step_of_row.astype(np.int64),
-        reward=id_of_row + step_of_row / 1000.0,
-        log_behavior=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)),
-        log_target=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)) if with_target else None,
+        steps=Steps(
+            observation=observation,
+            action=step_of_row.astype(np.int64),
+            reward=id_of_row + step_of_row / 1000.0,
+            log_behavior=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)),
+            log_target=np.log(rng.uniform(0.1, 1.0, size=id_of_row.size)) if with_target else None,
+        ),
     )
 
 
@@ -452,7 +454,9 @@ def test_place_episodes_in_parts_equals_pad_at_once(seed):
 
 def test_widened_promotes_only_when_a_chunk_is_wider():
     chunk32 = make_chunk([2, 3])
-    chunk32 = dataclasses.replace(chunk32, observation=chunk32.observation.astype(np.float32))
+    chunk32 = dataclasses.replace(
+        chunk32, steps=chunk32.steps._replace(observation=chunk32.observation.astype(np.float32))
+    )
     batch = empty_batch(chunk32, 8, 4)
     place_episodes(batch, 0, chunk32, np.arange(2))
     assert widened(batch, chunk32) is batch

@@ -196,3 +196,27 @@ def test_a_process_that_dies_ends_the_others_without_a_hang(world):
     assert out == "" and "Traceback" not in err
     assert err.startswith("ope: distributed run failed") and "died or stopped answering" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_on_invalid_drop_across_processes_matches_one_process(world):
+    """Invalid episodes in the files of both processes: each drops its own, the counts by
+    reason are summed, and the estimates equal a one-process run's."""
+    tmp, episodes = world
+    bad = [dict(e) for e in episodes[:60]]
+    for index, reason in ((3, "reward"), (25, "reward"), (41, "behavior_prob")):
+        values = np.array(bad[index][reason], dtype=float)
+        values[0] = np.nan
+        bad[index][reason] = values
+    (tmp / "dropping").mkdir()
+    write_table(step_layout_table(bad[:30]), tmp / "dropping" / "a.parquet")
+    write_table(step_layout_table(bad[30:]), tmp / "dropping" / "b.parquet")
+    args = ["dropping", "-p", "p0.npz", "--format", "json", "--on-invalid", "drop"]
+    reference = single(args, tmp)
+    assert reference["dataset"]["episodes_dropped"] == 3
+    outcomes = run_cluster(args, 2, tmp)
+    for code, _, err in outcomes:
+        assert code == 0, err
+    result = json.loads(outcomes[0][1])
+    assert result["runtime"]["processes"] == 2
+    assert_same_json(reference, result)

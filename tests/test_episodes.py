@@ -17,10 +17,11 @@ from datasets import (
 )
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk, hash_strings, id_keys, mix64
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError
-from ope_cli.reader import iter_batches, open_dataset
+from ope_cli.ids import hash_strings, id_keys, mix64
 from ope_cli.schema import resolve_schema
+from ope_cli.sources import iter_batches, open_dataset
 
 READ_ROWS = [1, 2, 3, 7, 1_000_000]
 

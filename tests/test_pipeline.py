@@ -21,8 +21,8 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_st
 
 from ope_cli.buckets import RESAMPLING_GROUPS, bucket_lengths_upto
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.episodes import id_keys
 from ope_cli.errors import PolicyError
+from ope_cli.ids import id_keys
 from ope_cli.pipeline import evaluate
 
 
@@ -315,3 +315,31 @@ def test_a_policy_glob_stands_for_its_sorted_checkpoints(tmp_path):
     assert_same_results(by_glob, listed)
     with pytest.raises(PolicyError, match="no checkpoint matches"):
         run(data, [str(tmp_path / "nothing*.npz")])
+
+
+def test_stream_yields_padded_batches_of_every_episode_once(tmp_path):
+    """``stream`` alone (no kernel): every real step of every episode reaches exactly one
+    padded batch, batches hold a multiple of the devices' count, and the counters agree."""
+    from ope_cli.pipeline import stream
+
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=120)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    config = EvaluationConfig(
+        data=str(data),
+        policies=(str(paths[0]),),
+        batching=BatchingConfig(batch_steps=256, read_rows=53),
+    )
+    progress = []
+    batches = stream(config, multiple_of=2, on_progress=lambda rows, total: progress.append(rows))
+    assert batches.schema.layout == "step" and len(batches.policies) == 1
+    seen = list(batches)
+    real_steps = sum(int(b.step_mask.sum()) for b in seen)
+    total = sum(len(e["reward"]) for e in episodes)
+    assert real_steps == total == batches.counters.steps
+    assert sum(int(b.episode_mask.sum()) for b in seen) == len(episodes)
+    assert batches.counters.episodes == len(episodes)
+    assert batches.counters.rows_read == total and progress[-1] == total
+    assert {b.shape for b in seen} == batches.shapes
+    assert all(b.shape[0] % 2 == 0 for b in seen)
+    assert batches.seen_keys().size == len(episodes)
+    assert sum(b.shape[0] * b.shape[1] for b in seen) == batches.counters.padded_steps

@@ -167,8 +167,8 @@ def read_everything(path: str) -> str:
     """Opens, validates and assembles every episode of ``path`` (no JAX): ``ok``, or
     ``DataError: ...``, or ``BUG <type>: ...`` for any other exception. Runs in a worker."""
     from ope_cli.episodes import EpisodeAssembler
-    from ope_cli.reader import iter_batches, open_dataset
     from ope_cli.schema import resolve_schema
+    from ope_cli.sources import iter_batches, open_dataset
 
     try:
         data = open_dataset(path)

@@ -16,8 +16,8 @@ from ope_cli.buckets import Bucketer
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError, UsageError
-from ope_cli.reader import LoggedDataset, iter_batches, open_dataset
 from ope_cli.schema import resolve_schema
+from ope_cli.sources import Dataset, iter_batches, open_dataset
 
 if TYPE_CHECKING:
     from ope_cli.buckets import PaddedBatch
@@ -38,7 +38,7 @@ class BenchSource(NamedTuple):
     """A step-layout dataset opened once: the path given, its files and its resolved schema."""
 
     path: str
-    data: LoggedDataset
+    data: Dataset
     schema: DataSchema
 
 

@@ -139,18 +139,11 @@ def device_batches(batches: list[PaddedBatch], dtype, mesh) -> list[PaddedBatch]
     """The batches on the device(s), floats cast to ``dtype``, episodes split over ``mesh``."""
     sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
 
-    def put(x):
-        if x is None:
-            return None
-        if np.issubdtype(x.dtype, np.floating):
-            x = x.astype(dtype, copy=False)
-        return jax.device_put(x, sharding)
+    def cast(x: np.ndarray) -> np.ndarray:
+        return x.astype(dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else x
 
-    on_device = [
-        dataclasses.replace(b, **{f.name: put(getattr(b, f.name)) for f in dataclasses.fields(b)})
-        for b in batches
-    ]
-    jax.block_until_ready([dataclasses.astuple(b) for b in on_device])
+    on_device = [jax.device_put(jax.tree.map(cast, b), sharding) for b in batches]
+    jax.block_until_ready(on_device)
     return on_device
 
 
@@ -181,8 +174,8 @@ def prepare_kernel(
 
     acc = init(RESAMPLING_GROUPS)
     for statistics in jax.device_get(outputs):  # [D, P, ...]
-        for device in range(statistics.group_sums.shape[0]):
-            one = type(statistics)(*(value[device, 0] for value in statistics))
+        for device in range(statistics.log_weight_histogram.shape[0]):
+            one = jax.tree.map(lambda value: value[device, 0], statistics)  # noqa: B023
             acc = merge(acc, from_batch(one))
     estimates, _ = finalize(acc, GAMMA, max_length, 0.95)
     padded_steps = sum(b.step_mask.size for b in on_device)

@@ -1,4 +1,4 @@
-"""Files, directories and globs -> ordered, projected record batches (ope_cli/reader.py)."""
+"""Files, directories and globs -> ordered, projected record batches (ope_cli/sources)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ope_cli.errors import DataError
-from ope_cli.reader import iter_batches, open_dataset, prefetched
+from ope_cli.sources import iter_batches, open_dataset, prefetched
 
 
 def table(start: int, stop: int) -> pa.Table:
@@ -262,3 +262,47 @@ def test_prefetched_stops_its_thread_when_the_consumer_stops():
     reading.close()
     assert not any(t.name == "ope-prefetch" and t.is_alive() for t in threading.enumerate())
     assert len(produced) <= 5 + 2 + 1  # at most depth items (and the one being put) ahead
+
+
+# ------------------------------------------------------------------- provenance, registry
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "feather"])
+def test_each_batch_knows_its_row_offset_in_its_file(tmp_path, file_format):
+    for k, (start, stop) in enumerate([(0, 10), (10, 17)]):
+        path = tmp_path / f"part-{k}.{file_format}"
+        if file_format == "parquet":
+            pq.write_table(table(start, stop), path, row_group_size=4)
+        else:
+            feather.write_feather(table(start, stop), path, chunksize=4)
+    data = open_dataset(str(tmp_path))
+    for file in data.files:
+        mine = [b for b in iter_batches(data, ["episode_id"], 3) if b.file == file]
+        offsets = [b.row_offset for b in mine]
+        sizes = [b.batch.num_rows for b in mine]
+        assert offsets == list(np.cumsum([0, *sizes[:-1]]))
+        first_id = mine[0].batch.column(0)[0].as_py()
+        for b in mine:  # the row of the file each batch starts at
+            if b.batch.num_rows:
+                assert b.batch.column(0)[0].as_py() == first_id + b.row_offset
+
+
+def test_the_registry_picks_the_format_by_magic_bytes(tmp_path):
+    from ope_cli.sources import FORMATS, ipc, parquet, sniff_format
+
+    assert FORMATS == (parquet, ipc)
+    pq.write_table(table(0, 2), tmp_path / "a.data")
+    feather.write_feather(table(0, 2), tmp_path / "b.data")
+    assert sniff_format(str(tmp_path / "a.data")) is parquet
+    assert sniff_format(str(tmp_path / "b.data")) is ipc
+
+
+def test_restrict_keeps_the_schema_and_reads_only_its_files(tmp_path):
+    for k, (start, stop) in enumerate([(0, 4), (4, 9), (9, 12)]):
+        pq.write_table(table(start, stop), tmp_path / f"part-{k}.parquet")
+    data = open_dataset(str(tmp_path))
+    share = data.restrict(data.files[1:])
+    assert share.files == data.files[1:]
+    assert share.schema == data.schema
+    assert share.count_rows() == 8
+    assert read_ids(share) == list(range(4, 12))

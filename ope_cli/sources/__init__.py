@@ -1,0 +1,62 @@
+"""Input formats as plug-ins: each module recognises its files by their first bytes and
+opens them as a ``Dataset`` (``base``). A new format is one module with ``NAME``,
+``sniff(head)`` and ``open_files(source, files, base_dir)``, plus its line in FORMATS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import ModuleType
+
+from ope_cli.errors import DataError
+from ope_cli.sources import ipc, parquet
+from ope_cli.sources.base import (
+    METADATA_KEY,
+    Dataset,
+    DeclaredBounds,
+    SourcedBatch,
+    is_reward_range,
+)
+from ope_cli.sources.files import read_head, resolve_files
+from ope_cli.sources.prefetch import prefetched
+
+FORMATS: tuple[ModuleType, ...] = (parquet, ipc)  # tried in order on each file's head
+
+__all__ = [
+    "FORMATS",
+    "METADATA_KEY",
+    "Dataset",
+    "DeclaredBounds",
+    "SourcedBatch",
+    "is_reward_range",
+    "iter_batches",
+    "open_dataset",
+    "prefetched",
+    "sniff_format",
+]
+
+
+def sniff_format(path: str) -> ModuleType:
+    """The format module whose magic bytes start ``path``; raises DataError."""
+    head = read_head(path)
+    for module in FORMATS:
+        if module.sniff(head):
+            return module
+    if not head:
+        raise DataError(f"{path}: file is empty (0 bytes), not a Parquet or Arrow file")
+    raise DataError(f"{path}: not a Parquet or Arrow IPC/Feather file (unrecognised header)")
+
+
+def open_dataset(source: str) -> Dataset:
+    """Resolves a file, directory or glob into an ordered dataset; raises DataError."""
+    files, base_dir = resolve_files(source)
+    formats = {sniff_format(f) for f in files}
+    if len(formats) > 1:
+        raise DataError(f"{source}: mixes Parquet and Arrow IPC files; use one format")
+    (module,) = formats
+    return module.open_files(source, files, base_dir)
+
+
+def iter_batches(data: Dataset, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
+    """``data.iter_batches(columns, rows)``: record batches, file by file, in file order."""
+    return data.iter_batches(columns, rows)

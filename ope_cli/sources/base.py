@@ -1,0 +1,101 @@
+"""What every source yields and promises: record batches with their provenance, the
+bounds data may declare, and the ``Dataset`` protocol the pipeline reads through."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator
+from typing import Protocol
+
+import pyarrow as pa
+
+from ope_cli.errors import DataError
+
+# Schema metadata in which data declares bounds that ``--ci betting`` relies on.
+METADATA_KEY = "ope"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourcedBatch:
+    """A record batch and where it came from (so errors can say where): its file, the row
+    of that file it starts at, and whether it is the file's last batch (which ends the
+    file's episodes)."""
+
+    file: str
+    batch: pa.RecordBatch
+    last_in_file: bool
+    row_offset: int = 0
+
+
+def is_reward_range(low: float, high: float) -> bool:
+    """Whether [low, high] can bound rewards: finite, and low < high."""
+    return math.isfinite(low) and math.isfinite(high) and low < high
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredBounds:
+    """What the data says about every possible episode: rewards in [low, high], and at most
+    ``horizon`` steps (None: not declared)."""
+
+    reward_range: tuple[float, float] | None = None
+    horizon: int | None = None
+
+
+def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
+    """The reward range and horizon declared in ``schema``'s metadata (key METADATA_KEY, a
+    JSON object with "reward_range": [low, high] and "horizon": steps)."""
+    raw = (schema.metadata or {}).get(METADATA_KEY.encode())
+    if raw is None:
+        return DeclaredBounds()
+    try:
+        declared = json.loads(raw)
+        reward_range = declared.get("reward_range")
+        horizon = declared.get("horizon")
+        if reward_range is not None:
+            low, high = (float(x) for x in reward_range)
+            if not is_reward_range(low, high):
+                raise ValueError
+            reward_range = (low, high)
+        if horizon is not None and (
+            isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1
+        ):
+            raise ValueError
+    except (ValueError, TypeError, AttributeError):
+        raise DataError(
+            f"{source}: schema metadata {METADATA_KEY!r} must be a JSON object "
+            f'like {{"reward_range": [0, 1], "horizon": 100}}, got {raw[:80]!r}'
+        ) from None
+    return DeclaredBounds(reward_range, None if horizon is None else int(horizon))
+
+
+class Dataset(Protocol):
+    """An ordered list of files read as one dataset; what the pipeline needs of a source."""
+
+    source: str  # what the user passed
+    files: tuple[str, ...]  # data files in read order
+    format: str  # the registry name of the format
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    def declared_bounds(self) -> DeclaredBounds: ...
+
+    def restrict(self, files: tuple[str, ...]) -> Dataset:
+        """The same dataset (schema, partitioning) over a subset of its files."""
+        ...
+
+    def count_rows(self) -> int | None:
+        """Total rows when cheap to know (for progress), else None."""
+        ...
+
+    def iter_batches(self, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
+        """Record batches of at most ``rows`` rows of ``columns``, file by file, in order;
+        each file's last batch (possibly empty) has ``last_in_file``."""
+        ...
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

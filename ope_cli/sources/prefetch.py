@@ -1,0 +1,56 @@
+"""Reading ahead on a background thread, with bounded memory."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """``items`` in order, produced up to ``depth`` ahead by a background thread.
+
+    pyarrow reads and decodes with the GIL released, so the next record batches are read
+    while the caller assembles, pads and evaluates the current ones. Memory stays bounded
+    by ``depth`` items. An exception raised by ``items`` is re-raised here, in order; when
+    the caller stops early (or fails), the thread stops at its next item.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer as it is
+            put((_DONE, error))
+            return
+        put((_DONE, None))
+
+    thread = threading.Thread(target=produce, name="ope-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = ready.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()

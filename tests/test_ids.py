@@ -1,0 +1,34 @@
+"""Episode id keys and reappearing ids (ope_cli/ids.py); hashing is also covered end to
+end in test_episodes.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ope_cli.errors import DataError
+from ope_cli.ids import SeenKeys, display_id, id_keys
+
+
+def test_keys_are_stable_and_distinguish_types_of_ids():
+    ints = id_keys(np.array([1, 2, 3]))
+    assert ints.dtype == np.uint64 and len(set(ints.tolist())) == 3
+    np.testing.assert_array_equal(ints, id_keys(pa.array([1, 2, 3])))
+    strings = id_keys(pa.array(["a", "b", "a"]))
+    assert strings[0] == strings[2] != strings[1]
+    np.testing.assert_array_equal(strings, id_keys(pa.array(["a", "b", "a"], pa.large_string())))
+
+
+def test_display_id_unwraps_numpy_scalars():
+    assert type(display_id(np.int64(3))) is int and display_id("x") == "x"
+
+
+def test_seen_keys_catch_a_reappearing_id():
+    seen = SeenKeys()
+    assert seen.add("a", id_keys(np.arange(5)), np.arange(5)) is None
+    with pytest.raises(DataError, match="a.parquet: episode 3: episode id appears"):
+        seen.add("a.parquet", id_keys(np.array([7, 3])), np.array([7, 3]))
+    flagged = seen.add("b", id_keys(np.array([9, 4, 9])), np.array([9, 4, 9]), raise_error=False)
+    np.testing.assert_array_equal(flagged, [1, 2])  # 4 seen before, 9 twice here
+    assert set(seen.all_keys().tolist()) == set(id_keys(np.array([0, 1, 2, 3, 4, 9])).tolist())

@@ -1,0 +1,97 @@
+"""Typed checks, the registry of reasons and the on-invalid policy (ope_cli/validate.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ope_cli.errors import DataError
+from ope_cli.steps import Steps
+from ope_cli.validate import (
+    FATAL_REASONS,
+    ON_INVALID,
+    READ_FLAGS,
+    REASONS,
+    REGISTRY,
+    Check,
+    Validation,
+    bounds_checks,
+    dropped_by_reason,
+    on_invalid_policy,
+)
+
+
+def test_the_registry_is_the_one_source_of_reasons():
+    assert len(set(REASONS)) == len(REASONS) == len(REGISTRY)
+    assert READ_FLAGS == REASONS[: len(READ_FLAGS)]  # read flags are judged first
+    assert FATAL_REASONS == {
+        "observation_size",
+        "action_size",
+        "episode_reappears",
+        "file_error",
+        "reward_out_of_range",
+        "episode_too_long",
+    }
+    assert len(READ_FLAGS) <= 16  # they are bits of a uint16
+
+
+@pytest.mark.parametrize(
+    "name, plain, fatal", [("error", True, True), ("drop", False, True), ("collect", False, False)]
+)
+def test_on_invalid_policies(name, plain, fatal):
+    policy = on_invalid_policy(name)
+    assert policy is ON_INVALID[name] and on_invalid_policy(policy) is policy
+    assert policy.raises("reward_not_finite") is plain
+    assert policy.raises("episode_reappears") is fatal
+    with pytest.raises(ValueError, match="on_invalid must be"):
+        on_invalid_policy("ignore")
+
+
+def lengths_and_checks():
+    lengths = np.array([2, 3, 1])  # rows 0-1, 2-4, 5
+    rows = lambda *r: np.isin(np.arange(6), r)  # noqa: E731
+    checks = [
+        Check("reward_not_finite", "reward is NaN", rows(3)),
+        Check("behavior_prob_nan", "behavior is NaN", rows(2, 5)),
+    ]
+    return lengths, checks
+
+
+def test_judge_raises_at_the_first_problem_under_error():
+    lengths, checks = lengths_and_checks()
+    validation = Validation("error")
+    with pytest.raises(DataError, match=r"f.parquet: episode 1, step 1: reward is NaN \(1 row"):
+        validation.judge(
+            "f.parquet", checks, lengths, np.repeat(np.arange(3), lengths), lambda r: (1, 1)
+        )
+
+
+def test_judge_gives_each_episode_its_first_reason_and_keep_counts_drops():
+    lengths, checks = lengths_and_checks()
+    validation = Validation("drop")
+    episode_of_row = np.repeat(np.arange(3), lengths)
+    first = validation.judge("f", checks, lengths, episode_of_row, lambda r: (r, 0))
+    assert [REASONS[i] if i >= 0 else None for i in first] == [
+        None,
+        "reward_not_finite",
+        "behavior_prob_nan",
+    ]
+    keep = validation.keep(first, lengths)
+    np.testing.assert_array_equal(keep, [True, False, False])
+    assert validation.episodes_dropped == 2 and validation.steps_dropped == 4
+    assert dropped_by_reason(validation.dropped_counts()) == {
+        "reward_not_finite": {"episodes": 1, "steps": 3},
+        "behavior_prob_nan": {"episodes": 1, "steps": 1},
+    }
+    problem = validation.problems[("behavior_prob_nan", "behavior is NaN")]
+    assert (problem.episodes, problem.steps, problem.episode) == (2, 2, 2)
+
+
+def test_bounds_checks_flag_rewards_and_steps_beyond_the_horizon():
+    reward = np.array([0.0, 2.0, 0.5, 0.5, 0.5])
+    steps = Steps(None, np.zeros(5, np.int64), reward, np.zeros(5), None)
+    checks = list(bounds_checks(steps, np.array([2, 3]), (0.0, 1.0), 2, ("--reward-range", "x")))
+    assert [c.reason for c in checks] == ["reward_out_of_range", "episode_too_long"]
+    np.testing.assert_array_equal(checks[0].rows, [False, True, False, False, False])
+    np.testing.assert_array_equal(checks[1].rows, [False, False, False, False, True])
+    assert "--reward-range" in checks[0].message
