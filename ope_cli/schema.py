@@ -160,41 +160,11 @@ def resolve_schema(
 
 
 def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bool) -> DataSchema:
-    names = list(schema.names)
-    found = {role: _find_column(role, names, mapping) for role in ALIASES}
-    columns = {role: name for role, name in found.items() if name is not None}
-    if not logged_target:
-        columns.pop("target_prob", None)
-        columns.pop("target_log_prob", None)
-    elif "target_prob" not in columns and "target_log_prob" not in columns:
-        raise DataError(
-            "no --policy given and the data has no target_prob or target_log_prob column; "
-            "pass --policy CKPT.npz or name the column with --target-prob-col"
-        )
-
-    for role, what in (("reward", "reward"), ("action", "action")):
-        if role not in columns:
-            raise _missing(role, names, what)
-    if "behavior_prob" not in columns and "behavior_log_prob" not in columns:
-        raise _missing("behavior_prob", names, "behavior probability")
-    if "behavior_prob" in columns and "behavior_log_prob" in columns:
-        # Explicit options win; otherwise prefer the plain probability.
-        if mapping.behavior_log_prob is not None and mapping.behavior_prob is None:
-            del columns["behavior_prob"]
-        else:
-            del columns["behavior_log_prob"]
-    if "target_prob" in columns and "target_log_prob" in columns:
-        if mapping.target_log_prob is not None and mapping.target_prob is None:
-            del columns["target_prob"]
-        else:
-            del columns["target_log_prob"]
-    if not logged_target and "observation" not in columns:
-        raise _missing("observation", names, "observation")
-
-    reward_type = schema.field(columns["reward"]).type
-    layout: Layout = "episode" if _is_list(reward_type) else "step"
+    columns = _select_columns(list(schema.names), mapping, logged_target)
+    layout: Layout = "episode" if _is_list(schema.field(columns["reward"]).type) else "step"
 
     def value_type(role: str) -> pa.DataType:
+        """The type of one step's value of ``role`` (the list's item in the episode layout)."""
         dtype = schema.field(columns[role]).type
         if layout == "episode":
             if not _is_list(dtype):
@@ -202,63 +172,24 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
             return dtype.value_type
         return dtype
 
+    def wrong_type(role: str, expected: str) -> DataError:
+        return _type_error(columns[role], expected, schema.field(columns[role]).type, role)
+
     for role in ("reward", "behavior_prob", "behavior_log_prob", "target_prob", "target_log_prob"):
         if role in columns and not _is_number(value_type(role)):
-            raise _type_error(columns[role], "numbers", schema.field(columns[role]).type, role)
-
-    if "episode" in columns:
-        id_type = schema.field(columns["episode"]).type
-        if pa.types.is_dictionary(id_type):
-            id_type = id_type.value_type
-        if not (
-            pa.types.is_integer(id_type)
-            or pa.types.is_string(id_type)
-            or pa.types.is_large_string(id_type)
-            or pa.types.is_string_view(id_type)
-        ):
-            raise _type_error(columns["episode"], "integers or strings", id_type, "episode")
-    elif layout == "step":
-        raise _missing("episode", names, "episode id")
-
+            raise wrong_type(role, "numbers")
+    _check_episode_ids(schema, columns, layout, list(schema.names))
     if "step" in columns and not pa.types.is_integer(value_type("step")):
-        raise _type_error(columns["step"], "integers", schema.field(columns["step"]).type, "step")
+        raise wrong_type("step", "integers")
 
-    action_type = value_type("action")
-    if pa.types.is_integer(action_type):
-        action_kind: ActionKind = "discrete"
-        action_is_vector = False
-    elif pa.types.is_floating(action_type):
-        action_kind, action_is_vector = "continuous", False
-    elif _is_list(action_type) and _is_number(action_type.value_type):
-        action_kind, action_is_vector = "continuous", True
-    else:
-        raise _type_error(
-            columns["action"],
-            "integers, numbers or lists of numbers",
-            schema.field(columns["action"]).type,
-            "action",
-        )
-
-    observation_kind: ObservationKind | None = None
-    observation_dim = None
+    action_kind, action_is_vector = _action_kind(value_type("action"))
+    if action_kind is None:
+        raise wrong_type("action", "integers, numbers or lists of numbers")
+    observation_kind, observation_dim = None, None
     if "observation" in columns:
-        obs_type = value_type("observation")
-        if pa.types.is_integer(obs_type):
-            observation_kind = "index"
-        elif pa.types.is_floating(obs_type):
-            observation_kind = "scalar"
-        elif _is_list(obs_type) and _is_number(obs_type.value_type):
-            observation_kind = "vector"
-            if pa.types.is_fixed_size_list(obs_type):
-                observation_dim = obs_type.list_size
-        else:
-            raise _type_error(
-                columns["observation"],
-                "numbers, integer states or lists of numbers",
-                schema.field(columns["observation"]).type,
-                "observation",
-            )
-
+        observation_kind, observation_dim = _observation_kind(value_type("observation"))
+        if observation_kind is None:
+            raise wrong_type("observation", "numbers, integer states or lists of numbers")
     target = (
         "prob" if "target_prob" in columns else "log_prob" if "target_log_prob" in columns else None
     )
@@ -272,3 +203,85 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
         behavior_is_log="behavior_log_prob" in columns,
         target=target,
     )
+
+
+def _prefer(
+    columns: dict[str, str], plain: str, log: str, log_option: str | None, plain_option: str | None
+) -> None:
+    """Keeps one of a probability column and its log when both are found: an explicit
+    option wins, else the plain probability."""
+    if plain in columns and log in columns:
+        if log_option is not None and plain_option is None:
+            del columns[plain]
+        else:
+            del columns[log]
+
+
+def _select_columns(names: list[str], mapping: ColumnMapping, logged_target: bool) -> dict:
+    """{role: column name} of the roles found, checked for the required ones."""
+    found = {role: _find_column(role, names, mapping) for role in ALIASES}
+    columns = {role: name for role, name in found.items() if name is not None}
+    if not logged_target:
+        columns.pop("target_prob", None)
+        columns.pop("target_log_prob", None)
+    elif "target_prob" not in columns and "target_log_prob" not in columns:
+        raise DataError(
+            "no --policy given and the data has no target_prob or target_log_prob column; "
+            "pass --policy CKPT.npz or name the column with --target-prob-col"
+        )
+    for role, what in (("reward", "reward"), ("action", "action")):
+        if role not in columns:
+            raise _missing(role, names, what)
+    if "behavior_prob" not in columns and "behavior_log_prob" not in columns:
+        raise _missing("behavior_prob", names, "behavior probability")
+    _prefer(
+        columns,
+        "behavior_prob",
+        "behavior_log_prob",
+        mapping.behavior_log_prob,
+        mapping.behavior_prob,
+    )
+    _prefer(columns, "target_prob", "target_log_prob", mapping.target_log_prob, mapping.target_prob)
+    if not logged_target and "observation" not in columns:
+        raise _missing("observation", names, "observation")
+    return columns
+
+
+def _check_episode_ids(schema: pa.Schema, columns: dict, layout: str, names: list[str]) -> None:
+    """Episode ids are integers or strings; the step layout needs them."""
+    if "episode" not in columns:
+        if layout == "step":
+            raise _missing("episode", names, "episode id")
+        return
+    id_type = schema.field(columns["episode"]).type
+    if pa.types.is_dictionary(id_type):
+        id_type = id_type.value_type
+    if not (
+        pa.types.is_integer(id_type)
+        or pa.types.is_string(id_type)
+        or pa.types.is_large_string(id_type)
+        or pa.types.is_string_view(id_type)
+    ):
+        raise _type_error(columns["episode"], "integers or strings", id_type, "episode")
+
+
+def _action_kind(action_type: pa.DataType) -> tuple[ActionKind | None, bool]:
+    """(discrete or continuous, whether a vector); (None, False) for an unusable type."""
+    if pa.types.is_integer(action_type):
+        return "discrete", False
+    if pa.types.is_floating(action_type):
+        return "continuous", False
+    if _is_list(action_type) and _is_number(action_type.value_type):
+        return "continuous", True
+    return None, False
+
+
+def _observation_kind(obs_type: pa.DataType) -> tuple[ObservationKind | None, int | None]:
+    """(index, scalar or vector; the fixed size of a vector or None); None for an unusable type."""
+    if pa.types.is_integer(obs_type):
+        return "index", None
+    if pa.types.is_floating(obs_type):
+        return "scalar", None
+    if _is_list(obs_type) and _is_number(obs_type.value_type):
+        return "vector", obs_type.list_size if pa.types.is_fixed_size_list(obs_type) else None
+    return None, None

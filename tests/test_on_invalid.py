@@ -87,6 +87,48 @@ PLANTED = (
 )
 
 
+def _set(column, value):
+    """A planter that sets ``column`` at the episode's second row to ``value``."""
+
+    def plant(columns, row, _end):
+        columns[column][row] = value
+
+    return plant
+
+
+def _set_step(columns, row, _end):
+    columns["step"][row + 1] = 1  # a duplicate step
+
+
+def _shift_last_step(columns, _row, end):
+    columns["step"][end - 1] += 10  # a missing step
+
+
+def _nan_observation(columns, row, _end):
+    columns["observation"][row][0] = float("nan")
+
+
+def _ragged_observation(columns, row, _end):
+    columns["observation"][row] = columns["observation"][row][:2]
+
+
+# How each PLANTED problem is written into the columns: plant(columns, row, end of episode).
+_PLANT = {
+    "reward_not_finite": _set("reward", float("inf")),
+    "behavior_prob_zero": _set("behavior_prob", 0.0),
+    "behavior_prob_above_one": _set("behavior_prob", 1.5),
+    "behavior_prob_nan": _set("behavior_prob", float("nan")),
+    "action_out_of_range": _set("action", 3),
+    "action_negative": _set("action", -2),
+    "observation_not_finite": _nan_observation,
+    "duplicate_step": _set_step,
+    "missing_step": _shift_last_step,
+    "null_reward": _set("reward", None),
+    "null_action": _set("action", None),
+    "ragged_observation": _ragged_observation,
+}
+
+
 def _bad_step_table(episodes):
     """The step table with one problem planted per episode in PLANTED order, plus two
     episodes with two problems each (counted under the first check that fails). Returns
@@ -99,31 +141,7 @@ def _bad_step_table(episodes):
     starts = _rows(episodes)
     columns = {name: table.column(name).to_pylist() for name in table.column_names}
     for index, reason in plan.items():
-        row = int(starts[index]) + 1
-        if reason == "reward_not_finite":
-            columns["reward"][row] = float("inf")
-        elif reason == "behavior_prob_zero":
-            columns["behavior_prob"][row] = 0.0
-        elif reason == "behavior_prob_above_one":
-            columns["behavior_prob"][row] = 1.5
-        elif reason == "behavior_prob_nan":
-            columns["behavior_prob"][row] = float("nan")
-        elif reason == "action_out_of_range":
-            columns["action"][row] = 3
-        elif reason == "action_negative":
-            columns["action"][row] = -2
-        elif reason == "observation_not_finite":
-            columns["observation"][row][0] = float("nan")
-        elif reason == "duplicate_step":
-            columns["step"][row + 1] = 1
-        elif reason == "missing_step":
-            columns["step"][int(starts[index + 1]) - 1] += 10
-        elif reason == "null_reward":
-            columns["reward"][row] = None
-        elif reason == "null_action":
-            columns["action"][row] = None
-        elif reason == "ragged_observation":
-            columns["observation"][row] = columns["observation"][row][:2]
+        _PLANT[reason](columns, int(starts[index]) + 1, int(starts[index + 1]))
     first, second = doubles
     columns["behavior_prob"][int(starts[first])] = 0.0  # behavior 0 at step 0 ...
     columns["reward"][int(starts[first]) + 2] = float("nan")  # ... but the reward check runs first
