@@ -396,7 +396,7 @@ def evaluate(
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
-        results=_policy_results(config, plan, batches.policies, local),
+        results=_policy_results(config, plan, batches.policies, local, batches.schema),
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
@@ -427,9 +427,14 @@ def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
 
 
 def _policy_results(
-    config: EvaluationConfig, plan: IntervalPlan, policies: list[Policy], local: _LocalPass
+    config: EvaluationConfig,
+    plan: IntervalPlan,
+    policies: list[Policy],
+    local: _LocalPass,
+    schema: DataSchema,
 ) -> list[PolicyResult]:
     """Each policy's estimates, diagnostics and profile from its accumulator."""
+    discrete = schema.action_kind == "discrete"
     max_length = local.counters.max_length
     results = []
     for policy, accumulator in zip(policies, local.accumulators, strict=True):
@@ -447,6 +452,7 @@ def _policy_results(
                 estimates={name: estimates[name] for name in config.estimators},
                 diagnostics=diagnostics,
                 profile=profile(accumulator, config.gamma, max_length),
+                actions_checked=policy.actions_checked or not discrete,
             )
         )
     return results

@@ -23,6 +23,9 @@ class PolicyResult:
     estimates: dict[str, Estimate]
     diagnostics: Diagnostics
     profile: Profile
+    # False when logged discrete actions could not be checked against the policy's action
+    # count (an entry point that declares no n_actions): the report says so.
+    actions_checked: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

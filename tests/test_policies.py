@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import jax
 
@@ -189,3 +190,17 @@ def test_entry_point_load_errors(entry_module):
         load_entry_point("surely_not_a_module_xyz:f")
     with pytest.raises(PolicyError, match="has no attribute"):
         load_entry_point(f"{entry_module}:missing")
+
+
+def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import evaluate
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    result = evaluate(
+        EvaluationConfig(
+            data=str(examples / "data" / "logs.parquet"),
+            policies=(f"{entry_module}:uniform", str(examples / "policies" / "ckpt.npz")),
+        )
+    )
+    assert [p.actions_checked for p in result.results] == [False, True]

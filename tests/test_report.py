@@ -128,3 +128,17 @@ def test_all_zero_weights_get_one_warning(result):
     )
     (warning,) = diagnostic_warnings(zero)
     assert "every trajectory weight is zero" in warning
+
+
+def test_unchecked_actions_are_reported(result):
+    from ope_cli.report.json_format import to_json_dict
+
+    assert all(p.actions_checked for p in result.results)
+    assert to_json_dict(result)["results"][0]["actions_checked"] is True
+    results = list(result.results)
+    results[0] = dataclasses.replace(results[0], actions_checked=False)
+    unchecked = dataclasses.replace(result, results=results)
+    (warning,) = diagnostic_warnings(unchecked)
+    assert warning.startswith(CKPT) and "not checked" in warning and "n_actions" in warning
+    assert to_json_dict(unchecked)["results"][0]["actions_checked"] is False
+    assert "not checked" in _render(unchecked)

@@ -27,6 +27,7 @@ def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
         "diagnostics": {
             k: json_number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()
         },
+        "actions_checked": policy.actions_checked,
     }
 
 

@@ -68,6 +68,12 @@ def _policy_warnings(policy: PolicyResult, episodes: int) -> list[str]:
             "nothing about it."
         ]
     warnings = []
+    if not policy.actions_checked:
+        warnings.append(
+            f"{name}: the logged actions are not checked against this entry point's action "
+            "count (it declares no n_actions attribute): an action beyond its range would be "
+            "clamped to the last one, not reported."
+        )
     if d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING:
         warnings.append(
             f"{name}: the effective sample size is {d.ess:,.1f} of {episodes:,} episodes "
