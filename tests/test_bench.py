@@ -13,11 +13,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ope_cli import bench
 from ope_cli.bench.data import behavior_params, write_checkpoints
 from ope_cli.bench.memory import measure_memory
-from ope_cli.bench.render import render_bench
+from ope_cli.cli import bench
 from ope_cli.config import BatchingConfig
+from ope_cli.report.bench import render_bench
 
 pytestmark = pytest.mark.slow
 

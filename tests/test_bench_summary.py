@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from ope_cli.bench.config import BenchConfig
-from ope_cli.bench.render import render_bench, to_json
 from ope_cli.bench.summary import TARGET_LOOP_SPEEDUP, relative_difference, summary
+from ope_cli.report.bench import render_bench, to_json
 
 ESTIMATES = {"is": 1.0, "wis": 0.5, "pdis": 0.75, "wpdis": 0.6}
 

@@ -4,8 +4,8 @@ Modules: ``config`` (BenchConfig, shared constants), ``data`` (generated long-ta
 and checkpoints), ``batches`` (the data opened once and padded as ``ope evaluate`` pads it),
 ``twin`` (the vectorised NumPy twin of the estimators), ``loop`` (the per-episode Python
 loop baseline), ``measure`` and ``memory`` (timed trials, peak RSS), ``summary`` (ratios
-and targets), ``run`` (``bench(config)``: everything, as one JSON-ready dict), ``render``
-(table and JSON) and ``command`` (the typer command).
+and targets), ``run`` (``bench(config)``: everything, as one JSON-ready dict). The command is
+``ope_cli.cli.bench``; ``ope_cli.report.bench`` renders the table and JSON.
 
 Importing the package stays light (no NumPy, pyarrow or JAX): ``bench`` loads the
 measuring modules when it is called.
@@ -13,10 +13,9 @@ measuring modules when it is called.
 
 from __future__ import annotations
 
-from ope_cli.bench.command import register
 from ope_cli.bench.config import BenchConfig, Progress
 
-__all__ = ["BenchConfig", "bench", "register"]
+__all__ = ["BenchConfig", "bench"]
 
 
 def bench(config: BenchConfig, on_progress: Progress | None = None) -> dict:

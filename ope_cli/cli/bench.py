@@ -1,15 +1,142 @@
-"""``ope bench``: measurements of the tool on generated or given data.
+"""The ``ope bench`` typer command: options -> BenchConfig -> ``bench`` -> table or JSON.
 
-The command itself (options and rendering) is declared by ``ope_cli.bench.register``.
+Heavy imports (NumPy, pyarrow, JAX) happen inside the command so that ``ope --help`` stays
+instant.
 """
 
 from __future__ import annotations
 
+import enum
+import sys
+from typing import Annotated
+
 import typer
 
-from ope_cli import bench
+from ope_cli.bench.config import (
+    DEFAULT_EPISODES,
+    DEFAULT_LOOP_EPISODES,
+    DEFAULT_MEMORY_STEPS,
+    MEMORY_FACTOR,
+    BenchConfig,
+)
+from ope_cli.config import BatchingConfig
+
+
+class BenchFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+class BenchPrecision(enum.StrEnum):
+    float32 = "float32"
+    float64 = "float64"
 
 
 def register(app: typer.Typer) -> None:
-    """Adds the ``bench`` command to ``app``."""
-    bench.register(app)
+    """Adds the ``bench`` command to the ``ope`` app."""
+
+    @app.command("bench")
+    def bench_command(
+        data: Annotated[
+            str | None,
+            typer.Option(help="Step-layout Parquet data to measure instead of generated data."),
+        ] = None,
+        episodes: Annotated[
+            int, typer.Option(help="Episodes to generate (long-tailed lengths, ~83 steps each).")
+        ] = DEFAULT_EPISODES,
+        seed: Annotated[int, typer.Option(help="Seed of the generated data and policies.")] = 0,
+        policies: Annotated[
+            int,
+            typer.Option(
+                help="K stacked linear_softmax policies, for the cost of K relative to 1."
+            ),
+        ] = 4,
+        precision: Annotated[
+            BenchPrecision | None,
+            typer.Option(
+                help="Kernel precision of the main measurements. Default: as ope evaluate."
+            ),
+        ] = None,
+        output_format: Annotated[
+            BenchFormat | None,
+            typer.Option(
+                "--format",
+                "-f",
+                help="Output on stdout. Default: table on a terminal, json otherwise.",
+            ),
+        ] = None,
+        memory: Annotated[
+            bool,
+            typer.Option(
+                "--memory",
+                help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.",
+            ),
+        ] = False,
+        memory_steps: Annotated[
+            int, typer.Option(help="Steps of the 1x dataset of --memory.")
+        ] = DEFAULT_MEMORY_STEPS,
+        loop_episodes: Annotated[
+            int, typer.Option(help="Episodes the Python loop runs on (its speed is extrapolated).")
+        ] = DEFAULT_LOOP_EPISODES,
+        out: Annotated[
+            str | None,
+            typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
+        ] = None,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress on stderr.")
+        ] = False,
+        read_rows: Annotated[
+            int, typer.Option(help="Rows per record batch read.", rich_help_panel="Batching")
+        ] = BatchingConfig.read_rows,
+        batch_steps: Annotated[
+            int, typer.Option(help="Padded steps per kernel call.", rich_help_panel="Batching")
+        ] = BatchingConfig.batch_steps,
+        min_bucket: Annotated[
+            int,
+            typer.Option(
+                help="Shortest episode-length bucket; lengths double.", rich_help_panel="Batching"
+            ),
+        ] = BatchingConfig.min_bucket,
+    ) -> None:
+        """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
+        evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
+
+        Examples:
+
+          ope bench
+
+          ope bench --format json | jq .targets
+
+          ope bench --memory --policies 8
+        """
+        from rich.console import Console
+
+        from ope_cli.bench.run import bench
+        from ope_cli.report.bench import render_bench, to_json
+
+        config = BenchConfig(
+            data=data,
+            episodes=episodes,
+            seed=seed,
+            policies=policies,
+            precision=precision.value if precision else None,
+            memory=memory,
+            memory_steps=memory_steps,
+            loop_episodes=loop_episodes,
+            out=out,
+            batching=BatchingConfig(
+                read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
+            ),
+        )
+        chosen = output_format or (BenchFormat.table if sys.stdout.isatty() else BenchFormat.json)
+        stderr = Console(stderr=True)
+        if quiet or not stderr.is_terminal:
+            result = bench(config)
+        else:
+            with stderr.status("ope bench") as status:
+                result = bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
+        if chosen is BenchFormat.json:
+            sys.stdout.write(to_json(result) + "\n")
+        else:
+            console = Console()
+            render_bench(result, console if console.is_terminal else Console(width=140))

@@ -11,23 +11,19 @@ import math
 from rich.console import Console
 from rich.table import Table
 
+from ope_cli.report import formatting
+
 
 def _si(x: float | None, unit: str = "") -> str:
-    """1234567 -> '1.23M'; None -> '-'."""
-    if x is None:
-        return "-"
-    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g}{prefix}{unit}"
-    return f"{x:.3g}{unit}"
+    return formatting.si(x, unit, missing="-")
 
 
 def _seconds(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
+    return formatting.seconds(x, missing="-")
 
 
 def _times(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.3g}x" if x < 1000 else f"{x:,.0f}x"
+    return formatting.times(x, missing="-")
 
 
 def render_bench(result: dict, console: Console) -> None:
@@ -155,7 +151,7 @@ def _detail_lines(result: dict) -> list[str]:
 
 
 def _number(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2e}"
+    return formatting.scientific(x, missing="-")
 
 
 def to_json(result: dict) -> str:
