@@ -47,6 +47,16 @@ def d4rl_arrays(episodes=EPISODES, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def continuous(arrays: dict[str, np.ndarray], seed: int = 1) -> dict[str, np.ndarray]:
+    """``arrays`` with [N, 2] float32 actions and float32 flags (as some D4RL files have)."""
+    rng = np.random.default_rng(seed)
+    n = arrays["rewards"].size
+    arrays = {**arrays, "actions": rng.normal(size=(n, 2)).astype(np.float32)}
+    arrays["terminals"] = arrays["terminals"].astype(np.float32)
+    arrays["timeouts"] = arrays["timeouts"].astype(np.float32)
+    return arrays
+
+
 def write_d4rl(path, arrays: dict[str, np.ndarray]):
     with h5py.File(path, "w") as handle:
         for key, values in arrays.items():
@@ -58,7 +68,9 @@ def write_d4rl(path, arrays: dict[str, np.ndarray]):
 def write_step_parquet(path, arrays: dict[str, np.ndarray], episodes=EPISODES):
     """The same steps as a step-layout Parquet file with the standard column names."""
     lengths = [length for length, _ in episodes]
-    observations = arrays["observations"]
+    observations, actions = arrays["observations"], arrays["actions"]
+    if actions.ndim == 2:
+        actions = pa.FixedSizeListArray.from_arrays(pa.array(actions.reshape(-1)), actions.shape[1])
     table = pa.table(
         {
             "episode_id": np.repeat(np.arange(len(lengths)), lengths),
@@ -66,7 +78,7 @@ def write_step_parquet(path, arrays: dict[str, np.ndarray], episodes=EPISODES):
             "observation": pa.FixedSizeListArray.from_arrays(
                 pa.array(observations.reshape(-1)), OBS_DIM
             ),
-            "action": arrays["actions"],
+            "action": actions,
             "reward": arrays["rewards"],
             "behavior_log_prob": arrays["infos/action_log_probs"],
         }
@@ -157,12 +169,21 @@ def estimates(run) -> dict[str, float]:
     return {name: e["value"] for name, e in result["estimates"].items()}
 
 
-@pytest.mark.parametrize("behavior_key", ["infos/action_log_probs", "infos/logp"])
-def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior_key):
+@pytest.mark.parametrize(
+    ("behavior_key", "kind"),
+    [
+        ("infos/action_log_probs", "linear_softmax"),
+        ("infos/logp", "linear_softmax"),
+        ("infos/action_log_probs", "linear_gaussian"),
+    ],
+)
+def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior_key, kind):
     arrays = d4rl_arrays()
+    if kind == "linear_gaussian":
+        arrays = continuous(arrays)
     policy = save_checkpoint(
         tmp_path / "pi.npz",
-        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
+        random_checkpoint(kind, np.random.default_rng(3), obs_dim=OBS_DIM, act_dim=2),
     )
     write_step_parquet(tmp_path / "steps.parquet", arrays)
     arrays[behavior_key] = arrays.pop("infos/action_log_probs")
