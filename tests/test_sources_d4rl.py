@@ -239,6 +239,25 @@ def test_corrupt_file(tmp_path, ope_in_process):
     assert_one_line_exit_3(run, str(path))
 
 
+def test_corrupt_data_chunk_names_the_rows(tmp_path, ope_in_process):
+    path = tmp_path / "d.hdf5"
+    arrays = d4rl_arrays()
+    with h5py.File(path, "w") as handle:
+        for key, values in arrays.items():
+            chunks = (8, *values.shape[1:])
+            handle.create_dataset(key, data=values, chunks=chunks, compression="gzip")
+        info = handle["rewards"].id.get_chunk_info(1)  # rows 8..15
+    raw = bytearray(path.read_bytes())
+    raw[info.byte_offset : info.byte_offset + info.size] = b"\xff" * info.size
+    path.write_bytes(bytes(raw))
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
+    )
+    run = ope_in_process(["evaluate", path, "--policy", policy, "--read-rows", "8"])
+    assert_one_line_exit_3(run, str(path), "cannot read rows 8..15")
+
+
 @pytest.mark.parametrize("key", d4rl.REQUIRED)
 def test_missing_key_is_named(tmp_path, ope_in_process, key):
     arrays = d4rl_arrays()
