@@ -233,7 +233,8 @@ def _select_columns(names: list[str], mapping: ColumnMapping, logged_target: boo
         if role not in columns:
             raise _missing(role, names, what)
     if "behavior_prob" not in columns and "behavior_log_prob" not in columns:
-        raise _missing("behavior_prob", names, "behavior probability")
+        missing = _missing("behavior_prob", names, "behavior probability")
+        raise DataError(f"{missing}, or estimate the behavior policy with --behavior")
     _prefer(
         columns,
         "behavior_prob",

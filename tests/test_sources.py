@@ -146,7 +146,7 @@ def test_not_a_parquet_file(tmp_path):
     with pytest.raises(DataError) as info:
         open_dataset(str(path))
     assert str(path) in str(info.value)
-    assert "not a Parquet or Arrow" in str(info.value)
+    assert "not a Parquet, Arrow IPC/Feather or HDF5" in str(info.value)
 
 
 def test_empty_file(tmp_path):
@@ -288,9 +288,9 @@ def test_each_batch_knows_its_row_offset_in_its_file(tmp_path, file_format):
 
 
 def test_the_registry_picks_the_format_by_magic_bytes(tmp_path):
-    from ope_cli.sources import FORMATS, ipc, parquet, sniff_format
+    from ope_cli.sources import FORMATS, d4rl, ipc, parquet, sniff_format
 
-    assert FORMATS == (parquet, ipc)
+    assert FORMATS == (parquet, ipc, d4rl)
     pq.write_table(table(0, 2), tmp_path / "a.data")
     feather.write_feather(table(0, 2), tmp_path / "b.data")
     assert sniff_format(str(tmp_path / "a.data")) is parquet

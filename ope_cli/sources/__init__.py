@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from ope_cli.errors import DataError
-from ope_cli.sources import ipc, parquet
+from ope_cli.sources import d4rl, ipc, parquet
 from ope_cli.sources.base import (
     METADATA_KEY,
     Dataset,
@@ -20,7 +20,7 @@ from ope_cli.sources.base import (
 from ope_cli.sources.files import read_head, resolve_files
 from ope_cli.sources.prefetch import prefetched
 
-FORMATS: tuple[ModuleType, ...] = (parquet, ipc)  # tried in order on each file's head
+FORMATS: tuple[ModuleType, ...] = (parquet, ipc, d4rl)  # tried in order on each file's head
 
 __all__ = [
     "FORMATS",
@@ -43,8 +43,8 @@ def sniff_format(path: str) -> ModuleType:
         if module.sniff(head):
             return module
     if not head:
-        raise DataError(f"{path}: file is empty (0 bytes), not a Parquet or Arrow file")
-    raise DataError(f"{path}: not a Parquet or Arrow IPC/Feather file (unrecognised header)")
+        raise DataError(f"{path}: file is empty (0 bytes), not a Parquet, Arrow or HDF5 file")
+    raise DataError(f"{path}: not a Parquet, Arrow IPC/Feather or HDF5 file (unrecognised header)")
 
 
 def open_dataset(source: str) -> Dataset:
@@ -52,7 +52,8 @@ def open_dataset(source: str) -> Dataset:
     files, base_dir = resolve_files(source)
     formats = {sniff_format(f) for f in files}
     if len(formats) > 1:
-        raise DataError(f"{source}: mixes Parquet and Arrow IPC files; use one format")
+        names = ", ".join(sorted(m.NAME for m in formats))
+        raise DataError(f"{source}: mixes file formats ({names}); use one format")
     (module,) = formats
     return module.open_files(source, files, base_dir)
 

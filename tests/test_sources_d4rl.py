@@ -1,0 +1,296 @@
+"""D4RL-style HDF5 files as a source (ope_cli/sources/d4rl.py): episodes from the terminal
+and timeout flags, a trailing truncated episode, behavior log-probabilities from
+``infos/action_log_probs``, the same estimates as the same data in Parquet, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datasets import random_checkpoint, save_checkpoint
+
+from ope_cli.errors import DataError
+from ope_cli.sources import d4rl, open_dataset, sniff_format
+
+OBS_DIM, N_ACTIONS = 3, 4
+# (length, how it ends): by a terminal flag, a timeout flag, or not at all (the file's end)
+EPISODES = ((5, "terminal"), (1, "timeout"), (7, "timeout"), (4, "terminal"), (3, None))
+
+
+def d4rl_arrays(episodes=EPISODES, seed: int = 0) -> dict[str, np.ndarray]:
+    """Flat per-step arrays of ``episodes`` as a D4RL file holds them, keyed by HDF5 path."""
+    rng = np.random.default_rng(seed)
+    n = sum(length for length, _ in episodes)
+    terminals, timeouts = np.zeros(n, bool), np.zeros(n, bool)
+    end = np.cumsum([length for length, _ in episodes]) - 1
+    for (_, how), last in zip(episodes, end, strict=True):
+        if how == "terminal":
+            terminals[last] = True
+        elif how == "timeout":
+            timeouts[last] = True
+    observations = rng.normal(size=(n + 1, OBS_DIM)).astype(np.float32)
+    return {
+        "observations": observations[:-1],
+        "next_observations": observations[1:],
+        "actions": rng.integers(0, N_ACTIONS, size=n),
+        "rewards": rng.normal(size=n).astype(np.float32),
+        "terminals": terminals,
+        "timeouts": timeouts,
+        "infos/action_log_probs": np.log(rng.uniform(0.1, 1.0, size=n)),
+        "infos/qpos": rng.normal(size=(n, 2)),
+    }
+
+
+def continuous(arrays: dict[str, np.ndarray], seed: int = 1) -> dict[str, np.ndarray]:
+    """``arrays`` with [N, 2] float32 actions and float32 flags (as some D4RL files have)."""
+    rng = np.random.default_rng(seed)
+    n = arrays["rewards"].size
+    arrays = {**arrays, "actions": rng.normal(size=(n, 2)).astype(np.float32)}
+    arrays["terminals"] = arrays["terminals"].astype(np.float32)
+    arrays["timeouts"] = arrays["timeouts"].astype(np.float32)
+    return arrays
+
+
+def write_d4rl(path, arrays: dict[str, np.ndarray]):
+    with h5py.File(path, "w") as handle:
+        for key, values in arrays.items():
+            handle.create_dataset(key, data=values)
+        handle.create_dataset("metadata/policy/weight", data=np.zeros((3, 3)))
+    return path
+
+
+def write_step_parquet(path, arrays: dict[str, np.ndarray], episodes=EPISODES):
+    """The same steps as a step-layout Parquet file with the standard column names."""
+    lengths = [length for length, _ in episodes]
+    observations, actions = arrays["observations"], arrays["actions"]
+    if actions.ndim == 2:
+        actions = pa.FixedSizeListArray.from_arrays(pa.array(actions.reshape(-1)), actions.shape[1])
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(len(lengths)), lengths),
+            "step": np.concatenate([np.arange(t) for t in lengths]),
+            "observation": pa.FixedSizeListArray.from_arrays(
+                pa.array(observations.reshape(-1)), OBS_DIM
+            ),
+            "action": actions,
+            "reward": arrays["rewards"],
+            "behavior_log_prob": arrays["infos/action_log_probs"],
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def read_all(data, columns, rows):
+    return list(data.iter_batches(columns, rows))
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def test_episodes_end_at_terminals_and_timeouts_and_the_tail_is_an_episode(tmp_path):
+    path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
+    data = open_dataset(str(path))
+    assert data.format == "d4rl"
+    assert data.count_rows() == 20
+    batches = read_all(data, ["episode_id", "step", "reward"], rows=3)
+    assert [b.row_offset for b in batches] == list(range(0, 20, 3))
+    assert [b.last_in_file for b in batches] == [False] * 6 + [True]
+    assert {b.file for b in batches} == {str(path)}
+    ids = np.concatenate([b.batch.column("episode_id").to_numpy() for b in batches])
+    steps = np.concatenate([b.batch.column("step").to_numpy() for b in batches])
+    lengths = [length for length, _ in EPISODES]
+    np.testing.assert_array_equal(ids, np.repeat(np.arange(5), lengths))
+    np.testing.assert_array_equal(steps, np.concatenate([np.arange(t) for t in lengths]))
+
+
+def test_the_registry_recognises_hdf5_by_its_magic_bytes(tmp_path):
+    path = write_d4rl(tmp_path / "logs.data", d4rl_arrays())
+    assert sniff_format(str(path)) is d4rl
+
+
+def test_schema_has_standard_names_and_hdf5_paths(tmp_path):
+    arrays = d4rl_arrays()
+    data = open_dataset(str(write_d4rl(tmp_path / "d.hdf5", arrays)))
+    schema = data.schema
+    assert schema.field("observation").type == pa.list_(pa.float32(), OBS_DIM)
+    assert schema.field("action").type == pa.int64()
+    assert schema.field("reward").type == pa.float32()
+    assert schema.field("behavior_log_prob").type == pa.float64()
+    assert schema.field("infos/qpos").type == pa.list_(pa.float64(), 2)
+    assert schema.field("terminals").type == pa.bool_()
+    assert not any(name.startswith("metadata/") for name in schema.names)
+    (batch,) = read_all(data, ["observation", "next_observations", "behavior_log_prob"], 100)
+    observed = np.stack(batch.batch.column("observation").to_numpy(zero_copy_only=False))
+    np.testing.assert_array_equal(observed, arrays["observations"])
+    np.testing.assert_array_equal(
+        batch.batch.column("behavior_log_prob").to_numpy(), arrays["infos/action_log_probs"]
+    )
+
+
+def test_without_action_log_probs_there_is_no_behavior_column(tmp_path):
+    arrays = d4rl_arrays()
+    del arrays["infos/action_log_probs"]
+    data = open_dataset(str(write_d4rl(tmp_path / "d.hdf5", arrays)))
+    assert "behavior_log_prob" not in data.schema.names
+
+
+def test_a_file_ending_on_a_flag_has_no_empty_tail_episode(tmp_path):
+    episodes = ((2, "terminal"), (3, "timeout"))
+    data = open_dataset(str(write_d4rl(tmp_path / "d.hdf5", d4rl_arrays(episodes))))
+    (batch,) = read_all(data, ["episode_id"], 100)
+    assert batch.batch.column(0).to_pylist() == [0, 0, 1, 1, 1]
+
+
+def test_episode_ids_count_on_across_files(tmp_path):
+    write_d4rl(tmp_path / "a.hdf5", d4rl_arrays(seed=1))
+    write_d4rl(tmp_path / "b.hdf5", d4rl_arrays(((2, "terminal"), (2, None)), seed=2))
+    data = open_dataset(str(tmp_path / "*.hdf5"))
+
+    def ids(dataset) -> list[int]:
+        return [i for b in read_all(dataset, ["episode_id"], 7) for i in b.batch[0].to_pylist()]
+
+    assert ids(data) == [*np.repeat(np.arange(5), [5, 1, 7, 4, 3]), 5, 5, 6, 6]
+    second = data.restrict((str(tmp_path / "b.hdf5"),))  # one process's share
+    assert ids(second) == [5, 5, 6, 6]
+
+
+# ------------------------------------------------------------------------ through ope
+
+
+def estimates(run) -> dict[str, float]:
+    assert run.returncode == 0, run
+    (result,) = json.loads(run.stdout)["results"]
+    return {name: e["value"] for name, e in result["estimates"].items()}
+
+
+@pytest.mark.parametrize(
+    ("behavior_key", "kind"),
+    [
+        ("infos/action_log_probs", "linear_softmax"),
+        ("infos/logp", "linear_softmax"),
+        ("infos/action_log_probs", "linear_gaussian"),
+    ],
+)
+def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior_key, kind):
+    arrays = d4rl_arrays()
+    if kind == "linear_gaussian":
+        arrays = continuous(arrays)
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint(kind, np.random.default_rng(3), obs_dim=OBS_DIM, act_dim=2),
+    )
+    write_step_parquet(tmp_path / "steps.parquet", arrays)
+    arrays[behavior_key] = arrays.pop("infos/action_log_probs")
+    write_d4rl(tmp_path / "d.hdf5", arrays)
+    common = ["--policy", policy, "--format", "json", "--read-rows", "4"]
+    option = [] if behavior_key == d4rl.BEHAVIOR_KEY else ["--behavior-log-prob-col", behavior_key]
+    from_hdf5 = estimates(ope_in_process(["evaluate", tmp_path / "d.hdf5", *common, *option]))
+    from_parquet = estimates(ope_in_process(["evaluate", tmp_path / "steps.parquet", *common]))
+    assert from_hdf5.keys() == from_parquet.keys()
+    for name, value in from_parquet.items():
+        assert math.isclose(from_hdf5[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+
+
+def test_inspect_reads_the_file(tmp_path, ope_in_process):
+    write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
+    run = ope_in_process(["inspect", tmp_path / "d.hdf5", "--format", "json"])
+    assert run.returncode == 0, run
+    report = json.loads(run.stdout)
+    assert report["dataset"]["format"] == "d4rl"
+    assert report["dataset"]["columns"]["behavior_log_prob"]["name"] == "behavior_log_prob"
+    assert report["counts"]["episodes"] == 5
+    assert report["counts"]["steps"] == 20
+    assert (report["counts"]["min_length"], report["counts"]["max_length"]) == (1, 7)
+    assert report["valid"] is True
+
+
+# ------------------------------------------------------------------------ bad inputs
+
+
+def assert_one_line_exit_3(run, *parts: str) -> None:
+    assert run.returncode == 3, run
+    assert "Traceback" not in run.stderr, run
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run
+    for part in parts:
+        assert part in lines[0], run
+
+
+def test_truncated_file(tmp_path, ope_in_process):
+    path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    run = ope_in_process(["evaluate", path])
+    assert_one_line_exit_3(run, str(path), "HDF5")
+
+
+def test_corrupt_file(tmp_path, ope_in_process):
+    path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
+    raw = bytearray(path.read_bytes())
+    raw[8:400] = bytes(392)  # the superblock and root group, after the magic bytes
+    path.write_bytes(bytes(raw))
+    run = ope_in_process(["evaluate", path])
+    assert_one_line_exit_3(run, str(path))
+
+
+def test_corrupt_data_chunk_names_the_rows(tmp_path, ope_in_process):
+    path = tmp_path / "d.hdf5"
+    arrays = d4rl_arrays()
+    with h5py.File(path, "w") as handle:
+        for key, values in arrays.items():
+            chunks = (8, *values.shape[1:])
+            handle.create_dataset(key, data=values, chunks=chunks, compression="gzip")
+        info = handle["rewards"].id.get_chunk_info(1)  # rows 8..15
+    raw = bytearray(path.read_bytes())
+    raw[info.byte_offset : info.byte_offset + info.size] = b"\xff" * info.size
+    path.write_bytes(bytes(raw))
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
+    )
+    run = ope_in_process(["evaluate", path, "--policy", policy, "--read-rows", "8"])
+    assert_one_line_exit_3(run, str(path), "cannot read rows 8..15")
+
+
+@pytest.mark.parametrize("key", d4rl.REQUIRED)
+def test_missing_key_is_named(tmp_path, ope_in_process, key):
+    arrays = d4rl_arrays()
+    del arrays[key]
+    path = write_d4rl(tmp_path / "d.hdf5", arrays)
+    assert_one_line_exit_3(ope_in_process(["evaluate", path]), str(path), repr(key))
+
+
+@pytest.mark.parametrize("key", ["actions", "timeouts", "infos/action_log_probs"])
+def test_datasets_of_different_lengths(tmp_path, ope_in_process, key):
+    arrays = d4rl_arrays()
+    arrays[key] = arrays[key][:-1]
+    path = write_d4rl(tmp_path / "d.hdf5", arrays)
+    assert_one_line_exit_3(
+        ope_in_process(["evaluate", path]), str(path), "different lengths", repr(key)
+    )
+
+
+def test_no_behavior_probabilities_points_to_behavior(tmp_path, ope_in_process):
+    arrays = d4rl_arrays()
+    del arrays["infos/action_log_probs"]
+    path = write_d4rl(tmp_path / "d.hdf5", arrays)
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
+    )
+    run = ope_in_process(["evaluate", path, "--policy", policy])
+    assert_one_line_exit_3(run, "behavior probability", "with --behavior")
+
+
+def test_missing_h5py_says_how_to_install_it(tmp_path, monkeypatch):
+    path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
+    monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py raises ImportError
+    with pytest.raises(DataError, match=r"pip install 'ope-cli\[hdf5\]'"):
+        open_dataset(str(path))
