@@ -391,3 +391,16 @@ def test_two_emulated_devices_give_the_same_numbers(generated):
         runs[devices] = json.loads(done.stdout)
     assert runs[2]["runtime"]["devices"] == 2
     _assert_same_estimates(runs[1], runs[2], rtol=1e-12)
+
+
+def test_inspect_says_when_the_data_has_no_propensity_column(ope_in_process, generated):
+    out = generated["chain"]
+    done = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "json"])
+    assert done.returncode == 0, done
+    doc = json.loads(done.stdout)
+    assert doc["dataset"]["behavior"] is None
+    assert doc["behavior_prob"] is None
+    table = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "table"])
+    assert "ope evaluate needs --behavior" in " ".join(table.stdout.split())
+    logged = json.loads(ope_in_process(["inspect", str(out / "logs.parquet"), "-f", "json"]).stdout)
+    assert logged["dataset"]["behavior"] == "prob"
