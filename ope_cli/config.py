@@ -52,6 +52,9 @@ class EvaluationConfig:
 
     data: str
     policies: tuple[str, ...] = ()
+    # the behavior policy (checkpoint or entry point) that replaces a logged propensity
+    # column; None: the data's behavior_prob / behavior_log_prob column
+    behavior: str | None = None
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95

@@ -208,7 +208,9 @@ class StepConverter:
                 at,
                 "null_behavior_prob",
                 0.0 if s.behavior_is_log else 1.0,
-            ),
+            )
+            if s.behavior_logged
+            else None,
             log_target=None
             if s.target is None
             else numbers(
@@ -225,7 +227,9 @@ class StepConverter:
         """``steps`` with the logged probabilities as log-probabilities."""
         s = self.schema
         return steps._replace(
-            log_behavior=log_probability(steps.log_behavior, s.behavior_is_log),
+            log_behavior=None
+            if steps.log_behavior is None
+            else log_probability(steps.log_behavior, s.behavior_is_log),
             log_target=None
             if steps.log_target is None
             else log_probability(steps.log_target, s.target == "log_prob"),

@@ -103,8 +103,15 @@ class InspectReport:
         self.min_length = shortest if self.min_length is None else min(self.min_length, shortest)
         bins = np.minimum(np.floor(np.log2(lengths)).astype(np.int64), LENGTH_BINS - 1)
         self.length_counts += np.bincount(bins, minlength=LENGTH_BINS)
-        log10 = chunk.log_behavior / math.log(10)
-        low, high = float(np.exp(chunk.log_behavior.min())), float(np.exp(chunk.log_behavior.max()))
+        if chunk.log_behavior is not None:  # None: no propensity column (--behavior)
+            self._add_behavior(chunk.log_behavior)
+        if self.schema.action_kind == "discrete":
+            self._add_actions(chunk.action)
+
+    def _add_behavior(self, log_behavior: np.ndarray) -> None:
+        """The behavior-probability summary of [N] logged log-probabilities."""
+        log10 = log_behavior / math.log(10)
+        low, high = float(np.exp(log_behavior.min())), float(np.exp(log_behavior.max()))
         self.behavior_min = low if self.behavior_min is None else min(self.behavior_min, low)
         self.behavior_max = high if self.behavior_max is None else max(self.behavior_max, high)
         index = np.clip(
@@ -113,24 +120,25 @@ class InspectReport:
             self.behavior_log10_counts.size - 1,
         )
         self.behavior_log10_counts += np.bincount(index, minlength=self.behavior_log10_counts.size)
-        if self.schema.action_kind == "discrete":
-            counts = self.action_counts if self.action_counts is not None else {}
-            for action, count in zip(*np.unique(chunk.action, return_counts=True), strict=True):
-                action, count = int(action), int(count)
-                if action in counts or len(counts) < MAX_DISTINCT_ACTIONS:
-                    counts[action] = counts.get(action, 0) + count
-                else:
-                    self.other_actions += count
-            self.action_counts = counts
+
+    def _add_actions(self, action: np.ndarray) -> None:
+        """Counts of [N] discrete actions (the first MAX_DISTINCT_ACTIONS distinct ones)."""
+        counts = self.action_counts if self.action_counts is not None else {}
+        for value, count in zip(*np.unique(action, return_counts=True), strict=True):
+            value, count = int(value), int(count)
+            if value in counts or len(counts) < MAX_DISTINCT_ACTIONS:
+                counts[value] = counts.get(value, 0) + count
+            else:
+                self.other_actions += count
+        self.action_counts = counts
 
 
-def _has_target_column(names: list[str], mapping: ColumnMapping) -> bool:
-    if mapping.target_prob is not None or mapping.target_log_prob is not None:
+def _has_column(names: list[str], mapping: ColumnMapping, roles: tuple[str, str]) -> bool:
+    """Whether the data has a column of one of ``roles`` (by option or alias)."""
+    if any(getattr(mapping, role) is not None for role in roles):
         return True
     lower = {name.lower() for name in names}
-    return any(
-        alias in lower for role in ("target_prob", "target_log_prob") for alias in ALIASES[role]
-    )
+    return any(alias in lower for role in roles for alias in ALIASES[role])
 
 
 def inspect(config: InspectConfig) -> InspectReport:
@@ -143,9 +151,17 @@ def inspect(config: InspectConfig) -> InspectReport:
         raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
     policies = load_policies(config.policies)
     data = open_dataset(config.data)
-    logged_target = not policies and _has_target_column(list(data.schema.names), config.columns)
+    names = list(data.schema.names)
+    logged_target = not policies and _has_column(
+        names, config.columns, ("target_prob", "target_log_prob")
+    )
     schema = resolve_schema(
-        data.schema, config.columns, logged_target=logged_target, source=config.data
+        data.schema,
+        config.columns,
+        logged_target=logged_target,
+        source=config.data,
+        # without a propensity column, the report says that evaluate needs --behavior
+        logged_behavior=_has_column(names, config.columns, ("behavior_prob", "behavior_log_prob")),
     )
     for policy in policies:
         check_against_schema(policy, schema)

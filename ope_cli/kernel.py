@@ -1,7 +1,9 @@
 """The jitted kernel: vmap a policy's per-step log_prob over steps, episodes and stacked
 policies, then reduce a padded [B, T] batch to BatchStatistics with a leading policy
-axis [P, ...]. One module-level jit serves every run in the process, so each
-(policy function, batch shape, dtype) compiles once; a persistent compilation cache
+axis [P, ...]. With a ``--behavior`` policy, its log pi_b(a|s) replaces the batch's
+``log_behavior`` inside the same jitted call (its params are one more input).
+One module-level jit serves every run in the process, so each (policy function,
+behavior function, batch shape, dtype) compiles once; a persistent compilation cache
 (``runtime.enable_compilation_cache``) carries compilations across processes.
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
 from ope_cli.estimators import names
@@ -84,6 +88,38 @@ def _policy_log_probs(
     return log_pi.astype(dtype)
 
 
+def behavior_log_probs(log_prob: LogProbFn, params, observation, action, dtype) -> jax.Array:
+    """[B, T] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked)."""
+    per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    log_b = per_step(params, observation, action)
+    if log_b.shape != action.shape[:2]:
+        raise PolicyError(f"log_prob must return a scalar per step, got shape {log_b.shape[2:]}")
+    return log_b.astype(dtype)
+
+
+def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch) -> ZeroProbabilitySteps:
+    """How many real steps of ``batch`` have a non-finite behavior log-probability ``log_b``
+    [B, T] (-inf: the logged action has probability 0), and the first one; leaves [1]."""
+    bad = batch.step_mask & ~jnp.isfinite(log_b)
+    first = jnp.argmax(bad.reshape(-1))
+    episode, step = jnp.divmod(first, bad.shape[1])
+    return ZeroProbabilitySteps(
+        count=jnp.sum(bad, dtype=jnp.int32)[None],
+        key_hi=batch.key_hi[episode][None],
+        key_lo=batch.key_lo[episode][None],
+        step=step.astype(jnp.int32)[None],
+        value=log_b.reshape(-1)[first][None],
+    )
+
+
+class KernelOutput(NamedTuple):
+    """What one kernel call returns: BatchStatistics [D, P, ...], and with a ``--behavior``
+    policy its ZeroProbabilitySteps [D] (else None)."""
+
+    statistics: BatchStatistics
+    zero_behavior: ZeroProbabilitySteps | None
+
+
 def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     params,
     batch: PaddedBatch,
@@ -119,25 +155,56 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     return jax.tree.map(lambda x: x[None], statistics)
 
 
+def _with_behavior(statistics, behavior_log_prob, dtype):
+    """``statistics`` (params, batch, ...) -> KernelOutput, the batch's log_behavior first
+    replaced by the behavior policy's log-probabilities when there is one."""
+
+    def run(params, behavior_params, batch: PaddedBatch, *rest) -> KernelOutput:
+        if behavior_log_prob is None:
+            return KernelOutput(statistics(params, batch, *rest), None)
+        observation = batch.steps.observation
+        if jnp.issubdtype(observation.dtype, jnp.floating):
+            observation = observation.astype(dtype)
+        action = batch.steps.action
+        if jnp.issubdtype(action.dtype, jnp.floating):
+            action = action.astype(dtype)
+        log_b = behavior_log_probs(behavior_log_prob, behavior_params, observation, action, dtype)
+        batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
+        return KernelOutput(statistics(params, batch, *rest), zero_probability_steps(log_b, batch))
+
+    return run
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("log_prob", "num_groups", "num_replicates", "dtype", "mesh", "estimators"),
+    static_argnames=(
+        "log_prob",
+        "behavior_log_prob",
+        "num_groups",
+        "num_replicates",
+        "dtype",
+        "mesh",
+        "estimators",
+    ),
 )
 def _kernel(  # noqa: PLR0913 - statics are keyword-only
     params,
+    behavior_params,
     batch: PaddedBatch,
     gamma,
     seed,
     betting_range,
     *,
     log_prob,
+    behavior_log_prob,
     num_groups,
     num_replicates,
     dtype,
     mesh,
     estimators=None,
-) -> BatchStatistics:
-    """BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1 without one).
+) -> KernelOutput:
+    """KernelOutput of BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1
+    without one), and the behavior policy's zero-probability steps [D] (None without one).
 
     With a mesh, each device reduces its own share of the episodes (every leaf of ``batch``
     is split along its episode axis) and the per-device partials come back to the host to be
@@ -154,14 +221,15 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
         dtype=dtype,
         estimators=estimators,
     )
-    args = (params, batch, gamma, seed, betting_range)
+    run = _with_behavior(statistics, behavior_log_prob, dtype)
+    args = (params, behavior_params, batch, gamma, seed, betting_range)
     if mesh is None:
-        return statistics(*args)
+        return run(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
     replicated = PartitionSpec()
     batch_specs = jax.tree.map(lambda _: by_episode, batch)
-    in_specs = (replicated, batch_specs, replicated, replicated, replicated)
-    return jax.shard_map(statistics, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
+    in_specs = (replicated, replicated, batch_specs, replicated, replicated, replicated)
+    return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
 def local_mesh(devices: int | None = None) -> Mesh | None:
@@ -176,10 +244,11 @@ def local_mesh(devices: int | None = None) -> Mesh | None:
 
 
 class Kernel:
-    """``batch -> BatchStatistics [D, P, ...]`` (device arrays, dispatched asynchronously)
-    for one policy group, the episode axis sharded over ``mesh`` when given."""
+    """``batch -> KernelOutput`` (BatchStatistics [D, P, ...], device arrays, dispatched
+    asynchronously) for one policy group, the episode axis sharded over ``mesh`` when
+    given; with ``behavior``, its log-probabilities replace the logged ones."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the behavior policy is keyword-only
         self,
         group: PolicyGroup,
         gamma: float,
@@ -189,8 +258,11 @@ class Kernel:
         num_replicates: int = 0,
         seed: int = 0,
         betting_range: tuple[float, float, float] | None = None,
+        *,
+        behavior: Policy | None = None,
     ):
         self.group = group
+        self.behavior = behavior
         self.estimators = names()  # every estimator registered when the kernel is made
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
@@ -203,6 +275,11 @@ class Kernel:
         )
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
+        self.behavior_params = (
+            None
+            if behavior is None or behavior.params is None
+            else {k: jnp.asarray(v, self.dtype) for k, v in behavior.params.items()}
+        )
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
         )
@@ -214,28 +291,38 @@ class Kernel:
             return x.astype(self.dtype)
         return x
 
-    def __call__(self, batch: PaddedBatch) -> BatchStatistics:
+    def __call__(self, batch: PaddedBatch) -> KernelOutput:
         head = self.group.head
         narrowed = jax.tree.map(self._narrow, batch)  # None fields stay None
         on_device = jax.device_put(narrowed, self._sharding)  # one call for the whole batch
-        args = (self.params, on_device, self.gamma, self.seed, self.betting_range)
+        args = (
+            self.params,
+            self.behavior_params,
+            on_device,
+            self.gamma,
+            self.seed,
+            self.betting_range,
+        )
         static = dict(
             log_prob=head.log_prob,
+            behavior_log_prob=None if self.behavior is None else self.behavior.log_prob,
             num_groups=self.num_groups,
             num_replicates=self.num_replicates,
             dtype=self.dtype.name,
             mesh=self.mesh,
             estimators=self.estimators,
         )
-        if head.kind != "entry_point":
+        user_code = [p for p in (head, self.behavior) if p is not None and p.kind == "entry_point"]
+        if not user_code:
             return _kernel(*args, **static)
+        names = " / ".join(p.name for p in user_code)
         try:
             return _kernel(*args, **static)
         except PolicyError as error:
-            raise PolicyError(f"policy {head.name}: {error}") from None
+            raise PolicyError(f"policy {names}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PolicyError(
-                f"policy {head.name} cannot be evaluated under jax.jit/vmap "
+                f"policy {names} cannot be evaluated under jax.jit/vmap "
                 f"(is it JAX-traceable?): {type(error).__name__}: {message}"
             ) from None

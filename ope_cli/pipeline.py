@@ -11,6 +11,16 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ope_cli.behavior import (
+    BehaviorSource,
+    check_behavior_against_chunk,
+    check_behavior_option,
+    column_source,
+    first_zero_probability,
+    load_behavior,
+    policy_source,
+    zero_probability_error,
+)
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
 from ope_cli.config import EvaluationConfig
 from ope_cli.distributed import (
@@ -95,6 +105,7 @@ def check_config(config: EvaluationConfig) -> None:
             f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
         )
     _check_interval_options(config)
+    check_behavior_option(config.behavior)
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
@@ -247,7 +258,8 @@ class BatchStream:
 
     What consumers need besides the batches: ``schema``, ``policies``, ``plan`` (interval
     method and bounds), ``data`` (this process's files), ``files`` (all processes' count),
-    and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
+    ``behavior`` (the ``--behavior`` policy or None) and ``behavior_source``; and, as the
+    stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
     (the [B, T] shapes emitted) and ``seen_keys()``.
     """
 
@@ -261,8 +273,13 @@ class BatchStream:
         files: int,
         multiple_of: int = 1,
         on_progress: Callable[[int, int | None], None] | None = None,
+        behavior: Policy | None = None,
     ):
         self.config, self.data, self.schema = config, data, schema
+        self.behavior = behavior
+        self.behavior_source: BehaviorSource = (
+            column_source(schema) if behavior is None else policy_source(behavior)
+        )
         self.policies, self.plan, self.files = policies, plan, files
         self.on_progress = on_progress
         self.counters = Counters()
@@ -296,6 +313,8 @@ class BatchStream:
                 counts.episodes += chunk.num_episodes
                 counts.steps += chunk.num_steps
                 counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
+                if self.behavior is not None:
+                    check_behavior_against_chunk(self.behavior, chunk)
                 yield from bucketer.add(chunk)
                 if self.on_progress is not None:
                     self.on_progress(assembler.rows_read, total_rows)
@@ -303,6 +322,13 @@ class BatchStream:
         counts.rows_read = assembler.rows_read
         counts.padded_steps = bucketer.padded_steps
         counts.dropped = assembler.validation.dropped_counts()
+
+    def reread_chunks(self) -> Iterator[EpisodeChunk]:
+        """This process's episodes read again, on the host only (to locate an episode by
+        its key on an error path)."""
+        assembler = EpisodeAssembler(self.schema, self.config.on_invalid)
+        reading = iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
+        yield from assembler.chunks(reading)
 
 
 def stream(
@@ -318,8 +344,13 @@ def stream(
     policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
     data = open_dataset(config.data)
     schema = resolve_schema(
-        data.schema, config.columns, logged_target=not config.policies, source=config.data
+        data.schema,
+        config.columns,
+        logged_target=not config.policies,
+        source=config.data,
+        logged_behavior=config.behavior is None,
     )
+    behavior = None if config.behavior is None else load_behavior(config.behavior, schema)
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
@@ -328,7 +359,9 @@ def stream(
     process_id, num_processes = process
     if num_processes > 1:
         data = data.restrict(share_files(data.files, process_id, num_processes))
-    return BatchStream(config, data, schema, policies, plan, files, multiple_of, on_progress)
+    return BatchStream(
+        config, data, schema, policies, plan, files, multiple_of, on_progress, behavior
+    )
 
 
 def evaluate(
@@ -397,6 +430,7 @@ def evaluate(
         reward_range=plan.reward_range,
         horizon=plan.horizon,
         results=_policy_results(config, plan, batches.policies, local, batches.schema),
+        behavior=batches.behavior_source,
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
@@ -458,6 +492,18 @@ def _policy_results(
     return results
 
 
+def _check_behavior_support(batches: BatchStream, output) -> None:
+    """A DataError when the ``--behavior`` policy gave a logged action of this batch
+    probability 0 (``output``: a KernelOutput); its episode is found by a second read."""
+    if output.zero_behavior is None:
+        return
+    import jax
+
+    first = first_zero_probability(jax.device_get(output.zero_behavior))
+    if first is not None:
+        raise zero_probability_error(batches.behavior, first, batches.reread_chunks())
+
+
 def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _LocalPass:
     """Consumes this process's stream once and accumulates every policy's statistics.
 
@@ -483,6 +529,7 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
             replicates,
             config.seed,
             plan.betting_range,
+            behavior=batches.behavior,
         )
         for group in group_policies(policies)
     ]
@@ -498,25 +545,28 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
     def absorb(pending) -> None:
         length, results = pending
         partials = by_length.setdefault(length, no_episodes())
-        for kernel, statistics in results:
-            host = jax.device_get(statistics)  # [D, P, ...]: per device, per policy
+        _check_behavior_support(batches, results[0][1])
+        for kernel, output in results:
+            host = jax.device_get(output.statistics)  # [D, P, ...]: per device, per policy
             for device in range(devices):
                 for position, index in enumerate(kernel.group.indices):
                     one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
                     partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()
-    for batch in batches:
-        shape = batch.shape
-        new_shape = on_status is not None and shape not in shapes_seen
-        if new_shape:  # jit compiles (once per shape) inside the kernel call
-            on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
-        shapes_seen.add(shape)
-        in_flight.append((shape[1], [(kernel, kernel(batch)) for kernel in kernels]))
-        if new_shape:
-            on_status("evaluating")
-        if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
-            absorb(in_flight.popleft())
+    stream_of_batches = iter(batches)
+    with contextlib.closing(stream_of_batches):  # an error below stops the reading at once
+        for batch in stream_of_batches:
+            shape = batch.shape
+            new_shape = on_status is not None and shape not in shapes_seen
+            if new_shape:  # jit compiles (once per shape) inside the kernel call
+                on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
+            shapes_seen.add(shape)
+            in_flight.append((shape[1], [(kernel, kernel(batch)) for kernel in kernels]))
+            if new_shape:
+                on_status("evaluating")
+            if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
+                absorb(in_flight.popleft())
     while in_flight:
         absorb(in_flight.popleft())
     totals = no_episodes()

@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX through stats
+    from ope_cli.behavior import BehaviorSource
     from ope_cli.schema import DataSchema
     from ope_cli.stats import Diagnostics, Estimate, Profile
 
@@ -63,6 +64,8 @@ class EvaluationResult:
     episodes_dropped: int = 0
     steps_dropped: int = 0
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # where the behavior probabilities come from: the data's column or a --behavior policy
+    behavior: BehaviorSource | None = None
 
     @property
     def steps_per_second(self) -> float:

@@ -74,6 +74,8 @@ class DataSchema:
       action_is_vector: whether continuous actions are lists of numbers.
       behavior_is_log: the behavior column holds log-probabilities.
       target: ``prob``/``log_prob`` when target probabilities are logged, else None.
+      behavior_logged: the behavior probabilities are read from a column (False: a
+        ``--behavior`` policy computes them and no behavior column is read).
     """
 
     layout: Layout
@@ -84,6 +86,7 @@ class DataSchema:
     action_is_vector: bool
     behavior_is_log: bool
     target: Literal["prob", "log_prob"] | None
+    behavior_logged: bool = True
 
     @property
     def target_role(self) -> str:
@@ -142,25 +145,33 @@ def _type_error(column: str, expected: str, actual: pa.DataType, role: str) -> D
 
 
 def resolve_schema(
-    schema: pa.Schema, mapping: ColumnMapping, *, logged_target: bool, source: str | None = None
+    schema: pa.Schema,
+    mapping: ColumnMapping,
+    *,
+    logged_target: bool,
+    source: str | None = None,
+    logged_behavior: bool = True,
 ) -> DataSchema:
     """Detects the layout and column roles of ``schema``; raises DataError naming the column
     (and ``source``, the data's path, when given).
 
     With ``logged_target`` the evaluation policy's probabilities come from the data
     (no ``--policy``), so a target column is required and observations are not;
-    otherwise observations are required and target columns are not read.
+    otherwise observations are required and target columns are not read. Without
+    ``logged_behavior`` (a ``--behavior`` policy) no behavior column is read.
     """
     if source is None:
-        return _resolve_schema(schema, mapping, logged_target)
+        return _resolve_schema(schema, mapping, logged_target, logged_behavior)
     try:
-        return _resolve_schema(schema, mapping, logged_target)
+        return _resolve_schema(schema, mapping, logged_target, logged_behavior)
     except DataError as error:
         raise DataError(f"{source}: {error}") from None
 
 
-def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bool) -> DataSchema:
-    columns = _select_columns(list(schema.names), mapping, logged_target)
+def _resolve_schema(
+    schema: pa.Schema, mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
+) -> DataSchema:
+    columns = _select_columns(list(schema.names), mapping, logged_target, logged_behavior)
     layout: Layout = "episode" if _is_list(schema.field(columns["reward"]).type) else "step"
 
     def value_type(role: str) -> pa.DataType:
@@ -202,6 +213,7 @@ def _resolve_schema(schema: pa.Schema, mapping: ColumnMapping, logged_target: bo
         action_is_vector=action_is_vector,
         behavior_is_log="behavior_log_prob" in columns,
         target=target,
+        behavior_logged=logged_behavior,
     )
 
 
@@ -217,7 +229,9 @@ def _prefer(
             del columns[log]
 
 
-def _select_columns(names: list[str], mapping: ColumnMapping, logged_target: bool) -> dict:
+def _select_columns(
+    names: list[str], mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
+) -> dict:
     """{role: column name} of the roles found, checked for the required ones."""
     found = {role: _find_column(role, names, mapping) for role in ALIASES}
     columns = {role: name for role, name in found.items() if name is not None}
@@ -232,9 +246,15 @@ def _select_columns(names: list[str], mapping: ColumnMapping, logged_target: boo
     for role, what in (("reward", "reward"), ("action", "action")):
         if role not in columns:
             raise _missing(role, names, what)
-    if "behavior_prob" not in columns and "behavior_log_prob" not in columns:
-        missing = _missing("behavior_prob", names, "behavior probability")
-        raise DataError(f"{missing}, or estimate the behavior policy with --behavior")
+    if not logged_behavior:  # --behavior computes them: the column is not read
+        columns.pop("behavior_prob", None)
+        columns.pop("behavior_log_prob", None)
+    elif "behavior_prob" not in columns and "behavior_log_prob" not in columns:
+        raise DataError(
+            "no behavior probability column (behavior_prob, behavior_log_prob, ...); pass "
+            "--behavior CKPT|package.module:name to compute them from the behavior policy, or "
+            f"name the column with --behavior-prob-col (columns present: {', '.join(names)})"
+        )
     _prefer(
         columns,
         "behavior_prob",

@@ -284,7 +284,8 @@ def value_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
     """The spec's 'bad values' checks of flat [N] steps (probabilities still as logged),
     vectorised, in order; each flags the rows that have its problem."""
     yield Check("reward_not_finite", "reward is NaN or infinite", ~np.isfinite(steps.reward))
-    yield from _behavior_checks(steps, schema)
+    if steps.log_behavior is not None:  # None: a --behavior policy computes them
+        yield from _behavior_checks(steps, schema)
     if steps.log_target is not None:
         yield from _target_checks(steps.log_target, schema)
     yield from _action_and_state_checks(steps, schema)

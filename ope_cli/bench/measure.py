@@ -173,7 +173,8 @@ def prepare_kernel(
     compiles = trace_count() - traces
 
     acc = init(RESAMPLING_GROUPS)
-    for statistics in jax.device_get(outputs):  # [D, P, ...]
+    for output in jax.device_get(outputs):
+        statistics = output.statistics  # [D, P, ...]
         for device in range(statistics.log_weight_histogram.shape[0]):
             one = jax.tree.map(lambda value: value[device, 0], statistics)  # noqa: B023
             acc = merge(acc, from_batch(one))

@@ -11,6 +11,7 @@ from ope_cli.cli.console import say, table_console
 from ope_cli.cli.options import (
     ActionCol,
     BatchSteps,
+    Behavior,
     BehaviorLogProbCol,
     BehaviorProbCol,
     Coordinator,
@@ -61,6 +62,7 @@ def evaluate(
             "policies (one pass). Omit to use target probabilities logged in the data.",
         ),
     ] = None,
+    behavior: Behavior = None,
     gamma: Gamma = 1.0,
     estimator: Estimators = None,
     output_format: EvaluateFormat = None,
@@ -147,12 +149,15 @@ def evaluate(
       ope evaluate logs/ -p a.npz -p b.npz --format json | jq '.results[0].estimates.wis.value'
 
       ope evaluate episodes.parquet --policy mypkg.models:policy --obs-col state --behavior-prob-col pscore
+
+      ope evaluate minari_logs/ --policy ckpt.npz --behavior behavior.npz
     """
     from ope_cli.distributed import DistributedConfig
 
     config = EvaluationConfig(
         data=data,
         policies=tuple(policy or ()),
+        behavior=behavior,
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else names(),
         confidence=confidence,

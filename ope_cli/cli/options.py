@@ -63,6 +63,18 @@ Data = Annotated[
     ),
 ]
 
+Behavior = Annotated[
+    str | None,
+    typer.Option(
+        "--behavior",
+        "-b",
+        metavar="CKPT|package.module:name",
+        help="Behavior policy (checkpoint .npz or entry point, as for --policy) whose "
+        "probabilities of the logged actions replace the data's propensity column, which "
+        "is then not read.",
+    ),
+]
+
 # --- column mapping (evaluate, inspect)
 EpisodeCol = Annotated[str | None, _column("the episode id (default episode_id)")]
 StepCol = Annotated[str | None, _column("the 0-based step in its episode (default step)")]

@@ -37,7 +37,12 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
             if s.observation_kind is None
             else {"kind": s.observation_kind, "dim": s.observation_dim},
             "action": {"kind": s.action_kind, "vector": s.action_is_vector},
-            "behavior": "log_prob" if s.behavior_is_log else "prob",
+            # None: no propensity column (ope evaluate then needs --behavior)
+            "behavior": None
+            if not s.behavior_logged
+            else "log_prob"
+            if s.behavior_is_log
+            else "prob",
             "target": s.target,
             "declared": {
                 "reward_range": list(report.declared.reward_range)
@@ -103,9 +108,14 @@ def _schema_lines(report: InspectReport, counts: dict[str, Any]) -> list[str]:
         else (s.observation_kind + (f" (size {s.observation_dim})" if s.observation_dim else ""))
     )
     action = s.action_kind + (" vectors" if s.action_is_vector else "")
+    behavior = (
+        "no behavior probability column (ope evaluate needs --behavior CKPT|package.module:name)"
+        if not s.behavior_logged
+        else "behavior column holds "
+        + ("log-probabilities" if s.behavior_is_log else "probabilities")
+    )
     lines = [
-        f"observations: {observation}; actions: {action}; behavior column holds "
-        f"{'log-probabilities' if s.behavior_is_log else 'probabilities'}"
+        f"observations: {observation}; actions: {action}; {behavior}"
         + (f"; target {s.target} logged" if s.target else "")
     ]
     declared, parts = report.declared, []

@@ -51,6 +51,8 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "steps_dropped": result.steps_dropped,
             "episodes_dropped": result.episodes_dropped,
             "dropped": result.dropped,
+            # {"source": "column" | "checkpoint" | "entry_point", "name": ..., "kind": ...}
+            "behavior": None if result.behavior is None else dataclasses.asdict(result.behavior),
         },
         "gamma": result.gamma,
         "confidence": {

@@ -283,3 +283,5 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
     for warning in diagnostic_warnings(result):
         console.print(Text(f"warning: {warning}", style="yellow"))
     console.print(Text(f"intervals: {result.confidence_method}", style="dim"))
+    if result.behavior is not None:
+        console.print(Text(result.behavior.describe(), style="dim"))

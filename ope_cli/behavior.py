@@ -1,0 +1,155 @@
+"""Where the behavior probabilities come from: the data's propensity column, or a
+``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``) whose
+log pi_b(a|s) the kernel computes in the same pass as log pi_e.
+
+Host-side only (NumPy): loading and checking the behavior policy against the data, the
+report's description of the source, and turning the kernel's count of logged actions the
+behavior policy gives probability 0 into a DataError naming the episode and step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from ope_cli.errors import DataError, PolicyError, UsageError, where
+from ope_cli.ids import display_id
+from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
+from ope_cli.schema import DataSchema
+
+ESTIMATE = "estimate"
+
+
+def check_behavior_option(spec: str | None) -> None:
+    """``--behavior estimate[:MODEL]`` is reserved for fitting pi_b, which is not available
+    yet: a UsageError rather than a search for a file named 'estimate'."""
+    if spec is None:
+        return
+    if spec == ESTIMATE or spec.startswith(ESTIMATE + ":"):
+        raise UsageError(
+            f"--behavior {spec}: estimating the behavior policy from the data is not available "
+            "yet; pass a behavior checkpoint .npz or an entry point package.module:name"
+        )
+    if not spec.strip():
+        raise UsageError("--behavior needs a checkpoint .npz or an entry point package.module:name")
+
+
+@dataclasses.dataclass(frozen=True)
+class BehaviorSource:
+    """Where a run's behavior probabilities come from (the report's ``dataset.behavior``).
+
+    Attributes:
+      source: ``column`` (logged in the data), ``checkpoint`` or ``entry_point``.
+      name: the column name, checkpoint path or entry point.
+      kind: the checkpoint kind (tabular, ...); None for a column or an entry point.
+    """
+
+    source: str
+    name: str
+    kind: str | None = None
+
+    def describe(self) -> str:
+        """One line for the report's footer."""
+        if self.source == "column":
+            return f"behavior probabilities: logged, column {self.name!r}"
+        what = f"checkpoint {self.name} ({self.kind})" if self.kind else f"entry point {self.name}"
+        return f"behavior probabilities: computed from {what} (--behavior)"
+
+
+def column_source(schema: DataSchema) -> BehaviorSource:
+    role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
+    return BehaviorSource("column", schema.columns[role])
+
+
+def policy_source(policy: Policy) -> BehaviorSource:
+    if policy.kind == "entry_point":
+        return BehaviorSource("entry_point", policy.name)
+    return BehaviorSource("checkpoint", policy.name, policy.kind)
+
+
+def load_behavior(spec: str, schema: DataSchema) -> Policy:
+    """The ``--behavior`` policy, checked against the data's schema before any row is
+    read; a PolicyError (exit 4) when it cannot be loaded or does not fit the data."""
+    try:
+        policy = load_policy(spec)
+    except PolicyError as error:
+        raise PolicyError(f"--behavior: {error}") from None
+    if "observation" not in schema.columns:
+        raise DataError(
+            "--behavior needs the observations, but no observation column was found; "
+            "name it with --obs-col"
+        )
+    try:
+        check_against_schema(policy, schema)
+    except DataError as error:
+        raise PolicyError(f"--behavior {spec} does not fit the data: {error}") from None
+    return policy
+
+
+def check_behavior_against_chunk(policy: Policy, chunk) -> None:
+    """Action and state ranges and sizes of one chunk against the behavior policy (the
+    checks ``--policy`` gets); a PolicyError (exit 4) at the first problem: a behavior
+    policy that does not fit the data is never a reason to drop episodes."""
+    for _, problem, bad in chunk_checks(policy, chunk):
+        rows = np.flatnonzero(bad)
+        if rows.size:
+            episode, step = chunk.locate(int(rows[0]))
+            raise PolicyError(
+                f"{where(chunk.file, episode, step)}--behavior {policy.name} does not fit the "
+                f"data: {problem} ({rows.size} row(s) affected)"
+            )
+
+
+class ZeroProbabilitySteps(NamedTuple):
+    """The kernel's count of real steps whose behavior log-probability is not finite
+    (-inf: probability 0), and the first one, per device: leaves [D] ([1] per shard).
+
+      count: int32 steps so affected.
+      key_hi, key_lo: uint32 halves of the first such step's episode key.
+      step: int32 its step in the episode.
+      value: its log-probability (-inf, or NaN / +inf from a faulty entry point).
+    """
+
+    count: np.ndarray
+    key_hi: np.ndarray
+    key_lo: np.ndarray
+    step: np.ndarray
+    value: np.ndarray
+
+
+def first_zero_probability(found: ZeroProbabilitySteps) -> tuple[int, int, float, int] | None:
+    """(episode key, step, log-probability, steps affected) of the first flagged device's
+    first step (host arrays [D]), or None when no step was flagged."""
+    counts = np.asarray(found.count)
+    if not counts.any():
+        return None
+    device = int(np.flatnonzero(counts)[0])
+    key = (int(found.key_hi[device]) << 32) | int(found.key_lo[device])
+    return key, int(found.step[device]), float(found.value[device]), int(counts.sum())
+
+
+def zero_probability_error(
+    policy: Policy, first: tuple[int, int, float, int], chunks: Iterable
+) -> DataError:
+    """The DataError for a logged action the behavior policy gives probability 0, naming
+    its file, episode and step, found by key among ``chunks`` (a second, host-only read of
+    the data, done only on this error path)."""
+    key, step, value, count = first
+    location = ""
+    for chunk in chunks:
+        match = np.flatnonzero(chunk.keys == np.uint64(key))
+        if match.size:
+            location = where(chunk.file, display_id(chunk.ids[int(match[0])]), step)
+            break
+    what = (
+        "probability 0 (log-probability -inf)"
+        if value == -np.inf
+        else f"a log-probability of {value} (not finite)"
+    )
+    return DataError(
+        f"{location}behavior policy {policy.name} gives the logged action {what}: the data "
+        f"cannot come from this behavior policy ({count} step(s) so affected in the batch)"
+    )

@@ -1,0 +1,406 @@
+"""``--behavior CKPT|package.module:name``: the kernel computes log pi_b(a|s) in place of the
+logged propensity column; the source is reported; bad behavior inputs exit with one line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_ope
+from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+from ope_cli.behavior import (
+    BehaviorSource,
+    ZeroProbabilitySteps,
+    check_behavior_option,
+    first_zero_probability,
+)
+from ope_cli.errors import UsageError
+
+gen = importlib.import_module("ope_cli.generate")
+FIELDS = ("value", "stderr", "ci_low", "ci_high")
+
+
+def _drop_propensities(logs: Path, out: Path) -> Path:
+    table = pq.read_table(logs)
+    keep = [name for name in table.column_names if not name.startswith("behavior")]
+    pq.write_table(table.select(keep), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, Path]:
+    """chain (tabular), bandit (linear_softmax) and gaussian (linear_gaussian) logs, each
+    with its true behavior.npz, and a copy without the propensity column (nob.parquet)."""
+    root = tmp_path_factory.mktemp("behavior")
+    out = {}
+    for env in ("chain", "bandit", "gaussian"):
+        gen.generate(env, root / env, episodes=300, seed=4)
+        _drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
+        out[env] = root / env
+    return out
+
+
+@pytest.fixture(scope="module")
+def mlp_data(tmp_path_factory) -> Path:
+    """Random episodes drawn from an mlp_softmax behavior policy, with and without the
+    propensity column, the behavior checkpoint and an evaluation checkpoint."""
+    root = tmp_path_factory.mktemp("mlp")
+    rng = np.random.default_rng(7)
+    behavior = random_checkpoint("mlp_softmax", rng, activation="relu")
+    episodes = random_episodes(rng, 200, behavior=behavior, length_dist="fixed")
+    write_step_layout(episodes, root / "logs.parquet")
+    _drop_propensities(root / "logs.parquet", root / "nob.parquet")
+    save_checkpoint(root / "behavior.npz", behavior)
+    save_checkpoint(root / "eval.npz", random_checkpoint("mlp_softmax", rng))
+    (root / "mlp_behavior.py").write_text(
+        textwrap.dedent(
+            """
+            import jax
+            import numpy as np
+
+            _params = dict(np.load("behavior.npz"))
+
+            def log_prob(observation, action):
+                hidden = jax.nn.relu(observation @ _params["weight_0"] + _params["bias_0"])
+                logits = hidden @ _params["weight_1"] + _params["bias_1"]
+                return jax.nn.log_softmax(logits)[action]
+
+            log_prob.n_actions = 4
+            """
+        )
+    )
+    return root
+
+
+def _json(ope_in_process, args, cwd=None) -> dict:
+    done = ope_in_process(["evaluate", *args, "--format", "json", "-q"], cwd=cwd)
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
+
+
+def _assert_same_estimates(left: dict, right: dict, rtol: float = 1e-6) -> None:
+    assert len(left["results"]) == len(right["results"])
+    for a, b in zip(left["results"], right["results"], strict=True):
+        for name, estimate in a["estimates"].items():
+            for field in FIELDS:
+                expected, actual = estimate[field], b["estimates"][name][field]
+                if expected is None:
+                    assert actual is None, (name, field)
+                else:
+                    assert actual == pytest.approx(expected, rel=rtol, abs=1e-12), (name, field)
+
+
+@pytest.mark.parametrize(
+    ("env", "kind"),
+    [("chain", "tabular"), ("bandit", "linear_softmax"), ("gaussian", "linear_gaussian")],
+)
+def test_true_behavior_checkpoint_reproduces_logged_propensities(
+    ope_in_process, generated, env, kind
+):
+    out = generated[env]
+    policies = [
+        "-p",
+        str(out / "policies" / "eval_0.npz"),
+        "-p",
+        str(out / "policies" / "eval_1.npz"),
+    ]
+    logged = _json(ope_in_process, [str(out / "logs.parquet"), *policies])
+    computed = _json(
+        ope_in_process,
+        [str(out / "nob.parquet"), *policies, "--behavior", str(out / "behavior.npz")],
+    )
+    _assert_same_estimates(logged, computed)
+    assert logged["dataset"]["behavior"] == {
+        "source": "column",
+        "name": "behavior_prob",
+        "kind": None,
+    }
+    assert computed["dataset"]["behavior"] == {
+        "source": "checkpoint",
+        "name": str(out / "behavior.npz"),
+        "kind": kind,
+    }
+    assert computed["runtime"]["compiles"] <= len(computed["runtime"]["batch_shapes"])
+
+
+def test_behavior_overrides_the_logged_column(ope_in_process, generated):
+    """With the column present, --behavior wins: a different behavior policy changes the
+    estimates, and the true one gives the logged column's."""
+    out = generated["chain"]
+    data, policy = str(out / "logs.parquet"), str(out / "policies" / "eval_0.npz")
+    logged = _json(ope_in_process, [data, "-p", policy])
+    true = _json(ope_in_process, [data, "-p", policy, "--behavior", str(out / "behavior.npz")])
+    other = _json(ope_in_process, [data, "-p", policy, "--behavior", policy])
+    _assert_same_estimates(logged, true)
+    # the evaluation policy as behavior: every weight is 1
+    assert other["results"][0]["diagnostics"] != logged["results"][0]["diagnostics"]
+    assert other["results"][0]["estimates"]["wis"]["value"] == pytest.approx(
+        other["results"][0]["estimates"]["is"]["value"], rel=1e-12
+    )
+    assert other["dataset"]["behavior"]["source"] == "checkpoint"
+
+
+def test_mlp_checkpoint_and_entry_point(ope_in_process, mlp_data):
+    logged = _json(ope_in_process, ["logs.parquet", "-p", "eval.npz"], cwd=mlp_data)
+    by_checkpoint = _json(
+        ope_in_process, ["nob.parquet", "-p", "eval.npz", "-b", "behavior.npz"], cwd=mlp_data
+    )
+    by_entry_point = _json(
+        ope_in_process,
+        ["nob.parquet", "-p", "eval.npz", "-b", "mlp_behavior:log_prob"],
+        cwd=mlp_data,
+    )
+    _assert_same_estimates(logged, by_checkpoint)
+    _assert_same_estimates(logged, by_entry_point)
+    assert by_entry_point["dataset"]["behavior"] == {
+        "source": "entry_point",
+        "name": "mlp_behavior:log_prob",
+        "kind": None,
+    }
+
+
+def test_table_footer_says_where_behavior_probabilities_come_from(ope_in_process, generated):
+    out = generated["chain"]
+    policy = str(out / "policies" / "eval_0.npz")
+    done = ope_in_process(
+        [
+            "evaluate",
+            str(out / "nob.parquet"),
+            "-p",
+            policy,
+            "-b",
+            str(out / "behavior.npz"),
+            "-f",
+            "table",
+            "-q",
+        ]
+    )
+    assert done.returncode == 0, done
+    text = " ".join(done.stdout.split())
+    assert f"behavior probabilities: computed from checkpoint {out / 'behavior.npz'}" in text
+    logged = ope_in_process(
+        ["evaluate", str(out / "logs.parquet"), "-p", policy, "-f", "table", "-q"]
+    )
+    assert "behavior probabilities: logged, column 'behavior_prob'" in " ".join(
+        logged.stdout.split()
+    )
+
+
+# --- bad inputs: exit code, one line on stderr, nothing on stdout
+
+
+def _fails(ope_in_process, args, code: int, *needles: str, cwd=None) -> str:
+    done = ope_in_process(["evaluate", *args, "-f", "json"], cwd=cwd)
+    assert done.returncode == code, done
+    assert done.stdout == "", done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done
+    for needle in needles:
+        assert needle in lines[0], done
+    return lines[0]
+
+
+def test_no_propensity_column_and_no_behavior_names_behavior(ope_in_process, generated):
+    out = generated["chain"]
+    _fails(
+        ope_in_process,
+        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz")],
+        3,
+        "--behavior",
+    )
+
+
+@pytest.mark.parametrize("spec", ["estimate", "estimate:tabular", "estimate:linear_softmax"])
+def test_behavior_estimate_is_not_available_yet(ope_in_process, generated, spec):
+    out = generated["chain"]
+    _fails(
+        ope_in_process,
+        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz"), "--behavior", spec],
+        2,
+        "not available yet",
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "behavior", "needle"),
+    [
+        ("chain", "bandit", "observation has size 1"),  # a vector policy on integer states
+        ("bandit", "chain", "tabular"),  # a tabular policy on vector observations
+        ("chain", "gaussian", "continuous"),  # continuous actions on integer actions
+        ("chain", "missing", "no such checkpoint"),
+    ],
+)
+def test_behavior_that_does_not_fit_the_data_exits_4(
+    ope_in_process, generated, tmp_path, env, behavior, needle
+):
+    out = generated[env]
+    checkpoint = (
+        tmp_path / "missing.npz" if behavior == "missing" else generated[behavior] / "behavior.npz"
+    )
+    line = _fails(
+        ope_in_process,
+        [
+            str(out / "nob.parquet"),
+            "-p",
+            str(out / "policies" / "eval_0.npz"),
+            "-b",
+            str(checkpoint),
+        ],
+        4,
+        "--behavior",
+    )
+    assert needle in line
+
+
+@pytest.mark.parametrize(("n_states", "n_actions", "needle"), [(4, 3, "state"), (10, 2, "action")])
+def test_tabular_behavior_with_too_few_states_or_actions_exits_4(
+    ope_in_process, generated, tmp_path, n_states, n_actions, needle
+):
+    out = generated["chain"]
+    small = save_checkpoint(
+        tmp_path / "small.npz", {"kind": "tabular", "logits": np.zeros((n_states, n_actions))}
+    )
+    line = _fails(
+        ope_in_process,
+        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz"), "-b", str(small)],
+        4,
+        "--behavior",
+        "episode",
+        "step",
+    )
+    assert needle in line
+
+
+def test_zero_behavior_probability_names_the_episode_and_step(ope_in_process, generated, tmp_path):
+    """An entry point giving probability 0 to action 2 in state 5: exit 3 naming an episode
+    and step where the logged data has that state and action."""
+    out = generated["chain"]
+    (tmp_path / "zero_behavior.py").write_text(
+        textwrap.dedent(
+            """
+            import jax.numpy as jnp
+
+            def log_prob(observation, action):
+                return jnp.where((observation == 5) & (action == 2), -jnp.inf, jnp.log(1 / 3))
+            """
+        )
+    )
+    line = _fails(
+        ope_in_process,
+        [
+            str(out / "nob.parquet"),
+            "-p",
+            str(out / "policies" / "eval_0.npz"),
+            "-b",
+            "zero_behavior:log_prob",
+        ],
+        3,
+        "probability 0",
+        "zero_behavior:log_prob",
+        cwd=tmp_path,
+    )
+    found = re.search(r"episode (\d+), step (\d+)", line)
+    assert found, line
+    episode, step = int(found.group(1)), int(found.group(2))
+    table = pq.read_table(out / "nob.parquet")
+    columns = {name: table.column(name).to_numpy() for name in table.column_names}
+    row = (columns["episode_id"] == episode) & (columns["step"] == step)
+    assert list(columns["observation"][row]) == [5], line
+    assert list(columns["action"][row]) == [2], line
+
+
+def test_behavior_needs_observations(ope_in_process, generated, tmp_path):
+    """Logged target probabilities without observations: --behavior cannot be computed."""
+    out = generated["chain"]
+    table = pq.read_table(out / "nob.parquet")
+    table = table.drop(["observation"]).append_column(
+        "target_prob", pa.array(np.full(table.num_rows, 0.5))
+    )
+    pq.write_table(table, tmp_path / "no_obs.parquet")
+    _fails(
+        ope_in_process,
+        [str(tmp_path / "no_obs.parquet"), "-b", str(out / "behavior.npz")],
+        3,
+        "--obs-col",
+    )
+
+
+# --- the module's host-side helpers
+
+
+def test_check_behavior_option():
+    check_behavior_option(None)
+    check_behavior_option("b.npz")
+    check_behavior_option("estimates.npz")  # a file name that merely starts with the word
+    for spec in ("estimate", "estimate:mlp_softmax"):
+        with pytest.raises(UsageError, match="not available yet"):
+            check_behavior_option(spec)
+
+
+def test_first_zero_probability_picks_the_first_flagged_device():
+    none = ZeroProbabilitySteps(
+        *(np.zeros(2, dtype) for dtype in (np.int32, np.uint32, np.uint32, np.int32, float))
+    )
+    assert first_zero_probability(none) is None
+    found = ZeroProbabilitySteps(
+        count=np.array([0, 3], np.int32),
+        key_hi=np.array([0, 1], np.uint32),
+        key_lo=np.array([0, 2], np.uint32),
+        step=np.array([0, 7], np.int32),
+        value=np.array([0.0, -np.inf]),
+    )
+    assert first_zero_probability(found) == ((1 << 32) | 2, 7, -np.inf, 3)
+
+
+def test_behavior_source_describes_itself():
+    assert "column 'p'" in BehaviorSource("column", "p").describe()
+    assert (
+        "checkpoint b.npz (tabular)" in BehaviorSource("checkpoint", "b.npz", "tabular").describe()
+    )
+    assert "entry point m:f" in BehaviorSource("entry_point", "m:f").describe()
+
+
+@pytest.mark.slow
+def test_two_emulated_devices_give_the_same_numbers(generated):
+    out = generated["bandit"]
+    args = [
+        "evaluate",
+        str(out / "nob.parquet"),
+        "-p",
+        str(out / "policies" / "eval_0.npz"),
+        "--behavior",
+        str(out / "behavior.npz"),
+        "--batch-steps",
+        "64",
+        "--format",
+        "json",
+    ]
+    runs = {}
+    for devices in (1, 2):
+        flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        done = run_ope(args, env=flags)
+        assert done.returncode == 0, done
+        runs[devices] = json.loads(done.stdout)
+    assert runs[2]["runtime"]["devices"] == 2
+    _assert_same_estimates(runs[1], runs[2], rtol=1e-12)
+
+
+def test_inspect_says_when_the_data_has_no_propensity_column(ope_in_process, generated):
+    out = generated["chain"]
+    done = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "json"])
+    assert done.returncode == 0, done
+    doc = json.loads(done.stdout)
+    assert doc["dataset"]["behavior"] is None
+    assert doc["behavior_prob"] is None
+    table = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "table"])
+    assert "ope evaluate needs --behavior" in " ".join(table.stdout.split())
+    logged = json.loads(ope_in_process(["inspect", str(out / "logs.parquet"), "-f", "json"]).stdout)
+    assert logged["dataset"]["behavior"] == "prob"
