@@ -65,6 +65,7 @@ def small_case(tmp_path_factory):
     return one, split, policy
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 @pytest.mark.parametrize("method", ["percentile", "bootstrap-t"])
 def test_bootstrap_intervals_do_not_depend_on_batching_or_files(small_case, method):
     one, split, policy = small_case
@@ -81,6 +82,7 @@ def test_bootstrap_intervals_do_not_depend_on_batching_or_files(small_case, meth
     assert different_seed != reference
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_betting_intervals_do_not_depend_on_batching_or_files(small_case):
     one, split, policy = small_case
     options = dict(interval="betting", reward_range=(-3.0, 3.0), gamma=0.97)
@@ -99,6 +101,7 @@ def test_betting_intervals_do_not_depend_on_batching_or_files(small_case):
     assert is_[1] < is_[2] and pdis[1] < pdis[2]
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_betting_interval_covers_a_bandit_truth_and_narrows_with_data(tmp_path):
     widths = []
     for episodes in (500, 8000):
@@ -112,6 +115,7 @@ def test_betting_interval_covers_a_bandit_truth_and_narrows_with_data(tmp_path):
     assert widths[1] < widths[0] / 2.5  # ~ 1 / sqrt(n): 4x narrower for 16x the data
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_bootstrap_spread_matches_the_analytic_standard_error(small_case):
     one, _, policy = small_case
     result = run(one, [policy], interval="percentile", bootstrap_samples=400, seed=1)
@@ -141,6 +145,7 @@ def ground_truth(request, tmp_path_factory):
     return env, truth, result
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 @pytest.mark.parametrize("names", [("is", "pdis"), ("wis", "wpdis")])
 def test_estimators_land_near_the_truth(ground_truth, names):
     """Each estimate lands within 4 of its standard errors (plus the truth's own Monte Carlo
@@ -154,6 +159,7 @@ def test_estimators_land_near_the_truth(ground_truth, names):
             assert abs(e.value - entry["value"]) < tolerance, (env, entry["policy"], name, e, entry)
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 @pytest.mark.parametrize("ground_truth", ["control"], indirect=True)  # the long-horizon one
 def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth):
     _, _, result = ground_truth

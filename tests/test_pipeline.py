@@ -115,12 +115,14 @@ def assert_same_results(a, b, rtol=1e-9):
         dict(min_bucket=300),  # one bucket for everything
     ],
 )
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_invariant_to_record_batches_buckets_and_batch_sizes(tmp_path, batching):
     episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=150, seed=5)
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     assert_same_results(run(data, paths), run(data, paths, **batching))
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_invariant_to_file_splitting_and_format(tmp_path):
     episodes, _, paths = make_case(tmp_path, "mlp_softmax", n_episodes=200, seed=7)
     one = run(write_step_layout(episodes, tmp_path / "one.parquet"), paths)
@@ -140,6 +142,7 @@ def test_invariant_to_file_splitting_and_format(tmp_path):
     assert split.files == 7
 
 
+@pytest.mark.slow  # a property / statistical test: the full suite runs it
 def test_policies_in_one_pass_equal_separate_runs(tmp_path):
     rng = np.random.default_rng(11)
     behavior = random_checkpoint("linear_softmax", rng)
