@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+_SUBPROCESS_CACHE: str | None = None  # the session's cache for ``ope`` subprocesses
+
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class OpeRun:
@@ -57,6 +59,8 @@ def run_ope(
     inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     full_env = {**inherited, **(env or {})}
     full_env.setdefault("JAX_PLATFORMS", "cpu")
+    if _SUBPROCESS_CACHE is not None and (env or {}).get("OPE_CACHE_DIR") is None:
+        full_env["OPE_CACHE_DIR"] = _SUBPROCESS_CACHE
     args = tuple(str(a) for a in args)
     started = time.perf_counter()
     done = subprocess.run(
@@ -156,11 +160,17 @@ def ope_many():
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_compilation_cache(tmp_path_factory):
-    """Every test process (and the ``ope`` subprocesses, through the environment) shares
-    one compilation cache for this session, outside the user's home cache."""
+    """The ``ope`` subprocesses of this session share one persistent compilation cache,
+    outside the user's home cache (``run_ope`` hands it to them). The test process itself
+    keeps its compilations in memory only: jaxlib 0.10's CPU executable serialisation has
+    crashed (SIGSEGV in ``put_executable_and_time``) after a few hundred in-process
+    compilations, and one process gains nothing from a disk cache it never rereads."""
+    global _SUBPROCESS_CACHE
     previous = os.environ.get("OPE_CACHE_DIR")
-    os.environ["OPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla-cache"))
+    _SUBPROCESS_CACHE = str(tmp_path_factory.mktemp("xla-cache"))
+    os.environ["OPE_CACHE_DIR"] = "off"
     yield
+    _SUBPROCESS_CACHE = None
     if previous is None:
         os.environ.pop("OPE_CACHE_DIR", None)
     else:
