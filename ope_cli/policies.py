@@ -451,17 +451,3 @@ def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
                 f"action has size {size}, but policy {policy.name} expects {policy.act_dim}",
                 np.ones(chunk.num_steps, bool),
             )
-
-
-def check_against_chunk(policy: Policy, chunk) -> None:
-    """Value-level compatibility (action and state ranges, observation size) of one chunk;
-    a DataError at the first problem."""
-    from ope_cli.errors import where
-
-    for _, problem, bad in chunk_checks(policy, chunk):
-        rows = np.flatnonzero(bad)
-        if rows.size:
-            episode, step = chunk.locate(int(rows[0]))
-            raise DataError(
-                f"{where(chunk.file, episode, step)}{problem} ({rows.size} row(s) affected)"
-            )
