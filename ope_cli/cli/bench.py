@@ -6,7 +6,6 @@ instant.
 
 from __future__ import annotations
 
-import enum
 import sys
 from typing import Annotated
 
@@ -19,17 +18,9 @@ from ope_cli.bench.config import (
     MEMORY_FACTOR,
     BenchConfig,
 )
+from ope_cli.cli.options import InspectFormat as TableOrJson
+from ope_cli.cli.options import PrecisionOption
 from ope_cli.config import BatchingConfig
-
-
-class BenchFormat(enum.StrEnum):
-    table = "table"
-    json = "json"
-
-
-class BenchPrecision(enum.StrEnum):
-    float32 = "float32"
-    float64 = "float64"
 
 
 def register(app: typer.Typer) -> None:
@@ -52,13 +43,13 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 4,
         precision: Annotated[
-            BenchPrecision | None,
+            PrecisionOption | None,
             typer.Option(
                 help="Kernel precision of the main measurements. Default: as ope evaluate."
             ),
         ] = None,
         output_format: Annotated[
-            BenchFormat | None,
+            TableOrJson | None,
             typer.Option(
                 "--format",
                 "-f",
@@ -128,14 +119,14 @@ def register(app: typer.Typer) -> None:
                 read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
             ),
         )
-        chosen = output_format or (BenchFormat.table if sys.stdout.isatty() else BenchFormat.json)
+        chosen = output_format or (TableOrJson.table if sys.stdout.isatty() else TableOrJson.json)
         stderr = Console(stderr=True)
         if quiet or not stderr.is_terminal:
             result = bench(config)
         else:
             with stderr.status("ope bench") as status:
                 result = bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
-        if chosen is BenchFormat.json:
+        if chosen is TableOrJson.json:
             sys.stdout.write(to_json(result) + "\n")
         else:
             console = Console()
