@@ -19,6 +19,9 @@ from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
+# How long a process that finished its share waits for the slowest peer. Peers may still be
+# reading or compiling; one that dies is reported by the runtime's heartbeat long before.
+PEER_WAIT_MS = 24 * 3600 * 1000
 C = TypeVar("C")
 
 
@@ -113,9 +116,22 @@ def _encode(message: str) -> np.ndarray:
     return out
 
 
+def wait_for_peers(name: str) -> None:
+    """Blocks until every process reaches barrier ``name`` (the coordination service's own
+    barrier, not a collective). A process with little or no data reaches the first
+    collective long before the others; the CPU collectives give up after a fixed, short
+    timeout, so the processes meet here first."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is not None:
+        client.wait_at_barrier(f"ope:{name}", PEER_WAIT_MS)
+
+
 def check_all_succeeded(error: OpeError | None) -> None:
     """Collective: every process says whether its share succeeded; if any failed, every
     process raises (the failing one its own error, the others one that names it)."""
+    wait_for_peers("local-pass-done")
     status = np.array([0 if error is None else error.exit_code], np.int64)
     codes = _gather(status)[:, 0]
     messages = _gather(_encode("" if error is None else f"{error.kind}: {error}"))

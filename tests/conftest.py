@@ -184,3 +184,14 @@ def _jax_runtime(_private_compilation_cache):
     from ope_cli import runtime
 
     runtime.configure()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_executables():
+    """Drops every compiled executable after each test module. On CPU each one holds a few
+    dozen memory mappings; a whole suite in one process compiles thousands, and past the
+    kernel's ``vm.max_map_count`` (65,530 by default) XLA segfaults on a failed mmap."""
+    yield
+    import jax
+
+    jax.clear_caches()
