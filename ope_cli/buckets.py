@@ -1,9 +1,15 @@
 """Episodes -> fixed-shape padded [batch, time] arrays, grouped by length bucket.
 
-Bucket lengths grow geometrically (8, 16, 32, ... by default) without a cap, so a
-10,000-step episode gets a 16,384-step bucket rather than being dropped. A bucket of
-length T is always cut into batches of the same number of episodes B(T), so the
-kernel sees one shape per bucket and compiles once for it.
+The compiled shapes do not depend on the data, so a compilation (in memory or in the
+persistent cache) serves every later dataset. Bucket lengths are 1 and the geometric
+family ceil(min_bucket * growth**k) (1, 8, 12, 16, 23, 32, 46, ... by default), without a
+cap, so a 10,000-step episode gets a 16,384-step bucket rather than being dropped. A bucket
+of length T has exactly two shapes: full batches of B(T) episodes (the largest power of two
+with B * T <= batch_steps), and the rows left at the end, run as calls of TAIL_DIVISOR
+times fewer episodes, the last one topped up with masked rows. Compiling costs about a
+second per shape and a call a few milliseconds, so the tail is padded rather than given
+a shape of its own; the small tail shape keeps the padding of a one-step (bandit) log or
+of a small dataset within a few percent.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from ope_cli.episodes import EpisodeChunk
 from ope_cli.steps import Steps, map_arrays, step_field
 
 RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
+TAIL_DIVISOR = 64  # a bucket's last episodes run in calls of B(T) / TAIL_DIVISOR episodes
 
 
 class PaddedBatch(NamedTuple):
@@ -51,20 +58,40 @@ class PaddedBatch(NamedTuple):
 
 
 def bucket_lengths_upto(max_length: int, min_bucket: int, growth: float) -> np.ndarray:
-    """Increasing bucket lengths, ceil(min_bucket * growth**k), until one is >= max_length."""
-    lengths = [max(1, min_bucket)]
+    """Increasing bucket lengths until one is >= max_length: 1, then the distinct values of
+    ceil(min_bucket * growth**k). The family depends only on (min_bucket, growth). One-step
+    episodes (bandit logs) get a bucket of their own; other short episodes share the
+    min_bucket one, as each further bucket costs a compilation."""
+    min_bucket = max(1, min_bucket)
+    lengths, power = [1] if min_bucket == 1 else [1, min_bucket], 1
     while lengths[-1] < max_length:
         # The tolerance keeps sqrt(2)**4 * 8 at 32, not 33, despite rounding in the power.
-        lengths.append(max(lengths[-1] + 1, math.ceil(min_bucket * growth ** len(lengths) - 1e-9)))
-    return np.asarray(lengths, np.int64)
+        length = math.ceil(min_bucket * growth**power - 1e-9)
+        power += 1
+        if length > lengths[-1]:
+            lengths.append(length)
+    return np.asarray(lengths if max_length > 1 else lengths[:1], np.int64)
+
+
+def _round_up(count: int, multiple_of: int) -> int:
+    return -(-count // multiple_of) * multiple_of
 
 
 def episodes_per_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
-    """B for a bucket of ``length`` steps: the largest power of two with at most
-    ``batch_steps`` cells (at least 1), rounded up to a multiple of ``multiple_of``. Powers of
-    two let a bucket's last batch shrink by halves (``Bucketer._tail_batch``)."""
+    """B(T) for a bucket of ``length`` steps: the largest power of two with at most
+    ``batch_steps`` cells (at least 1), rounded up to a multiple of ``multiple_of``."""
     episodes = 1 << max(0, (batch_steps // length).bit_length() - 1)
-    return -(-episodes // multiple_of) * multiple_of
+    return _round_up(episodes, multiple_of)
+
+
+def episodes_per_tail_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
+    """Episodes per call for a bucket's remaining episodes: B(T) / TAIL_DIVISOR (at least 1),
+    rounded up to a multiple of ``multiple_of``; never more than B(T)."""
+    episodes = 1 << max(0, (batch_steps // length).bit_length() - 1)
+    return min(
+        _round_up(max(1, episodes // TAIL_DIVISOR), multiple_of),
+        episodes_per_batch(length, batch_steps, multiple_of),
+    )
 
 
 def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -145,9 +172,30 @@ def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
     return batch._replace(steps=steps) if changed else batch
 
 
-def first_rows(batch: PaddedBatch, rows: int) -> PaddedBatch:
-    """Rows ``:rows`` of ``batch`` as views (still 64-byte aligned: same start)."""
-    return map_arrays(lambda values: values[:rows], batch)
+def row_range(batch: PaddedBatch, start: int, stop: int) -> PaddedBatch:
+    """Rows ``start:stop`` of ``batch`` as views (copied where a view would not start on a
+    64-byte boundary, so that handing it to XLA on CPU needs no copy there)."""
+
+    def rows(values: np.ndarray) -> np.ndarray:
+        part = values[start:stop]
+        if part.ctypes.data % 64 == 0:
+            return part
+        aligned = _zeros(part.shape, part.dtype)
+        aligned[...] = part
+        return aligned
+
+    return map_arrays(rows, batch)
+
+
+def _topped_up(batch: PaddedBatch, rows: int) -> PaddedBatch:
+    """``batch`` with all-padding rows appended up to ``rows`` episodes."""
+
+    def grown(values: np.ndarray) -> np.ndarray:
+        out = _zeros((rows, *values.shape[1:]), values.dtype)
+        out[: values.shape[0]] = values
+        return out
+
+    return map_arrays(grown, batch)
 
 
 def pad(
@@ -214,29 +262,25 @@ class Bucketer:
                 members = members[placed.size :]
                 if open_batch.rows == batch:
                     del self._open[length]
-                    yield self._emit(open_batch, batch)
+                    yield self._emit(open_batch.batch, open_batch.steps)
 
     def flush(self) -> Iterator[PaddedBatch]:
-        """Yields the remaining, partly filled batches (filler rows masked out)."""
+        """Yields the remaining episodes of each bucket in tail batches (the last one topped
+        up with masked rows)."""
         for length in sorted(self._open):
             open_batch = self._open.pop(length)
-            batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
-            yield self._emit(open_batch, self._tail_batch(batch, open_batch.rows))
+            rows = episodes_per_tail_batch(length, self.batching.batch_steps, self.multiple_of)
+            padded, real = open_batch.batch, open_batch.rows
+            for start in range(0, real, rows):
+                if start + rows <= padded.shape[0]:
+                    part = row_range(padded, start, start + rows)
+                else:  # B(T) is not a multiple of the tail size (devices not a power of 2)
+                    part = _topped_up(row_range(padded, start, padded.shape[0]), rows)
+                yield self._emit(part, int(part.step_mask.sum()))
 
-    def _tail_batch(self, batch: int, episodes: int) -> int:
-        """Rows for a bucket's last, partial batch: the full size halved while the episodes
-        still fit, so a nearly empty bucket does not pay for a full batch of filler rows."""
-        rows = batch
-        while rows % 2 == 0 and rows // 2 >= episodes and (rows // 2) % self.multiple_of == 0:
-            rows //= 2
-        return rows
-
-    def _emit(self, open_batch: _OpenBatch, rows: int) -> PaddedBatch:
-        """The first ``rows`` rows of a filled (or final) batch, counted in the statistics."""
-        padded = open_batch.batch
-        if rows < padded.shape[0]:
-            padded = first_rows(padded, rows)
-        self.real_steps += open_batch.steps
+    def _emit(self, padded: PaddedBatch, real_steps: int) -> PaddedBatch:
+        """``padded`` (a filled batch or a tail part of one), counted in the statistics."""
+        self.real_steps += real_steps
         self.padded_steps += padded.shape[0] * padded.shape[1]
         self.shapes.add(padded.shape)
         return padded

@@ -34,9 +34,11 @@ class BatchingConfig:
 
     Attributes:
       read_rows: rows per Arrow record batch read from disk.
-      batch_steps: padded steps ([batch, time] cells) per kernel call; a bucket of
-        length T runs ``max(1, batch_steps // T)`` episodes per call.
-      min_bucket: length of the shortest bucket; bucket lengths grow geometrically.
+      batch_steps: padded steps ([batch, time] cells) per full kernel call; a bucket of
+        length T runs B(T), the largest power of two <= ``max(1, batch_steps // T)``,
+        episodes per call (``buckets``).
+      min_bucket: length of the shortest bucket above the one-step bucket; bucket lengths
+        grow geometrically from it.
       bucket_growth: ratio between consecutive bucket lengths (> 1).
     """
 

@@ -12,13 +12,15 @@ import pytest
 
 from ope_cli.buckets import (
     RESAMPLING_GROUPS,
+    TAIL_DIVISOR,
     Bucketer,
     bucket_lengths_upto,
     empty_batch,
     episodes_per_batch,
-    first_rows,
+    episodes_per_tail_batch,
     pad,
     place_episodes,
+    row_range,
     widened,
 )
 from ope_cli.config import BatchingConfig
@@ -83,11 +85,22 @@ def assert_chunks_equal(a: EpisodeChunk, b: EpisodeChunk) -> None:
 
 
 def test_bucket_lengths_geometric():
-    np.testing.assert_array_equal(bucket_lengths_upto(100, 8, 2.0), [8, 16, 32, 64, 128])
-    np.testing.assert_array_equal(bucket_lengths_upto(128, 8, 2.0), [8, 16, 32, 64, 128])
-    np.testing.assert_array_equal(bucket_lengths_upto(129, 8, 2.0), [8, 16, 32, 64, 128, 256])
-    np.testing.assert_array_equal(bucket_lengths_upto(1, 8, 2.0), [8])
-    np.testing.assert_array_equal(bucket_lengths_upto(8, 8, 2.0), [8])
+    np.testing.assert_array_equal(bucket_lengths_upto(100, 8, 2.0), [1, 8, 16, 32, 64, 128])
+    np.testing.assert_array_equal(bucket_lengths_upto(128, 8, 2.0), [1, 8, 16, 32, 64, 128])
+    np.testing.assert_array_equal(bucket_lengths_upto(129, 8, 2.0), [1, 8, 16, 32, 64, 128, 256])
+    np.testing.assert_array_equal(bucket_lengths_upto(1, 8, 2.0), [1])
+    np.testing.assert_array_equal(bucket_lengths_upto(2, 8, 2.0), [1, 8])
+    np.testing.assert_array_equal(bucket_lengths_upto(8, 8, 2.0), [1, 8])
+    # the default family: 1, then ceil(8 * sqrt(2)**k)
+    defaults = BatchingConfig()
+    np.testing.assert_array_equal(
+        bucket_lengths_upto(40, defaults.min_bucket, defaults.bucket_growth),
+        [1, 8, 12, 16, 23, 32, 46],
+    )
+    # from 1, the distinct values of ceil(sqrt(2)**k)
+    np.testing.assert_array_equal(
+        bucket_lengths_upto(40, 1, 2**0.5), [1, 2, 3, 4, 6, 8, 12, 16, 23, 32, 46]
+    )
 
 
 def test_bucket_lengths_have_no_cap():
@@ -103,14 +116,15 @@ def test_bucket_lengths_have_no_cap():
 @pytest.mark.parametrize("max_length", [1, 7, 100, 10_000])
 def test_bucket_lengths_cover_and_grow(growth, min_bucket, max_length):
     lengths = bucket_lengths_upto(max_length, min_bucket, growth)
-    assert lengths[0] == min_bucket
+    assert lengths[0] == 1  # one-step episodes always have a bucket of their own
     assert lengths[-1] >= max_length
     assert len(lengths) == 1 or lengths[-2] < max_length  # no bucket more than needed
     assert np.all(np.diff(lengths) >= 1)
-    for k, length in enumerate(lengths):
+    family = lengths if min_bucket == 1 else lengths[1:]
+    for k, length in enumerate(family):
         assert length >= math.ceil(min_bucket * growth**k) - 1e-9
     # a bounded number of buckets: about log(max / min) / log(growth)
-    bound = math.log(max(max_length, min_bucket) / min_bucket) / math.log(growth) + 2
+    bound = math.log(max(max_length, min_bucket) / min_bucket) / math.log(growth) + 3
     assert len(lengths) <= bound
 
 
@@ -296,59 +310,69 @@ def test_bucketer_emits_every_episode_once_with_its_steps(seed, multiple_of):
     assert bucketer.shapes == {batch.shape for batch in batches}
 
 
+def allowed_shapes(buckets, batch_steps, multiple_of=1):
+    """The two shapes of each bucket: full batches and tail batches."""
+    return {
+        (rows(int(t), batch_steps, multiple_of), int(t))
+        for t in buckets
+        for rows in (episodes_per_batch, episodes_per_tail_batch)
+    }
+
+
 def test_bucketer_bounded_shapes():
     batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
     rng = np.random.default_rng(11)
     chunks = [make_chunk(rng.integers(1, 1000, size=50), first_id=50 * k) for k in range(40)]
     bucketer, batches = run_bucketer(chunks, batching)
     buckets = bucket_lengths_upto(1000, 8, 2.0)
-    allowed = set()
-    for t in buckets:
-        b = episodes_per_batch(int(t), 1024)
-        while True:
-            allowed.add((b, int(t)))
-            if b % 2 or b == 1:
-                break
-            b //= 2
-    shapes = {batch.shape for batch in batches}
-    assert shapes <= allowed
-    # full batches in every bucket, and at most one partial batch per bucket
+    assert {batch.shape for batch in batches} <= allowed_shapes(buckets, 1024)
+    # full batches are full; tail batches hold fewer than a full batch in all, and only the
+    # last tail batch of a bucket has filler rows
     for t in buckets:
         full = episodes_per_batch(int(t), 1024)
-        partial = [batch for batch in batches if batch.shape[1] == t and batch.shape[0] != full]
-        assert len(partial) <= 1
-        filler_full = [
-            batch for batch in batches if batch.shape == (full, t) and not batch.episode_mask.all()
+        filler = [
+            batch for batch in batches if batch.shape[1] == t and not batch.episode_mask.all()
         ]
-        assert len(filler_full) <= 1
+        assert len(filler) <= 1
+        tails = [batch for batch in batches if batch.shape[1] == t and batch.shape[0] != full]
+        assert sum(int(batch.episode_mask.sum()) for batch in tails) < max(full, 1) or not tails
 
 
-def test_bucketer_shapes_do_not_grow_with_data():
-    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2.0)
+def test_bucketer_shapes_do_not_depend_on_the_data():
+    """Two datasets with different length distributions and sizes use shapes of one fixed
+    family: two per bucket, whatever the data."""
+    batching = BatchingConfig(batch_steps=512, min_bucket=1, bucket_growth=2**0.5)
     few = run_bucketer(skewed_chunks(0, n_chunks=5), batching)[0].shapes
-    many = run_bucketer(skewed_chunks(0, n_chunks=200), batching)[0].shapes
-    buckets = bucket_lengths_upto(700, 8, 2.0)
-    # per bucket: one full shape plus at most log2(B) tail shapes
-    bound = sum(1 + int(math.log2(episodes_per_batch(int(t), 512))) for t in buckets)
-    assert len(many) <= bound
-    assert len(few) <= bound
+    many = run_bucketer(skewed_chunks(1, n_chunks=200), batching)[0].shapes
+    uniform = [make_chunk(np.random.default_rng(2).integers(1, 60, 300), first_id=0)]
+    other = run_bucketer(uniform, batching)[0].shapes
+    family = allowed_shapes(bucket_lengths_upto(10_000, 1, 2**0.5), 512)
+    assert few <= family and many <= family and other <= family
+    assert len(many) <= 2 * len(bucket_lengths_upto(700, 1, 2**0.5))
 
 
 @pytest.mark.parametrize("n_episodes", [1, 3, 5])
-def test_tail_batch_shrinks_for_nearly_empty_bucket(n_episodes):
+def test_tail_batch_is_small_for_a_nearly_empty_bucket(n_episodes):
     batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
     full = episodes_per_batch(8, 1024)  # 128 episodes per batch of bucket 8
     bucketer = Bucketer(batching)
-    lengths = np.arange(n_episodes) % 8 + 1
+    lengths = np.arange(n_episodes) % 7 + 2  # all in bucket 8
     assert list(bucketer.add(make_chunk(lengths))) == []
-    (batch,) = list(bucketer.flush())
-    rows, t = batch.shape
-    assert t == 8
-    assert n_episodes <= rows < full // 2  # far fewer filler rows than a full batch
-    assert full % rows == 0  # a rung of the ladder below the full size
-    assert batch.episode_mask.sum() == n_episodes
-    assert bucketer.padded_steps == rows * 8
+    batches = list(bucketer.flush())
+    tail = episodes_per_tail_batch(8, 1024)
+    assert tail == max(1, full // TAIL_DIVISOR) == 2
+    assert [b.shape for b in batches] == [(tail, 8)] * -(-n_episodes // tail)
+    assert sum(int(b.episode_mask.sum()) for b in batches) == n_episodes
+    assert bucketer.padded_steps == len(batches) * tail * 8
     assert bucketer.real_steps == int(lengths.sum())
+
+
+def test_one_step_episodes_waste_little_padding():
+    """A bandit log (every episode one step) with the default batching: bucket 1, and the
+    tail calls keep the padding within a few percent of the real steps."""
+    bucketer, batches = run_bucketer([make_chunk(np.ones(10_000, np.int64))], BatchingConfig())
+    assert bucketer.shapes == {(episodes_per_tail_batch(1, BatchingConfig().batch_steps), 1)}
+    assert bucketer.padded_steps / bucketer.real_steps - 1 <= 0.10
 
 
 def test_tail_batch_respects_multiple_of():
@@ -359,15 +383,29 @@ def test_tail_batch_respects_multiple_of():
     assert batch.shape == (8, 8)
 
 
+@pytest.mark.parametrize("multiple_of", [3, 5])
+def test_tail_batches_of_a_non_power_of_two_device_count(multiple_of):
+    """B(T) is then not a multiple of the tail size: the last tail batch is topped up."""
+    batching = BatchingConfig(batch_steps=64, min_bucket=8, bucket_growth=2.0)
+    bucketer = Bucketer(batching, multiple_of=multiple_of)
+    full = episodes_per_batch(8, 64, multiple_of)
+    tail = episodes_per_tail_batch(8, 64, multiple_of)
+    emitted = list(bucketer.add(make_chunk(np.full(full - 1, 3))))
+    emitted += list(bucketer.flush())
+    assert {b.shape for b in emitted} == {(tail, 8)}
+    assert all(b.shape[0] % multiple_of == 0 for b in emitted)
+    assert sum(int(b.episode_mask.sum()) for b in emitted) == full - 1
+
+
 def test_full_batches_are_emitted_before_flush():
     batching = BatchingConfig(batch_steps=64, min_bucket=8, bucket_growth=2.0)  # B = 8 for T = 8
     bucketer = Bucketer(batching)
     emitted = list(bucketer.add(make_chunk(np.full(19, 4))))
     assert [b.shape for b in emitted] == [(8, 8), (8, 8)]
     assert all(b.episode_mask.all() for b in emitted)
-    (tail,) = list(bucketer.flush())
-    assert tail.shape[1] == 8 and 3 <= tail.shape[0] <= 8
-    np.testing.assert_array_equal(tail.episode_mask, np.arange(tail.shape[0]) < 3)
+    tails = list(bucketer.flush())
+    assert [b.shape for b in tails] == [(1, 8)] * 3  # B / TAIL_DIVISOR, at least 1
+    assert all(b.episode_mask.all() for b in tails)
     assert list(bucketer.flush()) == []
 
 
@@ -466,10 +504,15 @@ def test_widened_promotes_only_when_a_chunk_is_wider():
     assert wide.reward is batch.reward  # unchanged arrays are shared, not copied
 
 
-def test_first_rows_are_aligned_views():
+def test_row_ranges_are_aligned():
     batch = pad(make_chunk([3, 1, 2]), length=8, batch=8)
-    head = first_rows(batch, 4)
+    head = row_range(batch, 0, 4)
     assert head.shape == (4, 8)
     assert np.shares_memory(head.reward, batch.reward)
     assert head.reward.ctypes.data % 64 == 0 and head.observation.ctypes.data % 64 == 0
     np.testing.assert_array_equal(head.episode_mask, [True] * 3 + [False])
+    middle = row_range(batch, 1, 3)  # 64 bytes of float64 per row: a view is aligned
+    assert np.shares_memory(middle.reward, batch.reward)
+    odd = row_range(batch, 1, 2)  # one bool row (8 bytes in): copied to stay aligned
+    assert odd.step_mask.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(odd.step_mask, batch.step_mask[1:2])
