@@ -391,7 +391,7 @@ def evaluate(
     from ope_cli.kernel import local_mesh, trace_count
 
     runtime.enable_compilation_cache()
-    traces_before = trace_count()
+    traces_before, counts_before = trace_count(), runtime.compilation_counts()
     backend = jax.default_backend()
     precision = config.precision or ("float64" if backend == "cpu" else "float32")
     mesh = local_mesh(config.devices)
@@ -408,6 +408,7 @@ def evaluate(
     if num_processes > 1:
         check_all_succeeded(error)
         local.reduce_across_processes()
+    compiled = runtime.compilation_counts() - counts_before
     counts = local.counters
     _check_some_episodes(config, counts)
     plan = batches.plan
@@ -440,6 +441,9 @@ def evaluate(
         padded_steps=counts.padded_steps,
         batch_shapes=sorted(local.shapes),
         compiles=trace_count() - traces_before,
+        compilations=compiled.compilations,
+        compile_seconds=compiled.seconds,
+        cache_hits=compiled.cache_hits,
         on_invalid=config.on_invalid,
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),

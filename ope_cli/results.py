@@ -57,7 +57,12 @@ class EvaluationResult:
     precision: str
     padded_steps: int
     batch_shapes: list[tuple[int, int]]
-    compiles: int
+    compiles: int  # kernel traces: one per new (batch shape, policy function) in the process
+    # XLA compilations run, and executables read from the persistent compilation cache
+    # instead; compile_seconds: the time spent on both
+    compilations: int = 0
+    compile_seconds: float = 0.0
+    cache_hits: int = 0
     # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
     # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
     on_invalid: str = "error"

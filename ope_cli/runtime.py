@@ -11,7 +11,9 @@ idempotent. JAX is imported inside the functions: importing this module stays in
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 from pathlib import Path
 
 CACHE_ENV = "OPE_CACHE_DIR"
@@ -70,3 +72,64 @@ def enable_cpu_collectives() -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilationCounts:
+    """Executables this process needed: ``requests`` of them (each compiled by XLA or
+    loaded from the persistent compilation cache: ``cache_hits``), taking ``seconds``
+    in all. Differences of two snapshots count what happened in between."""
+
+    requests: int = 0
+    seconds: float = 0.0
+    cache_hits: int = 0
+
+    @property
+    def compilations(self) -> int:
+        """Executables XLA compiled (not found in the persistent cache)."""
+        return self.requests - self.cache_hits
+
+    def __sub__(self, other: CompilationCounts) -> CompilationCounts:
+        return CompilationCounts(
+            self.requests - other.requests,
+            self.seconds - other.seconds,
+            self.cache_hits - other.cache_hits,
+        )
+
+
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_counts = CompilationCounts()
+_counts_lock = threading.Lock()
+_listening = False
+
+
+def _on_duration(event: str, duration: float, **_) -> None:
+    global _counts
+    if event == _BACKEND_COMPILE_EVENT:
+        with _counts_lock:
+            _counts = dataclasses.replace(
+                _counts,
+                requests=_counts.requests + 1,
+                seconds=_counts.seconds + duration,
+            )
+
+
+def _on_event(event: str, **_) -> None:
+    global _counts
+    if event == _CACHE_HIT_EVENT:
+        with _counts_lock:
+            _counts = dataclasses.replace(_counts, cache_hits=_counts.cache_hits + 1)
+
+
+def compilation_counts() -> CompilationCounts:
+    """This process's counts so far; the first call starts counting (JAX's monitoring
+    events: a backend compilation, a persistent-cache hit)."""
+    global _listening
+    if not _listening:
+        import jax
+
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        jax.monitoring.register_event_listener(_on_event)
+        _listening = True
+    return _counts

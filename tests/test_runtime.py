@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ope_cli import runtime
@@ -75,3 +77,39 @@ def test_runtime_is_the_only_module_that_writes_jax_config():
         if re.search(r"jax\.config\.update\(", path.read_text())
     ]
     assert writers == ["runtime.py"]
+
+
+def test_compilation_counts_count_xla_compilations():
+    before = runtime.compilation_counts()
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)(jnp.arange(7.0))  # a function never seen
+    done = runtime.compilation_counts() - before
+    assert done.requests >= 1 and done.compilations >= 1
+    assert done.cache_hits == 0  # the test process keeps no persistent cache
+    assert done.seconds > 0
+
+
+@pytest.mark.slow
+def test_a_second_dataset_compiles_nothing_with_a_warm_cache(tmp_path, ope):
+    """Compiled shapes do not depend on the data: once a first dataset has warmed the
+    persistent cache, another with other lengths and another size compiles nothing."""
+    from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+    rng = np.random.default_rng(5)
+    behavior = random_checkpoint("linear_softmax", rng)
+    save_checkpoint(tmp_path / "policy.npz", random_checkpoint("linear_softmax", rng))
+    first = random_episodes(rng, 400, behavior=behavior, length_dist="uniform", max_length=60)
+    second = random_episodes(rng, 150, behavior=behavior, length_dist="skewed", max_length=60)
+    write_step_layout(first, tmp_path / "first.parquet")
+    write_step_layout(second, tmp_path / "second.parquet")
+    cache = {"OPE_CACHE_DIR": str(tmp_path / "cache")}
+
+    def evaluate(name):
+        args = ["evaluate", name, "-p", "policy.npz", "--format", "json", "--gamma", "0.9"]
+        done = ope(args, cwd=tmp_path, env=cache)
+        assert done.returncode == 0, done
+        return json.loads(done.stdout)["runtime"]
+
+    cold, warm = evaluate("first.parquet"), evaluate("second.parquet")
+    assert cold["compilations"] >= cold["compiles"] >= 1 and cold["cache_hits"] == 0
+    assert warm["compilations"] == 0, warm
+    assert warm["cache_hits"] >= warm["compiles"] >= 1

@@ -73,6 +73,9 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "padded_steps": result.padded_steps,
             "batch_shapes": [list(shape) for shape in result.batch_shapes],
             "compiles": result.compiles,
+            "compilations": result.compilations,
+            "compile_seconds": result.compile_seconds,
+            "cache_hits": result.cache_hits,
         },
     }
 
