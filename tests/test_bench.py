@@ -90,6 +90,18 @@ def test_bench_json_has_every_measurement(tiny_bench):
     assert all(math.isfinite(x) for x in _all_numbers(result))
 
 
+def test_bench_times_whole_processes(tiny_bench):
+    processes = tiny_bench["processes"]
+    assert processes["import_jax_floor_seconds"] > 0 and processes["pyarrow_read_seconds"] > 0
+    cold, warm = processes["evaluate_cold_cache"], processes["evaluate_warm_cache"]
+    assert cold["compilations"] >= 1 and cold["cache_hits"] == 0
+    assert warm["compilations"] == 0 and warm["cache_hits"] >= 1  # the same data, warm
+    assert processes["bandit_warm_cache"]["compilations"] == 0  # its second run
+    assert processes["bandit_warm_cache"]["steps"] == 10_000
+    assert processes["other_lengths_warm_cache"]["compilations"] >= 0
+    assert processes["evaluate_over_pyarrow"] > 0
+
+
 def test_bench_targets_and_precision(tiny_bench):
     targets = tiny_bench["targets"]
     assert set(targets) == {
@@ -99,6 +111,10 @@ def test_bench_targets_and_precision(tiny_bench):
         "padding_waste",
         "compiles_per_shape",
         "memory_growth",
+        "first_run_compile_seconds",
+        "other_data_compilations_warm_cache",
+        "bandit_over_import_jax_floor",
+        "process_vs_pyarrow_process",
     }
     for name, target in targets.items():
         if name == "memory_growth":

@@ -96,3 +96,70 @@ def test_render_and_json(measurements):
         assert expected in text
     document["ratios"]["kernel_over_loop"] = math.inf
     assert json.loads(to_json(document))["ratios"]["kernel_over_loop"] is None
+
+
+def _processes(compile_seconds=2.5, other_compilations=0, bandit_seconds=1.3):
+    def run(seconds, compilations=0, cache_hits=5, compile_s=0.1):
+        return dict(
+            seconds=seconds,
+            compilations=compilations,
+            compile_seconds=compile_s,
+            cache_hits=cache_hits,
+            batch_shapes=[[16, 64]],
+        )
+
+    return {
+        "import_jax_floor_seconds": 1.0,
+        "pyarrow_read_seconds": 0.5,
+        "evaluate_cold_cache": run(6.0, compilations=7, cache_hits=0, compile_s=compile_seconds),
+        "evaluate_warm_cache": run(1.5),
+        "other_lengths_warm_cache": {**run(1.4, compilations=other_compilations), "steps": 9},
+        "bandit_warm_cache": {**run(bandit_seconds), "steps": 10_000},
+        "bandit_over_floor_seconds": bandit_seconds - 1.0,
+        "evaluate_over_pyarrow": 3.0,
+        "method": "wall time",
+    }
+
+
+def test_process_targets(measurements):
+    measurements["processes"] = _processes()
+    targets = _document(measurements)["targets"]
+    assert targets["first_run_compile_seconds"]["met"] is True
+    assert targets["other_data_compilations_warm_cache"]["met"] is True
+    assert targets["bandit_over_import_jax_floor"]["value"] == pytest.approx(0.3)
+    assert targets["bandit_over_import_jax_floor"]["met"] is True
+    assert targets["process_vs_pyarrow_process"]["met"] is False
+    measurements["processes"] = _processes(4.0, other_compilations=2, bandit_seconds=1.7)
+    targets = _document(measurements)["targets"]
+    assert targets["first_run_compile_seconds"]["met"] is False
+    assert targets["other_data_compilations_warm_cache"]["met"] is False
+    assert targets["other_data_compilations_warm_cache"]["value"] == 2
+    assert targets["bandit_over_import_jax_floor"]["met"] is False
+
+
+def test_process_targets_unmeasured_say_how(measurements):
+    targets = _document(measurements)["targets"]
+    assert targets["first_run_compile_seconds"]["met"] is None
+    assert "--no-processes" in targets["first_run_compile_seconds"]["note"]
+
+
+def test_render_shows_processes(measurements):
+    from rich.console import Console
+
+    measurements["processes"] = _processes()
+    document = {
+        "dataset": {"steps": 1000, "episodes": 20, "lengths": {"median": 40, "p99": 90, "max": 99}},
+        "runtime": {
+            "backend": "cpu",
+            "devices": 1,
+            "precision": "float64",
+            "cpus": 2,
+            "load_average": {"start": None, "end": None},
+        },
+        "batching": {"bucket_growth": 2.0, "batches": 3, "batch_steps": 4096, "shapes": [[8, 64]]},
+        **_document(measurements),
+    }
+    console = Console(record=True, width=200)
+    render_bench(document, console)
+    text = console.export_text()
+    assert "import jax floor" in text and "bandit log" in text and "7 compilations" in text

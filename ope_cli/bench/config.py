@@ -30,6 +30,8 @@ class BenchConfig:
       precision: the kernel precision of the main measurements (None: as ``ope evaluate``).
       memory: also measure peak memory of ``ope evaluate`` subprocesses on 1x and 10x data.
       memory_steps: steps of the 1x memory dataset.
+      processes: also time whole processes (``bench.processes``): the import-jax floor,
+        ``ope evaluate`` with an empty and a warm compilation cache, other data.
       loop_episodes: episodes the Python loop runs on (then extrapolated).
       out: directory for generated files (default: a temporary directory, removed after).
       batching: read and batch sizes, as ``ope evaluate``'s.
@@ -42,6 +44,7 @@ class BenchConfig:
     precision: str | None = None
     memory: bool = False
     memory_steps: int = DEFAULT_MEMORY_STEPS
+    processes: bool = True
     loop_episodes: int = DEFAULT_LOOP_EPISODES
     out: str | None = None
     batching: BatchingConfig = BatchingConfig()

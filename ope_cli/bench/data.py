@@ -80,10 +80,16 @@ def step_table(first_id: int, lengths: np.ndarray, behavior: dict, rng: np.rando
     )
 
 
-def generate_data(path: str | os.PathLike, episodes: int, seed: int) -> dict:
+def generate_data(
+    path: str | os.PathLike, episodes: int, seed: int, lengths: np.ndarray | None = None
+) -> dict:
     """Writes the long-tailed bench dataset (step layout, one Parquet file) block by block
-    and returns {"episodes", "steps", "lengths"} ([E] int64 lengths)."""
-    lengths = episode_lengths(np.random.default_rng([seed, 1]), episodes)
+    and returns {"episodes", "steps", "lengths"} ([E] int64 lengths). ``lengths``: [E]
+    episode lengths to use instead of the long-tailed ones (e.g. all 1: a bandit log)."""
+    if lengths is None:
+        lengths = episode_lengths(np.random.default_rng([seed, 1]), episodes)
+    lengths = np.asarray(lengths, np.int64)
+    episodes = lengths.size
     behavior = behavior_params(seed)
     writer = None
     try:

@@ -36,6 +36,7 @@ from ope_cli.bench.measure import (
     timed,
 )
 from ope_cli.bench.memory import measure_memory
+from ope_cli.bench.processes import measure_processes
 from ope_cli.bench.summary import quantiles, summary
 from ope_cli.errors import UsageError
 from ope_cli.kernel import local_mesh
@@ -133,6 +134,17 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     m["loop"] = measure_loop(
         source, checkpoints[0], config.loop_episodes, config.batching, dataset["steps"]
     )
+    m["processes"] = None
+    if config.processes:
+        m["processes"] = measure_processes(
+            directory,
+            source.path,
+            list(source.schema.read_columns),
+            checkpoints[0],
+            config.batching,
+            config.seed,
+            progress,
+        )
     m["memory"] = None
     if config.memory:
         m["memory"] = measure_memory(

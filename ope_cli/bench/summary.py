@@ -14,6 +14,9 @@ TARGET_LOOP_SPEEDUP = 1000.0
 TARGET_END_TO_END_OVER_IO = 1.5
 TARGET_PADDING_WASTE = 0.25
 TARGET_MEMORY_GROWTH = 1.2
+TARGET_FIRST_RUN_COMPILE_SECONDS = 3.0
+TARGET_COLD_START_OVER_FLOOR_SECONDS = 0.5
+TARGET_PROCESS_OVER_PYARROW = 2.0
 
 
 def relative_difference(a: dict, b: dict) -> float | None:
@@ -100,6 +103,48 @@ def _policies(m: dict, k: int) -> dict:
     return policies
 
 
+def _process_targets(processes: dict | None) -> dict:
+    """The targets on whole processes (issue: fast the first time), when measured."""
+    if processes is None:
+        note = "not measured; run `ope bench` without --no-processes"
+        return {
+            name: _target(None, None, threshold, note)
+            for name, threshold in (
+                ("first_run_compile_seconds", f"<= {TARGET_FIRST_RUN_COMPILE_SECONDS:g} s"),
+                ("other_data_compilations_warm_cache", "0"),
+                ("bandit_over_import_jax_floor", "<= 0.5 s"),
+                ("process_vs_pyarrow_process", f"<= {TARGET_PROCESS_OVER_PYARROW:g}"),
+            )
+        }
+    cold, other = processes["evaluate_cold_cache"], processes["other_lengths_warm_cache"]
+    over_floor, over_pyarrow = (
+        processes["bandit_over_floor_seconds"],
+        processes["evaluate_over_pyarrow"],
+    )
+    return {
+        "first_run_compile_seconds": _target(
+            _at_most(cold["compile_seconds"], TARGET_FIRST_RUN_COMPILE_SECONDS),
+            cold["compile_seconds"],
+            f"<= {TARGET_FIRST_RUN_COMPILE_SECONDS:g} s (XLA compile time, empty cache)",
+        ),
+        "other_data_compilations_warm_cache": _target(
+            other["compilations"] == 0,
+            other["compilations"],
+            "0 (XLA compilations for a dataset with other lengths, warm cache)",
+        ),
+        "bandit_over_import_jax_floor": _target(
+            _at_most(over_floor, TARGET_COLD_START_OVER_FLOOR_SECONDS),
+            over_floor,
+            f"<= {TARGET_COLD_START_OVER_FLOOR_SECONDS:g} s (10,000-step bandit log, warm cache)",
+        ),
+        "process_vs_pyarrow_process": _target(
+            _at_most(over_pyarrow, TARGET_PROCESS_OVER_PYARROW),
+            over_pyarrow,
+            f"<= {TARGET_PROCESS_OVER_PYARROW:g} (ope evaluate, warm cache / pyarrow read)",
+        ),
+    }
+
+
 def _targets(ratios: dict, waste: float | None, compiles: dict, result, memory) -> dict:
     over_numpy, over_loop = ratios["kernel_over_numpy"], ratios["kernel_over_loop"]
     over_io = ratios["end_to_end_over_io_floor"]
@@ -177,5 +222,9 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
         "policies": _policies(m, config.policies),
         "precision": _precisions(m, precision),
         "memory": m["memory"],
-        "targets": _targets(ratios, waste, compiles, result, m["memory"]),
+        "processes": m.get("processes"),
+        "targets": {
+            **_targets(ratios, waste, compiles, result, m["memory"]),
+            **_process_targets(m.get("processes")),
+        },
     }

@@ -18,8 +18,8 @@ from ope_cli.bench.config import (
     MEMORY_FACTOR,
     BenchConfig,
 )
+from ope_cli.cli.options import BatchSteps, MinBucket, PrecisionOption, ReadRows
 from ope_cli.cli.options import InspectFormat as TableOrJson
-from ope_cli.cli.options import PrecisionOption
 from ope_cli.config import BatchingConfig
 
 
@@ -76,18 +76,16 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[
             bool, typer.Option("--quiet", "-q", help="No progress on stderr.")
         ] = False,
-        read_rows: Annotated[
-            int, typer.Option(help="Rows per record batch read.", rich_help_panel="Batching")
-        ] = BatchingConfig.read_rows,
-        batch_steps: Annotated[
-            int, typer.Option(help="Padded steps per kernel call.", rich_help_panel="Batching")
-        ] = BatchingConfig.batch_steps,
-        min_bucket: Annotated[
-            int,
+        read_rows: ReadRows = BatchingConfig.read_rows,
+        batch_steps: BatchSteps = BatchingConfig.batch_steps,
+        min_bucket: MinBucket = BatchingConfig.min_bucket,
+        processes: Annotated[
+            bool,
             typer.Option(
-                help="Shortest episode-length bucket; lengths double.", rich_help_panel="Batching"
+                help="Also time whole ope evaluate processes (empty and warm compilation "
+                "cache, other data, the import-jax floor)."
             ),
-        ] = BatchingConfig.min_bucket,
+        ] = True,
     ) -> None:
         """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
         evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
@@ -113,6 +111,7 @@ def register(app: typer.Typer) -> None:
             precision=precision.value if precision else None,
             memory=memory,
             memory_steps=memory_steps,
+            processes=processes,
             loop_episodes=loop_episodes,
             out=out,
             batching=BatchingConfig(

@@ -141,6 +141,19 @@ def _detail_lines(result: dict) -> list[str]:
             f"{large['peak_rss_mib']:,.0f} MiB on {large['steps']:,} steps "
             f"(growth {_times(memory['growth'])})"
         )
+    processes = result.get("processes")
+    if processes:
+        cold, warm = processes["evaluate_cold_cache"], processes["evaluate_warm_cache"]
+        other, bandit = processes["other_lengths_warm_cache"], processes["bandit_warm_cache"]
+        lines.append(
+            f"processes: import jax floor {_seconds(processes['import_jax_floor_seconds'])}, "
+            f"pyarrow read {_seconds(processes['pyarrow_read_seconds'])}; ope evaluate "
+            f"{_seconds(cold['seconds'])} with an empty cache ({cold['compilations']} "
+            f"compilations, {_seconds(cold['compile_seconds'])}), {_seconds(warm['seconds'])} "
+            f"warm; other lengths warm {_seconds(other['seconds'])} "
+            f"({other['compilations']} compilations); {bandit['steps']:,}-step bandit log "
+            f"{_seconds(bandit['seconds'])} warm"
+        )
     load = runtime["load_average"]
     if load["start"] is not None:
         lines.append(

@@ -1,0 +1,121 @@
+"""Whole processes, as a user types them: the floor of any JAX program, ``ope evaluate``
+with an empty and with a warm persistent compilation cache, a second dataset with other
+episode lengths on that warm cache, a 10,000-step bandit log, and a fresh Python process
+reading the same columns with pyarrow (the I/O floor, start-up included)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ope_cli.bench.config import Progress
+from ope_cli.bench.data import generate_data
+from ope_cli.config import BatchingConfig
+
+BANDIT_STEPS = 10_000
+FLOOR_CODE = "import jax; jax.numpy.zeros(1).block_until_ready()"
+PYARROW_CODE = """
+import sys, numpy as np, pyarrow as pa, pyarrow.dataset as ds
+for batch in ds.dataset(sys.argv[1]).to_batches(columns=sys.argv[2].split(",")):
+    for column in batch.columns:
+        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+            column.flatten().to_numpy().reshape(len(column), -1)
+        else:
+            np.asarray(column.to_numpy(zero_copy_only=False))
+"""
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """(wall seconds, stdout) of one process, which must succeed."""
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        message = done.stderr.strip().splitlines()[-1:] or [""]
+        raise RuntimeError(f"{' '.join(command[:4])} ... exited {done.returncode}: {message[0]}")
+    return seconds, done.stdout
+
+
+def _best_of(rounds: int, command: list[str], env: dict[str, str]) -> float:
+    return min(_run(command, env)[0] for _ in range(rounds))
+
+
+def _evaluate(data: str, checkpoint: str, batching: BatchingConfig, env: dict) -> dict:
+    """One ``ope evaluate`` process: its wall seconds and its JSON runtime block's counts."""
+    command = [sys.executable, "-m", "ope_cli.cli", "evaluate", data, "--policy", checkpoint]
+    command += ["--format", "json", "--quiet", "--read-rows", str(batching.read_rows)]
+    command += ["--batch-steps", str(batching.batch_steps)]
+    command += ["--min-bucket", str(batching.min_bucket)]
+    seconds, stdout = _run(command, env)
+    runtime = json.loads(stdout)["runtime"]
+    keys = ("compilations", "compile_seconds", "cache_hits", "batch_shapes")
+    return {"seconds": seconds, **{key: runtime[key] for key in keys}}
+
+
+def measure_processes(
+    directory: Path,
+    data: str,
+    columns: list[str],
+    checkpoint: str,
+    batching: BatchingConfig,
+    seed: int,
+    progress: Progress,
+) -> dict:
+    """Wall times of whole processes; every ``ope evaluate`` shares one compilation cache,
+    empty at first, in ``directory``."""
+    cache = directory / "process-cache"
+    env = dict(
+        os.environ, OPE_CACHE_DIR=str(cache), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "")
+    )
+    if not env["JAX_PLATFORMS"]:
+        env.pop("JAX_PLATFORMS")
+    progress("whole processes: the import jax floor and the pyarrow read floor")
+    floor = _best_of(3, [sys.executable, "-c", FLOOR_CODE], env)
+    pyarrow_seconds = _best_of(
+        3, [sys.executable, "-c", PYARROW_CODE, data, ",".join(columns)], env
+    )
+    progress("whole processes: ope evaluate with an empty compilation cache")
+    cold = _evaluate(data, checkpoint, batching, env)
+    progress("whole processes: ope evaluate with the warm cache")
+    warm = min(
+        (_evaluate(data, checkpoint, batching, env) for _ in range(2)),
+        key=lambda run: run["seconds"],
+    )
+    rng = np.random.default_rng([seed, 9])
+    other_path = directory / "other_lengths.parquet"
+    other_lengths = rng.integers(2, 120, size=3_000)  # uniform, not long-tailed
+    generate_data(other_path, other_lengths.size, seed + 9, lengths=other_lengths)
+    progress("whole processes: another dataset (other lengths) on the warm cache")
+    other = _evaluate(str(other_path), checkpoint, batching, env)
+    bandit_path = directory / "bandit.parquet"
+    generate_data(bandit_path, BANDIT_STEPS, seed + 10, lengths=np.ones(BANDIT_STEPS, np.int64))
+    progress(f"whole processes: a {BANDIT_STEPS:,}-step bandit log")
+    _evaluate(str(bandit_path), checkpoint, batching, env)  # its shape into the cache
+    bandit = min(
+        (_evaluate(str(bandit_path), checkpoint, batching, env) for _ in range(3)),
+        key=lambda run: run["seconds"],
+    )
+    for path in (other_path, bandit_path):
+        path.unlink()
+    return {
+        "import_jax_floor_seconds": floor,
+        "pyarrow_read_seconds": pyarrow_seconds,
+        "evaluate_cold_cache": cold,
+        "evaluate_warm_cache": warm,
+        "other_lengths_warm_cache": {**other, "steps": int(other_lengths.sum())},
+        "bandit_warm_cache": {**bandit, "steps": BANDIT_STEPS},
+        "bandit_over_floor_seconds": bandit["seconds"] - floor,
+        "evaluate_over_pyarrow": warm["seconds"] / pyarrow_seconds
+        if pyarrow_seconds > 0
+        else math.nan,
+        "method": "wall time of each process as typed; import-jax and pyarrow floors and "
+        "warm runs: fastest of several; one compilation cache for every ope evaluate, "
+        "empty before the first",
+    }
