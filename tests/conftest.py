@@ -186,12 +186,23 @@ def _jax_runtime(_private_compilation_cache):
     runtime.configure()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _release_compiled_executables():
-    """Drops every compiled executable after each test module. On CPU each one holds a few
-    dozen memory mappings; a whole suite in one process compiles thousands, and past the
-    kernel's ``vm.max_map_count`` (65,530 by default) XLA segfaults on a failed mmap."""
-    yield
-    import jax
+def _memory_mappings() -> int:
+    """How many memory mappings this process holds (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
 
-    jax.clear_caches()
+
+@pytest.fixture(autouse=True)
+def _release_compiled_executables():
+    """Drops every compiled executable after a test once the process holds many
+    memory mappings. On CPU each executable holds a few dozen; a whole suite in one process
+    compiles thousands, and past the kernel's ``vm.max_map_count`` (65,530 by default) XLA
+    segfaults on a failed mmap. Below the threshold, later tests reuse the compilations."""
+    yield
+    if _memory_mappings() > 30_000:
+        import jax
+
+        jax.clear_caches()
