@@ -134,7 +134,8 @@ BatchSteps = Annotated[
 MinBucket = Annotated[
     int,
     typer.Option(
-        help="Shortest episode-length bucket above the one-step bucket; lengths grow by sqrt(2) from it.", rich_help_panel=BATCHING_PANEL
+        help="Shortest episode-length bucket above the one-step bucket; lengths grow by sqrt(2) from it.",
+        rich_help_panel=BATCHING_PANEL,
     ),
 ]
 
