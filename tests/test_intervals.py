@@ -36,6 +36,12 @@ def intervals(result):
     return [[(e.value, e.ci_low, e.ci_high) for e in r.estimates.values()] for r in result.results]
 
 
+def test_poisson_counts_without_replicates_are_empty():
+    hi = np.arange(5, dtype=np.uint32)
+    counts = poisson_counts(hi, hi, np.uint32(5), 0)
+    assert counts.shape == (5, 0)
+
+
 def test_poisson_counts_are_poisson_one_and_depend_only_on_key_and_seed():
     jax.config.update("jax_enable_x64", True)
     hi = np.arange(2000, dtype=np.uint32)

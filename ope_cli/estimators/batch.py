@@ -89,6 +89,8 @@ def poisson_counts(
     Each episode's counts come from a counter-based key of (seed, episode-id hash), so
     they do not depend on which batch, bucket, device or process the episode lands in.
     """
+    if num_replicates == 0:  # no bootstrap: no key derivation to trace and compile
+        return jnp.zeros((key_hi_b.shape[0], 0), jnp.int32)
     cdf = jnp.asarray(_POISSON_CDF, jnp.float32)
 
     def one_episode(hi, lo):
