@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ope_cli import traced
 from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.estimators import names
+from ope_cli.estimators import get, names
 from ope_cli.estimators.batch import (
     BatchStatistics,
     WeightedBatch,
@@ -31,6 +32,7 @@ from ope_cli.estimators.batch import (
     poisson_counts,
 )
 from ope_cli.policies import LogProbFn, Policy
+from ope_cli.steps import Steps
 
 BATCH_AXIS = "batch"
 _traces = 0  # how many times the kernel was traced (= compiled or fetched from the cache)
@@ -232,6 +234,13 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
+_PYTREES = (KernelOutput, BatchStatistics, PaddedBatch, Steps, ZeroProbabilitySteps)
+
+
+def _signature(args) -> tuple:
+    return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
+
+
 def local_mesh(devices: int | None = None) -> Mesh | None:
     """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
     available = jax.local_devices()
@@ -283,6 +292,22 @@ class Kernel:
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
         )
+        self._calls: dict[tuple, Callable] = {}  # batch signature -> traced kernel's call
+
+    def _call(self, args: tuple, static: dict) -> KernelOutput:
+        """The kernel on ``args``: a traced kernel kept on disk (``traced``) when there is
+        a compilation cache and the code is the package's own, else the jitted function."""
+        signature = (jax.tree.structure(args), _signature(args))
+        call = self._calls.get(signature)
+        if call is None:
+            estimator_code = [get(name).terms for name in self.estimators]
+            key = traced.kernel_key(args, static, estimator_code)
+            exported = (
+                None if key is None else traced.load_or_export(_kernel, args, static, key, _PYTREES)
+            )
+            call = exported or functools.partial(_kernel, **static)
+            self._calls[signature] = call
+        return call(*args)
 
     def _narrow(self, x: np.ndarray) -> np.ndarray:
         """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
@@ -314,7 +339,7 @@ class Kernel:
         )
         user_code = [p for p in (head, self.behavior) if p is not None and p.kind == "entry_point"]
         if not user_code:
-            return _kernel(*args, **static)
+            return self._call(args, static)
         names = " / ".join(p.name for p in user_code)
         try:
             return _kernel(*args, **static)

@@ -1,0 +1,137 @@
+"""Traced kernels kept on disk beside the persistent compilation cache.
+
+With a warm compilation cache, what a new process still pays per batch shape is tracing
+the kernel in Python and lowering it to StableHLO (about as long as reading a small
+dataset). The first process to meet a shape exports the traced kernel (``jax.export``)
+into ``<cache>/traced/``; later ones deserialize it and call it, and its compilation comes
+from the persistent cache as before.
+
+Only the package's own code qualifies: checkpoint policy kinds and registered estimators
+defined in ``ope_cli``. An entry point or a plug-in estimator may change without the key
+noticing, so those kernels are traced every time. The key includes a digest of the
+package's source, so an edited checkout never reads a stale kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ope_cli import runtime
+from ope_cli._version import __version__
+
+PACKAGE = "ope_cli"
+_registered = False
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of every Python file of the package (a few milliseconds, once)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _own_code(function: Callable | None) -> bool:
+    """None, or a function defined in this package (not user code)."""
+    return function is None or getattr(function, "__module__", "").startswith(PACKAGE + ".")
+
+
+def _leaf_signature(leaf: Any) -> str:
+    if leaf is None:
+        return "None"
+    array = leaf if hasattr(leaf, "shape") else np.asarray(leaf)
+    sharding = getattr(leaf, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    return f"{array.shape}:{array.dtype}:{spec}"
+
+
+def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequence[Callable]):
+    """A hex key naming one traced kernel, or None when some of its code is not the
+    package's own (``static``: the jit's static arguments, functions included)."""
+    functions = [static.get("log_prob"), static.get("behavior_log_prob"), *estimator_code]
+    if not all(_own_code(function) for function in functions):
+        return None
+    mesh = static.get("mesh")
+    parts = [
+        __version__,
+        jax.__version__,
+        jax.default_backend(),
+        source_digest(),
+        str(jax.tree.structure(args)),
+        *(_leaf_signature(leaf) for leaf in jax.tree.leaves(args)),
+        *(
+            f"{name}={_static_text(value)}"
+            for name, value in sorted(static.items())
+            if name != "mesh"
+        ),
+        "mesh=None" if mesh is None else f"mesh={dict(mesh.shape)}:{mesh.devices.size}",
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _static_text(value: Any) -> str:
+    if callable(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+def _register_pytrees(types: Sequence[type]) -> None:
+    """NamedTuple pytrees must be registered for (de)serialization, once per process."""
+    global _registered
+    if _registered:
+        return
+    for cls in types:
+        jax.export.register_namedtuple_serialization(cls, serialized_name=f"ope.{cls.__name__}")
+    _registered = True
+
+
+def directory() -> Path | None:
+    """``<compilation cache>/traced``, or None when the compilation cache is off."""
+    cache = runtime.cache_directory()
+    return None if cache is None else Path(cache) / "traced"
+
+
+def load_or_export(
+    jitted: Callable, args: Sequence[Any], static: dict[str, Any], key: str, types: Sequence[type]
+) -> Callable | None:
+    """The traced kernel's ``call`` (taking ``args``), read from disk or exported and
+    written there; None when it cannot be (the caller then runs ``jitted`` itself)."""
+    folder = directory()
+    if folder is None:
+        return None
+    _register_pytrees(types)
+    path = folder / f"{key}.bin"
+    try:
+        if path.is_file():
+            return jax.export.deserialize(bytearray(path.read_bytes())).call
+        exported = jax.export.export(jitted)(*args, **static)
+        _write_atomically(path, exported.serialize())
+        return exported.call
+    except (OSError, ValueError, TypeError, NotImplementedError, ImportError):
+        return None  # a kernel that cannot be exported or kept still runs, traced as usual
+
+
+def _write_atomically(path: Path, data: bytes | bytearray) -> None:
+    """Writes ``data`` to ``path`` through a temporary file in the same folder, so that
+    another process never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

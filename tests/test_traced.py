@@ -1,0 +1,97 @@
+"""``ope_cli.traced``: kernels traced once, kept on disk, and called by later kernels
+(processes) without tracing, with the same results."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+from ope_cli import traced
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.estimators import get, names
+from ope_cli.kernel import Kernel, group_policies, trace_count
+from ope_cli.pipeline import stream
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("traced")
+    rng = np.random.default_rng(3)
+    behavior = random_checkpoint("linear_softmax", rng)
+    episodes = random_episodes(rng, 60, behavior=behavior, max_length=30)
+    data = write_step_layout(episodes, tmp / "logs.parquet")
+    policy = save_checkpoint(tmp / "policy.npz", random_checkpoint("linear_softmax", rng))
+    config = EvaluationConfig(  # few shapes (buckets 1 and 64), as each compiles three times
+        data=str(data), policies=(str(policy),), gamma=0.9, batching=BatchingConfig(min_bucket=64)
+    )
+    batch_stream = stream(config, 1, None, (0, 1))
+    return list(batch_stream), group_policies(batch_stream.policies)[0]
+
+
+def _kernel(group):
+    return Kernel(group, 0.9, 8, np.float64, None)
+
+
+def _outputs(group, padded):
+    kernel = _kernel(group)
+    return [jax.device_get(kernel(batch)) for batch in padded]
+
+
+def test_kept_kernels_are_called_without_tracing(batches, tmp_path, monkeypatch):
+    padded, group = batches
+    monkeypatch.setenv("OPE_CACHE_DIR", "off")
+    expected = _outputs(group, padded)  # traced as usual: no cache, nothing kept
+    monkeypatch.setenv("OPE_CACHE_DIR", str(tmp_path))
+    jax.clear_caches()
+    before = trace_count()
+    first = _outputs(group, padded)
+    shapes = {batch.shape for batch in padded}
+    assert trace_count() - before == len(shapes)  # exported: traced once per shape
+    assert len(list((tmp_path / "traced").glob("*.bin"))) == len(shapes)
+    jax.clear_caches()
+    before = trace_count()
+    again = _outputs(group, padded)  # a new kernel, as in a new process: read from disk
+    assert trace_count() == before
+    for one, two, three in zip(expected, first, again, strict=True):
+        jax.tree.map(np.testing.assert_array_equal, one, two)
+        jax.tree.map(np.testing.assert_array_equal, one, three)
+
+
+def test_key_names_code_shapes_and_options(batches):
+    padded, group = batches
+    kernel = _kernel(group)
+    static = dict(
+        log_prob=group.head.log_prob,
+        behavior_log_prob=None,
+        num_groups=8,
+        num_replicates=0,
+        dtype="float64",
+        mesh=None,
+        estimators=names(),
+    )
+    code = [get(name).terms for name in names()]
+    args = (kernel.params, None, padded[0], kernel.gamma, kernel.seed, None)
+    key = traced.kernel_key(args, static, code)
+    assert key == traced.kernel_key(args, static, code) and len(key) == 64
+    assert traced.kernel_key(args, {**static, "num_groups": 16}, code) != key
+    wider = (*args[:2], padded[0]._replace(group=padded[0].group.astype(np.int64)), *args[3:])
+    assert traced.kernel_key(wider, static, code) != key
+
+    def user_log_prob(params, observation, action):  # user code: never kept
+        return 0.0
+
+    assert traced.kernel_key(args, {**static, "log_prob": user_log_prob}, code) is None
+    assert traced.kernel_key(args, static, [*code, user_log_prob]) is None
+
+
+def test_nothing_is_kept_without_a_compilation_cache(monkeypatch):
+    monkeypatch.setenv("OPE_CACHE_DIR", "off")
+    assert traced.directory() is None
+    assert traced.load_or_export(None, (), {}, "0" * 64, ()) is None
+
+
+def test_source_digest_is_stable():
+    assert traced.source_digest() == traced.source_digest()
+    assert len(traced.source_digest()) == 64
