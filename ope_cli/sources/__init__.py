@@ -19,6 +19,7 @@ from ope_cli.sources.base import (
 )
 from ope_cli.sources.files import read_head, resolve_files
 from ope_cli.sources.prefetch import prefetched
+from ope_cli.sources.remote import is_uri
 
 FORMATS: tuple[ModuleType, ...] = (parquet, ipc, d4rl)  # tried in order on each file's head
 # Sources that are not a list of files (a dataset directory, a ``scheme:ID``): modules with
@@ -62,6 +63,8 @@ def open_dataset(source: str) -> Dataset:
         names = ", ".join(sorted(m.NAME for m in formats))
         raise DataError(f"{source}: mixes file formats ({names}); use one format")
     (module,) = formats
+    if module is d4rl and is_uri(files[0]):
+        raise DataError(f"{source}: HDF5 files are read from a local disk only; copy it first")
     return module.open_files(source, files, base_dir)
 
 
