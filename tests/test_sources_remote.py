@@ -122,6 +122,18 @@ def test_evaluate_gives_the_local_estimates(s3, local, ope_in_process, where):
         assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
 
 
+def test_convert_reads_and_writes_object_storage(s3, local, ope_in_process, tmp_path):
+    out = f"s3://{BUCKET}/converted/steps.parquet"
+    run = ope_in_process(["convert", f"s3://{BUCKET}/many", out, "--read-rows", "16"])
+    assert run.returncode == 0, run
+    assert json.loads(run.stdout)["files"] == 4
+    common = ["--format", "json", "--policy", local / "pi.npz"]
+    first = estimates(ope_in_process(["evaluate", out, *common]))
+    second = estimates(ope_in_process(["evaluate", local / "many", *common]))
+    for name, value in second.items():
+        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+
+
 def test_file_uris_are_local_paths(local, ope_in_process):
     run = ope_in_process(["inspect", f"file://{local / 'many'}", "--format", "json"])
     assert run.returncode == 0, run
