@@ -50,7 +50,7 @@ def convert(
     as one step-layout Parquet file with the standard column names and ope metadata,
     streamed batch by batch. Prints what was written.
 
-    Example: ope convert minari:D4RL/door/human-v2 door.parquet --behavior-log-prob-col infos/action_log_probs
+    Example: ope convert minari:my-team/pick-place-v0 pick.parquet --behavior-log-prob-col infos/action_log_probs
     """
     from ope_cli.export import ConvertConfig
     from ope_cli.export import convert as write_parquet
