@@ -337,7 +337,7 @@ def test_missing_key_in_a_later_episode(copy_of, policies, ope_in_process):
     with h5py.File(path / "data" / "main_data.hdf5", "a") as handle:
         del handle["episode_4/rewards"]
     run = ope_in_process(["evaluate", path, "--policy", policies["dict"]])
-    assert_one_line_exit_3(run, "cannot read episode 4", "rewards")
+    assert_one_line_exit_3(run, "episode 4 has no 'rewards'")
 
 
 def test_unknown_dataset_id(made, ope_in_process):

@@ -96,14 +96,39 @@ class Hdf5Storage:
 
     @contextlib.contextmanager
     def reader(self, file: str) -> Iterator[Any]:
-        """A function (episode id, leaf paths) -> ({path: [K, ...] array}, steps N)."""
+        """A function (episode id, leaf paths) -> ({path: [K, ...] array}, steps N). It uses
+        h5py's low-level API: the high-level one costs several times more per small dataset,
+        and Minari stores a few small datasets per episode."""
+        h5py = _h5py()
+        memory_types: dict[np.dtype, Any] = {}
+
+        def read_leaf(group: Any, episode: int, path: str) -> np.ndarray:
+            try:
+                dataset = h5py.h5d.open(group, path.encode())
+            except KeyError:
+                raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
+            dtype = dataset.dtype
+            if dtype.kind not in "biuf":  # strings, references: the high-level reader
+                return np.asarray(h5py.Dataset(dataset)[()])
+            values = np.empty(dataset.shape, dtype)
+            if dtype not in memory_types:
+                memory_types[dtype] = h5py.h5t.py_create(dtype)
+            dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, values, memory_types[dtype])
+            return values
+
         with self.opened() as handle:
 
             def read(episode: int, paths: list[str]) -> tuple[dict[str, np.ndarray], int]:
-                group = handle[f"episode_{episode}"]
-                arrays = {p: np.asarray(group[p][()]) for p in paths}
-                steps = group["rewards"].shape[0]
-                return arrays, int(steps)
+                name = f"episode_{episode}"
+                try:
+                    group = h5py.h5g.open(handle.id, name.encode())
+                except KeyError:
+                    raise DataError(f"{self.path}: no group {name!r}") from None
+                arrays = {p: read_leaf(group, episode, p) for p in paths}
+                rewards = arrays.get("rewards")
+                if rewards is None:
+                    rewards = read_leaf(group, episode, "rewards")
+                return arrays, int(rewards.shape[0])
 
             yield read
 
