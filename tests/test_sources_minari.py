@@ -313,6 +313,17 @@ def test_observation_count_neither_n_nor_n_plus_1(copy_of, policies, ope_in_proc
     assert_one_line_exit_3(run, "episode 2", "10 observations for 7 actions", "7 or 8")
 
 
+def test_inspect_reports_a_bad_arrow_episode_and_reads_on(copy_of, ope_in_process):
+    path = copy_of("arrow")
+    (path / "data" / "2" / "metadata.json").write_text(json.dumps({"id": 2, "total_steps": 3}))
+    run = ope_in_process(["inspect", path, "--format", "json"])
+    assert run.returncode == 3, run
+    report = json.loads(run.stdout)
+    (problem,) = report["problems"]
+    assert "8 observations for 3 actions" in json.dumps(problem)
+    assert report["counts"]["episodes"] == len(LENGTHS) - 1  # the others are read
+
+
 def test_unknown_storage_format(copy_of, ope):
     path = copy_of("arrow")
     metadata_path = path / "data" / "metadata.json"

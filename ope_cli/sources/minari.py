@@ -382,28 +382,40 @@ class MinariDataset:
 
     def iter_batches(self, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
         """Step-layout record batches of ``columns``, ``rows`` steps each, episode by
-        episode; one HDF5 file (or the data directory) is the batches' file."""
+        episode; one HDF5 file (or the data directory) is the batches' file, and an error
+        names the file of its episode (one of ``files``)."""
         where = self.storage.path if isinstance(self.storage, Hdf5Storage) else str(self.data_dir)
         schema = pa.schema([self.schema.field(c) for c in columns])
         paths = _leaves_needed(self.layout, columns)
         batcher, offset = _Batcher(schema, rows), 0
+
+        def flush() -> Iterator[SourcedBatch]:
+            nonlocal offset
+            last = list(batcher.flush()) or [schema.empty_table().to_batches(1)[0]]
+            for i, batch in enumerate(last):
+                yield SourcedBatch(where, batch, i == len(last) - 1, offset)
+                offset += batch.num_rows
+
         for file, group in _by_file(self.episodes):
             with self.storage.reader(file) as read:
                 for episode in group:
                     try:
-                        raw, n = read(episode, paths)
-                    except READ_ERRORS as error:
-                        raise DataError(
-                            f"{where}: cannot read episode {episode}: {first_line(error)}"
-                        ) from None
-                    parts = episode_columns(raw, n, episode, self.layout, columns, where)
+                        parts, n = self._episode(read, file, episode, paths, columns)
+                    except DataError:  # the episodes read before it still count (inspect)
+                        yield from flush()
+                        raise
                     for batch in batcher.add(parts, n):
                         yield SourcedBatch(where, batch, False, offset)
                         offset += batch.num_rows
-        last = list(batcher.flush()) or [schema.empty_table().to_batches(1)[0]]
-        for i, batch in enumerate(last):
-            yield SourcedBatch(where, batch, i == len(last) - 1, offset)
-            offset += batch.num_rows
+        yield from flush()
+
+    def _episode(self, read, file: str, episode: int, paths: list[str], columns: list[str]):
+        """({column: (values, validity)}, N) of one episode; DataError naming its file."""
+        try:
+            raw, n = read(episode, paths)
+        except READ_ERRORS as error:
+            raise DataError(f"{file}: cannot read episode {episode}: {first_line(error)}") from None
+        return episode_columns(raw, n, episode, self.layout, columns, file), n
 
 
 def _by_file(episodes: tuple[tuple[int, str], ...]) -> Iterator[tuple[str, list[int]]]:
