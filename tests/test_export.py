@@ -38,7 +38,7 @@ def sources(tmp_path_factory):
         for fmt in ("hdf5", "arrow")
     }
     out["d4rl"] = write_d4rl(folder / "d.hdf5", d4rl_arrays())
-    episodes = random_episodes(np.random.default_rng(2), 30, median_length=5, max_length=15)
+    episodes = random_episodes(np.random.default_rng(2), 30, median_length=4, max_length=8)
     out["episodes"] = write_episode_layout(episodes, folder / "episodes.parquet")
     renamed = write_step_layout(episodes, folder / "renamed.parquet")
     table = pq.read_table(renamed).rename_columns(

@@ -35,7 +35,7 @@ def local(tmp_path_factory):
     underscore file beside them, a directory of hive partitions, and a checkpoint."""
     folder = tmp_path_factory.mktemp("local")
     rng = np.random.default_rng(11)
-    episodes = random_episodes(rng, 24, median_length=6, max_length=20)
+    episodes = random_episodes(rng, 24, median_length=4, max_length=8)
     (folder / "one").mkdir()
     write_step_layout(episodes, folder / "one" / "steps.parquet")
     write_step_layout(episodes, folder / "many", n_files=4)
