@@ -197,6 +197,9 @@ class _Target:
             self.path = f"{out}.partial-{os.getpid()}"
             if os.path.isdir(out):
                 raise UsageError(f"{out}: is a directory; name the Parquet file to write")
+            parent = os.path.dirname(os.path.abspath(out))
+            if not os.path.isdir(parent):
+                raise UsageError(f"{out}: cannot write: directory {parent} does not exist")
             if os.path.exists(out) and not overwrite:
                 raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
 

@@ -22,7 +22,7 @@ from ope_cli.errors import DataError
 from ope_cli.sources.base import first_line
 
 HDF5_FILE = "main_data.hdf5"
-INSTALL_HINT = "pip install 'ope-cli[hdf5]'"
+INSTALL_HINT = "pip install 'ope-cli[minari]'"
 READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, pa.ArrowException)
 
 
