@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import warnings
 
 import gymnasium as gym
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import random_checkpoint, save_checkpoint
 
+from ope_cli.errors import DataError
 from ope_cli.sources import minari, open_dataset
 
 pytest.importorskip("minari")
@@ -356,3 +358,18 @@ def test_unknown_dataset_id(made, ope_in_process):
         ["evaluate", "minari:test/nothing-v0"], env={"MINARI_DATASETS_PATH": str(made["root"])}
     )
     assert_one_line_exit_3(run, "no Minari dataset 'test/nothing-v0'", "MINARI_DATASETS_PATH")
+
+
+def test_truncated_hdf5_file(copy_of, ope_in_process):
+    path = copy_of("hdf5")
+    data = path / "data" / "main_data.hdf5"
+    data.write_bytes(data.read_bytes()[:2000])
+    run = ope_in_process(["inspect", path])
+    assert_one_line_exit_3(run, str(data), "truncated or corrupt")
+
+
+def test_missing_h5py_says_how_to_install_it(made, monkeypatch):
+    monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py raises ImportError
+    with pytest.raises(DataError, match=r"pip install 'ope-cli\[minari\]'"):
+        open_dataset(str(made["hdf5"]))
+    assert open_dataset(str(made["arrow"])).format == "minari"  # Arrow needs no h5py
