@@ -189,6 +189,36 @@ def test_the_last_observation_is_the_final_state(made, fmt):
     assert following[starts[SHORT + 1] - 1] is None  # only N observations: no final state
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_tuple_observations_flatten_as_gymnasium_does(tmp_path, fmt):
+    space = gym.spaces.Tuple(
+        (
+            gym.spaces.Box(-1, 1, (2,), np.float32),
+            gym.spaces.Discrete(3, start=-1),
+            gym.spaces.MultiDiscrete([2, 3]),
+        )
+    )
+    space.seed(1)
+    buffers, expected = [], []
+    for i, n in enumerate((3, 2)):
+        values = [space.sample() for _ in range(n + 1)]
+        expected += [gym.spaces.flatten(space, v) for v in values[:n]]
+        buffers.append(
+            EpisodeBuffer(
+                id=i,
+                observations=tuple(np.stack([v[j] for v in values]) for j in range(3)),
+                actions=[0] * n,
+                rewards=[0.0] * n,
+                terminations=[False] * n,
+                truncations=[False] * n,
+            )
+        )
+    path = create(tmp_path, f"test/tuple-{fmt}-v0", buffers, space, gym.spaces.Discrete(2), fmt)
+    data = open_dataset(str(path))
+    assert data.schema.field("observation").type == pa.list_(pa.float64(), 2 + 3 + 5)
+    np.testing.assert_allclose(column(data, "observation"), expected, rtol=0)
+
+
 def test_infos_with_n_plus_1_rows_pair_row_t_plus_1_with_action_t(made):
     data = open_dataset(str(made["hdf5"]))
     log_probs = column(data, "infos/action_log_probs")
