@@ -144,12 +144,19 @@ class ArrowStorage:
         self.data_dir = data_dir
         self.format = file_format
         self.suffix = ".arrow" if file_format == "arrow" else ".parquet"
+        self._episodes: dict[int, str] | None = None
 
     @staticmethod
     def tuple_member(index: int) -> str:
         return str(index)
 
     def episodes(self) -> dict[int, str]:
+        """{episode id: its file}, in id order (listed once)."""
+        if self._episodes is None:
+            self._episodes = self._list_episodes()
+        return self._episodes
+
+    def _list_episodes(self) -> dict[int, str]:
         found = {}
         for directory in self.data_dir.iterdir():
             if directory.is_dir() and not directory.name.startswith((".", "_")):
