@@ -9,7 +9,6 @@ process order, so every process holds the same result and process 0 prints it.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TypeVar
 
 import numpy as np
@@ -97,7 +96,9 @@ def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> 
     file i, so shares are contiguous, disjoint, and cover every file. With fewer files than
     processes, some processes get none and contribute empty statistics.
     """
-    sizes = np.array([max(os.path.getsize(f), 1) for f in files], np.float64)
+    from ope_cli.sources.files import file_sizes  # local or object storage
+
+    sizes = np.maximum(np.array(file_sizes(files), np.float64), 1)
     middles = np.cumsum(sizes) - sizes / 2
     owner = np.minimum((middles / sizes.sum() * num_processes).astype(int), num_processes - 1)
     return tuple(f for f, o in zip(files, owner, strict=True) if o == process_id)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import glob
 import importlib
+import io
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+import ope_cli.sources.remote as remote
 from ope_cli.errors import DataError, PolicyError
 from ope_cli.validate import Check
 
@@ -149,11 +151,17 @@ def _same(path: str, what: str, expected: int, key: str, actual: int) -> None:
 
 
 def _read_archive(path: str) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file; PolicyError when it is missing or unreadable."""
-    if Path(path).is_file() and not zipfile.is_zipfile(path):
+    """The arrays of an ``.npz`` file, local or at a URI (object storage); PolicyError when
+    it is missing or unreadable."""
+    source: str | io.BytesIO = path
+    if remote.is_uri(path):
+        source = io.BytesIO(remote.read_bytes(path, PolicyError))
+        if not zipfile.is_zipfile(source):
+            raise PolicyError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
+    elif Path(path).is_file() and not zipfile.is_zipfile(path):
         raise PolicyError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(source, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
     except FileNotFoundError:
         raise PolicyError(f"{path}: no such checkpoint file") from None
@@ -365,7 +373,7 @@ def _entry_point_log_prob(spec: str, attribute: str, target: Any) -> LogProbFn:
 
 def load_policy(spec: str) -> Policy:
     """A policy from a command-line ``--policy`` value."""
-    if spec.endswith(".npz") or Path(spec).is_file():
+    if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
         return load_checkpoint(spec)
     return load_entry_point(spec)
 
@@ -375,7 +383,9 @@ def load_policies(specs: Sequence[str]) -> list[Policy]:
     (quoted, so the shell leaves it alone) stands for its matching files, sorted."""
     policies = []
     for spec in specs:
-        if glob.has_magic(spec) and not Path(spec).exists():
+        if glob.has_magic(spec) and remote.is_uri(spec):
+            policies.extend(load_policy(m) for m in remote.glob_files(spec, PolicyError))
+        elif glob.has_magic(spec) and not Path(spec).exists():
             matches = sorted(glob.glob(spec))
             if not matches:
                 raise PolicyError(f"{spec}: no checkpoint matches this pattern")

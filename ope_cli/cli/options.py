@@ -59,7 +59,9 @@ def _column(role: str) -> typer.models.OptionInfo:
 Data = Annotated[
     str,
     typer.Argument(
-        help="Parquet file, directory of Parquet files, glob, or Arrow IPC/Feather file."
+        help="Parquet file, directory of Parquet files, glob, Arrow IPC/Feather file, "
+        "D4RL-style HDF5 file or Minari dataset (directory or minari:ID); paths may be URIs "
+        "(s3://, gs://, hdfs://, file://)."
     ),
 ]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from ope_cli.errors import DataError
-from ope_cli.sources import d4rl, ipc, parquet
+from ope_cli.sources import d4rl, ipc, minari, parquet
 from ope_cli.sources.base import (
     METADATA_KEY,
     Dataset,
@@ -19,10 +19,15 @@ from ope_cli.sources.base import (
 )
 from ope_cli.sources.files import read_head, resolve_files
 from ope_cli.sources.prefetch import prefetched
+from ope_cli.sources.remote import is_uri
 
 FORMATS: tuple[ModuleType, ...] = (parquet, ipc, d4rl)  # tried in order on each file's head
+# Sources that are not a list of files (a dataset directory, a ``scheme:ID``): modules with
+# ``claims(source)`` and ``open_source(source)``, asked before the files are resolved.
+DATASET_FORMATS: tuple[ModuleType, ...] = (minari,)
 
 __all__ = [
+    "DATASET_FORMATS",
     "FORMATS",
     "METADATA_KEY",
     "Dataset",
@@ -49,12 +54,17 @@ def sniff_format(path: str) -> ModuleType:
 
 def open_dataset(source: str) -> Dataset:
     """Resolves a file, directory or glob into an ordered dataset; raises DataError."""
+    for module in DATASET_FORMATS:
+        if module.claims(source):
+            return module.open_source(source)
     files, base_dir = resolve_files(source)
     formats = {sniff_format(f) for f in files}
     if len(formats) > 1:
         names = ", ".join(sorted(m.NAME for m in formats))
         raise DataError(f"{source}: mixes file formats ({names}); use one format")
     (module,) = formats
+    if module is d4rl and is_uri(files[0]):
+        raise DataError(f"{source}: HDF5 files are read from a local disk only; copy it first")
     return module.open_files(source, files, base_dir)
 
 

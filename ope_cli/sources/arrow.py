@@ -10,7 +10,9 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
+import ope_cli.sources.remote as remote
 from ope_cli.errors import DataError
 from ope_cli.sources.base import DeclaredBounds, SourcedBatch, declared_bounds, first_line
 
@@ -39,6 +41,8 @@ class ArrowFileDataset:
       dataset: the pyarrow dataset over ``files`` (hive partitions for directories).
       reader: the format's FragmentReader.
       partition_base_dir: the directory hive partitions are relative to, if any.
+      filesystem: the filesystem of URIs (object storage), None for local paths.
+      prefix: what precedes a fragment's path in its URI (``s3://``), "" for local paths.
     """
 
     source: str
@@ -47,17 +51,24 @@ class ArrowFileDataset:
     dataset: ds.Dataset
     reader: FragmentReader
     partition_base_dir: str | None = None
+    filesystem: pafs.FileSystem | None = None
+    prefix: str = ""
 
     @classmethod
     def open(
         cls, source: str, files: list[str], file_format: str, reader: FragmentReader, base_dir
     ) -> ArrowFileDataset:
+        filesystem, prefix, paths = None, "", list(files)
+        if files and remote.is_uri(files[0]):
+            filesystem, prefix, paths = remote.split(files)
+            base_dir = base_dir[len(prefix) :] if base_dir else None
         try:
             dataset = ds.dataset(
-                files,
+                paths,
                 format=file_format,
                 partitioning="hive" if base_dir else None,
                 partition_base_dir=base_dir,
+                filesystem=filesystem,
             )
         except (OSError, pa.ArrowException) as error:
             raise DataError(f"{source}: cannot open dataset: {first_line(error)}") from None
@@ -69,7 +80,7 @@ class ArrowFileDataset:
                 f"{source}: cannot read the schema (column names or types are damaged: "
                 f"{first_line(error)})"
             ) from None
-        return cls(source, tuple(files), file_format, dataset, reader, base_dir)
+        return cls(source, tuple(files), file_format, dataset, reader, base_dir, filesystem, prefix)
 
     @property
     def schema(self) -> pa.Schema:
@@ -81,11 +92,12 @@ class ArrowFileDataset:
     def restrict(self, files: tuple[str, ...]) -> ArrowFileDataset:
         """The same dataset (schema, partitioning) over a subset of its files."""
         dataset = ds.dataset(
-            list(files),
+            [f[len(self.prefix) :] for f in files],
             schema=self.schema,
             format=self.format,
             partitioning="hive" if self.partition_base_dir else None,
             partition_base_dir=self.partition_base_dir,
+            filesystem=self.filesystem,
         )
         return dataclasses.replace(self, files=tuple(files), dataset=dataset)
 
@@ -100,21 +112,21 @@ class ArrowFileDataset:
     def iter_batches(self, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
         """Streams record batches of at most ``rows`` rows, file by file, in file order."""
         for fragment in self.dataset.get_fragments():
-            offset, previous = 0, None
+            offset, previous, file = 0, None, self.prefix + fragment.path
             try:
                 _check_file_schema(self, fragment, columns)
                 for batch in self.reader.batches(self, fragment, columns, rows):
                     if previous is not None:
-                        yield SourcedBatch(fragment.path, previous, False, offset)
+                        yield SourcedBatch(file, previous, False, offset)
                         offset += previous.num_rows
                     previous = batch
             except (OSError, pa.ArrowException, UnicodeDecodeError) as error:
-                raise DataError(f"{fragment.path}: cannot read: {first_line(error)}") from None
+                raise DataError(f"{file}: cannot read: {first_line(error)}") from None
             if previous is None:  # a file with no rows still ends the file's episodes
                 previous = pa.RecordBatch.from_pylist(
                     [], schema=pa.schema([self.schema.field(c) for c in columns])
                 )
-            yield SourcedBatch(fragment.path, previous, True, offset)
+            yield SourcedBatch(file, previous, True, offset)
 
 
 def _family(dtype: pa.DataType) -> str:
@@ -140,18 +152,18 @@ def _family(dtype: pa.DataType) -> str:
 def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> None:
     """A file whose columns differ from the dataset's (its first file's) would otherwise be
     cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
-    physical = fragment.physical_schema
+    physical, file = fragment.physical_schema, data.prefix + fragment.path
     for name in columns:
         index = physical.get_field_index(name)
         if index < 0:
             if data.partition_base_dir is None:  # hive partition columns live in the path
                 raise DataError(
-                    f"{fragment.path}: has no column {name!r}, which the dataset's other files have"
+                    f"{file}: has no column {name!r}, which the dataset's other files have"
                 )
             continue
         actual, expected = physical.field(index).type, data.schema.field(name).type
         if _family(actual) != _family(expected):
             raise DataError(
-                f"{fragment.path}: column {name!r} has type {actual} in this file but "
+                f"{file}: column {name!r} has type {actual} in this file but "
                 f"{expected} in the dataset's first file"
             )

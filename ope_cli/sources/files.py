@@ -1,4 +1,5 @@
-"""A source string (file, directory or glob) -> its data files in read order."""
+"""A source string (file, directory or glob, a local path or a URI) -> its data files in
+read order; their first bytes and sizes, wherever they are."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import glob
 import os
 from pathlib import Path
 
+import ope_cli.sources.remote as remote
 from ope_cli.errors import DataError
 
 
@@ -21,7 +23,13 @@ def data_files_in(directory: Path) -> list[str]:
 
 def resolve_files(source: str) -> tuple[list[str], str | None]:
     """(sorted data files, the directory hive partitions are relative to or None) of a
-    file, a directory or a glob; raises DataError."""
+    file, a directory or a glob; raises DataError (UsageError for an unknown URI scheme).
+    Files in object storage are URIs (``s3://bucket/key``); ``file://`` URIs are local."""
+    if remote.is_uri(source):
+        local = remote.local_path(source)
+        if local is None:
+            return remote.resolve(source)
+        source = local
     path = Path(source)
     if path.is_dir():
         files = data_files_in(path)
@@ -40,8 +48,20 @@ def resolve_files(source: str) -> tuple[list[str], str | None]:
 
 def read_head(path: str, size: int = 8) -> bytes:
     """The first ``size`` bytes of a file (its magic number); raises DataError."""
+    if remote.is_uri(path):
+        return remote.read_head(path, size)
     try:
         with open(path, "rb") as handle:
             return handle.read(size)
     except OSError as error:
         raise DataError(f"{path}: cannot read file ({error.strerror or error})") from None
+
+
+def file_sizes(files: tuple[str, ...] | list[str]) -> list[int]:
+    """Bytes of each data file (local paths or URIs of one filesystem); raises DataError."""
+    if files and remote.is_uri(files[0]):
+        return remote.sizes(files)
+    try:
+        return [os.path.getsize(f) for f in files]
+    except OSError as error:
+        raise DataError(f"cannot read file sizes: {error}") from None

@@ -31,9 +31,12 @@ class ParquetReader(FragmentReader):
         dataset scanner."""
         physical = fragment.physical_schema
         if all(physical.get_field_index(c) >= 0 for c in columns):
-            return pq.ParquetFile(fragment.path, pre_buffer=False).iter_batches(
-                batch_size=rows, columns=columns
-            )
+            if data.filesystem is None:
+                parquet = pq.ParquetFile(fragment.path, pre_buffer=False)
+            else:  # object storage: one ranged request per row group's columns
+                source = data.filesystem.open_input_file(fragment.path)
+                parquet = pq.ParquetFile(source, pre_buffer=True)
+            return parquet.iter_batches(batch_size=rows, columns=columns)
         return super().batches(data, fragment, columns, rows)
 
 

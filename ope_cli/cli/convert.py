@@ -1,0 +1,85 @@
+"""``ope convert SRC OUT.parquet``: any source ``ope`` reads, as step-layout Parquet."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from ope_cli.cli.console import table_console
+from ope_cli.cli.options import (
+    ActionCol,
+    BehaviorLogProbCol,
+    BehaviorProbCol,
+    Data,
+    EpisodeCol,
+    InspectFormat,
+    InspectFormatOption,
+    ObsCol,
+    ReadRows,
+    RewardCol,
+    StepCol,
+    TargetLogProbCol,
+    TargetProbCol,
+    column_mapping,
+)
+from ope_cli.config import BatchingConfig
+
+
+def convert(
+    data: Data,
+    out: Annotated[str, typer.Argument(help="The Parquet file to write (a local path or a URI).")],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace OUT when it exists.")
+    ] = False,
+    output_format: InspectFormatOption = None,
+    read_rows: ReadRows = BatchingConfig.read_rows,
+    episode_col: EpisodeCol = None,
+    step_col: StepCol = None,
+    obs_col: ObsCol = None,
+    action_col: ActionCol = None,
+    reward_col: RewardCol = None,
+    behavior_prob_col: BehaviorProbCol = None,
+    behavior_log_prob_col: BehaviorLogProbCol = None,
+    target_prob_col: TargetProbCol = None,
+    target_log_prob_col: TargetLogProbCol = None,
+) -> None:
+    """Write DATA (Parquet, Arrow, a Minari dataset, a D4RL-style HDF5 file, object storage)
+    as one step-layout Parquet file with the standard column names and ope metadata,
+    streamed batch by batch. Prints what was written.
+
+    Example: ope convert minari:my-team/pick-place-v0 pick.parquet --behavior-log-prob-col infos/action_log_probs
+    """
+    from ope_cli.export import ConvertConfig
+    from ope_cli.export import convert as write_parquet
+
+    result = write_parquet(
+        ConvertConfig(
+            data=data,
+            out=out,
+            columns=column_mapping(
+                episode_col,
+                step_col,
+                obs_col,
+                action_col,
+                reward_col,
+                behavior_prob_col,
+                behavior_log_prob_col,
+                target_prob_col,
+                target_log_prob_col,
+            ),
+            read_rows=read_rows,
+            overwrite=overwrite,
+        )
+    )
+    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
+    if chosen is InspectFormat.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    console = table_console(width=120)
+    console.print(f"{result.source} ({result.format}, {result.source_layout} layout)", markup=False)
+    console.print(f"-> {result.out}: {result.steps:,} steps, step layout", markup=False)
+    for name, source in result.columns.items():
+        console.print(f"   {name:<24} <- {source}", markup=False)

@@ -1,0 +1,170 @@
+"""``ope convert`` (ope_cli/export.py): Minari datasets, D4RL-style files, the episode layout
+and renamed columns written as step-layout Parquet with the standard names and ``ope``
+metadata, streamed batch by batch; the converted file gives identical estimates."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datasets import (
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    write_episode_layout,
+    write_step_layout,
+)
+from test_sources_d4rl import d4rl_arrays, write_d4rl
+from test_sources_minari import DICT_SPACE, N_ACTIONS, OBS_DIM, create, make_buffers
+
+from ope_cli.export import ConvertConfig, convert
+from ope_cli.sources import METADATA_KEY
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """{name: source}: Minari datasets in both storages, a D4RL-style file, the episode
+    layout, and step-layout Parquet with renamed columns and a declared reward range."""
+    folder = tmp_path_factory.mktemp("convert")
+    discrete = gym.spaces.Discrete(N_ACTIONS)
+    buffers = make_buffers(DICT_SPACE, discrete, seed=7)
+    out = {
+        fmt: create(folder / "minari", f"test/conv-{fmt}-v0", buffers, DICT_SPACE, discrete, fmt)
+        for fmt in ("hdf5", "arrow")
+    }
+    out["d4rl"] = write_d4rl(folder / "d.hdf5", d4rl_arrays())
+    episodes = random_episodes(np.random.default_rng(2), 30, median_length=4, max_length=8)
+    out["episodes"] = write_episode_layout(episodes, folder / "episodes.parquet")
+    renamed = write_step_layout(episodes, folder / "renamed.parquet")
+    table = pq.read_table(renamed).rename_columns(
+        {"episode_id": "ep", "reward": "r", "action": "act"}
+    )
+    pq.write_table(
+        table.replace_schema_metadata({METADATA_KEY: json.dumps({"reward_range": [-9, 9]})}),
+        renamed,
+    )
+    out["renamed"] = renamed
+    return out
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("convert-policies")
+    rng = np.random.default_rng(4)
+    return {
+        dim: save_checkpoint(
+            folder / f"pi{dim}.npz", random_checkpoint("linear_softmax", rng, obs_dim=dim)
+        )
+        for dim in (3, 4, OBS_DIM)
+    }
+
+
+def estimates(run) -> dict[str, float]:
+    assert run.returncode == 0, run
+    (result,) = json.loads(run.stdout)["results"]
+    return {name: e["value"] for name, e in result["estimates"].items()}
+
+
+def assert_identical(ope_in_process, source, converted, policy, options=()):
+    common = ["--policy", policy, "--format", "json", "--read-rows", "16"]
+    first = estimates(ope_in_process(["evaluate", source, *common, *options]))
+    second = estimates(ope_in_process(["evaluate", converted, *common]))
+    assert first.keys() == second.keys()
+    for name, value in first.items():
+        assert math.isclose(second[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+
+
+def ope_metadata(path) -> dict:
+    return json.loads(pq.read_schema(path).metadata[METADATA_KEY.encode()])
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_minari_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path, fmt):
+    out = tmp_path / "out.parquet"
+    option = ["--behavior-log-prob-col", "infos/action_log_probs"]
+    run = ope_in_process(["convert", sources[fmt], out, "--read-rows", "8", *option])
+    assert run.returncode == 0, run
+    result = json.loads(run.stdout)
+    assert result["format"] == "minari"
+    assert result["columns"]["behavior_log_prob"] == "infos/action_log_probs"
+    schema = pq.read_schema(out)
+    assert schema.names[:5] == ["episode_id", "step", "observation", "action", "reward"]
+    assert {"terminations", "truncations", "next_observation", "infos/extra/speed"} <= set(
+        schema.names
+    )
+    metadata = ope_metadata(out)
+    assert metadata["layout"] == "step"
+    assert metadata["provenance"]["format"] == "minari"
+    assert metadata["provenance"]["source"] == str(sources[fmt])
+    assert pq.ParquetFile(out).num_row_groups > 1  # written batch by batch
+    assert_identical(ope_in_process, sources[fmt], out, policies[OBS_DIM], option)
+
+
+def test_d4rl_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "d4rl.parquet"
+    assert ope_in_process(["convert", sources["d4rl"], out]).returncode == 0
+    names = pq.read_schema(out).names
+    assert "behavior_log_prob" in names and "rewards" not in names  # an alias, left out
+    assert ope_metadata(out)["provenance"]["format"] == "d4rl"
+    assert_identical(ope_in_process, sources["d4rl"], out, policies[3])
+
+
+def test_episode_layout_becomes_steps(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "steps.parquet"
+    result = convert(ConvertConfig(str(sources["episodes"]), str(out), read_rows=7))
+    assert result.source_layout == "episode"
+    table = pq.read_table(out)
+    lengths = pq.read_table(sources["episodes"]).column("rewards")
+    assert result.steps == table.num_rows == sum(len(x) for x in lengths.to_pylist())
+    steps = table.column("step").to_numpy()
+    assert steps[0] == 0 and (np.diff(steps)[np.diff(steps) != 1] <= 0).all()
+    assert_identical(ope_in_process, sources["episodes"], out, policies[4])
+
+
+def test_column_options_become_standard_names(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "standard.parquet"
+    options = ["--episode-col", "ep", "--reward-col", "r", "--action-col", "act"]
+    assert ope_in_process(["convert", sources["renamed"], out, *options]).returncode == 0
+    schema = pq.read_schema(out)
+    assert {"episode_id", "reward", "action"} <= set(schema.names)
+    assert not {"ep", "r", "act"} & set(schema.names)
+    assert ope_metadata(out)["reward_range"] == [-9, 9]  # declared by the source
+    assert_identical(ope_in_process, sources["renamed"], out, policies[4], options)
+
+
+def test_inspect_reads_the_converted_file(sources, ope_in_process, tmp_path):
+    out = tmp_path / "c.parquet"
+    convert(ConvertConfig(str(sources["d4rl"]), str(out)))
+    run = ope_in_process(["inspect", out, "--format", "json"])
+    assert run.returncode == 0, run
+    assert json.loads(run.stdout)["counts"]["episodes"] == 5
+
+
+def test_existing_output_needs_overwrite(sources, ope_in_process, tmp_path):
+    out = tmp_path / "c.parquet"
+    out.write_bytes(b"keep")
+    run = ope_in_process(["convert", sources["d4rl"], out])
+    assert run.returncode == 2, run
+    assert "--overwrite" in run.stderr and out.read_bytes() == b"keep"
+    assert ope_in_process(["convert", sources["d4rl"], out, "--overwrite"]).returncode == 0
+    assert pq.read_table(out).num_rows == 20
+
+
+def test_a_failed_conversion_leaves_no_file(sources, ope_in_process, tmp_path):
+    bad = tmp_path / "bad.parquet"
+    table = pq.read_table(sources["episodes"])
+    rewards = table.column("rewards").to_pylist()
+    rewards[3] = rewards[3] + [0.0]  # one reward more than the episode's actions
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("rewards"), "rewards", pa.array(rewards)), bad
+    )
+    out = tmp_path / "out.parquet"
+    run = ope_in_process(["convert", bad, out, "--read-rows", "2"])
+    assert run.returncode == 3, run
+    assert "episode row 3" in run.stderr
+    assert list(tmp_path.glob("out.parquet*")) == []
