@@ -119,8 +119,8 @@ def load_or_export(
         exported = jax.export.export(jitted)(*args, **static)
         _write_atomically(path, exported.serialize())
         return exported.call
-    except (OSError, ValueError, TypeError, NotImplementedError, ImportError):
-        return None  # a kernel that cannot be exported or kept still runs, traced as usual
+    except Exception:  # noqa: BLE001 - an optional cache: whatever fails, trace as usual
+        return None
 
 
 def _write_atomically(path: Path, data: bytes | bytearray) -> None:
