@@ -23,18 +23,54 @@ from ope_cli.schema import DataSchema
 ESTIMATE = "estimate"
 
 
+def is_estimate(spec: str | None) -> bool:
+    """Whether ``--behavior`` asks to estimate pi_b from the data (``estimate[:MODEL]``)."""
+    return spec is not None and (spec == ESTIMATE or spec.startswith(ESTIMATE + ":"))
+
+
 def check_behavior_option(spec: str | None) -> None:
-    """``--behavior estimate[:MODEL]`` is reserved for fitting pi_b, which is not available
-    yet: a UsageError rather than a search for a file named 'estimate'."""
+    """``--behavior estimate[:MODEL]`` names a known model; any other value is a checkpoint
+    or an entry point, loaded later. A UsageError (exit 2) otherwise."""
     if spec is None:
         return
-    if spec == ESTIMATE or spec.startswith(ESTIMATE + ":"):
-        raise UsageError(
-            f"--behavior {spec}: estimating the behavior policy from the data is not available "
-            "yet; pass a behavior checkpoint .npz or an entry point package.module:name"
-        )
+    if is_estimate(spec):
+        from ope_cli.fit.base import parse_model
+
+        parse_model(spec)
+        return
     if not spec.strip():
-        raise UsageError("--behavior needs a checkpoint .npz or an entry point package.module:name")
+        raise UsageError(
+            "--behavior needs a checkpoint .npz, an entry point package.module:name or "
+            "estimate[:MODEL]"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class BehaviorFit:
+    """What the report says about a behavior model fitted in the run (``--behavior estimate``).
+
+    Attributes:
+      model: the model fitted (tabular, linear_softmax, mlp_softmax, linear_gaussian).
+      episodes, steps: what it was fitted on.
+      mean_log_likelihood: in-sample mean log pi_b(a|s) per step (nats; a log-density for
+        continuous actions).
+      min_propensity: the floor raised to at evaluation time (discrete models).
+      floored: logged steps whose estimated probability was below the floor.
+      seconds: wall time of the fitting pass.
+      logged_column: the data's propensity column, when it also has one.
+      mean_weight: {policy: {"estimated": w, "logged": w}} mean trajectory weights under the
+        estimated and the logged propensities (~1 when right), when the data logs both.
+    """
+
+    model: str
+    episodes: int
+    steps: int
+    mean_log_likelihood: float
+    min_propensity: float
+    floored: int
+    seconds: float
+    logged_column: str | None = None
+    mean_weight: dict[str, dict[str, float | None]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,21 +78,49 @@ class BehaviorSource:
     """Where a run's behavior probabilities come from (the report's ``dataset.behavior``).
 
     Attributes:
-      source: ``column`` (logged in the data), ``checkpoint`` or ``entry_point``.
-      name: the column name, checkpoint path or entry point.
+      source: ``column`` (logged in the data), ``checkpoint``, ``entry_point`` or
+        ``estimated`` (fitted in the run).
+      name: the column name, checkpoint path, entry point or model.
       kind: the checkpoint kind (tabular, ...); None for a column or an entry point.
+      fit: for an estimated model, what the fit found; else None.
     """
 
     source: str
     name: str
     kind: str | None = None
+    fit: BehaviorFit | None = None
 
     def describe(self) -> str:
-        """One line for the report's footer."""
+        """The report's footer: one line, two or three for an estimated model."""
         if self.source == "column":
             return f"behavior probabilities: logged, column {self.name!r}"
+        if self.fit is not None:
+            return _describe_fit(self.fit)
         what = f"checkpoint {self.name} ({self.kind})" if self.kind else f"entry point {self.name}"
         return f"behavior probabilities: computed from {what} (--behavior)"
+
+
+def _describe_fit(fit: BehaviorFit) -> str:
+    lines = [
+        f"behavior probabilities: estimated ({fit.model}) from {fit.steps:,} logged actions "
+        f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
+        f"{fit.mean_log_likelihood:.4g} per step (in-sample)"
+    ]
+    if fit.model != "linear_gaussian":
+        lines.append(
+            f"{fit.floored:,} estimated probabilities below --min-propensity "
+            f"{fit.min_propensity:g} raised to it"
+        )
+    for policy, weights in (fit.mean_weight or {}).items():
+        estimated, logged = (
+            "-" if weights[k] is None else f"{weights[k]:.4g}" for k in ("estimated", "logged")
+        )
+        lines.append(
+            f"mean trajectory weight of {policy}: {estimated} estimated, {logged} with the "
+            f"logged column {fit.logged_column!r} (about 1 when the behavior probabilities "
+            "are right)"
+        )
+    return "\n".join(lines)
 
 
 def column_source(schema: DataSchema) -> BehaviorSource:

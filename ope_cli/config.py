@@ -52,9 +52,11 @@ class EvaluationConfig:
 
     data: str
     policies: tuple[str, ...] = ()
-    # the behavior policy (checkpoint or entry point) that replaces a logged propensity
-    # column; None: the data's behavior_prob / behavior_log_prob column
+    # the behavior policy (checkpoint, entry point or estimate[:MODEL]) that replaces a
+    # logged propensity column; None: the data's behavior_prob / behavior_log_prob column
     behavior: str | None = None
+    # --behavior estimate: estimated probabilities below it are raised to it (discrete models)
+    min_propensity: float = 1e-3
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95

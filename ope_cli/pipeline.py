@@ -17,6 +17,7 @@ from ope_cli.behavior import (
     check_behavior_option,
     column_source,
     first_zero_probability,
+    is_estimate,
     load_behavior,
     policy_source,
     zero_probability_error,
@@ -106,6 +107,10 @@ def check_config(config: EvaluationConfig) -> None:
         )
     _check_interval_options(config)
     check_behavior_option(config.behavior)
+    if is_estimate(config.behavior):
+        from ope_cli.fit.base import check_min_propensity
+
+        check_min_propensity(config.min_propensity)
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
@@ -277,8 +282,12 @@ class BatchStream:
     ):
         self.config, self.data, self.schema = config, data, schema
         self.behavior = behavior
-        self.behavior_source: BehaviorSource = (
-            column_source(schema) if behavior is None else policy_source(behavior)
+        self.behavior_source: BehaviorSource | None = (  # None: estimated (set by fit)
+            policy_source(behavior)
+            if behavior is not None
+            else column_source(schema)
+            if schema.behavior_logged
+            else None
         )
         self.policies, self.plan, self.files = policies, plan, files
         self.on_progress = on_progress
@@ -350,7 +359,15 @@ def stream(
         source=config.data,
         logged_behavior=config.behavior is None,
     )
-    behavior = None if config.behavior is None else load_behavior(config.behavior, schema)
+    estimating = is_estimate(config.behavior)
+    if estimating and process[1] > 1:
+        raise UsageError(
+            "--behavior estimate runs in one process; fit with ope fit-behavior and pass "
+            "--behavior B.npz to a multi-process run"
+        )
+    behavior = None
+    if config.behavior is not None and not estimating:
+        behavior = load_behavior(config.behavior, schema)
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
@@ -359,9 +376,14 @@ def stream(
     process_id, num_processes = process
     if num_processes > 1:
         data = data.restrict(share_files(data.files, process_id, num_processes))
-    return BatchStream(
+    batches = BatchStream(
         config, data, schema, policies, plan, files, multiple_of, on_progress, behavior
     )
+    if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
+        from ope_cli.fit.estimate import estimate_into
+
+        estimate_into(batches)
+    return batches
 
 
 def evaluate(
@@ -411,6 +433,7 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan = batches.plan
+    results = _policy_results(config, plan, batches.policies, local, batches.schema)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -429,8 +452,8 @@ def evaluate(
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
-        results=_policy_results(config, plan, batches.policies, local, batches.schema),
-        behavior=batches.behavior_source,
+        results=results,
+        behavior=_compare_with_logged(config, batches.behavior_source, results),
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
@@ -445,6 +468,25 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
     )
+
+
+def _compare_with_logged(
+    config: EvaluationConfig, source: BehaviorSource, results: list[PolicyResult]
+) -> BehaviorSource:
+    """For an estimated behavior model on data that also logs propensities: the mean
+    trajectory weight of each policy under both (a second evaluation, with the column)."""
+    fit = source.fit
+    if fit is None or fit.logged_column is None:
+        return source
+    logged = evaluate(dataclasses.replace(config, behavior=None))
+    weights = {
+        mine.policy: {
+            "estimated": mine.diagnostics.mean_weight,
+            "logged": theirs.diagnostics.mean_weight,
+        }
+        for mine, theirs in zip(results, logged.results, strict=True)
+    }
+    return dataclasses.replace(source, fit=dataclasses.replace(fit, mean_weight=weights))
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:

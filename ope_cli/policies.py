@@ -271,7 +271,13 @@ _CHECKPOINT_KINDS = {
 
 def load_checkpoint(path: str) -> Policy:
     """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
-    arrays = _read_archive(path)
+    return checkpoint_policy(path, _read_archive(path))
+
+
+def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
+    """The policy of checkpoint arrays (a string ``kind`` and its parameters), checked as a
+    file's would be; ``path`` names it in messages. Raises PolicyError."""
+    arrays = dict(arrays)
     if "kind" not in arrays:
         raise PolicyError(
             f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
