@@ -56,9 +56,11 @@ def choose_model(spec_model: str | None, schema: DataSchema, option: str) -> str
 
 @dataclasses.dataclass
 class Collected:
-    """A model with every chunk's steps added, and what it was fitted on."""
+    """A model with every chunk's steps added, and what it was fitted on: episodes and
+    steps, and episodes per fold ([folds])."""
 
     model: BehaviorModel
+    fold_episodes: np.ndarray
     episodes: int = 0
     steps: int = 0
 
@@ -66,10 +68,11 @@ class Collected:
 def collect(model: BehaviorModel, chunks: Iterable[EpisodeChunk], folds: int = 1) -> Collected:
     """Adds every chunk's (observation, action) steps to ``model``, each in its episode's
     fold (``episode_folds`` of the id hash)."""
-    done = Collected(model)
+    done = Collected(model, np.zeros(folds, np.int64))
     for chunk in chunks:
-        fold = np.repeat(episode_folds(chunk.keys, folds), chunk.lengths)
-        model.add(chunk.observation, chunk.action, fold)
+        episode_fold = episode_folds(chunk.keys, folds)
+        model.add(chunk.observation, chunk.action, np.repeat(episode_fold, chunk.lengths))
+        done.fold_episodes += np.bincount(episode_fold, minlength=folds)
         done.episodes += chunk.num_episodes
         done.steps += chunk.num_steps
     if done.steps == 0:
