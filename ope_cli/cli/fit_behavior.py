@@ -50,13 +50,13 @@ def fit_behavior(
 
     Example: ope fit-behavior logs.parquet --out behavior.npz && ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
     """
-    from ope_cli.fit.base import parse_model
+    from ope_cli.fit.base import check_model_name
     from ope_cli.fit.run import FitBehaviorConfig
     from ope_cli.fit.run import fit_behavior as run_fit
     from ope_cli.report.fit import render_table, to_json
 
     if model is not None:
-        parse_model(f"estimate:{model}", "--model")
+        check_model_name(model)
     config = FitBehaviorConfig(
         data=data,
         out=out,

@@ -72,11 +72,16 @@ def parse_model(spec: str, option: str = "--behavior") -> str | None:
     _, _, model = spec.partition(":")
     if not model:
         return None
+    check_model_name(model, f"{option} {spec}")
+    return model
+
+
+def check_model_name(model: str, option: str = "--model") -> None:
+    """A UsageError naming ``option`` for a model that is not one of MODELS."""
     if model not in MODELS:
         raise UsageError(
-            f"{option} {spec}: unknown behavior model {model!r} (choose from {', '.join(MODELS)})"
+            f"{option}: unknown behavior model {model!r} (choose from {', '.join(MODELS)})"
         )
-    return model
 
 
 def check_model_fits(
