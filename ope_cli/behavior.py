@@ -52,14 +52,16 @@ class BehaviorFit:
     Attributes:
       model: the model fitted (tabular, linear_softmax, mlp_softmax, linear_gaussian).
       episodes, steps: what it was fitted on.
-      mean_log_likelihood: in-sample mean log pi_b(a|s) per step (nats; a log-density for
-        continuous actions).
+      mean_log_likelihood: mean log pi_b(a|s) per step (nats; a log-density for continuous
+        actions): in-sample, or out-of-fold when cross-fitted.
       min_propensity: the floor raised to at evaluation time (discrete models).
       floored: logged steps whose estimated probability was below the floor.
       seconds: wall time of the fitting pass.
       logged_column: the data's propensity column, when it also has one.
       mean_weight: {policy: {"estimated": w, "logged": w}} mean trajectory weights under the
         estimated and the logged propensities (~1 when right), when the data logs both.
+      cross_fit: K folds of episodes, each evaluated with the model fitted on the others
+        (1: in-sample).
     """
 
     model: str
@@ -71,6 +73,7 @@ class BehaviorFit:
     seconds: float
     logged_column: str | None = None
     mean_weight: dict[str, dict[str, float | None]] | None = None
+    cross_fit: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +103,17 @@ class BehaviorSource:
         return f"behavior probabilities: computed from {what} (--behavior)"
 
 
+def _fitted_on(folds: int) -> str:
+    if folds == 1:
+        return "in-sample"
+    return f"out-of-fold: {folds} folds of episodes, each with the model fitted on the others"
+
+
 def _describe_fit(fit: BehaviorFit) -> str:
     lines = [
         f"behavior probabilities: estimated ({fit.model}) from {fit.steps:,} logged actions "
         f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
-        f"{fit.mean_log_likelihood:.4g} per step (in-sample)"
+        f"{fit.mean_log_likelihood:.4g} per step ({_fitted_on(fit.cross_fit)})"
     ]
     if fit.model != "linear_gaussian":
         lines.append(

@@ -57,6 +57,9 @@ class EvaluationConfig:
     behavior: str | None = None
     # --behavior estimate: estimated probabilities below it are raised to it (discrete models)
     min_propensity: float = 1e-3
+    # --behavior estimate: K folds of episodes (by id hash), each evaluated with the model
+    # fitted on the other K - 1 (1: fitted on every episode, in-sample)
+    behavior_cross_fit: int = 1
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95

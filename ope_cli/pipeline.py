@@ -111,6 +111,12 @@ def check_config(config: EvaluationConfig) -> None:
         from ope_cli.fit.base import check_min_propensity
 
         check_min_propensity(config.min_propensity)
+    if config.behavior_cross_fit != 1 and not is_estimate(config.behavior):
+        raise UsageError("--behavior-cross-fit applies to --behavior estimate[:MODEL] only")
+    if config.behavior_cross_fit < 1:
+        raise UsageError(
+            f"--behavior-cross-fit must be at least 1, got {config.behavior_cross_fit}"
+        )
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
@@ -478,7 +484,7 @@ def _compare_with_logged(
     fit = source.fit
     if fit is None or fit.logged_column is None:
         return source
-    logged = evaluate(dataclasses.replace(config, behavior=None))
+    logged = evaluate(dataclasses.replace(config, behavior=None, behavior_cross_fit=1))
     weights = {
         mine.policy: {
             "estimated": mine.diagnostics.mean_weight,

@@ -44,6 +44,7 @@ class Policy:
       actions_checked: False when nothing bounds the logged discrete actions this policy is
         given (an entry point that declares no ``n_actions``): JAX's gather clamps an index
         out of range instead of failing, so the report says they are unchecked.
+      folds: 1, or the K folds of a cross-fitted behavior model (params [K, ...]).
     """
 
     name: str
@@ -57,6 +58,9 @@ class Policy:
     obs_dim: int | None = None
     act_dim: int | None = None
     actions_checked: bool = True
+    # cross-fitted (a behavior model of --behavior-cross-fit K): every params array has a
+    # leading [folds] axis, and an episode uses the fold fit.base.fold_index gives its key
+    folds: int = 1
 
     @property
     def stack_key(self) -> tuple:

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIELDS = ("value", "stderr", "ci_low", "ci_high")
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
 ONE_BUCKET = ("--min-bucket", "256")
+CROSS_FIT = ("--behavior-cross-fit", "3")
 
 
 def _drop_propensities(logs: Path, out: Path) -> Path:
@@ -248,6 +249,10 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
             "300",
         ),
         "checkpoint": _evaluate(ope_in_process, nob, *policy, "--behavior", checkpoint),
+        "cross_fit": _evaluate(ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT),
+        "cross_fit_small_batches": _evaluate(
+            ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT, "--batch-steps", "64"
+        ),
         "both": _evaluate(ope_in_process, out / "logs.parquet", *policy, "-b", "estimate"),
         "true": _evaluate(ope_in_process, out / "logs.parquet", *policy),
     }
@@ -259,6 +264,60 @@ def test_estimate_is_the_same_across_batchings(chain_runs):
         chain_runs["small_batches"]["runtime"]["batch_shapes"]
         != (chain_runs["estimate"]["runtime"]["batch_shapes"])
     )
+
+
+def _cross_fitted_reference(out: Path, folds: int, floor: float = 1e-3) -> dict:
+    """IS of each evaluation policy and the out-of-fold mean log-likelihood, in plain NumPy:
+    episode e's steps use the tabular model counted on the episodes of the other folds."""
+    from ope_cli.ids import id_keys
+
+    table = pq.read_table(out / "nob.parquet")
+    ids, states, actions, rewards = (
+        table.column(c).to_numpy() for c in ("episode_id", "observation", "action", "reward")
+    )
+    episodes, episode_of_step = np.unique(ids, return_inverse=True)
+    fold = episode_folds(id_keys(episodes), folds)[episode_of_step]
+    log_b = np.zeros(len(states))
+    for k in range(folds):
+        counts = np.zeros((int(states.max()) + 1, 3))
+        np.add.at(counts, (states[fold != k], actions[fold != k]), 1)
+        probs = (counts + SMOOTHING) / (counts + SMOOTHING).sum(1, keepdims=True)
+        log_b[fold == k] = np.log(probs[states, actions])[fold == k]
+    reference = {"mean_log_likelihood": log_b.mean()}
+    returns = np.bincount(episode_of_step, rewards)
+    for name in ("eval_0.npz", "eval_2.npz"):
+        logits = np.load(out / "policies" / name)["logits"]
+        log_e = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        ratio = log_e[states, actions] - np.maximum(log_b, np.log(floor))
+        weights = np.exp(np.bincount(episode_of_step, ratio))
+        reference[name] = float(np.mean(weights * returns))
+    return reference
+
+
+def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
+    reference = _cross_fitted_reference(generated["chain"], 3)
+    run = chain_runs["cross_fit"]
+    fit = run["dataset"]["behavior"]["fit"]
+    assert fit["cross_fit"] == 3
+    assert fit["mean_log_likelihood"] == pytest.approx(reference["mean_log_likelihood"], rel=1e-12)
+    assert (
+        fit["mean_log_likelihood"]
+        < chain_runs["estimate"]["dataset"]["behavior"]["fit"]["mean_log_likelihood"]
+    )  # out-of-fold scores below in-sample
+    for result in run["results"]:
+        value = result["estimates"]["is"]["value"]
+        assert value == pytest.approx(reference[Path(result["policy"]).name], rel=1e-9)
+    _same_estimates(run, chain_runs["cross_fit_small_batches"], rtol=1e-12)
+    assert "out-of-fold: 3 folds" in _describe(run)
+
+
+def _describe(run: dict) -> str:
+    from ope_cli.behavior import BehaviorFit, BehaviorSource
+
+    behavior = run["dataset"]["behavior"]
+    return BehaviorSource(
+        behavior["source"], behavior["name"], behavior["kind"], BehaviorFit(**behavior["fit"])
+    ).describe()
 
 
 def test_estimate_equals_the_fitted_checkpoint(chain_runs):
@@ -320,6 +379,12 @@ def test_min_propensity_floors_and_counts(ope_in_process, generated, chain_runs)
     assert floored["results"][0]["estimates"]["is"]["value"] != pytest.approx(
         chain_runs["estimate"]["results"][0]["estimates"]["is"]["value"], rel=1e-9
     )
+    for extra, needle in (
+        (["-b", "estimate", "--behavior-cross-fit", "0"], "at least 1"),
+        (["--behavior-cross-fit", "2"], "applies to --behavior estimate"),
+    ):
+        done = ope_in_process(["evaluate", out / "logs.parquet", *_policies(out), *extra])
+        assert done.returncode == 2 and needle in done.stderr and done.stdout == "", done
     bad = ope_in_process(
         [
             "evaluate",
@@ -397,6 +462,7 @@ def test_two_emulated_devices_give_the_same_estimate(generated):
         *_policies(out),
         "-b",
         "estimate",
+        *CROSS_FIT,  # each episode's fold is found on its device
         "--batch-steps",
         "512",
         *ONE_BUCKET,

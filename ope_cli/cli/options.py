@@ -83,6 +83,14 @@ MinPropensity = Annotated[
         "(how many is reported)."
     ),
 ]
+BehaviorCrossFit = Annotated[
+    int,
+    typer.Option(
+        metavar="K",
+        help="With --behavior estimate: split the episodes into K folds (by id hash) and "
+        "evaluate each with the model fitted on the other K-1 (1: fit on all, in-sample).",
+    ),
+]
 BehaviorModelOption = Annotated[
     str | None,
     typer.Option(

@@ -15,7 +15,6 @@ from typing import Protocol
 import numpy as np
 
 from ope_cli.errors import UsageError
-from ope_cli.ids import mix64
 
 # model name -> the checkpoint kind (SPEC section 3) it writes
 MODELS: dict[str, str] = {
@@ -26,7 +25,7 @@ MODELS: dict[str, str] = {
 }
 DISCRETE_MODELS = ("tabular", "linear_softmax", "mlp_softmax")
 MIN_PROPENSITY = 1e-3
-_FOLD_SALT = np.uint64(0x6F70652D666F6C64)  # "ope-fold": folds do not follow id order
+_FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
 
 
 class BehaviorModel(Protocol):
@@ -51,12 +50,30 @@ class BehaviorModel(Protocol):
     def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int: ...
 
 
+def fold_index(key_hi, key_lo, folds: int, xp=np):
+    """[E] int32 fold in [0, folds) of episodes from the uint32 halves of their id keys
+    ([E] each): murmur3's 32-bit finaliser of the mixed halves, modulo ``folds``. Written
+    for ``xp`` = numpy (the fitting pass) or jax.numpy (the kernel, per episode of a padded
+    batch), so both assign every episode the same fold."""
+    h = key_hi ^ (key_lo * xp.uint32(0x9E3779B9)) ^ xp.uint32(_FOLD_SALT)
+    h = h ^ (h >> 16)
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * xp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h % xp.uint32(folds)).astype(xp.int32)
+
+
 def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
     """[E] fold index in [0, folds) of each episode key ([E] uint64): a hash of the id, the
-    same in every run, batching and process."""
+    same in every run, batching, device and process (``fold_index`` of the key's halves)."""
     if folds <= 1:
         return np.zeros(keys.shape, np.int64)
-    return (mix64(keys ^ _FOLD_SALT) % np.uint64(folds)).astype(np.int64)
+    keys = np.asarray(keys, np.uint64)
+    hi = (keys >> np.uint64(32)).astype(np.uint32)
+    lo = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        return fold_index(hi, lo, folds).astype(np.int64)
 
 
 def default_model(observation_kind: str | None, action_kind: str) -> str:

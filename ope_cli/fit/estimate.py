@@ -16,7 +16,7 @@ import numpy as np
 
 from ope_cli.behavior import BehaviorFit, BehaviorSource
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, UsageError
 from ope_cli.fit.base import (
     MODELS,
     BehaviorModel,
@@ -121,20 +121,48 @@ def logged_column(data, config) -> str | None:
     return schema.columns.get(role)
 
 
+def cross_fitted_policy(
+    model: str, collected: Collected, folds: int, min_propensity: float
+) -> tuple[Policy, float, int]:
+    """The behavior policy of ``--behavior-cross-fit K``: fold k's episodes get the model
+    fitted on the other K - 1 folds (params stacked [K, ...]); with the out-of-fold total
+    log-likelihood and the count of floored steps."""
+    empty = np.flatnonzero(collected.fold_episodes == collected.episodes)
+    if empty.size:
+        raise UsageError(
+            f"--behavior-cross-fit {folds}: every one of the {collected.episodes} episode(s) "
+            "falls in one fold, leaving nothing to fit the others on; use fewer folds"
+        )
+    fitted = collected.model
+    per_fold = [fitted.fit(exclude=k) for k in range(folds)]
+    policies = [estimated_policy(model, arrays, min_propensity) for arrays in per_fold]
+    total = sum(fitted.log_likelihood(arrays, k)[0] for k, arrays in enumerate(per_fold))
+    floored = sum(fitted.floored(arrays, k, min_propensity) for k, arrays in enumerate(per_fold))
+    stacked = {key: np.stack([p.params[key] for p in policies]) for key in policies[0].params}
+    policy = dataclasses.replace(policies[0], params=stacked, folds=folds)
+    return policy, total, floored
+
+
 def estimate_into(batches) -> None:
     """``--behavior estimate[:MODEL]``: fits the model on the episodes of ``batches`` (a
     pipeline BatchStream, read once here, validated as the evaluation will read them) and
-    makes it the stream's behavior policy and source."""
+    makes it the stream's behavior policy and source; with ``--behavior-cross-fit K`` > 1,
+    each fold of episodes (by id hash) gets the model fitted on the others."""
     started = time.perf_counter()
     config, schema = batches.config, batches.schema
     model = choose_model(parse_model(config.behavior), schema, f"--behavior {config.behavior}")
+    folds, floor = config.behavior_cross_fit, config.min_propensity
     assembler = EpisodeAssembler(schema, config.on_invalid, batches._chunk_checks)
     reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-    collected = collect(make_model(model), assembler.chunks(reading))
-    arrays = collected.model.fit()
-    total, steps = collected.model.log_likelihood(arrays)
-    floor = config.min_propensity
-    batches.behavior = estimated_policy(model, arrays, floor)
+    collected = collect(make_model(model, folds), assembler.chunks(reading), folds)
+    if folds > 1:
+        policy, total, floored = cross_fitted_policy(model, collected, folds, floor)
+    else:
+        arrays = collected.model.fit()
+        policy = estimated_policy(model, arrays, floor)
+        total = collected.model.log_likelihood(arrays)[0]
+        floored = collected.model.floored(arrays, None, floor)
+    batches.behavior = policy
     batches.behavior_source = BehaviorSource(
         "estimated",
         model,
@@ -143,10 +171,11 @@ def estimate_into(batches) -> None:
             model=model,
             episodes=collected.episodes,
             steps=collected.steps,
-            mean_log_likelihood=total / steps,
+            mean_log_likelihood=total / collected.steps,
             min_propensity=floor,
-            floored=collected.model.floored(arrays, None, floor),
+            floored=floored,
             seconds=time.perf_counter() - started,
             logged_column=logged_column(batches.data, config),
+            cross_fit=folds,
         ),
     )
