@@ -501,6 +501,13 @@ def test_shipped_example_without_propensities(ope_in_process, tmp_path):
         assert abs(ours["value"] - theirs["value"]) < 3 * theirs["stderr"]
 
 
+STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
+    ("true", None, 1),
+    ("estimated", "estimate:tabular", 1),
+    ("cross-fitted", "estimate:tabular", 5),
+)
+
+
 def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
     """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
     datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
@@ -512,11 +519,12 @@ def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str
         out = root / f"chain_{seed}"
         truth = gen.generate("chain", out, episodes=episodes, seed=1000 + seed)
         values = {t["policy"]: t["value"] for t in truth["policies"]}
-        for behavior in (None, "estimate:tabular"):
+        for label, behavior, folds in STUDY_VARIANTS:
             config = EvaluationConfig(
                 data=str(out / "logs.parquet"),
                 policies=(str(out / "policies/eval_0.npz"), str(out / "policies/eval_1.npz")),
                 behavior=behavior,
+                behavior_cross_fit=folds,
                 estimators=("is", "pdis"),
                 interval="normal",
                 batching=BatchingConfig(min_bucket=256),
@@ -524,11 +532,15 @@ def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str
             for result in pipeline.evaluate(config).results:
                 name = Path(result.policy).name
                 for estimator, estimate in result.estimates.items():
-                    key = f"{name} {estimator} {'estimated' if behavior else 'true'}"
+                    key = f"{name} {estimator} {label}"
                     value = values[f"policies/{name}"]
                     errors.setdefault(key, []).append((estimate.value - value) ** 2)
     return {
-        key: {"mse": float(np.mean(v)), "se": float(np.std(v) / np.sqrt(len(v)))}
+        key: {
+            "mse": float(np.mean(v)),
+            "se": float(np.std(v) / np.sqrt(len(v))),
+            "median": float(np.median(v)),
+        }
         for key, v in errors.items()
     }
 
@@ -544,10 +556,14 @@ def test_mse_of_is_and_pdis_with_estimated_and_true_behavior(tmp_path):
         f"\nMSE study, 100 chain datasets x 100 episodes ({time.perf_counter() - started:.0f} s):"
     )
     for key in sorted(study):
-        print(f"  {key}: MSE {study[key]['mse']:.4g} +- {study[key]['se']:.2g}")
+        print(
+            f"  {key}: MSE {study[key]['mse']:.4g} +- {study[key]['se']:.2g}, "
+            f"median squared error {study[key]['median']:.3g}"
+        )
     for policy in ("eval_0.npz", "eval_1.npz"):
         for estimator in ("is", "pdis"):
             true = study[f"{policy} {estimator} true"]["mse"]
             estimated = study[f"{policy} {estimator} estimated"]["mse"]
-            assert math.isfinite(true) and math.isfinite(estimated)
+            cross_fitted = study[f"{policy} {estimator} cross-fitted"]["mse"]
+            assert math.isfinite(true) and math.isfinite(estimated) and math.isfinite(cross_fitted)
             assert estimated < 2 * true
