@@ -1,10 +1,12 @@
-"""Where the behavior probabilities come from: the data's propensity column, or a
-``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``) whose
-log pi_b(a|s) the kernel computes in the same pass as log pi_e.
+"""Where the behavior probabilities come from: the data's propensity column, a
+``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``), or a model
+estimated from the logged actions (``--behavior estimate[:MODEL]``, fitted by
+``ope_cli.fit``); the kernel computes log pi_b(a|s) in the same pass as log pi_e.
 
 Host-side only (NumPy): loading and checking the behavior policy against the data, the
-report's description of the source, and turning the kernel's count of logged actions the
-behavior policy gives probability 0 into a DataError naming the episode and step.
+report's description of the source (and of an estimated model's fit), and turning the
+kernel's count of logged actions the behavior policy gives probability 0 into a DataError
+naming the episode and step.
 """
 
 from __future__ import annotations
