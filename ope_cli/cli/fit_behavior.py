@@ -44,9 +44,10 @@ def fit_behavior(
     behavior_prob_col: BehaviorProbCol = None,
     behavior_log_prob_col: BehaviorLogProbCol = None,
 ) -> None:
-    """Fit the behavior policy to the logged actions in DATA by maximum likelihood and write
-    it as a policy checkpoint; print the mean log-likelihood of held-out episodes and, where
-    the data also logs propensities, how far the estimate is from them.
+    """Fit the behavior policy to the logged actions in DATA; write it as a checkpoint.
+
+    Maximum likelihood; prints the mean log-likelihood in-sample and of held-out episodes
+    and, where the data also logs propensities, how far the estimate is from them.
 
     Example: ope fit-behavior logs.parquet --out behavior.npz && ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
     """
