@@ -30,15 +30,23 @@ def is_estimate(spec: str | None) -> bool:
     return spec is not None and (spec == ESTIMATE or spec.startswith(ESTIMATE + ":"))
 
 
-def check_behavior_option(spec: str | None) -> None:
-    """``--behavior estimate[:MODEL]`` names a known model; any other value is a checkpoint
-    or an entry point, loaded later. A UsageError (exit 2) otherwise."""
+def check_behavior_option(
+    spec: str | None, min_propensity: float = 1e-3, cross_fit: int = 1
+) -> None:
+    """``--behavior estimate[:MODEL]`` names a known model, with a ``--min-propensity`` in
+    [0, 1) and a ``--behavior-cross-fit`` of at least 1 (other than 1 only when estimating);
+    any other value is a checkpoint or an entry point, loaded later. UsageError (exit 2)."""
+    if cross_fit != 1 and not is_estimate(spec):
+        raise UsageError("--behavior-cross-fit applies to --behavior estimate[:MODEL] only")
     if spec is None:
         return
     if is_estimate(spec):
-        from ope_cli.fit.base import parse_model
+        from ope_cli.fit.base import check_min_propensity, parse_model
 
         parse_model(spec)
+        check_min_propensity(min_propensity)
+        if cross_fit < 1:
+            raise UsageError(f"--behavior-cross-fit must be at least 1, got {cross_fit}")
         return
     if not spec.strip():
         raise UsageError(

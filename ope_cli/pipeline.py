@@ -106,17 +106,7 @@ def check_config(config: EvaluationConfig) -> None:
             f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
         )
     _check_interval_options(config)
-    check_behavior_option(config.behavior)
-    if is_estimate(config.behavior):
-        from ope_cli.fit.base import check_min_propensity
-
-        check_min_propensity(config.min_propensity)
-    if config.behavior_cross_fit != 1 and not is_estimate(config.behavior):
-        raise UsageError("--behavior-cross-fit applies to --behavior estimate[:MODEL] only")
-    if config.behavior_cross_fit < 1:
-        raise UsageError(
-            f"--behavior-cross-fit must be at least 1, got {config.behavior_cross_fit}"
-        )
+    check_behavior_option(config.behavior, config.min_propensity, config.behavior_cross_fit)
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
@@ -440,6 +430,11 @@ def evaluate(
     _check_some_episodes(config, counts)
     plan = batches.plan
     results = _policy_results(config, plan, batches.policies, local, batches.schema)
+    behavior = batches.behavior_source
+    if behavior is not None and behavior.fit is not None:  # --behavior estimate
+        from ope_cli.fit.estimate import compare_with_logged
+
+        behavior = compare_with_logged(config, behavior, results, evaluate)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -459,7 +454,7 @@ def evaluate(
         reward_range=plan.reward_range,
         horizon=plan.horizon,
         results=results,
-        behavior=_compare_with_logged(config, batches.behavior_source, results),
+        behavior=behavior,
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,
@@ -474,25 +469,6 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
     )
-
-
-def _compare_with_logged(
-    config: EvaluationConfig, source: BehaviorSource, results: list[PolicyResult]
-) -> BehaviorSource:
-    """For an estimated behavior model on data that also logs propensities: the mean
-    trajectory weight of each policy under both (a second evaluation, with the column)."""
-    fit = source.fit
-    if fit is None or fit.logged_column is None:
-        return source
-    logged = evaluate(dataclasses.replace(config, behavior=None, behavior_cross_fit=1))
-    weights = {
-        mine.policy: {
-            "estimated": mine.diagnostics.mean_weight,
-            "logged": theirs.diagnostics.mean_weight,
-        }
-        for mine, theirs in zip(results, logged.results, strict=True)
-    }
-    return dataclasses.replace(source, fit=dataclasses.replace(fit, mean_weight=weights))
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:

@@ -128,6 +128,29 @@ def test_linear_gaussian_normal_equations_and_log_likelihood():
     assert model.floored(fitted, None, 0.5) == 0  # densities are not floored
 
 
+def test_in_memory_models_refuse_past_their_budget():
+    from ope_cli.fit.softmax import SoftmaxModel
+
+    model = SoftmaxModel("linear_softmax", budget=10_000)
+    model.add(np.zeros((100, 4)), np.zeros(100, np.int64), np.zeros(100, np.int64))
+    with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:
+        model.add(np.zeros((200, 4)), np.zeros(200, np.int64), np.zeros(200, np.int64))
+    assert "ope fit-behavior" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_fold_index_is_the_same_in_numpy_and_jax():
+    import jax.numpy as jnp
+
+    from ope_cli.fit.base import fold_index
+
+    rng = np.random.default_rng(1)
+    hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")
+    with np.errstate(over="ignore"):
+        host = fold_index(hi, lo, 7)
+    device = fold_index(jnp.asarray(hi), jnp.asarray(lo), 7, jnp)
+    assert np.array_equal(host, np.asarray(device))
+
+
 def test_episode_folds_are_a_fixed_hash_of_the_key():
     keys = np.arange(10_000, dtype=np.uint64) * np.uint64(7919)
     folds = episode_folds(keys, 5)

@@ -179,3 +179,21 @@ def estimate_into(batches) -> None:
             cross_fit=folds,
         ),
     )
+
+
+def compare_with_logged(config, source: BehaviorSource, results: list, evaluate) -> BehaviorSource:
+    """For an estimated model on data that also logs propensities: each policy's mean
+    trajectory weight under the estimated and under the logged propensities (``evaluate``,
+    pipeline.evaluate, runs a second evaluation with the column)."""
+    fit = source.fit
+    if fit is None or fit.logged_column is None:
+        return source
+    logged = evaluate(dataclasses.replace(config, behavior=None, behavior_cross_fit=1))
+    weights = {
+        mine.policy: {
+            "estimated": mine.diagnostics.mean_weight,
+            "logged": theirs.diagnostics.mean_weight,
+        }
+        for mine, theirs in zip(results, logged.results, strict=True)
+    }
+    return dataclasses.replace(source, fit=dataclasses.replace(fit, mean_weight=weights))
