@@ -378,7 +378,7 @@ def stream(
     if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
         from ope_cli.fit.estimate import estimate_into
 
-        estimate_into(batches)
+        estimate_into(batches, batches._chunk_checks)
     return batches
 
 

@@ -143,16 +143,17 @@ def cross_fitted_policy(
     return policy, total, floored
 
 
-def estimate_into(batches) -> None:
+def estimate_into(batches, chunk_checks=None) -> None:
     """``--behavior estimate[:MODEL]``: fits the model on the episodes of ``batches`` (a
-    pipeline BatchStream, read once here, validated as the evaluation will read them) and
+    pipeline BatchStream, read once here and validated as the evaluation will read them,
+    with the stream's ``chunk_checks`` of policy ranges and bounds) and
     makes it the stream's behavior policy and source; with ``--behavior-cross-fit K`` > 1,
     each fold of episodes (by id hash) gets the model fitted on the others."""
     started = time.perf_counter()
     config, schema = batches.config, batches.schema
     model = choose_model(parse_model(config.behavior), schema, f"--behavior {config.behavior}")
     folds, floor = config.behavior_cross_fit, config.min_propensity
-    assembler = EpisodeAssembler(schema, config.on_invalid, batches._chunk_checks)
+    assembler = EpisodeAssembler(schema, config.on_invalid, chunk_checks)
     reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
     collected = collect(make_model(model, folds), assembler.chunks(reading), folds)
     if folds > 1:
