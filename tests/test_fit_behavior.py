@@ -590,3 +590,19 @@ def test_mse_of_is_and_pdis_with_estimated_and_true_behavior(tmp_path):
             cross_fitted = study[f"{policy} {estimator} cross-fitted"]["mse"]
             assert math.isfinite(true) and math.isfinite(estimated) and math.isfinite(cross_fitted)
             assert estimated < 2 * true
+
+
+def test_estimate_refuses_a_multi_process_run(generated):
+    """Each process would fit on its own share of the files: refused before any row is read,
+    pointing to ope fit-behavior and --behavior B.npz."""
+    from ope_cli import pipeline
+    from ope_cli.config import EvaluationConfig
+
+    out = generated["chain"]
+    config = EvaluationConfig(
+        data=str(out / "nob.parquet"),
+        policies=(str(out / "policies" / "eval_0.npz"),),
+        behavior="estimate",
+    )
+    with pytest.raises(UsageError, match="ope fit-behavior"):
+        pipeline.stream(config, process=(0, 2))
