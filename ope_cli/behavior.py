@@ -1,10 +1,12 @@
-"""Where the behavior probabilities come from: the data's propensity column, or a
-``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``) whose
-log pi_b(a|s) the kernel computes in the same pass as log pi_e.
+"""Where the behavior probabilities come from: the data's propensity column, a
+``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``), or a model
+estimated from the logged actions (``--behavior estimate[:MODEL]``, fitted by
+``ope_cli.fit``); the kernel computes log pi_b(a|s) in the same pass as log pi_e.
 
 Host-side only (NumPy): loading and checking the behavior policy against the data, the
-report's description of the source, and turning the kernel's count of logged actions the
-behavior policy gives probability 0 into a DataError naming the episode and step.
+report's description of the source (and of an estimated model's fit), and turning the
+kernel's count of logged actions the behavior policy gives probability 0 into a DataError
+naming the episode and step.
 """
 
 from __future__ import annotations
@@ -23,18 +25,65 @@ from ope_cli.schema import DataSchema
 ESTIMATE = "estimate"
 
 
-def check_behavior_option(spec: str | None) -> None:
-    """``--behavior estimate[:MODEL]`` is reserved for fitting pi_b, which is not available
-    yet: a UsageError rather than a search for a file named 'estimate'."""
+def is_estimate(spec: str | None) -> bool:
+    """Whether ``--behavior`` asks to estimate pi_b from the data (``estimate[:MODEL]``)."""
+    return spec is not None and (spec == ESTIMATE or spec.startswith(ESTIMATE + ":"))
+
+
+def check_behavior_option(
+    spec: str | None, min_propensity: float = 1e-3, cross_fit: int = 1
+) -> None:
+    """``--behavior estimate[:MODEL]`` names a known model, with a ``--min-propensity`` in
+    [0, 1) and a ``--behavior-cross-fit`` of at least 1 (other than 1 only when estimating);
+    any other value is a checkpoint or an entry point, loaded later. UsageError (exit 2)."""
+    if cross_fit != 1 and not is_estimate(spec):
+        raise UsageError("--behavior-cross-fit applies to --behavior estimate[:MODEL] only")
     if spec is None:
         return
-    if spec == ESTIMATE or spec.startswith(ESTIMATE + ":"):
-        raise UsageError(
-            f"--behavior {spec}: estimating the behavior policy from the data is not available "
-            "yet; pass a behavior checkpoint .npz or an entry point package.module:name"
-        )
+    if is_estimate(spec):
+        from ope_cli.fit.base import check_min_propensity, parse_model
+
+        parse_model(spec)
+        check_min_propensity(min_propensity)
+        if cross_fit < 1:
+            raise UsageError(f"--behavior-cross-fit must be at least 1, got {cross_fit}")
+        return
     if not spec.strip():
-        raise UsageError("--behavior needs a checkpoint .npz or an entry point package.module:name")
+        raise UsageError(
+            "--behavior needs a checkpoint .npz, an entry point package.module:name or "
+            "estimate[:MODEL]"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class BehaviorFit:
+    """What the report says about a behavior model fitted in the run (``--behavior estimate``).
+
+    Attributes:
+      model: the model fitted (tabular, linear_softmax, mlp_softmax, linear_gaussian).
+      episodes, steps: what it was fitted on.
+      mean_log_likelihood: mean log pi_b(a|s) per step (nats; a log-density for continuous
+        actions): in-sample, or out-of-fold when cross-fitted.
+      min_propensity: the floor raised to at evaluation time (discrete models).
+      floored: logged steps whose estimated probability was below the floor.
+      seconds: wall time of the fitting pass.
+      logged_column: the data's propensity column, when it also has one.
+      mean_weight: {policy: {"estimated": w, "logged": w}} mean trajectory weights under the
+        estimated and the logged propensities (~1 when right), when the data logs both.
+      cross_fit: K folds of episodes, each evaluated with the model fitted on the others
+        (1: in-sample).
+    """
+
+    model: str
+    episodes: int
+    steps: int
+    mean_log_likelihood: float
+    min_propensity: float
+    floored: int
+    seconds: float
+    logged_column: str | None = None
+    mean_weight: dict[str, dict[str, float | None]] | None = None
+    cross_fit: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,21 +91,55 @@ class BehaviorSource:
     """Where a run's behavior probabilities come from (the report's ``dataset.behavior``).
 
     Attributes:
-      source: ``column`` (logged in the data), ``checkpoint`` or ``entry_point``.
-      name: the column name, checkpoint path or entry point.
+      source: ``column`` (logged in the data), ``checkpoint``, ``entry_point`` or
+        ``estimated`` (fitted in the run).
+      name: the column name, checkpoint path, entry point or model.
       kind: the checkpoint kind (tabular, ...); None for a column or an entry point.
+      fit: for an estimated model, what the fit found; else None.
     """
 
     source: str
     name: str
     kind: str | None = None
+    fit: BehaviorFit | None = None
 
     def describe(self) -> str:
-        """One line for the report's footer."""
+        """The report's footer: one line, two or three for an estimated model."""
         if self.source == "column":
             return f"behavior probabilities: logged, column {self.name!r}"
+        if self.fit is not None:
+            return _describe_fit(self.fit)
         what = f"checkpoint {self.name} ({self.kind})" if self.kind else f"entry point {self.name}"
         return f"behavior probabilities: computed from {what} (--behavior)"
+
+
+def _fitted_on(folds: int) -> str:
+    if folds == 1:
+        return "in-sample"
+    return f"out-of-fold: {folds} folds of episodes, each with the model fitted on the others"
+
+
+def _describe_fit(fit: BehaviorFit) -> str:
+    lines = [
+        f"behavior probabilities: estimated ({fit.model}) from {fit.steps:,} logged actions "
+        f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
+        f"{fit.mean_log_likelihood:.4g} per step ({_fitted_on(fit.cross_fit)})"
+    ]
+    if fit.model != "linear_gaussian":
+        lines.append(
+            f"{fit.floored:,} estimated probabilities below --min-propensity "
+            f"{fit.min_propensity:g} raised to it"
+        )
+    for policy, weights in (fit.mean_weight or {}).items():
+        estimated, logged = (
+            "-" if weights[k] is None else f"{weights[k]:.4g}" for k in ("estimated", "logged")
+        )
+        lines.append(
+            f"mean trajectory weight of {policy}: {estimated} estimated, {logged} with the "
+            f"logged column {fit.logged_column!r} (about 1 when the behavior probabilities "
+            "are right)"
+        )
+    return "\n".join(lines)
 
 
 def column_source(schema: DataSchema) -> BehaviorSource:

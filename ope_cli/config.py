@@ -54,9 +54,14 @@ class EvaluationConfig:
 
     data: str
     policies: tuple[str, ...] = ()
-    # the behavior policy (checkpoint or entry point) that replaces a logged propensity
-    # column; None: the data's behavior_prob / behavior_log_prob column
+    # the behavior policy (checkpoint, entry point or estimate[:MODEL]) that replaces a
+    # logged propensity column; None: the data's behavior_prob / behavior_log_prob column
     behavior: str | None = None
+    # --behavior estimate: estimated probabilities below it are raised to it (discrete models)
+    min_propensity: float = 1e-3
+    # --behavior estimate: K folds of episodes (by id hash), each evaluated with the model
+    # fitted on the other K - 1 (1: fitted on every episode, in-sample)
+    behavior_cross_fit: int = 1
     gamma: float = 1.0
     estimators: tuple[str, ...] = ESTIMATORS
     confidence: float = 0.95

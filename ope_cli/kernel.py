@@ -31,6 +31,7 @@ from ope_cli.estimators.batch import (
     log_weights,
     poisson_counts,
 )
+from ope_cli.fit.base import fold_index
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.steps import Steps
 
@@ -90,9 +91,16 @@ def _policy_log_probs(
     return log_pi.astype(dtype)
 
 
-def behavior_log_probs(log_prob: LogProbFn, params, observation, action, dtype) -> jax.Array:
-    """[B, T] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked)."""
-    per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+def behavior_log_probs(
+    log_prob: LogProbFn, params, observation, action, dtype, fold=None
+) -> jax.Array:
+    """[B, T] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked);
+    cross-fitted: ``params`` [K, ...] and episode b uses fold ``fold`` [B] of them."""
+    if fold is None:
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    else:
+        params = jax.tree.map(lambda p: p[fold], params)  # [B, ...]
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(0, 0, 0))
     log_b = per_step(params, observation, action)
     if log_b.shape != action.shape[:2]:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_b.shape[2:]}")
@@ -157,7 +165,7 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     return jax.tree.map(lambda x: x[None], statistics)
 
 
-def _with_behavior(statistics, behavior_log_prob, dtype):
+def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
     """``statistics`` (params, batch, ...) -> KernelOutput, the batch's log_behavior first
     replaced by the behavior policy's log-probabilities when there is one."""
 
@@ -170,7 +178,12 @@ def _with_behavior(statistics, behavior_log_prob, dtype):
         action = batch.steps.action
         if jnp.issubdtype(action.dtype, jnp.floating):
             action = action.astype(dtype)
-        log_b = behavior_log_probs(behavior_log_prob, behavior_params, observation, action, dtype)
+        fold = None
+        if behavior_folds > 1:  # cross-fitted: each episode's fold, from its id key
+            fold = fold_index(batch.key_hi, batch.key_lo, behavior_folds, jnp)
+        log_b = behavior_log_probs(
+            behavior_log_prob, behavior_params, observation, action, dtype, fold
+        )
         batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
         return KernelOutput(statistics(params, batch, *rest), zero_probability_steps(log_b, batch))
 
@@ -182,6 +195,7 @@ def _with_behavior(statistics, behavior_log_prob, dtype):
     static_argnames=(
         "log_prob",
         "behavior_log_prob",
+        "behavior_folds",
         "num_groups",
         "num_replicates",
         "dtype",
@@ -204,6 +218,7 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     dtype,
     mesh,
     estimators=None,
+    behavior_folds=1,
 ) -> KernelOutput:
     """KernelOutput of BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1
     without one), and the behavior policy's zero-probability steps [D] (None without one).
@@ -223,7 +238,7 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
         dtype=dtype,
         estimators=estimators,
     )
-    run = _with_behavior(statistics, behavior_log_prob, dtype)
+    run = _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds)
     args = (params, behavior_params, batch, gamma, seed, betting_range)
     if mesh is None:
         return run(*args)
@@ -331,6 +346,7 @@ class Kernel:
         static = dict(
             log_prob=head.log_prob,
             behavior_log_prob=None if self.behavior is None else self.behavior.log_prob,
+            behavior_folds=1 if self.behavior is None else self.behavior.folds,
             num_groups=self.num_groups,
             num_replicates=self.num_replicates,
             dtype=self.dtype.name,

@@ -17,6 +17,7 @@ from ope_cli.behavior import (
     check_behavior_option,
     column_source,
     first_zero_probability,
+    is_estimate,
     load_behavior,
     policy_source,
     zero_probability_error,
@@ -105,7 +106,7 @@ def check_config(config: EvaluationConfig) -> None:
             f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
         )
     _check_interval_options(config)
-    check_behavior_option(config.behavior)
+    check_behavior_option(config.behavior, config.min_propensity, config.behavior_cross_fit)
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
@@ -277,8 +278,12 @@ class BatchStream:
     ):
         self.config, self.data, self.schema = config, data, schema
         self.behavior = behavior
-        self.behavior_source: BehaviorSource = (
-            column_source(schema) if behavior is None else policy_source(behavior)
+        self.behavior_source: BehaviorSource | None = (  # None: estimated (set by fit)
+            policy_source(behavior)
+            if behavior is not None
+            else column_source(schema)
+            if schema.behavior_logged
+            else None
         )
         self.policies, self.plan, self.files = policies, plan, files
         self.on_progress = on_progress
@@ -350,7 +355,15 @@ def stream(
         source=config.data,
         logged_behavior=config.behavior is None,
     )
-    behavior = None if config.behavior is None else load_behavior(config.behavior, schema)
+    estimating = is_estimate(config.behavior)
+    if estimating and process[1] > 1:
+        raise UsageError(
+            "--behavior estimate runs in one process; fit with ope fit-behavior and pass "
+            "--behavior B.npz to a multi-process run"
+        )
+    behavior = None
+    if config.behavior is not None and not estimating:
+        behavior = load_behavior(config.behavior, schema)
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
@@ -359,9 +372,14 @@ def stream(
     process_id, num_processes = process
     if num_processes > 1:
         data = data.restrict(share_files(data.files, process_id, num_processes))
-    return BatchStream(
+    batches = BatchStream(
         config, data, schema, policies, plan, files, multiple_of, on_progress, behavior
     )
+    if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
+        from ope_cli.fit.estimate import estimate_into
+
+        estimate_into(batches, batches._chunk_checks)
+    return batches
 
 
 def evaluate(
@@ -412,6 +430,12 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan = batches.plan
+    results = _policy_results(config, plan, batches.policies, local, batches.schema)
+    behavior = batches.behavior_source
+    if behavior is not None and behavior.fit is not None:  # --behavior estimate
+        from ope_cli.fit.estimate import compare_with_logged
+
+        behavior = compare_with_logged(config, behavior, results, evaluate)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -430,8 +454,8 @@ def evaluate(
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
-        results=_policy_results(config, plan, batches.policies, local, batches.schema),
-        behavior=batches.behavior_source,
+        results=results,
+        behavior=behavior,
         seconds=time.perf_counter() - started,
         backend=backend,
         devices=devices,

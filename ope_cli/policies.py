@@ -46,6 +46,7 @@ class Policy:
       actions_checked: False when nothing bounds the logged discrete actions this policy is
         given (an entry point that declares no ``n_actions``): JAX's gather clamps an index
         out of range instead of failing, so the report says they are unchecked.
+      folds: 1, or the K folds of a cross-fitted behavior model (params [K, ...]).
     """
 
     name: str
@@ -59,6 +60,9 @@ class Policy:
     obs_dim: int | None = None
     act_dim: int | None = None
     actions_checked: bool = True
+    # cross-fitted (a behavior model of --behavior-cross-fit K): every params array has a
+    # leading [folds] axis, and an episode uses the fold fit.base.fold_index gives its key
+    folds: int = 1
 
     @property
     def stack_key(self) -> tuple:
@@ -279,7 +283,13 @@ _CHECKPOINT_KINDS = {
 
 def load_checkpoint(path: str) -> Policy:
     """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
-    arrays = _read_archive(path)
+    return checkpoint_policy(path, _read_archive(path))
+
+
+def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
+    """The policy of checkpoint arrays (a string ``kind`` and its parameters), checked as a
+    file's would be; ``path`` names it in messages. Raises PolicyError."""
+    arrays = dict(arrays)
     if "kind" not in arrays:
         raise PolicyError(
             f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "

@@ -252,7 +252,8 @@ def _select_columns(
     elif "behavior_prob" not in columns and "behavior_log_prob" not in columns:
         raise DataError(
             "no behavior probability column (behavior_prob, behavior_log_prob, ...); pass "
-            "--behavior CKPT|package.module:name to compute them from the behavior policy, or "
+            "--behavior CKPT|package.module:name to compute them from the behavior policy, "
+            "--behavior estimate to fit it to the logged actions, or "
             f"name the column with --behavior-prob-col (columns present: {', '.join(names)})"
         )
     _prefer(

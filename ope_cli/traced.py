@@ -6,9 +6,11 @@ dataset). The first process to meet a shape exports the traced kernel (``jax.exp
 into ``<cache>/traced/``; later ones deserialize it and call it, and its compilation comes
 from the persistent cache as before.
 
-Only the package's own code qualifies: checkpoint policy kinds and registered estimators
-defined in ``ope_cli``. An entry point or a plug-in estimator may change without the key
-noticing, so those kernels are traced every time. The key includes a digest of the
+Only the package's own module-level functions qualify (the tabular, linear_softmax and
+linear_gaussian policy kinds, the registered estimators defined in ``ope_cli``): an entry
+point or a plug-in estimator may change without the key noticing, and a closure (an MLP's
+activation, a fitted behavior model's floor) is not named by its name, so those kernels
+are traced every time. The key includes a digest of the
 package's source, so an edited checkout never reads a stale kernel.
 """
 
@@ -44,8 +46,16 @@ def source_digest() -> str:
 
 
 def _own_code(function: Callable | None) -> bool:
-    """None, or a function defined in this package (not user code)."""
-    return function is None or getattr(function, "__module__", "").startswith(PACKAGE + ".")
+    """None, or a module-level function of this package: its module and name identify it.
+    A closure (an MLP's activation, a floor) is not identified by its name, so it does not
+    qualify."""
+    if function is None:
+        return True
+    return (
+        getattr(function, "__module__", "").startswith(PACKAGE + ".")
+        and "<locals>" not in getattr(function, "__qualname__", "<locals>")
+        and getattr(function, "__closure__", None) is None
+    )
 
 
 def _leaf_signature(leaf: Any) -> str:

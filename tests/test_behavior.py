@@ -218,14 +218,24 @@ def test_no_propensity_column_and_no_behavior_names_behavior(ope_in_process, gen
     )
 
 
-@pytest.mark.parametrize("spec", ["estimate", "estimate:tabular", "estimate:linear_softmax"])
-def test_behavior_estimate_is_not_available_yet(ope_in_process, generated, spec):
-    out = generated["chain"]
+@pytest.mark.parametrize(
+    ("env", "spec", "needle"),
+    [
+        ("chain", "estimate:nonsense", "unknown behavior model"),
+        ("bandit", "estimate:tabular", "integer state"),  # vector observations
+        ("chain", "estimate:linear_gaussian", "continuous actions"),
+        ("gaussian", "estimate:linear_softmax", "discrete actions"),
+    ],
+)
+def test_behavior_estimate_with_a_model_that_cannot_fit_exits_2(
+    ope_in_process, generated, env, spec, needle
+):
+    out = generated[env]
     _fails(
         ope_in_process,
         [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz"), "--behavior", spec],
         2,
-        "not available yet",
+        needle,
     )
 
 
@@ -340,9 +350,10 @@ def test_check_behavior_option():
     check_behavior_option(None)
     check_behavior_option("b.npz")
     check_behavior_option("estimates.npz")  # a file name that merely starts with the word
-    for spec in ("estimate", "estimate:mlp_softmax"):
-        with pytest.raises(UsageError, match="not available yet"):
-            check_behavior_option(spec)
+    for spec in ("estimate", "estimate:mlp_softmax", "estimate:tabular"):
+        check_behavior_option(spec)
+    with pytest.raises(UsageError, match="unknown behavior model 'lstm'"):
+        check_behavior_option("estimate:lstm")
 
 
 def test_first_zero_probability_picks_the_first_flagged_device():

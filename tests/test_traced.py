@@ -13,6 +13,7 @@ from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.estimators import get, names
 from ope_cli.kernel import Kernel, group_policies, trace_count
 from ope_cli.pipeline import stream
+from ope_cli.policies import _mlp_log_prob
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,9 @@ def test_key_names_code_shapes_and_options(batches):
         return 0.0
 
     assert traced.kernel_key(args, {**static, "log_prob": user_log_prob}, code) is None
+    relu, tanh = _mlp_log_prob("relu"), _mlp_log_prob("tanh")  # closures of one name
+    assert traced.kernel_key(args, {**static, "log_prob": relu}, code) is None
+    assert traced.kernel_key(args, {**static, "behavior_log_prob": tanh}, code) is None
     assert traced.kernel_key(args, static, [*code, user_log_prob]) is None
 
 

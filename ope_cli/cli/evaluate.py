@@ -12,6 +12,7 @@ from ope_cli.cli.options import (
     ActionCol,
     BatchSteps,
     Behavior,
+    BehaviorCrossFit,
     BehaviorLogProbCol,
     BehaviorProbCol,
     Coordinator,
@@ -23,6 +24,7 @@ from ope_cli.cli.options import (
     EvaluateFormat,
     Gamma,
     MinBucket,
+    MinPropensity,
     NumProcesses,
     ObsCol,
     OnInvalid,
@@ -63,6 +65,8 @@ def evaluate(
         ),
     ] = None,
     behavior: Behavior = None,
+    min_propensity: MinPropensity = 1e-3,
+    behavior_cross_fit: BehaviorCrossFit = 1,
     gamma: Gamma = 1.0,
     estimator: Estimators = None,
     output_format: EvaluateFormat = None,
@@ -151,6 +155,8 @@ def evaluate(
       ope evaluate episodes.parquet --policy mypkg.models:policy --obs-col state --behavior-prob-col pscore
 
       ope evaluate minari_logs/ --policy ckpt.npz --behavior behavior.npz
+
+      ope evaluate logs_without_propensities.parquet --policy ckpt.npz --behavior estimate
     """
     from ope_cli.distributed import DistributedConfig
 
@@ -158,6 +164,8 @@ def evaluate(
         data=data,
         policies=tuple(policy or ()),
         behavior=behavior,
+        min_propensity=min_propensity,
+        behavior_cross_fit=behavior_cross_fit,
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else names(),
         confidence=confidence,

@@ -70,10 +70,37 @@ Behavior = Annotated[
     typer.Option(
         "--behavior",
         "-b",
-        metavar="CKPT|package.module:name",
+        metavar="CKPT|package.module:name|estimate[:MODEL]",
         help="Behavior policy (checkpoint .npz or entry point, as for --policy) whose "
         "probabilities of the logged actions replace the data's propensity column, which "
-        "is then not read.",
+        "is then not read; or estimate[:MODEL] to fit it to the logged actions first "
+        "(MODEL: tabular, linear_softmax, mlp_softmax, linear_gaussian; default from the "
+        "observation and action types).",
+    ),
+]
+MinPropensity = Annotated[
+    float,
+    typer.Option(
+        help="With --behavior estimate: estimated probabilities below this are raised to it "
+        "(how many is reported)."
+    ),
+]
+BehaviorCrossFit = Annotated[
+    int,
+    typer.Option(
+        metavar="K",
+        help="With --behavior estimate: split the episodes into K folds (by id hash) and "
+        "evaluate each with the model fitted on the other K-1 (1: fit on all, in-sample).",
+    ),
+]
+BehaviorModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Behavior model: tabular, linear_softmax, mlp_softmax or linear_gaussian. "
+        "Default: tabular for integer states and discrete actions, linear_softmax for other "
+        "observations, linear_gaussian for continuous actions.",
     ),
 ]
 

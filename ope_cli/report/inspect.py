@@ -109,7 +109,8 @@ def _schema_lines(report: InspectReport, counts: dict[str, Any]) -> list[str]:
     )
     action = s.action_kind + (" vectors" if s.action_is_vector else "")
     behavior = (
-        "no behavior probability column (ope evaluate needs --behavior CKPT|package.module:name)"
+        "no behavior probability column (ope evaluate needs --behavior "
+        "CKPT|package.module:name|estimate)"
         if not s.behavior_logged
         else "behavior column holds "
         + ("log-probabilities" if s.behavior_is_log else "probabilities")

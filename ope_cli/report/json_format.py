@@ -31,6 +31,19 @@ def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
     }
 
 
+def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
+    if result.behavior is None:
+        return None
+    entry = dataclasses.asdict(result.behavior)
+    fit = entry.pop("fit")
+    if fit is not None:
+        fit["mean_log_likelihood"] = json_number(fit["mean_log_likelihood"])
+        for weights in (fit["mean_weight"] or {}).values():
+            weights.update({k: json_number(v) for k, v in weights.items()})
+        entry["fit"] = fit
+    return entry
+
+
 def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
     """The spec's JSON document (section 5); extra fields are additions, none renamed."""
     return {
@@ -51,8 +64,9 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "steps_dropped": result.steps_dropped,
             "episodes_dropped": result.episodes_dropped,
             "dropped": result.dropped,
-            # {"source": "column" | "checkpoint" | "entry_point", "name": ..., "kind": ...}
-            "behavior": None if result.behavior is None else dataclasses.asdict(result.behavior),
+            # {"source": "column" | "checkpoint" | "entry_point" | "estimated", "name": ...,
+            #  "kind": ...}, and "fit" for an estimated model
+            "behavior": _behavior_dict(result),
         },
         "gamma": result.gamma,
         "confidence": {

@@ -1,0 +1,139 @@
+"""What every behavior model shares: the model registry, the default model of a dataset,
+episode folds by id hash, and the interface a model implements.
+
+A model collects sufficient statistics (counts, normal equations) or, for the iterative
+ones, the needed columns, *per fold* of episodes, streaming over EpisodeChunks; it is then
+fitted on all folds, or on all but one (cross-fitting, held-out log-likelihood), without
+reading the data again. Host-side NumPy except where a model says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+
+from ope_cli.errors import UsageError
+
+# model name -> the checkpoint kind (SPEC section 3) it writes
+MODELS: dict[str, str] = {
+    "tabular": "tabular",
+    "linear_softmax": "linear_softmax",
+    "mlp_softmax": "mlp_softmax",
+    "linear_gaussian": "linear_gaussian",
+}
+DISCRETE_MODELS = ("tabular", "linear_softmax", "mlp_softmax")
+MIN_PROPENSITY = 1e-3
+_FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
+
+
+class BehaviorModel(Protocol):
+    """A behavior model's statistics over folds of episodes.
+
+    ``add`` streams steps in; ``fit(exclude)`` returns checkpoint arrays (without ``kind``)
+    fitted on every fold but ``exclude`` (None: all); ``log_likelihood(arrays, fold)``
+    is (sum of log pi(a|s), steps) over one fold's steps (None: all); ``floored(arrays,
+    fold, floor)`` counts that fold's steps whose fitted probability is below ``floor``.
+    """
+
+    name: str
+
+    def add(self, observation: np.ndarray, action: np.ndarray, fold: np.ndarray) -> None: ...
+
+    def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]: ...
+
+    def log_likelihood(
+        self, arrays: dict[str, np.ndarray], fold: int | None = None
+    ) -> tuple[float, int]: ...
+
+    def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int: ...
+
+
+def fold_index(key_hi, key_lo, folds: int, xp=np):
+    """[E] int32 fold in [0, folds) of episodes from the uint32 halves of their id keys
+    ([E] each): murmur3's 32-bit finaliser of the mixed halves, modulo ``folds``. Written
+    for ``xp`` = numpy (the fitting pass) or jax.numpy (the kernel, per episode of a padded
+    batch), so both assign every episode the same fold."""
+    h = key_hi ^ (key_lo * xp.uint32(0x9E3779B9)) ^ xp.uint32(_FOLD_SALT)
+    h = h ^ (h >> 16)
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * xp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h % xp.uint32(folds)).astype(xp.int32)
+
+
+def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
+    """[E] fold index in [0, folds) of each episode key ([E] uint64): a hash of the id, the
+    same in every run, batching, device and process (``fold_index`` of the key's halves)."""
+    if folds <= 1:
+        return np.zeros(keys.shape, np.int64)
+    keys = np.asarray(keys, np.uint64)
+    hi = (keys >> np.uint64(32)).astype(np.uint32)
+    lo = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        return fold_index(hi, lo, folds).astype(np.int64)
+
+
+def default_model(observation_kind: str | None, action_kind: str) -> str:
+    """SPEC section 8: tabular for integer states and discrete actions, linear_softmax for
+    other observations and discrete actions, linear_gaussian for continuous actions."""
+    if action_kind != "discrete":
+        return "linear_gaussian"
+    return "tabular" if observation_kind == "index" else "linear_softmax"
+
+
+def parse_model(spec: str, option: str = "--behavior") -> str | None:
+    """The model of ``estimate[:MODEL]`` (None: the default); UsageError for an unknown one."""
+    _, _, model = spec.partition(":")
+    if not model:
+        return None
+    check_model_name(model, f"{option} {spec}")
+    return model
+
+
+def check_model_name(model: str, option: str = "--model") -> None:
+    """A UsageError naming ``option`` for a model that is not one of MODELS."""
+    if model not in MODELS:
+        raise UsageError(
+            f"{option}: unknown behavior model {model!r} (choose from {', '.join(MODELS)})"
+        )
+
+
+def check_model_fits(
+    model: str, observation_kind: str | None, action_kind: str, option: str
+) -> None:
+    """A UsageError when ``model`` cannot describe the data's observations and actions."""
+    if model == "tabular" and observation_kind != "index":
+        raise UsageError(
+            f"{option}: the tabular model needs integer state observations, but the data's "
+            f"observations are {observation_kind} values; use linear_softmax or mlp_softmax"
+        )
+    if model in DISCRETE_MODELS and action_kind != "discrete":
+        raise UsageError(
+            f"{option}: the {model} model is over discrete actions, but the data's actions "
+            "are continuous; use linear_gaussian"
+        )
+    if model == "linear_gaussian" and action_kind == "discrete":
+        raise UsageError(
+            f"{option}: the linear_gaussian model is over continuous actions, but the data's "
+            "actions are integers; use tabular, linear_softmax or mlp_softmax"
+        )
+
+
+def check_min_propensity(value: float) -> None:
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        raise UsageError(f"--min-propensity must be in [0, 1), got {value}")
+
+
+def features(observation: np.ndarray) -> np.ndarray:
+    """[N, d] float64 features of [N] (index or scalar) or [N, d] observations."""
+    values = np.asarray(observation, np.float64)
+    return values[:, None] if values.ndim == 1 else values
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, float64."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

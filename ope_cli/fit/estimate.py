@@ -1,0 +1,200 @@
+"""Fitting a behavior model on a stream of episodes, and ``--behavior estimate[:MODEL]``:
+a first, host-side pass over the data fits the model; the estimated policy then gives the
+kernel log pi_b(a|s) exactly as a ``--behavior`` checkpoint would, its probabilities
+raised to ``--min-propensity``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from ope_cli.behavior import BehaviorFit, BehaviorSource
+from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.errors import DataError, UsageError
+from ope_cli.fit.base import (
+    MODELS,
+    BehaviorModel,
+    check_model_fits,
+    default_model,
+    episode_folds,
+    parse_model,
+)
+from ope_cli.fit.gaussian import LinearGaussianModel
+from ope_cli.fit.softmax import SoftmaxModel
+from ope_cli.fit.tabular import TabularModel
+from ope_cli.policies import LogProbFn, Policy, checkpoint_policy
+from ope_cli.schema import DataSchema, resolve_schema
+from ope_cli.sources import iter_batches
+
+
+def make_model(name: str, folds: int = 1) -> BehaviorModel:
+    """An empty model of ``name`` over ``folds`` folds of episodes."""
+    if name == "tabular":
+        return TabularModel(folds)
+    if name == "linear_gaussian":
+        return LinearGaussianModel(folds)
+    return SoftmaxModel(name, folds)
+
+
+def choose_model(spec_model: str | None, schema: DataSchema, option: str) -> str:
+    """The model asked for (or the data's default), checked against the data's types."""
+    if "observation" not in schema.columns:
+        raise DataError(
+            f"{option} needs the observations, but no observation column was found; "
+            "name it with --obs-col"
+        )
+    model = spec_model or default_model(schema.observation_kind, schema.action_kind)
+    check_model_fits(model, schema.observation_kind, schema.action_kind, option)
+    return model
+
+
+@dataclasses.dataclass
+class Collected:
+    """A model with every chunk's steps added, and what it was fitted on: episodes and
+    steps, and episodes per fold ([folds])."""
+
+    model: BehaviorModel
+    fold_episodes: np.ndarray
+    episodes: int = 0
+    steps: int = 0
+
+
+def collect(model: BehaviorModel, chunks: Iterable[EpisodeChunk], folds: int = 1) -> Collected:
+    """Adds every chunk's (observation, action) steps to ``model``, each in its episode's
+    fold (``episode_folds`` of the id hash)."""
+    done = Collected(model, np.zeros(folds, np.int64))
+    for chunk in chunks:
+        episode_fold = episode_folds(chunk.keys, folds)
+        model.add(chunk.observation, chunk.action, np.repeat(episode_fold, chunk.lengths))
+        done.fold_episodes += np.bincount(episode_fold, minlength=folds)
+        done.episodes += chunk.num_episodes
+        done.steps += chunk.num_steps
+    if done.steps == 0:
+        raise DataError("no steps to fit the behavior model on (the data has no episodes)")
+    return done
+
+
+def checkpoint_arrays(model: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays of a SPEC section 3 checkpoint: ``kind`` plus the fitted parameters."""
+    return {"kind": np.array(MODELS[model]), **arrays}
+
+
+@functools.cache  # one wrapper per function, so the kernel's jit cache recognises it
+def floored_log_prob(log_prob: LogProbFn) -> LogProbFn:
+    """``log_prob`` raised to ``params["log_floor"]`` (log of --min-propensity)."""
+
+    def log_prob_floored(params, observation, action):
+        import jax.numpy as jnp
+
+        inner = {key: value for key, value in params.items() if key != "log_floor"}
+        return jnp.maximum(log_prob(inner, observation, action), params["log_floor"])
+
+    return log_prob_floored
+
+
+def estimated_policy(model: str, arrays: dict[str, np.ndarray], min_propensity: float) -> Policy:
+    """The fitted model as a behavior Policy; discrete models floored at ``min_propensity``."""
+    policy = checkpoint_policy(f"estimated {model} model", checkpoint_arrays(model, arrays))
+    if policy.discrete is False:
+        return policy  # densities are not probabilities: no floor
+    log_floor = math.log(min_propensity) if min_propensity > 0 else -math.inf
+    return dataclasses.replace(
+        policy,
+        params={**policy.params, "log_floor": np.float64(log_floor)},
+        log_prob=floored_log_prob(policy.log_prob),
+    )
+
+
+def logged_column(data, config) -> str | None:
+    """The data's propensity column when it has one besides the estimate, else None."""
+    try:
+        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies)
+    except DataError:
+        return None
+    role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
+    return schema.columns.get(role)
+
+
+def cross_fitted_policy(
+    model: str, collected: Collected, folds: int, min_propensity: float
+) -> tuple[Policy, float, int]:
+    """The behavior policy of ``--behavior-cross-fit K``: fold k's episodes get the model
+    fitted on the other K - 1 folds (params stacked [K, ...]); with the out-of-fold total
+    log-likelihood and the count of floored steps."""
+    empty = np.flatnonzero(collected.fold_episodes == collected.episodes)
+    if empty.size:
+        raise UsageError(
+            f"--behavior-cross-fit {folds}: every one of the {collected.episodes} episode(s) "
+            "falls in one fold, leaving nothing to fit the others on; use fewer folds"
+        )
+    fitted = collected.model
+    per_fold = [fitted.fit(exclude=k) for k in range(folds)]
+    policies = [estimated_policy(model, arrays, min_propensity) for arrays in per_fold]
+    total = sum(fitted.log_likelihood(arrays, k)[0] for k, arrays in enumerate(per_fold))
+    floored = sum(fitted.floored(arrays, k, min_propensity) for k, arrays in enumerate(per_fold))
+    stacked = {key: np.stack([p.params[key] for p in policies]) for key in policies[0].params}
+    policy = dataclasses.replace(policies[0], params=stacked, folds=folds)
+    return policy, total, floored
+
+
+def estimate_into(batches, chunk_checks=None) -> None:
+    """``--behavior estimate[:MODEL]``: fits the model on the episodes of ``batches`` (a
+    pipeline BatchStream, read once here and validated as the evaluation will read them,
+    with the stream's ``chunk_checks`` of policy ranges and bounds) and
+    makes it the stream's behavior policy and source; with ``--behavior-cross-fit K`` > 1,
+    each fold of episodes (by id hash) gets the model fitted on the others."""
+    started = time.perf_counter()
+    config, schema = batches.config, batches.schema
+    model = choose_model(parse_model(config.behavior), schema, f"--behavior {config.behavior}")
+    folds, floor = config.behavior_cross_fit, config.min_propensity
+    assembler = EpisodeAssembler(schema, config.on_invalid, chunk_checks)
+    reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
+    collected = collect(make_model(model, folds), assembler.chunks(reading), folds)
+    if folds > 1:
+        policy, total, floored = cross_fitted_policy(model, collected, folds, floor)
+    else:
+        arrays = collected.model.fit()
+        policy = estimated_policy(model, arrays, floor)
+        total = collected.model.log_likelihood(arrays)[0]
+        floored = collected.model.floored(arrays, None, floor)
+    batches.behavior = policy
+    batches.behavior_source = BehaviorSource(
+        "estimated",
+        model,
+        MODELS[model],
+        BehaviorFit(
+            model=model,
+            episodes=collected.episodes,
+            steps=collected.steps,
+            mean_log_likelihood=total / collected.steps,
+            min_propensity=floor,
+            floored=floored,
+            seconds=time.perf_counter() - started,
+            logged_column=logged_column(batches.data, config),
+            cross_fit=folds,
+        ),
+    )
+
+
+def compare_with_logged(config, source: BehaviorSource, results: list, evaluate) -> BehaviorSource:
+    """For an estimated model on data that also logs propensities: each policy's mean
+    trajectory weight under the estimated and under the logged propensities (``evaluate``,
+    pipeline.evaluate, runs a second evaluation with the column)."""
+    fit = source.fit
+    if fit is None or fit.logged_column is None:
+        return source
+    logged = evaluate(dataclasses.replace(config, behavior=None, behavior_cross_fit=1))
+    weights = {
+        mine.policy: {
+            "estimated": mine.diagnostics.mean_weight,
+            "logged": theirs.diagnostics.mean_weight,
+        }
+        for mine, theirs in zip(results, logged.results, strict=True)
+    }
+    return dataclasses.replace(source, fit=dataclasses.replace(fit, mean_weight=weights))

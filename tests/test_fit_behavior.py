@@ -1,0 +1,608 @@
+"""Behavior models fitted to the logged actions (``ope_cli.fit``), ``ope fit-behavior`` and
+``ope evaluate --behavior estimate[:MODEL]``: closed-form model checks, recovery of the true
+pi_b of ``ope generate`` data, invariance to batching, the report, bad inputs; slow: the
+iterative models, two devices, the shipped example and an MSE study of regression IS."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_ope
+
+from ope_cli.errors import UsageError
+from ope_cli.fit.base import (
+    check_model_fits,
+    default_model,
+    episode_folds,
+    parse_model,
+)
+from ope_cli.fit.estimate import estimated_policy
+from ope_cli.fit.gaussian import LinearGaussianModel
+from ope_cli.fit.tabular import SMOOTHING, TabularModel
+
+gen = importlib.import_module("ope_cli.generate")
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = ("value", "stderr", "ci_low", "ci_high")
+# one bucket for every chain episode: every run of this module compiles a handful of shapes
+ONE_BUCKET = ("--min-bucket", "256")
+CROSS_FIT = ("--behavior-cross-fit", "3")
+
+
+def _drop_propensities(logs: Path, out: Path) -> Path:
+    table = pq.read_table(logs)
+    pq.write_table(table.select([n for n in table.column_names if n != "behavior_prob"]), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, Path]:
+    """chain and gaussian logs of ``ope generate`` (true pi_b in behavior.npz), each also
+    without the propensity column (nob.parquet)."""
+    root = tmp_path_factory.mktemp("fit")
+    out = {}
+    for env, episodes in (("chain", 400), ("gaussian", 400)):
+        gen.generate(env, root / env, episodes=episodes, seed=3)
+        _drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
+        out[env] = root / env
+    return out
+
+
+def _policies(out: Path) -> list:
+    return ["-p", out / "policies" / "eval_0.npz", "-p", out / "policies" / "eval_2.npz"]
+
+
+def _fit(ope_in_process, data: Path, out: Path, *extra) -> dict:
+    done = ope_in_process(["fit-behavior", data, "--out", out, "-f", "json", *extra])
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
+
+
+def _evaluate(ope_in_process, *args) -> dict:
+    done = ope_in_process(["evaluate", *map(str, args), *ONE_BUCKET, "-f", "json", "-q"])
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
+
+
+def _same_estimates(left: dict, right: dict, rtol: float) -> None:
+    for a, b in zip(left["results"], right["results"], strict=True):
+        for name, estimate in a["estimates"].items():
+            for field in FIELDS:
+                expected = estimate[field]
+                assert b["estimates"][name][field] == pytest.approx(
+                    expected, rel=rtol, abs=1e-12
+                ), (name, field)
+
+
+# --- models, closed form
+
+
+def test_tabular_counts_with_additive_smoothing():
+    model = TabularModel(folds=2)
+    model.add(np.array([0, 0, 0, 2]), np.array([1, 1, 0, 2]), np.array([0, 0, 1, 1]))
+    model.add(np.array([0]), np.array([1]), np.array([1]))  # grows nothing
+    probs = np.exp(model.fit()["logits"])
+    a = SMOOTHING
+    assert probs[0] == pytest.approx(np.array([1 + a, 3 + a, a]) / (4 + 3 * a))
+    assert probs[1] == pytest.approx(np.full(3, 1 / 3))  # never visited: uniform
+    held_out = np.exp(model.fit(exclude=1)["logits"])  # fold 0 only: state 0 -> action 1 twice
+    assert held_out[0] == pytest.approx(np.array([a, 2 + a, a]) / (2 + 3 * a))
+    total, steps = model.log_likelihood(model.fit())
+    assert steps == 5
+    assert total == pytest.approx(
+        np.log(probs[0, 0]) + 3 * np.log(probs[0, 1]) + np.log(probs[2, 2])
+    )
+    assert model.floored(model.fit(), None, 0.3) == 1  # state 0, action 0: (1 + a) / (4 + 3a)
+    assert model.floored(model.fit(), None, 0.01) == 0
+
+
+def test_linear_gaussian_normal_equations_and_log_likelihood():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5000, 3))
+    weight, bias, std = rng.normal(size=(3, 2)), np.array([0.5, -1.0]), np.array([0.3, 1.5])
+    y = x @ weight + bias + std * rng.normal(size=(5000, 2))
+    model = LinearGaussianModel(folds=3)
+    fold = rng.integers(0, 3, 5000)
+    for part in np.array_split(np.arange(5000), 7):  # streaming in pieces
+        model.add(x[part], y[part], fold[part])
+    fitted = model.fit()
+    least_squares = np.linalg.lstsq(np.c_[x, np.ones(5000)], y, rcond=None)[0]
+    assert fitted["weight"] == pytest.approx(least_squares[:-1], abs=1e-9)
+    assert fitted["bias"] == pytest.approx(least_squares[-1], abs=1e-9)
+    residual = y - x @ fitted["weight"] - fitted["bias"]
+    assert np.exp(fitted["log_std"]) == pytest.approx(np.sqrt(np.mean(residual**2, 0)), rel=1e-9)
+    assert np.exp(fitted["log_std"]) == pytest.approx(std, rel=0.05)
+    z = residual / np.exp(fitted["log_std"])
+    direct = np.sum(-0.5 * z**2 - fitted["log_std"] - 0.5 * math.log(2 * math.pi))
+    assert model.log_likelihood(fitted)[0] == pytest.approx(direct, rel=1e-9)
+    rows = fold == 2
+    assert model.log_likelihood(fitted, 2)[0] == pytest.approx(
+        np.sum((-0.5 * z**2 - fitted["log_std"] - 0.5 * math.log(2 * math.pi))[rows]), rel=1e-9
+    )
+    assert model.floored(fitted, None, 0.5) == 0  # densities are not floored
+
+
+def test_in_memory_models_refuse_past_their_budget():
+    from ope_cli.fit.softmax import SoftmaxModel
+
+    model = SoftmaxModel("linear_softmax", budget=10_000)
+    model.add(np.zeros((100, 4)), np.zeros(100, np.int64), np.zeros(100, np.int64))
+    with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:
+        model.add(np.zeros((200, 4)), np.zeros(200, np.int64), np.zeros(200, np.int64))
+    assert "ope fit-behavior" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_fold_index_is_the_same_in_numpy_and_jax():
+    import jax.numpy as jnp
+
+    from ope_cli.fit.base import fold_index
+
+    rng = np.random.default_rng(1)
+    hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")
+    with np.errstate(over="ignore"):
+        host = fold_index(hi, lo, 7)
+    device = fold_index(jnp.asarray(hi), jnp.asarray(lo), 7, jnp)
+    assert np.array_equal(host, np.asarray(device))
+
+
+def test_episode_folds_are_a_fixed_hash_of_the_key():
+    keys = np.arange(10_000, dtype=np.uint64) * np.uint64(7919)
+    folds = episode_folds(keys, 5)
+    assert folds.min() == 0 and folds.max() == 4
+    assert np.all(np.abs(np.bincount(folds) / 10_000 - 0.2) < 0.02)
+    assert np.array_equal(episode_folds(keys[::-1], 5), folds[::-1])  # per key, not position
+    assert not episode_folds(keys, 1).any()
+
+
+def test_default_model_and_model_checks():
+    assert default_model("index", "discrete") == "tabular"
+    assert default_model("vector", "discrete") == "linear_softmax"
+    assert default_model("scalar", "discrete") == "linear_softmax"
+    assert default_model("vector", "continuous") == "linear_gaussian"
+    assert parse_model("estimate") is None
+    assert parse_model("estimate:mlp_softmax") == "mlp_softmax"
+    with pytest.raises(UsageError, match="unknown behavior model 'knn'"):
+        parse_model("estimate:knn")
+    with pytest.raises(UsageError, match="integer state"):
+        check_model_fits("tabular", "vector", "discrete", "--behavior estimate:tabular")
+    with pytest.raises(UsageError, match="continuous"):
+        check_model_fits("linear_softmax", "vector", "continuous", "--model linear_softmax")
+
+
+def test_estimated_policy_is_floored_at_min_propensity():
+    import jax
+
+    logits = np.log(np.array([[0.0005, 0.4995, 0.5]]))
+    policy = estimated_policy("tabular", {"logits": logits}, 1e-3)
+    log_p = jax.vmap(lambda a: policy.log_prob(policy.params, 0, a))(np.arange(3))
+    assert np.exp(np.asarray(log_p)) == pytest.approx([1e-3, 0.4995, 0.5])
+    unfloored = estimated_policy("tabular", {"logits": logits}, 0.0)
+    assert float(np.exp(unfloored.log_prob(unfloored.params, 0, 0))) == pytest.approx(0.0005)
+
+
+# --- ope fit-behavior on ope generate data
+
+
+def test_tabular_recovers_the_true_behavior_policy(ope_in_process, generated, tmp_path):
+    out = generated["chain"]
+    report = _fit(ope_in_process, out / "logs.parquet", tmp_path / "b.npz")
+    assert report["model"] == "tabular" and report["episodes"] == 400
+    assert 0 < report["heldout_episodes"] < 400
+    assert report["heldout_mean_log_likelihood"] < 0
+    fitted = np.exp(np.load(tmp_path / "b.npz")["logits"])
+    true = np.exp(np.load(out / "behavior.npz")["logits"])
+    true = true / true.sum(1, keepdims=True)
+    table = pq.read_table(out / "logs.parquet")
+    visits = np.bincount(table.column("observation").to_numpy(), minlength=10)
+    for state in np.flatnonzero(visits >= 30):
+        n = visits[state]
+        tolerance = 4 * np.sqrt(true[state] * (1 - true[state]) / n) + 2 * SMOOTHING / n
+        assert np.all(np.abs(fitted[state] - true[state]) < tolerance), state
+    logged = report["logged"]  # the data also logs the true propensities
+    assert logged["column"] == "behavior_prob" and logged["steps"] == report["steps"]
+    assert logged["mean_abs_log_ratio"] < 0.1
+    assert abs(logged["mean_log_ratio"]) < 0.02
+    assert sum(row["steps"] for row in logged["calibration"]) == report["steps"]
+    for row in logged["calibration"]:
+        if row["steps"] >= 100:
+            assert row["mean_logged"] == pytest.approx(row["mean_estimated"], abs=0.05)
+
+
+def test_linear_gaussian_recovers_mean_and_spread(ope_in_process, generated, tmp_path):
+    out = generated["gaussian"]
+    report = _fit(ope_in_process, out / "nob.parquet", tmp_path / "g.npz")
+    assert report["model"] == "linear_gaussian" and report["logged"] is None
+    fitted, true = dict(np.load(tmp_path / "g.npz")), dict(np.load(out / "behavior.npz"))
+    assert str(fitted["kind"]) == "linear_gaussian"
+    steps = report["steps"]  # 2,000 steps, std 0.5: standard errors about 0.01
+    assert fitted["weight"] == pytest.approx(true["weight"], abs=0.06)
+    assert fitted["bias"] == pytest.approx(true["bias"], abs=0.06)
+    assert fitted["log_std"] == pytest.approx(true["log_std"], abs=4 / np.sqrt(2 * steps))
+    assert report["heldout_mean_log_likelihood"] == pytest.approx(
+        report["mean_log_likelihood"], abs=0.1
+    )
+
+
+def test_fit_behavior_bad_inputs_exit_2_with_one_line(ope_in_process, generated, tmp_path):
+    out = generated["chain"]
+    cases = [
+        (["--out", tmp_path / "b.txt"], ".npz"),
+        (["--out", tmp_path / "missing" / "b.npz"], "no such directory"),
+        (["--out", tmp_path / "b.npz", "--model", "forest"], "unknown behavior model"),
+        (["--out", tmp_path / "b.npz", "--model", "linear_gaussian"], "continuous actions"),
+    ]
+    for extra, needle in cases:
+        done = ope_in_process(["fit-behavior", out / "logs.parquet", *extra])
+        assert done.returncode == 2, done
+        assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done
+        assert needle in done.stderr, done
+
+
+# --- ope evaluate --behavior estimate
+
+
+@pytest.fixture(scope="module")
+def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
+    """evaluate --behavior estimate on chain data without the column, in several batchings;
+    with the fitted checkpoint; and on the data with the column (mean weights under both)."""
+    from conftest import run_ope_in_process as ope_in_process
+
+    out = generated["chain"]
+    checkpoint = tmp_path_factory.mktemp("ckpt") / "b.npz"
+    _fit(ope_in_process, out / "nob.parquet", checkpoint)
+    policy = _policies(out)
+    nob = out / "nob.parquet"
+    return {
+        "estimate": _evaluate(ope_in_process, nob, *policy, "--behavior", "estimate"),
+        "small_batches": _evaluate(
+            ope_in_process,
+            nob,
+            *policy,
+            "-b",
+            "estimate:tabular",
+            "--batch-steps",
+            "64",
+            "--read-rows",
+            "300",
+        ),
+        "checkpoint": _evaluate(ope_in_process, nob, *policy, "--behavior", checkpoint),
+        "cross_fit": _evaluate(ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT),
+        "cross_fit_small_batches": _evaluate(
+            ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT, "--batch-steps", "64"
+        ),
+        "both": _evaluate(ope_in_process, out / "logs.parquet", *policy, "-b", "estimate"),
+        "true": _evaluate(ope_in_process, out / "logs.parquet", *policy),
+    }
+
+
+def test_estimate_is_the_same_across_batchings(chain_runs):
+    _same_estimates(chain_runs["estimate"], chain_runs["small_batches"], rtol=1e-12)
+    assert (
+        chain_runs["small_batches"]["runtime"]["batch_shapes"]
+        != (chain_runs["estimate"]["runtime"]["batch_shapes"])
+    )
+
+
+def _cross_fitted_reference(out: Path, folds: int, floor: float = 1e-3) -> dict:
+    """IS of each evaluation policy and the out-of-fold mean log-likelihood, in plain NumPy:
+    episode e's steps use the tabular model counted on the episodes of the other folds."""
+    from ope_cli.ids import id_keys
+
+    table = pq.read_table(out / "nob.parquet")
+    ids, states, actions, rewards = (
+        table.column(c).to_numpy() for c in ("episode_id", "observation", "action", "reward")
+    )
+    episodes, episode_of_step = np.unique(ids, return_inverse=True)
+    fold = episode_folds(id_keys(episodes), folds)[episode_of_step]
+    log_b = np.zeros(len(states))
+    for k in range(folds):
+        counts = np.zeros((int(states.max()) + 1, 3))
+        np.add.at(counts, (states[fold != k], actions[fold != k]), 1)
+        probs = (counts + SMOOTHING) / (counts + SMOOTHING).sum(1, keepdims=True)
+        log_b[fold == k] = np.log(probs[states, actions])[fold == k]
+    reference = {"mean_log_likelihood": log_b.mean()}
+    returns = np.bincount(episode_of_step, rewards)
+    for name in ("eval_0.npz", "eval_2.npz"):
+        logits = np.load(out / "policies" / name)["logits"]
+        log_e = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        ratio = log_e[states, actions] - np.maximum(log_b, np.log(floor))
+        weights = np.exp(np.bincount(episode_of_step, ratio))
+        reference[name] = float(np.mean(weights * returns))
+    return reference
+
+
+def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
+    reference = _cross_fitted_reference(generated["chain"], 3)
+    run = chain_runs["cross_fit"]
+    fit = run["dataset"]["behavior"]["fit"]
+    assert fit["cross_fit"] == 3
+    assert fit["mean_log_likelihood"] == pytest.approx(reference["mean_log_likelihood"], rel=1e-12)
+    assert (
+        fit["mean_log_likelihood"]
+        < chain_runs["estimate"]["dataset"]["behavior"]["fit"]["mean_log_likelihood"]
+    )  # out-of-fold scores below in-sample
+    for result in run["results"]:
+        value = result["estimates"]["is"]["value"]
+        assert value == pytest.approx(reference[Path(result["policy"]).name], rel=1e-9)
+    _same_estimates(run, chain_runs["cross_fit_small_batches"], rtol=1e-12)
+    assert "out-of-fold: 3 folds" in _describe(run)
+
+
+def _describe(run: dict) -> str:
+    from ope_cli.behavior import BehaviorFit, BehaviorSource
+
+    behavior = run["dataset"]["behavior"]
+    return BehaviorSource(
+        behavior["source"], behavior["name"], behavior["kind"], BehaviorFit(**behavior["fit"])
+    ).describe()
+
+
+def test_estimate_equals_the_fitted_checkpoint(chain_runs):
+    """--behavior estimate (nothing floored here) and --behavior of ope fit-behavior's
+    checkpoint of the same data: the same estimates."""
+    assert chain_runs["estimate"]["dataset"]["behavior"]["fit"]["floored"] == 0
+    _same_estimates(chain_runs["estimate"], chain_runs["checkpoint"], rtol=1e-9)
+
+
+def test_estimate_report(chain_runs):
+    behavior = chain_runs["estimate"]["dataset"]["behavior"]
+    assert behavior["source"] == "estimated" and behavior["name"] == "tabular"
+    assert behavior["kind"] == "tabular"
+    fit = behavior["fit"]
+    assert fit["episodes"] == 400 and fit["steps"] == chain_runs["estimate"]["dataset"]["steps"]
+    assert -math.log(3) < fit["mean_log_likelihood"] < 0  # better than uniform over 3 actions
+    assert fit["min_propensity"] == 1e-3
+    assert fit["logged_column"] is None and fit["mean_weight"] is None
+    both = chain_runs["both"]["dataset"]["behavior"]["fit"]
+    assert both["logged_column"] == "behavior_prob"
+    for result, truth in zip(
+        chain_runs["both"]["results"], chain_runs["true"]["results"], strict=True
+    ):
+        weights = both["mean_weight"][result["policy"]]
+        assert weights["estimated"] == pytest.approx(result["diagnostics"]["mean_weight"])
+        assert weights["logged"] == pytest.approx(truth["diagnostics"]["mean_weight"])
+
+
+def test_estimate_table_footer(ope_in_process, generated):
+    out = generated["chain"]
+    args = [out / "logs.parquet", *_policies(out), "-b", "estimate", *ONE_BUCKET]
+    done = ope_in_process(["evaluate", *args, "-f", "table", "-q"])
+    assert done.returncode == 0, done
+    text = " ".join(done.stdout.split())
+    assert "behavior probabilities: estimated (tabular)" in text
+    assert "mean log-likelihood" in text
+    assert "raised to it" in text
+    assert "mean trajectory weight of" in text and "with the logged column 'behavior_prob'" in text
+
+
+def test_min_propensity_floors_and_counts(ope_in_process, generated, chain_runs):
+    out = generated["chain"]
+    floored = _evaluate(
+        ope_in_process,
+        out / "nob.parquet",
+        *_policies(out),
+        "-b",
+        "estimate",
+        "--min-propensity",
+        "0.3",
+    )
+    fit = floored["dataset"]["behavior"]["fit"]
+    table = pq.read_table(out / "nob.parquet")
+    states, actions = (table.column(c).to_numpy() for c in ("observation", "action"))
+    counts = np.zeros((10, 3))
+    np.add.at(counts, (states, actions), 1)
+    probs = (counts + SMOOTHING) / (counts + SMOOTHING).sum(1, keepdims=True)
+    assert fit["floored"] == int(np.sum(probs[states, actions] < 0.3)) > 0
+    assert floored["results"][0]["estimates"]["is"]["value"] != pytest.approx(
+        chain_runs["estimate"]["results"][0]["estimates"]["is"]["value"], rel=1e-9
+    )
+    for extra, needle in (
+        (["-b", "estimate", "--behavior-cross-fit", "0"], "at least 1"),
+        (["--behavior-cross-fit", "2"], "applies to --behavior estimate"),
+    ):
+        done = ope_in_process(["evaluate", out / "logs.parquet", *_policies(out), *extra])
+        assert done.returncode == 2 and needle in done.stderr and done.stdout == "", done
+    bad = ope_in_process(
+        [
+            "evaluate",
+            out / "nob.parquet",
+            "-p",
+            out / "policies" / "eval_0.npz",
+            "-b",
+            "estimate",
+            "--min-propensity",
+            "1.5",
+        ]
+    )
+    assert bad.returncode == 2 and "--min-propensity" in bad.stderr and bad.stdout == "", bad
+
+
+# --- slow: the iterative models, devices, the shipped example, an MSE study
+
+
+@pytest.fixture(scope="module")
+def bandit(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bandit")
+    gen.generate("bandit", root, episodes=4000, seed=5)
+    _drop_propensities(root / "logs.parquet", root / "nob.parquet")
+    return root
+
+
+@pytest.mark.slow
+def test_linear_softmax_recovers_the_logits_up_to_a_constant(ope_in_process, bandit, tmp_path):
+    started = time.perf_counter()
+    report = _fit(ope_in_process, bandit / "logs.parquet", tmp_path / "b.npz")
+    seconds = time.perf_counter() - started
+    assert report["model"] == "linear_softmax"
+    fitted, true = dict(np.load(tmp_path / "b.npz")), dict(np.load(bandit / "behavior.npz"))
+    contexts = np.stack(
+        pq.read_table(bandit / "logs.parquet").column("observation").to_numpy(zero_copy_only=False)
+    )
+
+    def centred(params):
+        logits = contexts @ params["weight"] + params["bias"]
+        return logits - logits.mean(axis=1, keepdims=True)  # the per-state constant removed
+
+    error = np.abs(centred(fitted) - centred(true))
+    print(
+        f"linear_softmax fit: {seconds:.1f} s, centred logit error mean {error.mean():.3f} "
+        f"max {error.max():.3f}, held-out LL {report['heldout_mean_log_likelihood']:.4f}"
+    )
+    assert error.mean() < 0.15
+    assert error.max() < 0.8
+    assert report["logged"]["mean_abs_log_ratio"] < 0.15
+
+
+@pytest.mark.slow
+def test_mlp_softmax_fits_and_evaluates(ope_in_process, bandit, tmp_path):
+    linear = _fit(ope_in_process, bandit / "nob.parquet", tmp_path / "l.npz")
+    mlp = _fit(ope_in_process, bandit / "nob.parquet", tmp_path / "m.npz", "-m", "mlp_softmax")
+    assert str(np.load(tmp_path / "m.npz")["kind"]) == "mlp_softmax"
+    assert mlp["mean_log_likelihood"] > linear["mean_log_likelihood"] - 0.05
+    assert mlp["heldout_mean_log_likelihood"] > -math.log(10)  # better than uniform
+    policy = ["-p", bandit / "policies" / "eval_0.npz"]
+    by_estimate = _evaluate(
+        ope_in_process, bandit / "nob.parquet", *policy, "-b", "estimate:mlp_softmax"
+    )
+    by_checkpoint = _evaluate(
+        ope_in_process, bandit / "nob.parquet", *policy, "-b", tmp_path / "m.npz"
+    )
+    _same_estimates(by_estimate, by_checkpoint, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_emulated_devices_give_the_same_estimate(generated):
+    out = generated["chain"]
+    args = [
+        "evaluate",
+        out / "nob.parquet",
+        *_policies(out),
+        "-b",
+        "estimate",
+        *CROSS_FIT,  # each episode's fold is found on its device
+        "--batch-steps",
+        "512",
+        *ONE_BUCKET,
+        "-f",
+        "json",
+    ]
+    runs = {}
+    for devices in (1, 2):
+        done = run_ope(args, env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+        assert done.returncode == 0, done
+        runs[devices] = json.loads(done.stdout)
+    assert runs[2]["runtime"]["devices"] == 2
+    _same_estimates(runs[1], runs[2], rtol=1e-12)
+    for run in runs.values():
+        run["dataset"]["behavior"]["fit"].pop("seconds")
+    assert runs[1]["dataset"]["behavior"] == runs[2]["dataset"]["behavior"]
+
+
+@pytest.mark.slow
+def test_shipped_example_without_propensities(ope_in_process, tmp_path):
+    """The README's example: the shipped logs with the propensity column dropped,
+    --behavior estimate (linear_softmax on the 4-d observations)."""
+    logs = ROOT / "examples" / "data" / "logs.parquet"
+    nob = _drop_propensities(logs, tmp_path / "logs_without_propensities.parquet")
+    policy = ["-p", ROOT / "examples" / "policies" / "ckpt.npz"]
+    logged = _evaluate(ope_in_process, logs, *policy)
+    estimated = _evaluate(ope_in_process, nob, *policy, "--behavior", "estimate")
+    fit = estimated["dataset"]["behavior"]["fit"]
+    assert fit["model"] == "linear_softmax"
+    for name in ("wis", "wpdis"):
+        ours, theirs = (r["results"][0]["estimates"][name] for r in (estimated, logged))
+        print(
+            f"example {name}: estimated pi_b {ours['value']:.4f} +- {ours['stderr']:.4f}, "
+            f"logged {theirs['value']:.4f} +- {theirs['stderr']:.4f}"
+        )
+        assert abs(ours["value"] - theirs["value"]) < 3 * theirs["stderr"]
+
+
+STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
+    ("true", None, 1),
+    ("estimated", "estimate:tabular", 1),
+    ("cross-fitted", "estimate:tabular", 5),
+)
+
+
+def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
+    """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
+    datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
+    from ope_cli import pipeline
+    from ope_cli.config import BatchingConfig, EvaluationConfig
+
+    errors: dict[str, list[float]] = {}
+    for seed in range(datasets):
+        out = root / f"chain_{seed}"
+        truth = gen.generate("chain", out, episodes=episodes, seed=1000 + seed)
+        values = {t["policy"]: t["value"] for t in truth["policies"]}
+        for label, behavior, folds in STUDY_VARIANTS:
+            config = EvaluationConfig(
+                data=str(out / "logs.parquet"),
+                policies=(str(out / "policies/eval_0.npz"), str(out / "policies/eval_1.npz")),
+                behavior=behavior,
+                behavior_cross_fit=folds,
+                estimators=("is", "pdis"),
+                interval="normal",
+                batching=BatchingConfig(min_bucket=256),
+            )
+            for result in pipeline.evaluate(config).results:
+                name = Path(result.policy).name
+                for estimator, estimate in result.estimates.items():
+                    key = f"{name} {estimator} {label}"
+                    value = values[f"policies/{name}"]
+                    errors.setdefault(key, []).append((estimate.value - value) ** 2)
+    return {
+        key: {
+            "mse": float(np.mean(v)),
+            "se": float(np.std(v) / np.sqrt(len(v))),
+            "median": float(np.median(v)),
+        }
+        for key, v in errors.items()
+    }
+
+
+@pytest.mark.slow
+def test_mse_of_is_and_pdis_with_estimated_and_true_behavior(tmp_path):
+    """Regression importance sampling on many small chain datasets: report the MSE of IS and
+    PDIS with the estimated tabular pi_b next to the true pi_b; assert only that both are
+    finite and the estimate is not catastrophically worse."""
+    started = time.perf_counter()
+    study = _chain_study(tmp_path, datasets=100, episodes=100)
+    print(
+        f"\nMSE study, 100 chain datasets x 100 episodes ({time.perf_counter() - started:.0f} s):"
+    )
+    for key in sorted(study):
+        print(
+            f"  {key}: MSE {study[key]['mse']:.4g} +- {study[key]['se']:.2g}, "
+            f"median squared error {study[key]['median']:.3g}"
+        )
+    for policy in ("eval_0.npz", "eval_1.npz"):
+        for estimator in ("is", "pdis"):
+            true = study[f"{policy} {estimator} true"]["mse"]
+            estimated = study[f"{policy} {estimator} estimated"]["mse"]
+            cross_fitted = study[f"{policy} {estimator} cross-fitted"]["mse"]
+            assert math.isfinite(true) and math.isfinite(estimated) and math.isfinite(cross_fitted)
+            assert estimated < 2 * true
+
+
+def test_estimate_refuses_a_multi_process_run(generated):
+    """Each process would fit on its own share of the files: refused before any row is read,
+    pointing to ope fit-behavior and --behavior B.npz."""
+    from ope_cli import pipeline
+    from ope_cli.config import EvaluationConfig
+
+    out = generated["chain"]
+    config = EvaluationConfig(
+        data=str(out / "nob.parquet"),
+        policies=(str(out / "policies" / "eval_0.npz"),),
+        behavior="estimate",
+    )
+    with pytest.raises(UsageError, match="ope fit-behavior"):
+        pipeline.stream(config, process=(0, 2))
