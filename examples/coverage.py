@@ -139,7 +139,7 @@ def measure(
     jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
     from ope_cli.generate import generate
-    from ope_cli.pipeline import plan_intervals
+    from ope_cli.plan import plan_intervals
     from ope_cli.policies import load_checkpoint
     from ope_cli.sources import open_dataset
     from ope_cli.stats import finalize, from_batch

@@ -76,7 +76,7 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
     jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
     from ope_cli.generate import generate
-    from ope_cli.pipeline import plan_intervals
+    from ope_cli.plan import plan_intervals
     from ope_cli.policies import load_checkpoint
     from ope_cli.sources import open_dataset
     from ope_cli.stats import finalize, from_batch
