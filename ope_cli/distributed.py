@@ -117,6 +117,9 @@ def _encode(message: str) -> np.ndarray:
     return out
 
 
+_barriers = 0  # barriers passed so far: every process passes the same ones, in order
+
+
 def wait_for_peers(name: str) -> None:
     """Blocks until every process reaches barrier ``name`` (the coordination service's own
     barrier, not a collective). A process with little or no data reaches the first
@@ -124,9 +127,11 @@ def wait_for_peers(name: str) -> None:
     timeout, so the processes meet here first."""
     from jax._src import distributed as jax_distributed
 
+    global _barriers
     client = jax_distributed.global_state.client
     if client is not None:
-        client.wait_at_barrier(f"ope:{name}", PEER_WAIT_MS)
+        _barriers += 1  # a barrier's name is used once
+        client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
 
 
 def check_all_succeeded(error: OpeError | None) -> None:

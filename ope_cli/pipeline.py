@@ -34,7 +34,7 @@ from ope_cli.distributed import (
     share_files,
 )
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
-from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import names as estimator_names
 from ope_cli.estimators.base import (
     describe_standard_errors,
@@ -205,11 +205,6 @@ def stream(
         logged_behavior=config.behavior is None,
     )
     estimating = is_estimate(config.behavior)
-    if estimating and process[1] > 1:
-        raise UsageError(
-            "--behavior estimate runs in one process; fit with ope fit-behavior and pass "
-            "--behavior B.npz to a multi-process run"
-        )
     behavior = None
     if config.behavior is not None and not estimating:
         behavior = load_behavior(config.behavior, schema)
@@ -227,7 +222,8 @@ def stream(
     if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
         from ope_cli.fit.estimate import estimate_into
 
-        estimate_into(batches, batches._chunk_checks)
+        collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
+        estimate_into(batches, batches._chunk_checks, collectives)
     return batches
 
 

@@ -121,6 +121,28 @@ def test_processes_agree_with_one_process(world, num_processes, data):
     assert_same_json(reference, result)
 
 
+@pytest.mark.parametrize("cross_fit", ["1", "3"])
+def test_behavior_estimated_across_processes_matches_one_process(world, cross_fit):
+    """--behavior estimate: each process collects its share, the statistics are gathered,
+    and every process fits what one process reading every file would."""
+    tmp, _ = world
+    args = ["five", "-p", "p0.npz", "--gamma", "0.95", "--format", "json"]
+    args += ["--behavior", "estimate:linear_softmax", "--behavior-cross-fit", cross_fit]
+    reference = single(args, tmp)
+    outcomes = run_cluster(args, 2, tmp)
+    for code, _, err in outcomes:
+        assert code == 0, err
+    result = json.loads(outcomes[0][1])
+    assert result["runtime"]["processes"] == 2
+    fit = result["dataset"].pop("behavior")["fit"]
+    expected = reference["dataset"].pop("behavior")["fit"]  # its seconds differ
+    assert_same_json(reference, result)
+    for field in ("episodes", "steps", "mean_log_likelihood", "floored"):
+        assert fit[field] == pytest.approx(expected[field], rel=1e-9), field
+    for policy, weights in expected["mean_weight"].items():
+        assert fit["mean_weight"][policy] == pytest.approx(weights, rel=1e-9), policy
+
+
 def test_a_data_error_in_one_process_stops_all(world):
     tmp, episodes = world
     bad = [dict(e) for e in episodes[:40]]

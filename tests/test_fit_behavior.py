@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -592,17 +593,71 @@ def test_mse_of_is_and_pdis_with_estimated_and_true_behavior(tmp_path):
             assert estimated < 2 * true
 
 
-def test_estimate_refuses_a_multi_process_run(generated):
-    """Each process would fit on its own share of the files: refused before any row is read,
-    pointing to ope fit-behavior and --behavior B.npz."""
-    from ope_cli import pipeline
-    from ope_cli.config import EvaluationConfig
+class _TwoProcessGather:
+    """An all-gather between two threads standing for two processes: each passes its
+    [n_p, ...] array and both get the concatenation in process order."""
 
-    out = generated["chain"]
-    config = EvaluationConfig(
-        data=str(out / "nob.parquet"),
-        policies=(str(out / "policies" / "eval_0.npz"),),
-        behavior="estimate",
+    def __init__(self):
+        self.slots = [None, None]
+        self.barrier = threading.Barrier(2)
+
+    def for_process(self, rank: int):
+        def gather(array):
+            self.slots[rank] = np.asarray(array)
+            self.barrier.wait()
+            both = np.concatenate(self.slots)
+            self.barrier.wait()
+            return both
+
+        return gather
+
+
+def _gathered_in_two_processes(make, shares):
+    """Two models fed one share each, then gathered: what each ends with."""
+    models = [make(), make()]
+    for model, (observation, action, fold) in zip(models, shares, strict=True):
+        if observation is not None:
+            model.add(observation, action, fold)
+    exchange = _TwoProcessGather()
+    threads = [
+        threading.Thread(target=model.gather_processes, args=(exchange.for_process(rank),))
+        for rank, model in enumerate(models)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return models
+
+
+@pytest.mark.parametrize("empty_second", [False, True])
+@pytest.mark.parametrize("name", ["tabular", "linear_gaussian", "linear_softmax"])
+def test_models_gathered_across_processes_equal_one_model(name, empty_second):
+    """Each process's statistics, gathered, are those of one process reading every file in
+    process order, also when a process had no files."""
+    from ope_cli.fit.estimate import make_model
+
+    rng = np.random.default_rng(4)
+    n = 400
+    if name == "tabular":
+        observation = rng.integers(0, 5 if empty_second else 6, n)
+    else:
+        observation = rng.normal(size=(n, 3))
+    if name == "linear_gaussian":
+        action = observation @ rng.normal(size=(3, 2)) + rng.normal(size=(n, 2))
+    else:
+        action = rng.integers(0, 4, n)
+    fold = rng.integers(0, 2, n)
+    cut = n if empty_second else 150
+    shares = [(observation[:cut], action[:cut], fold[:cut])]
+    shares.append(
+        (None, None, None) if empty_second else (observation[cut:], action[cut:], fold[cut:])
     )
-    with pytest.raises(UsageError, match="ope fit-behavior"):
-        pipeline.stream(config, process=(0, 2))
+    one = make_model(name, 2)
+    one.add(observation, action, fold)
+    for model in _gathered_in_two_processes(lambda: make_model(name, 2), shares):
+        for exclude in (None, 1):
+            expected, actual = one.fit(exclude), model.fit(exclude)
+            for key in expected:
+                np.testing.assert_allclose(actual[key], expected[key], rtol=1e-12, atol=1e-12)
+        assert model.log_likelihood(one.fit(), 0) == pytest.approx(one.log_likelihood(one.fit(), 0))

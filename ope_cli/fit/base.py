@@ -10,6 +10,7 @@ reading the data again. Host-side NumPy except where a model says otherwise.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +27,19 @@ MODELS: dict[str, str] = {
 DISCRETE_MODELS = ("tabular", "linear_softmax", "mlp_softmax")
 MIN_PROPENSITY = 1e-3
 _FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
+
+
+Gather = Callable[[np.ndarray], np.ndarray]  # [n_p, ...] per process -> [sum n_p, ...]
+
+
+def summed(gather: Gather, array: np.ndarray) -> np.ndarray:
+    """``array`` (the same shape in every process) summed over the processes."""
+    return gather(np.asarray(array)[None]).sum(axis=0)
+
+
+def largest(gather: Gather, values: tuple[int, ...]) -> tuple[int, ...]:
+    """Elementwise maximum over the processes of a tuple of ints."""
+    return tuple(int(v) for v in gather(np.asarray(values, np.int64)[None]).max(axis=0))
 
 
 class BehaviorModel(Protocol):
@@ -48,6 +62,8 @@ class BehaviorModel(Protocol):
     ) -> tuple[float, int]: ...
 
     def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int: ...
+
+    def gather_processes(self, gather: Gather) -> None: ...
 
 
 def fold_index(key_hi, key_lo, folds: int, xp=np):

@@ -16,10 +16,11 @@ import numpy as np
 
 from ope_cli.behavior import BehaviorFit, BehaviorSource
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
-from ope_cli.errors import DataError, UsageError
+from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.fit.base import (
     MODELS,
     BehaviorModel,
+    Gather,
     check_model_fits,
     default_model,
     episode_folds,
@@ -75,9 +76,17 @@ def collect(model: BehaviorModel, chunks: Iterable[EpisodeChunk], folds: int = 1
         done.fold_episodes += np.bincount(episode_fold, minlength=folds)
         done.episodes += chunk.num_episodes
         done.steps += chunk.num_steps
-    if done.steps == 0:
-        raise DataError("no steps to fit the behavior model on (the data has no episodes)")
     return done
+
+
+def gathered(collected: Collected, gather: Gather) -> Collected:
+    """What every process of a multi-process run collected, as if one process had read
+    all the files (``gather``: distributed.allgather_ragged)."""
+    collected.model.gather_processes(gather)
+    counts = np.array([[collected.episodes, collected.steps]], np.int64)
+    episodes, steps = (int(x) for x in gather(counts).sum(axis=0))
+    fold_episodes = gather(collected.fold_episodes[None]).sum(axis=0)
+    return Collected(collected.model, fold_episodes, episodes, steps)
 
 
 def checkpoint_arrays(model: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -143,10 +152,31 @@ def cross_fitted_policy(
     return policy, total, floored
 
 
-def estimate_into(batches, chunk_checks=None) -> None:
+def collect_all(model, chunks, folds: int, collectives=None) -> Collected:
+    """``collect`` on this process's share; with ``collectives`` = (gather, check_all) of
+    a multi-process run, every process then holds what all of them collected (a data
+    error in one process stops all of them, as in the evaluation pass)."""
+    if collectives is None:
+        collected = collect(model, chunks, folds)
+    else:
+        gather, check_all = collectives
+        error = None
+        try:
+            collected = collect(model, chunks, folds)
+        except OpeError as failure:
+            error = failure
+        check_all(error)
+        collected = gathered(collected, gather)
+    if collected.steps == 0:
+        raise DataError("no steps to fit the behavior model on (the data has no episodes)")
+    return collected
+
+
+def estimate_into(batches, chunk_checks=None, collectives=None) -> None:
     """``--behavior estimate[:MODEL]``: fits the model on the episodes of ``batches`` (a
     pipeline BatchStream, read once here and validated as the evaluation will read them,
-    with the stream's ``chunk_checks`` of policy ranges and bounds) and
+    with the stream's ``chunk_checks`` of policy ranges and bounds; ``collectives``: the
+    (gather, check_all) of a multi-process run, None in one process) and
     makes it the stream's behavior policy and source; with ``--behavior-cross-fit K`` > 1,
     each fold of episodes (by id hash) gets the model fitted on the others."""
     started = time.perf_counter()
@@ -155,7 +185,9 @@ def estimate_into(batches, chunk_checks=None) -> None:
     folds, floor = config.behavior_cross_fit, config.min_propensity
     assembler = EpisodeAssembler(schema, config.on_invalid, chunk_checks)
     reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-    collected = collect(make_model(model, folds), assembler.chunks(reading), folds)
+    collected = collect_all(
+        make_model(model, folds), assembler.chunks(reading), folds, collectives
+    )
     if folds > 1:
         policy, total, floored = cross_fitted_policy(model, collected, folds, floor)
     else:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ope_cli.errors import DataError
-from ope_cli.fit.base import features
+from ope_cli.fit.base import Gather, features, largest, summed
 
 RIDGE = 1e-10  # relative to the mean diagonal of X'X: only guards an exactly singular system
 MIN_VARIANCE = 1e-12
@@ -48,6 +48,18 @@ class LinearGaussianModel:
             self.xty[k] += xk.T @ yk
             self.yy[k] += np.sum(yk * yk, axis=0)
             self.n[k] += int(rows.sum())
+
+    def gather_processes(self, gather: Gather) -> None:
+        """Every process's normal equations, summed (a process without steps adds zeros)."""
+        shape = (0, 0) if self.xtx is None else (self.xtx.shape[1], self.xty.shape[2])
+        d, k = largest(gather, shape)
+        if d == 0:
+            return  # no process has a step: fit() says so
+        if self.xtx is None:
+            self.xtx, self.xty = np.zeros((self.folds, d, d)), np.zeros((self.folds, d, k))
+            self.yy = np.zeros((self.folds, k))
+        self.xtx, self.xty = summed(gather, self.xtx), summed(gather, self.xty)
+        self.yy, self.n = summed(gather, self.yy), summed(gather, self.n)
 
     def _pooled(self, exclude: int | None):
         parts = (self.xtx, self.xty, self.yy, self.n)

@@ -21,7 +21,7 @@ from ope_cli.config import ColumnMapping
 from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fit.base import MODELS, log_softmax
-from ope_cli.fit.estimate import checkpoint_arrays, choose_model, collect, make_model
+from ope_cli.fit.estimate import checkpoint_arrays, choose_model, collect_all, make_model
 from ope_cli.fit.softmax import logits_of
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
@@ -120,7 +120,7 @@ def fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     data = open_dataset(config.data)
     schema = _schema(data, config.columns)
     model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")
-    collected = collect(
+    collected = collect_all(
         make_model(model, HOLDOUT_FOLDS), _chunks(data, schema, config.read_rows), HOLDOUT_FOLDS
     )
     fitted = collected.model

@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-from ope_cli.errors import UsageError
-from ope_cli.fit.base import features, log_softmax
+from ope_cli.errors import DataError, UsageError
+from ope_cli.fit.base import Gather, features, largest, log_softmax, summed
 
 L2 = 1e-4
 LBFGS_STEPS, LBFGS_TOLERANCE = 500, 1e-9
@@ -59,11 +59,7 @@ class SoftmaxModel:
         x = features(observation)
         self.bytes += x.nbytes + 16 * x.shape[0]
         if self.bytes > self.budget:
-            raise UsageError(
-                f"--behavior estimate:{self.name} holds the observations in memory and needs "
-                f"more than {self.budget / 2**30:.3g} GiB for this data ({MEMORY_ENV} raises "
-                "the budget); fit on a sample with ope fit-behavior and pass --behavior B.npz"
-            )
+            raise self._over_budget()
         self._x.append(x)
         self._a.append(np.asarray(action, np.int64))
         self._fold.append(np.asarray(fold, np.int64))
@@ -71,9 +67,31 @@ class SoftmaxModel:
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x [N, d], a [N], fold [N]), concatenated in reading order once."""
         if self._data is None:
+            if not self._x:
+                raise DataError(f"no steps to fit the {self.name} behavior model on")
             self._data = tuple(np.concatenate(p) for p in (self._x, self._a, self._fold))
             self._x, self._a, self._fold = [], [], []
         return self._data
+
+    def gather_processes(self, gather: Gather) -> None:
+        """Every process's steps, in process order (the files' order, as one process would
+        read them), within the memory budget; every process then fits the same data."""
+        (d,) = largest(gather, (self._x[0].shape[1] if self._x else 0,))
+        total = int(summed(gather, np.asarray(self.bytes)))
+        if total > self.budget:
+            raise self._over_budget()
+        mine = self.data() if self._x or self._data is not None else None
+        if mine is None:
+            mine = (np.zeros((0, d)), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._data = tuple(gather(part) for part in mine)
+        self.bytes = total
+
+    def _over_budget(self) -> UsageError:
+        return UsageError(
+            f"--behavior estimate:{self.name} holds the observations in memory and needs "
+            f"more than {self.budget / 2**30:.3g} GiB for this data ({MEMORY_ENV} raises "
+            "the budget); fit on a sample with ope fit-behavior and pass --behavior B.npz"
+        )
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
         import jax.numpy as jnp

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ope_cli.errors import DataError
+from ope_cli.fit.base import Gather, largest, summed
 
 SMOOTHING = 0.5  # pseudo-count per action (Krichevsky-Trofimov / Jeffreys prior)
 
@@ -34,12 +35,21 @@ class TabularModel:
         folds, states, actions = self.counts.shape
         states = max(states, int(observation.max()) + 1)
         actions = max(actions, int(action.max()) + 1)
+        self._grow(states, actions)
+        cell = (fold * states + observation) * actions + action
+        self.counts += np.bincount(cell, minlength=self.counts.size).reshape(self.counts.shape)
+
+    def _grow(self, states: int, actions: int) -> None:
+        folds = self.counts.shape[0]
         if (states, actions) != self.counts.shape[1:]:
             grown = np.zeros((folds, states, actions), np.int64)
             grown[:, : self.counts.shape[1], : self.counts.shape[2]] = self.counts
             self.counts = grown
-        cell = (fold * states + observation) * actions + action
-        self.counts += np.bincount(cell, minlength=self.counts.size).reshape(self.counts.shape)
+
+    def gather_processes(self, gather: Gather) -> None:
+        """Every process's counts, summed (grown first to the largest state and action)."""
+        self._grow(*largest(gather, self.counts.shape[1:]))
+        self.counts = summed(gather, self.counts)
 
     def _pooled(self, exclude: int | None) -> np.ndarray:
         total = self.counts.sum(axis=0)
