@@ -72,7 +72,7 @@ def tiny_bench(tmp_path_factory):
 
 def test_bench_json_has_every_measurement(tiny_bench):
     result = tiny_bench
-    for name in ("loop", "numpy", "kernel", "end_to_end", "io_floor"):
+    for name in ("loop", "numpy", "kernel", "end_to_end", "io_floor", "end_to_end_behavior"):
         entry = result["measurements"][name]
         assert entry["steps_per_second"] > 0, name
         assert entry["seconds"] > 0, name
@@ -115,6 +115,7 @@ def test_bench_targets_and_precision(tiny_bench):
         "other_data_compilations_warm_cache",
         "bandit_over_import_jax_floor",
         "process_vs_pyarrow_process",
+        "behavior_checkpoint_vs_logged",
     }
     for name, target in targets.items():
         if name == "memory_growth":

@@ -33,6 +33,8 @@ def measurements():
         "kernel_many": _timing(0.03, compiles=2),
         "end_to_end": _timing(0.2, first_run_seconds=1.5, compiles=2, policies=1),
         "end_to_end_many": _timing(0.4),
+        "end_to_end_behavior": _timing(0.24),
+        "end_to_end_estimate": _timing(0.5),
         "io_floor": _timing(0.1, columns=["episode_id", "reward"]),
         "memory": None,
     }
@@ -56,6 +58,9 @@ def test_summary_ratios_and_targets(measurements):
     assert targets["padding_waste"]["value"] == pytest.approx(0.2)
     assert targets["padding_waste"]["met"] is True
     assert targets["compiles_per_shape"]["met"] is True
+    assert ratios["behavior_checkpoint_over_logged"] == pytest.approx(1.2)
+    assert targets["behavior_checkpoint_vs_logged"]["met"] is True
+    assert ratios["behavior_estimate_over_logged"] == pytest.approx(2.5)
     assert (
         targets["memory_growth"]["met"] is None
         and "ope bench --memory" in (targets["memory_growth"]["note"])

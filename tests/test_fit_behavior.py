@@ -661,3 +661,33 @@ def test_models_gathered_across_processes_equal_one_model(name, empty_second):
             for key in expected:
                 np.testing.assert_allclose(actual[key], expected[key], rtol=1e-12, atol=1e-12)
         assert model.log_likelihood(one.fit(), 0) == pytest.approx(one.log_likelihood(one.fit(), 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env, model", [("chain", "tabular"), ("gaussian", "linear_gaussian")])
+def test_streaming_estimates_add_one_pass_over_the_data(
+    ope_in_process, generated, monkeypatch, env, model
+):
+    """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
+    pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
+    from ope_cli import pipeline
+    from ope_cli.fit import estimate
+    from ope_cli.sources import iter_batches
+
+    rows = []
+
+    def counted(*args, **kwargs):
+        for batch in iter_batches(*args, **kwargs):
+            rows.append(batch.batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pipeline, "iter_batches", counted)
+    monkeypatch.setattr(estimate, "iter_batches", counted)
+    out = generated[env]
+    logged = _evaluate(ope_in_process, out / "logs.parquet", *_policies(out))
+    read_once = sum(rows)
+    assert read_once == logged["dataset"]["rows_read"]
+    rows.clear()
+    data = out / "nob.parquet"
+    _evaluate(ope_in_process, data, *_policies(out), "--behavior", f"estimate:{model}")
+    assert sum(rows) == 2 * read_once

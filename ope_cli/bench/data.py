@@ -123,3 +123,11 @@ def write_checkpoints(directory: Path, k: int, seed: int, behavior: dict) -> lis
             np.savez(handle, kind=np.asarray("linear_softmax"), **arrays)
         paths.append(str(path))
     return paths
+
+
+def write_behavior_checkpoint(directory: Path, behavior: dict) -> str:
+    """The data's behavior policy as a linear_softmax checkpoint (behavior.npz)."""
+    path = directory / "behavior.npz"
+    with open(path, "wb") as handle:
+        np.savez(handle, kind=np.asarray("linear_softmax"), **behavior)
+    return str(path)

@@ -113,12 +113,23 @@ def prepare_io_floor(source: BenchSource, batching: BatchingConfig) -> Trial:
 
 
 def prepare_end_to_end(
-    source: str, policies: list[str], precision: str | None, batching: BatchingConfig
+    source: str,
+    policies: list[str],
+    precision: str | None,
+    batching: BatchingConfig,
+    behavior: str | None = None,
 ) -> tuple[Trial, Any]:
     """``ope evaluate`` from Parquet (pipeline.evaluate plus the JSON report), run once from
-    a cold jit cache to compile; returns the trial and that first EvaluationResult."""
+    a cold jit cache to compile; returns the trial and that first EvaluationResult.
+    ``behavior``: ``--behavior`` (a checkpoint, or estimate[:MODEL]), None: the logged
+    propensities."""
     config = EvaluationConfig(
-        data=source, policies=tuple(policies), gamma=GAMMA, precision=precision, batching=batching
+        data=source,
+        policies=tuple(policies),
+        gamma=GAMMA,
+        precision=precision,
+        batching=batching,
+        behavior=behavior,
     )
 
     def run():

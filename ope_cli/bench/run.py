@@ -23,7 +23,12 @@ from ope_cli import runtime
 from ope_cli._version import __version__
 from ope_cli.bench.batches import BenchSource, describe_batches, host_batches, open_source
 from ope_cli.bench.config import BENCH_SCHEMA_VERSION, ROUNDS, BenchConfig, Progress
-from ope_cli.bench.data import behavior_params, generate_data, write_checkpoints
+from ope_cli.bench.data import (
+    behavior_params,
+    generate_data,
+    write_behavior_checkpoint,
+    write_checkpoints,
+)
 from ope_cli.bench.measure import (
     device_batches,
     measure_loop,
@@ -124,9 +129,11 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
         bytes=sum(Path(f).stat().st_size for f in source.data.files),
     )
     checkpoints = write_checkpoints(directory, config.policies, config.seed, behavior)
+    checkpoints.append(write_behavior_checkpoint(directory, behavior))  # the last one
     m, result = _time_trials(
         config, source, checkpoints, (batches, bucketer, max_length), precision, mesh, progress
     )
+    checkpoints.pop()
     batch_count = len(batches)
     del batches
 
@@ -189,10 +196,16 @@ def _time_trials(
     returns (measurements by name, the first ``ope evaluate`` result)."""
     batches, bucketer, max_length = padded
     other = "float32" if precision == "float64" else "float64"
-    one, many, path = checkpoints[:1], checkpoints, source.path
+    *many, behavior = checkpoints
+    one, path = many[:1], source.path
     progress("end to end: a first ope evaluate (compiles)")
     trials = {"io_floor": prepare_io_floor(source, config.batching)}
     trials["end_to_end"], result = prepare_end_to_end(path, one, precision, config.batching)
+    progress("end to end with --behavior CKPT and --behavior estimate (compile)")
+    for name, option in (("behavior", behavior), ("estimate", "estimate:linear_softmax")):
+        trials[f"end_to_end_{name}"], _ = prepare_end_to_end(
+            path, one, precision, config.batching, behavior=option
+        )
     progress("putting the padded batches on the device")
     on_device = {name: device_batches(batches, name, mesh) for name in ("float64", "float32")}
     real = bucketer.real_steps

@@ -17,6 +17,7 @@ TARGET_MEMORY_GROWTH = 1.2
 TARGET_FIRST_RUN_COMPILE_SECONDS = 3.0
 TARGET_COLD_START_OVER_FLOOR_SECONDS = 0.5
 TARGET_PROCESS_OVER_PYARROW = 2.0
+TARGET_BEHAVIOR_OVER_LOGGED = 1.3
 
 
 def relative_difference(a: dict, b: dict) -> float | None:
@@ -60,6 +61,10 @@ def _ratios(m: dict) -> dict:
         "kernel_over_numpy": ratio(kernel["steps_per_second"], numpy_run["steps_per_second"]),
         "kernel_over_loop": ratio(kernel["steps_per_second"], loop["steps_per_second"]),
         "end_to_end_over_io_floor": ratio(e2e["seconds"], io_floor["seconds"]),
+        "behavior_checkpoint_over_logged": ratio(
+            m["end_to_end_behavior"]["seconds"], e2e["seconds"]
+        ),
+        "behavior_estimate_over_logged": ratio(m["end_to_end_estimate"]["seconds"], e2e["seconds"]),
         "kernel_over_end_to_end": ratio(kernel["steps_per_second"], e2e["steps_per_second"]),
     }
 
@@ -174,6 +179,11 @@ def _targets(ratios: dict, waste: float | None, compiles: dict, result, memory) 
             result.compiles,
             f"<= {shapes_used} (bucket shapes used)",
         ),
+        "behavior_checkpoint_vs_logged": _target(
+            _at_most(ratios["behavior_checkpoint_over_logged"], TARGET_BEHAVIOR_OVER_LOGGED),
+            ratios["behavior_checkpoint_over_logged"],
+            f"<= {TARGET_BEHAVIOR_OVER_LOGGED} (time ratio, --behavior CKPT / logged column)",
+        ),
         "memory_growth": _target(
             _at_most(growth, TARGET_MEMORY_GROWTH),
             growth,
@@ -214,6 +224,8 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
             "numpy": {k: v for k, v in m["numpy"].items() if k != "estimates"},
             "kernel": {k: v for k, v in kernel.items() if k != "estimates"},
             "end_to_end": e2e,
+            "end_to_end_behavior": m["end_to_end_behavior"],
+            "end_to_end_estimate": m["end_to_end_estimate"],
             "io_floor": m["io_floor"],
         },
         "ratios": ratios,

@@ -128,6 +128,12 @@ def _detail_lines(result: dict) -> list[str]:
         f"the estimates {_number(precision['max_relative_difference'])}; numpy twin vs float64 "
         f"kernel {_number(precision['numpy_vs_kernel_max_relative_difference'])}",
     ]
+    ratios = result["ratios"]
+    lines.append(
+        f"behavior: --behavior CKPT {_times(ratios.get('behavior_checkpoint_over_logged'))} "
+        f"and --behavior estimate:linear_softmax "
+        f"{_times(ratios.get('behavior_estimate_over_logged'))} the time of the logged column"
+    )
     if "cost_ratio" in policies:
         lines.append(
             f"policies: {policies['k']} stacked cost {_times(policies['cost_ratio'])} of one in "
