@@ -112,4 +112,5 @@ def test_a_second_dataset_compiles_nothing_with_a_warm_cache(tmp_path, ope):
     cold, warm = evaluate("first.parquet"), evaluate("second.parquet")
     assert cold["compilations"] >= cold["compiles"] >= 1 and cold["cache_hits"] == 0
     assert warm["compilations"] == 0, warm
-    assert warm["cache_hits"] >= warm["compiles"] >= 1
+    assert warm["compiles"] == 0  # the traced kernels are kept too: nothing is traced
+    assert warm["cache_hits"] >= 1
