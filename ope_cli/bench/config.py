@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 
 from ope_cli.config import BatchingConfig
@@ -48,3 +49,13 @@ class BenchConfig:
     loop_episodes: int = DEFAULT_LOOP_EPISODES
     out: str | None = None
     batching: BatchingConfig = BatchingConfig()
+
+
+def evaluate_command(data: str, checkpoint: str, batching: BatchingConfig) -> list[str]:
+    """``ope evaluate DATA --policy CHECKPOINT`` with ``batching``, JSON on stdout, quiet,
+    as a subprocess of this interpreter."""
+    return [
+        *(sys.executable, "-m", "ope_cli.cli", "evaluate", str(data), "--policy", checkpoint),
+        *("--format", "json", "--quiet", "--read-rows", str(batching.read_rows)),
+        *("--batch-steps", str(batching.batch_steps), "--min-bucket", str(batching.min_bucket)),
+    ]

@@ -6,12 +6,11 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ope_cli.bench.config import MEMORY_FACTOR, Progress
+from ope_cli.bench.config import MEMORY_FACTOR, Progress, evaluate_command
 from ope_cli.bench.data import episodes_for_steps, generate_data
 from ope_cli.bench.measure import ratio
 from ope_cli.config import BatchingConfig
@@ -63,24 +62,7 @@ def measure_memory(
         path = directory / f"memory_{factor}x.parquet"
         info = generate_data(path, episodes_for_steps(base_steps * factor), seed + factor)
         progress(f"memory: ope evaluate on {info['steps']:,} steps ({factor}x) in a subprocess")
-        command = [
-            sys.executable,
-            "-m",
-            "ope_cli.cli",
-            "evaluate",
-            "--policy",
-            checkpoint,
-            "--format",
-            "json",
-            "--quiet",
-            "--read-rows",
-            str(batching.read_rows),
-            "--batch-steps",
-            str(batching.batch_steps),
-            "--min-bucket",
-            str(batching.min_bucket),
-            str(path),
-        ]
+        command = evaluate_command(str(path), checkpoint, batching)
         peak, seconds = _peak_rss_of(command, env, directory / f"memory_{factor}x.json")
         reported = json.loads((directory / f"memory_{factor}x.json").read_text())
         path.unlink()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ope_cli.bench.config import Progress
+from ope_cli.bench.config import Progress, evaluate_command
 from ope_cli.bench.data import generate_data
 from ope_cli.config import BatchingConfig
 
@@ -49,11 +49,7 @@ def _best_of(rounds: int, command: list[str], env: dict[str, str]) -> float:
 
 def _evaluate(data: str, checkpoint: str, batching: BatchingConfig, env: dict) -> dict:
     """One ``ope evaluate`` process: its wall seconds and its JSON runtime block's counts."""
-    command = [sys.executable, "-m", "ope_cli.cli", "evaluate", data, "--policy", checkpoint]
-    command += ["--format", "json", "--quiet", "--read-rows", str(batching.read_rows)]
-    command += ["--batch-steps", str(batching.batch_steps)]
-    command += ["--min-bucket", str(batching.min_bucket)]
-    seconds, stdout = _run(command, env)
+    seconds, stdout = _run(evaluate_command(data, checkpoint, batching), env)
     runtime = json.loads(stdout)["runtime"]
     keys = ("compilations", "compile_seconds", "cache_hits", "batch_shapes")
     return {"seconds": seconds, **{key: runtime[key] for key in keys}}
@@ -71,11 +67,7 @@ def measure_processes(
     """Wall times of whole processes; every ``ope evaluate`` shares one compilation cache,
     empty at first, in ``directory``."""
     cache = directory / "process-cache"
-    env = dict(
-        os.environ, OPE_CACHE_DIR=str(cache), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "")
-    )
-    if not env["JAX_PLATFORMS"]:
-        env.pop("JAX_PLATFORMS")
+    env = dict(os.environ, OPE_CACHE_DIR=str(cache))
     progress("whole processes: the import jax floor and the pyarrow read floor")
     floor = _best_of(3, [sys.executable, "-c", FLOOR_CODE], env)
     pyarrow_seconds = _best_of(
