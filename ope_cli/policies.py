@@ -28,6 +28,7 @@ from ope_cli.errors import DataError, PolicyError
 from ope_cli.validate import Check
 
 LogProbFn = Callable[[Any, Any, Any], Any]
+SampleFn = Callable[[Any, Any, Any], Any]  # (params, key, observation) -> one action
 LOGGED = "logged target probabilities"
 
 
@@ -47,6 +48,9 @@ class Policy:
         given (an entry point that declares no ``n_actions``): JAX's gather clamps an index
         out of range instead of failing, so the report says they are unchecked.
       folds: 1, or the K folds of a cross-fitted behavior model (params [K, ...]).
+      sample: per-step ``(params, key, observation) -> action`` drawing from the policy
+        (continuous policies that can sample: ``linear_gaussian``, entry points with a
+        ``sample(key, observation)`` method); None when it cannot.
     """
 
     name: str
@@ -63,6 +67,7 @@ class Policy:
     # cross-fitted (a behavior model of --behavior-cross-fit K): every params array has a
     # leading [folds] axis, and an episode uses the fold fit.base.fold_index gives its key
     folds: int = 1
+    sample: SampleFn | None = None
 
     @property
     def stack_key(self) -> tuple:
@@ -127,6 +132,23 @@ def linear_gaussian_log_prob(params, observation, action):
     log_std = params["log_std"]
     z = (jnp.atleast_1d(action) - mean) * jnp.exp(-log_std)
     return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi))
+
+
+def linear_gaussian_sample(params, key, observation):
+    """[act_dim] one action from the diagonal Gaussian of ``linear_gaussian_log_prob``."""
+    import jax
+
+    mean = _vector(observation) @ params["weight"] + params["bias"]
+    return mean + _jnp().exp(params["log_std"]) * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+def action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int):
+    """[n_actions] log pi(a|s) of every discrete action a of one step (``log_prob`` vmapped
+    over the actions 0 .. n_actions - 1), e.g. for V(s) = sum_a pi(a|s) Q(s, a)."""
+    import jax
+
+    actions = _jnp().arange(n_actions)
+    return jax.vmap(log_prob, in_axes=(None, None, 0))(params, observation, actions)
 
 
 # --- checkpoints ---------------------------------------------------------------------------
@@ -270,6 +292,7 @@ def _linear_gaussian(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Pol
         discrete=False,
         obs_dim=weight.shape[0],
         act_dim=weight.shape[1],
+        sample=linear_gaussian_sample,
     )
 
 
@@ -337,7 +360,26 @@ def load_entry_point(spec: str) -> Policy:
         discrete=True if n_actions is not None else None,
         n_actions=n_actions,
         actions_checked=n_actions is not None,
+        sample=_entry_point_sample(target),
     )
+
+
+_ENTRY_POINT_SAMPLERS: dict[int, tuple[Any, SampleFn]] = {}
+
+
+def _entry_point_sample(target: Any) -> SampleFn | None:
+    """The per-step ``(params, key, observation)`` wrapper of a user object's
+    ``sample(key, observation)`` method, one per object (None without one)."""
+    method = getattr(target, "sample", None)
+    if not callable(method):
+        return None
+    if id(target) not in _ENTRY_POINT_SAMPLERS:
+
+        def sample(params, key, observation):
+            return method(key, observation)
+
+        _ENTRY_POINT_SAMPLERS[id(target)] = (target, sample)
+    return _ENTRY_POINT_SAMPLERS[id(target)][1]
 
 
 def _declared_action_count(spec: str, target: Any) -> int | None:
