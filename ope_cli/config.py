@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ope_cli.estimators import names
+from ope_cli.estimators import available
 
-# The estimators registered when the package is imported (is, wis, pdis, wpdis); any
-# estimator registered later (``ope_cli.estimators.register``) is accepted by name too.
-ESTIMATORS: tuple[str, ...] = names()
+# The estimators every run computes (is, wis, pdis, wpdis); those that need more inputs
+# (dm, dr, wdr: a Q source) are computed when a run has them. Any estimator registered
+# later (``ope_cli.estimators.register``) is accepted by name too.
+ESTIMATORS: tuple[str, ...] = available()
 Precision = Literal["float32", "float64"]
 
 
@@ -26,6 +27,8 @@ class ColumnMapping:
     behavior_log_prob: str | None = None
     target_prob: str | None = None
     target_log_prob: str | None = None
+    q_value: str | None = None
+    v_value: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +66,14 @@ class EvaluationConfig:
     # fitted on the other K - 1 (1: fitted on every episode, in-sample)
     behavior_cross_fit: int = 1
     gamma: float = 1.0
-    estimators: tuple[str, ...] = ESTIMATORS
+    # None: every estimator the run's inputs allow (with a Q source: also dm, dr, wdr)
+    estimators: tuple[str, ...] | None = None
+    # Q sources (--q): one for every policy or one per policy; checkpoint, entry point or
+    # "fit" (fitted Q evaluation in the run, cross-fitted over ``cross_fit`` folds)
+    q: tuple[str, ...] = ()
+    cross_fit: int = 2
+    q_model: str | None = None  # --q fit: the fit-q model (None: the data's default)
+    v_samples: int = 16  # continuous actions: draws from pi_e per V-hat(s)
     confidence: float = 0.95
     # auto (betting when the rewards are known to be bounded: reward_range, or declared by
     # the data; else normal), or one of stats.INTERVALS: betting, normal, percentile, bootstrap-t

@@ -221,7 +221,15 @@ class StepConverter:
                 "null_target_prob",
                 0.0 if s.target == "log_prob" else 1.0,
             ),
+            q_value=self._critic(column_of, "q_value", at),
+            v_value=self._critic(column_of, "v_value", at),
         )
+
+    def _critic(self, column_of, role: str, at: Where) -> np.ndarray | None:
+        """The user's Q-hat or V-hat column (``--q-col``/``--v-col``), when named."""
+        if role not in self.schema.columns:
+            return None
+        return numbers(column_of(role), self.column(role), np.float64, at, f"null_{role}")
 
     def logs(self, steps: Steps) -> Steps:
         """``steps`` with the logged probabilities as log-probabilities."""

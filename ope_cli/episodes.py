@@ -49,6 +49,8 @@ EPISODE_ROLES = (
     "behavior_log_prob",
     "target_prob",
     "target_log_prob",
+    "q_value",
+    "v_value",
 )
 
 

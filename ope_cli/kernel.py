@@ -23,7 +23,7 @@ from ope_cli import traced
 from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.estimators import get, names
+from ope_cli.estimators import available, get
 from ope_cli.estimators.batch import (
     BatchStatistics,
     WeightedBatch,
@@ -31,8 +31,10 @@ from ope_cli.estimators.batch import (
     log_weights,
     poisson_counts,
 )
+from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.fit.base import fold_index
 from ope_cli.policies import LogProbFn, Policy
+from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 from ope_cli.steps import Steps
 
 BATCH_AXIS = "batch"
@@ -46,10 +48,13 @@ def trace_count() -> int:
 @dataclasses.dataclass
 class PolicyGroup:
     """Policies evaluated by one kernel: one entry point, the logged target, or checkpoints
-    of one kind and shapes, stacked. ``indices`` are their positions on the command line."""
+    of one kind and shapes, stacked (with their Q functions, when a Q source is given:
+    ``qs``, one per policy, also of one kind and shapes). ``indices`` are their positions
+    on the command line."""
 
     policies: list[Policy]
     indices: list[int]
+    qs: list[QFunction] | None = None
 
     @property
     def head(self) -> Policy:
@@ -64,14 +69,29 @@ class PolicyGroup:
             for key in self.head.params
         }
 
+    def stacked_q_params(self, dtype) -> dict[str, jax.Array] | None:
+        """The Q functions' parameters with a leading policy axis [P, ...], or None."""
+        if not self.qs or self.qs[0].params is None:
+            return None
+        return {
+            key: jnp.asarray(np.stack([q.params[key] for q in self.qs]), dtype)
+            for key in self.qs[0].params
+        }
 
-def group_policies(policies: Sequence[Policy]) -> list[PolicyGroup]:
-    """Groups stackable policies, keeping first-appearance order."""
+
+def group_policies(
+    policies: Sequence[Policy], qs: Sequence[QFunction] | None = None
+) -> list[PolicyGroup]:
+    """Groups stackable policies (and Q functions), keeping first-appearance order."""
     groups: dict[tuple, PolicyGroup] = {}
     for index, policy in enumerate(policies):
-        group = groups.setdefault(policy.stack_key, PolicyGroup([], []))
+        q = None if qs is None else qs[index]
+        key = (policy.stack_key, None if q is None else q.stack_key)
+        group = groups.setdefault(key, PolicyGroup([], [], None if q is None else []))
         group.policies.append(policy)
         group.indices.append(index)
+        if q is not None:
+            group.qs.append(q)
     return list(groups.values())
 
 
@@ -130,8 +150,22 @@ class KernelOutput(NamedTuple):
     zero_behavior: ZeroProbabilitySteps | None
 
 
+def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch: PaddedBatch, seed, dtype):
+    """{"q_t", "v_t": [P, B, T]} of every policy of a group, or {} without a Q source."""
+    if spec is None:
+        return {}
+
+    def one_policy(policy_params, q_params_p):
+        return episode_q_fields(spec, log_prob, policy_params, q_params_p, batch, seed, dtype)
+
+    if params is None and q_params is None:
+        return jax.tree.map(lambda x: x[None], one_policy(None, None))
+    return jax.vmap(one_policy, in_axes=(None if params is None else 0, 0))(params, q_params)
+
+
 def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     params,
+    q_params,
     batch: PaddedBatch,
     gamma,
     seed,
@@ -142,10 +176,12 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     num_replicates,
     dtype,
     estimators=None,
+    q=None,
 ) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
     fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
-    ``estimators``: the registered estimators whose sums to compute (None: all)."""
+    ``estimators``: the registered estimators whose sums to compute (None: all);
+    ``q``: the group's QSpec (its stacked ``q_params`` [P, ...]), None without Q-hat."""
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch.steps
     )
@@ -154,14 +190,21 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     )
     log_w = log_weights(log_pi, steps.log_behavior, batch.step_mask)
     counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
+    fields = _q_fields(q, log_prob, params, q_params, batch._replace(steps=steps), seed, dtype)
 
-    def per_policy(log_w_bt):
+    def per_policy(log_w_bt, fields_bt):
         weighted = WeightedBatch(
-            log_w_bt, steps.reward, batch.step_mask, batch.episode_mask, batch.group, counts
+            log_w_bt,
+            steps.reward,
+            batch.step_mask,
+            batch.episode_mask,
+            batch.group,
+            counts,
+            fields_bt,
         )
         return batch_statistics(weighted, gamma, num_groups, betting_range, estimators)
 
-    statistics = jax.vmap(per_policy)(log_w)
+    statistics = jax.vmap(per_policy)(log_w, fields)
     return jax.tree.map(lambda x: x[None], statistics)
 
 
@@ -169,9 +212,9 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
     """``statistics`` (params, batch, ...) -> KernelOutput, the batch's log_behavior first
     replaced by the behavior policy's log-probabilities when there is one."""
 
-    def run(params, behavior_params, batch: PaddedBatch, *rest) -> KernelOutput:
+    def run(params, behavior_params, q_params, batch: PaddedBatch, *rest) -> KernelOutput:
         if behavior_log_prob is None:
-            return KernelOutput(statistics(params, batch, *rest), None)
+            return KernelOutput(statistics(params, q_params, batch, *rest), None)
         observation = batch.steps.observation
         if jnp.issubdtype(observation.dtype, jnp.floating):
             observation = observation.astype(dtype)
@@ -185,7 +228,9 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
             behavior_log_prob, behavior_params, observation, action, dtype, fold
         )
         batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
-        return KernelOutput(statistics(params, batch, *rest), zero_probability_steps(log_b, batch))
+        return KernelOutput(
+            statistics(params, q_params, batch, *rest), zero_probability_steps(log_b, batch)
+        )
 
     return run
 
@@ -201,11 +246,13 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
         "dtype",
         "mesh",
         "estimators",
+        "q",
     ),
 )
 def _kernel(  # noqa: PLR0913 - statics are keyword-only
     params,
     behavior_params,
+    q_params,
     batch: PaddedBatch,
     gamma,
     seed,
@@ -219,6 +266,7 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     mesh,
     estimators=None,
     behavior_folds=1,
+    q=None,
 ) -> KernelOutput:
     """KernelOutput of BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1
     without one), and the behavior policy's zero-probability steps [D] (None without one).
@@ -237,15 +285,16 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
         num_replicates=num_replicates,
         dtype=dtype,
         estimators=estimators,
+        q=q,
     )
     run = _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds)
-    args = (params, behavior_params, batch, gamma, seed, betting_range)
+    args = (params, behavior_params, q_params, batch, gamma, seed, betting_range)
     if mesh is None:
         return run(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
     replicated = PartitionSpec()
     batch_specs = jax.tree.map(lambda _: by_episode, batch)
-    in_specs = (replicated, replicated, batch_specs, replicated, replicated, replicated)
+    in_specs = (replicated, replicated, replicated, batch_specs, replicated, replicated, replicated)
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
@@ -284,10 +333,13 @@ class Kernel:
         betting_range: tuple[float, float, float] | None = None,
         *,
         behavior: Policy | None = None,
+        v_samples: int = 16,
     ):
         self.group = group
         self.behavior = behavior
-        self.estimators = names()  # every estimator registered when the kernel is made
+        self.q = None if group.qs is None else q_spec(group.qs[0], group.head, v_samples)
+        # every estimator registered when the kernel is made that the inputs allow
+        self.estimators = available(Q_FIELDS if self.q is not None else ())
         self.dtype = np.dtype(dtype)
         self.gamma = jnp.asarray(gamma, self.dtype)
         self.seed = jnp.asarray(seed, jnp.uint32)
@@ -299,6 +351,7 @@ class Kernel:
         )
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
+        self.q_params = group.stacked_q_params(self.dtype)
         self.behavior_params = (
             None
             if behavior is None or behavior.params is None
@@ -338,6 +391,7 @@ class Kernel:
         args = (
             self.params,
             self.behavior_params,
+            self.q_params,
             on_device,
             self.gamma,
             self.seed,
@@ -352,8 +406,10 @@ class Kernel:
             dtype=self.dtype.name,
             mesh=self.mesh,
             estimators=self.estimators,
+            q=self.q,
         )
         user_code = [p for p in (head, self.behavior) if p is not None and p.kind == "entry_point"]
+        user_code += [q for q in self.group.qs or () if q.kind == "entry_point"][:1]
         if not user_code:
             return self._call(args, static)
         names = " / ".join(p.name for p in user_code)

@@ -35,11 +35,12 @@ from ope_cli.distributed import (
 )
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError, OpeError
-from ope_cli.estimators import names as estimator_names
+from ope_cli.estimators import available as available_estimators
 from ope_cli.estimators.base import (
     describe_standard_errors,
 )
-from ope_cli.plan import IntervalPlan, check_config, plan_intervals
+from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.plan import IntervalPlan, check_config, plan_intervals, reported_estimators
 from ope_cli.policies import (
     Policy,
     check_against_schema,
@@ -47,6 +48,8 @@ from ope_cli.policies import (
     load_policies,
     logged_policy,
 )
+from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs, q_source
+from ope_cli.qfunctions import chunk_checks as q_chunk_checks
 from ope_cli.results import EvaluationResult, PolicyResult
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import (
@@ -108,7 +111,8 @@ class BatchStream:
 
     What consumers need besides the batches: ``schema``, ``policies``, ``plan`` (interval
     method and bounds), ``data`` (this process's files), ``files`` (all processes' count),
-    ``behavior`` (the ``--behavior`` policy or None) and ``behavior_source``; and, as the
+    ``behavior`` (the ``--behavior`` policy or None) and ``behavior_source``, ``qs`` (one
+    Q function per policy, or None without a Q source); and, as the
     stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
     (the [B, T] shapes emitted) and ``seen_keys()``.
     """
@@ -124,9 +128,11 @@ class BatchStream:
         multiple_of: int = 1,
         on_progress: Callable[[int, int | None], None] | None = None,
         behavior: Policy | None = None,
+        qs: list[QFunction] | None = None,
     ):
         self.config, self.data, self.schema = config, data, schema
         self.behavior = behavior
+        self.qs = qs
         self.behavior_source: BehaviorSource | None = (  # None: estimated (set by fit)
             policy_source(behavior)
             if behavior is not None
@@ -144,6 +150,8 @@ class BatchStream:
         """Action and state ranges and bounds, validated with the data."""
         for policy in self.policies:
             yield from chunk_checks(policy, chunk)
+        for q, policy in zip(self.qs or (), self.policies, strict=False):
+            yield from q_chunk_checks(q, policy, chunk)
         yield from self.plan.chunk_checks(chunk)
 
     @property
@@ -211,19 +219,28 @@ def stream(
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
+    columns = config.columns
+    critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
+    qs = load_qs(config.q, policies, critic)
+    for q, policy in zip(qs or [], policies if qs else [], strict=True):
+        check_q(q, policy, schema)
     plan = plan_intervals(config, data.declared_bounds())
     files = len(data.files)
     process_id, num_processes = process
     if num_processes > 1:
         data = data.restrict(share_files(data.files, process_id, num_processes))
     batches = BatchStream(
-        config, data, schema, policies, plan, files, multiple_of, on_progress, behavior
+        config, data, schema, policies, plan, files, multiple_of, on_progress, behavior, qs
     )
+    collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
     if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
         from ope_cli.fit.estimate import estimate_into
 
-        collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
         estimate_into(batches, batches._chunk_checks, collectives)
+    if any(q.kind == FIT for q in qs or ()):  # a pass fits Q-hat (fitted Q evaluation)
+        from ope_cli.fitted_q import fit_q_into
+
+        fit_q_into(batches, collectives)
     return batches
 
 
@@ -275,7 +292,7 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan = batches.plan
-    results = _policy_results(config, plan, batches.policies, local, batches.schema)
+    results = _policy_results(config, plan, batches, local)
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
         from ope_cli.fit.estimate import compare_with_logged
@@ -291,11 +308,11 @@ def evaluate(
         rows_read=counts.rows_read,
         max_length=counts.max_length,
         gamma=config.gamma,
-        estimators=tuple(config.estimators),
+        estimators=reported_estimators(config),
         confidence_level=config.confidence,
         confidence_method=plan.describe(config)
         + "; "
-        + describe_standard_errors(estimator_names()),
+        + describe_standard_errors(reported_estimators(config)),
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
@@ -334,17 +351,15 @@ def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
 
 
 def _policy_results(
-    config: EvaluationConfig,
-    plan: IntervalPlan,
-    policies: list[Policy],
-    local: _LocalPass,
-    schema: DataSchema,
+    config: EvaluationConfig, plan: IntervalPlan, batches: BatchStream, local: _LocalPass
 ) -> list[PolicyResult]:
     """Each policy's estimates, diagnostics and profile from its accumulator."""
-    discrete = schema.action_kind == "discrete"
+    discrete = batches.schema.action_kind == "discrete"
     max_length = local.counters.max_length
+    reported = reported_estimators(config)
+    qs = batches.qs or [None] * len(batches.policies)
     results = []
-    for policy, accumulator in zip(policies, local.accumulators, strict=True):
+    for policy, q, accumulator in zip(batches.policies, qs, local.accumulators, strict=True):
         estimates, diagnostics = finalize(
             accumulator,
             config.gamma,
@@ -352,17 +367,24 @@ def _policy_results(
             config.confidence,
             plan.method,
             plan.betting_range,
+            computed_estimators(batches),
         )
         results.append(
             PolicyResult(
                 policy=policy.name,
-                estimates={name: estimates[name] for name in config.estimators},
+                estimates={name: estimates[name] for name in reported},
                 diagnostics=diagnostics,
                 profile=profile(accumulator, config.gamma, max_length),
                 actions_checked=policy.actions_checked or not discrete,
+                q=None if q is None else q_source(q),
             )
         )
     return results
+
+
+def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
+    """Every registered estimator that the stream's inputs allow (with Q-hat: dm, dr, wdr)."""
+    return available_estimators(Q_FIELDS if batches.qs is not None else ())
 
 
 def _check_behavior_support(batches: BatchStream, output) -> None:
@@ -403,14 +425,15 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
             config.seed,
             plan.betting_range,
             behavior=batches.behavior,
+            v_samples=config.v_samples,
         )
-        for group in group_policies(policies)
+        for group in group_policies(policies, batches.qs)
     ]
+    computed = computed_estimators(batches)
 
     def no_episodes() -> list[Accumulator]:  # one per policy
-        return [
-            init(RESAMPLING_GROUPS, replicates, plan.betting_range is not None) for _ in policies
-        ]
+        betting = plan.betting_range is not None
+        return [init(RESAMPLING_GROUPS, replicates, betting, computed) for _ in policies]
 
     by_length: dict[int, list[Accumulator]] = {}
     in_flight: collections.deque = collections.deque()

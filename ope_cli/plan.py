@@ -9,8 +9,11 @@ import dataclasses
 from ope_cli.behavior import check_behavior_option
 from ope_cli.config import EvaluationConfig
 from ope_cli.errors import UsageError
+from ope_cli.estimators import available as estimator_available
+from ope_cli.estimators import get as estimator_get
 from ope_cli.estimators import names as estimator_names
 from ope_cli.estimators.base import describe_betting, describe_bootstrap_t
+from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.sources import DeclaredBounds, is_reward_range
 from ope_cli.validate import bounds_checks
 
@@ -37,11 +40,12 @@ def check_config(config: EvaluationConfig) -> None:
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if not 0.0 < config.confidence < 1.0:
         raise UsageError(f"--confidence must be in (0, 1), got {config.confidence}")
-    unknown = [e for e in config.estimators if e not in estimator_names()]
+    unknown = [e for e in config.estimators or () if e not in estimator_names()]
     if unknown:
         raise UsageError(
             f"unknown estimator {unknown[0]!r} (choose from {', '.join(estimator_names())})"
         )
+    _check_q_options(config)
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
         raise UsageError("batching options must be positive, and the bucket growth > 1")
@@ -51,6 +55,35 @@ def check_config(config: EvaluationConfig) -> None:
         )
     _check_interval_options(config)
     check_behavior_option(config.behavior, config.min_propensity, config.behavior_cross_fit)
+
+
+def has_q_source(config: EvaluationConfig) -> bool:
+    """Whether the run has Q-hat (``--q``, or ``--q-col`` with ``--v-col``)."""
+    return bool(config.q) or config.columns.q_value is not None
+
+
+def reported_estimators(config: EvaluationConfig) -> tuple[str, ...]:
+    """The estimators a run reports: ``--estimator``'s, else every one its inputs allow."""
+    if config.estimators:
+        return tuple(config.estimators)
+    return estimator_available(Q_FIELDS if has_q_source(config) else ())
+
+
+def _check_q_options(config: EvaluationConfig) -> None:
+    columns = config.columns
+    if (columns.q_value is None) != (columns.v_value is None):
+        raise UsageError("--q-col and --v-col go together: Q-hat of the logged action and V-hat")
+    if config.v_samples < 1:
+        raise UsageError(f"--v-samples must be a positive number, got {config.v_samples}")
+    if config.cross_fit < 1:
+        raise UsageError(f"--cross-fit must be a positive number of folds, got {config.cross_fit}")
+    if not has_q_source(config):
+        needing = [e for e in config.estimators or () if estimator_get(e).needs]
+        if needing:
+            raise UsageError(
+                f"--estimator {needing[0]} needs a Q source: --q Q.npz|package.module:name|fit, "
+                "or --q-col with --v-col"
+            )
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:

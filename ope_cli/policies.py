@@ -107,20 +107,28 @@ def linear_softmax_log_prob(params, observation, action):
     return jax.nn.log_softmax(logits)[action]
 
 
+def mlp_forward(params, inputs, activation: str):
+    """[width] the MLP of ``weight_i``/``bias_i`` layers on [d] ``inputs``, ``activation``
+    (tanh or relu) between layers and none after the last."""
+    import jax
+
+    act = {"tanh": _jnp().tanh, "relu": jax.nn.relu}[activation]
+    hidden = inputs
+    layers = len([key for key in params if key.startswith("weight_")])
+    for i in range(layers):
+        hidden = hidden @ params[f"weight_{i}"] + params[f"bias_{i}"]
+        if i < layers - 1:
+            hidden = act(hidden)
+    return hidden
+
+
 @functools.cache  # one function object per activation, so the jit cache recognises it
 def _mlp_log_prob(activation: str) -> LogProbFn:
     def mlp_softmax_log_prob(params, observation, action):
         """log softmax(MLP(s))[a] with ``activation`` between layers."""
         import jax
 
-        act = {"tanh": _jnp().tanh, "relu": jax.nn.relu}[activation]
-        hidden = _vector(observation)
-        layers = len(params) // 2
-        for i in range(layers):
-            hidden = hidden @ params[f"weight_{i}"] + params[f"bias_{i}"]
-            if i < layers - 1:
-                hidden = act(hidden)
-        return jax.nn.log_softmax(hidden)[action]
+        return jax.nn.log_softmax(mlp_forward(params, _vector(observation), activation))[action]
 
     return mlp_softmax_log_prob
 
@@ -154,7 +162,7 @@ def action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int):
 # --- checkpoints ---------------------------------------------------------------------------
 
 
-def _array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str) -> np.ndarray:
+def checked_array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str) -> np.ndarray:
     if key not in arrays:
         raise PolicyError(
             f"{path}: checkpoint has no array {key!r} (has: {', '.join(sorted(arrays))})"
@@ -171,12 +179,12 @@ def _array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str) -> np.
     return value.astype(np.float64)
 
 
-def _same(path: str, what: str, expected: int, key: str, actual: int) -> None:
+def check_size(path: str, what: str, expected: int, key: str, actual: int) -> None:
     if expected != actual:
         raise PolicyError(f"{path}: {what}: {key!r} has size {actual}, expected {expected}")
 
 
-def _read_archive(path: str) -> dict[str, np.ndarray]:
+def read_archive(path: str) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file, local or at a URI (object storage); PolicyError when
     it is missing or unreadable."""
     source: str | io.BytesIO = path
@@ -203,7 +211,7 @@ def _read_archive(path: str) -> dict[str, np.ndarray]:
 
 
 def _tabular(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
-    logits = _array(arrays, "logits", 2, path)
+    logits = checked_array(arrays, "logits", 2, path)
     return Policy(
         path,
         kind,
@@ -217,10 +225,10 @@ def _tabular(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
 
 
 def _linear_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
-    weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
-    _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+    weight, bias = checked_array(arrays, "weight", 2, path), checked_array(arrays, "bias", 1, path)
+    check_size(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
     temperature = (
-        _array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
+        checked_array(arrays, "temperature", 0, path) if "temperature" in arrays else np.float64(1)
     )
     if not temperature > 0:
         raise PolicyError(f"{path}: temperature must be > 0, got {float(temperature)}")
@@ -237,29 +245,36 @@ def _linear_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Poli
     )
 
 
-def _mlp_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+def mlp_layers(path: str, kind: str, arrays: dict[str, np.ndarray]):
+    """(params, activation) of an MLP checkpoint's ``weight_i``/``bias_i`` layers and
+    optional ``activation``, checked layer by layer; raises PolicyError."""
     activation = str(arrays.pop("activation", "tanh"))
     if activation not in ("tanh", "relu"):
         raise PolicyError(f"{path}: activation {activation!r} is not one of tanh, relu")
     layers = sum(1 for key in arrays if key.startswith("weight_"))
     if layers == 0:
-        raise PolicyError(f"{path}: mlp_softmax checkpoint has no 'weight_0' array")
+        raise PolicyError(f"{path}: {kind} checkpoint has no 'weight_0' array")
     params = {}
     width = None
     for i in range(layers):
-        weight = _array(arrays, f"weight_{i}", 2, path)
-        bias = _array(arrays, f"bias_{i}", 1, path)
+        weight = checked_array(arrays, f"weight_{i}", 2, path)
+        bias = checked_array(arrays, f"bias_{i}", 1, path)
         if width is not None:
-            _same(
+            check_size(
                 path,
                 f"layer {i} input must match layer {i - 1} output",
                 width,
                 f"weight_{i}",
                 weight.shape[0],
             )
-        _same(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
+        check_size(path, f"layer {i}", weight.shape[1], f"bias_{i}", bias.shape[0])
         width = weight.shape[1]
         params[f"weight_{i}"], params[f"bias_{i}"] = weight, bias
+    return params, activation
+
+
+def _mlp_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
+    params, activation = mlp_layers(path, kind, arrays)
     return Policy(
         path,
         kind,
@@ -268,15 +283,15 @@ def _mlp_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
         _mlp_log_prob(activation),
         discrete=True,
         obs_dim=params["weight_0"].shape[0],
-        n_actions=width,
+        n_actions=params[f"bias_{len(params) // 2 - 1}"].shape[0],
     )
 
 
 def _linear_gaussian(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
-    weight, bias = _array(arrays, "weight", 2, path), _array(arrays, "bias", 1, path)
-    log_std = _array(arrays, "log_std", 1, path)
-    _same(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
-    _same(
+    weight, bias = checked_array(arrays, "weight", 2, path), checked_array(arrays, "bias", 1, path)
+    log_std = checked_array(arrays, "log_std", 1, path)
+    check_size(path, "bias must match weight's columns", weight.shape[1], "bias", bias.shape[0])
+    check_size(
         path,
         "log_std must match weight's columns",
         weight.shape[1],
@@ -306,7 +321,7 @@ _CHECKPOINT_KINDS = {
 
 def load_checkpoint(path: str) -> Policy:
     """Reads an ``.npz`` checkpoint of the spec's kinds; raises PolicyError."""
-    return checkpoint_policy(path, _read_archive(path))
+    return checkpoint_policy(path, read_archive(path))
 
 
 def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:

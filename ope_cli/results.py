@@ -16,6 +16,31 @@ if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX throu
 
 
 @dataclasses.dataclass(frozen=True)
+class QSource:
+    """Where a policy's Q-hat (dm, dr, wdr) comes from.
+
+    ``source``: checkpoint, entry_point, fit or columns; ``name``: as given; ``kind``: the
+    checkpoint kind (or the fitted model's); ``fit``: the fitted Q evaluation's statistics
+    (model, episodes, steps, folds, Bellman residuals, seconds), else None.
+    """
+
+    source: str
+    name: str
+    kind: str | None = None
+    fit: dict | None = None
+
+    def describe(self) -> str:
+        if self.source == "columns":
+            return f"Q-hat and V-hat from the columns {self.name}"
+        if self.source == "fit":
+            fit = self.fit or {}
+            folds = fit.get("folds", 1)
+            crossed = f", cross-fitted over {folds} folds" if folds > 1 else ", in-sample"
+            return f"Q-hat fitted in this run (fitted Q evaluation, {self.kind}{crossed})"
+        return f"Q-hat from {self.name} ({self.kind})"
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyResult:
     """One policy's estimates {estimator: Estimate}, trajectory-weight diagnostics and the
     per-step profile behind the figures."""
@@ -27,6 +52,7 @@ class PolicyResult:
     # False when logged discrete actions could not be checked against the policy's action
     # count (an entry point that declares no n_actions): the report says so.
     actions_checked: bool = True
+    q: QSource | None = None  # with a Q source: where this policy's Q-hat comes from
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     ),
     "target_prob": ("target_prob", "target_probs"),
     "target_log_prob": ("target_log_prob", "target_log_probs"),
+    # the user's critic (--q-col/--v-col): read only when named, never guessed
+    "q_value": (),
+    "v_value": (),
 }
 
 OPTION_FOR_ROLE = {
@@ -58,6 +61,8 @@ OPTION_FOR_ROLE = {
     "behavior_log_prob": "--behavior-log-prob-col",
     "target_prob": "--target-prob-col",
     "target_log_prob": "--target-log-prob-col",
+    "q_value": "--q-col",
+    "v_value": "--v-col",
 }
 
 
@@ -186,7 +191,8 @@ def _resolve_schema(
     def wrong_type(role: str, expected: str) -> DataError:
         return _type_error(columns[role], expected, schema.field(columns[role]).type, role)
 
-    for role in ("reward", "behavior_prob", "behavior_log_prob", "target_prob", "target_log_prob"):
+    numeric = ("reward", "behavior_prob", "behavior_log_prob", "target_prob", "target_log_prob")
+    for role in (*numeric, "q_value", "v_value"):
         if role in columns and not _is_number(value_type(role)):
             raise wrong_type(role, "numbers")
     _check_episode_ids(schema, columns, layout, list(schema.names))

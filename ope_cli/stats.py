@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ope_cli.estimators import get, names
+from ope_cli.estimators import available, get, names
 from ope_cli.estimators.base import (
     BETTING_BINS,
     BETTING_VARIABLES,
@@ -98,8 +98,8 @@ def init(
     estimators: tuple[str, ...] | None = None,
 ) -> Accumulator:
     """The accumulator of no episodes (the identity of ``merge``) with the sums of
-    ``estimators`` (None: every registered one)."""
-    specs = sums_of(names() if estimators is None else estimators)
+    ``estimators`` (None: every registered one that needs no per-step inputs)."""
+    specs = sums_of(available() if estimators is None else estimators)
     scalar = [s for s in specs if isinstance(s, Sum)]
     steps = [s for s in specs if not isinstance(s, Sum)]
 
@@ -373,6 +373,12 @@ def diagnostics(acc: Accumulator) -> Diagnostics:
     )
 
 
+def _held(acc: Accumulator) -> tuple[str, ...]:
+    """The registered estimators whose every sum ``acc`` holds."""
+    held = set(acc.sums) | set(acc.step_sums)
+    return tuple(n for n in names() if all(spec.name in held for spec in get(n).sums))
+
+
 def finalize(
     acc: Accumulator,
     gamma: float,
@@ -382,7 +388,8 @@ def finalize(
     betting_range: tuple[float, float, float] | None = None,
     estimators: tuple[str, ...] | None = None,
 ) -> tuple[dict[str, Estimate], Diagnostics]:
-    """The estimates of ``estimators`` (None: every registered one, in registration order)
+    """The estimates of ``estimators`` (None: every registered one whose sums ``acc``
+    holds, in registration order)
     with intervals at ``confidence`` (method ``interval``, one of INTERVALS), and the
     diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
     estimators.batch.betting_variables and an accumulator that holds their histogram."""
@@ -391,7 +398,7 @@ def finalize(
     context = Context(gamma, max_length)
     grouped = _grouped(acc, max_length)
     estimates = {}
-    for name in names() if estimators is None else estimators:
+    for name in _held(acc) if estimators is None else estimators:
         point = get(name).finalize(grouped, context)
         estimates[name] = _estimate(point.value, point.stderr, z, point.note)
     estimates = _intervals(acc, estimates, context, confidence, interval, betting_range)

@@ -21,6 +21,9 @@ class Steps(NamedTuple):
       log_behavior: float64 logged log pi_b(a|s), or None with a ``--behavior`` policy
         (the kernel computes it).
       log_target: float64 logged log pi_e(a|s), or None.
+      q_value: float64 Q-hat(s, a) of the logged action from the user's critic
+        (``--q-col``), or None.
+      v_value: float64 V-hat(s) from the user's critic (``--v-col``), or None.
     """
 
     observation: np.ndarray | None
@@ -28,6 +31,8 @@ class Steps(NamedTuple):
     reward: np.ndarray
     log_behavior: np.ndarray | None
     log_target: np.ndarray | None
+    q_value: np.ndarray | None = None
+    v_value: np.ndarray | None = None
 
 
 STEP_FIELDS = Steps._fields

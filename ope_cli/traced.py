@@ -70,7 +70,7 @@ def _leaf_signature(leaf: Any) -> str:
 def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequence[Callable]):
     """A hex key naming one traced kernel, or None when some of its code is not the
     package's own (``static``: the jit's static arguments, functions included)."""
-    functions = [static.get("log_prob"), static.get("behavior_log_prob"), *estimator_code]
+    functions = [*_static_functions(static.values()), *estimator_code]
     if not all(_own_code(function) for function in functions):
         return None
     mesh = static.get("mesh")
@@ -91,9 +91,23 @@ def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequ
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def _static_functions(values) -> list[Callable]:
+    """The functions among static arguments, also inside tuples (a Q source's QSpec)."""
+    found = []
+    for value in values:
+        if callable(value) and not isinstance(value, type):
+            found.append(value)
+        elif isinstance(value, tuple):
+            found.extend(_static_functions(value))
+    return found
+
+
 def _static_text(value: Any) -> str:
     if callable(value):
         return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, tuple):
+        inner = ", ".join(_static_text(item) for item in value)
+        return f"{type(value).__name__}({inner})"
     return repr(value)
 
 

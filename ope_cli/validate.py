@@ -49,6 +49,8 @@ REGISTRY: tuple[Reason, ...] = (
             "null_reward",
             "null_behavior_prob",
             "null_target_prob",
+            "null_q_value",
+            "null_v_value",
             "ragged_observation",
             "ragged_action",
         )
@@ -61,6 +63,7 @@ REGISTRY: tuple[Reason, ...] = (
             "duplicate_step",
             "missing_step",
             "reward_not_finite",
+            "critic_not_finite",
             "behavior_prob_nan",
             "support_violation",
             "behavior_prob_zero",
@@ -284,6 +287,11 @@ def value_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
     """The spec's 'bad values' checks of flat [N] steps (probabilities still as logged),
     vectorised, in order; each flags the rows that have its problem."""
     yield Check("reward_not_finite", "reward is NaN or infinite", ~np.isfinite(steps.reward))
+    for critic, option in ((steps.q_value, "--q-col"), (steps.v_value, "--v-col")):
+        if critic is not None:
+            yield Check(
+                "critic_not_finite", f"the {option} value is NaN or infinite", ~np.isfinite(critic)
+            )
     if steps.log_behavior is not None:  # None: a --behavior policy computes them
         yield from _behavior_checks(steps, schema)
     if steps.log_target is not None:

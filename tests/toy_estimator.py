@@ -28,7 +28,7 @@ def toy_terms(episode):
     return {"toy_mask_t": mask_t, "toy_mass": mass, "toy_mass2": mass * mass}
 
 
-def _mean_and_sem(sums):
+def mean_and_sem(sums):
     s, n = sums.sums, sums.sums["count"]
     with np.errstate(divide="ignore", invalid="ignore"):
         variance = np.maximum(s["toy_mass2"] - s["toy_mass"] ** 2 / n, 0.0) / (n - 1)
@@ -43,11 +43,11 @@ def toy_finalize(grouped: Grouped, context: Context) -> Point:
     with np.errstate(over="ignore", invalid="ignore"):
         weight_t = np.where(np.isfinite(log_scale_t), np.exp(log_scale_t), 0.0)
         value = np.sum(totals.step_sums["toy_mask_t"] * weight_t) / totals.sums["count"]
-    return Point(finite(float(value)), finite(float(_mean_and_sem(totals)[1])))
+    return Point(finite(float(value)), finite(float(mean_and_sem(totals)[1])))
 
 
 def toy_replicates(sums, context: Context):
-    return _mean_and_sem(sums)
+    return mean_and_sem(sums)
 
 
 TOY = register(

@@ -226,6 +226,8 @@ class Estimator:
       studentized: whether ``replicates`` gives standard errors, so that ``bootstrap-t`` is
         studentized (else it falls back to the percentile interval).
       betting: which betting variables bound it ("trajectory" or "decision"); None: none.
+      needs: the ``Episode.fields`` its terms read (e.g. Q-hat and V-hat): it is computed
+        and reported only in runs that provide them (``available``).
     """
 
     name: str
@@ -237,6 +239,7 @@ class Estimator:
     replicates: Callable[[Sums, Context], tuple[np.ndarray, np.ndarray | None]] | None = None
     studentized: bool = False
     betting: Literal["trajectory", "decision"] | None = None
+    needs: tuple[str, ...] = ()
 
 
 # --- registry ------------------------------------------------------------------------------
@@ -311,6 +314,12 @@ def get(name: str) -> Estimator:
 def names() -> tuple[str, ...]:
     """Registered estimator names, in registration order."""
     return tuple(_REGISTRY)
+
+
+def available(fields: tuple[str, ...] | frozenset[str] = ()) -> tuple[str, ...]:
+    """Registered estimators whose ``needs`` are among ``fields`` (the per-step inputs a
+    run provides), in registration order: what a run computes and, by default, reports."""
+    return tuple(name for name in _REGISTRY if set(_REGISTRY[name].needs) <= set(fields))
 
 
 def title(name: str) -> str:

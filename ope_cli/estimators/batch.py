@@ -25,9 +25,9 @@ from ope_cli.estimators.base import (
     Episode,
     StepSum,
     Sum,
+    available,
     core_terms,
     get,
-    names,
     sums_of,
 )
 
@@ -289,9 +289,10 @@ def batch_statistics(
       gamma: discount factor (a traced scalar, so one compilation serves every gamma).
       num_groups: K.
       betting_range: [3] (a, b, H) of ``betting_variables`` to histogram them, or None.
-      estimators: the registered estimators whose sums to compute (None: all registered).
+      estimators: the registered estimators whose sums to compute (None: every registered
+        one that ``batch.fields`` allow).
     """
-    estimators = names() if estimators is None else estimators
+    estimators = available(tuple(batch.fields)) if estimators is None else estimators
     log_w_bt, reward_bt, step_mask_bt, episode_mask_b, group_b, counts_br, fields = batch
     dtype = log_w_bt.dtype
     log_w_bt = jnp.where(episode_mask_b[:, None], log_w_bt, -jnp.inf)

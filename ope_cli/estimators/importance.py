@@ -57,7 +57,7 @@ def no_terms(episode: Episode) -> dict:
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
 
 
-def _mean_and_sem(
+def mean_and_sem(
     total: np.ndarray, total_sq: np.ndarray, n: np.ndarray, log_scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and sample standard error (ddof 1) from the sum and sum of squares of the
@@ -73,13 +73,13 @@ def _mean_and_sem(
 def is_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     """(1/n) sum_i W_i G_i and its sample standard error; [...] for any leading axes."""
     s = sums.sums
-    return _mean_and_sem(s["sum_wg"], s["sum_w2g2"], s["count"], sums.log_scales["trajectory"])
+    return mean_and_sem(s["sum_wg"], s["sum_w2g2"], s["count"], sums.log_scales["trajectory"])
 
 
 def pdis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     """(1/n) sum_i P_i and its sample standard error."""
     s = sums.sums
-    return _mean_and_sem(s["sum_p"], s["sum_p2"], s["count"], sums.log_scales["decision"])
+    return mean_and_sem(s["sum_p"], s["sum_p2"], s["count"], sums.log_scales["decision"])
 
 
 def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +101,7 @@ def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     return wis, stderr
 
 
-def _closed_form(values, undefined: str):
+def closed_form(values, undefined: str):
     """finalize() of an estimator given by a vectorised ``values(sums)``."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
@@ -111,7 +111,7 @@ def _closed_form(values, undefined: str):
     return finalize
 
 
-def _replicates_of(values):
+def replicates_of(values):
     def replicates(sums: Sums, context: Context) -> tuple[np.ndarray, np.ndarray | None]:
         return values(sums)
 
@@ -125,35 +125,50 @@ def _wpdis_terms(sums: Sums, discount_t: np.ndarray) -> np.ndarray:
         return np.where(den > 0, discount_t * num / den, np.nan)
 
 
-def _wpdis_value(sums: Sums, discount_t: np.ndarray) -> tuple[float | None, int]:
-    """(WPDIS of ``sums`` or None, the first step with no weight left, else -1)."""
+def self_normalised_value(sums: Sums, numerator_t: np.ndarray) -> tuple[float | None, int]:
+    """(sum_t numerator_t / w_t or None, the first step with no weight left, else -1):
+    a per-step self-normalised sum (``numerator_t`` [L] relative to W_t like w_t)."""
     den_t = sums.step_sums["w_t"]
     if not (den_t > 0).all():
         return None, int(np.argmax(~(den_t > 0)))
     with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.sum(discount_t * sums.step_sums["wr_t"] / den_t)), -1
+        return float(np.sum(numerator_t / den_t)), -1
 
 
-def wpdis_finalize(grouped: Grouped, context: Context) -> Point:
-    """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a delete-a-group jackknife
-    standard error over the non-empty id-hash groups."""
-    discount_t = context.discount_t
-    value, empty_step = _wpdis_value(grouped.totals, discount_t)
-    if value is None:
-        return Point(None, None, f"every episode has zero weight at step {empty_step}")
-    groups = grouped.groups
-    if groups.size < 2:
-        return Point(finite(value), None, "too few episode groups for a standard error")
-    leave_out = [_wpdis_value(grouped.select(groups[groups != g]), discount_t)[0] for g in groups]
-    if any(v is None for v in leave_out):
-        return Point(
-            finite(value), None, "a group holds all the weight at some step; no standard error"
-        )
-    leave_out_g = np.asarray(leave_out)
-    k = groups.size
-    with np.errstate(over="ignore", invalid="ignore"):
-        stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
-    return Point(finite(value), finite(stderr))
+def _wpdis_value(sums: Sums, context: Context) -> tuple[float | None, int]:
+    """(WPDIS of ``sums`` or None, the first step with no weight left, else -1)."""
+    return self_normalised_value(sums, context.discount_t * sums.step_sums["wr_t"])
+
+
+def grouped_jackknife(value_of):
+    """finalize() of an estimator whose ``value_of(sums, context) -> (value or None, first
+    step with no weight left)`` is not a plain mean: the value, and a delete-a-group
+    jackknife standard error over the non-empty id-hash groups."""
+
+    def finalize(grouped: Grouped, context: Context) -> Point:
+        value, empty_step = value_of(grouped.totals, context)
+        if value is None:
+            return Point(None, None, f"every episode has zero weight at step {empty_step}")
+        groups = grouped.groups
+        if groups.size < 2:
+            return Point(finite(value), None, "too few episode groups for a standard error")
+        leave_out = [value_of(grouped.select(groups[groups != g]), context)[0] for g in groups]
+        if any(v is None for v in leave_out):
+            return Point(
+                finite(value), None, "a group holds all the weight at some step; no standard error"
+            )
+        leave_out_g = np.asarray(leave_out)
+        k = groups.size
+        with np.errstate(over="ignore", invalid="ignore"):
+            stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
+        return Point(finite(value), finite(stderr))
+
+    return finalize
+
+
+wpdis_finalize = grouped_jackknife(_wpdis_value)
+wpdis_finalize.__doc__ = """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a
+delete-a-group jackknife standard error over the non-empty id-hash groups."""
 
 
 def wpdis_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
@@ -170,8 +185,8 @@ IS = register(
         stderr_method="sample standard error",
         sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
         terms=trajectory_terms,
-        finalize=_closed_form(is_values, "the trajectory weights overflow float64"),
-        replicates=_replicates_of(is_values),
+        finalize=closed_form(is_values, "the trajectory weights overflow float64"),
+        replicates=replicates_of(is_values),
         studentized=True,
         betting="trajectory",
     )
@@ -187,8 +202,8 @@ WIS = register(
             Sum("wis_w2", TRAJECTORY, power=2, moments=2),
         ),
         terms=trajectory_terms,
-        finalize=_closed_form(wis_values, "every trajectory weight is zero"),
-        replicates=_replicates_of(wis_values),
+        finalize=closed_form(wis_values, "every trajectory weight is zero"),
+        replicates=replicates_of(wis_values),
         studentized=True,
         betting="trajectory",
     )
@@ -200,8 +215,8 @@ PDIS = register(
         stderr_method="sample standard error",
         sums=(Sum("sum_p", DECISION), Sum("sum_p2", DECISION, power=2)),
         terms=per_decision_terms,
-        finalize=_closed_form(pdis_values, "the per-decision weights overflow float64"),
-        replicates=_replicates_of(pdis_values),
+        finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
+        replicates=replicates_of(pdis_values),
         studentized=True,
         betting="decision",
     )

@@ -21,12 +21,18 @@ def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
         if estimate.note:
             entry["note"] = estimate.note
         estimates[name] = entry
+    diagnostics = {k: json_number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()}
+    if policy.q is not None:  # {"source", "name", "kind", "fit"}: where Q-hat comes from
+        q = dataclasses.asdict(policy.q)
+        if q["fit"] is not None:
+            q["fit"] = {
+                k: json_number(v) if isinstance(v, float) else v for k, v in q["fit"].items()
+            }
+        diagnostics["q"] = q
     return {
         "policy": policy.policy,
         "estimates": estimates,
-        "diagnostics": {
-            k: json_number(v) for k, v in dataclasses.asdict(policy.diagnostics).items()
-        },
+        "diagnostics": diagnostics,
         "actions_checked": policy.actions_checked,
     }
 

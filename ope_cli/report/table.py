@@ -285,3 +285,5 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
     console.print(Text(f"intervals: {result.confidence_method}", style="dim"))
     if result.behavior is not None:
         console.print(Text(result.behavior.describe(), style="dim"))
+    for line in dict.fromkeys(r.q.describe() for r in result.results if r.q is not None):
+        console.print(Text(line, style="dim"))
