@@ -266,6 +266,28 @@ def test_chain_q_is_exact_and_agrees_with_the_truth(chain_q):
     ]
 
 
+def test_chain_q_matches_the_simulated_transitions(on_policy):
+    """On the JAX simulator's logs (shift 0, gamma 1), the TD error r_t + V(s_t+1) - Q(s_t, a_t)
+    (V(s_T) = 0 after the last step) has mean 0 for every (state, action) seen 50+ times."""
+    out, truth = on_policy["chain"]
+    table = pq.read_table(out / "logs.parquet").to_pydict()
+    episode, obs, action = (np.asarray(table[k]) for k in ("episode_id", "observation", "action"))
+    reward = np.asarray(table["reward"])
+    q = _load_policy(out / truth["policies"][0]["q"])[1]["q"]
+    _, policy = _load_policy(out / truth["policies"][0]["policy"])
+    v = np.sum(_softmax(policy["logits"]) * q, axis=1)
+    continues = np.r_[episode[1:] == episode[:-1], False]  # the next row is the same episode
+    next_v = np.where(continues, v[np.r_[obs[1:], 0]], 0.0)
+    td = reward + next_v - q[obs, action]  # [steps]
+    cell = obs * q.shape[1] + action
+    counts = np.bincount(cell, minlength=q.size)
+    sums, squares = (np.bincount(cell, x, minlength=q.size) for x in (td, td**2))
+    seen = counts >= 50
+    mean = sums[seen] / counts[seen]
+    stderr = np.sqrt((squares[seen] / counts[seen] - mean**2) / counts[seen])
+    assert seen.sum() >= 15 and np.all(np.abs(mean) < 4.5 * stderr)
+
+
 def test_no_q_where_it_is_not_exact(chain_q, tmp_path):
     """A horizon makes chain's Q depend on time, and the other environments have no tabular
     states: "q" is null and no file is written (an earlier run's is removed)."""
