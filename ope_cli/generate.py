@@ -20,6 +20,14 @@ Evaluation policies: ``policies/eval_0.npz`` at ``shift``, ``eval_1.npz`` at ``s
 checkpoints as well as on values. The directions are scaled per environment so that the default
 ``shift = 0.5`` gives trajectory weights with an effective sample size of roughly 10-50% of the
 episodes; larger shifts make importance sampling harder.
+
+Exact action values: where the environment's states are tabular (``chain``) and episodes are
+not capped by a horizon, ``q/eval_{0,1,2}.npz`` (and ``q/behavior.npz``) hold each policy's
+exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64), the Q source of
+doubly robust estimators with a known answer; truth.json's entries say where (``"q"``), or
+``"q": null`` where there is no exact tabular Q (other environments; a finite horizon, under
+which the value of a capped episode depends on time). They live outside ``policies/`` so that
+``--policy 'policies/*.npz'`` still matches policies only.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.envs.base import POLICY_SCALES
+from ope_cli.envs.base import POLICY_SCALES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
 
@@ -66,6 +74,35 @@ def _check_options(
         )
 
 
+def _q_values(
+    environment: Environment,
+    env_arrays: dict,
+    policies: list[dict],
+    gamma: float,
+    horizon: int | None,
+) -> list[np.ndarray | None]:
+    """Each policy's exact Q [n_states, n_actions], or None where there is none."""
+    if environment.q_truth is None:
+        return [None] * len(policies)
+    return environment.q_truth(env_arrays, policies, gamma, horizon)
+
+
+def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> list[str | None]:
+    """Writes q/<policy name>.npz (``tabular_q``) per exact Q, removing an earlier run's file
+    where there is none now; returns the relative paths (None where no Q)."""
+    q_paths: list[str | None] = []
+    for path, q in zip(paths, q_values, strict=True):
+        q_path = f"q/{Path(path).name}"
+        if q is None:
+            (out / q_path).unlink(missing_ok=True)
+            q_paths.append(None)
+            continue
+        (out / "q").mkdir(exist_ok=True)
+        write_npz(out / q_path, "tabular_q", {"q": q})
+        q_paths.append(q_path)
+    return q_paths
+
+
 def generate(
     env: str,
     out_dir: str | Path,
@@ -80,7 +117,9 @@ def generate(
     """Writes a synthetic dataset of `env` and its policies' true values; returns truth.json's dict.
 
     Files: OUT/logs.parquet (OUT/logs/part-00000.parquet ... when files > 1, whole episodes
-    per file), OUT/behavior.npz, OUT/policies/eval_{0,1,2}.npz and OUT/truth.json. `horizon`
+    per file), OUT/behavior.npz, OUT/policies/eval_{0,1,2}.npz, OUT/truth.json and, where the
+    environment has an exact tabular Q (chain without a horizon), OUT/q/behavior.npz and
+    OUT/q/eval_{0,1,2}.npz (``tabular_q``; truth.json's ``"q"`` entries, else null). `horizon`
     caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). Raises
     ValueError for an unknown env or a bad option.
     """
@@ -94,6 +133,7 @@ def generate(
 
     with jax.enable_x64(True):
         truths = environment.truth(env_arrays, policies, gamma, horizon)
+        q_values = _q_values(environment, env_arrays, policies, gamma, horizon)
         params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policies[0]})
         steps, longest = write_logs(
             environment, params, jax.random.key(seed), episodes, horizon, files, out
@@ -102,9 +142,10 @@ def generate(
     paths = ["behavior.npz"] + [f"policies/eval_{k}.npz" for k in range(len(POLICY_SCALES))]
     for path, policy in zip(paths, policies, strict=True):
         write_npz(out / path, environment.kind, policy)
+    q_paths = _write_q(out, paths, q_values)
     entries = [
-        {"policy": path, "value": value, "stderr": stderr, "method": method}
-        for path, (value, stderr, method) in zip(paths, truths, strict=True)
+        {"policy": path, "value": value, "stderr": stderr, "method": method, "q": q_path}
+        for path, (value, stderr, method), q_path in zip(paths, truths, q_paths, strict=True)
     ]
     truth = {
         "env": env,

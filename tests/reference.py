@@ -1,4 +1,4 @@
-"""Plain float64 NumPy reference for the estimators and policies of SPEC sections 3 and 4.
+"""Plain float64 NumPy reference for the estimators and policies of SPEC sections 3, 4 and 9.
 
 Readability beats speed here: the tool under test is compared against these functions.
 Weights are kept in log space and shifted by their maximum (as in log-sum-exp), so
@@ -23,7 +23,7 @@ DIAGNOSTICS = (
     "zero_weight_fraction",
 )
 
-Episode = Mapping[str, np.ndarray]  # "log_target" [T], "log_behavior" [T], "reward" [T]
+Episode = Mapping[str, np.ndarray]  # "log_target", "log_behavior", "reward" (+ "q", "v") [T]
 
 
 # --------------------------------------------------------------------------- policies
@@ -215,3 +215,93 @@ def reference_stderr(episodes: Sequence[Episode], gamma: float) -> dict[str, flo
         wis = float(w @ ret) / float(w.sum())
         out["wis"] = math.sqrt(float(np.sum(w**2 * (ret - wis) ** 2))) / float(w.sum())
     return out
+
+
+# ------------------------------------------------------------- doubly robust (SPEC 9)
+
+
+def _padded_q(episodes: Sequence[Episode]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Episodes with "q" [T_i] (Q-hat of the logged action) and "v" [T_i] (V-hat of the state)
+    -> q [n, T_max], v [n, T_max] (0 after the end: the absorbing convention) and
+    log W_{t-1} [n, T_max] (log W_{i,-1} = 0, i.e. W_{i,-1} = 1)."""
+    log_w, _, _, _ = _padded(episodes, 1.0)
+    q = np.zeros(log_w.shape)
+    v = np.zeros(log_w.shape)
+    for i, ep in enumerate(episodes):
+        length = len(ep["reward"])
+        if len(ep["q"]) != length or len(ep["v"]) != length:
+            raise ValueError("q and v need one value per step")
+        q[i, :length] = ep["q"]
+        v[i, :length] = ep["v"]
+    log_w_prev = np.concatenate([np.zeros((len(episodes), 1)), log_w[:, :-1]], axis=1)
+    return q, v, log_w_prev
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def reference_dr_estimates(episodes: Sequence[Episode], gamma: float) -> dict[str, float | None]:
+    """DM, DR and WDR of SPEC section 9.
+
+    episodes: one mapping per episode with float64 "log_target", "log_behavior", "reward",
+    "q" (Q-hat(s_t, a_t)) and "v" (V-hat(s_t)), each [T_i]. With W_{i,-1} = 1 and, after an
+    episode ends, ratio 1, reward 0 and Q-hat = V-hat = 0 (t runs to the longest episode):
+
+        dm  = (1/n) sum_i V(s_i0)
+        dr  = (1/n) sum_i sum_t gamma^t [W_it (r_it - Q_it) + W_i,t-1 V_it]
+        wdr = sum_t gamma^t [sum_i W_it (r_it - Q_it) / sum_i W_it
+                             + sum_i W_i,t-1 V_it / sum_i W_i,t-1]
+
+    DR's two sums (importance-weighted residuals, and baselines) are each shifted by the
+    maximum of their own log weights; WDR's per-step sums by the step's maximum. Returns
+    {"dm", "dr", "wdr"}; a value that is not a finite float64 (overflow, 0/0) is None.
+    """
+    log_w, reward, discount, _ = _padded(episodes, gamma)
+    q, v, log_w_prev = _padded_q(episodes)
+    n = len(episodes)
+
+    m = _shift(log_w)
+    residual = float((np.exp(log_w - m) * (reward - q) * discount).sum())
+    m_prev = _shift(log_w_prev)
+    baseline = float((np.exp(log_w_prev - m_prev) * v * discount).sum())
+    residual_mean = _scaled(residual, m - math.log(n))
+    baseline_mean = _scaled(baseline, m_prev - math.log(n))
+    dr = None
+    if residual_mean is not None and baseline_mean is not None:
+        dr = _finite(residual_mean + baseline_mean)
+
+    residual_steps = reward - q  # [n, T_max], laid out like reward
+    wdr = 0.0
+    for t in range(log_w.shape[1]):
+        m_t, m_prev_t = float(log_w[:, t].max()), float(log_w_prev[:, t].max())
+        if m_t == -np.inf or m_prev_t == -np.inf:  # every weight is zero from here on: 0/0
+            wdr = None
+            break
+        w_t = np.exp(log_w[:, t] - m_t)  # [n] W_it / exp(m_t)
+        w_prev = np.exp(log_w_prev[:, t] - m_prev_t)  # [n] W_i,t-1 / exp(m_prev_t)
+        wdr += float(discount[t]) * float(w_t @ residual_steps[:, t]) / float(w_t.sum())
+        wdr += float(discount[t]) * float(w_prev @ v[:, t]) / float(w_prev.sum())
+
+    return {
+        "dm": _finite(float(np.mean(v[:, 0]))),
+        "dr": dr,
+        "wdr": None if wdr is None else _finite(wdr),
+    }
+
+
+def reference_dr_stderr(episodes: Sequence[Episode], gamma: float) -> dict[str, float | None]:
+    """Standard errors {"dm", "dr"}: the sample std (ddof=1) / sqrt(n) of the per-episode
+    terms V(s_i0) and sum_t gamma^t [W_it (r_it - Q_it) + W_i,t-1 V_it]; None if n < 2 or
+    not finite."""
+    log_w, reward, discount, _ = _padded(episodes, gamma)
+    q, v, log_w_prev = _padded_q(episodes)
+    m = max(_shift(log_w), _shift(log_w_prev))  # one scale for both parts of a term
+    terms = (
+        np.exp(log_w - m) * (reward - q) * discount + np.exp(log_w_prev - m) * v * discount
+    ).sum(axis=1)  # [n] per-episode DR terms / exp(m)
+    dm = _scaled_sem(v[:, 0], 0.0)
+    return {
+        "dm": None if dm is None else _finite(dm),
+        "dr": _scaled_sem(terms, m),
+    }

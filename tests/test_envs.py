@@ -156,6 +156,7 @@ def test_same_seed_same_bytes(env, tmp_path):
     names = ["logs.parquet", "behavior.npz", "truth.json"] + [
         f"policies/eval_{k}.npz" for k in range(3)
     ]
+    names += [f"q/eval_{k}.npz" for k in range(3)] if env == "chain" else []
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert (tmp_path / "a" / "logs.parquet").read_bytes() != (
@@ -231,6 +232,78 @@ def test_chain_truth_matches_monte_carlo(gamma, horizon, tmp_path):
         env, policy["logits"], gamma, horizon, 30_000, np.random.default_rng(0)
     )
     assert abs(mean - truth["policies"][0]["value"]) < 4 * stderr
+
+
+@pytest.fixture(scope="module")
+def chain_q(tmp_path_factory) -> tuple[Path, dict]:
+    """chain at gamma 0.95 without a horizon: (out dir, truth) with the exact Q files."""
+    out = tmp_path_factory.mktemp("chain_q")
+    return out, gen.generate("chain", out, episodes=10, gamma=0.95)
+
+
+def test_chain_q_is_exact_and_agrees_with_the_truth(chain_q):
+    """V_pi(initial) = initial @ sum_a pi(a|s) Q(s, a) = the truth, and Q solves the Bellman
+    equation Q = r + gamma (1 - terminate) P (pi . Q), both to 1e-10."""
+    out, truth = chain_q
+    env, _ = ENVIRONMENTS["chain"].build(truth["shift"])
+    for entry in [truth["behavior"], *truth["policies"]]:
+        name = Path(entry["policy"]).name
+        assert entry["q"] == f"q/{name}" and (out / entry["q"]).is_file()
+        kind, arrays = _load_policy(out / entry["q"])
+        assert kind == "tabular_q" and set(arrays) == {"q"}
+        q = arrays["q"]
+        assert q.dtype == np.float64 and q.shape == env["mean_reward"].shape == (10, 3)
+        _, policy = _load_policy(out / entry["policy"])
+        v = np.sum(_softmax(policy["logits"]) * q, axis=1)  # [S]
+        assert env["initial"] @ v == pytest.approx(entry["value"], rel=1e-10, abs=1e-10)
+        continuing = 0.95 * (1.0 - env["terminate"]) * (env["transitions"] @ v)  # [S, A]
+        np.testing.assert_allclose(q, env["mean_reward"] + continuing, rtol=1e-10, atol=1e-10)
+    assert not (out / "policies" / "q").exists()  # 'policies/*.npz' still matches policies only
+    assert sorted(p.name for p in (out / "policies").iterdir()) == [
+        "eval_0.npz",
+        "eval_1.npz",
+        "eval_2.npz",
+    ]
+
+
+def test_chain_q_matches_the_simulated_transitions(on_policy):
+    """On the JAX simulator's logs (shift 0, gamma 1), the TD error r_t + V(s_t+1) - Q(s_t, a_t)
+    (V(s_T) = 0 after the last step) has mean 0 for every (state, action) seen 50+ times."""
+    out, truth = on_policy["chain"]
+    table = pq.read_table(out / "logs.parquet").to_pydict()
+    episode, obs, action = (np.asarray(table[k]) for k in ("episode_id", "observation", "action"))
+    reward = np.asarray(table["reward"])
+    q = _load_policy(out / truth["policies"][0]["q"])[1]["q"]
+    _, policy = _load_policy(out / truth["policies"][0]["policy"])
+    v = np.sum(_softmax(policy["logits"]) * q, axis=1)
+    continues = np.r_[episode[1:] == episode[:-1], False]  # the next row is the same episode
+    next_v = np.where(continues, v[np.r_[obs[1:], 0]], 0.0)
+    td = reward + next_v - q[obs, action]  # [steps]
+    cell = obs * q.shape[1] + action
+    counts = np.bincount(cell, minlength=q.size)
+    sums, squares = (np.bincount(cell, x, minlength=q.size) for x in (td, td**2))
+    seen = counts >= 50
+    mean = sums[seen] / counts[seen]
+    stderr = np.sqrt((squares[seen] / counts[seen] - mean**2) / counts[seen])
+    assert seen.sum() >= 15 and np.all(np.abs(mean) < 4.5 * stderr)
+
+
+def test_no_q_where_it_is_not_exact(chain_q, tmp_path):
+    """A horizon makes chain's Q depend on time, and the other environments have no tabular
+    states: "q" is null and no file is written (an earlier run's is removed)."""
+    out, _ = chain_q
+    capped = gen.generate("chain", tmp_path / "capped", episodes=10, gamma=0.95, horizon=8)
+    bandit = gen.generate("bandit", tmp_path / "bandit", episodes=10)
+    for truth in (capped, bandit):
+        assert all(e["q"] is None for e in [truth["behavior"], *truth["policies"]])
+    assert not (tmp_path / "capped" / "q").exists() and not (tmp_path / "bandit" / "q").exists()
+
+    rerun = tmp_path / "rerun"
+    gen.generate("chain", rerun, episodes=10)
+    assert len(list((rerun / "q").glob("*.npz"))) == 4
+    gen.generate("chain", rerun, episodes=10, horizon=8)
+    assert list((rerun / "q").glob("*.npz")) == []
+    assert ENVIRONMENTS["control"].q_truth is None and ENVIRONMENTS["gaussian"].q_truth is None
 
 
 def test_bandit_truth_matches_monte_carlo(tmp_path):

@@ -19,7 +19,13 @@ from datasets import (
     write_episode_layout,
     write_step_layout,
 )
-from reference import reference_estimates, reference_log_prob, reference_stderr
+from reference import (
+    reference_dr_estimates,
+    reference_dr_stderr,
+    reference_estimates,
+    reference_log_prob,
+    reference_stderr,
+)
 
 
 def episode(target_probs, behavior_probs, rewards) -> dict[str, np.ndarray]:
@@ -332,3 +338,184 @@ def test_checkpoint_roundtrip_and_layouts(kind, tmp_path):
         "action_probs",
     ]
     np.testing.assert_array_equal(ep_table["rewards"][1].values.to_numpy(), episodes[1]["reward"])
+
+
+# ------------------------------------------------------------- doubly robust (SPEC 9)
+
+
+def with_q(episodes, q=None, v=None) -> list[dict[str, np.ndarray]]:
+    """Copies of the episodes with "q" and "v" [T_i] (zeros where not given)."""
+    out = []
+    for k, ep in enumerate(episodes):
+        length = len(ep["reward"])
+        out.append(
+            {
+                **ep,
+                "q": np.zeros(length) if q is None else np.asarray(q[k], dtype=np.float64),
+                "v": np.zeros(length) if v is None else np.asarray(v[k], dtype=np.float64),
+            }
+        )
+    return out
+
+
+def zero_q_cases():
+    """Episode sets for Q-hat = V-hat = 0: hand, random skewed, over/underflowing, zero weights."""
+    rng = np.random.default_rng(7)
+    behavior = random_checkpoint("linear_softmax", rng)
+    target = random_checkpoint("linear_softmax", rng)
+    random_eps = to_reference_input(random_episodes(rng, 40, behavior=behavior), target)
+    alive = episode([0.5, 0.5], [0.5, 0.25], [1.0, 1.0])
+    dead = episode([0.5, 0.0, 0.2], [0.5, 0.5, 0.5], [5.0, 5.0, 1.0])
+    return {
+        "hand": HAND,
+        "random": random_eps,
+        "overflow": prefixed(HAND, 0.5),
+        "underflow": prefixed(HAND, -0.5),
+        "zero_weight": [alive, dead],
+        "all_dead": [dead, dead],
+    }
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("case", list(zero_q_cases()))
+def test_zero_q_gives_pdis_and_wpdis_exactly(case, gamma):
+    episodes = zero_q_cases()[case]
+    base = reference_estimates(episodes, gamma)
+    got = reference_dr_estimates(with_q(episodes), gamma)
+    assert got["dr"] == base["pdis"] and got["wdr"] == base["wpdis"]  # None == None included
+    assert got["dm"] == 0.0
+    assert reference_dr_stderr(with_q(episodes), gamma)["dm"] == 0.0
+
+
+def test_hand_example_with_q():
+    """HAND with Q-hat, V-hat by hand. W = (2, 1) and (0.5,), so W_{t-1} = (1, 2) and (1, 0.5
+    absorbed at t = 1); after B ends its reward, Q-hat and V-hat are 0."""
+    g = Fraction(9, 10)
+    q = [[Fraction(3, 2), Fraction(1)], [Fraction(2)]]
+    v = [[Fraction(2), Fraction(1, 2)], [Fraction(5, 2)]]
+    term_a = 2 * (1 - q[0][0]) + 1 * v[0][0] + g * (1 * (2 - q[0][1]) + 2 * v[0][1])  # 2.8
+    term_b = Fraction(1, 2) * (3 - q[1][0]) + 1 * v[1][0]  # 3
+    wdr = (2 * (1 - q[0][0]) + Fraction(1, 2) * (3 - q[1][0])) / Fraction(5, 2)  # t = 0
+    wdr += (v[0][0] + v[1][0]) / 2
+    wdr += g * (1 * (2 - q[0][1]) + Fraction(1, 2) * 0) / Fraction(3, 2)  # t = 1
+    wdr += g * (2 * v[0][1] + Fraction(1, 2) * 0) / Fraction(5, 2)  # B stays at 0.5
+    expected = {"dm": Fraction(9, 4), "dr": (term_a + term_b) / 2, "wdr": wdr}
+    assert {k: float(x) for k, x in expected.items()} == pytest.approx(
+        {"dm": 2.25, "dr": 2.9, "wdr": 3.01}, rel=1e-15
+    )
+    episodes = with_q(
+        HAND, [[float(x) for x in row] for row in q], [[float(x) for x in row] for row in v]
+    )
+    got = reference_dr_estimates(episodes, 0.9)
+    assert got == pytest.approx({k: float(x) for k, x in expected.items()}, rel=1e-12)
+    stderr = reference_dr_stderr(episodes, 0.9)
+    assert stderr == pytest.approx({"dm": 0.25, "dr": 0.1}, rel=1e-12)  # |a - b| / 2
+
+
+def test_on_policy_lengths_one_and_two():
+    """Two episodes of lengths 1 and 2, reward 1 per step, gamma 1, pi_e = pi_b: the truth is
+    1.5. Padding the ended episode with weight 0 would give WDR = 1 + 1/1 = 2.0 with Q = 0."""
+    episodes = [episode([0.5], [0.5], [1.0]), episode([0.5, 0.5], [0.5, 0.5], [1.0, 1.0])]
+    exact = [[1.0], [2.0, 1.0]]  # the return still to come: Q of the logged action = V
+    got = reference_dr_estimates(with_q(episodes, exact, exact), 1.0)
+    assert got == pytest.approx({"dm": 1.5, "dr": 1.5, "wdr": 1.5}, rel=1e-15)
+    stderr = reference_dr_stderr(with_q(episodes, exact, exact), 1.0)
+    assert stderr == pytest.approx({"dm": 0.5, "dr": 0.5}, rel=1e-12)  # terms 1 and 2: |1-2|/2
+
+    zero = reference_dr_estimates(with_q(episodes), 1.0)
+    assert zero == pytest.approx({"dm": 0.0, "dr": 1.5, "wdr": 1.5}, rel=1e-15)  # not 2.0
+
+    rng = np.random.default_rng(11)  # on-policy with Q-hat = V-hat: the sums telescope
+    for _ in range(5):
+        guess = [rng.normal(size=1), rng.normal(size=2)]
+        got = reference_dr_estimates(with_q(episodes, guess, guess), 1.0)
+        assert got["dr"] == pytest.approx(1.5, rel=1e-12)
+        assert got["wdr"] == pytest.approx(1.5, rel=1e-12)
+        assert got["dm"] == pytest.approx((guess[0][0] + guess[1][0]) / 2, rel=1e-12)
+
+
+def test_dm_is_the_mean_initial_v():
+    rng = np.random.default_rng(12)
+    episodes = [episode([0.3] * n, [0.6] * n, rng.normal(size=n)) for n in (3, 1, 5)]
+    q = [rng.normal(size=len(ep["reward"])) for ep in episodes]
+    v = [rng.normal(size=len(ep["reward"])) for ep in episodes]
+    v0 = np.array([row[0] for row in v])
+    got = reference_dr_estimates(with_q(episodes, q, v), 0.9)
+    assert got["dm"] == pytest.approx(v0.mean(), rel=1e-15)
+    assert reference_dr_stderr(with_q(episodes, q, v), 0.9)["dm"] == pytest.approx(
+        v0.std(ddof=1) / math.sqrt(3), rel=1e-12
+    )
+    assert reference_dr_stderr(with_q(episodes[:1], q[:1], v[:1]), 0.9) == {
+        "dm": None,
+        "dr": None,
+    }
+
+
+def decimal_dr(episodes, gamma: float) -> dict[str, float]:
+    """DR and WDR of SPEC 9 in 60-digit decimal arithmetic, the absorbing convention by hand."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        g, n = Decimal(gamma), len(episodes)
+        t_max = max(len(ep["reward"]) for ep in episodes)
+        weights = []  # per episode: W_{-1}, W_0, ..., W_{t_max - 1} (absorbing)
+        for ep in episodes:
+            log_w, w = Decimal(0), [Decimal(1)]
+            for t in range(t_max):
+                if t < len(ep["reward"]):
+                    log_w += Decimal(float(ep["log_target"][t])) - Decimal(
+                        float(ep["log_behavior"][t])
+                    )
+                w.append(log_w.exp())
+            weights.append(w)
+
+        def at(ep, key, t):
+            return Decimal(float(ep[key][t])) if t < len(ep["reward"]) else Decimal(0)
+
+        dr, wdr = Decimal(0), Decimal(0)
+        for t in range(t_max):
+            w_t = [w[t + 1] for w in weights]
+            w_prev = [w[t] for w in weights]
+            res = [at(ep, "reward", t) - at(ep, "q", t) for ep in episodes]
+            v_t = [at(ep, "v", t) for ep in episodes]
+            weighted_res = sum(a * b for a, b in zip(w_t, res, strict=True))
+            weighted_v = sum(a * b for a, b in zip(w_prev, v_t, strict=True))
+            dr += g**t * (weighted_res + weighted_v) / n
+            wdr += g**t * (weighted_res / sum(w_t) + weighted_v / sum(w_prev))
+        return {"dr": float(dr), "wdr": float(wdr)}
+
+
+@pytest.mark.parametrize("drift", [0.5, -0.5])
+def test_long_episodes_dr_match_exact_decimal(drift):
+    """~1000 steps of log ratio ~ +-0.5 (weights exp(+-500)), with Q-hat and V-hat."""
+    rng = np.random.default_rng(13)
+    episodes = []
+    for length in (1000, 990, 400, 1000):
+        log_b = np.log(rng.uniform(0.05, 1.0, size=length))
+        episodes.append(
+            {
+                "log_target": log_b + drift + 0.05 * rng.normal(size=length),
+                "log_behavior": log_b,
+                "reward": rng.normal(1.0, 1.0, size=length),
+                "q": rng.normal(1.0, 0.5, size=length),
+                "v": rng.normal(1.0, 0.5, size=length),
+            }
+        )
+    got = reference_dr_estimates(episodes, 0.999)
+    expected = decimal_dr(episodes, 0.999)
+    assert got["wdr"] == pytest.approx(expected["wdr"], rel=1e-8)
+    assert got["dr"] == pytest.approx(expected["dr"], rel=1e-8)
+
+
+def test_dr_over_and_underflow():
+    """2000 zero-reward prefix steps (Q-hat = V-hat = 0 there) scale every weight after them by
+    exp(+-1000): WDR is unchanged, DR is not a float64 or rounds to 0."""
+    q, v = [[0.5, 1.0], [2.0]], [[1.0, 0.5], [2.5]]
+    small = reference_dr_estimates(with_q(HAND, q, v), 1.0)
+    pad = np.zeros(2000)
+    for log_ratio in (0.5, -0.5):
+        big_q = [np.concatenate([pad, row]) for row in q]
+        big_v = [np.concatenate([pad, row]) for row in v]
+        big = reference_dr_estimates(with_q(prefixed(HAND, log_ratio), big_q, big_v), 1.0)
+        assert big["wdr"] == pytest.approx(small["wdr"], rel=1e-9)
+        assert big["dm"] == 0.0
+        assert big["dr"] is None if log_ratio > 0 else big["dr"] == 0.0

@@ -33,7 +33,8 @@ def generate(
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 
     Writes OUT/logs.parquet (or OUT/logs/ with --files > 1), OUT/behavior.npz,
-    OUT/policies/eval_*.npz and OUT/truth.json (each policy's true value).
+    OUT/policies/eval_*.npz, OUT/truth.json (each policy's true value) and, for chain
+    without --horizon, OUT/q/*.npz (each policy's exact Q, a tabular_q checkpoint).
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """

@@ -1,14 +1,18 @@
 """The environment record of ``ope generate`` and what every environment shares.
 
 An environment is one record (``Environment``): its name, its defaults (horizon, declared
-reward range, the checkpoint kind of its policies) and four functions:
+reward range, the checkpoint kind of its policies), four functions and an optional fifth:
 
 - ``build(shift) -> (env arrays, [behavior, eval_0, eval_1, eval_2] policy arrays)``;
 - ``reset(params, uniform [U], normal [N]) -> per-episode state with "obs"``;
 - ``step(params, state, uniform [U], normal [N], t) -> (next state, record, terminated)``, the
   record holding "observation", "action", "reward", "behavior_prob" under params["behavior"];
 - ``truth(env arrays, policies, gamma, horizon) -> [(value, stderr, method)]`` per policy, the
-  exact (or Monte Carlo, with its standard error) value of each policy.
+  exact (or Monte Carlo, with its standard error) value of each policy;
+- optionally ``q_truth(env arrays, policies, gamma, horizon) -> [Q [n_states, n_actions] or
+  None]`` per policy, the exact action values where the states are tabular (``tabular_q``
+  checkpoints); None for an environment without them, or a policy entry None where they
+  are not exact (a finite horizon makes Q depend on time).
 
 ``reset`` and ``step`` are written for one episode; the rollout engine vmaps and scans them.
 """
@@ -30,6 +34,7 @@ Params = dict[str, Any]
 State = dict[str, jax.Array]
 Record = dict[str, jax.Array]
 Truth = tuple[float, float, str]  # value, stderr, method
+QTruth = Callable[[Params, list[Params], float, int | None], list[np.ndarray | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Environment:
     kind: str  # the policies' checkpoint kind
     default_horizon: int | None
     reward_range: tuple[float, float] | None  # declared in the logs' metadata when bounded
+    q_truth: QTruth | None = None  # exact tabular Q per policy, where the states are tabular
 
 
 def draw(key: jax.Array, steps: int, noise: tuple[int, int]) -> tuple[jax.Array, jax.Array]:

@@ -2,7 +2,8 @@
 
 Mean rewards grow to the right, Bernoulli rewards in {0, 1}, a termination probability per
 (state, action) of 5-15%; ``tabular`` policies. Truth: the Bellman equations (a linear solve;
-backward induction when ``horizon`` caps the episodes).
+backward induction when ``horizon`` caps the episodes); ``q_truth``: the exact action values
+Q [S, A] from the same solve (none under a horizon, where they depend on time).
 """
 
 from __future__ import annotations
@@ -55,25 +56,42 @@ def step(params: Params, state: State, uniform: jax.Array, normal: jax.Array, t:
     return {"obs": next_s}, record, terminated
 
 
+def _solve(env: Params, policy: Params, gamma: float, horizon: int | None):
+    """V [S] of a policy and, when ``horizon`` is None, its Q [S, A]; both from one solve.
+
+    V = r_pi + gamma P_pi V with P_pi [S, S] the continuing transitions under pi, and
+    Q(s, a) = mean_reward(s, a) + gamma (1 - terminate(s, a)) sum_s' P(s' | s, a) V(s').
+    A finite horizon makes the value of a capped episode depend on time: Q is then None.
+    """
+    probs = softmax_np(policy["logits"])
+    reward_pi = np.sum(probs * env["mean_reward"], axis=1)
+    transition_pi = np.einsum("sa,sat->st", probs * (1.0 - env["terminate"]), env["transitions"])
+    if horizon is not None:
+        values = np.zeros_like(reward_pi)
+        for _ in range(horizon):  # until the horizon or a fixed point in float64
+            values, previous = reward_pi + gamma * transition_pi @ values, values
+            if np.array_equal(values, previous):
+                break
+        return values, None
+    values = np.linalg.solve(np.eye(len(reward_pi)) - gamma * transition_pi, reward_pi)
+    continuing = gamma * (1.0 - env["terminate"])
+    q = env["mean_reward"] + continuing * np.einsum("sat,t->sa", env["transitions"], values)
+    return values, q
+
+
 def truth(env: Params, policies: list[Params], gamma: float, horizon: int | None) -> list[Truth]:
-    """initial @ V, V = r_pi + gamma P_pi V with P_pi [S, S] the continuing transitions under pi."""
-    truths = []
-    for policy in policies:
-        probs = softmax_np(policy["logits"])
-        reward_pi = np.sum(probs * env["mean_reward"], axis=1)
-        transition_pi = np.einsum(
-            "sa,sat->st", probs * (1.0 - env["terminate"]), env["transitions"]
-        )
-        if horizon is None:
-            values = np.linalg.solve(np.eye(len(reward_pi)) - gamma * transition_pi, reward_pi)
-        else:
-            values = np.zeros_like(reward_pi)
-            for _ in range(horizon):  # until the horizon or a fixed point in float64
-                values, previous = reward_pi + gamma * transition_pi @ values, values
-                if np.array_equal(values, previous):
-                    break
-        truths.append((float(env["initial"] @ values), 0.0, "bellman"))
-    return truths
+    """initial @ V per policy (the Bellman equations; backward induction under a horizon)."""
+    return [
+        (float(env["initial"] @ _solve(env, policy, gamma, horizon)[0]), 0.0, "bellman")
+        for policy in policies
+    ]
+
+
+def q_truth(
+    env: Params, policies: list[Params], gamma: float, horizon: int | None
+) -> list[np.ndarray | None]:
+    """Each policy's exact Q [S, A] (float64), or None under a finite horizon."""
+    return [_solve(env, policy, gamma, horizon)[1] for policy in policies]
 
 
 ENVIRONMENT = Environment(
@@ -82,6 +100,7 @@ ENVIRONMENT = Environment(
     reset=reset,
     step=step,
     truth=truth,
+    q_truth=q_truth,
     noise=(4, 0),
     kind="tabular",
     default_horizon=None,
