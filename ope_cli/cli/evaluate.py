@@ -16,6 +16,7 @@ from ope_cli.cli.options import (
     BehaviorLogProbCol,
     BehaviorProbCol,
     Coordinator,
+    CrossFit,
     Data,
     Devices,
     Distributed,
@@ -31,6 +32,8 @@ from ope_cli.cli.options import (
     OutputFormat,
     Precision,
     ProcessId,
+    QCol,
+    QOption,
     Quiet,
     ReadRows,
     RewardCol,
@@ -38,12 +41,15 @@ from ope_cli.cli.options import (
     TargetLogProbCol,
     TargetProbCol,
     Timeout,
+    VCol,
+    VSamples,
     column_mapping,
 )
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import ESTIMATORS, BatchingConfig, EvaluationConfig
 from ope_cli.errors import UsageError
 from ope_cli.estimators import names
+from ope_cli.plan import reported_estimators
 
 if TYPE_CHECKING:  # annotations only: the distributed runtime and results load with the run
     from ope_cli.distributed import DistributedConfig
@@ -67,6 +73,9 @@ def evaluate(
     behavior: Behavior = None,
     min_propensity: MinPropensity = 1e-3,
     behavior_cross_fit: BehaviorCrossFit = 1,
+    q: QOption = None,
+    cross_fit: CrossFit = 2,
+    v_samples: VSamples = 16,
     gamma: Gamma = 1.0,
     estimator: Estimators = None,
     output_format: EvaluateFormat = None,
@@ -135,6 +144,8 @@ def evaluate(
     behavior_log_prob_col: BehaviorLogProbCol = None,
     target_prob_col: TargetProbCol = None,
     target_log_prob_col: TargetLogProbCol = None,
+    q_col: QCol = None,
+    v_col: VCol = None,
     coordinator: Coordinator = None,
     num_processes: NumProcesses = None,
     process_id: ProcessId = None,
@@ -157,6 +168,8 @@ def evaluate(
       ope evaluate minari_logs/ --policy ckpt.npz --behavior behavior.npz
 
       ope evaluate logs_without_propensities.parquet --policy ckpt.npz --behavior estimate
+
+      ope evaluate logs.parquet --policy ckpt.npz --q fit
     """
     from ope_cli.distributed import DistributedConfig
 
@@ -167,7 +180,10 @@ def evaluate(
         min_propensity=min_propensity,
         behavior_cross_fit=behavior_cross_fit,
         gamma=gamma,
-        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else names(),
+        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None,
+        q=tuple(q or ()),
+        cross_fit=cross_fit,
+        v_samples=v_samples,
         confidence=confidence,
         interval=ci,
         reward_range=reward_range,
@@ -184,6 +200,8 @@ def evaluate(
             behavior_log_prob_col,
             target_prob_col,
             target_log_prob_col,
+            q_col,
+            v_col,
         ),
         batching=BatchingConfig(
             read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
@@ -214,7 +232,7 @@ def run_and_report(
     then the result on stdout, from process 0 only."""
     from ope_cli.pipeline import evaluate as run_evaluation
 
-    rank_by = check_rank_by(rank_by, config.estimators)
+    rank_by = check_rank_by(rank_by, reported_estimators(config))
     if plot is not None:
         from ope_cli.report.plots import require_matplotlib
 

@@ -104,6 +104,50 @@ BehaviorModelOption = Annotated[
     ),
 ]
 
+# --- doubly robust (evaluate)
+QOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--q",
+        metavar="Q.npz|package.module:name|fit[:MODEL]",
+        help="Q-hat of the evaluation policy, for the doubly robust estimators dm, dr and "
+        "wdr: a checkpoint (tabular_q, linear_q, mlp_q, mlp_q_sa), an entry point, or fit "
+        "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once for "
+        "every policy, or once per --policy in the same order.",
+    ),
+]
+CrossFit = Annotated[
+    int,
+    typer.Option(
+        metavar="K",
+        help="With --q fit: split the episodes into K folds (by id hash) and score each with "
+        "the Q fitted on the other K-1 (1: fit on all, in-sample).",
+    ),
+]
+VSamples = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        help="Continuous actions: V-hat(s) averages Q-hat over N actions drawn from the policy.",
+    ),
+]
+QCol = Annotated[
+    str | None,
+    typer.Option(
+        help="Column holding Q-hat of the logged action from your own critic (one policy; "
+        "with --v-col). Read only when named.",
+        rich_help_panel=COLUMNS_PANEL,
+    ),
+]
+VCol = Annotated[
+    str | None,
+    typer.Option(
+        help="Column holding V-hat of the state from your own critic (with --q-col). Read "
+        "only when named.",
+        rich_help_panel=COLUMNS_PANEL,
+    ),
+]
+
 # --- column mapping (evaluate, inspect)
 EpisodeCol = Annotated[str | None, _column("the episode id (default episode_id)")]
 StepCol = Annotated[str | None, _column("the 0-based step in its episode (default step)")]
@@ -142,7 +186,8 @@ Estimators = Annotated[
     typer.Option(
         "--estimator",
         "-e",
-        help=f"Estimator to report ({', '.join(ESTIMATORS)}); repeatable. Default: all.",
+        help=f"Estimator to report ({', '.join(ESTIMATORS)}; with --q also dm, dr, wdr); "
+        "repeatable. Default: all.",
     ),
 ]
 Precision = Annotated[
@@ -214,6 +259,8 @@ def column_mapping(
     behavior_log_prob_col: str | None = None,
     target_prob_col: str | None = None,
     target_log_prob_col: str | None = None,
+    q_col: str | None = None,
+    v_col: str | None = None,
 ) -> ColumnMapping:
     """The column options (None: the default name or an alias) as a ``ColumnMapping``."""
     return ColumnMapping(
@@ -226,4 +273,6 @@ def column_mapping(
         behavior_log_prob=behavior_log_prob_col,
         target_prob=target_prob_col,
         target_log_prob=target_log_prob_col,
+        q_value=q_col,
+        v_value=v_col,
     )
