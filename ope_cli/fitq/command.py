@@ -60,7 +60,7 @@ class FitQResult:
     seconds: float
     ridge: float | None = None  # linear
     iterations: int | None = None  # mlp
-    best_iteration: int | None = None
+    converged: bool | None = None
     heldout_steps: int | None = None
     heldout_bellman_rmse: float | None = None
 
@@ -150,7 +150,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         seconds=time.perf_counter() - started,
         ridge=d.get("ridge"),
         iterations=d.get("iterations"),
-        best_iteration=d.get("best_iteration"),
+        converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
     )

@@ -42,7 +42,7 @@ class QFit:
       else [the fit on every fold but k, for k in range(folds)].
     diagnostics: ``bellman_rmse`` (in-sample; with folds > 1, each fold's steps scored by
       the fit without them), ``dm`` and ``dm_stderr`` (the same way), ``seconds``, and per
-      model: ``ridge`` (linear), ``iterations``, ``best_iteration``,
+      model: ``ridge`` (linear), ``iterations``, ``converged``,
       ``heldout_bellman_rmse`` and ``heldout_steps`` (mlp, of the fit on every episode or
       of each fold's fit, as lists).
     """

@@ -37,7 +37,8 @@ def render_table(result: FitQResult, console: Console) -> None:
     if result.ridge is not None:
         table.add_row("ridge", significant(result.ridge))
     if result.iterations is not None:
-        table.add_row("iterations (kept)", f"{result.iterations} ({result.best_iteration})")
+        converged = "converged" if result.converged else "not converged"
+        table.add_row("iterations", f"{result.iterations} ({converged})")
         table.add_row(
             f"Bellman residual RMSE (held out: {count(result.heldout_steps or 0)} steps)",
             significant(result.heldout_bellman_rmse),
