@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from ope_cli.episodes import EpisodeAssembler, take_episodes
 from ope_cli.errors import UsageError
 from ope_cli.fit.base import episode_folds
 from ope_cli.fitq.base import check_q_model_fits, check_q_model_name, default_q_model
-from ope_cli.fitq.run import fit_q
+from ope_cli.fitq.run import collect_q, fit_q, make_q_model
 from ope_cli.policies import chunk_checks, load_policy
 from ope_cli.schema import resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
@@ -379,3 +380,65 @@ def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope):
     )
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "continuous" in done.stderr
+
+
+class _TwoProcessGather:
+    """An all-gather between two threads standing for two processes: each passes its
+    [n_p, ...] array and both get the concatenation in process order."""
+
+    def __init__(self):
+        self.slots = [None, None]
+        self.barrier = threading.Barrier(2)
+
+    def for_process(self, rank: int):
+        def gather(array):
+            self.slots[rank] = np.asarray(array)
+            self.barrier.wait()
+            both = np.concatenate(self.slots)
+            self.barrier.wait()
+            return both
+
+        return gather
+
+
+@pytest.mark.parametrize("empty_second", [False, True])
+@pytest.mark.parametrize("model", ["tabular", "linear", "mlp"])
+def test_models_gathered_across_processes_equal_one_model(data, model, empty_second):
+    """Each process's statistics (held transitions for mlp), gathered, are those of one
+    process reading every chunk in process order, also when a process read nothing."""
+    kind = "states" if model == "tabular" else "vector"
+    policy = load_policy(str(data["root"] / f"{'tabular' if model == 'tabular' else 'linear'}.npz"))
+    chunks = _chunks(data[f"{kind}_path"], policy)
+
+    def make():
+        return make_q_model(
+            model, policy, discrete=True, gamma=0.8, folds=2, ridge=1e-4, n_actions=N_ACTIONS
+        )
+
+    one = make()
+    collect_q(one, chunks, policy, folds=2, n_actions=N_ACTIONS)
+    cut = len(chunks) if empty_second else len(chunks) // 2
+    models = [make(), make()]
+    for q_model, share in zip(models, (chunks[:cut], chunks[cut:]), strict=True):
+        collect_q(q_model, share, policy, folds=2, n_actions=N_ACTIONS)
+    exchange = _TwoProcessGather()
+    threads = [
+        threading.Thread(target=q_model.gather_processes, args=(exchange.for_process(rank),))
+        for rank, q_model in enumerate(models)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for q_model in models:
+        if model == "mlp":  # the same transitions in the same order: the same fit
+            for key, value in one.data().items():
+                np.testing.assert_array_equal(q_model.data()[key], value)
+                assert q_model.data()[key].dtype == value.dtype
+            continue
+        for exclude in (None, 1):
+            expected, actual = one.fit(exclude), q_model.fit(exclude)
+            for key in expected:
+                np.testing.assert_allclose(actual[key], expected[key], rtol=1e-12, atol=1e-12)
+            assert q_model.residual(expected, 0) == pytest.approx(one.residual(expected, 0))
+            assert q_model.initial(expected, 1) == pytest.approx(one.initial(expected, 1))

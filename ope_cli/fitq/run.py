@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ope_cli.episodes import EpisodeChunk
-from ope_cli.errors import DataError, UsageError
+from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.fit.estimate import Collected, gathered
 from ope_cli.fitq.base import (
     QModel,
@@ -133,7 +133,7 @@ def collect_q_all(model, chunks, policy, *, folds, n_actions, seed, collectives)
             collected = collect_q(
                 model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed
             )
-        except DataError as failure:  # as the behavior pass: one process's error stops all
+        except OpeError as failure:  # as the behavior pass: one process's error stops all
             error = failure
             collected = Collected(model, np.zeros(folds, np.int64))
         check_all(error)
