@@ -136,8 +136,9 @@ def _empirical_q(episodes: list[dict], pi: np.ndarray, gamma: float) -> np.ndarr
     return q.reshape(N_STATES, N_ACTIONS)
 
 
-def _fit(ope_in_process, data_path, policy, out, *extra) -> dict:
-    done = ope_in_process(["fit-q", data_path, "-p", policy, "--out", out, "-f", "json", *extra])
+def _fit(ope_in_process, data_path, policy, out, *extra, cwd=None) -> dict:
+    args = ["fit-q", data_path, "-p", policy, "--out", out, "-f", "json", *extra]
+    done = ope_in_process(args, cwd=cwd)
     assert done.returncode == 0, done
     return json.loads(done.stdout)
 
@@ -442,3 +443,27 @@ def test_models_gathered_across_processes_equal_one_model(data, model, empty_sec
                 np.testing.assert_allclose(actual[key], expected[key], rtol=1e-12, atol=1e-12)
             assert q_model.residual(expected, 0) == pytest.approx(one.residual(expected, 0))
             assert q_model.initial(expected, 1) == pytest.approx(one.initial(expected, 1))
+
+
+def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_process):
+    """An entry point that declares no n_actions: a first pass finds 1 + the largest logged
+    action; the fit equals that of the same policy as a checkpoint."""
+    root = data["root"]
+    with np.load(root / "linear.npz") as ckpt:
+        weight, bias = ckpt["weight"].tolist(), ckpt["bias"].tolist()
+    (root / "fitq_entry.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n"
+        f"W = jnp.array({weight})\nB = jnp.array({bias})\n\n\n"
+        "def log_prob(observation, action):\n"
+        "    return jax.nn.log_softmax(observation @ W + B)[action]\n"
+    )
+    args = ["--model", "linear", "--gamma", "0.7"]
+    from_entry = _fit(
+        ope_in_process, data["vector_path"], "fitq_entry:log_prob", root / "e.npz", *args, cwd=root
+    )
+    from_ckpt = _fit(
+        ope_in_process, data["vector_path"], root / "linear.npz", root / "c.npz", *args
+    )
+    assert from_entry["dm"] == pytest.approx(from_ckpt["dm"], rel=1e-12)
+    with np.load(root / "e.npz") as e, np.load(root / "c.npz") as c:
+        np.testing.assert_allclose(e["weight"], c["weight"], rtol=0, atol=1e-12)

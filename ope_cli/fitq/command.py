@@ -44,7 +44,10 @@ class FitQConfig:
 @dataclasses.dataclass(frozen=True)
 class FitQResult:
     """What ``ope fit-q`` found. Bellman RMSEs are of r + gamma V(s') - Q(s, a), in reward
-    units; ``dm``: (1/n) sum_i V(s_{i,0}) under the written checkpoint."""
+    units; ``dm``: (1/n) sum_i V(s_{i,0}) under the written checkpoint, ``dm_stderr`` its
+    sample standard error over the initial states, which leaves out the error of the
+    fitted Q itself (on ``ope generate chain``, 2000 episodes, tabular: 0.0098, while dm
+    spread by 0.034 over 8 datasets)."""
 
     source: str
     policy: str

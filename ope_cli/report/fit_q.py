@@ -32,7 +32,10 @@ def render_table(result: FitQResult, console: Console) -> None:
     table.add_row("fitted on", f"{count(result.episodes)} episodes, {count(result.steps)} steps")
     table.add_row("gamma", significant(result.gamma))
     table.add_row("dm estimate (mean V of the initial states)", significant(result.dm))
-    table.add_row("dm standard error", significant(result.dm_stderr))
+    table.add_row(
+        "dm standard error (over initial states, Q taken as exact)",
+        significant(result.dm_stderr),
+    )
     table.add_row("Bellman residual RMSE (in-sample)", significant(result.bellman_rmse))
     if result.ridge is not None:
         table.add_row("ridge", significant(result.ridge))
