@@ -21,7 +21,12 @@ from ope_cli.config import ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, take_episodes
 from ope_cli.errors import UsageError
 from ope_cli.fit.base import episode_folds
-from ope_cli.fitq.base import check_q_model_fits, check_q_model_name, default_q_model
+from ope_cli.fitq.base import (
+    check_q_model_fits,
+    check_q_model_name,
+    default_q_model,
+    episode_split,
+)
 from ope_cli.fitq.run import collect_q, fit_q, make_q_model
 from ope_cli.policies import chunk_checks, load_policy
 from ope_cli.schema import resolve_schema
@@ -467,3 +472,24 @@ def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_pr
     assert from_entry["dm"] == pytest.approx(from_ckpt["dm"], rel=1e-12)
     with np.load(root / "e.npz") as e, np.load(root / "c.npz") as c:
         np.testing.assert_allclose(e["weight"], c["weight"], rtol=0, atol=1e-12)
+
+
+def test_cross_fitting_folds_are_the_kernels_folds():
+    """The fold of an episode is ``fit.base.episode_folds(key, K)`` (the kernel's
+    ``fold_index``); the mlp's held-out fifth is independent of it."""
+    keys = np.random.default_rng(0).integers(0, 2**63, 5000, dtype=np.uint64)
+    for folds in (1, 2, 3, 5):
+        fold, holdout = episode_split(keys, folds)
+        np.testing.assert_array_equal(fold, episode_folds(keys, folds))
+        for k in range(folds):  # about a fifth held out within every fold
+            assert 0.15 < holdout[fold == k].mean() < 0.25
+
+
+@pytest.mark.slow
+def test_mlp_cross_fit_gives_one_fit_per_fold(chain):
+    policy = load_policy(str(chain / "policies" / "eval_0.npz"))
+    chunks = _chunks(chain / "logs.parquet", policy, read_rows=512)
+    fit = fit_q(chunks, policy, model="mlp", gamma=0.9, folds=2, seed=1)
+    assert fit.kind == "mlp_q" and len(fit.arrays) == 2
+    assert not np.allclose(fit.arrays[0]["weight_2"], fit.arrays[1]["weight_2"])
+    assert len(fit.diagnostics["iterations"]) == 2 and np.isfinite(fit.diagnostics["dm"])
