@@ -496,3 +496,20 @@ def test_mlp_cross_fit_gives_one_fit_per_fold(chain):
     assert fit.kind == "mlp_q" and len(fit.arrays) == 2
     assert not np.allclose(fit.arrays[0]["weight_2"], fit.arrays[1]["weight_2"])
     assert len(fit.diagnostics["iterations"]) == 2 and np.isfinite(fit.diagnostics["dm"])
+
+
+def test_data_without_observations_is_invalid_data(data, ope_in_process):
+    table = pq.read_table(data["vector_path"]).drop_columns(["observation"])
+    pq.write_table(table, data["root"] / "no_obs.parquet")
+    done = ope_in_process(
+        [
+            "fit-q",
+            data["root"] / "no_obs.parquet",
+            "-p",
+            data["root"] / "linear.npz",
+            "--out",
+            data["root"] / "no.npz",
+        ]
+    )
+    assert done.returncode == 3 and done.stdout == "" and "--obs-col" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
