@@ -224,6 +224,7 @@ class QModel(Protocol):
     """
 
     name: str
+    discrete: bool  # over integer actions (else continuous: mlp only)
 
     def add(self, batch: Transitions) -> None: ...
 

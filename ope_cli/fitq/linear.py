@@ -50,11 +50,12 @@ class LinearQ:
     [K, D]; rr, n, n0 [K]."""
 
     name = "linear"
+    discrete = True
 
     def __init__(self, folds: int, gamma: float, n_actions: int, ridge: float | None = None):
         self.folds, self.gamma, self.n_actions, self.ridge = folds, gamma, n_actions, ridge
         self.dim = 0  # d + 1, set by the first steps
-        self.last_ridge: float | None = None
+        self.last: dict = {}  # the last fit's ridge
 
     def _start(self, width: int) -> None:
         if self.dim == 0:
@@ -127,7 +128,7 @@ class LinearQ:
             raise DataError(
                 f"the LSTDQ system is singular (ridge {ridge:g}); raise --ridge or use --gamma < 1"
             )
-        self.last_ridge = ridge
+        self.last = {"ridge": ridge}
         blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1]
         return {"weight": blocks[:, :-1].T.copy(), "bias": blocks[:, -1].copy()}
 

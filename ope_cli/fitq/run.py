@@ -42,9 +42,8 @@ class QFit:
       else [the fit on every fold but k, for k in range(folds)].
     diagnostics: ``bellman_rmse`` (in-sample; with folds > 1, each fold's steps scored by
       the fit without them), ``dm`` and ``dm_stderr`` (the same way), ``seconds``, and per
-      model: ``ridge`` (linear), ``iterations``, ``converged``,
-      ``heldout_bellman_rmse`` and ``heldout_steps`` (mlp, of the fit on every episode or
-      of each fold's fit, as lists).
+      model, of the single fit or as a list over the folds' fits: ``ridge`` (linear);
+      ``iterations``, ``converged``, ``heldout_bellman_rmse``, ``heldout_steps`` (mlp).
     """
 
     model: str  # tabular | linear | mlp
@@ -109,8 +108,14 @@ def collect_q(
         if chunk.observation is None:
             raise DataError("fitting Q needs the observations; name their column with --obs-col")
         batch = transitions(chunk, folds)
+        integers = chunk.action.dtype.kind in "iu"
+        if integers != model.discrete:
+            raise DataError(
+                f"{chunk.file}: the actions are {'integers' if integers else 'continuous'}, "
+                f"but the {model.name} Q model was made for the other kind"
+            )
         if model.name != "tabular":
-            if chunk.action.dtype.kind in "iu":
+            if integers:
                 batch.probs = policy_probs(policy, chunk.observation, n_actions)
             else:
                 batch.samples = policy_samples(policy, chunk, seed)
@@ -224,10 +229,7 @@ def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: 
     dm, dm_stderr = direct_method(total, total_sq, episodes)
     out = {"bellman_rmse": math.sqrt(squares / steps) if steps else None}
     out |= {"dm": dm, "dm_stderr": dm_stderr}
-    if q_model.name == "linear":
-        out["ridge"] = q_model.last_ridge
-    if q_model.name == "mlp":
-        for key in per_fold[0]:
-            values = [fold[key] for fold in per_fold]
-            out[key] = values[0] if len(values) == 1 else values
+    for key in per_fold[0]:  # the model's own: ridge (linear), iterations ... (mlp)
+        values = [fold[key] for fold in per_fold]
+        out[key] = values[0] if len(values) == 1 else values
     return out

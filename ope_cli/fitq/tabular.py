@@ -27,6 +27,7 @@ class TabularQ:
     """Counts per fold: trans/rsum [K, S, A, S], term/rterm/rr [K, S, A], init [K, S]."""
 
     name = "tabular"
+    discrete = True
 
     def __init__(
         self,
