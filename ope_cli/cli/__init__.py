@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from ope_cli._version import __version__
-from ope_cli.cli import bench, convert, evaluate, fit_behavior, generate, inspect, supervisor
+from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
 from ope_cli.errors import OpeError, UsageError
 
@@ -57,6 +57,7 @@ def _main(
 
 app.command("evaluate")(evaluate.evaluate)
 app.command("fit-behavior")(fit_behavior.fit_behavior)
+app.command("fit-q")(fit_q.fit_q)
 app.command("generate")(generate.generate)
 app.command("inspect")(inspect.inspect)
 app.command("convert")(convert.convert)

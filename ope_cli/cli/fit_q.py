@@ -1,0 +1,95 @@
+"""``ope fit-q DATA --policy P --out Q.npz``: fitted Q evaluation of pi_e, written as a Q
+checkpoint; prints the fit's diagnostics and the dm estimate."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ope_cli.cli.console import table_console
+from ope_cli.cli.options import (
+    ActionCol,
+    Data,
+    EpisodeCol,
+    Gamma,
+    InspectFormat,
+    InspectFormatOption,
+    ObsCol,
+    ReadRows,
+    RewardCol,
+    StepCol,
+    column_mapping,
+)
+from ope_cli.config import BatchingConfig
+
+
+def fit_q(
+    data: Data,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy", "-p", help="Evaluation policy: checkpoint .npz or entry point module:name."
+        ),
+    ],
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Q checkpoint .npz to write (usable as --q).")
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
+            "Default: tabular for integer states, linear for other observations, mlp for "
+            "continuous actions.",
+        ),
+    ] = None,
+    gamma: Gamma = 1.0,
+    ridge: Annotated[
+        float | None,
+        typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
+    output_format: InspectFormatOption = None,
+    read_rows: ReadRows = BatchingConfig.read_rows,
+    episode_col: EpisodeCol = None,
+    step_col: StepCol = None,
+    obs_col: ObsCol = None,
+    action_col: ActionCol = None,
+    reward_col: RewardCol = None,
+) -> None:
+    """Fit the evaluation policy's action values Q(s, a) on DATA (fitted Q evaluation).
+
+    The next observation is the next step's; the last step of an episode is terminal.
+    Prints the fit's Bellman residuals and the dm estimate (mean V of the initial states).
+
+    Example: ope fit-q logs.parquet --policy ckpt.npz --gamma 0.99 --out q.npz
+    """
+    from ope_cli.fitq.base import check_q_model_name
+    from ope_cli.fitq.command import FitQConfig, run_fit_q
+    from ope_cli.report.fit_q import render_table, to_json
+
+    if model is not None:
+        check_q_model_name(model)
+    config = FitQConfig(
+        data=data,
+        policy=policy,
+        out=out,
+        model=model,
+        gamma=gamma,
+        ridge=ridge,
+        seed=seed,
+        columns=column_mapping(episode_col, step_col, obs_col, action_col, reward_col),
+        read_rows=read_rows,
+    )
+    from ope_cli import runtime
+
+    runtime.enable_x64()  # the fits run in float64
+    result = run_fit_q(config)
+    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
+    if chosen is InspectFormat.json:
+        sys.stdout.write(to_json(result) + "\n")
+    else:
+        render_table(result, table_console(width=120))

@@ -1,0 +1,50 @@
+"""``ope fit-q``: the fit's diagnostics and the dm estimate as one JSON document or a table."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from ope_cli.report.fit import to_json_dict
+from ope_cli.report.formatting import count, significant
+
+if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
+    from ope_cli.fitq.command import FitQResult
+
+
+def to_json(result: FitQResult) -> str:
+    """The result as one JSON document (non-finite numbers as null)."""
+    return json.dumps(to_json_dict(result), indent=2, allow_nan=False)
+
+
+def render_table(result: FitQResult, console: Console) -> None:
+    """The fit (model, data, Bellman errors) and the dm estimate."""
+    table = Table(
+        title=f"Q model {result.model} ({result.kind}) of {result.policy} -> {result.out}",
+        title_justify="left",
+        show_header=False,
+    )
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("fitted on", f"{count(result.episodes)} episodes, {count(result.steps)} steps")
+    table.add_row("gamma", significant(result.gamma))
+    table.add_row("dm estimate (mean V of the initial states)", significant(result.dm))
+    table.add_row(
+        "dm standard error (over initial states, Q taken as exact)",
+        significant(result.dm_stderr),
+    )
+    table.add_row("Bellman residual RMSE (in-sample)", significant(result.bellman_rmse))
+    if result.ridge is not None:
+        table.add_row("ridge", significant(result.ridge))
+    if result.iterations is not None:
+        converged = "converged" if result.converged else "not converged"
+        table.add_row("iterations", f"{result.iterations} ({converged})")
+        table.add_row(
+            f"Bellman residual RMSE (held out: {count(result.heldout_steps or 0)} steps)",
+            significant(result.heldout_bellman_rmse),
+        )
+    table.add_row("seconds", f"{result.seconds:.2f}")
+    console.print(table)

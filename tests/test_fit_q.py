@@ -1,0 +1,515 @@
+"""Fitted Q evaluation (``ope_cli.fitq``, ``ope fit-q``): the linear model against a plain
+NumPy LSTDQ solve, the tabular model against the exact Q of the empirical MDP, the fold
+(cross-fitting) API, the dm estimate on ``ope generate chain`` against the truth, the mlp
+model (determinism, held-out Bellman error, memory budget, continuous actions), the report
+and bad inputs."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ope_cli.config import ColumnMapping
+from ope_cli.episodes import EpisodeAssembler, take_episodes
+from ope_cli.errors import UsageError
+from ope_cli.fit.base import episode_folds
+from ope_cli.fitq.base import (
+    check_q_model_fits,
+    check_q_model_name,
+    default_q_model,
+    episode_split,
+)
+from ope_cli.fitq.run import collect_q, fit_q, make_q_model
+from ope_cli.policies import chunk_checks, load_policy
+from ope_cli.schema import resolve_schema
+from ope_cli.sources import iter_batches, open_dataset
+
+gen = importlib.import_module("ope_cli.generate")
+N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _episodes(seed: int, n: int, tabular: bool) -> list[dict]:
+    """Ragged episodes (lengths 1-9) of random observations, actions and rewards."""
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for i in range(n):
+        length = int(rng.integers(1, 10))
+        if tabular:
+            obs = rng.integers(0, N_STATES, length)
+        else:
+            obs = rng.normal(size=(length, OBS_DIM))
+        episodes.append(
+            {
+                "id": 1000 + 7 * i,
+                "obs": obs,
+                "action": rng.integers(0, N_ACTIONS, length),
+                "reward": rng.normal(1.0, 1.0, length),
+            }
+        )
+    return episodes
+
+
+def _write(path: Path, episodes: list[dict]) -> Path:
+    rows = {"episode_id": [], "step": [], "observation": [], "action": [], "reward": []}
+    for ep in episodes:
+        for t in range(len(ep["reward"])):
+            rows["episode_id"].append(ep["id"])
+            rows["step"].append(t)
+            obs = ep["obs"][t]
+            rows["observation"].append(obs.tolist() if np.ndim(obs) else int(obs))
+            rows["action"].append(int(ep["action"][t]))
+            rows["reward"].append(float(ep["reward"][t]))
+    rows["behavior_prob"] = [1.0 / N_ACTIONS] * len(rows["reward"])
+    pq.write_table(pa.table(rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    """Small random datasets (vector and integer-state observations) and their policies."""
+    root = tmp_path_factory.mktemp("fitq")
+    rng = np.random.default_rng(7)
+    weight, bias = rng.normal(size=(OBS_DIM, N_ACTIONS)), rng.normal(size=N_ACTIONS)
+    logits = rng.normal(size=(N_STATES, N_ACTIONS))
+    np.savez(root / "linear.npz", kind="linear_softmax", weight=weight, bias=bias)
+    np.savez(root / "tabular.npz", kind="tabular", logits=logits)
+    vector, states = _episodes(1, 40, tabular=False), _episodes(2, 60, tabular=True)
+    return {
+        "root": root,
+        "vector": vector,
+        "states": states,
+        "vector_path": _write(root / "vector.parquet", vector),
+        "states_path": _write(root / "states.parquet", states),
+        "pi_linear": lambda s: _softmax(s @ weight + bias),
+        "pi_tabular": _softmax(logits),
+    }
+
+
+def _lstdq(episodes: list[dict], pi, gamma: float, ridge: float) -> np.ndarray:
+    """w [A, d + 1] of the LSTDQ fixed point, written plainly from the formulas (loops)."""
+    width = OBS_DIM + 1
+    size = N_ACTIONS * width
+    a_mat, b = np.zeros((size, size)), np.zeros(size)
+
+    def phi(s, a):
+        out = np.zeros(size)
+        out[a * width : (a + 1) * width] = np.append(s, 1.0)
+        return out
+
+    for ep in episodes:
+        steps = len(ep["reward"])
+        for t in range(steps):
+            here = phi(ep["obs"][t], ep["action"][t])
+            after = np.zeros(size)
+            if t + 1 < steps:
+                nxt = ep["obs"][t + 1]
+                after = sum(pi(nxt)[c] * phi(nxt, c) for c in range(N_ACTIONS))
+            a_mat += np.outer(here, here - gamma * after)
+            b += here * ep["reward"][t]
+    return np.linalg.solve(a_mat + ridge * np.eye(size), b).reshape(N_ACTIONS, width)
+
+
+def _empirical_q(episodes: list[dict], pi: np.ndarray, gamma: float) -> np.ndarray:
+    """Q [S, A] of pi in the empirical MDP: the S*A system Q = rbar + gamma P Pi Q."""
+    n, rsum = np.zeros((N_STATES, N_ACTIONS)), np.zeros((N_STATES, N_ACTIONS))
+    moves = np.zeros((N_STATES, N_ACTIONS, N_STATES))
+    for ep in episodes:
+        for t in range(len(ep["reward"])):
+            s, a = ep["obs"][t], ep["action"][t]
+            n[s, a] += 1
+            rsum[s, a] += ep["reward"][t]
+            if t + 1 < len(ep["reward"]):
+                moves[s, a, ep["obs"][t + 1]] += 1
+    seen = np.maximum(n, 1)
+    rbar, p = rsum / seen, moves / seen[..., None]
+    # (P Pi)[(s, a), (s', a')] = P(s' | s, a) pi(a' | s')
+    p_pi = (p[..., None] * pi[None, None]).reshape(N_STATES * N_ACTIONS, -1)
+    q = np.linalg.solve(np.eye(N_STATES * N_ACTIONS) - gamma * p_pi, rbar.reshape(-1))
+    return q.reshape(N_STATES, N_ACTIONS)
+
+
+def _fit(ope_in_process, data_path, policy, out, *extra, cwd=None) -> dict:
+    args = ["fit-q", data_path, "-p", policy, "--out", out, "-f", "json", *extra]
+    done = ope_in_process(args, cwd=cwd)
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("ridge", [None, 1e-3])
+def test_linear_equals_a_plain_lstdq_solve(data, ope_in_process, ridge):
+    out = data["root"] / f"linear_q_{ridge}.npz"
+    options = ["--gamma", "0.9", "--read-rows", "7", "--model", "linear"]
+    options += [] if ridge is None else ["--ridge", str(ridge)]
+    result = _fit(ope_in_process, data["vector_path"], data["root"] / "linear.npz", out, *options)
+    steps = sum(len(ep["reward"]) for ep in data["vector"])
+    used = 1e-6 * steps if ridge is None else ridge
+    assert result["ridge"] == pytest.approx(used) and result["steps"] == steps
+    w = _lstdq(data["vector"], data["pi_linear"], 0.9, used)
+    with np.load(out) as q:
+        assert str(q["kind"]) == "linear_q"
+        np.testing.assert_allclose(q["weight"], w[:, :-1].T, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(q["bias"], w[:, -1], rtol=0, atol=1e-8)
+        starts = np.array([ep["obs"][0] for ep in data["vector"]])
+        v0 = np.sum(data["pi_linear"](starts) * (starts @ q["weight"] + q["bias"]), axis=1)
+    assert result["dm"] == pytest.approx(v0.mean(), abs=1e-10)
+    assert result["dm_stderr"] == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
+
+
+@pytest.mark.parametrize("gamma", [0.9, 1.0])
+def test_tabular_equals_the_exact_q_of_the_empirical_mdp(data, ope_in_process, gamma):
+    out = data["root"] / f"tabular_q_{gamma}.npz"
+    result = _fit(
+        ope_in_process,
+        data["states_path"],
+        data["root"] / "tabular.npz",
+        out,
+        "--gamma",
+        str(gamma),
+        "--read-rows",
+        "5",
+    )
+    assert result["model"] == "tabular" and result["kind"] == "tabular_q"
+    expected = _empirical_q(data["states"], data["pi_tabular"], gamma)
+    with np.load(out) as q:
+        assert str(q["kind"]) == "tabular_q"
+        np.testing.assert_allclose(q["q"], expected, rtol=0, atol=1e-9)
+    v = np.sum(data["pi_tabular"] * expected, axis=1)
+    v0 = v[[ep["obs"][0] for ep in data["states"]]]
+    assert result["dm"] == pytest.approx(v0.mean(), abs=1e-10)
+
+
+def _chunks(path: Path, policy, read_rows: int = 11):
+    data = open_dataset(str(path))
+    schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
+    assembler = EpisodeAssembler(schema, "error", functools.partial(chunk_checks, policy))
+    return list(assembler.chunks(iter_batches(data, schema.read_columns, read_rows)))
+
+
+@pytest.mark.parametrize(("model", "kind"), [("linear", "vector"), ("tabular", "states")])
+def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind):
+    policy = load_policy(str(data["root"] / f"{'linear' if kind == 'vector' else 'tabular'}.npz"))
+    chunks = _chunks(data[f"{kind}_path"], policy)
+    folds = 3
+    crossed = fit_q(chunks, policy, model=model, gamma=0.8, folds=folds, ridge=1e-4)
+    assert len(crossed.arrays) == folds
+    for k in range(folds):
+        kept = [take_episodes(c, np.flatnonzero(episode_folds(c.keys, folds) != k)) for c in chunks]
+        alone = fit_q(
+            [c for c in kept if c.num_episodes], policy, model=model, gamma=0.8, ridge=1e-4
+        )
+        for key, value in alone.arrays[0].items():
+            if key != "kind":
+                np.testing.assert_allclose(crossed.arrays[k][key], value, rtol=0, atol=1e-10)
+    assert np.isfinite(crossed.diagnostics["dm"]) and crossed.diagnostics["bellman_rmse"] > 0
+
+
+@pytest.mark.slow
+def test_tabular_dm_on_chain_is_close_to_the_truth(tmp_path, ope_in_process):
+    """8000 episodes: over 8 datasets of 2000 episodes the dm's spread was 0.034 (the fitted
+    MDP's error, 3.5x the sample standard error of V(s_0), which ignores it); at 8000 that is
+    about 0.017, and 4 of it is the tolerance."""
+    truth = gen.generate("chain", tmp_path / "chain", episodes=8000, gamma=0.9, seed=5)
+    result = _fit(
+        ope_in_process,
+        tmp_path / "chain" / "logs.parquet",
+        tmp_path / "chain" / "policies" / "eval_0.npz",
+        tmp_path / "q.npz",
+        "--gamma",
+        "0.9",
+    )
+    assert result["model"] == "tabular"
+    assert abs(result["dm"] - truth["policies"][0]["value"]) < 4 * 0.034 / 2
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("chain") / "chain"
+    truth = gen.generate("chain", out, episodes=150, gamma=0.9, seed=3)
+    (out / "value.txt").write_text(str(truth["policies"][0]["value"]))
+    return out
+
+
+@pytest.mark.slow
+def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain, ope_in_process):
+    runs = []
+    for name in ("a", "b"):
+        out = chain / f"mlp_{name}.npz"
+        result = _fit(
+            ope_in_process,
+            chain / "logs.parquet",
+            chain / "policies" / "eval_0.npz",
+            out,
+            "--model",
+            "mlp",
+            "--gamma",
+            "0.9",
+            "--seed",
+            "4",
+        )
+        with np.load(out) as q:
+            runs.append({key: q[key] for key in q.files})
+        assert result["kind"] == "mlp_q" and result["iterations"] >= 1
+        assert result["heldout_steps"] > 0 and result["heldout_bellman_rmse"] > 0
+        # the tabular dm's spread over datasets of 150 episodes is about 0.034 *
+        # sqrt(2000 / 150) = 0.12 (see the chain test); 3 of it bounds the mlp's error
+        assert abs(result["dm"] - float((chain / "value.txt").read_text())) < 0.37
+    assert str(runs[0]["kind"]) == "mlp_q" and str(runs[0]["activation"]) == "tanh"
+    assert runs[0]["weight_0"].shape[0] == 1 and runs[0]["bias_2"].shape == (3,)
+    for key, value in runs[0].items():
+        if value.dtype.kind == "f":
+            np.testing.assert_array_equal(runs[1][key], value)
+
+
+def test_mlp_refuses_past_the_memory_budget(chain, ope_in_process):
+    done = ope_in_process(
+        [
+            "fit-q",
+            chain / "logs.parquet",
+            "-p",
+            chain / "policies" / "eval_0.npz",
+            "--out",
+            chain / "never.npz",
+            "--model",
+            "mlp",
+        ],
+        env={"OPE_FIT_MEMORY_GB": "1e-6"},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "OPE_FIT_MEMORY_GB" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (chain / "never.npz").exists()
+
+
+@pytest.mark.slow
+def test_mlp_over_continuous_actions_writes_mlp_q_sa(tmp_path, ope_in_process):
+    truth = gen.generate("gaussian", tmp_path / "g", episodes=200, seed=1, horizon=2)
+    out = tmp_path / "q.npz"
+    result = _fit(
+        ope_in_process,
+        tmp_path / "g" / "logs.parquet",
+        tmp_path / "g" / "policies" / "eval_0.npz",
+        out,
+    )
+    assert result["model"] == "mlp" and result["kind"] == "mlp_q_sa"
+    with np.load(out) as q:
+        assert str(q["kind"]) == "mlp_q_sa" and q["weight_0"].shape[0] == 3 + 2
+        assert q["bias_2"].shape == (1,)
+    value = truth["policies"][0]["value"]
+    assert abs(result["dm"] - value) < 0.5 * abs(value) + 1.0  # a sanity bound, not accuracy
+
+
+def test_table_output(data, ope_in_process):
+    done = ope_in_process(
+        [
+            "fit-q",
+            data["states_path"],
+            "-p",
+            data["root"] / "tabular.npz",
+            "--out",
+            data["root"] / "t.npz",
+            "-f",
+            "table",
+        ]
+    )
+    assert done.returncode == 0, done
+    assert "dm estimate" in done.stdout and "tabular_q" in done.stdout
+    assert "Bellman residual RMSE" in done.stdout
+
+
+def test_model_names_and_defaults():
+    assert default_q_model("index", "discrete") == "tabular"
+    assert default_q_model("vector", "discrete") == "linear"
+    assert default_q_model("scalar", "continuous") == "mlp"
+    with pytest.raises(UsageError, match="unknown Q model"):
+        check_q_model_name("forest")
+    with pytest.raises(UsageError, match="integer state"):
+        check_q_model_fits("tabular", "vector", "discrete")
+    with pytest.raises(UsageError, match="continuous"):
+        check_q_model_fits("linear", "vector", "continuous")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["--model", "forest"], 2, "unknown Q model"),
+        (["--model", "tabular"], 2, "integer state"),
+        (["--obs-col", "nope"], 3, "nope"),
+        (["--gamma", "1.5"], 2, "--gamma"),
+    ],
+)
+def test_bad_inputs_in_process(data, ope_in_process, args, code, words):
+    done = ope_in_process(
+        [
+            "fit-q",
+            data["vector_path"],
+            "-p",
+            data["root"] / "linear.npz",
+            "--out",
+            data["root"] / "bad.npz",
+            *args,
+        ]
+    )
+    assert done.returncode == code, done
+    assert words in done.stderr and done.stdout == ""
+
+
+def test_policy_incompatible_with_the_data(data, ope_in_process):
+    done = ope_in_process(
+        ["fit-q", data["vector_path"], "-p", data["root"] / "tabular.npz", "--out", "x.npz"],
+        cwd=data["root"],
+    )
+    assert done.returncode == 3 and "tabular" in done.stderr and done.stdout == ""
+
+
+def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope):
+    gen.generate("gaussian", tmp_path / "g", episodes=5, seed=1, horizon=2)
+    done = ope(
+        [
+            "fit-q",
+            tmp_path / "g" / "logs.parquet",
+            "-p",
+            tmp_path / "g" / "policies" / "eval_0.npz",
+            "--out",
+            tmp_path / "q.npz",
+            "--model",
+            "linear",
+        ]
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "continuous" in done.stderr
+
+
+class _TwoProcessGather:
+    """An all-gather between two threads standing for two processes: each passes its
+    [n_p, ...] array and both get the concatenation in process order."""
+
+    def __init__(self):
+        self.slots = [None, None]
+        self.barrier = threading.Barrier(2)
+
+    def for_process(self, rank: int):
+        def gather(array):
+            self.slots[rank] = np.asarray(array)
+            self.barrier.wait()
+            both = np.concatenate(self.slots)
+            self.barrier.wait()
+            return both
+
+        return gather
+
+
+@pytest.mark.parametrize("empty_second", [False, True])
+@pytest.mark.parametrize("model", ["tabular", "linear", "mlp"])
+def test_models_gathered_across_processes_equal_one_model(data, model, empty_second):
+    """Each process's statistics (held transitions for mlp), gathered, are those of one
+    process reading every chunk in process order, also when a process read nothing."""
+    kind = "states" if model == "tabular" else "vector"
+    policy = load_policy(str(data["root"] / f"{'tabular' if model == 'tabular' else 'linear'}.npz"))
+    chunks = _chunks(data[f"{kind}_path"], policy)
+
+    def make():
+        return make_q_model(
+            model, policy, discrete=True, gamma=0.8, folds=2, ridge=1e-4, n_actions=N_ACTIONS
+        )
+
+    one = make()
+    collect_q(one, chunks, policy, folds=2, n_actions=N_ACTIONS)
+    cut = len(chunks) if empty_second else len(chunks) // 2
+    models = [make(), make()]
+    for q_model, share in zip(models, (chunks[:cut], chunks[cut:]), strict=True):
+        collect_q(q_model, share, policy, folds=2, n_actions=N_ACTIONS)
+    exchange = _TwoProcessGather()
+    threads = [
+        threading.Thread(target=q_model.gather_processes, args=(exchange.for_process(rank),))
+        for rank, q_model in enumerate(models)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for q_model in models:
+        if model == "mlp":  # the same transitions in the same order: the same fit
+            for key, value in one.data().items():
+                np.testing.assert_array_equal(q_model.data()[key], value)
+                assert q_model.data()[key].dtype == value.dtype
+            continue
+        for exclude in (None, 1):
+            expected, actual = one.fit(exclude), q_model.fit(exclude)
+            for key in expected:
+                np.testing.assert_allclose(actual[key], expected[key], rtol=1e-12, atol=1e-12)
+            assert q_model.residual(expected, 0) == pytest.approx(one.residual(expected, 0))
+            assert q_model.initial(expected, 1) == pytest.approx(one.initial(expected, 1))
+
+
+def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_process):
+    """An entry point that declares no n_actions: a first pass finds 1 + the largest logged
+    action; the fit equals that of the same policy as a checkpoint."""
+    root = data["root"]
+    with np.load(root / "linear.npz") as ckpt:
+        weight, bias = ckpt["weight"].tolist(), ckpt["bias"].tolist()
+    (root / "fitq_entry.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n"
+        f"W = jnp.array({weight})\nB = jnp.array({bias})\n\n\n"
+        "def log_prob(observation, action):\n"
+        "    return jax.nn.log_softmax(observation @ W + B)[action]\n"
+    )
+    args = ["--model", "linear", "--gamma", "0.7"]
+    from_entry = _fit(
+        ope_in_process, data["vector_path"], "fitq_entry:log_prob", root / "e.npz", *args, cwd=root
+    )
+    from_ckpt = _fit(
+        ope_in_process, data["vector_path"], root / "linear.npz", root / "c.npz", *args
+    )
+    assert from_entry["dm"] == pytest.approx(from_ckpt["dm"], rel=1e-12)
+    with np.load(root / "e.npz") as e, np.load(root / "c.npz") as c:
+        np.testing.assert_allclose(e["weight"], c["weight"], rtol=0, atol=1e-12)
+
+
+def test_cross_fitting_folds_are_the_kernels_folds():
+    """The fold of an episode is ``fit.base.episode_folds(key, K)`` (the kernel's
+    ``fold_index``); the mlp's held-out fifth is independent of it."""
+    keys = np.random.default_rng(0).integers(0, 2**63, 5000, dtype=np.uint64)
+    for folds in (1, 2, 3, 5):
+        fold, holdout = episode_split(keys, folds)
+        np.testing.assert_array_equal(fold, episode_folds(keys, folds))
+        for k in range(folds):  # about a fifth held out within every fold
+            assert 0.15 < holdout[fold == k].mean() < 0.25
+
+
+@pytest.mark.slow
+def test_mlp_cross_fit_gives_one_fit_per_fold(chain):
+    policy = load_policy(str(chain / "policies" / "eval_0.npz"))
+    chunks = _chunks(chain / "logs.parquet", policy, read_rows=512)
+    fit = fit_q(chunks, policy, model="mlp", gamma=0.9, folds=2, seed=1)
+    assert fit.kind == "mlp_q" and len(fit.arrays) == 2
+    assert not np.allclose(fit.arrays[0]["weight_2"], fit.arrays[1]["weight_2"])
+    assert len(fit.diagnostics["iterations"]) == 2 and np.isfinite(fit.diagnostics["dm"])
+
+
+def test_data_without_observations_is_invalid_data(data, ope_in_process):
+    table = pq.read_table(data["vector_path"]).drop_columns(["observation"])
+    pq.write_table(table, data["root"] / "no_obs.parquet")
+    done = ope_in_process(
+        [
+            "fit-q",
+            data["root"] / "no_obs.parquet",
+            "-p",
+            data["root"] / "linear.npz",
+            "--out",
+            data["root"] / "no.npz",
+        ]
+    )
+    assert done.returncode == 3 and done.stdout == "" and "--obs-col" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
