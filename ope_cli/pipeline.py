@@ -144,9 +144,9 @@ class BatchStream:
         self.on_progress = on_progress
         self.counters = Counters()
         self.bucketer = Bucketer(config.batching, multiple_of=multiple_of)
-        self.assembler = EpisodeAssembler(schema, config.on_invalid, self._chunk_checks)
+        self.assembler = EpisodeAssembler(schema, config.on_invalid, self.chunk_checks_of)
 
-    def _chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
+    def chunk_checks_of(self, chunk: EpisodeChunk) -> Iterator[Check]:
         """Action and state ranges and bounds, validated with the data."""
         for policy in self.policies:
             yield from chunk_checks(policy, chunk)
@@ -236,7 +236,7 @@ def stream(
     if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
         from ope_cli.fit.estimate import estimate_into
 
-        estimate_into(batches, batches._chunk_checks, collectives)
+        estimate_into(batches, batches.chunk_checks_of, collectives)
     if any(q.kind == FIT for q in qs or ()):  # a pass fits Q-hat (fitted Q evaluation)
         from ope_cli.fitted_q import fit_q_into
 

@@ -34,7 +34,7 @@ from ope_cli.policies import (
     read_archive,
 )
 
-FIT = "fit"  # --q fit: fitted Q evaluation in the same run
+FIT = "fit"  # --q fit[:MODEL]: fitted Q evaluation in the same run
 COLUMNS = "columns"  # --q-col/--v-col: the user's critic scored the log
 DEFAULT_V_SAMPLES = 16
 DEFAULT_CROSS_FIT = 2
@@ -239,8 +239,8 @@ def _entry_point_q(spec: str, target: Any) -> QFunction:
 def load_q(spec: str) -> QFunction:
     """The Q source of one ``--q`` value: ``fit``, a checkpoint (local or at a URI), or an
     entry point."""
-    if spec == FIT:
-        return QFunction(FIT, FIT)
+    if spec == FIT or spec.startswith(FIT + ":"):
+        return QFunction(spec, FIT)
     if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
         return q_checkpoint(spec, read_archive(spec))
     return load_q_entry_point(spec)
@@ -276,35 +276,12 @@ def load_qs(
 def check_q(q: QFunction, policy: Policy, schema) -> None:
     """Type-level compatibility of a Q source with the data and its policy (before any row
     is read); raises PolicyError / DataError / UsageError with one line."""
-    if q.kind in (FIT, COLUMNS):
+    if q.kind == COLUMNS:
         return
-    where = f"Q function {q.name} (for policy {policy.name})"
-    discrete = schema.action_kind == "discrete"
-    if discrete and q.q_values is None:
-        raise DataError(
-            f"{where} scores (observation, action) pairs of continuous actions, "
-            f"but the actions in column {schema.columns['action']!r} are integers"
-        )
-    if not discrete and q.q_values is not None:
-        raise DataError(
-            f"{where} gives a value per discrete action, but the actions in "
-            f"column {schema.columns['action']!r} are continuous"
-        )
-    if q.kind == "tabular_q" and schema.observation_kind != "index":
-        raise DataError(
-            f"{where} is tabular and needs integer state observations, but column "
-            f"{schema.columns.get('observation')!r} holds "
-            f"{schema.observation_kind} values"
-        )
     if "observation" not in schema.columns:
         raise DataError(
-            f"{where} needs the observations, but no observation column was found; "
+            f"--q {q.name} needs the observations, but no observation column was found; "
             "name it with --obs-col"
-        )
-    if q.obs_dim is not None and schema.observation_dim not in (None, q.obs_dim):
-        raise DataError(
-            f"{where} expects observations of size {q.obs_dim}, but column "
-            f"{schema.columns['observation']!r} has size {schema.observation_dim}"
         )
     if policy.kind == "logged":
         raise UsageError(
@@ -312,23 +289,55 @@ def check_q(q: QFunction, policy: Policy, schema) -> None:
             "logged target probabilities give only the logged action's "
             "(pass --policy, or --q-col with --v-col)"
         )
-    if discrete:
+    if q.kind == FIT:
+        from ope_cli.fitted_q import model_of
+
+        model_of(q.name, schema.observation_kind, schema.action_kind)
+        return
+    _check_q_types(q, f"Q function {q.name} (for policy {policy.name})", schema)
+    if schema.action_kind == "discrete":
         width = q.n_actions
         if width is not None and policy.n_actions is not None and width != policy.n_actions:
             raise PolicyError(
-                f"{where} has {width} action values, but the policy has {policy.n_actions} actions"
+                f"Q function {q.name} has {width} action values, but policy {policy.name} "
+                f"has {policy.n_actions} actions"
             )
         if width is None and policy.n_actions is None:
             raise PolicyError(
-                f"{where}: neither the Q function nor the policy declares "
+                f"Q function {q.name}: neither it nor policy {policy.name} declares "
                 "n_actions, which V-hat = sum_a pi(a|s) Q(s, a) needs"
             )
     elif policy.sample is None:
         raise PolicyError(
-            f"V-hat for continuous actions averages Q over actions drawn from "
-            f"the policy, but policy {policy.name} cannot sample (a "
-            "linear_gaussian checkpoint, or an entry point with a "
-            "sample(key, observation) method)"
+            "V-hat for continuous actions averages Q over actions drawn from the policy, but "
+            f"policy {policy.name} cannot sample (a linear_gaussian checkpoint, or an entry "
+            "point with a sample(key, observation) method)"
+        )
+
+
+def _check_q_types(q: QFunction, where: str, schema) -> None:
+    """The Q function's action kind, state kind and observation size against the data."""
+    actions = schema.columns["action"]
+    if schema.action_kind == "discrete" and q.q_values is None:
+        raise DataError(
+            f"{where} scores (observation, action) pairs of continuous actions, but the "
+            f"actions in column {actions!r} are integers"
+        )
+    if schema.action_kind != "discrete" and q.q_values is not None:
+        raise DataError(
+            f"{where} gives a value per discrete action, but the actions in column "
+            f"{actions!r} are continuous"
+        )
+    observations = schema.columns["observation"]
+    if q.kind == "tabular_q" and schema.observation_kind != "index":
+        raise DataError(
+            f"{where} is tabular and needs integer state observations, but column "
+            f"{observations!r} holds {schema.observation_kind} values"
+        )
+    if q.obs_dim is not None and schema.observation_dim not in (None, q.obs_dim):
+        raise DataError(
+            f"{where} expects observations of size {q.obs_dim}, but column "
+            f"{observations!r} has size {schema.observation_dim}"
         )
 
 

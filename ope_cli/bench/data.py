@@ -125,6 +125,21 @@ def write_checkpoints(directory: Path, k: int, seed: int, behavior: dict) -> lis
     return paths
 
 
+def write_q_checkpoint(directory: Path, seed: int, obs_dim: int, n_actions: int) -> str:
+    """A random linear_q checkpoint of the data's sizes (q.npz), for the doubly robust
+    estimators' kernel cost (any Q-hat costs the same)."""
+    rng = np.random.default_rng(seed + 17)
+    path = directory / "q.npz"
+    with open(path, "wb") as handle:
+        np.savez(
+            handle,
+            kind=np.asarray("linear_q"),
+            weight=rng.normal(size=(obs_dim, n_actions)),
+            bias=rng.normal(size=n_actions),
+        )
+    return str(path)
+
+
 def write_behavior_checkpoint(directory: Path, behavior: dict) -> str:
     """The data's behavior policy as a linear_softmax checkpoint (behavior.npz)."""
     path = directory / "behavior.npz"

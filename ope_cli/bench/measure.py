@@ -33,6 +33,7 @@ from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.kernel import BATCH_AXIS, Kernel, group_policies, trace_count
 from ope_cli.pipeline import evaluate
 from ope_cli.policies import load_policy
+from ope_cli.qfunctions import load_q
 from ope_cli.report import to_json
 from ope_cli.stats import finalize, from_batch, init, merge
 
@@ -118,11 +119,12 @@ def prepare_end_to_end(
     precision: str | None,
     batching: BatchingConfig,
     behavior: str | None = None,
+    q: str | None = None,
 ) -> tuple[Trial, Any]:
     """``ope evaluate`` from Parquet (pipeline.evaluate plus the JSON report), run once from
     a cold jit cache to compile; returns the trial and that first EvaluationResult.
     ``behavior``: ``--behavior`` (a checkpoint, or estimate[:MODEL]), None: the logged
-    propensities."""
+    propensities; ``q``: ``--q`` (dm, dr and wdr too), None: none."""
     config = EvaluationConfig(
         data=source,
         policies=tuple(policies),
@@ -130,6 +132,7 @@ def prepare_end_to_end(
         precision=precision,
         batching=batching,
         behavior=behavior,
+        q=() if q is None else (q,),
     )
 
     def run():
@@ -166,12 +169,15 @@ def prepare_kernel(
     real_steps: int,
     max_length: int,
     cold: bool,
+    q: str | None = None,
 ) -> Trial:
     """The jitted kernel alone over batches already on the device. One first pass compiles
     (from a cold jit cache when ``cold``); its statistics give the first policy's estimates,
-    to compare precisions."""
+    to compare precisions. ``q``: a Q checkpoint for every policy (dm, dr and wdr too)."""
     dtype = np.float64 if precision == "float64" else np.float32
-    (group,) = group_policies([load_policy(path) for path in checkpoints])
+    policies = [load_policy(path) for path in checkpoints]
+    qs = None if q is None else [load_q(q)] * len(policies)
+    (group,) = group_policies(policies, qs)
     kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh)
 
     def one_pass():
@@ -183,7 +189,7 @@ def prepare_kernel(
     first_seconds, outputs = timed(one_pass)
     compiles = trace_count() - traces
 
-    acc = init(RESAMPLING_GROUPS)
+    acc = init(RESAMPLING_GROUPS, estimators=kernel.estimators)
     for output in jax.device_get(outputs):
         statistics = output.statistics  # [D, P, ...]
         for device in range(statistics.log_weight_histogram.shape[0]):

@@ -28,6 +28,7 @@ from ope_cli.bench.data import (
     generate_data,
     write_behavior_checkpoint,
     write_checkpoints,
+    write_q_checkpoint,
 )
 from ope_cli.bench.measure import (
     device_batches,
@@ -130,8 +131,15 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     )
     checkpoints = write_checkpoints(directory, config.policies, config.seed, behavior)
     checkpoints.append(write_behavior_checkpoint(directory, behavior))  # the last one
+    q = write_q_checkpoint(directory, config.seed, int(obs_dim), int(n_actions))
     m, result = _time_trials(
-        config, source, checkpoints, (batches, bucketer, max_length), precision, mesh, progress
+        config,
+        source,
+        (checkpoints, q),
+        (batches, bucketer, max_length),
+        precision,
+        mesh,
+        progress,
     )
     checkpoints.pop()
     batch_count = len(batches)
@@ -186,7 +194,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
 def _time_trials(
     config: BenchConfig,
     source: BenchSource,
-    checkpoints: list[str],
+    checkpoints_and_q: tuple[list[str], str],
     padded: tuple,
     precision: str,
     mesh,
@@ -195,6 +203,7 @@ def _time_trials(
     """Prepares every trial (first runs compile), times them ROUNDS times interleaved;
     returns (measurements by name, the first ``ope evaluate`` result)."""
     batches, bucketer, max_length = padded
+    checkpoints, q = checkpoints_and_q
     other = "float32" if precision == "float64" else "float64"
     *many, behavior = checkpoints
     one, path = many[:1], source.path
@@ -206,6 +215,10 @@ def _time_trials(
         trials[f"end_to_end_{name}"], _ = prepare_end_to_end(
             path, one, precision, config.batching, behavior=option
         )
+    progress("end to end with --q fit:linear (fits Q, compiles)")
+    trials["end_to_end_q_fit"], _ = prepare_end_to_end(
+        path, one, precision, config.batching, q="fit:linear"
+    )
     progress("putting the padded batches on the device")
     on_device = {name: device_batches(batches, name, mesh) for name in ("float64", "float32")}
     real = bucketer.real_steps
@@ -215,6 +228,9 @@ def _time_trials(
     )
     trials[f"kernel_{other}"] = prepare_kernel(
         on_device[other], one, other, mesh, real, max_length, cold=False
+    )
+    trials["kernel_dr"] = prepare_kernel(
+        on_device[precision], one, precision, mesh, real, max_length, cold=False, q=q
     )
     if config.policies > 1:
         progress(f"{config.policies} stacked policies: first runs (compile)")

@@ -18,6 +18,8 @@ TARGET_FIRST_RUN_COMPILE_SECONDS = 3.0
 TARGET_COLD_START_OVER_FLOOR_SECONDS = 0.5
 TARGET_PROCESS_OVER_PYARROW = 2.0
 TARGET_BEHAVIOR_OVER_LOGGED = 1.3
+TARGET_DOUBLY_ROBUST_KERNEL = 1.5  # the kernel with dm, dr, wdr / the four IS estimators
+TARGET_Q_FIT_OVER_LOGGED = 3.0  # ope evaluate --q fit:linear / without Q, end to end
 
 
 def relative_difference(a: dict, b: dict) -> float | None:
@@ -66,6 +68,8 @@ def _ratios(m: dict) -> dict:
         ),
         "behavior_estimate_over_logged": ratio(m["end_to_end_estimate"]["seconds"], e2e["seconds"]),
         "kernel_over_end_to_end": ratio(kernel["steps_per_second"], e2e["steps_per_second"]),
+        "doubly_robust_kernel_over_kernel": ratio(m["kernel_dr"]["seconds"], kernel["seconds"]),
+        "q_fit_over_logged": ratio(m["end_to_end_q_fit"]["seconds"], e2e["seconds"]),
     }
 
 
@@ -184,6 +188,18 @@ def _targets(ratios: dict, waste: float | None, compiles: dict, result, memory) 
             ratios["behavior_checkpoint_over_logged"],
             f"<= {TARGET_BEHAVIOR_OVER_LOGGED} (time ratio, --behavior CKPT / logged column)",
         ),
+        "doubly_robust_kernel": _target(
+            _at_most(ratios["doubly_robust_kernel_over_kernel"], TARGET_DOUBLY_ROBUST_KERNEL),
+            ratios["doubly_robust_kernel_over_kernel"],
+            f"<= {TARGET_DOUBLY_ROBUST_KERNEL} (kernel time with a linear_q Q source, adding "
+            "dm, dr and wdr / the four IS estimators)",
+        ),
+        "q_fit_vs_logged": _target(
+            _at_most(ratios["q_fit_over_logged"], TARGET_Q_FIT_OVER_LOGGED),
+            ratios["q_fit_over_logged"],
+            f"<= {TARGET_Q_FIT_OVER_LOGGED} (time ratio, ope evaluate --q fit:linear / "
+            "without Q, end to end)",
+        ),
         "memory_growth": _target(
             _at_most(growth, TARGET_MEMORY_GROWTH),
             growth,
@@ -226,6 +242,8 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
             "end_to_end": e2e,
             "end_to_end_behavior": m["end_to_end_behavior"],
             "end_to_end_estimate": m["end_to_end_estimate"],
+            "end_to_end_q_fit": m["end_to_end_q_fit"],
+            "kernel_dr": {k: v for k, v in m["kernel_dr"].items() if k != "estimates"},
             "io_floor": m["io_floor"],
         },
         "ratios": ratios,

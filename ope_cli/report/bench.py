@@ -134,6 +134,12 @@ def _detail_lines(result: dict) -> list[str]:
         f"and --behavior estimate:linear_softmax "
         f"{_times(ratios.get('behavior_estimate_over_logged'))} the time of the logged column"
     )
+    lines.append(
+        f"doubly robust: the kernel with a Q source (dm, dr, wdr too) "
+        f"{_times(ratios.get('doubly_robust_kernel_over_kernel'))} the four IS estimators'; "
+        f"ope evaluate --q fit:linear {_times(ratios.get('q_fit_over_logged'))} the time "
+        "without Q"
+    )
     if "cost_ratio" in policies:
         lines.append(
             f"policies: {policies['k']} stacked cost {_times(policies['cost_ratio'])} of one in "

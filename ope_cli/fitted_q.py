@@ -1,0 +1,88 @@
+"""``--q fit[:MODEL]``: fitted Q evaluation in the run. Before the evaluation pass, a
+host-side pass per policy over the stream's episodes (validated as the evaluation reads
+them) fits Q-hat of that policy (``fitq.run.fit_q``), cross-fitted over ``--cross-fit K``
+folds of episodes by id hash: episode i is scored with the Q fitted on the other folds,
+which the kernel picks per episode exactly as for a cross-fitted behavior model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ope_cli.episodes import EpisodeAssembler
+from ope_cli.fit.base import largest
+from ope_cli.fitq.base import check_q_model_fits, default_q_model
+from ope_cli.fitq.command import logged_action_count
+from ope_cli.fitq.run import QFit, fit_q
+from ope_cli.qfunctions import FIT, QFunction, q_checkpoint
+from ope_cli.sources import iter_batches
+
+
+def model_of(spec: str, observation_kind: str | None, action_kind: str) -> str:
+    """The fit-q model of ``fit[:MODEL]`` (the data's default without one), checked."""
+    model = spec.partition(":")[2] or default_q_model(observation_kind, action_kind)
+    check_q_model_fits(model, observation_kind, action_kind, f"--q {spec}:")
+    return model
+
+
+def _plain(value):
+    """``value`` with non-finite floats as None and NumPy scalars as Python ones (JSON)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def fitted_q(spec: str, fit: QFit, folds: int) -> QFunction:
+    """The Q function of a fit: the checkpoint record of its kind, its params stacked over
+    the folds ([K, ...]) when cross-fitted, and the fit's summary for the report."""
+    first = q_checkpoint(f"--q {spec}", fit.arrays[0])
+    summary = {
+        "model": fit.model,
+        "kind": fit.kind,
+        "folds": folds,
+        "episodes": fit.episodes,
+        "steps": fit.steps,
+        **{key: _plain(value) for key, value in fit.diagnostics.items()},
+    }
+    if folds <= 1:
+        return dataclasses.replace(first, name=spec, fit=summary)
+    per_fold = [q_checkpoint(f"--q {spec}", arrays).params for arrays in fit.arrays]
+    stacked = {key: np.stack([params[key] for params in per_fold]) for key in first.params}
+    return dataclasses.replace(first, name=spec, params=stacked, folds=folds, fit=summary)
+
+
+def fit_q_into(batches, collectives=None) -> None:
+    """Replaces every ``fit`` Q source of ``batches`` (a pipeline BatchStream) by its fitted
+    Q function; ``collectives``: (gather, check_all) of a multi-process run, else None."""
+    config, schema = batches.config, batches.schema
+    discrete = schema.action_kind == "discrete"
+    for index, (q, policy) in enumerate(zip(batches.qs, batches.policies, strict=True)):
+        if q.kind != FIT:
+            continue
+        model = model_of(q.name, schema.observation_kind, schema.action_kind)
+        n_actions = policy.n_actions
+        if discrete and n_actions is None:  # an entry point: count the logged actions
+            n_actions = logged_action_count(batches.data, schema, config.batching.read_rows)
+            if collectives is not None:
+                (n_actions,) = largest(collectives[0], (n_actions,))
+        assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
+        reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
+        fit = fit_q(
+            assembler.chunks(reading),
+            policy,
+            model=model,
+            gamma=config.gamma,
+            folds=config.cross_fit,
+            collectives=collectives,
+            seed=config.seed,
+            n_actions=n_actions,
+            discrete=discrete,
+        )
+        batches.qs[index] = fitted_q(q.name, fit, config.cross_fit)
