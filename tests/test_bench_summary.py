@@ -35,6 +35,8 @@ def measurements():
         "end_to_end_many": _timing(0.4),
         "end_to_end_behavior": _timing(0.24),
         "end_to_end_estimate": _timing(0.5),
+        "end_to_end_q_fit": _timing(0.7),
+        "kernel_dr": _timing(0.013, estimates=ESTIMATES),
         "io_floor": _timing(0.1, columns=["episode_id", "reward"]),
         "memory": None,
     }
@@ -61,6 +63,10 @@ def test_summary_ratios_and_targets(measurements):
     assert ratios["behavior_checkpoint_over_logged"] == pytest.approx(1.2)
     assert targets["behavior_checkpoint_vs_logged"]["met"] is True
     assert ratios["behavior_estimate_over_logged"] == pytest.approx(2.5)
+    assert ratios["doubly_robust_kernel_over_kernel"] == pytest.approx(1.3)
+    assert targets["doubly_robust_kernel"]["met"] is True
+    assert ratios["q_fit_over_logged"] == pytest.approx(3.5)
+    assert targets["q_fit_vs_logged"]["met"] is False
     assert (
         targets["memory_growth"]["met"] is None
         and "ope bench --memory" in (targets["memory_growth"]["note"])

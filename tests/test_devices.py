@@ -73,6 +73,27 @@ def test_sharded_over_devices_equals_one_device(case, device_count):
         assert batch % device_count == 0
 
 
+def test_doubly_robust_sharded_equals_one_device(case):
+    """dm, dr and wdr (a linear_q Q-hat for both policies) on 3 devices equal 1 device."""
+    tmp, args, _ = case
+    rng = np.random.default_rng(2)
+    q = save_checkpoint(
+        tmp / "q.npz",
+        {"kind": "linear_q", "weight": rng.normal(size=(4, 4)), "bias": rng.normal(size=4)},
+    )
+    with_q = [*args, "--q", str(q)]
+    single, sharded = ope_json(with_q, 1, tmp), ope_json(with_q, 3, tmp)
+    assert sharded["runtime"]["devices"] == 3
+    for one, many in zip(single["results"], sharded["results"], strict=True):
+        assert {"dm", "dr", "wdr"} <= set(one["estimates"])
+        for name, estimate in one["estimates"].items():
+            for field, value in estimate.items():
+                assert many["estimates"][name][field] == pytest.approx(value, rel=1e-9), (
+                    name,
+                    field,
+                )
+
+
 def test_betting_intervals_sharded_equal_one_device(case):
     tmp, args, _ = case
     betting = [*args[:-4], "--reward-range", "-3", "3"]

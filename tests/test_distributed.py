@@ -242,3 +242,23 @@ def test_on_invalid_drop_across_processes_matches_one_process(world):
     result = json.loads(outcomes[0][1])
     assert result["runtime"]["processes"] == 2
     assert_same_json(reference, result)
+
+
+def test_fitted_q_across_processes_matches_one_process(world):
+    """--q fit:linear, cross-fitted: each process collects its share of the LSTDQ sums, they
+    are gathered, and dm, dr and wdr equal those of one process reading every file."""
+    tmp, _ = world
+    args = ["five", "-p", "p0.npz", "--gamma", "0.95", "--format", "json", "--ci", "normal"]
+    args += ["--q", "fit:linear", "--cross-fit", "3"]
+    reference = single(args, tmp)
+    outcomes = run_cluster(args, 2, tmp)
+    for code, _, err in outcomes:
+        assert code == 0, err
+    result = json.loads(outcomes[0][1])
+    assert result["runtime"]["processes"] == 2
+    fit = result["results"][0]["diagnostics"].pop("q")["fit"]
+    expected = reference["results"][0]["diagnostics"].pop("q")["fit"]  # its seconds differ
+    assert set(reference["results"][0]["estimates"]) >= {"dm", "dr", "wdr"}
+    assert_same_json(reference, result)
+    for field in ("episodes", "steps", "folds", "bellman_rmse", "dm"):
+        assert fit[field] == pytest.approx(expected[field], rel=1e-9), field
