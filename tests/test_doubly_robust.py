@@ -414,3 +414,22 @@ def test_chain_with_exact_wrong_and_fitted_q(tmp_path, ope_in_process):
     exact_run = results[0]["estimates"]
     assert exact_run["dr"]["stderr"] < 0.9 * exact_run["pdis"]["stderr"]
     assert results[2]["diagnostics"]["q"]["fit"]["folds"] == 2
+
+
+def test_intervals_of_the_doubly_robust_estimators(softmax_data, ope_in_process):
+    """Percentile and bootstrap-t intervals hold dm, dr and wdr; betting gives them a null
+    interval with a note (it bounds only the importance-sampling estimators)."""
+    _, _, target_path, data, _ = softmax_data
+    base = ["evaluate", data, "-p", target_path, "--q-col", "q_hat", "--v-col", "v_hat"]
+    for method in ("percentile", "bootstrap-t"):
+        estimates = _estimates(ope_in_process([*base, "--ci", method, "--bootstrap-samples", "50"]))
+        for name in DR:
+            estimate = estimates[name]
+            assert estimate["ci_low"] < estimate["value"] < estimate["ci_high"], (method, name)
+    estimates = _estimates(
+        ope_in_process([*base, "--ci", "betting", "--reward-range", "-3", "3", "--gamma", "0.9"])
+    )
+    for name in DR:
+        assert estimates[name]["ci_low"] is None and estimates[name]["ci_high"] is None
+        assert "betting" in estimates[name]["note"]
+    assert estimates["pdis"]["ci_low"] is not None
