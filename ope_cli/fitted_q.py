@@ -14,18 +14,10 @@ import numpy as np
 
 from ope_cli.episodes import EpisodeAssembler
 from ope_cli.fit.base import largest
-from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.fitq.command import logged_action_count
 from ope_cli.fitq.run import QFit, fit_q
-from ope_cli.qfunctions import FIT, QFunction, q_checkpoint
+from ope_cli.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
 from ope_cli.sources import iter_batches
-
-
-def model_of(spec: str, observation_kind: str | None, action_kind: str) -> str:
-    """The fit-q model of ``fit[:MODEL]`` (the data's default without one), checked."""
-    model = spec.partition(":")[2] or default_q_model(observation_kind, action_kind)
-    check_q_model_fits(model, observation_kind, action_kind, f"--q {spec}:")
-    return model
 
 
 def _plain(value):
@@ -66,7 +58,7 @@ def fit_q_into(batches, collectives=None) -> None:
     for index, (q, policy) in enumerate(zip(batches.qs, batches.policies, strict=True)):
         if q.kind != FIT:
             continue
-        model = model_of(q.name, schema.observation_kind, schema.action_kind)
+        model = fit_model_of(q.name, schema.observation_kind, schema.action_kind)
         n_actions = policy.n_actions
         if discrete and n_actions is None:  # an entry point: count the logged actions
             n_actions = logged_action_count(batches.data, schema, config.batching.read_rows)

@@ -209,7 +209,10 @@ def inspect(config: InspectConfig) -> InspectReport:
                 Check("file_error", problem, np.zeros(0, bool)), failed, (None, None), (0, 0)
             )
             assembler.abandon_file()
-            remaining = remaining[remaining.index(failed) + 1 :]
+            # a source may name its parts otherwise than its files (an HDF5 group, a
+            # Minari episode): where the failed one is not among them, nothing is left
+            # that can be read on from
+            remaining = remaining[remaining.index(failed) + 1 :] if failed in remaining else []
     validation = assembler.validation
     report.rows_read = assembler.rows_read
     report.invalid_episodes = validation.episodes_dropped

@@ -408,18 +408,24 @@ class Kernel:
             estimators=self.estimators,
             q=self.q,
         )
-        user_code = [p for p in (head, self.behavior) if p is not None and p.kind == "entry_point"]
-        user_code += [q for q in self.group.qs or () if q.kind == "entry_point"][:1]
+        user_code = [
+            f"policy {p.name}"
+            for p in (head, self.behavior)
+            if p is not None and p.kind == "entry_point"
+        ]
+        user_code += [
+            f"Q function {q.name}" for q in self.group.qs or () if q.kind == "entry_point"
+        ][:1]
         if not user_code:
             return self._call(args, static)
-        names = " / ".join(p.name for p in user_code)
+        names = " / ".join(user_code)
         try:
             return _kernel(*args, **static)
         except PolicyError as error:
-            raise PolicyError(f"policy {names}: {error}") from None
+            raise PolicyError(f"{names}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PolicyError(
-                f"policy {names} cannot be evaluated under jax.jit/vmap "
+                f"{names} cannot be evaluated under jax.jit/vmap "
                 f"(is it JAX-traceable?): {type(error).__name__}: {message}"
             ) from None

@@ -345,14 +345,13 @@ def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
 # --- entry points --------------------------------------------------------------------------
 
 
-def load_entry_point(spec: str) -> Policy:
-    """Imports ``package.module:name``: a per-step log_prob function, or an object with a
-    ``log_prob`` or ``prob`` method of that signature."""
+def import_entry_point(spec: str, expected: str = "an .npz checkpoint") -> Any:
+    """The object named by ``package.module:name`` (modules in the working directory import,
+    as with ``python -m``); PolicyError when it is not one. ``expected``: the words for what
+    else the value could have been, for the message."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise PolicyError(
-            f"{spec}: expected an .npz checkpoint or an entry point 'package.module:name'"
-        )
+        raise PolicyError(f"{spec}: expected {expected} or an entry point 'package.module:name'")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules import
     try:
@@ -365,6 +364,14 @@ def load_entry_point(spec: str) -> Policy:
         if not hasattr(target, part):
             raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
+    return target
+
+
+def load_entry_point(spec: str) -> Policy:
+    """Imports ``package.module:name``: a per-step log_prob function, or an object with a
+    ``log_prob`` or ``prob`` method of that signature."""
+    target = import_entry_point(spec)
+    attribute = spec.partition(":")[2]
     n_actions = _declared_action_count(spec, target)
     return Policy(
         spec,

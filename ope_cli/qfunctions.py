@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,11 +21,13 @@ import numpy as np
 
 import ope_cli.sources.remote as remote
 from ope_cli.errors import DataError, PolicyError, UsageError
+from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.policies import (
     Policy,
     action_log_probs,
     check_size,
     checked_array,
+    import_entry_point,
     mlp_forward,
     mlp_layers,
     read_archive,
@@ -187,24 +186,7 @@ def load_q_entry_point(spec: str) -> QFunction:
     """Imports ``package.module:name``: a function ``q_values(observation) -> [n_actions]``,
     or an object with ``q(observation, action) -> scalar`` (continuous actions) or a
     ``q_values`` method."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise PolicyError(
-            f"{spec}: expected a Q checkpoint .npz, an entry point 'package.module:name', or fit"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any import failure of user code
-        raise PolicyError(
-            f"{spec}: cannot import module {module_name!r}: {type(error).__name__}: {error}"
-        ) from None
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise PolicyError(f"{spec}: module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    return _entry_point_q(spec, target)
+    return _entry_point_q(spec, import_entry_point(spec, "a Q checkpoint .npz, fit"))
 
 
 _ENTRY_POINTS: dict[int, tuple[Any, QFunction]] = {}  # one wrapper per object: jit reuses it
@@ -273,6 +255,13 @@ def load_qs(
 # --- checks against the data and the policy ------------------------------------------------
 
 
+def fit_model_of(spec: str, observation_kind: str | None, action_kind: str) -> str:
+    """The fit-q model of ``fit[:MODEL]`` (the data's default without one), checked."""
+    model = spec.partition(":")[2] or default_q_model(observation_kind, action_kind)
+    check_q_model_fits(model, observation_kind, action_kind, "--q fit:MODEL")
+    return model
+
+
 def check_q(q: QFunction, policy: Policy, schema) -> None:
     """Type-level compatibility of a Q source with the data and its policy (before any row
     is read); raises PolicyError / DataError / UsageError with one line."""
@@ -290,9 +279,7 @@ def check_q(q: QFunction, policy: Policy, schema) -> None:
             "(pass --policy, or --q-col with --v-col)"
         )
     if q.kind == FIT:
-        from ope_cli.fitted_q import model_of
-
-        model_of(q.name, schema.observation_kind, schema.action_kind)
+        fit_model_of(q.name, schema.observation_kind, schema.action_kind)
         return
     _check_q_types(q, f"Q function {q.name} (for policy {policy.name})", schema)
     if schema.action_kind == "discrete":

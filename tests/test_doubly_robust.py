@@ -16,6 +16,7 @@ from datasets import (
     random_episodes,
     save_checkpoint,
     to_reference_input,
+    write_episode_layout,
     write_step_layout,
 )
 from reference import (
@@ -109,6 +110,33 @@ def test_critic_columns_match_the_reference(softmax_data, ope_in_process):
         _close(estimates[name]["value"], four[name])
     q = json.loads(run.stdout)["results"][0]["diagnostics"]["q"]
     assert q["source"] == "columns" and "q_hat" in q["name"]
+    # the episode layout: list columns of the critic's values, the same estimates
+    by_episode = write_episode_layout(
+        episodes,
+        data.parent / "episodes.parquet",
+        extra_columns=("q", "v"),
+        column_names=CRITIC,
+    )
+    again = _estimates(
+        ope_in_process(
+            [
+                "evaluate",
+                by_episode,
+                "-p",
+                target_path,
+                "--q-col",
+                "q_hat",
+                "--v-col",
+                "v_hat",
+                "--gamma",
+                GAMMA,
+                "--ci",
+                "normal",
+            ]
+        )
+    )
+    for name in DR:
+        _close(again[name]["value"], estimates[name]["value"], rtol=1e-12)
 
 
 def _linear_q(rng, obs_dim, n_actions):
@@ -322,6 +350,8 @@ def test_bad_q_inputs(softmax_data, tmp_path, ope_in_process):
             "--q is given 3 times for 2 policies",
         ),
         "q-col alone": ([data, "-p", target_path, "--q-col", "q_hat"], "--q-col and --v-col"),
+        "fit model": ([data, "-p", target_path, "--q", "fit:foo"], "unknown Q model"),
+        "fit tabular": ([data, "-p", target_path, "--q", "fit:tabular"], "integer state"),
         "dr without q": ([data, "-p", target_path, "-e", "dr"], "needs a Q source"),
         "logged target": ([data, "--q", zeros, "--target-prob-col", "q_hat"], "V-hat needs"),
     }
