@@ -463,3 +463,44 @@ def test_intervals_of_the_doubly_robust_estimators(softmax_data, ope_in_process)
         assert estimates[name]["ci_low"] is None and estimates[name]["ci_high"] is None
         assert "betting" in estimates[name]["note"]
     assert estimates["pdis"]["ci_low"] is not None
+
+
+@pytest.mark.slow
+def test_shipped_example_with_fit_q_and_q_fit(tmp_path, ope_in_process):
+    """The README's commands on the shipped example: ope fit-q writes a linear_q checkpoint
+    whose dm ``--q`` reproduces; ``--q fit:linear --cross-fit 1`` fits the same Q in the
+    run; dr agrees with pdis within their standard errors."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    logs, policy = root / "data" / "logs.parquet", root / "policies" / "ckpt.npz"
+    out = tmp_path / "q.npz"
+    fitted = ope_in_process(
+        ["fit-q", logs, "--policy", policy, "--gamma", 0.99, "--out", out, "-f", "json"]
+    )
+    assert fitted.returncode == 0, fitted.stderr
+    fit = json.loads(fitted.stdout)
+    with_file, in_run = (
+        _estimates(
+            ope_in_process(["evaluate", logs, "-p", policy, "--gamma", 0.99, "--ci", "normal", *q])
+        )
+        for q in (["--q", out], ["--q", "fit:linear", "--cross-fit", "1"])
+    )
+    dm = next(value for key, value in _flatten(fit) if key == "dm")
+    _close(with_file["dm"]["value"], dm, rtol=1e-9)
+    for name in DR:
+        _close(in_run[name]["value"], with_file[name]["value"], rtol=1e-9)
+    pdis, dr = with_file["pdis"], with_file["dr"]
+    assert abs(dr["value"] - pdis["value"]) < 3 * pdis["stderr"]
+
+
+def _flatten(document, prefix=""):
+    """(key, value) of every leaf of a JSON document."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            yield from _flatten(value, key)
+    elif isinstance(document, list):
+        for value in document:
+            yield from _flatten(value, prefix)
+    else:
+        yield prefix, document
