@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from ope_cli.episodes import EpisodeAssembler
+from ope_cli.errors import DataError, OpeError
 from ope_cli.fit.base import largest
-from ope_cli.fitq.command import logged_action_count
 from ope_cli.fitq.run import QFit, fit_q
 from ope_cli.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
 from ope_cli.sources import iter_batches
@@ -50,6 +50,30 @@ def fitted_q(spec: str, fit: QFit, folds: int) -> QFunction:
     return dataclasses.replace(first, name=spec, params=stacked, folds=folds, fit=summary)
 
 
+def _logged_action_count(batches, collectives) -> int:
+    """1 + the largest logged action over the stream's episodes (as the evaluation reads
+    and drops them) and, in a multi-process run, over every process's."""
+    config, schema = batches.config, batches.schema
+    largest_action, error = -1, None
+    try:
+        assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
+        for chunk in assembler.chunks(
+            iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
+        ):
+            largest_action = max(largest_action, int(chunk.action.max()))
+    except OpeError as failure:
+        if collectives is None:
+            raise
+        error = failure
+    if collectives is not None:  # every process meets here, also one that failed
+        gather, check_all = collectives
+        check_all(error)
+        (largest_action,) = largest(gather, (largest_action,))
+    if largest_action < 0:
+        raise DataError("no steps to fit Q on (the data has no episodes)")
+    return largest_action + 1
+
+
 def fit_q_into(batches, collectives=None) -> None:
     """Replaces every ``fit`` Q source of ``batches`` (a pipeline BatchStream) by its fitted
     Q function; ``collectives``: (gather, check_all) of a multi-process run, else None."""
@@ -61,9 +85,7 @@ def fit_q_into(batches, collectives=None) -> None:
         model = fit_model_of(q.name, schema.observation_kind, schema.action_kind)
         n_actions = policy.n_actions
         if discrete and n_actions is None:  # an entry point: count the logged actions
-            n_actions = logged_action_count(batches.data, schema, config.batching.read_rows)
-            if collectives is not None:
-                (n_actions,) = largest(collectives[0], (n_actions,))
+            n_actions = _logged_action_count(batches, collectives)
         assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
         reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
         fit = fit_q(

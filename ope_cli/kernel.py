@@ -86,7 +86,10 @@ def group_policies(
     groups: dict[tuple, PolicyGroup] = {}
     for index, policy in enumerate(policies):
         q = None if qs is None else qs[index]
-        key = (policy.stack_key, None if q is None else q.stack_key)
+        # a policy without parameters (an entry point) is one function: the same one given
+        # twice is evaluated twice, never stacked (nothing to stack along)
+        own = policy.stack_key if policy.params is not None else (*policy.stack_key, index)
+        key = (own, None if q is None else q.stack_key)
         group = groups.setdefault(key, PolicyGroup([], [], None if q is None else []))
         group.policies.append(policy)
         group.indices.append(index)

@@ -117,7 +117,7 @@ class IntervalPlan:
     )
 
     def describe(self, config: EvaluationConfig) -> str:
-        estimators = estimator_names()
+        estimators = reported_estimators(config)
         if self.betting_range is None:
             return (
                 INTERVAL_METHODS[self.method].format(

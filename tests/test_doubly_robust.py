@@ -504,3 +504,54 @@ def _flatten(document, prefix=""):
             yield from _flatten(value, prefix)
     else:
         yield prefix, document
+
+
+@pytest.mark.slow
+def test_an_entry_point_policy_given_twice_with_two_qs(tmp_path, softmax_data, ope_in_process):
+    """The same entry-point policy twice is two evaluations, each with its own Q-hat (a
+    policy without parameters is never stacked); ``--q fit`` counts the logged actions of
+    an entry point that declares none."""
+    _, target, target_path, data, root = softmax_data
+    np.savez(tmp_path / "target_params.npz", weight=target["weight"], bias=target["bias"])
+    (tmp_path / "same_policy.py").write_text(
+        "import jax\n"
+        "import jax.numpy as jnp\n"
+        "import numpy as np\n"
+        "_p = np.load('target_params.npz')\n"
+        "W, b = jnp.asarray(_p['weight']), jnp.asarray(_p['bias'])\n"
+        "def log_prob(observation, action):\n"
+        "    return jax.nn.log_softmax(observation @ W + b)[action]\n"
+    )
+    rng = np.random.default_rng(11)
+    qs = [save_checkpoint(tmp_path / f"q{i}.npz", _linear_q(rng, 3, 4)) for i in range(2)]
+    common = ["evaluate", data, "--gamma", GAMMA, "--ci", "normal"]
+    both = ope_in_process(
+        [
+            *common,
+            "-p",
+            "same_policy:log_prob",
+            "-p",
+            "same_policy:log_prob",
+            "--q",
+            qs[0],
+            "--q",
+            qs[1],
+        ],
+        cwd=tmp_path,
+    )
+    assert both.returncode == 0, both.stderr
+    results = json.loads(both.stdout)["results"]
+    for q, result in zip(qs, results, strict=True):
+        alone = _estimates(ope_in_process([*common, "-p", target_path, "--q", q]))
+        for name in DR:
+            _close(result["estimates"][name]["value"], alone[name]["value"], rtol=1e-9)
+    twice = ope_in_process(
+        [*common, "-p", "same_policy:log_prob", "-p", "same_policy:log_prob"], cwd=tmp_path
+    )
+    assert twice.returncode == 0, twice.stderr
+    fitted = ope_in_process(
+        [*common, "-p", "same_policy:log_prob", "--q", "fit:linear"], cwd=tmp_path
+    )
+    checkpoint = ope_in_process([*common, "-p", target_path, "--q", "fit:linear"])
+    for name in DR:
+        _close(_estimates(fitted)[name]["value"], _estimates(checkpoint)[name]["value"], 1e-9)

@@ -148,6 +148,8 @@ def grouped_jackknife(value_of):
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, empty_step = value_of(grouped.totals, context)
         if value is None:
+            if empty_step < 0:
+                return Point(None, None, "not finite (V-hat or the weighted sums overflow)")
             return Point(None, None, f"every episode has zero weight at step {empty_step}")
         groups = grouped.groups
         if groups.size < 2:
