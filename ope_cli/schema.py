@@ -46,10 +46,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     ),
     "target_prob": ("target_prob", "target_probs"),
     "target_log_prob": ("target_log_prob", "target_log_probs"),
-    # the user's critic (--q-col/--v-col): read only when named, never guessed
-    "q_value": (),
-    "v_value": (),
+    # the user's critic (--q-col/--v-col): read only when named (NAMED_ONLY), never guessed
+    "q_value": ("q_value",),
+    "v_value": ("v_value",),
 }
+NAMED_ONLY = frozenset({"q_value", "v_value"})  # roles whose column is read only when named
 
 OPTION_FOR_ROLE = {
     "episode": "--episode-col",
@@ -127,6 +128,8 @@ def _find_column(role: str, names: list[str], mapping: ColumnMapping) -> str | N
                 f"(columns: {', '.join(names)})"
             )
         return override
+    if role in NAMED_ONLY:
+        return None
     lower = {name.lower(): name for name in names}
     for alias in ALIASES[role]:
         if alias in lower:

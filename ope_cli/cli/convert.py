@@ -10,24 +10,18 @@ import typer
 
 from ope_cli.cli.console import table_console
 from ope_cli.cli.options import (
-    ActionCol,
-    BehaviorLogProbCol,
-    BehaviorProbCol,
+    DEFAULT_COLUMNS,
+    LOGGED_COLUMNS,
     Data,
-    EpisodeCol,
     InspectFormat,
     InspectFormatOption,
-    ObsCol,
     ReadRows,
-    RewardCol,
-    StepCol,
-    TargetLogProbCol,
-    TargetProbCol,
-    column_mapping,
+    column_options,
 )
-from ope_cli.config import BatchingConfig
+from ope_cli.config import BatchingConfig, ColumnMapping
 
 
+@column_options(*LOGGED_COLUMNS)
 def convert(
     data: Data,
     out: Annotated[str, typer.Argument(help="The Parquet file to write (a local path or a URI).")],
@@ -36,15 +30,7 @@ def convert(
     ] = False,
     output_format: InspectFormatOption = None,
     read_rows: ReadRows = BatchingConfig.read_rows,
-    episode_col: EpisodeCol = None,
-    step_col: StepCol = None,
-    obs_col: ObsCol = None,
-    action_col: ActionCol = None,
-    reward_col: RewardCol = None,
-    behavior_prob_col: BehaviorProbCol = None,
-    behavior_log_prob_col: BehaviorLogProbCol = None,
-    target_prob_col: TargetProbCol = None,
-    target_log_prob_col: TargetLogProbCol = None,
+    columns: ColumnMapping = DEFAULT_COLUMNS,
 ) -> None:
     """Write DATA (Parquet, Arrow, a Minari dataset, a D4RL-style HDF5 file, object storage)
     as one step-layout Parquet file with the standard column names and ope metadata,
@@ -59,17 +45,7 @@ def convert(
         ConvertConfig(
             data=data,
             out=out,
-            columns=column_mapping(
-                episode_col,
-                step_col,
-                obs_col,
-                action_col,
-                reward_col,
-                behavior_prob_col,
-                behavior_log_prob_col,
-                target_prob_col,
-                target_log_prob_col,
-            ),
+            columns=columns,
             read_rows=read_rows,
             overwrite=overwrite,
         )

@@ -9,44 +9,35 @@ import typer
 
 from ope_cli.cli.console import say, table_console
 from ope_cli.cli.options import (
-    ActionCol,
+    COLUMN_OPTIONS,
+    DEFAULT_COLUMNS,
     BatchSteps,
     Behavior,
     BehaviorCrossFit,
-    BehaviorLogProbCol,
-    BehaviorProbCol,
     Coordinator,
     CrossFit,
     Data,
     Devices,
     Distributed,
-    EpisodeCol,
     Estimators,
     EvaluateFormat,
     Gamma,
     MinBucket,
     MinPropensity,
     NumProcesses,
-    ObsCol,
     OnInvalid,
     OutputFormat,
     Precision,
     ProcessId,
-    QCol,
     QOption,
     Quiet,
     ReadRows,
-    RewardCol,
-    StepCol,
-    TargetLogProbCol,
-    TargetProbCol,
     Timeout,
-    VCol,
     VSamples,
-    column_mapping,
+    column_options,
 )
 from ope_cli.cli.progress import ProgressDisplay
-from ope_cli.config import ESTIMATORS, BatchingConfig, EvaluationConfig
+from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import UsageError
 from ope_cli.estimators import names
 from ope_cli.plan import reported_estimators
@@ -59,6 +50,7 @@ TABLE_WIDTH = 100  # least columns of a table written to a file or pipe
 TABLE_MARGIN = 90  # columns besides the policy name
 
 
+@column_options(*COLUMN_OPTIONS)
 def evaluate(
     data: Data,
     policy: Annotated[
@@ -135,17 +127,6 @@ def evaluate(
             "pip install 'ope-cli\\[plot]'.",
         ),
     ] = None,  # \[ : not rich markup
-    episode_col: EpisodeCol = None,
-    step_col: StepCol = None,
-    obs_col: ObsCol = None,
-    action_col: ActionCol = None,
-    reward_col: RewardCol = None,
-    behavior_prob_col: BehaviorProbCol = None,
-    behavior_log_prob_col: BehaviorLogProbCol = None,
-    target_prob_col: TargetProbCol = None,
-    target_log_prob_col: TargetLogProbCol = None,
-    q_col: QCol = None,
-    v_col: VCol = None,
     coordinator: Coordinator = None,
     num_processes: NumProcesses = None,
     process_id: ProcessId = None,
@@ -154,6 +135,7 @@ def evaluate(
     read_rows: ReadRows = BatchingConfig.read_rows,
     batch_steps: BatchSteps = BatchingConfig.batch_steps,
     min_bucket: MinBucket = BatchingConfig.min_bucket,
+    columns: ColumnMapping = DEFAULT_COLUMNS,
 ) -> None:
     """Estimate each policy's value from the logged episodes in DATA.
 
@@ -190,19 +172,7 @@ def evaluate(
         horizon=horizon,
         bootstrap_samples=bootstrap_samples,
         seed=seed,
-        columns=column_mapping(
-            episode_col,
-            step_col,
-            obs_col,
-            action_col,
-            reward_col,
-            behavior_prob_col,
-            behavior_log_prob_col,
-            target_prob_col,
-            target_log_prob_col,
-            q_col,
-            v_col,
-        ),
+        columns=columns,
         batching=BatchingConfig(
             read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
         ),

@@ -10,22 +10,18 @@ import typer
 
 from ope_cli.cli.console import table_console
 from ope_cli.cli.options import (
-    ActionCol,
-    BehaviorLogProbCol,
+    DEFAULT_COLUMNS,
     BehaviorModelOption,
-    BehaviorProbCol,
     Data,
-    EpisodeCol,
     InspectFormat,
     InspectFormatOption,
-    ObsCol,
     ReadRows,
-    StepCol,
-    column_mapping,
+    column_options,
 )
-from ope_cli.config import BatchingConfig
+from ope_cli.config import BatchingConfig, ColumnMapping
 
 
+@column_options("episode", "step", "observation", "action", "behavior_prob", "behavior_log_prob")
 def fit_behavior(
     data: Data,
     out: Annotated[
@@ -37,12 +33,7 @@ def fit_behavior(
     model: BehaviorModelOption = None,
     output_format: InspectFormatOption = None,
     read_rows: ReadRows = BatchingConfig.read_rows,
-    episode_col: EpisodeCol = None,
-    step_col: StepCol = None,
-    obs_col: ObsCol = None,
-    action_col: ActionCol = None,
-    behavior_prob_col: BehaviorProbCol = None,
-    behavior_log_prob_col: BehaviorLogProbCol = None,
+    columns: ColumnMapping = DEFAULT_COLUMNS,
 ) -> None:
     """Fit the behavior policy to the logged actions in DATA; write it as a checkpoint.
 
@@ -62,15 +53,7 @@ def fit_behavior(
         data=data,
         out=out,
         model=model,
-        columns=column_mapping(
-            episode_col,
-            step_col,
-            obs_col,
-            action_col,
-            None,
-            behavior_prob_col,
-            behavior_log_prob_col,
-        ),
+        columns=columns,
         read_rows=read_rows,
     )
     from ope_cli import runtime

@@ -10,21 +10,18 @@ import typer
 
 from ope_cli.cli.console import table_console
 from ope_cli.cli.options import (
-    ActionCol,
+    DEFAULT_COLUMNS,
     Data,
-    EpisodeCol,
     Gamma,
     InspectFormat,
     InspectFormatOption,
-    ObsCol,
     ReadRows,
-    RewardCol,
-    StepCol,
-    column_mapping,
+    column_options,
 )
-from ope_cli.config import BatchingConfig
+from ope_cli.config import BatchingConfig, ColumnMapping
 
 
+@column_options("episode", "step", "observation", "action", "reward")
 def fit_q(
     data: Data,
     policy: Annotated[
@@ -54,11 +51,7 @@ def fit_q(
     seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
     output_format: InspectFormatOption = None,
     read_rows: ReadRows = BatchingConfig.read_rows,
-    episode_col: EpisodeCol = None,
-    step_col: StepCol = None,
-    obs_col: ObsCol = None,
-    action_col: ActionCol = None,
-    reward_col: RewardCol = None,
+    columns: ColumnMapping = DEFAULT_COLUMNS,
 ) -> None:
     """Fit the evaluation policy's action values Q(s, a) on DATA (fitted Q evaluation).
 
@@ -81,7 +74,7 @@ def fit_q(
         gamma=gamma,
         ridge=ridge,
         seed=seed,
-        columns=column_mapping(episode_col, step_col, obs_col, action_col, reward_col),
+        columns=columns,
         read_rows=read_rows,
     )
     from ope_cli import runtime

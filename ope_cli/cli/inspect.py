@@ -9,26 +9,20 @@ import typer
 
 from ope_cli.cli.console import say, table_console
 from ope_cli.cli.options import (
-    ActionCol,
-    BehaviorLogProbCol,
-    BehaviorProbCol,
+    DEFAULT_COLUMNS,
+    LOGGED_COLUMNS,
     Data,
-    EpisodeCol,
     InspectFormat,
     InspectFormatOption,
-    ObsCol,
     ReadRows,
-    RewardCol,
-    StepCol,
-    TargetLogProbCol,
-    TargetProbCol,
-    column_mapping,
+    column_options,
 )
-from ope_cli.config import BatchingConfig
+from ope_cli.config import BatchingConfig, ColumnMapping
 
 INVALID_DATA_EXIT_CODE = 3
 
 
+@column_options(*LOGGED_COLUMNS)
 def inspect(
     data: Data,
     policy: Annotated[
@@ -41,15 +35,7 @@ def inspect(
     ] = None,
     output_format: InspectFormatOption = None,
     read_rows: ReadRows = BatchingConfig.read_rows,
-    episode_col: EpisodeCol = None,
-    step_col: StepCol = None,
-    obs_col: ObsCol = None,
-    action_col: ActionCol = None,
-    reward_col: RewardCol = None,
-    behavior_prob_col: BehaviorProbCol = None,
-    behavior_log_prob_col: BehaviorLogProbCol = None,
-    target_prob_col: TargetProbCol = None,
-    target_log_prob_col: TargetLogProbCol = None,
+    columns: ColumnMapping = DEFAULT_COLUMNS,
 ) -> None:
     """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
     problem in it. Exits 3 when there are problems (the report still goes to stdout).
@@ -62,17 +48,7 @@ def inspect(
 
     config = InspectConfig(
         data=data,
-        columns=column_mapping(
-            episode_col,
-            step_col,
-            obs_col,
-            action_col,
-            reward_col,
-            behavior_prob_col,
-            behavior_log_prob_col,
-            target_prob_col,
-            target_log_prob_col,
-        ),
+        columns=columns,
         read_rows=read_rows,
         policies=tuple(policy or ()),
     )

@@ -1,14 +1,17 @@
 """Options shared by several commands, declared once as ``Annotated`` aliases.
 
 A command declares ``gamma: Gamma = 1.0`` instead of repeating the ``typer.Option``; the
-help text, panel and flags then agree everywhere. The column options map to
-``ColumnMapping`` through ``column_mapping``.
+help text, panel and flags then agree everywhere. The column options are declared once
+(COLUMN_OPTIONS) and a command takes those of the roles it reads with ``column_options``.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -249,30 +252,55 @@ Timeout = Annotated[
 CLUSTER_OPTIONS = ("--coordinator", "--num-processes", "--process-id", "--distributed")
 
 
-def column_mapping(
-    episode_col: str | None = None,
-    step_col: str | None = None,
-    obs_col: str | None = None,
-    action_col: str | None = None,
-    reward_col: str | None = None,
-    behavior_prob_col: str | None = None,
-    behavior_log_prob_col: str | None = None,
-    target_prob_col: str | None = None,
-    target_log_prob_col: str | None = None,
-    q_col: str | None = None,
-    v_col: str | None = None,
-) -> ColumnMapping:
-    """The column options (None: the default name or an alias) as a ``ColumnMapping``."""
-    return ColumnMapping(
-        episode=episode_col,
-        step=step_col,
-        observation=obs_col,
-        action=action_col,
-        reward=reward_col,
-        behavior_prob=behavior_prob_col,
-        behavior_log_prob=behavior_log_prob_col,
-        target_prob=target_prob_col,
-        target_log_prob=target_log_prob_col,
-        q_value=q_col,
-        v_value=v_col,
-    )
+# role (a ColumnMapping field) -> (the command's parameter, its option): the column
+# options, declared once; a command reads the roles it names in ``column_options``.
+COLUMN_OPTIONS: dict[str, tuple[str, Any]] = {
+    "episode": ("episode_col", EpisodeCol),
+    "step": ("step_col", StepCol),
+    "observation": ("obs_col", ObsCol),
+    "action": ("action_col", ActionCol),
+    "reward": ("reward_col", RewardCol),
+    "behavior_prob": ("behavior_prob_col", BehaviorProbCol),
+    "behavior_log_prob": ("behavior_log_prob_col", BehaviorLogProbCol),
+    "target_prob": ("target_prob_col", TargetProbCol),
+    "target_log_prob": ("target_log_prob_col", TargetLogProbCol),
+    "q_value": ("q_col", QCol),
+    "v_value": ("v_col", VCol),
+}
+LOGGED_COLUMNS = tuple(role for role in COLUMN_OPTIONS if role not in ("q_value", "v_value"))
+DEFAULT_COLUMNS = ColumnMapping()  # every column found by its default name or an alias
+
+
+def column_options(*roles: str) -> Callable[[Callable], Callable]:
+    """A typer command decorator: the command gets the column options of ``roles`` (the
+    ``--episode-col`` ... options of COLUMN_OPTIONS, in its "Columns" help panel) and
+    receives them as one ``columns: ColumnMapping`` argument (None: default name or alias).
+    """
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        kept = [p for p in signature.parameters.values() if p.name != "columns"]
+        added = [
+            inspect.Parameter(
+                COLUMN_OPTIONS[role][0],
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=COLUMN_OPTIONS[role][1],
+            )
+            for role in roles
+        ]
+
+        @functools.wraps(command)
+        def with_columns(*args: Any, **kwargs: Any) -> Any:
+            names = {role: COLUMN_OPTIONS[role][0] for role in roles}
+            columns = ColumnMapping(
+                **{role: kwargs.pop(name, None) for role, name in names.items()}
+            )
+            return command(*args, columns=columns, **kwargs)
+
+        parameters = [*kept, *added]
+        with_columns.__signature__ = signature.replace(parameters=parameters)
+        with_columns.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_columns
+
+    return decorate
