@@ -10,10 +10,12 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _SUBPROCESS_CACHE: str | None = None  # the session's cache for ``ope`` subprocesses
@@ -206,3 +208,22 @@ def _release_compiled_executables():
         import jax
 
         jax.clear_caches()
+
+
+class TwoProcessGather:
+    """An all-gather between two threads standing for two processes: each passes its
+    [n_p, ...] array and both get the concatenation in process order."""
+
+    def __init__(self):
+        self.slots = [None, None]
+        self.barrier = threading.Barrier(2)
+
+    def for_process(self, rank: int):
+        def gather(array):
+            self.slots[rank] = np.asarray(array)
+            self.barrier.wait()
+            both = np.concatenate(self.slots)
+            self.barrier.wait()
+            return both
+
+        return gather

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_ope
+from conftest import TwoProcessGather, run_ope
 
 from ope_cli.errors import UsageError
 from ope_cli.fit.base import (
@@ -593,32 +593,13 @@ def test_mse_of_is_and_pdis_with_estimated_and_true_behavior(tmp_path):
             assert estimated < 2 * true
 
 
-class _TwoProcessGather:
-    """An all-gather between two threads standing for two processes: each passes its
-    [n_p, ...] array and both get the concatenation in process order."""
-
-    def __init__(self):
-        self.slots = [None, None]
-        self.barrier = threading.Barrier(2)
-
-    def for_process(self, rank: int):
-        def gather(array):
-            self.slots[rank] = np.asarray(array)
-            self.barrier.wait()
-            both = np.concatenate(self.slots)
-            self.barrier.wait()
-            return both
-
-        return gather
-
-
 def _gathered_in_two_processes(make, shares):
     """Two models fed one share each, then gathered: what each ends with."""
     models = [make(), make()]
     for model, (observation, action, fold) in zip(models, shares, strict=True):
         if observation is not None:
             model.add(observation, action, fold)
-    exchange = _TwoProcessGather()
+    exchange = TwoProcessGather()
     threads = [
         threading.Thread(target=model.gather_processes, args=(exchange.for_process(rank),))
         for rank, model in enumerate(models)

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import TwoProcessGather
 
 from ope_cli.config import ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, take_episodes
@@ -391,25 +392,6 @@ def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope):
     assert len(done.stderr.strip().splitlines()) == 1 and "continuous" in done.stderr
 
 
-class _TwoProcessGather:
-    """An all-gather between two threads standing for two processes: each passes its
-    [n_p, ...] array and both get the concatenation in process order."""
-
-    def __init__(self):
-        self.slots = [None, None]
-        self.barrier = threading.Barrier(2)
-
-    def for_process(self, rank: int):
-        def gather(array):
-            self.slots[rank] = np.asarray(array)
-            self.barrier.wait()
-            both = np.concatenate(self.slots)
-            self.barrier.wait()
-            return both
-
-        return gather
-
-
 @pytest.mark.parametrize("empty_second", [False, True])
 @pytest.mark.parametrize("model", ["tabular", "linear", "mlp"])
 def test_models_gathered_across_processes_equal_one_model(data, model, empty_second):
@@ -430,7 +412,7 @@ def test_models_gathered_across_processes_equal_one_model(data, model, empty_sec
     models = [make(), make()]
     for q_model, share in zip(models, (chunks[:cut], chunks[cut:]), strict=True):
         collect_q(q_model, share, policy, folds=2, n_actions=N_ACTIONS)
-    exchange = _TwoProcessGather()
+    exchange = TwoProcessGather()
     threads = [
         threading.Thread(target=q_model.gather_processes, args=(exchange.for_process(rank),))
         for rank, q_model in enumerate(models)

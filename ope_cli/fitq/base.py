@@ -213,6 +213,19 @@ def policy_samples(policy: Policy, chunk: EpisodeChunk, seed: int, m: int = V_SA
     return drawn[..., None] if drawn.ndim == 2 else drawn
 
 
+class FoldSums:
+    """Per-fold statistics of a model (arrays with a leading [folds] axis, by attribute
+    name), pooled over every fold or every fold but one."""
+
+    def _pooled(self, name: str, exclude: int | None) -> np.ndarray:
+        array = getattr(self, name)
+        total = array.sum(axis=0)
+        return total if exclude is None else total - array[exclude]
+
+    def _fold(self, name: str, fold: int | None) -> np.ndarray:
+        return self._pooled(name, None) if fold is None else getattr(self, name)[fold]
+
+
 class QModel(Protocol):
     """A Q model's statistics over folds of episodes.
 

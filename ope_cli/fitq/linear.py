@@ -20,7 +20,7 @@ import numpy as np
 
 from ope_cli.errors import DataError
 from ope_cli.fit.base import Gather, features, largest, summed
-from ope_cli.fitq.base import Transitions
+from ope_cli.fitq.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
 ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
@@ -45,7 +45,7 @@ def with_bias(observation: np.ndarray) -> np.ndarray:
     return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
 
 
-class LinearQ:
+class LinearQ(FoldSums):
     """LSTDQ sums per fold (K folds, D features): a_mat, c_mat, s00 [K, D, D]; b, e, s0
     [K, D]; rr, n, n0 [K]."""
 
@@ -103,14 +103,6 @@ class LinearQ:
         self._start(width)
         for name in _SUMS:
             setattr(self, name, summed(gather, getattr(self, name)))
-
-    def _pooled(self, name: str, exclude: int | None) -> np.ndarray:
-        array = getattr(self, name)
-        total = array.sum(axis=0)
-        return total if exclude is None else total - array[exclude]
-
-    def _fold(self, name: str, fold: int | None) -> np.ndarray:
-        return self._pooled(name, None) if fold is None else getattr(self, name)[fold]
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
         """{"weight": [d, A], "bias": [A]}: w = (A + ridge I)^-1 b of every fold but

@@ -18,12 +18,12 @@ import numpy as np
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fit.base import Gather, largest, summed
 from ope_cli.fit.softmax import MEMORY_ENV, memory_budget
-from ope_cli.fitq.base import Transitions
+from ope_cli.fitq.base import FoldSums, Transitions
 
 StateProbs = Callable[[int, int], np.ndarray]  # (n_states, n_actions) -> [S, A] pi_e(a|s)
 
 
-class TabularQ:
+class TabularQ(FoldSums):
     """Counts per fold: trans/rsum [K, S, A, S], term/rterm/rr [K, S, A], init [K, S]."""
 
     name = "tabular"
@@ -98,14 +98,6 @@ class TabularQ:
         self._grow(*largest(gather, self.term.shape[1:]))
         for name in ("trans", "rsum", "term", "rterm", "rr", "init"):
             setattr(self, name, summed(gather, getattr(self, name)))
-
-    def _pooled(self, name: str, exclude: int | None) -> np.ndarray:
-        array = getattr(self, name)
-        total = array.sum(axis=0)
-        return total if exclude is None else total - array[exclude]
-
-    def _fold(self, name: str, fold: int | None) -> np.ndarray:
-        return self._pooled(name, None) if fold is None else getattr(self, name)[fold]
 
     def policy(self) -> np.ndarray:
         """[S, A] pi_e(a|s) over every state of the table."""
