@@ -168,7 +168,6 @@ def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch: PaddedBatch
 
 def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     params,
-    q_params,
     batch: PaddedBatch,
     gamma,
     seed,
@@ -180,11 +179,13 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     dtype,
     estimators=None,
     q=None,
+    q_params=None,
 ) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
     fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
     ``estimators``: the registered estimators whose sums to compute (None: all);
-    ``q``: the group's QSpec (its stacked ``q_params`` [P, ...]), None without Q-hat."""
+    ``q``: the group's QSpec and ``q_params`` its stacked parameters [P, ...] (None without
+    a Q source)."""
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch.steps
     )
@@ -217,7 +218,7 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
 
     def run(params, behavior_params, q_params, batch: PaddedBatch, *rest) -> KernelOutput:
         if behavior_log_prob is None:
-            return KernelOutput(statistics(params, q_params, batch, *rest), None)
+            return KernelOutput(statistics(params, batch, *rest, q_params=q_params), None)
         observation = batch.steps.observation
         if jnp.issubdtype(observation.dtype, jnp.floating):
             observation = observation.astype(dtype)
@@ -232,7 +233,8 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
         )
         batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
         return KernelOutput(
-            statistics(params, q_params, batch, *rest), zero_probability_steps(log_b, batch)
+            statistics(params, batch, *rest, q_params=q_params),
+            zero_probability_steps(log_b, batch),
         )
 
     return run

@@ -116,6 +116,8 @@ def test_bench_targets_and_precision(tiny_bench):
         "bandit_over_import_jax_floor",
         "process_vs_pyarrow_process",
         "behavior_checkpoint_vs_logged",
+        "doubly_robust_kernel",
+        "q_fit_vs_logged",
     }
     for name, target in targets.items():
         if name == "memory_growth":
