@@ -13,8 +13,9 @@ import math
 import numpy as np
 
 from ope_cli.episodes import EpisodeAssembler
-from ope_cli.errors import DataError, OpeError
+from ope_cli.errors import OpeError
 from ope_cli.fit.base import largest
+from ope_cli.fitq.command import action_count, largest_logged_action
 from ope_cli.fitq.run import QFit, fit_q
 from ope_cli.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
 from ope_cli.sources import iter_batches
@@ -56,11 +57,13 @@ def _logged_action_count(batches, collectives) -> int:
     config, schema = batches.config, batches.schema
     largest_action, error = -1, None
     try:
-        assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
-        for chunk in assembler.chunks(
-            iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-        ):
-            largest_action = max(largest_action, int(chunk.action.max()))
+        largest_action = largest_logged_action(
+            batches.data,
+            schema,
+            config.batching.read_rows,
+            config.on_invalid,
+            batches.chunk_checks_of,
+        )
     except OpeError as failure:
         if collectives is None:
             raise
@@ -69,9 +72,7 @@ def _logged_action_count(batches, collectives) -> int:
         gather, check_all = collectives
         check_all(error)
         (largest_action,) = largest(gather, (largest_action,))
-    if largest_action < 0:
-        raise DataError("no steps to fit Q on (the data has no episodes)")
-    return largest_action + 1
+    return action_count(largest_action)
 
 
 def fit_q_into(batches, collectives=None) -> None:

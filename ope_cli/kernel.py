@@ -62,21 +62,19 @@ class PolicyGroup:
 
     def stacked_params(self, dtype) -> dict[str, jax.Array] | None:
         """Parameters with a leading policy axis [P, ...], or None without parameters."""
-        if self.head.params is None:
-            return None
-        return {
-            key: jnp.asarray(np.stack([p.params[key] for p in self.policies]), dtype)
-            for key in self.head.params
-        }
+        return _stacked([p.params for p in self.policies], dtype)
 
     def stacked_q_params(self, dtype) -> dict[str, jax.Array] | None:
         """The Q functions' parameters with a leading policy axis [P, ...], or None."""
-        if not self.qs or self.qs[0].params is None:
-            return None
-        return {
-            key: jnp.asarray(np.stack([q.params[key] for q in self.qs]), dtype)
-            for key in self.qs[0].params
-        }
+        return _stacked([q.params for q in self.qs or ()], dtype)
+
+
+def _stacked(params: list[dict[str, np.ndarray] | None], dtype) -> dict[str, jax.Array] | None:
+    """Equally shaped parameter dicts stacked along a new leading axis, as ``dtype``; None
+    when there are none (no records, or records without parameters)."""
+    if not params or params[0] is None:
+        return None
+    return {key: jnp.asarray(np.stack([p[key] for p in params]), dtype) for key in params[0]}
 
 
 def group_policies(

@@ -94,16 +94,29 @@ def choose_q_model(model: str | None, schema: DataSchema) -> str:
     return chosen
 
 
-def logged_action_count(data, schema: DataSchema, read_rows: int) -> int:
-    """1 + the largest logged (discrete) action, from a pass over the episodes."""
+def largest_logged_action(
+    data, schema: DataSchema, read_rows: int, on_invalid: str = "error", chunk_checks=None
+) -> int:
+    """The largest logged (discrete) action over a pass of the episodes, read as
+    ``on_invalid`` with ``chunk_checks`` says; -1 without any step."""
     largest = -1
-    for chunk in EpisodeAssembler(schema, "error").chunks(
+    for chunk in EpisodeAssembler(schema, on_invalid, chunk_checks).chunks(
         iter_batches(data, schema.read_columns, read_rows)
     ):
         largest = max(largest, int(chunk.action.max()))
+    return largest
+
+
+def action_count(largest: int) -> int:
+    """1 + the largest logged action; DataError when there was no step."""
     if largest < 0:
         raise DataError("no steps to fit Q on (the data has no episodes)")
     return largest + 1
+
+
+def logged_action_count(data, schema: DataSchema, read_rows: int) -> int:
+    """1 + the largest logged (discrete) action, from a pass over the episodes."""
+    return action_count(largest_logged_action(data, schema, read_rows))
 
 
 def _n_actions(policy: Policy, data, schema: DataSchema, read_rows: int) -> int | None:
