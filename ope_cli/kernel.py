@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ope_cli import traced
+from ope_cli import kernel_cache
 from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
@@ -35,7 +35,6 @@ from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.fit.base import fold_index
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
-from ope_cli.steps import Steps
 
 BATCH_AXIS = "batch"
 _traces = 0  # how many times the kernel was traced (= compiled or fetched from the cache)
@@ -74,7 +73,13 @@ def _stacked(params: list[dict[str, np.ndarray] | None], dtype) -> dict[str, jax
     when there are none (no records, or records without parameters)."""
     if not params or params[0] is None:
         return None
-    return {key: jnp.asarray(np.stack([p[key] for p in params]), dtype) for key in params[0]}
+    return {key: _on_device(np.stack([p[key] for p in params]), dtype) for key in params[0]}
+
+
+def _on_device(value, dtype) -> jax.Array:
+    """``value`` as a ``dtype`` device array, converted by NumPy on the host: a conversion
+    on the device is an eager JAX op, compiled (or looked up in the cache) per process."""
+    return jax.device_put(np.asarray(value, dtype))
 
 
 def group_policies(
@@ -301,9 +306,6 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
-_PYTREES = (KernelOutput, BatchStatistics, PaddedBatch, Steps, ZeroProbabilitySteps)
-
-
 def _signature(args) -> tuple:
     return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
 
@@ -344,13 +346,13 @@ class Kernel:
         # every estimator registered when the kernel is made that the inputs allow
         self.estimators = available(Q_FIELDS if self.q is not None else ())
         self.dtype = np.dtype(dtype)
-        self.gamma = jnp.asarray(gamma, self.dtype)
-        self.seed = jnp.asarray(seed, jnp.uint32)
+        self.gamma = _on_device(gamma, self.dtype)
+        self.seed = _on_device(seed, np.uint32)
         self.num_groups = num_groups
         self.num_replicates = num_replicates
         # (a, b, H) of estimators.betting_variables; None: no betting histogram
         self.betting_range = (
-            None if betting_range is None else jnp.asarray(betting_range, self.dtype)
+            None if betting_range is None else _on_device(betting_range, self.dtype)
         )
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
@@ -358,25 +360,26 @@ class Kernel:
         self.behavior_params = (
             None
             if behavior is None or behavior.params is None
-            else {k: jnp.asarray(v, self.dtype) for k, v in behavior.params.items()}
+            else {k: _on_device(v, self.dtype) for k, v in behavior.params.items()}
         )
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
         )
-        self._calls: dict[tuple, Callable] = {}  # batch signature -> traced kernel's call
+        self._calls: dict[tuple, Callable] = {}  # batch signature -> compiled kernel's call
 
     def _call(self, args: tuple, static: dict) -> KernelOutput:
-        """The kernel on ``args``: a traced kernel kept on disk (``traced``) when there is
-        a compilation cache and the code is the package's own, else the jitted function."""
+        """The kernel on ``args``: a compiled kernel kept on disk (``kernel_cache``) when
+        there is a compilation cache and the code is the package's own, else the jitted
+        function."""
         signature = (jax.tree.structure(args), _signature(args))
         call = self._calls.get(signature)
         if call is None:
             estimator_code = [get(name).terms for name in self.estimators]
-            key = traced.kernel_key(args, static, estimator_code)
-            exported = (
-                None if key is None else traced.load_or_export(_kernel, args, static, key, _PYTREES)
+            key = kernel_cache.kernel_key(args, static, estimator_code)
+            compiled = (
+                None if key is None else kernel_cache.load_or_compile(_kernel, args, static, key)
             )
-            call = exported or functools.partial(_kernel, **static)
+            call = compiled or functools.partial(_kernel, **static)
             self._calls[signature] = call
         return call(*args)
 

@@ -77,8 +77,9 @@ def enable_cpu_collectives() -> None:
 @dataclasses.dataclass(frozen=True)
 class CompilationCounts:
     """Executables this process needed: ``requests`` of them (each compiled by XLA or
-    loaded from the persistent compilation cache: ``cache_hits``), taking ``seconds``
-    in all. Differences of two snapshots count what happened in between."""
+    loaded from a cache: ``cache_hits``, JAX's persistent compilation cache or the kernels
+    kept by ``kernel_cache``), taking ``seconds`` in all (XLA's compilations and
+    persistent-cache loads). Differences of two snapshots count what happened in between."""
 
     requests: int = 0
     seconds: float = 0.0
@@ -120,6 +121,15 @@ def _on_event(event: str, **_) -> None:
     if event == _CACHE_HIT_EVENT:
         with _counts_lock:
             _counts = dataclasses.replace(_counts, cache_hits=_counts.cache_hits + 1)
+
+
+def count_kernel_load() -> None:
+    """Counts an executable loaded from ``kernel_cache`` (a cache hit without XLA)."""
+    global _counts
+    with _counts_lock:
+        _counts = dataclasses.replace(
+            _counts, requests=_counts.requests + 1, cache_hits=_counts.cache_hits + 1
+        )
 
 
 def compilation_counts() -> CompilationCounts:

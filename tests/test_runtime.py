@@ -114,3 +114,36 @@ def test_a_second_dataset_compiles_nothing_with_a_warm_cache(tmp_path, ope):
     assert warm["compilations"] == 0, warm
     assert warm["compiles"] == 0  # the traced kernels are kept too: nothing is traced
     assert warm["cache_hits"] >= 1
+
+
+@pytest.mark.slow  # three ope processes
+def test_kernels_compiled_from_the_persistent_cache_are_not_kept(tmp_path, ope):
+    """An executable XLA:CPU loaded from the persistent cache serialises incompletely (its
+    copy fails at the first call), so a kept kernel must come from a fresh compilation:
+    with ``kernels/`` deleted and the persistent cache warm, runs stay correct and keep
+    nothing; the first run keeps one kernel per shape."""
+    from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+
+    rng = np.random.default_rng(6)
+    behavior = random_checkpoint("linear_softmax", rng)
+    save_checkpoint(tmp_path / "policy.npz", random_checkpoint("linear_softmax", rng))
+    episodes = random_episodes(rng, 100, behavior=behavior, length_dist="uniform", max_length=7)
+    write_step_layout(episodes, tmp_path / "logs.parquet")
+    cache = tmp_path / "cache"
+
+    def evaluate():
+        args = ["evaluate", "logs.parquet", "-p", "policy.npz", "--format", "json"]
+        done = ope(args, cwd=tmp_path, env={"OPE_CACHE_DIR": str(cache)})
+        assert done.returncode == 0, done
+        return json.loads(done.stdout)
+
+    first = evaluate()
+    kept = sorted((cache / "kernels").glob("*.bin"))
+    assert len(kept) == len(first["runtime"]["batch_shapes"]) >= 1
+    for path in kept:
+        path.unlink()
+    again, third = evaluate(), evaluate()
+    assert again["runtime"]["cache_hits"] >= 1 and again["runtime"]["compilations"] == 0
+    assert not list((cache / "kernels").glob("*.bin"))
+    for run in (again, third):
+        assert run["results"][0]["estimates"] == first["results"][0]["estimates"]

@@ -1,5 +1,5 @@
-"""``ope_cli.traced``: kernels traced once, kept on disk, and called by later kernels
-(processes) without tracing, with the same results."""
+"""``ope_cli.kernel_cache``: kernels compiled once, kept on disk, and called by later
+kernels (processes) without tracing, with the same results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli import traced
+from ope_cli import kernel_cache, runtime
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.estimators import get, names
 from ope_cli.kernel import Kernel, group_policies, trace_count
@@ -18,7 +18,7 @@ from ope_cli.policies import _mlp_log_prob
 
 @pytest.fixture(scope="module")
 def batches(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("traced")
+    tmp = tmp_path_factory.mktemp("kernel_cache")
     rng = np.random.default_rng(3)
     behavior = random_checkpoint("linear_softmax", rng)
     episodes = random_episodes(rng, 60, behavior=behavior, max_length=30)
@@ -49,12 +49,14 @@ def test_kept_kernels_are_called_without_tracing(batches, tmp_path, monkeypatch)
     before = trace_count()
     first = _outputs(group, padded)
     shapes = {batch.shape for batch in padded}
-    assert trace_count() - before == len(shapes)  # exported: traced once per shape
-    assert len(list((tmp_path / "traced").glob("*.bin"))) == len(shapes)
+    assert trace_count() - before == len(shapes)  # compiled: traced once per shape
+    assert len(list((tmp_path / "kernels").glob("*.bin"))) == len(shapes)
     jax.clear_caches()
-    before = trace_count()
+    before, counts = trace_count(), runtime.compilation_counts()
     again = _outputs(group, padded)  # a new kernel, as in a new process: read from disk
     assert trace_count() == before
+    loaded = runtime.compilation_counts() - counts
+    assert loaded.cache_hits == loaded.requests == len(shapes)  # no XLA compilation
     for one, two, three in zip(expected, first, again, strict=True):
         jax.tree.map(np.testing.assert_array_equal, one, two)
         jax.tree.map(np.testing.assert_array_equal, one, three)
@@ -74,28 +76,28 @@ def test_key_names_code_shapes_and_options(batches):
     )
     code = [get(name).terms for name in names()]
     args = (kernel.params, None, padded[0], kernel.gamma, kernel.seed, None)
-    key = traced.kernel_key(args, static, code)
-    assert key == traced.kernel_key(args, static, code) and len(key) == 64
-    assert traced.kernel_key(args, {**static, "num_groups": 16}, code) != key
+    key = kernel_cache.kernel_key(args, static, code)
+    assert key == kernel_cache.kernel_key(args, static, code) and len(key) == 64
+    assert kernel_cache.kernel_key(args, {**static, "num_groups": 16}, code) != key
     wider = (*args[:2], padded[0]._replace(group=padded[0].group.astype(np.int64)), *args[3:])
-    assert traced.kernel_key(wider, static, code) != key
+    assert kernel_cache.kernel_key(wider, static, code) != key
 
     def user_log_prob(params, observation, action):  # user code: never kept
         return 0.0
 
-    assert traced.kernel_key(args, {**static, "log_prob": user_log_prob}, code) is None
+    assert kernel_cache.kernel_key(args, {**static, "log_prob": user_log_prob}, code) is None
     relu, tanh = _mlp_log_prob("relu"), _mlp_log_prob("tanh")  # closures of one name
-    assert traced.kernel_key(args, {**static, "log_prob": relu}, code) is None
-    assert traced.kernel_key(args, {**static, "behavior_log_prob": tanh}, code) is None
-    assert traced.kernel_key(args, static, [*code, user_log_prob]) is None
+    assert kernel_cache.kernel_key(args, {**static, "log_prob": relu}, code) is None
+    assert kernel_cache.kernel_key(args, {**static, "behavior_log_prob": tanh}, code) is None
+    assert kernel_cache.kernel_key(args, static, [*code, user_log_prob]) is None
 
 
 def test_nothing_is_kept_without_a_compilation_cache(monkeypatch):
     monkeypatch.setenv("OPE_CACHE_DIR", "off")
-    assert traced.directory() is None
-    assert traced.load_or_export(None, (), {}, "0" * 64, ()) is None
+    assert kernel_cache.directory() is None
+    assert kernel_cache.load_or_compile(None, (), {}, "0" * 64) is None
 
 
 def test_source_digest_is_stable():
-    assert traced.source_digest() == traced.source_digest()
-    assert len(traced.source_digest()) == 64
+    assert kernel_cache.source_digest() == kernel_cache.source_digest()
+    assert len(kernel_cache.source_digest()) == 64
