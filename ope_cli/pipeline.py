@@ -260,21 +260,11 @@ def evaluate(
     """
     started = time.perf_counter()
     check_config(config)
-    import jax
-
+    process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
     from ope_cli import runtime
+    from ope_cli.kernel import trace_count  # after joining a cluster, as every JAX use
 
-    runtime.enable_x64()  # the runtime is configured here, also without the command line
-    process_id, num_processes = 0, 1
-    if distributed is not None and distributed.enabled:
-        process_id, num_processes = initialize(distributed)
-    from ope_cli.kernel import local_mesh, trace_count
-
-    runtime.enable_compilation_cache()
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
-    backend = jax.default_backend()
-    precision = config.precision or ("float64" if backend == "cpu" else "float32")
-    mesh = local_mesh(config.devices)
     devices = 1 if mesh is None else mesh.size
 
     error: OpeError | None = None
@@ -335,6 +325,25 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
     )
+
+
+def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):
+    """Configures JAX (also without the command line), joins a multi-process run, turns
+    the compilation cache on; returns (process id, processes, backend, precision, mesh)."""
+    import jax
+
+    from ope_cli import runtime
+
+    runtime.enable_x64()
+    process_id, num_processes = 0, 1
+    if distributed is not None and distributed.enabled:
+        process_id, num_processes = initialize(distributed)
+    from ope_cli.kernel import local_mesh
+
+    runtime.enable_compilation_cache()
+    backend = jax.default_backend()
+    precision = config.precision or ("float64" if backend == "cpu" else "float32")
+    return process_id, num_processes, backend, precision, local_mesh(config.devices)
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
