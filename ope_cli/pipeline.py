@@ -281,7 +281,7 @@ def evaluate(
     compiled = runtime.compilation_counts() - counts_before
     counts = local.counters
     _check_some_episodes(config, counts)
-    plan = batches.plan
+    plan, reported = batches.plan, reported_estimators(config)
     results = _policy_results(config, plan, batches, local)
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
@@ -298,11 +298,9 @@ def evaluate(
         rows_read=counts.rows_read,
         max_length=counts.max_length,
         gamma=config.gamma,
-        estimators=reported_estimators(config),
+        estimators=reported,
         confidence_level=config.confidence,
-        confidence_method=plan.describe(config)
-        + "; "
-        + describe_standard_errors(reported_estimators(config)),
+        confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
