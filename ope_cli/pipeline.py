@@ -260,21 +260,11 @@ def evaluate(
     """
     started = time.perf_counter()
     check_config(config)
-    import jax
-
+    process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
     from ope_cli import runtime
+    from ope_cli.kernel import trace_count  # after joining a cluster, as every JAX use
 
-    runtime.enable_x64()  # the runtime is configured here, also without the command line
-    process_id, num_processes = 0, 1
-    if distributed is not None and distributed.enabled:
-        process_id, num_processes = initialize(distributed)
-    from ope_cli.kernel import local_mesh, trace_count
-
-    runtime.enable_compilation_cache()
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
-    backend = jax.default_backend()
-    precision = config.precision or ("float64" if backend == "cpu" else "float32")
-    mesh = local_mesh(config.devices)
     devices = 1 if mesh is None else mesh.size
 
     error: OpeError | None = None
@@ -291,7 +281,7 @@ def evaluate(
     compiled = runtime.compilation_counts() - counts_before
     counts = local.counters
     _check_some_episodes(config, counts)
-    plan = batches.plan
+    plan, reported = batches.plan, reported_estimators(config)
     results = _policy_results(config, plan, batches, local)
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
@@ -308,11 +298,9 @@ def evaluate(
         rows_read=counts.rows_read,
         max_length=counts.max_length,
         gamma=config.gamma,
-        estimators=reported_estimators(config),
+        estimators=reported,
         confidence_level=config.confidence,
-        confidence_method=plan.describe(config)
-        + "; "
-        + describe_standard_errors(reported_estimators(config)),
+        confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
         interval=plan.method,
         reward_range=plan.reward_range,
         horizon=plan.horizon,
@@ -335,6 +323,25 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
     )
+
+
+def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):
+    """Configures JAX (also without the command line), joins a multi-process run, turns
+    the compilation cache on; returns (process id, processes, backend, precision, mesh)."""
+    import jax
+
+    from ope_cli import runtime
+
+    runtime.enable_x64()
+    process_id, num_processes = 0, 1
+    if distributed is not None and distributed.enabled:
+        process_id, num_processes = initialize(distributed)
+    from ope_cli.kernel import local_mesh
+
+    runtime.enable_compilation_cache()
+    backend = jax.default_backend()
+    precision = config.precision or ("float64" if backend == "cpu" else "float32")
+    return process_id, num_processes, backend, precision, local_mesh(config.devices)
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:

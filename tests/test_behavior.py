@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import run_ope
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
@@ -25,14 +26,6 @@ from ope_cli.behavior import (
 from ope_cli.errors import UsageError
 
 gen = importlib.import_module("ope_cli.generate")
-FIELDS = ("value", "stderr", "ci_low", "ci_high")
-
-
-def _drop_propensities(logs: Path, out: Path) -> Path:
-    table = pq.read_table(logs)
-    keep = [name for name in table.column_names if not name.startswith("behavior")]
-    pq.write_table(table.select(keep), out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +36,7 @@ def generated(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for env in ("chain", "bandit", "gaussian"):
         gen.generate(env, root / env, episodes=300, seed=4)
-        _drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
+        drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
         out[env] = root / env
     return out
 
@@ -57,7 +50,7 @@ def mlp_data(tmp_path_factory) -> Path:
     behavior = random_checkpoint("mlp_softmax", rng, activation="relu")
     episodes = random_episodes(rng, 200, behavior=behavior, length_dist="fixed")
     write_step_layout(episodes, root / "logs.parquet")
-    _drop_propensities(root / "logs.parquet", root / "nob.parquet")
+    drop_propensities(root / "logs.parquet", root / "nob.parquet")
     save_checkpoint(root / "behavior.npz", behavior)
     save_checkpoint(root / "eval.npz", random_checkpoint("mlp_softmax", rng))
     (root / "mlp_behavior.py").write_text(
@@ -86,18 +79,6 @@ def _json(ope_in_process, args, cwd=None) -> dict:
     return json.loads(done.stdout)
 
 
-def _assert_same_estimates(left: dict, right: dict, rtol: float = 1e-6) -> None:
-    assert len(left["results"]) == len(right["results"])
-    for a, b in zip(left["results"], right["results"], strict=True):
-        for name, estimate in a["estimates"].items():
-            for field in FIELDS:
-                expected, actual = estimate[field], b["estimates"][name][field]
-                if expected is None:
-                    assert actual is None, (name, field)
-                else:
-                    assert actual == pytest.approx(expected, rel=rtol, abs=1e-12), (name, field)
-
-
 @pytest.mark.parametrize(
     ("env", "kind"),
     [("chain", "tabular"), ("bandit", "linear_softmax"), ("gaussian", "linear_gaussian")],
@@ -117,7 +98,7 @@ def test_true_behavior_checkpoint_reproduces_logged_propensities(
         ope_in_process,
         [str(out / "nob.parquet"), *policies, "--behavior", str(out / "behavior.npz")],
     )
-    _assert_same_estimates(logged, computed)
+    assert_same_estimates(logged, computed)
     assert logged["dataset"]["behavior"] == {
         "source": "column",
         "name": "behavior_prob",
@@ -139,7 +120,7 @@ def test_behavior_overrides_the_logged_column(ope_in_process, generated):
     logged = _json(ope_in_process, [data, "-p", policy])
     true = _json(ope_in_process, [data, "-p", policy, "--behavior", str(out / "behavior.npz")])
     other = _json(ope_in_process, [data, "-p", policy, "--behavior", policy])
-    _assert_same_estimates(logged, true)
+    assert_same_estimates(logged, true)
     # the evaluation policy as behavior: every weight is 1
     assert other["results"][0]["diagnostics"] != logged["results"][0]["diagnostics"]
     assert other["results"][0]["estimates"]["wis"]["value"] == pytest.approx(
@@ -158,8 +139,8 @@ def test_mlp_checkpoint_and_entry_point(ope_in_process, mlp_data):
         ["nob.parquet", "-p", "eval.npz", "-b", "mlp_behavior:log_prob"],
         cwd=mlp_data,
     )
-    _assert_same_estimates(logged, by_checkpoint)
-    _assert_same_estimates(logged, by_entry_point)
+    assert_same_estimates(logged, by_checkpoint)
+    assert_same_estimates(logged, by_entry_point)
     assert by_entry_point["dataset"]["behavior"] == {
         "source": "entry_point",
         "name": "mlp_behavior:log_prob",
@@ -401,7 +382,7 @@ def test_two_emulated_devices_give_the_same_numbers(generated):
         assert done.returncode == 0, done
         runs[devices] = json.loads(done.stdout)
     assert runs[2]["runtime"]["devices"] == 2
-    _assert_same_estimates(runs[1], runs[2], rtol=1e-12)
+    assert_same_estimates(runs[1], runs[2], rtol=1e-12)
 
 
 def test_inspect_says_when_the_data_has_no_propensity_column(ope_in_process, generated):

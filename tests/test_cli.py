@@ -30,10 +30,12 @@ import math
 import re
 import textwrap
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import typer
 from datasets import (
     add_target_probs,
     episode_layout_table,
@@ -1141,6 +1143,62 @@ def test_every_command_and_option_has_help_and_an_example():
         assert command.help and "ope " + name in command.help, f"{name}: no example in its help"
         for param in command.params:
             assert getattr(param, "help", None), f"ope {name}: {param.name} has no help text"
+
+
+# ope evaluate's options in --help order: option groups (cli/groups.py) must keep each
+# option where it stood when the command declared them one by one.
+EVALUATE_OPTIONS = (
+    "data policy behavior min_propensity behavior_cross_fit q cross_fit v_samples gamma "
+    "estimator output_format confidence ci reward_range horizon bootstrap_samples seed "
+    "precision devices quiet on_invalid rank_by plot coordinator num_processes process_id "
+    "distributed timeout read_rows batch_steps min_bucket episode_col step_col obs_col "
+    "action_col reward_col behavior_prob_col behavior_log_prob_col target_prob_col "
+    "target_log_prob_col q_col v_col"
+).split()
+
+
+def test_option_groups_keep_every_option_in_its_place():
+    import typer.main
+
+    from ope_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    assert [p.name for p in commands["evaluate"].params] == EVALUATE_OPTIONS
+    bench = [p.name for p in commands["bench"].params]
+    assert bench[4:6] == ["precision", "output_format"]
+    assert bench[-4:] == ["read_rows", "batch_steps", "min_bucket", "processes"]
+
+
+def test_an_option_group_reaches_the_command_as_one_object():
+    from typer.testing import CliRunner
+
+    from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
+    from ope_cli.cli.options import InspectFormat, option_groups
+    from ope_cli.config import BatchingConfig
+
+    received = {}
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    @option_groups(batching=BATCHING, output=TABLE_OR_JSON)
+    def command(
+        *,
+        first: Annotated[int, typer.Option(help="First.")] = 1,
+        batching: BatchingConfig,
+        output: InspectFormat,
+    ) -> None:
+        """ope command"""
+        received.update(first=first, batching=batching, output=output)
+
+    done = CliRunner().invoke(app, ["--read-rows", "7", "--min-bucket", "3", "-f", "json"])
+    assert done.exit_code == 0, done.output
+    assert received == {
+        "first": 1,
+        "batching": BatchingConfig(read_rows=7, min_bucket=3),
+        "output": InspectFormat.json,
+    }
+    names = [p.name for p in typer.main.get_command(app).params]
+    assert names == ["first", "read_rows", "batch_steps", "min_bucket", "output_format"]
 
 
 def test_shell_completion_stays_enabled(good):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope
 
 from ope_cli.errors import UsageError
@@ -30,16 +31,9 @@ from ope_cli.fit.tabular import SMOOTHING, TabularModel
 
 gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
-FIELDS = ("value", "stderr", "ci_low", "ci_high")
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
 ONE_BUCKET = ("--min-bucket", "256")
 CROSS_FIT = ("--behavior-cross-fit", "3")
-
-
-def _drop_propensities(logs: Path, out: Path) -> Path:
-    table = pq.read_table(logs)
-    pq.write_table(table.select([n for n in table.column_names if n != "behavior_prob"]), out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,7 @@ def generated(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for env, episodes in (("chain", 400), ("gaussian", 400)):
         gen.generate(env, root / env, episodes=episodes, seed=3)
-        _drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
+        drop_propensities(root / env / "logs.parquet", root / env / "nob.parquet")
         out[env] = root / env
     return out
 
@@ -69,16 +63,6 @@ def _evaluate(ope_in_process, *args) -> dict:
     done = ope_in_process(["evaluate", *map(str, args), *ONE_BUCKET, "-f", "json", "-q"])
     assert done.returncode == 0, done
     return json.loads(done.stdout)
-
-
-def _same_estimates(left: dict, right: dict, rtol: float) -> None:
-    for a, b in zip(left["results"], right["results"], strict=True):
-        for name, estimate in a["estimates"].items():
-            for field in FIELDS:
-                expected = estimate[field]
-                assert b["estimates"][name][field] == pytest.approx(
-                    expected, rel=rtol, abs=1e-12
-                ), (name, field)
 
 
 # --- models, closed form
@@ -283,7 +267,7 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
 
 
 def test_estimate_is_the_same_across_batchings(chain_runs):
-    _same_estimates(chain_runs["estimate"], chain_runs["small_batches"], rtol=1e-12)
+    assert_same_estimates(chain_runs["estimate"], chain_runs["small_batches"], rtol=1e-12)
     assert (
         chain_runs["small_batches"]["runtime"]["batch_shapes"]
         != (chain_runs["estimate"]["runtime"]["batch_shapes"])
@@ -331,7 +315,7 @@ def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
     for result in run["results"]:
         value = result["estimates"]["is"]["value"]
         assert value == pytest.approx(reference[Path(result["policy"]).name], rel=1e-9)
-    _same_estimates(run, chain_runs["cross_fit_small_batches"], rtol=1e-12)
+    assert_same_estimates(run, chain_runs["cross_fit_small_batches"], rtol=1e-12)
     assert "out-of-fold: 3 folds" in _describe(run)
 
 
@@ -348,7 +332,7 @@ def test_estimate_equals_the_fitted_checkpoint(chain_runs):
     """--behavior estimate (nothing floored here) and --behavior of ope fit-behavior's
     checkpoint of the same data: the same estimates."""
     assert chain_runs["estimate"]["dataset"]["behavior"]["fit"]["floored"] == 0
-    _same_estimates(chain_runs["estimate"], chain_runs["checkpoint"], rtol=1e-9)
+    assert_same_estimates(chain_runs["estimate"], chain_runs["checkpoint"], rtol=1e-9)
 
 
 def test_estimate_report(chain_runs):
@@ -431,7 +415,7 @@ def test_min_propensity_floors_and_counts(ope_in_process, generated, chain_runs)
 def bandit(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bandit")
     gen.generate("bandit", root, episodes=4000, seed=5)
-    _drop_propensities(root / "logs.parquet", root / "nob.parquet")
+    drop_propensities(root / "logs.parquet", root / "nob.parquet")
     return root
 
 
@@ -474,7 +458,7 @@ def test_mlp_softmax_fits_and_evaluates(ope_in_process, bandit, tmp_path):
     by_checkpoint = _evaluate(
         ope_in_process, bandit / "nob.parquet", *policy, "-b", tmp_path / "m.npz"
     )
-    _same_estimates(by_estimate, by_checkpoint, rtol=1e-6)
+    assert_same_estimates(by_estimate, by_checkpoint, rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -499,7 +483,7 @@ def test_two_emulated_devices_give_the_same_estimate(generated):
         assert done.returncode == 0, done
         runs[devices] = json.loads(done.stdout)
     assert runs[2]["runtime"]["devices"] == 2
-    _same_estimates(runs[1], runs[2], rtol=1e-12)
+    assert_same_estimates(runs[1], runs[2], rtol=1e-12)
     for run in runs.values():
         run["dataset"]["behavior"]["fit"].pop("seconds")
     assert runs[1]["dataset"]["behavior"] == runs[2]["dataset"]["behavior"]
@@ -510,7 +494,7 @@ def test_shipped_example_without_propensities(ope_in_process, tmp_path):
     """The README's example: the shipped logs with the propensity column dropped,
     --behavior estimate (linear_softmax on the 4-d observations)."""
     logs = ROOT / "examples" / "data" / "logs.parquet"
-    nob = _drop_propensities(logs, tmp_path / "logs_without_propensities.parquet")
+    nob = drop_propensities(logs, tmp_path / "logs_without_propensities.parquet")
     policy = ["-p", ROOT / "examples" / "policies" / "ckpt.npz"]
     logged = _evaluate(ope_in_process, logs, *policy)
     estimated = _evaluate(ope_in_process, nob, *policy, "--behavior", "estimate")

@@ -1,7 +1,7 @@
 """Bench's own view of the data: opened once, padded once, and the loop baseline's first episodes.
 
-``host_batches`` is the one place where bench chains reader -> episodes -> buckets itself
-(as ``ope evaluate`` does); everything bench learns about ``--data`` (episode lengths,
+``host_batches`` pads the data with the pipeline's own stream (``pipeline.BatchStream``, as
+``ope evaluate`` does); everything bench learns about ``--data`` (episode lengths,
 observation size, action count) comes from those padded batches, not from another pass.
 """
 
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ope_cli.buckets import Bucketer
-from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episodes import EpisodeAssembler
+from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import DataError, UsageError
+from ope_cli.pipeline import BatchStream
+from ope_cli.plan import IntervalPlan
 from ope_cli.schema import resolve_schema
 from ope_cli.sources import Dataset, iter_batches, open_dataset
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import PaddedBatch
+    from ope_cli.buckets import Bucketer, PaddedBatch
     from ope_cli.schema import DataSchema
 
 # The column names the loop baseline reads, by role.
@@ -62,17 +62,16 @@ def open_source(source: str) -> BenchSource:
 def host_batches(
     source: BenchSource, batching: BatchingConfig, devices: int
 ) -> tuple[list[PaddedBatch], Bucketer, int]:
-    """Every padded batch of ``source`` as ``ope evaluate`` builds them (same reader,
-    assembler and bucketer), kept on the host; returns (batches, bucketer, max_length)."""
-    bucketer = Bucketer(batching, multiple_of=devices)
-    batches, max_length = [], 0
-    assembler = EpisodeAssembler(source.schema)
-    records = iter_batches(source.data, source.schema.read_columns, batching.read_rows)
-    for chunk in assembler.chunks(records):
-        max_length = max(max_length, int(chunk.lengths.max()))
-        batches.extend(bucketer.add(chunk))
-    batches.extend(bucketer.flush())
-    return batches, bucketer, max_length
+    """Every padded batch of ``source`` as ``ope evaluate`` builds them: the pipeline's
+    BatchStream (same reader, assembler and bucketer), with no policy (the batches only),
+    kept on the host; returns (batches, bucketer, max_length)."""
+    config = EvaluationConfig(data=source.path, batching=batching)
+    files = len(source.data.files)
+    stream = BatchStream(
+        config, source.data, source.schema, [], IntervalPlan("normal"), files, devices
+    )
+    batches = list(stream)
+    return batches, stream.bucketer, stream.counters.max_length
 
 
 def describe_batches(batches: list[PaddedBatch], name: str) -> dict:

@@ -44,6 +44,8 @@ from ope_cli.bench.measure import (
 from ope_cli.bench.memory import measure_memory
 from ope_cli.bench.processes import measure_processes
 from ope_cli.bench.summary import quantiles, summary
+from ope_cli.buckets import Bucketer
+from ope_cli.config import BatchingConfig
 from ope_cli.errors import UsageError
 from ope_cli.kernel import local_mesh
 
@@ -179,15 +181,21 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
             "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
             "bench_seconds": time.perf_counter() - started,
         },
-        "batching": {
-            "read_rows": config.batching.read_rows,
-            "batch_steps": config.batching.batch_steps,
-            "min_bucket": config.batching.min_bucket,
-            "bucket_growth": config.batching.bucket_growth,
-            "batches": batch_count,
-            "shapes": [list(shape) for shape in sorted(bucketer.shapes)],
-        },
+        "batching": _batching(config.batching, batch_count, bucketer),
         **summary(config, m, result, bucketer, precision),
+    }
+
+
+def _batching(batching: BatchingConfig, batches: int, bucketer: Bucketer) -> dict:
+    """The result's batching block: the settings, the number of padded batches and their
+    [B, T] shapes."""
+    return {
+        "read_rows": batching.read_rows,
+        "batch_steps": batching.batch_steps,
+        "min_bucket": batching.min_bucket,
+        "bucket_growth": batching.bucket_growth,
+        "batches": batches,
+        "shapes": [list(shape) for shape in sorted(bucketer.shapes)],
     }
 
 

@@ -18,115 +18,119 @@ from ope_cli.bench.config import (
     MEMORY_FACTOR,
     BenchConfig,
 )
-from ope_cli.cli.options import BatchSteps, MinBucket, PrecisionOption, ReadRows
+from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
 from ope_cli.cli.options import InspectFormat as TableOrJson
+from ope_cli.cli.options import PrecisionOption, option_groups
 from ope_cli.config import BatchingConfig
+
+BenchData = Annotated[
+    str | None,
+    typer.Option(help="Step-layout Parquet data to measure instead of generated data."),
+]
+Episodes = Annotated[
+    int, typer.Option(help="Episodes to generate (long-tailed lengths, ~83 steps each).")
+]
+Seed = Annotated[int, typer.Option(help="Seed of the generated data and policies.")]
+Policies = Annotated[
+    int,
+    typer.Option(help="K stacked linear_softmax policies, for the cost of K relative to 1."),
+]
+BenchPrecision = Annotated[
+    PrecisionOption | None,
+    typer.Option(help="Kernel precision of the main measurements. Default: as ope evaluate."),
+]
+Memory = Annotated[
+    bool,
+    typer.Option(
+        "--memory",
+        help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.",
+    ),
+]
+MemorySteps = Annotated[int, typer.Option(help="Steps of the 1x dataset of --memory.")]
+LoopEpisodes = Annotated[
+    int, typer.Option(help="Episodes the Python loop runs on (its speed is extrapolated).")
+]
+Out = Annotated[
+    str | None,
+    typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+Processes = Annotated[
+    bool,
+    typer.Option(
+        help="Also time whole ope evaluate processes (empty and warm compilation "
+        "cache, other data, the import-jax floor)."
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
     """Adds the ``bench`` command to the ``ope`` app."""
+    app.command("bench")(bench_command)
 
-    @app.command("bench")
-    def bench_command(
-        data: Annotated[
-            str | None,
-            typer.Option(help="Step-layout Parquet data to measure instead of generated data."),
-        ] = None,
-        episodes: Annotated[
-            int, typer.Option(help="Episodes to generate (long-tailed lengths, ~83 steps each).")
-        ] = DEFAULT_EPISODES,
-        seed: Annotated[int, typer.Option(help="Seed of the generated data and policies.")] = 0,
-        policies: Annotated[
-            int,
-            typer.Option(
-                help="K stacked linear_softmax policies, for the cost of K relative to 1."
-            ),
-        ] = 4,
-        precision: Annotated[
-            PrecisionOption | None,
-            typer.Option(
-                help="Kernel precision of the main measurements. Default: as ope evaluate."
-            ),
-        ] = None,
-        output_format: Annotated[
-            TableOrJson | None,
-            typer.Option(
-                "--format",
-                "-f",
-                help="Output on stdout. Default: table on a terminal, json otherwise.",
-            ),
-        ] = None,
-        memory: Annotated[
-            bool,
-            typer.Option(
-                "--memory",
-                help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.",
-            ),
-        ] = False,
-        memory_steps: Annotated[
-            int, typer.Option(help="Steps of the 1x dataset of --memory.")
-        ] = DEFAULT_MEMORY_STEPS,
-        loop_episodes: Annotated[
-            int, typer.Option(help="Episodes the Python loop runs on (its speed is extrapolated).")
-        ] = DEFAULT_LOOP_EPISODES,
-        out: Annotated[
-            str | None,
-            typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
-        ] = None,
-        quiet: Annotated[
-            bool, typer.Option("--quiet", "-q", help="No progress on stderr.")
-        ] = False,
-        read_rows: ReadRows = BatchingConfig.read_rows,
-        batch_steps: BatchSteps = BatchingConfig.batch_steps,
-        min_bucket: MinBucket = BatchingConfig.min_bucket,
-        processes: Annotated[
-            bool,
-            typer.Option(
-                help="Also time whole ope evaluate processes (empty and warm compilation "
-                "cache, other data, the import-jax floor)."
-            ),
-        ] = True,
-    ) -> None:
-        """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
-        evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
 
-        Examples:
+@option_groups(output=TABLE_OR_JSON, batching=BATCHING)
+def bench_command(
+    *,
+    data: BenchData = None,
+    episodes: Episodes = DEFAULT_EPISODES,
+    seed: Seed = 0,
+    policies: Policies = 4,
+    precision: BenchPrecision = None,
+    output: TableOrJson,  # --format
+    memory: Memory = False,
+    memory_steps: MemorySteps = DEFAULT_MEMORY_STEPS,
+    loop_episodes: LoopEpisodes = DEFAULT_LOOP_EPISODES,
+    out: Out = None,
+    quiet: Quiet = False,
+    batching: BatchingConfig,  # the "Batching" panel
+    processes: Processes = True,
+) -> None:
+    """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
+    evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
 
-          ope bench
+    Examples:
 
-          ope bench --format json | jq .targets
+      ope bench
 
-          ope bench --memory --policies 8
-        """
-        from rich.console import Console
+      ope bench --format json | jq .targets
 
-        from ope_cli.bench.run import bench
-        from ope_cli.report.bench import render_bench, to_json
+      ope bench --memory --policies 8
+    """
+    from rich.console import Console
 
-        config = BenchConfig(
-            data=data,
-            episodes=episodes,
-            seed=seed,
-            policies=policies,
-            precision=precision.value if precision else None,
-            memory=memory,
-            memory_steps=memory_steps,
-            processes=processes,
-            loop_episodes=loop_episodes,
-            out=out,
-            batching=BatchingConfig(
-                read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
-            ),
-        )
-        chosen = output_format or (TableOrJson.table if sys.stdout.isatty() else TableOrJson.json)
-        stderr = Console(stderr=True)
-        if quiet or not stderr.is_terminal:
-            result = bench(config)
-        else:
-            with stderr.status("ope bench") as status:
-                result = bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
-        if chosen is TableOrJson.json:
-            sys.stdout.write(to_json(result) + "\n")
-        else:
-            console = Console()
-            render_bench(result, console if console.is_terminal else Console(width=140))
+    from ope_cli.bench.run import bench
+
+    config = BenchConfig(
+        data=data,
+        episodes=episodes,
+        seed=seed,
+        policies=policies,
+        precision=precision.value if precision else None,
+        memory=memory,
+        memory_steps=memory_steps,
+        processes=processes,
+        loop_episodes=loop_episodes,
+        out=out,
+        batching=batching,
+    )
+    stderr = Console(stderr=True)
+    if quiet or not stderr.is_terminal:
+        result = bench(config)
+    else:
+        with stderr.status("ope bench") as status:
+            result = bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
+    write_bench(result, output)
+
+
+def write_bench(result: dict, chosen: TableOrJson) -> None:
+    """The bench result on stdout, as JSON or a table."""
+    from rich.console import Console
+
+    from ope_cli.report.bench import render_bench, to_json
+
+    if chosen is TableOrJson.json:
+        sys.stdout.write(to_json(result) + "\n")
+    else:
+        console = Console()
+        render_bench(result, console if console.is_terminal else Console(width=140))

@@ -9,28 +9,29 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import table_console
+from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
-    DEFAULT_COLUMNS,
     LOGGED_COLUMNS,
     Data,
     InspectFormat,
-    InspectFormatOption,
     ReadRows,
-    column_options,
+    column_group,
+    option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
 
 
-@column_options(*LOGGED_COLUMNS)
+@option_groups(output=TABLE_OR_JSON, columns=column_group(*LOGGED_COLUMNS))
 def convert(
     data: Data,
     out: Annotated[str, typer.Argument(help="The Parquet file to write (a local path or a URI).")],
+    *,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace OUT when it exists.")
     ] = False,
-    output_format: InspectFormatOption = None,
+    output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
-    columns: ColumnMapping = DEFAULT_COLUMNS,
+    columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
     """Write DATA (Parquet, Arrow, a Minari dataset, a D4RL-style HDF5 file, object storage)
     as one step-layout Parquet file with the standard column names and ope metadata,
@@ -50,8 +51,7 @@ def convert(
             overwrite=overwrite,
         )
     )
-    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
-    if chosen is InspectFormat.json:
+    if output is InspectFormat.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
     console = table_console(width=120)

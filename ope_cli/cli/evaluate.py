@@ -8,33 +8,25 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ope_cli.cli.console import say, table_console
+from ope_cli.cli.groups import (
+    BATCHING,
+    CLUSTER,
+    EVALUATE_OUTPUT,
+    INTERVALS,
+    POLICY_SOURCES,
+    RUNTIME,
+    ConfigFields,
+)
 from ope_cli.cli.options import (
     COLUMN_OPTIONS,
-    DEFAULT_COLUMNS,
-    BatchSteps,
-    Behavior,
-    BehaviorCrossFit,
-    Coordinator,
-    CrossFit,
     Data,
-    Devices,
-    Distributed,
     Estimators,
-    EvaluateFormat,
     Gamma,
-    MinBucket,
-    MinPropensity,
-    NumProcesses,
     OnInvalid,
     OutputFormat,
-    Precision,
-    ProcessId,
-    QOption,
     Quiet,
-    ReadRows,
-    Timeout,
-    VSamples,
-    column_options,
+    column_group,
+    option_groups,
 )
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
@@ -49,93 +41,57 @@ if TYPE_CHECKING:  # annotations only: the distributed runtime and results load 
 TABLE_WIDTH = 100  # least columns of a table written to a file or pipe
 TABLE_MARGIN = 90  # columns besides the policy name
 
+InvalidValues = Annotated[
+    OnInvalid,
+    typer.Option(
+        help="error: stop at the first invalid value; drop: leave out the episodes with "
+        "invalid values (NaN/inf, bad probabilities, out-of-range actions or states, "
+        "duplicate or missing steps, nulls) and report how many were dropped, and why."
+    ),
+]
+RankBy = Annotated[
+    str,
+    typer.Option(
+        help=f"Estimator that ranks several policies in the table, highest first "
+        f"({', '.join(ESTIMATORS)}); the best is highlighted."
+    ),
+]
+PlotDir = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DIR",
+        help="Also write PNG figures into DIR: log10 weight histogram, per-step "
+        "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
+        "pip install 'ope-cli\\[plot]'.",  # \[ : not rich markup
+    ),
+]
 
-@column_options(*COLUMN_OPTIONS)
+
+@option_groups(
+    sources=POLICY_SOURCES,
+    output=EVALUATE_OUTPUT,
+    intervals=INTERVALS,
+    runtime=RUNTIME,
+    cluster=CLUSTER,
+    batching=BATCHING,
+    columns=column_group(*COLUMN_OPTIONS),
+)
 def evaluate(
     data: Data,
-    policy: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--policy",
-            "-p",
-            help="Checkpoint .npz or entry point package.module:name; repeat for several "
-            "policies (one pass). Omit to use target probabilities logged in the data.",
-        ),
-    ] = None,
-    behavior: Behavior = None,
-    min_propensity: MinPropensity = 1e-3,
-    behavior_cross_fit: BehaviorCrossFit = 1,
-    q: QOption = None,
-    cross_fit: CrossFit = 2,
-    v_samples: VSamples = 16,
+    *,
+    sources: ConfigFields,  # --policy, --behavior ... --q ... --v-samples
     gamma: Gamma = 1.0,
     estimator: Estimators = None,
-    output_format: EvaluateFormat = None,
-    confidence: Annotated[float, typer.Option(help="Confidence level of the intervals.")] = 0.95,
-    ci: Annotated[
-        str,
-        typer.Option(
-            "--ci",
-            help="Interval method: betting (finite-sample, needs bounded rewards), normal, "
-            "percentile (Poisson bootstrap) or bootstrap-t (studentized Poisson bootstrap). auto: "
-            "betting when the reward range is known (--reward-range or the data's metadata), else "
-            "normal.",
-        ),
-    ] = "auto",
-    reward_range: Annotated[
-        tuple[float, float] | None,
-        typer.Option(
-            metavar="LOW HIGH",
-            help="Every reward lies in [LOW, HIGH]; enables betting intervals. "
-            "Checked against the data.",
-        ),
-    ] = None,
-    horizon: Annotated[
-        int | None,
-        typer.Option(
-            metavar="STEPS",
-            help="No episode is longer than STEPS; betting intervals need it when "
-            "--gamma is 1. Checked against the data.",
-        ),
-    ] = None,
-    bootstrap_samples: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 200,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap's random streams.")] = 0,
-    precision: Precision = None,
-    devices: Devices = None,
+    output: OutputFormat,  # --format
+    intervals: ConfigFields,  # --confidence, --ci ... --seed
+    runtime: ConfigFields,  # --precision, --devices
     quiet: Quiet = False,
-    on_invalid: Annotated[
-        OnInvalid,
-        typer.Option(
-            help="error: stop at the first invalid value; drop: leave out the episodes with "
-            "invalid values (NaN/inf, bad probabilities, out-of-range actions or states, "
-            "duplicate or missing steps, nulls) and report how many were dropped, and why."
-        ),
-    ] = OnInvalid.error,
-    rank_by: Annotated[
-        str,
-        typer.Option(
-            help=f"Estimator that ranks several policies in the table, highest first "
-            f"({', '.join(ESTIMATORS)}); the best is highlighted."
-        ),
-    ] = "wis",
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            metavar="DIR",
-            help="Also write PNG figures into DIR: log10 weight histogram, per-step "
-            "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
-            "pip install 'ope-cli\\[plot]'.",
-        ),
-    ] = None,  # \[ : not rich markup
-    coordinator: Coordinator = None,
-    num_processes: NumProcesses = None,
-    process_id: ProcessId = None,
-    distributed: Distributed = False,
-    timeout: Timeout = 60,
-    read_rows: ReadRows = BatchingConfig.read_rows,
-    batch_steps: BatchSteps = BatchingConfig.batch_steps,
-    min_bucket: MinBucket = BatchingConfig.min_bucket,
-    columns: ColumnMapping = DEFAULT_COLUMNS,
+    on_invalid: InvalidValues = OnInvalid.error,
+    rank_by: RankBy = "wis",
+    plot: PlotDir = None,
+    cluster: DistributedConfig,  # the "Cluster" panel
+    batching: BatchingConfig,  # the "Batching" panel
+    columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
     """Estimate each policy's value from the logged episodes in DATA.
 
@@ -153,47 +109,24 @@ def evaluate(
 
       ope evaluate logs.parquet --policy ckpt.npz --q fit
     """
-    from ope_cli.distributed import DistributedConfig
-
     config = EvaluationConfig(
         data=data,
-        policies=tuple(policy or ()),
-        behavior=behavior,
-        min_propensity=min_propensity,
-        behavior_cross_fit=behavior_cross_fit,
+        **sources,
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None,
-        q=tuple(q or ()),
-        cross_fit=cross_fit,
-        v_samples=v_samples,
-        confidence=confidence,
-        interval=ci,
-        reward_range=reward_range,
-        horizon=horizon,
-        bootstrap_samples=bootstrap_samples,
-        seed=seed,
+        **intervals,
         columns=columns,
-        batching=BatchingConfig(
-            read_rows=read_rows, batch_steps=batch_steps, min_bucket=min_bucket
-        ),
-        precision=precision.value if precision else None,
-        devices=devices,
+        batching=batching,
+        **runtime,
         on_invalid=on_invalid.value,
     )
-    cluster = DistributedConfig(
-        coordinator=coordinator,
-        num_processes=num_processes,
-        process_id=process_id,
-        auto=distributed,
-        timeout_seconds=timeout,
-    )
-    run_and_report(config, cluster, output_format, rank_by, plot, quiet)
+    run_and_report(config, cluster, output, rank_by, plot, quiet)
 
 
 def run_and_report(
     config: EvaluationConfig,
     cluster: DistributedConfig,
-    output_format: OutputFormat | None,
+    chosen: OutputFormat,
     rank_by: str,
     plot: str | None,
     quiet: bool,
@@ -207,7 +140,6 @@ def run_and_report(
         from ope_cli.report.plots import require_matplotlib
 
         require_matplotlib()  # before the run, not after it
-    chosen = output_format or (OutputFormat.table if sys.stdout.isatty() else OutputFormat.json)
     # pipeline.evaluate configures the runtime (ope_cli.runtime), around joining a cluster.
     with ProgressDisplay(quiet) as (on_progress, on_status):
         result = run_evaluation(

@@ -9,21 +9,27 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import table_console
+from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
-    DEFAULT_COLUMNS,
     BehaviorModelOption,
     Data,
     InspectFormat,
-    InspectFormatOption,
     ReadRows,
-    column_options,
+    column_group,
+    option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
 
 
-@column_options("episode", "step", "observation", "action", "behavior_prob", "behavior_log_prob")
+@option_groups(
+    output=TABLE_OR_JSON,
+    columns=column_group(
+        "episode", "step", "observation", "action", "behavior_prob", "behavior_log_prob"
+    ),
+)
 def fit_behavior(
     data: Data,
+    *,
     out: Annotated[
         str,
         typer.Option(
@@ -31,9 +37,9 @@ def fit_behavior(
         ),
     ],
     model: BehaviorModelOption = None,
-    output_format: InspectFormatOption = None,
+    output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
-    columns: ColumnMapping = DEFAULT_COLUMNS,
+    columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
     """Fit the behavior policy to the logged actions in DATA; write it as a checkpoint.
 
@@ -60,8 +66,7 @@ def fit_behavior(
 
     runtime.enable_x64()  # the iterative models fit in float64
     result = run_fit(config)
-    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
-    if chosen is InspectFormat.json:
+    if output is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
         render_table(result, table_console(width=120))

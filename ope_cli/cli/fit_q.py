@@ -9,21 +9,24 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import table_console
+from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
-    DEFAULT_COLUMNS,
     Data,
     Gamma,
     InspectFormat,
-    InspectFormatOption,
     ReadRows,
-    column_options,
+    column_group,
+    option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
 
 
-@column_options("episode", "step", "observation", "action", "reward")
+@option_groups(
+    output=TABLE_OR_JSON, columns=column_group("episode", "step", "observation", "action", "reward")
+)
 def fit_q(
     data: Data,
+    *,
     policy: Annotated[
         str,
         typer.Option(
@@ -49,9 +52,9 @@ def fit_q(
         typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
-    output_format: InspectFormatOption = None,
+    output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
-    columns: ColumnMapping = DEFAULT_COLUMNS,
+    columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
     """Fit the evaluation policy's action values Q(s, a) on DATA (fitted Q evaluation).
 
@@ -81,8 +84,7 @@ def fit_q(
 
     runtime.enable_x64()  # the fits run in float64
     result = run_fit_q(config)
-    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
-    if chosen is InspectFormat.json:
+    if output is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
         render_table(result, table_console(width=120))

@@ -8,23 +8,24 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import say, table_console
+from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
-    DEFAULT_COLUMNS,
     LOGGED_COLUMNS,
     Data,
     InspectFormat,
-    InspectFormatOption,
     ReadRows,
-    column_options,
+    column_group,
+    option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
 
 INVALID_DATA_EXIT_CODE = 3
 
 
-@column_options(*LOGGED_COLUMNS)
+@option_groups(output=TABLE_OR_JSON, columns=column_group(*LOGGED_COLUMNS))
 def inspect(
     data: Data,
+    *,
     policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -33,9 +34,9 @@ def inspect(
             help="Also check actions and states against this policy's ranges; repeatable.",
         ),
     ] = None,
-    output_format: InspectFormatOption = None,
+    output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
-    columns: ColumnMapping = DEFAULT_COLUMNS,
+    columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
     """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
     problem in it. Exits 3 when there are problems (the report still goes to stdout).
@@ -53,8 +54,7 @@ def inspect(
         policies=tuple(policy or ()),
     )
     report = run_inspection(config)
-    chosen = output_format or (InspectFormat.table if sys.stdout.isatty() else InspectFormat.json)
-    if chosen is InspectFormat.json:
+    if output is InspectFormat.json:
         sys.stdout.write(to_json(report) + "\n")
     else:
         render_table(report, table_console(width=120))

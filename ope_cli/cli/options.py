@@ -1,12 +1,15 @@
 """Options shared by several commands, declared once as ``Annotated`` aliases.
 
 A command declares ``gamma: Gamma = 1.0`` instead of repeating the ``typer.Option``; the
-help text, panel and flags then agree everywhere. The column options are declared once
-(COLUMN_OPTIONS) and a command takes those of the roles it reads with ``column_options``.
+help text, panel and flags then agree everywhere. Options that go together reach a command
+as one object (``OptionGroup``, ``option_groups``; the groups are in ``cli/groups.py``): the
+column options are declared once (COLUMN_OPTIONS) and a command takes those of the roles it
+reads with ``column_options``, as one ``ColumnMapping``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import inspect
@@ -16,6 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
+
+KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
 COLUMNS_PANEL = "Columns"
 BATCHING_PANEL = "Batching"
@@ -271,36 +276,66 @@ LOGGED_COLUMNS = tuple(role for role in COLUMN_OPTIONS if role not in ("q_value"
 DEFAULT_COLUMNS = ColumnMapping()  # every column found by its default name or an alias
 
 
-def column_options(*roles: str) -> Callable[[Callable], Callable]:
-    """A typer command decorator: the command gets the column options of ``roles`` (the
-    ``--episode-col`` ... options of COLUMN_OPTIONS, in its "Columns" help panel) and
-    receives them as one ``columns: ColumnMapping`` argument (None: default name or alias).
-    """
+@dataclasses.dataclass(frozen=True)
+class OptionGroup:
+    """Options that reach a command as one object, declared once: ``options`` are
+    (parameter, its ``Annotated`` option, default) in --help order; ``build(**values)``
+    turns their values into the object the command receives."""
+
+    options: tuple[tuple[str, Any, Any], ...]
+    build: Callable[..., Any]
+
+
+def option_groups(**groups: OptionGroup) -> Callable[[Callable], Callable]:
+    """A typer command decorator: each parameter named like one of ``groups`` stands, where
+    it is, for that group's options (their place in --help), and the command receives
+    ``group.build(**their values)`` under the parameter's name."""
 
     def decorate(command: Callable) -> Callable:
-        signature = inspect.signature(command, eval_str=True)
-        kept = [p for p in signature.parameters.values() if p.name != "columns"]
-        added = [
-            inspect.Parameter(
-                COLUMN_OPTIONS[role][0],
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=COLUMN_OPTIONS[role][1],
-            )
-            for role in roles
-        ]
+        parameters = []
+        for parameter in inspect.signature(command).parameters.values():
+            if parameter.name in groups:
+                parameters.extend(
+                    inspect.Parameter(name, KEYWORD_ONLY, default=default, annotation=option)
+                    for name, option, default in groups[parameter.name].options
+                )
+            else:  # the group parameters' own annotations may be names typer cannot see
+                annotation = _evaluated(parameter.annotation, command)
+                parameters.append(parameter.replace(kind=KEYWORD_ONLY, annotation=annotation))
 
         @functools.wraps(command)
-        def with_columns(*args: Any, **kwargs: Any) -> Any:
-            names = {role: COLUMN_OPTIONS[role][0] for role in roles}
-            columns = ColumnMapping(
-                **{role: kwargs.pop(name, None) for role, name in names.items()}
-            )
-            return command(*args, columns=columns, **kwargs)
+        def with_groups(**values: Any) -> Any:
+            for name, group in groups.items():
+                values[name] = group.build(
+                    **{option: values.pop(option) for option, *_ in group.options}
+                )
+            return command(**values)
 
-        parameters = [*kept, *added]
-        with_columns.__signature__ = signature.replace(parameters=parameters)
-        with_columns.__annotations__ = {p.name: p.annotation for p in parameters}
-        return with_columns
+        with_groups.__signature__ = inspect.Signature(parameters)
+        with_groups.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_groups
 
     return decorate
+
+
+def _evaluated(annotation: Any, command: Callable) -> Any:
+    """A string annotation (``from __future__ import annotations``) as its object."""
+    if not isinstance(annotation, str):
+        return annotation
+    return eval(annotation, inspect.unwrap(command).__globals__)  # as inspect's eval_str does
+
+
+def column_group(*roles: str) -> OptionGroup:
+    """The column options of ``roles`` (the ``--episode-col`` ... options of COLUMN_OPTIONS,
+    in their "Columns" help panel) as one ``ColumnMapping`` (None: default name or alias)."""
+
+    def build(**values: str | None) -> ColumnMapping:
+        return ColumnMapping(**{role: values[COLUMN_OPTIONS[role][0]] for role in roles})
+
+    return OptionGroup(tuple((*COLUMN_OPTIONS[role], None) for role in roles), build)
+
+
+def column_options(*roles: str) -> Callable[[Callable], Callable]:
+    """A typer command decorator: the command's ``columns: ColumnMapping`` parameter stands
+    for the column options of ``roles`` (``column_group``)."""
+    return option_groups(columns=column_group(*roles))

@@ -1,0 +1,217 @@
+"""Option groups, declared once: a command names a group as one parameter (``option_groups``
+in ``cli/options.py``) and receives one object in place of the group's options.
+
+``BATCHING`` (evaluate, bench) -> BatchingConfig; ``TABLE_OR_JSON`` / ``EVALUATE_OUTPUT``
+(every command that writes a result) -> the chosen format; and for ``ope evaluate``:
+``POLICY_SOURCES``, ``INTERVALS`` and ``RUNTIME`` -> EvaluationConfig keyword arguments,
+``CLUSTER`` -> DistributedConfig.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ope_cli.cli.options import (
+    BatchSteps,
+    Behavior,
+    BehaviorCrossFit,
+    Coordinator,
+    CrossFit,
+    Devices,
+    Distributed,
+    EvaluateFormat,
+    InspectFormat,
+    InspectFormatOption,
+    MinBucket,
+    MinPropensity,
+    NumProcesses,
+    OptionGroup,
+    OutputFormat,
+    Precision,
+    PrecisionOption,
+    ProcessId,
+    QOption,
+    ReadRows,
+    Timeout,
+    VSamples,
+)
+from ope_cli.config import BatchingConfig
+
+if TYPE_CHECKING:  # the distributed runtime loads with the run
+    from ope_cli.distributed import DistributedConfig
+
+ConfigFields = dict[str, Any]  # EvaluationConfig keyword arguments
+
+
+# --- batching (evaluate, bench)
+BATCHING = OptionGroup(
+    (
+        ("read_rows", ReadRows, BatchingConfig.read_rows),
+        ("batch_steps", BatchSteps, BatchingConfig.batch_steps),
+        ("min_bucket", MinBucket, BatchingConfig.min_bucket),
+    ),
+    BatchingConfig,
+)
+
+
+# --- output format: the option's value, or table on a terminal and json otherwise
+def _output(option: Any, formats: type[InspectFormat] | type[OutputFormat]) -> OptionGroup:
+    def chosen(output_format: Any) -> Any:
+        return output_format or (formats.table if sys.stdout.isatty() else formats.json)
+
+    return OptionGroup((("output_format", option, None),), chosen)
+
+
+TABLE_OR_JSON = _output(InspectFormatOption, InspectFormat)  # -> InspectFormat
+EVALUATE_OUTPUT = _output(EvaluateFormat, OutputFormat)  # -> OutputFormat (table, json, csv)
+
+
+# --- what ope evaluate evaluates: policies, behavior policy, Q-hat
+PolicyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--policy",
+        "-p",
+        help="Checkpoint .npz or entry point package.module:name; repeat for several "
+        "policies (one pass). Omit to use target probabilities logged in the data.",
+    ),
+]
+
+
+def _sources(
+    policy: list[str] | None,
+    behavior: str | None,
+    min_propensity: float,
+    behavior_cross_fit: int,
+    q: list[str] | None,
+    cross_fit: int,
+    v_samples: int,
+) -> ConfigFields:
+    return dict(
+        policies=tuple(policy or ()),
+        behavior=behavior,
+        min_propensity=min_propensity,
+        behavior_cross_fit=behavior_cross_fit,
+        q=tuple(q or ()),
+        cross_fit=cross_fit,
+        v_samples=v_samples,
+    )
+
+
+POLICY_SOURCES = OptionGroup(
+    (
+        ("policy", PolicyOption, None),
+        ("behavior", Behavior, None),
+        ("min_propensity", MinPropensity, 1e-3),
+        ("behavior_cross_fit", BehaviorCrossFit, 1),
+        ("q", QOption, None),
+        ("cross_fit", CrossFit, 2),
+        ("v_samples", VSamples, 16),
+    ),
+    _sources,
+)
+
+
+# --- intervals (evaluate)
+Confidence = Annotated[float, typer.Option(help="Confidence level of the intervals.")]
+IntervalMethod = Annotated[
+    str,
+    typer.Option(
+        "--ci",
+        help="Interval method: betting (finite-sample, needs bounded rewards), normal, "
+        "percentile (Poisson bootstrap) or bootstrap-t (studentized Poisson bootstrap). auto: "
+        "betting when the reward range is known (--reward-range or the data's metadata), else "
+        "normal.",
+    ),
+]
+RewardRange = Annotated[
+    tuple[float, float] | None,
+    typer.Option(
+        metavar="LOW HIGH",
+        help="Every reward lies in [LOW, HIGH]; enables betting intervals. "
+        "Checked against the data.",
+    ),
+]
+Horizon = Annotated[
+    int | None,
+    typer.Option(
+        metavar="STEPS",
+        help="No episode is longer than STEPS; betting intervals need it when "
+        "--gamma is 1. Checked against the data.",
+    ),
+]
+BootstrapSamples = Annotated[int, typer.Option(help="Bootstrap replicates.")]
+Seed = Annotated[int, typer.Option(help="Seed of the bootstrap's random streams.")]
+
+
+def _intervals(
+    confidence: float,
+    ci: str,
+    reward_range: tuple[float, float] | None,
+    horizon: int | None,
+    bootstrap_samples: int,
+    seed: int,
+) -> ConfigFields:
+    return dict(
+        confidence=confidence,
+        interval=ci,
+        reward_range=reward_range,
+        horizon=horizon,
+        bootstrap_samples=bootstrap_samples,
+        seed=seed,
+    )
+
+
+INTERVALS = OptionGroup(
+    (
+        ("confidence", Confidence, 0.95),
+        ("ci", IntervalMethod, "auto"),
+        ("reward_range", RewardRange, None),
+        ("horizon", Horizon, None),
+        ("bootstrap_samples", BootstrapSamples, 200),
+        ("seed", Seed, 0),
+    ),
+    _intervals,
+)
+
+
+# --- runtime (evaluate): kernel precision and devices
+def _runtime(precision: PrecisionOption | None, devices: int | None) -> ConfigFields:
+    return dict(precision=precision.value if precision else None, devices=devices)
+
+
+RUNTIME = OptionGroup((("precision", Precision, None), ("devices", Devices, None)), _runtime)
+
+
+# --- multi-process runs (evaluate)
+def _cluster(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    distributed: bool,
+    timeout: int,
+) -> DistributedConfig:
+    from ope_cli.distributed import DistributedConfig
+
+    return DistributedConfig(
+        coordinator=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        auto=distributed,
+        timeout_seconds=timeout,
+    )
+
+
+CLUSTER = OptionGroup(
+    (
+        ("coordinator", Coordinator, None),
+        ("num_processes", NumProcesses, None),
+        ("process_id", ProcessId, None),
+        ("distributed", Distributed, False),
+        ("timeout", Timeout, 60),
+    ),
+    _cluster,
+)
