@@ -4,7 +4,7 @@ A command declares ``gamma: Gamma = 1.0`` instead of repeating the ``typer.Optio
 help text, panel and flags then agree everywhere. Options that go together reach a command
 as one object (``OptionGroup``, ``option_groups``; the groups are in ``cli/groups.py``): the
 column options are declared once (COLUMN_OPTIONS) and a command takes those of the roles it
-reads with ``column_options``, as one ``ColumnMapping``.
+reads through ``column_group(*roles)``, as one ``ColumnMapping``.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ CLUSTER_OPTIONS = ("--coordinator", "--num-processes", "--process-id", "--distri
 
 
 # role (a ColumnMapping field) -> (the command's parameter, its option): the column
-# options, declared once; a command reads the roles it names in ``column_options``.
+# options, declared once; a command reads the roles it names in ``column_group``.
 COLUMN_OPTIONS: dict[str, tuple[str, Any]] = {
     "episode": ("episode_col", EpisodeCol),
     "step": ("step_col", StepCol),
@@ -273,7 +273,6 @@ COLUMN_OPTIONS: dict[str, tuple[str, Any]] = {
     "v_value": ("v_col", VCol),
 }
 LOGGED_COLUMNS = tuple(role for role in COLUMN_OPTIONS if role not in ("q_value", "v_value"))
-DEFAULT_COLUMNS = ColumnMapping()  # every column found by its default name or an alias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,9 +332,3 @@ def column_group(*roles: str) -> OptionGroup:
         return ColumnMapping(**{role: values[COLUMN_OPTIONS[role][0]] for role in roles})
 
     return OptionGroup(tuple((*COLUMN_OPTIONS[role], None) for role in roles), build)
-
-
-def column_options(*roles: str) -> Callable[[Callable], Callable]:
-    """A typer command decorator: the command's ``columns: ColumnMapping`` parameter stands
-    for the column options of ``roles`` (``column_group``)."""
-    return option_groups(columns=column_group(*roles))
