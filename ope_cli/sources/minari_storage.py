@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from ope_cli.errors import DataError
 from ope_cli.sources.base import first_line
 
 HDF5_FILE = "main_data.hdf5"
+CHUNK_CACHE = 1 << 20  # bytes of chunk cache per open dataset
 INSTALL_HINT = "pip install 'ope-cli[minari]'"
 READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, pa.ArrowException)
 
@@ -62,7 +65,9 @@ class Hdf5Storage:
     def opened(self) -> Iterator[Any]:
         h5py = _h5py()
         try:
-            handle = h5py.File(self.path, "r")
+            # a one-slot chunk cache: each dataset is read once, whole, and the default
+            # cache (521 slots per dataset) doubles the cost of opening a small dataset
+            handle = h5py.File(self.path, "r", rdcc_nslots=1, rdcc_nbytes=CHUNK_CACHE)
         except READ_ERRORS as error:
             raise DataError(
                 f"{self.path}: cannot open HDF5 file (truncated or corrupt?): {first_line(error)}"
@@ -95,42 +100,146 @@ class Hdf5Storage:
         return found
 
     @contextlib.contextmanager
-    def reader(self, file: str) -> Iterator[Any]:
-        """A function (episode id, leaf paths) -> ({path: [K, ...] array}, steps N). It uses
-        h5py's low-level API: the high-level one costs several times more per small dataset,
-        and Minari stores a few small datasets per episode."""
+    def reader(self) -> Iterator[Any]:
+        """A function (episode ids, leaf paths) -> Episodes. Each dataset is opened once with
+        h5py's low-level API (the high-level one costs several times more per small dataset,
+        and Minari stores a few small datasets per episode); a contiguous, unfiltered dataset
+        of numbers is then read as bytes from a memory map of the file at the offset libhdf5
+        reports, any other (chunked, compressed, compact, strings) through libhdf5."""
         h5py = _h5py()
-        memory_types: dict[np.dtype, Any] = {}
-
-        def read_leaf(group: Any, episode: int, path: str) -> np.ndarray:
-            try:
-                dataset = h5py.h5d.open(group, path.encode())
-            except KeyError:
-                raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
-            dtype = dataset.dtype
-            if dtype.kind not in "biuf":  # strings, references: the high-level reader
-                return np.asarray(h5py.Dataset(dataset)[()])
-            values = np.empty(dataset.shape, dtype)
-            if dtype not in memory_types:
-                memory_types[dtype] = h5py.h5t.py_create(dtype)
-            dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, values, memory_types[dtype])
-            return values
-
         with self.opened() as handle:
+            leaf = _Hdf5Leaves(h5py, handle, self.path)
 
-            def read(episode: int, paths: list[str]) -> tuple[dict[str, np.ndarray], int]:
-                name = f"episode_{episode}"
-                try:
-                    group = h5py.h5g.open(handle.id, name.encode())
-                except KeyError:
-                    raise DataError(f"{self.path}: no group {name!r}") from None
-                arrays = {p: read_leaf(group, episode, p) for p in paths}
-                rewards = arrays.get("rewards")
-                if rewards is None:
-                    rewards = read_leaf(group, episode, "rewards")
-                return arrays, int(rewards.shape[0])
+            def read(episodes: list[int], paths: list[str]) -> Episodes:
+                return leaf.episodes(episodes, paths)
 
             yield read
+
+
+@dataclasses.dataclass
+class _Kind:
+    """How one leaf path is stored: its file datatype (an h5py TypeID), NumPy dtype (byte
+    order as stored) and the shape of one row; None where it is not plain numbers."""
+
+    type: Any
+    dtype: np.dtype
+    shape: tuple[int, ...] | None
+
+
+class _Hdf5Leaves:
+    """Reads episodes' leaves of one open HDF5 file (see Hdf5Storage.reader)."""
+
+    def __init__(self, h5py: Any, handle: Any, path: str):
+        self.h5py, self.handle, self.path = h5py, handle, path
+        with open(path, "rb") as file:  # the map outlives the file object
+            self.bytes = np.frombuffer(
+                mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), np.uint8
+            )
+        self.kinds: dict[str, _Kind] = {}
+        self.memory_types: dict[np.dtype, Any] = {}
+
+    def episodes(self, episodes: list[int], paths: list[str]) -> Episodes:
+        """Every leaf of ``paths`` of each episode, joined (N from ``rewards``)."""
+        parts: dict[str, list[np.ndarray]] = {p: [] for p in paths}
+        counting = list(dict.fromkeys([*paths, "rewards"]))
+        counts = {p: np.zeros(len(episodes), np.int64) for p in counting}
+        for i, episode in enumerate(episodes):
+            try:
+                leaves = self._episode(episode, counting, parts)
+            except READ_ERRORS as error:
+                raise DataError(
+                    f"{self.path}: cannot read episode {episode}: {first_line(error)}"
+                ) from None
+            for path, rows in leaves.items():
+                counts[path][i] = rows
+        return Episodes(
+            {p: _join(v, p, self.path) for p, v in parts.items()},
+            {p: counts[p] for p in paths},
+            counts["rewards"],
+        )
+
+    def _episode(
+        self, episode: int, paths: list[str], parts: dict[str, list[np.ndarray]]
+    ) -> dict[str, int]:
+        """{path: rows} of one episode's leaves, appending those in ``parts`` to it."""
+        h5g, h5d = self.h5py.h5g, self.h5py.h5d
+        name = f"episode_{episode}"
+        try:
+            group = h5g.open(self.handle.id, name.encode())
+        except KeyError:
+            raise DataError(f"{self.path}: no group {name!r}") from None
+        rows = {}
+        for path in paths:
+            try:
+                dataset = h5d.open(group, path.encode())
+            except KeyError:
+                raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
+            values = self._values(dataset, path, rows_only=path not in parts)
+            rows[path] = values.shape[0] if values.ndim else 0
+            if path in parts:
+                parts[path].append(values)
+        return rows
+
+    def _values(self, dataset: Any, path: str, rows_only: bool = False) -> np.ndarray:
+        """[K, ...] values of one dataset (a view of the file where it can be)."""
+        kind = self.kinds.get(path)
+        if kind is None:
+            kind = self.kinds[path] = self._kind(dataset)
+        offset = dataset.get_offset()  # None unless contiguous, allocated and in this file
+        if offset is not None and kind.shape is not None and dataset.get_type() == kind.type:
+            dims = dataset.get_space().get_simple_extent_dims()
+            if dims[1:] == kind.shape and len(dims) > 0:
+                if rows_only:
+                    return np.empty((dims[0], 0), np.uint8)
+                size = math.prod(dims) * kind.dtype.itemsize
+                if offset + size <= self.bytes.size:
+                    return self.bytes[offset : offset + size].view(kind.dtype).reshape(dims)
+        return self._read(dataset)
+
+    def _kind(self, dataset: Any) -> _Kind:
+        dtype = dataset.dtype
+        plain = dtype.kind in "biuf" and dtype.fields is None and dtype.subdtype is None
+        shape = tuple(dataset.shape[1:]) if plain and dataset.shape else None
+        return _Kind(dataset.get_type(), dtype, shape)
+
+    def _read(self, dataset: Any) -> np.ndarray:
+        """A dataset read through libhdf5."""
+        h5py, dtype = self.h5py, dataset.dtype
+        if dtype.kind not in "biuf":  # strings, references: the high-level reader
+            return np.asarray(h5py.Dataset(dataset)[()])
+        values = np.empty(dataset.shape, dtype)
+        if dtype not in self.memory_types:
+            self.memory_types[dtype] = h5py.h5t.py_create(dtype)
+        dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, values, self.memory_types[dtype])
+        return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Leaves of E consecutive episodes read at once.
+
+    Attributes:
+      values: {leaf path: [sum K, ...] the episodes' rows, one episode after the other}.
+      counts: {leaf path: [E] rows K of each episode}.
+      steps: [E] steps N of each episode.
+    """
+
+    values: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    steps: np.ndarray
+
+
+def _join(parts: list[np.ndarray], path: str, where: str) -> np.ndarray:
+    """The episodes' rows of one leaf, one after the other (a copy, never a file view)."""
+    if not parts:
+        return np.zeros(0)
+    if len(parts) == 1:
+        return np.array(parts[0])
+    try:
+        return np.concatenate(parts)
+    except ValueError:
+        shapes = sorted({str(p.shape[1:]) for p in parts})
+        raise DataError(f"{where}: episodes store {path!r} with rows of shapes {shapes}") from None
 
 
 class ArrowStorage:
@@ -186,21 +295,38 @@ class ArrowStorage:
         return found
 
     @contextlib.contextmanager
-    def reader(self, file: str) -> Iterator[Any]:
-        def read(episode: int, paths: list[str]) -> tuple[dict[str, np.ndarray], int]:
-            steps = _total_steps(Path(file).parent)
-            tops = list(dict.fromkeys(p.split("/")[0] for p in paths))
-            table = self._table(file, tops)
-            arrays = {}
+    def reader(self) -> Iterator[Any]:
+        """A function (episode ids, leaf paths) -> Episodes, reading each episode's file."""
+
+        def read(episodes: list[int], paths: list[str]) -> Episodes:
+            read_files = [self._episode(e, paths) for e in episodes]
+            steps = np.array([n for _, n in read_files], np.int64)
+            counts, values = {}, {}
+            for path in paths:
+                parts = [arrays[path] for arrays, _ in read_files]
+                counts[path] = np.array([len(p) for p in parts], np.int64)
+                values[path] = _join(parts, path, str(self.data_dir))
+            return Episodes(values, counts, steps)
+
+        yield read
+
+    def _episode(self, episode: int, paths: list[str]) -> tuple[dict[str, np.ndarray], int]:
+        """({path: [K, ...] array}, steps N) of one episode (its own file)."""
+        file = self.episodes()[episode]
+        steps = _total_steps(Path(file).parent)
+        tops = list(dict.fromkeys(p.split("/")[0] for p in paths))
+        table = self._table(file, tops)
+        arrays = {}
+        try:
             for path in paths:
                 top, *rest = path.split("/")
                 column: Any = table.column(top).combine_chunks()
                 for part in rest:
                     column = column.field(part)
                 arrays[path] = _to_numpy(column)
-            return arrays, steps
-
-        yield read
+        except READ_ERRORS as error:
+            raise DataError(f"{file}: cannot read episode {episode}: {first_line(error)}") from None
+        return arrays, steps
 
 
 def _arrow_leaves(field: pa.Field, path: str, found: dict[str, Leaf]) -> None:
