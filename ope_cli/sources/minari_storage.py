@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import mmap
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ope_cli.errors import DataError
 from ope_cli.sources.base import first_line
+from ope_cli.sources.hdf5_raw import RawReader, Unsupported
 
 HDF5_FILE = "main_data.hdf5"
 CHUNK_CACHE = 1 << 20  # bytes of chunk cache per open dataset
@@ -116,27 +116,21 @@ class Hdf5Storage:
             yield read
 
 
-@dataclasses.dataclass
-class _Kind:
-    """How one leaf path is stored: its file datatype (an h5py TypeID), NumPy dtype (byte
-    order as stored) and the shape of one row; None where it is not plain numbers."""
-
-    type: Any
-    dtype: np.dtype
-    shape: tuple[int, ...] | None
-
-
 class _Hdf5Leaves:
-    """Reads episodes' leaves of one open HDF5 file (see Hdf5Storage.reader)."""
+    """Reads episodes' leaves of one open HDF5 file (see Hdf5Storage.reader): libhdf5 lists
+    an episode's links (with the address of each dataset's object header), hdf5_raw finds
+    where the values lie and they are taken from a memory map of the file; a dataset that
+    hdf5_raw does not decode is read through libhdf5."""
 
     def __init__(self, h5py: Any, handle: Any, path: str):
         self.h5py, self.handle, self.path = h5py, handle, path
-        with open(path, "rb") as file:  # the map outlives the file object
-            self.bytes = np.frombuffer(
-                mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), np.uint8
-            )
-        self.kinds: dict[str, _Kind] = {}
         self.memory_types: dict[np.dtype, Any] = {}
+        with open(path, "rb") as file:  # the map outlives the file object
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self.raw: RawReader | None = RawReader(np.frombuffer(mapped, np.uint8))
+        except Unsupported:
+            self.raw = None
 
     def episodes(self, episodes: list[int], paths: list[str]) -> Episodes:
         """Every leaf of ``paths`` of each episode, joined (N from ``rewards``)."""
@@ -162,45 +156,43 @@ class _Hdf5Leaves:
         self, episode: int, paths: list[str], parts: dict[str, list[np.ndarray]]
     ) -> dict[str, int]:
         """{path: rows} of one episode's leaves, appending those in ``parts`` to it."""
-        h5g, h5d = self.h5py.h5g, self.h5py.h5d
+        h5py = self.h5py
         name = f"episode_{episode}"
         try:
-            group = h5g.open(self.handle.id, name.encode())
+            group = h5py.h5g.open(self.handle.id, name.encode())
         except KeyError:
             raise DataError(f"{self.path}: no group {name!r}") from None
+        addresses: dict[bytes, int] = {}
+
+        def visit(link: bytes, info: Any) -> None:
+            if info.type == h5py.h5l.TYPE_HARD:
+                addresses[link] = info.u
+
+        group.links.visit(visit, info=True)
         rows = {}
         for path in paths:
-            try:
-                dataset = h5d.open(group, path.encode())
-            except KeyError:
-                raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
-            values = self._values(dataset, path, rows_only=path not in parts)
+            key = path.encode()
+            values = self._values(addresses.get(key), path not in parts)
+            if values is None:
+                try:
+                    dataset = h5py.h5d.open(group, key)
+                except KeyError:
+                    raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
+                values = self._read(dataset)
             rows[path] = values.shape[0] if values.ndim else 0
             if path in parts:
                 parts[path].append(values)
         return rows
 
-    def _values(self, dataset: Any, path: str, rows_only: bool = False) -> np.ndarray:
-        """[K, ...] values of one dataset (a view of the file where it can be)."""
-        kind = self.kinds.get(path)
-        if kind is None:
-            kind = self.kinds[path] = self._kind(dataset)
-        offset = dataset.get_offset()  # None unless contiguous, allocated and in this file
-        if offset is not None and kind.shape is not None and dataset.get_type() == kind.type:
-            dims = dataset.get_space().get_simple_extent_dims()
-            if dims[1:] == kind.shape and len(dims) > 0:
-                if rows_only:
-                    return np.empty((dims[0], 0), np.uint8)
-                size = math.prod(dims) * kind.dtype.itemsize
-                if offset + size <= self.bytes.size:
-                    return self.bytes[offset : offset + size].view(kind.dtype).reshape(dims)
-        return self._read(dataset)
-
-    def _kind(self, dataset: Any) -> _Kind:
-        dtype = dataset.dtype
-        plain = dtype.kind in "biuf" and dtype.fields is None and dtype.subdtype is None
-        shape = tuple(dataset.shape[1:]) if plain and dataset.shape else None
-        return _Kind(dataset.get_type(), dtype, shape)
+    def _values(self, address: int | None, rows_only: bool) -> np.ndarray | None:
+        """[K, ...] values of the dataset at ``address`` (a view of the file), or None when
+        libhdf5 must read it."""
+        if self.raw is None or address is None:
+            return None
+        try:
+            return self.raw.read(address, rows_only)
+        except Unsupported:
+            return None
 
     def _read(self, dataset: Any) -> np.ndarray:
         """A dataset read through libhdf5."""
