@@ -219,6 +219,47 @@ def test_tuple_observations_flatten_as_gymnasium_does(tmp_path, fmt):
     np.testing.assert_allclose(column(data, "observation"), expected, rtol=0)
 
 
+LAYOUTS = (  # how rewrite() stores a dataset: h5py create_dataset keywords
+    {},  # contiguous
+    {"chunks": True, "maxshape": (None,)},  # as Minari writes (maxshape fixed below)
+    {"compression": "gzip", "shuffle": True},
+    {"chunks": (2,), "maxshape": (None,)},  # several chunks, the last one partly used
+)
+
+
+def rewrite(source, target, libver="earliest"):
+    """A copy of a Minari HDF5 file whose datasets use every layout in turn."""
+    with h5py.File(source, "r") as old, h5py.File(target, "w", libver=libver) as new:
+        names = []
+        old.visit(names.append)
+        datasets = [name for name in names if isinstance(old[name], h5py.Dataset)]
+        for i, name in enumerate(datasets):
+            values = old[name][()]
+            options = dict(LAYOUTS[i % len(LAYOUTS)])
+            if values.ndim == 0 or values.shape[0] == 0:
+                options = {}
+            if "maxshape" in options:
+                options["maxshape"] = (None, *values.shape[1:])
+            if "chunks" in options and options["chunks"] is not True:
+                options["chunks"] = (2, *values.shape[1:])
+            new.create_dataset(name, data=values, **options)
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_every_hdf5_layout_reads_the_same_steps(made, tmp_path, monkeypatch, libver):
+    import shutil
+
+    path = shutil.copytree(made["hdf5"], tmp_path / "copy")
+    data_file = path / "data" / "main_data.hdf5"
+    rewrite(made["hdf5"] / "data" / "main_data.hdf5", data_file, libver)
+    monkeypatch.setattr(minari, "FIRST_GROUP", 2)  # several groups of episodes
+    names = ["episode_id", "step", "observation", "next_observation", "action", "reward"]
+    names += ["behavior_log_prob", "terminations", "truncations", "infos/extra/speed"]
+    original, copy = open_dataset(str(made["hdf5"])), open_dataset(str(path))
+    for name in names:
+        assert column(copy, name) == column(original, name), name
+
+
 def test_infos_with_n_plus_1_rows_pair_row_t_plus_1_with_action_t(made):
     data = open_dataset(str(made["hdf5"]))
     log_probs = column(data, "infos/action_log_probs")
