@@ -6,7 +6,6 @@ step that returned them, the same estimates as the same steps in Parquet, bad in
 from __future__ import annotations
 
 import json
-import math
 import sys
 import warnings
 
@@ -16,7 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets import random_checkpoint, save_checkpoint
+from datasets import (
+    assert_one_line_exit_3,
+    assert_same_estimates,
+    random_checkpoint,
+    run_estimates,
+    save_checkpoint,
+    write_flat_steps,
+)
 
 from ope_cli.errors import DataError
 from ope_cli.sources import minari, open_dataset
@@ -90,8 +96,8 @@ def create(root, dataset_id, buffers, obs_space, action_space, data_format):
 def reference_parquet(path, buffers, obs_space):
     """The same steps as step-layout Parquet: observations flattened by gymnasium itself,
     behavior log-probability from the info returned by the step (row t + 1 of N + 1)."""
-    rows = {k: [] for k in ("episode_id", "step", "observation", "action", "reward", "blp")}
-    for i, buffer in enumerate(buffers):
+    rows = {k: [] for k in ("observation", "action", "reward", "blp")}
+    for buffer in buffers:
         n = len(buffer.rewards)
         shift = len(buffer.infos["action_log_probs"]) - n
         for t in range(n):
@@ -99,33 +105,13 @@ def reference_parquet(path, buffers, obs_space):
                 obs = {key: buffer.observations[key][t] for key in obs_space.spaces}
             else:
                 obs = buffer.observations[t]
-            rows["episode_id"].append(i)
-            rows["step"].append(t)
             rows["observation"].append(gym.spaces.flatten(obs_space, obs).astype(np.float64))
             rows["action"].append(buffer.actions[t])
             rows["reward"].append(buffer.rewards[t])
             rows["blp"].append(buffer.infos["action_log_probs"][t + shift])
-    action = np.asarray(rows["action"])
-    action_array = (
-        pa.FixedSizeListArray.from_arrays(pa.array(action.reshape(-1)), action.shape[1])
-        if action.ndim == 2
-        else pa.array(action)
-    )
-    observation = np.stack(rows["observation"])
-    table = pa.table(
-        {
-            "episode_id": rows["episode_id"],
-            "step": rows["step"],
-            "observation": pa.FixedSizeListArray.from_arrays(
-                pa.array(observation.reshape(-1)), observation.shape[1]
-            ),
-            "action": action_array,
-            "reward": rows["reward"],
-            "behavior_log_prob": rows["blp"],
-        }
-    )
-    pq.write_table(table, path)
-    return path
+    lengths = [len(buffer.rewards) for buffer in buffers]
+    observation, action = np.stack(rows["observation"]), np.asarray(rows["action"])
+    return write_flat_steps(path, lengths, observation, action, rows["reward"], rows["blp"])
 
 
 @pytest.fixture(scope="module")
@@ -296,18 +282,6 @@ def test_dataset_ids_resolve_under_the_minari_root(made, monkeypatch, tmp_path):
 # ------------------------------------------------------------------------ through ope
 
 
-def estimates(run) -> dict[str, float]:
-    assert run.returncode == 0, run
-    (result,) = json.loads(run.stdout)["results"]
-    return {name: e["value"] for name, e in result["estimates"].items()}
-
-
-def assert_same(first: dict, second: dict) -> None:
-    assert first.keys() == second.keys()
-    for name, value in second.items():
-        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
-
-
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     folder = tmp_path_factory.mktemp("minari-policies")
@@ -330,14 +304,14 @@ def test_evaluate_gives_the_parquet_estimates(made, policies, ope_in_process, so
     option = ["--behavior-log-prob-col", "infos/action_log_probs"]
     from_minari = ope_in_process(["evaluate", data, *common, *option], env=env)
     from_parquet = ope_in_process(["evaluate", made["dict.parquet"], *common])
-    assert_same(estimates(from_minari), estimates(from_parquet))
+    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
 
 
 def test_box_observations_and_continuous_actions(made, policies, ope_in_process):
     common = ["--policy", policies["box"], "--format", "json"]
     from_minari = ope_in_process(["evaluate", made["box"], *common])
     from_parquet = ope_in_process(["evaluate", made["box.parquet"], *common])
-    assert_same(estimates(from_minari), estimates(from_parquet))
+    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
@@ -352,15 +326,6 @@ def test_inspect_reads_the_dataset(made, ope_in_process, fmt):
 
 
 # ------------------------------------------------------------------------ bad inputs
-
-
-def assert_one_line_exit_3(run, *parts: str) -> None:
-    assert run.returncode == 3, run
-    assert "Traceback" not in run.stderr, run
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, run
-    for part in parts:
-        assert part in lines[0], run
 
 
 @pytest.fixture
