@@ -39,7 +39,7 @@ from ope_cli.schema import resolve_schema
 from ope_cli.sources import open_dataset
 
 OBS_DIM, N_ACTIONS = 8, 4
-ROW_GROUP = 16_384  # rows per row group of the Parquet file served over S3
+ROW_GROUP = 16_384  # rows per row group and per batch read, Parquet local and on S3
 
 
 def make_steps(episodes: int, median_length: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -183,12 +183,14 @@ def read_rate(source: str, repeats: int) -> float:
     return steps / best
 
 
-def evaluate_rate(source: str, policy: str, repeats: int) -> float:
+def evaluate_rate(source: str, policy: str, repeats: int, read_rows: int = 65_536) -> float:
     """Steps per second of ope evaluate end to end (best of ``repeats``, compiled)."""
     best, steps = np.inf, 0
+    batching = ope_cli.BatchingConfig(read_rows=read_rows)
     for _ in range(repeats):
         started = time.perf_counter()
-        result = ope_cli.evaluate(ope_cli.EvaluationConfig(source, policies=(policy,)))
+        config = ope_cli.EvaluationConfig(source, policies=(policy,), batching=batching)
+        result = ope_cli.evaluate(config)
         best = min(best, time.perf_counter() - started)
         steps = result.steps
     return steps / best
@@ -277,18 +279,18 @@ def s3_overlap(parquet: Path, policy: str, steps: int, repeats: int) -> None:
     that reading ahead hides behind compute is 1 - (wait with) / (wait without)."""
     folder = parquet.parent / "s3"
     folder.mkdir()
-    copy = folder / parquet.name  # row groups of 16,384 rows: something to read ahead
+    copy = folder / parquet.name  # row groups and batches of 16,384 rows: reading to hide
     pq.write_table(pq.read_table(parquet), copy, row_group_size=ROW_GROUP)
     print(f"\nparquet local and on S3 (moto, 127.0.0.1): seconds for {steps:,} steps")
     print(f"{'':<8} {'evaluate':>9} {'first batch':>12} {'then waits':>11}", end=" ")
     print(f"{'no read-ahead':>14} {'hidden':>7}")
     with s3_server(folder) as bucket:
         for name, source in (("local", str(copy)), ("s3", f"{bucket}/{parquet.name}")):
-            full = seconds(evaluate_rate, source, steps, policy, repeats)
+            full = seconds(evaluate_rate, source, steps, policy, repeats, ROW_GROUP)
             waits = {}
             for read_ahead in (True, False):
                 with waiting_for_data(read_ahead) as waited:
-                    evaluate_rate(source, policy, repeats)
+                    evaluate_rate(source, policy, repeats, ROW_GROUP)
                 waits[read_ahead] = [w / repeats for w in waited]
             (later, first), alone = waits[True], waits[False][0]
             print(f"{name:<8} {full:>9.3f} {first:>12.3f} {later:>11.3f}", end=" ")
