@@ -118,3 +118,39 @@ def test_a_truncated_file_is_never_read_past_its_end(tmp_path, written):
     cut.write_bytes(data[: found["edge_chunks_2d"] + 64])
     with pytest.raises(Unsupported):
         reader(cut).read(found["edge_chunks_2d"])
+
+
+def test_groups_list_what_libhdf5_lists(tmp_path):
+    path = tmp_path / "groups.h5"
+    with h5py.File(path, "w") as handle:
+        wide = handle.create_group("wide")  # hundreds of links: a B-tree of several levels
+        for i in range(300):
+            wide.create_dataset(f"d{i}", data=np.arange(2))
+        nested = handle.create_group("episode_3")
+        nested.create_dataset("actions", data=np.arange(3))
+        nested.create_dataset("observations/pos", data=np.zeros((4, 2)))
+        nested.create_dataset("infos/extra/speed", data=np.zeros((4, 2)))
+    with h5py.File(path, "r") as handle:
+        found = addresses(handle)
+        for name in ("wide", "episode_3"):
+            group, expected = handle[name], {}
+            group.id.links.visit(
+                lambda link, info, into=expected: into.__setitem__(link.decode(), info.u),
+                info=True,
+            )
+            assert reader(path).links(found[name]) == expected
+    assert len(reader(path).links(found["wide"])) == 300
+    pos = found["episode_3/observations/pos"]
+    assert reader(path).links(found["episode_3/observations"]) == {"pos": pos}
+    with pytest.raises(Unsupported):
+        reader(path).links(found["episode_3/actions"])  # a dataset
+
+
+def test_newer_groups_are_left_to_libhdf5(tmp_path):
+    path = tmp_path / "latest.h5"
+    with h5py.File(path, "w", libver="latest") as handle:
+        handle.create_dataset("episode_0/actions", data=np.arange(3))
+    with h5py.File(path, "r") as handle:
+        address = handle.id.links.get_info(b"episode_0").u
+    with pytest.raises(Unsupported):
+        reader(path).links(address)

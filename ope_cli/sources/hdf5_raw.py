@@ -21,6 +21,8 @@ import numpy as np
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 UNDEFINED = 0xFFFF_FFFF_FFFF_FFFF
 DATASPACE, DATATYPE, EXTERNAL, LAYOUT, FILTERS, CONTINUATION = 0x1, 0x3, 0x7, 0x8, 0xB, 0x10
+SYMBOL_TABLE = 0x11  # an old-style group: its B-tree and local heap
+ENTRY = 40  # bytes of a symbol table entry (8-byte offsets)
 SHARED = 0x02  # message flag: the message lives elsewhere
 # (bit precision, exponent location, exponent size, mantissa size, exponent bias) of IEEE
 IEEE = {2: (16, 10, 5, 10, 15), 4: (32, 23, 8, 23, 127), 8: (64, 52, 11, 52, 1023)}
@@ -98,6 +100,53 @@ class RawReader:
                 elif kind not in found:
                     found[kind] = body
         return found
+
+    def links(self, address: int, prefix: str = "", depth: int = 0) -> dict[str, int]:
+        """{path: object header address} of the objects under the old-style group whose
+        object header is at ``address``, through the subgroups whose symbol table entries
+        cache their symbol tables (libhdf5 writes them so); raises Unsupported."""
+        if depth > 8:
+            raise Unsupported("groups nested too deep")
+        table = self._messages(self.base + address).get(SYMBOL_TABLE)
+        if table is None:
+            raise Unsupported("not an old-style group")
+        return self._table(*struct.unpack_from("<QQ", table), prefix, depth)
+
+    def _table(self, tree: int, heap: int, prefix: str, depth: int) -> dict[str, int]:
+        raw, at = self.raw, self._check(self.base + heap, 32)
+        if bytes(raw[at : at + 4]) != b"HEAP":
+            raise Unsupported("not a local heap")
+        size, _, names_at = struct.unpack_from("<QQQ", raw, at + 8)
+        names = bytes(raw[self._check(self.base + names_at, size) :][:size])
+        found: dict[str, int] = {}
+        for node in self._nodes(self.base + tree, 0, 0):
+            at = self._check(node, 8)
+            if bytes(raw[at : at + 4]) != b"SNOD":
+                raise Unsupported("not a symbol table node")
+            count = struct.unpack_from("<H", raw, at + 6)[0]
+            self._check(at + 8, count * ENTRY)
+            for i in range(count):
+                offset, header, cache = struct.unpack_from("<QQI", raw, at + 8 + i * ENTRY)
+                name = prefix + names[offset : names.index(b"\0", offset)].decode()
+                found[name] = header
+                if cache == 1:  # a group: its B-tree and heap in the scratch pad
+                    cached = struct.unpack_from("<QQ", raw, at + 8 + i * ENTRY + 24)
+                    found.update(self._table(*cached, f"{name}/", depth + 1))
+        return found
+
+    def _nodes(self, at: int, kind: int, depth: int) -> list[int]:
+        """Absolute addresses of the leaves (children of level 0) under the version 1
+        B-tree node at absolute ``at`` of node type ``kind``."""
+        raw = self.raw
+        self._check(at, 24)
+        if bytes(raw[at : at + 4]) != b"TREE" or raw[at + 4] != kind or depth > 16:
+            raise Unsupported("not a B-tree node of the expected type")
+        level, entries = raw[at + 5], struct.unpack_from("<H", raw, at + 6)[0]
+        self._check(at + 24, entries * 16 + 8)
+        children = struct.unpack_from(f"<{2 * entries + 1}Q", raw, at + 24)[1::2]
+        if level == 0:
+            return [self.base + c for c in children]
+        return [leaf for c in children for leaf in self._nodes(self.base + c, kind, depth + 1)]
 
     def _values(self, layout: memoryview | None, dims: tuple[int, ...], dtype: np.dtype):
         if layout is None or layout[0] != 3:

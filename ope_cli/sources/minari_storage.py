@@ -157,26 +157,15 @@ class _Hdf5Leaves:
         self, episode: int, paths: list[str], parts: dict[str, list[np.ndarray]]
     ) -> dict[str, int]:
         """{path: rows} of one episode's leaves, appending those in ``parts`` to it."""
-        h5py = self.h5py
         name = f"episode_{episode}"
-        try:
-            group = h5py.h5g.open(self.handle.id, name.encode())
-        except KeyError:
-            raise DataError(f"{self.path}: no group {name!r}") from None
-        addresses: dict[bytes, int] = {}
-
-        def visit(link: bytes, info: Any) -> None:
-            if info.type == h5py.h5l.TYPE_HARD:
-                addresses[link] = info.u
-
-        group.links.visit(visit, info=True)
-        rows = {}
+        addresses = self._addresses(name)
+        group, rows = None, {}
         for path in paths:
-            key = path.encode()
-            values = self._values(addresses.get(key), path not in parts)
+            values = self._values(addresses.get(path), path not in parts)
             if values is None:
+                group = group or self.h5py.h5g.open(self.handle.id, name.encode())
                 try:
-                    dataset = h5py.h5d.open(group, key)
+                    dataset = self.h5py.h5d.open(group, path.encode())
                 except KeyError:
                     raise DataError(f"{self.path}: episode {episode} has no {path!r}") from None
                 values = self._read(dataset)
@@ -184,6 +173,27 @@ class _Hdf5Leaves:
             if path in parts:
                 parts[path].append(values)
         return rows
+
+    def _addresses(self, name: str) -> dict[str, int]:
+        """{path: object header address} of the objects under group ``name``: decoded by
+        hdf5_raw, else listed by libhdf5."""
+        h5py = self.h5py
+        try:
+            info = self.handle.id.links.get_info(name.encode())
+        except KeyError:
+            raise DataError(f"{self.path}: no group {name!r}") from None
+        if self.raw is not None and info.type == h5py.h5l.TYPE_HARD:
+            with contextlib.suppress(Unsupported):
+                return self.raw.links(info.u)
+        found: dict[str, int] = {}
+
+        def visit(link: bytes, info: Any) -> None:
+            if info.type == h5py.h5l.TYPE_HARD:
+                found[link.decode()] = info.u
+
+        group = h5py.h5g.open(self.handle.id, name.encode())  # held while visited
+        group.links.visit(visit, info=True)
+        return found
 
     def _values(self, address: int | None, rows_only: bool) -> np.ndarray | None:
         """[K, ...] values of the dataset at ``address`` (a view of the file), or None when
