@@ -154,3 +154,21 @@ def test_newer_groups_are_left_to_libhdf5(tmp_path):
         address = handle.id.links.get_info(b"episode_0").u
     with pytest.raises(Unsupported):
         reader(path).links(address)
+
+
+def test_corrupt_headers_are_unsupported_or_read_never_a_crash(tmp_path, written):
+    with h5py.File(written, "r") as handle:
+        found = addresses(handle)
+    data = bytearray(written.read_bytes())
+    targets = [("read", found["edge_chunks_2d"]), ("links", found["episode_0"])]
+    rng = np.random.default_rng(1)
+    for kind, address in targets:
+        for position in range(address, address + 256, 3):
+            corrupt = bytearray(data)
+            corrupt[position] = int(rng.integers(0, 256))
+            path = tmp_path / "corrupt.h5"
+            path.write_bytes(bytes(corrupt))
+            try:
+                getattr(reader(path), kind)(address)
+            except Unsupported:
+                pass

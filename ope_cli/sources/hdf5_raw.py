@@ -13,6 +13,7 @@ sections III.A (object headers), IV.A.2 (messages) and III.A.2 (B-trees).
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
@@ -30,6 +31,20 @@ IEEE = {2: (16, 10, 5, 10, 15), 4: (32, 23, 8, 23, 127), 8: (64, 52, 11, 52, 102
 
 class Unsupported(Exception):
     """A dataset stored in a way this module does not decode (libhdf5 reads it)."""
+
+
+def _decoding(method):
+    """``method`` raising Unsupported for bytes it cannot decode (a corrupt file: libhdf5
+    then reads it, and says what is wrong)."""
+
+    @functools.wraps(method)
+    def decode(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (struct.error, ValueError, IndexError, KeyError, TypeError, OverflowError) as error:
+            raise Unsupported(f"cannot decode: {error}") from None
+
+    return decode
 
 
 class RawReader:
@@ -58,6 +73,7 @@ class RawReader:
             raise Unsupported("an address past the end of the file")
         return at
 
+    @_decoding
     def read(self, address: int, rows_only: bool = False) -> np.ndarray:
         """[K, ...] values of the dataset whose object header is at ``address`` (an empty
         [K, 0] array when ``rows_only``); raises Unsupported."""
@@ -71,7 +87,7 @@ class RawReader:
         if rows_only:
             return np.empty((dims[0], 0), np.uint8)
         dtype = _dtype(messages[DATATYPE])
-        return self._values(messages[LAYOUT], dims, dtype)
+        return self._values(messages.get(LAYOUT), dims, dtype)
 
     def _messages(self, at: int) -> dict[int, memoryview]:
         """{message type: its data} of a version 1 object header at absolute ``at``."""
@@ -101,6 +117,7 @@ class RawReader:
                     found[kind] = body
         return found
 
+    @_decoding
     def links(self, address: int, prefix: str = "", depth: int = 0) -> dict[str, int]:
         """{path: object header address} of the objects under the old-style group whose
         object header is at ``address``, through the subgroups whose symbol table entries
