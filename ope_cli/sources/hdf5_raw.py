@@ -1,14 +1,16 @@
 """Where the values of a small HDF5 dataset lie in its file, read from the dataset's object
-header in Python, so that they can be taken from a memory map of the file.
+header in Python, so that they can be taken from a memory map of the file; and the links
+of a group, from its symbol table.
 
 libhdf5 costs about 0.1 ms to open a dataset and as much again to read a chunked one the
 first time (it loads and decodes the object header, then the chunk index); Minari stores
 five or more small datasets per episode, so that dominates reading it. This module decodes
 only the common case (HDF5 file format of libver "earliest", h5py's default: version 1
-object headers, version 3 layout messages, version 1 chunk B-trees) of unfiltered integer
-or IEEE float datasets, compact, contiguous or chunked; anything else raises Unsupported,
-and the caller reads that dataset through libhdf5. See the HDF5 File Format Specification,
-sections III.A (object headers), IV.A.2 (messages) and III.A.2 (B-trees).
+object headers, old-style groups, version 3 layout messages, version 1 B-trees) of
+unfiltered integer, IEEE float or h5py bool datasets, compact, contiguous or chunked;
+anything else raises Unsupported, and the caller lets libhdf5 read it. See the HDF5 File
+Format Specification, sections III.A (B-trees, symbol tables, local heaps), IV.A (object
+headers) and IV.A.2 (messages).
 """
 
 from __future__ import annotations
