@@ -14,6 +14,8 @@ per-step arrays:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -427,3 +429,62 @@ def _write_split(episodes, path: Path, n_files, file_format, row_group_size, mak
             row_group_size=row_group_size,
         )
     return path
+
+
+# ------------------------------------------------- sources compared with the same Parquet
+
+
+def vector_column(values: np.ndarray) -> pa.Array:
+    """[N] values as a plain column, [N, d] as a fixed-size list column of d values."""
+    if values.ndim == 2:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    return pa.array(values)
+
+
+def write_flat_steps(
+    path: str | os.PathLike,
+    lengths: Sequence[int],
+    observations: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    behavior_log_probs: np.ndarray,
+) -> Path:
+    """Step-layout Parquet with the standard column names: episodes of ``lengths`` steps
+    whose [N, ...] per-step arrays follow one another (N = sum of lengths)."""
+    lengths = np.asarray(lengths, np.int64)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(lengths.size), lengths),
+            "step": np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths),
+            "observation": vector_column(np.asarray(observations).reshape(lengths.sum(), -1)),
+            "action": vector_column(np.asarray(actions)),
+            "reward": np.asarray(rewards),
+            "behavior_log_prob": np.asarray(behavior_log_probs),
+        }
+    )
+    pq.write_table(table, path)
+    return Path(path)
+
+
+def run_estimates(run) -> dict[str, float]:
+    """{estimator: value} of a successful ``ope evaluate --format json`` of one policy."""
+    assert run.returncode == 0, run
+    (result,) = json.loads(run.stdout)["results"]
+    return {name: e["value"] for name, e in result["estimates"].items()}
+
+
+def assert_same_estimates(first: Mapping[str, float], second: Mapping[str, float]) -> None:
+    """The same estimators, each value equal to 1e-9 (relative; 1e-12 absolute)."""
+    assert first.keys() == second.keys()
+    for name, value in second.items():
+        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+
+
+def assert_one_line_exit_3(run, *parts: str) -> None:
+    """A data error: exit 3, no traceback, one stderr line holding every one of ``parts``."""
+    assert run.returncode == 3, run
+    assert "Traceback" not in run.stderr, run
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run
+    for part in parts:
+        assert part in lines[0], run

@@ -5,15 +5,20 @@ and timeout flags, a trailing truncated episode, behavior log-probabilities from
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 import h5py
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from datasets import random_checkpoint, save_checkpoint
+from datasets import (
+    assert_one_line_exit_3,
+    assert_same_estimates,
+    random_checkpoint,
+    run_estimates,
+    save_checkpoint,
+    write_flat_steps,
+)
 
 from ope_cli.errors import DataError
 from ope_cli.sources import d4rl, open_dataset, sniff_format
@@ -67,24 +72,14 @@ def write_d4rl(path, arrays: dict[str, np.ndarray]):
 
 def write_step_parquet(path, arrays: dict[str, np.ndarray], episodes=EPISODES):
     """The same steps as a step-layout Parquet file with the standard column names."""
-    lengths = [length for length, _ in episodes]
-    observations, actions = arrays["observations"], arrays["actions"]
-    if actions.ndim == 2:
-        actions = pa.FixedSizeListArray.from_arrays(pa.array(actions.reshape(-1)), actions.shape[1])
-    table = pa.table(
-        {
-            "episode_id": np.repeat(np.arange(len(lengths)), lengths),
-            "step": np.concatenate([np.arange(t) for t in lengths]),
-            "observation": pa.FixedSizeListArray.from_arrays(
-                pa.array(observations.reshape(-1)), OBS_DIM
-            ),
-            "action": actions,
-            "reward": arrays["rewards"],
-            "behavior_log_prob": arrays["infos/action_log_probs"],
-        }
+    return write_flat_steps(
+        path,
+        [length for length, _ in episodes],
+        arrays["observations"],
+        arrays["actions"],
+        arrays["rewards"],
+        arrays["infos/action_log_probs"],
     )
-    pq.write_table(table, path)
-    return path
 
 
 def read_all(data, columns, rows):
@@ -164,12 +159,6 @@ def test_episode_ids_count_on_across_files(tmp_path):
 # ------------------------------------------------------------------------ through ope
 
 
-def estimates(run) -> dict[str, float]:
-    assert run.returncode == 0, run
-    (result,) = json.loads(run.stdout)["results"]
-    return {name: e["value"] for name, e in result["estimates"].items()}
-
-
 @pytest.mark.parametrize(
     ("behavior_key", "kind"),
     [
@@ -191,11 +180,9 @@ def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior
     write_d4rl(tmp_path / "d.hdf5", arrays)
     common = ["--policy", policy, "--format", "json", "--read-rows", "4"]
     option = [] if behavior_key == d4rl.BEHAVIOR_KEY else ["--behavior-log-prob-col", behavior_key]
-    from_hdf5 = estimates(ope_in_process(["evaluate", tmp_path / "d.hdf5", *common, *option]))
-    from_parquet = estimates(ope_in_process(["evaluate", tmp_path / "steps.parquet", *common]))
-    assert from_hdf5.keys() == from_parquet.keys()
-    for name, value in from_parquet.items():
-        assert math.isclose(from_hdf5[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+    from_hdf5 = run_estimates(ope_in_process(["evaluate", tmp_path / "d.hdf5", *common, *option]))
+    from_parquet = run_estimates(ope_in_process(["evaluate", tmp_path / "steps.parquet", *common]))
+    assert_same_estimates(from_hdf5, from_parquet)
 
 
 def test_inspect_reads_the_file(tmp_path, ope_in_process):
@@ -212,15 +199,6 @@ def test_inspect_reads_the_file(tmp_path, ope_in_process):
 
 
 # ------------------------------------------------------------------------ bad inputs
-
-
-def assert_one_line_exit_3(run, *parts: str) -> None:
-    assert run.returncode == 3, run
-    assert "Traceback" not in run.stderr, run
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, run
-    for part in parts:
-        assert part in lines[0], run
 
 
 def test_truncated_file(tmp_path, ope_in_process):

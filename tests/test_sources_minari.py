@@ -6,7 +6,6 @@ step that returned them, the same estimates as the same steps in Parquet, bad in
 from __future__ import annotations
 
 import json
-import math
 import sys
 import warnings
 
@@ -16,7 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets import random_checkpoint, save_checkpoint
+from datasets import (
+    assert_one_line_exit_3,
+    assert_same_estimates,
+    random_checkpoint,
+    run_estimates,
+    save_checkpoint,
+    write_flat_steps,
+)
 
 from ope_cli.errors import DataError
 from ope_cli.sources import minari, open_dataset
@@ -90,8 +96,8 @@ def create(root, dataset_id, buffers, obs_space, action_space, data_format):
 def reference_parquet(path, buffers, obs_space):
     """The same steps as step-layout Parquet: observations flattened by gymnasium itself,
     behavior log-probability from the info returned by the step (row t + 1 of N + 1)."""
-    rows = {k: [] for k in ("episode_id", "step", "observation", "action", "reward", "blp")}
-    for i, buffer in enumerate(buffers):
+    rows = {k: [] for k in ("observation", "action", "reward", "blp")}
+    for buffer in buffers:
         n = len(buffer.rewards)
         shift = len(buffer.infos["action_log_probs"]) - n
         for t in range(n):
@@ -99,33 +105,13 @@ def reference_parquet(path, buffers, obs_space):
                 obs = {key: buffer.observations[key][t] for key in obs_space.spaces}
             else:
                 obs = buffer.observations[t]
-            rows["episode_id"].append(i)
-            rows["step"].append(t)
             rows["observation"].append(gym.spaces.flatten(obs_space, obs).astype(np.float64))
             rows["action"].append(buffer.actions[t])
             rows["reward"].append(buffer.rewards[t])
             rows["blp"].append(buffer.infos["action_log_probs"][t + shift])
-    action = np.asarray(rows["action"])
-    action_array = (
-        pa.FixedSizeListArray.from_arrays(pa.array(action.reshape(-1)), action.shape[1])
-        if action.ndim == 2
-        else pa.array(action)
-    )
-    observation = np.stack(rows["observation"])
-    table = pa.table(
-        {
-            "episode_id": rows["episode_id"],
-            "step": rows["step"],
-            "observation": pa.FixedSizeListArray.from_arrays(
-                pa.array(observation.reshape(-1)), observation.shape[1]
-            ),
-            "action": action_array,
-            "reward": rows["reward"],
-            "behavior_log_prob": rows["blp"],
-        }
-    )
-    pq.write_table(table, path)
-    return path
+    lengths = [len(buffer.rewards) for buffer in buffers]
+    observation, action = np.stack(rows["observation"]), np.asarray(rows["action"])
+    return write_flat_steps(path, lengths, observation, action, rows["reward"], rows["blp"])
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +205,47 @@ def test_tuple_observations_flatten_as_gymnasium_does(tmp_path, fmt):
     np.testing.assert_allclose(column(data, "observation"), expected, rtol=0)
 
 
+LAYOUTS = (  # how rewrite() stores a dataset: h5py create_dataset keywords
+    {},  # contiguous
+    {"chunks": True, "maxshape": (None,)},  # as Minari writes (maxshape fixed below)
+    {"compression": "gzip", "shuffle": True},
+    {"chunks": (2,), "maxshape": (None,)},  # several chunks, the last one partly used
+)
+
+
+def rewrite(source, target, libver="earliest"):
+    """A copy of a Minari HDF5 file whose datasets use every layout in turn."""
+    with h5py.File(source, "r") as old, h5py.File(target, "w", libver=libver) as new:
+        names = []
+        old.visit(names.append)
+        datasets = [name for name in names if isinstance(old[name], h5py.Dataset)]
+        for i, name in enumerate(datasets):
+            values = old[name][()]
+            options = dict(LAYOUTS[i % len(LAYOUTS)])
+            if values.ndim == 0 or values.shape[0] == 0:
+                options = {}
+            if "maxshape" in options:
+                options["maxshape"] = (None, *values.shape[1:])
+            if "chunks" in options and options["chunks"] is not True:
+                options["chunks"] = (2, *values.shape[1:])
+            new.create_dataset(name, data=values, **options)
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_every_hdf5_layout_reads_the_same_steps(made, tmp_path, monkeypatch, libver):
+    import shutil
+
+    path = shutil.copytree(made["hdf5"], tmp_path / "copy")
+    data_file = path / "data" / "main_data.hdf5"
+    rewrite(made["hdf5"] / "data" / "main_data.hdf5", data_file, libver)
+    monkeypatch.setattr(minari, "FIRST_GROUP", 2)  # several groups of episodes
+    names = ["episode_id", "step", "observation", "next_observation", "action", "reward"]
+    names += ["behavior_log_prob", "terminations", "truncations", "infos/extra/speed"]
+    original, copy = open_dataset(str(made["hdf5"])), open_dataset(str(path))
+    for name in names:
+        assert column(copy, name) == column(original, name), name
+
+
 def test_infos_with_n_plus_1_rows_pair_row_t_plus_1_with_action_t(made):
     data = open_dataset(str(made["hdf5"]))
     log_probs = column(data, "infos/action_log_probs")
@@ -255,18 +282,6 @@ def test_dataset_ids_resolve_under_the_minari_root(made, monkeypatch, tmp_path):
 # ------------------------------------------------------------------------ through ope
 
 
-def estimates(run) -> dict[str, float]:
-    assert run.returncode == 0, run
-    (result,) = json.loads(run.stdout)["results"]
-    return {name: e["value"] for name, e in result["estimates"].items()}
-
-
-def assert_same(first: dict, second: dict) -> None:
-    assert first.keys() == second.keys()
-    for name, value in second.items():
-        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
-
-
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     folder = tmp_path_factory.mktemp("minari-policies")
@@ -289,14 +304,14 @@ def test_evaluate_gives_the_parquet_estimates(made, policies, ope_in_process, so
     option = ["--behavior-log-prob-col", "infos/action_log_probs"]
     from_minari = ope_in_process(["evaluate", data, *common, *option], env=env)
     from_parquet = ope_in_process(["evaluate", made["dict.parquet"], *common])
-    assert_same(estimates(from_minari), estimates(from_parquet))
+    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
 
 
 def test_box_observations_and_continuous_actions(made, policies, ope_in_process):
     common = ["--policy", policies["box"], "--format", "json"]
     from_minari = ope_in_process(["evaluate", made["box"], *common])
     from_parquet = ope_in_process(["evaluate", made["box.parquet"], *common])
-    assert_same(estimates(from_minari), estimates(from_parquet))
+    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
@@ -311,15 +326,6 @@ def test_inspect_reads_the_dataset(made, ope_in_process, fmt):
 
 
 # ------------------------------------------------------------------------ bad inputs
-
-
-def assert_one_line_exit_3(run, *parts: str) -> None:
-    assert run.returncode == 3, run
-    assert "Traceback" not in run.stderr, run
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, run
-    for part in parts:
-        assert part in lines[0], run
 
 
 @pytest.fixture

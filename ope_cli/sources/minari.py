@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ import pyarrow as pa
 from ope_cli.errors import DataError
 from ope_cli.sources.base import DeclaredBounds, SourcedBatch, first_line
 from ope_cli.sources.minari_spaces import arrow_type, flat_size, flatten, space_leaves
-from ope_cli.sources.minari_storage import READ_ERRORS, ArrowStorage, Hdf5Storage, Leaf
+from ope_cli.sources.minari_storage import ArrowStorage, Episodes, Hdf5Storage, Leaf
 
 NAME = "minari"
 PREFIX = "minari:"
@@ -38,6 +39,7 @@ BEHAVIOR_KEY = "infos/action_log_probs"
 STORAGE_FORMATS = ("hdf5", "arrow", "parquet")
 STEP_LEAVES = {"action": "actions", "reward": "rewards"}
 FLAG_LEAVES = ("terminations", "truncations")
+FIRST_GROUP, MAX_GROUP = 16, 4096  # episodes read at once: the first group, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,68 +221,93 @@ def _leaves_needed(layout: Layout, names: list[str]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def _check_rows(values: np.ndarray, n: int, path: str, episode: int, where: str) -> None:
-    rows = values.shape[0] if values.ndim else 0
-    if rows not in (n, n + 1):
-        noun = "observations" if path.startswith("observations") else "rows"
-        raise DataError(
-            f"{where}: episode {episode}: {path!r} has {rows} {noun} for {n} actions "
-            f"(expected {n} or {n + 1})"
-        )
+def _check_rows(read: Episodes, episodes: list[int], files: dict[int, str]) -> None:
+    """Every leaf has N or N + 1 rows in each episode, the observation leaves alike;
+    raises DataError naming the first bad episode and leaf."""
+    n = read.steps
+    bad = {p: (c != n) & (c != n + 1) for p, c in read.counts.items()}
+    obs = [c for p, c in read.counts.items() if p.startswith("observations")]
+    uneven = np.zeros(len(n), bool)
+    for counts in obs[1:]:
+        uneven |= counts != obs[0]
+    if not any(b.any() for b in bad.values()) and not uneven.any():
+        return
+    first = min(int(np.argmax(b)) for b in (*bad.values(), uneven) if b.any())
+    where = f"{files[episodes[first]]}: episode {episodes[first]}"
+    for path, counts in read.counts.items():
+        if bad[path][first]:
+            noun = "observations" if path.startswith("observations") else "rows"
+            raise DataError(
+                f"{where}: {path!r} has {counts[first]} {noun} for {n[first]} actions "
+                f"(expected {n[first]} or {n[first] + 1})"
+            )
+    raise DataError(f"{where}: observation leaves have different row counts")
 
 
-def _observations(raw: dict[str, np.ndarray], layout: Layout, n: int) -> np.ndarray:
-    """[K, ...] observations of one episode (K = N or N + 1), flattened when composite."""
+def _rows(counts: np.ndarray, steps: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
+    """[sum N] indices of rows shift .. shift + N - 1 of each episode in leaf rows joined
+    episode after episode (``counts`` [E] rows K each, ``steps`` [E] N each)."""
+    first = np.cumsum(counts) - counts + shift  # [E] each episode's first row taken
+    step_start = np.cumsum(steps) - steps
+    return np.arange(int(steps.sum())) + np.repeat(first - step_start, steps)
+
+
+def _observations(read: Episodes, layout: Layout) -> np.ndarray:
+    """[sum K, ...] the episodes' observations (K = N or N + 1), flattened when composite."""
     if not layout.composite:
-        values = raw["observations"]
+        values = read.values["observations"]
         return values.reshape(values.shape[0], -1) if values.ndim > 1 else values
-    return np.concatenate([flatten(raw[p], space) for p, space in layout.observation], axis=1)
+    return np.concatenate(
+        [flatten(read.values[p], space) for p, space in layout.observation], axis=1
+    )
 
 
-def episode_columns(
-    raw: dict[str, np.ndarray], n: int, episode: int, layout: Layout, names: list[str], where: str
+def _next_observations(
+    observations: np.ndarray, counts: np.ndarray, steps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """[sum N, ...] each step's next observation; the last step of an episode stored with
+    N observations has none (zeros, invalid)."""
+    index = _rows(counts, steps, 1)
+    missing = (counts == steps) & (steps > 0)
+    if not missing.any():
+        return observations[index], None
+    valid = np.ones(index.size, bool)
+    valid[(np.cumsum(steps) - 1)[missing]] = False
+    values = observations[np.where(valid, index, 0)]
+    values[~valid] = 0
+    return values, valid
+
+
+def group_columns(
+    read: Episodes, episodes: list[int], layout: Layout, names: list[str], files: dict[int, str]
 ) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-    """{column: ([N, ...] values, [N] validity or None)} of one episode of N steps."""
-    for path in raw:
-        _check_rows(raw[path], n, path, episode, where)
+    """{column: ([sum N, ...] values, [sum N] validity or None)} of E episodes read at once
+    (``episodes`` their ids, ``files`` {id: the file named by an error})."""
+    _check_rows(read, episodes, files)
+    steps = read.steps
     out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     observations = None
     for name in names:
         column = layout.columns[name]
         if column.kind == "id":
-            out[name] = (np.full(n, episode, np.int64), None)
+            out[name] = (np.repeat(np.asarray(episodes, np.int64), steps), None)
         elif column.kind == "step":
-            out[name] = (np.arange(n, dtype=np.int64), None)
+            start = np.cumsum(steps) - steps
+            out[name] = (np.arange(int(steps.sum())) - np.repeat(start, steps), None)
         elif column.kind in ("observation", "next_observation"):
+            path = layout.observation[0][0]
             if observations is None:
-                observations = _observations(raw, layout, n)
-            out[name] = _observation_column(observations, n, column.kind)
+                observations = _observations(read, layout)
+            if column.kind == "observation":
+                out[name] = (observations[_rows(read.counts[path], steps, 0)], None)
+            else:
+                out[name] = _next_observations(observations, read.counts[path], steps)
         else:
-            values = raw[column.paths[0]]
-            shift = 1 if column.kind == "info" and values.shape[0] == n + 1 else 0
-            if column.kind == "step_leaf" and column.paths[0] in REQUIRED[1:]:
-                _check_step_rows(values, n, column.paths[0], episode, where)
-            out[name] = (values[shift : shift + n], None)
+            path = column.paths[0]
+            counts = read.counts[path]
+            shift = (counts == steps + 1).astype(np.int64) if column.kind == "info" else 0
+            out[name] = (read.values[path][_rows(counts, steps, shift)], None)
     return out
-
-
-def _check_step_rows(values: np.ndarray, n: int, path: str, episode: int, where: str) -> None:
-    """Actions, rewards and flags have N rows (Arrow storage pads them to N + 1)."""
-    if values.shape[0] < n:
-        raise DataError(f"{where}: episode {episode}: {path!r} has {values.shape[0]} rows, not {n}")
-
-
-def _observation_column(
-    observations: np.ndarray, n: int, kind: str
-) -> tuple[np.ndarray, np.ndarray | None]:
-    if kind == "observation":
-        return observations[:n], None
-    if observations.shape[0] == n + 1:
-        return observations[1:], None
-    padded = np.concatenate([observations[1:], np.zeros_like(observations[:1])])
-    valid = np.ones(n, bool)
-    valid[-1:] = False
-    return padded, valid
 
 
 def _to_arrow(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
@@ -381,12 +408,11 @@ class MinariDataset:
         return self.total_steps
 
     def iter_batches(self, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
-        """Step-layout record batches of ``columns``, ``rows`` steps each, episode by
-        episode; one HDF5 file (or the data directory) is the batches' file, and an error
-        names the file of its episode (one of ``files``)."""
+        """Step-layout record batches of ``columns``, ``rows`` steps each, read a group of
+        episodes at a time (about ``rows`` steps); one HDF5 file (or the data directory) is
+        the batches' file, and an error names the file of its episode (one of ``files``)."""
         where = self.storage.path if isinstance(self.storage, Hdf5Storage) else str(self.data_dir)
         schema = pa.schema([self.schema.field(c) for c in columns])
-        paths = _leaves_needed(self.layout, columns)
         batcher, offset = _Batcher(schema, rows), 0
 
         def flush() -> Iterator[SourcedBatch]:
@@ -396,40 +422,48 @@ class MinariDataset:
                 yield SourcedBatch(where, batch, i == len(last) - 1, offset)
                 offset += batch.num_rows
 
-        for file, group in _by_file(self.episodes):
-            with self.storage.reader(file) as read:
-                for episode in group:
-                    try:
-                        parts, n = self._episode(read, file, episode, paths, columns)
-                    except DataError:  # the episodes read before it still count (inspect)
-                        yield from flush()
-                        raise
-                    for batch in batcher.add(parts, n):
-                        yield SourcedBatch(where, batch, False, offset)
-                        offset += batch.num_rows
+        for parts, n in self._groups(columns, rows):
+            if parts is None:  # a bad episode: the episodes read before it still count
+                yield from flush()
+                raise n
+            for batch in batcher.add(parts, n):
+                yield SourcedBatch(where, batch, False, offset)
+                offset += batch.num_rows
         yield from flush()
 
-    def _episode(self, read, file: str, episode: int, paths: list[str], columns: list[str]):
-        """({column: (values, validity)}, N) of one episode; DataError naming its file."""
-        try:
-            raw, n = read(episode, paths)
-        except READ_ERRORS as error:
-            raise DataError(f"{file}: cannot read episode {episode}: {first_line(error)}") from None
-        return episode_columns(raw, n, episode, self.layout, columns, file), n
+    def _groups(self, columns: list[str], rows: int) -> Iterator[tuple[dict | None, Any]]:
+        """(columns, steps) of groups of episodes in id order, about ``rows`` steps each;
+        at a bad episode, the good ones of its group one by one, then (None, DataError)."""
+        if not self.episodes:
+            return
+        paths = _leaves_needed(self.layout, columns)
+        files = dict(self.episodes)
+        ids = [e for e, _ in self.episodes]
+        with self.storage.reader() as read:
+            start, size = 0, FIRST_GROUP
+            while start < len(ids):
+                group = ids[start : start + size]
+                try:
+                    episodes = read(group, paths)
+                    parts = group_columns(episodes, group, self.layout, columns, files)
+                except DataError:
+                    yield from self._one_by_one(read, group, paths, columns, files)
+                    return
+                steps = int(episodes.steps.sum())
+                yield parts, steps
+                start += len(group)
+                size = int(np.clip(rows * len(group) // max(steps, 1), 1, MAX_GROUP))
 
-
-def _by_file(episodes: tuple[tuple[int, str], ...]) -> Iterator[tuple[str, list[int]]]:
-    """Runs of consecutive episodes in the same file: (file, [episode ids])."""
-    run: list[int] = []
-    current = None
-    for episode, file in episodes:
-        if file != current and run:
-            yield current, run
-            run = []
-        current = file
-        run.append(episode)
-    if run:
-        yield current, run
+    def _one_by_one(self, read, group: list[int], paths: list[str], columns: list[str], files):
+        """The episodes of a group that holds a bad one, each alone, up to the bad one."""
+        for episode in group:
+            try:
+                episodes = read([episode], paths)
+                parts = group_columns(episodes, [episode], self.layout, columns, files)
+            except DataError as error:
+                yield None, error
+                return
+            yield parts, int(episodes.steps.sum())
 
 
 def open_source(source: str) -> MinariDataset:
