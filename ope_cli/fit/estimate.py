@@ -185,9 +185,7 @@ def estimate_into(batches, chunk_checks=None, collectives=None) -> None:
     folds, floor = config.behavior_cross_fit, config.min_propensity
     assembler = EpisodeAssembler(schema, config.on_invalid, chunk_checks)
     reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-    collected = collect_all(
-        make_model(model, folds), assembler.chunks(reading), folds, collectives
-    )
+    collected = collect_all(make_model(model, folds), assembler.chunks(reading), folds, collectives)
     if folds > 1:
         policy, total, floored = cross_fitted_policy(model, collected, folds, floor)
     else:
