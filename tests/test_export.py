@@ -5,7 +5,6 @@ metadata, streamed batch by batch; the converted file gives identical estimates.
 from __future__ import annotations
 
 import json
-import math
 
 import gymnasium as gym
 import numpy as np
@@ -13,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import (
+    assert_same_estimates,
     random_checkpoint,
     random_episodes,
+    run_estimates,
     save_checkpoint,
     write_episode_layout,
     write_step_layout,
@@ -64,19 +65,11 @@ def policies(tmp_path_factory):
     }
 
 
-def estimates(run) -> dict[str, float]:
-    assert run.returncode == 0, run
-    (result,) = json.loads(run.stdout)["results"]
-    return {name: e["value"] for name, e in result["estimates"].items()}
-
-
 def assert_identical(ope_in_process, source, converted, policy, options=()):
     common = ["--policy", policy, "--format", "json", "--read-rows", "16"]
-    first = estimates(ope_in_process(["evaluate", source, *common, *options]))
-    second = estimates(ope_in_process(["evaluate", converted, *common]))
-    assert first.keys() == second.keys()
-    for name, value in first.items():
-        assert math.isclose(second[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+    first = run_estimates(ope_in_process(["evaluate", source, *common, *options]))
+    second = run_estimates(ope_in_process(["evaluate", converted, *common]))
+    assert_same_estimates(first, second)
 
 
 def ope_metadata(path) -> dict:

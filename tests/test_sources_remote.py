@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -17,7 +16,14 @@ import urllib.request
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
-from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+from datasets import (
+    assert_same_estimates,
+    random_checkpoint,
+    random_episodes,
+    run_estimates,
+    save_checkpoint,
+    write_step_layout,
+)
 
 from ope_cli.distributed import share_files
 from ope_cli.sources import open_dataset, remote
@@ -103,12 +109,6 @@ def test_hive_partitions_are_columns(s3):
     assert days == {2}
 
 
-def estimates(run) -> dict[str, float]:
-    assert run.returncode == 0, run
-    (result,) = json.loads(run.stdout)["results"]
-    return {name: e["value"] for name, e in result["estimates"].items()}
-
-
 @pytest.mark.parametrize("where", ["one/steps.parquet", "many", "many/part-*.parquet", "hive"])
 def test_evaluate_gives_the_local_estimates(s3, local, ope_in_process, where):
     common = ["--format", "json", "--read-rows", "16"]
@@ -116,10 +116,7 @@ def test_evaluate_gives_the_local_estimates(s3, local, ope_in_process, where):
         ["evaluate", f"s3://{BUCKET}/{where}", "--policy", f"s3://{BUCKET}/pi.npz", *common]
     )
     from_disk = ope_in_process(["evaluate", local / where, "--policy", local / "pi.npz", *common])
-    first, second = estimates(from_s3), estimates(from_disk)
-    assert first.keys() == second.keys()
-    for name, value in second.items():
-        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+    assert_same_estimates(run_estimates(from_s3), run_estimates(from_disk))
 
 
 def test_convert_reads_and_writes_object_storage(s3, local, ope_in_process, tmp_path):
@@ -128,10 +125,9 @@ def test_convert_reads_and_writes_object_storage(s3, local, ope_in_process, tmp_
     assert run.returncode == 0, run
     assert json.loads(run.stdout)["files"] == 4
     common = ["--format", "json", "--policy", local / "pi.npz"]
-    first = estimates(ope_in_process(["evaluate", out, *common]))
-    second = estimates(ope_in_process(["evaluate", local / "many", *common]))
-    for name, value in second.items():
-        assert math.isclose(first[name], value, rel_tol=1e-9, abs_tol=1e-12), name
+    first = run_estimates(ope_in_process(["evaluate", out, *common]))
+    second = run_estimates(ope_in_process(["evaluate", local / "many", *common]))
+    assert_same_estimates(first, second)
 
 
 def test_file_uris_are_local_paths(local, ope_in_process):
