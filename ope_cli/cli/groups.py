@@ -38,7 +38,7 @@ from ope_cli.cli.options import (
     Timeout,
     VSamples,
 )
-from ope_cli.config import BatchingConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig
 
 if TYPE_CHECKING:  # the distributed runtime loads with the run
     from ope_cli.distributed import DistributedConfig
@@ -167,12 +167,12 @@ def _intervals(
 
 INTERVALS = OptionGroup(
     (
-        ("confidence", Confidence, 0.95),
-        ("ci", IntervalMethod, "auto"),
+        ("confidence", Confidence, EvaluationConfig.confidence),
+        ("ci", IntervalMethod, EvaluationConfig.interval),
         ("reward_range", RewardRange, None),
         ("horizon", Horizon, None),
-        ("bootstrap_samples", BootstrapSamples, 200),
-        ("seed", Seed, 0),
+        ("bootstrap_samples", BootstrapSamples, EvaluationConfig.bootstrap_samples),
+        ("seed", Seed, EvaluationConfig.seed),
     ),
     _intervals,
 )
