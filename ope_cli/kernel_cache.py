@@ -147,10 +147,15 @@ def directory() -> Path | None:
 
 
 def load_or_compile(
-    jitted: Callable, args: Sequence[Any], static: dict[str, Any], key: str
+    jitted: Callable,
+    args: Sequence[Any],
+    static: dict[str, Any],
+    key: str,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Callable | None:
-    """The compiled kernel (called with ``args``), loaded from disk or compiled and written
-    there; None when it cannot be (the caller then runs ``jitted`` itself)."""
+    """The compiled kernel (called with ``args``), loaded from disk or compiled with
+    ``compiler_options`` (those ``jitted`` was made with) and written there; None when it
+    cannot be (the caller then runs ``jitted`` itself)."""
     folder = directory()
     if folder is None:
         return None
@@ -162,7 +167,8 @@ def load_or_compile(
             runtime.count_kernel_load()
             return loaded
         before = runtime.compilation_counts()
-        compiled = _named(jitted, key, tuple(static)).lower(*args, **static).compile()
+        renamed = _named(jitted, key, tuple(static), compiler_options)
+        compiled = renamed.lower(*args, **static).compile()
         if (runtime.compilation_counts() - before).cache_hits == 0:
             _write_atomically(path, pickle.dumps(serialize_executable.serialize(compiled)))
         return compiled
@@ -170,7 +176,12 @@ def load_or_compile(
         return None
 
 
-def _named(jitted: Callable, key: str, static_argnames: tuple[str, ...]) -> Callable:
+def _named(
+    jitted: Callable,
+    key: str,
+    static_argnames: tuple[str, ...],
+    compiler_options: dict[str, Any] | None = None,
+) -> Callable:
     """``jitted``'s function jitted again under a name made from ``key``.
 
     An executable that XLA:CPU loaded from the persistent compilation cache serialises
@@ -190,7 +201,7 @@ def _named(jitted: Callable, key: str, static_argnames: tuple[str, ...]) -> Call
     )
     renamed.__kwdefaults__ = function.__kwdefaults__
     renamed.__qualname__ = renamed.__name__
-    return jax.jit(renamed, static_argnames=static_argnames)
+    return jax.jit(renamed, static_argnames=static_argnames, compiler_options=compiler_options)
 
 
 def _write_atomically(path: Path, data: bytes | bytearray) -> None:
