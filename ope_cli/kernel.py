@@ -183,12 +183,14 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     estimators=None,
     q=None,
     q_params=None,
+    counts=None,
 ) -> BatchStatistics:
     """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
     fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
     ``estimators``: the registered estimators whose sums to compute (None: all);
     ``q``: the group's QSpec and ``q_params`` its stacked parameters [P, ...] (None without
-    a Q source)."""
+    a Q source); ``counts``: [B, R] bootstrap counts (``replicate_counts``), else drawn
+    here (``poisson_counts``)."""
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch.steps
     )
@@ -196,7 +198,8 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
         log_prob, params, steps.observation, steps.action, steps.log_target, batch.step_mask, dtype
     )
     log_w = log_weights(log_pi, steps.log_behavior, batch.step_mask)
-    counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
+    if counts is None:
+        counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
     fields = _q_fields(q, log_prob, params, q_params, batch._replace(steps=steps), seed, dtype)
 
     def per_policy(log_w_bt, fields_bt):
@@ -219,9 +222,10 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
     """``statistics`` (params, batch, ...) -> KernelOutput, the batch's log_behavior first
     replaced by the behavior policy's log-probabilities when there is one."""
 
-    def run(params, behavior_params, q_params, batch: PaddedBatch, *rest) -> KernelOutput:
+    def run(params, behavior_params, q_params, batch: PaddedBatch, counts, *rest) -> KernelOutput:
+        statistics_of = functools.partial(statistics, q_params=q_params, counts=counts)
         if behavior_log_prob is None:
-            return KernelOutput(statistics(params, batch, *rest, q_params=q_params), None)
+            return KernelOutput(statistics_of(params, batch, *rest), None)
         observation = batch.steps.observation
         if jnp.issubdtype(observation.dtype, jnp.floating):
             observation = observation.astype(dtype)
@@ -236,8 +240,7 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
         )
         batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
         return KernelOutput(
-            statistics(params, batch, *rest, q_params=q_params),
-            zero_probability_steps(log_b, batch),
+            statistics_of(params, batch, *rest), zero_probability_steps(log_b, batch)
         )
 
     return run
@@ -269,6 +272,7 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     behavior_params,
     q_params,
     batch: PaddedBatch,
+    counts,
     gamma,
     seed,
     betting_range,
@@ -285,6 +289,7 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
 ) -> KernelOutput:
     """KernelOutput of BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1
     without one), and the behavior policy's zero-probability steps [D] (None without one).
+    ``counts``: the batch's [B, R] bootstrap counts (``replicate_counts``).
 
     With a mesh, each device reduces its own share of the episodes (every leaf of ``batch``
     is split along its episode axis) and the per-device partials come back to the host to be
@@ -303,14 +308,55 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
         q=q,
     )
     run = _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds)
-    args = (params, behavior_params, q_params, batch, gamma, seed, betting_range)
+    args = (params, behavior_params, q_params, batch, counts, gamma, seed, betting_range)
     if mesh is None:
         return run(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
     replicated = PartitionSpec()
     batch_specs = jax.tree.map(lambda _: by_episode, batch)
-    in_specs = (replicated, replicated, replicated, batch_specs, replicated, replicated, replicated)
+    in_specs = (
+        *(replicated,) * 3,
+        batch_specs,
+        by_episode,
+        *(replicated,) * 3,
+    )
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
+
+
+REPLICATE_CHUNK = 256  # episodes per call of the bootstrap-count function
+
+
+@functools.partial(jax.jit, static_argnames=("num_replicates",), compiler_options=COMPILER_OPTIONS)
+def _replicate_counts_chunk(key_hi, key_lo, seed, *, num_replicates):
+    """[REPLICATE_CHUNK, R] uint8 ``poisson_counts`` (at most 21: a byte holds them)."""
+    return poisson_counts(key_hi, key_lo, seed, num_replicates).astype(jnp.uint8)
+
+
+def replicate_counts(
+    key_hi: np.ndarray, key_lo: np.ndarray, seed: jax.Array, num_replicates: int
+) -> np.ndarray:
+    """[B, R] uint8 Poisson(1) bootstrap counts of a batch's episodes (``poisson_counts``
+    of their id keys [B]), drawn REPLICATE_CHUNK episodes per call of one function.
+
+    Drawing them costs a third of the kernel's compilation (the random number generator),
+    yet they depend on the episode ids alone: drawn apart, they compile once per process
+    (or come from the persistent cache) instead of once per batch shape."""
+    size = key_hi.shape[0]
+    if size == 0 or num_replicates == 0:
+        return np.zeros((size, num_replicates), np.uint8)
+    padded = -(-size // REPLICATE_CHUNK) * REPLICATE_CHUNK
+    keys = np.zeros((2, padded), np.uint32)
+    keys[0, :size], keys[1, :size] = key_hi, key_lo
+    parts = [
+        _replicate_counts_chunk(
+            keys[0, start : start + REPLICATE_CHUNK],
+            keys[1, start : start + REPLICATE_CHUNK],
+            seed,
+            num_replicates=num_replicates,
+        )
+        for start in range(0, padded, REPLICATE_CHUNK)
+    ]
+    return np.concatenate([np.asarray(part) for part in parts])[:size]
 
 
 def _signature(args) -> tuple:
@@ -402,12 +448,15 @@ class Kernel:
     def __call__(self, batch: PaddedBatch) -> KernelOutput:
         head = self.group.head
         narrowed = jax.tree.map(self._narrow, batch)  # None fields stay None
-        on_device = jax.device_put(narrowed, self._sharding)  # one call for the whole batch
+        counts = replicate_counts(batch.key_hi, batch.key_lo, self.seed, self.num_replicates)
+        # one call for the whole batch
+        on_device, counts = jax.device_put((narrowed, counts), self._sharding)
         args = (
             self.params,
             self.behavior_params,
             self.q_params,
             on_device,
+            counts,
             self.gamma,
             self.seed,
             self.betting_range,

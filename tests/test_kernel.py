@@ -26,7 +26,9 @@ from ope_cli.estimators.batch import (  # noqa: E402
     batch_statistics,
     episode_terms,
     log_weights,
+    poisson_counts,
 )
+from ope_cli.kernel import REPLICATE_CHUNK, replicate_counts  # noqa: E402
 
 K = 4
 FOUR = ("is", "wis", "pdis", "wpdis")
@@ -174,3 +176,19 @@ def test_one_trace_per_bucket_shape_over_many_lengths(tmp_path):
     again = evaluate(config)
     assert again.compiles == 0
     assert again.results[0].estimates == first.results[0].estimates
+
+
+@pytest.mark.parametrize("episodes", [0, 1, REPLICATE_CHUNK, REPLICATE_CHUNK + 3])
+def test_replicate_counts_equal_the_in_kernel_draw(episodes):
+    """The kernel's bootstrap counts, drawn apart in fixed chunks, are poisson_counts of the
+    same episode keys and seed: chunking and padding change none of them."""
+    rng = np.random.default_rng(episodes)
+    key_hi, key_lo = (rng.integers(0, 2**32, episodes, dtype=np.uint32) for _ in range(2))
+    seed = jnp.asarray(7, jnp.uint32)
+    counts = replicate_counts(key_hi, key_lo, seed, 50)
+    assert counts.shape == (episodes, 50) and counts.dtype == np.uint8
+    if episodes:
+        expected = np.asarray(poisson_counts(jnp.asarray(key_hi), jnp.asarray(key_lo), seed, 50))
+        np.testing.assert_array_equal(counts, expected)
+        assert counts.mean() == pytest.approx(1.0, abs=0.1)  # Poisson(1)
+    assert replicate_counts(key_hi, key_lo, seed, 0).shape == (episodes, 0)
