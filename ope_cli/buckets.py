@@ -9,9 +9,7 @@ with B * T <= batch_steps), and the rows left at the end, run as calls of TAIL_D
 times fewer episodes, the last one topped up with masked rows. Compiling costs about a
 second per shape and a call a few milliseconds, so the tail is padded rather than given
 a shape of its own; the small tail shape keeps the padding of a one-step (bandit) log or
-of a small dataset within a few percent. Rows left that fill at least FULL_TAIL_SHARE of a
-batch run as that one full batch instead (at most a quarter of it padding, one call
-instead of up to TAIL_DIVISOR).
+of a small dataset within a few percent.
 """
 
 from __future__ import annotations
@@ -29,9 +27,6 @@ from ope_cli.steps import Steps, map_arrays, step_field
 
 RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
 TAIL_DIVISOR = 64  # a bucket's last episodes run in calls of B(T) / TAIL_DIVISOR episodes
-# ... unless they fill this share of B(T): each call costs ~3 ms of dispatch and merging,
-# and 48 or more tail calls cost more than one full call's extra padded steps.
-FULL_TAIL_SHARE = 0.75
 
 
 class PaddedBatch(NamedTuple):
@@ -271,14 +266,11 @@ class Bucketer:
 
     def flush(self) -> Iterator[PaddedBatch]:
         """Yields the remaining episodes of each bucket in tail batches (the last one topped
-        up with masked rows), or as one full batch when they fill FULL_TAIL_SHARE of it."""
+        up with masked rows)."""
         for length in sorted(self._open):
             open_batch = self._open.pop(length)
             rows = episodes_per_tail_batch(length, self.batching.batch_steps, self.multiple_of)
             padded, real = open_batch.batch, open_batch.rows
-            if real >= FULL_TAIL_SHARE * padded.shape[0]:
-                yield self._emit(padded, open_batch.steps)
-                continue
             for start in range(0, real, rows):
                 if start + rows <= padded.shape[0]:
                     part = row_range(padded, start, start + rows)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from ope_cli.buckets import (
-    FULL_TAIL_SHARE,
     RESAMPLING_GROUPS,
     TAIL_DIVISOR,
     Bucketer,
@@ -391,31 +390,11 @@ def test_tail_batches_of_a_non_power_of_two_device_count(multiple_of):
     bucketer = Bucketer(batching, multiple_of=multiple_of)
     full = episodes_per_batch(8, 64, multiple_of)
     tail = episodes_per_tail_batch(8, 64, multiple_of)
-    left = math.ceil(FULL_TAIL_SHARE * full) - 1  # the most that still runs as tail calls
-    emitted = list(bucketer.add(make_chunk(np.full(left, 3))))
+    emitted = list(bucketer.add(make_chunk(np.full(full - 1, 3))))
     emitted += list(bucketer.flush())
     assert {b.shape for b in emitted} == {(tail, 8)}
     assert all(b.shape[0] % multiple_of == 0 for b in emitted)
-    assert sum(int(b.episode_mask.sum()) for b in emitted) == left
-
-
-@pytest.mark.parametrize("multiple_of", [1, 3])
-def test_a_nearly_full_tail_runs_as_one_full_batch(multiple_of):
-    """Rows left that fill FULL_TAIL_SHARE of a batch run as that batch (one call, not
-    dozens of tail calls); one fewer runs as tail calls."""
-    batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
-    full = episodes_per_batch(8, 1024, multiple_of)
-    tail = episodes_per_tail_batch(8, 1024, multiple_of)
-    left = math.ceil(FULL_TAIL_SHARE * full)
-    for rows, shapes in ((left, [(full, 8)]), (left - 1, [(tail, 8)] * -(-(left - 1) // tail))):
-        bucketer = Bucketer(batching, multiple_of)
-        emitted = list(bucketer.add(make_chunk(np.full(full + rows, 5))))
-        assert [b.shape for b in emitted] == [(full, 8)] and emitted[0].episode_mask.all()
-        flushed = list(bucketer.flush())
-        assert [b.shape for b in flushed] == shapes
-        assert sum(int(b.episode_mask.sum()) for b in flushed) == rows
-        assert bucketer.real_steps == 5 * (full + rows)
-        assert bucketer.padded_steps == 8 * sum(b.shape[0] for b in emitted + flushed)
+    assert sum(int(b.episode_mask.sum()) for b in emitted) == full - 1
 
 
 def test_full_batches_are_emitted_before_flush():
