@@ -351,6 +351,24 @@ def test_bucketer_shapes_do_not_depend_on_the_data():
     assert len(many) <= 2 * len(bucket_lengths_upto(700, 1, 2**0.5))
 
 
+def test_a_large_dataset_covers_the_shapes_of_smaller_ones():
+    """A dataset with full batches and leftovers in every bucket uses both shapes of each,
+    so any other dataset with lengths in those buckets, however many episodes, needs no
+    shape it did not (on a warm cache: no compilation). The shapes a bucket uses must not
+    depend on how full its leftover is."""
+    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2**0.5)
+    buckets = bucket_lengths_upto(90, 8, 2**0.5)
+    big_lengths = np.concatenate([np.repeat(np.arange(1, 91), 37), np.ones(600, np.int64)])
+    big = run_bucketer([make_chunk(big_lengths)], batching)[0].shapes
+    assert big == allowed_shapes(buckets, 512)  # both shapes of every bucket
+    rng = np.random.default_rng(5)
+    for seed in range(20):
+        counts = rng.integers(0, 80, 90)  # episodes of each length 1..90
+        lengths = np.repeat(np.arange(1, 91), counts)
+        small = run_bucketer([make_chunk(lengths, first_id=10_000 * (seed + 1))], batching)
+        assert small[0].shapes <= big
+
+
 @pytest.mark.parametrize("n_episodes", [1, 3, 5])
 def test_tail_batch_is_small_for_a_nearly_empty_bucket(n_episodes):
     batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
