@@ -248,7 +248,10 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
 
 # XLA:CPU's newer fusion emitters take a third longer to compile this kernel and run it
 # no faster (measured on 2-core machines: compile 2.4 -> 1.6 s per batch shape, a call
-# within +-15%); the option is a CPU one, other backends ignore it.
+# within +-15%); the option is a CPU one, other backends ignore it. Measured and left out:
+# xla_backend_optimization_level=0 (compiles in a third of the time, runs 5x slower);
+# xla_llvm_disable_expensive_passes, xla_cpu_use_thunk_runtime=false,
+# xla_cpu_parallel_codegen_split_count and xla_cpu_max_isa (no faster to compile).
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
