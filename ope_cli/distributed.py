@@ -131,7 +131,14 @@ def wait_for_peers(name: str) -> None:
     client = jax_distributed.global_state.client
     if client is not None:
         _barriers += 1  # a barrier's name is used once
-        client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
+        try:
+            client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
+        except Exception as error:  # noqa: BLE001 - the runtime's error for a lost peer
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise DistributedError(
+                "another process died or stopped answering while this one waited for it "
+                f"({name}): {type(error).__name__}: {first[:300]}"
+            ) from None
 
 
 def check_all_succeeded(error: OpeError | None) -> None:

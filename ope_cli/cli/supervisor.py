@@ -34,7 +34,7 @@ def supervise(argv: list[str]) -> int:
 
     JAX's distributed runtime aborts a process (SIGABRT, with C++ logs) when a peer dies
     or stops answering; the child takes that fall, and this parent turns it into one clear
-    line and exit code 5. Only the child's own ``ope:`` lines reach stderr (all of it with
+    line and exit code 5 (or keeps the child's own line, when it said what failed first). Only the child's own ``ope:`` lines reach stderr (all of it with
     --debug); stdout passes straight through.
     """
     import signal
@@ -52,9 +52,11 @@ def supervise(argv: list[str]) -> int:
         signal.signal(forwarded, lambda number, frame: child.send_signal(number))
     debug = "--debug" in argv
     runtime_log = []  # the runtime's own fatal-error lines, to say what went wrong
+    said = False  # whether the child already gave its one ``ope:`` line
     try:
         for raw in child.stderr:
             line = raw.decode(errors="replace")
+            said = said or line.startswith("ope:")
             if debug or line.startswith("ope:"):
                 sys.stderr.write(line)
             elif "absl::Status" in line or line.startswith("RPC:"):
@@ -64,6 +66,8 @@ def supervise(argv: list[str]) -> int:
         child.send_signal(signal.SIGINT)
         child.wait()
         raise
+    if code < 0 and said:  # the runtime aborted a child that had said what failed
+        return RUNTIME_EXIT_CODE
     if code < 0:
         log = "".join(runtime_log)
         if "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log:
