@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ope_cli import kernel_cache
 from ope_cli.behavior import ZeroProbabilitySteps
+from ope_cli.bootstrap_counts import replicate_counts
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError
 from ope_cli.estimators import available, get
@@ -33,15 +34,17 @@ from ope_cli.estimators.batch import (
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.fit.base import fold_index
+from ope_cli.kernel_cache import COMPILER_OPTIONS
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
-_traces = 0  # how many times the kernel was traced (= compiled or fetched from the cache)
 
 
 def trace_count() -> int:
-    return _traces
+    """How many kernels this process compiled (or fetched from the persistent cache): one
+    per batch shape of each configuration, traced at it or compiled from its export."""
+    return kernel_cache.compilation_count()
 
 
 @dataclasses.dataclass
@@ -246,15 +249,6 @@ def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
     return run
 
 
-# XLA:CPU's newer fusion emitters take a third longer to compile this kernel and run it
-# no faster (measured on 2-core machines: compile 2.4 -> 1.6 s per batch shape, a call
-# within +-15%); the option is a CPU one, other backends ignore it. Measured and left out:
-# xla_backend_optimization_level=0 (compiles in a third of the time, runs 5x slower);
-# xla_llvm_disable_expensive_passes, xla_cpu_use_thunk_runtime=false,
-# xla_cpu_parallel_codegen_split_count and xla_cpu_max_isa (no faster to compile).
-COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-
-
 @functools.partial(
     jax.jit,
     compiler_options=COMPILER_OPTIONS,
@@ -299,8 +293,8 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     merged there: no cross-device collective runs inside the kernel, so any number of calls
     can be in flight without deadlocking.
     """
-    global _traces
-    _traces += 1
+    if all(isinstance(size, int) for size in batch.step_mask.shape):
+        kernel_cache.count_compilation()  # not the one symbolic trace of an export
     statistics = functools.partial(
         policy_group_statistics,
         log_prob=log_prob,
@@ -326,44 +320,47 @@ def _kernel(  # noqa: PLR0913 - statics are keyword-only
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
 
 
-REPLICATE_CHUNK = 256  # episodes per call of the bootstrap-count function
-
-
-@functools.partial(jax.jit, static_argnames=("num_replicates",), compiler_options=COMPILER_OPTIONS)
-def _replicate_counts_chunk(key_hi, key_lo, seed, *, num_replicates):
-    """[REPLICATE_CHUNK, R] uint8 ``poisson_counts`` (at most 21: a byte holds them)."""
-    return poisson_counts(key_hi, key_lo, seed, num_replicates).astype(jnp.uint8)
-
-
-def replicate_counts(
-    key_hi: np.ndarray, key_lo: np.ndarray, seed: jax.Array, num_replicates: int
-) -> np.ndarray:
-    """[B, R] uint8 Poisson(1) bootstrap counts of a batch's episodes (``poisson_counts``
-    of their id keys [B]), drawn REPLICATE_CHUNK episodes per call of one function.
-
-    Drawing them costs a third of the kernel's compilation (the random number generator),
-    yet they depend on the episode ids alone: drawn apart, they compile once per process
-    (or come from the persistent cache) instead of once per batch shape."""
-    size = key_hi.shape[0]
-    if size == 0 or num_replicates == 0:
-        return np.zeros((size, num_replicates), np.uint8)
-    padded = -(-size // REPLICATE_CHUNK) * REPLICATE_CHUNK
-    keys = np.zeros((2, padded), np.uint32)
-    keys[0, :size], keys[1, :size] = key_hi, key_lo
-    parts = [
-        _replicate_counts_chunk(
-            keys[0, start : start + REPLICATE_CHUNK],
-            keys[1, start : start + REPLICATE_CHUNK],
-            seed,
-            num_replicates=num_replicates,
-        )
-        for start in range(0, padded, REPLICATE_CHUNK)
-    ]
-    return np.concatenate([np.asarray(part) for part in parts])[:size]
-
-
 def _signature(args) -> tuple:
     return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
+
+
+def _symbolic_specs(args: tuple) -> tuple:
+    """ShapeDtypeStructs of the kernel's ``args`` with the batch's episode axis B and step
+    axis T symbolic (``counts`` [B, R] too); parameters and scalars keep their shapes."""
+    episodes, steps = jax.export.symbolic_shape("B, T")
+
+    def spec(x, leading):  # tree.map never passes a None field
+        return jax.ShapeDtypeStruct((*leading, *x.shape[len(leading) :]), x.dtype)
+
+    params, behavior_params, q_params, batch, counts, *scalars = args
+    batch_specs = jax.tree.map(
+        lambda x: spec(x, (episodes, steps) if x.ndim >= 2 else (episodes,)), batch
+    )
+    fixed = jax.tree.map(lambda x: spec(x, ()), (params, behavior_params, q_params, scalars))
+    return (*fixed[:3], batch_specs, spec(counts, (episodes,)), *fixed[3])
+
+
+def _exported(args: tuple, static: dict) -> Callable | None:
+    """``kernel_cache.exported`` of the kernel for ``args``; None with a mesh (a sharded
+    kernel is traced per shape)."""
+    if static["mesh"] is not None:
+        return None
+    return kernel_cache.exported(_kernel.__wrapped__, static, _symbolic_specs(args))
+
+
+def _compile_named(args: tuple, static: dict, name: str):
+    """The kernel compiled for ``args``' shapes as a module called ``name``
+    (``kernel_cache.load_or_compile``), from the exported kernel where there is one."""
+    exported = _exported(args, static)
+    if exported is not None:
+        renamed = kernel_cache.renamed(exported, name)
+        return jax.jit(renamed, compiler_options=COMPILER_OPTIONS).lower(*args).compile()
+    renamed = jax.jit(
+        kernel_cache.renamed(_kernel.__wrapped__, name),
+        static_argnames=tuple(static),
+        compiler_options=COMPILER_OPTIONS,
+    )
+    return renamed.lower(*args, **static).compile()
 
 
 def local_mesh(devices: int | None = None) -> Mesh | None:
@@ -425,8 +422,8 @@ class Kernel:
 
     def _call(self, args: tuple, static: dict) -> KernelOutput:
         """The kernel on ``args``: a compiled kernel kept on disk (``kernel_cache``) when
-        there is a compilation cache and the code is the package's own, else the jitted
-        function."""
+        there is a compilation cache and the code is the package's own, else the kernel
+        exported at symbolic shapes, else the jitted function."""
         signature = (jax.tree.structure(args), _signature(args))
         call = self._calls.get(signature)
         if call is None:
@@ -435,9 +432,16 @@ class Kernel:
             compiled = (
                 None
                 if key is None
-                else kernel_cache.load_or_compile(_kernel, args, static, key, COMPILER_OPTIONS)
+                else kernel_cache.load_or_compile(
+                    functools.partial(_compile_named, args, static), key
+                )
             )
-            call = compiled or functools.partial(_kernel, **static)
+            exported = _exported(args, static)
+            call = compiled or (
+                functools.partial(_kernel, **static)
+                if exported is None
+                else kernel_cache.jitted(exported)
+            )
             self._calls[signature] = call
         return call(*args)
 
@@ -448,7 +452,9 @@ class Kernel:
             return x.astype(self.dtype)
         return x
 
-    def __call__(self, batch: PaddedBatch) -> KernelOutput:
+    def arguments(self, batch: PaddedBatch) -> tuple[tuple, dict]:
+        """(args, static) of ``_kernel`` for ``batch``: its arrays on the device(s), with
+        the bootstrap counts drawn for its episodes."""
         head = self.group.head
         narrowed = jax.tree.map(self._narrow, batch)  # None fields stay None
         counts = replicate_counts(batch.key_hi, batch.key_lo, self.seed, self.num_replicates)
@@ -475,6 +481,11 @@ class Kernel:
             estimators=self.estimators,
             q=self.q,
         )
+        return args, static
+
+    def __call__(self, batch: PaddedBatch) -> KernelOutput:
+        head = self.group.head
+        args, static = self.arguments(batch)
         user_code = [
             f"policy {p.name}"
             for p in (head, self.behavior)
@@ -487,7 +498,7 @@ class Kernel:
             return self._call(args, static)
         names = " / ".join(user_code)
         try:
-            return _kernel(*args, **static)
+            return self._call(args, static)
         except PolicyError as error:
             raise PolicyError(f"{names}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error

@@ -40,6 +40,69 @@ from ope_cli._version import __version__
 
 PACKAGE = "ope_cli"
 
+# XLA:CPU's newer fusion emitters take a third longer to compile this kernel and run it
+# no faster (measured on 2-core machines: compile 2.4 -> 1.6 s per batch shape, a call
+# within +-15%); the option is a CPU one, other backends ignore it. Measured and left out:
+# xla_backend_optimization_level=0 (compiles in a third of the time, runs 5x slower);
+# xla_llvm_disable_expensive_passes, xla_cpu_use_thunk_runtime=false,
+# xla_cpu_parallel_codegen_split_count and xla_cpu_max_isa (no faster to compile).
+COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+_compilations = 0  # kernels compiled (or fetched from the persistent cache) by this process
+
+
+def count_compilation() -> None:
+    """Counts one kernel compiled for a batch shape (``compilation_count``)."""
+    global _compilations
+    _compilations += 1
+
+
+def compilation_count() -> int:
+    return _compilations
+
+
+# (function, static arguments, symbolic argument specs) -> the function exported once, as a
+# function of concrete arguments; None where it could not be exported.
+_EXPORTED: dict[tuple, Callable | None] = {}
+
+
+def clear_caches() -> None:
+    """``jax.clear_caches()`` and the exported kernels: the next call traces and compiles
+    everything again, as a new process would (``ope bench``'s cold runs)."""
+    _EXPORTED.clear()
+    jitted.cache_clear()
+    jax.clear_caches()
+
+
+def exported(function: Callable, static: dict[str, Any], specs: tuple) -> Callable | None:
+    """``args -> function(*args, **static)``, exported once (``jax.export``) at ``specs``,
+    ShapeDtypeStructs whose batch axes are symbolic, then compiled per concrete shape
+    without tracing Python again: tracing and lowering cost about as much as XLA's
+    compilation of a shape at backend optimisation level 0, and a third of it at the
+    default level. None where the code needs concrete shapes (then it is traced per shape).
+    Each compilation of the returned function counts (``count_compilation``)."""
+    leaves, structure = jax.tree.flatten(specs)
+    key = (function, tuple(sorted(static.items())), structure, tuple(map(str, leaves)))
+    if key not in _EXPORTED:
+        try:
+            traced = jax.export.export(jax.jit(functools.partial(function, **static)))(*specs)
+        except Exception:  # noqa: BLE001 - shape-specific code: traced per shape instead
+            _EXPORTED[key] = None
+        else:
+
+            def kernel_of(*arguments):  # traced once per concrete shape: a compilation
+                count_compilation()
+                return traced.call(*arguments)
+
+            _EXPORTED[key] = kernel_of
+    return _EXPORTED[key]
+
+
+@functools.cache
+def jitted(kernel_of: Callable) -> Callable:
+    """An ``exported`` function jitted: compiled once per concrete shape."""
+    return jax.jit(kernel_of, compiler_options=COMPILER_OPTIONS)
+
 
 @functools.cache
 def machine_fingerprint() -> str:
@@ -146,16 +209,18 @@ def directory() -> Path | None:
     return None if cache is None else Path(cache) / "kernels"
 
 
-def load_or_compile(
-    jitted: Callable,
-    args: Sequence[Any],
-    static: dict[str, Any],
-    key: str,
-    compiler_options: dict[str, Any] | None = None,
-) -> Callable | None:
-    """The compiled kernel (called with ``args``), loaded from disk or compiled with
-    ``compiler_options`` (those ``jitted`` was made with) and written there; None when it
-    cannot be (the caller then runs ``jitted`` itself)."""
+def load_or_compile(compile_named: Callable[[str], Any], key: str) -> Callable | None:
+    """The compiled kernel of ``key``, loaded from disk, or compiled by
+    ``compile_named(name)`` (a jax ``Compiled``, its module called ``name``) and written
+    there; None when it cannot be (the caller then compiles as usual).
+
+    An executable that XLA:CPU loaded from the persistent compilation cache serialises
+    incompletely (the copy fails at its first call: "Function ... not found"), so only a
+    fresh compilation may be kept. The name, made from ``key``, goes into the lowered
+    module, hence into the persistent cache's key, so the first compilation of a kernel key
+    is never a cache hit (for example after an upgrade left the same program under an older
+    key); a hit that happens anyway (``kernels/`` was deleted) is simply not kept.
+    """
     folder = directory()
     if folder is None:
         return None
@@ -167,41 +232,26 @@ def load_or_compile(
             runtime.count_kernel_load()
             return loaded
         before = runtime.compilation_counts()
-        renamed = _named(jitted, key, tuple(static), compiler_options)
-        compiled = renamed.lower(*args, **static).compile()
+        compiled = compile_named(f"ope_kernel_{key[:16]}")
         if (runtime.compilation_counts() - before).cache_hits == 0:
             _write_atomically(path, pickle.dumps(serialize_executable.serialize(compiled)))
         return compiled
-    except Exception:  # noqa: BLE001 - an optional cache: whatever fails, trace as usual
+    except Exception:  # noqa: BLE001 - an optional cache: whatever fails, compile as usual
         return None
 
 
-def _named(
-    jitted: Callable,
-    key: str,
-    static_argnames: tuple[str, ...],
-    compiler_options: dict[str, Any] | None = None,
-) -> Callable:
-    """``jitted``'s function jitted again under a name made from ``key``.
-
-    An executable that XLA:CPU loaded from the persistent compilation cache serialises
-    incompletely (the copy fails at its first call: "Function ... not found"), so only a
-    fresh compilation may be kept. The name goes into the lowered module, hence into the
-    persistent cache's key, so the first compilation of a kernel key is never a cache hit
-    (for example after an upgrade left the same program under an older key); a hit that
-    happens anyway (``kernels/`` was deleted) is simply not kept.
-    """
-    function = jitted.__wrapped__
-    renamed = types.FunctionType(
+def renamed(function: Callable, name: str) -> Callable:
+    """A copy of the plain ``function`` called ``name`` (for ``load_or_compile``)."""
+    copy = types.FunctionType(
         function.__code__,
         function.__globals__,
-        f"ope_kernel_{key[:16]}",
+        name,
         function.__defaults__,
         function.__closure__,
     )
-    renamed.__kwdefaults__ = function.__kwdefaults__
-    renamed.__qualname__ = renamed.__name__
-    return jax.jit(renamed, static_argnames=static_argnames, compiler_options=compiler_options)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = name
+    return copy
 
 
 def _write_atomically(path: Path, data: bytes | bytearray) -> None:

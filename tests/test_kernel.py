@@ -26,9 +26,7 @@ from ope_cli.estimators.batch import (  # noqa: E402
     batch_statistics,
     episode_terms,
     log_weights,
-    poisson_counts,
 )
-from ope_cli.kernel import REPLICATE_CHUNK, replicate_counts  # noqa: E402
 
 K = 4
 FOUR = ("is", "wis", "pdis", "wpdis")
@@ -178,17 +176,45 @@ def test_one_trace_per_bucket_shape_over_many_lengths(tmp_path):
     assert again.results[0].estimates == first.results[0].estimates
 
 
-@pytest.mark.parametrize("episodes", [0, 1, REPLICATE_CHUNK, REPLICATE_CHUNK + 3])
-def test_replicate_counts_equal_the_in_kernel_draw(episodes):
-    """The kernel's bootstrap counts, drawn apart in fixed chunks, are poisson_counts of the
-    same episode keys and seed: chunking and padding change none of them."""
-    rng = np.random.default_rng(episodes)
-    key_hi, key_lo = (rng.integers(0, 2**32, episodes, dtype=np.uint32) for _ in range(2))
-    seed = jnp.asarray(7, jnp.uint32)
-    counts = replicate_counts(key_hi, key_lo, seed, 50)
-    assert counts.shape == (episodes, 50) and counts.dtype == np.uint8
-    if episodes:
-        expected = np.asarray(poisson_counts(jnp.asarray(key_hi), jnp.asarray(key_lo), seed, 50))
-        np.testing.assert_array_equal(counts, expected)
-        assert counts.mean() == pytest.approx(1.0, abs=0.1)  # Poisson(1)
-    assert replicate_counts(key_hi, key_lo, seed, 0).shape == (episodes, 0)
+def test_every_configuration_is_exported_once_for_all_shapes(tmp_path, ope_in_process):
+    """The kernel is traced once per configuration at symbolic [B, T] (jax.export) and
+    compiled per shape from that, for every option that changes what it computes: the
+    Q-based estimators, a behavior checkpoint, bootstrap counts, the betting histogram."""
+    from ope_cli import kernel_cache
+
+    out = tmp_path / "chain"
+    assert ope_in_process(["generate", "chain", str(out), "--episodes", "60"]).returncode == 0
+    policy, q = out / "policies" / "eval_0.npz", out / "q" / "eval_0.npz"
+    common = ["evaluate", str(out / "logs.parquet"), "-p", str(policy), "--format", "json"]
+    common += ["--min-bucket", "64"]  # few shapes: each configuration compiles them
+    runs = {
+        "q": ["--q", str(q)],
+        "behavior": ["--behavior", str(out / "behavior.npz")],
+        "bootstrap": ["--ci", "bootstrap-t", "--bootstrap-samples", "20"],
+        "betting": ["--ci", "betting", "--gamma", "0.95"],
+    }
+    for name, options in runs.items():
+        known = set(kernel_cache._EXPORTED)
+        run = ope_in_process([*common, *options])
+        assert run.returncode == 0, run
+        (new,) = set(kernel_cache._EXPORTED) - known  # one configuration, however many shapes
+        assert kernel_cache._EXPORTED[new] is not None, name
+
+
+def test_exported_kernel_equals_the_kernel_traced_per_shape(tmp_path):
+    """The kernel compiled from its symbolic export and the one traced at the batch's
+    concrete shape give the same statistics, bit for bit."""
+    from ope_cli import kernel
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import stream
+
+    data, path = _many_lengths_case(tmp_path)
+    config = EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95)
+    batches = stream(config, 1, None, (0, 1))
+    (group,) = kernel.group_policies(batches.policies)
+    one = kernel.Kernel(group, 0.95, K, np.float64, None, num_replicates=8)
+    for batch in list(batches)[:3]:
+        exported = jax.device_get(one(batch))
+        args, static = one.arguments(batch)
+        traced = jax.device_get(kernel._kernel(*args, **static))
+        jax.tree.map(np.testing.assert_array_equal, exported, traced)

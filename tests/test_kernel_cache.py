@@ -95,9 +95,34 @@ def test_key_names_code_shapes_and_options(batches):
 def test_nothing_is_kept_without_a_compilation_cache(monkeypatch):
     monkeypatch.setenv("OPE_CACHE_DIR", "off")
     assert kernel_cache.directory() is None
-    assert kernel_cache.load_or_compile(None, (), {}, "0" * 64) is None
+    assert kernel_cache.load_or_compile(None, "0" * 64) is None
 
 
 def test_source_digest_is_stable():
     assert kernel_cache.source_digest() == kernel_cache.source_digest()
     assert len(kernel_cache.source_digest()) == 64
+
+
+def _total(x, *, scale):
+    return x.sum() * scale
+
+
+def _needs_a_concrete_length(x, *, scale):
+    return jax.numpy.zeros(int(x.shape[0])) * scale  # int() of a symbolic size fails
+
+
+def test_exported_once_then_compiled_per_shape():
+    """``exported`` traces once at symbolic shapes; each new concrete shape is one
+    compilation (counted), a shape seen before none; code that needs concrete shapes is
+    not exported (None: its callers trace it per shape)."""
+    (size,) = jax.export.symbolic_shape("B")
+    specs = (jax.ShapeDtypeStruct((size,), np.float64),)
+    call = kernel_cache.exported(_total, {"scale": 2.0}, specs)
+    assert call is kernel_cache.exported(_total, {"scale": 2.0}, specs)  # kept, not redone
+    assert call is not kernel_cache.exported(_total, {"scale": 3.0}, specs)
+    before = kernel_cache.compilation_count()
+    jitted = kernel_cache.jitted(call)
+    for length in (3, 5, 3):
+        assert float(jitted(np.ones(length))) == 2.0 * length
+    assert kernel_cache.compilation_count() - before == 2
+    assert kernel_cache.exported(_needs_a_concrete_length, {"scale": 2.0}, specs) is None

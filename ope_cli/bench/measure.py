@@ -31,6 +31,7 @@ from ope_cli.bench.twin import numpy_estimates
 from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.kernel import BATCH_AXIS, Kernel, group_policies, trace_count
+from ope_cli.kernel_cache import clear_caches
 from ope_cli.pipeline import evaluate
 from ope_cli.policies import load_policy
 from ope_cli.qfunctions import load_q
@@ -140,7 +141,7 @@ def prepare_end_to_end(
         to_json(result)
         return result
 
-    jax.clear_caches()
+    clear_caches()
     first_seconds, first = timed(run)
     return Trial(
         run,
@@ -184,7 +185,7 @@ def prepare_kernel(
         return jax.block_until_ready([kernel(batch) for batch in on_device])
 
     if cold:
-        jax.clear_caches()
+        clear_caches()
     traces = trace_count()
     first_seconds, outputs = timed(one_pass)
     compiles = trace_count() - traces
