@@ -1319,3 +1319,13 @@ def test_real_process_results_equal_the_in_process_ones(good, smoke):
     for name in ("table", "version"):
         assert smoke[name].returncode == 0, smoke[name]
         assert smoke[name].stdout == good[name].stdout, (smoke[name], good[name])
+
+
+@pytest.mark.slow
+def test_shipped_optimisation_level_gives_the_reference_numbers(world, good_calls, ope):
+    """The suite compiles at XLA's backend optimisation level 0 (``conftest``); a real
+    process at the shipped level (no XLA_FLAGS) gives the reference numbers too."""
+    run = ope(good_calls["a"], cwd=world.root, env={"XLA_FLAGS": ""})
+    assert run.returncode == 0, run
+    assert_quiet_stderr(run)
+    assert_matches_reference(parse_json(run)["results"][0], world.ref_a, world.stderr_a)
