@@ -28,6 +28,13 @@ _SUBPROCESS_CACHE: str | None = None  # the session's cache for ``ope`` subproce
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+_SUITE_LEVEL = [f for f in os.environ["XLA_FLAGS"].split() if "optimization_level" in f]
+
+
+def xla_flags(*flags: str) -> str:
+    """XLA_FLAGS for an ``ope`` subprocess that needs ``flags`` (e.g. a device count):
+    those, and the suite's optimisation level."""
+    return " ".join((*flags, *_SUITE_LEVEL))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

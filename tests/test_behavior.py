@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
-from conftest import run_ope
+from conftest import run_ope, xla_flags
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
 from ope_cli.behavior import (
@@ -377,7 +377,7 @@ def test_two_emulated_devices_give_the_same_numbers(generated):
     ]
     runs = {}
     for devices in (1, 2):
-        flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        flags = {"XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
         done = run_ope(args, env=flags)
         assert done.returncode == 0, done
         runs[devices] = json.loads(done.stdout)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_ope
+from conftest import run_ope, xla_flags
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def ope_json(args, device_count, cwd):
-    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={device_count}"}
+    flags = {"XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={device_count}")}
     done = run_ope(["evaluate", *args, "--format", "json"], cwd=cwd, env=flags)
     assert done.returncode == 0, done
     return json.loads(done.stdout)

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ope_command, run_ope
+from conftest import ope_command, run_ope, xla_flags
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -41,7 +41,7 @@ def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None
         "--timeout",
         str(timeout),
     ]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}  # one device each, the suite's level
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env or {})
     return subprocess.Popen(

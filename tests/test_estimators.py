@@ -18,6 +18,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from conftest import xla_flags  # noqa: E402
 from datasets import (  # noqa: E402
     perturb_checkpoint,
     random_checkpoint,
@@ -269,7 +270,7 @@ def test_toy_estimator_on_two_devices_through_the_cli(toy_case):
     data, path, expected, _ = toy_case
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
     )

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
-from conftest import TwoProcessGather, run_ope
+from conftest import TwoProcessGather, run_ope, xla_flags
 
 from ope_cli.errors import UsageError
 from ope_cli.fit.base import (
@@ -479,7 +479,8 @@ def test_two_emulated_devices_give_the_same_estimate(generated):
     ]
     runs = {}
     for devices in (1, 2):
-        done = run_ope(args, env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+        flags = xla_flags(f"--xla_force_host_platform_device_count={devices}")
+        done = run_ope(args, env={"XLA_FLAGS": flags})
         assert done.returncode == 0, done
         runs[devices] = json.loads(done.stdout)
     assert runs[2]["runtime"]["devices"] == 2
