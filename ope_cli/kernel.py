@@ -436,14 +436,18 @@ class Kernel:
                     functools.partial(_compile_named, args, static), key
                 )
             )
-            exported = _exported(args, static)
-            call = compiled or (
-                functools.partial(_kernel, **static)
-                if exported is None
-                else kernel_cache.jitted(exported)
-            )
+            call = compiled or self._jitted(args, static)
             self._calls[signature] = call
         return call(*args)
+
+    @staticmethod
+    def _jitted(args: tuple, static: dict) -> Callable:
+        """The kernel compiled in this process only: from its export, else traced per shape.
+        (Never asked for when a kept kernel was loaded: exporting traces the kernel.)"""
+        exported = _exported(args, static)
+        if exported is None:
+            return functools.partial(_kernel, **static)
+        return kernel_cache.jitted(exported)
 
     def _narrow(self, x: np.ndarray) -> np.ndarray:
         """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);

@@ -51,10 +51,11 @@ def test_kept_kernels_are_called_without_tracing(batches, tmp_path, monkeypatch)
     shapes = {batch.shape for batch in padded}
     assert trace_count() - before == len(shapes)  # compiled: traced once per shape
     assert len(list((tmp_path / "kernels").glob("*.bin"))) == len(shapes)
-    jax.clear_caches()
+    kernel_cache.clear_caches()
     before, counts = trace_count(), runtime.compilation_counts()
     again = _outputs(group, padded)  # a new kernel, as in a new process: read from disk
     assert trace_count() == before
+    assert not kernel_cache._EXPORTED  # not even traced once at symbolic shapes
     loaded = runtime.compilation_counts() - counts
     assert loaded.cache_hits == loaded.requests == len(shapes)  # no XLA compilation
     for one, two, three in zip(expected, first, again, strict=True):
