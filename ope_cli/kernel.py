@@ -341,8 +341,9 @@ def _symbolic_specs(args: tuple) -> tuple:
 
 
 def _exported(args: tuple, static: dict) -> Callable | None:
-    """``kernel_cache.exported`` of the kernel for ``args``; None with a mesh (a sharded
-    kernel is traced per shape)."""
+    """``kernel_cache.exported`` of the kernel for ``args``; None with a mesh: a sharded
+    kernel is traced per shape (jaxlib 0.10.2 on CPU crashed, SIGSEGV, calling an exported
+    shard_map kernel whose episode axis was 2 * b)."""
     if static["mesh"] is not None:
         return None
     return kernel_cache.exported(_kernel.__wrapped__, static, _symbolic_specs(args))

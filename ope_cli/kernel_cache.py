@@ -1,4 +1,8 @@
-"""Compiled kernels kept on disk beside the persistent compilation cache.
+"""How the kernel is compiled: exported once per configuration, compiled per batch shape,
+and kept on disk beside the persistent compilation cache.
+
+``exported`` traces a kernel once at symbolic batch shapes (``jax.export``); every
+concrete shape is then compiled from that export, without tracing Python again.
 
 With a warm persistent compilation cache, a new process still pays, per batch shape,
 tracing the kernel in Python, lowering it to StableHLO (the cache's key is a hash of it)
@@ -43,7 +47,8 @@ PACKAGE = "ope_cli"
 # XLA:CPU's newer fusion emitters take a third longer to compile this kernel and run it
 # no faster (measured on 2-core machines: compile 2.4 -> 1.6 s per batch shape, a call
 # within +-15%); the option is a CPU one, other backends ignore it. Measured and left out:
-# xla_backend_optimization_level=0 (compiles in a third of the time, runs 5x slower);
+# xla_backend_optimization_level=0 (compiles in a third of the time, runs 5x slower) and
+# =1 (compiles 6-12% faster, a pass over the bench data runs 22% slower: 0.58 -> 0.71 s);
 # xla_llvm_disable_expensive_passes, xla_cpu_use_thunk_runtime=false,
 # xla_cpu_parallel_codegen_split_count and xla_cpu_max_isa (no faster to compile).
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
