@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 
 from ope_cli import runtime
-from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.errors import DataError, OpeError, UsageError, first_line
 from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
@@ -80,11 +80,10 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             heartbeat_timeout_seconds=max(5, min(config.timeout_seconds, 100)),
         )
     except Exception as error:  # noqa: BLE001 - the runtime raises several types here
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DistributedError(
             f"could not join the run at {config.coordinator or 'the detected coordinator'} within "
             f"{config.timeout_seconds}s (are all processes started, and is the address "
-            f"reachable?): {first}"
+            f"reachable?): {first_line(error)}"
         ) from None
     return jax.process_index(), jax.process_count()
 
@@ -134,10 +133,9 @@ def wait_for_peers(name: str) -> None:
         try:
             client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
         except Exception as error:  # noqa: BLE001 - the runtime's error for a lost peer
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise DistributedError(
                 "another process died or stopped answering while this one waited for it "
-                f"({name}): {type(error).__name__}: {first[:300]}"
+                f"({name}): {type(error).__name__}: {first_line(error)[:300]}"
             ) from None
 
 

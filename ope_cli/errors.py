@@ -44,3 +44,10 @@ def where(file: str | None = None, episode: object = None, step: int | None = No
     if inner:
         parts.append(", ".join(inner))
     return ": ".join(parts) + ": " if parts else ""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name when it has none), for a
+    one-line report of an error raised by a library."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

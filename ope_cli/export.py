@@ -24,10 +24,9 @@ import pyarrow.parquet as pq
 import ope_cli.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.errors import DataError, UsageError
+from ope_cli.errors import DataError, UsageError, first_line
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
 from ope_cli.sources import METADATA_KEY, Dataset, open_dataset
-from ope_cli.sources.base import first_line
 
 STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
 

@@ -34,8 +34,9 @@ def supervise(argv: list[str]) -> int:
 
     JAX's distributed runtime aborts a process (SIGABRT, with C++ logs) when a peer dies
     or stops answering; the child takes that fall, and this parent turns it into one clear
-    line and exit code 5 (or keeps the child's own line, when it said what failed first). Only the child's own ``ope:`` lines reach stderr (all of it with
-    --debug); stdout passes straight through.
+    line and exit code 5, or keeps the child's own line when it said what failed first.
+    Only the child's own ``ope:`` lines reach stderr (all of it with --debug); stdout
+    passes straight through.
     """
     import signal
     import subprocess

@@ -13,8 +13,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 import ope_cli.sources.remote as remote
-from ope_cli.errors import DataError
-from ope_cli.sources.base import DeclaredBounds, SourcedBatch, declared_bounds, first_line
+from ope_cli.errors import DataError, first_line
+from ope_cli.sources.base import DeclaredBounds, SourcedBatch, declared_bounds
 
 
 class FragmentReader:

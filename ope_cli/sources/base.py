@@ -94,8 +94,3 @@ class Dataset(Protocol):
         """Record batches of at most ``rows`` rows of ``columns``, file by file, in order;
         each file's last batch (possibly empty) has ``last_in_file``."""
         ...
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ope_cli.errors import DataError
-from ope_cli.sources.base import DeclaredBounds, SourcedBatch, first_line
+from ope_cli.errors import DataError, first_line
+from ope_cli.sources.base import DeclaredBounds, SourcedBatch
 from ope_cli.sources.minari_spaces import arrow_type, flat_size, flatten, space_leaves
 from ope_cli.sources.minari_storage import ArrowStorage, Episodes, Hdf5Storage, Leaf
 

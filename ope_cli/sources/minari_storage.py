@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from ope_cli.errors import DataError
-from ope_cli.sources.base import first_line
+from ope_cli.errors import DataError, first_line
 from ope_cli.sources.hdf5_raw import RawReader, Unsupported
 
 HDF5_FILE = "main_data.hdf5"

@@ -22,8 +22,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ope_cli.errors import DataError, OpeError, UsageError
-from ope_cli.sources.base import first_line
+from ope_cli.errors import DataError, OpeError, UsageError, first_line
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MAGIC = re.compile(r"[*?[]")
