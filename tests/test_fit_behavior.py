@@ -536,7 +536,7 @@ def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str
                 behavior_cross_fit=folds,
                 estimators=("is", "pdis"),
                 interval="normal",
-                batching=BatchingConfig(min_bucket=256),
+                batching=BatchingConfig(min_bucket=64, batch_steps=2**19),
             )
             for result in pipeline.evaluate(config).results:
                 name = Path(result.policy).name
