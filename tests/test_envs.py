@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ope_cli.envs import control
 from ope_cli.envs.registry import ENVIRONMENTS
+
+pytestmark = pytest.mark.usefixtures("small_control_truth")
 
 # The module: ``ope_cli.generate`` itself is the public function.
 gen = importlib.import_module("ope_cli.generate")
@@ -30,15 +31,6 @@ POLICY_KEYS = {
     "linear_softmax": {"kind", "weight", "bias"},
     "linear_gaussian": {"kind", "weight", "bias", "log_std"},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def small_control_truth():
-    """A smaller control Monte Carlo truth (8192 episodes) keeps the tests fast."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(control, "CONTROL_TRUTH_EPISODES", 1 << 13)
-        patch.setattr(control, "CONTROL_TRUTH_CONTINUED", 1 << 10)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -141,7 +141,7 @@ ENVIRONMENTS = {  # env -> (episodes, gamma)
 
 
 @pytest.fixture(scope="module", params=sorted(ENVIRONMENTS))
-def ground_truth(request, tmp_path_factory):
+def ground_truth(request, tmp_path_factory, small_control_truth):
     env = request.param
     episodes, gamma = ENVIRONMENTS[env]
     out = tmp_path_factory.mktemp(env)
