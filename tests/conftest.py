@@ -62,23 +62,29 @@ def ope_command() -> list[str]:
     return [sys.executable, "-m", "ope_cli.cli"]
 
 
+def subprocess_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a subprocess that runs ``ope`` or JAX: this one's, with ``env``
+    on top; JAX pinned to the CPU unless ``env`` or this environment says otherwise; the
+    session's compilation cache unless ``env`` names one (processes of the suite share it,
+    so a kernel compiled by one is loaded by the next); COLUMNS and LINES dropped, so that
+    output meant for a pipe looks the same wherever the tests run (``env`` may set them)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    full_env = {**inherited, **(env or {})}
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    if _SUBPROCESS_CACHE is not None and (env or {}).get("OPE_CACHE_DIR") is None:
+        full_env["OPE_CACHE_DIR"] = _SUBPROCESS_CACHE
+    return full_env
+
+
 def run_ope(
     args: Sequence[str | os.PathLike],
     cwd: str | os.PathLike | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 300,
 ) -> OpeRun:
-    """Runs ``ope ARGS`` with stdout and stderr captured (so neither is a terminal).
-
-    The CLI tests check CPU results, so JAX is pinned to the CPU unless the caller's
-    environment already says otherwise. COLUMNS and LINES are dropped so that output
-    meant for a pipe looks the same wherever the tests run (``env`` may set them).
-    """
-    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    full_env = {**inherited, **(env or {})}
-    full_env.setdefault("JAX_PLATFORMS", "cpu")
-    if _SUBPROCESS_CACHE is not None and (env or {}).get("OPE_CACHE_DIR") is None:
-        full_env["OPE_CACHE_DIR"] = _SUBPROCESS_CACHE
+    """Runs ``ope ARGS`` with stdout and stderr captured (so neither is a terminal), in
+    ``subprocess_env(env)``."""
+    full_env = subprocess_env(env)
     args = tuple(str(a) for a in args)
     started = time.perf_counter()
     done = subprocess.run(

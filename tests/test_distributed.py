@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
-from conftest import ope_command, run_ope, xla_flags
+from conftest import ope_command, run_ope, subprocess_env, xla_flags
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -41,9 +40,8 @@ def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None
         "--timeout",
         str(timeout),
     ]
-    env = {**os.environ, "XLA_FLAGS": xla_flags()}  # one device each, the suite's level
-    env["JAX_PLATFORMS"] = "cpu"
-    env.update(extra_env or {})
+    # one device each, the suite's level
+    env = subprocess_env({"XLA_FLAGS": xla_flags(), **(extra_env or {})})
     return subprocess.Popen(
         [*ope_command(), "evaluate", *args, *cluster],
         cwd=cwd,

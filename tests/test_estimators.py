@@ -18,7 +18,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import xla_flags  # noqa: E402
+from conftest import subprocess_env, xla_flags  # noqa: E402
 from datasets import (  # noqa: E402
     perturb_checkpoint,
     random_checkpoint,
@@ -268,11 +268,11 @@ def test_toy_estimator_on_two_devices_through_the_cli(toy_case):
     """A fresh process: the device count is set before JAX starts, the helper module
     registers the toy, and the CLI's own entry point runs with --estimator toy."""
     data, path, expected, _ = toy_case
-    env = dict(
-        os.environ,
-        XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"),
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+    env = subprocess_env(
+        {
+            "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2"),
+            "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+        }
     )
     command = [
         sys.executable,

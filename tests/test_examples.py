@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ope_command
+from conftest import ope_command, subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -35,7 +34,7 @@ def _python(args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProces
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env=subprocess_env(env),
     )
 
 
@@ -127,7 +126,7 @@ def checkpoints(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env=subprocess_env(),
     )
     assert done.returncode == 0, done.stderr
     truth = json.loads((out / "truth.json").read_text())
@@ -139,13 +138,13 @@ def test_pick_best_picks_the_truly_best_checkpoint(checkpoints, tool):
     if tool == "jq" and shutil.which("jq") is None:
         pytest.skip("jq is not installed")
     out, truth = checkpoints
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "OPE": " ".join(ope_command()),
-        "PYTHON": sys.executable,
-        "USE_JQ": "1" if tool == "jq" else "0",
-    }
+    env = subprocess_env(
+        {
+            "OPE": " ".join(ope_command()),
+            "PYTHON": sys.executable,
+            "USE_JQ": "1" if tool == "jq" else "0",
+        }
+    )
     script = [str(EXAMPLES / "pick_best.sh"), str(out / "logs.parquet"), str(out / "policies")]
     run = subprocess.run(["bash", *script], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
