@@ -33,7 +33,8 @@ def case(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("devices")
     rng = np.random.default_rng(21)
     behavior = random_checkpoint("linear_softmax", rng)
-    episodes = random_episodes(rng, 500, behavior=behavior, max_length=300)
+    # lengths up to 100: ten buckets, each compiled per device count (300 made fourteen)
+    episodes = random_episodes(rng, 500, behavior=behavior, max_length=100)
     data = write_step_layout(episodes, tmp / "split", n_files=3)
     policies = [
         save_checkpoint(tmp / f"p{i}.npz", perturb_checkpoint(behavior, rng, 0.4 * (i + 1)))
