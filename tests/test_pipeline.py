@@ -247,7 +247,7 @@ def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
         n_episodes=600,
         seed=12,
         length_dist="uniform",
-        max_length=300,
+        max_length=120,  # ten buckets: enough shapes, each compiled at most once
         policies=1,
     )
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
@@ -256,7 +256,7 @@ def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=500)
     assert first.compiles == len(first.batch_shapes)
-    buckets = bucket_lengths_upto(300, BatchingConfig.min_bucket, BatchingConfig.bucket_growth)
+    buckets = bucket_lengths_upto(120, BatchingConfig.min_bucket, BatchingConfig.bucket_growth)
     assert len(first.batch_shapes) <= 2 * len(buckets)  # per bucket: a full and a tail shape
     again = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=333)
     assert again.compiles == 0  # same shapes, same function: nothing traced again
