@@ -30,11 +30,8 @@ _SUBPROCESS_CACHE: str | None = None  # the session's cache for ``ope`` subproce
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_parallel_codegen_split_count=1")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
-_SUITE_FLAGS = [
-    f
-    for f in os.environ["XLA_FLAGS"].split()
-    if f.split("=")[0] in {t.split("=")[0] for t in TEST_XLA_FLAGS}
-]
+_TEST_FLAG_NAMES = {flag.split("=")[0] for flag in TEST_XLA_FLAGS}
+_SUITE_FLAGS = [f for f in os.environ["XLA_FLAGS"].split() if f.split("=")[0] in _TEST_FLAG_NAMES]
 
 
 def xla_flags(*flags: str) -> str:

@@ -40,7 +40,7 @@ def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None
         "--timeout",
         str(timeout),
     ]
-    # one device each, the suite's level
+    # one device each, the suite's compiler settings
     env = subprocess_env({"XLA_FLAGS": xla_flags(), **(extra_env or {})})
     return subprocess.Popen(
         [*ope_command(), "evaluate", *args, *cluster],

@@ -536,6 +536,8 @@ def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str
                 behavior_cross_fit=folds,
                 estimators=("is", "pdis"),
                 interval="normal",
+                # chain episodes are short (median 6 steps): one 64-step bucket, and a tail
+                # batch of 128 episodes, so each dataset is one kernel call per policy group
                 batching=BatchingConfig(min_bucket=64, batch_steps=2**19),
             )
             for result in pipeline.evaluate(config).results:
