@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 
 from ope_cli import runtime
-from ope_cli.errors import DataError, OpeError, UsageError, first_line
+from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
@@ -135,7 +135,7 @@ def wait_for_peers(name: str) -> None:
         except Exception as error:  # noqa: BLE001 - the runtime's error for a lost peer
             raise DistributedError(
                 "another process died or stopped answering while this one waited for it "
-                f"({name}): {type(error).__name__}: {first_line(error)[:300]}"
+                f"({name}): {summary(error)[:300]}"
             ) from None
 
 

@@ -31,7 +31,7 @@ from ope_cli.convert import (
     numbers,
     plain,
 )
-from ope_cli.errors import DataError, where
+from ope_cli.errors import DataError, first_line, where
 from ope_cli.ids import REAPPEARS, SeenKeys, display_id, id_keys
 from ope_cli.schema import DataSchema
 from ope_cli.sources import SourcedBatch
@@ -188,9 +188,8 @@ class EpisodeAssembler:
                 else:
                     chunk = self._step_rows(sourced)
             except pa.ArrowException as error:  # values a damaged file decoded into (bad UTF-8)
-                lines = str(error).strip().splitlines() or [type(error).__name__]
                 raise DataError(
-                    f"{sourced.file}: cannot convert the values read: {lines[0]} "
+                    f"{sourced.file}: cannot convert the values read: {first_line(error)} "
                     "(is the file damaged?)"
                 ) from None
             if chunk is not None and chunk.num_episodes:

@@ -51,3 +51,10 @@ def first_line(error: BaseException) -> str:
     one-line report of an error raised by a library."""
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def summary(error: BaseException) -> str:
+    """``Type: first line`` of ``error`` (``Type`` alone when it has no message), for a
+    one-line report of an error raised by code ``ope`` does not own (a user's policy)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

@@ -23,7 +23,7 @@ from ope_cli import kernel_cache
 from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.bootstrap_counts import replicate_counts
 from ope_cli.buckets import PaddedBatch
-from ope_cli.errors import PolicyError, UsageError
+from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimators import available, get
 from ope_cli.estimators.batch import (
     BatchStatistics,
@@ -507,8 +507,7 @@ class Kernel:
         except PolicyError as error:
             raise PolicyError(f"{names}: {error}") from None
         except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
-            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PolicyError(
                 f"{names} cannot be evaluated under jax.jit/vmap "
-                f"(is it JAX-traceable?): {type(error).__name__}: {message}"
+                f"(is it JAX-traceable?): {summary(error)}"
             ) from None

@@ -241,13 +241,14 @@ def log_prob(observation, action):
 
 
 def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
+    longest = 120  # ten buckets: enough shapes, each compiled at most once
     episodes, _, paths = make_case(
         tmp_path,
         "linear_softmax",
         n_episodes=600,
         seed=12,
         length_dist="uniform",
-        max_length=120,  # ten buckets: enough shapes, each compiled at most once
+        max_length=longest,
         policies=1,
     )
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
@@ -256,7 +257,7 @@ def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=500)
     assert first.compiles == len(first.batch_shapes)
-    buckets = bucket_lengths_upto(120, BatchingConfig.min_bucket, BatchingConfig.bucket_growth)
+    buckets = bucket_lengths_upto(longest, BatchingConfig.min_bucket, BatchingConfig.bucket_growth)
     assert len(first.batch_shapes) <= 2 * len(buckets)  # per bucket: a full and a tail shape
     again = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=333)
     assert again.compiles == 0  # same shapes, same function: nothing traced again

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ope_cli.episodes import EpisodeChunk
-from ope_cli.errors import PolicyError, UsageError
+from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.fit.base import Gather, episode_folds
 from ope_cli.policies import Policy, action_log_probs
 
@@ -183,7 +183,7 @@ def policy_probs(policy: Policy, observation: np.ndarray, n_actions: int) -> np.
     except Exception as error:  # noqa: BLE001 - user code under jit: a policy error
         raise PolicyError(
             f"policy {policy.name}: cannot compute its probabilities of the {n_actions} "
-            f"actions: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            f"actions: {summary(error)}"
         ) from None
     if not np.isfinite(probs).all():
         raise PolicyError(f"policy {policy.name} gives NaN or infinite action probabilities")
