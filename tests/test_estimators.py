@@ -1,4 +1,5 @@
-"""Estimators as plug-ins (ope_cli/estimators/): per-episode terms against plain formulas,
+"""Estimators as plug-ins (ope_cli/estimators/): per-episode carries walked in windows
+against plain formulas,
 closed forms, the registry, and a toy estimator registered from the tests alone that goes
 through the whole pipeline (in process, the table and JSON formatters, several devices)."""
 
@@ -30,64 +31,101 @@ from datasets import (  # noqa: E402
 from reference import reference_estimates  # noqa: E402
 
 from ope_cli import estimators, stats  # noqa: E402
-from ope_cli.estimators import base, importance  # noqa: E402
+from ope_cli.estimators import base  # noqa: E402
 from ope_cli.estimators.batch import (  # noqa: E402
     WeightedBatch,
     batch_statistics,
-    log_weights,
+    log_ratios,
 )
 
 TESTS = Path(__file__).parent
 
 
 def one_episode(rng, length, padded, gamma=0.9):
-    """An Episode ([padded] arrays, absorbing after ``length`` steps) and its plain parts."""
-    log_ratio = np.where(np.arange(padded) < length, rng.normal(0, 0.5, padded), 0.0)
-    reward = np.where(np.arange(padded) < length, rng.normal(1, 1, padded), 0.0)
-    discount = gamma ** np.arange(padded)
-    log_w = np.cumsum(log_ratio)
-    episode = base.Episode(
-        jnp.asarray(log_w),
-        jnp.asarray(reward),
-        jnp.asarray(discount),
-        jnp.asarray(np.arange(padded) < length),
-        jnp.asarray(reward @ discount),
-        {},
-        {"trajectory": jnp.asarray(log_w[-1]), "decision": jnp.asarray(log_w.max())},
-    )
-    return episode, log_w, reward, discount
+    """(log ratios [padded], rewards, discounts, step mask) of an episode absorbing after
+    ``length`` steps, as NumPy arrays."""
+    real = np.arange(padded) < length
+    log_ratio = np.where(real, rng.normal(0, 0.5, padded), 0.0)
+    reward = np.where(real, rng.normal(1, 1, padded), 0.0)
+    return log_ratio, reward, gamma ** np.arange(padded), real
 
 
-def test_per_episode_terms_match_plain_formulas():
+def walk(name, log_ratio, reward, discount, real, width):
+    """(per-episode values, {StepSum: [T]}) of estimator ``name`` (with the core values)
+    on one episode, walked through ``batch._advance_one`` in windows of ``width`` steps."""
+    from ope_cli.estimators.batch import _advance_one, init_carry
+
+    carry = init_carry(jnp.zeros(()), (name,), False)
+    step_values = {}
+    for start in range(0, log_ratio.size, width):
+        part = slice(start, start + width)
+        steps = (
+            jnp.asarray(log_ratio[part]),
+            jnp.asarray(reward[part]),
+            jnp.asarray(discount[part]),
+            jnp.asarray(real[part]),
+            jnp.asarray(np.arange(start, start + width) == 0),
+            {},
+        )
+        carry, values, _ = _advance_one(carry, steps, (name,), None)
+        for key, value in values.items():
+            step_values.setdefault(key, []).append(np.asarray(value))
+    values = base.core_values(carry.trajectory)
+    values.update(estimators.get(name).finish(carry.estimators[name], carry.trajectory))
+    steps = {key: np.concatenate(parts) for key, parts in step_values.items()}
+    return {key: float(v) for key, v in values.items()}, steps, carry.trajectory
+
+
+@pytest.mark.parametrize("width", [8, 4, 3, 1])
+def test_per_episode_carries_match_plain_formulas_in_any_windows(width):
     rng = np.random.default_rng(0)
-    episode, log_w, reward, discount = one_episode(rng, 5, 8)
+    log_ratio, reward, discount, real = one_episode(rng, 5, 12)
+    log_w = np.cumsum(log_ratio)
     g = reward @ discount
-    trajectory = importance.trajectory_terms(episode)
-    assert float(trajectory["sum_wg"]) == pytest.approx(g, rel=1e-15)
-    assert float(trajectory["sum_w2g2"]) == pytest.approx(g * g, rel=1e-15)
-    decision = importance.per_decision_terms(episode)
-    peak = log_w.max()
-    p = np.sum(discount * np.exp(log_w - peak) * reward)  # P relative to max_t W_t
-    assert float(decision["sum_p"]) == pytest.approx(p, rel=1e-14)
-    assert float(decision["sum_p2"]) == pytest.approx(p * p, rel=1e-14)
-    core = base.core_terms(episode)
-    assert float(core["count"]) == 1.0 and float(core["zero_count"]) == 0.0
-    assert float(core["sum_w"]) == 1.0 and float(core["sum_w2"]) == 1.0  # the batch's max
-    half = episode._replace(log_scales={"trajectory": jnp.asarray(log_w[-1] + np.log(2.0))})
-    assert float(importance.trajectory_terms(half)["sum_wg"]) == pytest.approx(g / 2, rel=1e-15)
-    np.testing.assert_array_equal(core["wr_t"], reward)
-    np.testing.assert_array_equal(core["w_t"], np.ones(8))
+    padded = -(-12 // width) * width  # whole windows: the padding is absorbing
+    arrays = [np.pad(x, (0, padded - 12)) for x in (log_ratio, reward)]
+    arrays += [0.9 ** np.arange(padded), np.pad(real, (0, padded - 12))]
+    values, steps, trajectory = walk("is", *arrays, width)
+    assert values["sum_wg"] == pytest.approx(g, rel=1e-15)  # relative to W itself
+    assert values["sum_w2g2"] == pytest.approx(g * g, rel=1e-15)
+    assert values["count"] == 1.0 and values["zero_count"] == 0.0
+    assert values["sum_w"] == 1.0 and values["sum_w2"] == 1.0
+    assert float(trajectory.log_w) == pytest.approx(log_w[-1], rel=1e-14)
+    assert float(trajectory.log_peak) == pytest.approx(log_w.max(), rel=1e-14)
+    np.testing.assert_allclose(steps["wr_t"][:12], reward, rtol=1e-15)
+    np.testing.assert_array_equal(steps["w_t"], np.ones(padded))
+    values, *_ = walk("pdis", *arrays, width)
+    p = np.sum(discount * np.exp(log_w - log_w.max()) * reward)  # P relative to max_t W_t
+    assert values["sum_p"] == pytest.approx(p, rel=1e-13)
+    assert values["sum_p2"] == pytest.approx(p * p, rel=1e-13)
 
 
-def test_zero_weight_episode_terms_stay_finite():
+def test_jitted_walk_equals_the_eager_one():
+    from ope_cli.estimators.batch import _advance_one, init_carry
+
+    rng = np.random.default_rng(5)
+    log_ratio, reward, discount, real = one_episode(rng, 7, 8)
+    steps = tuple(jnp.asarray(x) for x in (log_ratio, reward, discount, real))
+    steps = (*steps, jnp.asarray(np.arange(8) == 0), {})
+    carry = init_carry(jnp.zeros(()), ("pdis",), False)
+
+    def step(carry, steps):
+        return _advance_one(carry, steps, ("pdis",), None)[:2]
+
+    eager = step(carry, steps)
+    jitted = jax.jit(step)(carry, steps)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-14)
+
+
+def test_zero_weight_episode_values_stay_finite():
     rng = np.random.default_rng(1)
-    episode, *_ = one_episode(rng, 3, 4)
-    minus_inf = jnp.asarray(-jnp.inf)
-    episode = episode._replace(
-        log_w_t=jnp.full(4, -jnp.inf), log_scales={"trajectory": minus_inf, "decision": minus_inf}
-    )
-    assert float(base.core_terms(episode)["zero_count"]) == 1.0
-    assert np.isfinite(float(importance.per_decision_terms(episode)["sum_p"]))
+    log_ratio, reward, discount, real = one_episode(rng, 3, 4)
+    log_ratio[1] = -np.inf  # pi_e gives the second action probability 0
+    values, steps, trajectory = walk("pdis", log_ratio, reward, discount, real, 2)
+    assert values["zero_count"] == 1.0
+    assert np.isfinite(values["sum_p"]) and np.isfinite(values["sum_p2"])
+    assert float(trajectory.log_w) == -np.inf
 
 
 @jax.jit
@@ -110,7 +148,7 @@ def finalize_episodes(episodes, gamma, groups=None):
         step_mask[i, :t] = True
     group = np.arange(n) % 8 if groups is None else groups
     batch = WeightedBatch(
-        log_weights(jnp.asarray(log_target), jnp.asarray(log_behavior), jnp.asarray(step_mask)),
+        log_ratios(jnp.asarray(log_target), jnp.asarray(log_behavior), jnp.asarray(step_mask)),
         jnp.asarray(reward),
         jnp.asarray(step_mask),
         jnp.ones(n, bool),
@@ -181,7 +219,6 @@ def test_a_sum_cannot_be_declared_twice_differently():
         title="CLASH",
         stderr_method="none",
         sums=(base.Sum("sum_wg", base.DECISION),),  # is and wis declare it on TRAJECTORY
-        terms=lambda episode: {},
         finalize=lambda grouped, context: base.Point(None, None),
     )
     with pytest.raises(ValueError, match="already declared differently"):

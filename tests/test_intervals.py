@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from datasets import (
@@ -183,32 +184,36 @@ def _log_histogram(x: np.ndarray) -> np.ndarray:
     return np.asarray(_betting_histogram(log_x, np.ones(x.size, bool), np.float64))[0]
 
 
-def test_betting_variables_match_their_formulas():
-    """Padded [B, T] arrays give the per-episode variables written plainly from the formulas."""
-    from ope_cli.estimators.batch import betting_variables
+@pytest.mark.parametrize("width", [8, 3])
+def test_betting_variables_match_their_formulas(width):
+    """Episodes walked in windows give the per-episode variables written plainly from the
+    formulas (the padding walked after an episode's end cancels out)."""
+    from ope_cli.estimators.batch import _advance_one, betting_variables, init_carry
 
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(7)
-    lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 8, 0.9, (-1.0, 2.0, 12)
+    lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 9, 0.9, (-1.0, 2.0, 12)
     discounted = (1 - gamma**horizon) / (1 - gamma)
+    betting_range = jnp.asarray([a, b, discounted])
     log_ratio = rng.normal(scale=0.7, size=(4, steps))
     reward = rng.uniform(a, b, size=(4, steps))
     mask = np.arange(steps) < lengths[:, None]
     log_w = np.cumsum(np.where(mask, log_ratio, 0.0), axis=1)
-    padded_reward, discount_t = np.where(mask, reward, 0.0), gamma ** np.arange(steps)
-    got = np.exp(
-        np.asarray(
-            betting_variables(
-                log_w,
-                padded_reward,
-                padded_reward @ discount_t,
-                discount_t,
-                np.array([a, b, discounted]),
-            )
-        )
-    )
     span = (b - a) * discounted
     for i, n in enumerate(lengths):
+        carry = init_carry(jnp.zeros(()), (), True)
+        for start in range(0, steps, width):
+            part = slice(start, start + width)
+            window = (
+                jnp.asarray(np.where(mask[i, part], log_ratio[i, part], 0.0)),
+                jnp.asarray(np.where(mask[i, part], reward[i, part], 0.0)),
+                jnp.asarray(gamma ** np.arange(start, min(start + width, steps))),
+                jnp.asarray(mask[i, part]),
+                jnp.asarray(np.arange(start, min(start + width, steps)) == 0),
+                {},
+            )
+            carry, _, _ = _advance_one(carry, window, (), betting_range)
+        got = np.exp(np.asarray(betting_variables(carry.betting, carry.trajectory, betting_range)))
         w_t, r_t, g_t = np.exp(log_w[i, :n]), reward[i, :n], gamma ** np.arange(n)
         ret, rest = g_t @ r_t, discounted - g_t.sum()  # rest: discount of the steps never taken
         want = [
@@ -217,7 +222,7 @@ def test_betting_variables_match_their_formulas():
             (g_t @ (w_t * (r_t - a)) - a * rest * w_t[-1]) / span,
             (g_t @ (w_t * (b - r_t)) + b * rest * w_t[-1]) / span,
         ]
-        np.testing.assert_allclose(got[:, i], want, rtol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_betting_lower_bound_is_valid_and_sharpens_with_data():

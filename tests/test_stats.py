@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr  # noqa: E402
 
 from ope_cli import stats  # noqa: E402
-from ope_cli.estimators.batch import WeightedBatch, batch_statistics, log_weights  # noqa: E402
+from ope_cli.estimators.batch import WeightedBatch, batch_statistics, log_ratios  # noqa: E402
 
 K = 8  # resampling groups
 REL = 1e-9
@@ -71,9 +71,9 @@ def padded_batch(episodes, groups, rng, shape=None):
 
 
 def _statistics(log_target, log_behavior, reward, step_mask, episode_mask, group, gamma):
-    log_w = log_weights(log_target, log_behavior, step_mask)
-    no_replicates = jnp.zeros((log_w.shape[0], 0))
-    batch = WeightedBatch(log_w, reward, step_mask, episode_mask, group, no_replicates)
+    log_ratio = log_ratios(log_target, log_behavior, step_mask)
+    no_replicates = jnp.zeros((log_ratio.shape[0], 0))
+    batch = WeightedBatch(log_ratio, reward, step_mask, episode_mask, group, no_replicates)
     return batch_statistics(batch, gamma, K)
 
 

@@ -13,19 +13,40 @@ from __future__ import annotations
 import numpy as np
 
 from ope_cli.estimators import Estimator, register
-from ope_cli.estimators.base import DECISION, STEP, Context, Grouped, Point, StepSum, Sum, jnp
+from ope_cli.estimators.base import (
+    DECISION,
+    STEP,
+    Context,
+    Grouped,
+    Point,
+    StepSum,
+    Sum,
+    jnp,
+    relative,
+    rescaled,
+)
 from ope_cli.estimators.logspace import finite, scaled_array
 
 
-def toy_terms(episode):
-    """For ONE episode ([T] arrays): the mask per step (relative to W_t), and the mass
-    m = sum_t W_t [t < T] relative to the batch's largest W_t, with m^2."""
+def toy_init(zero):
+    """The mass so far, relative to the largest W_t so far."""
+    return {"mass": zero}
+
+
+def toy_advance(carry, window):
+    """For ONE episode's window ([C] arrays): the mask per step (relative to W_t), and the
+    mass m = sum_t W_t [t < T] so far, relative to the largest W_t so far."""
     np_ = jnp()
-    mask_t = episode.step_mask_t.astype(episode.log_w_t.dtype)
-    log_max = episode.log_scales["decision"]
-    safe_max = np_.where(np_.isfinite(log_max), log_max, 0.0)
-    mass = np_.sum(np_.where(episode.step_mask_t, np_.exp(episode.log_w_t - safe_max), 0.0))
-    return {"toy_mask_t": mask_t, "toy_mass": mass, "toy_mass2": mass * mass}
+    mask_t = window.step_mask_t.astype(window.log_w_t.dtype)
+    before, after = window.before.log_peak, window.after.log_peak
+    steps = np_.sum(np_.where(window.step_mask_t, relative(window.log_w_t, after), 0.0))
+    return {"mass": rescaled(carry["mass"], before, after) + steps}, {"toy_mask_t": mask_t}
+
+
+def toy_finish(carry, trajectory):
+    """m and m^2, relative to the episode's largest W_t (and its square)."""
+    mass = carry["mass"]
+    return {"toy_mass": mass, "toy_mass2": mass * mass}
 
 
 def mean_and_sem(sums):
@@ -60,7 +81,9 @@ TOY = register(
             Sum("toy_mass", DECISION),
             Sum("toy_mass2", DECISION, power=2),
         ),
-        terms=toy_terms,
+        init=toy_init,
+        advance=toy_advance,
+        finish=toy_finish,
         finalize=toy_finalize,
         replicates=toy_replicates,
         studentized=True,

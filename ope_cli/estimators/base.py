@@ -1,16 +1,21 @@
 """The estimator record, its registry, and the vocabulary both sides of it share.
 
-An estimator is written for ONE episode (arrays [T], the rlax habit): ``terms(episode)``
-returns named per-episode values, and the kernel vmaps it over a padded batch. Each value
-is declared once, with its log-scaling kind, as a ``Sum`` (a scalar per episode, summed per
-resampling group and bootstrap replicate) or a ``StepSum`` (a [T] row, summed per group
-and step). Weights live in log space: a Sum's value is relative to exp(power * M), M the
-batch's largest log scale of its kind (``Episode.log_scales``; ``weight`` gives the scaled
-weight), a StepSum's relative to the episode's own per-step weight (the kernel scales it
-per group and step). ``stats`` keeps each kind's sums relative to the largest log scale
-seen so far (log-sum-exp), so products that over- or underflow as plain numbers still
-combine exactly. ``finalize`` reads the merged sums by name. This module imports no JAX:
-the registry is cheap to import.
+An estimator is written for ONE episode (the rlax habit) in the optax pattern: ``init``
+makes its carry, ``advance(carry, window)`` walks the episode's next C steps (a ``Window``
+of [C] arrays) and returns the new carry with per-step values, and ``finish(carry,
+trajectory)`` turns the carry into per-episode values once the last window is walked. The
+kernel vmaps them over the episodes of a batch and walks the time axis in fixed windows,
+so no compiled shape depends on how long episodes are.
+
+Each value is declared once, with its log-scaling kind: a ``Sum`` (a scalar per episode from
+``finish``, summed per resampling group and bootstrap replicate) or a ``StepSum`` (a [C] row
+from ``advance``, summed per group and step). Weights live in log space: a Sum's value is
+relative to exp(power * s), s the episode's own log scale of its kind (``Scale``), and the
+reducer rescales it to the batch's largest; a StepSum's value is relative to the episode's
+own per-step weight (the kernel scales it per group and step). ``stats`` keeps each kind's
+sums relative to the largest log scale seen so far (log-sum-exp), so products that over- or
+underflow as plain numbers still combine exactly. ``finalize`` reads the merged sums by
+name. This module imports no JAX: the registry is cheap to import.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ Array = Any  # a JAX array under trace (per-episode side), a NumPy array (finali
 
 
 def jnp():
-    """jax.numpy for ``terms`` functions, imported when a kernel traces them (importing the
+    """jax.numpy for ``advance`` and ``finish``, imported when a kernel traces them (importing the
     registry, e.g. for ``--help``, does not start JAX)."""
     import jax.numpy
 
@@ -49,63 +54,99 @@ BETTING_BIN_WIDTH = 1.0 / 128
 BETTING_BINS = round((BETTING_LOG_RANGE[1] - BETTING_LOG_RANGE[0]) / BETTING_BIN_WIDTH)
 
 
-class Episode(NamedTuple):
-    """One episode as an estimator's ``terms`` sees it (the kernel vmaps over episodes).
-
-    Padding is absorbing: after the episode ends the log-ratio is 0 (log_w_t stays at the
-    final weight) and the reward is 0. A padding episode (no data) has log_w_t = -inf.
+class Trajectory(NamedTuple):
+    """What the kernel carries for every episode from one window to the next, and what
+    ``Estimator.finish`` and the scalar ``Scale``s read once the last window is walked.
 
     Attributes:
-      log_w_t: [T] cumulative log importance weights log W_t.
-      reward_t: [T] rewards, 0 after the end.
-      discount_t: [T] gamma^t.
-      step_mask_t: [T] True on the episode's own steps.
-      return_: [] discounted return G = sum_t gamma^t r_t.
-      fields: per-step inputs beyond these ([T, ...]), by name, as the data path provides
-        them (empty today; e.g. Q-hat and V-hat columns for doubly robust estimators).
-      log_scales: scalar Scale name -> [] the batch's largest log scale of that kind (the
-        same for every episode of the batch): a Sum's value is relative to exp(power * it).
+      log_w: [] log W of the last step walked (after the end: the final weight).
+      log_peak: [] max_t log W_t over the steps walked (-inf before the first).
+      return_: [] the discounted return sum_t gamma^t r_t of the steps walked.
+      discount_sum: [] sum_t gamma^t over the steps walked, padding included.
+    """
+
+    log_w: Array
+    log_peak: Array
+    return_: Array
+    discount_sum: Array
+
+
+class Window(NamedTuple):
+    """One episode's next C steps as an estimator's ``advance`` sees them (the kernel vmaps
+    over episodes). Padding is absorbing: after the episode ends the log-ratio is 0 (log W_t
+    stays at the final weight) and the reward is 0.
+
+    Attributes:
+      log_w_t: [C] cumulative log importance weights log W_t.
+      log_w_prev_t: [C] log W_{t-1} (log W_{-1} = 0).
+      reward_t: [C] rewards, 0 after the end.
+      discount_t: [C] gamma^t, t counted from the episode's first step.
+      step_mask_t: [C] True on the episode's own steps.
+      first_t: [C] True at the episode's step 0.
+      fields: per-step inputs beyond these ([C, ...]), by name (e.g. Q-hat and V-hat).
+      before: the Trajectory before this window; after: the one after it.
     """
 
     log_w_t: Array
+    log_w_prev_t: Array
     reward_t: Array
     discount_t: Array
     step_mask_t: Array
-    return_: Array
+    first_t: Array
     fields: Mapping[str, Array]
-    log_scales: Mapping[str, Array]
+    before: Trajectory
+    after: Trajectory
+
+
+def safe_log_scale(log_scale: Array) -> Array:
+    """The log scale to subtract: 0 where it is -inf (no weight yet), so exp never sees NaN."""
+    np_ = jnp()
+    return np_.where(np_.isfinite(log_scale), log_scale, 0.0)
+
+
+def relative(log_x: Array, log_scale: Array) -> Array:
+    """exp(log_x - log_scale): a weight relative to a scale (0 for a zero weight)."""
+    return jnp().exp(log_x - safe_log_scale(log_scale))
+
+
+def rescaled(value: Array, old_log_scale: Array, new_log_scale: Array) -> Array:
+    """``value`` relative to exp(old) re-expressed relative to exp(new) (new >= old)."""
+    np_ = jnp()
+    factor = relative(old_log_scale, new_log_scale)
+    return np_.where(old_log_scale == new_log_scale, value, value * factor)
 
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
     """A log-scaling kind: the log of the weight that a family of values is relative to.
 
-    ``log_scale(episode)`` is [] (a scalar kind: one batch-wide scale, the running max) or
-    [T] when ``per_step`` (a scale per resampling group and step). A scalar kind may have a
-    ``pivot(episode) -> []``: the pivot of a batch is that of the episode with the largest
-    log scale, and ``Sum.moments`` are centred on it (see ``Sum``).
+    ``log_scale`` reads a Trajectory and gives [] (a scalar kind: an episode's own scale;
+    the reducer rescales every episode to the batch's largest, the running max), or, when
+    ``per_step``, reads a Window and gives [C] (a scale per resampling group and step). A
+    scalar kind may have a ``pivot(trajectory) -> []``: the pivot of a batch is that of
+    the episode with the largest log scale, and ``Sum.moments`` are centred on it.
     """
 
     name: str
-    log_scale: Callable[[Episode], Array]
+    log_scale: Callable[[Any], Array]
     per_step: bool = False
-    pivot: Callable[[Episode], Array] | None = None
+    pivot: Callable[[Trajectory], Array] | None = None
 
 
-def _final_log_weight(episode: Episode) -> Array:
-    return episode.log_w_t[-1]
+def _final_log_weight(trajectory: Trajectory) -> Array:
+    return trajectory.log_w
 
 
-def _peak_log_weight(episode: Episode) -> Array:
-    return episode.log_w_t.max()
+def _peak_log_weight(trajectory: Trajectory) -> Array:
+    return trajectory.log_peak
 
 
-def _step_log_weight(episode: Episode) -> Array:
-    return episode.log_w_t
+def _step_log_weight(window: Window) -> Array:
+    return window.log_w_t
 
 
-def _return(episode: Episode) -> Array:
-    return episode.return_
+def _return(trajectory: Trajectory) -> Array:
+    return trajectory.return_
 
 
 # The trajectory weight W_{T-1} (pivot: the return), an episode's largest per-decision weight
@@ -115,25 +156,17 @@ DECISION = Scale("decision", _peak_log_weight)
 STEP = Scale("step", _step_log_weight, per_step=True)
 
 
-def weight(episode: Episode, scale: Scale) -> Array:
-    """[] exp(log scale of the episode - the batch's largest), 0 for a zero weight: the
-    episode's weight of a scalar kind relative to the batch's scale."""
-    np_ = jnp()
-    log_max = episode.log_scales[scale.name]
-    return np_.exp(scale.log_scale(episode) - np_.where(np_.isfinite(log_max), log_max, 0.0))
-
-
 @dataclasses.dataclass(frozen=True)
 class Sum:
-    """A mergeable scalar sum over episodes of ``terms()[name]``.
+    """A mergeable scalar sum over episodes of ``finish()[name]``.
 
-    The per-episode value v is relative to exp(power * M), M the batch's largest log scale
-    of ``scale`` (``Episode.log_scales``; None: not scaled, e.g. counts); e.g. W G for
-    TRAJECTORY is ``weight(episode, TRAJECTORY) * G``. With ``moments = m`` the kernel sums
-    v (x - c)^k for k = 0..m,
-    where x is the scale's pivot of the episode and c the batch's pivot (shape [..., m + 1]):
-    accumulating around a pivot keeps centred second moments accurate when one episode
-    holds nearly all the weight; ``stats`` shifts the pivot when it merges.
+    The per-episode value v is relative to exp(power * s), s the episode's own log scale of
+    ``scale`` (None: not scaled, e.g. counts); the reducer multiplies it by exp(power *
+    (s - M)), M the batch's largest. E.g. for TRAJECTORY the per-episode value of W G is G.
+    With ``moments = m`` the kernel sums v (x - c)^k for k = 0..m, where x is the scale's
+    pivot of the episode and c the batch's pivot (shape [..., m + 1]): accumulating around a
+    pivot keeps centred second moments accurate when one episode holds nearly all the weight;
+    ``stats`` shifts the pivot when it merges.
     """
 
     name: str
@@ -144,16 +177,20 @@ class Sum:
 
 @dataclasses.dataclass(frozen=True)
 class StepSum:
-    """A mergeable per-step sum over episodes of ``terms()[name]`` ([T] per episode).
+    """A mergeable per-step sum over episodes of ``advance()[1][name]`` ([C] per window).
 
     Values are relative to exp(log_scale_t) of the per-step ``scale``. ``after_end`` says
     what the sum is at steps past the longest episode of a batch: "hold" repeats the last
     step (a weight relative to W_t, which stays at the final weight), "zero" (a reward).
+    ``lag = 1``: the value that ``advance`` gives at step t belongs to step t - 1 and is
+    relative to W_{t-1} (a term that looks one step ahead, such as gamma v_{t+1} W_t,
+    emitted when step t + 1 is walked, so that no window needs the next one's inputs).
     """
 
     name: str
     scale: Scale = STEP
     after_end: Literal["hold", "zero"] = "hold"
+    lag: Literal[0, 1] = 0
 
 
 class Point(NamedTuple):
@@ -209,33 +246,55 @@ class Grouped:
     select: Callable[[np.ndarray], Sums]
 
 
+def no_carry(zero: Array) -> dict:
+    """``init`` of an estimator that carries nothing between windows."""
+    return {}
+
+
+def no_step_values(carry: Any, window: Window) -> tuple[Any, dict]:
+    """``advance`` of an estimator without per-step sums or a carry."""
+    return carry, {}
+
+
+def no_values(carry: Any, trajectory: Trajectory) -> dict:
+    """``finish`` of an estimator without per-episode sums."""
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimator:
-    """One estimator: what the kernel sums per episode, and how the sums become estimates.
+    """One estimator: what the kernel carries and sums per episode, and how the sums
+    become estimates.
 
     Attributes:
       name: the ``--estimator`` value and JSON key.
       title: how tables and plots show it.
       stderr_method: the report's words for its standard error.
       sums: the mergeable sums it reads (``Sum`` or ``StepSum``), with their scaling kinds.
-      terms: ``terms(episode) -> {name: value}`` for ONE episode ([] per Sum, [T] per
-        StepSum), written with jax.numpy; vmapped by the kernel.
       finalize: ``finalize(grouped, context) -> Point``: the value and standard error.
+      init: ``init(zero) -> carry``, a pytree of [] arrays made from ``zero`` (a [] of the
+        kernel's dtype); written with arithmetic only (it also runs on NumPy scalars).
+      advance: ``advance(carry, window) -> (carry, {StepSum name: [C]})`` for ONE episode,
+        written with jax.numpy; vmapped by the kernel, called once per window.
+      finish: ``finish(carry, trajectory) -> {Sum name: []}`` for ONE episode, each value
+        relative to the episode's own log scale of its Sum's kind.
       replicates: ``replicates(sums, context) -> (values [R], stderrs [R] or None)`` of the
         bootstrap replicates (sums with a leading [R] axis); None: no bootstrap intervals.
       studentized: whether ``replicates`` gives standard errors, so that ``bootstrap-t`` is
         studentized (else it falls back to the percentile interval).
       betting: which betting variables bound it ("trajectory" or "decision"); None: none.
-      needs: the ``Episode.fields`` its terms read (e.g. Q-hat and V-hat): it is computed
-        and reported only in runs that provide them (``available``).
+      needs: the ``Window.fields`` it reads (e.g. Q-hat and V-hat): it is computed and
+        reported only in runs that provide them (``available``).
     """
 
     name: str
     title: str
     stderr_method: str
     sums: tuple[Sum | StepSum, ...]
-    terms: Callable[[Episode], dict[str, Array]]
     finalize: Callable[[Grouped, Context], Point]
+    init: Callable[[Array], Any] = no_carry
+    advance: Callable[[Any, Window], tuple[Any, dict[str, Array]]] = no_step_values
+    finish: Callable[[Any, Trajectory], dict[str, Array]] = no_values
     replicates: Callable[[Sums, Context], tuple[np.ndarray, np.ndarray | None]] | None = None
     studentized: bool = False
     betting: Literal["trajectory", "decision"] | None = None
@@ -248,22 +307,19 @@ _REGISTRY: dict[str, Estimator] = {}
 _SUMS: dict[str, Sum | StepSum] = {}
 
 
-def _count_terms(episode: Episode) -> dict[str, Array]:
-    """1 per episode, and 1 for an episode whose trajectory weight is exactly 0."""
-    one = jnp().ones_like(episode.return_)
-    return {"count": one, "zero_count": jnp().where(episode.log_w_t[-1] == -jnp().inf, 1.0, 0.0)}
+def core_step_values(window: Window) -> dict[str, Array]:
+    """Per-step weights (relative to W_t: 1) and rewards, for the diagnostics, the report's
+    per-step profile and the weighted per-decision estimators."""
+    return {"w_t": jnp().ones_like(window.reward_t), "wr_t": window.reward_t}
 
 
-def _weight_terms(episode: Episode) -> dict[str, Array]:
-    """Trajectory weights W and W^2, and per-step weights (relative to W_t), for the
-    diagnostics and the report's per-step profile."""
-    w = weight(episode, TRAJECTORY)
-    return {
-        "sum_w": w,
-        "sum_w2": w * w,
-        "w_t": jnp().ones_like(episode.reward_t),
-        "wr_t": episode.reward_t,
-    }
+def core_values(trajectory: Trajectory) -> dict[str, Array]:
+    """1 per episode, 1 for an episode whose trajectory weight is exactly 0, and the
+    trajectory weight W and W^2 (relative to itself: 1) for the diagnostics."""
+    np_ = jnp()
+    one = np_.ones_like(trajectory.return_)
+    zero = np_.where(trajectory.log_w == -np_.inf, 1.0, 0.0).astype(one.dtype)
+    return {"count": one, "zero_count": zero, "sum_w": one, "sum_w2": one}
 
 
 # Sums every run needs (diagnostics, the report's per-step profile), whatever it estimates.
@@ -275,11 +331,6 @@ CORE_SUMS: tuple[Sum | StepSum, ...] = (
     StepSum("wr_t", STEP, after_end="zero"),
     StepSum("w_t", STEP, after_end="hold"),
 )
-
-
-def core_terms(episode: Episode) -> dict[str, Array]:
-    """The per-episode values of CORE_SUMS."""
-    return {**_count_terms(episode), **_weight_terms(episode)}
 
 
 def _declare(spec: Sum | StepSum) -> None:

@@ -1,16 +1,20 @@
-"""The one generic reduction of a padded batch: per-episode terms -> per-group sums.
+"""The one generic reduction of a batch walked in fixed time windows: per-episode carries
+and per-step values -> per-group sums.
 
-Shapes: B episodes, T steps (a padded bucket), K resampling groups, R bootstrap replicates.
-Pure JAX (no jit, no devices here). The shared per-episode quantities (log weights,
-returns, the diagnostics' weight histogram, the betting variables) are computed once for
-the batch; each estimator's ``terms`` is vmapped over the episodes, and every declared sum
-is reduced relative to the batch's largest log scale of its kind (``base.Scale``).
+Shapes: B episodes, C steps (a window), K resampling groups, R bootstrap replicates. Pure JAX
+(no jit, no devices here). ``advance_window`` walks the next C steps of every episode of a
+batch: the shared per-episode quantities (log weights, the return so far, the betting
+variables' running sums) and each estimator's ``advance`` are vmapped over the episodes,
+and every declared per-step sum is reduced per group and step. ``finish_batch`` turns the
+carries into per-episode values (each estimator's ``finish``, the diagnostics' weight
+histogram, the betting histogram) and reduces every declared sum relative to the batch's
+largest log scale of its kind (``base.Scale``). Its shapes depend on B alone.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,21 +26,46 @@ from ope_cli.estimators.base import (
     BETTING_VARIABLES,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
-    Episode,
     StepSum,
     Sum,
+    Trajectory,
+    Window,
     available,
-    core_terms,
+    core_step_values,
+    core_values,
     get,
+    relative,
+    rescaled,
     sums_of,
 )
+
+
+class StepStatistics(NamedTuple):
+    """The per-step sums of one window [.., C] for one policy; a pytree keyed by name."""
+
+    step_log_scales: dict[str, jax.Array]  # per-step scale -> [K, C] max over a group
+    step_sums: dict[str, jax.Array]  # StepSum -> [K, C] (lag 1: column c is step c - 1)
+    replicate_step_log_scales: dict[str, jax.Array]  # per-step scale -> [C] max over the batch
+    replicate_step_sums: dict[str, jax.Array]  # StepSum -> [R, C]
+
+
+class ScalarStatistics(NamedTuple):
+    """The per-episode sums of a batch for one policy, once its last window is walked."""
+
+    log_scales: dict[str, jax.Array]  # scalar scale -> [] max over episodes of its log scale
+    pivots: dict[str, jax.Array]  # scalar scale with a pivot -> [] the batch's pivot
+    sums: dict[str, jax.Array]  # Sum -> [K] (or [K, m + 1] with moments)
+    replicate_sums: dict[str, jax.Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
+    log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
+    betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
 
 class BatchStatistics(NamedTuple):
     """Sufficient statistics of one batch for one policy; merged across batches in ``stats``.
 
     Every sum is kept per resampling group, so later resampling (jackknife over groups)
-    needs no second pass. Dicts are keyed by sum (or scale) name; a pytree.
+    needs no second pass. Dicts are keyed by sum (or scale) name; a pytree. The per-step
+    arrays span the batch's T steps (its windows side by side).
     """
 
     log_scales: dict[str, jax.Array]  # scalar scale -> [] max over episodes of its log scale
@@ -51,16 +80,45 @@ class BatchStatistics(NamedTuple):
     betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
 
+class EpisodeCarry(NamedTuple):
+    """What the kernel carries for each episode from one window to the next ([] leaves per
+    episode; [B] for a batch): the shared Trajectory, each estimator's own carry by name,
+    and the betting variables' per-decision sums (lower, upper; relative to the largest
+    W_t so far), or () without betting intervals."""
+
+    trajectory: Trajectory
+    estimators: dict[str, Any]
+    betting: tuple
+
+
+def init_carry(zero, estimators: tuple[str, ...], betting: bool) -> EpisodeCarry:
+    """The carry before the first window, made from ``zero`` (a [] or [B] array of the
+    kernel's dtype: NumPy on the host, or traced)."""
+    trajectory = Trajectory(log_w=zero, log_peak=zero - math.inf, return_=zero, discount_sum=zero)
+    own = {name: get(name).init(zero) for name in estimators}
+    return EpisodeCarry(trajectory, own, (zero, zero) if betting else ())
+
+
+def log_ratios(
+    log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array
+) -> jax.Array:
+    """log(pi_e / pi_b) per step, shape [..., T]; 0 on padded steps (absorbing), through
+    ``where`` so that whatever the policy computed on padding (even NaN) never leaks in."""
+    return jnp.where(step_mask_t, log_target_t - log_behavior_t, 0.0)
+
+
 def log_weights(
     log_target_t: jax.Array, log_behavior_t: jax.Array, step_mask_t: jax.Array
 ) -> jax.Array:
-    """Cumulative log importance weights log W_t = sum_{k<=t} log(pi_e/pi_b), shape [..., T].
+    """Cumulative log importance weights log W_t = sum_{k<=t} log(pi_e/pi_b), shape [..., T]
+    (padded steps add 0)."""
+    return jnp.cumsum(log_ratios(log_target_t, log_behavior_t, step_mask_t), axis=-1)
 
-    Padded steps get log-ratio 0 (absorbing), through ``where`` so that whatever the
-    policy computed on padding (even NaN) never leaks in.
-    """
-    log_ratio_t = jnp.where(step_mask_t, log_target_t - log_behavior_t, 0.0)
-    return jnp.cumsum(log_ratio_t, axis=-1)
+
+def one_hot(index_b: jax.Array, size: int, dtype) -> jax.Array:
+    """[B, size] 1 at each row's index: sums and maxima per group become matrix products and
+    masked reductions, which XLA compiles far faster than scatters (segment_sum)."""
+    return (index_b[:, None] == jnp.arange(size)[None, :]).astype(dtype)
 
 
 def safe_scale(log_scale: jax.Array) -> jax.Array:
@@ -74,7 +132,7 @@ def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Arr
     width = (high - low) / HISTOGRAM_BINS
     log10_w = jnp.where(include_b, log_w_b / jnp.log(10.0), low)
     bins = jnp.clip(jnp.floor((log10_w - low) / width).astype(jnp.int32) + 1, 0, HISTOGRAM_BINS + 1)
-    return jax.ops.segment_sum(include_b.astype(dtype), bins, num_segments=HISTOGRAM_BINS + 2)
+    return one_hot(bins, HISTOGRAM_BINS + 2, dtype).T @ include_b.astype(dtype)
 
 
 # Poisson(1) cumulative distribution up to 20 (the rest has probability < 1e-19).
@@ -101,14 +159,22 @@ def poisson_counts(
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
-def betting_variables(
-    log_w_bt: jax.Array,
-    reward_bt: jax.Array,
-    return_b: jax.Array,
-    discount_t: jax.Array,
-    betting_range: jax.Array,
-) -> jax.Array:
-    """[4, B] log of the BETTING_VARIABLES of each episode (-inf for a zero).
+def betting_advance(sums: tuple, window: Window, betting_range: jax.Array) -> tuple:
+    """The per-decision betting sums of ONE episode after ``window``:
+    (sum_t gamma^t W_t (r_t - a), sum_t gamma^t W_t (b - r_t)) over the steps walked,
+    padding included (there r = 0 and W stays the final weight), relative to the largest
+    W_t so far."""
+    low, high = betting_range[0], betting_range[1]
+    before, after = window.before.log_peak, window.after.log_peak
+    w_t = relative(window.log_w_t, after)
+    return (
+        rescaled(sums[0], before, after) + (w_t * (window.reward_t - low)) @ window.discount_t,
+        rescaled(sums[1], before, after) + (w_t * (high - window.reward_t)) @ window.discount_t,
+    )
+
+
+def betting_variables(sums: tuple, trajectory: Trajectory, betting_range: jax.Array) -> jax.Array:
+    """[4] log of the BETTING_VARIABLES of ONE episode (-inf for a zero).
 
     With rewards in [a, b] (a <= 0 <= b, as the absorbing reward 0 must be), a discounted
     horizon H = sum_{t < horizon} gamma^t and R = (b - a) H, each is >= 0 and, because the
@@ -119,32 +185,28 @@ def betting_variables(
       decision_low    = [sum_t gamma^t W_t (r_t - a) + W_{T-1} (-a) (H - sum_t gamma^t)] / R
       decision_high   = [sum_t gamma^t W_t (b - r_t) + W_{T-1} b (H - sum_t gamma^t)] / R
 
-    The per-step sums run over the padded steps too, where r = 0 and W stays W_{T-1}; the
-    last term tops them up to the horizon, so padding cancels out. Args: log_w_bt [B, T]
-    (-inf rows for padding episodes), reward_bt [B, T] (0 on padding), return_b [B] the
-    discounted returns G, discount_t [T], betting_range [3] = (a, b, H).
+    The per-step sums (``betting_advance``) run over the walked padding too, where r = 0 and
+    W stays W_{T-1}; the last term tops them up to the horizon, so padding cancels out.
+    ``betting_range`` [3] = (a, b, H).
     """
     low, high, horizon = betting_range[0], betting_range[1], betting_range[2]
     span = (high - low) * horizon
-    log_w_final_b = log_w_bt[:, -1]
-    rest = horizon - jnp.sum(discount_t)  # discount of the steps after the padded ones
-    # Per-decision sums relative to each episode's largest weight, so no exp overflows.
-    log_peak_b = jnp.max(log_w_bt, axis=1)
-    w_bt = jnp.exp(log_w_bt - safe_scale(log_peak_b)[:, None])
-    w_final_b = w_bt[:, -1]
-    decision_low = (w_bt * (reward_bt - low)) @ discount_t - low * rest * w_final_b
-    decision_high = (w_bt * (high - reward_bt)) @ discount_t + high * rest * w_final_b
+    rest = horizon - trajectory.discount_sum  # discount of the steps after the walked ones
+    w_final = relative(trajectory.log_w, trajectory.log_peak)
+    decision_low = sums[0] - low * rest * w_final
+    decision_high = sums[1] + high * rest * w_final
 
-    def log_of(values_b, log_scale_b):
+    def log_of(value, log_scale):
         # Rounding can leave -1e-16 where the exact value is 0; never take the log of it.
-        return jnp.log(jnp.maximum(values_b, 0.0) / span) + log_scale_b
+        return jnp.log(jnp.maximum(value, 0.0) / span) + log_scale
 
+    g = trajectory.return_
     return jnp.stack(
         [
-            log_of(return_b - low * horizon, log_w_final_b),
-            log_of(high * horizon - return_b, log_w_final_b),
-            log_of(decision_low, log_peak_b),
-            log_of(decision_high, log_peak_b),
+            log_of(g - low * horizon, trajectory.log_w),
+            log_of(high * horizon - g, trajectory.log_w),
+            log_of(decision_low, trajectory.log_peak),
+            log_of(decision_high, trajectory.log_peak),
         ]
     )
 
@@ -163,46 +225,171 @@ def _betting_histogram(log_x_vb: jax.Array, include_b: jax.Array, dtype) -> jax.
     return one_hot(bins)
 
 
-def per_episode(function, episodes: Episode):
-    """``function`` written for one Episode, vmapped over a batch of them ([B, ...] fields;
-    the discount [T] is shared)."""
-    return jax.vmap(function, in_axes=(Episode(0, 0, None, 0, 0, 0, None),))(episodes)
+class WeightedWindow(NamedTuple):
+    """The next C steps of a batch of B episodes as one policy's statistics need them.
+
+    Attributes:
+      log_ratio_bt: [B, C] log(pi_e / pi_b) (``log_ratios``: 0 on padding).
+      reward_bt: [B, C] rewards, any value on padding.
+      step_mask_bt: [B, C] True on real steps.
+      episode_mask_b: [B] True on real episodes.
+      group_b: [B] int resampling group in [0, K).
+      counts_br: [B, R] bootstrap counts of each episode in each replicate (R may be 0).
+      start: [] int, the step of the episodes that column 0 holds.
+      fields: further per-step inputs [B, C, ...] for estimators (``Window.fields``).
+    """
+
+    log_ratio_bt: jax.Array
+    reward_bt: jax.Array
+    step_mask_bt: jax.Array
+    episode_mask_b: jax.Array
+    group_b: jax.Array
+    counts_br: jax.Array
+    start: jax.Array | int = 0
+    fields: dict[str, jax.Array] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
 
 
-def episode_terms(episodes: Episode, estimators: tuple[str, ...]) -> dict[str, jax.Array]:
-    """{name: [B] or [B, T]} every estimator's (and the core) per-episode terms."""
+def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
+    """(carry, {StepSum name: [C]}, Window) of ONE episode after its next C steps
+    ``steps`` = (log_ratio_t, reward_t, discount_t, step_mask_t, first_t, fields)."""
+    log_ratio_t, reward_t, discount_t, step_mask_t, first_t, fields = steps
+    before = carry.trajectory
+    log_w_t = before.log_w + jnp.cumsum(log_ratio_t)
+    after = Trajectory(
+        log_w=log_w_t[-1],
+        log_peak=jnp.maximum(before.log_peak, jnp.max(log_w_t)),
+        return_=before.return_ + reward_t @ discount_t,
+        discount_sum=before.discount_sum + jnp.sum(discount_t),
+    )
+    log_w_prev_t = jnp.concatenate([before.log_w[None], log_w_t[:-1]])
+    window = Window(
+        log_w_t, log_w_prev_t, reward_t, discount_t, step_mask_t, first_t, fields, before, after
+    )
+    values = core_step_values(window)
+    own = {}
+    for name in estimators:
+        own[name], step_values = get(name).advance(carry.estimators[name], window)
+        values.update(step_values)
+    betting = () if betting_range is None else betting_advance(carry.betting, window, betting_range)
+    return EpisodeCarry(after, own, betting), values, window
 
-    def one(episode: Episode) -> dict[str, jax.Array]:
-        values = core_terms(episode)
-        for name in estimators:
-            values.update(get(name).terms(episode))
-        return values
 
-    return per_episode(one, episodes)
+def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups, dtype):
+    """StepStatistics of ``specs``: per-step sums [K, C] relative to a per-(group, step) max
+    log scale, and bootstrap replicates [R, C] relative to a per-step max over the batch
+    (nothing is subtracted from those later). The per-group scales keep ratios of per-step
+    sums defined when late weights drifted hundreds of e-folds from early ones, and leaving
+    one group out (the jackknife) never subtracts a dominant group from the rest. A lag-1
+    sum is scaled by W_{t-1}, the weight of the step it belongs to."""
+    out = StepStatistics({}, {}, {}, {})
+    kinds = {(spec.scale.name, spec.lag): spec.scale for spec in specs}
+    for (scale_name, lag), scale in kinds.items():
+        log_scale_bt = windows.log_w_prev_t if lag else jax.vmap(scale.log_scale)(windows)
+        log_scale_bt = jnp.where(real_b[:, None], log_scale_bt, -jnp.inf)
+        member_bk = one_hot(group_b, num_groups, dtype)
+        group_scale_kt = jnp.max(
+            jnp.where(member_bk[:, :, None] > 0, log_scale_bt[:, None, :], -jnp.inf), axis=0
+        )
+        w_bt = jnp.exp(log_scale_bt - member_bk @ safe_scale(group_scale_kt))
+        replicate_scale_t = jnp.max(log_scale_bt, axis=0)
+        w_rep_bt = jnp.exp(log_scale_bt - safe_scale(replicate_scale_t))
+        own = [spec for spec in specs if (spec.scale.name, spec.lag) == (scale_name, lag)]
+        values = [values_bt[spec.name].astype(dtype) for spec in own]
+        group_ukt = jnp.einsum(
+            "bk,but->ukt",
+            member_bk,
+            jnp.where(real_b[:, None, None], jnp.stack([v * w_bt for v in values], 1), 0.0),
+        ).transpose(1, 0, 2)
+        replicate_urt = jnp.einsum(
+            "rb,ubt->urt", counts_rb, jnp.stack([v * w_rep_bt for v in values])
+        )
+        if not lag:  # a lag-1 sum's scale is its step's: the one of the lag-0 sums there
+            out.step_log_scales[scale_name] = group_scale_kt
+            out.replicate_step_log_scales[scale_name] = replicate_scale_t
+        for u, spec in enumerate(own):
+            out.step_sums[spec.name] = group_ukt[:, u]
+            out.replicate_step_sums[spec.name] = replicate_urt[u]
+    return out
 
 
-def _batch_scales(specs, episodes: Episode, real_b):
-    """({scale: [] largest log scale}, {scale: [] pivot}, {scale: [B] pivot deviation}) of
-    the scalar scales of ``specs``; the pivot is that of the episode with the largest scale."""
+def _counts_rb(counts_br: jax.Array, episode_mask_b: jax.Array, dtype) -> jax.Array:
+    """[R, B] bootstrap counts as weights, 0 for filler rows."""
+    return (counts_br.astype(dtype) * episode_mask_b.astype(dtype)[:, None]).T
+
+
+def advance_window(
+    carry: EpisodeCarry,
+    window: WeightedWindow,
+    gamma: jax.Array | float,
+    num_groups: int,
+    estimators: tuple[str, ...],
+    betting_range: jax.Array | None = None,
+) -> tuple[EpisodeCarry, StepStatistics]:
+    """Walks the next C steps of a batch for one policy: (carry, StepStatistics).
+
+    Args:
+      carry: EpisodeCarry of [B] leaves (``init_carry`` before the first window).
+      window: the window's log ratios, rewards, masks, groups and bootstrap counts.
+      gamma: discount factor (a traced scalar, so one compilation serves every gamma).
+      num_groups: K.
+      estimators: the registered estimators whose sums to compute.
+      betting_range: [3] (a, b, H) of ``betting_variables``, or None.
+    """
+    log_ratio_bt, reward_bt, step_mask_bt, episode_mask_b, group_b, counts_br, start, fields = (
+        window
+    )
+    dtype = log_ratio_bt.dtype
+    real_bt = step_mask_bt & episode_mask_b[:, None]
+    log_ratio_bt = jnp.where(real_bt, log_ratio_bt, 0.0)
+    reward_bt = jnp.where(real_bt, reward_bt, 0.0)
+    step_t = jnp.asarray(start) + jnp.arange(log_ratio_bt.shape[-1])
+    discount_t = jnp.asarray(gamma, dtype) ** step_t.astype(dtype)
+    first_bt = real_bt & (step_t == 0)[None, :]
+    if betting_range is not None:
+        betting_range = betting_range.astype(dtype)
+    steps = (log_ratio_bt, reward_bt, discount_t, step_mask_bt, first_bt, fields)
+    advance = jax.vmap(
+        lambda c, s: _advance_one(c, s, estimators, betting_range),
+        in_axes=(0, (0, 0, None, 0, 0, 0)),
+    )
+    carry, values_bt, windows = advance(carry, steps)
+    specs = tuple(s for s in sums_of(estimators) if isinstance(s, StepSum))
+    counts_rb = _counts_rb(counts_br, episode_mask_b, dtype)
+    statistics = _step_sums(
+        specs, values_bt, windows, episode_mask_b, group_b, counts_rb, num_groups, dtype
+    )
+    return carry, statistics
+
+
+def _batch_scales(specs, trajectory: Trajectory, real_b):
+    """({scale: [B] each episode's own log scale}, {scale: [] largest}, {scale: [] pivot},
+    {scale: [B] pivot deviation}) of the scalar scales of ``specs``; the batch's pivot is
+    that of the episode with the largest scale."""
     scales = {spec.scale.name: spec.scale for spec in specs if spec.scale is not None}
-    log_scales, pivots, deviations_b = {}, {}, {}
+    own_b, log_scales, pivots, deviations_b = {}, {}, {}, {}
     for name, scale in scales.items():
-        log_scale_b = jnp.where(real_b, per_episode(scale.log_scale, episodes), -jnp.inf)
-        log_scales[name] = jnp.max(log_scale_b)
+        own_b[name] = jnp.where(real_b, jax.vmap(scale.log_scale)(trajectory), -jnp.inf)
+        log_scales[name] = jnp.max(own_b[name])
         if scale.pivot is not None:
-            pivot_b = jnp.where(real_b, per_episode(scale.pivot, episodes), 0.0)
-            pivots[name] = pivot_b[jnp.argmax(log_scale_b)]
+            pivot_b = jnp.where(real_b, jax.vmap(scale.pivot)(trajectory), 0.0)
+            pivots[name] = pivot_b[jnp.argmax(own_b[name])]
             deviations_b[name] = pivot_b - pivots[name]
-    return log_scales, pivots, deviations_b
+    return own_b, log_scales, pivots, deviations_b
 
 
-def _scalar_sums(specs, terms_b, deviations_b, real_b, group_b, counts_rb, num_groups, dtype):
-    """(sums [K, ...], replicate_sums [R, ...]) of the scalar ``specs``: the values (already
-    relative to the batch's scales), with moments times (pivot - batch pivot)^k, stacked
-    into [B, F] so that one segment_sum and one matrix product reduce every column."""
+def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups, dtype):
+    """(sums [K, ...], replicate_sums [R, ...]) of the scalar ``specs``: each episode's value
+    rescaled from its own log scale to the batch's, with moments times (pivot - batch
+    pivot)^k, stacked into [B, F] so that two matrix products (groups, replicates) reduce
+    every column."""
+    own_b, log_scales, _, deviations_b = scales
     columns, layout = [], []
     for spec in specs:
-        value_b = terms_b[spec.name].astype(dtype)
+        value_b = values_b[spec.name].astype(dtype)
+        if spec.scale is not None:
+            name = spec.scale.name
+            factor_b = jnp.exp(spec.power * (own_b[name] - safe_scale(log_scales[name])))
+            value_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
         if spec.moments is None:
             layout.append((spec.name, 1))
             columns.append(value_b)
@@ -211,7 +398,7 @@ def _scalar_sums(specs, terms_b, deviations_b, real_b, group_b, counts_rb, num_g
             deviation_b = deviations_b[spec.scale.name]
             columns.extend(value_b * deviation_b**k for k in range(spec.moments + 1))
     per_episode_bf = jnp.where(real_b[:, None], jnp.stack(columns, axis=-1), 0.0)
-    group_kf = jax.ops.segment_sum(per_episode_bf, group_b, num_segments=num_groups)
+    group_kf = one_hot(group_b, num_groups, dtype).T @ per_episode_bf
     replicate_rf = counts_rb @ per_episode_bf
     sums, replicate_sums, start = {}, {}, 0
     for (name, width), spec in zip(layout, specs, strict=True):
@@ -223,50 +410,87 @@ def _scalar_sums(specs, terms_b, deviations_b, real_b, group_b, counts_rb, num_g
     return sums, replicate_sums
 
 
-def _step_sums(specs, terms_bt, episodes, real_b, group_b, counts_rb, num_groups, dtype):
-    """Per-step sums [K, T] relative to a per-(group, step) max log scale, and bootstrap
-    replicates [R, T] relative to a per-step max over the batch (nothing is subtracted from
-    those later). The per-group scales keep ratios of per-step sums defined when late
-    weights drifted hundreds of e-folds from early ones, and leaving one group out (the
-    jackknife) never subtracts a dominant group from the rest."""
-    out = ({}, {}, {}, {})  # step_log_scales, step_sums, replicate scales, replicate sums
-    scales = {spec.scale.name: spec.scale for spec in specs}
-    for scale_name, scale in scales.items():
-        log_scale_bt = jnp.where(real_b[:, None], per_episode(scale.log_scale, episodes), -jnp.inf)
-        group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
-        w_bt = jnp.exp(log_scale_bt - safe_scale(group_scale_kt)[group_b])
-        replicate_scale_t = jnp.max(log_scale_bt, axis=0)
-        w_rep_bt = jnp.exp(log_scale_bt - safe_scale(replicate_scale_t))
-        own = [spec for spec in specs if spec.scale.name == scale_name]
-        values_bt = [terms_bt[spec.name].astype(dtype) for spec in own]
-        group_ukt = jax.ops.segment_sum(
-            jnp.where(real_b[:, None, None], jnp.stack([v * w_bt for v in values_bt], 1), 0.0),
-            group_b,
-            num_segments=num_groups,
+def _finish_one(carry: EpisodeCarry, estimators) -> dict:
+    """{Sum name: []} of ONE episode whose last window was walked."""
+    values = core_values(carry.trajectory)
+    for name in estimators:
+        values.update(get(name).finish(carry.estimators[name], carry.trajectory))
+    return values
+
+
+def finish_batch(
+    carry: EpisodeCarry,
+    episode_mask_b: jax.Array,
+    group_b: jax.Array,
+    counts_br: jax.Array,
+    num_groups: int,
+    estimators: tuple[str, ...],
+    betting_range: jax.Array | None = None,
+) -> ScalarStatistics:
+    """ScalarStatistics of a batch whose last window was walked ([B] carries); the shapes
+    depend on B alone."""
+    trajectory = carry.trajectory
+    dtype = trajectory.return_.dtype
+    values_b = jax.vmap(lambda c: _finish_one(c, estimators))(carry)
+    specs = tuple(s for s in sums_of(estimators) if isinstance(s, Sum))
+    scales = _batch_scales(specs, trajectory, episode_mask_b)
+    counts_rb = _counts_rb(counts_br, episode_mask_b, dtype)
+    sums, replicate_sums = _scalar_sums(
+        specs, values_b, scales, episode_mask_b, group_b, counts_rb, num_groups, dtype
+    )
+    if betting_range is None:
+        betting_histogram = jnp.zeros((len(BETTING_VARIABLES), 0), dtype)
+    else:
+        log_x_bv = jax.vmap(lambda b, t: betting_variables(b, t, betting_range.astype(dtype)))(
+            carry.betting, trajectory
         )
-        replicate_urt = jnp.einsum(
-            "rb,ubt->urt", counts_rb, jnp.stack([v * w_rep_bt for v in values_bt])
-        )
-        out[0][scale_name], out[2][scale_name] = group_scale_kt, replicate_scale_t
-        for u, spec in enumerate(own):
-            out[1][spec.name], out[3][spec.name] = group_ukt[:, u], replicate_urt[u]
-    return out
+        betting_histogram = _betting_histogram(log_x_bv.T, episode_mask_b, dtype)
+    nonzero_b = episode_mask_b & (trajectory.log_w != -jnp.inf)
+    return ScalarStatistics(
+        log_scales=scales[1],
+        pivots=scales[2],
+        sums=sums,
+        replicate_sums=replicate_sums,
+        log_weight_histogram=_log10_histogram(trajectory.log_w, nonzero_b, dtype),
+        betting_histogram=betting_histogram,
+    )
+
+
+def lagged(statistics: StepStatistics) -> StepStatistics:
+    """The per-step sums of a window that is the whole of its batch, with every lag-1 sum
+    moved to the step it belongs to (its last step gets 0: after it every episode ended)."""
+    from ope_cli.estimators.base import sum_spec
+
+    def shifted(name: str, x: jax.Array) -> jax.Array:
+        if not sum_spec(name).lag:
+            return x
+        return jnp.concatenate([x[..., 1:], jnp.zeros_like(x[..., :1])], axis=-1)
+
+    return statistics._replace(
+        step_sums={k: shifted(k, v) for k, v in statistics.step_sums.items()},
+        replicate_step_sums={k: shifted(k, v) for k, v in statistics.replicate_step_sums.items()},
+    )
+
+
+def combine(step: StepStatistics, scalar: ScalarStatistics) -> BatchStatistics:
+    """BatchStatistics of a batch from its (assembled) per-step and scalar parts."""
+    return BatchStatistics(**step._asdict(), **scalar._asdict())
 
 
 class WeightedBatch(NamedTuple):
-    """A padded batch as one policy's statistics need it.
+    """A whole padded batch as one policy's statistics need it (one window of T steps).
 
     Attributes:
-      log_w_bt: [B, T] cumulative log weights (``log_weights`` per episode).
+      log_ratio_bt: [B, T] log(pi_e / pi_b) per step (``log_ratios``: 0 on padding).
       reward_bt: [B, T] rewards, any value on padding.
       step_mask_bt: [B, T] True on real steps.
       episode_mask_b: [B] True on real episodes.
       group_b: [B] int resampling group in [0, K).
       counts_br: [B, R] bootstrap counts of each episode in each replicate (R may be 0).
-      fields: further per-step inputs [B, T, ...] for estimators (``Episode.fields``).
+      fields: further per-step inputs [B, T, ...] for estimators (``Window.fields``).
     """
 
-    log_w_bt: jax.Array
+    log_ratio_bt: jax.Array
     reward_bt: jax.Array
     step_mask_bt: jax.Array
     episode_mask_b: jax.Array
@@ -282,52 +506,30 @@ def batch_statistics(
     betting_range: jax.Array | None = None,
     estimators: tuple[str, ...] | None = None,
 ) -> BatchStatistics:
-    """Statistics of a padded batch for one policy.
+    """Statistics of a whole padded batch for one policy, walked as one window (the kernel
+    walks the same functions window by window).
 
     Args:
-      batch: the batch's log weights, rewards, masks, groups and bootstrap counts.
-      gamma: discount factor (a traced scalar, so one compilation serves every gamma).
+      batch: the batch's log ratios, rewards, masks, groups and bootstrap counts.
+      gamma: discount factor.
       num_groups: K.
       betting_range: [3] (a, b, H) of ``betting_variables`` to histogram them, or None.
       estimators: the registered estimators whose sums to compute (None: every registered
         one that ``batch.fields`` allow).
     """
     estimators = available(tuple(batch.fields)) if estimators is None else estimators
-    log_w_bt, reward_bt, step_mask_bt, episode_mask_b, group_b, counts_br, fields = batch
-    dtype = log_w_bt.dtype
-    log_w_bt = jnp.where(episode_mask_b[:, None], log_w_bt, -jnp.inf)
-    reward_bt = jnp.where(step_mask_bt & episode_mask_b[:, None], reward_bt, 0.0)
-    discount_t = jnp.asarray(gamma, dtype) ** jnp.arange(log_w_bt.shape[-1], dtype=dtype)
-    return_b = reward_bt @ discount_t
-    specs = sums_of(estimators)
-    scalar_specs = tuple(s for s in specs if isinstance(s, Sum))
-    episodes = Episode(log_w_bt, reward_bt, discount_t, step_mask_bt, return_b, fields, {})
-    log_scales, pivots, deviations_b = _batch_scales(scalar_specs, episodes, episode_mask_b)
-    episodes = episodes._replace(log_scales=log_scales)
-    terms = episode_terms(episodes, estimators)
-    counts_rb = (counts_br.astype(dtype) * episode_mask_b.astype(dtype)[:, None]).T
-    reduce_args = (episode_mask_b, group_b, counts_rb, num_groups, dtype)
-    sums, replicate_sums = _scalar_sums(scalar_specs, terms, deviations_b, *reduce_args)
-    step_specs = tuple(s for s in specs if isinstance(s, StepSum))
-    step = _step_sums(step_specs, terms, episodes, *reduce_args)
-    log_w_final_b = log_w_bt[:, -1]
-    if betting_range is None:
-        betting_histogram = jnp.zeros((len(BETTING_VARIABLES), 0), dtype)
-    else:
-        log_x_vb = betting_variables(
-            log_w_bt, reward_bt, return_b, discount_t, betting_range.astype(dtype)
-        )
-        betting_histogram = _betting_histogram(log_x_vb, episode_mask_b, dtype)
-    nonzero_b = episode_mask_b & (log_w_final_b != -jnp.inf)
-    return BatchStatistics(
-        log_scales=log_scales,
-        pivots=pivots,
-        sums=sums,
-        replicate_sums=replicate_sums,
-        step_log_scales=step[0],
-        step_sums=step[1],
-        replicate_step_log_scales=step[2],
-        replicate_step_sums=step[3],
-        log_weight_histogram=_log10_histogram(log_w_final_b, nonzero_b, dtype),
-        betting_histogram=betting_histogram,
+    dtype = batch.log_ratio_bt.dtype
+    zero = jnp.zeros(batch.episode_mask_b.shape, dtype)
+    carry = init_carry(zero, estimators, betting_range is not None)
+    window = WeightedWindow(*batch[:6], 0, batch.fields)
+    carry, step = advance_window(carry, window, gamma, num_groups, estimators, betting_range)
+    scalar = finish_batch(
+        carry,
+        batch.episode_mask_b,
+        batch.group_b,
+        batch.counts_br,
+        num_groups,
+        estimators,
+        betting_range,
     )
+    return combine(lagged(step), scalar)

@@ -1,6 +1,6 @@
 """Doubly robust estimators (SPEC 9): dm, dr, wdr, registered after the importance ones.
 
-They read two per-step inputs (``Episode.fields``), zero after the episode's end:
+They read two per-step inputs (``Window.fields``), zero after the episode's end:
   q_t: [T] Q-hat(s_t, a_t) of the logged action;
   v_t: [T] V-hat(s_t) = E_{a ~ pi_e} Q-hat(s_t, a).
 With W_{-1} = 1 and the absorbing convention (after the end: ratio 1, reward 0, Q = V = 0):
@@ -21,14 +21,17 @@ import numpy as np
 from ope_cli.estimators.base import (
     STEP,
     Context,
-    Episode,
     Estimator,
     Scale,
     StepSum,
     Sum,
     Sums,
+    Trajectory,
+    Window,
     jnp,
     register,
+    relative,
+    rescaled,
 )
 from ope_cli.estimators.importance import (
     closed_form,
@@ -42,58 +45,74 @@ from ope_cli.estimators.logspace import finite
 Q_FIELDS = ("q_t", "v_t")
 
 
-def _log_one_or_peak(episode: Episode):
+def _log_one_or_peak(trajectory: Trajectory):
     """[] max(0, max_t log W_t): the largest of W_{-1} = 1 and the episode's weights."""
-    return jnp().maximum(episode.log_w_t.max(), 0.0)
+    return jnp().maximum(trajectory.log_peak, 0.0)
 
 
-# An episode's largest weight among W_{-1} = 1, W_0, ..., W_{T-1}: dr's terms are relative
-# to the batch's largest of it, so neither W_t nor W_{t-1} overflows.
+# An episode's largest weight among W_{-1} = 1, W_0, ..., W_{T-1}: dr's values are relative
+# to it, so neither W_t nor W_{t-1} overflows.
 DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak)
 
 
-# --- per-episode terms (JAX, one episode) ---------------------------------------------------
+# --- per-episode carry and values (JAX, one episode) -----------------------------------------
 
 
-def dm_terms(episode: Episode) -> dict:
+def dm_init(zero) -> dict:
+    """DM carries V-hat(s_0) once the first step is walked."""
+    return {"v_0": zero}
+
+
+def dm_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    v_0 = jnp().where(window.first_t, window.fields["v_t"], 0.0).sum()
+    return {"v_0": carry["v_0"] + v_0}, {}
+
+
+def dm_values(carry: dict, trajectory: Trajectory) -> dict:
     """V-hat(s_0) and its square (not scaled: no weight)."""
-    v_0 = episode.fields["v_t"][0]
+    v_0 = carry["v_0"]
     return {"dm_v": v_0, "dm_v2": v_0 * v_0}
 
 
-def dr_terms(episode: Episode) -> dict:
-    """D = sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t] and D^2, relative to the batch's
-    largest max(1, max_t W_t)."""
+def dr_init(zero) -> dict:
+    """DR carries D = sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t] of the steps walked,
+    relative to the largest of 1 and the weights so far."""
+    return {"d": zero}
+
+
+def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     np_ = jnp()
-    log_max = episode.log_scales[DOUBLY_ROBUST.name]
-    safe_max = np_.where(np_.isfinite(log_max), log_max, 0.0)
-    log_w_t = episode.log_w_t
-    log_w_prev_t = np_.concatenate([np_.zeros_like(log_w_t[:1]), log_w_t[:-1]])
-    q_t, v_t = episode.fields["q_t"], episode.fields["v_t"]
-    per_step = (
-        np_.exp(log_w_t - safe_max) * (episode.reward_t - q_t)
-        + np_.exp(log_w_prev_t - safe_max) * v_t
-    )
-    d = per_step @ episode.discount_t
+    before = np_.maximum(window.before.log_peak, 0.0)
+    after = np_.maximum(window.after.log_peak, 0.0)
+    q_t, v_t = window.fields["q_t"], window.fields["v_t"]
+    per_step = relative(window.log_w_t, after) * (window.reward_t - q_t) + relative(
+        window.log_w_prev_t, after
+    ) * v_t
+    return {"d": rescaled(carry["d"], before, after) + per_step @ window.discount_t}, {}
+
+
+def dr_values(carry: dict, trajectory: Trajectory) -> dict:
+    """D and D^2, relative to max(1, max_t W_t) (and its square)."""
+    d = carry["d"]
     return {"sum_dr": d, "sum_dr2": d * d}
 
 
-def wdr_terms(episode: Episode) -> dict:
-    """Per-step q_t and v_{t+1} relative to W_t (the kernel multiplies them by it)."""
-    v_t = episode.fields["v_t"]
-    return {"wq_t": episode.fields["q_t"], "wv_next_t": jnp().append(v_t[1:], 0.0)}
+def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    """Per-step q_t relative to W_t, and v_t relative to W_{t-1}: the v_{t+1} of step t,
+    emitted one step late (``StepSum.lag``)."""
+    return carry, {"wq_t": window.fields["q_t"], "wv_next_t": window.fields["v_t"]}
 
 
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
 
 
-def dm_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+def dm_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     """(1/n) sum_i V-hat(s_{i,0}) and its sample standard error."""
     s = sums.sums
     return mean_and_sem(s["dm_v"], s["dm_v2"], s["count"], 0.0)
 
 
-def dr_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+def dr_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     """(1/n) sum_i D_i and its sample standard error."""
     s = sums.sums
     return mean_and_sem(s["sum_dr"], s["sum_dr2"], s["count"], sums.log_scales["doubly_robust"])
@@ -109,7 +128,7 @@ def _wdr_value(sums: Sums, context: Context) -> tuple[float | None, int]:
     value, empty_step = self_normalised_value(sums, _wdr_numerator_t(sums, context))
     if value is None:
         return None, empty_step
-    dm = finite(float(dm_values(sums)[0]))
+    dm = finite(float(dm_estimate(sums)[0]))
     return (None, -1) if dm is None else (value + dm, -1)
 
 
@@ -118,7 +137,7 @@ def wdr_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
     den_t = sums.step_sums["w_t"]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         terms_rt = np.where(den_t > 0, _wdr_numerator_t(sums, context) / den_t, np.nan)
-        return dm_values(sums)[0] + np.sum(terms_rt, axis=-1), None
+        return dm_estimate(sums)[0] + np.sum(terms_rt, axis=-1), None
 
 
 DM = register(
@@ -127,9 +146,11 @@ DM = register(
         title="DM",
         stderr_method="sample standard error",
         sums=(Sum("dm_v"), Sum("dm_v2")),
-        terms=dm_terms,
-        finalize=closed_form(dm_values, "V-hat is not finite"),
-        replicates=replicates_of(dm_values),
+        init=dm_init,
+        advance=dm_advance,
+        finish=dm_values,
+        finalize=closed_form(dm_estimate, "V-hat is not finite"),
+        replicates=replicates_of(dm_estimate),
         studentized=True,
         needs=Q_FIELDS,
     )
@@ -140,9 +161,11 @@ DR = register(
         title="DR",
         stderr_method="sample standard error",
         sums=(Sum("sum_dr", DOUBLY_ROBUST), Sum("sum_dr2", DOUBLY_ROBUST, power=2)),
-        terms=dr_terms,
-        finalize=closed_form(dr_values, "the per-decision weights overflow float64"),
-        replicates=replicates_of(dr_values),
+        init=dr_init,
+        advance=dr_advance,
+        finish=dr_values,
+        finalize=closed_form(dr_estimate, "the per-decision weights overflow float64"),
+        replicates=replicates_of(dr_estimate),
         studentized=True,
         needs=Q_FIELDS,
     )
@@ -156,9 +179,9 @@ WDR = register(
             StepSum("wr_t", STEP, after_end="zero"),
             StepSum("w_t", STEP, after_end="hold"),
             StepSum("wq_t", STEP, after_end="zero"),
-            StepSum("wv_next_t", STEP, after_end="zero"),
+            StepSum("wv_next_t", STEP, after_end="zero", lag=1),
         ),
-        terms=wdr_terms,
+        advance=wdr_advance,
         finalize=grouped_jackknife(_wdr_value),
         replicates=wdr_replicates,
         needs=Q_FIELDS,

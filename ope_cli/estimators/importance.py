@@ -1,8 +1,8 @@
 """Importance-sampling estimators (SPEC 4): is, wis, pdis, wpdis, registered in that order.
 
 Notation: W_t the cumulative weight of an episode, G its discounted return, n episodes.
-Per-episode terms are written for one episode; every sum is relative to its scale
-(``base.TRAJECTORY``: W_{T-1}; ``base.DECISION``: max_t W_t; ``base.STEP``: W_t).
+Per-episode carries and values are written for one episode; every sum is relative to its
+scale (``base.TRAJECTORY``: W_{T-1}; ``base.DECISION``: max_t W_t; ``base.STEP``: W_t).
 """
 
 from __future__ import annotations
@@ -16,42 +16,48 @@ from ope_cli.estimators.base import (
     STEP,
     TRAJECTORY,
     Context,
-    Episode,
     Estimator,
     Grouped,
     Point,
     StepSum,
     Sum,
     Sums,
+    Trajectory,
+    Window,
     jnp,
     register,
-    weight,
+    relative,
+    rescaled,
 )
 from ope_cli.estimators.logspace import finite, scaled_array
 
-# --- per-episode terms (JAX, one episode) ---------------------------------------------------
+# --- per-episode carry and values (JAX, one episode) -----------------------------------------
 
 
-def trajectory_terms(episode: Episode) -> dict:
-    """IS: W G and W^2 G^2; WIS: W and W^2 for its centred moments (W relative to the
-    batch's largest trajectory weight)."""
-    w, g = weight(episode, TRAJECTORY), episode.return_
-    w2 = w * w
-    return {"sum_wg": w * g, "sum_w2g2": w2 * g * g, "wis_w": w, "wis_w2": w2}
+def trajectory_values(carry: dict, trajectory: Trajectory) -> dict:
+    """IS: W G and W^2 G^2; WIS: W and W^2 for its centred moments (relative to W: G, G^2,
+    1 and 1)."""
+    g = trajectory.return_
+    one = jnp().ones_like(g)
+    return {"sum_wg": g, "sum_w2g2": g * g, "wis_w": one, "wis_w2": one}
 
 
-def per_decision_terms(episode: Episode) -> dict:
-    """PDIS: P = sum_t gamma^t W_t r_t and P^2, relative to the batch's largest W_t."""
-    np_ = jnp()
-    log_max = episode.log_scales["decision"]
-    safe_max = np_.where(np_.isfinite(log_max), log_max, 0.0)
-    p = (np_.exp(episode.log_w_t - safe_max) * episode.reward_t) @ episode.discount_t
+def per_decision_init(zero) -> dict:
+    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to the largest W_t so far."""
+    return {"p": zero}
+
+
+def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    """P of the steps walked, now relative to the largest W_t of this window or before."""
+    before, after = window.before.log_peak, window.after.log_peak
+    steps = (relative(window.log_w_t, after) * window.reward_t) @ window.discount_t
+    return {"p": rescaled(carry["p"], before, after) + steps}, {}
+
+
+def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
+    """PDIS: P and P^2, relative to max_t W_t (and its square)."""
+    p = carry["p"]
     return {"sum_p": p, "sum_p2": p * p}
-
-
-def no_terms(episode: Episode) -> dict:
-    """WPDIS reads only the core per-step sums w_t = sum W_t and wr_t = sum W_t r_t."""
-    return {}
 
 
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
@@ -186,7 +192,7 @@ IS = register(
         title="IS",
         stderr_method="sample standard error",
         sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
-        terms=trajectory_terms,
+        finish=trajectory_values,
         finalize=closed_form(is_values, "the trajectory weights overflow float64"),
         replicates=replicates_of(is_values),
         studentized=True,
@@ -203,7 +209,7 @@ WIS = register(
             Sum("wis_w", TRAJECTORY, moments=1),
             Sum("wis_w2", TRAJECTORY, power=2, moments=2),
         ),
-        terms=trajectory_terms,
+        finish=trajectory_values,
         finalize=closed_form(wis_values, "every trajectory weight is zero"),
         replicates=replicates_of(wis_values),
         studentized=True,
@@ -216,7 +222,9 @@ PDIS = register(
         title="PDIS",
         stderr_method="sample standard error",
         sums=(Sum("sum_p", DECISION), Sum("sum_p2", DECISION, power=2)),
-        terms=per_decision_terms,
+        init=per_decision_init,
+        advance=per_decision_advance,
+        finish=per_decision_values,
         finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
         replicates=replicates_of(pdis_values),
         studentized=True,
@@ -229,7 +237,6 @@ WPDIS = register(
         title="WPDIS",
         stderr_method="grouped jackknife over 32 episode-id hash groups",
         sums=(StepSum("wr_t", STEP, after_end="zero"), StepSum("w_t", STEP, after_end="hold")),
-        terms=no_terms,
         finalize=wpdis_finalize,
         replicates=wpdis_replicates,
         betting="decision",
