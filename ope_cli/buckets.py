@@ -1,15 +1,17 @@
-"""Episodes -> fixed-shape padded [batch, time] arrays, grouped by length bucket.
+"""Episodes -> padded [lanes, T] batches, walked by the kernel in windows of a few fixed
+shapes.
 
-The compiled shapes do not depend on the data, so a compilation (in memory or in the
-persistent cache) serves every later dataset. Bucket lengths are 1 and the geometric
-family ceil(min_bucket * growth**k) (1, 8, 12, 16, 23, 32, 46, ... by default), without a
-cap, so a 10,000-step episode gets a 16,384-step bucket rather than being dropped. A bucket
-of length T has exactly two shapes: full batches of B(T) episodes (the largest power of two
-with B * T <= batch_steps), and the rows left at the end, run as calls of TAIL_DIVISOR
-times fewer episodes, the last one topped up with masked rows. Compiling costs about a
-second per shape and a call a few milliseconds, so the tail is padded rather than given
-a shape of its own; the small tail shape keeps the padding of a one-step (bandit) log or
-of a small dataset within a few percent.
+The compiled shapes do not depend on the data: the kernel sees windows [lanes, width] of
+a fixed catalogue (``window_shapes``): one-step episodes (bandit logs), short episodes, the
+window for everything else, and one lane for very long episodes (whose neighbours in
+length are too few to fill lanes). A batch is ``lanes`` episodes of similar length, padded
+to T, a multiple of its window width; the kernel carries each episode's state from one
+window to the next, so T is not a compiled dimension and memory is bounded by the batch
+and the window, not by the longest episode's bucket.
+
+Episodes wait in a pool (at most ``POOL_BATCHES`` windows' worth of steps) sorted by
+length; a batch leaves the pool when its lanes are full and its padding is at most
+``PADDING_TOLERANCE`` of its steps, or when the pool is full or the data ends.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.config import BatchingConfig
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.episodes import EpisodeChunk, take_episodes
 from ope_cli.steps import Steps, map_arrays, step_field
 
 RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
-TAIL_DIVISOR = 64  # a bucket's last episodes run in calls of B(T) / TAIL_DIVISOR episodes
+PADDING_TOLERANCE = 0.1  # a full batch leaves the pool early when it pads at most this much
+POOL_BATCHES = 512  # episodes wait in a pool of at most this many windows' worth of steps
 
 
 class PaddedBatch(NamedTuple):
@@ -57,41 +60,50 @@ class PaddedBatch(NamedTuple):
         return self.step_mask.shape
 
 
-def bucket_lengths_upto(max_length: int, min_bucket: int, growth: float) -> np.ndarray:
-    """Increasing bucket lengths until one is >= max_length: 1, then the distinct values of
-    ceil(min_bucket * growth**k). The family depends only on (min_bucket, growth). One-step
-    episodes (bandit logs) get a bucket of their own; other short episodes share the
-    min_bucket one, as each further bucket costs a compilation."""
-    min_bucket = max(1, min_bucket)
-    lengths, power = [1] if min_bucket == 1 else [1, min_bucket], 1
-    while lengths[-1] < max_length:
-        # The tolerance keeps sqrt(2)**4 * 8 at 32, not 33, despite rounding in the power.
-        length = math.ceil(min_bucket * growth**power - 1e-9)
-        power += 1
-        if length > lengths[-1]:
-            lengths.append(length)
-    return np.asarray(lengths if max_length > 1 else lengths[:1], np.int64)
+@dataclasses.dataclass(frozen=True)
+class WindowShape:
+    """One compiled window shape [lanes, width], for batches whose longest episode has at
+    most ``longest`` steps."""
+
+    lanes: int
+    width: int
+    longest: float
 
 
 def _round_up(count: int, multiple_of: int) -> int:
     return -(-count // multiple_of) * multiple_of
 
 
-def episodes_per_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
-    """B(T) for a bucket of ``length`` steps: the largest power of two with at most
-    ``batch_steps`` cells (at least 1), rounded up to a multiple of ``multiple_of``."""
-    episodes = 1 << max(0, (batch_steps // length).bit_length() - 1)
-    return _round_up(episodes, multiple_of)
+def window_shapes(batching: BatchingConfig, multiple_of: int = 1) -> tuple[WindowShape, ...]:
+    """The fixed catalogue of window shapes, by increasing ``longest``: with N =
+    ``batch_steps`` cells per window and s = ``min_bucket`` (at least 2), [N / s, 1] for
+    one-step episodes, [N / s, s] up to s^3 steps, [N / s^2, s^2] up to N steps, and one
+    lane [1, N / 8] beyond; lanes are a multiple of ``multiple_of`` (the devices). One-step
+    episodes get as many lanes as short ones: a bandit log's last batch is then a small
+    share of it. (The episodes left at the end may take any of them: ``flush_plan``.)"""
+    cells, short = batching.batch_steps, max(2, batching.min_bucket)
+    window = short * short
 
+    def lanes(width: int, at_most: int | None = None) -> int:
+        count = max(1, cells // width) if at_most is None else at_most
+        return _round_up(count, multiple_of)
 
-def episodes_per_tail_batch(length: int, batch_steps: int, multiple_of: int = 1) -> int:
-    """Episodes per call for a bucket's remaining episodes: B(T) / TAIL_DIVISOR (at least 1),
-    rounded up to a multiple of ``multiple_of``; never more than B(T)."""
-    episodes = 1 << max(0, (batch_steps // length).bit_length() - 1)
-    return min(
-        _round_up(max(1, episodes // TAIL_DIVISOR), multiple_of),
-        episodes_per_batch(length, batch_steps, multiple_of),
+    return (
+        WindowShape(lanes(short), 1, 1),
+        WindowShape(lanes(short), short, window * short),
+        WindowShape(lanes(window), window, max(window * short, cells)),
+        WindowShape(lanes(1, at_most=1), max(1, cells // 8), math.inf),
     )
+
+
+def shape_for(shapes: tuple[WindowShape, ...], longest: int) -> WindowShape:
+    """The window shape of a batch whose longest episode has ``longest`` steps."""
+    return next(shape for shape in shapes if longest <= shape.longest)
+
+
+def batch_length(shape: WindowShape, longest: int) -> int:
+    """T of a batch of ``shape``: its longest episode rounded up to whole windows."""
+    return _round_up(max(1, longest), shape.width)
 
 
 def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -187,17 +199,6 @@ def row_range(batch: PaddedBatch, start: int, stop: int) -> PaddedBatch:
     return map_arrays(rows, batch)
 
 
-def _topped_up(batch: PaddedBatch, rows: int) -> PaddedBatch:
-    """``batch`` with all-padding rows appended up to ``rows`` episodes."""
-
-    def grown(values: np.ndarray) -> np.ndarray:
-        out = _zeros((rows, *values.shape[1:]), values.dtype)
-        out[: values.shape[0]] = values
-        return out
-
-    return map_arrays(grown, batch)
-
-
 def pad(
     chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
 ) -> PaddedBatch:
@@ -209,78 +210,153 @@ def pad(
     return padded
 
 
-@dataclasses.dataclass
-class _OpenBatch:
-    """A bucket's batch being filled: ``rows`` episodes with ``steps`` real steps so far.
-    Its arrays are its own (episodes are copied in), so no chunk outlives its ``add``."""
+CALL_CELLS = 8192  # what a kernel call costs beyond its cells, in cells (a few hundred µs)
 
-    batch: PaddedBatch
-    rows: int = 0
-    steps: int = 0
+
+def flush_plan(
+    lengths: np.ndarray, shapes: tuple[WindowShape, ...]
+) -> list[tuple[int, int, WindowShape]]:
+    """(start, stop, shape) batches of the episodes of ``lengths`` (sorted, longest first)
+    that cost least in all: padded cells plus CALL_CELLS per window call, each batch the
+    next ``lanes`` episodes (fewer for the last) in one of ``shapes``. One-step episodes
+    use the one-step shape, which no longer episode does (a call per step)."""
+    size = lengths.size
+    cost, choice = np.zeros(size + 1), np.zeros(size, np.int64)
+    widths = np.array([shape.width for shape in shapes])
+    lanes = np.array([shape.lanes for shape in shapes])
+    for i in range(size - 1, -1, -1):
+        length = max(1, int(lengths[i]))
+        windows = -(-length // widths)
+        total = lanes * windows * widths + CALL_CELLS * windows
+        total = total + cost[np.minimum(i + lanes, size)]
+        if length > 1:
+            total[0] = np.inf  # the one-step shape
+        choice[i] = int(np.argmin(total))
+        cost[i] = total[choice[i]]
+    plan, i = [], 0
+    while i < size:
+        shape = shapes[choice[i]]
+        plan.append((i, min(i + shape.lanes, size), shape))
+        i += shape.lanes
+    return plan
 
 
 class Bucketer:
-    """Collects episodes per length bucket and emits full fixed-shape batches.
+    """Collects episodes in a pool and emits padded batches of similar lengths, each of one
+    of the fixed window shapes (``window_shapes``).
 
     Attributes (for reports): ``real_steps`` and ``padded_steps`` (cells of emitted
-    batches, filler rows included) and ``shapes`` (the distinct [B, T] shapes emitted).
+    batches, filler rows included) and ``shapes`` (the distinct [lanes, width] window
+    shapes of the emitted batches).
     """
 
     def __init__(self, batching: BatchingConfig, multiple_of: int = 1):
         self.batching = batching
-        self.multiple_of = multiple_of
-        self._lengths = bucket_lengths_upto(1, batching.min_bucket, batching.bucket_growth)
-        self._open: dict[int, _OpenBatch] = {}  # bucket length -> its partly filled batch
+        self.window_shapes = window_shapes(batching, multiple_of)
+        self.capacity = POOL_BATCHES * batching.batch_steps
+        self._chunks: dict[int, EpisodeChunk] = {}  # pool entry's chunk by its number
+        self._chunk = np.zeros(0, np.int64)  # [n] the pool's episodes: chunk number,
+        self._episode = np.zeros(0, np.int64)  # index in the chunk,
+        self._length = np.zeros(0, np.int64)  # and length
+        self._next_chunk = 0
         self.real_steps = 0
         self.padded_steps = 0
         self.shapes: set[tuple[int, int]] = set()
 
+    def width_of(self, batch: PaddedBatch) -> int:
+        """The window width the kernel walks ``batch`` in: the widest of its lanes' shapes
+        that divides its length."""
+        lanes, length = batch.shape
+        for shape in reversed(self.window_shapes):
+            if shape.lanes == lanes and length % shape.width == 0:
+                return shape.width
+        raise ValueError(f"no window shape for a [{lanes}, {length}] batch")
+
     def add(self, chunk: EpisodeChunk) -> Iterator[PaddedBatch]:
-        """Files the chunk's episodes into buckets; yields every batch that became full."""
-        longest = int(chunk.lengths.max())
-        if longest > self._lengths[-1]:
-            self._lengths = bucket_lengths_upto(
-                longest, self.batching.min_bucket, self.batching.bucket_growth
-            )
-        offsets = chunk.offsets
-        bucket_of = np.searchsorted(self._lengths, chunk.lengths, side="left")
-        for bucket in np.unique(bucket_of):
-            length = int(self._lengths[bucket])
-            batch = episodes_per_batch(length, self.batching.batch_steps, self.multiple_of)
-            members = np.flatnonzero(bucket_of == bucket)
-            while members.size:
-                open_batch = self._open.get(length)
-                if open_batch is None:
-                    open_batch = self._open[length] = _OpenBatch(empty_batch(chunk, length, batch))
-                else:
-                    open_batch.batch = widened(open_batch.batch, chunk)
-                placed = members[: batch - open_batch.rows]
-                open_batch.steps += place_episodes(
-                    open_batch.batch, open_batch.rows, chunk, placed, offsets
-                )
-                open_batch.rows += placed.size
-                members = members[placed.size :]
-                if open_batch.rows == batch:
-                    del self._open[length]
-                    yield self._emit(open_batch.batch, open_batch.steps)
+        """Adds the chunk's episodes to the pool; yields the batches that are ready."""
+        number = self._next_chunk
+        self._next_chunk += 1
+        self._chunks[number] = chunk
+        count = chunk.num_episodes
+        self._chunk = np.concatenate([self._chunk, np.full(count, number, np.int64)])
+        self._episode = np.concatenate([self._episode, np.arange(count, dtype=np.int64)])
+        self._length = np.concatenate([self._length, chunk.lengths.astype(np.int64)])
+        yield from self._emit(final=False)
 
     def flush(self) -> Iterator[PaddedBatch]:
-        """Yields the remaining episodes of each bucket in tail batches (the last one topped
-        up with masked rows)."""
-        for length in sorted(self._open):
-            open_batch = self._open.pop(length)
-            rows = episodes_per_tail_batch(length, self.batching.batch_steps, self.multiple_of)
-            padded, real = open_batch.batch, open_batch.rows
-            for start in range(0, real, rows):
-                if start + rows <= padded.shape[0]:
-                    part = row_range(padded, start, start + rows)
-                else:  # B(T) is not a multiple of the tail size (devices not a power of 2)
-                    part = _topped_up(row_range(padded, start, padded.shape[0]), rows)
-                yield self._emit(part, int(part.step_mask.sum()))
+        """Yields every episode left in the pool (the last batch of a shape topped up with
+        masked rows)."""
+        yield from self._emit(final=True)
 
-    def _emit(self, padded: PaddedBatch, real_steps: int) -> PaddedBatch:
-        """``padded`` (a filled batch or a tail part of one), counted in the statistics."""
-        self.real_steps += real_steps
+    def _emit(self, final: bool) -> Iterator[PaddedBatch]:
+        """Batches from the pool, longest episodes first: full ones that pad little, more
+        full ones while the pool is over its capacity, and everything when ``final``."""
+        order = np.argsort(-self._length, kind="stable")
+        lengths = self._length[order]
+        steps_before = np.concatenate([[0], np.cumsum(lengths)])
+        pooled = int(steps_before[-1])
+        shapes = self.window_shapes
+        index = np.searchsorted([shape.longest for shape in shapes], lengths, side="left")
+        lanes = np.array([shape.lanes for shape in shapes])[index]
+        widths = np.array([shape.width for shape in shapes])[index]
+        stops = np.minimum(np.arange(lengths.size) + lanes, lengths.size)
+        real = steps_before[stops] - steps_before[: lengths.size]
+        full = stops - np.arange(lengths.size) == lanes
+        cells = lanes * (-(-np.maximum(lengths, 1) // widths) * widths)
+        snug = full & (cells - real <= PADDING_TOLERANCE * real)
+        keep, i = [], 0
+        if final:
+            for start, stop, shape in flush_plan(lengths, shapes):
+                yield self._batch(order[start:stop], shape, int(lengths[start]))
+            i = lengths.size
+        while i < lengths.size:
+            ready = full if pooled > self.capacity else snug
+            # the next position whose batch may leave; the ones before stay
+            later = np.flatnonzero(ready[i:])
+            if later.size == 0:
+                keep.append(order[i:])
+                break
+            keep.append(order[i : i + later[0]])
+            i += int(later[0])
+            yield self._batch(order[i : stops[i]], shapes[index[i]], int(lengths[i]))
+            pooled -= int(real[i])
+            i = int(stops[i])
+        kept = np.concatenate(keep) if keep else np.zeros(0, np.int64)
+        self._chunk, self._episode, self._length = (
+            self._chunk[kept],
+            self._episode[kept],
+            self._length[kept],
+        )
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drops the chunks the pool no longer uses, and replaces each chunk of which it
+        holds less than a quarter of the steps by a copy of those episodes, so that waiting
+        episodes never keep whole chunks in memory (it would grow with the data)."""
+        used = np.unique(self._chunk)
+        for number in set(self._chunks) - set(used.tolist()):
+            del self._chunks[number]
+        for number in used.tolist():
+            chunk = self._chunks[number]
+            mine = np.flatnonzero(self._chunk == number)
+            if 4 * int(self._length[mine].sum()) >= chunk.num_steps:
+                continue
+            self._chunks[number] = take_episodes(chunk, self._episode[mine])
+            self._episode[mine] = np.arange(mine.size)
+
+    def _batch(self, members: np.ndarray, shape: WindowShape, longest: int) -> PaddedBatch:
+        """The pool's episodes ``members`` (indices into the pool) padded into a batch."""
+        numbers = self._chunk[members]
+        first = self._chunks[int(numbers[0])]
+        padded = empty_batch(first, batch_length(shape, longest), shape.lanes)
+        row = real = 0
+        for number in np.unique(numbers):
+            chunk = self._chunks[int(number)]
+            padded = widened(padded, chunk)
+            episodes = self._episode[members[numbers == number]]
+            real += place_episodes(padded, row, chunk, episodes)
+            row += episodes.size
+        self.real_steps += real
         self.padded_steps += padded.shape[0] * padded.shape[1]
-        self.shapes.add(padded.shape)
+        self.shapes.add((shape.lanes, shape.width))
         return padded

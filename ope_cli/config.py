@@ -33,22 +33,19 @@ class ColumnMapping:
 
 @dataclasses.dataclass(frozen=True)
 class BatchingConfig:
-    """How rows are read and episodes are padded.
+    """How rows are read and episodes are padded into batches walked in windows.
 
     Attributes:
       read_rows: rows per Arrow record batch read from disk.
-      batch_steps: padded steps ([batch, time] cells) per full kernel call; a bucket of
-        length T runs B(T), the largest power of two <= ``max(1, batch_steps // T)``,
-        episodes per call (``buckets``).
-      min_bucket: length of the shortest bucket above the one-step bucket; bucket lengths
-        grow geometrically from it.
-      bucket_growth: ratio between consecutive bucket lengths (> 1).
+      batch_steps: N, the [lanes, width] cells of a kernel window: the window shapes are
+        [N / s, 1] (one-step episodes), [N / s, s], [N / s^2, s^2] and [1, N / 8]
+        (``buckets.window_shapes``).
+      min_bucket: s, the short window's width (at least 2).
     """
 
     read_rows: int = 65_536
-    batch_steps: int = 65_536
+    batch_steps: int = 8_192
     min_bucket: int = 8
-    bucket_growth: float = 2**0.5
 
 
 @dataclasses.dataclass(frozen=True)

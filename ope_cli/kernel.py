@@ -1,10 +1,16 @@
-"""The jitted kernel: vmap a policy's per-step log_prob over steps, episodes and stacked
-policies, then reduce a padded [B, T] batch to BatchStatistics with a leading policy
-axis [P, ...]. With a ``--behavior`` policy, its log pi_b(a|s) replaces the batch's
-``log_behavior`` inside the same jitted call (its params are one more input).
-One module-level jit serves every run in the process, so each (policy function,
-behavior function, batch shape, dtype) compiles once; a persistent compilation cache
-(``runtime.enable_compilation_cache``) carries compilations across processes.
+"""The jitted kernel: a batch of episodes walked in fixed time windows.
+
+Two compiled functions serve each configuration (policy kind, estimators, Q source,
+behavior policy, bootstrap replicates, betting): ``_advance_kernel`` vmaps a policy's
+per-step log_prob over the [B, C] steps of a window and the stacked policies [P], carries
+every episode's state ([P, B] leaves: ``estimators.batch.EpisodeCarry``) to the next window
+and returns the window's per-step sums; ``_finish_kernel`` turns the carries into the
+batch's scalar sums, with shapes that depend on B alone. The time axis is never a compiled
+dimension: a batch of any length is a sequence of windows of one of a few fixed shapes
+(``buckets.window_shapes``). With a ``--behavior`` policy, its log pi_b(a|s) replaces the
+window's ``log_behavior`` inside the same call (its params are one more input).
+A persistent compilation cache (``runtime.enable_compilation_cache``) and the kept
+kernels of ``kernel_cache`` carry compilations across processes.
 """
 
 from __future__ import annotations
@@ -25,25 +31,33 @@ from ope_cli.bootstrap_counts import replicate_counts
 from ope_cli.buckets import PaddedBatch
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimators import available, get
+from ope_cli.estimators.base import sum_spec
 from ope_cli.estimators.batch import (
     BatchStatistics,
-    WeightedBatch,
-    batch_statistics,
-    log_weights,
-    poisson_counts,
+    EpisodeCarry,
+    ScalarStatistics,
+    StepStatistics,
+    WeightedWindow,
+    advance_window,
+    combine,
+    finish_batch,
+    init_carry,
+    lagged,
+    log_ratios,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.fit.base import fold_index
 from ope_cli.kernel_cache import COMPILER_OPTIONS
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
+from ope_cli.steps import map_arrays
 
 BATCH_AXIS = "batch"
 
 
 def trace_count() -> int:
     """How many kernels this process compiled (or fetched from the persistent cache): one
-    per batch shape of each configuration, traced at it or compiled from its export."""
+    per window or batch shape of each configuration and function."""
     return kernel_cache.compilation_count()
 
 
@@ -107,7 +121,7 @@ def group_policies(
 def _policy_log_probs(
     log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
 ):
-    """[P, B, T] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
+    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
     if log_prob is None:  # logged target probabilities
         return log_target[None]
     per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
@@ -123,7 +137,7 @@ def _policy_log_probs(
 def behavior_log_probs(
     log_prob: LogProbFn, params, observation, action, dtype, fold=None
 ) -> jax.Array:
-    """[B, T] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked);
+    """[B, C] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked);
     cross-fitted: ``params`` [K, ...] and episode b uses fold ``fold`` [B] of them."""
     if fold is None:
         per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
@@ -136,9 +150,10 @@ def behavior_log_probs(
     return log_b.astype(dtype)
 
 
-def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch) -> ZeroProbabilitySteps:
-    """How many real steps of ``batch`` have a non-finite behavior log-probability ``log_b``
-    [B, T] (-inf: the logged action has probability 0), and the first one; leaves [1]."""
+def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroProbabilitySteps:
+    """How many real steps of the window ``batch`` (column 0: step ``start``) have a
+    non-finite behavior log-probability ``log_b`` [B, C] (-inf: the logged action has
+    probability 0), and the first one; leaves [1]."""
     bad = batch.step_mask & ~jnp.isfinite(log_b)
     first = jnp.argmax(bad.reshape(-1))
     episode, step = jnp.divmod(first, bad.shape[1])
@@ -146,33 +161,534 @@ def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch) -> ZeroProbabil
         count=jnp.sum(bad, dtype=jnp.int32)[None],
         key_hi=batch.key_hi[episode][None],
         key_lo=batch.key_lo[episode][None],
-        step=step.astype(jnp.int32)[None],
+        step=(step + start).astype(jnp.int32)[None],
         value=log_b.reshape(-1)[first][None],
     )
 
 
-class KernelOutput(NamedTuple):
-    """What one kernel call returns: BatchStatistics [D, P, ...], and with a ``--behavior``
-    policy its ZeroProbabilitySteps [D] (else None)."""
-
-    statistics: BatchStatistics
-    zero_behavior: ZeroProbabilitySteps | None
-
-
-def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch: PaddedBatch, seed, dtype):
-    """{"q_t", "v_t": [P, B, T]} of every policy of a group, or {} without a Q source."""
+def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):  # noqa: PLR0913
+    """{"q_t", "v_t": [P, B, C]} of every policy of a group, or {} without a Q source."""
     if spec is None:
         return {}
 
     def one_policy(policy_params, q_params_p):
-        return episode_q_fields(spec, log_prob, policy_params, q_params_p, batch, seed, dtype)
+        return episode_q_fields(
+            spec, log_prob, policy_params, q_params_p, batch, seed, dtype, start
+        )
 
     if params is None and q_params is None:
         return jax.tree.map(lambda x: x[None], one_policy(None, None))
     return jax.vmap(one_policy, in_axes=(None if params is None else 0, 0))(params, q_params)
 
 
-def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
+class Static(NamedTuple):
+    """The static (compile-time) configuration of a policy group's kernels: a hashable
+    record, so that one compiled kernel serves every window of that configuration."""
+
+    log_prob: LogProbFn | None
+    behavior_log_prob: LogProbFn | None
+    behavior_folds: int
+    num_groups: int
+    dtype: str
+    mesh: Mesh | None
+    estimators: tuple[str, ...]
+    q: QSpec | None
+    betting: bool
+
+
+def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
+    """(window, ZeroProbabilitySteps or None): the window's log_behavior replaced by the
+    ``--behavior`` policy's log-probabilities when there is one."""
+    if static.behavior_log_prob is None:
+        return window, None
+    dtype = static.dtype
+    observation, action = window.steps.observation, window.steps.action
+    if jnp.issubdtype(observation.dtype, jnp.floating):
+        observation = observation.astype(dtype)
+    if jnp.issubdtype(action.dtype, jnp.floating):
+        action = action.astype(dtype)
+    fold = None
+    if static.behavior_folds > 1:  # cross-fitted: each episode's fold, from its id key
+        fold = fold_index(window.key_hi, window.key_lo, static.behavior_folds, jnp)
+    log_b = behavior_log_probs(
+        static.behavior_log_prob, behavior_params, observation, action, dtype, fold
+    )
+    window = window._replace(steps=window.steps._replace(log_behavior=log_b))
+    return window, zero_probability_steps(log_b, window, start)
+
+
+def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
+    params,
+    behavior_params,
+    q_params,
+    window: PaddedBatch,
+    start,
+    carry: EpisodeCarry,
+    counts,
+    gamma,
+    seed,
+    betting_range,
+    static: Static,
+):
+    """(carry, StepStatistics [P, ...], ZeroProbabilitySteps or None) of the next C steps of
+    (this device's share of) a batch for the P stacked ``params`` of one policy group; not
+    jitted. ``window``: PaddedBatch fields [B, C, ...], column 0 at step ``start``;
+    ``carry``: EpisodeCarry of [P, L] leaves, L >= B, its first B lanes the window's
+    episodes (a carry of one size serves every window shape, so the finish compiles once);
+    ``counts``: [B, R] bootstrap counts."""
+    window, zero_behavior = _with_behavior(window, start, behavior_params, static)
+    dtype = static.dtype
+    steps = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, window.steps
+    )
+    log_pi = _policy_log_probs(
+        static.log_prob,
+        params,
+        steps.observation,
+        steps.action,
+        steps.log_target,
+        window.step_mask,
+        dtype,
+    )
+    window = window._replace(steps=steps)
+    fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
+    betting = betting_range if static.betting else None
+
+    def per_policy(carry_b, log_pi_bc, fields_bc):
+        weighted = WeightedWindow(
+            log_ratios(log_pi_bc, steps.log_behavior, window.step_mask),
+            steps.reward,
+            window.step_mask,
+            window.episode_mask,
+            window.group,
+            counts,
+            start,
+            fields_bc,
+        )
+        return advance_window(
+            carry_b, weighted, gamma, static.num_groups, static.estimators, betting
+        )
+
+    lanes = window.step_mask.shape[0]
+    own = jax.tree.map(lambda x: x[:, :lanes], carry)
+    own, statistics = jax.vmap(per_policy)(own, log_pi, fields)
+    carry = jax.tree.map(lambda full, part: full.at[:, :lanes].set(part), carry, own)
+    return carry, statistics, zero_behavior
+
+
+def finish_statistics(  # noqa: PLR0913 - the finish kernel's inputs, in its order
+    carry: EpisodeCarry, episode_mask, group, counts, betting_range, static
+):
+    """ScalarStatistics [P, ...] of (this device's share of) a batch whose last window was
+    walked: ``carry`` [P, L] leaves, ``episode_mask`` and ``group`` [L] and ``counts`` [L, R]
+    laid out as its lanes (``Kernel.carry_layout``); not jitted."""
+    betting = betting_range if static.betting else None
+    return jax.vmap(
+        lambda c: finish_batch(
+            c, episode_mask, group, counts, static.num_groups, static.estimators, betting
+        )
+    )(carry)
+
+
+def _leading_device_axis(tree):
+    return jax.tree.map(lambda x: x[None], tree)
+
+
+def _carry_spec(carry):
+    return jax.tree.map(lambda _: PartitionSpec(None, BATCH_AXIS), carry)
+
+
+@functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
+def _advance_kernel(  # noqa: PLR0913 - the kernel's inputs, in window_statistics' order
+    params,
+    behavior_params,
+    q_params,
+    window: PaddedBatch,
+    start,
+    carry: EpisodeCarry,
+    counts,
+    gamma,
+    seed,
+    betting_range,
+    *,
+    static: Static,
+):
+    """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None): one
+    row per device of ``static.mesh`` (D = 1 without one).
+
+    With a mesh, each device walks its own share of the episodes (every leaf of ``window``,
+    ``carry`` and ``counts`` is split along its episode axis) and the per-device partials
+    come back to the host to be merged there: no cross-device collective runs inside the
+    kernel, so any number of calls can be in flight without deadlocking.
+    """
+    kernel_cache.count_compilation()
+
+    def run(*args):
+        carry, statistics, zero = window_statistics(*args, static)
+        return carry, _leading_device_axis(statistics), zero
+
+    args = (params, behavior_params, q_params, window, start, carry, counts, gamma, seed)
+    args = (*args, betting_range)
+    if static.mesh is None:
+        return run(*args)
+    by_episode, replicated = PartitionSpec(BATCH_AXIS), PartitionSpec()
+    in_specs = (
+        *(replicated,) * 3,
+        jax.tree.map(lambda _: by_episode, window),
+        replicated,
+        _carry_spec(carry),
+        by_episode,
+        *(replicated,) * 3,
+    )
+    out_specs = (_carry_spec(carry), by_episode, by_episode)
+    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+
+
+@functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
+def _finish_kernel(carry: EpisodeCarry, episode_mask, group, counts, betting_range, *, static):
+    """ScalarStatistics [D, P, ...] of a batch whose last window was walked."""
+    kernel_cache.count_compilation()
+
+    def run(*args):
+        return _leading_device_axis(finish_statistics(*args, static))
+
+    args = (carry, episode_mask, group, counts, betting_range)
+    if static.mesh is None:
+        return run(*args)
+    by_episode = PartitionSpec(BATCH_AXIS)
+    in_specs = (_carry_spec(carry), by_episode, by_episode, by_episode, PartitionSpec())
+    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=by_episode)(*args)
+
+
+def _signature(args) -> tuple:
+    return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
+
+
+def local_mesh(devices: int | None = None) -> Mesh | None:
+    """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
+    available = jax.local_devices()
+    count = len(available) if devices is None else devices
+    if not 1 <= count <= len(available):
+        raise UsageError(f"--devices {count}: this process has {len(available)} device(s)")
+    if count == 1:
+        return None
+    return Mesh(np.array(available[:count]), (BATCH_AXIS,))
+
+
+def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+    """(start, window) of a host ``batch`` [B, T] cut into windows [B, width] (contiguous
+    copies of its columns start:start + width), in order; T must be a multiple of width."""
+    length = batch.shape[1]
+    if length % width:
+        raise ValueError(f"a batch of {length} steps is not walked in windows of {width}")
+    out = []
+    for start in range(0, length, width):
+
+        def columns(x, start=start):
+            return np.ascontiguousarray(x[:, start : start + width]) if x.ndim > 1 else x
+
+        out.append((start, map_arrays(columns, batch)))
+    return out
+
+
+class KernelOutput(NamedTuple):
+    """What one batch's kernel calls return (device arrays, dispatched asynchronously):
+    each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
+    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), and
+    the batch's length T."""
+
+    windows: list[tuple[int, StepStatistics]]
+    scalar: ScalarStatistics
+    zero_behavior: list[ZeroProbabilitySteps] | None
+    length: int
+
+
+def assemble(output: KernelOutput) -> BatchStatistics:
+    """The BatchStatistics [D, P, ...] of a batch (host arrays) from its KernelOutput (host
+    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier."""
+    length = output.length
+    fields = {}
+    for field in StepStatistics._fields:
+        assembled = {}
+        for name, first in getattr(output.windows[0][1], field).items():
+            lag = "log_scales" not in field and sum_spec(name).lag
+            full = np.zeros((*first.shape[:-1], length), first.dtype)
+            for start, statistics in output.windows:
+                part = np.asarray(getattr(statistics, field)[name])
+                if lag:  # column c holds step start + c - 1
+                    low = max(start - 1, 0)
+                    part = part[..., low - (start - 1) :]
+                    full[..., low : low + part.shape[-1]] = part
+                else:
+                    full[..., start : start + part.shape[-1]] = part
+            assembled[name] = full
+        fields[field] = assembled
+    return combine(StepStatistics(**fields), output.scalar)
+
+
+class Kernel:
+    """``(batch, width) -> KernelOutput`` for one policy group: the batch walked in windows
+    of ``width`` steps, the episode axis sharded over ``mesh`` when given; with
+    ``behavior``, its log-probabilities replace the logged ones."""
+
+    def __init__(  # noqa: PLR0913 - the behavior policy is keyword-only
+        self,
+        group: PolicyGroup,
+        gamma: float,
+        num_groups: int,
+        dtype,
+        mesh: Mesh | None,
+        num_replicates: int = 0,
+        seed: int = 0,
+        betting_range: tuple[float, float, float] | None = None,
+        *,
+        behavior: Policy | None = None,
+        v_samples: int = 16,
+        carry_lanes: int | None = None,
+    ):
+        self.group = group
+        # lanes of the carry, whatever the window's (None: the window's): one finish kernel
+        self.carry_lanes = carry_lanes
+        self._initial: dict[int, EpisodeCarry] = {}
+        self.behavior = behavior
+        q = None if group.qs is None else q_spec(group.qs[0], group.head, v_samples)
+        self.dtype = np.dtype(dtype)
+        self.gamma = _on_device(gamma, self.dtype)
+        self.seed = _on_device(seed, np.uint32)
+        self.num_replicates = num_replicates
+        # (a, b, H) of estimators.batch.betting_variables; None: no betting histogram
+        self.betting_range = _on_device(
+            (0.0, 0.0, 0.0) if betting_range is None else betting_range, self.dtype
+        )
+        self.mesh = mesh
+        self.params = group.stacked_params(self.dtype)
+        self.q_params = group.stacked_q_params(self.dtype)
+        self.behavior_params = (
+            None
+            if behavior is None or behavior.params is None
+            else {k: _on_device(v, self.dtype) for k, v in behavior.params.items()}
+        )
+        self.static = Static(
+            log_prob=group.head.log_prob,
+            behavior_log_prob=None if behavior is None else behavior.log_prob,
+            behavior_folds=1 if behavior is None else behavior.folds,
+            num_groups=num_groups,
+            dtype=self.dtype.name,
+            mesh=mesh,
+            # every estimator registered when the kernel is made that the inputs allow
+            estimators=available(Q_FIELDS if q is not None else ()),
+            q=q,
+            betting=betting_range is not None,
+        )
+        self._sharding = (
+            NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
+        )
+        self._carry_sharding = (
+            NamedSharding(mesh, PartitionSpec(None, BATCH_AXIS)) if mesh is not None else None
+        )
+        self._calls: dict[tuple, Callable] = {}  # (function, signature) -> compiled call
+
+    @property
+    def estimators(self) -> tuple[str, ...]:
+        return self.static.estimators
+
+    def _estimator_code(self) -> list[Callable]:
+        code = []
+        for name in self.static.estimators:
+            estimator = get(name)
+            code += [estimator.init, estimator.advance, estimator.finish]
+        return code
+
+    def _call(self, function, args: tuple) -> tuple:
+        """``function`` (a jitted kernel) on ``args``: a compiled kernel kept on disk
+        (``kernel_cache``) when there is a compilation cache and the code is the package's
+        own, else the jitted function (compiled once per shape in this process)."""
+        signature = (function.__name__, jax.tree.structure(args), _signature(args))
+        call = self._calls.get(signature)
+        if call is None:
+            static = {"static": self.static}
+            named = {"kernel": function.__name__, **self.static._asdict()}
+            key = kernel_cache.kernel_key(args, named, self._estimator_code())
+            compiled = (
+                None
+                if key is None
+                else kernel_cache.load_or_compile(
+                    functools.partial(_compile_named, function, args, static), key
+                )
+            )
+            call = compiled or functools.partial(function, **static)
+            self._calls[signature] = call
+        return call(*args)
+
+    def _narrow(self, x: np.ndarray) -> np.ndarray:
+        """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
+        narrower ones are widened on the device."""
+        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
+            return x.astype(self.dtype)
+        return x
+
+    def initial_carry(self, lanes: int) -> EpisodeCarry:
+        """The carry before a batch's first window: [P, L] leaves on the device(s), made
+        once per L (the kernel never writes into its inputs)."""
+        if lanes not in self._initial:
+            policies = 1 if self.params is None else len(self.group.policies)
+            zero = np.zeros((policies, lanes), self.dtype)
+            carry = init_carry(zero, self.static.estimators, self.static.betting)
+            carry = jax.tree.map(
+                lambda x: np.ascontiguousarray(np.broadcast_to(x, zero.shape)), carry
+            )
+            self._initial[lanes] = jax.device_put(carry, self._carry_sharding)
+        return self._initial[lanes]
+
+    def carry_layout(self, x: np.ndarray, lanes: int) -> np.ndarray:
+        """A window's per-episode array ``x`` [B, ...] laid out as the carry's ``lanes``
+        lanes: on each of D devices, the device's B / D episodes first, then filler."""
+        if lanes == x.shape[0]:
+            return x
+        devices = 1 if self.mesh is None else self.mesh.size
+        own, total = x.shape[0] // devices, lanes // devices
+        out = np.zeros((lanes, *x.shape[1:]), x.dtype)
+        for device in range(devices):
+            out[device * total : device * total + own] = x[device * own : (device + 1) * own]
+        return out
+
+    def windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+        """(start, [B, width] window) of ``batch`` (host arrays, narrowed), in order."""
+        return split_windows(jax.tree.map(self._narrow, batch), width)  # None stays None
+
+    def device_windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+        """``windows`` for the device(s): with a mesh, put there with the episode axis split
+        over it; on one device, host arrays, which the compiled call copies in for a
+        quarter of what a ``device_put`` per window costs."""
+        windows = self.windows(batch, width)
+        if self._sharding is None:
+            return windows
+        return [(start, jax.device_put(window, self._sharding)) for start, window in windows]
+
+    def counts(self, batch: PaddedBatch) -> np.ndarray:
+        """[B, R] bootstrap counts of the batch's episodes (host)."""
+        return replicate_counts(batch.key_hi, batch.key_lo, self.seed, self.num_replicates)
+
+    def __call__(self, batch: PaddedBatch, width: int | None = None) -> KernelOutput:
+        """Dispatches every window of ``batch`` ([B, T], T a multiple of ``width``; None:
+        one window of T) and the finish; returns device arrays."""
+        width = batch.shape[1] if width is None else width
+        return self.walk(self.device_windows(batch, width), self.counts(batch))
+
+    def walk(self, windows: list[tuple[int, PaddedBatch]], counts: np.ndarray) -> KernelOutput:
+        """Dispatches the advance kernel on each of a batch's ``windows`` (in order; host
+        arrays, or on the device(s)) and the finish kernel, with the batch's [B, R]
+        bootstrap ``counts`` (host); returns device arrays."""
+        lanes, width = windows[0][1].step_mask.shape
+        carry_lanes = max(lanes, self.carry_lanes or 0)
+        carry = self.initial_carry(carry_lanes)
+        fixed = (self.params, self.behavior_params, self.q_params)
+        scalars = (self.gamma, self.seed, self.betting_range)
+        window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
+        steps, zero_behavior = [], []
+        with self._user_code_errors():
+            for start, window in windows:
+                args = (*fixed, window, np.int32(start), carry, window_counts, *scalars)
+                carry, statistics, zero = self._call(_advance_kernel, args)
+                steps.append((start, statistics))
+                zero_behavior.append(zero)
+            last = windows[-1][1]
+            laid_out = [
+                self.carry_layout(np.asarray(x), carry_lanes)
+                for x in (last.episode_mask, last.group, counts)
+            ]
+            if self._sharding is not None:
+                laid_out = jax.device_put(laid_out, self._sharding)
+            scalar = self._call(_finish_kernel, (carry, *laid_out, self.betting_range))
+        zero_behavior = None if self.behavior is None else zero_behavior
+        return KernelOutput(steps, scalar, zero_behavior, len(windows) * width)
+
+    def compile_catalogue(self, template: PaddedBatch, shapes) -> int:
+        """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of
+        ``shapes`` (``buckets.WindowShape``) that this configuration has not kept yet, from
+        an empty window with ``template``'s dtypes, so that later data of any lengths
+        compiles nothing. Only where kernels are kept (the package's own code, a
+        compilation cache); returns how many it compiled."""
+        compiled = 0
+        carry = self.initial_carry(max(self.carry_lanes or 0, *(s.lanes for s in shapes)))
+        fixed = (self.params, self.behavior_params, self.q_params)
+        scalars = (self.gamma, self.seed, self.betting_range)
+        for shape in shapes:
+
+            def empty(x, shape=shape):
+                size = (shape.lanes, shape.width) if x.ndim > 1 else (shape.lanes,)
+                return np.zeros((*size, *x.shape[len(size) :]), x.dtype)
+
+            window = map_arrays(empty, jax.tree.map(self._narrow, template))
+            counts = np.zeros((shape.lanes, self.num_replicates), np.uint8)
+            if self._sharding is not None:
+                window, counts = jax.device_put((window, counts), self._sharding)
+            args = (*fixed, window, np.int32(0), carry, counts, *scalars)
+            signature = (_advance_kernel.__name__, jax.tree.structure(args), _signature(args))
+            if signature in self._calls:
+                continue
+            named = {"kernel": _advance_kernel.__name__, **self.static._asdict()}
+            key = kernel_cache.kernel_key(args, named, self._estimator_code())
+            folder = kernel_cache.directory()
+            if key is None or folder is None or (folder / f"{key}.bin").is_file():
+                continue
+            static = {"static": self.static}
+            compile_named = functools.partial(_compile_named, _advance_kernel, args, static)
+            compiled += kernel_cache.load_or_compile(compile_named, key) is not None
+        return compiled
+
+    def _user_code_errors(self):
+        """A context that reports an error raised by user code under jit as a PolicyError."""
+        head = self.group.head
+        user_code = [
+            f"policy {p.name}"
+            for p in (head, self.behavior)
+            if p is not None and p.kind == "entry_point"
+        ]
+        user_code += [
+            f"Q function {q.name}" for q in self.group.qs or () if q.kind == "entry_point"
+        ][:1]
+        return _UserCode(" / ".join(user_code) if user_code else None)
+
+
+class _UserCode:
+    """Turns an exception raised while user code (``names``) is traced into a PolicyError."""
+
+    def __init__(self, names: str | None):
+        self.names = names
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or self.names is None or not isinstance(error, Exception):
+            return False
+        if isinstance(error, PolicyError):
+            raise PolicyError(f"{self.names}: {error}") from None
+        raise PolicyError(
+            f"{self.names} cannot be evaluated under jax.jit/vmap "
+            f"(is it JAX-traceable?): {summary(error)}"
+        ) from None
+
+
+def _compile_named(function, args: tuple, static: dict, name: str):
+    """``function`` (a jitted kernel) compiled for ``args``' shapes as a module called
+    ``name`` (``kernel_cache.load_or_compile``)."""
+    renamed = jax.jit(
+        kernel_cache.renamed(function.__wrapped__, name),
+        static_argnames=tuple(static),
+        compiler_options=COMPILER_OPTIONS,
+    )
+    return renamed.lower(*args, **static).compile()
+
+
+def batch_statistics_of(kernel: Kernel, batch: PaddedBatch, width: int | None = None):
+    """The host BatchStatistics [D, P, ...] of ``batch`` through ``kernel`` (tests, bench)."""
+    output = jax.device_get(kernel(batch, width))
+    return assemble(KernelOutput(*output[:3], output.length))
+
+
+def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the windowed functions
     params,
     batch: PaddedBatch,
     gamma,
@@ -188,326 +704,44 @@ def policy_group_statistics(  # noqa: PLR0913 - statics are keyword-only
     q_params=None,
     counts=None,
 ) -> BatchStatistics:
-    """BatchStatistics [1, P, ...] of (this device's share of) a padded batch (PaddedBatch
-    fields [B, T, ...]) for the P stacked ``params`` of one policy group; not jitted.
-    ``estimators``: the registered estimators whose sums to compute (None: all);
-    ``q``: the group's QSpec and ``q_params`` its stacked parameters [P, ...] (None without
-    a Q source); ``counts``: [B, R] bootstrap counts (``replicate_counts``), else drawn
-    here (``poisson_counts``)."""
-    steps = jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch.steps
+    """BatchStatistics [1, P, ...] of a whole padded batch ([B, T, ...] fields) walked as
+    one window, for the P stacked ``params`` of one policy group; not jitted (the coverage
+    study vmaps it over datasets). ``estimators``: the registered estimators whose sums to
+    compute (None: every one the inputs allow); ``counts``: [B, R] bootstrap counts, else
+    drawn here (``poisson_counts``)."""
+    from ope_cli.estimators.batch import poisson_counts
+
+    static = Static(
+        log_prob=log_prob,
+        behavior_log_prob=None,
+        behavior_folds=1,
+        num_groups=num_groups,
+        dtype=np.dtype(dtype).name,
+        mesh=None,
+        estimators=estimators or available(Q_FIELDS if q is not None else ()),
+        q=q,
+        betting=betting_range is not None,
     )
-    log_pi = _policy_log_probs(
-        log_prob, params, steps.observation, steps.action, steps.log_target, batch.step_mask, dtype
-    )
-    log_w = log_weights(log_pi, steps.log_behavior, batch.step_mask)
     if counts is None:
         counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
-    fields = _q_fields(q, log_prob, params, q_params, batch._replace(steps=steps), seed, dtype)
-
-    def per_policy(log_w_bt, fields_bt):
-        weighted = WeightedBatch(
-            log_w_bt,
-            steps.reward,
-            batch.step_mask,
-            batch.episode_mask,
-            batch.group,
-            counts,
-            fields_bt,
-        )
-        return batch_statistics(weighted, gamma, num_groups, betting_range, estimators)
-
-    statistics = jax.vmap(per_policy)(log_w, fields)
-    return jax.tree.map(lambda x: x[None], statistics)
+    policies = 1 if params is None else jax.tree.leaves(params)[0].shape[0]
+    zero = jnp.zeros((policies, batch.shape[0]), static.dtype)
+    carry = init_carry(zero, static.estimators, static.betting)
+    betting = jnp.zeros(3, static.dtype) if betting_range is None else betting_range
+    args = (params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
+    carry, step, _ = window_statistics(*args, static)
+    scalar = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
+    return _leading_device_axis(combine(lagged(step), scalar))
 
 
-def _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds=1):
-    """``statistics`` (params, batch, ...) -> KernelOutput, the batch's log_behavior first
-    replaced by the behavior policy's log-probabilities when there is one."""
-
-    def run(params, behavior_params, q_params, batch: PaddedBatch, counts, *rest) -> KernelOutput:
-        statistics_of = functools.partial(statistics, q_params=q_params, counts=counts)
-        if behavior_log_prob is None:
-            return KernelOutput(statistics_of(params, batch, *rest), None)
-        observation = batch.steps.observation
-        if jnp.issubdtype(observation.dtype, jnp.floating):
-            observation = observation.astype(dtype)
-        action = batch.steps.action
-        if jnp.issubdtype(action.dtype, jnp.floating):
-            action = action.astype(dtype)
-        fold = None
-        if behavior_folds > 1:  # cross-fitted: each episode's fold, from its id key
-            fold = fold_index(batch.key_hi, batch.key_lo, behavior_folds, jnp)
-        log_b = behavior_log_probs(
-            behavior_log_prob, behavior_params, observation, action, dtype, fold
-        )
-        batch = batch._replace(steps=batch.steps._replace(log_behavior=log_b))
-        return KernelOutput(
-            statistics_of(params, batch, *rest), zero_probability_steps(log_b, batch)
-        )
-
-    return run
-
-
-@functools.partial(
-    jax.jit,
-    compiler_options=COMPILER_OPTIONS,
-    static_argnames=(
-        "log_prob",
-        "behavior_log_prob",
-        "behavior_folds",
-        "num_groups",
-        "num_replicates",
-        "dtype",
-        "mesh",
-        "estimators",
-        "q",
-    ),
-)
-def _kernel(  # noqa: PLR0913 - statics are keyword-only
-    params,
-    behavior_params,
-    q_params,
-    batch: PaddedBatch,
-    counts,
-    gamma,
-    seed,
-    betting_range,
-    *,
-    log_prob,
-    behavior_log_prob,
-    num_groups,
-    num_replicates,
-    dtype,
-    mesh,
-    estimators=None,
-    behavior_folds=1,
-    q=None,
-) -> KernelOutput:
-    """KernelOutput of BatchStatistics [D, P, ...]: one row per device of ``mesh`` (D = 1
-    without one), and the behavior policy's zero-probability steps [D] (None without one).
-    ``counts``: the batch's [B, R] bootstrap counts (``replicate_counts``).
-
-    With a mesh, each device reduces its own share of the episodes (every leaf of ``batch``
-    is split along its episode axis) and the per-device partials come back to the host to be
-    merged there: no cross-device collective runs inside the kernel, so any number of calls
-    can be in flight without deadlocking.
-    """
-    if all(isinstance(size, int) for size in batch.step_mask.shape):
-        kernel_cache.count_compilation()  # not the one symbolic trace of an export
-    statistics = functools.partial(
-        policy_group_statistics,
-        log_prob=log_prob,
-        num_groups=num_groups,
-        num_replicates=num_replicates,
-        dtype=dtype,
-        estimators=estimators,
-        q=q,
-    )
-    run = _with_behavior(statistics, behavior_log_prob, dtype, behavior_folds)
-    args = (params, behavior_params, q_params, batch, counts, gamma, seed, betting_range)
-    if mesh is None:
-        return run(*args)
-    by_episode = PartitionSpec(BATCH_AXIS)
-    replicated = PartitionSpec()
-    batch_specs = jax.tree.map(lambda _: by_episode, batch)
-    in_specs = (
-        *(replicated,) * 3,
-        batch_specs,
-        by_episode,
-        *(replicated,) * 3,
-    )
-    return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=by_episode)(*args)
-
-
-def _signature(args) -> tuple:
-    return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
-
-
-def _symbolic_specs(args: tuple) -> tuple:
-    """ShapeDtypeStructs of the kernel's ``args`` with the batch's episode axis B and step
-    axis T symbolic (``counts`` [B, R] too); parameters and scalars keep their shapes."""
-    episodes, steps = jax.export.symbolic_shape("B, T")
-
-    def spec(x, leading):  # tree.map never passes a None field
-        return jax.ShapeDtypeStruct((*leading, *x.shape[len(leading) :]), x.dtype)
-
-    params, behavior_params, q_params, batch, counts, *scalars = args
-    batch_specs = jax.tree.map(
-        lambda x: spec(x, (episodes, steps) if x.ndim >= 2 else (episodes,)), batch
-    )
-    fixed = jax.tree.map(lambda x: spec(x, ()), (params, behavior_params, q_params, scalars))
-    return (*fixed[:3], batch_specs, spec(counts, (episodes,)), *fixed[3])
-
-
-def _exported(args: tuple, static: dict) -> Callable | None:
-    """``kernel_cache.exported`` of the kernel for ``args``; None with a mesh: a sharded
-    kernel is traced per shape (jaxlib 0.10.2 on CPU crashed, SIGSEGV, calling an exported
-    shard_map kernel whose episode axis was 2 * b)."""
-    if static["mesh"] is not None:
-        return None
-    return kernel_cache.exported(_kernel.__wrapped__, static, _symbolic_specs(args))
-
-
-def _compile_named(args: tuple, static: dict, name: str):
-    """The kernel compiled for ``args``' shapes as a module called ``name``
-    (``kernel_cache.load_or_compile``), from the exported kernel where there is one."""
-    exported = _exported(args, static)
-    if exported is not None:
-        renamed = kernel_cache.renamed(exported, name)
-        return jax.jit(renamed, compiler_options=COMPILER_OPTIONS).lower(*args).compile()
-    renamed = jax.jit(
-        kernel_cache.renamed(_kernel.__wrapped__, name),
-        static_argnames=tuple(static),
-        compiler_options=COMPILER_OPTIONS,
-    )
-    return renamed.lower(*args, **static).compile()
-
-
-def local_mesh(devices: int | None = None) -> Mesh | None:
-    """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
-    available = jax.local_devices()
-    count = len(available) if devices is None else devices
-    if not 1 <= count <= len(available):
-        raise UsageError(f"--devices {count}: this process has {len(available)} device(s)")
-    if count == 1:
-        return None
-    return Mesh(np.array(available[:count]), (BATCH_AXIS,))
-
-
-class Kernel:
-    """``batch -> KernelOutput`` (BatchStatistics [D, P, ...], device arrays, dispatched
-    asynchronously) for one policy group, the episode axis sharded over ``mesh`` when
-    given; with ``behavior``, its log-probabilities replace the logged ones."""
-
-    def __init__(  # noqa: PLR0913 - the behavior policy is keyword-only
-        self,
-        group: PolicyGroup,
-        gamma: float,
-        num_groups: int,
-        dtype,
-        mesh: Mesh | None,
-        num_replicates: int = 0,
-        seed: int = 0,
-        betting_range: tuple[float, float, float] | None = None,
-        *,
-        behavior: Policy | None = None,
-        v_samples: int = 16,
-    ):
-        self.group = group
-        self.behavior = behavior
-        self.q = None if group.qs is None else q_spec(group.qs[0], group.head, v_samples)
-        # every estimator registered when the kernel is made that the inputs allow
-        self.estimators = available(Q_FIELDS if self.q is not None else ())
-        self.dtype = np.dtype(dtype)
-        self.gamma = _on_device(gamma, self.dtype)
-        self.seed = _on_device(seed, np.uint32)
-        self.num_groups = num_groups
-        self.num_replicates = num_replicates
-        # (a, b, H) of estimators.betting_variables; None: no betting histogram
-        self.betting_range = (
-            None if betting_range is None else _on_device(betting_range, self.dtype)
-        )
-        self.mesh = mesh
-        self.params = group.stacked_params(self.dtype)
-        self.q_params = group.stacked_q_params(self.dtype)
-        self.behavior_params = (
-            None
-            if behavior is None or behavior.params is None
-            else {k: _on_device(v, self.dtype) for k, v in behavior.params.items()}
-        )
-        self._sharding = (
-            NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
-        )
-        self._calls: dict[tuple, Callable] = {}  # batch signature -> compiled kernel's call
-
-    def _call(self, args: tuple, static: dict) -> KernelOutput:
-        """The kernel on ``args``: a compiled kernel kept on disk (``kernel_cache``) when
-        there is a compilation cache and the code is the package's own, else the kernel
-        exported at symbolic shapes, else the jitted function."""
-        signature = (jax.tree.structure(args), _signature(args))
-        call = self._calls.get(signature)
-        if call is None:
-            estimator_code = [get(name).terms for name in self.estimators]
-            key = kernel_cache.kernel_key(args, static, estimator_code)
-            compiled = (
-                None
-                if key is None
-                else kernel_cache.load_or_compile(
-                    functools.partial(_compile_named, args, static), key
-                )
-            )
-            call = compiled or self._jitted(args, static)
-            self._calls[signature] = call
-        return call(*args)
-
-    @staticmethod
-    def _jitted(args: tuple, static: dict) -> Callable:
-        """The kernel compiled in this process only: from its export, else traced per shape.
-        (Never asked for when a kept kernel was loaded: exporting traces the kernel.)"""
-        exported = _exported(args, static)
-        if exported is None:
-            return functools.partial(_kernel, **static)
-        return kernel_cache.jitted(exported)
-
-    def _narrow(self, x: np.ndarray) -> np.ndarray:
-        """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
-        narrower ones are widened on the device."""
-        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
-            return x.astype(self.dtype)
-        return x
-
-    def arguments(self, batch: PaddedBatch) -> tuple[tuple, dict]:
-        """(args, static) of ``_kernel`` for ``batch``: its arrays on the device(s), with
-        the bootstrap counts drawn for its episodes."""
-        head = self.group.head
-        narrowed = jax.tree.map(self._narrow, batch)  # None fields stay None
-        counts = replicate_counts(batch.key_hi, batch.key_lo, self.seed, self.num_replicates)
-        # one call for the whole batch
-        on_device, counts = jax.device_put((narrowed, counts), self._sharding)
-        args = (
-            self.params,
-            self.behavior_params,
-            self.q_params,
-            on_device,
-            counts,
-            self.gamma,
-            self.seed,
-            self.betting_range,
-        )
-        static = dict(
-            log_prob=head.log_prob,
-            behavior_log_prob=None if self.behavior is None else self.behavior.log_prob,
-            behavior_folds=1 if self.behavior is None else self.behavior.folds,
-            num_groups=self.num_groups,
-            num_replicates=self.num_replicates,
-            dtype=self.dtype.name,
-            mesh=self.mesh,
-            estimators=self.estimators,
-            q=self.q,
-        )
-        return args, static
-
-    def __call__(self, batch: PaddedBatch) -> KernelOutput:
-        head = self.group.head
-        args, static = self.arguments(batch)
-        user_code = [
-            f"policy {p.name}"
-            for p in (head, self.behavior)
-            if p is not None and p.kind == "entry_point"
-        ]
-        user_code += [
-            f"Q function {q.name}" for q in self.group.qs or () if q.kind == "entry_point"
-        ][:1]
-        if not user_code:
-            return self._call(args, static)
-        names = " / ".join(user_code)
-        try:
-            return self._call(args, static)
-        except PolicyError as error:
-            raise PolicyError(f"{names}: {error}") from None
-        except Exception as error:  # noqa: BLE001 - user code failing under jit is a policy error
-            raise PolicyError(
-                f"{names} cannot be evaluated under jax.jit/vmap "
-                f"(is it JAX-traceable?): {summary(error)}"
-            ) from None
+__all__ = [
+    "BATCH_AXIS",
+    "Kernel",
+    "KernelOutput",
+    "PolicyGroup",
+    "assemble",
+    "group_policies",
+    "local_mesh",
+    "split_windows",
+    "trace_count",
+]

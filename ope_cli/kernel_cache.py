@@ -1,16 +1,10 @@
-"""How the kernel is compiled: exported once per configuration, compiled per batch shape,
-and kept on disk beside the persistent compilation cache.
+"""How the kernel is compiled and kept on disk beside the persistent compilation cache.
 
-``exported`` traces a kernel once at symbolic batch shapes (``jax.export``); every
-concrete shape is then compiled from that export, without tracing Python again.
-
-With a warm persistent compilation cache, a new process still pays, per batch shape,
+With a warm persistent compilation cache, a new process still pays, per window shape,
 tracing the kernel in Python, lowering it to StableHLO (the cache's key is a hash of it)
 and looking the executable up. The first process to meet a shape serialises the compiled
 executable (``jax.experimental.serialize_executable``) into ``<cache>/kernels/``; later
-ones load it by a key computed without tracing, and call it. That also skips the CPU
-LAPACK initialisation that calling a ``jax.export``-ed kernel triggers (an import of
-scipy.linalg, about 0.15 s), which is most of what a warm run on a small log waits for.
+ones load it by a key computed without tracing, and call it.
 
 Only the package's own module-level functions qualify (the tabular, linear_softmax and
 linear_gaussian policy kinds, the registered estimators defined in ``ope_cli``): an entry
@@ -68,47 +62,10 @@ def compilation_count() -> int:
     return _compilations
 
 
-# (function, static arguments, symbolic argument specs) -> the function exported once, as a
-# function of concrete arguments; None where it could not be exported.
-_EXPORTED: dict[tuple, Callable | None] = {}
-
-
 def clear_caches() -> None:
-    """``jax.clear_caches()`` and the exported kernels: the next call traces and compiles
-    everything again, as a new process would (``ope bench``'s cold runs)."""
-    _EXPORTED.clear()
-    jitted.cache_clear()
+    """``jax.clear_caches()``: the next call traces and compiles everything again, as a new
+    process would (``ope bench``'s cold runs)."""
     jax.clear_caches()
-
-
-def exported(function: Callable, static: dict[str, Any], specs: tuple) -> Callable | None:
-    """``args -> function(*args, **static)``, exported once (``jax.export``) at ``specs``,
-    ShapeDtypeStructs whose batch axes are symbolic, then compiled per concrete shape
-    without tracing Python again: tracing and lowering cost about as much as XLA's
-    compilation of a shape at backend optimisation level 0, and a third of it at the
-    default level. None where the code needs concrete shapes (then it is traced per shape).
-    Each compilation of the returned function counts (``count_compilation``)."""
-    leaves, structure = jax.tree.flatten(specs)
-    key = (function, tuple(sorted(static.items())), structure, tuple(map(str, leaves)))
-    if key not in _EXPORTED:
-        try:
-            traced = jax.export.export(jax.jit(functools.partial(function, **static)))(*specs)
-        except Exception:  # noqa: BLE001 - shape-specific code: traced per shape instead
-            _EXPORTED[key] = None
-        else:
-
-            def kernel_of(*arguments):  # traced once per concrete shape: a compilation
-                count_compilation()
-                return traced.call(*arguments)
-
-            _EXPORTED[key] = kernel_of
-    return _EXPORTED[key]
-
-
-@functools.cache
-def jitted(kernel_of: Callable) -> Callable:
-    """An ``exported`` function jitted: compiled once per concrete shape."""
-    return jax.jit(kernel_of, compiler_options=COMPILER_OPTIONS)
 
 
 @functools.cache

@@ -401,27 +401,33 @@ def _check_behavior_support(batches: BatchStream, output) -> None:
         return
     import jax
 
-    first = first_zero_probability(jax.device_get(output.zero_behavior))
+    found = jax.device_get(output.zero_behavior)  # one per window, each [D]
+    first = first_zero_probability(jax.tree.map(lambda *x: np.concatenate(x), *found))
     if first is not None:
         raise zero_probability_error(batches.behavior, first, batches.reread_chunks())
 
 
-def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _LocalPass:
-    """Consumes this process's stream once and accumulates every policy's statistics.
+def _announce_shape(batches: BatchStream, seen: set, shape: tuple[int, int], on_status) -> bool:
+    """Whether ``shape`` is a window shape not ``seen`` before (and reported to
+    ``on_status``): its kernel compiles, or loads compiled, in the next call."""
+    new = on_status is not None and shape not in seen
+    seen.add(shape)
+    if new:
+        catalogue = len(batches.bucketer.window_shapes)
+        on_status(
+            f"compiling kernel for window shape {len(seen)} of at most {catalogue}, "
+            f"[{shape[0]}, {shape[1]}] (or loading it compiled) ..."
+        )
+    return new
 
-    Batches are dispatched up to MAX_BATCHES_IN_FLIGHT ahead, so host work overlaps the
-    kernel. Per bucket length T, per policy, the batches of that length are merged first:
-    merging like with like needs no lengthening to the longest bucket (cheap [K, T]
-    arrays); the lengths are merged into the totals once, at the end."""
-    import jax
 
+def _kernels(batches: BatchStream, dtype, mesh, replicates: int) -> list:
+    """One Kernel per group of stackable policies, every one with the catalogue's largest
+    lane count as its carry's (one finish kernel for every window shape)."""
     from ope_cli.kernel import Kernel, group_policies
 
-    config, plan, policies = batches.config, batches.plan, batches.policies
-    dtype = np.float64 if precision == "float64" else np.float32
-    devices = 1 if mesh is None else mesh.size
-    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
-    kernels = [
+    config, plan = batches.config, batches.plan
+    return [
         Kernel(
             group,
             config.gamma,
@@ -433,9 +439,28 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
             plan.betting_range,
             behavior=batches.behavior,
             v_samples=config.v_samples,
+            carry_lanes=max(shape.lanes for shape in batches.bucketer.window_shapes),
         )
-        for group in group_policies(policies, batches.qs)
+        for group in group_policies(batches.policies, batches.qs)
     ]
+
+
+def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _LocalPass:
+    """Consumes this process's stream once and accumulates every policy's statistics.
+
+    Batches are dispatched up to MAX_BATCHES_IN_FLIGHT ahead, so host work overlaps the
+    kernel. Per bucket length T, per policy, the batches of that length are merged first:
+    merging like with like needs no lengthening to the longest bucket (cheap [K, T]
+    arrays); the lengths are merged into the totals once, at the end."""
+    import jax
+
+    from ope_cli.kernel import assemble
+
+    config, plan, policies = batches.config, batches.plan, batches.policies
+    dtype = np.float64 if precision == "float64" else np.float32
+    devices = 1 if mesh is None else mesh.size
+    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
+    kernels = _kernels(batches, dtype, mesh, replicates)
     computed = computed_estimators(batches)
 
     def no_episodes() -> list[Accumulator]:  # one per policy
@@ -450,28 +475,29 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
         partials = by_length.setdefault(length, no_episodes())
         _check_behavior_support(batches, results[0][1])
         for kernel, output in results:
-            host = jax.device_get(output.statistics)  # [D, P, ...]: per device, per policy
+            host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
             for device in range(devices):
                 for position, index in enumerate(kernel.group.indices):
                     one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
                     partials[index] = merge(partials[index], from_batch(one))
 
     shapes_seen: set[tuple[int, int]] = set()
+    last_batch = None
     stream_of_batches = iter(batches)
     with contextlib.closing(stream_of_batches):  # an error below stops the reading at once
         for batch in stream_of_batches:
-            shape = batch.shape
-            new_shape = on_status is not None and shape not in shapes_seen
-            if new_shape:  # jit compiles (once per shape) inside the kernel call
-                on_status(f"compiling kernel for [{shape[0]}, {shape[1]}] ...")
-            shapes_seen.add(shape)
-            in_flight.append((shape[1], [(kernel, kernel(batch)) for kernel in kernels]))
+            width = batches.bucketer.width_of(batch)
+            new_shape = _announce_shape(batches, shapes_seen, (batch.shape[0], width), on_status)
+            in_flight.append((batch.shape[1], [(k, k(batch, width)) for k in kernels]))
+            last_batch = batch
             if new_shape:
                 on_status("evaluating")
             if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
                 absorb(in_flight.popleft())
     while in_flight:
         absorb(in_flight.popleft())
+    for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
+        kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes)  # need, kept
     totals = no_episodes()
     for length in sorted(by_length):
         totals = [merge(t, p) for t, p in zip(totals, by_length[length], strict=True)]

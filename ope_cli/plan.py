@@ -47,8 +47,8 @@ def check_config(config: EvaluationConfig) -> None:
         )
     _check_q_options(config)
     b = config.batching
-    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
-        raise UsageError("batching options must be positive, and the bucket growth > 1")
+    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
+        raise UsageError("batching options must be positive")
     if config.interval not in ("auto", *INTERVAL_METHODS):
         raise UsageError(
             f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"

@@ -395,9 +395,10 @@ def step_values(spec: QSpec, log_prob, policy_params, q_params, observation, act
     return spec.function(q_params, observation, action), jnp.mean(q_drawn)
 
 
-def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype):
-    """{"q_t": [B, T], "v_t": [B, T]} of one policy over a padded batch, 0 on padding
-    (the absorbing convention: Q = V = 0 after an episode ends)."""
+def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype, start=0):  # noqa: PLR0913
+    """{"q_t": [B, C], "v_t": [B, C]} of one policy over a window of a padded batch whose
+    column 0 is step ``start``, 0 on padding (the absorbing convention: Q = V = 0 after an
+    episode ends). The draws of a continuous V-hat are keyed by the episode and the step."""
     import jax
 
     from ope_cli.fit.base import fold_index
@@ -412,7 +413,7 @@ def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype
 
         def one_episode(q_params_e, observation_t, action_t, hi, lo):
             base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), hi), lo)
-            keys = jax.vmap(lambda t: jax.random.fold_in(base, t))(jnp.arange(length))
+            keys = jax.vmap(lambda t: jax.random.fold_in(base, t))(start + jnp.arange(length))
             per_step = jax.vmap(
                 lambda o, a, k: step_values(spec, log_prob, policy_params, q_params_e, o, a, k)
             )

@@ -226,8 +226,17 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
     return scales, sums
 
 
+def _empty(acc: Accumulator) -> bool:
+    """Whether ``acc`` is ``init``'s: no episode, no step."""
+    return _length(acc) == 0 and not np.any(acc.sums["count"])
+
+
 def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     """Statistics of the union of the episodes behind ``a`` and ``b``."""
+    if _empty(a) and set(a.sums) == set(b.sums):  # the identity: nothing to rescale
+        return b
+    if _empty(b) and set(a.sums) == set(b.sums):
+        return a
     length = max(_length(a), _length(b))
     a, b = extend(a, length), extend(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)

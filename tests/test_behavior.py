@@ -109,7 +109,8 @@ def test_true_behavior_checkpoint_reproduces_logged_propensities(
         "name": str(out / "behavior.npz"),
         "kind": kind,
     }
-    assert computed["runtime"]["compiles"] <= len(computed["runtime"]["batch_shapes"])
+    # an advance kernel per window shape, and one finish kernel
+    assert computed["runtime"]["compiles"] <= len(computed["runtime"]["batch_shapes"]) + 1
 
 
 def test_behavior_overrides_the_logged_column(ope_in_process, generated):

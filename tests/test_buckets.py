@@ -1,4 +1,5 @@
-"""Episodes -> fixed-shape padded [B, T] batches by length bucket (ope_cli/buckets.py)."""
+"""Episodes -> padded [lanes, T] batches walked in windows of a fixed catalogue of shapes
+(ope_cli/buckets.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import numpy as np
 import pytest
 
 from ope_cli.buckets import (
+    PADDING_TOLERANCE,
     RESAMPLING_GROUPS,
-    TAIL_DIVISOR,
     Bucketer,
-    bucket_lengths_upto,
+    WindowShape,
+    batch_length,
     empty_batch,
-    episodes_per_batch,
-    episodes_per_tail_batch,
     pad,
     place_episodes,
     row_range,
+    shape_for,
     widened,
+    window_shapes,
 )
 from ope_cli.config import BatchingConfig
 from ope_cli.episodes import EpisodeChunk, concat_chunks, take_episodes
@@ -81,72 +83,39 @@ def assert_chunks_equal(a: EpisodeChunk, b: EpisodeChunk) -> None:
             np.testing.assert_array_equal(x, y, err_msg=name)
 
 
-# --------------------------------------------------------------------- bucket lengths
+# --------------------------------------------------------------------- window shapes
 
 
-def test_bucket_lengths_geometric():
-    np.testing.assert_array_equal(bucket_lengths_upto(100, 8, 2.0), [1, 8, 16, 32, 64, 128])
-    np.testing.assert_array_equal(bucket_lengths_upto(128, 8, 2.0), [1, 8, 16, 32, 64, 128])
-    np.testing.assert_array_equal(bucket_lengths_upto(129, 8, 2.0), [1, 8, 16, 32, 64, 128, 256])
-    np.testing.assert_array_equal(bucket_lengths_upto(1, 8, 2.0), [1])
-    np.testing.assert_array_equal(bucket_lengths_upto(2, 8, 2.0), [1, 8])
-    np.testing.assert_array_equal(bucket_lengths_upto(8, 8, 2.0), [1, 8])
-    # the default family: 1, then ceil(8 * sqrt(2)**k)
-    defaults = BatchingConfig()
-    np.testing.assert_array_equal(
-        bucket_lengths_upto(40, defaults.min_bucket, defaults.bucket_growth),
-        [1, 8, 12, 16, 23, 32, 46],
+def test_the_default_catalogue():
+    shapes = window_shapes(BatchingConfig())
+    cells = BatchingConfig().batch_steps
+    assert shapes == (
+        WindowShape(cells // 8, 1, 1),
+        WindowShape(cells // 8, 8, 512),
+        WindowShape(cells // 64, 64, cells),
+        WindowShape(1, cells // 8, math.inf),
     )
-    # from 1, the distinct values of ceil(sqrt(2)**k)
-    np.testing.assert_array_equal(
-        bucket_lengths_upto(40, 1, 2**0.5), [1, 2, 3, 4, 6, 8, 12, 16, 23, 32, 46]
-    )
+    assert [shape_for(shapes, n).width for n in (1, 2, 512, 513, cells, cells + 1)] == [
+        1,
+        8,
+        8,
+        64,
+        64,
+        cells // 8,
+    ]
+    assert batch_length(shapes[1], 9) == 16 and batch_length(shapes[2], 64) == 64
 
 
-def test_bucket_lengths_have_no_cap():
-    lengths = bucket_lengths_upto(10_000, 8, 2.0)
-    assert lengths[-1] == 16_384
-    assert lengths[-2] < 10_000
-    lengths = bucket_lengths_upto(10**7, 8, 2.0)
-    assert lengths[-1] >= 10**7
-
-
-@pytest.mark.parametrize("growth", [1.1, 1.5, 2.0, 3.0])
-@pytest.mark.parametrize("min_bucket", [1, 5, 8])
-@pytest.mark.parametrize("max_length", [1, 7, 100, 10_000])
-def test_bucket_lengths_cover_and_grow(growth, min_bucket, max_length):
-    lengths = bucket_lengths_upto(max_length, min_bucket, growth)
-    assert lengths[0] == 1  # one-step episodes always have a bucket of their own
-    assert lengths[-1] >= max_length
-    assert len(lengths) == 1 or lengths[-2] < max_length  # no bucket more than needed
-    assert np.all(np.diff(lengths) >= 1)
-    family = lengths if min_bucket == 1 else lengths[1:]
-    for k, length in enumerate(family):
-        assert length >= math.ceil(min_bucket * growth**k) - 1e-9
-    # a bounded number of buckets: about log(max / min) / log(growth)
-    bound = math.log(max(max_length, min_bucket) / min_bucket) / math.log(growth) + 3
-    assert len(lengths) <= bound
-
-
-def test_bucket_lengths_prefix_is_stable():
-    short = bucket_lengths_upto(100, 8, 1.5)
-    long = bucket_lengths_upto(100_000, 8, 1.5)
-    np.testing.assert_array_equal(long[: short.size], short)
-
-
-def test_episodes_per_batch():
-    assert episodes_per_batch(8, 65_536) == 8192
-    assert episodes_per_batch(16_384, 65_536) == 4
-    assert episodes_per_batch(100_000, 65_536) == 1  # never zero
-    assert episodes_per_batch(10, 100) == 8  # the largest power of two <= 100 // 10
-    assert episodes_per_batch(10, 100, multiple_of=3) == 9  # then up to a multiple of 3
-    assert episodes_per_batch(10, 80, multiple_of=4) == 8
-    assert episodes_per_batch(100_000, 65_536, multiple_of=8) == 8
-    for length in (1, 3, 8, 100, 1000):
-        for multiple in (1, 2, 8):
-            b = episodes_per_batch(length, 4096, multiple)
-            assert b >= 1 and b % multiple == 0
-            assert b & (b - 1) == 0 or multiple > 1  # a power of two unless rounded up
+@pytest.mark.parametrize("multiple_of", [1, 2, 3, 8])
+@pytest.mark.parametrize("batch_steps, min_bucket", [(16_384, 8), (64, 8), (333, 5), (10, 1)])
+def test_catalogue_lanes_divide_among_devices(batch_steps, min_bucket, multiple_of):
+    batching = BatchingConfig(batch_steps=batch_steps, min_bucket=min_bucket)
+    shapes = window_shapes(batching, multiple_of)
+    assert len(shapes) == 4
+    assert [shape.longest for shape in shapes] == sorted(shape.longest for shape in shapes)
+    assert shapes[0].width == 1 and shapes[-1].longest == math.inf
+    for shape in shapes:
+        assert shape.lanes >= 1 and shape.lanes % multiple_of == 0 and shape.width >= 1
 
 
 # ---------------------------------------------------------------------- chunk helpers
@@ -271,28 +240,29 @@ def skewed_chunks(seed: int, n_chunks: int = 12, max_length: int = 700):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("multiple_of", [1, 4])
 def test_bucketer_emits_every_episode_once_with_its_steps(seed, multiple_of):
-    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2.0)
+    batching = BatchingConfig(batch_steps=512, min_bucket=4)
     chunks = skewed_chunks(seed)
     all_episodes = concat_chunks(chunks)
     bucketer, batches = run_bucketer(chunks, batching, multiple_of)
-    lengths_table = bucket_lengths_upto(int(all_episodes.lengths.max()), 8, 2.0)
+    catalogue = window_shapes(batching, multiple_of)
 
     seen_ids = []
     for batch in batches:
         b, t = batch.shape
-        assert t in lengths_table
-        assert b % multiple_of == 0
+        width = bucketer.width_of(batch)
+        assert (b, width) in {(shape.lanes, shape.width) for shape in catalogue}
+        assert t % width == 0 and b % multiple_of == 0
         assert batch.episode_mask.sum() >= 1
         # real rows first, then filler
         n_real = int(batch.episode_mask.sum())
         assert batch.episode_mask[:n_real].all() and not batch.episode_mask[n_real:].any()
         assert not batch.step_mask[n_real:].any()
+        longest = int(batch.step_mask.sum(axis=1).max())
+        assert t == -(-longest // width) * width  # its longest episode in whole windows
         for row in range(n_real):
             episode_id = int(batch.observation[row, 0, 0])
             index = int(np.flatnonzero(all_episodes.ids == episode_id)[0])
             length = int(all_episodes.lengths[index])
-            # the smallest bucket that holds the episode
-            assert t == lengths_table[np.searchsorted(lengths_table, length)]
             np.testing.assert_array_equal(batch.step_mask[row], np.arange(t) < length)
             lo = all_episodes.offsets[index]
             np.testing.assert_array_equal(
@@ -307,165 +277,134 @@ def test_bucketer_emits_every_episode_once_with_its_steps(seed, multiple_of):
 
     assert bucketer.real_steps == all_episodes.num_steps
     assert bucketer.padded_steps == sum(b * t for b, t in (batch.shape for batch in batches))
-    assert bucketer.shapes == {batch.shape for batch in batches}
+    assert bucketer.shapes == {(batch.shape[0], bucketer.width_of(batch)) for batch in batches}
 
 
-def allowed_shapes(buckets, batch_steps, multiple_of=1):
-    """The two shapes of each bucket: full batches and tail batches."""
-    return {
-        (rows(int(t), batch_steps, multiple_of), int(t))
-        for t in buckets
-        for rows in (episodes_per_batch, episodes_per_tail_batch)
-    }
+def fifty_length_distributions():
+    """(name, [E] lengths) of 50 datasets: lognormal, uniform, fixed, bimodal, one-step,
+    one long episode among short ones, at several scales."""
+    rng = np.random.default_rng(50)
+    out = []
+    for k in range(50):
+        kind, scale = k % 6, int(10 ** rng.uniform(0.3, 3.3))
+        n = int(rng.integers(1, 3000))
+        if kind == 0:
+            lengths = np.rint(rng.lognormal(np.log(scale), 1.0, n))
+        elif kind == 1:
+            lengths = rng.integers(1, 2 * scale + 2, n)
+        elif kind == 2:
+            lengths = np.full(n, scale)
+        elif kind == 3:
+            lengths = np.where(rng.random(n) < 0.5, 3, 10 * scale)
+        elif kind == 4:
+            lengths = np.ones(n)
+        else:
+            lengths = np.concatenate([rng.integers(1, 30, n), [100 * scale]])
+        out.append((f"{k}:{kind}", np.clip(lengths, 1, 200_000).astype(np.int64)))
+    return out
 
 
-def test_bucketer_bounded_shapes():
-    batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
-    rng = np.random.default_rng(11)
-    chunks = [make_chunk(rng.integers(1, 1000, size=50), first_id=50 * k) for k in range(40)]
-    bucketer, batches = run_bucketer(chunks, batching)
-    buckets = bucket_lengths_upto(1000, 8, 2.0)
-    assert {batch.shape for batch in batches} <= allowed_shapes(buckets, 1024)
-    # full batches are full; tail batches hold fewer than a full batch in all, and only the
-    # last tail batch of a bucket has filler rows
-    for t in buckets:
-        full = episodes_per_batch(int(t), 1024)
-        filler = [
-            batch for batch in batches if batch.shape[1] == t and not batch.episode_mask.all()
-        ]
-        assert len(filler) <= 1
-        tails = [batch for batch in batches if batch.shape[1] == t and batch.shape[0] != full]
-        assert sum(int(batch.episode_mask.sum()) for batch in tails) < max(full, 1) or not tails
-
-
-def test_bucketer_shapes_do_not_depend_on_the_data():
-    """Two datasets with different length distributions and sizes use shapes of one fixed
-    family: two per bucket, whatever the data."""
-    batching = BatchingConfig(batch_steps=512, min_bucket=1, bucket_growth=2**0.5)
-    few = run_bucketer(skewed_chunks(0, n_chunks=5), batching)[0].shapes
-    many = run_bucketer(skewed_chunks(1, n_chunks=200), batching)[0].shapes
-    uniform = [make_chunk(np.random.default_rng(2).integers(1, 60, 300), first_id=0)]
-    other = run_bucketer(uniform, batching)[0].shapes
-    family = allowed_shapes(bucket_lengths_upto(10_000, 1, 2**0.5), 512)
-    assert few <= family and many <= family and other <= family
-    assert len(many) <= 2 * len(bucket_lengths_upto(700, 1, 2**0.5))
-
-
-def test_a_large_dataset_covers_the_shapes_of_smaller_ones():
-    """A dataset with full batches and leftovers in every bucket uses both shapes of each,
-    so any other dataset with lengths in those buckets, however many episodes, needs no
-    shape it did not (on a warm cache: no compilation). The shapes a bucket uses must not
-    depend on how full its leftover is."""
-    batching = BatchingConfig(batch_steps=512, min_bucket=8, bucket_growth=2**0.5)
-    buckets = bucket_lengths_upto(90, 8, 2**0.5)
-    big_lengths = np.concatenate([np.repeat(np.arange(1, 91), 37), np.ones(600, np.int64)])
-    big = run_bucketer([make_chunk(big_lengths)], batching)[0].shapes
-    assert big == allowed_shapes(buckets, 512)  # both shapes of every bucket
-    rng = np.random.default_rng(5)
-    for seed in range(20):
-        counts = rng.integers(0, 80, 90)  # episodes of each length 1..90
-        lengths = np.repeat(np.arange(1, 91), counts)
-        small = run_bucketer([make_chunk(lengths, first_id=10_000 * (seed + 1))], batching)
-        assert small[0].shapes <= big
-
-
-@pytest.mark.parametrize("n_episodes", [1, 3, 5])
-def test_tail_batch_is_small_for_a_nearly_empty_bucket(n_episodes):
-    batching = BatchingConfig(batch_steps=1024, min_bucket=8, bucket_growth=2.0)
-    full = episodes_per_batch(8, 1024)  # 128 episodes per batch of bucket 8
-    bucketer = Bucketer(batching)
-    lengths = np.arange(n_episodes) % 7 + 2  # all in bucket 8
-    assert list(bucketer.add(make_chunk(lengths))) == []
-    batches = list(bucketer.flush())
-    tail = episodes_per_tail_batch(8, 1024)
-    assert tail == max(1, full // TAIL_DIVISOR) == 2
-    assert [b.shape for b in batches] == [(tail, 8)] * -(-n_episodes // tail)
-    assert sum(int(b.episode_mask.sum()) for b in batches) == n_episodes
-    assert bucketer.padded_steps == len(batches) * tail * 8
-    assert bucketer.real_steps == int(lengths.sum())
+def test_fifty_length_distributions_use_only_the_catalogue():
+    """Whatever the lengths, the window shapes are those of the fixed catalogue: a warm
+    compilation cache compiles nothing for new data."""
+    batching = BatchingConfig()
+    catalogue = {(shape.lanes, shape.width) for shape in window_shapes(batching)}
+    used = set()
+    for name, lengths in fifty_length_distributions():
+        chunk = make_chunk(lengths, obs_dim=None)
+        bucketer, batches = run_bucketer([chunk], batching)
+        assert bucketer.shapes <= catalogue, name
+        assert bucketer.real_steps == int(lengths.sum()), name
+        used |= bucketer.shapes
+    assert used == catalogue  # every shape serves some of them
 
 
 def test_one_step_episodes_waste_little_padding():
-    """A bandit log (every episode one step) with the default batching: bucket 1, and the
-    tail calls keep the padding within a few percent of the real steps."""
+    """A bandit log (every episode one step) with the default batching: the one-step
+    shape, and its last batch keeps the padding within a few percent of the real steps."""
     bucketer, batches = run_bucketer([make_chunk(np.ones(10_000, np.int64))], BatchingConfig())
-    assert bucketer.shapes == {(episodes_per_tail_batch(1, BatchingConfig().batch_steps), 1)}
+    assert bucketer.shapes == {(BatchingConfig().batch_steps // 8, 1)}
     assert bucketer.padded_steps / bucketer.real_steps - 1 <= 0.10
 
 
-def test_tail_batch_respects_multiple_of():
-    batching = BatchingConfig(batch_steps=256, min_bucket=8, bucket_growth=2.0)
-    bucketer = Bucketer(batching, multiple_of=8)
-    list(bucketer.add(make_chunk([2])))
-    (batch,) = list(bucketer.flush())
-    assert batch.shape == (8, 8)
+def test_skewed_lengths_pad_little():
+    """Long-tailed lengths (lognormal, median 50, the bench's distribution) in chunks of a
+    few hundred episodes: sorted in the pool, batches of similar lengths."""
+    rng = np.random.default_rng(7)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(50), 1.0, 24_000)), 1, 2000).astype(np.int64)
+    chunks = [make_chunk(part, first_id=1000 * k) for k, part in enumerate(np.split(lengths, 30))]
+    bucketer, _ = run_bucketer(chunks, BatchingConfig())
+    assert bucketer.padded_steps / bucketer.real_steps - 1 <= 0.25
 
 
-@pytest.mark.parametrize("multiple_of", [3, 5])
-def test_tail_batches_of_a_non_power_of_two_device_count(multiple_of):
-    """B(T) is then not a multiple of the tail size: the last tail batch is topped up."""
-    batching = BatchingConfig(batch_steps=64, min_bucket=8, bucket_growth=2.0)
-    bucketer = Bucketer(batching, multiple_of=multiple_of)
-    full = episodes_per_batch(8, 64, multiple_of)
-    tail = episodes_per_tail_batch(8, 64, multiple_of)
-    emitted = list(bucketer.add(make_chunk(np.full(full - 1, 3))))
-    emitted += list(bucketer.flush())
-    assert {b.shape for b in emitted} == {(tail, 8)}
-    assert all(b.shape[0] % multiple_of == 0 for b in emitted)
-    assert sum(int(b.episode_mask.sum()) for b in emitted) == full - 1
+def test_one_very_long_episode_takes_one_lane():
+    bucketer, batches = run_bucketer([make_chunk([1_000_000], obs_dim=None)], BatchingConfig())
+    (batch,) = batches
+    lone = window_shapes(BatchingConfig())[-1]
+    assert batch.shape[0] == 1 and bucketer.width_of(batch) == lone.width
+    assert bucketer.padded_steps / bucketer.real_steps - 1 <= 0.05
+    np.testing.assert_array_equal(batch.reward[0, :5], np.arange(5) / 1000.0)
 
 
-def test_full_batches_are_emitted_before_flush():
-    batching = BatchingConfig(batch_steps=64, min_bucket=8, bucket_growth=2.0)  # B = 8 for T = 8
+def test_full_batches_that_pad_little_leave_before_flush():
+    batching = BatchingConfig(batch_steps=64, min_bucket=8)  # [8, 8] up to 512 steps
     bucketer = Bucketer(batching)
-    emitted = list(bucketer.add(make_chunk(np.full(19, 4))))
+    emitted = list(bucketer.add(make_chunk(np.full(19, 8))))  # no padding: leave at once
     assert [b.shape for b in emitted] == [(8, 8), (8, 8)]
     assert all(b.episode_mask.all() for b in emitted)
-    tails = list(bucketer.flush())
-    assert [b.shape for b in tails] == [(1, 8)] * 3  # B / TAIL_DIVISOR, at least 1
-    assert all(b.episode_mask.all() for b in tails)
+    rest = list(bucketer.flush())
+    assert [b.shape for b in rest] == [(8, 8)]
+    assert int(rest[0].episode_mask.sum()) == 3
     assert list(bucketer.flush()) == []
 
 
-def test_ten_thousand_step_episode_fits():
-    batching = BatchingConfig(bucket_growth=2.0)  # lengths 8, 16, ..., 16384
-    bucketer, batches = run_bucketer([make_chunk([10_000, 3], obs_dim=None)], batching)
-    shapes = sorted(batch.shape for batch in batches)
-    assert (1, 16_384) in shapes
-    (long,) = [batch for batch in batches if batch.shape[1] == 16_384]
-    assert long.step_mask.sum() == 10_000
-    np.testing.assert_array_equal(long.reward[0, :10_000], np.arange(10_000) / 1000.0)
-    assert bucketer.real_steps == 10_003
+def test_a_batch_that_would_pad_much_waits_for_similar_episodes():
+    batching = BatchingConfig(batch_steps=64, min_bucket=8)
+    bucketer = Bucketer(batching)
+    spread = np.array([40, 4, 4, 4, 4, 4, 4, 4])  # one batch of 8 would pad to 40 steps
+    assert list(bucketer.add(make_chunk(spread))) == []
+    similar = list(bucketer.add(make_chunk(np.full(7, 38), first_id=100)))
+    assert [b.shape for b in similar] == [(8, 40)]
+    (batch,) = similar
+    padding = batch.shape[0] * batch.shape[1] / batch.step_mask.sum() - 1
+    assert padding <= PADDING_TOLERANCE
+
+
+def test_the_pool_is_bounded():
+    batching = BatchingConfig(batch_steps=64, min_bucket=8)
+    bucketer = Bucketer(batching)
+    rng = np.random.default_rng(3)
+    for k in range(200):
+        list(bucketer.add(make_chunk(rng.integers(1, 64, 50), first_id=100 * k)))
+        assert int(bucketer._length.sum()) <= bucketer.capacity + 64 * 50
+
+
+def test_a_lone_long_episode_is_not_padded_with_empty_lanes():
+    batching = BatchingConfig(batch_steps=4096, min_bucket=8)
+    bucketer, batches = run_bucketer([make_chunk([3_000, 3, 3])], batching)
+    long = [b for b in batches if b.step_mask.sum() == 3_000]
+    assert [b.shape for b in long] == [(1, 3072)]  # alone in the one-lane shape, not with
+    assert bucketer.padded_steps == 3072 + 512 * 8  # 63 empty lanes; the short ones apart
 
 
 def test_pending_episodes_do_not_keep_whole_chunks_alive():
-    """A rarely filled bucket (long episodes) holds a few episodes for a long time: it must
-    hold copies of them, not views that keep every chunk they came from in memory (memory
-    would then grow with the data)."""
+    """Long episodes wait in the pool for a long time: where they are a small part of
+    their chunk (less than a quarter of its steps), it must hold copies of them, not views
+    that keep every chunk they came from in memory (memory would then grow with the data)."""
     bucketer = Bucketer(BatchingConfig(batch_steps=4096))
-    chunks = [make_chunk([3] * 200 + [900], first_id=1000 * i, seed=i) for i in range(3)]
+    # full batches of the 8-step episodes leave at once; the 900-step ones wait
+    chunks = [make_chunk([8] * 2000 + [900], first_id=10_000 * i, seed=i) for i in range(3)]
     for chunk in chunks:
         list(bucketer.add(chunk))
-    long_bucket = max(bucketer._open)  # the 900-step episodes' bucket, not yet full
-    held = bucketer._open[long_bucket]
-    assert held.rows == 3  # a batch of that bucket holds 4
-    assert int(held.batch.step_mask.sum()) == 3 * 900
+    assert int((bucketer._length == 900).sum()) == 3  # waiting for similar episodes
     chunk_arrays = [
         getattr(chunk, name)
         for chunk in chunks
         for name in CHUNK_FIELDS
         if getattr(chunk, name) is not None
     ]
-    for open_batch in bucketer._open.values():
-        for array in (
-            open_batch.batch.reward,
-            open_batch.batch.observation,
-            open_batch.batch.action,
-            open_batch.batch.log_behavior,
-            open_batch.batch.key_hi,
-        ):
-            # Its own memory (64 bytes of slack for alignment), no view of any chunk.
-            assert array.base is None or np.asarray(array.base).nbytes <= array.nbytes + 64
+    for held in bucketer._chunks.values():
+        for array in (held.reward, held.observation, held.action, held.log_behavior, held.keys):
             assert not any(np.shares_memory(array, other) for other in chunk_arrays)
     alive = [weakref.ref(array) for array in chunk_arrays if array.base is None]
     del chunk_arrays, chunks, chunk

@@ -1,8 +1,11 @@
 """The kernel's reduction (ope_cli/estimators/batch.py, run by ope_cli/kernel.py): vmapped
-per-episode terms against a per-episode loop, padded against unpadded batches, jit against
-eager, and one trace per bucket shape however many episode lengths the data has."""
+per-episode carries against a per-episode loop, padded against unpadded batches, jit
+against eager, a batch walked in windows against the whole batch at once, and one
+compilation per window shape however many episode lengths the data has."""
 
 from __future__ import annotations
+
+import json
 
 import jax
 
@@ -20,12 +23,14 @@ from datasets import (  # noqa: E402
 )
 
 from ope_cli import stats  # noqa: E402
-from ope_cli.estimators.base import Episode  # noqa: E402
 from ope_cli.estimators.batch import (  # noqa: E402
     WeightedBatch,
+    WeightedWindow,
+    _advance_one,
+    advance_window,
     batch_statistics,
-    episode_terms,
-    log_weights,
+    init_carry,
+    log_ratios,
 )
 
 K = 4
@@ -66,7 +71,7 @@ def statistics(arrays, gamma=0.9):
         jnp.asarray(a) for a in arrays
     )
     batch = WeightedBatch(
-        log_weights(log_target, log_behavior, step_mask),
+        log_ratios(log_target, log_behavior, step_mask),
         reward,
         step_mask,
         episode_mask,
@@ -94,26 +99,29 @@ def assert_same_estimates(a, b, rel=1e-12):
         ), field
 
 
-def test_vmapped_terms_equal_a_per_episode_loop():
+def test_vmapped_carries_equal_a_per_episode_loop():
     rng = np.random.default_rng(0)
     arrays = random_batch(rng, [3, 7, 1, 5], steps=8, garbage=0.0)
-    log_target, log_behavior, reward, step_mask, _, _ = arrays
-    log_w = np.asarray(log_weights(log_target, log_behavior, step_mask))
+    log_target, log_behavior, reward, step_mask, _, group = arrays
+    log_ratio = np.asarray(log_ratios(log_target, log_behavior, step_mask))
     discount = 0.9 ** np.arange(8)
-    ret = reward @ discount
-    scales = {"trajectory": jnp.asarray(log_w[:, -1].max()), "decision": jnp.asarray(log_w.max())}
-    batch = Episode(log_w, reward, discount, step_mask, ret, {}, scales)
-    vmapped = episode_terms(jax.tree.map(jnp.asarray, batch), FOUR)
-    from ope_cli.estimators import get
-    from ope_cli.estimators.base import core_terms
-
+    first = step_mask & (np.arange(8) == 0)
+    carry = init_carry(jnp.zeros(4), FOUR, False)
+    window = WeightedWindow(
+        jnp.asarray(log_ratio),
+        jnp.asarray(reward),
+        jnp.asarray(step_mask),
+        jnp.ones(4, bool),
+        jnp.asarray(group, jnp.int32),
+        jnp.zeros((4, 0)),
+    )
+    vmapped, _ = advance_window(carry, window, 0.9, K, FOUR)
     for i in range(4):
-        one = Episode(log_w[i], reward[i], discount, step_mask[i], ret[i], {}, scales)
-        looped = core_terms(jax.tree.map(jnp.asarray, one))
-        for name in FOUR:
-            looped.update(get(name).terms(jax.tree.map(jnp.asarray, one)))
-        for name, value in looped.items():
-            np.testing.assert_allclose(vmapped[name][i], value, rtol=1e-14, err_msg=name)
+        one = init_carry(jnp.zeros(()), FOUR, False)
+        steps = (log_ratio[i], reward[i], discount, step_mask[i], first[i], {})
+        looped, _, _ = _advance_one(one, jax.tree.map(jnp.asarray, steps), FOUR, None)
+        for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(vmapped), strict=True):
+            np.testing.assert_allclose(np.asarray(b)[i], np.asarray(a), rtol=1e-14)
 
 
 def test_one_batch_equals_one_batch_per_episode_merged():
@@ -149,15 +157,17 @@ def test_jit_equals_eager():
         np.testing.assert_allclose(x, y, rtol=1e-12)
 
 
-def _many_lengths_case(tmp):
-    rng = np.random.default_rng(4)
+def _many_lengths_case(tmp, seed=4, max_length=60):
+    rng = np.random.default_rng(seed)
     behavior = random_checkpoint("tabular", rng)
-    episodes = random_episodes(rng, 300, behavior=behavior, max_length=60)
+    episodes = random_episodes(rng, 300, behavior=behavior, max_length=max_length)
     path = save_checkpoint(tmp / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
-    return write_step_layout(episodes, tmp / "logs.parquet"), path
+    return write_step_layout(episodes, tmp / f"logs_{seed}.parquet"), path
 
 
-def test_one_trace_per_bucket_shape_over_many_lengths(tmp_path):
+def test_one_compilation_per_window_shape_over_many_lengths(tmp_path):
+    """Any number of episode lengths compiles one advance kernel per window shape and one
+    finish kernel; data of other lengths, none."""
     from ope_cli.config import BatchingConfig, EvaluationConfig
     from ope_cli.pipeline import evaluate
 
@@ -169,42 +179,46 @@ def test_one_trace_per_bucket_shape_over_many_lengths(tmp_path):
         batching=BatchingConfig(batch_steps=256, read_rows=500),
     )
     first = evaluate(config)
-    assert len({length for _, length in first.batch_shapes}) > 3  # many buckets
-    assert first.compiles <= len(first.batch_shapes)
+    assert first.compiles == len(first.batch_shapes) + 1
     again = evaluate(config)
     assert again.compiles == 0
     assert again.results[0].estimates == first.results[0].estimates
+    other, _ = _many_lengths_case(tmp_path, seed=5, max_length=45)
+    assert evaluate(config.__class__(**{**config.__dict__, "data": str(other)})).compiles == 0
 
 
-def test_every_configuration_is_exported_once_for_all_shapes(tmp_path, ope_in_process):
-    """The kernel is traced once per configuration at symbolic [B, T] (jax.export) and
-    compiled per shape from that, for every option that changes what it computes: the
-    Q-based estimators, a behavior checkpoint, bootstrap counts, the betting histogram."""
-    from ope_cli import kernel_cache
-
-    out = tmp_path / "chain"
-    assert ope_in_process(["generate", "chain", str(out), "--episodes", "60"]).returncode == 0
-    policy, q = out / "policies" / "eval_0.npz", out / "q" / "eval_0.npz"
-    common = ["evaluate", str(out / "logs.parquet"), "-p", str(policy), "--format", "json"]
-    common += ["--min-bucket", "64"]  # few shapes: each configuration compiles them
+def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_process):
+    """For every option that changes what the kernel computes (the Q-based estimators, a
+    behavior checkpoint, bootstrap counts, the betting histogram), a second dataset with
+    other lengths compiles nothing: the shapes come from the catalogue, not the data."""
+    out = {}
+    for name, episodes, seed in (("a", "60", "1"), ("b", "45", "2")):
+        out[name] = tmp_path / name
+        command = ["generate", "chain", str(out[name]), "--episodes", episodes, "--seed", seed]
+        assert ope_in_process(command).returncode == 0
     runs = {
-        "q": ["--q", str(q)],
-        "behavior": ["--behavior", str(out / "behavior.npz")],
+        "q": ["--q", "{out}/q/eval_0.npz"],
+        "behavior": ["--behavior", "{out}/behavior.npz"],
         "bootstrap": ["--ci", "bootstrap-t", "--bootstrap-samples", "20"],
         "betting": ["--ci", "betting", "--gamma", "0.95"],
     }
     for name, options in runs.items():
-        kernel_cache._EXPORTED.clear()  # earlier tests in this process may have exported it
-        run = ope_in_process([*common, *options])
-        assert run.returncode == 0, run
-        (exported,) = kernel_cache._EXPORTED.values()  # one configuration, however many shapes
-        assert exported is not None, name
+        for data, expect_none in (("a", False), ("b", True)):
+            policy = f"{out['a']}/policies/eval_0.npz"
+            args = ["evaluate", f"{out[data]}/logs.parquet", "-p", policy, "--format", "json"]
+            args += [option.format(out=out["a"]) for option in options]
+            run = ope_in_process(args)
+            assert run.returncode == 0, run
+            if expect_none:
+                assert json.loads(run.stdout)["runtime"]["compiles"] == 0, name
 
 
-def test_exported_kernel_equals_the_kernel_traced_per_shape(tmp_path):
-    """The kernel compiled from its symbolic export and the one traced at the batch's
-    concrete shape give the same statistics, bit for bit."""
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
+    """The statistics of a batch walked in windows of any width are those of the batch
+    walked as one window, with bootstrap replicates."""
     from ope_cli import kernel
+    from ope_cli.buckets import PaddedBatch
     from ope_cli.config import EvaluationConfig
     from ope_cli.pipeline import stream
 
@@ -214,7 +228,18 @@ def test_exported_kernel_equals_the_kernel_traced_per_shape(tmp_path):
     (group,) = kernel.group_policies(batches.policies)
     one = kernel.Kernel(group, 0.95, K, np.float64, None, num_replicates=8)
     for batch in list(batches)[:3]:
-        exported = jax.device_get(one(batch))
-        args, static = one.arguments(batch)
-        traced = jax.device_get(kernel._kernel(*args, **static))
-        jax.tree.map(np.testing.assert_array_equal, exported, traced)
+        length = -(-batch.shape[1] // width) * width  # whole windows of padding after it
+
+        def longer(x, length=length):
+            return np.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+        grown = PaddedBatch(
+            *(
+                jax.tree.map(longer, part) if i < 2 else part
+                for i, part in enumerate(batch)
+            )
+        )
+        whole = kernel.batch_statistics_of(one, grown)
+        windowed = kernel.batch_statistics_of(one, grown, width)
+        for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(windowed), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-9)  # the same numbers to rounding

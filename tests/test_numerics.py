@@ -39,6 +39,7 @@ from reference import (
     reference_stderr,
 )
 
+from ope_cli.buckets import window_shapes
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.pipeline import evaluate
 from ope_cli.report import to_json
@@ -167,8 +168,35 @@ def test_an_episode_of_more_than_10000_steps(tmp_path):
         read_rows=4096,
     )
     assert result.max_length == 12_345
-    assert any(length >= 12_345 for _, length in result.batch_shapes)
+    # walked whole, window after window, by the one-lane window of very long episodes
+    long_window = window_shapes(BatchingConfig())[-1]
+    assert (long_window.lanes, long_window.width) in result.batch_shapes
     _check(result, to_reference_input(episodes, target), 0.999)
+
+
+@pytest.mark.slow  # a million steps: written, evaluated and referenced
+def test_a_one_million_step_episode_matches_the_reference(tmp_path):
+    """One 1,000,000-step episode among short ones, log W drifting hundreds of e-folds:
+    walked alone, window after window (its carry in log space), it gives the reference's
+    estimates and standard errors, without holding more than a window in the kernel."""
+    rng = np.random.default_rng(11)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=2, n_actions=3)
+    episodes = random_episodes(rng, 5, behavior=behavior, median_length=20, max_length=40)
+    long = random_episodes(
+        rng, 1, behavior=behavior, length_dist="fixed", median_length=10**6, max_length=10**6
+    )[0]
+    episodes.insert(1, {**long, "episode_id": 1000})
+    target = perturb_checkpoint(behavior, rng, 0.05)
+    policy = save_checkpoint(tmp_path / "near.npz", target)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet", row_group_size=1 << 17)
+    result = _run(data, [policy], gamma=0.9999)
+    assert result.max_length == 10**6
+    long_window = window_shapes(BatchingConfig())[-1]
+    assert (long_window.lanes, long_window.width) in result.batch_shapes
+    reference = to_reference_input(episodes, target)
+    log_w = np.cumsum(reference[1]["log_target"] - reference[1]["log_behavior"])
+    assert np.ptp(log_w) > 100  # far beyond what exp of a plain product survives in a window
+    _check(result, reference, 0.9999)
 
 
 def test_all_zero_weights_give_null_wis_with_a_note(tmp_path):

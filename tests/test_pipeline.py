@@ -19,7 +19,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.buckets import RESAMPLING_GROUPS, bucket_lengths_upto
+from ope_cli.buckets import RESAMPLING_GROUPS, window_shapes
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.errors import PolicyError
 from ope_cli.ids import id_keys
@@ -240,7 +240,7 @@ def log_prob(observation, action):
 """
 
 
-def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
+def test_compiles_once_per_window_shape(tmp_path, monkeypatch):
     longest = 120  # ten buckets: enough shapes, each compiled at most once
     episodes, _, paths = make_case(
         tmp_path,
@@ -256,9 +256,10 @@ def test_compiles_once_per_batch_shape(tmp_path, monkeypatch):
     (tmp_path / "fresh_policy.py").write_text(ENTRY_POINT.format(path=str(paths[0])))
     monkeypatch.chdir(tmp_path)
     first = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=500)
-    assert first.compiles == len(first.batch_shapes)
-    buckets = bucket_lengths_upto(longest, BatchingConfig.min_bucket, BatchingConfig.bucket_growth)
-    assert len(first.batch_shapes) <= 2 * len(buckets)  # per bucket: a full and a tail shape
+    # an advance kernel per window shape, and one finish kernel (the carry's lanes are fixed)
+    assert first.compiles == len(first.batch_shapes) + 1
+    catalogue = window_shapes(BatchingConfig(batch_steps=1024))
+    assert set(first.batch_shapes) <= {(shape.lanes, shape.width) for shape in catalogue}
     again = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=333)
     assert again.compiles == 0  # same shapes, same function: nothing traced again
     assert_same_results(first, again)
@@ -343,7 +344,7 @@ def test_stream_yields_padded_batches_of_every_episode_once(tmp_path):
     assert sum(int(b.episode_mask.sum()) for b in seen) == len(episodes)
     assert batches.counters.episodes == len(episodes)
     assert batches.counters.rows_read == total and progress[-1] == total
-    assert {b.shape for b in seen} == batches.shapes
+    assert {(b.shape[0], batches.bucketer.width_of(b)) for b in seen} == batches.shapes
     assert all(b.shape[0] % 2 == 0 for b in seen)
     assert batches.seen_keys().size == len(episodes)
     assert sum(b.shape[0] * b.shape[1] for b in seen) == batches.counters.padded_steps

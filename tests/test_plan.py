@@ -56,7 +56,7 @@ def test_an_explicit_method_is_kept_and_described():
         (dict(gamma=1.5), "--gamma"),
         (dict(confidence=1.0), "--confidence"),
         (dict(estimators=("nope",)), "unknown estimator 'nope'"),
-        (dict(batching=BatchingConfig(bucket_growth=1.0)), "bucket growth"),
+        (dict(batching=BatchingConfig(min_bucket=0)), "batching options must be positive"),
         (dict(interval="magic"), "--ci must be one of"),
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),
