@@ -22,7 +22,7 @@ from ope_cli.config import BatchingConfig
 ESTIMATORS = ("is", "wis", "pdis", "wpdis")
 
 
-@pytest.mark.parametrize("gamma, shift, batch_steps", [(1.0, 0.3, 4096), (0.95, 2.0, 512)])
+@pytest.mark.parametrize("gamma, shift, batch_steps", [(1.0, 0.3, 512), (0.95, 2.0, 256)])
 def test_numpy_twin_matches_reference(tmp_path, gamma, shift, batch_steps):
     rng = np.random.default_rng(int(shift * 10))
     behavior = random_checkpoint("linear_softmax", rng, obs_dim=8)
@@ -31,7 +31,7 @@ def test_numpy_twin_matches_reference(tmp_path, gamma, shift, batch_steps):
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     batching = BatchingConfig(read_rows=997, batch_steps=batch_steps)
     batches, bucketer, max_length = host_batches(open_source(str(data)), batching, 1)
-    assert len(bucketer.shapes) > 1
+    assert len({batch.shape for batch in batches}) > 1  # batches of several lengths to merge
 
     params = {k: v for k, v in target.items() if k != "kind"}
     actual = twin.numpy_estimates(batches, params, gamma, max_length)

@@ -30,7 +30,14 @@ from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
 from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.kernel import BATCH_AXIS, Kernel, group_policies, trace_count
+from ope_cli.kernel import (
+    BATCH_AXIS,
+    Kernel,
+    assemble,
+    group_policies,
+    split_windows,
+    trace_count,
+)
 from ope_cli.kernel_cache import clear_caches
 from ope_cli.pipeline import evaluate
 from ope_cli.policies import load_policy
@@ -150,20 +157,25 @@ def prepare_end_to_end(
     ), first
 
 
-def device_batches(batches: list[PaddedBatch], dtype, mesh) -> list[PaddedBatch]:
-    """The batches on the device(s), floats cast to ``dtype``, episodes split over ``mesh``."""
+def device_batches(batches: list[PaddedBatch], widths: list[int], dtype, mesh) -> list[tuple]:
+    """Each batch as (its windows on the device(s), its [B, 0] bootstrap counts): floats
+    cast to ``dtype``, episodes split over ``mesh``, walked in windows of its width."""
     sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
 
     def cast(x: np.ndarray) -> np.ndarray:
         return x.astype(dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else x
 
-    on_device = [jax.device_put(jax.tree.map(cast, b), sharding) for b in batches]
+    on_device = []
+    for batch, width in zip(batches, widths, strict=True):
+        windows = split_windows(jax.tree.map(cast, batch), width)
+        windows = [(start, jax.device_put(window, sharding)) for start, window in windows]
+        on_device.append((windows, np.zeros((batch.shape[0], 0), np.uint8)))
     jax.block_until_ready(on_device)
     return on_device
 
 
 def prepare_kernel(
-    on_device: list[PaddedBatch],
+    on_device: list[tuple],
     checkpoints: list[str],
     precision: str,
     mesh,
@@ -172,17 +184,18 @@ def prepare_kernel(
     cold: bool,
     q: str | None = None,
 ) -> Trial:
-    """The jitted kernel alone over batches already on the device. One first pass compiles
+    """The jitted kernel alone over windows already on the device. One first pass compiles
     (from a cold jit cache when ``cold``); its statistics give the first policy's estimates,
     to compare precisions. ``q``: a Q checkpoint for every policy (dm, dr and wdr too)."""
     dtype = np.float64 if precision == "float64" else np.float32
     policies = [load_policy(path) for path in checkpoints]
     qs = None if q is None else [load_q(q)] * len(policies)
     (group,) = group_policies(policies, qs)
-    kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh)
+    lanes = max(windows[0][1].step_mask.shape[0] for windows, _ in on_device)
+    kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh, carry_lanes=lanes)
 
     def one_pass():
-        return jax.block_until_ready([kernel(batch) for batch in on_device])
+        return jax.block_until_ready([kernel.walk(*batch) for batch in on_device])
 
     if cold:
         clear_caches()
@@ -192,12 +205,12 @@ def prepare_kernel(
 
     acc = init(RESAMPLING_GROUPS, estimators=kernel.estimators)
     for output in jax.device_get(outputs):
-        statistics = output.statistics  # [D, P, ...]
+        statistics = assemble(output)  # [D, P, ...]
         for device in range(statistics.log_weight_histogram.shape[0]):
             one = jax.tree.map(lambda value: value[device, 0], statistics)  # noqa: B023
             acc = merge(acc, from_batch(one))
     estimates, _ = finalize(acc, GAMMA, max_length, 0.95)
-    padded_steps = sum(b.step_mask.size for b in on_device)
+    padded_steps = sum(w.step_mask.size for windows, _ in on_device for _, w in windows)
     return Trial(
         one_pass,
         real_steps,

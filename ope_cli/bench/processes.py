@@ -1,7 +1,8 @@
 """Whole processes, as a user types them: the floor of any JAX program, ``ope evaluate``
-with an empty and with a warm persistent compilation cache, a second dataset with other
-episode lengths on that warm cache, a 10,000-step bandit log, and a fresh Python process
-reading the same columns with pyarrow (the I/O floor, start-up included)."""
+with an empty and with a warm persistent compilation cache (and with a Q checkpoint on
+another empty one), a second dataset with other episode lengths on that warm cache, a
+10,000-step bandit log, and a fresh Python process reading the same columns with pyarrow
+(the I/O floor), beside one that only imports pyarrow.parquet."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ope_cli.config import BatchingConfig
 
 BANDIT_STEPS = 10_000
 FLOOR_CODE = "import jax; jax.numpy.zeros(1).block_until_ready()"
+PYARROW_FLOOR_CODE = "import pyarrow.parquet"
 PYARROW_CODE = """
 import sys, numpy as np, pyarrow as pa, pyarrow.dataset as ds
 for batch in ds.dataset(sys.argv[1]).to_batches(columns=sys.argv[2].split(",")):
@@ -47,25 +49,29 @@ def _best_of(rounds: int, command: list[str], env: dict[str, str]) -> float:
     return min(_run(command, env)[0] for _ in range(rounds))
 
 
-def _evaluate(data: str, checkpoint: str, batching: BatchingConfig, env: dict) -> dict:
+def _evaluate(
+    data: str, checkpoint: str, batching: BatchingConfig, env: dict, *options: str
+) -> dict:
     """One ``ope evaluate`` process: its wall seconds and its JSON runtime block's counts."""
-    seconds, stdout = _run(evaluate_command(data, checkpoint, batching), env)
+    seconds, stdout = _run([*evaluate_command(data, checkpoint, batching), *options], env)
     runtime = json.loads(stdout)["runtime"]
     keys = ("compilations", "compile_seconds", "cache_hits", "batch_shapes")
     return {"seconds": seconds, **{key: runtime[key] for key in keys}}
 
 
-def measure_processes(
+def measure_processes(  # noqa: PLR0913 - what the processes run on
     directory: Path,
     data: str,
     columns: list[str],
-    checkpoint: str,
+    checkpoints: tuple[str, str],
     batching: BatchingConfig,
     seed: int,
     progress: Progress,
 ) -> dict:
     """Wall times of whole processes; every ``ope evaluate`` shares one compilation cache,
-    empty at first, in ``directory``."""
+    empty at first, in ``directory`` (the one with a Q checkpoint has its own).
+    ``checkpoints``: (a policy, a Q checkpoint for it)."""
+    checkpoint, q = checkpoints
     cache = directory / "process-cache"
     env = dict(os.environ, OPE_CACHE_DIR=str(cache))
     progress("whole processes: the import jax floor and the pyarrow read floor")
@@ -73,8 +79,12 @@ def measure_processes(
     pyarrow_seconds = _best_of(
         3, [sys.executable, "-c", PYARROW_CODE, data, ",".join(columns)], env
     )
+    pyarrow_floor = _best_of(3, [sys.executable, "-c", PYARROW_FLOOR_CODE], env)
     progress("whole processes: ope evaluate with an empty compilation cache")
     cold = _evaluate(data, checkpoint, batching, env)
+    progress("whole processes: ope evaluate --q CKPT with another empty cache")
+    q_env = dict(env, OPE_CACHE_DIR=str(directory / "process-cache-q"))
+    cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     progress("whole processes: ope evaluate with the warm cache")
     warm = min(
         (_evaluate(data, checkpoint, batching, env) for _ in range(2)),
@@ -96,17 +106,19 @@ def measure_processes(
     )
     for path in (other_path, bandit_path):
         path.unlink()
+    read = pyarrow_seconds - pyarrow_floor
     return {
         "import_jax_floor_seconds": floor,
         "pyarrow_read_seconds": pyarrow_seconds,
+        "import_pyarrow_floor_seconds": pyarrow_floor,
         "evaluate_cold_cache": cold,
+        "evaluate_cold_cache_q": cold_q,
         "evaluate_warm_cache": warm,
         "other_lengths_warm_cache": {**other, "steps": int(other_lengths.sum())},
         "bandit_warm_cache": {**bandit, "steps": BANDIT_STEPS},
         "bandit_over_floor_seconds": bandit["seconds"] - floor,
-        "evaluate_over_pyarrow": warm["seconds"] / pyarrow_seconds
-        if pyarrow_seconds > 0
-        else math.nan,
+        # (ope evaluate above the import-jax floor) / (pyarrow's read above its import)
+        "evaluate_over_pyarrow": (warm["seconds"] - floor) / read if read > 0 else math.nan,
         "method": "wall time of each process as typed; import-jax and pyarrow floors and "
         "warm runs: fastest of several; one compilation cache for every ope evaluate, "
         "empty before the first",

@@ -68,8 +68,8 @@ def _check(config: BenchConfig) -> None:
     if config.memory_steps < 1:
         raise UsageError("--memory-steps must be >= 1")
     b = config.batching
-    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1 or not b.bucket_growth > 1:
-        raise UsageError("batching options must be positive, and the bucket growth > 1")
+    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
+        raise UsageError("batching options must be positive")
     if config.precision not in (None, "float32", "float64"):
         raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
 
@@ -157,7 +157,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
             directory,
             source.path,
             list(source.schema.read_columns),
-            checkpoints[0],
+            (checkpoints[0], q),
             config.batching,
             config.seed,
             progress,
@@ -187,13 +187,12 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
 
 
 def _batching(batching: BatchingConfig, batches: int, bucketer: Bucketer) -> dict:
-    """The result's batching block: the settings, the number of padded batches and their
-    [B, T] shapes."""
+    """The result's batching block: the settings, the number of padded batches and the
+    [lanes, width] window shapes they were walked in."""
     return {
         "read_rows": batching.read_rows,
         "batch_steps": batching.batch_steps,
         "min_bucket": batching.min_bucket,
-        "bucket_growth": batching.bucket_growth,
         "batches": batches,
         "shapes": [list(shape) for shape in sorted(bucketer.shapes)],
     }
@@ -228,7 +227,10 @@ def _time_trials(
         path, one, precision, config.batching, q="fit:linear"
     )
     progress("putting the padded batches on the device")
-    on_device = {name: device_batches(batches, name, mesh) for name in ("float64", "float32")}
+    widths = [bucketer.width_of(batch) for batch in batches]
+    on_device = {
+        name: device_batches(batches, widths, name, mesh) for name in ("float64", "float32")
+    }
     real = bucketer.real_steps
     progress("kernel alone: first passes (compiles)")
     trials["kernel"] = prepare_kernel(

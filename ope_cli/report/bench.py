@@ -116,12 +116,11 @@ def _detail_lines(result: dict) -> list[str]:
     precision, batching = result["precision"], result["batching"]
     lines = [
         f"padding: {padding['padded_steps']:,} padded / {padding['real_steps']:,} real steps "
-        f"(waste {padding['waste']:.1%}), bucket growth {batching['bucket_growth']:g}, "
-        f"{batching['batches']} batches of {batching['batch_steps']:,} cells in "
-        f"{len(batching['shapes'])} shapes",
+        f"(waste {padding['waste']:.1%}), {batching['batches']} batches walked in windows of "
+        f"{batching['batch_steps']:,} cells, {len(batching['shapes'])} window shapes",
         f"compiles: ope evaluate {compiles['end_to_end']} "
         f"({_seconds(compiles['end_to_end_seconds'])}), kernel alone {compiles['kernel']} "
-        f"({_seconds(compiles['kernel_seconds'])}), {compiles['bucket_shapes']} bucket shapes; "
+        f"({_seconds(compiles['kernel_seconds'])}), {compiles['window_shapes']} window shapes; "
         f"persistent cache {compiles['persistent_cache']}",
         f"precision: float32 {_si(precision['float32']['steps_per_second'])} steps/s, float64 "
         f"{_si(precision['float64']['steps_per_second'])} steps/s, max relative difference of "
