@@ -136,7 +136,7 @@ def generate(
         q_values = _q_values(environment, env_arrays, policies, gamma, horizon)
         params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policies[0]})
         steps, longest = write_logs(
-            environment, params, jax.random.key(seed), episodes, horizon, files, out
+            environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
     paths = ["behavior.npz"] + [f"policies/eval_{k}.npz" for k in range(len(POLICY_SCALES))]

@@ -82,7 +82,7 @@ def test_doubly_robust_sharded_equals_one_device(case):
         tmp / "q.npz",
         {"kind": "linear_q", "weight": rng.normal(size=(4, 4)), "bias": rng.normal(size=4)},
     )
-    with_q = [*args, "--q", str(q)]
+    with_q = [*args, "--q", str(q), "--q", str(q)]  # one --q per --policy
     single, sharded = ope_json(with_q, 1, tmp), ope_json(with_q, 3, tmp)
     assert sharded["runtime"]["devices"] == 3
     for one, many in zip(single["results"], sharded["results"], strict=True):

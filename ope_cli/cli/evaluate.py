@@ -20,8 +20,8 @@ from ope_cli.cli.groups import (
 from ope_cli.cli.options import (
     COLUMN_OPTIONS,
     Data,
+    DeclaredGamma,
     Estimators,
-    Gamma,
     OnInvalid,
     OutputFormat,
     Quiet,
@@ -80,7 +80,7 @@ def evaluate(
     data: Data,
     *,
     sources: ConfigFields,  # --policy, --behavior ... --q ... --v-samples
-    gamma: Gamma = 1.0,
+    gamma: DeclaredGamma = None,
     estimator: Estimators = None,
     output: OutputFormat,  # --format
     intervals: ConfigFields,  # --confidence, --ci ... --seed
@@ -161,11 +161,11 @@ def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str) -
     from ope_cli.report import render_table, to_csv, to_json
 
     if chosen is OutputFormat.json:
-        sys.stdout.write(to_json(result) + "\n")
+        sys.stdout.write(to_json(result, rank_by) + "\n")
     elif chosen is OutputFormat.csv:
-        sys.stdout.write(to_csv(result))
+        sys.stdout.write(to_csv(result, rank_by))
     else:
-        longest = max(len(r.policy) for r in result.results)  # no policy name is cut
+        longest = max(len(r.shown) for r in result.results)  # no policy label is cut
         render_table(result, table_console(max(TABLE_WIDTH, longest + TABLE_MARGIN)), rank_by)
 
 

@@ -189,6 +189,16 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output o
 
 # --- estimation
 Gamma = Annotated[float, typer.Option(help="Discount factor in [0, 1].")]
+DeclaredGamma = Annotated[
+    float | None,
+    typer.Option(
+        "--gamma",
+        metavar="FLOAT",
+        help="Discount factor in [0, 1]. Default: the gamma the data declares in its ope "
+        "schema metadata (ope generate and ope convert write it), else 1.0; the output says "
+        "which.",
+    ),
+]
 Estimators = Annotated[
     list[str] | None,
     typer.Option(
