@@ -15,11 +15,15 @@ import csv
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import typer.main
 
+from ope_cli.cli import helpmap
 from ope_cli.policies import split_name, suffix_labels
 from ope_cli.sources import METADATA_KEY
 
@@ -232,3 +236,140 @@ def test_suffix_labels_are_the_shortest_unambiguous():
     assert split_name("best=ckpts/a.npz") == ("best", "ckpts/a.npz")
     assert split_name("pkg.mod:policy") == (None, "pkg.mod:policy")
     assert split_name("date=2024/a.npz")[0] == "date"  # NAME=PATH when no such file exists
+
+
+# --- nothing is overwritten silently
+
+
+def _refused(run, path) -> None:
+    assert run.returncode == 2 and run.stdout == "", run
+    (line,) = run.stderr.splitlines()
+    assert line.startswith(f"ope: usage error: {path}: already exists"), line
+    assert "--overwrite" in line
+
+
+def test_outputs_are_not_overwritten_without_overwrite(root, ope_in_process, tmp_path):
+    truth = (root / "demo" / "truth.json").read_bytes()
+    again = ope_in_process(["generate", "chain", "demo", "--episodes", "10"], cwd=root)
+    _refused(again, "demo/logs.parquet")
+    assert (root / "demo" / "truth.json").read_bytes() == truth
+    assert pq.read_metadata(root / "demo" / "logs.parquet").num_rows > 10
+
+    existing = tmp_path / "kept.npz"
+    existing.write_bytes(b"keep")
+    fits = {
+        "fit-behavior": ["fit-behavior", "demo/logs.parquet", "--out", existing],
+        "fit-q": [
+            "fit-q",
+            "demo/logs.parquet",
+            "-p",
+            "demo/policies/eval_0.npz",
+            "--out",
+            existing,
+        ],
+    }
+    for args in fits.values():
+        _refused(ope_in_process(args, cwd=root), existing)
+        assert existing.read_bytes() == b"keep"
+
+
+def test_plot_figures_are_not_overwritten(root, ope_in_process, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "weights.png").write_bytes(b"keep")
+    args = ["evaluate", "demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--plot", tmp_path]
+    _refused(ope_in_process(args, cwd=root), tmp_path / "weights.png")
+    assert (tmp_path / "weights.png").read_bytes() == b"keep"
+    done = ope_in_process([*args, "--overwrite", "-q"], cwd=root)
+    assert done.returncode == 0, done
+    assert (tmp_path / "weights.png").read_bytes() != b"keep"
+
+
+# --- help is a map
+
+
+PYTHON_TYPE = re.compile(r"<(str|int|float|bool|path|list\[[^\]]*\]|[a-z_]+\|[a-z_|]+)>|\{\w+\}")
+
+
+def _help(ope_in_process, *command: str):
+    run = ope_in_process([*command, "--help"], env={"COLUMNS": "160"})
+    assert run.returncode == 0, run
+    return run.stdout
+
+
+def test_help_names_no_python_type(ope_in_process):
+    from ope_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for command in ((), *((name,) for name in commands)):
+        text = _help(ope_in_process, *command)
+        assert PYTHON_TYPE.search(text) is None, (command, PYTHON_TYPE.search(text))
+
+
+def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
+    from ope_cli.estimators import names
+    from ope_cli.intervals import INTERVALS
+
+    text = _help(ope_in_process, "evaluate")
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Arguments", "Options", *helpmap.PANEL_ORDER], panels
+    assert "|".join(names()) in text  # --estimator and --rank-by: the registry's names
+    assert "|".join(("auto", *INTERVALS)) in text  # --ci
+    assert "table|json|csv" in text and "FLOAT" in text and "INT" in text
+    assert "Usage: ope evaluate [OPTIONS] DATA" in text
+    assert "DM, DR, WDR" in _help(ope_in_process)  # the tool's line names every estimator
+
+
+def test_ope_alone_prints_the_help_and_succeeds(ope_in_process, ope):
+    alone = ope_in_process([])
+    assert alone.returncode == 0 and alone.stderr == "", alone
+    assert "Usage: ope" in alone.stdout and "evaluate" in alone.stdout
+    real = ope([])  # across the process boundary too
+    assert real.returncode == 0 and "Usage: ope" in real.stdout, real
+
+
+def test_generate_lists_the_registered_environments():
+    from ope_cli.cli.generate import ENVIRONMENT_CHOICES
+    from ope_cli.envs.registry import ENVIRONMENTS
+
+    assert ENVIRONMENT_CHOICES == "|".join(ENVIRONMENTS)
+
+
+# --- errors carry the fix
+
+
+def _error_line(run, code: int) -> str:
+    assert run.returncode == code and run.stdout == "", run
+    (line,) = run.stderr.splitlines()
+    return line
+
+
+def test_errors_carry_the_fix(root, ope_many_in_process):
+    policy = "demo/policies/eval_0.npz"
+    table = pq.read_table(root / "demo" / "logs.parquet")
+    rewards = table.column("reward").to_numpy().copy()
+    rewards[3] = float("nan")
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards)),
+        root / "nan.parquet",
+    )
+    calls = {
+        "glob": ["demo/logs.parquet", "-p", policy, "demo/policies/eval_1.npz"],
+        "directory": ["demo/logs.parquet", "-p", "demo/policies"],
+        "rank_by": ["demo/logs.parquet", "-p", policy, "--rank-by", "dr"],
+        "invalid": ["nan.parquet", "-p", policy],
+        "format": ["demo/logs.parquet", "-p", policy, "--format", "xml"],
+    }
+    runs = ope_many_in_process(
+        {name: {"args": ["evaluate", *args], "cwd": root} for name, args in calls.items()}
+    )
+    line = _error_line(runs["glob"], 2)
+    assert "unexpected extra argument" in line and "quote the pattern" in line
+    assert "repeat --policy" in line
+    line = _error_line(runs["directory"], 4)
+    assert "demo/policies: a directory" in line and "'demo/policies/*.npz'" in line
+    line = _error_line(runs["rank_by"], 2)
+    assert "--rank-by dr" in line and "--q" in line
+    line = _error_line(runs["invalid"], 3)
+    assert "reward" in line and "ope inspect nan.parquet" in line and "--on-invalid drop" in line
+    line = _error_line(runs["format"], 2)
+    assert "'xml' is not one of" in line and "Value error" not in line

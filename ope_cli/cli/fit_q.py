@@ -14,6 +14,7 @@ from ope_cli.cli.options import (
     Data,
     Gamma,
     InspectFormat,
+    Overwrite,
     ReadRows,
     column_group,
     option_groups,
@@ -52,6 +53,7 @@ def fit_q(
         typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
+    overwrite: Overwrite = False,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
@@ -79,6 +81,7 @@ def fit_q(
         seed=seed,
         columns=columns,
         read_rows=read_rows,
+        overwrite=overwrite,
     )
     from ope_cli import runtime
 

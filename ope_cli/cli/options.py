@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
+from ope_cli.estimators import names
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
@@ -120,8 +121,9 @@ QOption = Annotated[
         metavar="Q.npz|package.module:name|fit[:MODEL]",
         help="Q-hat of the evaluation policy, for the doubly robust estimators dm, dr and "
         "wdr: a checkpoint (tabular_q, linear_q, mlp_q, mlp_q_sa), an entry point, or fit "
-        "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once for "
-        "every policy, or once per --policy in the same order.",
+        "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once per "
+        "--policy, in the same order (a quoted glob counts its files); fit once fits one "
+        "for each policy. The output shows which Q-hat each policy got.",
     ),
 ]
 CrossFit = Annotated[
@@ -181,6 +183,10 @@ TargetLogProbCol = Annotated[
 ]
 
 # --- output
+Overwrite = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the output when it exists (else: refused, exit 2)."),
+]
 EvaluateFormat = Annotated[OutputFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)]
 InspectFormatOption = Annotated[
     InspectFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)
@@ -204,8 +210,10 @@ Estimators = Annotated[
     typer.Option(
         "--estimator",
         "-e",
-        help=f"Estimator to report ({', '.join(ESTIMATORS)}; with --q also dm, dr, wdr); "
-        "repeatable. Default: all.",
+        metavar="|".join(names()),
+        help=f"Estimator to report; repeatable. Default: all that the inputs allow "
+        f"({', '.join(ESTIMATORS)}; with a Q source also "
+        f"{', '.join(n for n in names() if n not in ESTIMATORS)}).",
     ),
 ]
 Precision = Annotated[

@@ -21,6 +21,7 @@ from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.fitq.run import fit_q
+from ope_cli.outputs import refuse_existing
 from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
@@ -39,6 +40,7 @@ class FitQConfig:
     seed: int = 0
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = 65_536
+    overwrite: bool = False  # replace an existing --out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,7 @@ def check_options(config: FitQConfig) -> None:
         raise UsageError(f"--out must name an .npz file, got {config.out!r}")
     if not Path(config.out).resolve().parent.is_dir():
         raise UsageError(f"--out {config.out}: no such directory")
+    refuse_existing([config.out], config.overwrite)
     if not (math.isfinite(config.gamma) and 0.0 <= config.gamma <= 1.0):
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if config.ridge is not None and not (math.isfinite(config.ridge) and config.ridge >= 0):
