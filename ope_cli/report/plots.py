@@ -86,7 +86,7 @@ def _weights(plt, result: EvaluationResult):
             extra.append(f"{int(p.histogram_counts[-1])} above 1e{p.histogram_edges[-1]:g}")
         if p.zero_weights:
             extra.append(f"{p.zero_weights} zero")
-        label = _label(policy.policy) + (f" ({', '.join(extra)})" if extra else "")
+        label = _label(policy.shown) + (f" ({', '.join(extra)})" if extra else "")
         axes.stairs(inside / max(result.episodes, 1), p.histogram_edges, label=label, linewidth=1.5)
     low, high = (min(occupied), max(occupied)) if occupied else (-1.0, 1.0)
     axes.set_xlim(min(low, -0.5) - 0.25, max(high, 0.5) + 0.25)
@@ -104,7 +104,7 @@ def _horizon(plt, result: EvaluationResult):
     for policy in result.results:
         p = policy.profile
         steps = np.arange(p.wpdis_partial_t.size)
-        top.plot(steps, p.wpdis_partial_t, label=_label(policy.policy), linewidth=1.5)
+        top.plot(steps, p.wpdis_partial_t, label=_label(policy.shown), linewidth=1.5)
         mean_weight = np.where(p.mean_weight_t > 0, p.mean_weight_t, np.nan)
         bottom.plot(steps, mean_weight, linewidth=1.5)
     top.set_ylabel("WPDIS up to step t")
@@ -143,7 +143,7 @@ def _estimates(plt, result: EvaluationResult):
             values.append(e.value)
             low.append(e.value - e.ci_low if e.ci_low is not None else 0.0)
             high.append(e.ci_high - e.value if e.ci_high is not None else 0.0)
-        axes.errorbar(xs, values, yerr=[low, high], fmt="o", capsize=4, label=_label(policy.policy))
+        axes.errorbar(xs, values, yerr=[low, high], fmt="o", capsize=4, label=_label(policy.shown))
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
     axes.set_title(
