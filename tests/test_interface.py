@@ -181,7 +181,8 @@ def test_policy_warnings_name_their_policy_in_json():
     doc = to_json_dict(result)
     (low,) = [w for w in doc["warnings"] if w["code"] == "low_ess"]
     assert low["policy"] == policy and "effective sample size" in low["message"]
-    assert f"warning: {low['message']}" in [text for text, _ in footer_lines(result, "wis")]
+    shown = low["message"].replace(f"{policy}: ", "ckpt.npz: ", 1)  # the table's label
+    assert f"warning: {shown}" in [text for text, _ in footer_lines(result, "wis")]
 
 
 # --- every estimate has an interval or a reason
@@ -402,3 +403,11 @@ def test_progress_shows_a_step_without_rows_without_an_eta():
     evaluating = [f for f in frames if "evaluating" in f]
     assert compiling and all("eta" not in f for f in compiling), compiling
     assert evaluating and all("eta" in f for f in evaluating), evaluating
+
+
+def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
+    args = ["fit-q", "demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "-f", "json"]
+    declared = ope_in_process([*args, "--out", tmp_path / "d.npz"], cwd=root)
+    given = ope_in_process([*args, "--out", tmp_path / "g.npz", "--gamma", "0.5"], cwd=root)
+    assert (_json(declared)["gamma"], _json(declared)["gamma_source"]) == (GAMMA, "data")
+    assert (_json(given)["gamma"], _json(given)["gamma_source"]) == (0.5, "option")

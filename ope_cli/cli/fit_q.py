@@ -12,7 +12,7 @@ from ope_cli.cli.console import table_console
 from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
     Data,
-    Gamma,
+    DeclaredGamma,
     InspectFormat,
     Overwrite,
     ReadRows,
@@ -47,7 +47,7 @@ def fit_q(
             "continuous actions.",
         ),
     ] = None,
-    gamma: Gamma = 1.0,
+    gamma: DeclaredGamma = None,
     ridge: Annotated[
         float | None,
         typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),

@@ -272,9 +272,14 @@ def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]
     and the path of each policy its label shortens."""
     lines = [(f"({k}) {note}", "dim") for k, note in enumerate(interval_notes(result), 1)]
     ranks = rank_policies(result, rank_by)
+    labels = {p.policy: p.shown for p in result.results}
     for warning in run_warnings(result, ranks, rank_by):
-        if warning.code != ASYMPTOTIC_INTERVALS or result.interval == "betting":
-            lines.append((f"warning: {warning.message}", "yellow"))  # else "intervals:" says it
+        if warning.code == ASYMPTOTIC_INTERVALS and result.interval != "betting":
+            continue  # the "intervals:" line says it
+        message = warning.message
+        if warning.policy is not None:  # the policy as the tables call it
+            message = message.replace(f"{warning.policy}: ", f"{labels[warning.policy]}: ", 1)
+        lines.append((f"warning: {message}", "yellow"))
     lines.append((f"intervals: {result.confidence_method}", "dim"))
     if result.behavior is not None:
         lines.append((result.behavior.describe(), "dim"))
