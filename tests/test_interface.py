@@ -185,6 +185,35 @@ def test_policy_warnings_name_their_policy_in_json():
     assert f"warning: {shown}" in [text for text, _ in footer_lines(result, "wis")]
 
 
+def test_run_wide_warnings_have_no_policy():
+    """Floored estimated propensities and a policy left out of the ranking, in JSON."""
+    from test_report import EXAMPLES
+
+    from ope_cli.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import evaluate
+    from ope_cli.report import to_json_dict
+
+    policies = tuple(str(EXAMPLES / "policies" / n) for n in ("ckpt.npz", "other.npz"))
+    result = evaluate(
+        EvaluationConfig(str(EXAMPLES / "data" / "logs.parquet"), policies, gamma=1.0)
+    )
+    fit = BehaviorFit("linear_softmax", 10, 100, -1.0, 1e-3, floored=7, seconds=0.1)
+    first = result.results[0]
+    undefined = dict(first.estimates, wis=dataclasses.replace(first.estimates["wis"], value=None))
+    result = dataclasses.replace(
+        result,
+        behavior=BehaviorSource("estimated", "linear_softmax", fit=fit),
+        results=[dataclasses.replace(first, estimates=undefined), *result.results[1:]],
+    )
+    doc = to_json_dict(result)
+    codes = {w["code"]: w for w in doc["warnings"]}
+    assert codes["floored_propensities"]["policy"] is None
+    assert "7 estimated behavior probabilities" in codes["floored_propensities"]["message"]
+    assert codes["not_ranked"]["policy"] == policies[0]
+    assert [r["rank"] for r in doc["results"]] == [None, 1]
+
+
 # --- every estimate has an interval or a reason
 
 
