@@ -20,6 +20,7 @@ from ope_cli.cli.options import (
     option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.fitq.base import MODELS as Q_MODELS
 
 
 @option_groups(
@@ -42,6 +43,7 @@ def fit_q(
         typer.Option(
             "--model",
             "-m",
+            metavar="|".join(Q_MODELS),
             help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
             "Default: tabular for integer states, linear for other observations, mlp for "
             "continuous actions.",

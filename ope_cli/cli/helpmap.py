@@ -67,7 +67,13 @@ COMMAND_PANELS: dict[str, dict[str, str | None]] = {
 PANEL_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, OUTPUT, PERFORMANCE, CLUSTER)
 
 # a str option's metavar by its name (else TEXT)
-TEXT_METAVARS = {"data": "DATA", "out": "PATH", "env": "ENV", "coordinator": "HOST:PORT"}
+TEXT_METAVARS = {
+    "data": "DATA",
+    "out": "PATH",
+    "env": "ENV",
+    "coordinator": "HOST:PORT",
+    "policy": "CKPT|package.module:name",
+}
 SCALARS = {int: "INT", float: "FLOAT", bool: "BOOL"}
 
 

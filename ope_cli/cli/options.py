@@ -20,6 +20,7 @@ import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
 from ope_cli.estimators import names
+from ope_cli.fit.base import MODELS as BEHAVIOR_MODELS
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
@@ -107,6 +108,7 @@ BehaviorModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
+        metavar="|".join(BEHAVIOR_MODELS),
         help="Behavior model: tabular, linear_softmax, mlp_softmax or linear_gaussian. "
         "Default: tabular for integer states and discrete actions, linear_softmax for other "
         "observations, linear_gaussian for continuous actions.",
