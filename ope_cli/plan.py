@@ -261,7 +261,8 @@ def complete_intervals(
         fallback = config.interval == "auto" and method is None and plan.method == "betting"
         if fallback and estimate.value is not None and estimate.stderr is not None:
             low, high = estimate.value - z * estimate.stderr, estimate.value + z * estimate.stderr
-            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=None)
+            note = None if estimate.note == NO_BETTING else estimate.note  # it has one now
+            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
             method = "normal"
         if estimate.ci_low is None or estimate.ci_high is None:
             note = estimate.note or (

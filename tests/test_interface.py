@@ -225,6 +225,7 @@ def test_auto_names_the_method_per_estimator(runs):
     for name in ("dm", "dr", "wdr"):  # auto: normal where betting does not apply
         assert estimates[name]["ci_method"] == "normal", name
         assert estimates[name]["ci_low"] < estimates[name]["value"] < estimates[name]["ci_high"]
+        assert "note" not in estimates[name], name  # the betting note went with the null
 
 
 def test_a_null_interval_always_has_a_note_shown_in_the_table(runs):
