@@ -246,10 +246,10 @@ def expand_qs(specs: Sequence[str]) -> list[str]:
     return expanded
 
 
-def pair_qs(specs: Sequence[str], policies: int) -> list[str]:
+def pair_qs(specs: Sequence[str], policies: int, globbed: str = "") -> list[str]:
     """One ``--q`` value per policy, in order: a Q function belongs to one policy, so
     several policies need one --q each (a glob counts its files), or ``fit``, which fits
-    one Q-hat per policy."""
+    one Q-hat per policy. ``globbed``: how the globs grew the count, for the message."""
     if len(specs) == 1 and (policies == 1 or _is_fit(specs[0])):
         return list(specs) * policies
     if len(specs) == 1:
@@ -260,8 +260,8 @@ def pair_qs(specs: Sequence[str], policies: int) -> list[str]:
         )
     if len(specs) != policies:
         raise UsageError(
-            f"--q is given {len(specs)} times for {policies} policies: give --q once per "
-            "--policy, in the same order (a quoted glob counts its files), or --q fit"
+            f"--q is given {len(specs)} times{globbed} for {policies} policies: give --q once "
+            "per --policy, in the same order (a quoted glob counts its files), or --q fit"
         )
     return list(specs)
 
@@ -282,7 +282,9 @@ def load_qs(
         return [QFunction(f"{columns[0]!r} and {columns[1]!r}", COLUMNS)]
     if not specs:
         return None
-    return [load_q(spec) for spec in pair_qs(expand_qs(specs), len(policies))]
+    expanded = expand_qs(specs)
+    globbed = f" (globs expanded from {len(specs)})" if len(expanded) != len(specs) else ""
+    return [load_q(spec) for spec in pair_qs(expanded, len(policies), globbed)]
 
 
 # --- checks against the data and the policy ------------------------------------------------

@@ -60,6 +60,7 @@ RUNS = {
     "default_csv": ["nogamma.parquet", "-p", POLICIES, "-f", "csv"],
     "default_table": ["nogamma.parquet", "-p", POLICIES, "-f", "table"],
     "one_q": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/eval_0.npz"],
+    "q_glob_count": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/*.npz"],
     "betting": [
         *("demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--q", "demo/q/eval_0.npz"),
         *("--ci", "betting", "-f", "table"),
@@ -127,6 +128,8 @@ def test_one_q_for_several_policies_is_a_usage_error(runs):
     (line,) = run.stderr.splitlines()
     assert line.startswith("ope: usage error: --q demo/q/eval_0.npz is one Q-hat for 3 policies")
     assert "once per --policy, in the same order" in line and "--q fit" in line
+    line = _error_line(runs["q_glob_count"], 2)  # q/ also holds behavior.npz: 4 for 3
+    assert line.startswith("ope: usage error: --q is given 4 times (globs expanded from 1)")
 
 
 def test_q_globs_pair_in_order_and_the_pairing_is_printed(runs):
