@@ -62,7 +62,8 @@ class EvaluationConfig:
     # --behavior estimate: K folds of episodes (by id hash), each evaluated with the model
     # fitted on the other K - 1 (1: fitted on every episode, in-sample)
     behavior_cross_fit: int = 1
-    gamma: float = 1.0
+    # the discount: None takes the one the data declares (schema metadata), else 1.0
+    gamma: float | None = None
     # None: every estimator the run's inputs allow (with a Q source: also dm, dr, wdr)
     estimators: tuple[str, ...] | None = None
     # Q sources (--q): one for every policy or one per policy; checkpoint, entry point or

@@ -31,7 +31,7 @@ from ope_cli.convert import (
     numbers,
     plain,
 )
-from ope_cli.errors import DataError, first_line, where
+from ope_cli.errors import DataError, InvalidValueError, first_line, where
 from ope_cli.ids import REAPPEARS, SeenKeys, display_id, id_keys
 from ope_cli.schema import DataSchema
 from ope_cli.sources import SourcedBatch
@@ -460,7 +460,9 @@ def _order_steps(
             problem = f"step {int(rows.step[row])} appears more than once"
         else:
             problem = f"step {int(position[row])} is missing (steps must be 0, 1, ..., length-1)"
-        raise DataError(f"{where(file, episode)}{problem} ({bad_episodes} episode(s) affected)")
+        raise InvalidValueError(
+            f"{where(file, episode)}{problem} ({bad_episodes} episode(s) affected)"
+        )
     first_bad = bad[np.concatenate([[True], np.diff(episode_of_row[bad]) != 0])]
     repeated = (first_bad > starts[episode_of_row[first_bad]]) & (
         rows.step[first_bad] == rows.step[np.maximum(first_bad - 1, 0)]

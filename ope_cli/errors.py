@@ -24,6 +24,11 @@ class DataError(OpeError):
     kind = "invalid data"
 
 
+class InvalidValueError(DataError):
+    """A value or an episode breaks the data contract where ``--on-invalid error`` stops
+    (``--on-invalid drop`` would leave its episode out instead)."""
+
+
 class PolicyError(OpeError):
     """A policy checkpoint or entry point cannot be loaded or used (exit 4)."""
 

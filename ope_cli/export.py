@@ -127,6 +127,8 @@ def _metadata(config: ConvertConfig, data: Dataset, schema: DataSchema, columns)
         metadata["reward_range"] = list(declared.reward_range)
     if declared.horizon is not None:
         metadata["horizon"] = declared.horizon
+    if declared.gamma is not None:
+        metadata["gamma"] = declared.gamma
     return metadata
 
 

@@ -44,8 +44,11 @@ import numpy as np
 from ope_cli.envs.base import POLICY_SCALES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
+from ope_cli.outputs import refuse_existing
 
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
+# what a run writes into OUT (an earlier run's are replaced only with overwrite)
+OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json")
 
 
 def _check_options(
@@ -103,7 +106,7 @@ def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> 
     return q_paths
 
 
-def generate(
+def generate(  # noqa: PLR0913 - the command's options, one keyword each
     env: str,
     out_dir: str | Path,
     *,
@@ -113,6 +116,7 @@ def generate(
     horizon: int | None = None,
     shift: float = 0.5,
     files: int = 1,
+    overwrite: bool = False,
 ) -> dict:
     """Writes a synthetic dataset of `env` and its policies' true values; returns truth.json's dict.
 
@@ -120,10 +124,13 @@ def generate(
     per file), OUT/behavior.npz, OUT/policies/eval_{0,1,2}.npz, OUT/truth.json and, where the
     environment has an exact tabular Q (chain without a horizon), OUT/q/behavior.npz and
     OUT/q/eval_{0,1,2}.npz (``tabular_q``; truth.json's ``"q"`` entries, else null). `horizon`
-    caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). Raises
-    ValueError for an unknown env or a bad option.
+    caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). The logs
+    declare ``gamma`` (and the reward range and horizon) in their schema metadata. Raises
+    ValueError for an unknown env or a bad option, and UsageError when an output of an
+    earlier run exists (``OUTPUTS``) and not ``overwrite``.
     """
     _check_options(env, episodes, seed, gamma, horizon, shift, files)
+    refuse_existing((Path(out_dir) / name for name in OUTPUTS), overwrite)
     environment = REGISTRY[env]
     horizon = horizon if horizon is not None else environment.default_horizon
     gamma, shift = float(gamma), float(shift)
@@ -136,7 +143,7 @@ def generate(
         q_values = _q_values(environment, env_arrays, policies, gamma, horizon)
         params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policies[0]})
         steps, longest = write_logs(
-            environment, params, jax.random.key(seed), episodes, horizon, files, out
+            environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
     paths = ["behavior.npz"] + [f"policies/eval_{k}.npz" for k in range(len(POLICY_SCALES))]

@@ -2,11 +2,14 @@
 
 The schema as detected (layout, which column plays which role), episode and step counts,
 the length histogram, a behavior-probability summary, action counts (discrete actions),
-and every problem the validation of ``episodes.py`` finds, with counts and the first
-place each occurs. The same checks as ``ope evaluate`` run here (``EpisodeAssembler`` in
-``collect`` mode), so ``inspect`` reports exactly what ``evaluate`` would stop at or, with
-``--on-invalid drop``, leave out. Memory is bounded like ``evaluate``'s: per record batch,
-plus fixed-size histograms and 8 bytes per episode id.
+per-step reward statistics, the distribution of the discounted return (gamma: --gamma,
+else the data's declared one, else 1) with the logging policy's value (the mean return)
+and its standard error, and every problem the validation of ``episodes.py`` finds, with
+counts and the first place each occurs. The same checks as ``ope evaluate`` run here
+(``EpisodeAssembler`` in ``collect`` mode), so ``inspect`` reports exactly what
+``evaluate`` would stop at or, with ``--on-invalid drop``, leave out. Memory is bounded
+like ``evaluate``'s: per record batch, plus fixed-size histograms and 32 bytes per episode
+(its id, reward sums and return).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError
+from ope_cli.plan import resolve_gamma
 from ope_cli.policies import check_against_schema, chunk_checks, load_policies
 from ope_cli.schema import ALIASES, DataSchema, resolve_schema
 from ope_cli.sources import DeclaredBounds, iter_batches, open_dataset
@@ -38,6 +42,76 @@ class InspectConfig:
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = BatchingConfig.read_rows
     policies: tuple[str, ...] = ()
+    gamma: float | None = None  # None: the data's declared gamma, else 1.0
+
+
+RETURN_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+@dataclasses.dataclass
+class RewardSummary:
+    """Per-step rewards and per-episode discounted returns of the valid episodes. Each
+    episode's sums are kept (three floats per episode) and added up at the end, in episode
+    order, so the report does not depend on how the data was batched."""
+
+    steps: int = 0
+    reward_min: float | None = None
+    reward_max: float | None = None
+    sums: list[np.ndarray] = dataclasses.field(default_factory=list)  # [E, 2] r, r^2
+    returns: list[np.ndarray] = dataclasses.field(default_factory=list)  # [E]
+
+    def add(self, reward: np.ndarray, lengths: np.ndarray, gamma: float) -> None:
+        """[N] rewards of episodes of [E] ``lengths``, steps in order."""
+        self.steps += reward.size
+        low, high = float(reward.min()), float(reward.max())
+        self.reward_min = low if self.reward_min is None else min(self.reward_min, low)
+        self.reward_max = high if self.reward_max is None else max(self.reward_max, high)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        t = np.arange(reward.size) - np.repeat(starts, lengths)  # [N] step in its episode
+        both = np.stack([reward, np.square(reward)], axis=1)  # [N, 2]
+        self.sums.append(np.add.reduceat(both, starts, axis=0))
+        self.returns.append(np.add.reduceat(reward * np.power(gamma, t), starts))
+
+    def reward_stats(self) -> dict[str, float | None]:
+        """mean, std (population) and range of the per-step rewards."""
+        if not self.steps:
+            return {"mean": None, "std": None, "min": None, "max": None}
+        total, total_sq = np.concatenate(self.sums).sum(axis=0)
+        mean = float(total) / self.steps
+        variance = max(float(total_sq) / self.steps - mean * mean, 0.0)
+        return {
+            "mean": mean,
+            "std": math.sqrt(variance),
+            "min": self.reward_min,
+            "max": self.reward_max,
+        }
+
+    def return_stats(self) -> dict[str, float | None]:
+        """The discounted return's mean (the logging policy's value), its standard error,
+        standard deviation, range and quantiles."""
+        returns = np.concatenate(self.returns) if self.returns else np.zeros(0)
+        if not returns.size:
+            return {
+                "value": None,
+                "stderr": None,
+                "std": None,
+                "min": None,
+                "max": None,
+                "quantiles": {},
+            }
+        std = float(returns.std(ddof=1)) if returns.size > 1 else None
+        quantiles = np.quantile(returns, RETURN_QUANTILES)
+        return {
+            "value": float(returns.mean()),
+            "stderr": std / math.sqrt(returns.size) if std is not None else None,
+            "std": std,
+            "min": float(returns.min()),
+            "max": float(returns.max()),
+            "quantiles": {
+                f"p{round(q * 100)}": float(v)
+                for q, v in zip(RETURN_QUANTILES, quantiles, strict=True)
+            },
+        }
 
 
 @dataclasses.dataclass
@@ -71,6 +145,9 @@ class InspectReport:
     other_actions: int = 0
     declared: DeclaredBounds = DeclaredBounds()  # bounds in the schema metadata (checked)
     problems: list[Problem] = dataclasses.field(default_factory=list)
+    gamma: float = 1.0  # the discount of the returns, from ``gamma_source``
+    gamma_source: str = "default"  # option (--gamma), data (declared) or default
+    rewards: RewardSummary = dataclasses.field(default_factory=RewardSummary)
 
     @property
     def ok(self) -> bool:
@@ -107,6 +184,7 @@ class InspectReport:
             self._add_behavior(chunk.log_behavior)
         if self.schema.action_kind == "discrete":
             self._add_actions(chunk.action)
+        self.rewards.add(chunk.reward, lengths, self.gamma)
 
     def _add_behavior(self, log_behavior: np.ndarray) -> None:
         """The behavior-probability summary of [N] logged log-probabilities."""
@@ -167,6 +245,11 @@ def inspect(config: InspectConfig) -> InspectReport:
         check_against_schema(policy, schema)
 
     declared = data.declared_bounds()
+    if config.gamma is not None and not 0.0 <= config.gamma <= 1.0:
+        from ope_cli.errors import UsageError
+
+        raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
+    gamma, gamma_source = resolve_gamma(config.gamma, declared)
 
     def policy_checks(chunk):
         for policy in policies:
@@ -188,6 +271,8 @@ def inspect(config: InspectConfig) -> InspectReport:
             role: str(data.schema.field(name).type) for role, name in schema.columns.items()
         },
         declared=declared,
+        gamma=gamma,
+        gamma_source=gamma_source,
     )
     assembler = EpisodeAssembler(schema, "collect", policy_checks)
     remaining = list(data.files)

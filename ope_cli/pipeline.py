@@ -40,7 +40,13 @@ from ope_cli.estimators.base import (
     describe_standard_errors,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.plan import IntervalPlan, check_config, plan_intervals, reported_estimators
+from ope_cli.plan import (
+    IntervalPlan,
+    annotate_results,
+    check_config,
+    plan_intervals,
+    reported_estimators,
+)
 from ope_cli.policies import (
     Policy,
     check_against_schema,
@@ -225,6 +231,7 @@ def stream(
     for q, policy in zip(qs or [], policies if qs else [], strict=True):
         check_q(q, policy, schema)
     plan = plan_intervals(config, data.declared_bounds())
+    config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     files = len(data.files)
     process_id, num_processes = process
     if num_processes > 1:
@@ -279,10 +286,13 @@ def evaluate(
         check_all_succeeded(error)
         local.reduce_across_processes()
     compiled = runtime.compilation_counts() - counts_before
+    config = batches.config  # with the discount resolved (plan.gamma_source says whence)
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
-    results = _policy_results(config, plan, batches, local)
+    results = annotate_results(
+        _policy_results(config, plan, batches, local), batches.policies, plan, config
+    )
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
         from ope_cli.fit.estimate import compare_with_logged
@@ -298,6 +308,7 @@ def evaluate(
         rows_read=counts.rows_read,
         max_length=counts.max_length,
         gamma=config.gamma,
+        gamma_source=plan.gamma_source,
         estimators=reported,
         confidence_level=config.confidence,
         confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",

@@ -5,6 +5,9 @@ resolved, and the bounds betting intervals rely on)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from ope_cli.behavior import check_behavior_option
 from ope_cli.config import EvaluationConfig
@@ -16,6 +19,10 @@ from ope_cli.estimators.base import describe_betting, describe_bootstrap_t
 from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.sources import DeclaredBounds, is_reward_range
 from ope_cli.validate import bounds_checks
+
+if TYPE_CHECKING:  # annotations only
+    from ope_cli.policies import Policy
+    from ope_cli.results import PolicyResult
 
 INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
     "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
@@ -30,13 +37,35 @@ INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
 
 ASYMPTOTIC = (
     " (asymptotic: heavy-tailed weights make it cover less often than stated; "
-    "--reward-range LOW HIGH gives finite-sample betting intervals)"
+    "{needs} gives finite-sample betting intervals)"
 )
+
+
+def _betting_needs(reward_range: tuple[float, float] | None) -> str:
+    """The options betting intervals still need: the reward range, else (known reward
+    range, gamma 1) a horizon."""
+    if reward_range is None:
+        return "--reward-range LOW HIGH"
+    return "--horizon STEPS (or --gamma < 1)"
+
+
+DEFAULT_GAMMA = 1.0
+GAMMA_SOURCES = ("option", "data", "default")  # where a run's discount comes from
+
+
+def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float, str]:
+    """(the discount, where it comes from): ``--gamma`` wins, else what the data declares,
+    else DEFAULT_GAMMA."""
+    if gamma is not None:
+        return float(gamma), "option"
+    if declared.gamma is not None:
+        return declared.gamma, "data"
+    return DEFAULT_GAMMA, "default"
 
 
 def check_config(config: EvaluationConfig) -> None:
     """Option values the command line cannot check by type alone."""
-    if not 0.0 <= config.gamma <= 1.0:
+    if config.gamma is not None and not 0.0 <= config.gamma <= 1.0:
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if not 0.0 < config.confidence < 1.0:
         raise UsageError(f"--confidence must be in (0, 1), got {config.confidence}")
@@ -105,7 +134,8 @@ def _check_interval_options(config: EvaluationConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class IntervalPlan:
-    """The interval method of a run and, for betting, the bounds it relies on."""
+    """The interval method of a run and, for betting, the bounds it relies on; and the
+    run's discount with where it comes from (GAMMA_SOURCES)."""
 
     method: str
     reward_range: tuple[float, float] | None = None
@@ -115,18 +145,19 @@ class IntervalPlan:
     betting_range: tuple[float, float, float] | None = (
         None  # (a, b, H): estimators.betting_variables
     )
+    gamma: float = DEFAULT_GAMMA
+    gamma_source: str = "option"
+    # what finite-sample (betting) intervals would still need, in options
+    betting_needs: str = "--reward-range LOW HIGH"
 
     def describe(self, config: EvaluationConfig) -> str:
         estimators = reported_estimators(config)
         if self.betting_range is None:
-            return (
-                INTERVAL_METHODS[self.method].format(
-                    samples=config.bootstrap_samples,
-                    seed=config.seed,
-                    bootstrap_t_estimators=describe_bootstrap_t(estimators),
-                )
-                + ASYMPTOTIC
-            )
+            return INTERVAL_METHODS[self.method].format(
+                samples=config.bootstrap_samples,
+                seed=config.seed,
+                bootstrap_t_estimators=describe_bootstrap_t(estimators),
+            ) + ASYMPTOTIC.format(needs=self.betting_needs)
         low, high = self.reward_range
         return INTERVAL_METHODS["betting"].format(
             low=low,
@@ -147,13 +178,15 @@ class IntervalPlan:
 
 
 def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
-    """Resolves ``--ci auto`` (betting when the rewards are bounded, else normal) and the
-    bounds of betting intervals: options first, then what the data declares."""
+    """Resolves the discount (``resolve_gamma``), ``--ci auto`` (betting when the rewards
+    are bounded, else normal) and the bounds of betting intervals: options first, then what
+    the data declares."""
+    gamma, gamma_source = resolve_gamma(config.gamma, declared)
+    discount = {"gamma": gamma, "gamma_source": gamma_source}
     reward_range = config.reward_range or declared.reward_range
     horizon = config.horizon or declared.horizon
     betting_range = None
-    if reward_range is not None and (config.gamma < 1 or horizon is not None):
-        gamma = config.gamma
+    if reward_range is not None and (gamma < 1 or horizon is not None):
         if horizon is None:
             discounted_horizon = 1.0 / (1.0 - gamma)
         elif gamma == 1.0:
@@ -171,7 +204,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     if method == "auto":
         method = "betting" if betting_range is not None else "normal"
     if method != "betting":
-        return IntervalPlan(method)
+        return IntervalPlan(method, **discount, betting_needs=_betting_needs(reward_range))
     if betting_range is None:
         missing = (
             "--reward-range LOW HIGH"
@@ -193,4 +226,64 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         source("--reward-range", config.reward_range),
         source("--horizon", config.horizon),
         betting_range,
+        **discount,
     )
+
+
+# --- every estimate has an interval or a reason ------------------------------------------
+
+NO_INTERVAL = "no interval: the estimate or its standard error is undefined"
+NO_BETTING = "betting intervals do not apply to this estimator"
+
+
+def _interval_method(name: str, estimate, method: str) -> str | None:
+    """The method a finished interval of estimator ``name`` comes from, under ``method``."""
+    estimator = estimator_get(name)
+    if method == "betting":
+        return "betting" if estimator.betting else None
+    if method == "normal" or estimator.replicates is None:
+        return "normal"
+    if estimate.value is None or estimate.stderr is None:
+        return None
+    return "bootstrap-t" if method == "bootstrap-t" and estimator.studentized else "percentile"
+
+
+def complete_intervals(
+    result: PolicyResult, plan: IntervalPlan, config: EvaluationConfig
+) -> PolicyResult:
+    """``result`` with each estimate's interval method named (``ci_methods``) and every null
+    interval explained by a note. Under ``--ci auto`` an estimator that betting does not
+    apply to (dm, dr, wdr) gets the normal interval, as auto means per estimator."""
+    z = NormalDist().inv_cdf(0.5 + config.confidence / 2)
+    estimates, methods = {}, {}
+    for name, estimate in result.estimates.items():
+        method = _interval_method(name, estimate, plan.method)
+        fallback = config.interval == "auto" and method is None and plan.method == "betting"
+        if fallback and estimate.value is not None and estimate.stderr is not None:
+            low, high = estimate.value - z * estimate.stderr, estimate.value + z * estimate.stderr
+            note = None if estimate.note == NO_BETTING else estimate.note  # it has one now
+            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
+            method = "normal"
+        if estimate.ci_low is None or estimate.ci_high is None:
+            note = estimate.note or (
+                NO_BETTING if method is None and plan.method == "betting" else NO_INTERVAL
+            )
+            estimate = dataclasses.replace(estimate, ci_low=None, ci_high=None, note=note)
+        estimates[name], methods[name] = estimate, method
+    return dataclasses.replace(result, estimates=estimates, ci_methods=methods)
+
+
+def annotate_results(
+    results: Sequence[PolicyResult],
+    policies: Sequence[Policy],
+    plan: IntervalPlan,
+    config: EvaluationConfig,
+) -> list[PolicyResult]:
+    """Each policy's result with its label and source (``--policy NAME=PATH``) and its
+    intervals completed (``complete_intervals``)."""
+    return [
+        dataclasses.replace(
+            complete_intervals(result, plan, config), label=policy.label, source=policy.source
+        )
+        for result, policy in zip(results, policies, strict=True)
+    ]

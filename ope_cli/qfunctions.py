@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ from ope_cli.policies import (
     action_log_probs,
     check_size,
     checked_array,
+    expand,
     import_entry_point,
     mlp_forward,
     mlp_layers,
@@ -221,18 +223,55 @@ def _entry_point_q(spec: str, target: Any) -> QFunction:
 def load_q(spec: str) -> QFunction:
     """The Q source of one ``--q`` value: ``fit``, a checkpoint (local or at a URI), or an
     entry point."""
-    if spec == FIT or spec.startswith(FIT + ":"):
+    if _is_fit(spec):
         return QFunction(spec, FIT)
     if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
         return q_checkpoint(spec, read_archive(spec))
     return load_q_entry_point(spec)
 
 
+def _is_fit(spec: str) -> bool:
+    return spec == FIT or spec.startswith(FIT + ":")
+
+
+def expand_qs(specs: Sequence[str]) -> list[str]:
+    """The ``--q`` values with each glob replaced by its matching files, sorted (as
+    ``--policy`` does); ``fit[:MODEL]`` and entry points stand for themselves."""
+    expanded = []
+    for spec in specs:
+        files = not _is_fit(spec) and (
+            spec.endswith(".npz") or glob.has_magic(spec) or Path(spec).is_dir()
+        )
+        expanded.extend(expand(spec, PolicyError, "Q checkpoint") if files else [spec])
+    return expanded
+
+
+def pair_qs(specs: Sequence[str], policies: int, globbed: str = "") -> list[str]:
+    """One ``--q`` value per policy, in order: a Q function belongs to one policy, so
+    several policies need one --q each (a glob counts its files), or ``fit``, which fits
+    one Q-hat per policy. ``globbed``: how the globs grew the count, for the message."""
+    if len(specs) == 1 and (policies == 1 or _is_fit(specs[0])):
+        return list(specs) * policies
+    if len(specs) == 1:
+        raise UsageError(
+            f"--q {specs[0]} is one Q-hat for {policies} policies, but a Q function belongs to "
+            "one policy: give --q once per --policy, in the same order (a quoted glob counts "
+            "its files), or --q fit to fit one for each"
+        )
+    if len(specs) != policies:
+        raise UsageError(
+            f"--q is given {len(specs)} times{globbed} for {policies} policies: give --q once "
+            "per --policy, in the same order (a quoted glob counts its files), or --q fit"
+        )
+    return list(specs)
+
+
 def load_qs(
     specs: Sequence[str], policies: Sequence[Policy], columns: tuple[str, str] | None = None
 ) -> list[QFunction] | None:
-    """One Q source per policy, in order (None without any): ``--q`` once for every
-    policy, or once per ``--policy``; ``columns``: the --q-col and --v-col names."""
+    """One Q source per policy, in order (None without any): ``--q`` once per ``--policy``
+    (globs expanded, ``pair_qs``), or ``fit`` once for all; ``columns``: the --q-col and
+    --v-col names."""
     if columns is not None:
         if specs:
             raise UsageError("--q-col/--v-col and --q are two Q sources; give one of them")
@@ -243,13 +282,9 @@ def load_qs(
         return [QFunction(f"{columns[0]!r} and {columns[1]!r}", COLUMNS)]
     if not specs:
         return None
-    if len(specs) not in (1, len(policies)):
-        raise UsageError(
-            f"--q is given {len(specs)} times for {len(policies)} policies: give it once "
-            "(for every policy) or once per --policy, in the same order"
-        )
-    loaded = [load_q(spec) for spec in specs]
-    return loaded * len(policies) if len(loaded) == 1 else loaded
+    expanded = expand_qs(specs)
+    globbed = f" (globs expanded from {len(specs)})" if len(expanded) != len(specs) else ""
+    return [load_q(spec) for spec in pair_qs(expanded, len(policies), globbed)]
 
 
 # --- checks against the data and the policy ------------------------------------------------

@@ -53,6 +53,19 @@ class PolicyResult:
     # count (an entry point that declares no n_actions): the report says so.
     actions_checked: bool = True
     q: QSource | None = None  # with a Q source: where this policy's Q-hat comes from
+    # what tables and figures call it (policies.label_policies); None: ``policy``
+    label: str | None = None
+    # the checkpoint or entry point of a policy named with --policy NAME=PATH, else None
+    source: str | None = None
+    # {estimator: the interval method its interval comes from}: betting, normal,
+    # percentile or bootstrap-t; None where no interval could be had (the estimate's
+    # note says why)
+    ci_methods: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+    @property
+    def shown(self) -> str:
+        """The name tables and figures show."""
+        return self.label or self.policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +110,9 @@ class EvaluationResult:
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # where the behavior probabilities come from: the data's column or a --behavior policy
     behavior: BehaviorSource | None = None
+    # where ``gamma`` comes from: "option" (--gamma), "data" (declared in the schema
+    # metadata) or "default" (1.0)
+    gamma_source: str = "option"
 
     @property
     def steps_per_second(self) -> float:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ope_cli.errors import DataError, where
+from ope_cli.errors import InvalidValueError, where
 from ope_cli.schema import DataSchema
 from ope_cli.steps import Steps
 
@@ -197,7 +197,9 @@ class Validation:
             at = locate(int(rows[0]))
             if self.policy.raises(check.reason):
                 unit = "episode(s)" if per_episode else "row(s)"
-                raise DataError(f"{where(file, *at)}{check.message} ({rows.size} {unit} affected)")
+                raise InvalidValueError(
+                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected)"
+                )
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
             self.found(check, file, at, (episodes.size, steps))

@@ -119,7 +119,11 @@ def test_files_schema_and_checkpoints(env, on_policy):
     np.testing.assert_allclose(np.exp(log_prob), table["behavior_prob"].to_numpy(), rtol=1e-9)
     assert np.all(np.isfinite(table["reward"].to_numpy()))
     declared = json.loads(pq.read_schema(out / "logs.parquet").metadata[b"ope"])
-    assert declared == {"reward_range": truth["reward_range"], "horizon": truth["horizon"]}
+    assert declared == {  # the bounds of betting intervals, and the discount of the truth
+        "reward_range": truth["reward_range"],
+        "horizon": truth["horizon"],
+        "gamma": truth["gamma"],
+    }
     if declared["reward_range"] is not None:  # bandit, chain: the data keep the promise
         low, high = declared["reward_range"]
         assert low <= table["reward"].to_numpy().min() and table["reward"].to_numpy().max() <= high
@@ -293,7 +297,7 @@ def test_no_q_where_it_is_not_exact(chain_q, tmp_path):
     rerun = tmp_path / "rerun"
     gen.generate("chain", rerun, episodes=10)
     assert len(list((rerun / "q").glob("*.npz"))) == 4
-    gen.generate("chain", rerun, episodes=10, horizon=8)
+    gen.generate("chain", rerun, episodes=10, horizon=8, overwrite=True)
     assert list((rerun / "q").glob("*.npz")) == []
     assert ENVIRONMENTS["control"].q_truth is None and ENVIRONMENTS["gaussian"].q_truth is None
 

@@ -161,3 +161,16 @@ def test_a_failed_conversion_leaves_no_file(sources, ope_in_process, tmp_path):
     assert run.returncode == 3, run
     assert "episode row 3" in run.stderr
     assert list(tmp_path.glob("out.parquet*")) == []
+
+
+def test_the_declared_discount_is_kept(ope_in_process, tmp_path):
+    """SPEC 12: ``ope convert`` keeps the gamma the source declares, beside its bounds."""
+    episodes = random_episodes(np.random.default_rng(5), 10, median_length=3, max_length=5)
+    source = write_step_layout(episodes, tmp_path / "declared.parquet")
+    declared = {"reward_range": [-9, 9], "gamma": 0.97}
+    table = pq.read_table(source)
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)}), source)
+    out = tmp_path / "out.parquet"
+    assert ope_in_process(["convert", source, out]).returncode == 0
+    metadata = ope_metadata(out)
+    assert (metadata["gamma"], metadata["reward_range"]) == (0.97, [-9, 9])

@@ -253,3 +253,47 @@ def test_memory_is_bounded_by_the_batch(tmp_path):
         tracemalloc.stop()
         assert report.ok
     assert peaks[1] < 1.6 * peaks[0], peaks
+
+
+def _returns(episodes, gamma: float) -> np.ndarray:
+    return np.array([np.sum(e["reward"] * gamma ** np.arange(len(e["reward"]))) for e in episodes])
+
+
+def test_rewards_returns_and_the_logging_policys_value(tmp_path):
+    """Per-step reward statistics and the discounted return's distribution, for the gamma
+    the data declares or --gamma; the mean return (the logging policy's value) with its
+    standard error, streamed over small batches."""
+    episodes = _episodes(seed=3, n=60)
+    table = step_layout_table(episodes).replace_schema_metadata({"ope": '{"gamma": 0.8}'})
+    write_table(table, tmp_path / "g.parquet")
+    rewards = np.concatenate([e["reward"] for e in episodes])
+    for gamma, source in ((None, "data"), (0.5, "option")):
+        report = inspect(InspectConfig(str(tmp_path / "g.parquet"), read_rows=37, gamma=gamma))
+        doc = json.loads(to_json(report))
+        used = 0.8 if gamma is None else gamma
+        assert (doc["gamma"], doc["gamma_source"]) == (used, source)
+        assert doc["dataset"]["declared"]["gamma"] == 0.8
+        reward = doc["reward"]
+        assert reward["mean"] == pytest.approx(rewards.mean(), rel=1e-9)
+        assert reward["std"] == pytest.approx(rewards.std(), rel=1e-6)
+        assert (reward["min"], reward["max"]) == (rewards.min(), rewards.max())
+        returns = _returns(episodes, used)
+        value = doc["return"]
+        assert value["value"] == pytest.approx(returns.mean(), rel=1e-9)
+        assert value["stderr"] == pytest.approx(returns.std(ddof=1) / np.sqrt(60), rel=1e-9)
+        assert value["quantiles"]["p50"] == pytest.approx(np.median(returns), rel=1e-9)
+        assert (value["min"], value["max"]) == pytest.approx((returns.min(), returns.max()))
+    console = Console(width=160, record=True)
+    render_table(report, console)
+    text = console.export_text()
+    assert "reward per step: mean" in text and "discounted return (gamma=0.5, --gamma)" in text
+    assert "logging policy's value (mean discounted return)" in text
+    assert "declared in the metadata: gamma 0.8" in text
+
+
+def test_inspect_without_a_declared_gamma_uses_one(tmp_path):
+    episodes = _episodes(seed=4, n=20)
+    write_step_layout(episodes, tmp_path / "l.parquet")
+    doc = to_json_dict(inspect(InspectConfig(str(tmp_path / "l.parquet"))))
+    assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
+    assert doc["return"]["value"] == pytest.approx(_returns(episodes, 1.0).mean(), rel=1e-9)

@@ -62,3 +62,24 @@ def test_unwritable_plot_directory_is_a_usage_error(tmp_path, ope):
     run = ope(_args("--plot", blocker / "figures"), cwd=tmp_path)
     assert run.returncode == 2, run
     assert run.stdout == "" and "--plot" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_estimates_axis_is_set_by_the_estimates():
+    """One very wide interval (a betting bound) does not set the axis: the values, with a
+    few standard errors of room, do; the cut interval is marked in the figure."""
+    from types import SimpleNamespace
+
+    from ope_cli.report.plots import ESTIMATE_MARGIN, estimate_limits
+    from ope_cli.stats import Estimate
+
+    estimates = {
+        "is": Estimate(1.0, 0.1, -50.0, 100.0),
+        "wis": Estimate(2.0, 0.2, 1.5, 2.5),
+        "wdr": Estimate(None, None, None, None, "undefined"),
+    }
+    result = SimpleNamespace(results=[SimpleNamespace(estimates=estimates)])
+    low, high = estimate_limits(result)
+    assert low == pytest.approx(1.0 - ESTIMATE_MARGIN * 0.2)
+    assert high == pytest.approx(2.0 + ESTIMATE_MARGIN * 0.2)
+    nothing = SimpleNamespace(results=[SimpleNamespace(estimates={"wdr": estimates["wdr"]})])
+    assert estimate_limits(nothing) is None

@@ -27,9 +27,12 @@ CKPT, OTHER = (str(EXAMPLES / "policies" / name) for name in ("ckpt.npz", "other
 
 @pytest.fixture(scope="module")
 def result():
-    """The shipped example, two policies: other.npz has the higher WIS (0.21 vs -5.28)."""
+    """The shipped example, two policies: other.npz has the higher WIS (0.21 vs -5.28).
+    gamma = 1 is given: the example declares no discount, and the default is warned about."""
     return evaluate(
-        EvaluationConfig(data=str(EXAMPLES / "data" / "logs.parquet"), policies=(CKPT, OTHER))
+        EvaluationConfig(
+            data=str(EXAMPLES / "data" / "logs.parquet"), policies=(CKPT, OTHER), gamma=1.0
+        )
     )
 
 
@@ -70,7 +73,8 @@ def test_table_groups_by_policy_ranks_and_marks_the_best(result):
     for heading in ("rank", "policy", "estimator", "value ± std. err.", "95% interval"):
         assert heading in text
     best_row = next(line for line in text.splitlines() if "★ 1" in line)
-    assert OTHER in best_row and " IS " in best_row
+    assert " other.npz " in best_row and " IS " in best_row  # labelled by its file name
+    assert f"other.npz = {OTHER}" in text  # the footer gives the label's path
     assert "rank: by WIS" in text
     wis = result.results[0].estimates["wis"]
     assert f"{wis.value:.4g} ± {wis.stderr:.4g}" in text

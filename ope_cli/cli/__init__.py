@@ -17,14 +17,18 @@ import typer
 from ope_cli._version import __version__
 from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
+from ope_cli.cli.helpmap import HelpMapGroup
 from ope_cli.errors import OpeError, UsageError
+from ope_cli.estimators import names, title
 
 INTERRUPTED_EXIT_CODE = 130
 INTERNAL_ERROR_EXIT_CODE = 1
 
 app = typer.Typer(
     name="ope",
-    help="Offline policy evaluation (IS, WIS, PDIS, WPDIS) over logged Parquet/Arrow episodes.",
+    cls=HelpMapGroup,
+    help=f"Offline policy evaluation ({', '.join(title(n) for n in names())}) over logged "
+    "episodes (Parquet, Arrow, Minari, D4RL-style HDF5).",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -68,6 +72,25 @@ def _error_line(error: BaseException) -> str:
     return str(error).strip().replace("\n", " ")
 
 
+# prefixes that a validation library puts before its own message
+LIBRARY_PREFIXES = ("Value error, ", "Assertion failed, ")
+EXTRA_ARGUMENTS = "Got unexpected extra argument"
+
+
+def usage_message(error: typer.TyperException) -> str:
+    """One line for an option-parsing error, with no library prefix, and the fix where
+    one is known: extra arguments are mostly an unquoted glob the shell expanded."""
+    message = _error_line(error.format_message())
+    for prefix in LIBRARY_PREFIXES:
+        message = message.replace(prefix, "")
+    if message.startswith(EXTRA_ARGUMENTS):
+        message += (
+            ": an unquoted glob expands into several arguments; quote the pattern "
+            "(--policy 'ckpts/*.npz') or repeat --policy before each value"
+        )
+    return message
+
+
 def run(argv: list[str]) -> int:
     """Runs ``ope ARGV`` in this process and returns the exit code (SPEC: 0 ok, 1 internal
     error, 2 usage, 3 data, 4 policy, 130 interrupted). Results go to ``sys.stdout``; an
@@ -75,6 +98,8 @@ def run(argv: list[str]) -> int:
     debug = "--debug" in argv
     if debug:  # accepted anywhere on the line, not only before the command
         argv = ["--debug", *(a for a in argv if a != "--debug")]
+    if not argv:  # ``ope`` alone: the help, and success
+        argv = ["--help"]
     try:
         code = app(args=list(argv), prog_name="ope", standalone_mode=False)
     except OpeError as error:
@@ -86,7 +111,7 @@ def run(argv: list[str]) -> int:
         say("ope: aborted")
         return INTERRUPTED_EXIT_CODE
     except typer.TyperException as error:  # usage errors from option parsing
-        say(f"ope: usage error: {_error_line(error.format_message())}")
+        say(f"ope: usage error: {usage_message(error)}")
         return UsageError.exit_code
     except KeyboardInterrupt:
         say("ope: interrupted")

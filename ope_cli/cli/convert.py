@@ -14,6 +14,7 @@ from ope_cli.cli.options import (
     LOGGED_COLUMNS,
     Data,
     InspectFormat,
+    Overwrite,
     ReadRows,
     column_group,
     option_groups,
@@ -24,11 +25,14 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 @option_groups(output=TABLE_OR_JSON, columns=column_group(*LOGGED_COLUMNS))
 def convert(
     data: Data,
-    out: Annotated[str, typer.Argument(help="The Parquet file to write (a local path or a URI).")],
+    out: Annotated[
+        str,
+        typer.Argument(
+            metavar="OUT.parquet", help="The Parquet file to write (a local path or a URI)."
+        ),
+    ],
     *,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace OUT when it exists.")
-    ] = False,
+    overwrite: Overwrite = False,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel

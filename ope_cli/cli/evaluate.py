@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,17 +21,19 @@ from ope_cli.cli.groups import (
 from ope_cli.cli.options import (
     COLUMN_OPTIONS,
     Data,
+    DeclaredGamma,
     Estimators,
-    Gamma,
     OnInvalid,
     OutputFormat,
+    Overwrite,
     Quiet,
     column_group,
     option_groups,
 )
 from ope_cli.cli.progress import ProgressDisplay
-from ope_cli.config import ESTIMATORS, BatchingConfig, ColumnMapping, EvaluationConfig
-from ope_cli.errors import UsageError
+from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.errors import InvalidValueError, UsageError
+from ope_cli.estimators import get as get_estimator
 from ope_cli.estimators import names
 from ope_cli.plan import reported_estimators
 
@@ -52,8 +55,10 @@ InvalidValues = Annotated[
 RankBy = Annotated[
     str,
     typer.Option(
-        help=f"Estimator that ranks several policies in the table, highest first "
-        f"({', '.join(ESTIMATORS)}); the best is highlighted."
+        metavar="|".join(names()),
+        help="Estimator that ranks several policies, highest first (the table's rank "
+        "column and each JSON result's rank); the best is highlighted. dm, dr and wdr need "
+        "a Q source (--q).",
     ),
 ]
 PlotDir = Annotated[
@@ -61,7 +66,8 @@ PlotDir = Annotated[
     typer.Option(
         metavar="DIR",
         help="Also write PNG figures into DIR: log10 weight histogram, per-step "
-        "WPDIS and mean weight, estimates with intervals. Needs matplotlib: "
+        "WPDIS and mean weight, estimates with intervals (figures already there need "
+        "--overwrite). Needs matplotlib: "
         "pip install 'ope-cli\\[plot]'.",  # \[ : not rich markup
     ),
 ]
@@ -80,7 +86,7 @@ def evaluate(
     data: Data,
     *,
     sources: ConfigFields,  # --policy, --behavior ... --q ... --v-samples
-    gamma: Gamma = 1.0,
+    gamma: DeclaredGamma = None,
     estimator: Estimators = None,
     output: OutputFormat,  # --format
     intervals: ConfigFields,  # --confidence, --ci ... --seed
@@ -89,6 +95,7 @@ def evaluate(
     on_invalid: InvalidValues = OnInvalid.error,
     rank_by: RankBy = "wis",
     plot: PlotDir = None,
+    overwrite: Overwrite = False,
     cluster: DistributedConfig,  # the "Cluster" panel
     batching: BatchingConfig,  # the "Batching" panel
     columns: ColumnMapping,  # the "Columns" panel
@@ -120,7 +127,7 @@ def evaluate(
         **runtime,
         on_invalid=on_invalid.value,
     )
-    run_and_report(config, cluster, output, rank_by, plot, quiet)
+    run_and_report(config, cluster, output, rank_by, plot, quiet, overwrite)
 
 
 def run_and_report(
@@ -130,6 +137,7 @@ def run_and_report(
     rank_by: str,
     plot: str | None,
     quiet: bool,
+    overwrite: bool = False,
 ) -> None:
     """Checks the output options, runs the evaluation (with progress), writes the figures,
     then the result on stdout, from process 0 only."""
@@ -137,14 +145,19 @@ def run_and_report(
 
     rank_by = check_rank_by(rank_by, reported_estimators(config))
     if plot is not None:
-        from ope_cli.report.plots import require_matplotlib
+        from ope_cli.outputs import refuse_existing
+        from ope_cli.report.plots import FIGURES, require_matplotlib
 
         require_matplotlib()  # before the run, not after it
+        refuse_existing((Path(plot) / name for name in FIGURES), overwrite)
     # pipeline.evaluate configures the runtime (ope_cli.runtime), around joining a cluster.
-    with ProgressDisplay(quiet) as (on_progress, on_status):
-        result = run_evaluation(
-            config, on_progress=on_progress, distributed=cluster, on_status=on_status
-        )
+    try:
+        with ProgressDisplay(quiet) as (on_progress, on_status):
+            result = run_evaluation(
+                config, on_progress=on_progress, distributed=cluster, on_status=on_status
+            )
+    except InvalidValueError as error:  # the same line, and where to go from there
+        raise InvalidValueError(f"{error}; {invalid_data_fix(config)}") from None
     if result.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
@@ -161,12 +174,22 @@ def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str) -
     from ope_cli.report import render_table, to_csv, to_json
 
     if chosen is OutputFormat.json:
-        sys.stdout.write(to_json(result) + "\n")
+        sys.stdout.write(to_json(result, rank_by) + "\n")
     elif chosen is OutputFormat.csv:
-        sys.stdout.write(to_csv(result))
+        sys.stdout.write(to_csv(result, rank_by))
     else:
-        longest = max(len(r.policy) for r in result.results)  # no policy name is cut
+        longest = max(len(r.shown) for r in result.results)  # no policy label is cut
         render_table(result, table_console(max(TABLE_WIDTH, longest + TABLE_MARGIN)), rank_by)
+
+
+def invalid_data_fix(config: EvaluationConfig) -> str:
+    """What to do about invalid data: see every problem, or leave its episodes out."""
+    if config.on_invalid == "drop":
+        return f"every problem: ope inspect {config.data}"
+    return (
+        f"every problem: ope inspect {config.data}; to leave out the invalid episodes and "
+        "report them: --on-invalid drop"
+    )
 
 
 def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
@@ -179,6 +202,11 @@ def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
         return rank_by
     if rank_by == "wis":
         return estimators[0]
+    if get_estimator(rank_by).needs and not any(get_estimator(e).needs for e in estimators):
+        raise UsageError(
+            f"--rank-by {rank_by} ranks by an estimator that needs a Q source: add --q "
+            "Q.npz|package.module:name|fit (once per --policy), or --q-col with --v-col"
+        )
     raise UsageError(
         f"--rank-by {rank_by}: not among the reported estimators "
         f"({', '.join(estimators)}); add --estimator {rank_by}"

@@ -14,6 +14,7 @@ from ope_cli.cli.options import (
     BehaviorModelOption,
     Data,
     InspectFormat,
+    Overwrite,
     ReadRows,
     column_group,
     option_groups,
@@ -37,6 +38,7 @@ def fit_behavior(
         ),
     ],
     model: BehaviorModelOption = None,
+    overwrite: Overwrite = False,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
@@ -61,6 +63,7 @@ def fit_behavior(
         model=model,
         columns=columns,
         read_rows=read_rows,
+        overwrite=overwrite,
     )
     from ope_cli import runtime
 

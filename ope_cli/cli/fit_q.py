@@ -12,13 +12,15 @@ from ope_cli.cli.console import table_console
 from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
     Data,
-    Gamma,
+    DeclaredGamma,
     InspectFormat,
+    Overwrite,
     ReadRows,
     column_group,
     option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.fitq.base import MODELS as Q_MODELS
 
 
 @option_groups(
@@ -41,17 +43,19 @@ def fit_q(
         typer.Option(
             "--model",
             "-m",
+            metavar="|".join(Q_MODELS),
             help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
             "Default: tabular for integer states, linear for other observations, mlp for "
             "continuous actions.",
         ),
     ] = None,
-    gamma: Gamma = 1.0,
+    gamma: DeclaredGamma = None,
     ridge: Annotated[
         float | None,
         typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
+    overwrite: Overwrite = False,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
@@ -79,6 +83,7 @@ def fit_q(
         seed=seed,
         columns=columns,
         read_rows=read_rows,
+        overwrite=overwrite,
     )
     from ope_cli import runtime
 

@@ -8,12 +8,24 @@ from typing import Annotated
 
 import typer
 
+from ope_cli.cli.options import Overwrite
 from ope_cli.errors import UsageError
+
+# the names of ope_cli.envs.registry.ENVIRONMENTS (which imports JAX, so --help does not)
+ENVIRONMENT_CHOICES = "bandit|chain|control|gaussian"
 
 
 def generate(
-    env: Annotated[str, typer.Argument(help="Environment: bandit, chain, control or gaussian.")],
-    out: Annotated[str, typer.Argument(help="Output directory.")],
+    env: Annotated[
+        str, typer.Argument(metavar=ENVIRONMENT_CHOICES, help="The environment to simulate.")
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            metavar="OUT",
+            help="Output directory (an earlier run's files there need --overwrite).",
+        ),
+    ],
     episodes: Annotated[int, typer.Option(help="Number of logged episodes.")] = 1000,
     seed: Annotated[
         int, typer.Option(help="Random seed; the same seed gives identical files.")
@@ -29,6 +41,7 @@ def generate(
         ),
     ] = 0.5,
     files: Annotated[int, typer.Option(help="Split the logs into this many Parquet files.")] = 1,
+    overwrite: Overwrite = False,
 ) -> None:
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 
@@ -50,6 +63,7 @@ def generate(
             horizon=horizon,
             shift=shift,
             files=files,
+            overwrite=overwrite,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None

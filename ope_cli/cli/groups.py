@@ -39,6 +39,7 @@ from ope_cli.cli.options import (
     VSamples,
 )
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.intervals import INTERVALS
 
 if TYPE_CHECKING:  # the distributed runtime loads with the run
     from ope_cli.distributed import DistributedConfig
@@ -75,8 +76,11 @@ PolicyOption = Annotated[
     typer.Option(
         "--policy",
         "-p",
+        metavar="[NAME=]CKPT|package.module:name",
         help="Checkpoint .npz or entry point package.module:name; repeat for several "
-        "policies (one pass). Omit to use target probabilities logged in the data.",
+        "policies (one pass), or give a quoted glob ('ckpts/*.npz'). NAME=CKPT names the "
+        "policy in the output; otherwise the shortest distinct end of its path labels it. "
+        "Omit to use target probabilities logged in the data.",
     ),
 ]
 
@@ -121,10 +125,12 @@ IntervalMethod = Annotated[
     str,
     typer.Option(
         "--ci",
+        metavar="|".join(("auto", *INTERVALS)),
         help="Interval method: betting (finite-sample, needs bounded rewards), normal, "
         "percentile (Poisson bootstrap) or bootstrap-t (studentized Poisson bootstrap). auto: "
-        "betting when the reward range is known (--reward-range or the data's metadata), else "
-        "normal.",
+        "per estimator, betting where it applies and the reward range is known "
+        "(--reward-range or the data's metadata), else normal. Each estimate names its "
+        "method; a missing interval says why.",
     ),
 ]
 RewardRange = Annotated[

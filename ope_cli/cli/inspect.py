@@ -12,6 +12,7 @@ from ope_cli.cli.groups import TABLE_OR_JSON
 from ope_cli.cli.options import (
     LOGGED_COLUMNS,
     Data,
+    DeclaredGamma,
     InspectFormat,
     ReadRows,
     column_group,
@@ -34,12 +35,14 @@ def inspect(
             help="Also check actions and states against this policy's ranges; repeatable.",
         ),
     ] = None,
+    gamma: DeclaredGamma = None,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
-    """Show DATA's schema, episodes, lengths, propensities and actions, and every validation
-    problem in it. Exits 3 when there are problems (the report still goes to stdout).
+    """Show DATA's schema, episodes, lengths, propensities, actions, rewards and discounted
+    returns (with the logging policy's value), and every validation problem in it. Exits 3
+    when there are problems (the report still goes to stdout).
 
     Example: ope inspect logs.parquet --format json | jq '.problems'
     """
@@ -52,6 +55,7 @@ def inspect(
         columns=columns,
         read_rows=read_rows,
         policies=tuple(policy or ()),
+        gamma=gamma,
     )
     report = run_inspection(config)
     if output is InspectFormat.json:

@@ -19,6 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
+from ope_cli.estimators import names
+from ope_cli.fit.base import MODELS as BEHAVIOR_MODELS
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
@@ -106,6 +108,7 @@ BehaviorModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
+        metavar="|".join(BEHAVIOR_MODELS),
         help="Behavior model: tabular, linear_softmax, mlp_softmax or linear_gaussian. "
         "Default: tabular for integer states and discrete actions, linear_softmax for other "
         "observations, linear_gaussian for continuous actions.",
@@ -120,8 +123,9 @@ QOption = Annotated[
         metavar="Q.npz|package.module:name|fit[:MODEL]",
         help="Q-hat of the evaluation policy, for the doubly robust estimators dm, dr and "
         "wdr: a checkpoint (tabular_q, linear_q, mlp_q, mlp_q_sa), an entry point, or fit "
-        "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once for "
-        "every policy, or once per --policy in the same order.",
+        "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once per "
+        "--policy, in the same order (a quoted glob counts its files); fit once fits one "
+        "for each policy. The output shows which Q-hat each policy got.",
     ),
 ]
 CrossFit = Annotated[
@@ -181,6 +185,10 @@ TargetLogProbCol = Annotated[
 ]
 
 # --- output
+Overwrite = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the output when it exists (else: refused, exit 2)."),
+]
 EvaluateFormat = Annotated[OutputFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)]
 InspectFormatOption = Annotated[
     InspectFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)
@@ -189,13 +197,25 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output o
 
 # --- estimation
 Gamma = Annotated[float, typer.Option(help="Discount factor in [0, 1].")]
+DeclaredGamma = Annotated[
+    float | None,
+    typer.Option(
+        "--gamma",
+        metavar="FLOAT",
+        help="Discount factor in [0, 1]. Default: the gamma the data declares in its ope "
+        "schema metadata (ope generate and ope convert write it), else 1.0; the output says "
+        "which.",
+    ),
+]
 Estimators = Annotated[
     list[str] | None,
     typer.Option(
         "--estimator",
         "-e",
-        help=f"Estimator to report ({', '.join(ESTIMATORS)}; with --q also dm, dr, wdr); "
-        "repeatable. Default: all.",
+        metavar="|".join(names()),
+        help=f"Estimator to report; repeatable. Default: all that the inputs allow "
+        f"({', '.join(ESTIMATORS)}; with a Q source also "
+        f"{', '.join(n for n in names() if n not in ESTIMATORS)}).",
     ),
 ]
 Precision = Annotated[

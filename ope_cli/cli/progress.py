@@ -9,6 +9,8 @@ from rich.console import Console
 
 from ope_cli.cli.console import stderr_console
 
+ROW_PHASES = ("reading", "evaluating")  # statuses during which the rows measure the work
+
 
 class ProgressDisplay:
     """Progress of ``ope evaluate`` on stderr: a status ("compiling kernel for [B, T] ...",
@@ -31,6 +33,7 @@ class ProgressDisplay:
         self._lock = threading.Lock()
         self._started = self._closed = False
         self._reading_since: float | None = None
+        self._total: int | None = None  # rows, kept while a step without rows runs
 
     def __enter__(self):
         if not self.enabled:
@@ -51,12 +54,12 @@ class ProgressDisplay:
             TextColumn("{task.fields[rows]}"),
             TextColumn("{task.fields[rate]}", style="cyan"),
             TimeElapsedColumn(),
-            TextColumn("eta"),
+            TextColumn("{task.fields[eta]}"),
             TimeRemainingColumn(),
             console=self.console,
             transient=True,
         )
-        self._task = self._progress.add_task("starting", total=None, rows="", rate="")
+        self._task = self._progress.add_task("starting", total=None, rows="", rate="", eta="eta")
         self._timer = threading.Timer(self.delay, self._start)
         self._timer.daemon = True
         self._timer.start()
@@ -75,6 +78,7 @@ class ProgressDisplay:
             self._reading_since = now
         elapsed = now - self._reading_since
         rate = f"{rows / elapsed:,.0f} rows/s" if rows and elapsed > 0 else ""  # average so far
+        self._total = total
         self._progress.update(
             self._task,
             completed=rows,
@@ -82,11 +86,23 @@ class ProgressDisplay:
             description="reading",
             rows=f"{rows:,}" + (f"/{total:,}" if total else "") + " rows",
             rate=rate,
+            eta="eta",
         )
 
     def status(self, text: str) -> None:
-        """A step without row progress, e.g. the first compilation of a batch shape."""
-        self._progress.update(self._task, description=text)
+        """A step without row progress ("compiling shape 3 of 17", "loading compiled
+        kernels", "fitting pass 1 of 2"), or back to the rows ("reading", "evaluating").
+        While such a step runs, the bar pulses and shows no ETA: rows all read do not
+        mean that the work is done."""
+        task = self._progress.tasks[0] if self._progress.tasks else None
+        if text in ROW_PHASES or task is None:
+            if task is not None and self._total is not None:
+                self._progress.update(self._task, total=self._total, eta="eta")
+            self._progress.update(self._task, description=text)
+            return
+        if task.total is not None:
+            self._total = task.total
+        self._progress.update(self._task, description=text, total=None, eta="")
 
     def __exit__(self, *exc_info):
         if self._timer is not None:

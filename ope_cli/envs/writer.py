@@ -1,5 +1,5 @@
-"""The files of ``ope generate``: step-layout Parquet logs (with the declared reward range and
-horizon in the schema metadata) and byte-reproducible .npz checkpoints."""
+"""The files of ``ope generate``: step-layout Parquet logs (with the declared reward range,
+horizon and discount in the schema metadata) and byte-reproducible .npz checkpoints."""
 
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ def write_logs(
     horizon: int | None,
     files: int,
     out: Path,
+    gamma: float | None = None,
 ) -> tuple[int, int]:
-    """Simulates and writes the episodes, whole ones per file; returns (steps, longest episode)."""
+    """Simulates and writes the episodes, whole ones per file; returns (steps, longest episode).
+    ``gamma``: the discount of the true values, declared in the metadata (None: not declared)."""
     for stale in [out / "logs.parquet", *(out / "logs").glob("part-*.parquet")]:  # an earlier run's
         stale.unlink(missing_ok=True)
     if files == 1:
@@ -55,6 +57,8 @@ def write_logs(
         paths = [out / "logs" / f"part-{k:05d}.parquet" for k in range(files)]
     bounds = [k * episodes // files for k in range(files + 1)]
     declared = {"reward_range": environment.reward_range, "horizon": horizon}
+    if gamma is not None:
+        declared["gamma"] = gamma
     steps = longest = 0
     for path, first, last in zip(paths, bounds[:-1], bounds[1:], strict=True):
         writer = None

@@ -23,6 +23,7 @@ from ope_cli.errors import DataError, UsageError
 from ope_cli.fit.base import MODELS, log_softmax
 from ope_cli.fit.estimate import checkpoint_arrays, choose_model, collect_all, make_model
 from ope_cli.fit.softmax import logits_of
+from ope_cli.outputs import refuse_existing
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
 
@@ -39,6 +40,7 @@ class FitBehaviorConfig:
     model: str | None = None  # None: the default for the data's types (SPEC section 8)
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = 65_536
+    overwrite: bool = False  # replace an existing --out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,7 @@ def fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
         raise UsageError(f"--out must name an .npz file, got {config.out!r}")
     if not Path(config.out).resolve().parent.is_dir():
         raise UsageError(f"--out {config.out}: no such directory")
+    refuse_existing([config.out], config.overwrite)
     data = open_dataset(config.data)
     schema = _schema(data, config.columns)
     model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")

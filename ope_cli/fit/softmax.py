@@ -32,13 +32,9 @@ def memory_budget() -> int:
 
 
 def _optax():
-    try:
-        import optax
-    except ImportError:
-        raise UsageError(
-            "the linear_softmax and mlp_softmax behavior models need optax: "
-            "pip install 'ope-cli[fit]' (or use the tabular or linear_gaussian model)"
-        ) from None
+    """optax (a dependency), imported when an iterative model is fitted."""
+    import optax
+
     return optax
 
 

@@ -21,6 +21,8 @@ from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.fitq.run import fit_q
+from ope_cli.outputs import refuse_existing
+from ope_cli.plan import resolve_gamma
 from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
@@ -34,11 +36,12 @@ class FitQConfig:
     policy: str
     out: str
     model: str | None = None  # None: the default for the data's types (SPEC section 9)
-    gamma: float = 1.0
+    gamma: float | None = None  # None: the data's declared gamma, else 1.0
     ridge: float | None = None  # None: linear.RIDGE_PER_STEP * steps
     seed: int = 0
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = 65_536
+    overwrite: bool = False  # replace an existing --out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,7 @@ class FitQResult:
     converged: bool | None = None
     heldout_steps: int | None = None
     heldout_bellman_rmse: float | None = None
+    gamma_source: str = "option"  # option (--gamma), data (declared) or default
 
 
 def check_options(config: FitQConfig) -> None:
@@ -74,7 +78,10 @@ def check_options(config: FitQConfig) -> None:
         raise UsageError(f"--out must name an .npz file, got {config.out!r}")
     if not Path(config.out).resolve().parent.is_dir():
         raise UsageError(f"--out {config.out}: no such directory")
-    if not (math.isfinite(config.gamma) and 0.0 <= config.gamma <= 1.0):
+    refuse_existing([config.out], config.overwrite)
+    if config.gamma is not None and not (
+        math.isfinite(config.gamma) and 0.0 <= config.gamma <= 1.0
+    ):
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if config.ridge is not None and not (math.isfinite(config.ridge) and config.ridge >= 0):
         raise UsageError(f"--ridge must be a number >= 0, got {config.ridge}")
@@ -134,6 +141,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         data.schema, config.columns, logged_target=False, source=data.source, logged_behavior=False
     )
     model = choose_q_model(config.model, schema)
+    gamma, gamma_source = resolve_gamma(config.gamma, data.declared_bounds())
     policy = load_policy(config.policy)
     check_against_schema(policy, schema)
     n_actions = _n_actions(policy, data, schema, config.read_rows)
@@ -142,7 +150,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         assembler.chunks(iter_batches(data, schema.read_columns, config.read_rows)),
         policy,
         model=model,
-        gamma=config.gamma,
+        gamma=gamma,
         ridge=config.ridge,
         seed=config.seed,
         n_actions=n_actions,
@@ -157,7 +165,8 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         out=config.out,
         model=fit.model,
         kind=fit.kind,
-        gamma=config.gamma,
+        gamma=gamma,
+        gamma_source=gamma_source,
         episodes=fit.episodes,
         steps=fit.steps,
         dm=d["dm"],

@@ -44,12 +44,9 @@ _START_FIELDS = ("x0", "p0", "fold0")
 
 
 def _optax():
-    try:
-        import optax
-    except ImportError:
-        raise UsageError(
-            "the mlp Q model needs optax: pip install 'ope-cli[fit]' (or use --model linear)"
-        ) from None
+    """optax (a dependency), imported when the model is fitted."""
+    import optax
+
     return optax
 
 

@@ -12,12 +12,14 @@ the data); here, a ``--policy`` value to its policies. Every name is importable 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import ope_cli.sources.remote as remote
-from ope_cli.errors import PolicyError
+from ope_cli.errors import PolicyError, UsageError
 from ope_cli.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
 from ope_cli.policies.checkpoints import (
     check_size,
@@ -49,21 +51,93 @@ def load_policy(spec: str) -> Policy:
     return load_entry_point(spec)
 
 
+NAMED = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+-]*)=(?P<path>.+)")
+
+
+def split_name(spec: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` -> (NAME, PATH); any other value (a path, a glob, an entry point, a
+    file whose name holds '=') -> (None, spec)."""
+    named = NAMED.fullmatch(spec)
+    if named is None or Path(spec).exists():
+        return None, spec
+    return named["name"], named["path"]
+
+
+def expand(spec: str, error: type[Exception] = PolicyError, what: str = "checkpoint") -> list[str]:
+    """A ``--policy`` (or ``--q``) value as the values it stands for: a glob such as
+    'ckpts/*.npz' (quoted, so the shell leaves it alone) for its matching files, sorted;
+    a directory is refused with the glob that would name its checkpoints."""
+    if glob.has_magic(spec) and remote.is_uri(spec):
+        return list(remote.glob_files(spec, error))
+    if glob.has_magic(spec) and not Path(spec).exists():
+        matches = sorted(glob.glob(spec))
+        if not matches:
+            raise error(f"{spec}: no {what} matches this pattern")
+        return matches
+    if not remote.is_uri(spec) and Path(spec).is_dir():
+        pattern = f"{spec.rstrip('/')}/*.npz"
+        raise error(
+            f"{spec}: a directory, not a {what}; to take every checkpoint in it, pass the "
+            f"quoted glob '{pattern}'"
+        )
+    return [spec]
+
+
 def load_policies(specs: Sequence[str]) -> list[Policy]:
-    """The policies of every ``--policy`` value, in order; a glob such as 'ckpts/*.npz'
-    (quoted, so the shell leaves it alone) stands for its matching files, sorted."""
+    """The policies of every ``--policy`` value, in order (``expand``: globs stand for
+    their matching files, sorted), each labelled (``label_policies``). ``NAME=PATH``
+    names the policy of PATH (one checkpoint or entry point)."""
     policies = []
     for spec in specs:
-        if glob.has_magic(spec) and remote.is_uri(spec):
-            policies.extend(load_policy(m) for m in remote.glob_files(spec, PolicyError))
-        elif glob.has_magic(spec) and not Path(spec).exists():
-            matches = sorted(glob.glob(spec))
-            if not matches:
-                raise PolicyError(f"{spec}: no checkpoint matches this pattern")
-            policies.extend(load_policy(match) for match in matches)
-        else:
-            policies.append(load_policy(spec))
-    return policies
+        name, path = split_name(spec)
+        if name is None:
+            policies.extend(load_policy(match) for match in expand(spec))
+            continue
+        matches = expand(path)
+        if len(matches) != 1:
+            raise UsageError(
+                f"--policy {spec}: NAME=PATH names one policy, but {path} matches "
+                f"{len(matches)}; name them one by one or leave out the name"
+            )
+        policy = load_policy(matches[0])
+        policies.append(dataclasses.replace(policy, name=name, source=matches[0]))
+    return label_policies(policies)
+
+
+def _parts(name: str) -> list[str]:
+    """A name's path components (an entry point, package.module:name, is one)."""
+    return [part for part in name.replace("\\", "/").split("/") if part] or [name]
+
+
+def suffix_labels(names: Sequence[str]) -> list[str]:
+    """The shortest path suffix of each name that no other name ends with (whole
+    components): ['runs/a/ckpt.npz', 'runs/b/ckpt.npz', 'x.npz'] -> ['a/ckpt.npz',
+    'b/ckpt.npz', 'x.npz']. A name given twice keeps its whole self."""
+    parts = [_parts(name) for name in names]
+    labels = []
+    for i, mine in enumerate(parts):
+        others = [theirs for j, theirs in enumerate(parts) if j != i and names[j] != names[i]]
+        label = names[i]
+        for k in range(1, len(mine) + 1):
+            if all(theirs[-k:] != mine[-k:] for theirs in others):
+                label = "/".join(mine[-k:])
+                break
+        labels.append(label)
+    return labels
+
+
+def label_policies(policies: Sequence[Policy]) -> list[Policy]:
+    """Each policy with its ``label``: the NAME it was given, else the shortest unambiguous
+    suffix of its path among the policies (a label never equals another policy's)."""
+    suffixes = iter(suffix_labels([p.name for p in policies if p.source is None]))
+    taken = {p.name for p in policies if p.source is not None}
+    labelled = []
+    for policy in policies:
+        label = policy.name if policy.source is not None else next(suffixes)
+        if policy.source is None and label in taken:
+            label = policy.name  # a suffix that is another policy's NAME: the full path
+        labelled.append(dataclasses.replace(policy, label=label))
+    return labelled
 
 
 __all__ = [
@@ -77,7 +151,9 @@ __all__ = [
     "checked_array",
     "checkpoint_policy",
     "chunk_checks",
+    "expand",
     "import_entry_point",
+    "label_policies",
     "linear_gaussian_log_prob",
     "linear_gaussian_sample",
     "linear_softmax_log_prob",
@@ -89,5 +165,7 @@ __all__ = [
     "mlp_forward",
     "mlp_layers",
     "read_archive",
+    "split_name",
+    "suffix_labels",
     "tabular_log_prob",
 ]

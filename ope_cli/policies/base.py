@@ -18,7 +18,8 @@ class Policy:
     """One evaluation policy.
 
     Attributes:
-      name: as given on the command line (the report's ``policy`` field).
+      name: as given on the command line (the report's ``policy`` field): the path or
+        entry point, or NAME of ``--policy NAME=PATH``.
       kind: checkpoint kind, ``entry_point`` or ``logged``.
       params: dict of parameter arrays (checkpoints), else None.
       static: hashable settings that select the function (e.g. the MLP activation).
@@ -49,6 +50,12 @@ class Policy:
     # leading [folds] axis, and an episode uses the fold fit.base.fold_index gives its key
     folds: int = 1
     sample: SampleFn | None = None
+    # what tables and figures call it: NAME of --policy NAME=PATH, else the shortest
+    # unambiguous suffix of its path among the run's policies (policies.label_policies)
+    label: str | None = None
+    # the checkpoint path or entry point it was loaded from, when ``name`` is a NAME given
+    # with --policy NAME=PATH (None: ``name`` is the path itself)
+    source: str | None = None
 
     @property
     def stack_key(self) -> tuple:

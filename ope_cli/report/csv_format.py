@@ -6,6 +6,8 @@ import csv
 import dataclasses
 import io
 
+from ope_cli.report.table import rank_policies, resolve_rank_by
+from ope_cli.report.warnings import run_warnings
 from ope_cli.results import EvaluationResult
 
 DIAGNOSTIC_FIELDS = (
@@ -17,16 +19,27 @@ DIAGNOSTIC_FIELDS = (
     "zero_weight_fraction",
 )
 HEADER = ("policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS)
+# added after the spec's columns: the interval's method and the reason of a null one, the
+# policy's label and rank, and the warnings that concern the row's policy or the whole run
+EXTRA = ("ci_method", "note", "label", "rank", "warnings")
+WARNING_SEPARATOR = " | "
 
 
-def to_csv(result: EvaluationResult) -> str:
-    """One row per policy x estimator; the policy's diagnostics repeat on each of its rows.
-    Numbers are written exactly (``repr``); an undefined number is an empty cell."""
+def to_csv(result: EvaluationResult, rank_by: str | None = None) -> str:
+    """One row per policy x estimator; the policy's diagnostics, rank and warnings repeat on
+    each of its rows (a warning is "code: message"). Numbers are written exactly
+    (``repr``); an undefined number is an empty cell."""
+    rank_by = resolve_rank_by(result, rank_by)
+    ranks = rank_policies(result, rank_by)
+    warnings = run_warnings(result, ranks, rank_by)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(HEADER)
-    for policy in result.results:
+    writer.writerow((*HEADER, *EXTRA))
+    for policy, rank in zip(result.results, ranks, strict=True):
         diagnostics = dataclasses.asdict(policy.diagnostics)
+        concerning = WARNING_SEPARATOR.join(
+            f"{w.code}: {w.message}" for w in warnings if w.policy in (None, policy.policy)
+        )
         for name, e in policy.estimates.items():
             cells = [
                 e.value,
@@ -35,7 +48,13 @@ def to_csv(result: EvaluationResult) -> str:
                 e.ci_high,
                 *(diagnostics[k] for k in DIAGNOSTIC_FIELDS),
             ]
-            writer.writerow(
-                [policy.policy, name, *("" if c is None else repr(float(c)) for c in cells)]
+            numbers = ("" if c is None else repr(float(c)) for c in cells)
+            extra = (
+                policy.ci_methods.get(name) or "",
+                e.note or "",
+                policy.shown,
+                "" if rank is None else rank,
+                concerning,
             )
+            writer.writerow([policy.policy, name, *numbers, *extra])
     return out.getvalue()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ope_cli.report.fit import to_json_dict
 from ope_cli.report.formatting import count, significant
+from ope_cli.report.inspect import GAMMA_SOURCES
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
     from ope_cli.fitq.command import FitQResult
@@ -30,7 +31,7 @@ def render_table(result: FitQResult, console: Console) -> None:
     table.add_column("")
     table.add_column("", justify="right")
     table.add_row("fitted on", f"{count(result.episodes)} episodes, {count(result.steps)} steps")
-    table.add_row("gamma", significant(result.gamma))
+    table.add_row("gamma", f"{significant(result.gamma)} ({GAMMA_SOURCES[result.gamma_source]})")
     table.add_row("dm estimate (mean V of the initial states)", significant(result.dm))
     table.add_row(
         "dm standard error (over initial states, Q taken as exact)",

@@ -44,13 +44,15 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
             if s.behavior_is_log
             else "prob",
             "target": s.target,
-            "declared": {
-                "reward_range": list(report.declared.reward_range)
-                if report.declared.reward_range
-                else None,
-                "horizon": report.declared.horizon,
-            },
+            "declared": _declared_dict(report),
         },
+        "gamma": report.gamma,
+        "gamma_source": report.gamma_source,  # option (--gamma), data (declared) or default
+        # per-step rewards of the valid episodes: mean, std, min, max
+        "reward": {k: json_number(v) for k, v in report.rewards.reward_stats().items()},
+        # the discounted return of each valid episode: "value" (its mean: the logging
+        # policy's value) with its "stderr", "std", "min", "max" and "quantiles"
+        "return": _return_dict(report),
         "counts": {
             "rows_read": report.rows_read,
             "episodes": report.episodes + report.invalid_episodes,
@@ -95,6 +97,52 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
     }
 
 
+def _declared_dict(report: InspectReport) -> dict[str, Any]:
+    """The bounds the metadata declares (null when not), and its gamma when it has one."""
+    declared = report.declared
+    entry: dict[str, Any] = {
+        "reward_range": list(declared.reward_range) if declared.reward_range else None,
+        "horizon": declared.horizon,
+    }
+    if declared.gamma is not None:
+        entry["gamma"] = declared.gamma
+    return entry
+
+
+def _return_dict(report: InspectReport) -> dict[str, Any]:
+    stats = report.rewards.return_stats()
+    quantiles = {k: json_number(v) for k, v in stats.pop("quantiles").items()}
+    return {**{k: json_number(v) for k, v in stats.items()}, "quantiles": quantiles}
+
+
+GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
+
+
+def _reward_lines(doc: dict[str, Any]) -> list[str]:
+    """Per-step rewards, and the discounted return with the logging policy's value."""
+    reward, returns = doc["reward"], doc["return"]
+    if reward["mean"] is None:
+        return []
+    source = GAMMA_SOURCES.get(doc["gamma_source"], doc["gamma_source"])
+    lines = [
+        f"reward per step: mean {significant(reward['mean'])}, std "
+        f"{significant(reward['std'])}, min {significant(reward['min'])}, max "
+        f"{significant(reward['max'])}",
+        f"discounted return (gamma={doc['gamma']:g}, {source}): "
+        + ", ".join(
+            f"{k} {significant(v)}"
+            for k, v in (
+                ("min", returns["min"]),
+                *returns["quantiles"].items(),
+                ("max", returns["max"]),
+            )
+        ),
+        f"logging policy's value (mean discounted return): {significant(returns['value'])} "
+        f"± {significant(returns['stderr'])} (standard error)",
+    ]
+    return lines
+
+
 def to_json(report: InspectReport) -> str:
     return json.dumps(to_json_dict(report), indent=2, allow_nan=False, default=str)
 
@@ -126,6 +174,8 @@ def _schema_lines(report: InspectReport, counts: dict[str, Any]) -> list[str]:
         parts.append(f"at most {declared.horizon} steps")
     if parts:
         lines.append(f"declared in the metadata (for betting intervals): {', '.join(parts)}")
+    if declared.gamma is not None:
+        lines.append(f"declared in the metadata: gamma {declared.gamma:g}")
     lengths = (
         f"valid episode lengths {report.min_length} to {report.max_length}"
         if report.episodes
@@ -217,6 +267,8 @@ def render_table(report: InspectReport, console) -> None:
             f"median {significant(b['median'])}, max {significant(b['max'])}",
             highlight=False,
         )
+    for line in _reward_lines(doc):
+        console.print(line, highlight=False)
     if report.action_counts is not None:
         console.print(_actions_table(report))
     if report.ok:

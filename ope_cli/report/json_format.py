@@ -8,16 +8,20 @@ from typing import Any
 
 from ope_cli._version import __version__
 from ope_cli.report.formatting import json_number
+from ope_cli.report.table import rank_policies, resolve_rank_by
+from ope_cli.report.warnings import run_warnings
 from ope_cli.results import EvaluationResult, PolicyResult
 
 SCHEMA_VERSION = 1
 ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
 
 
-def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
+def _policy_dict(policy: PolicyResult, rank: int | None) -> dict[str, Any]:
     estimates = {}
     for name, estimate in policy.estimates.items():
         entry = {k: json_number(getattr(estimate, k)) for k in ESTIMATE_FIELDS}
+        # the interval's method (betting, normal, percentile, bootstrap-t; null without one)
+        entry["ci_method"] = policy.ci_methods.get(name)
         if estimate.note:
             entry["note"] = estimate.note
         estimates[name] = entry
@@ -31,6 +35,9 @@ def _policy_dict(policy: PolicyResult) -> dict[str, Any]:
         diagnostics["q"] = q
     return {
         "policy": policy.policy,
+        "label": policy.shown,  # what the table and figures call it
+        "source": policy.source,  # the path of --policy NAME=PATH, else null
+        "rank": rank,  # by the ranking estimator ("rank_by"), 1 = highest; null: no value
         "estimates": estimates,
         "diagnostics": diagnostics,
         "actions_checked": policy.actions_checked,
@@ -50,8 +57,11 @@ def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
     return entry
 
 
-def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
-    """The spec's JSON document (section 5); extra fields are additions, none renamed."""
+def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[str, Any]:
+    """The spec's JSON document (section 5); extra fields are additions, none renamed.
+    ``rank_by``: the estimator that ranks the policies (default: WIS, else the first)."""
+    rank_by = resolve_rank_by(result, rank_by)
+    ranks = rank_policies(result, rank_by)
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
@@ -75,6 +85,7 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "behavior": _behavior_dict(result),
         },
         "gamma": result.gamma,
+        "gamma_source": result.gamma_source,  # option (--gamma), data (declared) or default
         "confidence": {
             "level": result.confidence_level,
             "interval": result.interval,
@@ -82,7 +93,13 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
             "reward_range": list(result.reward_range) if result.reward_range else None,
             "horizon": result.horizon,
         },
-        "results": [_policy_dict(policy) for policy in result.results],
+        "rank_by": rank_by,
+        "results": [
+            _policy_dict(policy, rank) for policy, rank in zip(result.results, ranks, strict=True)
+        ],
+        # what the table's footer warns about: [{"code", "message", "policy"}], policy
+        # null for the whole run
+        "warnings": [w.to_dict() for w in run_warnings(result, ranks, rank_by)],
         "runtime": {
             "seconds": result.seconds,
             "steps_per_second": result.steps_per_second,
@@ -100,6 +117,6 @@ def to_json_dict(result: EvaluationResult) -> dict[str, Any]:
     }
 
 
-def to_json(result: EvaluationResult) -> str:
+def to_json(result: EvaluationResult, rank_by: str | None = None) -> str:
     """The document as indented JSON text (no trailing newline)."""
-    return json.dumps(to_json_dict(result), indent=2, allow_nan=False)
+    return json.dumps(to_json_dict(result, rank_by), indent=2, allow_nan=False)

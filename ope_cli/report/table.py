@@ -20,12 +20,28 @@ from ope_cli.report.formatting import (
     significant,
     weight_label,
 )
+from ope_cli.report.warnings import (
+    ASYMPTOTIC_INTERVALS,
+    ESS_FRACTION_WARNING,
+    MAX_SHARE_WARNING,
+    MEAN_WEIGHT_RANGE,
+    policy_warnings,
+    run_warnings,
+)
 from ope_cli.results import EvaluationResult, PolicyResult
 
-# Plain-words warnings under the table: thresholds on the trajectory-weight diagnostics.
-ESS_FRACTION_WARNING = 0.1  # fewer effective episodes than this share of n
-MAX_SHARE_WARNING = 0.5  # one episode holds more than this share of the total weight
-MEAN_WEIGHT_RANGE = (0.5, 2.0)  # the mean weight is 1 in expectation when propensities are right
+GAMMA_SOURCES = {  # the title line's word on where gamma comes from
+    "option": "--gamma",
+    "data": "declared by the data",
+    "default": "the default: no --gamma, none declared by the data",
+}
+CI_METHODS = {
+    "betting": "betting",
+    "normal": "normal",
+    "percentile": "pctl",
+    "bootstrap-t": "boot-t",
+}
+
 SPARK = " ▁▂▃▄▅▆▇█"
 HISTOGRAM_WIDTH = (12, 48)  # characters of the in-terminal weight histogram, least and most
 DIAGNOSTIC_COLUMNS = (
@@ -59,54 +75,11 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     return ranks
 
 
-def _policy_warnings(policy: PolicyResult, episodes: int) -> list[str]:
-    d, name = policy.diagnostics, policy.policy
-    if d.zero_weight_fraction == 1.0:
-        return [
-            f"{name}: every trajectory weight is zero: the policy gives "
-            "probability 0 to a logged action in every episode, so these logs say "
-            "nothing about it."
-        ]
-    warnings = []
-    if not policy.actions_checked:
-        warnings.append(
-            f"{name}: the logged actions are not checked against this entry point's action "
-            "count (it declares no n_actions attribute): an action beyond its range would be "
-            "clamped to the last one, not reported."
-        )
-    if d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING:
-        warnings.append(
-            f"{name}: the effective sample size is {d.ess:,.1f} of {episodes:,} episodes "
-            f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
-            "episodes; the policy is probably too far from the behavior policy for "
-            "these logs (expect wide or overconfident intervals)."
-        )
-    if d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING:
-        warnings.append(
-            f"{name}: one episode holds {d.max_weight_share:.0%} of the total "
-            "weight: WIS and WPDIS are essentially that single episode's return."
-        )
-    low, high = MEAN_WEIGHT_RANGE
-    if d.mean_weight is None:
-        warnings.append(
-            f"{name}: the trajectory weights overflow float64: the policy and the "
-            "behavior probabilities disagree by orders of magnitude."
-        )
-    elif not low <= d.mean_weight <= high:
-        warnings.append(
-            f"{name}: the mean weight is {d.mean_weight:.3g}, far from 1 (its "
-            "expected value when the behavior probabilities are right): check "
-            "that the behavior probabilities are those of the logged actions "
-            "(not log-probabilities, not of another action) and that the policy "
-            "sees the observations it was trained on; with very heavy-tailed "
-            "weights, too few episodes can also cause it."
-        )
-    return warnings
-
-
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
     """Plain-words warnings about weight diagnostics that make an estimate hard to trust."""
-    return [w for policy in result.results for w in _policy_warnings(policy, result.episodes)]
+    return [
+        w.message for policy in result.results for w in policy_warnings(policy, result.episodes)
+    ]
 
 
 def weight_sparklines(result: EvaluationResult) -> tuple[list[str], str, str]:
@@ -182,36 +155,58 @@ def _value_cell(e) -> str:
     return f"{significant(e.value)} ± {significant(e.stderr)}"
 
 
+def title_line(result: EvaluationResult) -> str:
+    """The data, its size, and the discount with where it comes from."""
+    return (
+        f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
+        f"({result.layout} layout), gamma={result.gamma:g} "
+        f"({GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)})"
+    )
+
+
+def interval_notes(result: EvaluationResult) -> list[str]:
+    """The reasons of the null intervals, each once, in order; the table refers to them
+    by number."""
+    notes = (e.note for p in result.results for e in p.estimates.values() if e.ci_low is None)
+    return list(dict.fromkeys(note for note in notes if note))
+
+
+def _interval_cell(e, notes: list[str]) -> str:
+    if e.ci_low is not None and e.ci_high is not None:
+        return f"[{significant(e.ci_low)}, {significant(e.ci_high)}]"
+    return f"n/a ({notes.index(e.note) + 1})" if e.note in notes else "n/a"
+
+
 def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     several = len(result.results) > 1
     ranks = rank_policies(result, rank_by) if several else [None]
-    title = (
-        f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
-        f"({result.layout} layout), gamma={result.gamma:g}"
-    )
+    notes = interval_notes(result)
     caption = (
         f"rank: by {estimator_title(rank_by)} (underlined), highest first; ★ best"
         if several
         else None
     )
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table = Table(caption=caption, caption_justify="left")
     if several:
         table.add_column("rank", justify="right")
     table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator")
     table.add_column("value ± std. err.", justify="right")
     table.add_column(f"{result.confidence_level:.0%} interval", justify="right")
+    table.add_column("method")
     for i, policy in enumerate(result.results):
         best = several and ranks[i] == 1
         for j, (name, e) in enumerate(policy.estimates.items()):
-            interval = (
-                "n/a"
-                if e.ci_low is None
-                else f"[{significant(e.ci_low)}, {significant(e.ci_high)}]"
-            )
             ranking = several and name == rank_by
             label = Text(estimator_title(name), style="underline" if ranking else "")
-            cells = [policy.policy if j == 0 else "", label, _value_cell(e), interval]
+            method = CI_METHODS.get(policy.ci_methods.get(name) or "", "")
+            cells = [
+                policy.shown if j == 0 else "",
+                label,
+                _value_cell(e),
+                _interval_cell(e, notes),
+                method,
+            ]
             if several:
                 rank = "" if j else ("★ 1" if best else "–" if ranks[i] is None else str(ranks[i]))
                 cells.insert(0, rank)
@@ -234,7 +229,7 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
     for policy in result.results:
         d = policy.diagnostics
         diagnostics.add_row(
-            policy.policy,
+            policy.shown,
             fixed(d.ess, 1),
             _flag(
                 percent(d.ess_fraction),
@@ -266,24 +261,51 @@ def _histogram_table(result: EvaluationResult) -> Table:
     if extra_column:
         histogram.add_column("zero / off scale")
     for policy, line, extra in zip(result.results, lines, off_scale, strict=True):
-        histogram.add_row(policy.policy, Text(line, style="cyan"), *[extra][:extra_column])
+        histogram.add_row(policy.shown, Text(line, style="cyan"), *[extra][:extra_column])
     histogram.add_row("weight", Text(f"{ticks}\n{labels}", style="dim"), *[""][:extra_column])
     return histogram
 
 
+def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]]:
+    """(text, style) lines under the tables: the reasons of null intervals, warnings, the
+    interval method, where the behavior probabilities and each policy's Q-hat come from,
+    and the path of each policy its label shortens."""
+    lines = [(f"({k}) {note}", "dim") for k, note in enumerate(interval_notes(result), 1)]
+    ranks = rank_policies(result, rank_by)
+    labels = {p.policy: p.shown for p in result.results}
+    for warning in run_warnings(result, ranks, rank_by):
+        if warning.code == ASYMPTOTIC_INTERVALS and result.interval != "betting":
+            continue  # the "intervals:" line says it
+        message = warning.message
+        if warning.policy is not None:  # the policy as the tables call it
+            message = message.replace(f"{warning.policy}: ", f"{labels[warning.policy]}: ", 1)
+        lines.append((f"warning: {message}", "yellow"))
+    lines.append((f"intervals: {result.confidence_method}", "dim"))
+    if result.behavior is not None:
+        lines.append((result.behavior.describe(), "dim"))
+    several = len(result.results) > 1
+    for policy in result.results:
+        if policy.q is not None:
+            prefix = f"{policy.shown}: " if several else ""
+            lines.append((prefix + policy.q.describe(), "dim"))
+    for policy in result.results:
+        path = policy.source or policy.policy
+        if policy.shown != path:
+            lines.append((f"{policy.shown} = {path}", "dim"))
+    return lines
+
+
 def render_table(result: EvaluationResult, console: Console, rank_by: str | None = None) -> None:
-    """Estimates grouped by policy (value ± standard error, interval; with several policies a
-    rank by ``rank_by`` and the best highlighted), weight diagnostics, an in-terminal
-    histogram of the log10 trajectory weights, and warnings in plain words."""
-    console.print(_estimates_table(result, resolve_rank_by(result, rank_by)))
+    """Estimates grouped by policy (value ± standard error, interval and its method; with
+    several policies a rank by ``rank_by`` and the best highlighted), weight diagnostics,
+    an in-terminal histogram of the log10 trajectory weights, and the footer: warnings in
+    plain words, the reasons of null intervals, and where every input comes from."""
+    rank_by = resolve_rank_by(result, rank_by)
+    console.print(Text(title_line(result), style="italic"), soft_wrap=True)  # never folded
+    console.print(_estimates_table(result, rank_by))
     if result.on_invalid == "drop":
         console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
     console.print(_diagnostics_table(result))
     console.print(_histogram_table(result))
-    for warning in diagnostic_warnings(result):
-        console.print(Text(f"warning: {warning}", style="yellow"))
-    console.print(Text(f"intervals: {result.confidence_method}", style="dim"))
-    if result.behavior is not None:
-        console.print(Text(result.behavior.describe(), style="dim"))
-    for line in dict.fromkeys(r.q.describe() for r in result.results if r.q is not None):
-        console.print(Text(line, style="dim"))
+    for text, style in footer_lines(result, rank_by):
+        console.print(Text(text, style=style))

@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from ope_cli.errors import DataError
 
-# Schema metadata in which data declares bounds that ``--ci betting`` relies on.
+# Schema metadata in which data declares the bounds that ``--ci betting`` relies on and the
+# discount its returns are meant with.
 METADATA_KEY = "ope"
 
 
@@ -36,16 +37,30 @@ def is_reward_range(low: float, high: float) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DeclaredBounds:
-    """What the data says about every possible episode: rewards in [low, high], and at most
-    ``horizon`` steps (None: not declared)."""
+    """What the data says about every possible episode: rewards in [low, high], at most
+    ``horizon`` steps, and the discount ``gamma`` its returns are meant with (None: not
+    declared)."""
 
     reward_range: tuple[float, float] | None = None
     horizon: int | None = None
+    gamma: float | None = None
+
+
+def _declared_gamma(value: object) -> float | None:
+    """The declared discount, a number in [0, 1] (ValueError otherwise)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError
+    if not 0.0 <= value <= 1.0:
+        raise ValueError
+    return float(value)
 
 
 def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
-    """The reward range and horizon declared in ``schema``'s metadata (key METADATA_KEY, a
-    JSON object with "reward_range": [low, high] and "horizon": steps)."""
+    """The reward range, horizon and discount declared in ``schema``'s metadata (key
+    METADATA_KEY, a JSON object with "reward_range": [low, high], "horizon": steps and
+    "gamma": a number in [0, 1], each optional)."""
     raw = (schema.metadata or {}).get(METADATA_KEY.encode())
     if raw is None:
         return DeclaredBounds()
@@ -62,12 +77,13 @@ def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
             isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1
         ):
             raise ValueError
+        gamma = _declared_gamma(declared.get("gamma"))
     except (ValueError, TypeError, AttributeError):
         raise DataError(
             f"{source}: schema metadata {METADATA_KEY!r} must be a JSON object "
-            f'like {{"reward_range": [0, 1], "horizon": 100}}, got {raw[:80]!r}'
+            f'like {{"reward_range": [0, 1], "horizon": 100, "gamma": 0.99}}, got {raw[:80]!r}'
         ) from None
-    return DeclaredBounds(reward_range, None if horizon is None else int(horizon))
+    return DeclaredBounds(reward_range, None if horizon is None else int(horizon), gamma)
 
 
 class Dataset(Protocol):

@@ -1,0 +1,5 @@
+"""``python -m ope_cli``: the ``ope`` command."""
+
+from ope_cli.cli import main
+
+main()

@@ -1,0 +1,188 @@
+"""What a report warns about, once for every format: the table's footer prints the messages,
+JSON lists them as ``"warnings": [{"code", "message", "policy"}]`` and CSV in a ``warnings``
+column, so a script learns what a person reading the table would.
+
+``policy`` is the policy's name as in ``results[i].policy``, or None for the whole run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ope_cli.results import EvaluationResult, PolicyResult
+
+# Thresholds on the trajectory-weight diagnostics.
+ESS_FRACTION_WARNING = 0.1  # fewer effective episodes than this share of n
+MAX_SHARE_WARNING = 0.5  # one episode holds more than this share of the total weight
+MEAN_WEIGHT_RANGE = (0.5, 2.0)  # the mean weight is 1 in expectation when propensities are right
+# The discount matters once an episode has a second step: a return then sums rewards at
+# different times, and gamma = 1 weighs the last as much as the first.
+GAMMA_MATTERS_FROM_STEPS = 2
+
+# Codes of run-wide warnings (policy None) and of per-policy ones.
+GAMMA_DEFAULT = "gamma_default"
+ASYMPTOTIC_INTERVALS = "asymptotic_intervals"
+FLOORED_PROPENSITIES = "floored_propensities"
+NO_WEIGHT = "all_weights_zero"
+ACTIONS_UNCHECKED = "actions_unchecked"
+LOW_ESS = "low_ess"
+ONE_EPISODE_DOMINATES = "one_episode_dominates"
+WEIGHTS_OVERFLOW = "weights_overflow"
+MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
+NOT_RANKED = "not_ranked"
+
+
+@dataclasses.dataclass(frozen=True)
+class Warning:  # noqa: A001 - the report's word; the builtin is not used here
+    """One warning: a stable ``code`` for scripts, the ``message`` a person reads, and the
+    ``policy`` it concerns (None: the whole run)."""
+
+    code: str
+    message: str
+    policy: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "policy": self.policy}
+
+
+def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
+    """Warnings about one policy's trajectory weights, in plain words."""
+    d, name = policy.diagnostics, policy.policy
+
+    def warn(code: str, text: str) -> Warning:
+        return Warning(code, f"{name}: {text}", name)
+
+    if d.zero_weight_fraction == 1.0:
+        return [
+            warn(
+                NO_WEIGHT,
+                "every trajectory weight is zero: the policy gives probability 0 to a logged "
+                "action in every episode, so these logs say nothing about it.",
+            )
+        ]
+    warnings = []
+    if not policy.actions_checked:
+        warnings.append(
+            warn(
+                ACTIONS_UNCHECKED,
+                "the logged actions are not checked against this entry point's action count "
+                "(it declares no n_actions attribute): an action beyond its range would be "
+                "clamped to the last one, not reported.",
+            )
+        )
+    if d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING:
+        warnings.append(
+            warn(
+                LOW_ESS,
+                f"the effective sample size is {d.ess:,.1f} of {episodes:,} episodes "
+                f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
+                "episodes; the policy is probably too far from the behavior policy for "
+                "these logs (expect wide or overconfident intervals).",
+            )
+        )
+    if d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING:
+        warnings.append(
+            warn(
+                ONE_EPISODE_DOMINATES,
+                f"one episode holds {d.max_weight_share:.0%} of the total weight: WIS and "
+                "WPDIS are essentially that single episode's return.",
+            )
+        )
+    warnings.extend(_mean_weight_warnings(policy, warn))
+    return warnings
+
+
+def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
+    d = policy.diagnostics
+    low, high = MEAN_WEIGHT_RANGE
+    if d.mean_weight is None:
+        return [
+            warn(
+                WEIGHTS_OVERFLOW,
+                "the trajectory weights overflow float64: the policy and the behavior "
+                "probabilities disagree by orders of magnitude.",
+            )
+        ]
+    if low <= d.mean_weight <= high:
+        return []
+    return [
+        warn(
+            MEAN_WEIGHT_OFF,
+            f"the mean weight is {d.mean_weight:.3g}, far from 1 (its expected value when "
+            "the behavior probabilities are right): check that the behavior probabilities "
+            "are those of the logged actions (not log-probabilities, not of another action) "
+            "and that the policy sees the observations it was trained on; with very "
+            "heavy-tailed weights, too few episodes can also cause it.",
+        )
+    ]
+
+
+def gamma_warning(result: EvaluationResult) -> Warning | None:
+    """gamma = 1 by default (neither --gamma nor the data gave one) on episodes long enough
+    for the discount to change their returns."""
+    if result.gamma_source != "default" or result.max_length < GAMMA_MATTERS_FROM_STEPS:
+        return None
+    return Warning(
+        GAMMA_DEFAULT,
+        f"gamma is 1, the default: neither --gamma nor the data's metadata gives a "
+        f"discount, so returns of up to {result.max_length:,} steps are summed undiscounted. "
+        'If the policies are meant with a discount, pass --gamma (or declare "gamma" in '
+        "the data's ope metadata).",
+    )
+
+
+def asymptotic_warning(result: EvaluationResult) -> Warning | None:
+    """Intervals that rest on a normal approximation or a bootstrap (not finite-sample):
+    the run's method, or under betting the estimators betting does not apply to."""
+    if result.interval != "betting":
+        return Warning(ASYMPTOTIC_INTERVALS, f"intervals: {result.confidence_method}")
+    methods = {n: m for p in result.results for n, m in p.ci_methods.items() if m}
+    asymptotic = [name for name, method in methods.items() if method != "betting"]
+    if not asymptotic:
+        return None
+    return Warning(
+        ASYMPTOTIC_INTERVALS,
+        f"{', '.join(asymptotic)}: normal intervals (asymptotic: they may cover less often "
+        "than stated), as betting intervals do not apply to these estimators",
+    )
+
+
+def floored_warning(result: EvaluationResult) -> Warning | None:
+    """--behavior estimate raised estimated probabilities to --min-propensity."""
+    fit = result.behavior.fit if result.behavior is not None else None
+    if fit is None or fit.model == "linear_gaussian" or not fit.floored:
+        return None
+    return Warning(
+        FLOORED_PROPENSITIES,
+        f"{fit.floored:,} estimated behavior probabilities were below --min-propensity "
+        f"{fit.min_propensity:g} and raised to it: the weights of those steps are capped.",
+    )
+
+
+def ranking_warnings(result: EvaluationResult, ranks: list[int | None], rank_by: str) -> list:
+    """A policy with no value for the ranking estimator is left out of the ranking."""
+    if len(result.results) < 2:
+        return []
+    return [
+        Warning(
+            NOT_RANKED,
+            f"{p.policy}: no {rank_by} value, so it is left out of the ranking",
+            p.policy,
+        )
+        for p, rank in zip(result.results, ranks, strict=True)
+        if rank is None
+    ]
+
+
+def run_warnings(
+    result: EvaluationResult, ranks: list[int | None] | None = None, rank_by: str | None = None
+) -> list[Warning]:
+    """Every warning of the run: run-wide ones first, then each policy's, in order.
+    ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
+    run = [gamma_warning(result), floored_warning(result), asymptotic_warning(result)]
+    warnings = [w for w in run if w is not None]
+    for policy in result.results:
+        warnings.extend(policy_warnings(policy, result.episodes))
+    if ranks is not None and rank_by is not None:
+        warnings.extend(ranking_warnings(result, ranks, rank_by))
+    return warnings

@@ -1,0 +1,446 @@
+"""SPEC section 12, "An interface that cannot mislead": one test per rule, on a small chain
+dataset written by ``ope generate`` (which declares its gamma), run in this process.
+
+- the discount comes from somewhere named (--gamma, the data's metadata, the default);
+- one Q for one policy (--q once for several policies is refused; --q globs pair in order);
+- warnings travel with the numbers (JSON "warnings", the CSV column, each result's rank);
+- every estimate has an interval or a reason (ci_method per estimator, a note for a null
+  interval, shown in the table);
+- names that people read (--policy NAME=PATH; the shortest unambiguous path suffix).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer.main
+
+from ope_cli.cli import helpmap
+from ope_cli.policies import split_name, suffix_labels
+from ope_cli.sources import METADATA_KEY
+
+GAMMA = 0.9
+POLICIES = "demo/policies/*.npz"
+QS = "demo/q/eval_*.npz"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, ope_in_process) -> Path:
+    """demo/ (chain, 200 episodes, gamma 0.9 declared) and nogamma.parquet (the same logs
+    without a declared gamma)."""
+    root = tmp_path_factory.mktemp("interface")
+    done = ope_in_process(
+        ["generate", "chain", "demo", "--episodes", "200", "--gamma", str(GAMMA)], cwd=root
+    )
+    assert done.returncode == 0, done
+    table = pq.read_table(root / "demo" / "logs.parquet")
+    declared = json.loads(table.schema.metadata[METADATA_KEY.encode()])
+    assert declared["gamma"] == GAMMA  # ope generate writes the gamma it used
+    del declared["gamma"]
+    pq.write_table(
+        table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)}),
+        root / "nogamma.parquet",
+    )
+    return root
+
+
+RUNS = {
+    "declared": ["demo/logs.parquet", "-p", POLICIES, "--q", QS, "-f", "json"],
+    "declared_table": ["demo/logs.parquet", "-p", POLICIES, "--q", QS, "-f", "table"],
+    "option": ["demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--gamma", "0.5"],
+    "default": ["nogamma.parquet", "-p", POLICIES, "-f", "json"],
+    "default_csv": ["nogamma.parquet", "-p", POLICIES, "-f", "csv"],
+    "default_table": ["nogamma.parquet", "-p", POLICIES, "-f", "table"],
+    "one_q": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/eval_0.npz"],
+    "q_glob_count": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/*.npz"],
+    "betting": [
+        *("demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--q", "demo/q/eval_0.npz"),
+        *("--ci", "betting", "-f", "table"),
+    ],
+    "betting_json": [
+        *("demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--q", "demo/q/eval_0.npz"),
+        *("--ci", "betting", "-f", "json"),
+    ],
+    "named": [
+        *("demo/logs.parquet", "-p", "best=demo/policies/eval_0.npz"),
+        *("-p", "demo/policies/eval_1.npz", "-f", "json"),
+    ],
+    "named_table": [
+        *("demo/logs.parquet", "-p", "best=demo/policies/eval_0.npz"),
+        *("-p", "demo/policies/eval_1.npz", "-f", "table"),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(root, ope_many_in_process) -> dict:
+    return ope_many_in_process(
+        {name: {"args": ["evaluate", *args], "cwd": root} for name, args in RUNS.items()}
+    )
+
+
+def _json(run) -> dict:
+    assert run.returncode == 0, run
+    return json.loads(run.stdout)
+
+
+# --- the discount comes from somewhere named
+
+
+def test_the_declared_gamma_is_used_and_named(runs):
+    doc = _json(runs["declared"])
+    assert (doc["gamma"], doc["gamma_source"]) == (GAMMA, "data")
+    assert not any(w["code"] == "gamma_default" for w in doc["warnings"])
+    assert f"gamma={GAMMA:g} (declared by the data)" in runs["declared_table"].stdout
+
+
+def test_gamma_option_wins_over_the_declared_one(runs):
+    doc = _json(runs["option"])
+    assert (doc["gamma"], doc["gamma_source"]) == (0.5, "option")
+
+
+def test_the_default_gamma_is_a_warning_in_every_format(runs):
+    doc = _json(runs["default"])
+    assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
+    (warning,) = [w for w in doc["warnings"] if w["code"] == "gamma_default"]
+    assert warning["policy"] is None and "--gamma" in warning["message"]
+    rows = list(csv.DictReader(io.StringIO(runs["default_csv"].stdout)))
+    assert rows and all("gamma_default" in row["warnings"] for row in rows)
+    table = runs["default_table"].stdout
+    assert "gamma=1 (the default" in table
+    assert "warning: gamma is 1, the default" in " ".join(table.split())
+
+
+# --- one Q for one policy
+
+
+def test_one_q_for_several_policies_is_a_usage_error(runs):
+    run = runs["one_q"]
+    assert run.returncode == 2 and run.stdout == "", run
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("ope: usage error: --q demo/q/eval_0.npz is one Q-hat for 3 policies")
+    assert "once per --policy, in the same order" in line and "--q fit" in line
+    line = _error_line(runs["q_glob_count"], 2)  # q/ also holds behavior.npz: 4 for 3
+    assert line.startswith("ope: usage error: --q is given 4 times (globs expanded from 1)")
+
+
+def test_q_globs_pair_in_order_and_the_pairing_is_printed(runs):
+    doc = _json(runs["declared"])
+    for k, result in enumerate(doc["results"]):
+        assert result["policy"] == f"demo/policies/eval_{k}.npz"
+        assert result["diagnostics"]["q"]["name"] == f"demo/q/eval_{k}.npz"
+        assert result["diagnostics"]["q"]["source"] == "checkpoint"
+    footer = " ".join(runs["declared_table"].stdout.split())
+    for k in range(3):
+        assert f"eval_{k}.npz: Q-hat from demo/q/eval_{k}.npz (tabular_q)" in footer
+
+
+# --- warnings travel with the numbers; every result carries its rank
+
+
+def test_warnings_and_ranks_in_json_and_csv(runs):
+    doc = _json(runs["declared"])
+    assert doc["rank_by"] == "wis"
+    values = [r["estimates"]["wis"]["value"] for r in doc["results"]]
+    ranks = [r["rank"] for r in doc["results"]]
+    assert sorted(ranks) == [1, 2, 3]
+    assert values[ranks.index(1)] == max(values)
+    for warning in doc["warnings"]:
+        assert set(warning) == {"code", "message", "policy"}
+    # betting does not apply to dm, dr, wdr: their normal intervals are asymptotic
+    (asymptotic,) = [w for w in doc["warnings"] if w["code"] == "asymptotic_intervals"]
+    assert "dm, dr, wdr: normal intervals" in asymptotic["message"]
+    rows = list(csv.DictReader(io.StringIO(runs["default_csv"].stdout)))
+    assert {"warnings", "rank", "ci_method", "note", "label"} <= set(rows[0])
+    assert sorted({row["rank"] for row in rows}) == ["1", "2", "3"]
+
+
+def test_policy_warnings_name_their_policy_in_json():
+    """A low effective sample size, in JSON as in the footer, with the policy it concerns."""
+    from test_report import EXAMPLES
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import evaluate
+    from ope_cli.report import to_json_dict
+    from ope_cli.report.table import footer_lines
+
+    policy = str(EXAMPLES / "policies" / "ckpt.npz")
+    result = evaluate(
+        EvaluationConfig(str(EXAMPLES / "data" / "logs.parquet"), (policy,), gamma=1.0)
+    )
+    (one,) = result.results
+    poor = dataclasses.replace(
+        one, diagnostics=dataclasses.replace(one.diagnostics, ess=5.0, ess_fraction=0.01)
+    )
+    result = dataclasses.replace(result, results=[poor])
+    doc = to_json_dict(result)
+    (low,) = [w for w in doc["warnings"] if w["code"] == "low_ess"]
+    assert low["policy"] == policy and "effective sample size" in low["message"]
+    shown = low["message"].replace(f"{policy}: ", "ckpt.npz: ", 1)  # the table's label
+    assert f"warning: {shown}" in [text for text, _ in footer_lines(result, "wis")]
+
+
+def test_run_wide_warnings_have_no_policy():
+    """Floored estimated propensities and a policy left out of the ranking, in JSON."""
+    from test_report import EXAMPLES
+
+    from ope_cli.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.pipeline import evaluate
+    from ope_cli.report import to_json_dict
+
+    policies = tuple(str(EXAMPLES / "policies" / n) for n in ("ckpt.npz", "other.npz"))
+    result = evaluate(
+        EvaluationConfig(str(EXAMPLES / "data" / "logs.parquet"), policies, gamma=1.0)
+    )
+    fit = BehaviorFit("linear_softmax", 10, 100, -1.0, 1e-3, floored=7, seconds=0.1)
+    first = result.results[0]
+    undefined = dict(first.estimates, wis=dataclasses.replace(first.estimates["wis"], value=None))
+    result = dataclasses.replace(
+        result,
+        behavior=BehaviorSource("estimated", "linear_softmax", fit=fit),
+        results=[dataclasses.replace(first, estimates=undefined), *result.results[1:]],
+    )
+    doc = to_json_dict(result)
+    codes = {w["code"]: w for w in doc["warnings"]}
+    assert codes["floored_propensities"]["policy"] is None
+    assert "7 estimated behavior probabilities" in codes["floored_propensities"]["message"]
+    assert codes["not_ranked"]["policy"] == policies[0]
+    assert [r["rank"] for r in doc["results"]] == [None, 1]
+
+
+# --- every estimate has an interval or a reason
+
+
+def test_auto_names_the_method_per_estimator(runs):
+    doc = _json(runs["declared"])
+    estimates = doc["results"][0]["estimates"]
+    for name in ("is", "wis", "pdis", "wpdis"):
+        assert estimates[name]["ci_method"] == "betting", name
+    for name in ("dm", "dr", "wdr"):  # auto: normal where betting does not apply
+        assert estimates[name]["ci_method"] == "normal", name
+        assert estimates[name]["ci_low"] < estimates[name]["value"] < estimates[name]["ci_high"]
+        assert "note" not in estimates[name], name  # the betting note went with the null
+
+
+def test_a_null_interval_always_has_a_note_shown_in_the_table(runs):
+    doc = _json(runs["betting_json"])
+    for name, estimate in doc["results"][0]["estimates"].items():
+        if estimate["ci_low"] is None:
+            assert estimate["note"], name
+            assert estimate["ci_method"] is None, name
+    assert doc["results"][0]["estimates"]["dr"]["ci_low"] is None  # --ci betting, as asked
+    table = runs["betting"].stdout
+    assert "n/a (1)" in table
+    assert "(1) betting intervals do not apply to this estimator" in table
+
+
+# --- names that people read
+
+
+def test_named_policies_and_short_labels(runs):
+    doc = _json(runs["named"])
+    best, other = doc["results"]
+    assert (best["policy"], best["label"], best["source"]) == (
+        "best",
+        "best",
+        "demo/policies/eval_0.npz",
+    )
+    assert (other["policy"], other["label"]) == ("demo/policies/eval_1.npz", "eval_1.npz")
+    table = runs["named_table"].stdout
+    assert "│ best " in table and "eval_1.npz = demo/policies/eval_1.npz" in table
+    assert "best = demo/policies/eval_0.npz" in table
+
+
+def test_suffix_labels_are_the_shortest_unambiguous():
+    assert suffix_labels(["runs/a/ckpt.npz", "runs/b/ckpt.npz", "x/y.npz"]) == [
+        "a/ckpt.npz",
+        "b/ckpt.npz",
+        "y.npz",
+    ]
+    assert suffix_labels(["pkg.mod:policy", "ckpt.npz"]) == ["pkg.mod:policy", "ckpt.npz"]
+    assert split_name("best=ckpts/a.npz") == ("best", "ckpts/a.npz")
+    assert split_name("pkg.mod:policy") == (None, "pkg.mod:policy")
+    assert split_name("date=2024/a.npz")[0] == "date"  # NAME=PATH when no such file exists
+
+
+# --- nothing is overwritten silently
+
+
+def _refused(run, path) -> None:
+    assert run.returncode == 2 and run.stdout == "", run
+    (line,) = run.stderr.splitlines()
+    assert line.startswith(f"ope: usage error: {path}: already exists"), line
+    assert "--overwrite" in line
+
+
+def test_outputs_are_not_overwritten_without_overwrite(root, ope_in_process, tmp_path):
+    truth = (root / "demo" / "truth.json").read_bytes()
+    again = ope_in_process(["generate", "chain", "demo", "--episodes", "10"], cwd=root)
+    _refused(again, "demo/logs.parquet")
+    assert (root / "demo" / "truth.json").read_bytes() == truth
+    assert pq.read_metadata(root / "demo" / "logs.parquet").num_rows > 10
+
+    existing = tmp_path / "kept.npz"
+    existing.write_bytes(b"keep")
+    fits = {
+        "fit-behavior": ["fit-behavior", "demo/logs.parquet", "--out", existing],
+        "fit-q": [
+            "fit-q",
+            "demo/logs.parquet",
+            "-p",
+            "demo/policies/eval_0.npz",
+            "--out",
+            existing,
+        ],
+    }
+    for args in fits.values():
+        _refused(ope_in_process(args, cwd=root), existing)
+        assert existing.read_bytes() == b"keep"
+
+
+def test_plot_figures_are_not_overwritten(root, ope_in_process, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "weights.png").write_bytes(b"keep")
+    args = ["evaluate", "demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--plot", tmp_path]
+    _refused(ope_in_process(args, cwd=root), tmp_path / "weights.png")
+    assert (tmp_path / "weights.png").read_bytes() == b"keep"
+    done = ope_in_process([*args, "--overwrite", "-q"], cwd=root)
+    assert done.returncode == 0, done
+    assert (tmp_path / "weights.png").read_bytes() != b"keep"
+
+
+# --- help is a map
+
+
+PYTHON_TYPE = re.compile(r"<(str|int|float|bool|path|list\[[^\]]*\]|[a-z_]+\|[a-z_|]+)>|\{\w+\}")
+
+
+def _help(ope_in_process, *command: str):
+    run = ope_in_process([*command, "--help"], env={"COLUMNS": "160"})
+    assert run.returncode == 0, run
+    return run.stdout
+
+
+def test_help_names_no_python_type(ope_in_process):
+    from ope_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for command in ((), *((name,) for name in commands)):
+        text = _help(ope_in_process, *command)
+        assert PYTHON_TYPE.search(text) is None, (command, PYTHON_TYPE.search(text))
+
+
+def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
+    from ope_cli.estimators import names
+    from ope_cli.intervals import INTERVALS
+
+    text = _help(ope_in_process, "evaluate")
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Arguments", "Options", *helpmap.PANEL_ORDER], panels
+    assert "|".join(names()) in text  # --estimator and --rank-by: the registry's names
+    assert "|".join(("auto", *INTERVALS)) in text  # --ci
+    assert "table|json|csv" in text and "FLOAT" in text and "INT" in text
+    assert "Usage: ope evaluate [OPTIONS] DATA" in text
+    assert "DM, DR, WDR" in _help(ope_in_process)  # the tool's line names every estimator
+
+
+def test_ope_alone_prints_the_help_and_succeeds(ope_in_process, ope):
+    alone = ope_in_process([])
+    assert alone.returncode == 0 and alone.stderr == "", alone
+    assert "Usage: ope" in alone.stdout and "evaluate" in alone.stdout
+    real = ope([])  # across the process boundary too
+    assert real.returncode == 0 and "Usage: ope" in real.stdout, real
+
+
+def test_generate_lists_the_registered_environments():
+    from ope_cli.cli.generate import ENVIRONMENT_CHOICES
+    from ope_cli.envs.registry import ENVIRONMENTS
+
+    assert ENVIRONMENT_CHOICES == "|".join(ENVIRONMENTS)
+
+
+# --- errors carry the fix
+
+
+def _error_line(run, code: int) -> str:
+    assert run.returncode == code and run.stdout == "", run
+    (line,) = run.stderr.splitlines()
+    return line
+
+
+def test_errors_carry_the_fix(root, ope_many_in_process):
+    policy = "demo/policies/eval_0.npz"
+    table = pq.read_table(root / "demo" / "logs.parquet")
+    rewards = table.column("reward").to_numpy().copy()
+    rewards[3] = float("nan")
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards)),
+        root / "nan.parquet",
+    )
+    calls = {
+        "glob": ["demo/logs.parquet", "-p", policy, "demo/policies/eval_1.npz"],
+        "directory": ["demo/logs.parquet", "-p", "demo/policies"],
+        "rank_by": ["demo/logs.parquet", "-p", policy, "--rank-by", "dr"],
+        "invalid": ["nan.parquet", "-p", policy],
+        "format": ["demo/logs.parquet", "-p", policy, "--format", "xml"],
+    }
+    runs = ope_many_in_process(
+        {name: {"args": ["evaluate", *args], "cwd": root} for name, args in calls.items()}
+    )
+    line = _error_line(runs["glob"], 2)
+    assert "unexpected extra argument" in line and "quote the pattern" in line
+    assert "repeat --policy" in line
+    line = _error_line(runs["directory"], 4)
+    assert "demo/policies: a directory" in line and "'demo/policies/*.npz'" in line
+    line = _error_line(runs["rank_by"], 2)
+    assert "--rank-by dr" in line and "--q" in line
+    line = _error_line(runs["invalid"], 3)
+    assert "reward" in line and "ope inspect nan.parquet" in line and "--on-invalid drop" in line
+    line = _error_line(runs["format"], 2)
+    assert "'xml' is not one of" in line and "Value error" not in line
+
+
+# --- progress says what is happening
+
+
+def test_progress_shows_a_step_without_rows_without_an_eta():
+    """Rows all read, then a compilation: the status names the step, the bar pulses and no
+    ETA is shown (no "eta 0:00:00" while work remains); back to evaluating, the ETA is back."""
+    import time
+
+    from rich.console import Console
+
+    from ope_cli.cli.progress import ProgressDisplay
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140)
+    with ProgressDisplay(quiet=False, console=console, delay=0.0) as (on_progress, on_status):
+        time.sleep(0.2)  # the delayed start
+        on_progress(1_000, 1_000)
+        time.sleep(0.2)
+        on_status("compiling shape 1 of 3")
+        time.sleep(0.3)  # rich refreshes while the caller is busy
+        on_status("evaluating")
+        time.sleep(0.3)
+    frames = re.split(r"\r|\x1b\[2K|\x1b\[1A", out.getvalue())
+    compiling = [f for f in frames if "compiling shape 1 of 3" in f]
+    evaluating = [f for f in frames if "evaluating" in f]
+    assert compiling and all("eta" not in f for f in compiling), compiling
+    assert evaluating and all("eta" in f for f in evaluating), evaluating
+
+
+def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
+    args = ["fit-q", "demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "-f", "json"]
+    declared = ope_in_process([*args, "--out", tmp_path / "d.npz"], cwd=root)
+    given = ope_in_process([*args, "--out", tmp_path / "g.npz", "--gamma", "0.5"], cwd=root)
+    assert (_json(declared)["gamma"], _json(declared)["gamma_source"]) == (GAMMA, "data")
+    assert (_json(given)["gamma"], _json(given)["gamma_source"]) == (0.5, "option")
