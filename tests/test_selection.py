@@ -1,0 +1,410 @@
+"""Choosing between policies (SPEC section 11): --truth parsing, selection metrics on
+hand-computed cases, could-be-best sets, and the paired-difference references."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ope_cli.errors import UsageError
+from ope_cli.selection import (
+    average_ranks,
+    bonferroni_level,
+    could_be_best,
+    coverage,
+    estimated_best,
+    grouped_jackknife_difference,
+    missing_truth_note,
+    normal_paired_intervals,
+    p_improvement,
+    paired_mean_difference,
+    precision_at_k,
+    read_truth,
+    regret_at_k,
+    selection_metrics,
+    spearman,
+    top_k_set,
+)
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert message and "\n" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------- --truth
+
+
+def generated_truth(folder, names=("eval_0", "eval_1")) -> str:
+    """A truth.json in the format ``ope generate`` writes, with `names` under policies/."""
+    entry = {"stderr": 0.0, "method": "exact", "q": None}
+    truth = {
+        "env": "chain",
+        "gamma": 1.0,
+        "policies": [
+            {"policy": f"policies/{name}.npz", "value": 1.0 + k, **entry}
+            for k, name in enumerate(names)
+        ],
+        "behavior": {"policy": "behavior.npz", "value": 0.5, **entry},
+    }
+    path = folder / "truth.json"
+    path.write_text(json.dumps(truth))
+    return str(path)
+
+
+def test_truth_json_matches_by_path_then_file_name_and_behavior(tmp_path):
+    path = generated_truth(tmp_path)
+    by_path = str(tmp_path / "policies" / "eval_0.npz")
+    by_name = "copies/eval_1.npz"
+    truth = read_truth(path, [by_path, by_name, "behavior"])
+    assert truth == {by_path: 1.0, by_name: 2.0, "behavior": 0.5}
+    assert list(truth) == [by_path, by_name, "behavior"]
+
+
+def test_truth_without_behavior_baseline_ignores_the_behavior_entry(tmp_path):
+    path = generated_truth(tmp_path)
+    assert read_truth(path, ["eval_0.npz", "eval_1.npz"]) == {"eval_0.npz": 1.0, "eval_1.npz": 2.0}
+
+
+def test_truth_naming_a_policy_not_given_is_refused_in_one_line(tmp_path):
+    path = generated_truth(tmp_path, names=("eval_0", "eval_1", "eval_2"))
+    with pytest.raises(UsageError) as error:
+        read_truth(path, ["policies/eval_0.npz", "policies/eval_1.npz"])
+    assert "'policies/eval_2.npz'" in one_line(error)
+    assert "not one of the --policy values" in one_line(error)
+
+
+def test_truth_missing_a_policy_gives_none_and_a_note(tmp_path):
+    path = generated_truth(tmp_path, names=("eval_0",))
+    truth = read_truth(path, ["eval_0.npz", "eval_1.npz"])
+    assert truth == {"eval_0.npz": 1.0, "eval_1.npz": None}
+    assert missing_truth_note(truth) == (
+        "--truth has no value for eval_1.npz; left out of the selection metrics"
+    )
+    assert missing_truth_note({"a": 1.0}) is None
+    assert missing_truth_note({"a": 1.0, "behavior": None}) == (
+        "--truth has no value for behavior; no sharpe@k"
+    )
+
+
+def test_truth_json_behavior_checkpoint_given_as_a_policy(tmp_path):
+    path = generated_truth(tmp_path, names=("eval_0",))
+    truth = read_truth(path, ["eval_0.npz", str(tmp_path / "behavior.npz"), "behavior"])
+    assert truth == {"eval_0.npz": 1.0, str(tmp_path / "behavior.npz"): 0.5, "behavior": 0.5}
+    assert read_truth({"a.npz": 1.0}, ["a.npz", "behavior"]) == {"a.npz": 1.0, "behavior": None}
+
+
+def test_truth_as_a_policy_value_object(tmp_path):
+    path = tmp_path / "values.json"
+    path.write_text(json.dumps({"a.npz": 1.5, "pkg.mod:policy": -2, "behavior": 0.25}))
+    truth = read_truth(str(path), ["pkg.mod:policy", "a.npz", "behavior"])
+    assert truth == {"pkg.mod:policy": -2.0, "a.npz": 1.5, "behavior": 0.25}
+    assert read_truth({"a.npz": 3.0}, ["a.npz"]) == {"a.npz": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"a.npz": "high"}', "not a finite number"),
+        ('{"a.npz": 1, "b/a.npz": 2}', "names 'a.npz' twice"),
+    ],
+)
+def test_bad_truth_files_are_refused_in_one_line(tmp_path, content, words):
+    path = tmp_path / "truth.json"
+    path.write_text(content)
+    with pytest.raises(UsageError) as error:
+        read_truth(path, ["a.npz"])
+    assert words in one_line(error)
+
+
+def test_unreadable_truth_file_and_ambiguous_file_name(tmp_path):
+    with pytest.raises(UsageError) as error:
+        read_truth(tmp_path / "absent.json", ["a.npz"])
+    assert "cannot read" in one_line(error)
+    with pytest.raises(UsageError) as error:
+        read_truth({"elsewhere/a.npz": 1.0}, ["x/a.npz", "y/a.npz"])
+    assert "matches several policies" in one_line(error)
+
+
+# ---------------------------------------------------------------------- selection metrics
+
+J = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+J_HAT = {"a": 1.5, "b": 1.0, "c": 4.0, "d": 3.0}
+
+
+def test_every_metric_on_a_hand_computed_case():
+    intervals = {"a": (0.0, 2.0), "b": (0.5, 1.5), "c": (None, None), "d": (3.5, 4.5)}
+    metrics, notes = selection_metrics(J, J_HAT, intervals, baseline_value=2.0)
+    # errors 0.5, -1, 1, -1: mean square 3.25 / 4; mean J^2 = 30 / 4
+    # ranks of J-hat 2, 1, 4, 3 against 1, 2, 3, 4: sum d^2 = 4, rho = 1 - 6 * 4 / (4 * 15)
+    # S_1 = {c}: regret 4 - 3; S_3 = {c, d, a}: J = 3, 4, 1, two of them in the top 3 of J
+    # (J >= 2); sharpe@3 = (4 - 2) / population std of (3, 4, 1) = sqrt(42 / 27)
+    expected = {
+        "rmse": math.sqrt(0.8125),
+        "nmse": 0.8125 / 7.5,
+        "spearman": 0.6,
+        "coverage": 2 / 3,
+        "regret@1": 1.0,
+        "nregret@1": 1 / 3,
+        "precision@1": 0.0,
+        "sharpe@1": None,
+        "regret@3": 0.0,
+        "nregret@3": 0.0,
+        "precision@3": 2 / 3,
+        "sharpe@3": 2 / math.sqrt(42 / 27),
+    }
+    assert list(metrics) == list(expected)
+    for name, value in expected.items():
+        assert metrics[name] == (None if value is None else pytest.approx(value, abs=1e-12)), name
+    assert notes == ["coverage over 3 of 4 policies; 1 without an interval left out"]
+
+
+def test_ties_in_the_estimates_keep_policy_order():
+    estimate_k, true_k = np.array([2.0, 2.0, 1.0]), np.array([1.0, 3.0, 2.0])
+    assert regret_at_k(estimate_k, true_k, 1) == 2.0
+    assert top_k_set(estimate_k, 1).tolist() == [0]
+    assert top_k_set(estimate_k, 2).tolist() == [0, 1]
+    metrics, _ = selection_metrics(
+        {"a": 1.0, "b": 3.0, "c": 2.0}, {"a": 2.0, "b": 2.0, "c": 1.0}, top_k=(1, 2)
+    )
+    assert metrics["regret@1"] == 2.0 and metrics["nregret@1"] == 1.0
+    assert metrics["regret@2"] == 0.0 and metrics["precision@2"] == 0.5
+    # the same estimates in the other order choose b: ties follow policy order
+    metrics, _ = selection_metrics(
+        {"b": 3.0, "a": 1.0, "c": 2.0}, {"b": 2.0, "a": 2.0, "c": 1.0}, top_k=(1,)
+    )
+    assert metrics["regret@1"] == 0.0
+
+
+def test_ties_in_the_true_values_count_for_precision():
+    true_k = np.array([5.0, 5.0, 1.0])
+    assert precision_at_k(np.array([1.0, 2.0, 0.0]), true_k, 1) == 1.0  # b ties a, the best
+    assert precision_at_k(np.array([0.0, 1.0, 2.0]), true_k, 1) == 0.0
+    assert precision_at_k(np.array([0.0, 1.0, 2.0]), true_k, 2) == 0.5
+
+
+def test_spearman_with_ties_against_hand_values():
+    assert average_ranks(np.array([1.0, 2.0, 2.0, 3.0])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert average_ranks(np.array([3.0, 1.0, 3.0, 3.0])).tolist() == [3.0, 1.0, 3.0, 3.0]
+    # ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): 4.5 / sqrt(4.5 * 5) = sqrt(0.9)
+    rho = spearman(np.array([1.0, 2.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0]))
+    assert rho == pytest.approx(math.sqrt(0.9), abs=1e-12)
+    assert spearman(np.array([2.0, 2.0, 1.0]), np.array([1.0, 3.0, 2.0])) == 0.0
+    assert spearman(np.array([3.0, 2.0, 1.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(-1.0)
+    assert spearman(np.array([1.0]), np.array([1.0])) is None
+    assert spearman(np.array([1.0, 1.0]), np.array([1.0, 2.0])) is None
+
+
+def test_one_policy():
+    metrics, notes = selection_metrics({"a": 3.0}, {"a": 2.5}, {"a": (2.0, 3.5)}, top_k=(1,))
+    assert metrics == {
+        "rmse": 0.5,
+        "nmse": pytest.approx(0.25 / 9),
+        "spearman": None,
+        "coverage": 1.0,
+        "regret@1": 0.0,
+        "nregret@1": None,
+        "precision@1": 1.0,
+        "sharpe@1": None,
+    }
+    assert notes == []
+
+
+def test_all_true_values_equal():
+    metrics, _ = selection_metrics(
+        {"a": 2.0, "b": 2.0, "c": 2.0}, {"a": 1.0, "b": 2.0, "c": 3.0}, baseline_value=1.0
+    )
+    assert metrics["nmse"] == pytest.approx(1 / 6)
+    assert metrics["spearman"] is None
+    assert metrics["regret@1"] == metrics["regret@3"] == 0.0
+    assert metrics["nregret@1"] is None and metrics["nregret@3"] is None
+    assert metrics["precision@1"] == metrics["precision@3"] == 1.0
+    assert metrics["sharpe@3"] is None  # the std of the chosen true values is 0
+    assert metrics["coverage"] is None  # no intervals given
+
+
+def test_all_true_values_zero_has_no_nmse():
+    metrics, _ = selection_metrics({"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 0.0}, top_k=(1, 2))
+    assert metrics["nmse"] is None and metrics["rmse"] == pytest.approx(math.sqrt(0.5))
+
+
+def test_top_k_above_the_number_of_policies_is_refused_in_one_line():
+    with pytest.raises(UsageError) as error:
+        selection_metrics({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0})
+    assert one_line(error) == "--top-k 3 exceeds the 2 policies"
+    assert error.value.exit_code == 2
+    with pytest.raises(UsageError) as error:
+        selection_metrics({"a": 1.0}, {"a": 1.0}, top_k=(0,))
+    one_line(error)
+
+
+def test_a_missing_true_value_leaves_the_policy_out():
+    truth = {"a": 1.0, "b": None, "c": 3.0}
+    with_b, _ = selection_metrics(truth, {"a": 1.0, "b": 100.0, "c": 2.0}, top_k=(1, 2))
+    without_b, _ = selection_metrics({"a": 1.0, "c": 3.0}, {"a": 1.0, "c": 2.0}, top_k=(1, 2))
+    assert with_b == without_b
+    assert with_b["rmse"] == pytest.approx(math.sqrt(0.5)) and with_b["regret@1"] == 0.0
+    with pytest.raises(UsageError) as error:
+        selection_metrics({"a": None}, {"a": 1.0}, top_k=(1,))
+    assert "no value for any" in one_line(error)
+
+
+def test_an_undefined_estimate_makes_the_ranking_metrics_null_with_a_note():
+    metrics, notes = selection_metrics(
+        {"a": 1.0, "b": 2.0},
+        {"a": None, "b": 2.0},
+        {"a": (0.0, 2.0), "b": (3.0, 4.0)},
+        top_k=(1,),
+    )
+    assert all(metrics[name] is None for name in metrics if name != "coverage")
+    assert metrics["coverage"] == 0.5
+    assert notes == ["no estimate for a; no ranking metrics"]
+
+
+def test_coverage_counts_the_undefined_intervals():
+    assert coverage([(0.0, 1.0), (None, 2.0)], np.array([0.5, 1.0])) == (1.0, 1)
+    assert coverage([(None, None)], np.array([0.5])) == (None, 1)
+    assert coverage([(0.0, 1.0), (0.0, 1.0)], np.array([1.0, 1.5])) == (0.5, 0)
+
+
+# --------------------------------------------------------------------- could-be-best sets
+
+
+def test_bonferroni_level():
+    assert bonferroni_level(0.95, 11) == pytest.approx(0.995)
+    assert bonferroni_level(0.9, 2) == pytest.approx(0.9)
+    assert bonferroni_level(0.95, 1) == 0.95
+    with pytest.raises(ValueError):
+        bonferroni_level(1.0, 3)
+
+
+def test_could_be_best_on_a_constructed_case():
+    estimates = {"a": 1.0, "b": 0.9, "c": 0.5}
+    # V(a) - V(b) = 0.1 with stderr 0.048: above 0 at 95% (z 1.96) but not at the
+    # Bonferroni level 97.5% for K = 3 (z 2.24); V(a) - V(c) = 0.5 +- 0.1 is above 0 at both.
+    differences = {("a", "b"): (0.1, 0.048), ("a", "c"): (0.5, 0.1)}
+    assert 0.1 - 1.96 * 0.048 > 0 > 0.1 - 2.2414 * 0.048
+    assert could_be_best(estimates, differences, 0.95) == {"a": True, "b": True, "c": False}
+    # with two policies the comparison is at 95% itself, and b is confidently worse
+    assert could_be_best({"a": 1.0, "b": 0.9}, differences, 0.95) == {"a": True, "b": False}
+
+
+def test_could_be_best_with_a_callable_asks_for_the_bonferroni_level():
+    calls = []
+
+    def paired_interval(best, other, level):
+        calls.append((best, other, level))
+        return (0.1, 0.3) if other == "c" else (-0.1, 0.3)
+
+    result = could_be_best({"a": 0.5, "b": 0.4, "c": 0.1, "d": None}, paired_interval, 0.9)
+    assert result == {"a": True, "b": True, "c": False, "d": True}
+    assert [(b, k) for b, k, _ in calls] == [("a", "b"), ("a", "c"), ("a", "d")]
+    assert all(level == pytest.approx(1 - 0.1 / 3) for _, _, level in calls)
+
+
+def test_could_be_best_ties_reversed_pairs_and_undefined():
+    assert estimated_best({"a": 1.0, "b": 1.0}) == "a"
+    assert estimated_best({"a": None, "b": float("nan")}) is None
+    # (c, a) given instead of (a, c): used negated
+    assert could_be_best({"a": 2.0, "c": 0.0}, {("c", "a"): (-2.0, 0.1)}, 0.95) == {
+        "a": True,
+        "c": False,
+    }
+    assert could_be_best({"a": 2.0, "c": 0.0}, {}, 0.95) == {"a": True, "c": True}
+    assert could_be_best({"a": None}, {}, 0.95) == {"a": True}
+    low, high = normal_paired_intervals({("a", "b"): (1.0, 0.5)})("a", "b", 0.95)
+    assert (low, high) == (pytest.approx(1 - 1.959964 * 0.5), pytest.approx(1 + 1.959964 * 0.5))
+    assert normal_paired_intervals({("a", "b"): (1.0, None)})("a", "b", 0.95) == (None, None)
+
+
+# --------------------------------------------------------------------- paired differences
+
+
+def correlated_terms(n: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-episode terms of two policies on the same episodes: a shared episode effect
+    (the return) plus a small policy-specific part."""
+    rng = np.random.default_rng(seed)
+    shared_i = rng.lognormal(0.0, 1.0, n)
+    terms_0 = shared_i * (1 + 0.05 * rng.standard_normal(n))
+    terms_k = 1.1 * shared_i * (1 + 0.05 * rng.standard_normal(n))
+    return terms_k, terms_0
+
+
+def test_paired_mean_difference_against_the_reference_and_below_unpaired():
+    terms_k, terms_0 = correlated_terms()
+    delta, stderr = paired_mean_difference(terms_k, terms_0)
+    difference_i = terms_k - terms_0
+    assert delta == pytest.approx(np.mean(terms_k) - np.mean(terms_0), rel=1e-12)
+    reference = math.sqrt(np.sum((difference_i - difference_i.mean()) ** 2) / (len(terms_k) - 1))
+    assert stderr == pytest.approx(reference / math.sqrt(len(terms_k)), rel=1e-9)
+    se_k = np.std(terms_k, ddof=1) / math.sqrt(len(terms_k))
+    se_0 = np.std(terms_0, ddof=1) / math.sqrt(len(terms_0))
+    assert stderr < 0.25 * math.sqrt(se_k**2 + se_0**2)
+
+
+def test_paired_mean_difference_edge_cases():
+    assert paired_mean_difference(np.array([2.0]), np.array([0.5])) == (1.5, None)
+    assert paired_mean_difference(np.array([1.0, 3.0]), np.array([0.0, 0.0])) == (2.0, 1.0)
+    with pytest.raises(ValueError):
+        paired_mean_difference(np.ones(3), np.ones(2))
+
+
+def test_grouped_jackknife_difference_of_a_ratio_estimate():
+    """WIS-like ratio estimates of two policies on the same 32 groups of episodes: the
+    jackknife of the difference against the formula, and below the unpaired errors."""
+    rng = np.random.default_rng(1)
+    n, groups = 3200, 32
+    group_i = rng.integers(0, groups, n)
+    return_i = rng.lognormal(0.0, 1.0, n)
+    weight_k_i = rng.lognormal(0.0, 0.3, n)
+    weight_0_i = weight_k_i * rng.lognormal(0.0, 0.05, n)
+
+    def leave_out(weight_i):
+        return np.array(
+            [
+                np.sum((weight_i * return_i)[group_i != g]) / np.sum(weight_i[group_i != g])
+                for g in range(groups)
+            ]
+        )
+
+    def ratio(weight_i):
+        return np.sum(weight_i * return_i) / np.sum(weight_i)
+
+    values_k, values_0 = leave_out(weight_k_i), leave_out(weight_0_i)
+    delta = ratio(weight_k_i) - ratio(weight_0_i)
+    stderr = grouped_jackknife_difference(values_k, values_0, delta)
+    difference_g = values_k - values_0
+    reference = math.sqrt((groups - 1) / groups * np.sum((difference_g - difference_g.mean()) ** 2))
+    assert stderr == pytest.approx(reference, rel=1e-9)
+
+    def jackknife(values):
+        return math.sqrt((groups - 1) / groups * np.sum((values - values.mean()) ** 2))
+
+    assert stderr < 0.5 * math.sqrt(jackknife(values_k) ** 2 + jackknife(values_0) ** 2)
+    assert grouped_jackknife_difference(values_k, values_0, None) is None
+    assert grouped_jackknife_difference(values_k[:1], values_0[:1], delta) is None
+    values_k[3] = np.nan
+    assert grouped_jackknife_difference(values_k, values_0, delta) is None
+
+
+def test_p_improvement():
+    assert p_improvement(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 3.0, 2.0, 5.0])) == 0.5
+    assert p_improvement(np.array([1.0, 1.0]), np.array([1.0, 0.0])) == 0.5  # ties are not > 0
+    assert p_improvement(None, None) is None
+    assert p_improvement(np.array([]), np.array([])) is None
+    assert p_improvement(np.array([np.nan, 1.0]), np.array([0.0, 0.0])) is None  # half undefined
+    defined = np.r_[np.ones(19), np.nan]
+    assert p_improvement(defined, np.zeros(20)) == 1.0  # 95% defined: the share among them
+
+
+def test_the_module_imports_no_jax():
+    code = "import sys, ope_cli.selection; assert 'jax' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
