@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from numbers import Real
 from pathlib import Path
 from statistics import NormalDist
 
@@ -60,7 +61,7 @@ def _true_value(name: str, value: object) -> float | None:
     """A true value as a float (None for null); UsageError when it is not a finite number."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise UsageError(f"--truth: the value of {name!r} is not a finite number: {value!r}")
     return float(value)
 
@@ -137,7 +138,8 @@ def read_truth(
 
     Raises:
       UsageError (one line): the file cannot be read or is not a JSON object; a value is not
-      a finite number; an entry names no given policy, several, or the same one as another.
+      a finite number; an entry names no given policy, several, or the same one as another
+      entry (truth.json's ``behavior`` entry is exempt: it may name no given policy).
     """
     document, base = _load_truth(source)
     entries, behavior_paths, behavior_value = _truth_entries(document)
@@ -355,6 +357,29 @@ def selection_metrics(
             )
     order = ["rmse", "nmse", "spearman", "coverage"]
     return {name: metrics[name] for name in order + [m for m in metrics if m not in order]}, notes
+
+
+def selection_by_estimator(
+    truth: Mapping[str, float | None],
+    estimates: Mapping[str, Mapping[str, float | None]],
+    intervals: Mapping[str, Mapping[str, Interval]] | None = None,
+    *,
+    baseline_value: float | None = None,
+    top_k: Sequence[int] = DEFAULT_TOP_K,
+) -> tuple[dict[str, dict[str, float | None]], list[str]]:
+    """``selection_metrics`` for every estimator: the JSON's ``"selection"`` object.
+
+    estimates: {estimator: {policy: Ĵ or None}}; intervals: {estimator: {policy: (low,
+    high)}} (None: no coverage). Returns ({estimator: metrics}, notes prefixed with the
+    estimator's name)."""
+    selection, notes = {}, []
+    for estimator, values in estimates.items():
+        chosen = None if intervals is None else intervals.get(estimator, {})
+        selection[estimator], own = selection_metrics(
+            truth, values, chosen, baseline_value=baseline_value, top_k=top_k
+        )
+        notes += [f"{estimator}: {note}" for note in own]
+    return selection, notes
 
 
 # --------------------------------------------------------------------- could-be-best sets

@@ -26,6 +26,7 @@ from ope_cli.selection import (
     precision_at_k,
     read_truth,
     regret_at_k,
+    selection_by_estimator,
     selection_metrics,
     spearman,
     top_k_set,
@@ -67,6 +68,19 @@ def test_truth_json_matches_by_path_then_file_name_and_behavior(tmp_path):
     assert list(truth) == [by_path, by_name, "behavior"]
 
 
+def test_truth_json_written_by_generate(tmp_path, monkeypatch):
+    from ope_cli.generate import generate
+
+    written = generate("bandit", tmp_path / "demo", episodes=20)
+    monkeypatch.chdir(tmp_path)
+    names = [f"demo/policies/eval_{k}.npz" for k in range(3)]
+    truth = read_truth(tmp_path / "demo" / "truth.json", [*names, "behavior"])
+    assert truth == {
+        **{name: entry["value"] for name, entry in zip(names, written["policies"], strict=True)},
+        "behavior": written["behavior"]["value"],
+    }
+
+
 def test_truth_without_behavior_baseline_ignores_the_behavior_entry(tmp_path):
     path = generated_truth(tmp_path)
     assert read_truth(path, ["eval_0.npz", "eval_1.npz"]) == {"eval_0.npz": 1.0, "eval_1.npz": 2.0}
@@ -105,7 +119,7 @@ def test_truth_as_a_policy_value_object(tmp_path):
     path.write_text(json.dumps({"a.npz": 1.5, "pkg.mod:policy": -2, "behavior": 0.25}))
     truth = read_truth(str(path), ["pkg.mod:policy", "a.npz", "behavior"])
     assert truth == {"pkg.mod:policy": -2.0, "a.npz": 1.5, "behavior": 0.25}
-    assert read_truth({"a.npz": 3.0}, ["a.npz"]) == {"a.npz": 3.0}
+    assert read_truth({"a.npz": np.float32(3.0)}, ["a.npz"]) == {"a.npz": 3.0}
 
 
 @pytest.mark.parametrize(
@@ -267,6 +281,25 @@ def test_an_undefined_estimate_makes_the_ranking_metrics_null_with_a_note():
     assert all(metrics[name] is None for name in metrics if name != "coverage")
     assert metrics["coverage"] == 0.5
     assert notes == ["no estimate for a; no ranking metrics"]
+
+
+def test_selection_by_estimator_keys_the_metrics_by_estimator():
+    estimates = {"pdis": J_HAT, "wis": {**J_HAT, "b": None}}
+    intervals = {"pdis": {p: (v - 0.6, v + 0.6) for p, v in J_HAT.items()}}
+    selection, notes = selection_by_estimator(
+        J, estimates, intervals, baseline_value=2.0, top_k=(1,)
+    )
+    assert list(selection) == ["pdis", "wis"]
+    assert (
+        selection["pdis"]
+        == selection_metrics(J, J_HAT, intervals["pdis"], baseline_value=2.0, top_k=(1,))[0]
+    )
+    assert selection["pdis"]["coverage"] == 0.25  # errors 0.5, -1, 1, -1: only a within 0.6
+    assert selection["wis"]["rmse"] is None
+    assert notes == [
+        "wis: no estimate for b; no ranking metrics",
+        "wis: coverage over 0 of 4 policies; 4 without an interval left out",
+    ]
 
 
 def test_coverage_counts_the_undefined_intervals():
