@@ -104,7 +104,8 @@ def test_bench_times_whole_processes(tiny_bench):
     assert processes["bandit_warm_cache"]["compilations"] == 0  # its second run
     assert processes["bandit_warm_cache"]["steps"] == 10_000
     assert processes["other_lengths_warm_cache"]["compilations"] == 0  # the catalogue's shapes
-    assert processes["evaluate_over_pyarrow"] > 0
+    over = processes["evaluate_over_pyarrow"]  # None: tiny data, a read within the noise
+    assert over is None or over > 0
 
 
 def test_bench_targets_and_precision(tiny_bench):
@@ -114,6 +115,8 @@ def test_bench_targets_and_precision(tiny_bench):
         assert target["threshold"] == TARGETS[name].threshold, name
         if name == "memory_growth":
             assert target["met"] is None and tiny_bench["memory"] is None
+        elif name == "process_vs_pyarrow" and target["value"] is None:  # tiny data
+            assert target["met"] is None
         else:
             assert isinstance(target["met"], bool), name
     assert "K = 2" in targets["many_policies"]["note"]

@@ -7,7 +7,6 @@ another empty one), a second dataset with other episode lengths on that warm cac
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -117,8 +116,9 @@ def measure_processes(  # noqa: PLR0913 - what the processes run on
         "other_lengths_warm_cache": {**other, "steps": int(other_lengths.sum())},
         "bandit_warm_cache": {**bandit, "steps": BANDIT_STEPS},
         "bandit_over_floor_seconds": bandit["seconds"] - floor,
-        # (ope evaluate above the import-jax floor) / (pyarrow's read above its import)
-        "evaluate_over_pyarrow": (warm["seconds"] - floor) / read if read > 0 else math.nan,
+        # (ope evaluate above the import-jax floor) / (pyarrow's read above its import);
+        # None where the read is within the floors' noise (tiny data)
+        "evaluate_over_pyarrow": (warm["seconds"] - floor) / read if read > 0 else None,
         "method": "wall time of each process as typed; import-jax and pyarrow floors and "
         "warm runs: fastest of several; one compilation cache for every ope evaluate, "
         "empty before the first",
