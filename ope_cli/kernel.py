@@ -603,6 +603,35 @@ class Kernel:
         zero_behavior = None if self.behavior is None else zero_behavior
         return KernelOutput(steps, scalar, zero_behavior, len(windows) * width)
 
+    def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):
+        """(args, kernel key or None, its kept file or None) of the advance kernel on an
+        empty [lanes, width] window with ``template``'s dtypes."""
+
+        def empty(x):
+            size = (lanes, width) if x.ndim > 1 else (lanes,)
+            return np.zeros((*size, *x.shape[len(size) :]), x.dtype)
+
+        window = map_arrays(empty, jax.tree.map(self._narrow, template))
+        counts = np.zeros((lanes, self.num_replicates), np.uint8)
+        if self._sharding is not None:
+            window, counts = jax.device_put((window, counts), self._sharding)
+        fixed = (self.params, self.behavior_params, self.q_params)
+        scalars = (self.gamma, self.seed, self.betting_range)
+        carry = self.initial_carry(carry_lanes)
+        args = (*fixed, window, np.int32(0), carry, counts, *scalars)
+        named = {"kernel": _advance_kernel.__name__, **self.static._asdict()}
+        key = kernel_cache.kernel_key(args, named, self._estimator_code())
+        folder = kernel_cache.directory()
+        path = None if key is None or folder is None else folder / f"{key}.bin"
+        return args, key, path
+
+    def is_kept(self, template: PaddedBatch, lanes: int, width: int) -> bool:
+        """Whether the advance kernel of window shape [lanes, width] is kept on disk
+        (``kernel_cache``): a new process loads it rather than compiling."""
+        carry_lanes = max(lanes, self.carry_lanes or 0)
+        _, _, path = self._empty_call(template, lanes, width, carry_lanes)
+        return path is not None and path.is_file()
+
     def compile_catalogue(self, template: PaddedBatch, shapes) -> int:
         """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of
         ``shapes`` (``buckets.WindowShape``) that this configuration has not kept yet, from
@@ -610,27 +639,11 @@ class Kernel:
         compiles nothing. Only where kernels are kept (the package's own code, a
         compilation cache); returns how many it compiled."""
         compiled = 0
-        carry = self.initial_carry(max(self.carry_lanes or 0, *(s.lanes for s in shapes)))
-        fixed = (self.params, self.behavior_params, self.q_params)
-        scalars = (self.gamma, self.seed, self.betting_range)
+        carry_lanes = max(self.carry_lanes or 0, *(shape.lanes for shape in shapes))
         for shape in shapes:
-
-            def empty(x, shape=shape):
-                size = (shape.lanes, shape.width) if x.ndim > 1 else (shape.lanes,)
-                return np.zeros((*size, *x.shape[len(size) :]), x.dtype)
-
-            window = map_arrays(empty, jax.tree.map(self._narrow, template))
-            counts = np.zeros((shape.lanes, self.num_replicates), np.uint8)
-            if self._sharding is not None:
-                window, counts = jax.device_put((window, counts), self._sharding)
-            args = (*fixed, window, np.int32(0), carry, counts, *scalars)
+            args, key, path = self._empty_call(template, shape.lanes, shape.width, carry_lanes)
             signature = (_advance_kernel.__name__, jax.tree.structure(args), _signature(args))
-            if signature in self._calls:
-                continue
-            named = {"kernel": _advance_kernel.__name__, **self.static._asdict()}
-            key = kernel_cache.kernel_key(args, named, self._estimator_code())
-            folder = kernel_cache.directory()
-            if key is None or folder is None or (folder / f"{key}.bin").is_file():
+            if signature in self._calls or path is None or path.is_file():
                 continue
             static = {"static": self.static}
             compile_named = functools.partial(_compile_named, _advance_kernel, args, static)

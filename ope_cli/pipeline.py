@@ -418,17 +418,19 @@ def _check_behavior_support(batches: BatchStream, output) -> None:
         raise zero_probability_error(batches.behavior, first, batches.reread_chunks())
 
 
-def _announce_shape(batches: BatchStream, seen: set, shape: tuple[int, int], on_status) -> bool:
-    """Whether ``shape`` is a window shape not ``seen`` before (and reported to
-    ``on_status``): its kernel compiles, or loads compiled, in the next call."""
+def _announce_shape(batches: BatchStream, seen: set, batch, width: int, kernels, on_status):
+    """Whether the batch's window shape was not ``seen`` before (then reported to
+    ``on_status``: its kernels load, kept on disk, or compile in the next call)."""
+    shape = (batch.shape[0], width)
     new = on_status is not None and shape not in seen
     seen.add(shape)
     if new:
         catalogue = len(batches.bucketer.window_shapes)
-        on_status(
-            f"compiling kernel for window shape {len(seen)} of at most {catalogue}, "
-            f"[{shape[0]}, {shape[1]}] (or loading it compiled) ..."
-        )
+        which = f"window shape {len(seen)} of at most {catalogue}, [{shape[0]}, {shape[1]}]"
+        if all(kernel.is_kept(batch, *shape) for kernel in kernels):
+            on_status(f"loading the compiled kernel for {which} ...")
+        else:
+            on_status(f"compiling the kernel for {which} ...")
     return new
 
 
@@ -498,7 +500,7 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
     with contextlib.closing(stream_of_batches):  # an error below stops the reading at once
         for batch in stream_of_batches:
             width = batches.bucketer.width_of(batch)
-            new_shape = _announce_shape(batches, shapes_seen, (batch.shape[0], width), on_status)
+            new_shape = _announce_shape(batches, shapes_seen, batch, width, kernels, on_status)
             in_flight.append((batch.shape[1], [(k, k(batch, width)) for k in kernels]))
             last_batch = batch
             if new_shape:

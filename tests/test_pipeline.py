@@ -348,3 +348,22 @@ def test_stream_yields_padded_batches_of_every_episode_once(tmp_path):
     assert all(b.shape[0] % 2 == 0 for b in seen)
     assert batches.seen_keys().size == len(episodes)
     assert sum(b.shape[0] * b.shape[1] for b in seen) == batches.counters.padded_steps
+
+
+def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(
+    tmp_path, monkeypatch
+):
+    """The status lines of a first run say which window shape compiles (k of at most the
+    catalogue's size); a warm run's say its kernels load, compiled, from the disk."""
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=60, seed=21)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    monkeypatch.setenv("OPE_CACHE_DIR", str(tmp_path / "cache"))
+    config = EvaluationConfig(data=str(data), policies=(str(paths[0]),), gamma=0.9)
+    first, warm = [], []
+    evaluate(config, on_status=first.append)
+    evaluate(config, on_status=warm.append)
+    size = len(window_shapes(BatchingConfig()))
+    assert first[0].startswith(f"compiling the kernel for window shape 1 of at most {size}, [")
+    assert "evaluating" in first and "evaluating" in warm
+    loading = [line for line in warm if line != "evaluating"]
+    assert loading and all(line.startswith("loading the compiled kernel") for line in loading)
