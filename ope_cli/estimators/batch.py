@@ -116,8 +116,8 @@ def log_weights(
 
 
 def one_hot(index_b: jax.Array, size: int, dtype) -> jax.Array:
-    """[B, size] 1 at each row's index: sums and maxima per group become matrix products and
-    masked reductions, which XLA compiles far faster than scatters (segment_sum)."""
+    """[B, size] 1 at each row's index: a batch's sums per group (once per batch, in the
+    finish) become matrix products, which XLA compiles far faster than scatters."""
     return (index_b[:, None] == jnp.arange(size)[None, :]).astype(dtype)
 
 
@@ -286,20 +286,19 @@ def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups
     for (scale_name, lag), scale in kinds.items():
         log_scale_bt = windows.log_w_prev_t if lag else jax.vmap(scale.log_scale)(windows)
         log_scale_bt = jnp.where(real_b[:, None], log_scale_bt, -jnp.inf)
-        member_bk = one_hot(group_b, num_groups, dtype)
-        group_scale_kt = jnp.max(
-            jnp.where(member_bk[:, :, None] > 0, log_scale_bt[:, None, :], -jnp.inf), axis=0
-        )
-        w_bt = jnp.exp(log_scale_bt - member_bk @ safe_scale(group_scale_kt))
+        # per window, so scatters (cost per cell) rather than one-hot products (per cell and
+        # group): they compile slower but run the many windows of many policies far faster
+        group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
+        w_bt = jnp.exp(log_scale_bt - safe_scale(group_scale_kt)[group_b])
         replicate_scale_t = jnp.max(log_scale_bt, axis=0)
         w_rep_bt = jnp.exp(log_scale_bt - safe_scale(replicate_scale_t))
         own = [spec for spec in specs if (spec.scale.name, spec.lag) == (scale_name, lag)]
         values = [values_bt[spec.name].astype(dtype) for spec in own]
-        group_ukt = jnp.einsum(
-            "bk,but->ukt",
-            member_bk,
+        group_ukt = jax.ops.segment_sum(
             jnp.where(real_b[:, None, None], jnp.stack([v * w_bt for v in values], 1), 0.0),
-        ).transpose(1, 0, 2)
+            group_b,
+            num_segments=num_groups,
+        )
         replicate_urt = jnp.einsum(
             "rb,ubt->urt", counts_rb, jnp.stack([v * w_rep_bt for v in values])
         )
