@@ -299,22 +299,10 @@ def _carry_spec(carry):
 
 
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
-def _advance_kernel(  # noqa: PLR0913 - the kernel's inputs, in window_statistics' order
-    params,
-    behavior_params,
-    q_params,
-    window: PaddedBatch,
-    start,
-    carry: EpisodeCarry,
-    counts,
-    gamma,
-    seed,
-    betting_range,
-    *,
-    static: Static,
-):
-    """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None): one
-    row per device of ``static.mesh`` (D = 1 without one).
+def _advance_kernel(*args, static: Static):
+    """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None) of
+    ``window_statistics`` on ``args`` (its inputs, in its order): one row per device of
+    ``static.mesh`` (D = 1 without one).
 
     With a mesh, each device walks its own share of the episodes (every leaf of ``window``,
     ``carry`` and ``counts`` is split along its episode axis) and the per-device partials
@@ -327,10 +315,9 @@ def _advance_kernel(  # noqa: PLR0913 - the kernel's inputs, in window_statistic
         carry, statistics, zero = window_statistics(*args, static)
         return carry, _leading_device_axis(statistics), zero
 
-    args = (params, behavior_params, q_params, window, start, carry, counts, gamma, seed)
-    args = (*args, betting_range)
     if static.mesh is None:
         return run(*args)
+    window, carry = args[3], args[5]
     by_episode, replicated = PartitionSpec(BATCH_AXIS), PartitionSpec()
     in_specs = (
         *(replicated,) * 3,

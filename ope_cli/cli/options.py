@@ -231,12 +231,17 @@ ReadRows = Annotated[
     int, typer.Option(help="Rows per record batch read.", rich_help_panel=BATCHING_PANEL)
 ]
 BatchSteps = Annotated[
-    int, typer.Option(help="Padded steps per kernel call.", rich_help_panel=BATCHING_PANEL)
+    int,
+    typer.Option(
+        help="Cells ([lanes, steps]) of a kernel window; episodes are walked in windows of a "
+        "few fixed shapes made from it.",
+        rich_help_panel=BATCHING_PANEL,
+    ),
 ]
 MinBucket = Annotated[
     int,
     typer.Option(
-        help="Shortest episode-length bucket above the one-step bucket; lengths grow by sqrt(2) from it.",
+        help="Steps of the short window (at least 2); the long one has its square.",
         rich_help_panel=BATCHING_PANEL,
     ),
 ]

@@ -476,26 +476,8 @@ def combine(step: StepStatistics, scalar: ScalarStatistics) -> BatchStatistics:
     return BatchStatistics(**step._asdict(), **scalar._asdict())
 
 
-class WeightedBatch(NamedTuple):
-    """A whole padded batch as one policy's statistics need it (one window of T steps).
-
-    Attributes:
-      log_ratio_bt: [B, T] log(pi_e / pi_b) per step (``log_ratios``: 0 on padding).
-      reward_bt: [B, T] rewards, any value on padding.
-      step_mask_bt: [B, T] True on real steps.
-      episode_mask_b: [B] True on real episodes.
-      group_b: [B] int resampling group in [0, K).
-      counts_br: [B, R] bootstrap counts of each episode in each replicate (R may be 0).
-      fields: further per-step inputs [B, T, ...] for estimators (``Window.fields``).
-    """
-
-    log_ratio_bt: jax.Array
-    reward_bt: jax.Array
-    step_mask_bt: jax.Array
-    episode_mask_b: jax.Array
-    group_b: jax.Array
-    counts_br: jax.Array
-    fields: dict[str, jax.Array] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
+# A whole padded batch as one policy's statistics need it: one window of its T steps.
+WeightedBatch = WeightedWindow
 
 
 def batch_statistics(
@@ -509,7 +491,7 @@ def batch_statistics(
     walks the same functions window by window).
 
     Args:
-      batch: the batch's log ratios, rewards, masks, groups and bootstrap counts.
+      batch: the batch's log ratios, rewards, masks, groups and bootstrap counts ([B, T]).
       gamma: discount factor.
       num_groups: K.
       betting_range: [3] (a, b, H) of ``betting_variables`` to histogram them, or None.
@@ -520,7 +502,7 @@ def batch_statistics(
     dtype = batch.log_ratio_bt.dtype
     zero = jnp.zeros(batch.episode_mask_b.shape, dtype)
     carry = init_carry(zero, estimators, betting_range is not None)
-    window = WeightedWindow(*batch[:6], 0, batch.fields)
+    window = batch._replace(start=0)
     carry, step = advance_window(carry, window, gamma, num_groups, estimators, betting_range)
     scalar = finish_batch(
         carry,
