@@ -204,6 +204,7 @@ def stream(
     multiple_of: int = 1,
     on_progress: Callable[[int, int | None], None] | None = None,
     process: tuple[int, int] = (0, 1),
+    on_status: Callable[[str], None] | None = None,
 ) -> BatchStream:
     """Opens the data of ``config`` (and its policies) for one pass of padded batches, with
     episodes per batch a multiple of ``multiple_of`` (the devices they are sharded over).
@@ -240,14 +241,21 @@ def stream(
         config, data, schema, policies, plan, files, multiple_of, on_progress, behavior, qs
     )
     collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
+    fitting_q = any(q.kind == FIT for q in qs or ())
+    passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
+    say = on_status or (lambda text: None)
     if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
         from ope_cli.fit.estimate import estimate_into
 
+        say(f"fitting the behavior policy (pass 1 of {passes}) ...")
         estimate_into(batches, batches.chunk_checks_of, collectives)
-    if any(q.kind == FIT for q in qs or ()):  # a pass fits Q-hat (fitted Q evaluation)
+    if fitting_q:  # a pass fits Q-hat (fitted Q evaluation)
         from ope_cli.fitted_q import fit_q_into
 
+        say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
         fit_q_into(batches, collectives)
+    if passes > 1:
+        say(f"evaluating (pass {passes} of {passes})")
     return batches
 
 
@@ -276,7 +284,7 @@ def evaluate(
 
     error: OpeError | None = None
     try:
-        batches = stream(config, devices, on_progress, (process_id, num_processes))
+        batches = stream(config, devices, on_progress, (process_id, num_processes), on_status)
         local = _local_pass(batches, precision, mesh, on_status)
     except OpeError as failure:
         if num_processes == 1:

@@ -367,3 +367,25 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(
     assert "evaluating" in first and "evaluating" in warm
     loading = [line for line in warm if line != "evaluating"]
     assert loading and all(line.startswith("loading the compiled kernel") for line in loading)
+
+
+def test_progress_names_the_fitting_passes(tmp_path):
+    """--behavior estimate and --q fit each read the data once before the evaluation: the
+    status lines count the passes."""
+    from ope_cli.generate import generate
+
+    generate("chain", tmp_path / "chain", episodes=60, seed=3)
+    config = EvaluationConfig(
+        data=str(tmp_path / "chain" / "logs.parquet"),
+        policies=(str(tmp_path / "chain" / "policies" / "eval_0.npz"),),
+        behavior="estimate",
+        q=("fit",),
+        gamma=0.9,
+    )
+    lines = []
+    evaluate(config, on_status=lines.append)
+    assert lines[:3] == [
+        "fitting the behavior policy (pass 1 of 3) ...",
+        "fitting Q-hat (pass 2 of 3) ...",
+        "evaluating (pass 3 of 3)",
+    ]
