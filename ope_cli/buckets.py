@@ -96,9 +96,10 @@ def window_shapes(batching: BatchingConfig, multiple_of: int = 1) -> tuple[Windo
     )
 
 
-def shape_for(shapes: tuple[WindowShape, ...], longest: int) -> WindowShape:
-    """The window shape of a batch whose longest episode has ``longest`` steps."""
-    return next(shape for shape in shapes if longest <= shape.longest)
+def shape_indices(shapes: tuple[WindowShape, ...], longest: np.ndarray) -> np.ndarray:
+    """[n] index into ``shapes`` (by increasing ``longest``) of the window shape of a
+    batch whose longest episode has ``longest`` [n] steps: the first that takes it."""
+    return np.searchsorted([shape.longest for shape in shapes], longest, side="left")
 
 
 def batch_length(shape: WindowShape, longest: int) -> int:
@@ -284,8 +285,9 @@ class Bucketer:
         yield from self._emit(final=False)
 
     def flush(self) -> Iterator[PaddedBatch]:
-        """Yields every episode left in the pool (the last batch of a shape topped up with
-        masked rows)."""
+        """Yields every episode left in the pool, in the batches that cost least
+        (``flush_plan``; a batch with fewer episodes than lanes is topped up with masked
+        rows)."""
         yield from self._emit(final=True)
 
     def _emit(self, final: bool) -> Iterator[PaddedBatch]:
@@ -293,10 +295,15 @@ class Bucketer:
         full ones while the pool is over its capacity, and everything when ``final``."""
         order = np.argsort(-self._length, kind="stable")
         lengths = self._length[order]
+        shapes = self.window_shapes
+        if final:
+            for start, stop, shape in flush_plan(lengths, shapes):
+                yield self._batch(order[start:stop], shape, int(lengths[start]))
+            self._keep(np.zeros(0, np.int64))
+            return
         steps_before = np.concatenate([[0], np.cumsum(lengths)])
         pooled = int(steps_before[-1])
-        shapes = self.window_shapes
-        index = np.searchsorted([shape.longest for shape in shapes], lengths, side="left")
+        index = shape_indices(shapes, lengths)
         lanes = np.array([shape.lanes for shape in shapes])[index]
         widths = np.array([shape.width for shape in shapes])[index]
         stops = np.minimum(np.arange(lengths.size) + lanes, lengths.size)
@@ -305,10 +312,6 @@ class Bucketer:
         cells = lanes * (-(-np.maximum(lengths, 1) // widths) * widths)
         snug = full & (cells - real <= PADDING_TOLERANCE * real)
         keep, i = [], 0
-        if final:
-            for start, stop, shape in flush_plan(lengths, shapes):
-                yield self._batch(order[start:stop], shape, int(lengths[start]))
-            i = lengths.size
         while i < lengths.size:
             ready = full if pooled > self.capacity else snug
             # the next position whose batch may leave; the ones before stay
@@ -321,7 +324,10 @@ class Bucketer:
             yield self._batch(order[i : stops[i]], shapes[index[i]], int(lengths[i]))
             pooled -= int(real[i])
             i = int(stops[i])
-        kept = np.concatenate(keep) if keep else np.zeros(0, np.int64)
+        self._keep(np.concatenate(keep) if keep else np.zeros(0, np.int64))
+
+    def _keep(self, kept: np.ndarray) -> None:
+        """Keeps the pool's episodes ``kept`` (indices into it), and only their chunks."""
         self._chunk, self._episode, self._length = (
             self._chunk[kept],
             self._episode[kept],

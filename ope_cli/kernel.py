@@ -562,20 +562,28 @@ class Kernel:
         width = batch.shape[1] if width is None else width
         return self.walk(self.device_windows(batch, width), self.counts(batch))
 
+    def _lanes_of_carry(self, lanes: int) -> int:
+        """The carry's lanes for windows of ``lanes`` (``carry_lanes`` when it is more)."""
+        return max(lanes, self.carry_lanes or 0)
+
+    def _advance_args(self, window: PaddedBatch, start: int, carry, counts) -> tuple:
+        """The advance kernel's inputs, in ``window_statistics``' order."""
+        fixed = (self.params, self.behavior_params, self.q_params)
+        scalars = (self.gamma, self.seed, self.betting_range)
+        return (*fixed, window, np.int32(start), carry, counts, *scalars)
+
     def walk(self, windows: list[tuple[int, PaddedBatch]], counts: np.ndarray) -> KernelOutput:
         """Dispatches the advance kernel on each of a batch's ``windows`` (in order; host
         arrays, or on the device(s)) and the finish kernel, with the batch's [B, R]
         bootstrap ``counts`` (host); returns device arrays."""
         lanes, width = windows[0][1].step_mask.shape
-        carry_lanes = max(lanes, self.carry_lanes or 0)
+        carry_lanes = self._lanes_of_carry(lanes)
         carry = self.initial_carry(carry_lanes)
-        fixed = (self.params, self.behavior_params, self.q_params)
-        scalars = (self.gamma, self.seed, self.betting_range)
         window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
         steps, zero_behavior = [], []
         with self._user_code_errors():
             for start, window in windows:
-                args = (*fixed, window, np.int32(start), carry, window_counts, *scalars)
+                args = self._advance_args(window, start, carry, window_counts)
                 carry, statistics, zero = self._call(_advance_kernel, args)
                 steps.append((start, statistics))
                 zero_behavior.append(zero)
@@ -602,10 +610,7 @@ class Kernel:
         counts = np.zeros((lanes, self.num_replicates), np.uint8)
         if self._sharding is not None:
             window, counts = jax.device_put((window, counts), self._sharding)
-        fixed = (self.params, self.behavior_params, self.q_params)
-        scalars = (self.gamma, self.seed, self.betting_range)
-        carry = self.initial_carry(carry_lanes)
-        args = (*fixed, window, np.int32(0), carry, counts, *scalars)
+        args = self._advance_args(window, 0, self.initial_carry(carry_lanes), counts)
         named = {"kernel": _advance_kernel.__name__, **self.static._asdict()}
         key = kernel_cache.kernel_key(args, named, self._estimator_code())
         folder = kernel_cache.directory()
@@ -615,8 +620,7 @@ class Kernel:
     def is_kept(self, template: PaddedBatch, lanes: int, width: int) -> bool:
         """Whether the advance kernel of window shape [lanes, width] is kept on disk
         (``kernel_cache``): a new process loads it rather than compiling."""
-        carry_lanes = max(lanes, self.carry_lanes or 0)
-        _, _, path = self._empty_call(template, lanes, width, carry_lanes)
+        _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
         return path is not None and path.is_file()
 
     def compile_catalogue(self, template: PaddedBatch, shapes) -> int:
@@ -626,7 +630,7 @@ class Kernel:
         compiles nothing. Only where kernels are kept (the package's own code, a
         compilation cache); returns how many it compiled."""
         compiled = 0
-        carry_lanes = max(self.carry_lanes or 0, *(shape.lanes for shape in shapes))
+        carry_lanes = self._lanes_of_carry(max(shape.lanes for shape in shapes))
         for shape in shapes:
             args, key, path = self._empty_call(template, shape.lanes, shape.width, carry_lanes)
             signature = (_advance_kernel.__name__, jax.tree.structure(args), _signature(args))
@@ -684,8 +688,7 @@ def _compile_named(function, args: tuple, static: dict, name: str):
 
 def batch_statistics_of(kernel: Kernel, batch: PaddedBatch, width: int | None = None):
     """The host BatchStatistics [D, P, ...] of ``batch`` through ``kernel`` (tests, bench)."""
-    output = jax.device_get(kernel(batch, width))
-    return assemble(KernelOutput(*output[:3], output.length))
+    return assemble(jax.device_get(kernel(batch, width)))
 
 
 def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the windowed functions

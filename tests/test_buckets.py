@@ -21,7 +21,7 @@ from ope_cli.buckets import (
     pad,
     place_episodes,
     row_range,
-    shape_for,
+    shape_indices,
     widened,
     window_shapes,
 )
@@ -95,7 +95,8 @@ def test_the_default_catalogue():
         WindowShape(cells // 64, 64, cells),
         WindowShape(1, cells // 8, math.inf),
     )
-    assert [shape_for(shapes, n).width for n in (1, 2, 512, 513, cells, cells + 1)] == [
+    longest = np.array([1, 2, 512, 513, cells, cells + 1])
+    assert [shapes[i].width for i in shape_indices(shapes, longest)] == [
         1,
         8,
         8,

@@ -36,6 +36,8 @@ from ope_cli.estimators.base import (
     get,
     relative,
     rescaled,
+    safe_log_scale,
+    sum_spec,
     sums_of,
 )
 
@@ -119,11 +121,6 @@ def one_hot(index_b: jax.Array, size: int, dtype) -> jax.Array:
     """[B, size] 1 at each row's index: a batch's sums per group (once per batch, in the
     finish) become matrix products, which XLA compiles far faster than scatters."""
     return (index_b[:, None] == jnp.arange(size)[None, :]).astype(dtype)
-
-
-def safe_scale(log_scale: jax.Array) -> jax.Array:
-    """The scale to subtract: 0 where it is -inf (all weights zero) so exp never sees NaN."""
-    return jnp.where(jnp.isfinite(log_scale), log_scale, 0.0)
 
 
 def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Array:
@@ -289,9 +286,9 @@ def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups
         # per window, so scatters (cost per cell) rather than one-hot products (per cell and
         # group): they compile slower but run the many windows of many policies far faster
         group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
-        w_bt = jnp.exp(log_scale_bt - safe_scale(group_scale_kt)[group_b])
+        w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt)[group_b])
         replicate_scale_t = jnp.max(log_scale_bt, axis=0)
-        w_rep_bt = jnp.exp(log_scale_bt - safe_scale(replicate_scale_t))
+        w_rep_bt = jnp.exp(log_scale_bt - safe_log_scale(replicate_scale_t))
         own = [spec for spec in specs if (spec.scale.name, spec.lag) == (scale_name, lag)]
         values = [values_bt[spec.name].astype(dtype) for spec in own]
         group_ukt = jax.ops.segment_sum(
@@ -387,7 +384,7 @@ def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups
         value_b = values_b[spec.name].astype(dtype)
         if spec.scale is not None:
             name = spec.scale.name
-            factor_b = jnp.exp(spec.power * (own_b[name] - safe_scale(log_scales[name])))
+            factor_b = jnp.exp(spec.power * (own_b[name] - safe_log_scale(log_scales[name])))
             value_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
         if spec.moments is None:
             layout.append((spec.name, 1))
@@ -458,7 +455,6 @@ def finish_batch(
 def lagged(statistics: StepStatistics) -> StepStatistics:
     """The per-step sums of a window that is the whole of its batch, with every lag-1 sum
     moved to the step it belongs to (its last step gets 0: after it every episode ended)."""
-    from ope_cli.estimators.base import sum_spec
 
     def shifted(name: str, x: jax.Array) -> jax.Array:
         if not sum_spec(name).lag:
