@@ -87,3 +87,9 @@ class EvaluationConfig:
     on_invalid: str = (
         "error"  # error: stop at the first bad value; drop: leave out invalid episodes
     )
+    # --baseline: a --policy value (or its NAME) or "behavior"; the others are compared to it
+    baseline: str | None = None
+    # --truth: truth.json of ope generate, or a JSON object {policy: value}; --top-k's k
+    # (None: 1 and 3, those at most the number of policies)
+    truth: str | None = None
+    top_k: tuple[int, ...] | None = None

@@ -13,8 +13,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from ope_cli import runtime
+from ope_cli import paired, runtime
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
+from ope_cli.paired import PairedSums
 from ope_cli.stats import Accumulator, extend, from_batch, merge
 
 MESSAGE_BYTES = 2048
@@ -218,3 +219,16 @@ def reduce_accumulators(accumulators: list[Accumulator]) -> list[Accumulator]:
             total = one if total is None else merge(total, one)
         merged.append(total)
     return merged
+
+
+def reduce_paired(sums: PairedSums, baseline: int) -> PairedSums:
+    """Collective: the paired sums of all processes, merged in process order (``paired``)."""
+    import jax
+
+    leaves, tree = jax.tree.flatten(sums)
+    parts = [_gather(np.asarray(leaf, np.float64)) for leaf in leaves]  # [N, ...] each
+    total = None
+    for process in range(parts[0].shape[0]):
+        one = jax.tree.unflatten(tree, [part[process] for part in parts])
+        total = one if total is None else paired.merge(total, one, baseline)
+    return total

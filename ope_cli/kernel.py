@@ -40,6 +40,7 @@ from ope_cli.estimators.batch import (
     WeightedWindow,
     advance_window,
     combine,
+    episode_terms,
     finish_batch,
     init_carry,
     lagged,
@@ -194,6 +195,7 @@ class Static(NamedTuple):
     estimators: tuple[str, ...]
     q: QSpec | None
     betting: bool
+    terms: bool = False  # the finish also returns each episode's terms (``episode_terms``)
 
 
 def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
@@ -279,15 +281,20 @@ def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
 def finish_statistics(  # noqa: PLR0913 - the finish kernel's inputs, in its order
     carry: EpisodeCarry, episode_mask, group, counts, betting_range, static
 ):
-    """ScalarStatistics [P, ...] of (this device's share of) a batch whose last window was
-    walked: ``carry`` [P, L] leaves, ``episode_mask`` and ``group`` [L] and ``counts`` [L, R]
-    laid out as its lanes (``Kernel.carry_layout``); not jitted."""
+    """(ScalarStatistics [P, ...], {name: [P, L]} episode terms or None) of (this device's
+    share of) a batch whose last window was walked: ``carry`` [P, L] leaves,
+    ``episode_mask`` and ``group`` [L] and ``counts`` [L, R] laid out as its lanes
+    (``Kernel.carry_layout``); the terms (``episode_terms``) with ``static.terms``; not
+    jitted."""
     betting = betting_range if static.betting else None
-    return jax.vmap(
+    scalar = jax.vmap(
         lambda c: finish_batch(
             c, episode_mask, group, counts, static.num_groups, static.estimators, betting
         )
     )(carry)
+    if not static.terms:
+        return scalar, None
+    return scalar, jax.vmap(lambda c: episode_terms(c, static.estimators))(carry)
 
 
 def _leading_device_axis(tree):
@@ -333,18 +340,26 @@ def _advance_kernel(*args, static: Static):
 
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
 def _finish_kernel(carry: EpisodeCarry, episode_mask, group, counts, betting_range, *, static):
-    """ScalarStatistics [D, P, ...] of a batch whose last window was walked."""
+    """(ScalarStatistics [D, P, ...], episode terms {name: [P, L]} or None) of a batch whose
+    last window was walked."""
     kernel_cache.count_compilation()
 
     def run(*args):
-        return _leading_device_axis(finish_statistics(*args, static))
+        scalar, terms = finish_statistics(*args, static)
+        return _leading_device_axis(scalar), terms
 
     args = (carry, episode_mask, group, counts, betting_range)
     if static.mesh is None:
         return run(*args)
     by_episode = PartitionSpec(BATCH_AXIS)
     in_specs = (_carry_spec(carry), by_episode, by_episode, by_episode, PartitionSpec())
-    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=by_episode)(*args)
+    if not static.terms:
+        scalar_only = jax.shard_map(
+            lambda *a: run(*a)[0], mesh=static.mesh, in_specs=in_specs, out_specs=by_episode
+        )
+        return scalar_only(*args), None
+    out_specs = (by_episode, PartitionSpec(None, BATCH_AXIS))
+    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
 
 
 def _signature(args) -> tuple:
@@ -381,13 +396,16 @@ def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch
 class KernelOutput(NamedTuple):
     """What one batch's kernel calls return (device arrays, dispatched asynchronously):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
-    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), and
-    the batch's length T."""
+    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), the
+    batch's length T, and with ``terms`` each episode's terms {name: [P, L]} (else None)
+    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R])."""
 
     windows: list[tuple[int, StepStatistics]]
     scalar: ScalarStatistics
     zero_behavior: list[ZeroProbabilitySteps] | None
     length: int
+    terms: dict | None = None
+    lanes: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def assemble(output: KernelOutput) -> BatchStatistics:
@@ -432,6 +450,7 @@ class Kernel:
         behavior: Policy | None = None,
         v_samples: int = 16,
         carry_lanes: int | None = None,
+        terms: bool = False,
     ):
         self.group = group
         # lanes of the carry, whatever the window's (None: the window's): one finish kernel
@@ -466,6 +485,7 @@ class Kernel:
             estimators=available(Q_FIELDS if q is not None else ()),
             q=q,
             betting=betting_range is not None,
+            terms=terms,
         )
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
@@ -592,11 +612,13 @@ class Kernel:
                 self.carry_layout(np.asarray(x), carry_lanes)
                 for x in (last.episode_mask, last.group, counts)
             ]
+            lanes = (laid_out[0], laid_out[2])
             if self._sharding is not None:
                 laid_out = jax.device_put(laid_out, self._sharding)
-            scalar = self._call(_finish_kernel, (carry, *laid_out, self.betting_range))
+            scalar, terms = self._call(_finish_kernel, (carry, *laid_out, self.betting_range))
         zero_behavior = None if self.behavior is None else zero_behavior
-        return KernelOutput(steps, scalar, zero_behavior, len(windows) * width)
+        lanes = lanes if self.static.terms else None
+        return KernelOutput(steps, scalar, zero_behavior, len(windows) * width, terms, lanes)
 
     def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):
         """(args, kernel key or None, its kept file or None) of the advance kernel on an
@@ -733,7 +755,7 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
     betting = jnp.zeros(3, static.dtype) if betting_range is None else betting_range
     args = (params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
     carry, step, _ = window_statistics(*args, static)
-    scalar = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
+    scalar, _ = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
     return _leading_device_axis(combine(lagged(step), scalar))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ope_cli import paired
 from ope_cli.behavior import (
     BehaviorSource,
     check_behavior_against_chunk,
@@ -22,6 +23,15 @@ from ope_cli.behavior import (
     zero_probability_error,
 )
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
+from ope_cli.comparison import (
+    Pairing,
+    compare_results,
+    interval_methods,
+    read_run_truth,
+    resolve_baseline,
+    selection_of,
+    truth_keys,
+)
 from ope_cli.config import EvaluationConfig
 from ope_cli.distributed import (
     DistributedConfig,
@@ -31,15 +41,19 @@ from ope_cli.distributed import (
     initialize,
     reduce_accumulators,
     reduce_counters,
+    reduce_paired,
     share_files,
 )
 from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
 from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import available as available_estimators
+from ope_cli.estimators import get as get_estimator
 from ope_cli.estimators.base import (
+    Context,
     describe_standard_errors,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.paired import PairedSums
 from ope_cli.plan import (
     IntervalPlan,
     annotate_results,
@@ -58,6 +72,7 @@ from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs, q_source
 from ope_cli.qfunctions import chunk_checks as q_chunk_checks
 from ope_cli.results import EvaluationResult, PolicyResult
 from ope_cli.schema import DataSchema, resolve_schema
+from ope_cli.selection import BASELINE_BEHAVIOR
 from ope_cli.sources import (
     Dataset,
     iter_batches,
@@ -100,12 +115,16 @@ class _LocalPass:
     counters: Counters = dataclasses.field(default_factory=Counters)
     keys: np.ndarray | None = None
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
+    paired: PairedSums | None = None  # with two or more policies, or a baseline
+    baseline: int = 0  # the row the paired sums' replicate differences are taken from
 
     def reduce_across_processes(self) -> None:
         """Collective: every process ends with the totals of all of them."""
         check_disjoint_episodes(self.keys)
         self.counters = reduce_counters(self.counters)
         self.accumulators = reduce_accumulators(self.accumulators)
+        if self.paired is not None:
+            self.paired = reduce_paired(self.paired, self.baseline)
         shapes = allgather_ragged(np.array(sorted(self.shapes), np.int64).reshape(-1, 2))
         self.shapes = {(int(b), int(t)) for b, t in shapes}
 
@@ -285,7 +304,9 @@ def evaluate(
     error: OpeError | None = None
     try:
         batches = stream(config, devices, on_progress, (process_id, num_processes), on_status)
-        local = _local_pass(batches, precision, mesh, on_status)
+        baseline = resolve_baseline(config.baseline, batches.policies)
+        truth = read_run_truth(config.truth, config.top_k, batches.policies)
+        local = _local_pass(batches, precision, mesh, on_status, baseline)
     except OpeError as failure:
         if num_processes == 1:
             raise
@@ -301,6 +322,7 @@ def evaluate(
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
+    results, selection, notes = _choosing(config, plan, batches, local, results, truth)
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
         from ope_cli.fit.estimate import compare_with_logged
@@ -341,7 +363,34 @@ def evaluate(
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
+        baseline=config.baseline,
+        truth=truth,
+        selection=selection,
+        selection_notes=tuple(notes),
     )
+
+
+def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
+    """(results with their paired comparisons and could-be-best flags, the selection
+    metrics against ``truth`` or None, their notes)."""
+    if local.paired is not None:
+        pairing = Pairing(
+            local.accumulators,
+            [result.estimates for result in results],
+            local.paired,
+            Context(config.gamma, local.counters.max_length),
+            interval_methods(list(results[0].estimates), plan.method, config.interval),
+            plan.betting_range,
+            resolve_baseline(config.baseline, batches.policies),
+        )
+        results = compare_results(results, pairing, config.confidence)
+    if truth is None:
+        return results, None, []
+    keys = truth_keys(batches.policies)
+    row = resolve_baseline(config.baseline, batches.policies)
+    baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
+    selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
+    return results, selection, notes
 
 
 def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):
@@ -442,9 +491,10 @@ def _announce_shape(batches: BatchStream, seen: set, batch, width: int, kernels,
     return new
 
 
-def _kernels(batches: BatchStream, dtype, mesh, replicates: int) -> list:
+def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) -> list:
     """One Kernel per group of stackable policies, every one with the catalogue's largest
-    lane count as its carry's (one finish kernel for every window shape)."""
+    lane count as its carry's (one finish kernel for every window shape); with ``terms``
+    they return each episode's terms for the paired sums."""
     from ope_cli.kernel import Kernel, group_policies
 
     config, plan = batches.config, batches.plan
@@ -461,28 +511,56 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int) -> list:
             behavior=batches.behavior,
             v_samples=config.v_samples,
             carry_lanes=max(shape.lanes for shape in batches.bucketer.window_shapes),
+            terms=terms,
         )
         for group in group_policies(batches.policies, batches.qs)
     ]
 
 
-def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _LocalPass:
-    """Consumes this process's stream once and accumulates every policy's statistics.
+def _merge_batch(partials: list[Accumulator], results, devices: int) -> None:
+    """Merges one batch's (kernel, KernelOutput) pairs into each policy's ``partials``."""
+    import jax
+
+    from ope_cli.kernel import assemble
+
+    for kernel, output in results:
+        host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
+        for device in range(devices):
+            for position, index in enumerate(kernel.group.indices):
+                one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
+                partials[index] = merge(partials[index], from_batch(one))
+
+
+def _paired_batch(results, baseline: int) -> PairedSums:
+    """The paired sums of one batch from its (kernel, KernelOutput) pairs, every policy's."""
+    import jax
+
+    groups = [(kernel.group.indices, jax.device_get(out.terms)) for kernel, out in results]
+    policies = sum(len(indices) for indices, _ in groups)
+    mask, counts = results[0][1].lanes
+    return paired.from_terms(paired.rows_of(groups, policies), mask, counts, baseline)
+
+
+def _local_pass(
+    batches: BatchStream, precision: str, mesh, on_status=None, baseline: int | None = None
+) -> _LocalPass:
+    """Consumes this process's stream once and accumulates every policy's statistics, and
+    with two or more policies or a ``baseline`` row the paired sums (``paired``).
 
     Batches are dispatched up to MAX_BATCHES_IN_FLIGHT ahead, so host work overlaps the
     kernel. Per bucket length T, per policy, the batches of that length are merged first:
     merging like with like needs no lengthening to the longest bucket (cheap [K, T]
     arrays); the lengths are merged into the totals once, at the end."""
-    import jax
-
-    from ope_cli.kernel import assemble
-
     config, plan, policies = batches.config, batches.plan, batches.policies
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
     replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
-    kernels = _kernels(batches, dtype, mesh, replicates)
+    pairing = len(policies) > 1 or baseline is not None
+    kernels = _kernels(batches, dtype, mesh, replicates, pairing)
     computed = computed_estimators(batches)
+    terms = tuple(name for name in computed if get_estimator(name).term is not None)
+    baseline_row = 0 if baseline is None else baseline
+    pairs = [paired.init(terms, len(policies), replicates)] if pairing else []
 
     def no_episodes() -> list[Accumulator]:  # one per policy
         betting = plan.betting_range is not None
@@ -495,12 +573,9 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
         length, results = pending
         partials = by_length.setdefault(length, no_episodes())
         _check_behavior_support(batches, results[0][1])
-        for kernel, output in results:
-            host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
-            for device in range(devices):
-                for position, index in enumerate(kernel.group.indices):
-                    one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
-                    partials[index] = merge(partials[index], from_batch(one))
+        _merge_batch(partials, results, devices)
+        if pairs:
+            pairs[0] = paired.merge(pairs[0], _paired_batch(results, baseline_row), baseline_row)
 
     shapes_seen: set[tuple[int, int]] = set()
     last_batch = None
@@ -522,4 +597,7 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
     totals = no_episodes()
     for length in sorted(by_length):
         totals = [merge(t, p) for t, p in zip(totals, by_length[length], strict=True)]
-    return _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
+    local = _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
+    if pairs:
+        local.paired, local.baseline = pairs[0], baseline_row
+    return local

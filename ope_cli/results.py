@@ -41,6 +41,19 @@ class QSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class Comparison:
+    """V̂(policy) - V̂(baseline) for one estimator, paired on the same episodes (SPEC 11);
+    None where undefined (``note`` says why when it can)."""
+
+    delta: float | None
+    stderr: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_improvement: float | None  # share of bootstrap replicates with a positive difference
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyResult:
     """One policy's estimates {estimator: Estimate}, trajectory-weight diagnostics and the
     per-step profile behind the figures."""
@@ -61,6 +74,10 @@ class PolicyResult:
     # percentile or bootstrap-t; None where no interval could be had (the estimate's
     # note says why)
     ci_methods: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    # with --baseline, for every other policy: {estimator: Comparison} against it
+    comparison: dict[str, Comparison] | None = None
+    # with two or more policies: {estimator: whether this policy could be the best}
+    could_be_best: dict[str, bool] | None = None
 
     @property
     def shown(self) -> str:
@@ -113,6 +130,12 @@ class EvaluationResult:
     # where ``gamma`` comes from: "option" (--gamma), "data" (declared in the schema
     # metadata) or "default" (1.0)
     gamma_source: str = "option"
+    # --baseline: the policy (its name as given, or "behavior") the others are compared to
+    baseline: str | None = None
+    # --truth: {policy name: true value or None}, and {estimator: selection metrics}
+    truth: dict[str, float | None] | None = None
+    selection: dict[str, dict[str, float | None]] | None = None
+    selection_notes: tuple[str, ...] = ()
 
     @property
     def steps_per_second(self) -> float:

@@ -296,7 +296,7 @@ def _estimate(
     return Estimate(value, stderr, finite(value - z * stderr), finite(value + z * stderr), note)
 
 
-def _grouped(acc: Accumulator, length: int) -> Grouped:
+def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     """The merged sums (extended to ``length`` steps) as estimators read them."""
 
     def select(groups: np.ndarray) -> Sums:
@@ -320,7 +320,7 @@ def _grouped(acc: Accumulator, length: int) -> Grouped:
     return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select)
 
 
-def _replicates(acc: Accumulator, length: int) -> Sums:
+def replicate_sums(acc: Accumulator, length: int) -> Sums:
     """The bootstrap replicates' sums (leading axis [R])."""
     return Sums(
         acc.replicate_sums,
@@ -348,7 +348,7 @@ def _intervals(acc, estimates, context, confidence, interval, betting_range):
             missing = (None, None, "betting intervals do not apply to this estimator")
             out[name] = _with_interval(estimate, bounds[kind] if kind else missing)
     elif interval != "normal":
-        replicates = _replicates(acc, context.max_length)
+        replicates = replicate_sums(acc, context.max_length)
         for name, estimate in estimates.items():
             estimator = get(name)
             if estimator.replicates is None or estimate.value is None or estimate.stderr is None:
@@ -405,7 +405,7 @@ def finalize(
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     acc = extend(acc, max_length)
     context = Context(gamma, max_length)
-    grouped = _grouped(acc, max_length)
+    grouped = grouped_sums(acc, max_length)
     estimates = {}
     for name in _held(acc) if estimators is None else estimators:
         point = get(name).finalize(grouped, context)
@@ -439,7 +439,7 @@ class Profile:
 def profile(acc: Accumulator, gamma: float, max_length: int) -> Profile:
     """The per-step WPDIS path and weight mass (core sums wr_t, w_t), and the log-weight
     histogram."""
-    totals = _grouped(extend(acc, max_length), max_length).totals
+    totals = grouped_sums(extend(acc, max_length), max_length).totals
     num_t, den_t = totals.step_sums["wr_t"], totals.step_sums["w_t"]
     log_scale_t = totals.step_log_scales["step"]
     discount_t = Context(gamma, max_length).discount_t

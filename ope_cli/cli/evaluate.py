@@ -11,6 +11,7 @@ import typer
 from ope_cli.cli.console import say, table_console
 from ope_cli.cli.groups import (
     BATCHING,
+    CHOOSING,
     CLUSTER,
     EVALUATE_OUTPUT,
     INTERVALS,
@@ -77,6 +78,7 @@ PlotDir = Annotated[
     sources=POLICY_SOURCES,
     output=EVALUATE_OUTPUT,
     intervals=INTERVALS,
+    choosing=CHOOSING,
     runtime=RUNTIME,
     cluster=CLUSTER,
     batching=BATCHING,
@@ -90,6 +92,7 @@ def evaluate(
     estimator: Estimators = None,
     output: OutputFormat,  # --format
     intervals: ConfigFields,  # --confidence, --ci ... --seed
+    choosing: ConfigFields,  # --baseline, --truth, --top-k
     runtime: ConfigFields,  # --precision, --devices
     quiet: Quiet = False,
     on_invalid: InvalidValues = OnInvalid.error,
@@ -115,6 +118,8 @@ def evaluate(
       ope evaluate logs_without_propensities.parquet --policy ckpt.npz --behavior estimate
 
       ope evaluate logs.parquet --policy ckpt.npz --q fit
+
+      ope evaluate logs.parquet --policy 'ckpts/*.npz' --baseline behavior --truth truth.json
     """
     config = EvaluationConfig(
         data=data,
@@ -122,6 +127,7 @@ def evaluate(
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None,
         **intervals,
+        **choosing,
         columns=columns,
         batching=batching,
         **runtime,

@@ -3,7 +3,8 @@ in ``cli/options.py``) and receives one object in place of the group's options.
 
 ``BATCHING`` (evaluate, bench) -> BatchingConfig; ``TABLE_OR_JSON`` / ``EVALUATE_OUTPUT``
 (every command that writes a result) -> the chosen format; and for ``ope evaluate``:
-``POLICY_SOURCES``, ``INTERVALS`` and ``RUNTIME`` -> EvaluationConfig keyword arguments,
+``POLICY_SOURCES``, ``INTERVALS``, ``CHOOSING`` and ``RUNTIME`` -> EvaluationConfig keyword
+arguments,
 ``CLUSTER`` -> DistributedConfig.
 """
 
@@ -181,6 +182,45 @@ INTERVALS = OptionGroup(
         ("seed", Seed, EvaluationConfig.seed),
     ),
     _intervals,
+)
+
+
+# --- choosing between policies (evaluate): SPEC 11
+Baseline = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME|behavior",
+        help="Compare every other policy with this one on the same episodes: the paired "
+        "difference per estimator, its standard error, interval (--ci's method) and the "
+        "share of bootstrap replicates where it is better. NAME: a --policy value (or "
+        "its NAME=); behavior: the logging policy (its value is the mean return).",
+    ),
+]
+Truth = Annotated[
+    str | None,
+    typer.Option(
+        metavar="FILE",
+        help="True values of the policies (truth.json of ope generate, or a JSON object "
+        "{policy: value}): adds rmse, nmse, Spearman, regret@k, precision@k, sharpe@k "
+        "and interval coverage per estimator.",
+    ),
+]
+TopK = Annotated[
+    list[int] | None,
+    typer.Option(
+        metavar="K",
+        help="The k of the @k selection metrics (repeat for several); default 1 and 3. "
+        "Needs --truth.",
+    ),
+]
+
+
+def _choosing(baseline: str | None, truth: str | None, top_k: list[int] | None) -> ConfigFields:
+    return dict(baseline=baseline, truth=truth, top_k=tuple(top_k) if top_k else None)
+
+
+CHOOSING = OptionGroup(
+    (("baseline", Baseline, None), ("truth", Truth, None), ("top_k", TopK, None)), _choosing
 )
 
 

@@ -18,6 +18,7 @@ POLICIES = "Policies"
 BEHAVIOR = "Behavior"
 Q = "Q and doubly robust"
 INTERVALS = "Intervals"
+CHOOSING = "Choosing a policy"
 OUTPUT = "Output"
 PERFORMANCE = "Performance"
 CLUSTER = "Cluster"
@@ -46,6 +47,7 @@ PANELS = {
     **dict.fromkeys(
         ("confidence", "ci", "reward_range", "horizon", "bootstrap_samples", "seed"), INTERVALS
     ),
+    **dict.fromkeys(("baseline", "truth", "top_k"), CHOOSING),
     **dict.fromkeys(
         ("estimator", "rank_by", "output_format", "quiet", "plot", "overwrite"), OUTPUT
     ),
@@ -64,7 +66,7 @@ COMMAND_PANELS: dict[str, dict[str, str | None]] = {
     "fit-behavior": {"model": BEHAVIOR, "out": OUTPUT},
 }
 # panels of ope evaluate, in the order --help shows them
-PANEL_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, OUTPUT, PERFORMANCE, CLUSTER)
+PANEL_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING, OUTPUT, PERFORMANCE, CLUSTER)
 
 # a str option's metavar by its name (else TEXT)
 TEXT_METAVARS = {

@@ -285,6 +285,10 @@ class Estimator:
       betting: which betting variables bound it ("trajectory" or "decision"); None: none.
       needs: the ``Window.fields`` it reads (e.g. Q-hat and V-hat): it is computed and
         reported only in runs that provide them (``available``).
+      term: the Sum whose per-episode value is this estimator's term when the estimate is
+        their mean (is, pdis, dm, dr): paired differences between two policies are then the
+        mean of per-episode differences (``paired``). None: a self-normalised ratio, whose
+        paired differences are resampled by the grouped jackknife.
     """
 
     name: str
@@ -299,6 +303,7 @@ class Estimator:
     studentized: bool = False
     betting: Literal["trajectory", "decision"] | None = None
     needs: tuple[str, ...] = ()
+    term: str | None = None
 
 
 # --- registry ------------------------------------------------------------------------------
@@ -314,12 +319,19 @@ def core_step_values(window: Window) -> dict[str, Array]:
 
 
 def core_values(trajectory: Trajectory) -> dict[str, Array]:
-    """1 per episode, 1 for an episode whose trajectory weight is exactly 0, and the
-    trajectory weight W and W^2 (relative to itself: 1) for the diagnostics."""
+    """1 per episode, 1 for an episode whose trajectory weight is exactly 0, the trajectory
+    weight W and W^2 (relative to itself: 1) for the diagnostics, and the discounted return
+    G (the logging policy's own value is the mean of it: ``--baseline behavior``)."""
     np_ = jnp()
     one = np_.ones_like(trajectory.return_)
     zero = np_.where(trajectory.log_w == -np_.inf, 1.0, 0.0).astype(one.dtype)
-    return {"count": one, "zero_count": zero, "sum_w": one, "sum_w2": one}
+    return {
+        "count": one,
+        "zero_count": zero,
+        "sum_w": one,
+        "sum_w2": one,
+        "return_sum": trajectory.return_,
+    }
 
 
 # Sums every run needs (diagnostics, the report's per-step profile), whatever it estimates.
@@ -328,6 +340,7 @@ CORE_SUMS: tuple[Sum | StepSum, ...] = (
     Sum("zero_count"),
     Sum("sum_w", TRAJECTORY),
     Sum("sum_w2", TRAJECTORY, power=2),
+    Sum("return_sum"),
     StepSum("wr_t", STEP, after_end="zero"),
     StepSum("w_t", STEP, after_end="hold"),
 )

@@ -414,6 +414,28 @@ def _finish_one(carry: EpisodeCarry, estimators) -> dict:
     return values
 
 
+def episode_terms(carry: EpisodeCarry, estimators: tuple[str, ...]) -> dict[str, jax.Array]:
+    """Each episode's term of every estimator that is a mean of terms (``Estimator.term``)
+    and its own log scale: {name: [B] value relative to exp(power * scale), name + "/scale":
+    [B] the scale (0 when the term is not scaled)}, and {"return": [B]} the discounted
+    return G. What paired differences between policies are made of (``paired``)."""
+    trajectory = carry.trajectory
+    values_b = jax.vmap(lambda c: _finish_one(c, estimators))(carry)
+    terms = {"return": trajectory.return_}
+    for name in estimators:
+        term = get(name).term
+        if term is None:
+            continue
+        scale = sum_spec(term).scale
+        terms[name] = values_b[term]
+        terms[name + "/scale"] = (
+            jnp.zeros_like(trajectory.return_)
+            if scale is None
+            else jax.vmap(scale.log_scale)(trajectory)
+        )
+    return terms
+
+
 def finish_batch(
     carry: EpisodeCarry,
     episode_mask_b: jax.Array,

@@ -85,9 +85,10 @@ def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     before = np_.maximum(window.before.log_peak, 0.0)
     after = np_.maximum(window.after.log_peak, 0.0)
     q_t, v_t = window.fields["q_t"], window.fields["v_t"]
-    per_step = relative(window.log_w_t, after) * (window.reward_t - q_t) + relative(
-        window.log_w_prev_t, after
-    ) * v_t
+    per_step = (
+        relative(window.log_w_t, after) * (window.reward_t - q_t)
+        + relative(window.log_w_prev_t, after) * v_t
+    )
     return {"d": rescaled(carry["d"], before, after) + per_step @ window.discount_t}, {}
 
 
@@ -150,6 +151,7 @@ DM = register(
         advance=dm_advance,
         finish=dm_values,
         finalize=closed_form(dm_estimate, "V-hat is not finite"),
+        term="dm_v",
         replicates=replicates_of(dm_estimate),
         studentized=True,
         needs=Q_FIELDS,
@@ -165,6 +167,7 @@ DR = register(
         advance=dr_advance,
         finish=dr_values,
         finalize=closed_form(dr_estimate, "the per-decision weights overflow float64"),
+        term="sum_dr",
         replicates=replicates_of(dr_estimate),
         studentized=True,
         needs=Q_FIELDS,

@@ -14,6 +14,7 @@ from ope_cli.results import EvaluationResult, PolicyResult
 
 SCHEMA_VERSION = 1
 ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
+COMPARISON_FIELDS = ("delta", "stderr", "ci_low", "ci_high", "p_improvement")
 
 
 def _policy_dict(policy: PolicyResult, rank: int | None) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def _policy_dict(policy: PolicyResult, rank: int | None) -> dict[str, Any]:
                 k: json_number(v) if isinstance(v, float) else v for k, v in q["fit"].items()
             }
         diagnostics["q"] = q
-    return {
+    entry = {
         "policy": policy.policy,
         "label": policy.shown,  # what the table and figures call it
         "source": policy.source,  # the path of --policy NAME=PATH, else null
@@ -42,6 +43,20 @@ def _policy_dict(policy: PolicyResult, rank: int | None) -> dict[str, Any]:
         "diagnostics": diagnostics,
         "actions_checked": policy.actions_checked,
     }
+    if policy.comparison is not None:  # --baseline: this policy minus the baseline
+        entry["comparison"] = {
+            name: _comparison_dict(comparison) for name, comparison in policy.comparison.items()
+        }
+    if policy.could_be_best is not None:  # two or more policies
+        entry["could_be_best"] = dict(policy.could_be_best)
+    return entry
+
+
+def _comparison_dict(comparison) -> dict[str, Any]:
+    entry = {k: json_number(getattr(comparison, k)) for k in COMPARISON_FIELDS}
+    if comparison.note:
+        entry["note"] = comparison.note
+    return entry
 
 
 def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
@@ -94,12 +109,14 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
             "horizon": result.horizon,
         },
         "rank_by": rank_by,
+        "baseline": result.baseline,  # --baseline: what each "comparison" is against
         "results": [
             _policy_dict(policy, rank) for policy, rank in zip(result.results, ranks, strict=True)
         ],
         # what the table's footer warns about: [{"code", "message", "policy"}], policy
         # null for the whole run
         "warnings": [w.to_dict() for w in run_warnings(result, ranks, rank_by)],
+        **_selection(result),
         "runtime": {
             "seconds": result.seconds,
             "steps_per_second": result.steps_per_second,
@@ -114,6 +131,18 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
             "compile_seconds": result.compile_seconds,
             "cache_hits": result.cache_hits,
         },
+    }
+
+
+def _selection(result: EvaluationResult) -> dict[str, Any]:
+    """{"selection": {estimator: {metric: value}}} with --truth, else nothing."""
+    if result.selection is None:
+        return {}
+    return {
+        "selection": {
+            name: {metric: json_number(value) for metric, value in metrics.items()}
+            for name, metrics in result.selection.items()
+        }
     }
 
 

@@ -30,6 +30,7 @@ ONE_EPISODE_DOMINATES = "one_episode_dominates"
 WEIGHTS_OVERFLOW = "weights_overflow"
 MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
 NOT_RANKED = "not_ranked"
+SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,7 @@ def run_warnings(
     ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
     run = [gamma_warning(result), floored_warning(result), asymptotic_warning(result)]
     warnings = [w for w in run if w is not None]
+    warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
     for policy in result.results:
         warnings.extend(policy_warnings(policy, result.episodes))
     if ranks is not None and rank_by is not None:
