@@ -93,7 +93,7 @@ def from_terms(
     for name, (value_pb, scale_pb) in terms.items():
         value_pb = np.asarray(value_pb, np.float64)
         scale_pb = np.where(mask[None, :], np.asarray(scale_pb, np.float64), -np.inf)
-        log_scale_p = np.max(scale_pb, axis=1)
+        log_scale_p = np.max(scale_pb, axis=1, initial=-np.inf)
         factor_pb = _factor(scale_pb, log_scale_p[:, None])
         with np.errstate(invalid="ignore", over="ignore"):
             x_pb = np.where(factor_pb > 0, value_pb * factor_pb, 0.0)

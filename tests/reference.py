@@ -305,3 +305,64 @@ def reference_dr_stderr(episodes: Sequence[Episode], gamma: float) -> dict[str, 
         "dm": None if dm is None else _finite(dm),
         "dr": _scaled_sem(terms, m),
     }
+
+
+# ------------------------------------------------------------- paired differences (SPEC 11)
+
+
+def reference_terms(episodes: Sequence[Episode], gamma: float) -> dict[str, np.ndarray]:
+    """Per-episode terms [n] of the mean-of-terms estimators: IS's W_{T-1} G and PDIS's
+    sum_t gamma^t W_t r_t (plain float64: for moderate weights)."""
+    log_w, reward, discount, ret = _padded(episodes, gamma)
+    w = np.exp(log_w)
+    return {"is": w[:, -1] * ret, "pdis": (w * reward) @ discount}
+
+
+def reference_replicates(
+    episodes: Sequence[Episode], gamma: float, counts_in: np.ndarray
+) -> dict[str, np.ndarray]:
+    """[R] bootstrap replicate estimates of IS, WIS, PDIS, WPDIS with per-episode Poisson
+    counts ``counts_in`` [n, R]: every sum over episodes weighted by the counts."""
+    log_w, reward, discount, ret = _padded(episodes, gamma)
+    w = np.exp(log_w)  # moderate weights only
+    c = np.asarray(counts_in, np.float64).T  # [R, n]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wpdis = np.sum(discount * (c @ (w * reward)) / (c @ w), axis=1)
+        return {
+            "is": c @ (w[:, -1] * ret) / c.sum(1),
+            "wis": c @ (w[:, -1] * ret) / (c @ w[:, -1]),
+            "pdis": c @ ((w * reward) @ discount) / c.sum(1),
+            "wpdis": wpdis,
+        }
+
+
+def reference_paired(
+    episodes_k: Sequence[Episode],
+    episodes_b: Sequence[Episode],
+    gamma: float,
+    groups: np.ndarray,
+) -> dict[str, tuple[float, float]]:
+    """(Δ, stderr) of V̂(k) - V̂(b) on the same episodes, per estimator: the per-episode
+    differences' mean and sample std / sqrt(n) for IS and PDIS; for WIS and WPDIS the
+    difference of the estimates with a delete-a-group jackknife of the difference over the
+    non-empty ``groups`` [n]."""
+    out = {}
+    terms_k, terms_b = reference_terms(episodes_k, gamma), reference_terms(episodes_b, gamma)
+    for name in ("is", "pdis"):
+        d = terms_k[name] - terms_b[name]
+        out[name] = (float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)))
+    full_k = reference_estimates(episodes_k, gamma)
+    full_b = reference_estimates(episodes_b, gamma)
+    present = np.unique(groups)
+    for name in ("wis", "wpdis"):
+        leave_out = []
+        for g in present:
+            keep = [i for i in range(len(groups)) if groups[i] != g]
+            k = reference_estimates([episodes_k[i] for i in keep], gamma)[name]
+            b = reference_estimates([episodes_b[i] for i in keep], gamma)[name]
+            leave_out.append(k - b)
+        d_g = np.array(leave_out)
+        spread = np.sum((d_g - d_g.mean()) ** 2)
+        stderr = math.sqrt((present.size - 1) / present.size * spread)
+        out[name] = (full_k[name] - full_b[name], stderr)
+    return out

@@ -1,0 +1,190 @@
+"""Paired comparisons, could-be-best sets and selection metrics through ``ope evaluate``
+(SPEC 11): against the plain NumPy reference on random data, across batchings, on
+``ope generate`` data with known values, and the command line's refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from datasets import (
+    perturb_checkpoint,
+    random_checkpoint,
+    random_episodes,
+    save_checkpoint,
+    to_reference_input,
+    write_step_layout,
+)
+from reference import reference_paired, reference_replicates
+
+from ope_cli.bootstrap_counts import replicate_counts
+from ope_cli.buckets import RESAMPLING_GROUPS
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.generate import generate
+from ope_cli.ids import id_keys
+from ope_cli.pipeline import evaluate
+
+GAMMA = 0.95
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """300 episodes of skewed lengths logged by a random linear-softmax policy, and three
+    evaluation policies near it (moderate weights, so the reference runs in plain float64)."""
+    rng = np.random.default_rng(11)
+    folder = tmp_path_factory.mktemp("paired")
+    behavior = random_checkpoint("linear_softmax", rng, temperature=1.0)
+    episodes = random_episodes(rng, 300, behavior=behavior, median_length=8, max_length=60)
+    data = write_step_layout(episodes, folder / "logs.parquet")
+    checkpoints = [perturb_checkpoint(behavior, rng, 0.3) for _ in range(3)]
+    paths = [save_checkpoint(folder / f"p{i}.npz", c) for i, c in enumerate(checkpoints)]
+    return data, episodes, checkpoints, paths
+
+
+def _run(logged, baseline, **options):
+    data, _, _, paths = logged
+    batching = BatchingConfig(**options.pop("batching", {}))
+    config = EvaluationConfig(
+        data=str(data),
+        policies=tuple(str(p) for p in paths),
+        gamma=GAMMA,
+        baseline=baseline,
+        batching=batching,
+        **options,
+    )
+    return evaluate(config)
+
+
+def _reference_rows(logged):
+    _, episodes, checkpoints, _ = logged
+    rows = [to_reference_input(episodes, c) for c in checkpoints]
+    behavior = [{**ep, "log_target": ep["log_behavior"]} for ep in rows[0]]
+    keys = id_keys(np.array([ep["episode_id"] for ep in episodes]))
+    groups = (keys % np.uint64(RESAMPLING_GROUPS)).astype(int)
+    return rows + [behavior], keys, groups
+
+
+@pytest.mark.parametrize(
+    ("baseline", "row", "batching"),
+    [
+        ("0", 0, {}),
+        ("behavior", 3, {"batch_steps": 512, "min_bucket": 4}),
+    ],
+)
+def test_paired_differences_match_the_reference(logged, baseline, row, batching):
+    name = str(logged[3][int(baseline)]) if baseline != "behavior" else baseline
+    result = _run(logged, name, batching=batching)
+    rows, _, groups = _reference_rows(logged)
+    assert result.baseline == name
+    for k, policy in enumerate(result.results):
+        if k == row:
+            assert policy.comparison is None
+            continue
+        expected = reference_paired(rows[k], rows[row], GAMMA, groups)
+        for estimator, (delta, stderr) in expected.items():
+            got = policy.comparison[estimator]
+            assert got.delta == pytest.approx(delta, rel=1e-9, abs=1e-12), estimator
+            assert got.stderr == pytest.approx(stderr, rel=1e-9), estimator
+            z = (got.ci_high - got.delta) / got.stderr
+            assert z == pytest.approx(1.959964, rel=1e-5)  # normal, 95%
+            assert got.p_improvement is None  # no bootstrap replicates
+
+
+def test_paired_percentile_intervals_are_the_replicate_differences(logged):
+    samples = 64
+    result = _run(logged, str(logged[3][0]), interval="percentile", bootstrap_samples=samples)
+    rows, keys, _ = _reference_rows(logged)
+    hi, lo = (keys >> np.uint64(32)).astype(np.uint32), (keys & np.uint64(0xFFFFFFFF)).astype(
+        np.uint32
+    )
+    counts = replicate_counts(hi, lo, np.uint32(0), samples)
+    replicates = [reference_replicates(r, GAMMA, counts) for r in rows]
+    for k in (1, 2):
+        for estimator in ("is", "wis", "pdis", "wpdis"):
+            d = replicates[k][estimator] - replicates[0][estimator]
+            got = result.results[k].comparison[estimator]
+            low, high = np.quantile(d, [0.025, 0.975])
+            assert got.ci_low == pytest.approx(low, rel=1e-9), estimator
+            assert got.ci_high == pytest.approx(high, rel=1e-9), estimator
+            assert got.p_improvement == pytest.approx(np.mean(d > 0)), estimator
+
+
+def test_comparisons_do_not_depend_on_the_batching(logged):
+    first = _run(logged, "behavior")
+    second = _run(logged, "behavior", batching={"batch_steps": 256, "min_bucket": 2})
+    for a, b in zip(first.results, second.results, strict=True):
+        for estimator, comparison in a.comparison.items():
+            other = b.comparison[estimator]
+            assert other.delta == pytest.approx(comparison.delta, rel=1e-10)
+            assert other.stderr == pytest.approx(comparison.stderr, rel=1e-10)
+        assert a.could_be_best == b.could_be_best
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chain")
+    truth = generate("chain", folder, episodes=2000, seed=3, gamma=0.95)
+    return folder, truth
+
+
+def test_pairing_narrows_the_standard_error_on_generated_data(chain, ope_in_process):
+    folder, truth = chain
+    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 1)]
+    run = ope_in_process(
+        ["evaluate", folder / "logs.parquet", *sum((["--policy", p] for p in policies), [])]
+        + ["--baseline", policies[1], "--format", "json"]
+    )
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    first, second = document["results"]
+    assert document["baseline"] == str(policies[1])
+    assert "comparison" not in second
+    paired = first["comparison"]["pdis"]
+    se0, se1 = first["estimates"]["pdis"]["stderr"], second["estimates"]["pdis"]["stderr"]
+    assert paired["stderr"] < 0.7 * math.sqrt(se0**2 + se1**2)
+    exact = {entry["policy"]: entry["value"] for entry in truth["policies"]}
+    difference = exact["policies/eval_0.npz"] - exact["policies/eval_1.npz"]
+    assert abs(paired["delta"] - difference) < 4 * paired["stderr"]
+
+
+def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, ope_in_process):
+    folder, _ = chain
+    run = ope_in_process(
+        ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz"]
+        + ["--truth", folder / "truth.json", "--ci", "normal", "--format", "json"],
+        cwd=folder,
+    )
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    selection = document["selection"]
+    assert set(selection) == {"is", "wis", "pdis", "wpdis"}
+    assert {"rmse", "nmse", "spearman", "coverage", "regret@1", "regret@3"} <= set(
+        selection["wis"]
+    )
+    assert selection["wis"]["spearman"] == pytest.approx(1.0)  # 3 well separated policies
+    flags = [r["could_be_best"]["wis"] for r in document["results"]]
+    assert flags[0] and not flags[2]  # eval_2 (a worse policy) is confidently worse
+    assert document["baseline"] is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--baseline", "nope.npz"], "--baseline nope.npz: no --policy is called that"),
+        (["--top-k", "1"], "--top-k needs --truth"),
+        (["--truth", "TRUTH", "--top-k", "9"], "9"),
+    ],
+)
+def test_choosing_options_refuse_in_one_line(chain, ope_in_process, extra, words):
+    folder, _ = chain
+    extra = [str(folder / "truth.json") if x == "TRUTH" else x for x in extra]
+    run = ope_in_process(
+        ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz", *extra],
+        cwd=folder,
+    )
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert len(run.stderr.strip().splitlines()) == 1
+    assert words in run.stderr

@@ -1,0 +1,101 @@
+"""Paired sums (ope_cli.paired): against per-episode NumPy differences, split into batches
+in any way, and with weights whose logs are far beyond float64's range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ope_cli import paired
+from ope_cli.estimators.importance import mean_and_sem
+from ope_cli.selection import paired_mean_difference
+
+R = 7
+
+
+def _batch(values_pb, scales_pb, counts_br, baseline, mask=None):
+    mask = np.ones(values_pb.shape[1], bool) if mask is None else mask
+    return paired.from_terms({"is": (values_pb, scales_pb)}, mask, counts_br, baseline)
+
+
+def _random(rng, rows=4, n=50, spread=3.0):
+    values = rng.normal(size=(rows, n))
+    scales = rng.normal(scale=spread, size=(rows, n))
+    scales[-1] = 0.0  # the behavior row is not scaled
+    counts = rng.poisson(1.0, size=(n, R))
+    return values, scales, counts
+
+
+@pytest.mark.parametrize("baseline", [0, 3])
+def test_difference_is_the_mean_of_per_episode_differences(baseline):
+    rng = np.random.default_rng(0)
+    values, scales, counts = _random(rng)
+    sums = _batch(values, scales, counts, baseline)
+    terms = values * np.exp(scales)  # [P+1, n] as plain numbers
+    for k in range(4):
+        delta, stderr = paired.difference(sums, "is", k, baseline)
+        expected = paired_mean_difference(terms[k], terms[baseline])
+        if k == baseline:
+            assert delta == pytest.approx(0.0, abs=1e-12) and stderr == pytest.approx(0.0)
+            continue
+        assert delta == pytest.approx(expected[0], rel=1e-10)
+        assert stderr == pytest.approx(expected[1], rel=1e-10)
+    # the replicates' standard errors: each replicate's counts weigh the differences
+    for k in range(4):
+        d = terms[k] - terms[baseline]
+        total, squares, n = counts.T @ d, counts.T @ (d * d), counts.sum(0)
+        _, expected = mean_and_sem(total, squares, n, 0.0)
+        got = paired.replicate_stderrs(sums, "is", k, baseline)
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-300)
+
+
+def test_merging_batches_equals_one_batch():
+    rng = np.random.default_rng(1)
+    values, scales, counts = _random(rng, n=60)
+    whole = _batch(values, scales, counts, 1)
+    total = paired.init(("is",), 3, R)
+    for part in np.array_split(rng.permutation(60), 5):
+        mask = rng.random(part.size) < 0.9  # filler lanes in a batch are masked out
+        one = _batch(values[:, part], scales[:, part], counts[part], 1, mask)
+        total = paired.merge(total, one, 1)
+        # the masked-out episodes again, in a batch of their own
+        extra = _batch(values[:, part[~mask]], scales[:, part[~mask]], counts[part[~mask]], 1)
+        total = paired.merge(total, extra, 1)
+    for k in range(4):
+        assert paired.difference(total, "is", k, 1) == pytest.approx(
+            paired.difference(whole, "is", k, 1), rel=1e-10
+        )
+        np.testing.assert_allclose(
+            paired.replicate_stderrs(total, "is", k, 1),
+            paired.replicate_stderrs(whole, "is", k, 1),
+            rtol=1e-9,
+        )
+
+
+def test_weights_beyond_float64_pair_exactly():
+    """Terms of scale e^800 (overflowing as numbers): the difference of two policies whose
+    weights are equally far out is what the same terms give at scale e^0, times e^800."""
+    rng = np.random.default_rng(2)
+    values, scales, counts = _random(rng, rows=3, n=40, spread=0.5)
+    near = _batch(values, scales, counts, 0)
+    far_scales = scales + np.array([[800.0], [800.0], [0.0]])
+    far = _batch(values, far_scales, counts, 0)
+    delta_near, stderr_near = paired.difference(near, "is", 1, 0)
+    assert far.log_scales["is"][0] > 790
+    # e^800 overflows: the difference is not finite, so None, never inf
+    assert paired.difference(far, "is", 1, 0) == (None, None)
+    shifted = far._replace(log_scales={"is": far.log_scales["is"] - np.array([800, 800, 0])})
+    delta, stderr = paired.difference(shifted, "is", 1, 0)
+    assert delta == pytest.approx(delta_near, rel=1e-10)
+    assert stderr == pytest.approx(stderr_near, rel=1e-10)
+
+
+def test_rows_of_puts_every_group_in_command_line_order():
+    first = {"return": np.array([[5.0, 6.0]]), "is": np.array([[1.0, 2.0]])}
+    first["is/scale"] = np.zeros((1, 2))
+    second = {"return": np.array([[5.0, 6.0]] * 2), "is": np.array([[3.0, 4.0], [7.0, 8.0]])}
+    second["is/scale"] = np.ones((2, 2))
+    rows = paired.rows_of([([1], first), ([0, 2], second)], 3)
+    values, scales = rows["is"]
+    np.testing.assert_array_equal(values, [[3, 4], [1, 2], [7, 8], [5, 6]])
+    np.testing.assert_array_equal(scales, [[1, 1], [0, 0], [1, 1], [0, 0]])
