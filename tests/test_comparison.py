@@ -96,8 +96,9 @@ def test_paired_percentile_intervals_are_the_replicate_differences(logged):
     samples = 64
     result = _run(logged, str(logged[3][0]), interval="percentile", bootstrap_samples=samples)
     rows, keys, _ = _reference_rows(logged)
-    hi, lo = (keys >> np.uint64(32)).astype(np.uint32), (keys & np.uint64(0xFFFFFFFF)).astype(
-        np.uint32
+    hi, lo = (
+        (keys >> np.uint64(32)).astype(np.uint32),
+        (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32),
     )
     counts = replicate_counts(hi, lo, np.uint32(0), samples)
     replicates = [reference_replicates(r, GAMMA, counts) for r in rows]
@@ -160,9 +161,7 @@ def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, ope_in_proc
     document = json.loads(run.stdout)
     selection = document["selection"]
     assert set(selection) == {"is", "wis", "pdis", "wpdis"}
-    assert {"rmse", "nmse", "spearman", "coverage", "regret@1", "regret@3"} <= set(
-        selection["wis"]
-    )
+    assert {"rmse", "nmse", "spearman", "coverage", "regret@1", "regret@3"} <= set(selection["wis"])
     assert selection["wis"]["spearman"] == pytest.approx(1.0)  # 3 well separated policies
     flags = [r["could_be_best"]["wis"] for r in document["results"]]
     assert flags[0] and not flags[2]  # eval_2 (a worse policy) is confidently worse

@@ -234,10 +234,7 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
             return np.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
         grown = PaddedBatch(
-            *(
-                jax.tree.map(longer, part) if i < 2 else part
-                for i, part in enumerate(batch)
-            )
+            *(jax.tree.map(longer, part) if i < 2 else part for i, part in enumerate(batch))
         )
         whole = kernel.batch_statistics_of(one, grown)
         windowed = kernel.batch_statistics_of(one, grown, width)

@@ -350,9 +350,7 @@ def test_stream_yields_padded_batches_of_every_episode_once(tmp_path):
     assert sum(b.shape[0] * b.shape[1] for b in seen) == batches.counters.padded_steps
 
 
-def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(
-    tmp_path, monkeypatch
-):
+def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_path, monkeypatch):
     """The status lines of a first run say which window shape compiles (k of at most the
     catalogue's size); a warm run's say its kernels load, compiled, from the disk."""
     episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=60, seed=21)
