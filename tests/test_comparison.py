@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -187,3 +189,20 @@ def test_choosing_options_refuse_in_one_line(chain, ope_in_process, extra, words
     assert run.stdout == ""
     assert len(run.stderr.strip().splitlines()) == 1
     assert words in run.stderr
+
+
+def test_table_and_csv_show_the_comparisons_and_the_selection(chain, ope_in_process):
+    folder, _ = chain
+    base = ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz"]
+    base += ["--baseline", "behavior", "--truth", folder / "truth.json", "--ci", "normal"]
+    table = ope_in_process([*base, "--format", "table"], cwd=folder)
+    assert table.returncode == 0, table.stderr
+    assert "against the baseline behavior" in table.stdout
+    assert "◆ could be the best" in table.stdout
+    assert "selection against the true values" in table.stdout and "regret@3" in table.stdout
+    rows = list(csv.DictReader(io.StringIO(ope_in_process([*base, "--format", "csv"]).stdout)))
+    by_key = {(r["label"], r["estimator"]): r for r in rows}
+    worse = by_key["eval_2.npz", "wis"]
+    assert float(worse["delta_ci_high"]) < 0 and worse["could_be_best"] == "false"
+    assert by_key["eval_0.npz", "wis"]["could_be_best"] == "true"
+    assert float(worse["selection_spearman"]) == pytest.approx(1.0)

@@ -181,8 +181,10 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     several = len(result.results) > 1
     ranks = rank_policies(result, rank_by) if several else [None]
     notes = interval_notes(result)
+    sets = all(p.could_be_best is not None for p in result.results) and several
     caption = (
         f"rank: by {estimator_title(rank_by)} (underlined), highest first; ★ best"
+        + ("; ◆ could be the best (paired intervals, Bonferroni)" if sets else "")
         if several
         else None
     )
@@ -194,6 +196,8 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     table.add_column("value ± std. err.", justify="right")
     table.add_column(f"{result.confidence_level:.0%} interval", justify="right")
     table.add_column("method")
+    if sets:
+        table.add_column("best?", justify="center")
     for i, policy in enumerate(result.results):
         best = several and ranks[i] == 1
         for j, (name, e) in enumerate(policy.estimates.items()):
@@ -210,8 +214,61 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
             if several:
                 rank = "" if j else ("★ 1" if best else "–" if ranks[i] is None else str(ranks[i]))
                 cells.insert(0, rank)
+            if sets:
+                cells.append("◆" if policy.could_be_best.get(name) else "")
             last = j == len(policy.estimates) - 1 and i < len(result.results) - 1
             table.add_row(*cells, style="green" if best else None, end_section=last)
+    return table
+
+
+def _comparison_table(result: EvaluationResult) -> Table:
+    """Each policy minus the baseline, per estimator, paired on the same episodes."""
+    table = Table(
+        title=f"against the baseline {result.baseline} (paired on the same episodes)",
+        title_justify="left",
+    )
+    table.add_column("policy", style="bold", overflow="fold")
+    table.add_column("estimator")
+    table.add_column("difference ± std. err.", justify="right")
+    table.add_column(f"{result.confidence_level:.0%} interval", justify="right")
+    table.add_column("P(better)", justify="right")
+    compared = [p for p in result.results if p.comparison is not None]
+    for i, policy in enumerate(compared):
+        for j, (name, c) in enumerate(policy.comparison.items()):
+            interval = (
+                f"[{significant(c.ci_low)}, {significant(c.ci_high)}]"
+                if c.ci_low is not None and c.ci_high is not None
+                else f"n/a ({c.note})"
+                if c.note
+                else "n/a"
+            )
+            above = c.ci_low is not None and c.ci_low > 0
+            below = c.ci_high is not None and c.ci_high < 0
+            table.add_row(
+                policy.shown if j == 0 else "",
+                estimator_title(name),
+                "n/a" if c.delta is None else _plus_minus(c.delta, c.stderr),
+                Text(interval, style="green" if above else "red" if below else ""),
+                percent(c.p_improvement),
+                end_section=j == len(policy.comparison) - 1 and i < len(compared) - 1,
+            )
+    return table
+
+
+def _plus_minus(value: float, stderr: float | None) -> str:
+    signed = ("+" if value > 0 else "") + significant(value)
+    return signed if stderr is None else f"{signed} ± {significant(stderr)}"
+
+
+def _selection_table(result: EvaluationResult) -> Table:
+    """The selection metrics against --truth: a row per metric, a column per estimator."""
+    metrics = list(next(iter(result.selection.values())))
+    table = Table(title="selection against the true values (--truth)", title_justify="left")
+    table.add_column("metric")
+    for name in result.selection:
+        table.add_column(estimator_title(name), justify="right")
+    for metric in metrics:
+        table.add_row(metric, *(significant(v[metric]) for v in result.selection.values()))
     return table
 
 
@@ -303,6 +360,10 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
     rank_by = resolve_rank_by(result, rank_by)
     console.print(Text(title_line(result), style="italic"), soft_wrap=True)  # never folded
     console.print(_estimates_table(result, rank_by))
+    if any(p.comparison is not None for p in result.results):
+        console.print(_comparison_table(result))
+    if result.selection:
+        console.print(_selection_table(result))
     if result.on_invalid == "drop":
         console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
     console.print(_diagnostics_table(result))
