@@ -1150,6 +1150,7 @@ def test_every_command_and_option_has_help_and_an_example():
 EVALUATE_OPTIONS = (
     "data policy behavior min_propensity behavior_cross_fit q cross_fit v_samples gamma "
     "estimator output_format confidence ci reward_range horizon bootstrap_samples seed "
+    "baseline truth top_k "
     "precision devices quiet on_invalid rank_by plot overwrite coordinator num_processes "
     "process_id distributed timeout read_rows batch_steps min_bucket episode_col step_col obs_col "
     "action_col reward_col behavior_prob_col behavior_log_prob_col target_prob_col "
