@@ -85,9 +85,10 @@ def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     before = np_.maximum(window.before.log_peak, 0.0)
     after = np_.maximum(window.after.log_peak, 0.0)
     q_t, v_t = window.fields["q_t"], window.fields["v_t"]
-    per_step = relative(window.log_w_t, after) * (window.reward_t - q_t) + relative(
-        window.log_w_prev_t, after
-    ) * v_t
+    per_step = (
+        relative(window.log_w_t, after) * (window.reward_t - q_t)
+        + relative(window.log_w_prev_t, after) * v_t
+    )
     return {"d": rescaled(carry["d"], before, after) + per_step @ window.discount_t}, {}
 
 
