@@ -112,7 +112,8 @@ def policy_paths(count: int) -> list[str]:
 
 def _remove_stale_policies(out: Path, paths: list[str]) -> None:
     """Removes an earlier run's policies/eval_*.npz and q/eval_*.npz that this run does not
-    write (a run with more policies), so that 'policies/*.npz' matches this run's only."""
+    write (it had more, or names of another width), so that 'policies/*.npz' matches this
+    run's policies only."""
     kept = {Path(path).name for path in paths}
     for folder in ("policies", "q"):
         for stale in (out / folder).glob("eval_*.npz"):
@@ -166,21 +167,21 @@ def generate(  # noqa: PLR0913 - the command's options, one keyword each
     environment = REGISTRY[env]
     horizon = horizon if horizon is not None else environment.default_horizon
     gamma, shift = float(gamma), float(shift)
-    env_arrays, arrays = environment.build(shift, policies)
+    env_arrays, policy_arrays = environment.build(shift, policies)
     out = Path(out_dir)
     (out / "policies").mkdir(parents=True, exist_ok=True)
 
     with jax.enable_x64(True):
-        truths = environment.truth(env_arrays, arrays, gamma, horizon)
-        q_values = _q_values(environment, env_arrays, arrays, gamma, horizon)
-        params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": arrays[0]})
+        truths = environment.truth(env_arrays, policy_arrays, gamma, horizon)
+        q_values = _q_values(environment, env_arrays, policy_arrays, gamma, horizon)
+        params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policy_arrays[0]})
         steps, longest = write_logs(
             environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
     paths = ["behavior.npz", *policy_paths(policies)]
     _remove_stale_policies(out, paths)
-    for path, policy in zip(paths, arrays, strict=True):
+    for path, policy in zip(paths, policy_arrays, strict=True):
         write_npz(out / path, environment.kind, policy)
     q_paths = _write_q(out, paths, q_values)
     entries = [
