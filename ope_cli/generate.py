@@ -15,14 +15,18 @@ not on ``episodes`` or ``files``.
 Environments (one module each under ``ope_cli/envs/``): ``bandit``, ``chain``, ``control``,
 ``gaussian``.
 
-Evaluation policies: ``policies/eval_0.npz`` at ``shift``, ``eval_1.npz`` at ``shift / 2`` and
-``eval_2.npz`` at ``-shift`` (a worse policy), so estimators can be checked on ranking
-checkpoints as well as on values. The directions are scaled per environment so that the default
-``shift = 0.5`` gives trajectory weights with an effective sample size of roughly 10-50% of the
-episodes; larger shifts make importance sampling harder.
+Evaluation policies: by default ``policies/eval_0.npz`` at ``shift``, ``eval_1.npz`` at
+``shift / 2`` and ``eval_2.npz`` at ``-shift`` (a worse policy), so estimators can be checked on
+ranking checkpoints as well as on values. ``policies=K`` writes K of them instead, for selection
+studies: ``eval_k`` at ``policy_scales(K)[k] * shift``, from ``shift`` (the best) down to
+``-shift``, a third of them worse than the behavior policy (``ope_cli.envs.base.policy_scales``;
+K = 3 is the default's three). Names are zero-padded to one width from K = 11 on
+(``eval_00`` ... ``eval_10``), so that they sort in order. The directions are scaled per
+environment so that the default ``shift = 0.5`` gives trajectory weights with an effective
+sample size of roughly 10-50% of the episodes; larger shifts make importance sampling harder.
 
 Exact action values: where the environment's states are tabular (``chain``) and episodes are
-not capped by a horizon, ``q/eval_{0,1,2}.npz`` (and ``q/behavior.npz``) hold each policy's
+not capped by a horizon, ``q/eval_<k>.npz`` (and ``q/behavior.npz``) hold each policy's
 exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64), the Q source of
 doubly robust estimators with a known answer; truth.json's entries say where (``"q"``), or
 ``"q": null`` where there is no exact tabular Q (other environments; a finite horizon, under
@@ -41,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.envs.base import POLICY_SCALES, Environment
+from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
 from ope_cli.outputs import refuse_existing
@@ -52,7 +56,14 @@ OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json"
 
 
 def _check_options(
-    env: str, episodes: int, seed: int, gamma: float, horizon: int | None, shift: float, files: int
+    env: str,
+    episodes: int,
+    seed: int,
+    gamma: float,
+    horizon: int | None,
+    shift: float,
+    files: int,
+    policies: int,
 ) -> None:
     def is_int(value: Any) -> bool:
         return isinstance(value, int | np.integer) and not isinstance(value, bool)
@@ -75,6 +86,8 @@ def _check_options(
         raise ValueError(
             f"files must be an integer from 1 to the number of episodes ({episodes}), got {files!r}"
         )
+    if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
+        raise ValueError(f"policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
 
 
 def _q_values(
@@ -88,6 +101,24 @@ def _q_values(
     if environment.q_truth is None:
         return [None] * len(policies)
     return environment.q_truth(env_arrays, policies, gamma, horizon)
+
+
+def policy_paths(count: int) -> list[str]:
+    """policies/eval_<k>.npz for k < count, k zero-padded to the width of count - 1 (so that
+    names sort in order: eval_0 ... eval_9, but eval_00 ... eval_10 for 11)."""
+    width = len(str(count - 1))
+    return [f"policies/eval_{k:0{width}d}.npz" for k in range(count)]
+
+
+def _remove_stale_policies(out: Path, paths: list[str]) -> None:
+    """Removes an earlier run's policies/eval_*.npz and q/eval_*.npz that this run does not
+    write (it had more, or names of another width), so that 'policies/*.npz' matches this
+    run's policies only."""
+    kept = {Path(path).name for path in paths}
+    for folder in ("policies", "q"):
+        for stale in (out / folder).glob("eval_*.npz"):
+            if stale.name not in kept:
+                stale.unlink()
 
 
 def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> list[str | None]:
@@ -116,38 +147,41 @@ def generate(  # noqa: PLR0913 - the command's options, one keyword each
     horizon: int | None = None,
     shift: float = 0.5,
     files: int = 1,
+    policies: int = DEFAULT_POLICIES,
     overwrite: bool = False,
 ) -> dict:
     """Writes a synthetic dataset of `env` and its policies' true values; returns truth.json's dict.
 
     Files: OUT/logs.parquet (OUT/logs/part-00000.parquet ... when files > 1, whole episodes
-    per file), OUT/behavior.npz, OUT/policies/eval_{0,1,2}.npz, OUT/truth.json and, where the
-    environment has an exact tabular Q (chain without a horizon), OUT/q/behavior.npz and
-    OUT/q/eval_{0,1,2}.npz (``tabular_q``; truth.json's ``"q"`` entries, else null). `horizon`
+    per file), OUT/behavior.npz, OUT/policies/eval_<k>.npz for the `policies` evaluation
+    policies (1 to MAX_POLICIES; default eval_0, eval_1, eval_2), OUT/truth.json and, where
+    the environment has an exact tabular Q (chain without a horizon), OUT/q/behavior.npz and
+    OUT/q/eval_<k>.npz (``tabular_q``; truth.json's ``"q"`` entries, else null). `horizon`
     caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). The logs
     declare ``gamma`` (and the reward range and horizon) in their schema metadata. Raises
     ValueError for an unknown env or a bad option, and UsageError when an output of an
     earlier run exists (``OUTPUTS``) and not ``overwrite``.
     """
-    _check_options(env, episodes, seed, gamma, horizon, shift, files)
+    _check_options(env, episodes, seed, gamma, horizon, shift, files, policies)
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), overwrite)
     environment = REGISTRY[env]
     horizon = horizon if horizon is not None else environment.default_horizon
     gamma, shift = float(gamma), float(shift)
-    env_arrays, policies = environment.build(shift)
+    env_arrays, policy_arrays = environment.build(shift, policies)
     out = Path(out_dir)
     (out / "policies").mkdir(parents=True, exist_ok=True)
 
     with jax.enable_x64(True):
-        truths = environment.truth(env_arrays, policies, gamma, horizon)
-        q_values = _q_values(environment, env_arrays, policies, gamma, horizon)
-        params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policies[0]})
+        truths = environment.truth(env_arrays, policy_arrays, gamma, horizon)
+        q_values = _q_values(environment, env_arrays, policy_arrays, gamma, horizon)
+        params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policy_arrays[0]})
         steps, longest = write_logs(
             environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
-    paths = ["behavior.npz"] + [f"policies/eval_{k}.npz" for k in range(len(POLICY_SCALES))]
-    for path, policy in zip(paths, policies, strict=True):
+    paths = ["behavior.npz", *policy_paths(policies)]
+    _remove_stale_policies(out, paths)
+    for path, policy in zip(paths, policy_arrays, strict=True):
         write_npz(out / path, environment.kind, policy)
     q_paths = _write_q(out, paths, q_values)
     entries = [

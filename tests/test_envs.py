@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
 
 pytestmark = pytest.mark.usefixtures("small_control_truth")
@@ -382,3 +383,159 @@ def test_registry_holds_one_record_per_environment():
         _, policies = environment.build(0.5)
         assert len(policies) == 4  # behavior, eval_0, eval_1, eval_2
         assert set(policies[0]) | {"kind"} == POLICY_KEYS[environment.kind]
+
+
+# --policies K: many evaluation policies for selection studies
+
+
+def _fast(env: str) -> dict:
+    """Options for a quick run: few episodes, and a short horizon for control (its truth)."""
+    return {"episodes": 20, "horizon": 50 if env == "control" else None}
+
+
+@pytest.fixture
+def tiny_control_truth(monkeypatch):
+    """control's Monte Carlo truth on 1,024 episodes: enough for tests of the files and of
+    the order of the values, which the policies' shared random numbers keep."""
+    from ope_cli.envs import control
+
+    monkeypatch.setattr(control, "CONTROL_TRUTH_EPISODES", 1 << 10)
+    monkeypatch.setattr(control, "CONTROL_TRUTH_CONTINUED", 1 << 7)
+
+
+def test_policy_scales_spread_from_worse_to_better():
+    assert policy_scales(1) == (1.0,) and policy_scales(2) == (1.0, -1.0)
+    assert policy_scales(3) == policy_scales() == (1.0, 0.5, -1.0)  # the default's checkpoints
+    scales = np.array(policy_scales(100))
+    assert scales[0] == 1.0 and scales[-1] == -1.0 and np.all(np.diff(scales) < 0)
+    assert np.sum(scales < 0) == 33  # a third worse than the behavior policy
+    assert gen.policy_paths(3) == [f"policies/eval_{k}.npz" for k in range(3)]
+    assert gen.policy_paths(10)[-1] == "policies/eval_9.npz"
+    assert gen.policy_paths(11)[:2] == ["policies/eval_00.npz", "policies/eval_01.npz"]
+    assert gen.policy_paths(1000)[-1] == "policies/eval_999.npz"
+
+
+@pytest.mark.usefixtures("tiny_control_truth")
+@pytest.mark.parametrize("env", gen.ENVIRONMENTS)
+def test_k_policies_spread_around_the_behavior_policy(env, tmp_path):
+    truth = gen.generate(env, tmp_path, policies=5, **_fast(env))
+    names = [f"eval_{k}.npz" for k in range(5)]
+    assert [p["policy"] for p in truth["policies"]] == [f"policies/{n}" for n in names]
+    assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == names
+    values = [p["value"] for p in truth["policies"]]
+    assert values == sorted(values, reverse=True)  # eval_0 the best, as the scales fall
+    assert min(values) < truth["behavior"]["value"] < max(values)
+    assert json.loads((tmp_path / "truth.json").read_text()) == truth
+    kind, _ = _load_policy(tmp_path / "behavior.npz")
+    for name in names:
+        assert _load_policy(tmp_path / "policies" / name)[0] == kind
+    if env == "chain":
+        assert [p["q"] for p in truth["policies"]] == [f"q/{n}" for n in names]
+        assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["behavior.npz", *names]
+
+
+@pytest.mark.usefixtures("tiny_control_truth")
+@pytest.mark.parametrize(
+    "env",
+    [  # control's two Monte Carlo truths take a few seconds
+        pytest.param(env, marks=pytest.mark.slow) if env == "control" else env
+        for env in gen.ENVIRONMENTS
+    ],
+)
+def test_three_policies_are_the_default_byte_for_byte(env, tmp_path):
+    default = gen.generate(env, tmp_path / "default", **_fast(env))
+    three = gen.generate(env, tmp_path / "three", policies=3, **_fast(env))
+    assert three == default
+    files = sorted(p.relative_to(tmp_path / "default") for p in (tmp_path / "default").rglob("*"))
+    assert files == sorted(
+        p.relative_to(tmp_path / "three") for p in (tmp_path / "three").rglob("*")
+    )
+    for name in files:
+        if (tmp_path / "default" / name).is_file():
+            assert (tmp_path / "default" / name).read_bytes() == (
+                tmp_path / "three" / name
+            ).read_bytes(), name
+
+
+def test_one_policy_is_the_default_best(tmp_path):
+    one = gen.generate("chain", tmp_path / "one", episodes=5, policies=1)
+    default = gen.generate("chain", tmp_path / "default", episodes=5)
+    assert one["policies"] == default["policies"][:1]
+    assert sorted(p.name for p in (tmp_path / "one" / "policies").iterdir()) == ["eval_0.npz"]
+    assert one["policies"][0]["value"] > one["behavior"]["value"]
+
+
+def test_a_policy_truth_does_not_depend_on_how_many(tmp_path):
+    """The batched exact truths give each policy the bits it has alone: eval_0 (scale 1) and
+    the last one (scale -1) of 12 policies are the default's eval_0 and eval_2."""
+    for env in ("bandit", "chain", "gaussian"):
+        many = gen.generate(env, tmp_path / env, episodes=5, policies=12)
+        default = gen.generate(env, tmp_path / f"{env}-default", episodes=5)
+        ends = [many["policies"][0]["value"], many["policies"][-1]["value"]]
+        assert ends == [default["policies"][0]["value"], default["policies"][2]["value"]]
+        assert many["behavior"] == default["behavior"]
+
+
+def test_fewer_policies_over_more_leave_no_stale_files(tmp_path):
+    gen.generate("chain", tmp_path, episodes=5, policies=12)
+    assert len(list((tmp_path / "policies").glob("*.npz"))) == 12
+    gen.generate("chain", tmp_path, episodes=5, overwrite=True)
+    expected = ["eval_0.npz", "eval_1.npz", "eval_2.npz"]
+    assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == expected
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["behavior.npz", *expected]
+
+
+def test_chain_truth_of_a_new_policy_matches_monte_carlo(tmp_path):
+    """eval_3 of 5 (scale -1/4, not one of the default's) against rollouts of it."""
+    truth = gen.generate("chain", tmp_path, episodes=5, gamma=0.95, policies=5)
+    env, _ = ENVIRONMENTS["chain"].build(truth["shift"])
+    _, policy = _load_policy(tmp_path / "policies" / "eval_3.npz")
+    mean, stderr = _chain_monte_carlo(
+        env, policy["logits"], 0.95, None, 15_000, np.random.default_rng(4)
+    )
+    assert abs(mean - truth["policies"][3]["value"]) < 4 * stderr
+
+
+@pytest.mark.parametrize("policies", [0, -1, 1001, True, 2.5, "3"])
+def test_bad_policies_raise_value_error(policies, tmp_path):
+    with pytest.raises(ValueError, match="policies must be an integer from 1 to 1000"):
+        gen.generate("chain", tmp_path / "out", episodes=5, policies=policies)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "policies must be an integer from 1 to 1000, got 0"),
+        ("-1", "policies must be an integer from 1 to 1000, got -1"),
+        ("x", "Invalid value for '--policies'"),
+    ],
+)
+def test_bad_policies_are_a_usage_error(value, message, tmp_path, ope_in_process):
+    run = ope_in_process(
+        ["generate", "chain", "out", "--episodes", "5", f"--policies={value}"], cwd=tmp_path
+    )
+    assert run.returncode == 2, run
+    assert run.stdout == "" and run.stderr.count("\n") == 1, run
+    assert run.stderr.startswith("ope: usage error: ") and message in run.stderr, run
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # a process start: imports and JAX
+def test_bad_policies_exit_2_from_the_entry_point(tmp_path, ope):
+    run = ope(["generate", "chain", "out", "--policies", "0"], cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "", run
+    assert (
+        run.stderr.strip() == "ope: usage error: policies must be an integer from 1 to 1000, got 0"
+    )
+
+
+def test_the_cli_defaults_are_the_library_s():
+    """cli/generate.py spells them out so that --help need not import JAX."""
+    from ope_cli.cli import generate as command
+    from ope_cli.envs import base
+
+    assert (command.DEFAULT_POLICIES, command.MAX_POLICIES) == (
+        base.DEFAULT_POLICIES,
+        base.MAX_POLICIES,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -83,3 +84,110 @@ def test_the_estimates_axis_is_set_by_the_estimates():
     assert high == pytest.approx(2.0 + ESTIMATE_MARGIN * 0.2)
     nothing = SimpleNamespace(results=[SimpleNamespace(estimates={"wdr": estimates["wdr"]})])
     assert estimate_limits(nothing) is None
+
+
+def _ranked_rows(count: int, truth: bool = True):
+    """`count` RankedPolicy rows with estimates 0, 1, ... given in a shuffled order; the
+    first could be the best, the rest are worse."""
+    from ope_cli.report.plots import RankedPolicy
+
+    order = np.random.default_rng(0).permutation(count)
+    return [
+        RankedPolicy(
+            f"checkpoints/run/step_{k:04d}.npz",
+            float(k),
+            k - 0.4,
+            k + 0.4,
+            truth=k + 0.1 if truth else None,
+            could_be_best=k == count - 1,
+        )
+        for k in order
+    ]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.parametrize(
+    ("count", "truth"),
+    [
+        (1, True),
+        (1, False),
+        (3, True),
+        (3, False),
+        (100, True),  # a tall figure takes about a second to draw and encode
+        pytest.param(100, False, marks=pytest.mark.slow),
+    ],
+)
+def test_ranking_figure_writes_a_png(count, truth, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ope_cli.report.plots import ranking_figure
+
+    rows = _ranked_rows(count, truth)
+    path = tmp_path / "figures" / "ranking.png"  # its directory created
+    written = ranking_figure(rows, path, estimator="wis", baseline=rows[0].name, confidence=0.95)
+    assert written == path and path.stat().st_size > 5_000
+    width, height = _png_size(path)
+    assert width == 960 and height > (3000 if count == 100 else 200)  # a row per policy
+
+
+def test_ranking_figure_draws_the_ranking(tmp_path, monkeypatch):
+    """Best estimate at the top, the policies without one last (n/a), the baseline bold with
+    a line at its estimate, a cross per true value, a triangle where an interval is cut."""
+    pytest.importorskip("matplotlib")
+    from ope_cli.report import plots
+    from ope_cli.report.plots import RankedPolicy
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda plt, figure, out, shown: drawn.append(figure))
+    rows = [
+        RankedPolicy("behavior", 1.0, 0.9, 1.1, truth=1.0),
+        RankedPolicy("eval_0", 2.0, 1.5, 2.5, truth=1.8, could_be_best=True),
+        RankedPolicy("broken", None, truth=0.5),
+        RankedPolicy("eval_1", 1.5, 1.2, 1e6, could_be_best=True),  # a betting bound
+        RankedPolicy("nan", float("nan")),
+        RankedPolicy("eval_2", 0.2, 0.0, 0.4, truth=0.1, could_be_best=False),
+    ]
+    plots.ranking_figure(rows, tmp_path / "r.png", estimator="wis", baseline="behavior")
+    (axes,) = drawn[0].axes
+    labels = [t.get_text() for t in axes.get_yticklabels()]
+    assert labels == ["eval_0", "eval_1", "behavior", "eval_2", "broken", "nan"]
+    bold = [t.get_text() for t in axes.get_yticklabels() if t.get_fontweight() == "bold"]
+    assert bold == ["behavior"]
+    assert [t.get_text() for t in axes.texts] == ["n/a (no estimate)"] * 2
+    lines = {line.get_marker(): line for line in axes.get_lines()}
+    assert list(lines["x"].get_xdata()) == [1.8, 1.0, 0.1, 0.5]  # truths, by row
+    assert list(lines["x"].get_ydata()) == [0, 2, 3, 4]
+    assert list(lines[">"].get_ydata()) == [1]  # eval_1's interval is cut at the axis
+    assert axes.get_xlim()[1] < 10 and "triangles" in axes.get_title()
+    dashed = [line for line in axes.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_xdata()[0] for line in dashed] == [1.0]  # the baseline's estimate
+    legend = [t.get_text() for t in drawn[0].legends[0].get_texts()]
+    assert {"could be the best", "confidently worse", "baseline: behavior", "true value"} <= set(
+        legend
+    )
+
+
+def test_ranking_limits_are_set_by_the_values():
+    from ope_cli.report.plots import RANKING_MARGIN, RankedPolicy, ranking_limits
+
+    rows = [RankedPolicy("a", 1.0, 0.8, 1.2), RankedPolicy("b", 2.0, -50.0, 100.0, truth=3.0)]
+    low, high = ranking_limits(rows)
+    typical = float(np.median([0.2, 75.0]))
+    assert (low, high) == pytest.approx(
+        (1.0 - RANKING_MARGIN * typical, 3.0 + RANKING_MARGIN * typical)
+    )
+    assert ranking_limits([RankedPolicy("a", None), RankedPolicy("b", float("inf"))]) is None
+    assert ranking_limits([RankedPolicy("one", 0.3)]) == pytest.approx((-0.7, 1.3))
+
+
+def test_ranking_figure_without_any_estimate(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ope_cli.report.plots import RankedPolicy, ranking_figure
+
+    path = ranking_figure([RankedPolicy("a", None)], tmp_path / "r.png", estimator="is")
+    assert _png_size(path)[1] > 100
+    assert ranking_figure([], tmp_path / "empty.png", estimator="is").is_file()

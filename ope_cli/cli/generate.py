@@ -11,8 +11,11 @@ import typer
 from ope_cli.cli.options import Overwrite
 from ope_cli.errors import UsageError
 
-# the names of ope_cli.envs.registry.ENVIRONMENTS (which imports JAX, so --help does not)
+# the names of ope_cli.envs.registry.ENVIRONMENTS and ope_cli.envs.base's DEFAULT_POLICIES and
+# MAX_POLICIES (modules that import JAX, which --help does not)
 ENVIRONMENT_CHOICES = "bandit|chain|control|gaussian"
+DEFAULT_POLICIES = 3
+MAX_POLICIES = 1000
 
 
 def generate(
@@ -41,13 +44,22 @@ def generate(
         ),
     ] = 0.5,
     files: Annotated[int, typer.Option(help="Split the logs into this many Parquet files.")] = 1,
+    policies: Annotated[
+        int,
+        typer.Option(
+            help=f"Number of evaluation policies (1 to {MAX_POLICIES}), for selection studies: "
+            "their true values spread from below the behavior policy's to well above it "
+            "(the default 3: at --shift, half of it, and minus it)."
+        ),
+    ] = DEFAULT_POLICIES,
     overwrite: Overwrite = False,
 ) -> None:
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 
     Writes OUT/logs.parquet (or OUT/logs/ with --files > 1), OUT/behavior.npz,
-    OUT/policies/eval_*.npz, OUT/truth.json (each policy's true value) and, for chain
-    without --horizon, OUT/q/*.npz (each policy's exact Q, a tabular_q checkpoint).
+    OUT/policies/eval_*.npz (eval_00 ... with --policies 11 or more), OUT/truth.json (each
+    policy's true value) and, for chain without --horizon, OUT/q/*.npz (each policy's exact
+    Q, a tabular_q checkpoint).
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """
@@ -63,6 +75,7 @@ def generate(
             horizon=horizon,
             shift=shift,
             files=files,
+            policies=policies,
             overwrite=overwrite,
         )
     except ValueError as error:

@@ -61,7 +61,9 @@ PANELS = {
 # where a command's option of a shared name means something else (None: no panel)
 COMMAND_PANELS: dict[str, dict[str, str | None]] = {
     "bench": {"seed": DATA},
-    "generate": dict.fromkeys(("episodes", "seed", "gamma", "horizon", "shift", "files"), DATA),
+    "generate": dict.fromkeys(
+        ("episodes", "seed", "gamma", "horizon", "shift", "files", "policies"), DATA
+    ),
     "fit-q": {"model": Q, "ridge": Q, "seed": Q, "out": OUTPUT},
     "fit-behavior": {"model": BEHAVIOR, "out": OUTPUT},
 }

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ope_cli.envs.base import (
+    DEFAULT_POLICIES,
     Environment,
     Params,
     State,
@@ -23,7 +24,7 @@ from ope_cli.envs.base import (
 )
 
 
-def build(shift: float) -> tuple[Params, list[Params]]:
+def build(shift: float, count: int = DEFAULT_POLICIES) -> tuple[Params, list[Params]]:
     """Contexts [100, 5], click-model weights [5, 10] and biases [10]."""
     rng = np.random.default_rng(101)
     n_contexts, dim, n_actions = 100, 5, 10
@@ -34,7 +35,7 @@ def build(shift: float) -> tuple[Params, list[Params]]:
     }
     behavior = {"weight": rng.normal(scale=0.2, size=(dim, n_actions)), "bias": np.zeros(n_actions)}
     direction = {"weight": 2.0 * env["reward_weight"], "bias": 2.0 * env["reward_bias"]}
-    return env, shifted(behavior, direction, shift)
+    return env, shifted(behavior, direction, shift, count)
 
 
 def reset(params: Params, uniform: jax.Array, normal: jax.Array) -> State:
@@ -62,12 +63,12 @@ def step(params: Params, state: State, uniform: jax.Array, normal: jax.Array, t:
 
 
 def truth(env: Params, policies: list[Params], gamma: float, horizon: int | None) -> list[Truth]:
-    """Mean over the contexts of sum_a pi(a|x) P(click | x, a)."""
-    x = env["contexts"]
-    click = 1.0 / (1.0 + np.exp(-(x @ env["reward_weight"] + env["reward_bias"])))
-    values = [
-        np.mean(np.sum(softmax_np(x @ p["weight"] + p["bias"]) * click, axis=1)) for p in policies
-    ]
+    """Mean over the contexts of sum_a pi(a|x) P(click | x, a), for all policies at once."""
+    x = env["contexts"]  # [C, d]
+    click = 1.0 / (1.0 + np.exp(-(x @ env["reward_weight"] + env["reward_bias"])))  # [C, A]
+    weight, bias = (np.stack([p[k] for p in policies]) for k in ("weight", "bias"))
+    probs = softmax_np(x @ weight + bias[:, None, :])  # [P, C, A]
+    values = np.mean(np.sum(probs * click, axis=2), axis=1)  # [P]
     return [(float(v), 0.0, "exact enumeration") for v in values]
 
 

@@ -3,7 +3,8 @@
 An environment is one record (``Environment``): its name, its defaults (horizon, declared
 reward range, the checkpoint kind of its policies), four functions and an optional fifth:
 
-- ``build(shift) -> (env arrays, [behavior, eval_0, eval_1, eval_2] policy arrays)``;
+- ``build(shift, count) -> (env arrays, [behavior, eval_0, ..., eval_{count-1}] policy arrays)``,
+  the evaluation policies at ``policy_scales(count)`` (default 3: eval_0, eval_1, eval_2);
 - ``reset(params, uniform [U], normal [N]) -> per-episode state with "obs"``;
 - ``step(params, state, uniform [U], normal [N], t) -> (next state, record, terminated)``, the
   record holding "observation", "action", "reward", "behavior_prob" under params["behavior"];
@@ -28,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-POLICY_SCALES = (1.0, 0.5, -1.0)  # eval_k = behavior + POLICY_SCALES[k] * shift * direction
+DEFAULT_POLICIES = 3  # evaluation policies eval_0, eval_1, eval_2: scales (1, 1/2, -1)
+MAX_POLICIES = 1000
 
 Params = dict[str, Any]
 State = dict[str, jax.Array]
@@ -42,7 +44,7 @@ class Environment:
     """One environment of ``ope generate``: its name, defaults, rollout and exact truth."""
 
     name: str
-    build: Callable[[float], tuple[Params, list[Params]]]
+    build: Callable[[float, int], tuple[Params, list[Params]]]
     reset: Callable[..., State]
     step: Callable[..., tuple[State, Record, jax.Array]]
     truth: Callable[[Params, list[Params], float, int | None], list[Truth]]
@@ -78,10 +80,26 @@ def softmax_np(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def shifted(behavior: Params, direction: Params, shift: float) -> list[Params]:
-    """[behavior, eval_0, ...]: eval_k = behavior + POLICY_SCALES[k] * shift * direction."""
+def policy_scales(count: int = DEFAULT_POLICIES) -> tuple[float, ...]:
+    """The scales of `count` evaluation policies, best first: min(1 - x, 2 - 3x) at x = k / (K - 1),
+    from 1 down to 1/2 over the first half of them, then three times as fast on down to -1
+    (K = 1: (1,); K = 2: (1, -1); K = 3: (1, 1/2, -1), the default's checkpoints).
+
+    The directions improve on the behavior policy, so a third of the policies are worse than
+    it (scale < 0) and the rest better, denser near the best, like the checkpoints of a run
+    that improves; the extremes are the default's, so the importance weights are no wilder.
+    """
+    x = np.arange(count) / max(count - 1, 1)
+    return tuple(float(s) for s in np.minimum(1.0 - x, 2.0 - 3.0 * x))
+
+
+def shifted(
+    behavior: Params, direction: Params, shift: float, count: int = DEFAULT_POLICIES
+) -> list[Params]:
+    """[behavior, eval_0, ..., eval_{count-1}]: eval_k = behavior + scale_k * shift * direction,
+    scale_k from ``policy_scales(count)``."""
     evals = [
         {k: v + scale * shift * direction[k] for k, v in behavior.items()}
-        for scale in POLICY_SCALES
+        for scale in policy_scales(count)
     ]
     return [behavior, *evals]

@@ -12,10 +12,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.envs.base import Environment, Params, State, Truth, sample_index, shifted, softmax_np
+from ope_cli.envs.base import (
+    DEFAULT_POLICIES,
+    Environment,
+    Params,
+    State,
+    Truth,
+    sample_index,
+    shifted,
+    softmax_np,
+)
 
 
-def build(shift: float) -> tuple[Params, list[Params]]:
+def build(shift: float, count: int = DEFAULT_POLICIES) -> tuple[Params, list[Params]]:
     """Transitions [S, A, S], mean rewards and termination probabilities [S, A], initial law [S]."""
     rng = np.random.default_rng(202)
     n_states, n_actions, slip = 10, 3, 0.2
@@ -38,7 +47,7 @@ def build(shift: float) -> tuple[Params, list[Params]]:
     }
     behavior = {"logits": rng.normal(scale=0.5, size=(n_states, n_actions))}
     direction = {"logits": np.tile([-1.0, 0.0, 1.0], (n_states, 1))}  # go right
-    return env, shifted(behavior, direction, shift)
+    return env, shifted(behavior, direction, shift, count)
 
 
 def reset(params: Params, uniform: jax.Array, normal: jax.Array) -> State:
@@ -56,42 +65,51 @@ def step(params: Params, state: State, uniform: jax.Array, normal: jax.Array, t:
     return {"obs": next_s}, record, terminated
 
 
-def _solve(env: Params, policy: Params, gamma: float, horizon: int | None):
-    """V [S] of a policy and, when ``horizon`` is None, its Q [S, A]; both from one solve.
+def _solve(env: Params, policies: list[Params], gamma: float, horizon: int | None):
+    """V [P, S] of every policy and, when ``horizon`` is None, their Q [P, S, A]: one batched
+    solve (or one backward induction) for all P policies.
 
     V = r_pi + gamma P_pi V with P_pi [S, S] the continuing transitions under pi, and
     Q(s, a) = mean_reward(s, a) + gamma (1 - terminate(s, a)) sum_s' P(s' | s, a) V(s').
     A finite horizon makes the value of a capped episode depend on time: Q is then None.
     """
-    probs = softmax_np(policy["logits"])
-    reward_pi = np.sum(probs * env["mean_reward"], axis=1)
-    transition_pi = np.einsum("sa,sat->st", probs * (1.0 - env["terminate"]), env["transitions"])
+    probs = softmax_np(np.stack([policy["logits"] for policy in policies]))  # [P, S, A]
+    reward_pi = np.sum(probs * env["mean_reward"], axis=2)  # [P, S]
+    transition_pi = np.einsum(
+        "psa,sat->pst", probs * (1.0 - env["terminate"]), env["transitions"]
+    )  # [P, S, S]
     if horizon is not None:
-        values = np.zeros_like(reward_pi)
+        values, discounted = np.zeros_like(reward_pi), gamma * transition_pi
         for _ in range(horizon):  # until the horizon or a fixed point in float64
-            values, previous = reward_pi + gamma * transition_pi @ values, values
+            values, previous = reward_pi + _apply(discounted, values), values
             if np.array_equal(values, previous):
                 break
         return values, None
-    values = np.linalg.solve(np.eye(len(reward_pi)) - gamma * transition_pi, reward_pi)
+    identity = np.eye(reward_pi.shape[1])
+    values = np.linalg.solve(identity - gamma * transition_pi, reward_pi[..., None])[..., 0]
     continuing = gamma * (1.0 - env["terminate"])
-    q = env["mean_reward"] + continuing * np.einsum("sat,t->sa", env["transitions"], values)
+    q = env["mean_reward"] + continuing * np.einsum("sat,pt->psa", env["transitions"], values)
     return values, q
+
+
+def _apply(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """matrices [P, S, S] @ vectors [P, S] -> [P, S]."""
+    return (matrices @ vectors[..., None])[..., 0]
 
 
 def truth(env: Params, policies: list[Params], gamma: float, horizon: int | None) -> list[Truth]:
     """initial @ V per policy (the Bellman equations; backward induction under a horizon)."""
-    return [
-        (float(env["initial"] @ _solve(env, policy, gamma, horizon)[0]), 0.0, "bellman")
-        for policy in policies
-    ]
+    values, _ = _solve(env, policies, gamma, horizon)
+    # one dot per policy: a batched product's summation order would move the last bit
+    return [(float(env["initial"] @ v), 0.0, "bellman") for v in values]
 
 
 def q_truth(
     env: Params, policies: list[Params], gamma: float, horizon: int | None
 ) -> list[np.ndarray | None]:
     """Each policy's exact Q [S, A] (float64), or None under a finite horizon."""
-    return [_solve(env, policy, gamma, horizon)[1] for policy in policies]
+    _, q = _solve(env, policies, gamma, horizon)
+    return [None] * len(policies) if q is None else list(q)
 
 
 ENVIRONMENT = Environment(

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ope_cli.envs.base import (
+    DEFAULT_POLICIES,
     Environment,
     Params,
     State,
@@ -28,9 +29,14 @@ from ope_cli.envs.base import (
 CONTROL_TRUTH_EPISODES = 1 << 16  # Monte Carlo episodes for the control truth ...
 CONTROL_TRUTH_CONTINUED = 1 << 13  # ... of which this many run past CONTROL_TRUTH_SPLIT_STEP
 CONTROL_TRUTH_SPLIT_STEP = 64
+# The cost is linear in the policies: up to this many get the full run; more share it, each
+# getting 1/2, 1/4, ... of the episodes (at least 1/CONTROL_TRUTH_MAX_SPLIT), so the time
+# grows slowly with them and their standard errors, recorded, by up to sqrt(MAX_SPLIT)
+CONTROL_TRUTH_POLICIES = 4
+CONTROL_TRUTH_MAX_SPLIT = 32
 
 
-def build(shift: float) -> tuple[Params, list[Params]]:
+def build(shift: float, count: int = DEFAULT_POLICIES) -> tuple[Params, list[Params]]:
     """s' = s @ dynamics [d, d] + pushes[a] [A, d] + noise; lengths 1 + floor(10 (U^-1 - 1))."""
     rng = np.random.default_rng(303)
     dim = 4
@@ -56,7 +62,7 @@ def build(shift: float) -> tuple[Params, list[Params]]:
     # logits -|s @ dynamics + push_a|^2 / 5: prefer the push that brings the next state nearest 0,
     # gently, as the log-ratios add up over up to `horizon` steps
     direction = {"weight": -0.4 * dynamics @ pushes.T, "bias": -0.2 * np.sum(pushes**2, axis=1)}
-    return env, shifted(behavior, direction, shift)
+    return env, shifted(behavior, direction, shift, count)
 
 
 def expected_reward(params: Params, obs: jax.Array) -> jax.Array:
@@ -132,6 +138,15 @@ def _truth_chunk(
     return obs, jnp.sum(rewards, axis=0)
 
 
+def _truth_split(n_policies: int) -> int:
+    """By how much each policy's Monte Carlo episodes are divided: the least power of two
+    that keeps n_policies / split within CONTROL_TRUTH_POLICIES, at most MAX_SPLIT."""
+    split = 1
+    while n_policies > split * CONTROL_TRUTH_POLICIES and split < CONTROL_TRUTH_MAX_SPLIT:
+        split *= 2
+    return split
+
+
 def truth(env: Params, policies: list[Params], gamma: float, horizon: int) -> list[Truth]:
     """value = sum_{t < horizon} gamma^t P(L > t) E_pi[r(s_t, a_t)], by Monte Carlo over states.
 
@@ -141,8 +156,10 @@ def truth(env: Params, policies: list[Params], gamma: float, horizon: int) -> li
     CONTROL_TRUTH_CONTINUED of them the rest, where the survival weights are small and so is the
     variance. The stderr accounts for both parts and their correlation. All runs are chunks of
     CONTROL_TRUTH_SPLIT_STEP steps of CONTROL_TRUTH_CONTINUED episodes: one compiled kernel.
+    More than CONTROL_TRUTH_POLICIES policies share those episodes' cost (``_truth_split``).
     """
-    n_all, n_group = CONTROL_TRUTH_EPISODES, CONTROL_TRUTH_CONTINUED
+    split = _truth_split(len(policies))
+    n_all, n_group = CONTROL_TRUTH_EPISODES // split, CONTROL_TRUTH_CONTINUED // split
     chunk = CONTROL_TRUTH_SPLIT_STEP
     params = jax.tree.map(jnp.asarray, env)
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *policies)

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.envs.base import Environment, Params, State, Truth, shifted
+from ope_cli.envs.base import DEFAULT_POLICIES, Environment, Params, State, Truth, shifted
 
 
-def build(shift: float) -> tuple[Params, list[Params]]:
+def build(shift: float, count: int = DEFAULT_POLICIES) -> tuple[Params, list[Params]]:
     """s' = s @ dynamics [3, 3] + a @ control [2, 3] + noise; target(s) = s @ gain [3, 2] + c."""
     rng = np.random.default_rng(404)
     obs_dim, act_dim = 3, 2
@@ -37,7 +37,7 @@ def build(shift: float) -> tuple[Params, list[Params]]:
         "bias": 0.5 * (env["offset"] - behavior["bias"]),
         "log_std": np.full(act_dim, -0.15),
     }
-    return env, shifted(behavior, direction, shift)
+    return env, shifted(behavior, direction, shift, count)
 
 
 def reset(params: Params, uniform: jax.Array, normal: jax.Array) -> State:
@@ -66,30 +66,41 @@ def step(params: Params, state: State, uniform: jax.Array, normal: jax.Array, t:
 
 
 def truth(env: Params, policies: list[Params], gamma: float, horizon: int) -> list[Truth]:
-    """sum_t gamma^t E[r_t], propagating the state's mean [d] and covariance [d, d] exactly.
+    """sum_t gamma^t E[r_t], propagating the state's mean [P, d] and covariance [P, d, d]
+    exactly, for all P policies at once.
 
     With a = s W + b + std z: E[r | s] = -|s (W - K) + (b - c)|^2 - sum(std^2), and
     s' = s (A + W B) + b B + (std z) B + noise stays Gaussian.
     """
     dynamics, control, dim = env["dynamics"], env["control"], len(env["dynamics"])
-    truths = []
-    for policy in policies:
-        weight, bias, variance = policy["weight"], policy["bias"], np.exp(2 * policy["log_std"])
-        gap_weight, gap_bias = weight - env["gain"], bias - env["offset"]
-        closed_loop = dynamics + weight @ control
-        added_cov = control.T @ np.diag(variance) @ control + env["state_noise"] ** 2 * np.eye(dim)
-        mean, cov, value = np.zeros(dim), np.eye(dim), 0.0
-        for t in range(horizon):
-            gap_mean = mean @ gap_weight + gap_bias
-            value -= gamma**t * (
-                np.trace(gap_weight.T @ cov @ gap_weight) + gap_mean @ gap_mean + variance.sum()
-            )
-            mean, cov = (
-                mean @ closed_loop + bias @ control,
-                closed_loop.T @ cov @ closed_loop + added_cov,
-            )
-        truths.append((float(value), 0.0, "closed form"))
-    return truths
+    weight, bias, log_std = (
+        np.stack([p[k] for p in policies]) for k in ("weight", "bias", "log_std")
+    )
+    variance = np.exp(2 * log_std)  # [P, a]
+    gap_weight, gap_bias = weight - env["gain"], bias - env["offset"]  # [P, d, a], [P, a]
+    closed_loop = dynamics + weight @ control  # [P, d, d]
+    added_cov = (control.T * variance[:, None, :]) @ control + env["state_noise"] ** 2 * np.eye(dim)
+    mean, cov = np.zeros((len(policies), dim)), np.broadcast_to(np.eye(dim), closed_loop.shape)
+    value = np.zeros(len(policies))
+    for t in range(horizon):
+        gap_mean = _row_times(mean, gap_weight) + gap_bias  # [P, a]
+        spread = np.trace(_transpose(gap_weight) @ cov @ gap_weight, axis1=1, axis2=2)
+        value -= gamma**t * (spread + np.sum(gap_mean * gap_mean, axis=1) + variance.sum(axis=1))
+        mean, cov = (
+            _row_times(mean, closed_loop) + _row_times(bias, control),
+            _transpose(closed_loop) @ cov @ closed_loop + added_cov,
+        )
+    return [(float(v), 0.0, "closed form") for v in value]
+
+
+def _row_times(rows: np.ndarray, matrices: np.ndarray) -> np.ndarray:
+    """rows [P, n] @ matrices [P, n, m] (or one [n, m]) -> [P, m], row by row: the bits of
+    each row's own vector-matrix product (a [P, n] @ [n, m] product can round otherwise)."""
+    return (rows[:, None, :] @ matrices)[:, 0]
+
+
+def _transpose(matrices: np.ndarray) -> np.ndarray:
+    return np.swapaxes(matrices, -1, -2)
 
 
 ENVIRONMENT = Environment(

@@ -2,11 +2,17 @@
 
 matplotlib is an optional extra (``pip install 'ope-cli[plot]'``): it is imported only
 here, lazily, with the non-interactive Agg backend, so the rest of the tool never needs
-it and no window ever opens. Every figure is drawn from the result object alone.
+it and no window ever opens. Every figure is drawn from the result object alone, except
+the ranking figure (``ranking_figure``), drawn from ``RankedPolicy`` rows: one estimator's
+estimates and intervals of every policy, with a baseline, true values and the set of
+policies that could be the best where they are known (SPEC section 11).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +23,8 @@ from ope_cli.results import EvaluationResult
 
 FIGURES = ("weights.png", "horizon.png", "estimates.png")
 ESTIMATE_MARGIN = 4.0  # standard errors of room around the estimates on their axis
+RANKING_MARGIN = 2.0  # median interval half-widths of room around the ranked values
+RANKING_ROW_INCHES = 0.28  # the ranking figure grows by this much per policy
 DPI = 120
 
 
@@ -40,10 +48,8 @@ def _pyplot():
     return plt
 
 
-def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
-    """Writes weights.png, horizon.png and estimates.png into ``directory`` (created if
-    needed) and returns their paths."""
-    plt = _pyplot()
+def _create(directory: str | Path) -> Path:
+    """``directory``, created with its parents if needed (a usage error if it cannot be)."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -51,18 +57,30 @@ def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
         raise UsageError(
             f"--plot {directory}: cannot create the directory: {error.strerror}"
         ) from None
-    written = []
-    for name, draw in zip(FIGURES, (_weights, _horizon, _estimates), strict=True):
-        figure = draw(plt, result)
-        path = out / name
-        try:
-            figure.savefig(path, dpi=DPI)
-        except OSError as error:
-            raise UsageError(f"--plot {directory}: cannot write {name}: {error.strerror}") from None
-        finally:
-            plt.close(figure)
-        written.append(path)
-    return written
+    return out
+
+
+def _save(plt, figure, path: Path, shown: str | Path) -> Path:
+    """Writes ``figure`` to ``path`` as PNG and closes it; a usage error naming ``shown`` (the
+    --plot value) if it cannot be written."""
+    try:
+        figure.savefig(path, dpi=DPI)
+    except OSError as error:
+        raise UsageError(f"--plot {shown}: cannot write {path.name}: {error.strerror}") from None
+    finally:
+        plt.close(figure)
+    return path
+
+
+def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
+    """Writes weights.png, horizon.png and estimates.png into ``directory`` (created if
+    needed) and returns their paths."""
+    plt = _pyplot()
+    out = _create(directory)
+    return [
+        _save(plt, draw(plt, result), out / name, directory)
+        for name, draw in zip(FIGURES, (_weights, _horizon, _estimates), strict=True)
+    ]
 
 
 def _label(name: str, limit: int = 48) -> str:
@@ -192,3 +210,169 @@ def _estimates(plt, result: EvaluationResult):
     if count:
         axes.legend(fontsize="small")
     return figure
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedPolicy:
+    """One policy of the ranking figure, for one estimator: its estimate and interval (None
+    where undefined), its true value where known, and whether it could be the best (None
+    where no could-be-best set was computed)."""
+
+    name: str
+    estimate: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    truth: float | None = None
+    could_be_best: bool | None = None
+
+
+# how each kind of row is drawn: (legend label, marker, colour)
+_RANKING_STYLES = {
+    "could be best": ("could be the best", "o", "tab:green"),
+    "worse": ("confidently worse", "o", "tab:grey"),
+    "ranked": ("estimate", "o", "tab:blue"),
+    "baseline": ("baseline", "D", "black"),
+}
+
+
+def ranking_figure(
+    rows: Sequence[RankedPolicy],
+    path: str | Path,
+    *,
+    estimator: str,
+    baseline: str | None = None,
+    confidence: float | None = None,
+) -> Path:
+    """Writes the ranking figure of one estimator to ``path`` (PNG; its directory created if
+    needed) and returns the path.
+
+    One row per policy, best estimate at the top: the estimate with its interval
+    (``confidence`` names its level in the title), green where the policy could be the best,
+    grey where it is confidently worse; the ``baseline`` policy (a name among ``rows``) as a
+    black diamond with a dashed line at its estimate; true values as red crosses. Policies
+    without an estimate (None or not finite) come last, marked n/a. The axis is set by the
+    estimates and true values, with room for a few typical intervals: an interval that goes
+    on beyond it is cut there and marked with a triangle. The figure grows by
+    RANKING_ROW_INCHES per policy.
+    """
+    plt = _pyplot()
+    out = Path(path)
+    _create(out.parent)
+    ranked = sorted((r for r in rows if _finite(r.estimate)), key=lambda r: -r.estimate)
+    ordered = [*ranked, *(r for r in rows if not _finite(r.estimate))]
+    figure, axes = plt.subplots(
+        figsize=(8, 1.6 + RANKING_ROW_INCHES * max(len(ordered), 1)), layout="constrained"
+    )
+    limits = ranking_limits(ordered)
+    clipped = _draw_ranked(axes, ranked, baseline, limits)
+    _draw_truths_and_gaps(axes, ordered)
+    base = next((r for r in ranked if r.name == baseline), None)
+    if base is not None:
+        axes.axvline(base.estimate, color="black", linestyle="--", linewidth=1)
+    axes.set_yticks(range(len(ordered)), [_label(r.name) for r in ordered], fontsize="small")
+    for tick, row in zip(axes.get_yticklabels(), ordered, strict=True):
+        if row.name == baseline:
+            tick.set_fontweight("bold")
+    axes.set_ylim(max(len(ordered), 1) - 0.5, -0.5)  # the best at the top
+    if limits is not None:
+        axes.set_xlim(*limits)
+    title = f"Policies ranked by {estimator_title(estimator)}"
+    if confidence is not None:
+        title += f", {confidence:.0%} intervals"
+    axes.set_title(
+        title + ("\n(triangles: an interval goes on beyond the axis)" if clipped else "")
+    )
+    axes.set_xlabel("estimated value")
+    axes.grid(axis="x", alpha=0.3)
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:  # above the rows, which fill the axes
+        figure.legend(handles, labels, loc="outside upper center", ncols=3, fontsize="small")
+    return _save(plt, figure, out, path)
+
+
+def ranking_limits(rows: Sequence[RankedPolicy]) -> tuple[float, float] | None:
+    """The value axis [low, high]: the estimates and true values with RANKING_MARGIN median
+    interval half-widths of room (at least a tenth of their range), so that one very wide
+    interval does not flatten the rest; None without any value."""
+    values = [v for r in rows for v in (r.estimate, r.truth) if _finite(v)]
+    if not values:
+        return None
+    half_widths = [
+        (r.ci_high - r.ci_low) / 2.0
+        for r in rows
+        if _finite(r.estimate) and _finite(r.ci_low) and _finite(r.ci_high)
+    ]
+    low, high = min(values), max(values)
+    typical = float(np.median(half_widths)) if half_widths else 0.0
+    # one value without an interval: room in proportion to it (at least 1), not a hair's width
+    margin = max(RANKING_MARGIN * typical, 0.1 * (high - low)) or max(0.1 * abs(low), 1.0)
+    return low - margin, high + margin
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _ranking_kind(row: RankedPolicy, baseline: str | None) -> str:
+    if row.name == baseline:
+        return "baseline"
+    if row.could_be_best is None:
+        return "ranked"
+    return "could be best" if row.could_be_best else "worse"
+
+
+def _draw_ranked(
+    axes, ranked: Sequence[RankedPolicy], baseline: str | None, limits: tuple[float, float] | None
+) -> bool:
+    """The estimates with their intervals (rows 0 .. len(ranked) - 1), one series per kind;
+    returns whether an interval was cut at the axis."""
+    bottom, top = limits if limits is not None else (-np.inf, np.inf)
+    clipped = False
+    for kind, (label, marker, colour) in _RANKING_STYLES.items():
+        ys = [y for y, r in enumerate(ranked) if _ranking_kind(r, baseline) == kind]
+        if not ys:
+            continue
+        rows = [ranked[y] for y in ys]
+        values = np.array([r.estimate for r in rows])
+        low = np.array(
+            [max(r.ci_low, bottom) if r.ci_low is not None else r.estimate for r in rows]
+        )
+        high = np.array(
+            [min(r.ci_high, top) if r.ci_high is not None else r.estimate for r in rows]
+        )
+        axes.errorbar(
+            values,
+            ys,
+            xerr=[values - low, high - values],
+            fmt=marker,
+            color=colour,
+            capsize=3,
+            label=label if kind != "baseline" else f"baseline: {_label(baseline)}",
+        )
+        cut_low = [y for y in ys if ranked[y].ci_low is not None and ranked[y].ci_low < bottom]
+        cut_high = [y for y in ys if ranked[y].ci_high is not None and ranked[y].ci_high > top]
+        for edge, cut, triangle in ((bottom, cut_low, "<"), (top, cut_high, ">")):
+            if cut:  # an empty unclipped line would count as an artist at (0, 0) in the layout
+                axes.plot([edge] * len(cut), cut, triangle, color=colour, clip_on=False)
+        clipped = clipped or bool(cut_low or cut_high)
+    return clipped
+
+
+def _draw_truths_and_gaps(axes, ordered: Sequence[RankedPolicy]) -> None:
+    """True values as red crosses on their rows, and "n/a" beside the policies without an
+    estimate (at the left edge of the axes)."""
+    truths = [(r.truth, y) for y, r in enumerate(ordered) if _finite(r.truth)]
+    if truths:
+        xs, ys = zip(*truths, strict=True)
+        axes.plot(xs, ys, "x", color="tab:red", markersize=8, mew=2, label="true value")
+    for y, row in enumerate(ordered):
+        if not _finite(row.estimate):
+            axes.text(
+                0.01,
+                y,
+                "n/a (no estimate)",
+                transform=axes.get_yaxis_transform(),
+                va="center",
+                fontsize="small",
+                color="tab:grey",
+            )
