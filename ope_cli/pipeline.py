@@ -323,6 +323,9 @@ def evaluate(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     results, selection, notes = _choosing(config, plan, batches, local, results, truth)
+    behavior_value = None
+    if local.paired is not None:
+        behavior_value = local.accumulators[0].total("return_sum") / counts.episodes
     behavior = batches.behavior_source
     if behavior is not None and behavior.fit is not None:  # --behavior estimate
         from ope_cli.fit.estimate import compare_with_logged
@@ -364,6 +367,7 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
         baseline=config.baseline,
+        behavior_value=behavior_value,
         truth=truth,
         selection=selection,
         selection_notes=tuple(notes),

@@ -132,6 +132,9 @@ class EvaluationResult:
     gamma_source: str = "option"
     # --baseline: the policy (its name as given, or "behavior") the others are compared to
     baseline: str | None = None
+    # the logging policy's own value: the mean discounted return of the logged episodes
+    # (computed with --baseline or two or more policies; else None)
+    behavior_value: float | None = None
     # --truth: {policy name: true value or None}, and {estimator: selection metrics}
     truth: dict[str, float | None] | None = None
     selection: dict[str, dict[str, float | None]] | None = None

@@ -206,3 +206,25 @@ def test_table_and_csv_show_the_comparisons_and_the_selection(chain, ope_in_proc
     assert float(worse["delta_ci_high"]) < 0 and worse["could_be_best"] == "false"
     assert by_key["eval_0.npz", "wis"]["could_be_best"] == "true"
     assert float(worse["selection_spearman"]) == pytest.approx(1.0)
+
+
+def test_plot_adds_the_ranking_figure_with_the_baseline_and_truth(chain, tmp_path):
+    from ope_cli.report.plots import ranked_rows
+
+    folder, truth = chain
+    policies = tuple(str(folder / "policies" / f"eval_{k}.npz") for k in range(3))
+    config = EvaluationConfig(
+        data=str(folder / "logs.parquet"),
+        policies=policies,
+        baseline="behavior",
+        truth=str(folder / "truth.json"),
+        interval="normal",
+    )
+    result = evaluate(config)
+    rows, baseline = ranked_rows(result, "wis")
+    assert baseline == "behavior"
+    assert [r.name for r in rows][-1] == "behavior"
+    assert rows[-1].estimate == pytest.approx(result.behavior_value)
+    assert rows[-1].truth == truth["behavior"]["value"]
+    assert [r.could_be_best for r in rows[:3]] == [r.could_be_best["wis"] for r in result.results]
+    assert all(r.truth is not None for r in rows)

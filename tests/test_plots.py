@@ -10,7 +10,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("weights.png", "horizon.png", "estimates.png")
+FIGURES = ("weights.png", "horizon.png", "estimates.png", "ranking.png")
 
 
 def _args(*extra):

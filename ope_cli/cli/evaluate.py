@@ -169,7 +169,7 @@ def run_and_report(
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
         from ope_cli.report.plots import write_plots
 
-        written = write_plots(result, plot)
+        written = write_plots(result, plot, rank_by)
         if not quiet:
             say(f"figures: {', '.join(str(p) for p in written)}")
     write_result(result, chosen, rank_by)

@@ -21,7 +21,7 @@ from ope_cli.errors import UsageError
 from ope_cli.report.formatting import estimator_title
 from ope_cli.results import EvaluationResult
 
-FIGURES = ("weights.png", "horizon.png", "estimates.png")
+FIGURES = ("weights.png", "horizon.png", "estimates.png", "ranking.png")
 ESTIMATE_MARGIN = 4.0  # standard errors of room around the estimates on their axis
 RANKING_MARGIN = 2.0  # median interval half-widths of room around the ranked values
 RANKING_ROW_INCHES = 0.28  # the ranking figure grows by this much per policy
@@ -72,15 +72,53 @@ def _save(plt, figure, path: Path, shown: str | Path) -> Path:
     return path
 
 
-def write_plots(result: EvaluationResult, directory: str | Path) -> list[Path]:
-    """Writes weights.png, horizon.png and estimates.png into ``directory`` (created if
-    needed) and returns their paths."""
+def write_plots(
+    result: EvaluationResult, directory: str | Path, rank_by: str | None = None
+) -> list[Path]:
+    """Writes weights.png, horizon.png, estimates.png and ranking.png (by ``rank_by``, the
+    table's ranking estimator) into ``directory`` (created if needed) and returns their
+    paths."""
     plt = _pyplot()
     out = _create(directory)
-    return [
-        _save(plt, draw(plt, result), out / name, directory)
-        for name, draw in zip(FIGURES, (_weights, _horizon, _estimates), strict=True)
-    ]
+    drawn = zip(FIGURES, (_weights, _horizon, _estimates), strict=False)
+    written = [_save(plt, draw(plt, result), out / name, directory) for name, draw in drawn]
+    estimator = rank_by or ("wis" if "wis" in result.estimators else result.estimators[0])
+    rows, baseline = ranked_rows(result, estimator)
+    ranking = ranking_figure(
+        rows,
+        out / FIGURES[-1],
+        estimator=estimator,
+        baseline=baseline,
+        confidence=result.confidence_level,
+    )
+    return [*written, ranking]
+
+
+def ranked_rows(result: EvaluationResult, estimator: str) -> tuple[list[RankedPolicy], str | None]:
+    """(the ranking figure's rows of ``estimator``, the baseline's row name or None): every
+    policy, and with ``--baseline behavior`` the logging policy (its mean return)."""
+    truth = result.truth or {}
+    rows = []
+    for policy in result.results:
+        e = policy.estimates[estimator]
+        rows.append(
+            RankedPolicy(
+                policy.shown,
+                e.value,
+                e.ci_low,
+                e.ci_high,
+                truth.get(policy.source or policy.policy),
+                (policy.could_be_best or {}).get(estimator),
+            )
+        )
+    baseline = result.baseline
+    if baseline == "behavior" and result.behavior_value is not None:
+        rows.append(RankedPolicy("behavior", result.behavior_value, truth=truth.get("behavior")))
+        return rows, "behavior"
+    for policy in result.results:
+        if baseline in (policy.policy, policy.label, policy.source):
+            return rows, policy.shown
+    return rows, None
 
 
 def _label(name: str, limit: int = 48) -> str:
