@@ -72,11 +72,22 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
     return map_arrays(lambda value: value.reshape(datasets, episodes, *value.shape[1:]), padded)
 
 
-def dataset_statistics(
-    padded, policy, gamma: float, seed: int, replicates: int, betting_range, chunk: int = 25
+def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
+    padded,
+    policy,
+    gamma: float,
+    seed: int,
+    replicates: int,
+    betting_range,
+    chunk: int = 25,
+    *,
+    policies=None,
+    terms: bool = False,
 ) -> list:
     """BatchStatistics of every dataset (a list, one per dataset): the kernel's own
-    ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call."""
+    ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call, for
+    ``policy`` (or the stacked ``policies``: then [1, P, ...] each); with ``terms``,
+    (statistics, episode terms {name: [P, episodes]}) per dataset."""
     import functools
 
     import jax
@@ -85,13 +96,15 @@ def dataset_statistics(
     from ope_cli.buckets import RESAMPLING_GROUPS
     from ope_cli.kernel import PolicyGroup, policy_group_statistics
 
+    stacked = list(policies) if policies is not None else [policy]
     statistics = functools.partial(
         policy_group_statistics,
-        PolicyGroup([policy], [0]).stacked_params(np.float64),
-        log_prob=policy.log_prob,
+        PolicyGroup(stacked, list(range(len(stacked)))).stacked_params(np.float64),
+        log_prob=stacked[0].log_prob,
         num_groups=RESAMPLING_GROUPS,
         num_replicates=replicates,
         dtype="float64",
+        terms=terms,
     )
 
     @jax.jit
@@ -106,9 +119,12 @@ def dataset_statistics(
     out = []
     for start in range(0, padded.reward.shape[0], chunk):
         part = jax.tree.map(lambda value: value[start : start + chunk], padded)  # noqa: B023
-        batched = jax.device_get(jax.vmap(per_dataset)(part))  # [d, 1, 1, ...]: device, policy
+        batched = jax.device_get(jax.vmap(per_dataset)(part))  # [d, 1, P, ...]: device, policy
         count = part.step_mask.shape[0]
-        out.extend(jax.tree.map(lambda v: v[d, 0, 0], batched) for d in range(count))  # noqa: B023
+        if policies is None and not terms:
+            out.extend(jax.tree.map(lambda v: v[d, 0, 0], batched) for d in range(count))  # noqa: B023
+        else:
+            out.extend(jax.tree.map(lambda v: v[d], batched) for d in range(count))  # noqa: B023
     return out
 
 
@@ -186,6 +202,77 @@ def measure(
         "discounted_horizon": plan.betting_range[2],
         "tolerance": binomial_tolerance(datasets, confidence),
         "coverage": {m: {e: covered[m][e] / datasets for e in ESTIMATORS} for m in METHODS},
+        "mean_width": width,
+    }
+
+
+def measure_paired(
+    datasets: int = 200,
+    episodes: int = 300,
+    gamma: float = 0.95,
+    options: StudyOptions = StudyOptions(),
+) -> dict:
+    """Coverage of the paired intervals of PDIS(eval_0) - PDIS(eval_1) (``ope evaluate
+    --baseline``'s, normal and betting) against the exact difference, on ``chain``
+    datasets: each dataset's two policies stacked in one kernel, their episode terms paired
+    as ``ope evaluate`` pairs them (``ope_cli.paired``, ``ope_cli.comparison``)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from ope_cli import paired
+    from ope_cli.comparison import Pairing
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimators.base import Context
+    from ope_cli.generate import generate
+    from ope_cli.plan import plan_intervals
+    from ope_cli.policies import load_checkpoint
+    from ope_cli.sources import open_dataset
+    from ope_cli.stats import finalize, from_batch
+
+    with tempfile.TemporaryDirectory() as directory:
+        truth = generate(
+            "chain", directory, episodes=datasets * episodes, seed=options.seed, gamma=gamma
+        )
+        entries = truth["policies"][:2]
+        policies = [load_checkpoint(str(Path(directory) / e["policy"])) for e in entries]
+        logs = Path(directory) / "logs.parquet"
+        plan = plan_intervals(
+            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            open_dataset(str(logs)).declared_bounds(),
+        )
+        padded = padded_datasets(logs, datasets, episodes)
+    exact = entries[0]["value"] - entries[1]["value"]
+    context = Context(gamma, padded.reward.shape[-1])
+    rows = dataset_statistics(
+        padded, None, gamma, options.seed, 0, plan.betting_range, policies=policies, terms=True
+    )
+    covered = dict.fromkeys(("normal", "betting"), 0)
+    width = dict.fromkeys(covered, 0.0)
+    for (statistics, terms), mask in zip(rows, padded.episode_mask, strict=True):
+        accumulators = [from_batch(jax.tree.map(lambda v: v[0, p], statistics)) for p in (0, 1)]  # noqa: B023
+        estimates = [
+            finalize(acc, gamma, context.max_length, options.confidence)[0] for acc in accumulators
+        ]
+        groups = [([0, 1], {name: np.asarray(v) for name, v in terms.items()})]
+        sums = paired.from_terms(
+            paired.rows_of(groups, 2), np.asarray(mask), np.zeros((mask.shape[0], 0)), 1
+        )
+        for method in covered:
+            methods = dict.fromkeys(estimates[0], method)
+            pairing = Pairing(
+                accumulators, estimates, sums, context, methods, plan.betting_range, 1
+            )
+            low, high, _ = pairing.interval(0, 1, "pdis", options.confidence)
+            if low is not None and low <= exact <= high:
+                covered[method] += 1
+            if low is not None:
+                width[method] += (high - low) / datasets
+    return {
+        "datasets": datasets,
+        "episodes": episodes,
+        "exact_difference": exact,
+        "tolerance": binomial_tolerance(datasets, options.confidence),
+        "coverage": {m: covered[m] / datasets for m in covered},
         "mean_width": width,
     }
 

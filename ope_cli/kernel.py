@@ -728,12 +728,14 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
     q=None,
     q_params=None,
     counts=None,
-) -> BatchStatistics:
+    terms: bool = False,
+) -> BatchStatistics | tuple[BatchStatistics, dict]:
     """BatchStatistics [1, P, ...] of a whole padded batch ([B, T, ...] fields) walked as
     one window, for the P stacked ``params`` of one policy group; not jitted (the coverage
     study vmaps it over datasets). ``estimators``: the registered estimators whose sums to
     compute (None: every one the inputs allow); ``counts``: [B, R] bootstrap counts, else
-    drawn here (``poisson_counts``)."""
+    drawn here (``poisson_counts``). With ``terms``: (statistics, each episode's terms
+    {name: [P, B]}: ``estimators.batch.episode_terms``), the paired sums' inputs."""
     from ope_cli.estimators.batch import poisson_counts
 
     static = Static(
@@ -746,6 +748,7 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
         estimators=estimators or available(Q_FIELDS if q is not None else ()),
         q=q,
         betting=betting_range is not None,
+        terms=terms,
     )
     if counts is None:
         counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
@@ -755,8 +758,9 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
     betting = jnp.zeros(3, static.dtype) if betting_range is None else betting_range
     args = (params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
     carry, step, _ = window_statistics(*args, static)
-    scalar, _ = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
-    return _leading_device_axis(combine(lagged(step), scalar))
+    scalar, own = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
+    statistics = _leading_device_axis(combine(lagged(step), scalar))
+    return (statistics, own) if terms else statistics
 
 
 __all__ = [
