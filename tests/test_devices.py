@@ -58,6 +58,8 @@ def case(tmp_path_factory):
         "bootstrap-t",
         "--bootstrap-samples",
         "40",
+        "--baseline",
+        "behavior",
     ]
     return tmp, args, ope_json(args, 1, tmp)
 
@@ -77,6 +79,10 @@ def test_sharded_over_devices_equals_one_device(case, device_count):
                 )
         for field, value in one["diagnostics"].items():
             assert many["diagnostics"][field] == close_to(value), field
+        assert many["could_be_best"] == one["could_be_best"]
+        for name, comparison in one["comparison"].items():  # --baseline behavior
+            for field, value in comparison.items():
+                assert many["comparison"][name][field] == close_to(value), (name, field)
     for batch, _ in sharded["runtime"]["batch_shapes"]:
         assert batch % device_count == 0
 

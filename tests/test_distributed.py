@@ -95,6 +95,10 @@ def assert_same_json(one, many):
                 assert b["estimates"][name][field] == close_to(value), (name, field)
         for field, value in a["diagnostics"].items():
             assert b["diagnostics"][field] == close_to(value), field
+        assert b.get("could_be_best") == a.get("could_be_best")
+        for name, comparison in a.get("comparison", {}).items():  # --baseline
+            for field, value in comparison.items():
+                assert b["comparison"][name][field] == close_to(value), (name, field)
 
 
 @pytest.mark.parametrize("num_processes, data", [(2, "five"), (3, "five"), (3, "two")])
@@ -107,6 +111,8 @@ def test_processes_agree_with_one_process(world, num_processes, data):
         "p0.npz",
         "-p",
         "p1.npz",
+        "--baseline",
+        "p0.npz",
         "--gamma",
         "0.95",
         "--format",
@@ -123,6 +129,7 @@ def test_processes_agree_with_one_process(world, num_processes, data):
     assert all(out == "" for _, out, _ in outcomes[1:])  # only process 0 prints
     result = json.loads(outcomes[0][1])
     assert result["runtime"]["processes"] == num_processes
+    assert "comparison" in result["results"][1]  # p1 against the baseline p0
     assert_same_json(reference, result)
 
 
