@@ -28,7 +28,7 @@ import numpy as np
 from ope_cli import paired
 from ope_cli.errors import UsageError
 from ope_cli.estimators import get
-from ope_cli.estimators.base import Context, Sums
+from ope_cli.estimators.base import Context
 from ope_cli.estimators.logspace import finite
 from ope_cli.intervals import betting_intervals, bootstrap_interval
 from ope_cli.plan import NO_BETTING
@@ -45,7 +45,14 @@ from ope_cli.selection import (
     read_truth,
     selection_by_estimator,
 )
-from ope_cli.stats import Accumulator, Estimate, extend, grouped_sums, replicate_sums
+from ope_cli.stats import (
+    Accumulator,
+    Estimate,
+    extend,
+    leave_one_out_sums,
+    replicate_sums,
+    restricted,
+)
 
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 
@@ -114,22 +121,18 @@ class Pairing:
     def leave_out(self, row: int, name: str) -> np.ndarray:
         """[G] the row's estimate with each non-empty resampling group left out."""
         if row == self.behavior:
-            grouped = grouped_sums(self.accumulators[0], 0)
-            groups = grouped.groups
-            selected = [grouped.select(groups[groups != g]).sums for g in groups]
-            return np.array([s["return_sum"] / s["count"] for s in selected], np.float64)
-        grouped = grouped_sums(self.accumulators[row], self.context.max_length)
-        groups = grouped.groups
+            _, sums = leave_one_out_sums(restricted(self.accumulators[0], ()), 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return sums.sums["return_sum"] / sums.sums["count"]
         estimator = get(name)
+        own = restricted(self.accumulators[row], (name,))
+        groups, sums = leave_one_out_sums(own, self.context.max_length)
         if estimator.replicates is None:
             return np.full(groups.size, np.nan)
-        value = [self._value_of(estimator, grouped.select(groups[groups != g])) for g in groups]
-        return np.asarray(value, np.float64)
-
-    def _value_of(self, estimator, sums: Sums) -> float:
         values, _ = estimator.replicates(sums, self.context)
-        return float(np.asarray(values))
+        return np.asarray(values, np.float64)
 
+    @functools.cache  # noqa: B019 - one Pairing per run
     def betting(self, row: int, name: str, level: float) -> tuple[float | None, float | None]:
         """The row's betting interval at ``level`` (None, None where there is none)."""
         low, high, horizon = self.betting_range

@@ -296,6 +296,22 @@ def _estimate(
     return Estimate(value, stderr, finite(value - z * stderr), finite(value + z * stderr), note)
 
 
+def restricted(acc: Accumulator, estimators: tuple[str, ...]) -> Accumulator:
+    """``acc`` with only the sums ``estimators`` read (and the core ones): what resampling
+    one estimator needs, without combining every other per-step sum again."""
+    keep = {spec.name for spec in sums_of(estimators)}
+
+    def own(sums: dict) -> dict:
+        return {name: value for name, value in sums.items() if name in keep}
+
+    return acc._replace(
+        sums=own(acc.sums),
+        replicate_sums=own(acc.replicate_sums),
+        step_sums=own(acc.step_sums),
+        replicate_step_sums=own(acc.replicate_step_sums),
+    )
+
+
 def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     """The merged sums (extended to ``length`` steps) as estimators read them."""
 
@@ -318,6 +334,36 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
 
     every = np.arange(acc.sums["count"].shape[0])
     return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select)
+
+
+LEAVE_OUT_CHUNK = 4096  # steps combined at a time: [G, K, chunk] temporaries
+
+
+def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]:
+    """(the non-empty groups [G], Sums with a leading [G] axis: every episode but those of
+    group g), for estimators that evaluate sums with leading axes (``replicates``), all
+    groups at once. The per-step sums of the other groups are combined relative to their
+    own largest scale at each step (log-sum-exp), never by subtracting a group."""
+    groups = np.flatnonzero(acc.sums["count"] > 0)
+    others = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]  # [G, K]
+    weights = others.astype(np.float64)
+    sums = {k: np.tensordot(weights, v, axes=(1, 0)) for k, v in acc.sums.items()}
+    step_scales, step_sums = {}, {}
+    for scale, scale_kt in acc.step_log_scales.items():
+        scale_kt = scale_kt[:, :length]
+        masked = np.where(others[:, :, None], scale_kt[None], -np.inf)  # [G, K, L]
+        step_scales[scale] = np.max(masked, axis=1)
+    for name, sum_kt in acc.step_sums.items():
+        scale = sum_spec(name).scale.name
+        scale_kt, combined = acc.step_log_scales[scale][:, :length], step_scales[scale]
+        out = np.zeros((groups.size, combined.shape[-1]))
+        for start in range(0, combined.shape[-1], LEAVE_OUT_CHUNK):
+            part = slice(start, start + LEAVE_OUT_CHUNK)
+            factor = rescale(scale_kt[None, :, part], combined[:, None, part])
+            own = sum_kt[None, :, :length][:, :, part]
+            out[:, part] = np.sum(weights[:, :, None] * own * factor, axis=1)
+        step_sums[name] = out
+    return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)
 
 
 def replicate_sums(acc: Accumulator, length: int) -> Sums:
