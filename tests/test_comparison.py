@@ -228,3 +228,30 @@ def test_plot_adds_the_ranking_figure_with_the_baseline_and_truth(chain, tmp_pat
     assert rows[-1].truth == truth["behavior"]["value"]
     assert [r.could_be_best for r in rows[:3]] == [r.could_be_best["wis"] for r in result.results]
     assert all(r.truth is not None for r in rows)
+
+
+def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, ope_in_process):
+    folder, truth = chain
+    values = {entry["policy"]: entry["value"] for entry in truth["policies"][:2]}
+    (folder / "partial.json").write_text(json.dumps(values))
+    run = ope_in_process(
+        ["evaluate", "logs.parquet", "--policy", "policies/*.npz", "--truth", "partial.json"]
+        + ["--format", "json"],
+        cwd=folder,
+    )
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
+    assert any("no value for policies/eval_2.npz" in note for note in notes), notes
+    assert document["selection"]["wis"]["rmse"] is not None
+
+
+def test_a_truth_naming_a_policy_not_given_is_refused(chain, ope_in_process):
+    folder, _ = chain
+    (folder / "extra.json").write_text(json.dumps({"policies/nope.npz": 1.0}))
+    run = ope_in_process(
+        ["evaluate", "logs.parquet", "--policy", "policies/*.npz", "--truth", "extra.json"],
+        cwd=folder,
+    )
+    assert run.returncode == 2 and run.stdout == ""
+    assert len(run.stderr.strip().splitlines()) == 1 and "nope.npz" in run.stderr
