@@ -4,11 +4,16 @@ The public API (``__all__``)::
 
     import ope_cli
 
-    result = ope_cli.evaluate(ope_cli.EvaluationConfig("logs.parquet", policies=("a.npz",)))
+    result = ope_cli.evaluate("logs.parquet", policies=["a.npz"], gamma=0.99)
     result.results[0].estimates["wis"].value
+    result.to_dict()        # the --format json document
+    result.to_pandas()      # one row per policy x estimator (with pandas installed)
 
-    report = ope_cli.inspect(ope_cli.InspectConfig("logs.parquet"))
+    report = ope_cli.inspect("logs.parquet")
     truth = ope_cli.generate("chain", "demo", episodes=5000)
+
+The command line's options are keywords (``ope_cli.api``); the config records
+(``EvaluationConfig``, ``InspectConfig``) are accepted too.
 
 Names load on first use, so ``import ope_cli`` (and the command line's ``--help``) does
 not import JAX. Errors are ``OpeError`` subclasses carrying the CLI's exit code.
@@ -23,13 +28,15 @@ import types
 from ope_cli._version import __version__
 
 _API = {  # public name -> (module, attribute)
-    "evaluate": ("ope_cli.pipeline", "evaluate"),
+    "evaluate": ("ope_cli.api", "evaluate"),
+    "Evaluation": ("ope_cli.api", "Evaluation"),
+    "Inspection": ("ope_cli.api", "Inspection"),
     "EvaluationConfig": ("ope_cli.config", "EvaluationConfig"),
     "BatchingConfig": ("ope_cli.config", "BatchingConfig"),
     "ColumnMapping": ("ope_cli.config", "ColumnMapping"),
     "EvaluationResult": ("ope_cli.results", "EvaluationResult"),
     "PolicyResult": ("ope_cli.results", "PolicyResult"),
-    "inspect": ("ope_cli.inspect", "inspect"),
+    "inspect": ("ope_cli.api", "inspect"),
     "InspectConfig": ("ope_cli.inspect", "InspectConfig"),
     "InspectReport": ("ope_cli.inspect", "InspectReport"),
     "generate": ("ope_cli.generate", "generate"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,10 @@ def test_all_lists_the_api_and_every_name_resolves():
 
 
 def test_names_are_the_core_objects():
-    from ope_cli import config, errors, pipeline, results
+    from ope_cli import api, config, errors, results
 
-    assert ope_cli.evaluate is pipeline.evaluate
+    assert ope_cli.evaluate is api.evaluate
+    assert ope_cli.inspect is api.inspect
     assert ope_cli.EvaluationConfig is config.EvaluationConfig
     assert ope_cli.EvaluationResult is results.EvaluationResult
     assert ope_cli.DataError is errors.DataError
@@ -39,7 +41,7 @@ def test_functions_keep_their_names_next_to_same_named_modules():
     import ope_cli.inspect  # noqa: F401
     from ope_cli import generate, inspect
 
-    assert callable(inspect) and inspect.__module__ == "ope_cli.inspect"
+    assert callable(inspect) and inspect.__module__ == "ope_cli.api"
     assert callable(generate) and generate.__module__ == "ope_cli.generate"
     assert ope_cli.inspect is inspect
 
@@ -82,3 +84,59 @@ def test_help_does_not_import_jax():
         "print('jax' in sys.modules)\n"
     )
     assert _modules_after(code).strip() == "False"
+
+
+def test_evaluate_takes_the_command_line_options_as_keywords(tmp_path):
+    data, policy = EXAMPLES / "data" / "logs.parquet", EXAMPLES / "policies" / "ckpt.npz"
+    by_keywords = ope_cli.evaluate(
+        str(data), policy=str(policy), gamma=0.9, ci="normal", estimator="wis", batch_steps=4096
+    )
+    by_config = ope_cli.evaluate(
+        ope_cli.EvaluationConfig(
+            data=str(data),
+            policies=(str(policy),),
+            gamma=0.9,
+            interval="normal",
+            estimators=("wis",),
+            batching=ope_cli.BatchingConfig(batch_steps=4096),
+        )
+    )
+    document = by_keywords.to_dict()
+    assert document == by_config.to_dict() | {"runtime": document["runtime"]}
+    assert document["results"][0]["estimates"]["wis"]["value"] == pytest.approx(
+        by_keywords.results[0].estimates["wis"].value
+    )
+    assert document["confidence"]["interval"] == "normal" and document["gamma"] == 0.9
+
+
+def test_to_pandas_is_the_csv_as_a_table():
+    pandas = pytest.importorskip("pandas")
+    run = ope_cli.evaluate(
+        str(EXAMPLES / "data" / "logs.parquet"), policies=[str(EXAMPLES / "policies" / "ckpt.npz")]
+    )
+    frame = run.to_pandas()
+    from ope_cli.report import to_csv
+
+    expected = pandas.read_csv(io.StringIO(to_csv(run)))
+    assert list(frame.columns) == list(expected.columns)
+    assert len(frame) == 4 and list(frame["estimator"]) == ["is", "wis", "pdis", "wpdis"]
+    assert frame["value"].tolist() == pytest.approx(expected["value"].tolist(), rel=1e-15)
+
+
+def test_unknown_keywords_are_refused_by_name():
+    with pytest.raises(ope_cli.UsageError, match="unknown option 'gama'"):
+        ope_cli.evaluate("logs.parquet", gama=0.9)
+    with pytest.raises(ope_cli.UsageError, match="unknown option 'batch_steps'"):
+        ope_cli.inspect("logs.parquet", batch_steps=4096)
+
+
+def test_inspect_takes_keywords_and_gives_the_json_document():
+    data = str(EXAMPLES / "data" / "logs.parquet")
+    report = ope_cli.inspect(data, read_rows=1000, obs_col="observation")
+    assert isinstance(report, ope_cli.InspectReport)
+    document = report.to_dict()
+    assert document["command"] == "inspect" and document["dataset"]["source"] == data
+    config = ope_cli.InspectConfig(
+        data, columns=ope_cli.ColumnMapping(observation="observation"), read_rows=1000
+    )
+    assert ope_cli.inspect(config).to_dict() == document

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+from typing import Any
 
 from ope_cli.report.table import rank_policies, resolve_rank_by
 from ope_cli.report.warnings import run_warnings
@@ -30,60 +31,67 @@ CHOICE = (*COMPARISON, "could_be_best")
 WARNING_SEPARATOR = " | "
 
 
-def to_csv(result: EvaluationResult, rank_by: str | None = None) -> str:
-    """One row per policy x estimator; the policy's diagnostics, rank and warnings repeat on
-    each of its rows (a warning is "code: message"). Numbers are written exactly
-    (``repr``); an undefined number is an empty cell."""
+def tidy_rows(
+    result: EvaluationResult, rank_by: str | None = None
+) -> tuple[list[str], list[list[Any]]]:
+    """(column names, one row per policy x estimator) as Python values: numbers as floats,
+    undefined ones None, could_be_best a bool; the policy's diagnostics, rank and warnings
+    repeat on each of its rows (a warning is "code: message")."""
     rank_by = resolve_rank_by(result, rank_by)
     ranks = rank_policies(result, rank_by)
     warnings = run_warnings(result, ranks, rank_by)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     metrics = list(next(iter(result.selection.values()))) if result.selection else []
-    writer.writerow((*HEADER, *EXTRA, *CHOICE, *(f"selection_{m}" for m in metrics)))
+    header = [*HEADER, *EXTRA, *CHOICE, *(f"selection_{m}" for m in metrics)]
+    rows = []
     for policy, rank in zip(result.results, ranks, strict=True):
         diagnostics = dataclasses.asdict(policy.diagnostics)
         concerning = WARNING_SEPARATOR.join(
             f"{w.code}: {w.message}" for w in warnings if w.policy in (None, policy.policy)
         )
         for name, e in policy.estimates.items():
-            cells = [
-                e.value,
-                e.stderr,
-                e.ci_low,
-                e.ci_high,
-                *(diagnostics[k] for k in DIAGNOSTIC_FIELDS),
-            ]
-            numbers = ("" if c is None else repr(float(c)) for c in cells)
-            extra = (
-                policy.ci_methods.get(name) or "",
-                e.note or "",
-                policy.shown,
-                "" if rank is None else rank,
-                concerning,
+            c = (policy.comparison or {}).get(name)
+            compared = (c.delta, c.stderr, c.ci_low, c.ci_high, c.p_improvement) if c else ()
+            own = (result.selection or {}).get(name, {})
+            rows.append(
+                [
+                    policy.policy,
+                    name,
+                    *(_float(x) for x in (e.value, e.stderr, e.ci_low, e.ci_high)),
+                    *(_float(diagnostics[k]) for k in DIAGNOSTIC_FIELDS),
+                    policy.ci_methods.get(name),
+                    e.note,
+                    policy.shown,
+                    rank,
+                    concerning,
+                    *(_float(x) for x in compared or (None,) * len(COMPARISON)),
+                    (policy.could_be_best or {}).get(name),
+                    *(_float(own.get(metric)) for metric in metrics),
+                ]
             )
-            chosen = (*_comparison_cells(policy, name), *_selection_cells(result, name, metrics))
-            writer.writerow([policy.policy, name, *numbers, *extra, *chosen])
+    return header, rows
+
+
+def to_csv(result: EvaluationResult, rank_by: str | None = None) -> str:
+    """``tidy_rows`` as CSV: numbers written exactly (``repr``), an undefined number or
+    missing text an empty cell, booleans as true/false."""
+    header, rows = tidy_rows(result, rank_by)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([_cell(value) for value in row])
     return out.getvalue()
 
 
-def _number(x) -> str:
-    return "" if x is None else repr(float(x))
+def _float(x) -> float | None:
+    return None if x is None else float(x)
 
 
-def _comparison_cells(policy, name: str) -> list[str]:
-    """The CHOICE cells of one policy and estimator."""
-    c = (policy.comparison or {}).get(name)
-    cells = (
-        ["" for _ in COMPARISON]
-        if c is None
-        else [_number(x) for x in (c.delta, c.stderr, c.ci_low, c.ci_high, c.p_improvement)]
-    )
-    flags = policy.could_be_best or {}
-    cells.append("" if name not in flags else str(flags[name]).lower())
-    return cells
-
-
-def _selection_cells(result: EvaluationResult, name: str, metrics: list[str]) -> list[str]:
-    own = (result.selection or {}).get(name, {})
-    return [_number(own.get(metric)) for metric in metrics]
+def _cell(value) -> str | int:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return repr(value)
+    return value
