@@ -255,3 +255,22 @@ def test_a_truth_naming_a_policy_not_given_is_refused(chain, ope_in_process):
     )
     assert run.returncode == 2 and run.stdout == ""
     assert len(run.stderr.strip().splitlines()) == 1 and "nope.npz" in run.stderr
+
+
+def test_doubly_robust_differences_are_the_differences_of_the_estimates(chain, ope_in_process):
+    """With a Q source: dm, dr (means of terms) and wdr (a ratio, jackknifed) pair too."""
+    folder, _ = chain
+    run = ope_in_process(
+        ["evaluate", "logs.parquet", "-p", "policies/*.npz", "--q", "q/eval_*.npz"]
+        + ["--baseline", "policies/eval_2.npz", "--ci", "normal", "--format", "json"],
+        cwd=folder,
+    )
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout)["results"]
+    baseline = results[2]["estimates"]
+    for result in results[:2]:
+        for name in ("dm", "dr", "wdr"):
+            got = result["comparison"][name]
+            expected = result["estimates"][name]["value"] - baseline[name]["value"]
+            assert got["delta"] == pytest.approx(expected, rel=1e-9), name
+            assert 0 < got["stderr"] < result["estimates"][name]["stderr"] + 1.0

@@ -178,7 +178,11 @@ WDR = register(
         name="wdr",
         title="WDR",
         stderr_method="grouped jackknife over 32 episode-id hash groups",
+        # wdr = dm + ...: it reads dm's sums too, which every run with Q-hat computes (both
+        # need the same inputs), so they are declared here as well
         sums=(
+            Sum("dm_v"),
+            Sum("dm_v2"),
             StepSum("wr_t", STEP, after_end="zero"),
             StepSum("w_t", STEP, after_end="hold"),
             StepSum("wq_t", STEP, after_end="zero"),
