@@ -22,12 +22,12 @@ from ope_cli.errors import UsageError
 from ope_cli.fit.base import (
     check_model_fits,
     default_model,
-    episode_folds,
     parse_model,
 )
 from ope_cli.fit.estimate import estimated_policy
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.tabular import SMOOTHING, TabularModel
+from ope_cli.ids import episode_folds
 
 gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_in_memory_models_refuse_past_their_budget():
 def test_fold_index_is_the_same_in_numpy_and_jax():
     import jax.numpy as jnp
 
-    from ope_cli.fit.base import fold_index
+    from ope_cli.ids import fold_index
 
     rng = np.random.default_rng(1)
     hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")

@@ -23,12 +23,12 @@ from ope_cli.fit.base import (
     Gather,
     check_model_fits,
     default_model,
-    episode_folds,
     parse_model,
 )
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.softmax import SoftmaxModel
 from ope_cli.fit.tabular import TabularModel
+from ope_cli.ids import episode_folds
 from ope_cli.policies import LogProbFn, Policy, checkpoint_policy
 from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.sources import iter_batches
