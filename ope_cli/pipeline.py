@@ -33,7 +33,8 @@ from ope_cli.distributed import (
     reduce_counters,
     share_files,
 )
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import available as available_estimators
 from ope_cli.estimators.base import (
@@ -57,13 +58,7 @@ from ope_cli.policies import (
 from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs, q_source
 from ope_cli.qfunctions import chunk_checks as q_chunk_checks
 from ope_cli.results import EvaluationResult, PolicyResult
-from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.sources import (
-    Dataset,
-    iter_batches,
-    open_dataset,
-    prefetched,
-)
+from ope_cli.sources import prefetched
 from ope_cli.stats import (
     Accumulator,
     finalize,
@@ -74,6 +69,7 @@ from ope_cli.stats import (
 )
 from ope_cli.validate import REASONS, Check, dropped_by_reason
 
+Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -110,55 +106,69 @@ class _LocalPass:
         self.shapes = {(int(b), int(t)) for b, t in shapes}
 
 
-class BatchStream:
-    """One process's share of the data as padded batches: ``for batch in stream`` reads the
-    files once (read ahead on a thread), assembles and validates episodes, and yields the
-    [B, T] PaddedBatch of each bucket as it fills, then the partly filled ones.
+@dataclasses.dataclass(frozen=True)
+class EvaluationInputs:
+    """What an evaluation pass reads and evaluates with, resolved before it reads a row.
 
-    What consumers need besides the batches: ``schema``, ``policies``, ``plan`` (interval
-    method and bounds), ``data`` (this process's files), ``files`` (all processes' count),
-    ``behavior`` (the ``--behavior`` policy or None) and ``behavior_source``, ``qs`` (one
-    Q function per policy, or None without a Q source); and, as the
-    stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
-    (the [B, T] shapes emitted) and ``seen_keys()``.
+    Attributes:
+      config: the run's settings, the discount resolved (``plan.gamma_source`` says whence).
+      episodes: this process's share of the episodes (its files).
+      files: the count of files of all processes.
+      policies: the evaluation policies, in order.
+      plan: the interval method and the bounds checked with the data.
+      behavior: the ``--behavior`` policy (or the fitted one); None: the data's column.
+      behavior_source: where pi_b comes from, for the report; None: to be estimated.
+      qs: one Q function per policy (a ``fit`` one until fitted), or None without a Q source.
     """
 
-    def __init__(  # noqa: PLR0913 - what stream() resolved, handed over once
-        self,
-        config: EvaluationConfig,
-        data: Dataset,
-        schema: DataSchema,
-        policies: list[Policy],
-        plan: IntervalPlan,
-        files: int,
-        multiple_of: int = 1,
-        on_progress: Callable[[int, int | None], None] | None = None,
-        behavior: Policy | None = None,
-        qs: list[QFunction] | None = None,
-    ):
-        self.config, self.data, self.schema = config, data, schema
-        self.behavior = behavior
-        self.qs = qs
-        self.behavior_source: BehaviorSource | None = (  # None: estimated (set by fit)
-            policy_source(behavior)
-            if behavior is not None
-            else column_source(schema)
-            if schema.behavior_logged
-            else None
-        )
-        self.policies, self.plan, self.files = policies, plan, files
-        self.on_progress = on_progress
-        self.counters = Counters()
-        self.bucketer = Bucketer(config.batching, multiple_of=multiple_of)
-        self.assembler = EpisodeAssembler(schema, config.on_invalid, self.chunk_checks_of)
+    config: EvaluationConfig
+    episodes: EpisodeStream
+    files: int
+    policies: list[Policy]
+    plan: IntervalPlan
+    behavior: Policy | None = None
+    behavior_source: BehaviorSource | None = None
+    qs: list[QFunction] | None = None
 
-    def chunk_checks_of(self, chunk: EpisodeChunk) -> Iterator[Check]:
+    def chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
         """Action and state ranges and bounds, validated with the data."""
         for policy in self.policies:
             yield from chunk_checks(policy, chunk)
         for q, policy in zip(self.qs or (), self.policies, strict=False):
             yield from q_chunk_checks(q, policy, chunk)
         yield from self.plan.chunk_checks(chunk)
+
+    def checked_episodes(self) -> EpisodeStream:
+        """The episodes as the evaluation validates them (with ``chunk_checks``)."""
+        return self.episodes.with_checks(self.chunk_checks)
+
+
+class BatchStream:
+    """One process's share of the data as padded batches: ``for batch in stream`` reads the
+    episodes once (read ahead on a thread) and yields the [B, T] PaddedBatch of each
+    bucket as it fills, then the partly filled ones.
+
+    What consumers need besides the batches is the ``inputs`` (also as ``config``,
+    ``schema``, ``policies``, ``plan``, ``files``, ``behavior``, ``behavior_source`` and
+    ``qs``); and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops),
+    ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``.
+    """
+
+    def __init__(
+        self,
+        inputs: EvaluationInputs,
+        multiple_of: int = 1,
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ):
+        self.inputs = inputs
+        self.config, self.schema = inputs.config, inputs.episodes.schema
+        self.policies, self.plan, self.files = inputs.policies, inputs.plan, inputs.files
+        self.behavior, self.behavior_source = inputs.behavior, inputs.behavior_source
+        self.qs = inputs.qs
+        self.on_progress = on_progress
+        self.counters = Counters()
+        self.bucketer = Bucketer(inputs.config.batching, multiple_of=multiple_of)
+        self.assembler = inputs.checked_episodes().assembler()
 
     @property
     def shapes(self) -> set[tuple[int, int]]:
@@ -170,12 +180,11 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[PaddedBatch]:
         counts, assembler, bucketer = self.counters, self.assembler, self.bucketer
-        total_rows = self.data.count_rows()
+        episodes = self.inputs.episodes
+        total_rows = episodes.data.count_rows()
         if self.on_progress is not None:
             self.on_progress(0, total_rows)
-        reading = prefetched(
-            iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
-        )
+        reading = prefetched(episodes.record_batches())
         with contextlib.closing(reading):  # a failure below stops the reading thread at once
             for chunk in assembler.chunks(reading):
                 counts.episodes += chunk.num_episodes
@@ -194,34 +203,18 @@ class BatchStream:
     def reread_chunks(self) -> Iterator[EpisodeChunk]:
         """This process's episodes read again, on the host only (to locate an episode by
         its key on an error path)."""
-        assembler = EpisodeAssembler(self.schema, self.config.on_invalid)
-        reading = iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
-        yield from assembler.chunks(reading)
+        return iter(self.inputs.episodes)
 
 
-def stream(
-    config: EvaluationConfig,
-    multiple_of: int = 1,
-    on_progress: Callable[[int, int | None], None] | None = None,
-    process: tuple[int, int] = (0, 1),
-    on_status: Callable[[str], None] | None = None,
-) -> BatchStream:
-    """Opens the data of ``config`` (and its policies) for one pass of padded batches, with
-    episodes per batch a multiple of ``multiple_of`` (the devices they are sharded over).
-    ``process`` = (process id, number of processes): this process reads its share of the
-    files. Raises OpeError subclasses (the data is read as the stream is iterated)."""
+def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> EvaluationInputs:
+    """Opens the data of ``config`` and loads its policies, behavior policy and Q sources,
+    checked against the data's columns; no row is read. ``process`` = (process id, number
+    of processes): this process's share of the files. Raises OpeError subclasses."""
     policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
-    data = open_dataset(config.data)
-    schema = resolve_schema(
-        data.schema,
-        config.columns,
-        logged_target=not config.policies,
-        source=config.data,
-        logged_behavior=config.behavior is None,
-    )
-    estimating = is_estimate(config.behavior)
+    episodes = open_episodes(data_config(config))
+    schema = episodes.schema
     behavior = None
-    if config.behavior is not None and not estimating:
+    if config.behavior is not None and not is_estimate(config.behavior):
         behavior = load_behavior(config.behavior, schema)
     for policy in policies:
         if policy.kind != "logged":
@@ -231,32 +224,120 @@ def stream(
     qs = load_qs(config.q, policies, critic)
     for q, policy in zip(qs or [], policies if qs else [], strict=True):
         check_q(q, policy, schema)
-    plan = plan_intervals(config, data.declared_bounds())
+    plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
-    files = len(data.files)
+    files = len(episodes.data.files)
     process_id, num_processes = process
     if num_processes > 1:
-        data = data.restrict(share_files(data.files, process_id, num_processes))
-    batches = BatchStream(
-        config, data, schema, policies, plan, files, multiple_of, on_progress, behavior, qs
+        episodes = episodes.restrict(share_files(episodes.data.files, process_id, num_processes))
+    source = (
+        policy_source(behavior)
+        if behavior is not None
+        else column_source(schema)
+        if schema.behavior_logged
+        else None  # estimated: set by the fit
     )
-    collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
-    fitting_q = any(q.kind == FIT for q in qs or ())
+    return EvaluationInputs(config, episodes, files, policies, plan, behavior, source, qs)
+
+
+def data_config(config: EvaluationConfig) -> DataConfig:
+    """How ``ope evaluate`` reads its data: the target probabilities from the data without
+    ``--policy``, the behavior probabilities without ``--behavior``."""
+    return DataConfig(
+        config.data,
+        config.columns,
+        config.batching.read_rows,
+        config.on_invalid,
+        target_column="unread" if config.policies else "required",
+        behavior_column="required" if config.behavior is None else "unread",
+    )
+
+
+def fit_models(
+    inputs: EvaluationInputs,
+    collectives: Collectives | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> EvaluationInputs:
+    """``inputs`` with the models the run fits before its evaluation pass: the behavior
+    policy of ``--behavior estimate`` (a pass over the data), then each policy's Q-hat of
+    ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
+    check_all), else None. The same inputs when there is nothing to fit."""
+    estimating = is_estimate(inputs.config.behavior)
+    fitting_q = any(q.kind == FIT for q in inputs.qs or ())
     passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
     say = on_status or (lambda text: None)
-    if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
-        from ope_cli.fit.estimate import estimate_into
-
+    if estimating:
         say(f"fitting the behavior policy (pass 1 of {passes}) ...")
-        estimate_into(batches, batches.chunk_checks_of, collectives)
-    if fitting_q:  # a pass fits Q-hat (fitted Q evaluation)
-        from ope_cli.fitted_q import fit_q_into
-
+        inputs = with_estimated_behavior(inputs, collectives)
+    if fitting_q:
         say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
-        fit_q_into(batches, collectives)
+        inputs = with_fitted_qs(inputs, collectives)
     if passes > 1:
         say(f"evaluating (pass {passes} of {passes})")
-    return batches
+    return inputs
+
+
+def with_estimated_behavior(
+    inputs: EvaluationInputs, collectives: Collectives | None = None
+) -> EvaluationInputs:
+    """``inputs`` with the behavior policy of ``--behavior estimate[:MODEL]`` fitted on
+    the episodes as the evaluation validates them."""
+    from ope_cli.fit.base import parse_model
+    from ope_cli.fit.estimate import choose_model, fit_behavior, logged_propensity_column
+
+    config, episodes = inputs.config, inputs.episodes
+    option = f"--behavior {config.behavior}"
+    model = choose_model(parse_model(config.behavior), episodes.schema, option)
+    estimated = fit_behavior(
+        inputs.checked_episodes(),
+        model,
+        folds=config.behavior_cross_fit,
+        min_propensity=config.min_propensity,
+        collectives=collectives,
+    )
+    source = estimated.source(logged_propensity_column(episodes))
+    return dataclasses.replace(inputs, behavior=estimated.policy, behavior_source=source)
+
+
+def with_fitted_qs(
+    inputs: EvaluationInputs, collectives: Collectives | None = None
+) -> EvaluationInputs:
+    """``inputs`` with every ``--q fit`` Q source fitted, policy by policy (each pass
+    validated with the Q functions fitted before it)."""
+    from ope_cli.fitted_q import fit_q_function
+
+    config, qs = inputs.config, list(inputs.qs or ())
+    for index, (q, policy) in enumerate(zip(qs, inputs.policies, strict=True)):
+        if q.kind != FIT:
+            continue
+        so_far = dataclasses.replace(inputs, qs=list(qs))
+        qs[index] = fit_q_function(
+            so_far.checked_episodes(),
+            policy,
+            q.name,
+            gamma=config.gamma,
+            folds=config.cross_fit,
+            seed=config.seed,
+            collectives=collectives,
+        )
+    return dataclasses.replace(inputs, qs=qs)
+
+
+def stream(
+    config: EvaluationConfig,
+    multiple_of: int = 1,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    process: tuple[int, int] = (0, 1),
+    on_status: Callable[[str], None] | None = None,
+) -> BatchStream:
+    """Opens the data of ``config`` (and its policies), fits what the run fits first, and
+    returns one pass of padded batches, with episodes per batch a multiple of
+    ``multiple_of`` (the devices they are sharded over). ``process`` = (process id, number
+    of processes): this process reads its share of the files. Raises OpeError subclasses
+    (the data is read as the stream is iterated)."""
+    collectives = (allgather_ragged, check_all_succeeded) if process[1] > 1 else None
+    inputs = fit_models(open_inputs(config, process), collectives, on_status)
+    return BatchStream(inputs, multiple_of, on_progress)
 
 
 def evaluate(
@@ -302,10 +383,11 @@ def evaluate(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     behavior = batches.behavior_source
-    if behavior is not None and behavior.fit is not None:  # --behavior estimate
-        from ope_cli.fit.estimate import compare_with_logged
+    if behavior is not None and behavior.fit is not None and behavior.fit.logged_column:
+        from ope_cli.fit.estimate import with_logged_mean_weights  # --behavior estimate
 
-        behavior = compare_with_logged(config, behavior, results, evaluate)
+        logged = _results_with_logged_propensities(config, precision, mesh)
+        behavior = with_logged_mean_weights(behavior, results, logged)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -342,6 +424,20 @@ def evaluate(
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
     )
+
+
+def _results_with_logged_propensities(
+    config: EvaluationConfig, precision: str, mesh
+) -> list[PolicyResult]:
+    """Each policy's result with the data's propensity column as the behavior policy: a
+    second evaluation composed as the first (its fits, then its pass), in this process
+    over all the files, to compare an estimated behavior model with the logged one."""
+    logged_config = dataclasses.replace(config, behavior=None, behavior_cross_fit=1)
+    devices = 1 if mesh is None else mesh.size
+    batches = stream(logged_config, devices)
+    local = _local_pass(batches, precision, mesh)
+    _check_some_episodes(batches.config, local.counters)
+    return _policy_results(batches.config, batches.plan, batches, local)
 
 
 def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):

@@ -638,8 +638,7 @@ def test_streaming_estimates_add_one_pass_over_the_data(
 ):
     """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
     pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
-    from ope_cli import pipeline
-    from ope_cli.fit import estimate
+    from ope_cli import episode_stream
     from ope_cli.sources import iter_batches
 
     rows = []
@@ -649,8 +648,7 @@ def test_streaming_estimates_add_one_pass_over_the_data(
             rows.append(batch.batch.num_rows)
             yield batch
 
-    monkeypatch.setattr(pipeline, "iter_batches", counted)
-    monkeypatch.setattr(estimate, "iter_batches", counted)
+    monkeypatch.setattr(episode_stream, "iter_batches", counted)  # every pass reads there
     out = generated[env]
     logged = _evaluate(ope_in_process, out / "logs.parquet", *_policies(out))
     read_once = sum(rows)
