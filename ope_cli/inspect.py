@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError
 from ope_cli.plan import resolve_gamma
@@ -266,9 +266,16 @@ def inspect(config: InspectConfig) -> InspectReport:
         gamma=gamma,
         gamma_source=gamma_source,
     )
-    episodes = episodes.with_checks(policy_checks)
+    _read_every_file(episodes.with_checks(policy_checks), report)
+    return report
+
+
+def _read_every_file(episodes: EpisodeStream, report: InspectReport) -> None:
+    """Adds every valid episode of ``episodes`` to ``report``, and what the validation
+    found; a file whose reading fails is one problem, and the reading goes on with the
+    next file."""
     assembler = episodes.assembler()
-    remaining = list(data.files)
+    remaining = list(episodes.data.files)
     while remaining:
         part = episodes.restrict(tuple(remaining))
         current = remaining[0]
@@ -294,7 +301,6 @@ def inspect(config: InspectConfig) -> InspectReport:
     report.invalid_episodes = validation.episodes_dropped
     report.invalid_steps = validation.steps_dropped
     report.problems = list(validation.problems.values())
-    return report
 
 
 def _failed_file(message: str, files: list[str]) -> str | None:

@@ -14,11 +14,7 @@ import numpy as np
 from ope_cli.behavior import (
     BehaviorSource,
     check_behavior_against_chunk,
-    column_source,
     first_zero_probability,
-    is_estimate,
-    load_behavior,
-    policy_source,
     zero_probability_error,
 )
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
@@ -31,9 +27,7 @@ from ope_cli.distributed import (
     initialize,
     reduce_accumulators,
     reduce_counters,
-    share_files,
 )
-from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import available as available_estimators
@@ -41,22 +35,14 @@ from ope_cli.estimators.base import (
     describe_standard_errors,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.evaluation_inputs import EvaluationInputs, fit_models, open_inputs
 from ope_cli.plan import (
     IntervalPlan,
     annotate_results,
     check_config,
-    plan_intervals,
     reported_estimators,
 )
-from ope_cli.policies import (
-    Policy,
-    check_against_schema,
-    chunk_checks,
-    load_policies,
-    logged_policy,
-)
-from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs, q_source
-from ope_cli.qfunctions import chunk_checks as q_chunk_checks
+from ope_cli.qfunctions import q_source
 from ope_cli.results import EvaluationResult, PolicyResult
 from ope_cli.sources import prefetched
 from ope_cli.stats import (
@@ -67,9 +53,8 @@ from ope_cli.stats import (
     merge,
     profile,
 )
-from ope_cli.validate import REASONS, Check, dropped_by_reason
+from ope_cli.validate import REASONS, dropped_by_reason
 
-Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -104,43 +89,6 @@ class _LocalPass:
         self.accumulators = reduce_accumulators(self.accumulators)
         shapes = allgather_ragged(np.array(sorted(self.shapes), np.int64).reshape(-1, 2))
         self.shapes = {(int(b), int(t)) for b, t in shapes}
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluationInputs:
-    """What an evaluation pass reads and evaluates with, resolved before it reads a row.
-
-    Attributes:
-      config: the run's settings, the discount resolved (``plan.gamma_source`` says whence).
-      episodes: this process's share of the episodes (its files).
-      files: the count of files of all processes.
-      policies: the evaluation policies, in order.
-      plan: the interval method and the bounds checked with the data.
-      behavior: the ``--behavior`` policy (or the fitted one); None: the data's column.
-      behavior_source: where pi_b comes from, for the report; None: to be estimated.
-      qs: one Q function per policy (a ``fit`` one until fitted), or None without a Q source.
-    """
-
-    config: EvaluationConfig
-    episodes: EpisodeStream
-    files: int
-    policies: list[Policy]
-    plan: IntervalPlan
-    behavior: Policy | None = None
-    behavior_source: BehaviorSource | None = None
-    qs: list[QFunction] | None = None
-
-    def chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
-        """Action and state ranges and bounds, validated with the data."""
-        for policy in self.policies:
-            yield from chunk_checks(policy, chunk)
-        for q, policy in zip(self.qs or (), self.policies, strict=False):
-            yield from q_chunk_checks(q, policy, chunk)
-        yield from self.plan.chunk_checks(chunk)
-
-    def checked_episodes(self) -> EpisodeStream:
-        """The episodes as the evaluation validates them (with ``chunk_checks``)."""
-        return self.episodes.with_checks(self.chunk_checks)
 
 
 class BatchStream:
@@ -206,123 +154,6 @@ class BatchStream:
         return iter(self.inputs.episodes)
 
 
-def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> EvaluationInputs:
-    """Opens the data of ``config`` and loads its policies, behavior policy and Q sources,
-    checked against the data's columns; no row is read. ``process`` = (process id, number
-    of processes): this process's share of the files. Raises OpeError subclasses."""
-    policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
-    episodes = open_episodes(data_config(config))
-    schema = episodes.schema
-    behavior = None
-    if config.behavior is not None and not is_estimate(config.behavior):
-        behavior = load_behavior(config.behavior, schema)
-    for policy in policies:
-        if policy.kind != "logged":
-            check_against_schema(policy, schema)
-    columns = config.columns
-    critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
-    qs = load_qs(config.q, policies, critic)
-    for q, policy in zip(qs or [], policies if qs else [], strict=True):
-        check_q(q, policy, schema)
-    plan = plan_intervals(config, episodes.data.declared_bounds())
-    config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
-    files = len(episodes.data.files)
-    process_id, num_processes = process
-    if num_processes > 1:
-        episodes = episodes.restrict(share_files(episodes.data.files, process_id, num_processes))
-    source = (
-        policy_source(behavior)
-        if behavior is not None
-        else column_source(schema)
-        if schema.behavior_logged
-        else None  # estimated: set by the fit
-    )
-    return EvaluationInputs(config, episodes, files, policies, plan, behavior, source, qs)
-
-
-def data_config(config: EvaluationConfig) -> DataConfig:
-    """How ``ope evaluate`` reads its data: the target probabilities from the data without
-    ``--policy``, the behavior probabilities without ``--behavior``."""
-    return DataConfig(
-        config.data,
-        config.columns,
-        config.batching.read_rows,
-        config.on_invalid,
-        target_column="unread" if config.policies else "required",
-        behavior_column="required" if config.behavior is None else "unread",
-    )
-
-
-def fit_models(
-    inputs: EvaluationInputs,
-    collectives: Collectives | None = None,
-    on_status: Callable[[str], None] | None = None,
-) -> EvaluationInputs:
-    """``inputs`` with the models the run fits before its evaluation pass: the behavior
-    policy of ``--behavior estimate`` (a pass over the data), then each policy's Q-hat of
-    ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
-    check_all), else None. The same inputs when there is nothing to fit."""
-    estimating = is_estimate(inputs.config.behavior)
-    fitting_q = any(q.kind == FIT for q in inputs.qs or ())
-    passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
-    say = on_status or (lambda text: None)
-    if estimating:
-        say(f"fitting the behavior policy (pass 1 of {passes}) ...")
-        inputs = with_estimated_behavior(inputs, collectives)
-    if fitting_q:
-        say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
-        inputs = with_fitted_qs(inputs, collectives)
-    if passes > 1:
-        say(f"evaluating (pass {passes} of {passes})")
-    return inputs
-
-
-def with_estimated_behavior(
-    inputs: EvaluationInputs, collectives: Collectives | None = None
-) -> EvaluationInputs:
-    """``inputs`` with the behavior policy of ``--behavior estimate[:MODEL]`` fitted on
-    the episodes as the evaluation validates them."""
-    from ope_cli.fit.base import parse_model
-    from ope_cli.fit.estimate import choose_model, fit_behavior, logged_propensity_column
-
-    config, episodes = inputs.config, inputs.episodes
-    option = f"--behavior {config.behavior}"
-    model = choose_model(parse_model(config.behavior), episodes.schema, option)
-    estimated = fit_behavior(
-        inputs.checked_episodes(),
-        model,
-        folds=config.behavior_cross_fit,
-        min_propensity=config.min_propensity,
-        collectives=collectives,
-    )
-    source = estimated.source(logged_propensity_column(episodes))
-    return dataclasses.replace(inputs, behavior=estimated.policy, behavior_source=source)
-
-
-def with_fitted_qs(
-    inputs: EvaluationInputs, collectives: Collectives | None = None
-) -> EvaluationInputs:
-    """``inputs`` with every ``--q fit`` Q source fitted, policy by policy (each pass
-    validated with the Q functions fitted before it)."""
-    from ope_cli.fitted_q import fit_q_function
-
-    config, qs = inputs.config, list(inputs.qs or ())
-    for index, (q, policy) in enumerate(zip(qs, inputs.policies, strict=True)):
-        if q.kind != FIT:
-            continue
-        so_far = dataclasses.replace(inputs, qs=list(qs))
-        qs[index] = fit_q_function(
-            so_far.checked_episodes(),
-            policy,
-            q.name,
-            gamma=config.gamma,
-            folds=config.cross_fit,
-            seed=config.seed,
-            collectives=collectives,
-        )
-    return dataclasses.replace(inputs, qs=qs)
-
-
 def stream(
     config: EvaluationConfig,
     multiple_of: int = 1,
@@ -362,18 +193,8 @@ def evaluate(
 
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
     devices = 1 if mesh is None else mesh.size
-
-    error: OpeError | None = None
-    try:
-        batches = stream(config, devices, on_progress, (process_id, num_processes), on_status)
-        local = _local_pass(batches, precision, mesh, on_status)
-    except OpeError as failure:
-        if num_processes == 1:
-            raise
-        error = failure
-    if num_processes > 1:
-        check_all_succeeded(error)
-        local.reduce_across_processes()
+    process = (process_id, num_processes)
+    batches, local = _evaluate_share(config, precision, mesh, process, on_progress, on_status)
     compiled = runtime.compilation_counts() - counts_before
     config = batches.config  # with the discount resolved (plan.gamma_source says whence)
     counts = local.counters
@@ -382,12 +203,7 @@ def evaluate(
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
-    behavior = batches.behavior_source
-    if behavior is not None and behavior.fit is not None and behavior.fit.logged_column:
-        from ope_cli.fit.estimate import with_logged_mean_weights  # --behavior estimate
-
-        logged = _results_with_logged_propensities(config, precision, mesh)
-        behavior = with_logged_mean_weights(behavior, results, logged)
+    behavior = _reported_behavior(batches, results, precision, mesh)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -426,18 +242,48 @@ def evaluate(
     )
 
 
-def _results_with_logged_propensities(
-    config: EvaluationConfig, precision: str, mesh
-) -> list[PolicyResult]:
-    """Each policy's result with the data's propensity column as the behavior policy: a
-    second evaluation composed as the first (its fits, then its pass), in this process
-    over all the files, to compare an estimated behavior model with the logged one."""
-    logged_config = dataclasses.replace(config, behavior=None, behavior_cross_fit=1)
+def _evaluate_share(
+    config: EvaluationConfig,
+    precision: str,
+    mesh,
+    process: tuple[int, int] = (0, 1),
+    on_progress: Callable[[int, int | None], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[BatchStream, _LocalPass]:
+    """This process's stream (the data opened, its models fitted) and its one evaluation
+    pass; in a multi-process run (``process`` = (id, count)), reduced across every process,
+    where a failure in one stops them all."""
     devices = 1 if mesh is None else mesh.size
-    batches = stream(logged_config, devices)
-    local = _local_pass(batches, precision, mesh)
-    _check_some_episodes(batches.config, local.counters)
-    return _policy_results(batches.config, batches.plan, batches, local)
+    error: OpeError | None = None
+    try:
+        batches = stream(config, devices, on_progress, process, on_status)
+        local = _local_pass(batches, precision, mesh, on_status)
+    except OpeError as failure:
+        if process[1] == 1:
+            raise
+        error = failure
+    if process[1] > 1:
+        check_all_succeeded(error)
+        local.reduce_across_processes()
+    return batches, local
+
+
+def _reported_behavior(
+    batches: BatchStream, results: list[PolicyResult], precision: str, mesh
+) -> BehaviorSource | None:
+    """Where pi_b came from; for a model estimated on data that also logs propensities,
+    with each policy's mean weight under both, from a second evaluation composed as the
+    first with the data's column as the behavior (in this process, over all the files)."""
+    behavior = batches.behavior_source
+    if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
+        return behavior
+    from ope_cli.fit.estimate import with_logged_mean_weights
+
+    logged_config = dataclasses.replace(batches.config, behavior=None, behavior_cross_fit=1)
+    logged, local = _evaluate_share(logged_config, precision, mesh)
+    _check_some_episodes(logged.config, local.counters)
+    logged_results = _policy_results(logged.config, logged.plan, logged, local)
+    return with_logged_mean_weights(behavior, results, logged_results)
 
 
 def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):

@@ -16,7 +16,8 @@ import pyarrow as pa
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.errors import DataError, UsageError
-from ope_cli.pipeline import BatchStream, EvaluationInputs
+from ope_cli.evaluation_inputs import EvaluationInputs
+from ope_cli.pipeline import BatchStream
 from ope_cli.plan import IntervalPlan
 
 if TYPE_CHECKING:
