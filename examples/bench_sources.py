@@ -34,9 +34,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 import ope_cli
-from ope_cli.config import ColumnMapping
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import open_dataset
+from ope_cli.episode_stream import DataConfig, open_episodes
 
 OBS_DIM, N_ACTIONS = 8, 4
 ROW_GROUP = 16_384  # rows per row group and per batch read, Parquet local and on S3
@@ -176,9 +174,8 @@ def read_rate(source: str, repeats: int) -> float:
     best = np.inf
     for _ in range(repeats):
         started = time.perf_counter()
-        data = open_dataset(source)
-        schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
-        steps = sum(b.batch.num_rows for b in data.iter_batches(schema.read_columns, 65_536))
+        episodes = open_episodes(DataConfig(source))
+        steps = sum(b.batch.num_rows for b in episodes.record_batches())
         best = min(best, time.perf_counter() - started)
     return steps / best
 

@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 import ope_cli.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.episode_stream import DataConfig, open_episodes
 from ope_cli.errors import DataError, UsageError, first_line
-from ope_cli.schema import ALIASES, DataSchema, resolve_schema
-from ope_cli.sources import METADATA_KEY, Dataset, open_dataset
+from ope_cli.schema import ALIASES, DataSchema
+from ope_cli.sources import METADATA_KEY, Dataset
 
 STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
 
@@ -66,13 +67,6 @@ class ConvertResult:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _has_column(names: list[str], mapping: ColumnMapping, roles: tuple[str, ...]) -> bool:
-    if any(getattr(mapping, role) is not None for role in roles):
-        return True
-    lower = {name.lower() for name in names}
-    return any(alias in lower for role in roles for alias in ALIASES[role])
 
 
 def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
@@ -226,16 +220,16 @@ def convert(config: ConvertConfig) -> ConvertResult:
     (unreadable or invalid source) or UsageError (bad options, unwritable output)."""
     if config.read_rows < 1:
         raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
-    data = open_dataset(config.data)
-    names = list(data.schema.names)
-    mapping = config.columns
-    schema = resolve_schema(
-        data.schema,
-        mapping,
-        logged_target=_has_column(names, mapping, ("target_prob", "target_log_prob")),
-        source=config.data,
-        logged_behavior=_has_column(names, mapping, ("behavior_prob", "behavior_log_prob")),
+    episodes = open_episodes(
+        DataConfig(
+            config.data,
+            config.columns,
+            config.read_rows,
+            target_column="if_present",
+            behavior_column="if_present",
+        )
     )
+    data, schema = episodes.data, episodes.schema
     columns = _columns(data, schema)
     metadata = _metadata(config, data, schema, columns)
     out_schema = _output_schema(data, columns, schema.layout).with_metadata(

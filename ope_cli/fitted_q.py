@@ -1,24 +1,27 @@
 """``--q fit[:MODEL]``: fitted Q evaluation in the run. Before the evaluation pass, a
-host-side pass per policy over the stream's episodes (validated as the evaluation reads
-them) fits Q-hat of that policy (``fitq.run.fit_q``), cross-fitted over ``--cross-fit K``
-folds of episodes by id hash: episode i is scored with the Q fitted on the other folds,
-which the kernel picks per episode exactly as for a cross-fitted behavior model.
+host-side pass per policy over the episodes (validated as the evaluation reads them)
+fits Q-hat of that policy (``fit_q_function``, on ``fitq.run.fit_q``), cross-fitted over
+``--cross-fit K`` folds of episodes by id hash: episode i is scored with the Q fitted on
+the other folds, which the kernel picks per episode exactly as for a cross-fitted
+behavior model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
-from ope_cli.episodes import EpisodeAssembler
+from ope_cli.episode_stream import EpisodeStream
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import OpeError
 from ope_cli.fit.base import largest
 from ope_cli.fitq.command import action_count, largest_logged_action
 from ope_cli.fitq.run import QFit, fit_q
+from ope_cli.policies import Policy
 from ope_cli.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
-from ope_cli.sources import iter_batches
 
 
 def _plain(value):
@@ -51,19 +54,12 @@ def fitted_q(spec: str, fit: QFit, folds: int) -> QFunction:
     return dataclasses.replace(first, name=spec, params=stacked, folds=folds, fit=summary)
 
 
-def _logged_action_count(batches, collectives) -> int:
-    """1 + the largest logged action over the stream's episodes (as the evaluation reads
-    and drops them) and, in a multi-process run, over every process's."""
-    config, schema = batches.config, batches.schema
+def _logged_action_count(episodes: Iterable[EpisodeChunk], collectives=None) -> int:
+    """1 + the largest logged action over a pass of ``episodes`` and, in a multi-process
+    run (``collectives``: its gather and check_all), over every process's."""
     largest_action, error = -1, None
     try:
-        largest_action = largest_logged_action(
-            batches.data,
-            schema,
-            config.batching.read_rows,
-            config.on_invalid,
-            batches.chunk_checks_of,
-        )
+        largest_action = largest_logged_action(episodes)
     except OpeError as failure:
         if collectives is None:
             raise
@@ -75,29 +71,35 @@ def _logged_action_count(batches, collectives) -> int:
     return action_count(largest_action)
 
 
-def fit_q_into(batches, collectives=None) -> None:
-    """Replaces every ``fit`` Q source of ``batches`` (a pipeline BatchStream) by its fitted
-    Q function; ``collectives``: (gather, check_all) of a multi-process run, else None."""
-    config, schema = batches.config, batches.schema
+def fit_q_function(
+    episodes: EpisodeStream,
+    policy: Policy,
+    spec: str = FIT,
+    *,
+    gamma: float,
+    folds: int,
+    seed: int = 0,
+    collectives=None,
+) -> QFunction:
+    """``--q fit[:MODEL]`` (``spec``): pi_e's Q fitted on a pass of ``episodes`` (another
+    pass first counts the logged actions of an entry point that declares none), over
+    ``folds`` folds of episodes by id hash; ``collectives``: the (gather, check_all) of a
+    multi-process run, else None. Raises OpeError."""
+    schema = episodes.schema
     discrete = schema.action_kind == "discrete"
-    for index, (q, policy) in enumerate(zip(batches.qs, batches.policies, strict=True)):
-        if q.kind != FIT:
-            continue
-        model = fit_model_of(q.name, schema.observation_kind, schema.action_kind)
-        n_actions = policy.n_actions
-        if discrete and n_actions is None:  # an entry point: count the logged actions
-            n_actions = _logged_action_count(batches, collectives)
-        assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
-        reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-        fit = fit_q(
-            assembler.chunks(reading),
-            policy,
-            model=model,
-            gamma=config.gamma,
-            folds=config.cross_fit,
-            collectives=collectives,
-            seed=config.seed,
-            n_actions=n_actions,
-            discrete=discrete,
-        )
-        batches.qs[index] = fitted_q(q.name, fit, config.cross_fit)
+    model = fit_model_of(spec, schema.observation_kind, schema.action_kind)
+    n_actions = policy.n_actions
+    if discrete and n_actions is None:  # an entry point: count the logged actions
+        n_actions = _logged_action_count(episodes, collectives)
+    fit = fit_q(
+        episodes,
+        policy,
+        model=model,
+        gamma=gamma,
+        folds=folds,
+        collectives=collectives,
+        seed=seed,
+        n_actions=n_actions,
+        discrete=discrete,
+    )
+    return fitted_q(spec, fit, folds)

@@ -1,5 +1,6 @@
 """Episode ids: stable uint64 keys (hashes of integer or string ids, the same in every
-process and run), display values, and the tracking of ids that reappear."""
+process and run), display values, the tracking of ids that reappear, and the folds of
+episodes by id hash (cross-fitting, held-out sets)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,35 @@ def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
     ):
         return hash_strings(ids)
     return mix64(np.asarray(ids).astype(np.int64).view(np.uint64))
+
+
+_FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
+
+
+def fold_index(key_hi, key_lo, folds: int, xp=np):
+    """[E] int32 fold in [0, folds) of episodes from the uint32 halves of their id keys
+    ([E] each): murmur3's 32-bit finaliser of the mixed halves, modulo ``folds``. Written
+    for ``xp`` = numpy (the fitting pass) or jax.numpy (the kernel, per episode of a padded
+    batch), so both assign every episode the same fold."""
+    h = key_hi ^ (key_lo * xp.uint32(0x9E3779B9)) ^ xp.uint32(_FOLD_SALT)
+    h = h ^ (h >> 16)
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * xp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h % xp.uint32(folds)).astype(xp.int32)
+
+
+def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
+    """[E] fold index in [0, folds) of each episode key ([E] uint64): a hash of the id, the
+    same in every run, batching, device and process (``fold_index`` of the key's halves)."""
+    if folds <= 1:
+        return np.zeros(keys.shape, np.int64)
+    keys = np.asarray(keys, np.uint64)
+    hi = (keys >> np.uint64(32)).astype(np.uint32)
+    lo = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        return fold_index(hi, lo, folds).astype(np.int64)
 
 
 REAPPEARS = (

@@ -20,12 +20,13 @@ import math
 import numpy as np
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError
 from ope_cli.plan import resolve_gamma
 from ope_cli.policies import check_against_schema, chunk_checks, load_policies
-from ope_cli.schema import ALIASES, DataSchema, resolve_schema
-from ope_cli.sources import DeclaredBounds, iter_batches, open_dataset
+from ope_cli.schema import DataSchema
+from ope_cli.sources import DeclaredBounds
 from ope_cli.validate import Check, Problem, bounds_checks
 
 MAX_DISTINCT_ACTIONS = 1000  # counted one by one; further distinct actions count as "other"
@@ -211,14 +212,6 @@ class InspectReport:
         self.action_counts = counts
 
 
-def _has_column(names: list[str], mapping: ColumnMapping, roles: tuple[str, str]) -> bool:
-    """Whether the data has a column of one of ``roles`` (by option or alias)."""
-    if any(getattr(mapping, role) is not None for role in roles):
-        return True
-    lower = {name.lower() for name in names}
-    return any(alias in lower for role in roles for alias in ALIASES[role])
-
-
 def inspect(config: InspectConfig) -> InspectReport:
     """Reads the data once. Raises DataError (or PolicyError) only when it cannot be read
     at all (no such path, no usable schema); every other problem is in the report, and a
@@ -228,19 +221,18 @@ def inspect(config: InspectConfig) -> InspectReport:
 
         raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
     policies = load_policies(config.policies)
-    data = open_dataset(config.data)
-    names = list(data.schema.names)
-    logged_target = not policies and _has_column(
-        names, config.columns, ("target_prob", "target_log_prob")
+    episodes = open_episodes(
+        DataConfig(
+            config.data,
+            config.columns,
+            config.read_rows,
+            on_invalid="collect",
+            target_column="unread" if policies else "if_present",
+            # without a propensity column, the report says that evaluate needs --behavior
+            behavior_column="if_present",
+        )
     )
-    schema = resolve_schema(
-        data.schema,
-        config.columns,
-        logged_target=logged_target,
-        source=config.data,
-        # without a propensity column, the report says that evaluate needs --behavior
-        logged_behavior=_has_column(names, config.columns, ("behavior_prob", "behavior_log_prob")),
-    )
+    data, schema = episodes.data, episodes.schema
     for policy in policies:
         check_against_schema(policy, schema)
 
@@ -274,15 +266,21 @@ def inspect(config: InspectConfig) -> InspectReport:
         gamma=gamma,
         gamma_source=gamma_source,
     )
-    assembler = EpisodeAssembler(schema, "collect", policy_checks)
-    remaining = list(data.files)
+    _read_every_file(episodes.with_checks(policy_checks), report)
+    return report
+
+
+def _read_every_file(episodes: EpisodeStream, report: InspectReport) -> None:
+    """Adds every valid episode of ``episodes`` to ``report``, and what the validation
+    found; a file whose reading fails is one problem, and the reading goes on with the
+    next file."""
+    assembler = episodes.assembler()
+    remaining = list(episodes.data.files)
     while remaining:
-        part = data.restrict(tuple(remaining))
+        part = episodes.restrict(tuple(remaining))
         current = remaining[0]
         try:
-            for chunk in assembler.chunks(
-                iter_batches(part, schema.read_columns, config.read_rows)
-            ):
+            for chunk in assembler.chunks(part.record_batches()):
                 current = chunk.file
                 report.add(chunk)
             remaining = []
@@ -303,7 +301,6 @@ def inspect(config: InspectConfig) -> InspectReport:
     report.invalid_episodes = validation.episodes_dropped
     report.invalid_steps = validation.steps_dropped
     report.problems = list(validation.problems.values())
-    return report
 
 
 def _failed_file(message: str, files: list[str]) -> str | None:

@@ -47,7 +47,7 @@ from ope_cli.estimators.batch import (
     log_ratios,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.fit.base import fold_index
+from ope_cli.ids import fold_index
 from ope_cli.kernel_cache import COMPILER_OPTIONS
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec

@@ -15,11 +15,7 @@ from ope_cli import paired
 from ope_cli.behavior import (
     BehaviorSource,
     check_behavior_against_chunk,
-    column_source,
     first_zero_probability,
-    is_estimate,
-    load_behavior,
-    policy_source,
     zero_probability_error,
 )
 from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
@@ -42,9 +38,8 @@ from ope_cli.distributed import (
     reduce_accumulators,
     reduce_counters,
     reduce_paired,
-    share_files,
 )
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import available as available_estimators
 from ope_cli.estimators import get as get_estimator
@@ -53,32 +48,18 @@ from ope_cli.estimators.base import (
     describe_standard_errors,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.evaluation_inputs import EvaluationInputs, fit_models, open_inputs
 from ope_cli.paired import PairedSums
 from ope_cli.plan import (
     IntervalPlan,
     annotate_results,
     check_config,
-    plan_intervals,
     reported_estimators,
 )
-from ope_cli.policies import (
-    Policy,
-    check_against_schema,
-    chunk_checks,
-    load_policies,
-    logged_policy,
-)
-from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs, q_source
-from ope_cli.qfunctions import chunk_checks as q_chunk_checks
+from ope_cli.qfunctions import q_source
 from ope_cli.results import EvaluationResult, PolicyResult
-from ope_cli.schema import DataSchema, resolve_schema
 from ope_cli.selection import BASELINE_BEHAVIOR
-from ope_cli.sources import (
-    Dataset,
-    iter_batches,
-    open_dataset,
-    prefetched,
-)
+from ope_cli.sources import prefetched
 from ope_cli.stats import (
     Accumulator,
     finalize,
@@ -87,7 +68,7 @@ from ope_cli.stats import (
     merge,
     profile,
 )
-from ope_cli.validate import REASONS, Check, dropped_by_reason
+from ope_cli.validate import REASONS, dropped_by_reason
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
@@ -117,6 +98,7 @@ class _LocalPass:
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
     paired: PairedSums | None = None  # with two or more policies, or a baseline
     baseline: int = 0  # the row the paired sums' replicate differences are taken from
+    truth: dict[str, float | None] | None = None  # --truth, read before the pass
 
     def reduce_across_processes(self) -> None:
         """Collective: every process ends with the totals of all of them."""
@@ -131,53 +113,30 @@ class _LocalPass:
 
 class BatchStream:
     """One process's share of the data as padded batches: ``for batch in stream`` reads the
-    files once (read ahead on a thread), assembles and validates episodes, and yields the
-    [B, T] PaddedBatch of each bucket as it fills, then the partly filled ones.
+    episodes once (read ahead on a thread) and yields the [B, T] PaddedBatch of each
+    bucket as it fills, then the partly filled ones.
 
-    What consumers need besides the batches: ``schema``, ``policies``, ``plan`` (interval
-    method and bounds), ``data`` (this process's files), ``files`` (all processes' count),
-    ``behavior`` (the ``--behavior`` policy or None) and ``behavior_source``, ``qs`` (one
-    Q function per policy, or None without a Q source); and, as the
-    stream is consumed, ``counters`` (episodes, steps, rows, drops), ``shapes``
-    (the [B, T] shapes emitted) and ``seen_keys()``.
+    What consumers need besides the batches is the ``inputs`` (also as ``config``,
+    ``schema``, ``policies``, ``plan``, ``files``, ``behavior``, ``behavior_source`` and
+    ``qs``); and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops),
+    ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``.
     """
 
-    def __init__(  # noqa: PLR0913 - what stream() resolved, handed over once
+    def __init__(
         self,
-        config: EvaluationConfig,
-        data: Dataset,
-        schema: DataSchema,
-        policies: list[Policy],
-        plan: IntervalPlan,
-        files: int,
+        inputs: EvaluationInputs,
         multiple_of: int = 1,
         on_progress: Callable[[int, int | None], None] | None = None,
-        behavior: Policy | None = None,
-        qs: list[QFunction] | None = None,
     ):
-        self.config, self.data, self.schema = config, data, schema
-        self.behavior = behavior
-        self.qs = qs
-        self.behavior_source: BehaviorSource | None = (  # None: estimated (set by fit)
-            policy_source(behavior)
-            if behavior is not None
-            else column_source(schema)
-            if schema.behavior_logged
-            else None
-        )
-        self.policies, self.plan, self.files = policies, plan, files
+        self.inputs = inputs
+        self.config, self.schema = inputs.config, inputs.episodes.schema
+        self.policies, self.plan, self.files = inputs.policies, inputs.plan, inputs.files
+        self.behavior, self.behavior_source = inputs.behavior, inputs.behavior_source
+        self.qs = inputs.qs
         self.on_progress = on_progress
         self.counters = Counters()
-        self.bucketer = Bucketer(config.batching, multiple_of=multiple_of)
-        self.assembler = EpisodeAssembler(schema, config.on_invalid, self.chunk_checks_of)
-
-    def chunk_checks_of(self, chunk: EpisodeChunk) -> Iterator[Check]:
-        """Action and state ranges and bounds, validated with the data."""
-        for policy in self.policies:
-            yield from chunk_checks(policy, chunk)
-        for q, policy in zip(self.qs or (), self.policies, strict=False):
-            yield from q_chunk_checks(q, policy, chunk)
-        yield from self.plan.chunk_checks(chunk)
+        self.bucketer = Bucketer(inputs.config.batching, multiple_of=multiple_of)
+        self.assembler = inputs.checked_episodes().assembler()
 
     @property
     def shapes(self) -> set[tuple[int, int]]:
@@ -189,12 +148,11 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[PaddedBatch]:
         counts, assembler, bucketer = self.counters, self.assembler, self.bucketer
-        total_rows = self.data.count_rows()
+        episodes = self.inputs.episodes
+        total_rows = episodes.data.count_rows()
         if self.on_progress is not None:
             self.on_progress(0, total_rows)
-        reading = prefetched(
-            iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
-        )
+        reading = prefetched(episodes.record_batches())
         with contextlib.closing(reading):  # a failure below stops the reading thread at once
             for chunk in assembler.chunks(reading):
                 counts.episodes += chunk.num_episodes
@@ -213,9 +171,7 @@ class BatchStream:
     def reread_chunks(self) -> Iterator[EpisodeChunk]:
         """This process's episodes read again, on the host only (to locate an episode by
         its key on an error path)."""
-        assembler = EpisodeAssembler(self.schema, self.config.on_invalid)
-        reading = iter_batches(self.data, self.schema.read_columns, self.config.batching.read_rows)
-        yield from assembler.chunks(reading)
+        return iter(self.inputs.episodes)
 
 
 def stream(
@@ -225,57 +181,14 @@ def stream(
     process: tuple[int, int] = (0, 1),
     on_status: Callable[[str], None] | None = None,
 ) -> BatchStream:
-    """Opens the data of ``config`` (and its policies) for one pass of padded batches, with
-    episodes per batch a multiple of ``multiple_of`` (the devices they are sharded over).
-    ``process`` = (process id, number of processes): this process reads its share of the
-    files. Raises OpeError subclasses (the data is read as the stream is iterated)."""
-    policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
-    data = open_dataset(config.data)
-    schema = resolve_schema(
-        data.schema,
-        config.columns,
-        logged_target=not config.policies,
-        source=config.data,
-        logged_behavior=config.behavior is None,
-    )
-    estimating = is_estimate(config.behavior)
-    behavior = None
-    if config.behavior is not None and not estimating:
-        behavior = load_behavior(config.behavior, schema)
-    for policy in policies:
-        if policy.kind != "logged":
-            check_against_schema(policy, schema)
-    columns = config.columns
-    critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
-    qs = load_qs(config.q, policies, critic)
-    for q, policy in zip(qs or [], policies if qs else [], strict=True):
-        check_q(q, policy, schema)
-    plan = plan_intervals(config, data.declared_bounds())
-    config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
-    files = len(data.files)
-    process_id, num_processes = process
-    if num_processes > 1:
-        data = data.restrict(share_files(data.files, process_id, num_processes))
-    batches = BatchStream(
-        config, data, schema, policies, plan, files, multiple_of, on_progress, behavior, qs
-    )
-    collectives = (allgather_ragged, check_all_succeeded) if num_processes > 1 else None
-    fitting_q = any(q.kind == FIT for q in qs or ())
-    passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
-    say = on_status or (lambda text: None)
-    if estimating:  # a first pass over the data fits pi_b, the stream's behavior policy
-        from ope_cli.fit.estimate import estimate_into
-
-        say(f"fitting the behavior policy (pass 1 of {passes}) ...")
-        estimate_into(batches, batches.chunk_checks_of, collectives)
-    if fitting_q:  # a pass fits Q-hat (fitted Q evaluation)
-        from ope_cli.fitted_q import fit_q_into
-
-        say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
-        fit_q_into(batches, collectives)
-    if passes > 1:
-        say(f"evaluating (pass {passes} of {passes})")
-    return batches
+    """Opens the data of ``config`` (and its policies), fits what the run fits first, and
+    returns one pass of padded batches, with episodes per batch a multiple of
+    ``multiple_of`` (the devices they are sharded over). ``process`` = (process id, number
+    of processes): this process reads its share of the files. Raises OpeError subclasses
+    (the data is read as the stream is iterated)."""
+    collectives = (allgather_ragged, check_all_succeeded) if process[1] > 1 else None
+    inputs = fit_models(open_inputs(config, process), collectives, on_status)
+    return BatchStream(inputs, multiple_of, on_progress)
 
 
 def evaluate(
@@ -300,20 +213,8 @@ def evaluate(
 
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
     devices = 1 if mesh is None else mesh.size
-
-    error: OpeError | None = None
-    try:
-        batches = stream(config, devices, on_progress, (process_id, num_processes), on_status)
-        baseline = resolve_baseline(config.baseline, batches.policies)
-        truth = read_run_truth(config.truth, config.top_k, batches.policies)
-        local = _local_pass(batches, precision, mesh, on_status, baseline)
-    except OpeError as failure:
-        if num_processes == 1:
-            raise
-        error = failure
-    if num_processes > 1:
-        check_all_succeeded(error)
-        local.reduce_across_processes()
+    process = (process_id, num_processes)
+    batches, local = _evaluate_share(config, precision, mesh, process, on_progress, on_status)
     compiled = runtime.compilation_counts() - counts_before
     config = batches.config  # with the discount resolved (plan.gamma_source says whence)
     counts = local.counters
@@ -322,15 +223,11 @@ def evaluate(
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
-    results, selection, notes = _choosing(config, plan, batches, local, results, truth)
+    results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
     behavior_value = None
     if local.paired is not None:
         behavior_value = local.accumulators[0].total("return_sum") / counts.episodes
-    behavior = batches.behavior_source
-    if behavior is not None and behavior.fit is not None:  # --behavior estimate
-        from ope_cli.fit.estimate import compare_with_logged
-
-        behavior = compare_with_logged(config, behavior, results, evaluate)
+    behavior = _reported_behavior(batches, results, precision, mesh)
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
@@ -368,7 +265,7 @@ def evaluate(
         dropped=dropped_by_reason(counts.dropped),
         baseline=config.baseline,
         behavior_value=behavior_value,
-        truth=truth,
+        truth=local.truth,
         selection=selection,
         selection_notes=tuple(notes),
     )
@@ -395,6 +292,55 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
     return results, selection, notes
+
+
+def _evaluate_share(
+    config: EvaluationConfig,
+    precision: str,
+    mesh,
+    process: tuple[int, int] = (0, 1),
+    on_progress: Callable[[int, int | None], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[BatchStream, _LocalPass]:
+    """This process's stream (the data opened, its models fitted) and its one evaluation
+    pass; in a multi-process run (``process`` = (id, count)), reduced across every process,
+    where a failure in one stops them all."""
+    devices = 1 if mesh is None else mesh.size
+    error: OpeError | None = None
+    try:
+        batches = stream(config, devices, on_progress, process, on_status)
+        baseline = resolve_baseline(config.baseline, batches.policies)
+        truth = read_run_truth(config.truth, config.top_k, batches.policies)  # before the pass
+        local = _local_pass(batches, precision, mesh, on_status, baseline)
+        local.truth = truth
+    except OpeError as failure:
+        if process[1] == 1:
+            raise
+        error = failure
+    if process[1] > 1:
+        check_all_succeeded(error)
+        local.reduce_across_processes()
+    return batches, local
+
+
+def _reported_behavior(
+    batches: BatchStream, results: list[PolicyResult], precision: str, mesh
+) -> BehaviorSource | None:
+    """Where pi_b came from; for a model estimated on data that also logs propensities,
+    with each policy's mean weight under both, from a second evaluation composed as the
+    first with the data's column as the behavior (in this process, over all the files)."""
+    behavior = batches.behavior_source
+    if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
+        return behavior
+    from ope_cli.fit.estimate import with_logged_mean_weights
+
+    logged_config = dataclasses.replace(
+        batches.config, behavior=None, behavior_cross_fit=1, baseline=None, truth=None, top_k=None
+    )
+    logged, local = _evaluate_share(logged_config, precision, mesh)
+    _check_some_episodes(logged.config, local.counters)
+    logged_results = _policy_results(logged.config, logged.plan, logged, local)
+    return with_logged_mean_weights(behavior, results, logged_results)
 
 
 def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):

@@ -97,7 +97,7 @@ class QFunction:
       q_values: per-step ``(params, observation) -> [n_actions]``, discrete actions.
       q_sa: per-step ``(params, observation, action) -> []``, continuous actions.
       n_actions, n_states, obs_dim, act_dim: sizes to check the data against (None: unknown).
-      folds: K of a cross-fitted Q (episodes use the fold ``fit.base.fold_index`` gives).
+      folds: K of a cross-fitted Q (episodes use the fold ``ids.fold_index`` gives).
       fit: the fitted Q evaluation's summary (``--q fit``), else None.
     """
 
@@ -436,7 +436,7 @@ def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype
     episode ends). The draws of a continuous V-hat are keyed by the episode and the step."""
     import jax
 
-    from ope_cli.fit.base import fold_index
+    from ope_cli.ids import fold_index
 
     jnp = _jnp()
     mask = batch.step_mask & batch.episode_mask[:, None]

@@ -22,12 +22,12 @@ from ope_cli.errors import UsageError
 from ope_cli.fit.base import (
     check_model_fits,
     default_model,
-    episode_folds,
     parse_model,
 )
 from ope_cli.fit.estimate import estimated_policy
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.tabular import SMOOTHING, TabularModel
+from ope_cli.ids import episode_folds
 
 gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_in_memory_models_refuse_past_their_budget():
 def test_fold_index_is_the_same_in_numpy_and_jax():
     import jax.numpy as jnp
 
-    from ope_cli.fit.base import fold_index
+    from ope_cli.ids import fold_index
 
     rng = np.random.default_rng(1)
     hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")
@@ -638,8 +638,7 @@ def test_streaming_estimates_add_one_pass_over_the_data(
 ):
     """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
     pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
-    from ope_cli import pipeline
-    from ope_cli.fit import estimate
+    from ope_cli import episode_stream
     from ope_cli.sources import iter_batches
 
     rows = []
@@ -649,8 +648,7 @@ def test_streaming_estimates_add_one_pass_over_the_data(
             rows.append(batch.batch.num_rows)
             yield batch
 
-    monkeypatch.setattr(pipeline, "iter_batches", counted)
-    monkeypatch.setattr(estimate, "iter_batches", counted)
+    monkeypatch.setattr(episode_stream, "iter_batches", counted)  # every pass reads there
     out = generated[env]
     logged = _evaluate(ope_in_process, out / "logs.parquet", *_policies(out))
     read_once = sum(rows)

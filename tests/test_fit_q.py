@@ -21,7 +21,6 @@ from conftest import TwoProcessGather
 from ope_cli.config import ColumnMapping
 from ope_cli.episodes import EpisodeAssembler, take_episodes
 from ope_cli.errors import UsageError
-from ope_cli.fit.base import episode_folds
 from ope_cli.fitq.base import (
     check_q_model_fits,
     check_q_model_name,
@@ -29,6 +28,7 @@ from ope_cli.fitq.base import (
     episode_split,
 )
 from ope_cli.fitq.run import collect_q, fit_q, make_q_model
+from ope_cli.ids import episode_folds
 from ope_cli.policies import chunk_checks, load_policy
 from ope_cli.schema import resolve_schema
 from ope_cli.sources import iter_batches, open_dataset
@@ -460,7 +460,7 @@ def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_pr
 
 
 def test_cross_fitting_folds_are_the_kernels_folds():
-    """The fold of an episode is ``fit.base.episode_folds(key, K)`` (the kernel's
+    """The fold of an episode is ``ids.episode_folds(key, K)`` (the kernel's
     ``fold_index``); the mlp's held-out fifth is independent of it."""
     keys = np.random.default_rng(0).integers(0, 2**63, 5000, dtype=np.uint64)
     for folds in (1, 2, 3, 5):

@@ -1,27 +1,27 @@
 """Bench's own view of the data: opened once, padded once, and the loop baseline's first episodes.
 
-``host_batches`` pads the data with the pipeline's own stream (``pipeline.BatchStream``, as
-``ope evaluate`` does); everything bench learns about ``--data`` (episode lengths,
-observation size, action count) comes from those padded batches, not from another pass.
+``open_source`` opens it with ``open_episodes``, as every command does; ``host_batches``
+pads it with the pipeline's own stream (``pipeline.BatchStream``, as ``ope evaluate``
+does); everything bench learns about ``--data`` (episode lengths, observation size,
+action count) comes from those padded batches, not from another pass.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.errors import DataError, UsageError
+from ope_cli.evaluation_inputs import EvaluationInputs
 from ope_cli.pipeline import BatchStream
 from ope_cli.plan import IntervalPlan
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import Dataset, iter_batches, open_dataset
 
 if TYPE_CHECKING:
     from ope_cli.buckets import Bucketer, PaddedBatch
-    from ope_cli.schema import DataSchema
 
 # The column names the loop baseline reads, by role.
 LOOP_COLUMNS = {
@@ -34,19 +34,11 @@ LOOP_COLUMNS = {
 }
 
 
-class BenchSource(NamedTuple):
-    """A step-layout dataset opened once: the path given, its files and its resolved schema."""
-
-    path: str
-    data: Dataset
-    schema: DataSchema
-
-
-def open_source(source: str) -> BenchSource:
+def open_source(source: str) -> EpisodeStream:
     """Opens ``source`` and checks it is what bench measures: step layout, vector
     observations, integer actions (as ``ope bench`` generates)."""
-    data = open_dataset(source)
-    schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
+    episodes = open_episodes(DataConfig(source))
+    schema = episodes.schema
     if (
         schema.layout != "step"
         or schema.observation_kind != "vector"
@@ -56,20 +48,19 @@ def open_source(source: str) -> BenchSource:
             "ope bench --data needs step-layout data with vector observations and "
             "integer actions (as `ope bench` generates)"
         )
-    return BenchSource(source, data, schema)
+    return episodes
 
 
 def host_batches(
-    source: BenchSource, batching: BatchingConfig, devices: int
+    source: EpisodeStream, batching: BatchingConfig, devices: int
 ) -> tuple[list[PaddedBatch], Bucketer, int]:
     """Every padded batch of ``source`` as ``ope evaluate`` builds them: the pipeline's
     BatchStream (same reader, assembler and bucketer), with no policy (the batches only),
     kept on the host; returns (batches, bucketer, max_length)."""
-    config = EvaluationConfig(data=source.path, batching=batching)
-    files = len(source.data.files)
-    stream = BatchStream(
-        config, source.data, source.schema, [], IntervalPlan("normal"), files, devices
-    )
+    config = EvaluationConfig(data=source.source, batching=batching)
+    episodes = source.reconfigured(read_rows=batching.read_rows)
+    inputs = EvaluationInputs(config, episodes, len(source.data.files), [], IntervalPlan("normal"))
+    stream = BatchStream(inputs, devices)
     batches = list(stream)
     return batches, stream.bucketer, stream.counters.max_length
 
@@ -91,7 +82,7 @@ def describe_batches(batches: list[PaddedBatch], name: str) -> dict:
     }
 
 
-def loop_head_table(source: BenchSource, episodes: int, read_rows: int) -> pa.Table | None:
+def loop_head_table(source: EpisodeStream, episodes: int, read_rows: int) -> pa.Table | None:
     """The first ``episodes`` episodes of ``source`` as a table with the loop baseline's
     column names (LOOP_COLUMNS); None when the data lacks one of those columns."""
     columns = source.schema.columns
@@ -99,7 +90,7 @@ def loop_head_table(source: BenchSource, episodes: int, read_rows: int) -> pa.Ta
         return None
     names = [columns[role] for role in LOOP_COLUMNS]
     parts, seen, last_id = [], 0, None
-    for sourced in iter_batches(source.data, names, read_rows):
+    for sourced in source.data.iter_batches(names, read_rows):
         ids = np.asarray(sourced.batch.column(names[0]).to_numpy(zero_copy_only=False))
         if ids.size == 0:
             continue

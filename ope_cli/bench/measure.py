@@ -24,12 +24,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ope_cli.bench.batches import BenchSource, loop_head_table
+from ope_cli.bench.batches import loop_head_table
 from ope_cli.bench.config import GAMMA
 from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
 from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.episode_stream import EpisodeStream
 from ope_cli.kernel import (
     BATCH_AXIS,
     Kernel,
@@ -97,7 +98,7 @@ def time_interleaved(trials: dict[str, Trial], rounds: int) -> dict[str, dict]:
     }
 
 
-def prepare_io_floor(source: BenchSource, batching: BatchingConfig) -> Trial:
+def prepare_io_floor(source: EpisodeStream, batching: BatchingConfig) -> Trial:
     """pyarrow alone: the projected columns in record batches, each column to NumPy."""
     columns = source.schema.read_columns
     dataset = ds.dataset(list(source.data.files), format=source.data.format)
@@ -239,7 +240,11 @@ def prepare_numpy(
 
 
 def measure_loop(
-    source: BenchSource, checkpoint: str, episodes: int, batching: BatchingConfig, total_steps: int
+    source: EpisodeStream,
+    checkpoint: str,
+    episodes: int,
+    batching: BatchingConfig,
+    total_steps: int,
 ) -> dict:
     """The packaged loop baseline (``bench.loop.loop_estimates``) on the first ``episodes``
     episodes (columns renamed to the loop's defaults), its steps/s extrapolated to

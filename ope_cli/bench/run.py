@@ -21,7 +21,7 @@ import jax
 
 from ope_cli import runtime
 from ope_cli._version import __version__
-from ope_cli.bench.batches import BenchSource, describe_batches, host_batches, open_source
+from ope_cli.bench.batches import describe_batches, host_batches, open_source
 from ope_cli.bench.config import BENCH_SCHEMA_VERSION, ROUNDS, BenchConfig, Progress
 from ope_cli.bench.data import (
     behavior_params,
@@ -46,6 +46,7 @@ from ope_cli.bench.processes import measure_processes
 from ope_cli.bench.summary import quantiles, summary
 from ope_cli.buckets import Bucketer
 from ope_cli.config import BatchingConfig
+from ope_cli.episode_stream import EpisodeStream
 from ope_cli.errors import UsageError
 from ope_cli.kernel import local_mesh
 
@@ -119,7 +120,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     progress("padding every batch on the host")
     batches, bucketer, max_length = host_batches(source, config.batching, devices)
     if info is None:  # --data: what bench needs to know, from its padded batches
-        info = describe_batches(batches, source.path)
+        info = describe_batches(batches, source.source)
         behavior = behavior_params(config.seed, info["obs_dim"], info["n_actions"])
     else:
         behavior = behavior_params(config.seed)
@@ -155,7 +156,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     if config.processes:
         m["processes"] = measure_processes(
             directory,
-            source.path,
+            source.source,
             list(source.schema.read_columns),
             (checkpoints[0], q),
             config.batching,
@@ -200,7 +201,7 @@ def _batching(batching: BatchingConfig, batches: int, bucketer: Bucketer) -> dic
 
 def _time_trials(
     config: BenchConfig,
-    source: BenchSource,
+    source: EpisodeStream,
     checkpoints_and_q: tuple[list[str], str],
     padded: tuple,
     precision: str,
@@ -213,7 +214,7 @@ def _time_trials(
     checkpoints, q = checkpoints_and_q
     other = "float32" if precision == "float64" else "float64"
     *many, behavior = checkpoints
-    one, path = many[:1], source.path
+    one, path = many[:1], source.source
     progress("end to end: a first ope evaluate (compiles)")
     trials = {"io_floor": prepare_io_floor(source, config.batching)}
     trials["end_to_end"], result = prepare_end_to_end(path, one, precision, config.batching)

@@ -51,8 +51,7 @@ def fit_behavior(
     Example: ope fit-behavior logs.parquet --out behavior.npz && ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
     """
     from ope_cli.fit.base import check_model_name
-    from ope_cli.fit.run import FitBehaviorConfig
-    from ope_cli.fit.run import fit_behavior as run_fit
+    from ope_cli.fit.run import FitBehaviorConfig, run_fit_behavior
     from ope_cli.report.fit import render_table, to_json
 
     if model is not None:
@@ -68,7 +67,7 @@ def fit_behavior(
     from ope_cli import runtime
 
     runtime.enable_x64()  # the iterative models fit in float64
-    result = run_fit(config)
+    result = run_fit_behavior(config)
     if output is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     else:

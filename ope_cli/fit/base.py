@@ -1,5 +1,5 @@
 """What every behavior model shares: the model registry, the default model of a dataset,
-episode folds by id hash, and the interface a model implements.
+and the interface a model implements (episode folds by id hash are in ``ope_cli.ids``).
 
 A model collects sufficient statistics (counts, normal equations) or, for the iterative
 ones, the needed columns, *per fold* of episodes, streaming over EpisodeChunks; it is then
@@ -26,7 +26,6 @@ MODELS: dict[str, str] = {
 }
 DISCRETE_MODELS = ("tabular", "linear_softmax", "mlp_softmax")
 MIN_PROPENSITY = 1e-3
-_FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
 
 
 Gather = Callable[[np.ndarray], np.ndarray]  # [n_p, ...] per process -> [sum n_p, ...]
@@ -64,32 +63,6 @@ class BehaviorModel(Protocol):
     def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int: ...
 
     def gather_processes(self, gather: Gather) -> None: ...
-
-
-def fold_index(key_hi, key_lo, folds: int, xp=np):
-    """[E] int32 fold in [0, folds) of episodes from the uint32 halves of their id keys
-    ([E] each): murmur3's 32-bit finaliser of the mixed halves, modulo ``folds``. Written
-    for ``xp`` = numpy (the fitting pass) or jax.numpy (the kernel, per episode of a padded
-    batch), so both assign every episode the same fold."""
-    h = key_hi ^ (key_lo * xp.uint32(0x9E3779B9)) ^ xp.uint32(_FOLD_SALT)
-    h = h ^ (h >> 16)
-    h = h * xp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * xp.uint32(0xC2B2AE35)
-    h = h ^ (h >> 16)
-    return (h % xp.uint32(folds)).astype(xp.int32)
-
-
-def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
-    """[E] fold index in [0, folds) of each episode key ([E] uint64): a hash of the id, the
-    same in every run, batching, device and process (``fold_index`` of the key's halves)."""
-    if folds <= 1:
-        return np.zeros(keys.shape, np.int64)
-    keys = np.asarray(keys, np.uint64)
-    hi = (keys >> np.uint64(32)).astype(np.uint32)
-    lo = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    with np.errstate(over="ignore"):
-        return fold_index(hi, lo, folds).astype(np.int64)
 
 
 def default_model(observation_kind: str | None, action_kind: str) -> str:

@@ -11,27 +11,31 @@ import functools
 import math
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from ope_cli.behavior import BehaviorFit, BehaviorSource
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.episode_stream import EpisodeStream
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.fit.base import (
+    MIN_PROPENSITY,
     MODELS,
     BehaviorModel,
     Gather,
     check_model_fits,
     default_model,
-    episode_folds,
-    parse_model,
 )
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.softmax import SoftmaxModel
 from ope_cli.fit.tabular import TabularModel
+from ope_cli.ids import episode_folds
 from ope_cli.policies import LogProbFn, Policy, checkpoint_policy
-from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.sources import iter_batches
+from ope_cli.schema import DataSchema
+
+if TYPE_CHECKING:
+    from ope_cli.results import PolicyResult
 
 
 def make_model(name: str, folds: int = 1) -> BehaviorModel:
@@ -120,10 +124,10 @@ def estimated_policy(model: str, arrays: dict[str, np.ndarray], min_propensity: 
     )
 
 
-def logged_column(data, config) -> str | None:
+def logged_propensity_column(episodes: EpisodeStream) -> str | None:
     """The data's propensity column when it has one besides the estimate, else None."""
     try:
-        schema = resolve_schema(data.schema, config.columns, logged_target=not config.policies)
+        schema = episodes.reconfigured(behavior_column="required").schema
     except DataError:
         return None
     role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
@@ -172,59 +176,66 @@ def collect_all(model, chunks, folds: int, collectives=None) -> Collected:
     return collected
 
 
-def estimate_into(batches, chunk_checks=None, collectives=None) -> None:
-    """``--behavior estimate[:MODEL]``: fits the model on the episodes of ``batches`` (a
-    pipeline BatchStream, read once here and validated as the evaluation will read them,
-    with the stream's ``chunk_checks`` of policy ranges and bounds; ``collectives``: the
-    (gather, check_all) of a multi-process run, None in one process) and
-    makes it the stream's behavior policy and source; with ``--behavior-cross-fit K`` > 1,
-    each fold of episodes (by id hash) gets the model fitted on the others."""
+class EstimatedBehavior(NamedTuple):
+    """A behavior model fitted to the logged actions: the behavior ``policy`` it gives the
+    kernel, and what the report says about its ``fit``."""
+
+    policy: Policy
+    fit: BehaviorFit
+
+    def source(self, logged_column: str | None = None) -> BehaviorSource:
+        """The report's record of where the behavior probabilities come from;
+        ``logged_column``: the data's propensity column, when it also has one."""
+        fit = dataclasses.replace(self.fit, logged_column=logged_column)
+        return BehaviorSource("estimated", fit.model, MODELS[fit.model], fit)
+
+
+def fit_behavior(
+    episodes: Iterable[EpisodeChunk],
+    model: str,
+    *,
+    folds: int = 1,
+    min_propensity: float = MIN_PROPENSITY,
+    collectives=None,
+) -> EstimatedBehavior:
+    """``--behavior estimate[:MODEL]``: ``model`` fitted on a pass of ``episodes``, its
+    probabilities raised to ``min_propensity`` (discrete models); with ``folds`` > 1, each
+    fold of episodes (by id hash) gets the model fitted on the others. ``collectives``:
+    the (gather, check_all) of a multi-process run, None in one process. Raises OpeError."""
     started = time.perf_counter()
-    config, schema = batches.config, batches.schema
-    model = choose_model(parse_model(config.behavior), schema, f"--behavior {config.behavior}")
-    folds, floor = config.behavior_cross_fit, config.min_propensity
-    assembler = EpisodeAssembler(schema, config.on_invalid, chunk_checks)
-    reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
-    collected = collect_all(make_model(model, folds), assembler.chunks(reading), folds, collectives)
+    collected = collect_all(make_model(model, folds), episodes, folds, collectives)
     if folds > 1:
-        policy, total, floored = cross_fitted_policy(model, collected, folds, floor)
+        policy, total, floored = cross_fitted_policy(model, collected, folds, min_propensity)
     else:
         arrays = collected.model.fit()
-        policy = estimated_policy(model, arrays, floor)
+        policy = estimated_policy(model, arrays, min_propensity)
         total = collected.model.log_likelihood(arrays)[0]
-        floored = collected.model.floored(arrays, None, floor)
-    batches.behavior = policy
-    batches.behavior_source = BehaviorSource(
-        "estimated",
-        model,
-        MODELS[model],
-        BehaviorFit(
-            model=model,
-            episodes=collected.episodes,
-            steps=collected.steps,
-            mean_log_likelihood=total / collected.steps,
-            min_propensity=floor,
-            floored=floored,
-            seconds=time.perf_counter() - started,
-            logged_column=logged_column(batches.data, config),
-            cross_fit=folds,
-        ),
+        floored = collected.model.floored(arrays, None, min_propensity)
+    fit = BehaviorFit(
+        model=model,
+        episodes=collected.episodes,
+        steps=collected.steps,
+        mean_log_likelihood=total / collected.steps,
+        min_propensity=min_propensity,
+        floored=floored,
+        seconds=time.perf_counter() - started,
+        cross_fit=folds,
     )
+    return EstimatedBehavior(policy, fit)
 
 
-def compare_with_logged(config, source: BehaviorSource, results: list, evaluate) -> BehaviorSource:
-    """For an estimated model on data that also logs propensities: each policy's mean
-    trajectory weight under the estimated and under the logged propensities (``evaluate``,
-    pipeline.evaluate, runs a second evaluation with the column)."""
-    fit = source.fit
-    if fit is None or fit.logged_column is None:
-        return source
-    logged = evaluate(dataclasses.replace(config, behavior=None, behavior_cross_fit=1))
+def with_logged_mean_weights(
+    source: BehaviorSource, estimated: list[PolicyResult], logged: list[PolicyResult]
+) -> BehaviorSource:
+    """``source`` (an estimated model) with each policy's mean trajectory weight under the
+    estimated and under the logged propensities (``estimated`` and ``logged``: the two
+    evaluations' results, policy by policy)."""
     weights = {
         mine.policy: {
             "estimated": mine.diagnostics.mean_weight,
             "logged": theirs.diagnostics.mean_weight,
         }
-        for mine, theirs in zip(results, logged.results, strict=True)
+        for mine, theirs in zip(estimated, logged, strict=True)
     }
-    return dataclasses.replace(source, fit=dataclasses.replace(fit, mean_weight=weights))
+    fit = dataclasses.replace(source.fit, mean_weight=weights)
+    return dataclasses.replace(source, fit=fit)

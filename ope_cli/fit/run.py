@@ -13,19 +13,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler
-from ope_cli.errors import DataError, UsageError
+from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.episodes import EpisodeChunk
+from ope_cli.errors import UsageError
 from ope_cli.fit.base import MODELS, log_softmax
 from ope_cli.fit.estimate import checkpoint_arrays, choose_model, collect_all, make_model
 from ope_cli.fit.softmax import logits_of
 from ope_cli.outputs import refuse_existing
-from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
+from ope_cli.schema import DataSchema
 
 HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out
 CALIBRATION_BINS = 10
@@ -88,21 +89,6 @@ class FitBehaviorResult:
     logged: LoggedComparison | None = None
 
 
-def _schema(data, columns: ColumnMapping) -> DataSchema:
-    """The schema with the propensity column when the data has one, else without."""
-    try:
-        return resolve_schema(data.schema, columns, logged_target=False, source=data.source)
-    except DataError:
-        return resolve_schema(
-            data.schema, columns, logged_target=False, source=data.source, logged_behavior=False
-        )
-
-
-def _chunks(data, schema: DataSchema, read_rows: int):
-    reading = iter_batches(data, schema.read_columns, read_rows)
-    return EpisodeAssembler(schema, "error").chunks(reading)
-
-
 def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:
     """The fitted model as an ``.npz`` policy checkpoint of SPEC section 3."""
     try:
@@ -112,7 +98,7 @@ def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> No
         raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
 
 
-def fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
+def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     """Fits, writes and measures the behavior model of ``config``. Raises OpeError."""
     started = time.perf_counter()
     if not config.out.endswith(".npz"):
@@ -120,12 +106,13 @@ def fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     if not Path(config.out).resolve().parent.is_dir():
         raise UsageError(f"--out {config.out}: no such directory")
     refuse_existing([config.out], config.overwrite)
-    data = open_dataset(config.data)
-    schema = _schema(data, config.columns)
-    model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")
-    collected = collect_all(
-        make_model(model, HOLDOUT_FOLDS), _chunks(data, schema, config.read_rows), HOLDOUT_FOLDS
+    episodes = open_episodes(
+        # the propensity column, when the data has a usable one, to compare with
+        DataConfig(config.data, config.columns, config.read_rows, behavior_column="if_usable")
     )
+    schema = episodes.schema
+    model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")
+    collected = collect_all(make_model(model, HOLDOUT_FOLDS), episodes, HOLDOUT_FOLDS)
     fitted = collected.model
     arrays = fitted.fit()
     total, steps = fitted.log_likelihood(arrays)
@@ -135,7 +122,7 @@ def fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     write_checkpoint(config.out, model, arrays)
     logged = None
     if schema.behavior_logged:
-        logged = compare_with_logged(arrays, model, _chunks(data, schema, config.read_rows), schema)
+        logged = compare_with_logged_propensities(arrays, model, episodes, schema)
     return FitBehaviorResult(
         source=config.data,
         out=config.out,
@@ -168,7 +155,9 @@ def step_log_probs(
     return np.take_along_axis(logits, action[:, None], axis=1)[:, 0]
 
 
-def compare_with_logged(arrays, model: str, chunks, schema: DataSchema) -> LoggedComparison:
+def compare_with_logged_propensities(
+    arrays, model: str, chunks: Iterable[EpisodeChunk], schema: DataSchema
+) -> LoggedComparison:
     """Streams the data again: log(logged / estimated) per step, and (discrete actions) the
     calibration of the estimated probabilities against the logged ones."""
     steps, total, total_abs, largest = 0, 0.0, 0.0, 0.0

@@ -2,7 +2,7 @@
 chunk of episodes (next observation from the next step, the last step terminal), their
 folds by id hash, and pi_e over every action (or sampled actions) at each step, in JAX.
 
-Folds: an episode's cross-fitting fold is ``fit.base.episode_folds(key, K)``, the fold
+Folds: an episode's cross-fitting fold is ``ids.episode_folds(key, K)``, the fold
 the kernel gives it (``fold_index``); the mlp model also holds out a fifth of the episodes
 for early stopping, ``(h % 5K) // K == 0`` of the same hash h, which is independent of the
 cross-fitting fold ``h % K`` (for K = 1: fold 0 of 5, the fifth fit-behavior holds out).
@@ -18,7 +18,8 @@ import numpy as np
 
 from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import PolicyError, UsageError, summary
-from ope_cli.fit.base import Gather, episode_folds
+from ope_cli.fit.base import Gather
+from ope_cli.ids import episode_folds
 from ope_cli.policies import Policy, action_log_probs
 
 # model name -> the checkpoint kind it writes (discrete actions; mlp on continuous actions

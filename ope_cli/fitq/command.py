@@ -12,20 +12,21 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler
+from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.fitq.run import fit_q
 from ope_cli.outputs import refuse_existing
 from ope_cli.plan import resolve_gamma
 from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
-from ope_cli.schema import DataSchema, resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
+from ope_cli.schema import DataSchema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,15 +102,11 @@ def choose_q_model(model: str | None, schema: DataSchema) -> str:
     return chosen
 
 
-def largest_logged_action(
-    data, schema: DataSchema, read_rows: int, on_invalid: str = "error", chunk_checks=None
-) -> int:
-    """The largest logged (discrete) action over a pass of the episodes, read as
-    ``on_invalid`` with ``chunk_checks`` says; -1 without any step."""
+def largest_logged_action(episodes: Iterable[EpisodeChunk]) -> int:
+    """The largest logged (discrete) action over a pass of ``episodes``; -1 without any
+    step."""
     largest = -1
-    for chunk in EpisodeAssembler(schema, on_invalid, chunk_checks).chunks(
-        iter_batches(data, schema.read_columns, read_rows)
-    ):
+    for chunk in episodes:
         largest = max(largest, int(chunk.action.max()))
     return largest
 
@@ -121,33 +118,28 @@ def action_count(largest: int) -> int:
     return largest + 1
 
 
-def logged_action_count(data, schema: DataSchema, read_rows: int) -> int:
-    """1 + the largest logged (discrete) action, from a pass over the episodes."""
-    return action_count(largest_logged_action(data, schema, read_rows))
-
-
-def _n_actions(policy: Policy, data, schema: DataSchema, read_rows: int) -> int | None:
-    if schema.action_kind != "discrete" or policy.n_actions is not None:
+def _n_actions(policy: Policy, episodes: EpisodeStream) -> int | None:
+    """The policy's action count, else (discrete actions) 1 + the largest logged one."""
+    if episodes.schema.action_kind != "discrete" or policy.n_actions is not None:
         return policy.n_actions
-    return logged_action_count(data, schema, read_rows)
+    return action_count(largest_logged_action(episodes))
 
 
 def run_fit_q(config: FitQConfig) -> FitQResult:
     """Fits, writes and measures pi_e's Q of ``config``. Raises OpeError."""
     started = time.perf_counter()
     check_options(config)
-    data = open_dataset(config.data)
-    schema = resolve_schema(
-        data.schema, config.columns, logged_target=False, source=data.source, logged_behavior=False
+    episodes = open_episodes(
+        DataConfig(config.data, config.columns, config.read_rows, behavior_column="unread")
     )
+    schema = episodes.schema
     model = choose_q_model(config.model, schema)
-    gamma, gamma_source = resolve_gamma(config.gamma, data.declared_bounds())
+    gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
     policy = load_policy(config.policy)
     check_against_schema(policy, schema)
-    n_actions = _n_actions(policy, data, schema, config.read_rows)
-    assembler = EpisodeAssembler(schema, "error", functools.partial(chunk_checks, policy))
+    n_actions = _n_actions(policy, episodes)
     fit = fit_q(
-        assembler.chunks(iter_batches(data, schema.read_columns, config.read_rows)),
+        episodes.with_checks(functools.partial(chunk_checks, policy)),
         policy,
         model=model,
         gamma=gamma,

@@ -173,7 +173,7 @@ def fit_q(  # noqa: PLR0913 - the data, the policy and the fit's settings, keywo
 ) -> QFit:
     """Fits pi_e's Q on ``chunks`` (one pass) with ``model``; with ``folds`` > 1, once per
     fold k on every other fold (cross-fitting, folds by episode-id hash as the kernel's
-    ``fit.base.fold_index``). ``n_actions``: default ``policy.n_actions`` (needed for the
+    ``ids.fold_index``). ``n_actions``: default ``policy.n_actions`` (needed for the
     linear and mlp models over discrete actions); ``discrete``: whether the actions are
     integers (default: ``policy.discrete``, else integers). Raises OpeError."""
     started = time.perf_counter()

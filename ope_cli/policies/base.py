@@ -47,7 +47,7 @@ class Policy:
     act_dim: int | None = None
     actions_checked: bool = True
     # cross-fitted (a behavior model of --behavior-cross-fit K): every params array has a
-    # leading [folds] axis, and an episode uses the fold fit.base.fold_index gives its key
+    # leading [folds] axis, and an episode uses the fold ids.fold_index gives its key
     folds: int = 1
     sample: SampleFn | None = None
     # what tables and figures call it: NAME of --policy NAME=PATH, else the shortest

@@ -1,0 +1,84 @@
+"""The one entry to the data (ope_cli/episode_stream.py): open_episodes and EpisodeStream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from datasets import random_episodes, write_step_layout
+
+from ope_cli.config import ColumnMapping
+from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.episodes import EpisodeAssembler
+from ope_cli.errors import DataError
+from ope_cli.schema import resolve_schema
+from ope_cli.sources import iter_batches, open_dataset
+from ope_cli.validate import Check
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    """Two files of logged episodes, and a copy without the propensity column."""
+    root = tmp_path_factory.mktemp("episode_stream")
+    episodes = random_episodes(np.random.default_rng(3), 40, median_length=6, max_length=30)
+    path = write_step_layout(episodes, root / "logs", n_files=2)
+    table = pq.read_table(path / "part-00000.parquet")
+    pq.write_table(table.drop_columns(["behavior_prob"]), root / "no_propensity.parquet")
+    return path, root / "no_propensity.parquet"
+
+
+def test_every_iteration_is_one_pass_of_the_assembled_episodes(logs):
+    """Iterating the stream gives what the assembler gives over the record batches, and
+    iterating it again reads the data again."""
+    path, _ = logs
+    stream = open_episodes(DataConfig(str(path), read_rows=7))
+    data = open_dataset(str(path))
+    schema = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
+    expected = list(EpisodeAssembler(schema).chunks(iter_batches(data, schema.read_columns, 7)))
+    for _ in range(2):
+        chunks = list(stream)
+        assert [c.num_episodes for c in chunks] == [c.num_episodes for c in expected]
+        for got, want in zip(chunks, expected, strict=True):
+            np.testing.assert_array_equal(got.keys, want.keys)
+            np.testing.assert_array_equal(got.reward, want.reward)
+            np.testing.assert_array_equal(got.log_behavior, want.log_behavior)
+
+
+def test_restrict_and_checks(logs):
+    """A stream over some files reads only those; chunk checks join the validation."""
+    path, _ = logs
+    stream = open_episodes(DataConfig(str(path), on_invalid="drop"))
+    first = stream.restrict(stream.data.files[:1])
+    assert {c.file for c in first} == {stream.data.files[0]}
+    total = sum(c.num_episodes for c in stream)
+
+    def long_episodes(chunk):
+        yield Check("action_out_of_range", "too long", np.repeat(chunk.lengths > 5, chunk.lengths))
+
+    checked = stream.with_checks(long_episodes)
+    kept = list(checked)
+    assert sum(c.num_episodes for c in kept) < total
+    assert all(int(c.lengths.max()) <= 5 for c in kept)
+
+
+def test_the_propensity_column_as_asked(logs):
+    """required: a DataError naming the source without one; if_present and if_usable: read
+    when there; unread: never read."""
+    path, missing = logs
+    with pytest.raises(DataError, match=rf"^{missing}: no behavior probability column"):
+        open_episodes(DataConfig(str(missing)))
+    for use in ("if_present", "if_usable", "unread"):
+        schema = open_episodes(DataConfig(str(missing), behavior_column=use)).schema
+        assert not schema.behavior_logged
+    for use, logged in (("if_present", True), ("if_usable", True), ("unread", False)):
+        schema = open_episodes(DataConfig(str(path), behavior_column=use)).schema
+        assert schema.behavior_logged is logged
+        assert ("behavior_prob" in schema.columns) is logged
+
+
+def test_reconfigured_resolves_the_columns_again(logs):
+    path, _ = logs
+    stream = open_episodes(DataConfig(str(path), behavior_column="unread"))
+    assert not stream.schema.behavior_logged
+    again = stream.reconfigured(behavior_column="required")
+    assert again.data is stream.data and again.schema.behavior_logged
