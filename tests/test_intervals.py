@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,7 +43,6 @@ def test_poisson_counts_without_replicates_are_empty():
 
 
 def test_poisson_counts_are_poisson_one_and_depend_only_on_key_and_seed():
-    jax.config.update("jax_enable_x64", True)
     hi = np.arange(2000, dtype=np.uint32)
     lo = (hi * 7919).astype(np.uint32)
     counts = np.asarray(poisson_counts(hi, lo, np.uint32(5), 300))
@@ -190,7 +188,6 @@ def test_betting_variables_match_their_formulas(width):
     formulas (the padding walked after an episode's end cancels out)."""
     from ope_cli.estimators.batch import _advance_one, betting_variables, init_carry
 
-    jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(7)
     lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 9, 0.9, (-1.0, 2.0, 12)
     discounted = (1 - gamma**horizon) / (1 - gamma)

@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 
 import jax
-
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from datasets import (  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from datasets import (
     perturb_checkpoint,
     random_checkpoint,
     random_episodes,
@@ -22,8 +19,8 @@ from datasets import (  # noqa: E402
     write_step_layout,
 )
 
-from ope_cli import stats  # noqa: E402
-from ope_cli.estimators.batch import (  # noqa: E402
+from ope_cli import stats
+from ope_cli.estimators.batch import (
     WeightedBatch,
     WeightedWindow,
     _advance_one,
@@ -234,10 +231,7 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
             return np.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
         grown = PaddedBatch(
-            *(
-                jax.tree.map(longer, part) if i < 2 else part
-                for i, part in enumerate(batch)
-            )
+            *(jax.tree.map(longer, part) if i < 2 else part for i, part in enumerate(batch))
         )
         whole = kernel.batch_statistics_of(one, grown)
         windowed = kernel.batch_statistics_of(one, grown, width)
