@@ -195,10 +195,10 @@ def test_no_steps_to_fit_on_is_a_data_error(tabular_logs, tmp_path, monkeypatch)
     empty = tmp_path / "empty.parquet"
     table = pq.read_table(tabular_logs["data"])
     pq.write_table(table.slice(0, 0), empty)
-    (tmp_path / "uniform_policy.py").write_text(
+    (tmp_path / "uniform_policy_of_no_data.py").write_text(
         "def log_prob(observation, action):\n    return -1.0986122886681098\n"
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(DataError, match="no steps to fit Q on"):
-        _stream({"data": empty}, ["uniform_policy:log_prob"], ["fit"], cross_fit=1)
+        _stream({"data": empty}, ["uniform_policy_of_no_data:log_prob"], ["fit"], cross_fit=1)
