@@ -9,6 +9,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
@@ -202,3 +203,58 @@ def test_no_steps_to_fit_on_is_a_data_error(tabular_logs, tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(DataError, match="no steps to fit Q on"):
         _stream({"data": empty}, ["uniform_policy_of_no_data:log_prob"], ["fit"], cross_fit=1)
+
+
+def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monkeypatch):
+    """Two processes (threads exchanging through a gather), each with one file: both get
+    the Q one process fits on both files, over the largest action any of them logged."""
+    import threading
+
+    import pyarrow.parquet as pq
+    from conftest import TwoProcessGather
+
+    from ope_cli.fitted_q import fit_q_into
+    from ope_cli.qfunctions import QFunction
+
+    table = pq.read_table(tabular_logs["data"])
+    episode = table.column("episode_id").to_numpy()
+    first = episode < np.median(episode)
+    shares = tmp_path / "shares"
+    shares.mkdir()
+    low = table.filter(first)  # process 0 logs actions 0 and 1 only: the count is gathered
+    low = low.set_column(
+        low.column_names.index("action"),
+        "action",
+        pa.array(np.minimum(low.column("action").to_numpy(), 1)),
+    )
+    pq.write_table(low, shares / "part-0.parquet")
+    pq.write_table(table.filter(~first), shares / "part-1.parquet")
+    (tmp_path / "uniform_policy_of_shares.py").write_text(
+        "def log_prob(observation, action):\n    return -1.0986122886681098\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = ["uniform_policy_of_shares:log_prob"]
+    (whole,) = _stream({"data": shares}, policy, ["fit:tabular"], cross_fit=2).qs
+
+    def no_failure(error):
+        assert error is None
+
+    exchange, fitted = TwoProcessGather(), {}
+
+    def process(rank: int) -> None:
+        batches = _stream({"data": shares / f"part-{rank}.parquet"}, policy, [], cross_fit=2)
+        batches.qs = [QFunction("fit:tabular", FIT)]
+        fit_q_into(batches, (exchange.for_process(rank), no_failure))
+        fitted[rank] = batches.qs[0]
+
+    threads = [threading.Thread(target=process, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(fitted) == [0, 1]
+    for q in fitted.values():
+        assert q.n_actions == whole.n_actions == tabular_logs["largest_action"] + 1
+        np.testing.assert_allclose(q.params["q"], whole.params["q"], rtol=1e-12, atol=1e-12)
+        assert q.fit["episodes"] == whole.fit["episodes"] == 60
