@@ -61,9 +61,24 @@ def enable_compilation_cache() -> str | None:
         Path(directory).mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    jax.config.update("jax_compilation_cache_dir", directory)
+    use_compilation_cache_directory(directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return directory
+
+
+def compilation_cache_directory() -> str | None:
+    """The directory JAX's persistent compilation cache uses now (None: none)."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir
+
+
+def use_compilation_cache_directory(directory: str | None) -> None:
+    """Points JAX's persistent compilation cache at ``directory`` as it is, None included
+    (``enable_compilation_cache`` reads the environment instead; tests restore a setting)."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", directory)
 
 
 def enable_cpu_collectives() -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ope_cli import runtime
+
 _SUBPROCESS_CACHE: str | None = None  # the session's cache for ``ope`` subprocesses
 
 # The suite's datasets are tiny, so compiling kernels, not running them, is most of its
@@ -32,6 +34,10 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
 _TEST_FLAG_NAMES = {flag.split("=")[0] for flag in TEST_XLA_FLAGS}
 _SUITE_FLAGS = [f for f in os.environ["XLA_FLAGS"].split() if f.split("=")[0] in _TEST_FLAG_NAMES]
+
+# 64-bit types before any test module is imported (some build JAX arrays at import time);
+# ``ope_cli.runtime`` is the one writer of jax.config, for the tests too.
+runtime.enable_x64()
 
 
 def xla_flags(*flags: str) -> str:

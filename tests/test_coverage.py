@@ -71,9 +71,6 @@ def test_study_detects_an_interval_that_undercovers(study):
 def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
     """One dataset evaluated by the study's vmapped path and by `ope evaluate` gives the same
     intervals for every method (so the README's table describes the CLI's intervals)."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
     from ope_cli.generate import generate
     from ope_cli.plan import plan_intervals

@@ -13,14 +13,11 @@ import sys
 from pathlib import Path
 
 import jax
-
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from conftest import subprocess_env, xla_flags  # noqa: E402
-from datasets import (  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import subprocess_env, xla_flags
+from datasets import (
     perturb_checkpoint,
     random_checkpoint,
     random_episodes,
@@ -28,11 +25,11 @@ from datasets import (  # noqa: E402
     to_reference_input,
     write_step_layout,
 )
-from reference import reference_estimates  # noqa: E402
+from reference import reference_estimates
 
-from ope_cli import estimators, stats  # noqa: E402
-from ope_cli.estimators import base  # noqa: E402
-from ope_cli.estimators.batch import (  # noqa: E402
+from ope_cli import estimators, stats
+from ope_cli.estimators import base
+from ope_cli.estimators.batch import (
     WeightedBatch,
     batch_statistics,
     log_ratios,

@@ -6,6 +6,10 @@
   exactly the estimates of the same network as an ``mlp_softmax`` checkpoint;
 - pick_best.sh: evaluates a directory of checkpoints in one pass and picks the best one
   from the JSON, with jq (skipped where jq is missing) and with Python's json module.
+
+The scripts run as documented, in subprocesses; the ``ope`` commands of the Python examples
+run in this process (the same exit code and output), those of pick_best.sh as the real
+entry point.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def test_episode_ids_and_steps_from_done_flags():
     assert step.tolist() == [0, 1, 2, 0, 0, 1, 0]
 
 
-def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope):
+def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope_in_process):
     made = _python([EXAMPLES / "from_transitions.py", tmp_path])
     assert made.returncode == 0, made.stderr
     transitions, arrays = tmp_path / "transitions.parquet", tmp_path / "arrays.parquet"
@@ -83,7 +87,9 @@ def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope):
 
     checkpoint = EXAMPLES / "policies" / "ckpt.npz"
     docs = [
-        _json(ope(["evaluate", path, "-p", checkpoint, "--format", "json"], cwd=tmp_path))
+        _json(
+            ope_in_process(["evaluate", path, "-p", checkpoint, "--format", "json"], cwd=tmp_path)
+        )
         for path in (transitions, arrays)
     ]
     assert docs[0]["dataset"]["episodes"] == len(starts)
@@ -95,13 +101,13 @@ def _evaluate(ope, *args, cwd=ROOT):
     return ope(["evaluate", *map(str, args)], cwd=cwd)
 
 
-def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope):
+def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope_in_process):
     checkpoint = tmp_path / "mlp.npz"
     made = _python([EXAMPLES / "jax_policy.py", checkpoint])
     assert made.returncode == 0, made.stderr
     doc = _json(
         _evaluate(
-            ope,
+            ope_in_process,
             DATA.relative_to(ROOT),
             "--policy",
             "examples.jax_policy:log_prob",
@@ -118,17 +124,11 @@ def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, ope_in_process):
     """``ope generate bandit``: logs, three evaluation checkpoints and their true values."""
     out = tmp_path_factory.mktemp("pick") / "bandit"
-    done = subprocess.run(
-        [*ope_command(), "generate", "bandit", str(out), "--episodes", "3000"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(),
-    )
-    assert done.returncode == 0, done.stderr
+    done = ope_in_process(["generate", "bandit", out, "--episodes", "3000"])
+    assert done.returncode == 0, done
     truth = json.loads((out / "truth.json").read_text())
     return out, truth
 

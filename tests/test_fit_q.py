@@ -374,9 +374,9 @@ def test_policy_incompatible_with_the_data(data, ope_in_process):
     assert done.returncode == 3 and "tabular" in done.stderr and done.stdout == ""
 
 
-def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope):
+def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope_in_process):
     gen.generate("gaussian", tmp_path / "g", episodes=5, seed=1, horizon=2)
-    done = ope(
+    done = ope_in_process(
         [
             "fit-q",
             tmp_path / "g" / "logs.parquet",

@@ -162,10 +162,10 @@ def test_inspect_and_drop_agree(messy):
     assert report.rows_read == result.rows_read
 
 
-def test_cli_exit_codes_and_formats(messy, ope_many):
+def test_cli_exit_codes_and_formats(messy, ope_many_in_process):
     root, _, policy, _ = messy
     write_step_layout(_episodes(seed=2, n=10), root / "clean.parquet")
-    runs = ope_many(
+    runs = ope_many_in_process(
         {
             "messy_json": {
                 "args": ["inspect", "logs", "-p", str(policy), "--format", "json"],

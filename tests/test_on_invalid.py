@@ -302,10 +302,10 @@ def test_dropping_every_episode_is_an_error(tmp_path):
         _run(tmp_path / "all_bad.parquet", policy)
 
 
-def test_cli_reports_what_was_dropped(step_case, ope_many):
+def test_cli_reports_what_was_dropped(step_case, ope_many_in_process):
     tmp_path, episodes, _, policy, plan = step_case
     args = ["evaluate", "bad.parquet", "-p", policy.name, "--on-invalid", "drop", "--gamma", "0.9"]
-    runs = ope_many(
+    runs = ope_many_in_process(
         {
             "json": {"args": [*args, "--format", "json"], "cwd": tmp_path},
             "table": {"args": [*args, "--format", "table"], "cwd": tmp_path},
@@ -328,10 +328,11 @@ def test_cli_reports_what_was_dropped(step_case, ope_many):
     assert runs["error"].returncode == 3 and runs["error"].stdout == "", runs["error"]
 
 
-def test_default_json_accounts_for_every_row(tmp_path, ope):
+def test_default_json_accounts_for_every_row(tmp_path, ope_in_process):
     episodes, _, policy = _setup(tmp_path, n=15, seed=8)
     pq.write_table(step_layout_table(episodes), tmp_path / "logs.parquet")
-    run = ope(["evaluate", "logs.parquet", "-p", policy.name, "--format", "json"], cwd=tmp_path)
+    args = ["evaluate", "logs.parquet", "-p", policy.name, "--format", "json"]
+    run = ope_in_process(args, cwd=tmp_path)
     assert run.returncode == 0, run
     dataset = json.loads(run.stdout)["dataset"]
     assert dataset["on_invalid"] == "error"

@@ -8,17 +8,14 @@ import types
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from datasets import random_checkpoint, save_checkpoint
+from reference import reference_log_prob
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from datasets import random_checkpoint, save_checkpoint  # noqa: E402
-from reference import reference_log_prob  # noqa: E402
-
-from ope_cli.errors import PolicyError  # noqa: E402
-from ope_cli.policies import (  # noqa: E402
+from ope_cli.errors import PolicyError
+from ope_cli.policies import (
     chunk_checks,
     load_checkpoint,
     load_entry_point,

@@ -16,6 +16,7 @@ from ope_cli.buckets import window_shapes
 from ope_cli.config import BatchingConfig
 
 PACKAGE = Path(runtime.__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent
 
 
 def test_configure_turns_on_64_bit_types():
@@ -44,9 +45,9 @@ def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
 @pytest.fixture
 def restore_cache():
     """Tests below point the cache elsewhere; the session's cache comes back after them."""
-    before = jax.config.jax_compilation_cache_dir
+    before = runtime.compilation_cache_directory()
     yield
-    jax.config.update("jax_compilation_cache_dir", before)
+    runtime.use_compilation_cache_directory(before)
 
 
 def test_enable_compilation_cache_creates_and_sets_the_directory(
@@ -72,13 +73,22 @@ def test_enable_compilation_cache_off_or_unwritable_changes_nothing(
     assert jax.config.jax_compilation_cache_dir == before
 
 
+def test_use_compilation_cache_directory_sets_it_as_given(tmp_path, restore_cache):
+    runtime.use_compilation_cache_directory(str(tmp_path))
+    assert runtime.compilation_cache_directory() == str(tmp_path)
+    runtime.use_compilation_cache_directory(None)
+    assert runtime.compilation_cache_directory() is None
+
+
 def test_runtime_is_the_only_module_that_writes_jax_config():
+    """Neither the package nor its tests write jax.config but through ``runtime``."""
+    sources = [*sorted(PACKAGE.rglob("*.py")), *sorted(TESTS.rglob("*.py"))]
     writers = [
-        str(path.relative_to(PACKAGE))
-        for path in sorted(PACKAGE.rglob("*.py"))
+        str(path.relative_to(PACKAGE.parent))
+        for path in sources
         if re.search(r"jax\.config\.update\(", path.read_text())
     ]
-    assert writers == ["runtime.py"]
+    assert writers == ["ope_cli/runtime.py"]
 
 
 def test_compilation_counts_count_xla_compilations():

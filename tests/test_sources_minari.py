@@ -362,13 +362,13 @@ def test_inspect_reports_a_bad_arrow_episode_and_reads_on(copy_of, ope_in_proces
     assert report["counts"]["episodes"] == len(LENGTHS) - 1  # the others are read
 
 
-def test_unknown_storage_format(copy_of, ope):
+def test_unknown_storage_format(copy_of, ope_in_process):
     path = copy_of("arrow")
     metadata_path = path / "data" / "metadata.json"
     metadata = json.loads(metadata_path.read_text())
     metadata["data_format"] = "zarr"
     metadata_path.write_text(json.dumps(metadata))
-    run = ope(["evaluate", path])  # the real entry point: exit code, one line, no stdout
+    run = ope_in_process(["evaluate", path])  # exit code, one line, no stdout
     assert_one_line_exit_3(run, "unknown Minari storage format 'zarr'")
     assert run.stdout == ""
 

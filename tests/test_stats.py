@@ -9,16 +9,13 @@ import math
 from statistics import NormalDist
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr  # noqa: E402
-
-from ope_cli import stats  # noqa: E402
-from ope_cli.estimators.batch import WeightedBatch, batch_statistics, log_ratios  # noqa: E402
+from ope_cli import stats
+from ope_cli.estimators.batch import WeightedBatch, batch_statistics, log_ratios
 
 K = 8  # resampling groups
 REL = 1e-9
