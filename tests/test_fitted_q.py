@@ -14,12 +14,10 @@ import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
 from ope_cli.config import EvaluationConfig
-from ope_cli.episodes import EpisodeAssembler
 from ope_cli.errors import DataError
 from ope_cli.fitq.run import QFit, fit_q
 from ope_cli.fitted_q import fitted_q
 from ope_cli.qfunctions import FIT, linear_q_values, mlp_q_sa, tabular_q_values
-from ope_cli.sources import iter_batches
 
 GAMMA = 0.9
 
@@ -140,16 +138,13 @@ def _stream(logs: dict, policies: list[str], qs: list[str], **config):
 
 def _direct_fit(batches, policy, model: str, folds: int) -> QFit:
     """``fit_q`` on the stream's episodes, read and validated as the stream reads them."""
-    config, schema = batches.config, batches.schema
-    assembler = EpisodeAssembler(schema, config.on_invalid, batches.chunk_checks_of)
-    reading = iter_batches(batches.data, schema.read_columns, config.batching.read_rows)
     return fit_q(
-        assembler.chunks(reading),
+        batches.inputs.checked_episodes(),
         policy,
         model=model,
         gamma=GAMMA,
         folds=folds,
-        seed=config.seed,
+        seed=batches.config.seed,
         n_actions=policy.n_actions,
         discrete=True,
     )
@@ -213,8 +208,7 @@ def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monke
     import pyarrow.parquet as pq
     from conftest import TwoProcessGather
 
-    from ope_cli.fitted_q import fit_q_into
-    from ope_cli.qfunctions import QFunction
+    from ope_cli.fitted_q import fit_q_function
 
     table = pq.read_table(tabular_logs["data"])
     episode = table.column("episode_id").to_numpy()
@@ -244,9 +238,15 @@ def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monke
 
     def process(rank: int) -> None:
         batches = _stream({"data": shares / f"part-{rank}.parquet"}, policy, [], cross_fit=2)
-        batches.qs = [QFunction("fit:tabular", FIT)]
-        fit_q_into(batches, (exchange.for_process(rank), no_failure))
-        fitted[rank] = batches.qs[0]
+        fitted[rank] = fit_q_function(
+            batches.inputs.checked_episodes(),
+            batches.policies[0],
+            "fit:tabular",
+            gamma=GAMMA,
+            folds=2,
+            seed=batches.config.seed,
+            collectives=(exchange.for_process(rank), no_failure),
+        )
 
     threads = [threading.Thread(target=process, args=(rank,), daemon=True) for rank in range(2)]
     for thread in threads:

@@ -15,7 +15,7 @@ from reference import action_log_probs
 
 from ope_cli import qfunctions as qf
 from ope_cli.errors import DataError, PolicyError, UsageError
-from ope_cli.fit.base import fold_index
+from ope_cli.ids import fold_index
 from ope_cli.policies import Policy, checkpoint_policy, tabular_log_prob
 from ope_cli.steps import Steps
 
