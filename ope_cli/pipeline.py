@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Iterator
 
@@ -71,6 +72,7 @@ from ope_cli.stats import (
     init,
     merge,
     profile,
+    unstack,
 )
 from ope_cli.validate import REASONS, Check, dropped_by_reason
 
@@ -488,19 +490,17 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
         betting = plan.betting_range is not None
         return [init(RESAMPLING_GROUPS, replicates, betting, computed) for _ in policies]
 
-    by_length: dict[int, list[Accumulator]] = {}
+    # per bucket length, per kernel: its P policies' statistics stacked ([P, ...] leaves)
+    by_length: dict[int, list[Accumulator | None]] = {}
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
         length, results = pending
-        partials = by_length.setdefault(length, no_episodes())
+        partials = by_length.setdefault(length, [None] * len(kernels))
         _check_behavior_support(batches, results[0][1])
-        for kernel, output in results:
+        for position, (_, output) in enumerate(results):
             host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
-            for device in range(devices):
-                for position, index in enumerate(kernel.group.indices):
-                    one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
-                    partials[index] = merge(partials[index], from_batch(one))
+            partials[position] = _merge_devices(partials[position], host, devices)
 
     shapes_seen: set[tuple[int, int]] = set()
     last_batch = None
@@ -520,6 +520,32 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
     for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
         kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes)  # need, kept
     totals = no_episodes()
-    for length in sorted(by_length):
-        totals = [merge(t, p) for t, p in zip(totals, by_length[length], strict=True)]
+    for position, kernel in enumerate(kernels):
+        stacked = None
+        for length in sorted(by_length):
+            stacked = _merged(stacked, by_length[length][position])
+        for index, total in zip(kernel.group.indices, _unstacked(stacked), strict=False):
+            totals[index] = merge(totals[index], total)
     return _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
+
+
+def _merged(a: Accumulator | None, b: Accumulator) -> Accumulator:
+    """``merge`` of stacked accumulators, None standing for no episodes yet."""
+    return b if a is None else merge(a, b)
+
+
+def _merge_devices(partial: Accumulator | None, host, devices: int) -> Accumulator:
+    """``partial`` (stacked over a kernel's P policies, or None) merged with a batch's
+    host BatchStatistics [D, P, ...], device after device: every policy at once, the
+    same arithmetic as one merge per policy."""
+    import jax
+
+    for device in range(devices):
+        one = jax.tree.map(operator.itemgetter(device), host)
+        partial = _merged(partial, from_batch(one))
+    return partial
+
+
+def _unstacked(stacked: Accumulator | None) -> list[Accumulator]:
+    """Each policy's accumulator of a stacked one ([] for a kernel that saw no batch)."""
+    return [] if stacked is None else unstack(stacked)
