@@ -31,7 +31,7 @@ from ope_cli.estimators.base import (
     sum_spec,
     sums_of,
 )
-from ope_cli.estimators.logspace import combine_groups, finite, rescale, scaled
+from ope_cli.estimators.logspace import finite, rescale, scaled
 from ope_cli.intervals import INTERVALS, betting_intervals, bootstrap_interval
 
 __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
@@ -333,15 +333,19 @@ def _estimate(
 def _grouped(acc: Accumulator, length: int) -> Grouped:
     """The merged sums (extended to ``length`` steps) as estimators read them."""
 
+    every_factors = {k: _rescaled_groups(v[:, :length]) for k, v in acc.step_log_scales.items()}
+
     def select(groups: np.ndarray) -> Sums:
         step_scales = {k: v[groups, :length] for k, v in acc.step_log_scales.items()}
         combined = {k: np.max(v, axis=0) for k, v in step_scales.items()}
+        factors = {
+            k: _selected_factors(every_factors[k], step_scales[k], groups, combined[k])
+            for k in step_scales
+        }
         step_sums = {}
         for name, sum_kt in acc.step_sums.items():
             scale = sum_spec(name).scale.name
-            step_sums[name] = combine_groups(
-                step_scales[scale], sum_kt[groups, :length], combined[scale]
-            )
+            step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
         return Sums(
             {k: _group_total(v[groups]) for k, v in acc.sums.items()},
             acc.log_scales,
@@ -352,6 +356,24 @@ def _grouped(acc: Accumulator, length: int) -> Grouped:
 
     every = np.arange(acc.sums["count"].shape[0])
     return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select)
+
+
+def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max over groups [T], each group's factor to it [K, T]) of per-step log scales."""
+    combined_t = np.max(log_scale_kt, axis=0)
+    return combined_t, rescale(log_scale_kt, combined_t[None, :])
+
+
+def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
+    """[G, T] factors of the ``groups`` rows to their own max ``combined_t``
+    (``combine_groups``' rescaling): the factors to every group's max where that max is
+    the same (leaving one group out changes it at few steps), computed anew elsewhere."""
+    every_t, factor_kt = every
+    factor_gt = factor_kt[groups]
+    changed = ~(combined_t == every_t)
+    if np.any(changed):
+        factor_gt[:, changed] = rescale(log_scale_gt[:, changed], combined_t[None, changed])
+    return factor_gt
 
 
 def _replicates(acc: Accumulator, length: int) -> Sums:
