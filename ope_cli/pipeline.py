@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import operator
 import time
 from collections.abc import Callable, Iterator
@@ -529,9 +530,38 @@ def _local_pass(batches: BatchStream, precision: str, mesh, on_status=None) -> _
     return _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
 
 
+MERGE_POLICIES = 16  # stacked policies merged at a time: bounds the merge's temporaries
+
+
 def _merged(a: Accumulator | None, b: Accumulator) -> Accumulator:
-    """``merge`` of stacked accumulators, None standing for no episodes yet."""
-    return b if a is None else merge(a, b)
+    """``merge`` of stacked accumulators ([P, ...] leaves), None standing for no episodes
+    yet; MERGE_POLICIES policies at a time, so that its temporaries (rescaled copies of
+    [P, K, T] per-step sums) stay small whatever P."""
+    import jax
+
+    if a is None:
+        return b
+    policies = a.log_weight_histogram.shape[0]
+    out = None
+    for low in range(0, policies, MERGE_POLICIES):
+        rows = operator.itemgetter(slice(low, low + MERGE_POLICIES))
+        part = merge(jax.tree.map(rows, a), jax.tree.map(rows, b))
+        if low == 0 and policies <= MERGE_POLICIES:
+            return part
+        if out is None:
+            out = jax.tree.map(_rows_for(policies), part)
+        jax.tree.map(functools.partial(_put_rows, low=low), out, part)
+    return out
+
+
+def _rows_for(policies: int):
+    """An empty array of ``policies`` rows shaped and typed as a row of its argument's."""
+    return lambda x: np.empty((policies, *x.shape[1:]), x.dtype)
+
+
+def _put_rows(whole: np.ndarray, rows: np.ndarray, low: int) -> None:
+    """Writes ``rows`` into ``whole`` from row ``low`` on."""
+    whole[low : low + rows.shape[0]] = rows
 
 
 def _merge_devices(partial: Accumulator | None, host, devices: int) -> Accumulator:
