@@ -122,14 +122,20 @@ def group_policies(
 def _policy_log_probs(
     log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
 ):
-    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
+    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params).
+
+    The policies are the innermost vmap: each step's features meet the P stacked
+    parameters in one product ([B C, d] x [d, P ...]) whose output is already in [B, C, P]
+    order, with no [P, B, C, ...] transposition of every policy's intermediate values."""
     if log_prob is None:  # logged target probabilities
         return log_target[None]
-    per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
     if params is None:
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
         log_pi = per_step(None, observation, action)[None]
     else:
-        log_pi = jax.vmap(per_step, in_axes=(0, None, None))(params, observation, action)
+        policies = jax.vmap(log_prob, in_axes=(0, None, None))  # one step -> [P]
+        per_step = jax.vmap(jax.vmap(policies, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        log_pi = jnp.moveaxis(per_step(params, observation, action), 2, 0)  # [B, C, P] first
     if log_pi.shape[1:] != step_mask.shape:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[3:]}")
     return log_pi.astype(dtype)

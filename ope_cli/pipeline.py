@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
+import operator
 import time
 from collections.abc import Callable, Iterator
 
@@ -67,6 +69,7 @@ from ope_cli.stats import (
     init,
     merge,
     profile,
+    unstack,
 )
 from ope_cli.validate import REASONS, dropped_by_reason
 
@@ -467,18 +470,16 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     ]
 
 
-def _merge_batch(partials: list[Accumulator], results, devices: int) -> None:
-    """Merges one batch's (kernel, KernelOutput) pairs into each policy's ``partials``."""
+def _merge_batch(partials: list[Accumulator | None], results, devices: int) -> None:
+    """Merges one batch's (kernel, KernelOutput) pairs into each kernel's stacked partial
+    ([P, ...] leaves; None before its first batch)."""
     import jax
 
     from ope_cli.kernel import assemble
 
-    for kernel, output in results:
+    for position, (_, output) in enumerate(results):
         host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
-        for device in range(devices):
-            for position, index in enumerate(kernel.group.indices):
-                one = jax.tree.map(lambda value: value[device, position], host)  # noqa: B023
-                partials[index] = merge(partials[index], from_batch(one))
+        partials[position] = _merge_devices(partials[position], host, devices)
 
 
 def _paired_batch(results, baseline: int) -> PairedSums:
@@ -516,12 +517,13 @@ def _local_pass(
         betting = plan.betting_range is not None
         return [init(RESAMPLING_GROUPS, replicates, betting, computed) for _ in policies]
 
-    by_length: dict[int, list[Accumulator]] = {}
+    # per bucket length, per kernel: its P policies' statistics stacked ([P, ...] leaves)
+    by_length: dict[int, list[Accumulator | None]] = {}
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
         length, results = pending
-        partials = by_length.setdefault(length, no_episodes())
+        partials = by_length.setdefault(length, [None] * len(kernels))
         _check_behavior_support(batches, results[0][1])
         _merge_batch(partials, results, devices)
         if pairs:
@@ -544,10 +546,71 @@ def _local_pass(
         absorb(in_flight.popleft())
     for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
         kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes)  # need, kept
-    totals = no_episodes()
-    for length in sorted(by_length):
-        totals = [merge(t, p) for t, p in zip(totals, by_length[length], strict=True)]
+    totals = _totals(kernels, by_length, no_episodes())
     local = _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
     if pairs:
         local.paired, local.baseline = pairs[0], baseline_row
     return local
+
+
+def _totals(kernels, by_length: dict, totals: list[Accumulator]) -> list[Accumulator]:
+    """Each policy's accumulator: its kernel's stacked partials merged over the bucket
+    lengths (shortest first), then split per policy into ``totals`` (init's, one each)."""
+    for position, kernel in enumerate(kernels):
+        stacked = None
+        for length in sorted(by_length):
+            stacked = _merged(stacked, by_length[length][position])
+        for index, total in zip(kernel.group.indices, _unstacked(stacked), strict=False):
+            totals[index] = merge(totals[index], total)
+    return totals
+
+
+MERGE_POLICIES = 16  # stacked policies merged at a time: bounds the merge's temporaries
+
+
+def _merged(a: Accumulator | None, b: Accumulator) -> Accumulator:
+    """``merge`` of stacked accumulators ([P, ...] leaves), None standing for no episodes
+    yet; MERGE_POLICIES policies at a time, so that its temporaries (rescaled copies of
+    [P, K, T] per-step sums) stay small whatever P."""
+    import jax
+
+    if a is None:
+        return b
+    policies = a.log_weight_histogram.shape[0]
+    out = None
+    for low in range(0, policies, MERGE_POLICIES):
+        rows = operator.itemgetter(slice(low, low + MERGE_POLICIES))
+        part = merge(jax.tree.map(rows, a), jax.tree.map(rows, b))
+        if low == 0 and policies <= MERGE_POLICIES:
+            return part
+        if out is None:
+            out = jax.tree.map(_rows_for(policies), part)
+        jax.tree.map(functools.partial(_put_rows, low=low), out, part)
+    return out
+
+
+def _rows_for(policies: int):
+    """An empty array of ``policies`` rows shaped and typed as a row of its argument's."""
+    return lambda x: np.empty((policies, *x.shape[1:]), x.dtype)
+
+
+def _put_rows(whole: np.ndarray, rows: np.ndarray, low: int) -> None:
+    """Writes ``rows`` into ``whole`` from row ``low`` on."""
+    whole[low : low + rows.shape[0]] = rows
+
+
+def _merge_devices(partial: Accumulator | None, host, devices: int) -> Accumulator:
+    """``partial`` (stacked over a kernel's P policies, or None) merged with a batch's
+    host BatchStatistics [D, P, ...], device after device: every policy at once, the
+    same arithmetic as one merge per policy."""
+    import jax
+
+    for device in range(devices):
+        one = jax.tree.map(operator.itemgetter(device), host)
+        partial = _merged(partial, from_batch(one))
+    return partial
+
+
+def _unstacked(stacked: Accumulator | None) -> list[Accumulator]:
+    """Each policy's accumulator of a stacked one ([] for a kernel that saw no batch)."""
+    return [] if stacked is None else unstack(stacked)

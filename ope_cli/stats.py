@@ -31,7 +31,7 @@ from ope_cli.estimators.base import (
     sum_spec,
     sums_of,
 )
-from ope_cli.estimators.logspace import combine_groups, finite, rescale, scaled
+from ope_cli.estimators.logspace import finite, rescale, scaled
 from ope_cli.intervals import INTERVALS, betting_intervals, bootstrap_interval
 
 __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
@@ -78,17 +78,36 @@ def _group_total(x_k: np.ndarray) -> np.ndarray:
 
 def from_batch(batch) -> Accumulator:
     """One batch's statistics for one policy (a BatchStatistics of device or NumPy arrays)
-    as float64."""
+    as float64; for P stacked policies (every leaf with a leading [P] axis), a stacked
+    accumulator (``unstack``)."""
 
     def convert(field: str, value):
         if not isinstance(value, dict):
             return np.asarray(value, np.float64)
         arrays = {name: np.asarray(x, np.float64) for name, x in value.items()}
         if field in ("log_scales", "pivots"):
-            return {name: float(x) for name, x in arrays.items()}
+            return {name: x if x.ndim else float(x) for name, x in arrays.items()}
         return arrays
 
     return Accumulator(**{field: convert(field, v) for field, v in batch._asdict().items()})
+
+
+def unstack(acc: Accumulator) -> list[Accumulator]:
+    """The P accumulators of a stacked one (leaves with a leading [P] axis: ``from_batch``
+    of P stacked policies' statistics, merged as one)."""
+    policies = acc.log_weight_histogram.shape[0]
+
+    def row(p: int, field: str, value):
+        if not isinstance(value, dict):
+            return value[p]
+        if field in ("log_scales", "pivots"):
+            return {name: float(x[p]) for name, x in value.items()}
+        return {name: x[p] for name, x in value.items()}
+
+    return [
+        Accumulator(**{field: row(p, field, v) for field, v in acc._asdict().items()})
+        for p in range(policies)
+    ]
 
 
 def init(
@@ -129,12 +148,12 @@ def _lengthen_scale(scale_t: np.ndarray, extra: int) -> np.ndarray:
 
 
 def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
-    """[rows, L + extra] by the StepSum's ``after_end``: hold the last step, or zeros."""
-    rows = sum_rt.shape[0]
+    """[..., rows, L + extra] by the StepSum's ``after_end``: hold the last step, or zeros."""
+    rows = sum_rt.shape[:-1]
     if sum_rt.shape[-1] == 0 or sum_spec(name).after_end == "zero":
-        tail = np.zeros((rows, extra))
+        tail = np.zeros((*rows, extra))
     else:
-        tail = np.repeat(sum_rt[:, -1:], extra, -1)
+        tail = np.repeat(sum_rt[..., -1:], extra, -1)
     return np.concatenate([sum_rt, tail], -1)
 
 
@@ -157,16 +176,18 @@ def extend(acc: Accumulator, length: int) -> Accumulator:
 
 def _shift_moments(moments: np.ndarray, delta: float) -> np.ndarray:
     """[..., m + 1] sums of v (x - c)^k re-centred on c' = c - delta: sums of v (x - c')^k
-    = sum_j C(k, j) delta^(k - j) sum v (x - c)^j."""
-    if delta == 0.0:
+    = sum_j C(k, j) delta^(k - j) sum v (x - c)^j. ``delta``: a float, or [P] for P stacked
+    policies' moments [P, ..., m + 1]."""
+    if np.all(delta == 0.0):
         return moments
-    delta = np.float64(delta)  # astronomically large returns overflow to inf, not an error
+    # astronomically large returns overflow to inf, not an error
+    delta = np.reshape(np.asarray(delta, np.float64), np.shape(delta) + (1,) * (moments.ndim - 1))
     out = np.zeros_like(moments)
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(moments.shape[-1]):
             for j in range(k + 1):
-                out[..., k] += comb(k, j) * delta ** (k - j) * moments[..., j]
-    return out
+                out[..., k] += comb(k, j) * delta[..., 0] ** (k - j) * moments[..., j]
+    return np.where(delta == 0.0, moments, out)  # an unshifted side stays exact
 
 
 def _merge_scalar(a: Accumulator, b: Accumulator):
@@ -175,17 +196,17 @@ def _merge_scalar(a: Accumulator, b: Accumulator):
     log_scales, factors, pivots, deltas = {}, {}, {}, {}
     for name in {**a.log_scales, **b.log_scales}:
         la, lb = a.log_scales.get(name, -math.inf), b.log_scales.get(name, -math.inf)
-        log_scales[name] = max(la, lb)
+        log_scales[name] = _scalar_like(np.maximum(la, lb))
         factors[name] = (rescale(la, log_scales[name]), rescale(lb, log_scales[name]))
         if name in a.pivots or name in b.pivots:
             ca, cb = a.pivots.get(name, 0.0), b.pivots.get(name, 0.0)
             # The heavier side keeps its pivot (ties: the smaller, so merge commutes); a
             # side without weight has nothing to shift.
-            pivot = ca if la > lb else cb if lb > la else min(ca, cb)
-            pivots[name] = pivot
+            pivot = np.where(la > lb, ca, np.where(lb > la, cb, np.minimum(ca, cb)))
+            pivots[name] = _scalar_like(pivot)
             deltas[name] = (
-                ca - pivot if la > -math.inf else 0.0,
-                cb - pivot if lb > -math.inf else 0.0,
+                np.where(la > -math.inf, ca - pivot, 0.0),
+                np.where(lb > -math.inf, cb - pivot, 0.0),
             )
 
     def merged(x: dict, y: dict) -> dict:
@@ -203,10 +224,21 @@ def _merge_scalar(a: Accumulator, b: Accumulator):
             if spec.moments is not None:
                 da, db = deltas[spec.scale.name]
                 xa, xb = _shift_moments(xa, da), _shift_moments(xb, db)
-            out[name] = xa * fa + xb * fb
+            out[name] = xa * _per_row(fa, xa) + xb * _per_row(fb, xb)
         return out
 
     return log_scales, pivots, merged(a.sums, b.sums), merged(a.replicate_sums, b.replicate_sums)
+
+
+def _scalar_like(x: np.ndarray) -> float | np.ndarray:
+    """A 0-d result as a float (one policy's accumulator); [P] stays an array (stacked)."""
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def _per_row(factor, x: np.ndarray):
+    """A per-policy factor ([] or [P]) shaped to broadcast over ``x`` ([P, ...] when
+    stacked)."""
+    return np.reshape(factor, np.shape(factor) + (1,) * (x.ndim - np.ndim(factor)))
 
 
 def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
@@ -222,6 +254,8 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
         xa = sums_a.get(name, np.zeros_like(sums_b.get(name)))
         xb = sums_b.get(name, np.zeros_like(xa))
         fa, fb = factors[sum_spec(name).scale.name]
+        if fa.ndim < xa.ndim:  # per-step scales [..., L] of replicate sums [..., R, L]
+            fa, fb = fa[..., None, :], fb[..., None, :]
         sums[name] = xa * fa + xb * fb
     return scales, sums
 
@@ -315,15 +349,19 @@ def restricted(acc: Accumulator, estimators: tuple[str, ...]) -> Accumulator:
 def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     """The merged sums (extended to ``length`` steps) as estimators read them."""
 
+    every_factors = {k: _rescaled_groups(v[:, :length]) for k, v in acc.step_log_scales.items()}
+
     def select(groups: np.ndarray) -> Sums:
         step_scales = {k: v[groups, :length] for k, v in acc.step_log_scales.items()}
         combined = {k: np.max(v, axis=0) for k, v in step_scales.items()}
+        factors = {
+            k: _selected_factors(every_factors[k], step_scales[k], groups, combined[k])
+            for k in step_scales
+        }
         step_sums = {}
         for name, sum_kt in acc.step_sums.items():
             scale = sum_spec(name).scale.name
-            step_sums[name] = combine_groups(
-                step_scales[scale], sum_kt[groups, :length], combined[scale]
-            )
+            step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
         return Sums(
             {k: _group_total(v[groups]) for k, v in acc.sums.items()},
             acc.log_scales,
@@ -334,6 +372,24 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
 
     every = np.arange(acc.sums["count"].shape[0])
     return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select)
+
+
+def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max over groups [T], each group's factor to it [K, T]) of per-step log scales."""
+    combined_t = np.max(log_scale_kt, axis=0)
+    return combined_t, rescale(log_scale_kt, combined_t[None, :])
+
+
+def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
+    """[G, T] factors of the ``groups`` rows to their own max ``combined_t``
+    (``combine_groups``' rescaling): the factors to every group's max where that max is
+    the same (leaving one group out changes it at few steps), computed anew elsewhere."""
+    every_t, factor_kt = every
+    factor_gt = factor_kt[groups]
+    changed = ~(combined_t == every_t)
+    if np.any(changed):
+        factor_gt[:, changed] = rescale(log_scale_gt[:, changed], combined_t[None, changed])
+    return factor_gt
 
 
 LEAVE_OUT_CHUNK = 4096  # steps combined at a time: [G, K, chunk] temporaries

@@ -27,7 +27,8 @@ class BenchConfig:
       data: a step-layout Parquet file/directory to measure instead of generated data.
       episodes: episodes to generate (about 83 steps each).
       seed: seed of the generated data and checkpoints.
-      policies: K, the stacked linear_softmax checkpoints of the many-policies measurement.
+      policies: K, the linear_softmax checkpoints of the many-policies measurements (whole
+        ``ope evaluate`` processes with K beside one, and the kernel alone with K stacked).
       precision: the kernel precision of the main measurements (None: as ``ope evaluate``).
       memory: also measure peak memory of ``ope evaluate`` subprocesses on 1x and 10x data.
       memory_steps: steps of the 1x memory dataset.

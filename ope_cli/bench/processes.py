@@ -2,7 +2,8 @@
 with an empty and with a warm persistent compilation cache (and with a Q checkpoint on
 another empty one), a second dataset with other episode lengths on that warm cache, a
 10,000-step bandit log, and a fresh Python process reading the same columns with pyarrow
-(the I/O floor), beside one that only imports pyarrow.parquet."""
+(the I/O floor), beside one that only imports pyarrow.parquet; and ``ope evaluate`` with K
+policies beside one (``measure_many_policies``)."""
 
 from __future__ import annotations
 
@@ -122,4 +123,41 @@ def measure_processes(  # noqa: PLR0913 - what the processes run on
         "method": "wall time of each process as typed; import-jax and pyarrow floors and "
         "warm runs: fastest of several; one compilation cache for every ope evaluate, "
         "empty before the first",
+    }
+
+
+def measure_many_policies(
+    directory: Path, data: str, checkpoints: list[str], batching: BatchingConfig, progress: Progress
+) -> dict:
+    """``ope evaluate DATA --policy c1 ... --policy cK`` beside the same with ``c1`` alone, as
+    whole processes: each first with its own empty compilation cache (the first run, which
+    compiles), then warm, alternating, the fastest of two each."""
+    k = len(checkpoints)
+    runs = {1: checkpoints[:1], k: checkpoints}
+    caches = {n: directory / f"process-cache-{n}-policies" for n in runs}
+
+    def evaluate(n: int) -> dict:
+        env = dict(os.environ, OPE_CACHE_DIR=str(caches[n]))
+        first, *rest = runs[n]
+        return _evaluate(data, first, batching, env, *(f"--policy={c}" for c in rest))
+
+    progress(f"whole processes: ope evaluate with {k} policies and with 1, empty caches")
+    cold = {n: evaluate(n) for n in runs}
+    progress(f"whole processes: ope evaluate with {k} policies and with 1, warm caches")
+    warm = {n: [] for n in runs}
+    for _ in range(2):
+        for n in runs:
+            warm[n].append(evaluate(n))
+    warm = {n: min(each, key=lambda run: run["seconds"]) for n, each in warm.items()}
+    return {
+        "k": k,
+        "warm_cache_seconds_1": warm[1]["seconds"],
+        "warm_cache_seconds_k": warm[k]["seconds"],
+        "warm_cache_ratio": warm[k]["seconds"] / warm[1]["seconds"],
+        "cold_cache_seconds_1": cold[1]["seconds"],
+        "cold_cache_seconds_k": cold[k]["seconds"],
+        "cold_cache_ratio": cold[k]["seconds"] / cold[1]["seconds"],
+        "method": "wall time of whole ope evaluate processes, K policies / 1 on the same "
+        "data; cold: each with its own empty compilation cache; warm: fastest of two, "
+        "alternating",
     }

@@ -2,8 +2,9 @@
 
 On one long-tailed dataset (generated, or ``--data``) it times, on the same episodes, the
 Python loop baseline, the NumPy twin, the jitted kernel alone (float32, float64, and K
-stacked policies), ``ope evaluate`` end to end and the pyarrow I/O floor; with ``--memory``
-also the peak RSS of ``ope evaluate`` subprocesses. Steps/s count real (logged) steps.
+stacked policies), ``ope evaluate`` end to end and the pyarrow I/O floor; whole
+``ope evaluate`` processes (``bench.processes``), also with K policies beside one; with
+``--memory`` also the peak RSS of ``ope evaluate`` subprocesses. Steps/s count real (logged) steps.
 Absolute times on a shared machine are noise; the ratios between measurements of one run
 are what the targets are about.
 """
@@ -42,7 +43,7 @@ from ope_cli.bench.measure import (
     timed,
 )
 from ope_cli.bench.memory import measure_memory
-from ope_cli.bench.processes import measure_processes
+from ope_cli.bench.processes import measure_many_policies, measure_processes
 from ope_cli.bench.summary import quantiles, summary
 from ope_cli.buckets import Bucketer
 from ope_cli.config import BatchingConfig
@@ -162,6 +163,11 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
             config.batching,
             config.seed,
             progress,
+        )
+    m["many_processes"] = None
+    if config.processes and config.policies > 1:
+        m["many_processes"] = measure_many_policies(
+            directory, source.path, checkpoints, config.batching, progress
         )
     m["memory"] = None
     if config.memory:

@@ -37,7 +37,11 @@ Episodes = Annotated[
 Seed = Annotated[int, typer.Option(help="Seed of the generated data and policies.")]
 Policies = Annotated[
     int,
-    typer.Option(help="K stacked linear_softmax policies, for the cost of K relative to 1."),
+    typer.Option(
+        help="K linear_softmax checkpoints: whole ope evaluate processes with K policies "
+        "beside one (the many_policies target; SPEC: K = 100, a few minutes), and the "
+        "kernel alone with K stacked."
+    ),
 ]
 BenchPrecision = Annotated[
     PrecisionOption | None,
@@ -100,6 +104,8 @@ def bench_command(
       ope bench --format json | jq .targets
 
       ope bench --memory --policies 8
+
+      ope bench --policies 100
     """
     from rich.console import Console
 

@@ -129,7 +129,9 @@ def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Arr
     width = (high - low) / HISTOGRAM_BINS
     log10_w = jnp.where(include_b, log_w_b / jnp.log(10.0), low)
     bins = jnp.clip(jnp.floor((log10_w - low) / width).astype(jnp.int32) + 1, 0, HISTOGRAM_BINS + 1)
-    return one_hot(bins, HISTOGRAM_BINS + 2, dtype).T @ include_b.astype(dtype)
+    # a scatter of B counts, not a [B, bins] one-hot product: the finish of P stacked
+    # policies would write [P, B, bins] (exact counts either way)
+    return jax.ops.segment_sum(include_b.astype(dtype), bins, num_segments=HISTOGRAM_BINS + 2)
 
 
 # Poisson(1) cumulative distribution up to 20 (the rest has probability < 1e-19).

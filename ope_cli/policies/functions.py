@@ -22,19 +22,26 @@ def _vector(observation):
     return jnp.atleast_1d(observation)
 
 
-def tabular_log_prob(params, observation, action):
-    """log softmax(logits[s])[a]; observation is an integer state."""
+def log_softmax_at(logits, action):
+    """log softmax(logits)[action], as ``jax.nn.log_softmax`` computes it (the same
+    operations, so the same numbers) but for the one action: vmapped over many steps and
+    policies, no [..., A] array of every action's log-probability is written."""
     import jax
 
-    return jax.nn.log_softmax(params["logits"][observation])[action]
+    jnp = _jnp()
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, initial=-jnp.inf))
+    return shifted[action] - jnp.log(jnp.sum(jnp.exp(shifted)))
+
+
+def tabular_log_prob(params, observation, action):
+    """log softmax(logits[s])[a]; observation is an integer state."""
+    return log_softmax_at(params["logits"][observation], action)
 
 
 def linear_softmax_log_prob(params, observation, action):
     """log softmax((s @ W + b) / temperature)[a]."""
-    import jax
-
     logits = (_vector(observation) @ params["weight"] + params["bias"]) / params["temperature"]
-    return jax.nn.log_softmax(logits)[action]
+    return log_softmax_at(logits, action)
 
 
 def mlp_forward(params, inputs, activation: str):
@@ -56,9 +63,8 @@ def mlp_forward(params, inputs, activation: str):
 def _mlp_log_prob(activation: str) -> LogProbFn:
     def mlp_softmax_log_prob(params, observation, action):
         """log softmax(MLP(s))[a] with ``activation`` between layers."""
-        import jax
 
-        return jax.nn.log_softmax(mlp_forward(params, _vector(observation), activation))[action]
+        return log_softmax_at(mlp_forward(params, _vector(observation), activation), action)
 
     return mlp_softmax_log_prob
 
