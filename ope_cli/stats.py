@@ -392,33 +392,51 @@ def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
     return factor_gt
 
 
-LEAVE_OUT_CHUNK = 4096  # steps combined at a time: [G, K, chunk] temporaries
+def _leave_one_out_scales(scale_kt: np.ndarray, groups: np.ndarray):
+    """(factors [K, T] of every group to the all-group max, the leave-out max log scales
+    [G, T], {g's position: [T] steps where leaving g out lowers the max}) of per-step log
+    scales: the max only changes at the steps where g alone holds it."""
+    every_t = np.max(scale_kt, axis=0)
+    factor_kt = rescale(scale_kt, every_t[None, :])
+    top_kt = scale_kt == every_t[None, :]
+    alone_t = top_kt.sum(axis=0) == 1
+    holder_t = np.argmax(scale_kt, axis=0)
+    second_t = np.max(np.where(top_kt, -np.inf, scale_kt), axis=0)
+    scales_gt = np.repeat(every_t[None, :], groups.size, axis=0)
+    changed = {}
+    for position, g in enumerate(groups):
+        steps = alone_t & (holder_t == g)
+        if np.any(steps):
+            scales_gt[position, steps] = second_t[steps]
+            changed[position] = steps
+    return factor_kt, scales_gt, changed
 
 
 def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]:
     """(the non-empty groups [G], Sums with a leading [G] axis: every episode but those of
     group g), for estimators that evaluate sums with leading axes (``replicates``), all
-    groups at once. The per-step sums of the other groups are combined relative to their
-    own largest scale at each step (log-sum-exp), never by subtracting a group."""
+    groups at once. Per step, the other groups are combined relative to their own largest
+    scale (log-sum-exp), never by subtracting a group: relative to the all-group max,
+    except at the steps where g alone holds it, combined anew there."""
     groups = np.flatnonzero(acc.sums["count"] > 0)
-    others = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]  # [G, K]
-    weights = others.astype(np.float64)
-    sums = {k: np.tensordot(weights, v, axes=(1, 0)) for k, v in acc.sums.items()}
-    step_scales, step_sums = {}, {}
-    for scale, scale_kt in acc.step_log_scales.items():
-        scale_kt = scale_kt[:, :length]
-        masked = np.where(others[:, :, None], scale_kt[None], -np.inf)  # [G, K, L]
-        step_scales[scale] = np.max(masked, axis=1)
+    others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
+    weights_gk = others_gk.astype(np.float64)
+    sums = {k: np.tensordot(weights_gk, v, axes=(1, 0)) for k, v in acc.sums.items()}
+    scales = {
+        k: _leave_one_out_scales(v[:, :length], groups) for k, v in acc.step_log_scales.items()
+    }
+    step_sums = {}
     for name, sum_kt in acc.step_sums.items():
         scale = sum_spec(name).scale.name
-        scale_kt, combined = acc.step_log_scales[scale][:, :length], step_scales[scale]
-        out = np.zeros((groups.size, combined.shape[-1]))
-        for start in range(0, combined.shape[-1], LEAVE_OUT_CHUNK):
-            part = slice(start, start + LEAVE_OUT_CHUNK)
-            factor = rescale(scale_kt[None, :, part], combined[:, None, part])
-            own = sum_kt[None, :, :length][:, :, part]
-            out[:, part] = np.sum(weights[:, :, None] * own * factor, axis=1)
-        step_sums[name] = out
+        factor_kt, scales_gt, changed = scales[scale]
+        sum_kt = sum_kt[:, :length]
+        out_gt = weights_gk @ (sum_kt * factor_kt)
+        scale_kt = acc.step_log_scales[scale][:, :length]
+        for position, steps in changed.items():
+            own_kt = sum_kt[:, steps] * rescale(scale_kt[:, steps], scales_gt[position, steps])
+            out_gt[position, steps] = weights_gk[position] @ own_kt
+        step_sums[name] = out_gt
+    step_scales = {k: v[1] for k, v in scales.items()}
     return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)
 
 

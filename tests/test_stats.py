@@ -482,3 +482,27 @@ def test_wis_stderr_when_one_episode_holds_nearly_all_the_weight(share, heavy_fi
     assert diagnostics.max_weight_share == pytest.approx(share, rel=1e-9)
     assert estimates["wis"].stderr == pytest.approx(reference, rel=1e-6)
     assert estimates["wis"].value == pytest.approx(reference_estimates(episodes, 0.9)["wis"])
+
+
+@pytest.mark.parametrize("ratio_scale", [0.3, 3.0])
+def test_leave_one_out_sums_equal_each_selection(ratio_scale):
+    """All groups left out at once (vectorised) equal one selection per group, also where
+    one group alone holds a step's largest weight (heavy weights: ratio_scale 3)."""
+    rng = np.random.default_rng(17)
+    episodes = random_episodes(rng, 60, ratio_scale=ratio_scale)
+    groups = rng.integers(0, K, size=len(episodes))
+    acc, max_length = accumulate(episodes, groups, 0.9, rng)
+    acc = stats.extend(acc, max_length)
+    present, together = stats.leave_one_out_sums(acc, max_length)
+    grouped = stats.grouped_sums(acc, max_length)
+    np.testing.assert_array_equal(present, grouped.groups)
+    for position, g in enumerate(present):
+        one = grouped.select(present[present != g])
+        for name, value in one.sums.items():
+            np.testing.assert_allclose(together.sums[name][position], value, rtol=1e-12)
+        for name, value in one.step_sums.items():
+            np.testing.assert_allclose(
+                together.step_sums[name][position], value, rtol=1e-12, atol=1e-300
+            )
+        for name, value in one.step_log_scales.items():
+            np.testing.assert_array_equal(together.step_log_scales[name][position], value)
