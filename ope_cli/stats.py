@@ -371,7 +371,8 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
         )
 
     every = np.arange(acc.sums["count"].shape[0])
-    return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select)
+    groups = np.flatnonzero(acc.sums["count"] > 0)
+    return Grouped(select(every), groups, select, lambda: leave_one_out_sums(acc, length)[1])
 
 
 def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -433,8 +434,11 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
         out_gt = weights_gk @ (sum_kt * factor_kt)
         scale_kt = acc.step_log_scales[scale][:, :length]
         for position, steps in changed.items():
-            own_kt = sum_kt[:, steps] * rescale(scale_kt[:, steps], scales_gt[position, steps])
-            out_gt[position, steps] = weights_gk[position] @ own_kt
+            rest = others_gk[position]  # not a 0 weight: the left-out group's factor is huge
+            own_kt = sum_kt[rest][:, steps] * rescale(
+                scale_kt[rest][:, steps], scales_gt[position, steps]
+            )
+            out_gt[position, steps] = own_kt.sum(axis=0)
         step_sums[name] = out_gt
     step_scales = {k: v[1] for k, v in scales.items()}
     return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)

@@ -239,11 +239,13 @@ class Sums:
 class Grouped:
     """Merged sums of every episode, and per resampling group for estimators that resample
     groups (jackknife): ``groups`` are the non-empty groups, ``select(groups)`` combines
-    some of them into Sums."""
+    some of them into Sums, and ``leave_one_out()`` gives Sums with a leading [G] axis,
+    each row every group but one (None: select them one by one)."""
 
     totals: Sums
     groups: np.ndarray
     select: Callable[[np.ndarray], Sums]
+    leave_one_out: Callable[[], Sums] | None = None
 
 
 def no_carry(zero: Array) -> dict:

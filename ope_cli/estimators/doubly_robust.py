@@ -189,7 +189,9 @@ WDR = register(
             StepSum("wv_next_t", STEP, after_end="zero", lag=1),
         ),
         advance=wdr_advance,
-        finalize=grouped_jackknife(_wdr_value),
+        finalize=grouped_jackknife(
+            _wdr_value, lambda sums, context: wdr_replicates(sums, context)[0]
+        ),
         replicates=wdr_replicates,
         needs=Q_FIELDS,
     )

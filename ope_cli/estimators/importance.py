@@ -146,10 +146,12 @@ def _wpdis_value(sums: Sums, context: Context) -> tuple[float | None, int]:
     return self_normalised_value(sums, context.discount_t * sums.step_sums["wr_t"])
 
 
-def grouped_jackknife(value_of):
+def grouped_jackknife(value_of, values_of=None):
     """finalize() of an estimator whose ``value_of(sums, context) -> (value or None, first
     step with no weight left)`` is not a plain mean: the value, and a delete-a-group
-    jackknife standard error over the non-empty id-hash groups."""
+    jackknife standard error over the non-empty id-hash groups. ``values_of(sums,
+    context) -> [G]`` (NaN where undefined), given, evaluates every leave-out at once on
+    ``Grouped.leave_one_out``'s sums."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, empty_step = value_of(grouped.totals, context)
@@ -160,7 +162,11 @@ def grouped_jackknife(value_of):
         groups = grouped.groups
         if groups.size < 2:
             return Point(finite(value), None, "too few episode groups for a standard error")
-        leave_out = [value_of(grouped.select(groups[groups != g]), context)[0] for g in groups]
+        if values_of is not None and grouped.leave_one_out is not None:
+            every = np.asarray(values_of(grouped.leave_one_out(), context), np.float64)
+            leave_out = [None if np.isnan(v) else float(v) for v in every]
+        else:
+            leave_out = [value_of(grouped.select(groups[groups != g]), context)[0] for g in groups]
         if any(v is None for v in leave_out):
             return Point(
                 finite(value), None, "a group holds all the weight at some step; no standard error"
@@ -174,7 +180,9 @@ def grouped_jackknife(value_of):
     return finalize
 
 
-wpdis_finalize = grouped_jackknife(_wpdis_value)
+wpdis_finalize = grouped_jackknife(
+    _wpdis_value, lambda sums, context: wpdis_replicates(sums, context)[0]
+)
 wpdis_finalize.__doc__ = """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a
 delete-a-group jackknife standard error over the non-empty id-hash groups."""
 
