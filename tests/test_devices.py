@@ -50,6 +50,8 @@ def case(tmp_path_factory):
     args = [
         str(data),
         *(f"--policy={p}" for p in policies),
+        "--baseline",
+        "behavior",
         "--gamma",
         "0.97",
         "--batch-steps",
@@ -58,8 +60,6 @@ def case(tmp_path_factory):
         "bootstrap-t",
         "--bootstrap-samples",
         "40",
-        "--baseline",
-        "behavior",
     ]
     return tmp, args, ope_json(args, 1, tmp)
 

@@ -204,8 +204,10 @@ _params = {"weight": jax.numpy.zeros((4, 4)), "bias": jax.numpy.zeros(4)}
 
 
 def log_prob(observation, action):
-    if os.environ.get("OPE_TEST_STALL"):
-        time.sleep(120)  # at trace time: this process has joined the run and stalls in its work
+    marker = os.environ.get("OPE_TEST_STALL")
+    if marker:  # at trace time: this process has joined the run and stalls in its work
+        open(marker, "w").close()
+        time.sleep(120)
     return jax.nn.log_softmax(observation @ _params["weight"] + _params["bias"])[action]
 """
 
@@ -218,8 +220,13 @@ def test_a_process_that_dies_ends_the_others_without_a_hang(world):
     port = free_port()
     args = ["five", "-p", "stall_policy:log_prob"]
     survivor = start(args, 0, 2, port, tmp, timeout=10)
-    victim = start(args, 1, 2, port, tmp, timeout=10, extra_env={"OPE_TEST_STALL": "1"})
-    time.sleep(8.0)
+    marker = tmp / "stalled"
+    marker.unlink(missing_ok=True)
+    victim = start(args, 1, 2, port, tmp, timeout=10, extra_env={"OPE_TEST_STALL": str(marker)})
+    waited = time.monotonic()
+    while not marker.exists() and time.monotonic() - waited < 120:  # joined, now stalling
+        time.sleep(0.2)
+    assert marker.exists()
     assert victim.poll() is None and survivor.poll() is None  # both joined and are working
     victim.kill()  # SIGKILL to the `ope` process; its worker must not outlive it
     started = time.monotonic()

@@ -167,7 +167,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     m["many_processes"] = None
     if config.processes and config.policies > 1:
         m["many_processes"] = measure_many_policies(
-            directory, source.path, checkpoints, config.batching, progress
+            directory, source.source, checkpoints, config.batching, progress
         )
     m["memory"] = None
     if config.memory:
