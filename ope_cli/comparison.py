@@ -50,6 +50,7 @@ from ope_cli.stats import (
     Estimate,
     extend,
     leave_one_out_sums,
+    mean_return,
     replicate_sums,
     restricted,
 )
@@ -92,7 +93,7 @@ class Pairing:
         self.behavior = len(self.accumulators)  # the behavior policy's row
         first = self.accumulators[0]
         self.count = first.total("count")
-        self.mean_return = first.total("return_sum") / self.count
+        self.mean_return = mean_return(first)
 
     # --- per row ------------------------------------------------------------------------
 

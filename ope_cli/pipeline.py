@@ -67,6 +67,7 @@ from ope_cli.stats import (
     finalize,
     from_batch,
     init,
+    mean_return,
     merge,
     profile,
     unstack,
@@ -227,9 +228,7 @@ def evaluate(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
-    behavior_value = None
-    if local.paired is not None:
-        behavior_value = local.accumulators[0].total("return_sum") / counts.episodes
+    behavior_value = None if local.paired is None else mean_return(local.accumulators[0])
     behavior = _reported_behavior(batches, results, precision, mesh)
     return EvaluationResult(
         source=config.data,
@@ -277,6 +276,7 @@ def evaluate(
 def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
     """(results with their paired comparisons and could-be-best flags, the selection
     metrics against ``truth`` or None, their notes)."""
+    row = resolve_baseline(config.baseline, batches.policies)
     if local.paired is not None:
         pairing = Pairing(
             local.accumulators,
@@ -285,13 +285,12 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
             Context(config.gamma, local.counters.max_length),
             interval_methods(list(results[0].estimates), plan.method, config.interval),
             plan.betting_range,
-            resolve_baseline(config.baseline, batches.policies),
+            row,
         )
         results = compare_results(results, pairing, config.confidence)
     if truth is None:
         return results, None, []
     keys = truth_keys(batches.policies)
-    row = resolve_baseline(config.baseline, batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
     return results, selection, notes

@@ -383,7 +383,7 @@ def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
     """[G, T] factors of the ``groups`` rows to their own max ``combined_t``
-    (``combine_groups``' rescaling): the factors to every group's max where that max is
+    (log-sum-exp rescaling): the factors to every group's max where that max is
     the same (leaving one group out changes it at few steps), computed anew elsewhere."""
     every_t, factor_kt = every
     factor_gt = factor_kt[groups]
@@ -488,6 +488,12 @@ def _intervals(acc, estimates, context, confidence, interval, betting_range):
             )
             out[name] = _with_interval(estimate, bounds)
     return out
+
+
+def mean_return(acc: Accumulator) -> float:
+    """The mean discounted return of the logged episodes (core sums): the logging policy's
+    own value, every weight 1."""
+    return acc.total("return_sum") / acc.total("count")
 
 
 def diagnostics(acc: Accumulator) -> Diagnostics:

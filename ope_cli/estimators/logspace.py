@@ -36,10 +36,3 @@ def scaled_array(values: np.ndarray, log_scale: float) -> np.ndarray:
         magnitude = np.log(np.abs(values)) + log_scale
         out = np.sign(values) * np.exp(np.minimum(magnitude, MAX_LOG_FLOAT64))
     return np.where(values == 0, 0.0, np.where(magnitude > MAX_LOG_FLOAT64, np.nan, out))
-
-
-def combine_groups(
-    log_scale_gt: np.ndarray, values_gt: np.ndarray, log_scale_t: np.ndarray
-) -> np.ndarray:
-    """[T] sum over groups of values_gt * exp(log_scale_gt - log_scale_t) (log-sum-exp style)."""
-    return np.sum(values_gt * rescale(log_scale_gt, log_scale_t[None, :]), axis=0)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ope_cli.errors import UsageError
 from ope_cli.report.formatting import estimator_title
+from ope_cli.report.table import resolve_rank_by
 from ope_cli.results import EvaluationResult
 
 FIGURES = ("weights.png", "horizon.png", "estimates.png", "ranking.png")
@@ -82,7 +83,7 @@ def write_plots(
     out = _create(directory)
     drawn = zip(FIGURES, (_weights, _horizon, _estimates), strict=False)
     written = [_save(plt, draw(plt, result), out / name, directory) for name, draw in drawn]
-    estimator = rank_by or ("wis" if "wis" in result.estimators else result.estimators[0])
+    estimator = resolve_rank_by(result, rank_by)
     rows, baseline = ranked_rows(result, estimator)
     ranking = ranking_figure(
         rows,
