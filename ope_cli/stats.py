@@ -393,24 +393,31 @@ def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
     return factor_gt
 
 
-def _leave_one_out_scales(scale_kt: np.ndarray, groups: np.ndarray):
-    """(factors [K, T] of every group to the all-group max, the leave-out max log scales
-    [G, T], {g's position: [T] steps where leaving g out lowers the max}) of per-step log
-    scales: the max only changes at the steps where g alone holds it."""
+class _LeaveOneOutScales(NamedTuple):
+    """Per-step log scales [K, T] of the groups, as leaving one group out changes them: the
+    max only changes at the steps where g alone holds it, to the second largest there."""
+
+    to_every_kt: np.ndarray  # factors of each group to the all-group max
+    to_second_kt: np.ndarray  # factors to the second largest (inf for the holder itself)
+    others_kt: np.ndarray  # [K, T] bool: not the step's sole holder of the max
+    left_out_gt: np.ndarray  # [G, T] bool: group g alone holds the max at step t
+    scales_gt: np.ndarray  # [G, T] the leave-out max log scales
+
+
+def _leave_one_out_scales(scale_kt: np.ndarray, groups: np.ndarray) -> _LeaveOneOutScales:
+    """The leave-one-out scales of per-step log scales ``scale_kt`` for the ``groups`` [G]."""
     every_t = np.max(scale_kt, axis=0)
-    factor_kt = rescale(scale_kt, every_t[None, :])
     top_kt = scale_kt == every_t[None, :]
-    alone_t = top_kt.sum(axis=0) == 1
-    holder_t = np.argmax(scale_kt, axis=0)
+    holder_t = np.where(top_kt.sum(axis=0) == 1, np.argmax(scale_kt, axis=0), -1)
     second_t = np.max(np.where(top_kt, -np.inf, scale_kt), axis=0)
-    scales_gt = np.repeat(every_t[None, :], groups.size, axis=0)
-    changed = {}
-    for position, g in enumerate(groups):
-        steps = alone_t & (holder_t == g)
-        if np.any(steps):
-            scales_gt[position, steps] = second_t[steps]
-            changed[position] = steps
-    return factor_kt, scales_gt, changed
+    left_out_gt = groups[:, None] == holder_t[None, :]
+    return _LeaveOneOutScales(
+        rescale(scale_kt, every_t[None, :]),
+        rescale(scale_kt, second_t[None, :]),
+        np.arange(scale_kt.shape[0])[:, None] != holder_t[None, :],
+        left_out_gt,
+        np.where(left_out_gt, second_t[None, :], every_t[None, :]),
+    )
 
 
 def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]:
@@ -418,7 +425,8 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
     group g), for estimators that evaluate sums with leading axes (``replicates``), all
     groups at once. Per step, the other groups are combined relative to their own largest
     scale (log-sum-exp), never by subtracting a group: relative to the all-group max,
-    except at the steps where g alone holds it, combined anew there."""
+    except at the steps where g alone holds it, where they are every group but that one,
+    relative to the second largest."""
     groups = np.flatnonzero(acc.sums["count"] > 0)
     others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
     weights_gk = others_gk.astype(np.float64)
@@ -428,19 +436,15 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
     }
     step_sums = {}
     for name, sum_kt in acc.step_sums.items():
-        scale = sum_spec(name).scale.name
-        factor_kt, scales_gt, changed = scales[scale]
+        scale = scales[sum_spec(name).scale.name]
         sum_kt = sum_kt[:, :length]
-        out_gt = weights_gk @ (sum_kt * factor_kt)
-        scale_kt = acc.step_log_scales[scale][:, :length]
-        for position, steps in changed.items():
-            rest = others_gk[position]  # not a 0 weight: the left-out group's factor is huge
-            own_kt = sum_kt[rest][:, steps] * rescale(
-                scale_kt[rest][:, steps], scales_gt[position, steps]
+        with np.errstate(invalid="ignore", over="ignore"):  # the holder's own inf factor
+            without_holder_t = np.sum(
+                np.where(scale.others_kt, sum_kt * scale.to_second_kt, 0.0), axis=0
             )
-            out_gt[position, steps] = own_kt.sum(axis=0)
-        step_sums[name] = out_gt
-    step_scales = {k: v[1] for k, v in scales.items()}
+        out_gt = weights_gk @ (sum_kt * scale.to_every_kt)
+        step_sums[name] = np.where(scale.left_out_gt, without_holder_t[None, :], out_gt)
+    step_scales = {k: v.scales_gt for k, v in scales.items()}
     return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)
 
 

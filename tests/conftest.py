@@ -64,11 +64,11 @@ class OpeRun:
 
 
 def ope_command() -> list[str]:
-    """The installed console script next to this interpreter, else ``python -m ope_cli.cli``."""
+    """The installed console script next to this interpreter, else ``python -m ope_cli``."""
     script = Path(sys.executable).with_name("ope")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-m", "ope_cli.cli"]
+    return [sys.executable, "-m", "ope_cli"]
 
 
 def subprocess_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

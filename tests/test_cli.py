@@ -27,7 +27,10 @@ import dataclasses
 import io
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Annotated
@@ -517,6 +520,28 @@ def test_version_and_help(good):
     assert run.returncode == 0, run
     for option in ("--policy", "--format", "--gamma", "--estimator"):
         assert option in run.stdout, option
+
+
+def test_console_script_makes_host_blas_single_threaded_before_numpy(monkeypatch):
+    """``ope`` sets one BLAS thread (the host's small products beside XLA's threads) before
+    NumPy loads, leaving a user's own setting alone."""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, ope_cli.__main__; print('numpy' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert imported.stdout.strip() == "False"
+    from ope_cli.__main__ import main
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    monkeypatch.setattr(sys, "argv", ["ope", "--version"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["MKL_NUM_THREADS"] == "3"
 
 
 # -------------------------------------------------------- layouts, columns, files

@@ -56,7 +56,7 @@ def evaluate_command(data: str, checkpoint: str, batching: BatchingConfig) -> li
     """``ope evaluate DATA --policy CHECKPOINT`` with ``batching``, JSON on stdout, quiet,
     as a subprocess of this interpreter."""
     return [
-        *(sys.executable, "-m", "ope_cli.cli", "evaluate", str(data), "--policy", checkpoint),
+        *(sys.executable, "-m", "ope_cli", "evaluate", str(data), "--policy", checkpoint),
         *("--format", "json", "--quiet", "--read-rows", str(batching.read_rows)),
         *("--batch-steps", str(batching.batch_steps), "--min-bucket", str(batching.min_bucket)),
     ]

@@ -43,7 +43,7 @@ def supervise(argv: list[str]) -> int:
 
     env = {**os.environ, WORKER_ENV: "1", "PYTHONUNBUFFERED": "1"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "ope_cli.cli", *argv],
+        [sys.executable, "-m", "ope_cli", *argv],
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
