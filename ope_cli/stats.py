@@ -431,8 +431,11 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
     others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
     weights_gk = others_gk.astype(np.float64)
     sums = {k: np.tensordot(weights_gk, v, axes=(1, 0)) for k, v in acc.sums.items()}
+    used = {sum_spec(name).scale.name for name in acc.step_sums}  # (``restricted``'s)
     scales = {
-        k: _leave_one_out_scales(v[:, :length], groups) for k, v in acc.step_log_scales.items()
+        k: _leave_one_out_scales(v[:, :length], groups)
+        for k, v in acc.step_log_scales.items()
+        if k in used
     }
     step_sums = {}
     for name, sum_kt in acc.step_sums.items():
