@@ -34,7 +34,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 import ope_cli
-from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episode_stream import DataConfig, open_episodes
 
 OBS_DIM, N_ACTIONS = 8, 4
 ROW_GROUP = 16_384  # rows per row group and per batch read, Parquet local and on S3

@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.ids import display_id
 from ope_cli.errors import DataError, PolicyError, UsageError, where
-from ope_cli.ids import display_id
 from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
-from ope_cli.schema import DataSchema
 
 ESTIMATE = "estimate"
 

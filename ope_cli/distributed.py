@@ -96,7 +96,7 @@ def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> 
     file i, so shares are contiguous, disjoint, and cover every file. With fewer files than
     processes, some processes get none and contribute empty statistics.
     """
-    from ope_cli.sources.files import file_sizes  # local or object storage
+    from ope_cli.data.sources.files import file_sizes  # local or object storage
 
     sizes = np.maximum(np.array(file_sizes(files), np.float64), 1)
     middles = np.cumsum(sizes) - sizes / 2

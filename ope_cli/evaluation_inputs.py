@@ -20,9 +20,10 @@ from ope_cli.behavior import (
     policy_source,
 )
 from ope_cli.config import EvaluationConfig
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.validate import Check
 from ope_cli.distributed import share_files
-from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
-from ope_cli.episodes import EpisodeChunk
 from ope_cli.plan import IntervalPlan, plan_intervals
 from ope_cli.policies import (
     Policy,
@@ -33,7 +34,6 @@ from ope_cli.policies import (
 )
 from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs
 from ope_cli.qfunctions import chunk_checks as q_chunk_checks
-from ope_cli.validate import Check
 
 Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ope_cli.episode_stream import EpisodeStream
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.data.episode_stream import EpisodeStream
+from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import OpeError
 from ope_cli.fit.base import largest
 from ope_cli.fitq.command import action_count, largest_logged_action

@@ -28,7 +28,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ope_cli import kernel_cache
 from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.bootstrap_counts import replicate_counts
-from ope_cli.buckets import PaddedBatch
+from ope_cli.data.buckets import PaddedBatch
+from ope_cli.data.ids import fold_index
+from ope_cli.data.steps import map_arrays
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimators import available, get
 from ope_cli.estimators.base import sum_spec
@@ -47,11 +49,9 @@ from ope_cli.estimators.batch import (
     log_ratios,
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.ids import fold_index
 from ope_cli.kernel_cache import COMPILER_OPTIONS
 from ope_cli.policies import LogProbFn, Policy
 from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
-from ope_cli.steps import map_arrays
 
 BATCH_AXIS = "batch"
 

@@ -20,7 +20,6 @@ from ope_cli.behavior import (
     first_zero_probability,
     zero_probability_error,
 )
-from ope_cli.buckets import RESAMPLING_GROUPS, Bucketer, PaddedBatch
 from ope_cli.comparison import (
     Pairing,
     compare_results,
@@ -31,6 +30,11 @@ from ope_cli.comparison import (
     truth_keys,
 )
 from ope_cli.config import EvaluationConfig
+from ope_cli.data.buckets import Bucketer, PaddedBatch
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.data.sources import prefetched
+from ope_cli.data.validate import REASONS, dropped_by_reason
 from ope_cli.distributed import (
     DistributedConfig,
     allgather_ragged,
@@ -41,7 +45,6 @@ from ope_cli.distributed import (
     reduce_counters,
     reduce_paired,
 )
-from ope_cli.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError
 from ope_cli.estimators import available as available_estimators
 from ope_cli.estimators import get as get_estimator
@@ -61,7 +64,6 @@ from ope_cli.plan import (
 from ope_cli.qfunctions import q_source
 from ope_cli.results import EvaluationResult, PolicyResult
 from ope_cli.selection import BASELINE_BEHAVIOR
-from ope_cli.sources import prefetched
 from ope_cli.stats import (
     Accumulator,
     finalize,
@@ -72,7 +74,6 @@ from ope_cli.stats import (
     profile,
     unstack,
 )
-from ope_cli.validate import REASONS, dropped_by_reason
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 from ope_cli.behavior import check_behavior_option
 from ope_cli.config import EvaluationConfig
+from ope_cli.data.sources import DeclaredBounds, is_reward_range
+from ope_cli.data.validate import bounds_checks
 from ope_cli.errors import UsageError
 from ope_cli.estimators import available as estimator_available
 from ope_cli.estimators import get as estimator_get
 from ope_cli.estimators import names as estimator_names
 from ope_cli.estimators.base import describe_betting, describe_bootstrap_t
 from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.sources import DeclaredBounds, is_reward_range
-from ope_cli.validate import bounds_checks
 
 if TYPE_CHECKING:  # annotations only
     from ope_cli.policies import Policy

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
 from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.policies import (
@@ -366,7 +366,7 @@ def _check_q_types(q: QFunction, where: str, schema) -> None:
 def chunk_checks(q: QFunction, policy: Policy, chunk):
     """Value-level compatibility of one chunk with the Q function, like
     policies.chunk_checks: yields validate.Check(reason, problem, [N] rows)."""
-    from ope_cli.validate import Check
+    from ope_cli.data.validate import Check
 
     n_actions = q.n_actions
     if n_actions is not None and policy.n_actions is None and chunk.action.ndim == 1:
@@ -436,7 +436,7 @@ def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype
     episode ends). The draws of a continuous V-hat are keyed by the episode and the step."""
     import jax
 
-    from ope_cli.ids import fold_index
+    from ope_cli.data.ids import fold_index
 
     jnp = _jnp()
     mask = batch.step_mask & batch.episode_mask[:, None]

@@ -16,8 +16,8 @@ from reference import reference_estimates
 
 from ope_cli.bench import twin
 from ope_cli.bench.batches import host_batches, open_source
-from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig
+from ope_cli.data.ids import RESAMPLING_GROUPS
 
 ESTIMATORS = ("is", "wis", "pdis", "wpdis")
 

@@ -18,6 +18,7 @@ import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
 
+from ope_cli.data.ids import episode_folds
 from ope_cli.errors import UsageError
 from ope_cli.fit.base import (
     check_model_fits,
@@ -27,7 +28,6 @@ from ope_cli.fit.base import (
 from ope_cli.fit.estimate import estimated_policy
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.tabular import SMOOTHING, TabularModel
-from ope_cli.ids import episode_folds
 
 gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_in_memory_models_refuse_past_their_budget():
 def test_fold_index_is_the_same_in_numpy_and_jax():
     import jax.numpy as jnp
 
-    from ope_cli.ids import fold_index
+    from ope_cli.data.ids import fold_index
 
     rng = np.random.default_rng(1)
     hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")
@@ -278,7 +278,7 @@ def test_estimate_is_the_same_across_batchings(chain_runs):
 def _cross_fitted_reference(out: Path, folds: int, floor: float = 1e-3) -> dict:
     """IS of each evaluation policy and the out-of-fold mean log-likelihood, in plain NumPy:
     episode e's steps use the tabular model counted on the episodes of the other folds."""
-    from ope_cli.ids import id_keys
+    from ope_cli.data.ids import id_keys
 
     table = pq.read_table(out / "nob.parquet")
     ids, states, actions, rewards = (
@@ -641,8 +641,8 @@ def test_streaming_estimates_add_one_pass_over_the_data(
 ):
     """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
     pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
-    from ope_cli import episode_stream
-    from ope_cli.sources import iter_batches
+    from ope_cli.data import episode_stream
+    from ope_cli.data.sources import iter_batches
 
     rows = []
 

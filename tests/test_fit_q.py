@@ -19,7 +19,10 @@ import pytest
 from conftest import TwoProcessGather
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, take_episodes
+from ope_cli.data.columns import resolve_schema
+from ope_cli.data.episodes import EpisodeAssembler, take_episodes
+from ope_cli.data.ids import episode_folds
+from ope_cli.data.sources import iter_batches, open_dataset
 from ope_cli.errors import UsageError
 from ope_cli.fitq.base import (
     check_q_model_fits,
@@ -28,10 +31,7 @@ from ope_cli.fitq.base import (
     episode_split,
 )
 from ope_cli.fitq.run import collect_q, fit_q, make_q_model
-from ope_cli.ids import episode_folds
 from ope_cli.policies import chunk_checks, load_policy
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
 
 gen = importlib.import_module("ope_cli.generate")
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5

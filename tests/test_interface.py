@@ -24,8 +24,8 @@ import pytest
 import typer.main
 
 from ope_cli.cli import helpmap
+from ope_cli.data.sources import METADATA_KEY
 from ope_cli.policies import split_name, suffix_labels
-from ope_cli.sources import METADATA_KEY
 
 GAMMA = 0.9
 POLICIES = "demo/policies/*.npz"

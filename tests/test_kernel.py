@@ -218,8 +218,8 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     """The statistics of a batch walked in windows of any width are those of the batch
     walked as one window, with bootstrap replicates."""
     from ope_cli import kernel
-    from ope_cli.buckets import PaddedBatch
     from ope_cli.config import EvaluationConfig
+    from ope_cli.data.buckets import PaddedBatch
     from ope_cli.pipeline import stream
 
     data, path = _many_lengths_case(tmp_path)

@@ -1,5 +1,5 @@
 """``--on-invalid drop``: invalid episodes are left out, counted by reason, and everything
-else is exactly what the valid episodes alone give (ope_cli/episodes.py, pipeline.py).
+else is exactly what the valid episodes alone give (ope_cli/data/episodes.py, pipeline.py).
 
 Invalid values are planted in chosen episodes of a random dataset; the estimates with
 ``drop`` must equal the float64 reference over the remaining episodes, the report must

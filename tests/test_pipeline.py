@@ -19,10 +19,10 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.buckets import RESAMPLING_GROUPS, window_shapes
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.data.buckets import window_shapes
+from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.errors import PolicyError
-from ope_cli.ids import id_keys
 from ope_cli.pipeline import evaluate
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.data.sources import DeclaredBounds
 from ope_cli.errors import UsageError
 from ope_cli.plan import check_config, plan_intervals
-from ope_cli.sources import DeclaredBounds
 
 NOTHING = DeclaredBounds()
 

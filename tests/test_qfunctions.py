@@ -14,10 +14,10 @@ from datasets import random_checkpoint, save_checkpoint
 from reference import action_log_probs
 
 from ope_cli import qfunctions as qf
+from ope_cli.data.ids import fold_index
+from ope_cli.data.steps import Steps
 from ope_cli.errors import DataError, PolicyError, UsageError
-from ope_cli.ids import fold_index
 from ope_cli.policies import Policy, checkpoint_policy, tabular_log_prob
-from ope_cli.steps import Steps
 
 
 def _linear_q(rng: np.random.Generator, obs_dim: int = 3, n_actions: int = 4) -> dict:

@@ -28,9 +28,9 @@ from ope_cli.bench.batches import loop_head_table
 from ope_cli.bench.config import GAMMA
 from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
-from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.episode_stream import EpisodeStream
+from ope_cli.data.episode_stream import EpisodeStream
+from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.kernel import (
     BATCH_AXIS,
     Kernel,
@@ -47,7 +47,7 @@ from ope_cli.report import to_json
 from ope_cli.stats import finalize, from_batch, init, merge
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import PaddedBatch
+    from ope_cli.data.buckets import PaddedBatch
 
 
 def rate(steps: int, seconds: float) -> float | None:

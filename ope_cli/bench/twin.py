@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ope_cli.buckets import RESAMPLING_GROUPS
+from ope_cli.data.ids import RESAMPLING_GROUPS
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import PaddedBatch
+    from ope_cli.data.buckets import PaddedBatch
 
 TWIN_FIELDS = (
     "count",

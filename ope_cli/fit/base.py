@@ -1,5 +1,5 @@
 """What every behavior model shares: the model registry, the default model of a dataset,
-and the interface a model implements (episode folds by id hash are in ``ope_cli.ids``).
+and the interface a model implements (episode folds by id hash are in ``ope_cli.data.ids``).
 
 A model collects sufficient statistics (counts, normal equations) or, for the iterative
 ones, the needed columns, *per fold* of episodes, streaming over EpisodeChunks; it is then

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ope_cli.behavior import BehaviorFit, BehaviorSource
-from ope_cli.episode_stream import EpisodeStream
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.episode_stream import EpisodeStream
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.ids import episode_folds
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.fit.base import (
     MIN_PROPENSITY,
@@ -30,9 +32,7 @@ from ope_cli.fit.base import (
 from ope_cli.fit.gaussian import LinearGaussianModel
 from ope_cli.fit.softmax import SoftmaxModel
 from ope_cli.fit.tabular import TabularModel
-from ope_cli.ids import episode_folds
 from ope_cli.policies import LogProbFn, Policy, checkpoint_policy
-from ope_cli.schema import DataSchema
 
 if TYPE_CHECKING:
     from ope_cli.results import PolicyResult

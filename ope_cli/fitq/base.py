@@ -16,10 +16,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.ids import episode_folds
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.fit.base import Gather
-from ope_cli.ids import episode_folds
 from ope_cli.policies import Policy, action_log_probs
 
 # model name -> the checkpoint kind it writes (discrete actions; mlp on continuous actions

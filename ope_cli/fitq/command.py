@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
 from ope_cli.fitq.base import check_q_model_fits, default_q_model
 from ope_cli.fitq.run import fit_q
 from ope_cli.outputs import refuse_existing
 from ope_cli.plan import resolve_gamma
 from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
-from ope_cli.schema import DataSchema
 
 
 @dataclasses.dataclass(frozen=True)

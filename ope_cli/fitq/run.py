@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ope_cli.episodes import EpisodeChunk
+from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.fit.estimate import Collected, gathered
 from ope_cli.fitq.base import (

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
 from ope_cli.errors import PolicyError, UsageError
 from ope_cli.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
 from ope_cli.policies.checkpoints import (

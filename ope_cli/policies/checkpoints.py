@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
 from ope_cli.errors import PolicyError
 from ope_cli.policies.base import Policy
 from ope_cli.policies.functions import (

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ope_cli.data.validate import Check
 from ope_cli.errors import DataError
 from ope_cli.policies.base import Policy
-from ope_cli.validate import Check
 
 
 def check_against_schema(policy: Policy, schema) -> None:

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.steps import Steps
+from ope_cli.data.validate import READ_FLAGS, Check
 from ope_cli.errors import DataError, where
-from ope_cli.schema import DataSchema
-from ope_cli.steps import Steps
-from ope_cli.validate import READ_FLAGS, Check
 
 Locate = Callable[[int], tuple[object, int | None]]  # row -> (episode id, step)
 RowOf = Callable[[np.ndarray], np.ndarray]  # value indices -> row indices

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch
+from ope_cli.data.sources.minari_spaces import arrow_type, flat_size, flatten, space_leaves
+from ope_cli.data.sources.minari_storage import ArrowStorage, Episodes, Hdf5Storage, Leaf
 from ope_cli.errors import DataError, first_line
-from ope_cli.sources.base import DeclaredBounds, SourcedBatch
-from ope_cli.sources.minari_spaces import arrow_type, flat_size, flatten, space_leaves
-from ope_cli.sources.minari_storage import ArrowStorage, Episodes, Hdf5Storage, Leaf
 
 NAME = "minari"
 PREFIX = "minari:"

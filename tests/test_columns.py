@@ -1,4 +1,4 @@
-"""Column roles, aliases, layout detection and type checks (ope_cli/schema.py)."""
+"""Column roles, aliases, layout detection and type checks (ope_cli/data/columns.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 
 from ope_cli.config import ColumnMapping
+from ope_cli.data.columns import resolve_schema
 from ope_cli.errors import DataError
-from ope_cli.schema import resolve_schema
 
 F64 = pa.float64()
 I64 = pa.int64()

@@ -21,13 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.data.columns import ALIASES, DataSchema
+from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.sources import METADATA_KEY, Dataset
 from ope_cli.errors import DataError, UsageError, first_line
-from ope_cli.schema import ALIASES, DataSchema
-from ope_cli.sources import METADATA_KEY, Dataset
 
 STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
 

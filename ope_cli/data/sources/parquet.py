@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ope_cli.sources.arrow import ArrowFileDataset, FragmentReader
+from ope_cli.data.sources.arrow import ArrowFileDataset, FragmentReader
 
 NAME = "parquet"
 MAGIC = b"PAR1"

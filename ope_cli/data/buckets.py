@@ -24,10 +24,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.config import BatchingConfig
-from ope_cli.episodes import EpisodeChunk, take_episodes
-from ope_cli.steps import Steps, map_arrays, step_field
+from ope_cli.data.episodes import EpisodeChunk, take_episodes
+from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.data.steps import Steps, map_arrays, step_field
 
-RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
 PADDING_TOLERANCE = 0.1  # a full batch leaves the pool early when it pads at most this much
 POOL_BATCHES = 512  # episodes wait in a pool of at most this many windows' worth of steps
 

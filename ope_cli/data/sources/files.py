@@ -7,7 +7,7 @@ import glob
 import os
 from pathlib import Path
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
 from ope_cli.errors import DataError
 
 

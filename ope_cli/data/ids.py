@@ -1,6 +1,6 @@
 """Episode ids: stable uint64 keys (hashes of integer or string ids, the same in every
-process and run), display values, the tracking of ids that reappear, and the folds of
-episodes by id hash (cross-fitting, held-out sets)."""
+process and run), display values, the tracking of ids that reappear, the resampling groups
+and the folds of episodes by id hash (cross-fitting, held-out sets)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
     return mix64(np.asarray(ids).astype(np.int64).view(np.uint64))
 
 
+RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
 _FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
 
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Literal
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
+from ope_cli.data.columns import ALIASES, DataSchema, resolve_schema
+from ope_cli.data.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
+from ope_cli.data.sources import Dataset, SourcedBatch, iter_batches, open_dataset
 from ope_cli.errors import DataError
-from ope_cli.schema import ALIASES, DataSchema, resolve_schema
-from ope_cli.sources import Dataset, SourcedBatch, iter_batches, open_dataset
 
 # Whether a probability column (logged target or behavior probabilities) is read:
 # required (a DataError without one), if_present (read when the data has a column of that

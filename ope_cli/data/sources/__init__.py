@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
-from ope_cli.errors import DataError
-from ope_cli.sources import d4rl, ipc, minari, parquet
-from ope_cli.sources.base import (
+from ope_cli.data.sources import d4rl, ipc, minari, parquet
+from ope_cli.data.sources.base import (
     METADATA_KEY,
     Dataset,
     DeclaredBounds,
     SourcedBatch,
     is_reward_range,
 )
-from ope_cli.sources.files import read_head, resolve_files
-from ope_cli.sources.prefetch import prefetched
-from ope_cli.sources.remote import is_uri
+from ope_cli.data.sources.files import read_head, resolve_files
+from ope_cli.data.sources.prefetch import prefetched
+from ope_cli.data.sources.remote import is_uri
+from ope_cli.errors import DataError
 
 FORMATS: tuple[ModuleType, ...] = (parquet, ipc, d4rl)  # tried in order on each file's head
 # Sources that are not a list of files (a dataset directory, a ``scheme:ID``): modules with

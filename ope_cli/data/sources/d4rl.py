@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch
 from ope_cli.errors import DataError, first_line
-from ope_cli.sources.base import DeclaredBounds, SourcedBatch
 
 NAME = "d4rl"
 MAGIC = b"\x89HDF\r\n\x1a\n"

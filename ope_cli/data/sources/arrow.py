@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-import ope_cli.sources.remote as remote
+import ope_cli.data.sources.remote as remote
+from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch, declared_bounds
 from ope_cli.errors import DataError, first_line
-from ope_cli.sources.base import DeclaredBounds, SourcedBatch, declared_bounds
 
 
 class FragmentReader:

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from ope_cli.data.sources.hdf5_raw import RawReader, Unsupported
 from ope_cli.errors import DataError, first_line
-from ope_cli.sources.hdf5_raw import RawReader, Unsupported
 
 HDF5_FILE = "main_data.hdf5"
 CHUNK_CACHE = 1 << 20  # bytes of chunk cache per open dataset

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ope_cli.sources.arrow import ArrowFileDataset, FragmentReader
+from ope_cli.data.sources.arrow import ArrowFileDataset, FragmentReader
 
 NAME = "ipc"
 FILE_MAGIC = b"ARROW1"

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.steps import Steps
 from ope_cli.errors import InvalidValueError, where
-from ope_cli.schema import DataSchema
-from ope_cli.steps import Steps
 
 PROBABILITY_TOLERANCE = 1e-6  # float32-logged probabilities of 1 may read as 1 + 1 ulp
 

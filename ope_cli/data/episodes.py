@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ope_cli.convert import (
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.decode import (
     StepConverter,
     Where,
     check_no_nulls,
@@ -31,12 +32,11 @@ from ope_cli.convert import (
     numbers,
     plain,
 )
+from ope_cli.data.ids import REAPPEARS, SeenKeys, display_id, id_keys
+from ope_cli.data.sources import SourcedBatch
+from ope_cli.data.steps import Steps, map_arrays, step_field
+from ope_cli.data.validate import Check, OnInvalid, Validation, value_checks
 from ope_cli.errors import DataError, InvalidValueError, first_line, where
-from ope_cli.ids import REAPPEARS, SeenKeys, display_id, id_keys
-from ope_cli.schema import DataSchema
-from ope_cli.sources import SourcedBatch
-from ope_cli.steps import Steps, map_arrays, step_field
-from ope_cli.validate import Check, OnInvalid, Validation, value_checks
 
 ChunkChecks = Callable[["EpisodeChunk"], Iterable[Check]]
 # The list columns of the episode layout, in the order their lengths are compared.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ope_cli.data.sources.minari_storage import Leaf
 from ope_cli.errors import DataError
-from ope_cli.sources.minari_storage import Leaf
 
 
 def space_leaves(space: dict, path: str, member) -> list[tuple[str, dict]]:
