@@ -156,8 +156,8 @@ def measure(
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.generate import generate
+    from ope_cli.models.policies import load_checkpoint
     from ope_cli.plan import plan_intervals
-    from ope_cli.policies import load_checkpoint
     from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:
@@ -225,8 +225,8 @@ def measure_paired(
     from ope_cli.data.sources import open_dataset
     from ope_cli.estimators.base import Context
     from ope_cli.generate import generate
+    from ope_cli.models.policies import load_checkpoint
     from ope_cli.plan import plan_intervals
-    from ope_cli.policies import load_checkpoint
     from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:

@@ -31,8 +31,8 @@ from ope_cli.estimators import get
 from ope_cli.estimators.base import Context
 from ope_cli.estimators.logspace import finite
 from ope_cli.intervals import betting_intervals, bootstrap_interval
+from ope_cli.models.policies.base import Policy
 from ope_cli.plan import NO_BETTING
-from ope_cli.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
 from ope_cli.selection import (
     BASELINE_BEHAVIOR,

@@ -12,28 +12,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from ope_cli.behavior import (
+from ope_cli.config import EvaluationConfig
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.validate import Check
+from ope_cli.distributed import share_files
+from ope_cli.models.behavior import (
     BehaviorSource,
     column_source,
     is_estimate,
     load_behavior,
     policy_source,
 )
-from ope_cli.config import EvaluationConfig
-from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
-from ope_cli.data.episodes import EpisodeChunk
-from ope_cli.data.validate import Check
-from ope_cli.distributed import share_files
-from ope_cli.plan import IntervalPlan, plan_intervals
-from ope_cli.policies import (
+from ope_cli.models.policies import (
     Policy,
     check_against_schema,
     chunk_checks,
     load_policies,
     logged_policy,
 )
-from ope_cli.qfunctions import FIT, QFunction, check_q, load_qs
-from ope_cli.qfunctions import chunk_checks as q_chunk_checks
+from ope_cli.models.qfunctions import FIT, QFunction, check_q, load_qs
+from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
+from ope_cli.plan import IntervalPlan, plan_intervals
 
 Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
 
@@ -151,8 +151,12 @@ def with_estimated_behavior(
 ) -> EvaluationInputs:
     """``inputs`` with the behavior policy of ``--behavior estimate[:MODEL]`` fitted on
     the episodes as the evaluation validates them."""
-    from ope_cli.fit.base import parse_model
-    from ope_cli.fit.estimate import choose_model, fit_behavior, logged_propensity_column
+    from ope_cli.models.behavior_models.base import parse_model
+    from ope_cli.models.behavior_models.fitting import (
+        choose_model,
+        fit_behavior,
+        logged_propensity_column,
+    )
 
     config, episodes = inputs.config, inputs.episodes
     option = f"--behavior {config.behavior}"
@@ -173,7 +177,7 @@ def with_fitted_qs(
 ) -> EvaluationInputs:
     """``inputs`` with every ``--q fit`` Q source fitted, policy by policy (each pass
     validated with the Q functions fitted before it)."""
-    from ope_cli.fitted_q import fit_q_function
+    from ope_cli.models.fitted_q import fit_q_function
 
     config, qs = inputs.config, list(inputs.qs or ())
     for index, (q, policy) in enumerate(zip(qs, inputs.policies, strict=True)):

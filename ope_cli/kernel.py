@@ -26,7 +26,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ope_cli import kernel_cache
-from ope_cli.behavior import ZeroProbabilitySteps
 from ope_cli.bootstrap_counts import replicate_counts
 from ope_cli.data.buckets import PaddedBatch
 from ope_cli.data.ids import fold_index
@@ -50,8 +49,9 @@ from ope_cli.estimators.batch import (
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.kernel_cache import COMPILER_OPTIONS
-from ope_cli.policies import LogProbFn, Policy
-from ope_cli.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
+from ope_cli.models.behavior import ZeroProbabilitySteps
+from ope_cli.models.policies import LogProbFn, Policy
+from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
 

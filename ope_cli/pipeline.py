@@ -14,12 +14,6 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ope_cli import paired
-from ope_cli.behavior import (
-    BehaviorSource,
-    check_behavior_against_chunk,
-    first_zero_probability,
-    zero_probability_error,
-)
 from ope_cli.comparison import (
     Pairing,
     compare_results,
@@ -54,6 +48,13 @@ from ope_cli.estimators.base import (
 )
 from ope_cli.estimators.doubly_robust import Q_FIELDS
 from ope_cli.evaluation_inputs import EvaluationInputs, fit_models, open_inputs
+from ope_cli.models.behavior import (
+    BehaviorSource,
+    check_behavior_against_chunk,
+    first_zero_probability,
+    zero_probability_error,
+)
+from ope_cli.models.qfunctions import q_source
 from ope_cli.paired import PairedSums
 from ope_cli.plan import (
     IntervalPlan,
@@ -61,7 +62,6 @@ from ope_cli.plan import (
     check_config,
     reported_estimators,
 )
-from ope_cli.qfunctions import q_source
 from ope_cli.results import EvaluationResult, PolicyResult
 from ope_cli.selection import BASELINE_BEHAVIOR
 from ope_cli.stats import (
@@ -335,7 +335,7 @@ def _reported_behavior(
     behavior = batches.behavior_source
     if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
         return behavior
-    from ope_cli.fit.estimate import with_logged_mean_weights
+    from ope_cli.models.behavior_models.fitting import with_logged_mean_weights
 
     logged_config = dataclasses.replace(
         batches.config, behavior=None, behavior_cross_fit=1, baseline=None, truth=None, top_k=None

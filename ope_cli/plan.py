@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from ope_cli.behavior import check_behavior_option
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds, is_reward_range
 from ope_cli.data.validate import bounds_checks
@@ -19,9 +18,10 @@ from ope_cli.estimators import get as estimator_get
 from ope_cli.estimators import names as estimator_names
 from ope_cli.estimators.base import describe_betting, describe_bootstrap_t
 from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.models.behavior import check_behavior_option
 
 if TYPE_CHECKING:  # annotations only
-    from ope_cli.policies import Policy
+    from ope_cli.models.policies import Policy
     from ope_cli.results import PolicyResult
 
 INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry

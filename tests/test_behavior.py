@@ -17,13 +17,13 @@ from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import run_ope, xla_flags
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli.behavior import (
+from ope_cli.errors import UsageError
+from ope_cli.models.behavior import (
     BehaviorSource,
     ZeroProbabilitySteps,
     check_behavior_option,
     first_zero_probability,
 )
-from ope_cli.errors import UsageError
 
 gen = importlib.import_module("ope_cli.generate")
 

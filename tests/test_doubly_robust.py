@@ -1,5 +1,5 @@
 """Doubly robust estimators (ope_cli/estimators/doubly_robust.py) and Q sources
-(ope_cli/qfunctions.py) through ``ope evaluate``: the kernel against the plain NumPy
+(ope_cli/models/qfunctions.py) through ``ope evaluate``: the kernel against the plain NumPy
 reference (tests/reference.py) for every Q kind, Q-hat = 0 against PDIS/WPDIS, the
 absorbing convention, and bad inputs."""
 

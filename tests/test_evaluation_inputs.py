@@ -8,7 +8,7 @@ from datasets import random_checkpoint, random_episodes, save_checkpoint, write_
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.evaluation_inputs import fit_models, open_inputs
-from ope_cli.qfunctions import FIT
+from ope_cli.models.qfunctions import FIT
 
 
 def test_fit_models_returns_the_fitted_inputs(tmp_path):

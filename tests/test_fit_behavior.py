@@ -1,7 +1,8 @@
-"""Behavior models fitted to the logged actions (``ope_cli.fit``), ``ope fit-behavior`` and
-``ope evaluate --behavior estimate[:MODEL]``: closed-form model checks, recovery of the true
-pi_b of ``ope generate`` data, invariance to batching, the report, bad inputs; slow: the
-iterative models, two devices, the shipped example and an MSE study of regression IS."""
+"""Behavior models fitted to the logged actions (``ope_cli.models.behavior_models``),
+``ope fit-behavior`` and ``ope evaluate --behavior estimate[:MODEL]``: closed-form model
+checks, recovery of the true pi_b of ``ope generate`` data, invariance to batching, the report,
+bad inputs; slow: the iterative models, two devices, the shipped example and an MSE study of
+regression IS."""
 
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ from conftest import TwoProcessGather, run_ope, xla_flags
 
 from ope_cli.data.ids import episode_folds
 from ope_cli.errors import UsageError
-from ope_cli.fit.base import (
+from ope_cli.models.behavior_models.base import (
     check_model_fits,
     default_model,
     parse_model,
 )
-from ope_cli.fit.estimate import estimated_policy
-from ope_cli.fit.gaussian import LinearGaussianModel
-from ope_cli.fit.tabular import SMOOTHING, TabularModel
+from ope_cli.models.behavior_models.fitting import estimated_policy
+from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
+from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 
 gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def test_linear_gaussian_normal_equations_and_log_likelihood():
 
 
 def test_in_memory_models_refuse_past_their_budget():
-    from ope_cli.fit.softmax import SoftmaxModel
+    from ope_cli.models.behavior_models.softmax import SoftmaxModel
 
     model = SoftmaxModel("linear_softmax", budget=10_000)
     model.add(np.zeros((100, 4)), np.zeros(100, np.int64), np.zeros(100, np.int64))
@@ -323,7 +324,7 @@ def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
 
 
 def _describe(run: dict) -> str:
-    from ope_cli.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
 
     behavior = run["dataset"]["behavior"]
     return BehaviorSource(
@@ -606,7 +607,7 @@ def _gathered_in_two_processes(make, shares):
 def test_models_gathered_across_processes_equal_one_model(name, empty_second):
     """Each process's statistics, gathered, are those of one process reading every file in
     process order, also when a process had no files."""
-    from ope_cli.fit.estimate import make_model
+    from ope_cli.models.behavior_models.fitting import make_model
 
     rng = np.random.default_rng(4)
     n = 400

@@ -25,7 +25,7 @@ import typer.main
 
 from ope_cli.cli import helpmap
 from ope_cli.data.sources import METADATA_KEY
-from ope_cli.policies import split_name, suffix_labels
+from ope_cli.models.policies import split_name, suffix_labels
 
 GAMMA = 0.9
 POLICIES = "demo/policies/*.npz"
@@ -192,8 +192,8 @@ def test_run_wide_warnings_have_no_policy():
     """Floored estimated propensities and a policy left out of the ranking, in JSON."""
     from test_report import EXAMPLES
 
-    from ope_cli.behavior import BehaviorFit, BehaviorSource
     from ope_cli.config import EvaluationConfig
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
     from ope_cli.pipeline import evaluate
     from ope_cli.report import to_json_dict
 

@@ -11,8 +11,8 @@ from datasets import random_checkpoint, random_episodes, save_checkpoint, write_
 from ope_cli import kernel_cache, runtime
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.kernel import Kernel, group_policies, trace_count
+from ope_cli.models.policies import _mlp_log_prob
 from ope_cli.pipeline import stream
-from ope_cli.policies import _mlp_log_prob
 
 
 @pytest.fixture(scope="module")

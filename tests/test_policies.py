@@ -1,4 +1,4 @@
-"""Policies (ope_cli/policies.py): every checkpoint kind against the NumPy formula of
+"""Policies (ope_cli/models/policies.py): every checkpoint kind against the NumPy formula of
 tests/reference.py, load errors, and the action range an entry point declares."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datasets import random_checkpoint, save_checkpoint
 from reference import reference_log_prob
 
 from ope_cli.errors import PolicyError
-from ope_cli.policies import (
+from ope_cli.models.policies import (
     chunk_checks,
     load_checkpoint,
     load_entry_point,

@@ -40,9 +40,9 @@ from ope_cli.kernel import (
     trace_count,
 )
 from ope_cli.kernel_cache import clear_caches
+from ope_cli.models.policies import load_policy
+from ope_cli.models.qfunctions import load_q
 from ope_cli.pipeline import evaluate
-from ope_cli.policies import load_policy
-from ope_cli.qfunctions import load_q
 from ope_cli.report import to_json
 from ope_cli.stats import finalize, from_batch, init, merge
 

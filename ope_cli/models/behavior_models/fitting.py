@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ope_cli.behavior import BehaviorFit, BehaviorSource
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import episode_folds
 from ope_cli.errors import DataError, OpeError, UsageError
-from ope_cli.fit.base import (
+from ope_cli.models.behavior import BehaviorFit, BehaviorSource
+from ope_cli.models.behavior_models.base import (
     MIN_PROPENSITY,
     MODELS,
     BehaviorModel,
@@ -29,10 +29,10 @@ from ope_cli.fit.base import (
     check_model_fits,
     default_model,
 )
-from ope_cli.fit.gaussian import LinearGaussianModel
-from ope_cli.fit.softmax import SoftmaxModel
-from ope_cli.fit.tabular import TabularModel
-from ope_cli.policies import LogProbFn, Policy, checkpoint_policy
+from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
+from ope_cli.models.behavior_models.softmax import SoftmaxModel
+from ope_cli.models.behavior_models.tabular import TabularModel
+from ope_cli.models.policies import LogProbFn, Policy, checkpoint_policy
 
 if TYPE_CHECKING:
     from ope_cli.results import PolicyResult

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.fit.base import Gather, largest, summed
-from ope_cli.fit.softmax import MEMORY_ENV, memory_budget
-from ope_cli.fitq.base import FoldSums, Transitions
+from ope_cli.models.behavior_models.base import Gather, largest, summed
+from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
+from ope_cli.models.q_models.base import FoldSums, Transitions
 
 StateProbs = Callable[[int, int], np.ndarray]  # (n_states, n_actions) -> [S, A] pi_e(a|s)
 

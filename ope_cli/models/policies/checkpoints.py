@@ -11,8 +11,8 @@ import numpy as np
 
 import ope_cli.data.sources.remote as remote
 from ope_cli.errors import PolicyError
-from ope_cli.policies.base import Policy
-from ope_cli.policies.functions import (
+from ope_cli.models.policies.base import Policy
+from ope_cli.models.policies.functions import (
     _mlp_log_prob,
     linear_gaussian_log_prob,
     linear_gaussian_sample,

@@ -32,9 +32,9 @@ import math
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.fit.base import Gather, features, largest, summed
-from ope_cli.fit.softmax import MEMORY_ENV, memory_budget
-from ope_cli.fitq.base import Transitions
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed
+from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
+from ope_cli.models.q_models.base import Transitions
 
 HIDDEN = (64, 64)
 MAX_ITERATIONS, STEPS, BATCH, LEARNING_RATE, TOLERANCE = 100, 100, 256, 3e-3, 2e-2

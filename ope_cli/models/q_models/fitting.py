@@ -19,8 +19,9 @@ import numpy as np
 
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
-from ope_cli.fit.estimate import Collected, gathered
-from ope_cli.fitq.base import (
+from ope_cli.models.behavior_models.fitting import Collected, gathered
+from ope_cli.models.policies import Policy
+from ope_cli.models.q_models.base import (
     QModel,
     check_q_model_name,
     kind_of,
@@ -28,10 +29,9 @@ from ope_cli.fitq.base import (
     policy_samples,
     transitions,
 )
-from ope_cli.fitq.linear import LinearQ
-from ope_cli.fitq.mlp import MlpQ
-from ope_cli.fitq.tabular import TabularQ
-from ope_cli.policies import Policy
+from ope_cli.models.q_models.linear import LinearQ
+from ope_cli.models.q_models.mlp import MlpQ
+from ope_cli.models.q_models.tabular import TabularQ
 
 
 @dataclasses.dataclass
@@ -128,7 +128,8 @@ def collect_q(
 
 def collect_q_all(model, chunks, policy, *, folds, n_actions, seed, collectives) -> Collected:
     """``collect_q`` on this process's share; with ``collectives`` = (gather, check_all),
-    every process then holds what all of them collected (as ``fit.estimate.collect_all``)."""
+    every process then holds what all of them collected (as
+    ``behavior_models.fitting.collect_all``)."""
     if collectives is None:
         collected = collect_q(model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed)
     else:

@@ -19,8 +19,8 @@ import numpy as np
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import episode_folds
 from ope_cli.errors import PolicyError, UsageError, summary
-from ope_cli.fit.base import Gather
-from ope_cli.policies import Policy, action_log_probs
+from ope_cli.models.behavior_models.base import Gather
+from ope_cli.models.policies import Policy, action_log_probs
 
 # model name -> the checkpoint kind it writes (discrete actions; mlp on continuous actions
 # writes mlp_q_sa)

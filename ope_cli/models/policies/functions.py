@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ope_cli.policies.base import LogProbFn
+from ope_cli.models.policies.base import LogProbFn
 
 
 def _jnp():

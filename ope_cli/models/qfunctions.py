@@ -22,8 +22,7 @@ import numpy as np
 
 import ope_cli.data.sources.remote as remote
 from ope_cli.errors import DataError, PolicyError, UsageError
-from ope_cli.fitq.base import check_q_model_fits, default_q_model
-from ope_cli.policies import (
+from ope_cli.models.policies import (
     Policy,
     action_log_probs,
     check_size,
@@ -34,6 +33,7 @@ from ope_cli.policies import (
     mlp_layers,
     read_archive,
 )
+from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 
 FIT = "fit"  # --q fit[:MODEL]: fitted Q evaluation in the same run
 COLUMNS = "columns"  # --q-col/--v-col: the user's critic scored the log

@@ -9,7 +9,7 @@ import numpy as np
 
 from ope_cli.data.validate import Check
 from ope_cli.errors import DataError
-from ope_cli.policies.base import Policy
+from ope_cli.models.policies.base import Policy
 
 
 def check_against_schema(policy: Policy, schema) -> None:

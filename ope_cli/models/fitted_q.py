@@ -1,6 +1,6 @@
 """``--q fit[:MODEL]``: fitted Q evaluation in the run. Before the evaluation pass, a
 host-side pass per policy over the episodes (validated as the evaluation reads them)
-fits Q-hat of that policy (``fit_q_function``, on ``fitq.run.fit_q``), cross-fitted over
+fits Q-hat of that policy (``fit_q_function``, on ``q_models.fitting.fit_q``), cross-fitted over
 ``--cross-fit K`` folds of episodes by id hash: episode i is scored with the Q fitted on
 the other folds, which the kernel picks per episode exactly as for a cross-fitted
 behavior model.
@@ -17,11 +17,11 @@ import numpy as np
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import OpeError
-from ope_cli.fit.base import largest
-from ope_cli.fitq.command import action_count, largest_logged_action
-from ope_cli.fitq.run import QFit, fit_q
-from ope_cli.policies import Policy
-from ope_cli.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
+from ope_cli.models.behavior_models.base import largest
+from ope_cli.models.policies import Policy
+from ope_cli.models.q_models.command import action_count, largest_logged_action
+from ope_cli.models.q_models.fitting import QFit, fit_q
+from ope_cli.models.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
 
 
 def _plain(value):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import ope_cli.data.sources.remote as remote
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
-from ope_cli.policies.checkpoints import (
+from ope_cli.models.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
+from ope_cli.models.policies.checkpoints import (
     check_size,
     checked_array,
     checkpoint_policy,
@@ -29,12 +29,12 @@ from ope_cli.policies.checkpoints import (
     mlp_layers,
     read_archive,
 )
-from ope_cli.policies.checks import check_against_schema, chunk_checks
-from ope_cli.policies.entry_points import import_entry_point, load_entry_point
-from ope_cli.policies.functions import (
+from ope_cli.models.policies.checks import check_against_schema, chunk_checks
+from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
+from ope_cli.models.policies.functions import (
     _mlp_log_prob as _mlp_log_prob,  # one function per activation (tests/test_traced.py)
 )
-from ope_cli.policies.functions import (
+from ope_cli.models.policies.functions import (
     action_log_probs,
     linear_gaussian_log_prob,
     linear_gaussian_sample,

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ope_cli.errors import PolicyError
-from ope_cli.policies.base import LogProbFn, Policy, SampleFn
-from ope_cli.policies.functions import _jnp
+from ope_cli.models.policies.base import LogProbFn, Policy, SampleFn
+from ope_cli.models.policies.functions import _jnp
 
 
 def import_entry_point(spec: str, expected: str = "an .npz checkpoint") -> Any:

@@ -1,7 +1,7 @@
 """Where the behavior probabilities come from: the data's propensity column, a
 ``--behavior`` policy (checkpoint or entry point, loaded like ``--policy``), or a model
 estimated from the logged actions (``--behavior estimate[:MODEL]``, fitted by
-``ope_cli.fit``); the kernel computes log pi_b(a|s) in the same pass as log pi_e.
+``ope_cli.models.behavior_models``); the kernel computes log pi_b(a|s) in the same pass as log pi_e.
 
 Host-side only (NumPy): loading and checking the behavior policy against the data, the
 report's description of the source (and of an estimated model's fit), and turning the
@@ -20,7 +20,7 @@ import numpy as np
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.ids import display_id
 from ope_cli.errors import DataError, PolicyError, UsageError, where
-from ope_cli.policies import Policy, check_against_schema, chunk_checks, load_policy
+from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
 
 ESTIMATE = "estimate"
 
@@ -41,7 +41,7 @@ def check_behavior_option(
     if spec is None:
         return
     if is_estimate(spec):
-        from ope_cli.fit.base import check_min_propensity, parse_model
+        from ope_cli.models.behavior_models.base import check_min_propensity, parse_model
 
         parse_model(spec)
         check_min_propensity(min_propensity)

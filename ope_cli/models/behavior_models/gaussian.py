@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ope_cli.errors import DataError
-from ope_cli.fit.base import Gather, features, largest, summed
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed
 
 RIDGE = 1e-10  # relative to the mean diagonal of X'X: only guards an exactly singular system
 MIN_VARIANCE = 1e-12

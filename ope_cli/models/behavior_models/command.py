@@ -23,9 +23,14 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import UsageError
-from ope_cli.fit.base import MODELS, log_softmax
-from ope_cli.fit.estimate import checkpoint_arrays, choose_model, collect_all, make_model
-from ope_cli.fit.softmax import logits_of
+from ope_cli.models.behavior_models.base import MODELS, log_softmax
+from ope_cli.models.behavior_models.fitting import (
+    checkpoint_arrays,
+    choose_model,
+    collect_all,
+    make_model,
+)
+from ope_cli.models.behavior_models.softmax import logits_of
 from ope_cli.outputs import refuse_existing
 
 HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out

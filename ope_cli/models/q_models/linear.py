@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ope_cli.errors import DataError
-from ope_cli.fit.base import Gather, features, largest, summed
-from ope_cli.fitq.base import FoldSums, Transitions
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed
+from ope_cli.models.q_models.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
 ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)

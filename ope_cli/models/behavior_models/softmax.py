@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.fit.base import Gather, features, largest, log_softmax, summed
+from ope_cli.models.behavior_models.base import Gather, features, largest, log_softmax, summed
 
 L2 = 1e-4
 LBFGS_STEPS, LBFGS_TOLERANCE = 500, 1e-9

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ope_cli.errors import DataError
-from ope_cli.fit.base import Gather, largest, summed
+from ope_cli.models.behavior_models.base import Gather, largest, summed
 
 SMOOTHING = 0.5  # pseudo-count per action (Krichevsky-Trofimov / Jeffreys prior)
 
