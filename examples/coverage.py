@@ -3,11 +3,11 @@
 `ope generate` writes DATASETS x EPISODES episodes of one environment in one batched JAX
 rollout; episode ids 0..EPISODES-1 form dataset 0, the next EPISODES dataset 1, and so on, so
 the datasets are independent samples with one known truth (truth.json). Every dataset is then
-evaluated at once: the logs are padded as `ope evaluate` pads them (``ope_cli.data.buckets.pad``)
-into [datasets, episodes, time] arrays, the kernel's own statistics
-(``ope_cli.kernel.policy_group_statistics``) are vmapped over the datasets, and each dataset's
-statistics are finalised with every interval method (``ope_cli.stats.finalize``). The
-README's coverage table comes from:
+evaluated at once: the logs are padded as `ope evaluate` pads them
+(``ope_cli.data.buckets.pad``) into [datasets, episodes, time] arrays, the kernel's own
+statistics (``ope_cli.estimation.kernel.policy_group_statistics``) are vmapped over the
+datasets, and each dataset's statistics are finalised with every interval method
+(``ope_cli.estimation.stats.finalize``). The README's coverage table comes from:
 
     python examples/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
 
@@ -94,7 +94,7 @@ def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
     import jax.numpy as jnp
 
     from ope_cli.data.ids import RESAMPLING_GROUPS
-    from ope_cli.kernel import PolicyGroup, policy_group_statistics
+    from ope_cli.estimation.kernel import PolicyGroup, policy_group_statistics
 
     stacked = list(policies) if policies is not None else [policy]
     statistics = functools.partial(
@@ -155,10 +155,10 @@ def measure(
     jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.estimation.stats import finalize, from_batch
     from ope_cli.generate import generate
     from ope_cli.models.policies import load_checkpoint
-    from ope_cli.plan import plan_intervals
-    from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:
         truth = generate(
@@ -223,11 +223,11 @@ def measure_paired(
     from ope_cli.comparison import Pairing
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
-    from ope_cli.estimators.base import Context
+    from ope_cli.estimation.estimators.base import Context
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.estimation.stats import finalize, from_batch
     from ope_cli.generate import generate
     from ope_cli.models.policies import load_checkpoint
-    from ope_cli.plan import plan_intervals
-    from ope_cli.stats import finalize, from_batch
 
     with tempfile.TemporaryDirectory() as directory:
         truth = generate(

@@ -119,7 +119,7 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     ``on_progress``, ``on_status`` and ``distributed`` of ``pipeline.evaluate``. ``data``
     may be an EvaluationConfig instead (then only those three).
     """
-    from ope_cli.pipeline import evaluate as run
+    from ope_cli.estimation.pipeline import evaluate as run
 
     hooks = {k: options.pop(k) for k in ("on_progress", "on_status", "distributed") if k in options}
     if isinstance(data, EvaluationConfig):

@@ -27,12 +27,21 @@ import numpy as np
 
 from ope_cli import paired
 from ope_cli.errors import UsageError
-from ope_cli.estimators import get
-from ope_cli.estimators.base import Context
-from ope_cli.estimators.logspace import finite
-from ope_cli.intervals import betting_intervals, bootstrap_interval
+from ope_cli.estimation.estimators import get
+from ope_cli.estimation.estimators.base import Context
+from ope_cli.estimation.estimators.logspace import finite
+from ope_cli.estimation.intervals import betting_intervals, bootstrap_interval
+from ope_cli.estimation.run_plan import NO_BETTING
+from ope_cli.estimation.stats import (
+    Accumulator,
+    Estimate,
+    extend,
+    leave_one_out_sums,
+    mean_return,
+    replicate_sums,
+    restricted,
+)
 from ope_cli.models.policies.base import Policy
-from ope_cli.plan import NO_BETTING
 from ope_cli.results import Comparison, PolicyResult
 from ope_cli.selection import (
     BASELINE_BEHAVIOR,
@@ -44,15 +53,6 @@ from ope_cli.selection import (
     p_improvement,
     read_truth,
     selection_by_estimator,
-)
-from ope_cli.stats import (
-    Accumulator,
-    Estimate,
-    extend,
-    leave_one_out_sums,
-    mean_return,
-    replicate_sums,
-    restricted,
 )
 
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"

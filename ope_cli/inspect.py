@@ -26,8 +26,8 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.sources import DeclaredBounds
 from ope_cli.data.validate import Check, Problem, bounds_checks
 from ope_cli.errors import DataError
+from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import check_against_schema, chunk_checks, load_policies
-from ope_cli.plan import resolve_gamma
 
 MAX_DISTINCT_ACTIONS = 1000  # counted one by one; further distinct actions count as "other"
 _LOG10_MIN, _LOG10_MAX, _BINS_PER_DECADE = -40.0, 10.0, 1000  # median to ~0.12% relative

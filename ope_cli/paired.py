@@ -15,7 +15,7 @@ so weights that overflow as plain numbers still pair exactly. Per mean-of-terms 
 with b the baseline's row, D_p = max(S_p, S_b) and c_ri the Poisson bootstrap counts (the
 same for every policy, since they come from the episode ids). ``init -> merge(acc,
 from_terms(...)) -> difference`` serves batches, devices and processes alike. Plain NumPy:
-the host turns each batch's per-episode terms (``estimators.batch.episode_terms``) into
+the host turns each batch's per-episode terms (``estimators.reduction.episode_terms``) into
 these sums.
 """
 
@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ope_cli.estimators.importance import mean_and_sem
-from ope_cli.estimators.logspace import finite
+from ope_cli.estimation.estimators.importance import mean_and_sem
+from ope_cli.estimation.estimators.logspace import finite
 
 RETURN = "return"  # the per-episode terms of the behavior row (``episode_terms``)
 
@@ -164,7 +164,7 @@ def rows_of(
     groups: list[tuple[list[int], dict[str, np.ndarray]]], policies: int
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``from_terms``' rows from each policy group's episode terms: (the group's policy
-    indices, {name: [P_g, B]} of ``estimators.batch.episode_terms``) -> {estimator: (values
+    indices, {name: [P_g, B]} of ``estimators.reduction.episode_terms``) -> {estimator: (values
     [P+1, B], own log scales [P+1, B])}, the behavior row (the return G, scale 0) last."""
     by_row: dict[int, dict[str, np.ndarray]] = {}
     for indices, terms in groups:

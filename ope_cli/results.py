@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX through stats
     from ope_cli.data.columns import DataSchema
+    from ope_cli.estimation.stats import Diagnostics, Estimate, Profile
     from ope_cli.models.behavior import BehaviorSource
-    from ope_cli.stats import Diagnostics, Estimate, Profile
 
 
 @dataclasses.dataclass(frozen=True)

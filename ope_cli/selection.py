@@ -27,8 +27,8 @@ from statistics import NormalDist
 import numpy as np
 
 from ope_cli.errors import UsageError
-from ope_cli.estimators.logspace import finite
-from ope_cli.intervals import MIN_VALID_REPLICATES
+from ope_cli.estimation.estimators.logspace import finite
+from ope_cli.estimation.intervals import MIN_VALID_REPLICATES
 
 BASELINE_BEHAVIOR = "behavior"  # the --baseline name of the logging policy itself
 DEFAULT_TOP_K = (1, 3)

@@ -85,7 +85,7 @@ def test_numpy_twin_handles_zero_weights_filler_rows_and_split_batches():
 
 def test_numpy_twin_agrees_with_ope_evaluate(tmp_path):
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
 
     rng = np.random.default_rng(8)
     behavior = random_checkpoint("linear_softmax", rng, obs_dim=8)

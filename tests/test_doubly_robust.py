@@ -1,4 +1,4 @@
-"""Doubly robust estimators (ope_cli/estimators/doubly_robust.py) and Q sources
+"""Doubly robust estimators (ope_cli/estimation/estimators/doubly_robust.py) and Q sources
 (ope_cli/models/qfunctions.py) through ``ope evaluate``: the kernel against the plain NumPy
 reference (tests/reference.py) for every Q kind, Q-hat = 0 against PDIS/WPDIS, the
 absorbing convention, and bad inputs."""

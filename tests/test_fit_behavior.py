@@ -524,8 +524,8 @@ STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
 def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
     """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
     datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
-    from ope_cli import pipeline
     from ope_cli.config import BatchingConfig, EvaluationConfig
+    from ope_cli.estimation import pipeline
 
     errors: dict[str, list[float]] = {}
     for seed in range(datasets):

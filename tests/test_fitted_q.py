@@ -128,7 +128,7 @@ def tabular_logs(tmp_path_factory):
 
 
 def _stream(logs: dict, policies: list[str], qs: list[str], **config):
-    from ope_cli.pipeline import stream
+    from ope_cli.estimation.pipeline import stream
 
     evaluation = EvaluationConfig(
         data=str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config

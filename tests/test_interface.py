@@ -168,7 +168,7 @@ def test_policy_warnings_name_their_policy_in_json():
     from test_report import EXAMPLES
 
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import to_json_dict
     from ope_cli.report.table import footer_lines
 
@@ -193,8 +193,8 @@ def test_run_wide_warnings_have_no_policy():
     from test_report import EXAMPLES
 
     from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.models.behavior import BehaviorFit, BehaviorSource
-    from ope_cli.pipeline import evaluate
     from ope_cli.report import to_json_dict
 
     policies = tuple(str(EXAMPLES / "policies" / n) for n in ("ckpt.npz", "other.npz"))
@@ -340,8 +340,8 @@ def test_help_names_no_python_type(ope_in_process):
 
 
 def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
-    from ope_cli.estimators import names
-    from ope_cli.intervals import INTERVALS
+    from ope_cli.estimation.estimators import names
+    from ope_cli.estimation.intervals import INTERVALS
 
     text = _help(ope_in_process, "evaluate")
     panels = re.findall(r"╭─ (.+?) ─", text)

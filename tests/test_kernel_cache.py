@@ -1,4 +1,4 @@
-"""``ope_cli.kernel_cache``: kernels compiled once, kept on disk, and called by later
+"""``ope_cli.estimation.kernel_cache``: kernels compiled once, kept on disk, and called by later
 kernels (processes) without tracing, with the same results."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli import kernel_cache, runtime
+from ope_cli import runtime
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.kernel import Kernel, group_policies, trace_count
+from ope_cli.estimation import kernel_cache
+from ope_cli.estimation.kernel import Kernel, group_policies, trace_count
+from ope_cli.estimation.pipeline import stream
 from ope_cli.models.policies import _mlp_log_prob
-from ope_cli.pipeline import stream
 
 
 @pytest.fixture(scope="module")

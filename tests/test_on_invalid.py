@@ -30,7 +30,7 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.errors import DataError
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 GAMMA = 0.9
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ope_cli import paired
-from ope_cli.estimators.importance import mean_and_sem
+from ope_cli.estimation.estimators.importance import mean_and_sem
 from ope_cli.selection import paired_mean_difference
 
 R = 7

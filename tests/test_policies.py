@@ -191,7 +191,7 @@ def test_entry_point_load_errors(entry_module):
 
 def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
 
     examples = Path(__file__).resolve().parent.parent / "examples"
     result = evaluate(

@@ -39,7 +39,7 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_st
 
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import DataError
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 pytestmark = pytest.mark.slow
 

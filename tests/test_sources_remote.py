@@ -27,7 +27,7 @@ from datasets import (
 
 from ope_cli.data.sources import open_dataset, remote
 from ope_cli.data.sources.files import resolve_files
-from ope_cli.distributed import share_files
+from ope_cli.estimation.distributed import share_files
 
 moto_server = pytest.importorskip("moto.server")
 

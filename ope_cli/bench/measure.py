@@ -31,7 +31,7 @@ from ope_cli.bench.twin import numpy_estimates
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.data.ids import RESAMPLING_GROUPS
-from ope_cli.kernel import (
+from ope_cli.estimation.kernel import (
     BATCH_AXIS,
     Kernel,
     assemble,
@@ -39,12 +39,12 @@ from ope_cli.kernel import (
     split_windows,
     trace_count,
 )
-from ope_cli.kernel_cache import clear_caches
+from ope_cli.estimation.kernel_cache import clear_caches
+from ope_cli.estimation.pipeline import evaluate
+from ope_cli.estimation.stats import finalize, from_batch, init, merge
 from ope_cli.models.policies import load_policy
 from ope_cli.models.qfunctions import load_q
-from ope_cli.pipeline import evaluate
 from ope_cli.report import to_json
-from ope_cli.stats import finalize, from_batch, init, merge
 
 if TYPE_CHECKING:
     from ope_cli.data.buckets import PaddedBatch

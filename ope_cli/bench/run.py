@@ -49,7 +49,7 @@ from ope_cli.config import BatchingConfig
 from ope_cli.data.buckets import Bucketer
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.errors import UsageError
-from ope_cli.kernel import local_mesh
+from ope_cli.estimation.kernel import local_mesh
 
 
 def bench(config: BenchConfig, on_progress: Progress | None = None) -> dict:

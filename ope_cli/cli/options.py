@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
-from ope_cli.estimators import names
+from ope_cli.estimation.estimators import names
 from ope_cli.models.behavior_models.base import MODELS as BEHAVIOR_MODELS
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY

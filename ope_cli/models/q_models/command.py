@@ -22,11 +22,11 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
+from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 from ope_cli.models.q_models.fitting import fit_q
 from ope_cli.outputs import refuse_existing
-from ope_cli.plan import resolve_gamma
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Two compiled functions serve each configuration (policy kind, estimators, Q source,
 behavior policy, bootstrap replicates, betting): ``_advance_kernel`` vmaps a policy's
 per-step log_prob over the [B, C] steps of a window and the stacked policies [P], carries
-every episode's state ([P, B] leaves: ``estimators.batch.EpisodeCarry``) to the next window
+every episode's state ([P, B] leaves: ``estimators.reduction.EpisodeCarry``) to the next window
 and returns the window's per-step sums; ``_finish_kernel`` turns the carries into the
 batch's scalar sums, with shapes that depend on B alone. The time axis is never a compiled
 dimension: a batch of any length is a sequence of windows of one of a few fixed shapes
@@ -25,15 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ope_cli import kernel_cache
-from ope_cli.bootstrap_counts import replicate_counts
 from ope_cli.data.buckets import PaddedBatch
 from ope_cli.data.ids import fold_index
 from ope_cli.data.steps import map_arrays
 from ope_cli.errors import PolicyError, UsageError, summary
-from ope_cli.estimators import available, get
-from ope_cli.estimators.base import sum_spec
-from ope_cli.estimators.batch import (
+from ope_cli.estimation import kernel_cache
+from ope_cli.estimation.bootstrap_counts import replicate_counts
+from ope_cli.estimation.estimators import available, get
+from ope_cli.estimation.estimators.base import sum_spec
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.estimators.reduction import (
     BatchStatistics,
     EpisodeCarry,
     ScalarStatistics,
@@ -47,8 +48,7 @@ from ope_cli.estimators.batch import (
     lagged,
     log_ratios,
 )
-from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.kernel_cache import COMPILER_OPTIONS
+from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogProbFn, Policy
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
@@ -468,7 +468,7 @@ class Kernel:
         self.gamma = _on_device(gamma, self.dtype)
         self.seed = _on_device(seed, np.uint32)
         self.num_replicates = num_replicates
-        # (a, b, H) of estimators.batch.betting_variables; None: no betting histogram
+        # (a, b, H) of estimators.reduction.betting_variables; None: no betting histogram
         self.betting_range = _on_device(
             (0.0, 0.0, 0.0) if betting_range is None else betting_range, self.dtype
         )
@@ -741,8 +741,8 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
     study vmaps it over datasets). ``estimators``: the registered estimators whose sums to
     compute (None: every one the inputs allow); ``counts``: [B, R] bootstrap counts, else
     drawn here (``poisson_counts``). With ``terms``: (statistics, each episode's terms
-    {name: [P, B]}: ``estimators.batch.episode_terms``), the paired sums' inputs."""
-    from ope_cli.estimators.batch import poisson_counts
+    {name: [P, B]}: ``estimators.reduction.episode_terms``), the paired sums' inputs."""
+    from ope_cli.estimation.estimators.reduction import poisson_counts
 
     static = Static(
         log_prob=log_prob,

@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 
-from ope_cli.estimators.base import BETTING_BIN_WIDTH, BETTING_BINS, BETTING_LOG_RANGE
-from ope_cli.estimators.logspace import finite
+from ope_cli.estimation.estimators.base import BETTING_BIN_WIDTH, BETTING_BINS, BETTING_LOG_RANGE
+from ope_cli.estimation.estimators.logspace import finite
 
 INTERVALS = ("betting", "normal", "percentile", "bootstrap-t")
 MIN_VALID_REPLICATES = 0.9  # below this share of defined replicates, no bootstrap interval
@@ -96,7 +96,7 @@ def betting_intervals(
     histogram: np.ndarray, betting_range: tuple[float, float, float], confidence: float
 ) -> dict[str, Interval]:
     """{"trajectory", "decision"}: betting intervals on the value from the histograms
-    [4, BETTING_BINS + 1] of estimators.batch.betting_variables, with 1 - confidence split
+    [4, BETTING_BINS + 1] of estimators.reduction.betting_variables, with 1 - confidence split
     over both sides."""
     low, high, horizon = betting_range
     alpha = (1.0 - confidence) / 2

@@ -13,11 +13,11 @@ from ope_cli.config import EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds, is_reward_range
 from ope_cli.data.validate import bounds_checks
 from ope_cli.errors import UsageError
-from ope_cli.estimators import available as estimator_available
-from ope_cli.estimators import get as estimator_get
-from ope_cli.estimators import names as estimator_names
-from ope_cli.estimators.base import describe_betting, describe_bootstrap_t
-from ope_cli.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.estimators import available as estimator_available
+from ope_cli.estimation.estimators import get as estimator_get
+from ope_cli.estimation.estimators import names as estimator_names
+from ope_cli.estimation.estimators.base import describe_betting, describe_bootstrap_t
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
 from ope_cli.models.behavior import check_behavior_option
 
 if TYPE_CHECKING:  # annotations only

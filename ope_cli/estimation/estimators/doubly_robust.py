@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators.base import (
     STEP,
     Context,
     Estimator,
@@ -33,14 +33,14 @@ from ope_cli.estimators.base import (
     relative,
     rescaled,
 )
-from ope_cli.estimators.importance import (
+from ope_cli.estimation.estimators.importance import (
     closed_form,
     grouped_jackknife,
     mean_and_sem,
     replicates_of,
     self_normalised_value,
 )
-from ope_cli.estimators.logspace import finite
+from ope_cli.estimation.estimators.logspace import finite
 
 Q_FIELDS = ("q_t", "v_t")
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators.base import (
     DECISION,
     STEP,
     TRAJECTORY,
@@ -29,7 +29,7 @@ from ope_cli.estimators.base import (
     relative,
     rescaled,
 )
-from ope_cli.estimators.logspace import finite, scaled_array
+from ope_cli.estimation.estimators.logspace import finite, scaled_array
 
 # --- per-episode carry and values (JAX, one episode) -----------------------------------------
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ope_cli.estimators import available, get, names
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators import available, get, names
+from ope_cli.estimation.estimators.base import (
     BETTING_BINS,
     BETTING_VARIABLES,
     HISTOGRAM_BINS,
@@ -31,15 +31,15 @@ from ope_cli.estimators.base import (
     sum_spec,
     sums_of,
 )
-from ope_cli.estimators.logspace import finite, rescale, scaled
-from ope_cli.intervals import INTERVALS, betting_intervals, bootstrap_interval
+from ope_cli.estimation.estimators.logspace import finite, rescale, scaled
+from ope_cli.estimation.intervals import INTERVALS, betting_intervals, bootstrap_interval
 
 __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
 
 
 class Accumulator(NamedTuple):
     """Float64 running statistics of one policy over every batch seen so far; the fields of
-    ``estimators.batch.BatchStatistics`` (a pytree: dicts keyed by sum or scale name).
+    ``estimators.reduction.BatchStatistics`` (a pytree: dicts keyed by sum or scale name).
 
     The per-step arrays have length L, the longest bucket seen. For t >= L every episode
     has ended (``extend`` lengthens them by each StepSum's ``after_end``).
@@ -531,7 +531,7 @@ def finalize(
     holds, in registration order)
     with intervals at ``confidence`` (method ``interval``, one of INTERVALS), and the
     diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
-    estimators.batch.betting_variables and an accumulator that holds their histogram."""
+    estimators.reduction.betting_variables and an accumulator that holds their histogram."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     acc = extend(acc, max_length)
     context = Context(gamma, max_length)

@@ -1,5 +1,5 @@
 """Bootstrap counts drawn apart from the kernel: Poisson(1) counts of each episode in each
-replicate, from its id key and the seed (``estimators.batch.poisson_counts``), drawn by one
+replicate, from its id key and the seed (``estimators.reduction.poisson_counts``), drawn by one
 function compiled once per process instead of inside every batch shape's kernel."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.estimators.batch import poisson_counts
-from ope_cli.kernel_cache import COMPILER_OPTIONS
+from ope_cli.estimation.estimators.reduction import poisson_counts
+from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 
 REPLICATE_CHUNK = 256  # episodes per call of the bootstrap-count function
 

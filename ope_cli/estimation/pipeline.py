@@ -29,7 +29,8 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.data.sources import prefetched
 from ope_cli.data.validate import REASONS, dropped_by_reason
-from ope_cli.distributed import (
+from ope_cli.errors import DataError, OpeError
+from ope_cli.estimation.distributed import (
     DistributedConfig,
     allgather_ragged,
     check_all_succeeded,
@@ -39,32 +40,21 @@ from ope_cli.distributed import (
     reduce_counters,
     reduce_paired,
 )
-from ope_cli.errors import DataError, OpeError
-from ope_cli.estimators import available as available_estimators
-from ope_cli.estimators import get as get_estimator
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators import available as available_estimators
+from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.estimation.estimators.base import (
     Context,
     describe_standard_errors,
 )
-from ope_cli.estimators.doubly_robust import Q_FIELDS
-from ope_cli.evaluation_inputs import EvaluationInputs, fit_models, open_inputs
-from ope_cli.models.behavior import (
-    BehaviorSource,
-    check_behavior_against_chunk,
-    first_zero_probability,
-    zero_probability_error,
-)
-from ope_cli.models.qfunctions import q_source
-from ope_cli.paired import PairedSums
-from ope_cli.plan import (
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.inputs import EvaluationInputs, fit_models, open_inputs
+from ope_cli.estimation.run_plan import (
     IntervalPlan,
     annotate_results,
     check_config,
     reported_estimators,
 )
-from ope_cli.results import EvaluationResult, PolicyResult
-from ope_cli.selection import BASELINE_BEHAVIOR
-from ope_cli.stats import (
+from ope_cli.estimation.stats import (
     Accumulator,
     finalize,
     from_batch,
@@ -74,6 +64,16 @@ from ope_cli.stats import (
     profile,
     unstack,
 )
+from ope_cli.models.behavior import (
+    BehaviorSource,
+    check_behavior_against_chunk,
+    first_zero_probability,
+    zero_probability_error,
+)
+from ope_cli.models.qfunctions import q_source
+from ope_cli.paired import PairedSums
+from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.selection import BASELINE_BEHAVIOR
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
@@ -214,7 +214,7 @@ def evaluate(
     check_config(config)
     process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
     from ope_cli import runtime
-    from ope_cli.kernel import trace_count  # after joining a cluster, as every JAX use
+    from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
 
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
     devices = 1 if mesh is None else mesh.size
@@ -357,7 +357,7 @@ def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | Non
     process_id, num_processes = 0, 1
     if distributed is not None and distributed.enabled:
         process_id, num_processes = initialize(distributed)
-    from ope_cli.kernel import local_mesh
+    from ope_cli.estimation.kernel import local_mesh
 
     runtime.enable_compilation_cache()
     backend = jax.default_backend()
@@ -448,7 +448,7 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     """One Kernel per group of stackable policies, every one with the catalogue's largest
     lane count as its carry's (one finish kernel for every window shape); with ``terms``
     they return each episode's terms for the paired sums."""
-    from ope_cli.kernel import Kernel, group_policies
+    from ope_cli.estimation.kernel import Kernel, group_policies
 
     config, plan = batches.config, batches.plan
     return [
@@ -475,7 +475,7 @@ def _merge_batch(partials: list[Accumulator | None], results, devices: int) -> N
     ([P, ...] leaves; None before its first batch)."""
     import jax
 
-    from ope_cli.kernel import assemble
+    from ope_cli.estimation.kernel import assemble
 
     for position, (_, output) in enumerate(results):
         host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy

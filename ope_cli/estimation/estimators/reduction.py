@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators.base import (
     BETTING_BIN_WIDTH,
     BETTING_BINS,
     BETTING_LOG_RANGE,

@@ -1,5 +1,5 @@
-"""``ope_cli.plan``: option checks and the interval plan, decided before any data is read
-(no JAX, no data)."""
+"""``ope_cli.estimation.run_plan``: option checks and the interval plan, decided before any
+data is read (no JAX, no data)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds
 from ope_cli.errors import UsageError
-from ope_cli.plan import check_config, plan_intervals
+from ope_cli.estimation.run_plan import check_config, plan_intervals
 
 NOTHING = DeclaredBounds()
 

@@ -1,4 +1,4 @@
-"""What an evaluation reads and fits first (ope_cli/evaluation_inputs.py): the fits return
+"""What an evaluation reads and fits first (ope_cli/estimation/inputs.py): the fits return
 new inputs and leave the ones they were given as they were."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
 from ope_cli.config import EvaluationConfig
-from ope_cli.evaluation_inputs import fit_models, open_inputs
+from ope_cli.estimation.inputs import fit_models, open_inputs
 from ope_cli.models.qfunctions import FIT
 
 

@@ -16,7 +16,8 @@ from ope_cli.config import EvaluationConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.validate import Check
-from ope_cli.distributed import share_files
+from ope_cli.estimation.distributed import share_files
+from ope_cli.estimation.run_plan import IntervalPlan, plan_intervals
 from ope_cli.models.behavior import (
     BehaviorSource,
     column_source,
@@ -33,7 +34,6 @@ from ope_cli.models.policies import (
 )
 from ope_cli.models.qfunctions import FIT, QFunction, check_q, load_qs
 from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
-from ope_cli.plan import IntervalPlan, plan_intervals
 
 Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
 
