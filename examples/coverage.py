@@ -155,9 +155,9 @@ def measure(
     jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
     from ope_cli.estimation.run_plan import plan_intervals
     from ope_cli.estimation.stats import finalize, from_batch
-    from ope_cli.generate import generate
     from ope_cli.models.policies import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:
@@ -215,18 +215,19 @@ def measure_paired(
     """Coverage of the paired intervals of PDIS(eval_0) - PDIS(eval_1) (``ope evaluate
     --baseline``'s, normal and betting) against the exact difference, on ``chain``
     datasets: each dataset's two policies stacked in one kernel, their episode terms paired
-    as ``ope evaluate`` pairs them (``ope_cli.paired``, ``ope_cli.comparison``)."""
+    as ``ope evaluate`` pairs them (``ope_cli.choosing.paired``,
+    ``ope_cli.choosing.comparison``)."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli import paired
-    from ope_cli.comparison import Pairing
+    from ope_cli.choosing import paired
+    from ope_cli.choosing.comparison import Pairing
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
     from ope_cli.estimation.estimators.base import Context
     from ope_cli.estimation.run_plan import plan_intervals
     from ope_cli.estimation.stats import finalize, from_batch
-    from ope_cli.generate import generate
     from ope_cli.models.policies import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import UsageError
-from ope_cli.inspect import InspectConfig, InspectReport
+from ope_cli.inspection import InspectConfig, InspectReport
 from ope_cli.results import EvaluationResult
 
 # the command line's spellings of fields whose names differ
@@ -144,7 +144,7 @@ class Inspection(InspectReport):
 def inspect(data, /, **options: Any) -> Inspection:
     """What ``data`` holds and every validation problem in it (``ope inspect``);
     ``options``: ``ope inspect``'s as keywords, or an InspectConfig as ``data``."""
-    from ope_cli.inspect import inspect as run
+    from ope_cli.inspection import inspect as run
 
     if isinstance(data, InspectConfig):
         if options:

@@ -23,9 +23,9 @@ from reference import reference_paired, reference_replicates
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
+from ope_cli.envs.generate import generate
 from ope_cli.estimation.bootstrap_counts import replicate_counts
 from ope_cli.estimation.pipeline import evaluate
-from ope_cli.generate import generate
 
 GAMMA = 0.95
 

@@ -6,7 +6,6 @@ regression IS."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import threading
@@ -19,6 +18,7 @@ import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
 
+import ope_cli.envs.generate as gen
 from ope_cli.data.ids import episode_folds
 from ope_cli.errors import UsageError
 from ope_cli.models.behavior_models.base import (
@@ -30,7 +30,6 @@ from ope_cli.models.behavior_models.fitting import estimated_policy
 from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
 from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 
-gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
 ONE_BUCKET = ("--min-bucket", "256")

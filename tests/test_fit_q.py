@@ -7,7 +7,6 @@ and bad inputs."""
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import threading
 from pathlib import Path
@@ -18,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import TwoProcessGather
 
+import ope_cli.envs.generate as gen
 from ope_cli.config import ColumnMapping
 from ope_cli.data.columns import resolve_schema
 from ope_cli.data.episodes import EpisodeAssembler, take_episodes
@@ -33,7 +33,6 @@ from ope_cli.models.q_models.base import (
 )
 from ope_cli.models.q_models.fitting import collect_q, fit_q, make_q_model
 
-gen = importlib.import_module("ope_cli.generate")
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
 
 

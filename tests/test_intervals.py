@@ -14,9 +14,9 @@ from datasets import (
 )
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.envs.generate import generate
 from ope_cli.estimation.estimators.reduction import poisson_counts
 from ope_cli.estimation.pipeline import evaluate
-from ope_cli.generate import generate
 
 
 def run(data, policies, **options):

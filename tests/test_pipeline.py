@@ -370,7 +370,7 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_p
 def test_progress_names_the_fitting_passes(tmp_path):
     """--behavior estimate and --q fit each read the data once before the evaluation: the
     status lines count the passes."""
-    from ope_cli.generate import generate
+    from ope_cli.envs.generate import generate
 
     generate("chain", tmp_path / "chain", episodes=60, seed=3)
     config = EvaluationConfig(

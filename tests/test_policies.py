@@ -1,4 +1,4 @@
-"""Policies (ope_cli/models/policies.py): every checkpoint kind against the NumPy formula of
+"""Policies (ope_cli/models/policies/): every checkpoint kind against the NumPy formula of
 tests/reference.py, load errors, and the action range an entry point declares."""
 
 from __future__ import annotations

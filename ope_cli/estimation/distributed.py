@@ -13,10 +13,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from ope_cli import paired, runtime
+from ope_cli import runtime
+from ope_cli.choosing import paired
+from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge
-from ope_cli.paired import PairedSums
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ope_cli import paired
-from ope_cli.comparison import (
+from ope_cli.choosing import paired
+from ope_cli.choosing.comparison import (
     Pairing,
     compare_results,
     interval_methods,
@@ -23,6 +23,8 @@ from ope_cli.comparison import (
     selection_of,
     truth_keys,
 )
+from ope_cli.choosing.paired import PairedSums
+from ope_cli.choosing.selection import BASELINE_BEHAVIOR
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
 from ope_cli.data.episodes import EpisodeChunk
@@ -71,9 +73,7 @@ from ope_cli.models.behavior import (
     zero_probability_error,
 )
 from ope_cli.models.qfunctions import q_source
-from ope_cli.paired import PairedSums
 from ope_cli.results import EvaluationResult, PolicyResult
-from ope_cli.selection import BASELINE_BEHAVIOR
 
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 

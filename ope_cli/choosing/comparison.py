@@ -25,7 +25,18 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ope_cli import paired
+from ope_cli.choosing import paired
+from ope_cli.choosing.selection import (
+    BASELINE_BEHAVIOR,
+    DEFAULT_TOP_K,
+    check_top_k,
+    could_be_best,
+    grouped_jackknife_difference,
+    missing_truth_note,
+    p_improvement,
+    read_truth,
+    selection_by_estimator,
+)
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import get
 from ope_cli.estimation.estimators.base import Context
@@ -43,17 +54,6 @@ from ope_cli.estimation.stats import (
 )
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
-from ope_cli.selection import (
-    BASELINE_BEHAVIOR,
-    DEFAULT_TOP_K,
-    check_top_k,
-    could_be_best,
-    grouped_jackknife_difference,
-    missing_truth_note,
-    p_improvement,
-    read_truth,
-    selection_by_estimator,
-)
 
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 
