@@ -88,7 +88,7 @@ def machine_fingerprint() -> str:
 @functools.cache
 def source_digest() -> str:
     """sha256 of every Python file of the package (a few milliseconds, once)."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # ope_cli/, above estimation/
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode())
