@@ -32,7 +32,7 @@ from ope_cli.models.policies.checkpoints import (
 from ope_cli.models.policies.checks import check_against_schema, chunk_checks
 from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
 from ope_cli.models.policies.functions import (
-    _mlp_log_prob as _mlp_log_prob,  # one function per activation (tests/test_traced.py)
+    _mlp_log_prob as _mlp_log_prob,  # one function per activation (tests/test_kernel_cache.py)
 )
 from ope_cli.models.policies.functions import (
     action_log_probs,
