@@ -34,7 +34,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 import ope_cli
-from ope_cli.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episode_stream import DataConfig, open_episodes
 
 OBS_DIM, N_ACTIONS = 8, 4
 ROW_GROUP = 16_384  # rows per row group and per batch read, Parquet local and on S3
@@ -241,7 +241,7 @@ def waiting_for_data(read_ahead: bool):
     the first one (a [2] list, summed over the runs inside): the reading it does not hide
     (the first batch is always waited for). Without ``read_ahead`` it reads on its own
     thread, between compute steps: then it waits for all of the reading."""
-    import ope_cli.pipeline as pipeline
+    import ope_cli.estimation.pipeline as pipeline
 
     saved, waited = pipeline.prefetched, [0.0, 0.0]
 

@@ -3,11 +3,11 @@
 `ope generate` writes DATASETS x EPISODES episodes of one environment in one batched JAX
 rollout; episode ids 0..EPISODES-1 form dataset 0, the next EPISODES dataset 1, and so on, so
 the datasets are independent samples with one known truth (truth.json). Every dataset is then
-evaluated at once: the logs are padded as `ope evaluate` pads them (``ope_cli.buckets.pad``)
-into [datasets, episodes, time] arrays, the kernel's own statistics
-(``ope_cli.kernel.policy_group_statistics``) are vmapped over the datasets, and each dataset's
-statistics are finalised with every interval method (``ope_cli.stats.finalize``). The
-README's coverage table comes from:
+evaluated at once: the logs are padded as `ope evaluate` pads them
+(``ope_cli.data.buckets.pad``) into [datasets, episodes, time] arrays, the kernel's own
+statistics (``ope_cli.estimation.kernel.policy_group_statistics``) are vmapped over the
+datasets, and each dataset's statistics are finalised with every interval method
+(``ope_cli.estimation.stats.finalize``). The README's coverage table comes from:
 
     python examples/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
 
@@ -38,17 +38,17 @@ def binomial_tolerance(datasets: int, confidence: float, sigmas: float = 3.0) ->
 
 def padded_datasets(logs: Path, datasets: int, episodes: int):
     """The step-layout logs as one PaddedBatch whose fields are [datasets, episodes, T, ...]
-    (T: the longest episode), padded by ``ope_cli.buckets.pad`` as `ope evaluate` pads.
+    (T: the longest episode), padded by ``ope_cli.data.buckets.pad`` as `ope evaluate` pads.
 
     ``ope generate`` writes steps sorted by (episode_id, step) and ids 0..N-1, so episode i is
     row i // episodes, column i % episodes.
     """
     import pyarrow.parquet as pq
 
-    from ope_cli.buckets import pad
-    from ope_cli.episodes import EpisodeChunk
-    from ope_cli.ids import id_keys
-    from ope_cli.steps import Steps, map_arrays
+    from ope_cli.data.buckets import pad
+    from ope_cli.data.episodes import EpisodeChunk
+    from ope_cli.data.ids import id_keys
+    from ope_cli.data.steps import Steps, map_arrays
 
     table = pq.read_table(
         logs, columns=["episode_id", "observation", "action", "reward", "behavior_prob"]
@@ -93,8 +93,8 @@ def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
     import jax
     import jax.numpy as jnp
 
-    from ope_cli.buckets import RESAMPLING_GROUPS
-    from ope_cli.kernel import PolicyGroup, policy_group_statistics
+    from ope_cli.data.ids import RESAMPLING_GROUPS
+    from ope_cli.estimation.kernel import PolicyGroup, policy_group_statistics
 
     stacked = list(policies) if policies is not None else [policy]
     statistics = functools.partial(
@@ -154,11 +154,11 @@ def measure(
 
     jax.config.update("jax_enable_x64", True)
     from ope_cli.config import EvaluationConfig
-    from ope_cli.generate import generate
-    from ope_cli.plan import plan_intervals
-    from ope_cli.policies import load_checkpoint
-    from ope_cli.sources import open_dataset
-    from ope_cli.stats import finalize, from_batch
+    from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.estimation.stats import finalize, from_batch
+    from ope_cli.models.policies import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:
         truth = generate(
@@ -215,19 +215,20 @@ def measure_paired(
     """Coverage of the paired intervals of PDIS(eval_0) - PDIS(eval_1) (``ope evaluate
     --baseline``'s, normal and betting) against the exact difference, on ``chain``
     datasets: each dataset's two policies stacked in one kernel, their episode terms paired
-    as ``ope evaluate`` pairs them (``ope_cli.paired``, ``ope_cli.comparison``)."""
+    as ``ope evaluate`` pairs them (``ope_cli.choosing.paired``,
+    ``ope_cli.choosing.comparison``)."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli import paired
-    from ope_cli.comparison import Pairing
+    from ope_cli.choosing import paired
+    from ope_cli.choosing.comparison import Pairing
     from ope_cli.config import EvaluationConfig
-    from ope_cli.estimators.base import Context
-    from ope_cli.generate import generate
-    from ope_cli.plan import plan_intervals
-    from ope_cli.policies import load_checkpoint
-    from ope_cli.sources import open_dataset
-    from ope_cli.stats import finalize, from_batch
+    from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
+    from ope_cli.estimation.estimators.base import Context
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.estimation.stats import finalize, from_batch
+    from ope_cli.models.policies import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:
         truth = generate(

@@ -22,8 +22,6 @@ not import JAX. Errors are ``OpeError`` subclasses carrying the CLI's exit code.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 from ope_cli._version import __version__
 
@@ -37,9 +35,9 @@ _API = {  # public name -> (module, attribute)
     "EvaluationResult": ("ope_cli.results", "EvaluationResult"),
     "PolicyResult": ("ope_cli.results", "PolicyResult"),
     "inspect": ("ope_cli.api", "inspect"),
-    "InspectConfig": ("ope_cli.inspect", "InspectConfig"),
-    "InspectReport": ("ope_cli.inspect", "InspectReport"),
-    "generate": ("ope_cli.generate", "generate"),
+    "InspectConfig": ("ope_cli.inspection", "InspectConfig"),
+    "InspectReport": ("ope_cli.inspection", "InspectReport"),
+    "generate": ("ope_cli.envs.generate", "generate"),
     "OpeError": ("ope_cli.errors", "OpeError"),
     "UsageError": ("ope_cli.errors", "UsageError"),
     "DataError": ("ope_cli.errors", "DataError"),
@@ -56,23 +54,9 @@ def __getattr__(name: str) -> object:
     except KeyError:
         raise AttributeError(f"module 'ope_cli' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module), attribute)
-    object.__setattr__(sys.modules[__name__], name, value)
+    globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
-
-
-class _Package(types.ModuleType):
-    """``ope_cli.inspect`` and ``ope_cli.generate`` name both a public function and a
-    submodule. Importing a submodule sets it as an attribute of its package; here the
-    function keeps the public name (reach the modules with ``from ope_cli.inspect import``)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

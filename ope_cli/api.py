@@ -23,7 +23,7 @@ from typing import Any
 
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import UsageError
-from ope_cli.inspect import InspectConfig, InspectReport
+from ope_cli.inspection import InspectConfig, InspectReport
 from ope_cli.results import EvaluationResult
 
 # the command line's spellings of fields whose names differ
@@ -119,7 +119,7 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     ``on_progress``, ``on_status`` and ``distributed`` of ``pipeline.evaluate``. ``data``
     may be an EvaluationConfig instead (then only those three).
     """
-    from ope_cli.pipeline import evaluate as run
+    from ope_cli.estimation.pipeline import evaluate as run
 
     hooks = {k: options.pop(k) for k in ("on_progress", "on_status", "distributed") if k in options}
     if isinstance(data, EvaluationConfig):
@@ -144,7 +144,7 @@ class Inspection(InspectReport):
 def inspect(data, /, **options: Any) -> Inspection:
     """What ``data`` holds and every validation problem in it (``ope inspect``);
     ``options``: ``ope inspect``'s as keywords, or an InspectConfig as ``data``."""
-    from ope_cli.inspect import inspect as run
+    from ope_cli.inspection import inspect as run
 
     if isinstance(data, InspectConfig):
         if options:

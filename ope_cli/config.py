@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ope_cli.estimators import available
+from ope_cli.estimation.estimators import available
 
 # The estimators every run computes (is, wis, pdis, wpdis); those that need more inputs
 # (dm, dr, wdr: a Q source) are computed when a run has them. Any estimator registered
-# later (``ope_cli.estimators.register``) is accepted by name too.
+# later (``ope_cli.estimation.estimators.register``) is accepted by name too.
 ESTIMATORS: tuple[str, ...] = available()
 Precision = Literal["float32", "float64"]
 

@@ -10,9 +10,9 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX through stats
-    from ope_cli.behavior import BehaviorSource
-    from ope_cli.schema import DataSchema
-    from ope_cli.stats import Diagnostics, Estimate, Profile
+    from ope_cli.data.columns import DataSchema
+    from ope_cli.estimation.stats import Diagnostics, Estimate, Profile
+    from ope_cli.models.behavior import BehaviorSource
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 import ope_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PACKAGE = Path(ope_cli.__file__).parent
 
 
 def test_all_lists_the_api_and_every_name_resolves():
@@ -34,16 +35,20 @@ def test_names_are_the_core_objects():
     assert ope_cli.DataError is errors.DataError
 
 
-def test_functions_keep_their_names_next_to_same_named_modules():
-    """ope_cli.inspect and ope_cli.generate are also modules; the package keeps the
-    functions however the modules were imported."""
-    import ope_cli.generate  # noqa: F401
-    import ope_cli.inspect  # noqa: F401
+def test_public_functions_stay_functions_after_their_modules_are_imported():
+    """ope_cli.inspect and ope_cli.generate are the functions, however their modules
+    (ope_cli.inspection, ope_cli.envs.generate) were imported; no top-level submodule
+    shares a public name."""
+    import ope_cli.envs.generate
+    import ope_cli.inspection
     from ope_cli import generate, inspect
 
     assert callable(inspect) and inspect.__module__ == "ope_cli.api"
-    assert callable(generate) and generate.__module__ == "ope_cli.generate"
-    assert ope_cli.inspect is inspect
+    assert callable(generate) and generate.__module__ == "ope_cli.envs.generate"
+    assert ope_cli.inspect is inspect and ope_cli.generate is generate
+    assert ope_cli.inspection.inspect is not inspect  # the module's own, wrapped by the API
+    assert ope_cli.envs.generate.generate is generate
+    assert not set(ope_cli.__all__) & {path.stem for path in PACKAGE.iterdir()}
 
 
 def test_unknown_names_raise_attribute_error():

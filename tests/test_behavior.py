@@ -3,7 +3,6 @@ logged propensity column; the source is reported; bad behavior inputs exit with 
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import textwrap
@@ -17,15 +16,14 @@ from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import run_ope, xla_flags
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli.behavior import (
+import ope_cli.envs.generate as gen
+from ope_cli.errors import UsageError
+from ope_cli.models.behavior import (
     BehaviorSource,
     ZeroProbabilitySteps,
     check_behavior_option,
     first_zero_probability,
 )
-from ope_cli.errors import UsageError
-
-gen = importlib.import_module("ope_cli.generate")
 
 
 @pytest.fixture(scope="module")

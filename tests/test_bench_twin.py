@@ -16,8 +16,8 @@ from reference import reference_estimates
 
 from ope_cli.bench import twin
 from ope_cli.bench.batches import host_batches, open_source
-from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig
+from ope_cli.data.ids import RESAMPLING_GROUPS
 
 ESTIMATORS = ("is", "wis", "pdis", "wpdis")
 
@@ -85,7 +85,7 @@ def test_numpy_twin_handles_zero_weights_filler_rows_and_split_batches():
 
 def test_numpy_twin_agrees_with_ope_evaluate(tmp_path):
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
 
     rng = np.random.default_rng(8)
     behavior = random_checkpoint("linear_softmax", rng, obs_dim=8)

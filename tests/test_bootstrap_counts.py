@@ -1,4 +1,5 @@
-"""``ope_cli.bootstrap_counts``: the kernel's bootstrap counts, drawn apart in fixed chunks."""
+"""``ope_cli.estimation.bootstrap_counts``: the kernel's bootstrap counts, drawn apart in fixed
+chunks."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ope_cli.bootstrap_counts import REPLICATE_CHUNK, replicate_counts
-from ope_cli.estimators.batch import poisson_counts
+from ope_cli.estimation.bootstrap_counts import REPLICATE_CHUNK, replicate_counts
+from ope_cli.estimation.estimators.reduction import poisson_counts
 
 
 @pytest.mark.parametrize("episodes", [0, 1, REPLICATE_CHUNK, REPLICATE_CHUNK + 3])

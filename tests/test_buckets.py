@@ -1,5 +1,5 @@
 """Episodes -> padded [lanes, T] batches walked in windows of a fixed catalogue of shapes
-(ope_cli/buckets.py)."""
+(ope_cli/data/buckets.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import weakref
 import numpy as np
 import pytest
 
-from ope_cli.buckets import (
+from ope_cli.config import BatchingConfig
+from ope_cli.data.buckets import (
     PADDING_TOLERANCE,
-    RESAMPLING_GROUPS,
     Bucketer,
     WindowShape,
     batch_length,
@@ -25,10 +25,9 @@ from ope_cli.buckets import (
     widened,
     window_shapes,
 )
-from ope_cli.config import BatchingConfig
-from ope_cli.episodes import EpisodeChunk, concat_chunks, take_episodes
-from ope_cli.ids import mix64
-from ope_cli.steps import Steps
+from ope_cli.data.episodes import EpisodeChunk, concat_chunks, take_episodes
+from ope_cli.data.ids import RESAMPLING_GROUPS, mix64
+from ope_cli.data.steps import Steps
 
 CHUNK_FIELDS = (
     "ids",

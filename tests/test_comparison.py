@@ -21,12 +21,11 @@ from datasets import (
 )
 from reference import reference_paired, reference_replicates
 
-from ope_cli.bootstrap_counts import replicate_counts
-from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.generate import generate
-from ope_cli.ids import id_keys
-from ope_cli.pipeline import evaluate
+from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
+from ope_cli.envs.generate import generate
+from ope_cli.estimation.bootstrap_counts import replicate_counts
+from ope_cli.estimation.pipeline import evaluate
 
 GAMMA = 0.95
 

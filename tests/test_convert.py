@@ -1,44 +1,176 @@
-"""Arrow columns -> NumPy with null and ragged flags (ope_cli/convert.py)."""
+"""``ope convert`` (ope_cli/data/convert.py): Minari datasets, D4RL-style files, the episode layout
+and renamed columns written as step-layout Parquet with the standard names and ``ope``
+metadata, streamed batch by batch; the converted file gives identical estimates."""
 
 from __future__ import annotations
 
+import json
+
+import gymnasium as gym
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from datasets import (
+    assert_same_estimates,
+    random_checkpoint,
+    random_episodes,
+    run_estimates,
+    save_checkpoint,
+    write_episode_layout,
+    write_step_layout,
+)
+from test_sources_d4rl import d4rl_arrays, write_d4rl
+from test_sources_minari import DICT_SPACE, N_ACTIONS, OBS_DIM, create, make_buffers
 
-from ope_cli.convert import Where, list_lengths, numbers, plain, vectors
-from ope_cli.errors import DataError
-from ope_cli.validate import READ_FLAGS
+from ope_cli.data.convert import ConvertConfig, convert
+from ope_cli.data.sources import METADATA_KEY
 
 
-def locate(row: int) -> tuple[object, int]:
-    return 7, row
-
-
-def test_numbers_raise_on_a_null_without_flags():
-    with pytest.raises(DataError, match=r"f: episode 7, step 1: column 'r' is null.*1 row"):
-        numbers(pa.array([1.0, None]), "r", np.float64, Where("f", locate), "null_reward")
-
-
-def test_numbers_fill_and_mark_nulls_with_flags():
-    flags = np.zeros(3, np.uint16)
-    values = numbers(
-        pa.array([0.5, None, 0.25]), "p", np.float64, Where("f", locate, flags), "null_reward", 1.0
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """{name: source}: Minari datasets in both storages, a D4RL-style file, the episode
+    layout, and step-layout Parquet with renamed columns and a declared reward range."""
+    folder = tmp_path_factory.mktemp("convert")
+    discrete = gym.spaces.Discrete(N_ACTIONS)
+    buffers = make_buffers(DICT_SPACE, discrete, seed=7)
+    out = {
+        fmt: create(folder / "minari", f"test/conv-{fmt}-v0", buffers, DICT_SPACE, discrete, fmt)
+        for fmt in ("hdf5", "arrow")
+    }
+    out["d4rl"] = write_d4rl(folder / "d.hdf5", d4rl_arrays())
+    episodes = random_episodes(np.random.default_rng(2), 30, median_length=4, max_length=8)
+    out["episodes"] = write_episode_layout(episodes, folder / "episodes.parquet")
+    renamed = write_step_layout(episodes, folder / "renamed.parquet")
+    table = pq.read_table(renamed).rename_columns(
+        {"episode_id": "ep", "reward": "r", "action": "act"}
     )
-    np.testing.assert_array_equal(values, [0.5, 1.0, 0.25])
-    np.testing.assert_array_equal(flags, [0, 1 << READ_FLAGS.index("null_reward"), 0])
+    pq.write_table(
+        table.replace_schema_metadata({METADATA_KEY: json.dumps({"reward_range": [-9, 9]})}),
+        renamed,
+    )
+    out["renamed"] = renamed
+    return out
 
 
-def test_vectors_mark_ragged_rows_as_zeros():
-    flags = np.zeros(3, np.uint16)
-    array = pa.array([[1.0, 2.0], [3.0], [4.0, 5.0]])
-    matrix = vectors(array, "obs", Where("f", locate, flags), None)
-    np.testing.assert_array_equal(matrix, [[1, 2], [0, 0], [4, 5]])
-    assert flags[1] == 1 << READ_FLAGS.index("ragged_observation")
-    with pytest.raises(DataError, match="vector of length 1, but the other vectors have length 2"):
-        vectors(array, "obs", Where("f", locate), None)
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("convert-policies")
+    rng = np.random.default_rng(4)
+    return {
+        dim: save_checkpoint(
+            folder / f"pi{dim}.npz", random_checkpoint("linear_softmax", rng, obs_dim=dim)
+        )
+        for dim in (3, 4, OBS_DIM)
+    }
 
 
-def test_plain_and_list_lengths():
-    assert plain(pa.chunked_array([["a"], ["b"]]).dictionary_encode()).type == pa.string()
-    np.testing.assert_array_equal(list_lengths(pa.array([[1], None, [1, 2]])), [1, 0, 2])
+def assert_identical(ope_in_process, source, converted, policy, options=()):
+    common = ["--policy", policy, "--format", "json", "--read-rows", "16"]
+    first = run_estimates(ope_in_process(["evaluate", source, *common, *options]))
+    second = run_estimates(ope_in_process(["evaluate", converted, *common]))
+    assert_same_estimates(first, second)
+
+
+def ope_metadata(path) -> dict:
+    return json.loads(pq.read_schema(path).metadata[METADATA_KEY.encode()])
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_minari_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path, fmt):
+    out = tmp_path / "out.parquet"
+    option = ["--behavior-log-prob-col", "infos/action_log_probs"]
+    run = ope_in_process(["convert", sources[fmt], out, "--read-rows", "8", *option])
+    assert run.returncode == 0, run
+    result = json.loads(run.stdout)
+    assert result["format"] == "minari"
+    assert result["columns"]["behavior_log_prob"] == "infos/action_log_probs"
+    schema = pq.read_schema(out)
+    assert schema.names[:5] == ["episode_id", "step", "observation", "action", "reward"]
+    assert {"terminations", "truncations", "next_observation", "infos/extra/speed"} <= set(
+        schema.names
+    )
+    metadata = ope_metadata(out)
+    assert metadata["layout"] == "step"
+    assert metadata["provenance"]["format"] == "minari"
+    assert metadata["provenance"]["source"] == str(sources[fmt])
+    assert pq.ParquetFile(out).num_row_groups > 1  # written batch by batch
+    assert_identical(ope_in_process, sources[fmt], out, policies[OBS_DIM], option)
+
+
+def test_d4rl_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "d4rl.parquet"
+    assert ope_in_process(["convert", sources["d4rl"], out]).returncode == 0
+    names = pq.read_schema(out).names
+    assert "behavior_log_prob" in names and "rewards" not in names  # an alias, left out
+    assert ope_metadata(out)["provenance"]["format"] == "d4rl"
+    assert_identical(ope_in_process, sources["d4rl"], out, policies[3])
+
+
+def test_episode_layout_becomes_steps(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "steps.parquet"
+    result = convert(ConvertConfig(str(sources["episodes"]), str(out), read_rows=7))
+    assert result.source_layout == "episode"
+    table = pq.read_table(out)
+    lengths = pq.read_table(sources["episodes"]).column("rewards")
+    assert result.steps == table.num_rows == sum(len(x) for x in lengths.to_pylist())
+    steps = table.column("step").to_numpy()
+    assert steps[0] == 0 and (np.diff(steps)[np.diff(steps) != 1] <= 0).all()
+    assert_identical(ope_in_process, sources["episodes"], out, policies[4])
+
+
+def test_column_options_become_standard_names(sources, policies, ope_in_process, tmp_path):
+    out = tmp_path / "standard.parquet"
+    options = ["--episode-col", "ep", "--reward-col", "r", "--action-col", "act"]
+    assert ope_in_process(["convert", sources["renamed"], out, *options]).returncode == 0
+    schema = pq.read_schema(out)
+    assert {"episode_id", "reward", "action"} <= set(schema.names)
+    assert not {"ep", "r", "act"} & set(schema.names)
+    assert ope_metadata(out)["reward_range"] == [-9, 9]  # declared by the source
+    assert_identical(ope_in_process, sources["renamed"], out, policies[4], options)
+
+
+def test_inspect_reads_the_converted_file(sources, ope_in_process, tmp_path):
+    out = tmp_path / "c.parquet"
+    convert(ConvertConfig(str(sources["d4rl"]), str(out)))
+    run = ope_in_process(["inspect", out, "--format", "json"])
+    assert run.returncode == 0, run
+    assert json.loads(run.stdout)["counts"]["episodes"] == 5
+
+
+def test_existing_output_needs_overwrite(sources, ope_in_process, tmp_path):
+    out = tmp_path / "c.parquet"
+    out.write_bytes(b"keep")
+    run = ope_in_process(["convert", sources["d4rl"], out])
+    assert run.returncode == 2, run
+    assert "--overwrite" in run.stderr and out.read_bytes() == b"keep"
+    assert ope_in_process(["convert", sources["d4rl"], out, "--overwrite"]).returncode == 0
+    assert pq.read_table(out).num_rows == 20
+
+
+def test_a_failed_conversion_leaves_no_file(sources, ope_in_process, tmp_path):
+    bad = tmp_path / "bad.parquet"
+    table = pq.read_table(sources["episodes"])
+    rewards = table.column("rewards").to_pylist()
+    rewards[3] = rewards[3] + [0.0]  # one reward more than the episode's actions
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("rewards"), "rewards", pa.array(rewards)), bad
+    )
+    out = tmp_path / "out.parquet"
+    run = ope_in_process(["convert", bad, out, "--read-rows", "2"])
+    assert run.returncode == 3, run
+    assert "episode row 3" in run.stderr
+    assert list(tmp_path.glob("out.parquet*")) == []
+
+
+def test_the_declared_discount_is_kept(ope_in_process, tmp_path):
+    """SPEC 12: ``ope convert`` keeps the gamma the source declares, beside its bounds."""
+    episodes = random_episodes(np.random.default_rng(5), 10, median_length=3, max_length=5)
+    source = write_step_layout(episodes, tmp_path / "declared.parquet")
+    declared = {"reward_range": [-9, 9], "gamma": 0.97}
+    table = pq.read_table(source)
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)}), source)
+    out = tmp_path / "out.parquet"
+    assert ope_in_process(["convert", source, out]).returncode == 0
+    metadata = ope_metadata(out)
+    assert (metadata["gamma"], metadata["reward_range"]) == (0.97, [-9, 9])

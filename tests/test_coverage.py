@@ -72,11 +72,11 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
     """One dataset evaluated by the study's vmapped path and by `ope evaluate` gives the same
     intervals for every method (so the README's table describes the CLI's intervals)."""
     from ope_cli.config import EvaluationConfig
-    from ope_cli.generate import generate
-    from ope_cli.plan import plan_intervals
-    from ope_cli.policies import load_checkpoint
-    from ope_cli.sources import open_dataset
-    from ope_cli.stats import finalize, from_batch
+    from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.estimation.stats import finalize, from_batch
+    from ope_cli.models.policies import load_checkpoint
 
     generate("chain", tmp_path, episodes=EPISODES, seed=3, gamma=GAMMA)
     logs, checkpoint = tmp_path / "logs.parquet", tmp_path / "policies" / "eval_0.npz"

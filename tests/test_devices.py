@@ -16,7 +16,7 @@ from datasets import (
 )
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""Doubly robust estimators (ope_cli/estimators/doubly_robust.py) and Q sources
-(ope_cli/qfunctions.py) through ``ope evaluate``: the kernel against the plain NumPy
+"""Doubly robust estimators (ope_cli/estimation/estimators/doubly_robust.py) and Q sources
+(ope_cli/models/qfunctions.py) through ``ope evaluate``: the kernel against the plain NumPy
 reference (tests/reference.py) for every Q kind, Q-hat = 0 against PDIS/WPDIS, the
 absorbing convention, and bad inputs."""
 
@@ -420,7 +420,7 @@ def test_chain_with_exact_wrong_and_fitted_q(tmp_path, ope_in_process):
     errors of the truth and more precise than pdis; with a deliberately wrong Q-hat (exact
     plus N(0, 0.5^2) per cell) dr stays unbiased; with --q fit (tabular, cross-fitted) too.
     One evaluation pass scores the same policy with the three Q sources."""
-    from ope_cli.generate import generate
+    from ope_cli.envs.generate import generate
 
     truth = generate("chain", tmp_path, episodes=3000, gamma=0.95, seed=4)
     entry = truth["policies"][0]

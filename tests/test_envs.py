@@ -8,7 +8,6 @@ with shift=0, where the evaluation policy is the behavior policy (checks the JAX
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from pathlib import Path
@@ -18,13 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import ope_cli.envs.generate as gen
 from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
 
 pytestmark = pytest.mark.usefixtures("small_control_truth")
-
-# The module: ``ope_cli.generate`` itself is the public function.
-gen = importlib.import_module("ope_cli.generate")
 
 CONTROL_EPISODES = 4000
 POLICY_KEYS = {

@@ -1,4 +1,4 @@
-"""The one entry to the data (ope_cli/episode_stream.py): open_episodes and EpisodeStream."""
+"""The one entry to the data (ope_cli/data/episode_stream.py): open_episodes and EpisodeStream."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 from datasets import random_episodes, write_step_layout
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episode_stream import DataConfig, open_episodes
-from ope_cli.episodes import EpisodeAssembler
+from ope_cli.data.columns import resolve_schema
+from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episodes import EpisodeAssembler
+from ope_cli.data.sources import iter_batches, open_dataset
+from ope_cli.data.validate import Check
 from ope_cli.errors import DataError
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
-from ope_cli.validate import Check
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Record batches -> whole validated episodes (ope_cli/episodes.py)."""
+"""Record batches -> whole validated episodes (ope_cli/data/episodes.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from datasets import (
 )
 
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.data.columns import resolve_schema
+from ope_cli.data.episodes import EpisodeAssembler, EpisodeChunk
+from ope_cli.data.ids import hash_strings, id_keys, mix64
+from ope_cli.data.sources import iter_batches, open_dataset
 from ope_cli.errors import DataError
-from ope_cli.ids import hash_strings, id_keys, mix64
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
 
 READ_ROWS = [1, 2, 3, 7, 1_000_000]
 

@@ -1,4 +1,4 @@
-"""Estimators as plug-ins (ope_cli/estimators/): per-episode carries walked in windows
+"""Estimators as plug-ins (ope_cli/estimation/estimators/): per-episode carries walked in windows
 against plain formulas,
 closed forms, the registry, and a toy estimator registered from the tests alone that goes
 through the whole pipeline (in process, the table and JSON formatters, several devices)."""
@@ -27,9 +27,9 @@ from datasets import (
 )
 from reference import reference_estimates
 
-from ope_cli import estimators, stats
-from ope_cli.estimators import base
-from ope_cli.estimators.batch import (
+from ope_cli.estimation import estimators, stats
+from ope_cli.estimation.estimators import base
+from ope_cli.estimation.estimators.reduction import (
     WeightedBatch,
     batch_statistics,
     log_ratios,
@@ -49,8 +49,8 @@ def one_episode(rng, length, padded, gamma=0.9):
 
 def walk(name, log_ratio, reward, discount, real, width):
     """(per-episode values, {StepSum: [T]}) of estimator ``name`` (with the core values)
-    on one episode, walked through ``batch._advance_one`` in windows of ``width`` steps."""
-    from ope_cli.estimators.batch import _advance_one, init_carry
+    on one episode, walked through ``reduction._advance_one`` in windows of ``width`` steps."""
+    from ope_cli.estimation.estimators.reduction import _advance_one, init_carry
 
     carry = init_carry(jnp.zeros(()), (name,), False)
     step_values = {}
@@ -98,7 +98,7 @@ def test_per_episode_carries_match_plain_formulas_in_any_windows(width):
 
 
 def test_jitted_walk_equals_the_eager_one():
-    from ope_cli.estimators.batch import _advance_one, init_carry
+    from ope_cli.estimation.estimators.reduction import _advance_one, init_carry
 
     rng = np.random.default_rng(5)
     log_ratio, reward, discount, real = one_episode(rng, 7, 8)
@@ -260,7 +260,7 @@ def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registe
     from rich.console import Console
 
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import render_table, to_json
 
     data, path, expected, reference = toy_case

@@ -1,11 +1,11 @@
-"""Behavior models fitted to the logged actions (``ope_cli.fit``), ``ope fit-behavior`` and
-``ope evaluate --behavior estimate[:MODEL]``: closed-form model checks, recovery of the true
-pi_b of ``ope generate`` data, invariance to batching, the report, bad inputs; slow: the
-iterative models, two devices, the shipped example and an MSE study of regression IS."""
+"""Behavior models fitted to the logged actions (``ope_cli.models.behavior_models``),
+``ope fit-behavior`` and ``ope evaluate --behavior estimate[:MODEL]``: closed-form model
+checks, recovery of the true pi_b of ``ope generate`` data, invariance to batching, the report,
+bad inputs; slow: the iterative models, two devices, the shipped example and an MSE study of
+regression IS."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import threading
@@ -18,18 +18,18 @@ import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
 
+import ope_cli.envs.generate as gen
+from ope_cli.data.ids import episode_folds
 from ope_cli.errors import UsageError
-from ope_cli.fit.base import (
+from ope_cli.models.behavior_models.base import (
     check_model_fits,
     default_model,
     parse_model,
 )
-from ope_cli.fit.estimate import estimated_policy
-from ope_cli.fit.gaussian import LinearGaussianModel
-from ope_cli.fit.tabular import SMOOTHING, TabularModel
-from ope_cli.ids import episode_folds
+from ope_cli.models.behavior_models.fitting import estimated_policy
+from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
+from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 
-gen = importlib.import_module("ope_cli.generate")
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
 ONE_BUCKET = ("--min-bucket", "256")
@@ -114,7 +114,7 @@ def test_linear_gaussian_normal_equations_and_log_likelihood():
 
 
 def test_in_memory_models_refuse_past_their_budget():
-    from ope_cli.fit.softmax import SoftmaxModel
+    from ope_cli.models.behavior_models.softmax import SoftmaxModel
 
     model = SoftmaxModel("linear_softmax", budget=10_000)
     model.add(np.zeros((100, 4)), np.zeros(100, np.int64), np.zeros(100, np.int64))
@@ -126,7 +126,7 @@ def test_in_memory_models_refuse_past_their_budget():
 def test_fold_index_is_the_same_in_numpy_and_jax():
     import jax.numpy as jnp
 
-    from ope_cli.ids import fold_index
+    from ope_cli.data.ids import fold_index
 
     rng = np.random.default_rng(1)
     hi, lo = (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in "hl")
@@ -278,7 +278,7 @@ def test_estimate_is_the_same_across_batchings(chain_runs):
 def _cross_fitted_reference(out: Path, folds: int, floor: float = 1e-3) -> dict:
     """IS of each evaluation policy and the out-of-fold mean log-likelihood, in plain NumPy:
     episode e's steps use the tabular model counted on the episodes of the other folds."""
-    from ope_cli.ids import id_keys
+    from ope_cli.data.ids import id_keys
 
     table = pq.read_table(out / "nob.parquet")
     ids, states, actions, rewards = (
@@ -323,7 +323,7 @@ def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
 
 
 def _describe(run: dict) -> str:
-    from ope_cli.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
 
     behavior = run["dataset"]["behavior"]
     return BehaviorSource(
@@ -523,8 +523,8 @@ STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
 def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
     """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
     datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
-    from ope_cli import pipeline
     from ope_cli.config import BatchingConfig, EvaluationConfig
+    from ope_cli.estimation import pipeline
 
     errors: dict[str, list[float]] = {}
     for seed in range(datasets):
@@ -606,7 +606,7 @@ def _gathered_in_two_processes(make, shares):
 def test_models_gathered_across_processes_equal_one_model(name, empty_second):
     """Each process's statistics, gathered, are those of one process reading every file in
     process order, also when a process had no files."""
-    from ope_cli.fit.estimate import make_model
+    from ope_cli.models.behavior_models.fitting import make_model
 
     rng = np.random.default_rng(4)
     n = 400
@@ -641,8 +641,8 @@ def test_streaming_estimates_add_one_pass_over_the_data(
 ):
     """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
     pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
-    from ope_cli import episode_stream
-    from ope_cli.sources import iter_batches
+    from ope_cli.data import episode_stream
+    from ope_cli.data.sources import iter_batches
 
     rows = []
 

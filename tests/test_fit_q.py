@@ -1,5 +1,5 @@
-"""Fitted Q evaluation (``ope_cli.fitq``, ``ope fit-q``): the linear model against a plain
-NumPy LSTDQ solve, the tabular model against the exact Q of the empirical MDP, the fold
+"""Fitted Q evaluation (``ope_cli.models.q_models``, ``ope fit-q``): the linear model against a
+plain NumPy LSTDQ solve, the tabular model against the exact Q of the empirical MDP, the fold
 (cross-fitting) API, the dm estimate on ``ope generate chain`` against the truth, the mlp
 model (determinism, held-out Bellman error, memory budget, continuous actions), the report
 and bad inputs."""
@@ -7,7 +7,6 @@ and bad inputs."""
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import threading
 from pathlib import Path
@@ -18,22 +17,22 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import TwoProcessGather
 
+import ope_cli.envs.generate as gen
 from ope_cli.config import ColumnMapping
-from ope_cli.episodes import EpisodeAssembler, take_episodes
+from ope_cli.data.columns import resolve_schema
+from ope_cli.data.episodes import EpisodeAssembler, take_episodes
+from ope_cli.data.ids import episode_folds
+from ope_cli.data.sources import iter_batches, open_dataset
 from ope_cli.errors import UsageError
-from ope_cli.fitq.base import (
+from ope_cli.models.policies import chunk_checks, load_policy
+from ope_cli.models.q_models.base import (
     check_q_model_fits,
     check_q_model_name,
     default_q_model,
     episode_split,
 )
-from ope_cli.fitq.run import collect_q, fit_q, make_q_model
-from ope_cli.ids import episode_folds
-from ope_cli.policies import chunk_checks, load_policy
-from ope_cli.schema import resolve_schema
-from ope_cli.sources import iter_batches, open_dataset
+from ope_cli.models.q_models.fitting import collect_q, fit_q, make_q_model
 
-gen = importlib.import_module("ope_cli.generate")
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
 
 

@@ -1,5 +1,5 @@
-"""``--q fit`` in the run (ope_cli/fitted_q.py), by what goes in and what comes out: a fit
-(``fitq.run.QFit``) becomes the Q function the kernel scores with, its summary plain JSON;
+"""``--q fit`` in the run (ope_cli/models/fitted_q.py), by what goes in and what comes out: a fit
+(``q_models.fitting.QFit``) becomes the Q function the kernel scores with, its summary plain JSON;
 an opened stream's ``fit`` Q sources are replaced by the fits of ``fit_q`` on its episodes,
 cross-fitted or not, and every other Q source is left as it was."""
 
@@ -15,9 +15,9 @@ from datasets import random_checkpoint, random_episodes, save_checkpoint, write_
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.errors import DataError
-from ope_cli.fitq.run import QFit, fit_q
-from ope_cli.fitted_q import fitted_q
-from ope_cli.qfunctions import FIT, linear_q_values, mlp_q_sa, tabular_q_values
+from ope_cli.models.fitted_q import fitted_q
+from ope_cli.models.q_models.fitting import QFit, fit_q
+from ope_cli.models.qfunctions import FIT, linear_q_values, mlp_q_sa, tabular_q_values
 
 GAMMA = 0.9
 
@@ -128,7 +128,7 @@ def tabular_logs(tmp_path_factory):
 
 
 def _stream(logs: dict, policies: list[str], qs: list[str], **config):
-    from ope_cli.pipeline import stream
+    from ope_cli.estimation.pipeline import stream
 
     evaluation = EvaluationConfig(
         data=str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config
@@ -208,7 +208,7 @@ def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monke
     import pyarrow.parquet as pq
     from conftest import TwoProcessGather
 
-    from ope_cli.fitted_q import fit_q_function
+    from ope_cli.models.fitted_q import fit_q_function
 
     table = pq.read_table(tabular_logs["data"])
     episode = table.column("episode_id").to_numpy()

@@ -1,4 +1,4 @@
-"""Decoding small HDF5 datasets' storage in Python (ope_cli/sources/hdf5_raw.py): every
+"""Decoding small HDF5 datasets' storage in Python (ope_cli/data/sources/hdf5_raw.py): every
 layout it claims to read gives exactly what h5py reads, and every other one (filters,
 user blocks, newer object headers, strings, fill values) raises Unsupported."""
 
@@ -11,7 +11,7 @@ import pytest
 
 h5py = pytest.importorskip("h5py")
 
-from ope_cli.sources.hdf5_raw import RawReader, Unsupported  # noqa: E402
+from ope_cli.data.sources.hdf5_raw import RawReader, Unsupported  # noqa: E402
 
 RNG = np.random.default_rng(0)
 READ = {  # name: (data, create_dataset keywords)

@@ -1,4 +1,4 @@
-"""Episode id keys and reappearing ids (ope_cli/ids.py); hashing is also covered end to
+"""Episode id keys and reappearing ids (ope_cli/data/ids.py); hashing is also covered end to
 end in test_episodes.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from ope_cli.data.ids import SeenKeys, display_id, id_keys
 from ope_cli.errors import DataError
-from ope_cli.ids import SeenKeys, display_id, id_keys
 
 
 def test_keys_are_stable_and_distinguish_types_of_ids():

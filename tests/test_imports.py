@@ -66,8 +66,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_covers_the_package():
     graph = import_graph()
-    assert "ope_cli.pipeline" in graph and "ope_cli.episodes" in graph
-    assert "ope_cli.episodes" in graph["ope_cli.pipeline"]
+    assert "ope_cli.estimation.pipeline" in graph and "ope_cli.data.episodes" in graph
+    assert "ope_cli.data.episodes" in graph["ope_cli.estimation.pipeline"]
 
 
 def test_find_cycle_sees_a_lazy_cycle():

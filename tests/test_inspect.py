@@ -1,4 +1,4 @@
-"""``ope inspect`` (ope_cli/inspect.py): the schema as detected, counts, length histogram,
+"""``ope inspect`` (ope_cli/inspection.py): the schema as detected, counts, length histogram,
 propensity summary, action counts, and every validation problem - with the same checks,
 and the same verdict per episode, as ``ope evaluate --on-invalid drop``."""
 
@@ -24,7 +24,7 @@ from rich.console import Console
 
 from ope_cli.config import ColumnMapping
 from ope_cli.errors import DataError
-from ope_cli.inspect import InspectConfig, inspect
+from ope_cli.inspection import InspectConfig, inspect
 from ope_cli.report.inspect import render_table, to_json, to_json_dict
 
 

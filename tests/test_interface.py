@@ -24,8 +24,8 @@ import pytest
 import typer.main
 
 from ope_cli.cli import helpmap
-from ope_cli.policies import split_name, suffix_labels
-from ope_cli.sources import METADATA_KEY
+from ope_cli.data.sources import METADATA_KEY
+from ope_cli.models.policies import split_name, suffix_labels
 
 GAMMA = 0.9
 POLICIES = "demo/policies/*.npz"
@@ -168,7 +168,7 @@ def test_policy_warnings_name_their_policy_in_json():
     from test_report import EXAMPLES
 
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import to_json_dict
     from ope_cli.report.table import footer_lines
 
@@ -192,9 +192,9 @@ def test_run_wide_warnings_have_no_policy():
     """Floored estimated propensities and a policy left out of the ranking, in JSON."""
     from test_report import EXAMPLES
 
-    from ope_cli.behavior import BehaviorFit, BehaviorSource
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
     from ope_cli.report import to_json_dict
 
     policies = tuple(str(EXAMPLES / "policies" / n) for n in ("ckpt.npz", "other.npz"))
@@ -340,8 +340,8 @@ def test_help_names_no_python_type(ope_in_process):
 
 
 def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
-    from ope_cli.estimators import names
-    from ope_cli.intervals import INTERVALS
+    from ope_cli.estimation.estimators import names
+    from ope_cli.estimation.intervals import INTERVALS
 
     text = _help(ope_in_process, "evaluate")
     panels = re.findall(r"╭─ (.+?) ─", text)

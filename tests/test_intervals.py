@@ -14,9 +14,9 @@ from datasets import (
 )
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.estimators.batch import poisson_counts
-from ope_cli.generate import generate
-from ope_cli.pipeline import evaluate
+from ope_cli.envs.generate import generate
+from ope_cli.estimation.estimators.reduction import poisson_counts
+from ope_cli.estimation.pipeline import evaluate
 
 
 def run(data, policies, **options):
@@ -174,9 +174,9 @@ def test_per_decision_weighting_has_lower_variance_on_long_horizons(ground_truth
 
 
 def _log_histograms(samples: np.ndarray) -> np.ndarray:
-    """[S, bins] the kernel's histogram of log x (estimators.batch._betting_histogram) of
+    """[S, bins] the kernel's histogram of log x (estimators.reduction._betting_histogram) of
     each row x of ``samples`` [S, n], in one call."""
-    from ope_cli.estimators.batch import _betting_histogram
+    from ope_cli.estimation.estimators.reduction import _betting_histogram
 
     with np.errstate(divide="ignore"):
         log_x = np.log(samples)
@@ -193,7 +193,7 @@ def _log_histogram(x: np.ndarray) -> np.ndarray:
 def test_betting_variables_match_their_formulas(width):
     """Episodes walked in windows give the per-episode variables written plainly from the
     formulas (the padding walked after an episode's end cancels out)."""
-    from ope_cli.estimators.batch import _advance_one, betting_variables, init_carry
+    from ope_cli.estimation.estimators.reduction import _advance_one, betting_variables, init_carry
 
     rng = np.random.default_rng(7)
     lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 9, 0.9, (-1.0, 2.0, 12)
@@ -230,7 +230,7 @@ def test_betting_variables_match_their_formulas(width):
 
 
 def test_betting_lower_bound_is_valid_and_sharpens_with_data():
-    from ope_cli.intervals import betting_lower_bound
+    from ope_cli.estimation.intervals import betting_lower_bound
 
     rng = np.random.default_rng(3)
     mean = 0.3

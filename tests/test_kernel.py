@@ -1,7 +1,7 @@
-"""The kernel's reduction (ope_cli/estimators/batch.py, run by ope_cli/kernel.py): vmapped
-per-episode carries against a per-episode loop, padded against unpadded batches, jit
-against eager, a batch walked in windows against the whole batch at once, and one
-compilation per window shape however many episode lengths the data has."""
+"""The kernel's reduction (ope_cli/estimation/estimators/reduction.py, run by
+ope_cli/estimation/kernel.py): vmapped per-episode carries against a per-episode loop, padded
+against unpadded batches, jit against eager, a batch walked in windows against the whole batch
+at once, and one compilation per window shape however many episode lengths the data has."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from datasets import (
     write_step_layout,
 )
 
-from ope_cli import stats
-from ope_cli.estimators.batch import (
+from ope_cli.estimation import stats
+from ope_cli.estimation.estimators.reduction import (
     WeightedBatch,
     WeightedWindow,
     _advance_one,
@@ -169,7 +169,7 @@ def test_one_compilation_per_window_shape_over_many_lengths(tmp_path):
     """Any number of episode lengths compiles one advance kernel per window shape and one
     finish kernel; data of other lengths, none."""
     from ope_cli.config import BatchingConfig, EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
 
     data, path = _many_lengths_case(tmp_path)
     config = EvaluationConfig(
@@ -217,10 +217,10 @@ def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_proc
 def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     """The statistics of a batch walked in windows of any width are those of the batch
     walked as one window, with bootstrap replicates."""
-    from ope_cli import kernel
-    from ope_cli.buckets import PaddedBatch
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import stream
+    from ope_cli.data.buckets import PaddedBatch
+    from ope_cli.estimation import kernel
+    from ope_cli.estimation.pipeline import stream
 
     data, path = _many_lengths_case(tmp_path)
     config = EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95)

@@ -1,18 +1,23 @@
-"""``ope_cli.kernel_cache``: kernels compiled once, kept on disk, and called by later
+"""``ope_cli.estimation.kernel_cache``: kernels compiled once, kept on disk, and called by later
 kernels (processes) without tracing, with the same results."""
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli import kernel_cache, runtime
+import ope_cli
+from ope_cli import runtime
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.kernel import Kernel, group_policies, trace_count
-from ope_cli.pipeline import stream
-from ope_cli.policies import _mlp_log_prob
+from ope_cli.estimation import kernel_cache
+from ope_cli.estimation.kernel import Kernel, group_policies, trace_count
+from ope_cli.estimation.pipeline import stream
+from ope_cli.models.policies import _mlp_log_prob
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +34,17 @@ def batches(tmp_path_factory):
     batch_stream = stream(config, 1, None, (0, 1))
     padded = [(batch, batch_stream.bucketer.width_of(batch)) for batch in batch_stream]
     return padded, group_policies(batch_stream.policies)[0]
+
+
+def test_the_source_digest_covers_the_whole_package():
+    """Kept kernels are keyed by every Python file of ope_cli/, not only of estimation/
+    where kernel_cache.py lives."""
+    root = Path(ope_cli.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    assert kernel_cache.source_digest() == digest.hexdigest()
 
 
 def _kernel(group):

@@ -39,9 +39,9 @@ from reference import (
     reference_stderr,
 )
 
-from ope_cli.buckets import window_shapes
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.pipeline import evaluate
+from ope_cli.data.buckets import window_shapes
+from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import to_json
 
 REL = 1e-6

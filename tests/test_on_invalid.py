@@ -1,5 +1,5 @@
 """``--on-invalid drop``: invalid episodes are left out, counted by reason, and everything
-else is exactly what the valid episodes alone give (ope_cli/episodes.py, pipeline.py).
+else is exactly what the valid episodes alone give (ope_cli/data/episodes.py, pipeline.py).
 
 Invalid values are planted in chosen episodes of a random dataset; the estimates with
 ``drop`` must equal the float64 reference over the remaining episodes, the report must
@@ -30,7 +30,7 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.errors import DataError
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 GAMMA = 0.9
 

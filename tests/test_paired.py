@@ -1,4 +1,4 @@
-"""Paired sums (ope_cli.paired): against per-episode NumPy differences, split into batches
+"""Paired sums (ope_cli.choosing.paired): against per-episode NumPy differences, split into batches
 in any way, and with weights whose logs are far beyond float64's range."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ope_cli import paired
-from ope_cli.estimators.importance import mean_and_sem
-from ope_cli.selection import paired_mean_difference
+from ope_cli.choosing import paired
+from ope_cli.choosing.selection import paired_mean_difference
+from ope_cli.estimation.estimators.importance import mean_and_sem
 
 R = 7
 

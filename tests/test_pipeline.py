@@ -19,11 +19,11 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.buckets import RESAMPLING_GROUPS, window_shapes
 from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.data.buckets import window_shapes
+from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.errors import PolicyError
-from ope_cli.ids import id_keys
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 
 def assert_close(actual, expected, rtol, what=""):
@@ -325,7 +325,7 @@ def test_a_policy_glob_stands_for_its_sorted_checkpoints(tmp_path):
 def test_stream_yields_padded_batches_of_every_episode_once(tmp_path):
     """``stream`` alone (no kernel): every real step of every episode reaches exactly one
     padded batch, batches hold a multiple of the devices' count, and the counters agree."""
-    from ope_cli.pipeline import stream
+    from ope_cli.estimation.pipeline import stream
 
     episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=120)
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
@@ -370,7 +370,7 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_p
 def test_progress_names_the_fitting_passes(tmp_path):
     """--behavior estimate and --q fit each read the data once before the evaluation: the
     status lines count the passes."""
-    from ope_cli.generate import generate
+    from ope_cli.envs.generate import generate
 
     generate("chain", tmp_path / "chain", episodes=60, seed=3)
     config = EvaluationConfig(

@@ -70,8 +70,8 @@ def test_the_estimates_axis_is_set_by_the_estimates():
     few standard errors of room, do; the cut interval is marked in the figure."""
     from types import SimpleNamespace
 
+    from ope_cli.estimation.stats import Estimate
     from ope_cli.report.plots import ESTIMATE_MARGIN, estimate_limits
-    from ope_cli.stats import Estimate
 
     estimates = {
         "is": Estimate(1.0, 0.1, -50.0, 100.0),

@@ -1,4 +1,4 @@
-"""Policies (ope_cli/policies.py): every checkpoint kind against the NumPy formula of
+"""Policies (ope_cli/models/policies/): every checkpoint kind against the NumPy formula of
 tests/reference.py, load errors, and the action range an entry point declares."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datasets import random_checkpoint, save_checkpoint
 from reference import reference_log_prob
 
 from ope_cli.errors import PolicyError
-from ope_cli.policies import (
+from ope_cli.models.policies import (
     chunk_checks,
     load_checkpoint,
     load_entry_point,
@@ -191,7 +191,7 @@ def test_entry_point_load_errors(entry_module):
 
 def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
     from ope_cli.config import EvaluationConfig
-    from ope_cli.pipeline import evaluate
+    from ope_cli.estimation.pipeline import evaluate
 
     examples = Path(__file__).resolve().parent.parent / "examples"
     result = evaluate(

@@ -39,7 +39,7 @@ from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_st
 
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import DataError
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -166,9 +166,9 @@ def test_any_valid_layout_gives_the_reference(policies, case):
 def read_everything(path: str) -> str:
     """Opens, validates and assembles every episode of ``path`` (no JAX): ``ok``, or
     ``DataError: ...``, or ``BUG <type>: ...`` for any other exception. Runs in a worker."""
-    from ope_cli.episodes import EpisodeAssembler
-    from ope_cli.schema import resolve_schema
-    from ope_cli.sources import iter_batches, open_dataset
+    from ope_cli.data.columns import resolve_schema
+    from ope_cli.data.episodes import EpisodeAssembler
+    from ope_cli.data.sources import iter_batches, open_dataset
 
     try:
         data = open_dataset(path)

@@ -1,4 +1,4 @@
-"""Q sources (ope_cli/qfunctions.py) called directly: the per-step Q functions against plain
+"""Q sources (ope_cli/models/qfunctions.py) called directly: the per-step Q functions against plain
 NumPy, checkpoints and entry points, ``--q`` values paired with policies, the checks
 against the data, and (Q-hat, V-hat) per step and per padded window, with and without jit."""
 
@@ -13,11 +13,11 @@ import pytest
 from datasets import random_checkpoint, save_checkpoint
 from reference import action_log_probs
 
-from ope_cli import qfunctions as qf
+from ope_cli.data.ids import fold_index
+from ope_cli.data.steps import Steps
 from ope_cli.errors import DataError, PolicyError, UsageError
-from ope_cli.ids import fold_index
-from ope_cli.policies import Policy, checkpoint_policy, tabular_log_prob
-from ope_cli.steps import Steps
+from ope_cli.models import qfunctions as qf
+from ope_cli.models.policies import Policy, checkpoint_policy, tabular_log_prob
 
 
 def _linear_q(rng: np.random.Generator, obs_dim: int = 3, n_actions: int = 4) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from ope_cli.config import EvaluationConfig
-from ope_cli.pipeline import evaluate
+from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import (
     SPARK,
     diagnostic_warnings,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ope_cli import runtime
-from ope_cli.buckets import window_shapes
 from ope_cli.config import BatchingConfig
+from ope_cli.data.buckets import window_shapes
 
 PACKAGE = Path(runtime.__file__).resolve().parent
 TESTS = Path(__file__).resolve().parent

@@ -11,8 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ope_cli.errors import UsageError
-from ope_cli.selection import (
+from ope_cli.choosing.selection import (
     average_ranks,
     bonferroni_level,
     could_be_best,
@@ -31,6 +30,7 @@ from ope_cli.selection import (
     spearman,
     top_k_set,
 )
+from ope_cli.errors import UsageError
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:
@@ -69,7 +69,7 @@ def test_truth_json_matches_by_path_then_file_name_and_behavior(tmp_path):
 
 
 def test_truth_json_written_by_generate(tmp_path, monkeypatch):
-    from ope_cli.generate import generate
+    from ope_cli.envs.generate import generate
 
     written = generate("bandit", tmp_path / "demo", episodes=20)
     monkeypatch.chdir(tmp_path)
@@ -439,5 +439,5 @@ def test_p_improvement():
 
 
 def test_the_module_imports_no_jax():
-    code = "import sys, ope_cli.selection; assert 'jax' not in sys.modules"
+    code = "import sys, ope_cli.choosing.selection; assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

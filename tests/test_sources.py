@@ -1,4 +1,4 @@
-"""Files, directories and globs -> ordered, projected record batches (ope_cli/sources)."""
+"""Files, directories and globs -> ordered, projected record batches (ope_cli/data/sources)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
+from ope_cli.data.sources import iter_batches, open_dataset, prefetched
 from ope_cli.errors import DataError
-from ope_cli.sources import iter_batches, open_dataset, prefetched
 
 
 def table(start: int, stop: int) -> pa.Table:
@@ -288,7 +288,7 @@ def test_each_batch_knows_its_row_offset_in_its_file(tmp_path, file_format):
 
 
 def test_the_registry_picks_the_format_by_magic_bytes(tmp_path):
-    from ope_cli.sources import FORMATS, d4rl, ipc, parquet, sniff_format
+    from ope_cli.data.sources import FORMATS, d4rl, ipc, parquet, sniff_format
 
     assert FORMATS == (parquet, ipc, d4rl)
     pq.write_table(table(0, 2), tmp_path / "a.data")

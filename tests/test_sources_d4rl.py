@@ -1,4 +1,4 @@
-"""D4RL-style HDF5 files as a source (ope_cli/sources/d4rl.py): episodes from the terminal
+"""D4RL-style HDF5 files as a source (ope_cli/data/sources/d4rl.py): episodes from the terminal
 and timeout flags, a trailing truncated episode, behavior log-probabilities from
 ``infos/action_log_probs``, the same estimates as the same data in Parquet, bad inputs."""
 
@@ -20,8 +20,8 @@ from datasets import (
     write_flat_steps,
 )
 
+from ope_cli.data.sources import d4rl, open_dataset, sniff_format
 from ope_cli.errors import DataError
-from ope_cli.sources import d4rl, open_dataset, sniff_format
 
 OBS_DIM, N_ACTIONS = 3, 4
 # (length, how it ends): by a terminal flag, a timeout flag, or not at all (the file's end)

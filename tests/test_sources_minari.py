@@ -1,4 +1,4 @@
-"""Minari datasets as a source (ope_cli/sources/minari.py), built by the ``minari`` library
+"""Minari datasets as a source (ope_cli/data/sources/minari.py), built by the ``minari`` library
 itself in both storage formats: ragged episodes, a Dict observation space flattened as
 gymnasium flattens it, an episode stored with only N observations, infos paired with the
 step that returned them, the same estimates as the same steps in Parquet, bad inputs."""
@@ -24,8 +24,8 @@ from datasets import (
     write_flat_steps,
 )
 
+from ope_cli.data.sources import minari, open_dataset
 from ope_cli.errors import DataError
-from ope_cli.sources import minari, open_dataset
 
 pytest.importorskip("minari")
 from minari.data_collector import EpisodeBuffer  # noqa: E402

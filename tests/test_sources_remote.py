@@ -1,4 +1,4 @@
-"""Data and checkpoints in object storage (ope_cli/sources/remote.py): a real S3-compatible
+"""Data and checkpoints in object storage (ope_cli/data/sources/remote.py): a real S3-compatible
 server on 127.0.0.1 (moto's server mode) holds Parquet files, a directory with hive
 partitions and a checkpoint, reached through AWS_ENDPOINT_URL. Files, directories and globs
 resolve as locally, shares balance by the stored sizes, estimates equal the local ones, and
@@ -25,9 +25,9 @@ from datasets import (
     write_step_layout,
 )
 
-from ope_cli.distributed import share_files
-from ope_cli.sources import open_dataset, remote
-from ope_cli.sources.files import resolve_files
+from ope_cli.data.sources import open_dataset, remote
+from ope_cli.data.sources.files import resolve_files
+from ope_cli.estimation.distributed import share_files
 
 moto_server = pytest.importorskip("moto.server")
 

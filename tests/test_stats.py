@@ -1,5 +1,5 @@
-"""Batch statistics (ope_cli/estimators/batch.py) and mergeable accumulators (ope_cli/stats.py)
-against the plain float64 NumPy reference (tests/reference.py)."""
+"""Batch statistics (ope_cli/estimation/estimators/reduction.py) and mergeable accumulators
+(ope_cli/estimation/stats.py) against the plain float64 NumPy reference (tests/reference.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli import stats
-from ope_cli.estimators.batch import WeightedBatch, batch_statistics, log_ratios
+from ope_cli.estimation import stats
+from ope_cli.estimation.estimators.reduction import WeightedBatch, batch_statistics, log_ratios
 
 K = 8  # resampling groups
 REL = 1e-9

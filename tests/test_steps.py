@@ -1,11 +1,11 @@
-"""The per-step fields and map_arrays (ope_cli/steps.py)."""
+"""The per-step fields and map_arrays (ope_cli/data/steps.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ope_cli.buckets import PaddedBatch
-from ope_cli.steps import STEP_FIELDS, Steps, map_arrays
+from ope_cli.data.buckets import PaddedBatch
+from ope_cli.data.steps import STEP_FIELDS, Steps, map_arrays
 
 
 def test_map_arrays_maps_nested_records_and_keeps_none():

@@ -1,13 +1,12 @@
-"""Typed checks, the registry of reasons and the on-invalid policy (ope_cli/validate.py)."""
+"""Typed checks, the registry of reasons and the on-invalid policy (ope_cli/data/validate.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ope_cli.errors import DataError
-from ope_cli.steps import Steps
-from ope_cli.validate import (
+from ope_cli.data.steps import Steps
+from ope_cli.data.validate import (
     FATAL_REASONS,
     ON_INVALID,
     READ_FLAGS,
@@ -19,6 +18,7 @@ from ope_cli.validate import (
     dropped_by_reason,
     on_invalid_policy,
 )
+from ope_cli.errors import DataError
 
 
 def test_the_registry_is_the_one_source_of_reasons():

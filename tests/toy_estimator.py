@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ope_cli.estimators import Estimator, register
-from ope_cli.estimators.base import (
+from ope_cli.estimation.estimators import Estimator, register
+from ope_cli.estimation.estimators.base import (
     DECISION,
     STEP,
     Context,
@@ -25,7 +25,7 @@ from ope_cli.estimators.base import (
     relative,
     rescaled,
 )
-from ope_cli.estimators.logspace import finite, scaled_array
+from ope_cli.estimation.estimators.logspace import finite, scaled_array
 
 
 def toy_init(zero):

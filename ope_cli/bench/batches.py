@@ -14,14 +14,14 @@ import numpy as np
 import pyarrow as pa
 
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.errors import DataError, UsageError
-from ope_cli.evaluation_inputs import EvaluationInputs
-from ope_cli.pipeline import BatchStream
-from ope_cli.plan import IntervalPlan
+from ope_cli.estimation.inputs import EvaluationInputs
+from ope_cli.estimation.pipeline import BatchStream
+from ope_cli.estimation.run_plan import IntervalPlan
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import Bucketer, PaddedBatch
+    from ope_cli.data.buckets import Bucketer, PaddedBatch
 
 # The column names the loop baseline reads, by role.
 LOOP_COLUMNS = {

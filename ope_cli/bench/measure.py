@@ -28,10 +28,10 @@ from ope_cli.bench.batches import loop_head_table
 from ope_cli.bench.config import GAMMA
 from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
-from ope_cli.buckets import RESAMPLING_GROUPS
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.episode_stream import EpisodeStream
-from ope_cli.kernel import (
+from ope_cli.data.episode_stream import EpisodeStream
+from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.estimation.kernel import (
     BATCH_AXIS,
     Kernel,
     assemble,
@@ -39,15 +39,15 @@ from ope_cli.kernel import (
     split_windows,
     trace_count,
 )
-from ope_cli.kernel_cache import clear_caches
-from ope_cli.pipeline import evaluate
-from ope_cli.policies import load_policy
-from ope_cli.qfunctions import load_q
+from ope_cli.estimation.kernel_cache import clear_caches
+from ope_cli.estimation.pipeline import evaluate
+from ope_cli.estimation.stats import finalize, from_batch, init, merge
+from ope_cli.models.policies import load_policy
+from ope_cli.models.qfunctions import load_q
 from ope_cli.report import to_json
-from ope_cli.stats import finalize, from_batch, init, merge
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import PaddedBatch
+    from ope_cli.data.buckets import PaddedBatch
 
 
 def rate(steps: int, seconds: float) -> float | None:

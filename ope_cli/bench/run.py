@@ -45,11 +45,11 @@ from ope_cli.bench.measure import (
 from ope_cli.bench.memory import measure_memory
 from ope_cli.bench.processes import measure_many_policies, measure_processes
 from ope_cli.bench.summary import quantiles, summary
-from ope_cli.buckets import Bucketer
 from ope_cli.config import BatchingConfig
-from ope_cli.episode_stream import EpisodeStream
+from ope_cli.data.buckets import Bucketer
+from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.errors import UsageError
-from ope_cli.kernel import local_mesh
+from ope_cli.estimation.kernel import local_mesh
 
 
 def bench(config: BenchConfig, on_progress: Progress | None = None) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.measure import ratio
-from ope_cli.buckets import Bucketer
+from ope_cli.data.buckets import Bucketer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The vectorised float64 NumPy twin of the kernel: ``ope bench``'s yardstick.
 
 The same padded [B, T] batches in, the same per-batch sufficient statistics out as
-``estimators.batch_statistics`` (per resampling group: the trajectory and per-decision sums,
+``reduction.batch_statistics`` (per resampling group: the trajectory and per-decision sums,
 and per-step WPDIS sums with a scale per group and step), merged log-sum-exp style as in
 ``stats.merge``. It is self-contained, so it stays a fixed yardstick while the kernel grows:
 diagnostics the kernel adds beyond these (weight histograms, bootstrap replicates) are not
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ope_cli.buckets import RESAMPLING_GROUPS
+from ope_cli.data.ids import RESAMPLING_GROUPS
 
 if TYPE_CHECKING:
-    from ope_cli.buckets import PaddedBatch
+    from ope_cli.data.buckets import PaddedBatch
 
 TWIN_FIELDS = (
     "count",

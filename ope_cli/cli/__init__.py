@@ -19,7 +19,7 @@ from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate,
 from ope_cli.cli.console import say
 from ope_cli.cli.helpmap import HelpMapGroup
 from ope_cli.errors import OpeError, UsageError
-from ope_cli.estimators import names, title
+from ope_cli.estimation.estimators import names, title
 
 INTERRUPTED_EXIT_CODE = 130
 INTERNAL_ERROR_EXIT_CODE = 1

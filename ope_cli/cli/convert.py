@@ -43,8 +43,8 @@ def convert(
 
     Example: ope convert minari:my-team/pick-place-v0 pick.parquet --behavior-log-prob-col infos/action_log_probs
     """
-    from ope_cli.export import ConvertConfig
-    from ope_cli.export import convert as write_parquet
+    from ope_cli.data.convert import ConvertConfig
+    from ope_cli.data.convert import convert as write_parquet
 
     result = write_parquet(
         ConvertConfig(

@@ -34,12 +34,12 @@ from ope_cli.cli.options import (
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
 from ope_cli.errors import InvalidValueError, UsageError
-from ope_cli.estimators import get as get_estimator
-from ope_cli.estimators import names
-from ope_cli.plan import reported_estimators
+from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.estimation.estimators import names
+from ope_cli.estimation.run_plan import reported_estimators
 
 if TYPE_CHECKING:  # annotations only: the distributed runtime and results load with the run
-    from ope_cli.distributed import DistributedConfig
+    from ope_cli.estimation.distributed import DistributedConfig
     from ope_cli.results import EvaluationResult
 
 TABLE_WIDTH = 100  # least columns of a table written to a file or pipe
@@ -147,7 +147,7 @@ def run_and_report(
 ) -> None:
     """Checks the output options, runs the evaluation (with progress), writes the figures,
     then the result on stdout, from process 0 only."""
-    from ope_cli.pipeline import evaluate as run_evaluation
+    from ope_cli.estimation.pipeline import evaluate as run_evaluation
 
     rank_by = check_rank_by(rank_by, reported_estimators(config))
     if plot is not None:

@@ -50,8 +50,8 @@ def fit_behavior(
 
     Example: ope fit-behavior logs.parquet --out behavior.npz && ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
     """
-    from ope_cli.fit.base import check_model_name
-    from ope_cli.fit.run import FitBehaviorConfig, run_fit_behavior
+    from ope_cli.models.behavior_models.base import check_model_name
+    from ope_cli.models.behavior_models.command import FitBehaviorConfig, run_fit_behavior
     from ope_cli.report.fit import render_table, to_json
 
     if model is not None:

@@ -20,7 +20,7 @@ from ope_cli.cli.options import (
     option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.fitq.base import MODELS as Q_MODELS
+from ope_cli.models.q_models.base import MODELS as Q_MODELS
 
 
 @option_groups(
@@ -67,8 +67,8 @@ def fit_q(
 
     Example: ope fit-q logs.parquet --policy ckpt.npz --gamma 0.99 --out q.npz
     """
-    from ope_cli.fitq.base import check_q_model_name
-    from ope_cli.fitq.command import FitQConfig, run_fit_q
+    from ope_cli.models.q_models.base import check_q_model_name
+    from ope_cli.models.q_models.command import FitQConfig, run_fit_q
     from ope_cli.report.fit_q import render_table, to_json
 
     if model is not None:

@@ -63,7 +63,7 @@ def generate(
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """
-    from ope_cli.generate import generate as write_environment  # 64-bit inside, scoped
+    from ope_cli.envs.generate import generate as write_environment  # 64-bit inside, scoped
 
     try:
         truth = write_environment(

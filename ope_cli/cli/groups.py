@@ -40,10 +40,10 @@ from ope_cli.cli.options import (
     VSamples,
 )
 from ope_cli.config import BatchingConfig, EvaluationConfig
-from ope_cli.intervals import INTERVALS
+from ope_cli.estimation.intervals import INTERVALS
 
 if TYPE_CHECKING:  # the distributed runtime loads with the run
-    from ope_cli.distributed import DistributedConfig
+    from ope_cli.estimation.distributed import DistributedConfig
 
 ConfigFields = dict[str, Any]  # EvaluationConfig keyword arguments
 
@@ -240,7 +240,7 @@ def _cluster(
     distributed: bool,
     timeout: int,
 ) -> DistributedConfig:
-    from ope_cli.distributed import DistributedConfig
+    from ope_cli.estimation.distributed import DistributedConfig
 
     return DistributedConfig(
         coordinator=coordinator,

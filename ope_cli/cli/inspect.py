@@ -46,8 +46,8 @@ def inspect(
 
     Example: ope inspect logs.parquet --format json | jq '.problems'
     """
-    from ope_cli.inspect import InspectConfig
-    from ope_cli.inspect import inspect as run_inspection
+    from ope_cli.inspection import InspectConfig
+    from ope_cli.inspection import inspect as run_inspection
     from ope_cli.report.inspect import render_table, to_json
 
     config = InspectConfig(

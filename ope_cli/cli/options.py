@@ -19,8 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from ope_cli.config import ESTIMATORS, ColumnMapping
-from ope_cli.estimators import names
-from ope_cli.fit.base import MODELS as BEHAVIOR_MODELS
+from ope_cli.estimation.estimators import names
+from ope_cli.models.behavior_models.base import MODELS as BEHAVIOR_MODELS
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 

@@ -3,5 +3,5 @@
 ``base`` (the Environment record and shared helpers), one module per environment
 (``bandit``, ``chain``, ``control``, ``gaussian``), ``registry`` (them by name),
 ``rollout`` (the vmapped, scanned JAX rollout engine) and ``writer`` (logs, policies).
-``ope_cli.generate.generate`` puts them together.
+``ope_cli.envs.generate.generate`` puts them together.
 """

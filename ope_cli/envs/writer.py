@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ope_cli.data.sources import METADATA_KEY
 from ope_cli.envs.base import Environment, Params
 from ope_cli.envs.rollout import simulate
-from ope_cli.sources import METADATA_KEY
 
 BLOCK_EPISODES = 1 << 17  # episodes simulated and written at a time (bounds memory)
 ROW_GROUP_ROWS = 1 << 17

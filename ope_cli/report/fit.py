@@ -13,7 +13,7 @@ from rich.text import Text
 from ope_cli.report.formatting import count, json_number, significant
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
-    from ope_cli.fit.run import FitBehaviorResult
+    from ope_cli.models.behavior_models.command import FitBehaviorResult
 
 
 def to_json_dict(result: FitBehaviorResult) -> dict[str, Any]:

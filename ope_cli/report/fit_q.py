@@ -13,7 +13,7 @@ from ope_cli.report.formatting import count, significant
 from ope_cli.report.inspect import GAMMA_SOURCES
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
-    from ope_cli.fitq.command import FitQResult
+    from ope_cli.models.q_models.command import FitQResult
 
 
 def to_json(result: FitQResult) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ope_cli.estimators import title
+from ope_cli.estimation.estimators import title
 
 MISSING = "n/a"
 _SI_PREFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))

@@ -13,7 +13,7 @@ from ope_cli._version import __version__
 from ope_cli.report.formatting import json_number, significant
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
-    from ope_cli.inspect import InspectReport
+    from ope_cli.inspection import InspectReport
 
 SCHEMA_VERSION = 1
 

@@ -1,0 +1,339 @@
+"""Paired comparisons between policies evaluated on the same episodes (SPEC 11): each
+policy against ``--baseline``, and the sets of policies that could be the best.
+
+Rows are the policies in command-line order and, last, the behavior policy itself (its
+value is the mean discounted return of the logged episodes, every weight 1). For an
+estimator that is a mean of per-episode terms (``Estimator.term``) a difference and its
+standard error come from the paired sums (``paired``): the per-episode differences. For a
+self-normalised one (wis, wpdis, wdr) the difference of the two ratio estimates, with the
+grouped jackknife over the resampling groups applied to the difference. Intervals follow
+the run's ``--ci`` method: ``normal`` from that standard error, ``percentile`` and
+``bootstrap-t`` from the paired replicate differences (the Poisson counts are the same for
+every policy; bootstrap-t is studentized against the baseline for mean-of-terms estimators
+and falls back to the percentile interval elsewhere), ``betting`` as [lo_k - hi_b, hi_k -
+lo_b] from the two policies' betting intervals at level 1 - alpha/2 each (the behavior
+row's: Hoeffding's bound on the mean return in [a H, b H]). Plain NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from statistics import NormalDist
+
+import numpy as np
+
+from ope_cli.choosing import paired
+from ope_cli.choosing.selection import (
+    BASELINE_BEHAVIOR,
+    DEFAULT_TOP_K,
+    check_top_k,
+    could_be_best,
+    grouped_jackknife_difference,
+    missing_truth_note,
+    p_improvement,
+    read_truth,
+    selection_by_estimator,
+)
+from ope_cli.errors import UsageError
+from ope_cli.estimation.estimators import get
+from ope_cli.estimation.estimators.base import Context
+from ope_cli.estimation.estimators.logspace import finite
+from ope_cli.estimation.intervals import betting_intervals, bootstrap_interval
+from ope_cli.estimation.run_plan import NO_BETTING
+from ope_cli.estimation.stats import (
+    Accumulator,
+    Estimate,
+    extend,
+    leave_one_out_sums,
+    mean_return,
+    replicate_sums,
+    restricted,
+)
+from ope_cli.models.policies.base import Policy
+from ope_cli.results import Comparison, PolicyResult
+
+PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
+
+
+class Pairing:
+    """Every pair of rows of one run, for every estimator: differences, standard errors,
+    intervals at any level. Built once per run from the merged statistics.
+
+    Args:
+      accumulators: [P] each policy's merged accumulator.
+      estimates: [P] each policy's {estimator: Estimate}.
+      sums: the run's paired sums (``paired.PairedSums``, P + 1 rows).
+      context: the discount and longest episode.
+      methods: {estimator: its interval method} (betting, normal, percentile,
+        bootstrap-t): the run's, or normal where ``--ci auto`` falls back to it.
+      betting_range: (a, b, H) of the betting intervals, else None.
+      baseline: the baseline's row, or None without ``--baseline``.
+    """
+
+    def __init__(  # noqa: PLR0913 - the run's statistics, handed over once
+        self,
+        accumulators: Sequence[Accumulator],
+        estimates: Sequence[dict[str, Estimate]],
+        sums: paired.PairedSums,
+        context: Context,
+        methods: dict[str, str],
+        betting_range: tuple[float, float, float] | None,
+        baseline: int | None,
+    ):
+        self.accumulators = [extend(acc, context.max_length) for acc in accumulators]
+        self.estimates = list(estimates)
+        self.sums = sums
+        self.context = context
+        self.methods = methods
+        self.betting_range = betting_range
+        self.baseline = baseline
+        self.behavior = len(self.accumulators)  # the behavior policy's row
+        first = self.accumulators[0]
+        self.count = first.total("count")
+        self.mean_return = mean_return(first)
+
+    # --- per row ------------------------------------------------------------------------
+
+    def value(self, row: int, name: str) -> float | None:
+        if row == self.behavior:
+            return finite(self.mean_return)
+        return self.estimates[row][name].value
+
+    @functools.cache  # noqa: B019 - one Pairing per run
+    def replicates(self, row: int, name: str) -> np.ndarray | None:
+        """[R] the row's bootstrap replicate estimates (None without replicates)."""
+        first = self.accumulators[0]
+        if first.replicate_sums["count"].size == 0:
+            return None
+        if row == self.behavior:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return first.replicate_sums["return_sum"] / first.replicate_sums["count"]
+        estimator = get(name)
+        if estimator.replicates is None:
+            return None
+        sums = replicate_sums(self.accumulators[row], self.context.max_length)
+        values, _ = estimator.replicates(sums, self.context)
+        return np.asarray(values, np.float64)
+
+    @functools.cache  # noqa: B019 - one Pairing per run
+    def leave_out(self, row: int, name: str) -> np.ndarray:
+        """[G] the row's estimate with each non-empty resampling group left out."""
+        if row == self.behavior:
+            _, sums = leave_one_out_sums(restricted(self.accumulators[0], ()), 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return sums.sums["return_sum"] / sums.sums["count"]
+        estimator = get(name)
+        own = restricted(self.accumulators[row], (name,))
+        groups, sums = leave_one_out_sums(own, self.context.max_length)
+        if estimator.replicates is None:
+            return np.full(groups.size, np.nan)
+        values, _ = estimator.replicates(sums, self.context)
+        return np.asarray(values, np.float64)
+
+    @functools.cache  # noqa: B019 - one Pairing per run
+    def betting(self, row: int, name: str, level: float) -> tuple[float | None, float | None]:
+        """The row's betting interval at ``level`` (None, None where there is none)."""
+        low, high, horizon = self.betting_range
+        if row == self.behavior:  # Hoeffding: G in [a H, b H]
+            half = (high - low) * horizon * math.sqrt(math.log(2 / (1 - level)) / (2 * self.count))
+            return (
+                max(self.mean_return - half, low * horizon),
+                min(self.mean_return + half, high * horizon),
+            )
+        kind = get(name).betting
+        if kind is None:
+            return None, None
+        bounds = betting_intervals(
+            self.accumulators[row].betting_histogram, self.betting_range, level
+        )
+        return bounds[kind][0], bounds[kind][1]
+
+    # --- per pair -----------------------------------------------------------------------
+
+    def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
+        """(Δ, stderr) of V̂(k) - V̂(b)."""
+        if get(name).term is not None:
+            return paired.difference(self.sums, name, k, b)
+        value_k, value_b = self.value(k, name), self.value(b, name)
+        if value_k is None or value_b is None:
+            return None, None
+        delta = finite(value_k - value_b)
+        stderr = grouped_jackknife_difference(
+            self.leave_out(k, name), self.leave_out(b, name), delta
+        )
+        return delta, stderr
+
+    def _replicate_difference(self, k: int, b: int, name: str) -> np.ndarray | None:
+        rep_k, rep_b = self.replicates(k, name), self.replicates(b, name)
+        if rep_k is None or rep_b is None:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            return rep_k - rep_b
+
+    def interval(
+        self, k: int, b: int, name: str, level: float
+    ) -> tuple[float | None, float | None, str | None]:
+        """(low, high, note) of V̂(k) - V̂(b) at ``level`` by the run's method."""
+        delta, stderr = self.difference(k, b, name)
+        method = self.methods[name]
+        if method == "betting":
+            outer = 1 - (1 - level) / 2
+            low_k, high_k = self.betting(k, name, outer)
+            low_b, high_b = self.betting(b, name, outer)
+            if None in (low_k, high_k, low_b, high_b):
+                return None, None, NO_BETTING if get(name).betting is None else None
+            return finite(low_k - high_b), finite(high_k - low_b), None
+        if delta is None or stderr is None:
+            return None, None, None
+        if method == "normal":
+            z = NormalDist().inv_cdf(0.5 + level / 2)
+            return finite(delta - z * stderr), finite(delta + z * stderr), None
+        replicates = self._replicate_difference(k, b, name)
+        if replicates is None:
+            return None, None, None
+        studentized = method == "bootstrap-t" and get(name).term is not None and b == self.baseline
+        stderrs = paired.replicate_stderrs(self.sums, name, k, b) if studentized else None
+        low, high, note = bootstrap_interval(delta, stderr, replicates, stderrs, level)
+        if method == "bootstrap-t" and not studentized and note is None:
+            note = PERCENTILE_FALLBACK
+        return low, high, note
+
+    def compare(self, k: int, name: str, level: float) -> Comparison:
+        """Row ``k`` against the baseline for one estimator."""
+        b = self.baseline
+        delta, stderr = self.difference(k, b, name)
+        low, high, note = self.interval(k, b, name, level)
+        improvement = p_improvement(self.replicates(k, name), self.replicates(b, name))
+        return Comparison(delta, stderr, low, high, improvement, note)
+
+    def could_be_best(self, name: str, confidence: float) -> list[bool]:
+        """[P] whether each policy could be the best by ``name`` (Bonferroni over the
+        comparisons with the estimated best)."""
+        policies = range(len(self.accumulators))
+        estimates = {k: self.value(k, name) for k in policies}
+
+        def paired_interval(best: int, other: int, level: float):
+            low, high, _ = self.interval(best, other, name, level)
+            return low, high
+
+        flags = could_be_best(estimates, paired_interval, confidence)
+        return [flags[k] for k in policies]
+
+
+# --- a run's comparisons, could-be-best sets and selection metrics ---------------------------
+
+
+def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | None:
+    """The ``--baseline`` row: the index of the policy it names (as given: its NAME, path or
+    label), ``len(policies)`` for ``behavior``; None without one. UsageError (one line)
+    when it names no evaluated policy."""
+    if baseline is None:
+        return None
+    if baseline == BASELINE_BEHAVIOR:
+        return len(policies)
+    for row, policy in enumerate(policies):
+        if baseline in (policy.name, policy.label, policy.source):
+            return row
+    given = ", ".join(policy.label or policy.name for policy in policies)
+    raise UsageError(
+        f"--baseline {baseline}: no --policy is called that; choose one of {given}, "
+        f"or {BASELINE_BEHAVIOR} (the logging policy)"
+    )
+
+
+def interval_methods(estimators: Sequence[str], method: str, interval: str) -> dict[str, str]:
+    """{estimator: the method of its paired intervals}: the run's ``method``, normal where
+    ``--ci auto`` fell back to it (betting does not apply) or there are no replicates."""
+    methods = {}
+    for name in estimators:
+        estimator = get(name)
+        own = method
+        if method == "betting" and estimator.betting is None and interval == "auto":
+            own = "normal"
+        elif method in ("percentile", "bootstrap-t") and estimator.replicates is None:
+            own = "normal"
+        methods[name] = own
+    return methods
+
+
+def top_k_of(top_k: Sequence[int] | None, policies: int) -> tuple[int, ...]:
+    """``--top-k``'s k (UsageError for one below 1 or above the policies with a true
+    value); the default 1 and 3 keeps those at most ``policies``."""
+    if top_k is None:
+        return tuple(k for k in DEFAULT_TOP_K if k <= policies) or (1,)
+    return check_top_k(top_k, policies)
+
+
+def compare_results(
+    results: Sequence[PolicyResult], pairing: Pairing, confidence: float
+) -> list[PolicyResult]:
+    """Each result with its comparison against the baseline (every policy but the
+    baseline, with one) and, with two or more policies, its could-be-best flags."""
+    estimators = list(results[0].estimates) if results else []
+    sets = {}
+    if len(results) > 1:
+        sets = {name: pairing.could_be_best(name, confidence) for name in estimators}
+    out = []
+    for row, result in enumerate(results):
+        comparison = None
+        if pairing.baseline is not None and row != pairing.baseline:
+            comparison = {name: pairing.compare(row, name, confidence) for name in estimators}
+        flags = {name: sets[name][row] for name in sets} or None
+        out.append(dataclasses.replace(result, comparison=comparison, could_be_best=flags))
+    return out
+
+
+def selection_of(
+    results: Sequence[PolicyResult],
+    truth: dict[str, float | None],
+    keys: Sequence[str],
+    baseline_key: str,
+    top_k: Sequence[int] | None,
+) -> tuple[dict, list[str]]:
+    """({estimator: selection metrics}, notes) of the results against ``truth`` (keyed by
+    ``keys``, one per result; ``baseline_key``: whose true value is sharpe@k's J_0)."""
+    estimators = list(results[0].estimates)
+    estimates = {
+        name: {key: r.estimates[name].value for key, r in zip(keys, results, strict=True)}
+        for name in estimators
+    }
+    intervals = {
+        name: {
+            key: (r.estimates[name].ci_low, r.estimates[name].ci_high)
+            for key, r in zip(keys, results, strict=True)
+        }
+        for name in estimators
+    }
+    with_truth = sum(truth.get(key) is not None for key in keys)
+    selection, notes = selection_by_estimator(
+        {key: truth.get(key) for key in keys},
+        estimates,
+        intervals,
+        baseline_value=truth.get(baseline_key),
+        top_k=top_k_of(top_k, max(with_truth, 1)),
+    )
+    missing = missing_truth_note({key: truth.get(key) for key in [*keys, baseline_key]})
+    return selection, ([missing] if missing else []) + notes
+
+
+def truth_keys(policies: Sequence[Policy]) -> list[str]:
+    """How ``--truth`` names each policy: its path (the NAME=PATH's PATH), else its name."""
+    return [policy.source or policy.name for policy in policies]
+
+
+def read_run_truth(
+    truth: str | None, top_k: Sequence[int] | None, policies: Sequence[Policy]
+) -> dict[str, float | None] | None:
+    """``--truth``'s value of each policy (and of ``behavior``), checked with ``--top-k``
+    before the data is read; None without ``--truth``. UsageError (one line)."""
+    if truth is None:
+        if top_k is not None:
+            raise UsageError("--top-k needs --truth FILE (the policies' true values)")
+        return None
+    keys = truth_keys(policies)
+    values = read_truth(truth, [*keys, BASELINE_BEHAVIOR])
+    top_k_of(top_k, max(sum(values[key] is not None for key in keys), 1))
+    return values

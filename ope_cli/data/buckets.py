@@ -1,0 +1,368 @@
+"""Episodes -> padded [lanes, T] batches, walked by the kernel in windows of a few fixed
+shapes.
+
+The compiled shapes do not depend on the data: the kernel sees windows [lanes, width] of
+a fixed catalogue (``window_shapes``): one-step episodes (bandit logs), short episodes, the
+window for everything else, and one lane for very long episodes (whose neighbours in
+length are too few to fill lanes). A batch is ``lanes`` episodes of similar length, padded
+to T, a multiple of its window width; the kernel carries each episode's state from one
+window to the next, so T is not a compiled dimension and memory is bounded by the batch
+and the window, not by the longest episode's bucket.
+
+Episodes wait in a pool (at most ``POOL_BATCHES`` windows' worth of steps) sorted by
+length; a batch leaves the pool when its lanes are full and its padding is at most
+``PADDING_TOLERANCE`` of its steps, or when the pool is full or the data ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from ope_cli.config import BatchingConfig
+from ope_cli.data.episodes import EpisodeChunk, take_episodes
+from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.data.steps import Steps, map_arrays, step_field
+
+PADDING_TOLERANCE = 0.1  # a full batch leaves the pool early when it pads at most this much
+POOL_BATCHES = 512  # episodes wait in a pool of at most this many windows' worth of steps
+
+
+class PaddedBatch(NamedTuple):
+    """B episodes of one bucket, padded to T steps. Padding is absorbing: no reward, ratio 1.
+    A NamedTuple, hence a JAX pytree as it is: the kernel takes and shards it whole.
+
+    Attributes:
+      steps: Steps of [B, T, ...] arrays, 0 on padding (``batch.reward`` reads
+        ``batch.steps.reward``); a field that was not read is None.
+      step_mask: [B, T] bool, True on real steps.
+      episode_mask: [B] bool, True on real episodes (False on rows that only fill the batch).
+      group: [B] int32 resampling group of each episode, from its id.
+      key_hi, key_lo: [B] uint32 halves of each episode's id hash (bootstrap streams).
+    """
+
+    steps: Steps
+    step_mask: np.ndarray
+    episode_mask: np.ndarray
+    group: np.ndarray
+    key_hi: np.ndarray
+    key_lo: np.ndarray
+
+    def __getattr__(self, name: str) -> np.ndarray | None:
+        return step_field(self, name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.step_mask.shape
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowShape:
+    """One compiled window shape [lanes, width], for batches whose longest episode has at
+    most ``longest`` steps."""
+
+    lanes: int
+    width: int
+    longest: float
+
+
+def _round_up(count: int, multiple_of: int) -> int:
+    return -(-count // multiple_of) * multiple_of
+
+
+def window_shapes(batching: BatchingConfig, multiple_of: int = 1) -> tuple[WindowShape, ...]:
+    """The fixed catalogue of window shapes, by increasing ``longest``: with N =
+    ``batch_steps`` cells per window and s = ``min_bucket`` (at least 2), [N / s, 1] for
+    one-step episodes, [N / s, s] up to s^3 steps, [N / s^2, s^2] up to N steps, and one
+    lane [1, N / 8] beyond; lanes are a multiple of ``multiple_of`` (the devices). One-step
+    episodes get as many lanes as short ones: a bandit log's last batch is then a small
+    share of it. (The episodes left at the end may take any of them: ``flush_plan``.)"""
+    cells, short = batching.batch_steps, max(2, batching.min_bucket)
+    window = short * short
+
+    def lanes(width: int, at_most: int | None = None) -> int:
+        count = max(1, cells // width) if at_most is None else at_most
+        return _round_up(count, multiple_of)
+
+    return (
+        WindowShape(lanes(short), 1, 1),
+        WindowShape(lanes(short), short, window * short),
+        WindowShape(lanes(window), window, max(window * short, cells)),
+        WindowShape(lanes(1, at_most=1), max(1, cells // 8), math.inf),
+    )
+
+
+def shape_indices(shapes: tuple[WindowShape, ...], longest: np.ndarray) -> np.ndarray:
+    """[n] index into ``shapes`` (by increasing ``longest``) of the window shape of a
+    batch whose longest episode has ``longest`` [n] steps: the first that takes it."""
+    return np.searchsorted([shape.longest for shape in shapes], longest, side="left")
+
+
+def batch_length(shape: WindowShape, longest: int) -> int:
+    """T of a batch of ``shape``: its longest episode rounded up to whole windows."""
+    return _round_up(max(1, longest), shape.width)
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.zeros with 64-byte alignment, so handing the array to XLA on CPU needs no copy."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(size + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + size].view(dtype).reshape(shape)
+
+
+def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
+    """An all-padding [batch, length] PaddedBatch with the dtypes and trailing shapes of
+    ``chunk``'s arrays, ready for ``place_episodes``."""
+    return PaddedBatch(
+        steps=map_arrays(
+            lambda values: _zeros((batch, length, *values.shape[1:]), values.dtype), chunk.steps
+        ),
+        step_mask=_zeros((batch, length), bool),
+        episode_mask=np.zeros(batch, bool),
+        group=np.zeros(batch, np.int32),
+        key_hi=np.zeros(batch, np.uint32),
+        key_lo=np.zeros(batch, np.uint32),
+    )
+
+
+def place_episodes(
+    batch: PaddedBatch,
+    row: int,
+    chunk: EpisodeChunk,
+    episodes: np.ndarray,
+    offsets: np.ndarray | None = None,
+) -> int:
+    """Copies episodes ``episodes`` ([k] indices into ``chunk``, each <= T steps) into rows
+    ``row:row + k`` of ``batch`` ([B, T]). Each array is gathered straight into its [k, T]
+    block (cell t of an episode reads its step min(t, length - 1)), then the padding cells
+    are zeroed. ``offsets`` is ``chunk.offsets`` when the caller has it. Returns the steps."""
+    offsets = chunk.offsets if offsets is None else offsets
+    length = batch.shape[1]
+    lengths = chunk.lengths[episodes]
+    time = np.arange(length)
+    real = time < lengths[:, None]  # [k, T]
+    source = offsets[episodes][:, None] + np.minimum(time, lengths[:, None] - 1)
+    padding = np.flatnonzero(~real)  # in the [k * T] flattening of the block
+    rows = slice(row, row + episodes.size)
+    for padded, values in zip(batch.steps, chunk.steps, strict=True):
+        if padded is None:
+            continue
+        block = padded[rows]
+        if block.dtype == values.dtype:  # indices are in range: "clip" skips the checks
+            np.take(values, source, axis=0, out=block, mode="clip")
+        else:  # a batch widened for another file's wider column
+            block[...] = values[source]
+        block.reshape(-1, *block.shape[2:])[padding] = 0
+    batch.step_mask[rows] = real
+    keys = chunk.keys[episodes]
+    batch.episode_mask[rows] = True
+    batch.group[rows] = (keys % np.uint64(RESAMPLING_GROUPS)).astype(np.int32)
+    batch.key_hi[rows] = (keys >> np.uint64(32)).astype(np.uint32)
+    batch.key_lo[rows] = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return int(lengths.sum())
+
+
+def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
+    """``batch``, its per-step arrays copied to a wider dtype where ``chunk``'s is wider
+    (files may store a column as float32 in one and float64 in another); usually itself."""
+
+    def wider(padded: np.ndarray, values: np.ndarray | None) -> np.ndarray:
+        dtype = padded.dtype if values is None else np.result_type(padded.dtype, values.dtype)
+        if dtype == padded.dtype:
+            return padded
+        copy = _zeros(padded.shape, dtype)
+        copy[...] = padded
+        return copy
+
+    steps = map_arrays(wider, batch.steps, chunk.steps)
+    changed = any(a is not b for a, b in zip(steps, batch.steps, strict=True))
+    return batch._replace(steps=steps) if changed else batch
+
+
+def row_range(batch: PaddedBatch, start: int, stop: int) -> PaddedBatch:
+    """Rows ``start:stop`` of ``batch`` as views (copied where a view would not start on a
+    64-byte boundary, so that handing it to XLA on CPU needs no copy there)."""
+
+    def rows(values: np.ndarray) -> np.ndarray:
+        part = values[start:stop]
+        if part.ctypes.data % 64 == 0:
+            return part
+        aligned = _zeros(part.shape, part.dtype)
+        aligned[...] = part
+        return aligned
+
+    return map_arrays(rows, batch)
+
+
+def pad(
+    chunk: EpisodeChunk, length: int, batch: int, start: int = 0, stop: int | None = None
+) -> PaddedBatch:
+    """Pads episodes ``start:stop`` of ``chunk`` (<= ``batch`` of them, each <= ``length``
+    steps) into a [batch, length] PaddedBatch."""
+    stop = chunk.num_episodes if stop is None else stop
+    padded = empty_batch(chunk, length, batch)
+    place_episodes(padded, 0, chunk, np.arange(start, stop))
+    return padded
+
+
+CALL_CELLS = 8192  # what a kernel call costs beyond its cells, in cells (a few hundred µs)
+
+
+def flush_plan(
+    lengths: np.ndarray, shapes: tuple[WindowShape, ...]
+) -> list[tuple[int, int, WindowShape]]:
+    """(start, stop, shape) batches of the episodes of ``lengths`` (sorted, longest first)
+    that cost least in all: padded cells plus CALL_CELLS per window call, each batch the
+    next ``lanes`` episodes (fewer for the last) in one of ``shapes``. One-step episodes
+    use the one-step shape, which no longer episode does (a call per step)."""
+    size = lengths.size
+    cost, choice = np.zeros(size + 1), np.zeros(size, np.int64)
+    widths = np.array([shape.width for shape in shapes])
+    lanes = np.array([shape.lanes for shape in shapes])
+    for i in range(size - 1, -1, -1):
+        length = max(1, int(lengths[i]))
+        windows = -(-length // widths)
+        total = lanes * windows * widths + CALL_CELLS * windows
+        total = total + cost[np.minimum(i + lanes, size)]
+        if length > 1:
+            total[0] = np.inf  # the one-step shape
+        choice[i] = int(np.argmin(total))
+        cost[i] = total[choice[i]]
+    plan, i = [], 0
+    while i < size:
+        shape = shapes[choice[i]]
+        plan.append((i, min(i + shape.lanes, size), shape))
+        i += shape.lanes
+    return plan
+
+
+class Bucketer:
+    """Collects episodes in a pool and emits padded batches of similar lengths, each of one
+    of the fixed window shapes (``window_shapes``).
+
+    Attributes (for reports): ``real_steps`` and ``padded_steps`` (cells of emitted
+    batches, filler rows included) and ``shapes`` (the distinct [lanes, width] window
+    shapes of the emitted batches).
+    """
+
+    def __init__(self, batching: BatchingConfig, multiple_of: int = 1):
+        self.batching = batching
+        self.window_shapes = window_shapes(batching, multiple_of)
+        self.capacity = POOL_BATCHES * batching.batch_steps
+        self._chunks: dict[int, EpisodeChunk] = {}  # pool entry's chunk by its number
+        self._chunk = np.zeros(0, np.int64)  # [n] the pool's episodes: chunk number,
+        self._episode = np.zeros(0, np.int64)  # index in the chunk,
+        self._length = np.zeros(0, np.int64)  # and length
+        self._next_chunk = 0
+        self.real_steps = 0
+        self.padded_steps = 0
+        self.shapes: set[tuple[int, int]] = set()
+
+    def width_of(self, batch: PaddedBatch) -> int:
+        """The window width the kernel walks ``batch`` in: the widest of its lanes' shapes
+        that divides its length."""
+        lanes, length = batch.shape
+        for shape in reversed(self.window_shapes):
+            if shape.lanes == lanes and length % shape.width == 0:
+                return shape.width
+        raise ValueError(f"no window shape for a [{lanes}, {length}] batch")
+
+    def add(self, chunk: EpisodeChunk) -> Iterator[PaddedBatch]:
+        """Adds the chunk's episodes to the pool; yields the batches that are ready."""
+        number = self._next_chunk
+        self._next_chunk += 1
+        self._chunks[number] = chunk
+        count = chunk.num_episodes
+        self._chunk = np.concatenate([self._chunk, np.full(count, number, np.int64)])
+        self._episode = np.concatenate([self._episode, np.arange(count, dtype=np.int64)])
+        self._length = np.concatenate([self._length, chunk.lengths.astype(np.int64)])
+        yield from self._emit(final=False)
+
+    def flush(self) -> Iterator[PaddedBatch]:
+        """Yields every episode left in the pool, in the batches that cost least
+        (``flush_plan``; a batch with fewer episodes than lanes is topped up with masked
+        rows)."""
+        yield from self._emit(final=True)
+
+    def _emit(self, final: bool) -> Iterator[PaddedBatch]:
+        """Batches from the pool, longest episodes first: full ones that pad little, more
+        full ones while the pool is over its capacity, and everything when ``final``."""
+        order = np.argsort(-self._length, kind="stable")
+        lengths = self._length[order]
+        shapes = self.window_shapes
+        if final:
+            for start, stop, shape in flush_plan(lengths, shapes):
+                yield self._batch(order[start:stop], shape, int(lengths[start]))
+            self._keep(np.zeros(0, np.int64))
+            return
+        steps_before = np.concatenate([[0], np.cumsum(lengths)])
+        pooled = int(steps_before[-1])
+        index = shape_indices(shapes, lengths)
+        lanes = np.array([shape.lanes for shape in shapes])[index]
+        widths = np.array([shape.width for shape in shapes])[index]
+        stops = np.minimum(np.arange(lengths.size) + lanes, lengths.size)
+        real = steps_before[stops] - steps_before[: lengths.size]
+        full = stops - np.arange(lengths.size) == lanes
+        cells = lanes * (-(-np.maximum(lengths, 1) // widths) * widths)
+        snug = full & (cells - real <= PADDING_TOLERANCE * real)
+        keep, i = [], 0
+        while i < lengths.size:
+            ready = full if pooled > self.capacity else snug
+            # the next position whose batch may leave; the ones before stay
+            later = np.flatnonzero(ready[i:])
+            if later.size == 0:
+                keep.append(order[i:])
+                break
+            keep.append(order[i : i + later[0]])
+            i += int(later[0])
+            yield self._batch(order[i : stops[i]], shapes[index[i]], int(lengths[i]))
+            pooled -= int(real[i])
+            i = int(stops[i])
+        self._keep(np.concatenate(keep) if keep else np.zeros(0, np.int64))
+
+    def _keep(self, kept: np.ndarray) -> None:
+        """Keeps the pool's episodes ``kept`` (indices into it), and only their chunks."""
+        self._chunk, self._episode, self._length = (
+            self._chunk[kept],
+            self._episode[kept],
+            self._length[kept],
+        )
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drops the chunks the pool no longer uses, and replaces each chunk of which it
+        holds less than a quarter of the steps by a copy of those episodes, so that waiting
+        episodes never keep whole chunks in memory (it would grow with the data)."""
+        used = np.unique(self._chunk)
+        for number in set(self._chunks) - set(used.tolist()):
+            del self._chunks[number]
+        for number in used.tolist():
+            chunk = self._chunks[number]
+            mine = np.flatnonzero(self._chunk == number)
+            if 4 * int(self._length[mine].sum()) >= chunk.num_steps:
+                continue
+            self._chunks[number] = take_episodes(chunk, self._episode[mine])
+            self._episode[mine] = np.arange(mine.size)
+
+    def _batch(self, members: np.ndarray, shape: WindowShape, longest: int) -> PaddedBatch:
+        """The pool's episodes ``members`` (indices into the pool) padded into a batch."""
+        numbers = self._chunk[members]
+        first = self._chunks[int(numbers[0])]
+        padded = empty_batch(first, batch_length(shape, longest), shape.lanes)
+        row = real = 0
+        for number in np.unique(numbers):
+            chunk = self._chunks[int(number)]
+            padded = widened(padded, chunk)
+            episodes = self._episode[members[numbers == number]]
+            real += place_episodes(padded, row, chunk, episodes)
+            row += episodes.size
+        self.real_steps += real
+        self.padded_steps += padded.shape[0] * padded.shape[1]
+        self.shapes.add((shape.lanes, shape.width))
+        return padded

@@ -1,0 +1,260 @@
+"""``ope convert``: any source ``ope`` reads, written as one step-layout Parquet file with
+the spec's standard column names (after the column options), streamed record batch by
+record batch (memory stays flat), with ``ope`` metadata in the Parquet schema: the layout,
+where the data came from, and the reward range and horizon when the source declares them.
+
+Columns that play no role keep their names (``terminations``, ``infos/...``), except those
+that would read as a role's alias (``rewards`` beside ``reward``). The episode layout is
+exploded into steps with Arrow's list kernels: list columns are flattened, per-episode
+values repeated, and ``episode_id`` (the row number when absent) and ``step`` added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import ope_cli.data.sources.remote as remote
+from ope_cli._version import __version__
+from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.data.columns import ALIASES, DataSchema
+from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.sources import METADATA_KEY, Dataset
+from ope_cli.errors import DataError, UsageError, first_line
+
+STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertConfig:
+    """What ``ope convert`` reads and writes.
+
+    Attributes:
+      data: the source (anything ``ope evaluate`` reads).
+      out: the Parquet file to write (a local path or a URI).
+      columns: the column options.
+      read_rows: rows per record batch read (and per batch written, in the step layout).
+      overwrite: replace ``out`` when it exists.
+    """
+
+    data: str
+    out: str
+    columns: ColumnMapping = ColumnMapping()
+    read_rows: int = BatchingConfig.read_rows
+    overwrite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertResult:
+    """What was written: the source's format and layout, steps written, and
+    {output column: source column}."""
+
+    source: str
+    out: str
+    format: str
+    source_layout: str
+    files: int
+    steps: int
+    columns: dict[str, str]
+    metadata: dict
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
+    """{output name: source column}: the roles under their standard names, then every
+    other column that does not read as a role's alias."""
+    chosen = {STANDARD[role]: name for role, name in schema.columns.items()}
+    aliases = {alias for names in ALIASES.values() for alias in names}
+    used = set(chosen.values())
+    for name in data.schema.names:
+        if name not in used and name.lower() not in aliases and name not in chosen:
+            chosen[name] = name
+    return chosen
+
+
+def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Schema:
+    fields = []
+    if layout == "episode":
+        if "episode_id" not in columns:
+            fields.append(pa.field("episode_id", pa.int64()))
+        if "step" not in columns:
+            fields.append(pa.field("step", pa.int64()))
+    for out, name in columns.items():
+        dtype = data.schema.field(name).type
+        if layout == "episode" and _is_list(dtype):
+            dtype = dtype.value_type
+        fields.append(pa.field(out, dtype))
+    return pa.schema(fields)
+
+
+def _is_list(dtype: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(dtype)
+        or pa.types.is_large_list(dtype)
+        or pa.types.is_fixed_size_list(dtype)
+    )
+
+
+def _metadata(config: ConvertConfig, data: Dataset, schema: DataSchema, columns) -> dict:
+    declared = data.declared_bounds()
+    metadata: dict = {
+        "layout": "step",
+        "provenance": {
+            "source": config.data,
+            "format": data.format,
+            "layout": schema.layout,
+            "files": len(data.files),
+            "columns": columns,
+            "written_by": f"ope {__version__}",
+        },
+    }
+    if declared.reward_range is not None:
+        metadata["reward_range"] = list(declared.reward_range)
+    if declared.horizon is not None:
+        metadata["horizon"] = declared.horizon
+    if declared.gamma is not None:
+        metadata["gamma"] = declared.gamma
+    return metadata
+
+
+def _explode(
+    batch: pa.RecordBatch, schema: DataSchema, out_schema: pa.Schema, columns, first_row: int
+) -> pa.RecordBatch:
+    """One record batch of episodes (list columns) -> its steps, in ``out_schema``."""
+    reward = batch.column(schema.columns["reward"])
+    lengths = pc.fill_null(pc.list_value_length(reward), 0).to_numpy().astype(np.int64)
+    parent = np.repeat(np.arange(batch.num_rows, dtype=np.int64), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    arrays = {}
+    if "episode_id" not in columns:
+        arrays["episode_id"] = pa.array(first_row + parent)
+    if "step" not in columns:
+        arrays["step"] = pa.array(np.arange(parent.size, dtype=np.int64) - starts)
+    for out, name in columns.items():
+        values = batch.column(name)
+        if _is_list(values.type):
+            own = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
+            if not np.array_equal(own, lengths):
+                row = int(np.flatnonzero(own != lengths)[0])
+                raise DataError(
+                    f"episode row {first_row + row}: list column {name!r} has {own[row]} "
+                    f"values, but {schema.columns['reward']!r} has {lengths[row]}"
+                )
+            arrays[out] = pc.list_flatten(values)
+        else:
+            arrays[out] = values.take(pa.array(parent))
+    return pa.RecordBatch.from_arrays(
+        [arrays[f.name].cast(f.type) for f in out_schema], schema=out_schema
+    )
+
+
+def _step_batches(
+    data: Dataset, schema: DataSchema, out_schema: pa.Schema, columns, rows: int
+) -> Iterator[pa.RecordBatch]:
+    read = list(dict.fromkeys(columns.values()))
+    first_row = 0
+    for sourced in data.iter_batches(read, rows):
+        batch = sourced.batch
+        if schema.layout == "episode":
+            try:
+                exploded = _explode(batch, schema, out_schema, columns, first_row)
+            except DataError as error:
+                raise DataError(f"{sourced.file}: {error}") from None
+            first_row += batch.num_rows
+            yield exploded
+        else:
+            arrays = [batch.column(columns[f.name]).cast(f.type) for f in out_schema]
+            yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+class _Target:
+    """Where the Parquet file is written: a temporary name beside a local ``out``, renamed
+    when complete (so a failed conversion leaves no partial file), or a URI."""
+
+    def __init__(self, out: str, overwrite: bool):
+        self.out = out
+        self.filesystem = None
+        if remote.is_uri(out) and remote.local_path(out) is None:
+            location = remote.locate(out, UsageError)
+            self.filesystem, self.path = location.filesystem, location.path
+        else:
+            out = remote.local_path(out) or out
+            self.final = out
+            self.path = f"{out}.partial-{os.getpid()}"
+            if os.path.isdir(out):
+                raise UsageError(f"{out}: is a directory; name the Parquet file to write")
+            parent = os.path.dirname(os.path.abspath(out))
+            if not os.path.isdir(parent):
+                raise UsageError(f"{out}: cannot write: directory {parent} does not exist")
+            if os.path.exists(out) and not overwrite:
+                raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+
+    def writer(self, schema: pa.Schema) -> pq.ParquetWriter:
+        try:
+            return pq.ParquetWriter(
+                self.path, schema, filesystem=self.filesystem, compression="zstd"
+            )
+        except (OSError, pa.ArrowException) as error:
+            raise UsageError(f"{self.out}: cannot write: {first_line(error)}") from None
+
+    def commit(self) -> None:
+        if self.filesystem is None:
+            os.replace(self.path, self.final)
+
+    def abandon(self) -> None:
+        if self.filesystem is None and os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def convert(config: ConvertConfig) -> ConvertResult:
+    """Writes ``config.data`` as step-layout Parquet at ``config.out``; raises DataError
+    (unreadable or invalid source) or UsageError (bad options, unwritable output)."""
+    if config.read_rows < 1:
+        raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
+    episodes = open_episodes(
+        DataConfig(
+            config.data,
+            config.columns,
+            config.read_rows,
+            target_column="if_present",
+            behavior_column="if_present",
+        )
+    )
+    data, schema = episodes.data, episodes.schema
+    columns = _columns(data, schema)
+    metadata = _metadata(config, data, schema, columns)
+    out_schema = _output_schema(data, columns, schema.layout).with_metadata(
+        {METADATA_KEY: json.dumps(metadata)}
+    )
+    target = _Target(config.out, config.overwrite)
+    steps = 0
+    writer = target.writer(out_schema)
+    try:
+        for batch in _step_batches(data, schema, out_schema, columns, config.read_rows):
+            writer.write_batch(batch)
+            steps += batch.num_rows
+        writer.close()
+        target.commit()
+    except BaseException:
+        writer.close()
+        target.abandon()
+        raise
+    return ConvertResult(
+        source=config.data,
+        out=config.out,
+        format=data.format,
+        source_layout=schema.layout,
+        files=len(data.files),
+        steps=steps,
+        columns=columns,
+        metadata=metadata,
+    )

@@ -1,0 +1,289 @@
+"""Arrow columns -> NumPy arrays, with null and ragged flags.
+
+Without flags (``--on-invalid error``) a null or a ragged vector is a DataError naming the
+file, episode, step and column. With flags ([n] uint16, one bit per ``READ_FLAGS`` reason)
+the row is marked, filled with a neutral value, and judged with its episode later
+(``StepConverter.flag_checks``). Whole columns are converted at once: no row loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.steps import Steps
+from ope_cli.data.validate import READ_FLAGS, Check
+from ope_cli.errors import DataError, where
+
+Locate = Callable[[int], tuple[object, int | None]]  # row -> (episode id, step)
+RowOf = Callable[[np.ndarray], np.ndarray]  # value indices -> row indices
+
+
+class Where(NamedTuple):
+    """Where converted values come from: the file, ``locate(row)`` -> (episode id, step)
+    for messages (None: the file only), and the [n] uint16 flags of rows (None: raise)."""
+
+    file: str
+    locate: Locate | None = None
+    flags: np.ndarray | None = None
+
+    def mark(self, reason: str, rows: np.ndarray) -> None:
+        self.flags[rows] |= np.uint16(1 << READ_FLAGS.index(reason))
+
+
+def plain(array: pa.Array) -> pa.Array:
+    """A single, non-dictionary, non-view array (views become large strings)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    if pa.types.is_string_view(array.type):
+        array = pc.cast(array, pa.large_string())
+    return array
+
+
+def null_reason(role: str) -> str:
+    return "null_" + role.replace("_log_prob", "_prob")
+
+
+def null_message(column: str) -> str:
+    return f"column {column!r} is null (every step needs a value)"
+
+
+def check_no_nulls(
+    array: pa.Array,
+    column: str,
+    at: Where,
+    reason: str | None = None,
+    row_of: RowOf | None = None,
+) -> bool:
+    """Whether ``array`` has nulls: a DataError without flags, else their rows marked."""
+    if not array.null_count:
+        return False
+    null_at = np.flatnonzero(np.asarray(pc.is_null(array)))
+    rows = null_at if row_of is None else row_of(null_at)
+    if at.flags is None:
+        place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
+        count = np.unique(rows).size if row_of is not None else rows.size
+        raise DataError(
+            f"{place}column {column!r} is null; every step needs a value ({count} "
+            "row(s) affected in this record batch)"
+        )
+    at.mark(reason, rows)
+    return True
+
+
+def numbers(  # noqa: PLR0913 - the column, its target type and what fills a null
+    array: pa.Array,
+    column: str,
+    dtype: type,
+    at: Where,
+    reason: str | None = None,
+    fill: float = 0,
+    row_of: RowOf | None = None,
+) -> np.ndarray:
+    """[n] ``dtype`` values; a null is an error, or (with flags) ``fill`` and a marked row."""
+    if check_no_nulls(array, column, at, reason, row_of):
+        if fill < 0 and pa.types.is_unsigned_integer(array.type):
+            fill = 0
+        array = pc.fill_null(array, fill)
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def list_parts(
+    array: pa.Array, column: str, at: Where, reason: str | None = None
+) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
+    """(flattened values, [n] lengths, [n] bool null rows or None) of a list or
+    fixed-size-list array. With flags, a null list is marked and holds no values (a
+    fixed-size one keeps its null slots)."""
+    nulls = check_no_nulls(array, column, at, reason)
+    null_rows = np.asarray(pc.is_null(array), bool) if nulls else None
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        values = (
+            array.flatten()
+            if not nulls
+            else array.values.slice(array.offset * size, len(array) * size)
+        )
+        return values, np.full(len(array), size, np.int64), null_rows
+    lengths = pc.list_value_length(array)
+    if nulls:
+        lengths = pc.fill_null(lengths, 0)
+    return pc.list_flatten(array), np.asarray(lengths, dtype=np.int64), null_rows
+
+
+def list_lengths(array: pa.Array) -> np.ndarray:
+    """[n] int64 entries of each list (0 for a null list)."""
+    if pa.types.is_fixed_size_list(array.type):
+        return np.full(len(array), array.type.list_size, np.int64)
+    return np.asarray(pc.fill_null(pc.list_value_length(array), 0), np.int64)
+
+
+def vectors(
+    array: pa.Array, column: str, at: Where, dim: int | None, role: str = "observation"
+) -> np.ndarray:
+    """[n, d] floats from a column of number lists of length ``dim`` (None: the batch's usual
+    length). Another length is a DataError, or (with flags) a marked row of zeros. Float32
+    vectors stay float32 (the kernel casts on the device: half the host copies and transfer)."""
+    reason = null_reason(role)
+    values, lengths, null_rows = list_parts(array, column, at, reason)
+    dtype = np.float32 if pa.types.is_float32(values.type) else np.float64
+    n = len(lengths)
+    if null_rows is None:
+        null_rows = np.zeros(n, bool)
+    usable = lengths[~null_rows]
+    if dim is None:
+        if usable.size == 0:
+            return np.zeros((n, 0))
+        dim = int(usable[0]) if (usable == usable[0]).all() else int(np.bincount(usable).argmax())
+    ragged = (lengths != dim) & ~null_rows
+    starts = np.cumsum(lengths) - lengths
+
+    def row_of(index: np.ndarray) -> np.ndarray:
+        return np.searchsorted(starts, index, side="right") - 1
+
+    if ragged.any():
+        bad = np.flatnonzero(ragged)
+        if at.flags is None:
+            episode, step = at.locate(int(bad[0]))
+            raise DataError(
+                f"{where(at.file, episode, step)}column {column!r} holds a vector of length "
+                f"{int(lengths[bad[0]])}, but the other vectors have length {dim} "
+                f"({bad.size} ragged row(s) in this batch)"
+            )
+        at.mark(f"ragged_{role}", bad)
+    flat = numbers(values, column, dtype, at, reason, 0, row_of)
+    if not ragged.any() and not null_rows.any():
+        return flat.reshape(n, dim)
+    matrix = np.zeros((n, dim), dtype)
+    good = ~ragged & ~null_rows
+    matrix[good] = flat[starts[good][:, None] + np.arange(dim)]
+    return matrix
+
+
+def log_probability(array: np.ndarray, is_log: bool) -> np.ndarray:
+    """[n] log-probabilities of logged probabilities (or the log-probabilities as they are)."""
+    if is_log:
+        return array
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(array)
+
+
+class StepConverter:
+    """The schema's per-step columns of one dataset -> ``Steps`` of [n] NumPy arrays.
+    Probabilities stay as logged (validation reads them so); vector sizes are set by the
+    first rows and kept for the rest of the dataset."""
+
+    def __init__(self, schema: DataSchema):
+        self.schema = schema
+        self.dims: dict[str, int | None] = {"observation": schema.observation_dim, "action": None}
+
+    @property
+    def behavior_role(self) -> str:
+        return "behavior_log_prob" if self.schema.behavior_is_log else "behavior_prob"
+
+    def column(self, role: str) -> str:
+        return self.schema.columns[role]
+
+    def steps(self, column_of: Callable[[str], pa.Array], at: Where) -> Steps:
+        """The per-step fields converted from the arrays ``column_of(role)`` ([n] each)."""
+        s = self.schema
+        return Steps(
+            observation=self._observation(column_of("observation"), at)
+            if "observation" in s.columns
+            else None,
+            action=self._action(column_of("action"), at),
+            reward=numbers(
+                column_of("reward"), self.column("reward"), np.float64, at, "null_reward"
+            ),
+            log_behavior=numbers(
+                column_of(self.behavior_role),
+                self.column(self.behavior_role),
+                np.float64,
+                at,
+                "null_behavior_prob",
+                0.0 if s.behavior_is_log else 1.0,
+            )
+            if s.behavior_logged
+            else None,
+            log_target=None
+            if s.target is None
+            else numbers(
+                column_of(s.target_role),
+                self.column(s.target_role),
+                np.float64,
+                at,
+                "null_target_prob",
+                0.0 if s.target == "log_prob" else 1.0,
+            ),
+            q_value=self._critic(column_of, "q_value", at),
+            v_value=self._critic(column_of, "v_value", at),
+        )
+
+    def _critic(self, column_of, role: str, at: Where) -> np.ndarray | None:
+        """The user's Q-hat or V-hat column (``--q-col``/``--v-col``), when named."""
+        if role not in self.schema.columns:
+            return None
+        return numbers(column_of(role), self.column(role), np.float64, at, f"null_{role}")
+
+    def logs(self, steps: Steps) -> Steps:
+        """``steps`` with the logged probabilities as log-probabilities."""
+        s = self.schema
+        return steps._replace(
+            log_behavior=None
+            if steps.log_behavior is None
+            else log_probability(steps.log_behavior, s.behavior_is_log),
+            log_target=None
+            if steps.log_target is None
+            else log_probability(steps.log_target, s.target == "log_prob"),
+        )
+
+    def _observation(self, array: pa.Array, at: Where) -> np.ndarray:
+        kind = self.schema.observation_kind
+        if kind == "vector":
+            return self._vectors(array, "observation", at)
+        dtype = np.int64 if kind == "index" else np.float64
+        return numbers(array, self.column("observation"), dtype, at, "null_observation")
+
+    def _action(self, array: pa.Array, at: Where) -> np.ndarray:
+        if self.schema.action_kind == "discrete":
+            return numbers(array, self.column("action"), np.int64, at, "null_action")
+        if self.schema.action_is_vector:
+            return self._vectors(array, "action", at)
+        return numbers(array, self.column("action"), np.float64, at, "null_action")
+
+    def _vectors(self, array: pa.Array, role: str, at: Where) -> np.ndarray:
+        # The first rows set the size; later batches' other sizes are ragged rows.
+        matrix = vectors(array, self.column(role), at, self.dims[role], role)
+        if len(matrix) and self.dims[role] is None:
+            self.dims[role] = matrix.shape[1]
+        return matrix
+
+    def flag_checks(self, flags: np.ndarray) -> Iterator[Check]:
+        """The problems marked in ``flags`` ([n] uint16) as checks, in READ_FLAGS order."""
+        for bit, reason in enumerate(READ_FLAGS):
+            bad = (flags & np.uint16(1 << bit)) != 0
+            if not bad.any():
+                continue
+            role = reason.split("_", 1)[1]
+            if reason.startswith("null_"):
+                yield Check(reason, null_message(self._column_of_null(role)), bad)
+            else:
+                yield Check(
+                    reason,
+                    f"column {self.column(role)!r} holds a vector whose length is not "
+                    f"{self.dims[role]}, the length of the other {role} vectors",
+                    bad,
+                )
+
+    def _column_of_null(self, role: str) -> str:
+        if role == "behavior_prob":
+            return self.column(self.behavior_role)
+        if role == "target_prob":
+            return self.column(self.schema.target_role)
+        return self.column(role)

@@ -1,0 +1,147 @@
+"""Episode ids: stable uint64 keys (hashes of integer or string ids, the same in every
+process and run), display values, the tracking of ids that reappear, the resampling groups
+and the folds of episodes by id hash (cross-fitting, held-out sets)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ope_cli.errors import DataError, where
+
+
+def display_id(value: object) -> object:
+    """An id as reports show it: a NumPy scalar becomes its Python value."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a fixed, well-spread bijection on uint64 ([n] -> [n])."""
+    with np.errstate(over="ignore"):
+        z = values.astype(np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX_1
+        z = (z ^ (z >> np.uint64(27))) * _MIX_2
+        return z ^ (z >> np.uint64(31))
+
+
+def hash_strings(array: pa.Array) -> np.ndarray:
+    """[n] uint64 hashes of a string array's UTF-8 bytes, computed without a Python loop."""
+    array = pc.cast(array, pa.large_string()) if not pa.types.is_large_string(array.type) else array
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int64)[array.offset : array.offset + len(array) + 1]
+    data = (
+        np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    )
+    lengths = np.diff(offsets)
+    starts = offsets[:-1]
+    total = int(lengths.sum())
+    hashes = np.zeros(len(array), np.uint64)
+    if total:
+        row = np.repeat(np.arange(len(array)), lengths)
+        position = np.arange(total) - np.repeat(starts - starts[0], lengths)
+        byte_index = np.repeat(starts, lengths) + position
+        with np.errstate(over="ignore"):
+            powers = np.cumprod(np.full(int(lengths.max()), 1099511628211, np.uint64))
+            terms = (data[byte_index].astype(np.uint64) + np.uint64(1)) * powers[position]
+        np.add.at(hashes, row, terms)
+    return mix64(hashes ^ mix64(lengths.astype(np.uint64)))
+
+
+def id_keys(ids: np.ndarray | pa.Array) -> np.ndarray:
+    """[n] uint64 keys of episode ids (integers or strings)."""
+    if isinstance(ids, pa.Array) and (
+        pa.types.is_string(ids.type)
+        or pa.types.is_large_string(ids.type)
+        or pa.types.is_string_view(ids.type)
+    ):
+        return hash_strings(ids)
+    return mix64(np.asarray(ids).astype(np.int64).view(np.uint64))
+
+
+RESAMPLING_GROUPS = 32  # episodes are hashed into this many groups for the grouped jackknife
+_FOLD_SALT = 0x6F70652D  # "ope-": folds do not follow the order of the ids
+
+
+def fold_index(key_hi, key_lo, folds: int, xp=np):
+    """[E] int32 fold in [0, folds) of episodes from the uint32 halves of their id keys
+    ([E] each): murmur3's 32-bit finaliser of the mixed halves, modulo ``folds``. Written
+    for ``xp`` = numpy (the fitting pass) or jax.numpy (the kernel, per episode of a padded
+    batch), so both assign every episode the same fold."""
+    h = key_hi ^ (key_lo * xp.uint32(0x9E3779B9)) ^ xp.uint32(_FOLD_SALT)
+    h = h ^ (h >> 16)
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * xp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h % xp.uint32(folds)).astype(xp.int32)
+
+
+def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
+    """[E] fold index in [0, folds) of each episode key ([E] uint64): a hash of the id, the
+    same in every run, batching, device and process (``fold_index`` of the key's halves)."""
+    if folds <= 1:
+        return np.zeros(keys.shape, np.int64)
+    keys = np.asarray(keys, np.uint64)
+    hi = (keys >> np.uint64(32)).astype(np.uint32)
+    lo = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        return fold_index(hi, lo, folds).astype(np.int64)
+
+
+REAPPEARS = (
+    "episode id appears in more than one place (its rows must be contiguous within one file)"
+)
+
+
+class SeenKeys:
+    """Episode keys seen so far, to catch an episode id that reappears (non-contiguous
+    rows, or an episode split over files). 8 bytes per episode, amortised O(log n) checks.
+    """
+
+    def __init__(self) -> None:
+        self._sorted = np.zeros(0, np.uint64)
+        self._pending: list[np.ndarray] = []
+        self._pending_size = 0
+
+    def add(
+        self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
+    ) -> np.ndarray | None:
+        """Records the episodes' keys ([E] uint64). An id seen before (or twice here) is a
+        DataError, or without ``raise_error`` flagged in the returned [E] bool (None: none)."""
+        unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)
+        repeated = None
+        if (counts > 1).any():
+            if raise_error:
+                self._fail(file, ids[int(first_index[np.argmax(counts > 1)])])
+            repeated = np.ones(keys.shape, bool)
+            repeated[first_index] = False
+        seen = np.zeros(keys.shape, bool)
+        if self._sorted.size:
+            position = np.searchsorted(self._sorted, keys).clip(max=self._sorted.size - 1)
+            seen |= self._sorted[position] == keys
+        for block in self._pending:
+            seen |= np.isin(keys, block)
+        if seen.any():
+            if raise_error:
+                self._fail(file, ids[int(np.argmax(seen))])
+            repeated = seen if repeated is None else repeated | seen
+        self._pending.append(unique)
+        self._pending_size += unique.size
+        if self._pending_size > max(4096, self._sorted.size // 4) or len(self._pending) > 16:
+            self._sorted = np.sort(np.concatenate([self._sorted, *self._pending]))
+            self._pending, self._pending_size = [], 0
+        return None if repeated is None else np.flatnonzero(repeated)
+
+    def all_keys(self) -> np.ndarray:
+        """[E] sorted uint64 keys of every episode seen."""
+        return np.sort(np.concatenate([self._sorted, *self._pending]))
+
+    @staticmethod
+    def _fail(file: str, episode_id: object) -> None:
+        raise DataError(f"{where(file, display_id(episode_id))}{REAPPEARS}")

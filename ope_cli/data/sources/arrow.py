@@ -1,0 +1,169 @@
+"""Files pyarrow's dataset API reads (Parquet, Arrow IPC): one dataset over an ordered list
+of files, hive partitions for directories, projected record batches file by file. Each
+format module supplies a ``FragmentReader`` for what differs (row counts, a faster reader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+import ope_cli.data.sources.remote as remote
+from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch, declared_bounds
+from ope_cli.errors import DataError, first_line
+
+
+class FragmentReader:
+    """How one file format's files are counted and read; the defaults suit any format."""
+
+    def count_rows(self, fragment: ds.Fragment) -> int | None:
+        """Rows of one file from its metadata, or None when that needs a full read."""
+        return None
+
+    def batches(
+        self, data: ArrowFileDataset, fragment: ds.Fragment, columns: list[str], rows: int
+    ) -> Iterator[pa.RecordBatch]:
+        return fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrowFileDataset:
+    """An ordered list of data files read as one dataset (the ``sources.Dataset`` protocol).
+
+    Attributes:
+      source: what the user passed (file, directory or glob).
+      files: data files in read order (sorted paths).
+      format: the registry name (``parquet`` or ``ipc``, also pyarrow's format name).
+      dataset: the pyarrow dataset over ``files`` (hive partitions for directories).
+      reader: the format's FragmentReader.
+      partition_base_dir: the directory hive partitions are relative to, if any.
+      filesystem: the filesystem of URIs (object storage), None for local paths.
+      prefix: what precedes a fragment's path in its URI (``s3://``), "" for local paths.
+    """
+
+    source: str
+    files: tuple[str, ...]
+    format: str
+    dataset: ds.Dataset
+    reader: FragmentReader
+    partition_base_dir: str | None = None
+    filesystem: pafs.FileSystem | None = None
+    prefix: str = ""
+
+    @classmethod
+    def open(
+        cls, source: str, files: list[str], file_format: str, reader: FragmentReader, base_dir
+    ) -> ArrowFileDataset:
+        filesystem, prefix, paths = None, "", list(files)
+        if files and remote.is_uri(files[0]):
+            filesystem, prefix, paths = remote.split(files)
+            base_dir = base_dir[len(prefix) :] if base_dir else None
+        try:
+            dataset = ds.dataset(
+                paths,
+                format=file_format,
+                partitioning="hive" if base_dir else None,
+                partition_base_dir=base_dir,
+                filesystem=filesystem,
+            )
+        except (OSError, pa.ArrowException) as error:
+            raise DataError(f"{source}: cannot open dataset: {first_line(error)}") from None
+        try:  # a damaged footer can decode into names that are not text
+            for field in dataset.schema:
+                field.name, str(field.type)
+        except (UnicodeDecodeError, pa.ArrowException) as error:
+            raise DataError(
+                f"{source}: cannot read the schema (column names or types are damaged: "
+                f"{first_line(error)})"
+            ) from None
+        return cls(source, tuple(files), file_format, dataset, reader, base_dir, filesystem, prefix)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.dataset.schema
+
+    def declared_bounds(self) -> DeclaredBounds:
+        return declared_bounds(self.schema, self.source)
+
+    def restrict(self, files: tuple[str, ...]) -> ArrowFileDataset:
+        """The same dataset (schema, partitioning) over a subset of its files."""
+        dataset = ds.dataset(
+            [f[len(self.prefix) :] for f in files],
+            schema=self.schema,
+            format=self.format,
+            partitioning="hive" if self.partition_base_dir else None,
+            partition_base_dir=self.partition_base_dir,
+            filesystem=self.filesystem,
+        )
+        return dataclasses.replace(self, files=tuple(files), dataset=dataset)
+
+    def count_rows(self) -> int | None:
+        """Total rows from file metadata when the format has it cheaply, else None."""
+        try:
+            counts = [self.reader.count_rows(f) for f in self.dataset.get_fragments()]
+        except (OSError, pa.ArrowException):
+            return None
+        return None if any(count is None for count in counts) else sum(counts)
+
+    def iter_batches(self, columns: list[str], rows: int) -> Iterator[SourcedBatch]:
+        """Streams record batches of at most ``rows`` rows, file by file, in file order."""
+        for fragment in self.dataset.get_fragments():
+            offset, previous, file = 0, None, self.prefix + fragment.path
+            try:
+                _check_file_schema(self, fragment, columns)
+                for batch in self.reader.batches(self, fragment, columns, rows):
+                    if previous is not None:
+                        yield SourcedBatch(file, previous, False, offset)
+                        offset += previous.num_rows
+                    previous = batch
+            except (OSError, pa.ArrowException, UnicodeDecodeError) as error:
+                raise DataError(f"{file}: cannot read: {first_line(error)}") from None
+            if previous is None:  # a file with no rows still ends the file's episodes
+                previous = pa.RecordBatch.from_pylist(
+                    [], schema=pa.schema([self.schema.field(c) for c in columns])
+                )
+            yield SourcedBatch(file, previous, True, offset)
+
+
+def _family(dtype: pa.DataType) -> str:
+    """What a column holds, ignoring widths and encodings that read the same (int32 and
+    int64, float and int, string and large_string, dictionaries, list flavours)."""
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype):
+        return "number"
+    if (
+        pa.types.is_string(dtype)
+        or pa.types.is_large_string(dtype)
+        or pa.types.is_string_view(dtype)
+    ):
+        return "string"
+    if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)) or (
+        pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
+    ):
+        return f"list<{_family(dtype.value_type)}>"
+    return str(dtype)
+
+
+def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> None:
+    """A file whose columns differ from the dataset's (its first file's) would otherwise be
+    cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
+    physical, file = fragment.physical_schema, data.prefix + fragment.path
+    for name in columns:
+        index = physical.get_field_index(name)
+        if index < 0:
+            if data.partition_base_dir is None:  # hive partition columns live in the path
+                raise DataError(
+                    f"{file}: has no column {name!r}, which the dataset's other files have"
+                )
+            continue
+        actual, expected = physical.field(index).type, data.schema.field(name).type
+        if _family(actual) != _family(expected):
+            raise DataError(
+                f"{file}: column {name!r} has type {actual} in this file but "
+                f"{expected} in the dataset's first file"
+            )

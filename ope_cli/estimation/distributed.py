@@ -1,0 +1,235 @@
+"""Several processes (hosts) under JAX's multi-process runtime: which files each reads,
+and the reduction of their partial statistics with JAX collectives.
+
+Every process runs the same pipeline over a disjoint, deterministic share of the files,
+then all of them exchange their accumulators (``process_allgather``) and merge them in
+process order, so every process holds the same result and process 0 prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+import numpy as np
+
+from ope_cli import runtime
+from ope_cli.choosing import paired
+from ope_cli.choosing.paired import PairedSums
+from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
+from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge
+
+MESSAGE_BYTES = 2048
+# How long a process that finished its share waits for the slowest peer. Peers may still be
+# reading or compiling; one that dies is reported by the runtime's heartbeat long before.
+PEER_WAIT_MS = 24 * 3600 * 1000
+C = TypeVar("C")
+
+
+class DistributedError(OpeError):
+    """A peer process failed, died or could not be reached (exit 5)."""
+
+    exit_code = 5
+    kind = "distributed run failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How to join a multi-process run; ``auto`` lets JAX detect the cluster (SLURM, ...)."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+    timeout_seconds: int = 60
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or self.coordinator is not None or (self.num_processes or 1) > 1
+
+
+def initialize(config: DistributedConfig) -> tuple[int, int]:
+    """Joins the run (``jax.distributed.initialize``); returns (process_id, num_processes)."""
+    import jax
+
+    if not config.auto:
+        missing = [
+            name
+            for name, value in (
+                ("--coordinator", config.coordinator),
+                ("--num-processes", config.num_processes),
+                ("--process-id", config.process_id),
+            )
+            if value is None
+        ]
+        if missing:
+            raise UsageError(
+                f"a multi-process run needs {', '.join(missing)} (or --distributed to "
+                "detect the cluster)"
+            )
+        if not 0 <= config.process_id < config.num_processes:
+            raise UsageError(
+                f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
+            )
+    # Like everything here, before anything initialises a JAX backend.
+    runtime.enable_cpu_collectives()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=config.coordinator,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+            initialization_timeout=config.timeout_seconds,
+            heartbeat_timeout_seconds=max(5, min(config.timeout_seconds, 100)),
+        )
+    except Exception as error:  # noqa: BLE001 - the runtime raises several types here
+        raise DistributedError(
+            f"could not join the run at {config.coordinator or 'the detected coordinator'} within "
+            f"{config.timeout_seconds}s (are all processes started, and is the address "
+            f"reachable?): {first_line(error)}"
+        ) from None
+    return jax.process_index(), jax.process_count()
+
+
+def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> tuple[str, ...]:
+    """This process's contiguous run of files, balanced by bytes (same on every process).
+
+    File i goes to the process whose equal share of the total bytes contains the middle of
+    file i, so shares are contiguous, disjoint, and cover every file. With fewer files than
+    processes, some processes get none and contribute empty statistics.
+    """
+    from ope_cli.data.sources.files import file_sizes  # local or object storage
+
+    sizes = np.maximum(np.array(file_sizes(files), np.float64), 1)
+    middles = np.cumsum(sizes) - sizes / 2
+    owner = np.minimum((middles / sizes.sum() * num_processes).astype(int), num_processes - 1)
+    return tuple(f for f, o in zip(files, owner, strict=True) if o == process_id)
+
+
+def _gather(array: np.ndarray) -> np.ndarray:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array))
+
+
+def _encode(message: str) -> np.ndarray:
+    data = message.encode()[:MESSAGE_BYTES]
+    out = np.zeros(MESSAGE_BYTES, np.uint8)
+    out[: len(data)] = np.frombuffer(data, np.uint8)
+    return out
+
+
+_barriers = 0  # barriers passed so far: every process passes the same ones, in order
+
+
+def wait_for_peers(name: str) -> None:
+    """Blocks until every process reaches barrier ``name`` (the coordination service's own
+    barrier, not a collective). A process with little or no data reaches the first
+    collective long before the others; the CPU collectives give up after a fixed, short
+    timeout, so the processes meet here first."""
+    from jax._src import distributed as jax_distributed
+
+    global _barriers
+    client = jax_distributed.global_state.client
+    if client is not None:
+        _barriers += 1  # a barrier's name is used once
+        try:
+            client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
+        except Exception as error:  # noqa: BLE001 - the runtime's error for a lost peer
+            raise DistributedError(
+                "another process died or stopped answering while this one waited for it "
+                f"({name}): {summary(error)[:300]}"
+            ) from None
+
+
+def check_all_succeeded(error: OpeError | None) -> None:
+    """Collective: every process says whether its share succeeded; if any failed, every
+    process raises (the failing one its own error, the others one that names it)."""
+    wait_for_peers("local-pass-done")
+    status = np.array([0 if error is None else error.exit_code], np.int64)
+    codes = _gather(status)[:, 0]
+    messages = _gather(_encode("" if error is None else f"{error.kind}: {error}"))
+    failed = np.flatnonzero(codes)
+    if error is not None:
+        raise error
+    if failed.size:
+        first = int(failed[0])
+        text = bytes(messages[first]).rstrip(b"\0").decode(errors="replace")
+        failure = OpeError(f"process {first} failed: {text}")
+        failure.exit_code = int(codes[first])
+        failure.kind = "error in another process"
+        raise failure
+
+
+def allgather_ragged(values: np.ndarray) -> np.ndarray:
+    """Collective: [sum of n_p, ...] every process's ``values`` ([n_p, ...], n_p may differ;
+    the trailing shape and dtype may not) concatenated in process order."""
+    values = np.asarray(values)
+    counts = _gather(np.array([values.shape[0]], np.int64))[:, 0]
+    padded = np.zeros((int(counts.max()), *values.shape[1:]), values.dtype)
+    padded[: values.shape[0]] = values
+    gathered = _gather(padded)
+    return np.concatenate([gathered[p, : counts[p]] for p in range(len(counts))])
+
+
+def check_disjoint_episodes(keys: np.ndarray) -> None:
+    """Collective: an episode id read by two processes is an error, not a double count."""
+    everything = allgather_ragged(np.asarray(keys, np.uint64))
+    unique, occurrences = np.unique(everything, return_counts=True)
+    shared = int((occurrences > 1).sum())
+    if shared:
+        raise DataError(
+            f"{shared} episode id(s) appear in the files of more than one process "
+            "(an episode must not span files)"
+        )
+
+
+def allgather(values: np.ndarray) -> np.ndarray:
+    """Collective: [N, ...] the array ``values`` (same shape and dtype everywhere) of every
+    process, in process order."""
+    return _gather(np.asarray(values))
+
+
+def reduce_counters(counters: C) -> C:
+    """Collective: a dataclass of integer counters (ints or int arrays) summed over processes,
+    or reduced with ``max`` where the field's metadata says ``{"reduce": "max"}``. Generic
+    over the fields, so a new counter needs no edit here."""
+    reduced = {}
+    for field in dataclasses.fields(counters):
+        gathered = _gather(np.asarray(getattr(counters, field.name), np.int64))
+        total = gathered.max(axis=0) if field.metadata.get("reduce") == "max" else gathered.sum(0)
+        reduced[field.name] = int(total) if total.ndim == 0 else total
+    return dataclasses.replace(counters, **reduced)
+
+
+def reduce_accumulators(accumulators: list[Accumulator]) -> list[Accumulator]:
+    """Collective: each policy's accumulators of all processes, merged in process order.
+    Generic over the accumulator's fields (a pytree); the per-step arrays are first
+    lengthened to the longest over all processes."""
+    import jax
+
+    if not accumulators:
+        return []
+    length = int(_gather(np.array([accumulators[0].length], np.int64)).max())
+    merged = []
+    for accumulator in accumulators:
+        leaves, tree = jax.tree.flatten(extend(accumulator, length))
+        parts = [_gather(np.asarray(leaf, np.float64)) for leaf in leaves]  # [N, ...] each
+        total = None
+        for process in range(parts[0].shape[0]):
+            one = from_batch(jax.tree.unflatten(tree, [part[process] for part in parts]))
+            total = one if total is None else merge(total, one)
+        merged.append(total)
+    return merged
+
+
+def reduce_paired(sums: PairedSums, baseline: int) -> PairedSums:
+    """Collective: the paired sums of all processes, merged in process order (``paired``)."""
+    import jax
+
+    leaves, tree = jax.tree.flatten(sums)
+    parts = [_gather(np.asarray(leaf, np.float64)) for leaf in leaves]  # [N, ...] each
+    total = None
+    for process in range(parts[0].shape[0]):
+        one = jax.tree.unflatten(tree, [part[process] for part in parts])
+        total = one if total is None else paired.merge(total, one, baseline)
+    return total

@@ -1,0 +1,198 @@
+"""Doubly robust estimators (SPEC 9): dm, dr, wdr, registered after the importance ones.
+
+They read two per-step inputs (``Window.fields``), zero after the episode's end:
+  q_t: [T] Q-hat(s_t, a_t) of the logged action;
+  v_t: [T] V-hat(s_t) = E_{a ~ pi_e} Q-hat(s_t, a).
+With W_{-1} = 1 and the absorbing convention (after the end: ratio 1, reward 0, Q = V = 0):
+
+  dm  = (1/n) sum_i v_{i,0}
+  dr  = (1/n) sum_i sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t]
+  wdr = dm + sum_t gamma^t [sum_i W_t (r_t - q_t + gamma v_{t+1})] / sum_i W_t
+
+The wdr line is SPEC 9's formula regrouped: its V-hat term at step t + 1 has normaliser
+sum_i W_{i,t}, the same as step t's, so every per-step sum is relative to W_t (as WPDIS's
+are) and ended episodes stay in the normalisers at their final weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ope_cli.estimation.estimators.base import (
+    STEP,
+    Context,
+    Estimator,
+    Scale,
+    StepSum,
+    Sum,
+    Sums,
+    Trajectory,
+    Window,
+    jnp,
+    register,
+    relative,
+    rescaled,
+)
+from ope_cli.estimation.estimators.importance import (
+    closed_form,
+    grouped_jackknife,
+    mean_and_sem,
+    replicates_of,
+    self_normalised_value,
+)
+from ope_cli.estimation.estimators.logspace import finite
+
+Q_FIELDS = ("q_t", "v_t")
+
+
+def _log_one_or_peak(trajectory: Trajectory):
+    """[] max(0, max_t log W_t): the largest of W_{-1} = 1 and the episode's weights."""
+    return jnp().maximum(trajectory.log_peak, 0.0)
+
+
+# An episode's largest weight among W_{-1} = 1, W_0, ..., W_{T-1}: dr's values are relative
+# to it, so neither W_t nor W_{t-1} overflows.
+DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak)
+
+
+# --- per-episode carry and values (JAX, one episode) -----------------------------------------
+
+
+def dm_init(zero) -> dict:
+    """DM carries V-hat(s_0) once the first step is walked."""
+    return {"v_0": zero}
+
+
+def dm_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    v_0 = jnp().where(window.first_t, window.fields["v_t"], 0.0).sum()
+    return {"v_0": carry["v_0"] + v_0}, {}
+
+
+def dm_values(carry: dict, trajectory: Trajectory) -> dict:
+    """V-hat(s_0) and its square (not scaled: no weight)."""
+    v_0 = carry["v_0"]
+    return {"dm_v": v_0, "dm_v2": v_0 * v_0}
+
+
+def dr_init(zero) -> dict:
+    """DR carries D = sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t] of the steps walked,
+    relative to the largest of 1 and the weights so far."""
+    return {"d": zero}
+
+
+def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    np_ = jnp()
+    before = np_.maximum(window.before.log_peak, 0.0)
+    after = np_.maximum(window.after.log_peak, 0.0)
+    q_t, v_t = window.fields["q_t"], window.fields["v_t"]
+    per_step = (
+        relative(window.log_w_t, after) * (window.reward_t - q_t)
+        + relative(window.log_w_prev_t, after) * v_t
+    )
+    return {"d": rescaled(carry["d"], before, after) + per_step @ window.discount_t}, {}
+
+
+def dr_values(carry: dict, trajectory: Trajectory) -> dict:
+    """D and D^2, relative to max(1, max_t W_t) (and its square)."""
+    d = carry["d"]
+    return {"sum_dr": d, "sum_dr2": d * d}
+
+
+def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    """Per-step q_t relative to W_t, and v_t relative to W_{t-1}: the v_{t+1} of step t,
+    emitted one step late (``StepSum.lag``)."""
+    return carry, {"wq_t": window.fields["q_t"], "wv_next_t": window.fields["v_t"]}
+
+
+# --- finalisation (NumPy, float64) ----------------------------------------------------------
+
+
+def dm_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+    """(1/n) sum_i V-hat(s_{i,0}) and its sample standard error."""
+    s = sums.sums
+    return mean_and_sem(s["dm_v"], s["dm_v2"], s["count"], 0.0)
+
+
+def dr_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+    """(1/n) sum_i D_i and its sample standard error."""
+    s = sums.sums
+    return mean_and_sem(s["sum_dr"], s["sum_dr2"], s["count"], sums.log_scales["doubly_robust"])
+
+
+def _wdr_numerator_t(sums: Sums, context: Context) -> np.ndarray:
+    """[..., L] gamma^t sum_i W_t (r_t - q_t + gamma v_{t+1}), relative to W_t as w_t is."""
+    s = sums.step_sums
+    return context.discount_t * (s["wr_t"] - s["wq_t"] + context.gamma * s["wv_next_t"])
+
+
+def _wdr_value(sums: Sums, context: Context) -> tuple[float | None, int]:
+    value, empty_step = self_normalised_value(sums, _wdr_numerator_t(sums, context))
+    if value is None:
+        return None, empty_step
+    dm = finite(float(dm_estimate(sums)[0]))
+    return (None, -1) if dm is None else (value + dm, -1)
+
+
+def wdr_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
+    """[R] WDR of each bootstrap replicate (NaN where some step has no weight)."""
+    den_t = sums.step_sums["w_t"]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        terms_rt = np.where(den_t > 0, _wdr_numerator_t(sums, context) / den_t, np.nan)
+        return dm_estimate(sums)[0] + np.sum(terms_rt, axis=-1), None
+
+
+DM = register(
+    Estimator(
+        name="dm",
+        title="DM",
+        stderr_method="sample standard error",
+        sums=(Sum("dm_v"), Sum("dm_v2")),
+        init=dm_init,
+        advance=dm_advance,
+        finish=dm_values,
+        finalize=closed_form(dm_estimate, "V-hat is not finite"),
+        term="dm_v",
+        replicates=replicates_of(dm_estimate),
+        studentized=True,
+        needs=Q_FIELDS,
+    )
+)
+DR = register(
+    Estimator(
+        name="dr",
+        title="DR",
+        stderr_method="sample standard error",
+        sums=(Sum("sum_dr", DOUBLY_ROBUST), Sum("sum_dr2", DOUBLY_ROBUST, power=2)),
+        init=dr_init,
+        advance=dr_advance,
+        finish=dr_values,
+        finalize=closed_form(dr_estimate, "the per-decision weights overflow float64"),
+        term="sum_dr",
+        replicates=replicates_of(dr_estimate),
+        studentized=True,
+        needs=Q_FIELDS,
+    )
+)
+WDR = register(
+    Estimator(
+        name="wdr",
+        title="WDR",
+        stderr_method="grouped jackknife over 32 episode-id hash groups",
+        # wdr = dm + ...: it reads dm's sums too, which every run with Q-hat computes (both
+        # need the same inputs), so they are declared here as well
+        sums=(
+            Sum("dm_v"),
+            Sum("dm_v2"),
+            StepSum("wr_t", STEP, after_end="zero"),
+            StepSum("w_t", STEP, after_end="hold"),
+            StepSum("wq_t", STEP, after_end="zero"),
+            StepSum("wv_next_t", STEP, after_end="zero", lag=1),
+        ),
+        advance=wdr_advance,
+        finalize=grouped_jackknife(
+            _wdr_value, lambda sums, context: wdr_replicates(sums, context)[0]
+        ),
+        replicates=wdr_replicates,
+        needs=Q_FIELDS,
+    )
+)

@@ -1,0 +1,254 @@
+"""Importance-sampling estimators (SPEC 4): is, wis, pdis, wpdis, registered in that order.
+
+Notation: W_t the cumulative weight of an episode, G its discounted return, n episodes.
+Per-episode carries and values are written for one episode; every sum is relative to its
+scale (``base.TRAJECTORY``: W_{T-1}; ``base.DECISION``: max_t W_t; ``base.STEP``: W_t).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ope_cli.estimation.estimators.base import (
+    DECISION,
+    STEP,
+    TRAJECTORY,
+    Context,
+    Estimator,
+    Grouped,
+    Point,
+    StepSum,
+    Sum,
+    Sums,
+    Trajectory,
+    Window,
+    jnp,
+    register,
+    relative,
+    rescaled,
+)
+from ope_cli.estimation.estimators.logspace import finite, scaled_array
+
+# --- per-episode carry and values (JAX, one episode) -----------------------------------------
+
+
+def trajectory_values(carry: dict, trajectory: Trajectory) -> dict:
+    """IS: W G and W^2 G^2; WIS: W and W^2 for its centred moments (relative to W: G, G^2,
+    1 and 1)."""
+    g = trajectory.return_
+    one = jnp().ones_like(g)
+    return {"sum_wg": g, "sum_w2g2": g * g, "wis_w": one, "wis_w2": one}
+
+
+def per_decision_init(zero) -> dict:
+    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to the largest W_t so far."""
+    return {"p": zero}
+
+
+def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
+    """P of the steps walked, now relative to the largest W_t of this window or before."""
+    before, after = window.before.log_peak, window.after.log_peak
+    steps = (relative(window.log_w_t, after) * window.reward_t) @ window.discount_t
+    return {"p": rescaled(carry["p"], before, after) + steps}, {}
+
+
+def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
+    """PDIS: P and P^2, relative to max_t W_t (and its square)."""
+    p = carry["p"]
+    return {"sum_p": p, "sum_p2": p * p}
+
+
+# --- finalisation (NumPy, float64) ----------------------------------------------------------
+
+
+def mean_and_sem(
+    total: np.ndarray, total_sq: np.ndarray, n: np.ndarray, log_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sample standard error (ddof 1) from the sum and sum of squares of the
+    per-episode terms, both times exp(log_scale) (NaN where undefined or overflowing)."""
+    # Sums of squares of astronomically large returns overflow to inf: the value stays, its
+    # standard error becomes null (not a warning on stderr).
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        variance = np.maximum(total_sq - total * total / n, 0.0) / (n - 1)
+        stderr = np.where(n > 1, np.sqrt(variance / n), np.nan)
+        return scaled_array(total / n, log_scale), scaled_array(stderr, log_scale)
+
+
+def is_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+    """(1/n) sum_i W_i G_i and its sample standard error; [...] for any leading axes."""
+    s = sums.sums
+    return mean_and_sem(s["sum_wg"], s["sum_w2g2"], s["count"], sums.log_scales["trajectory"])
+
+
+def pdis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+    """(1/n) sum_i P_i and its sample standard error."""
+    s = sums.sums
+    return mean_and_sem(s["sum_p"], s["sum_p2"], s["count"], sums.log_scales["decision"])
+
+
+def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+    """sum W G / sum W and its delta-method standard error
+    sqrt(sum_i W_i^2 (G_i - WIS)^2) / sum_i W_i. The numerator comes from moments centred
+    on the pivot c (the return of the heaviest episode): with M_k = sum W^2 (G - c)^k and
+    d = WIS - c = sum W (G - c) / sum W it is M_2 - 2 d M_1 + d^2 M_0, which does not cancel
+    catastrophically when one episode holds nearly all the weight (then d, M_1, M_2 ~ 0)."""
+    s = sums.sums
+    n, sum_w = s["count"], s["sum_w"]
+    moments, first = s["wis_w2"], s["wis_w"]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        wis = np.where(sum_w > 0, s["sum_wg"] / sum_w, np.nan)
+        offset = first[..., 1] / first[..., 0]
+        residual = (
+            moments[..., 2] - 2 * offset * moments[..., 1] + offset * offset * moments[..., 0]
+        )
+        stderr = np.where((n > 1) & (sum_w > 0), np.sqrt(np.maximum(residual, 0.0)) / sum_w, np.nan)
+    return wis, stderr
+
+
+def closed_form(values, undefined: str):
+    """finalize() of an estimator given by a vectorised ``values(sums)``."""
+
+    def finalize(grouped: Grouped, context: Context) -> Point:
+        value, stderr = (finite(float(x)) for x in values(grouped.totals))
+        return Point(value, stderr, None if value is not None else undefined)
+
+    return finalize
+
+
+def replicates_of(values):
+    def replicates(sums: Sums, context: Context) -> tuple[np.ndarray, np.ndarray | None]:
+        return values(sums)
+
+    return replicates
+
+
+def _wpdis_terms(sums: Sums, discount_t: np.ndarray) -> np.ndarray:
+    """[..., L] gamma^t (sum_i W_it r_it) / (sum_i W_it), NaN where no weight is left."""
+    num, den = sums.step_sums["wr_t"], sums.step_sums["w_t"]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.where(den > 0, discount_t * num / den, np.nan)
+
+
+def self_normalised_value(sums: Sums, numerator_t: np.ndarray) -> tuple[float | None, int]:
+    """(sum_t numerator_t / w_t or None, the first step with no weight left, else -1):
+    a per-step self-normalised sum (``numerator_t`` [L] relative to W_t like w_t)."""
+    den_t = sums.step_sums["w_t"]
+    if not (den_t > 0).all():
+        return None, int(np.argmax(~(den_t > 0)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.sum(numerator_t / den_t)), -1
+
+
+def _wpdis_value(sums: Sums, context: Context) -> tuple[float | None, int]:
+    """(WPDIS of ``sums`` or None, the first step with no weight left, else -1)."""
+    return self_normalised_value(sums, context.discount_t * sums.step_sums["wr_t"])
+
+
+def grouped_jackknife(value_of, values_of=None):
+    """finalize() of an estimator whose ``value_of(sums, context) -> (value or None, first
+    step with no weight left)`` is not a plain mean: the value, and a delete-a-group
+    jackknife standard error over the non-empty id-hash groups. ``values_of(sums,
+    context) -> [G]`` (NaN where undefined), given, evaluates every leave-out at once on
+    ``Grouped.leave_one_out``'s sums."""
+
+    def finalize(grouped: Grouped, context: Context) -> Point:
+        value, empty_step = value_of(grouped.totals, context)
+        if value is None:
+            if empty_step < 0:
+                return Point(None, None, "not finite (V-hat or the weighted sums overflow)")
+            return Point(None, None, f"every episode has zero weight at step {empty_step}")
+        groups = grouped.groups
+        if groups.size < 2:
+            return Point(finite(value), None, "too few episode groups for a standard error")
+        if values_of is not None and grouped.leave_one_out is not None:
+            every = np.asarray(values_of(grouped.leave_one_out(), context), np.float64)
+            leave_out = [None if np.isnan(v) else float(v) for v in every]
+        else:
+            leave_out = [value_of(grouped.select(groups[groups != g]), context)[0] for g in groups]
+        if any(v is None for v in leave_out):
+            return Point(
+                finite(value), None, "a group holds all the weight at some step; no standard error"
+            )
+        leave_out_g = np.asarray(leave_out)
+        k = groups.size
+        with np.errstate(over="ignore", invalid="ignore"):
+            stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
+        return Point(finite(value), finite(stderr))
+
+    return finalize
+
+
+wpdis_finalize = grouped_jackknife(
+    _wpdis_value, lambda sums, context: wpdis_replicates(sums, context)[0]
+)
+wpdis_finalize.__doc__ = """WPDIS = sum_t gamma^t sum_i W_it r_it / sum_i W_it, with a
+delete-a-group jackknife standard error over the non-empty id-hash groups."""
+
+
+def wpdis_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
+    """[R] WPDIS of each bootstrap replicate (NaN where some step has no weight); no
+    replicate standard errors, so bootstrap-t falls back to the percentile interval."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sum(_wpdis_terms(sums, context.discount_t), axis=-1), None
+
+
+IS = register(
+    Estimator(
+        name="is",
+        title="IS",
+        stderr_method="sample standard error",
+        sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
+        finish=trajectory_values,
+        finalize=closed_form(is_values, "the trajectory weights overflow float64"),
+        term="sum_wg",
+        replicates=replicates_of(is_values),
+        studentized=True,
+        betting="trajectory",
+    )
+)
+WIS = register(
+    Estimator(
+        name="wis",
+        title="WIS",
+        stderr_method="delta method",
+        sums=(
+            Sum("sum_wg", TRAJECTORY),
+            Sum("wis_w", TRAJECTORY, moments=1),
+            Sum("wis_w2", TRAJECTORY, power=2, moments=2),
+        ),
+        finish=trajectory_values,
+        finalize=closed_form(wis_values, "every trajectory weight is zero"),
+        replicates=replicates_of(wis_values),
+        studentized=True,
+        betting="trajectory",
+    )
+)
+PDIS = register(
+    Estimator(
+        name="pdis",
+        title="PDIS",
+        stderr_method="sample standard error",
+        sums=(Sum("sum_p", DECISION), Sum("sum_p2", DECISION, power=2)),
+        init=per_decision_init,
+        advance=per_decision_advance,
+        finish=per_decision_values,
+        finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
+        term="sum_p",
+        replicates=replicates_of(pdis_values),
+        studentized=True,
+        betting="decision",
+    )
+)
+WPDIS = register(
+    Estimator(
+        name="wpdis",
+        title="WPDIS",
+        stderr_method="grouped jackknife over 32 episode-id hash groups",
+        sums=(StepSum("wr_t", STEP, after_end="zero"), StepSum("w_t", STEP, after_end="hold")),
+        finalize=wpdis_finalize,
+        replicates=wpdis_replicates,
+        betting="decision",
+    )
+)

@@ -1,0 +1,196 @@
+"""What an evaluation reads and evaluates with, and the models it fits first.
+
+``open_inputs(config)`` opens the data (``episode_stream.open_episodes``) and loads the
+policies, the behavior policy and the Q sources, checked against the data's columns;
+``fit_models`` returns the inputs with what ``--behavior estimate`` and ``--q fit`` fit,
+each a pass over the episodes as the evaluation validates them. ``pipeline.stream`` pads
+the result: fit, then evaluate with what was fitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+from ope_cli.config import EvaluationConfig
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.validate import Check
+from ope_cli.estimation.distributed import share_files
+from ope_cli.estimation.run_plan import IntervalPlan, plan_intervals
+from ope_cli.models.behavior import (
+    BehaviorSource,
+    column_source,
+    is_estimate,
+    load_behavior,
+    policy_source,
+)
+from ope_cli.models.policies import (
+    Policy,
+    check_against_schema,
+    chunk_checks,
+    load_policies,
+    logged_policy,
+)
+from ope_cli.models.qfunctions import FIT, QFunction, check_q, load_qs
+from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
+
+Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationInputs:
+    """What an evaluation pass reads and evaluates with, resolved before it reads a row.
+
+    Attributes:
+      config: the run's settings, the discount resolved (``plan.gamma_source`` says whence).
+      episodes: this process's share of the episodes (its files).
+      files: the count of files of all processes.
+      policies: the evaluation policies, in order.
+      plan: the interval method and the bounds checked with the data.
+      behavior: the ``--behavior`` policy (or the fitted one); None: the data's column.
+      behavior_source: where pi_b comes from, for the report; None: to be estimated.
+      qs: one Q function per policy (a ``fit`` one until fitted), or None without a Q source.
+    """
+
+    config: EvaluationConfig
+    episodes: EpisodeStream
+    files: int
+    policies: list[Policy]
+    plan: IntervalPlan
+    behavior: Policy | None = None
+    behavior_source: BehaviorSource | None = None
+    qs: list[QFunction] | None = None
+
+    def chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
+        """Action and state ranges and bounds, validated with the data."""
+        for policy in self.policies:
+            yield from chunk_checks(policy, chunk)
+        for q, policy in zip(self.qs or (), self.policies, strict=False):
+            yield from q_chunk_checks(q, policy, chunk)
+        yield from self.plan.chunk_checks(chunk)
+
+    def checked_episodes(self) -> EpisodeStream:
+        """The episodes as the evaluation validates them (with ``chunk_checks``)."""
+        return self.episodes.with_checks(self.chunk_checks)
+
+
+def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> EvaluationInputs:
+    """Opens the data of ``config`` and loads its policies, behavior policy and Q sources,
+    checked against the data's columns; no row is read. ``process`` = (process id, number
+    of processes): this process's share of the files. Raises OpeError subclasses."""
+    policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
+    episodes = open_episodes(data_config(config))
+    schema = episodes.schema
+    behavior = None
+    if config.behavior is not None and not is_estimate(config.behavior):
+        behavior = load_behavior(config.behavior, schema)
+    for policy in policies:
+        if policy.kind != "logged":
+            check_against_schema(policy, schema)
+    columns = config.columns
+    critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
+    qs = load_qs(config.q, policies, critic)
+    for q, policy in zip(qs or [], policies if qs else [], strict=True):
+        check_q(q, policy, schema)
+    plan = plan_intervals(config, episodes.data.declared_bounds())
+    config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
+    files = len(episodes.data.files)
+    process_id, num_processes = process
+    if num_processes > 1:
+        episodes = episodes.restrict(share_files(episodes.data.files, process_id, num_processes))
+    source = (
+        policy_source(behavior)
+        if behavior is not None
+        else column_source(schema)
+        if schema.behavior_logged
+        else None  # estimated: set by the fit
+    )
+    return EvaluationInputs(config, episodes, files, policies, plan, behavior, source, qs)
+
+
+def data_config(config: EvaluationConfig) -> DataConfig:
+    """How ``ope evaluate`` reads its data: the target probabilities from the data without
+    ``--policy``, the behavior probabilities without ``--behavior``."""
+    return DataConfig(
+        config.data,
+        config.columns,
+        config.batching.read_rows,
+        config.on_invalid,
+        target_column="unread" if config.policies else "required",
+        behavior_column="required" if config.behavior is None else "unread",
+    )
+
+
+def fit_models(
+    inputs: EvaluationInputs,
+    collectives: Collectives | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> EvaluationInputs:
+    """``inputs`` with the models the run fits before its evaluation pass: the behavior
+    policy of ``--behavior estimate`` (a pass over the data), then each policy's Q-hat of
+    ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
+    check_all), else None. The same inputs when there is nothing to fit."""
+    estimating = is_estimate(inputs.config.behavior)
+    fitting_q = any(q.kind == FIT for q in inputs.qs or ())
+    passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
+    say = on_status or (lambda text: None)
+    if estimating:
+        say(f"fitting the behavior policy (pass 1 of {passes}) ...")
+        inputs = with_estimated_behavior(inputs, collectives)
+    if fitting_q:
+        say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
+        inputs = with_fitted_qs(inputs, collectives)
+    if passes > 1:
+        say(f"evaluating (pass {passes} of {passes})")
+    return inputs
+
+
+def with_estimated_behavior(
+    inputs: EvaluationInputs, collectives: Collectives | None = None
+) -> EvaluationInputs:
+    """``inputs`` with the behavior policy of ``--behavior estimate[:MODEL]`` fitted on
+    the episodes as the evaluation validates them."""
+    from ope_cli.models.behavior_models.base import parse_model
+    from ope_cli.models.behavior_models.fitting import (
+        choose_model,
+        fit_behavior,
+        logged_propensity_column,
+    )
+
+    config, episodes = inputs.config, inputs.episodes
+    option = f"--behavior {config.behavior}"
+    model = choose_model(parse_model(config.behavior), episodes.schema, option)
+    estimated = fit_behavior(
+        inputs.checked_episodes(),
+        model,
+        folds=config.behavior_cross_fit,
+        min_propensity=config.min_propensity,
+        collectives=collectives,
+    )
+    source = estimated.source(logged_propensity_column(episodes))
+    return dataclasses.replace(inputs, behavior=estimated.policy, behavior_source=source)
+
+
+def with_fitted_qs(
+    inputs: EvaluationInputs, collectives: Collectives | None = None
+) -> EvaluationInputs:
+    """``inputs`` with every ``--q fit`` Q source fitted, policy by policy (each pass
+    validated with the Q functions fitted before it)."""
+    from ope_cli.models.fitted_q import fit_q_function
+
+    config, qs = inputs.config, list(inputs.qs or ())
+    for index, (q, policy) in enumerate(zip(qs, inputs.policies, strict=True)):
+        if q.kind != FIT:
+            continue
+        so_far = dataclasses.replace(inputs, qs=list(qs))
+        qs[index] = fit_q_function(
+            so_far.checked_episodes(),
+            policy,
+            q.name,
+            gamma=config.gamma,
+            folds=config.cross_fit,
+            seed=config.seed,
+            collectives=collectives,
+        )
+    return dataclasses.replace(inputs, qs=qs)

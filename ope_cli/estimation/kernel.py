@@ -1,0 +1,782 @@
+"""The jitted kernel: a batch of episodes walked in fixed time windows.
+
+Two compiled functions serve each configuration (policy kind, estimators, Q source,
+behavior policy, bootstrap replicates, betting): ``_advance_kernel`` vmaps a policy's
+per-step log_prob over the [B, C] steps of a window and the stacked policies [P], carries
+every episode's state ([P, B] leaves: ``estimators.reduction.EpisodeCarry``) to the next window
+and returns the window's per-step sums; ``_finish_kernel`` turns the carries into the
+batch's scalar sums, with shapes that depend on B alone. The time axis is never a compiled
+dimension: a batch of any length is a sequence of windows of one of a few fixed shapes
+(``buckets.window_shapes``). With a ``--behavior`` policy, its log pi_b(a|s) replaces the
+window's ``log_behavior`` inside the same call (its params are one more input).
+A persistent compilation cache (``runtime.enable_compilation_cache``) and the kept
+kernels of ``kernel_cache`` carry compilations across processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ope_cli.data.buckets import PaddedBatch
+from ope_cli.data.ids import fold_index
+from ope_cli.data.steps import map_arrays
+from ope_cli.errors import PolicyError, UsageError, summary
+from ope_cli.estimation import kernel_cache
+from ope_cli.estimation.bootstrap_counts import replicate_counts
+from ope_cli.estimation.estimators import available, get
+from ope_cli.estimation.estimators.base import sum_spec
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.estimators.reduction import (
+    BatchStatistics,
+    EpisodeCarry,
+    ScalarStatistics,
+    StepStatistics,
+    WeightedWindow,
+    advance_window,
+    combine,
+    episode_terms,
+    finish_batch,
+    init_carry,
+    lagged,
+    log_ratios,
+)
+from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
+from ope_cli.models.behavior import ZeroProbabilitySteps
+from ope_cli.models.policies import LogProbFn, Policy
+from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
+
+BATCH_AXIS = "batch"
+
+
+def trace_count() -> int:
+    """How many kernels this process compiled (or fetched from the persistent cache): one
+    per window or batch shape of each configuration and function."""
+    return kernel_cache.compilation_count()
+
+
+@dataclasses.dataclass
+class PolicyGroup:
+    """Policies evaluated by one kernel: one entry point, the logged target, or checkpoints
+    of one kind and shapes, stacked (with their Q functions, when a Q source is given:
+    ``qs``, one per policy, also of one kind and shapes). ``indices`` are their positions
+    on the command line."""
+
+    policies: list[Policy]
+    indices: list[int]
+    qs: list[QFunction] | None = None
+
+    @property
+    def head(self) -> Policy:
+        return self.policies[0]
+
+    def stacked_params(self, dtype) -> dict[str, jax.Array] | None:
+        """Parameters with a leading policy axis [P, ...], or None without parameters."""
+        return _stacked([p.params for p in self.policies], dtype)
+
+    def stacked_q_params(self, dtype) -> dict[str, jax.Array] | None:
+        """The Q functions' parameters with a leading policy axis [P, ...], or None."""
+        return _stacked([q.params for q in self.qs or ()], dtype)
+
+
+def _stacked(params: list[dict[str, np.ndarray] | None], dtype) -> dict[str, jax.Array] | None:
+    """Equally shaped parameter dicts stacked along a new leading axis, as ``dtype``; None
+    when there are none (no records, or records without parameters)."""
+    if not params or params[0] is None:
+        return None
+    return {key: _on_device(np.stack([p[key] for p in params]), dtype) for key in params[0]}
+
+
+def _on_device(value, dtype) -> jax.Array:
+    """``value`` as a ``dtype`` device array, converted by NumPy on the host: a conversion
+    on the device is an eager JAX op, compiled (or looked up in the cache) per process."""
+    return jax.device_put(np.asarray(value, dtype))
+
+
+def group_policies(
+    policies: Sequence[Policy], qs: Sequence[QFunction] | None = None
+) -> list[PolicyGroup]:
+    """Groups stackable policies (and Q functions), keeping first-appearance order."""
+    groups: dict[tuple, PolicyGroup] = {}
+    for index, policy in enumerate(policies):
+        q = None if qs is None else qs[index]
+        # a policy without parameters (an entry point) is one function: the same one given
+        # twice is evaluated twice, never stacked (nothing to stack along)
+        own = policy.stack_key if policy.params is not None else (*policy.stack_key, index)
+        key = (own, None if q is None else q.stack_key)
+        group = groups.setdefault(key, PolicyGroup([], [], None if q is None else []))
+        group.policies.append(policy)
+        group.indices.append(index)
+        if q is not None:
+            group.qs.append(q)
+    return list(groups.values())
+
+
+def _policy_log_probs(
+    log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
+):
+    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params).
+
+    The policies are the innermost vmap: each step's features meet the P stacked
+    parameters in one product ([B C, d] x [d, P ...]) whose output is already in [B, C, P]
+    order, with no [P, B, C, ...] transposition of every policy's intermediate values."""
+    if log_prob is None:  # logged target probabilities
+        return log_target[None]
+    if params is None:
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        log_pi = per_step(None, observation, action)[None]
+    else:
+        policies = jax.vmap(log_prob, in_axes=(0, None, None))  # one step -> [P]
+        per_step = jax.vmap(jax.vmap(policies, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        log_pi = jnp.moveaxis(per_step(params, observation, action), 2, 0)  # [B, C, P] first
+    if log_pi.shape[1:] != step_mask.shape:
+        raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[3:]}")
+    return log_pi.astype(dtype)
+
+
+def behavior_log_probs(
+    log_prob: LogProbFn, params, observation, action, dtype, fold=None
+) -> jax.Array:
+    """[B, C] log pi_b(a_t | s_t) of the behavior policy (one policy, ``params`` unstacked);
+    cross-fitted: ``params`` [K, ...] and episode b uses fold ``fold`` [B] of them."""
+    if fold is None:
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    else:
+        params = jax.tree.map(lambda p: p[fold], params)  # [B, ...]
+        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(0, 0, 0))
+    log_b = per_step(params, observation, action)
+    if log_b.shape != action.shape[:2]:
+        raise PolicyError(f"log_prob must return a scalar per step, got shape {log_b.shape[2:]}")
+    return log_b.astype(dtype)
+
+
+def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroProbabilitySteps:
+    """How many real steps of the window ``batch`` (column 0: step ``start``) have a
+    non-finite behavior log-probability ``log_b`` [B, C] (-inf: the logged action has
+    probability 0), and the first one; leaves [1]."""
+    bad = batch.step_mask & ~jnp.isfinite(log_b)
+    first = jnp.argmax(bad.reshape(-1))
+    episode, step = jnp.divmod(first, bad.shape[1])
+    return ZeroProbabilitySteps(
+        count=jnp.sum(bad, dtype=jnp.int32)[None],
+        key_hi=batch.key_hi[episode][None],
+        key_lo=batch.key_lo[episode][None],
+        step=(step + start).astype(jnp.int32)[None],
+        value=log_b.reshape(-1)[first][None],
+    )
+
+
+def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):  # noqa: PLR0913
+    """{"q_t", "v_t": [P, B, C]} of every policy of a group, or {} without a Q source."""
+    if spec is None:
+        return {}
+
+    def one_policy(policy_params, q_params_p):
+        return episode_q_fields(
+            spec, log_prob, policy_params, q_params_p, batch, seed, dtype, start
+        )
+
+    if params is None and q_params is None:
+        return jax.tree.map(lambda x: x[None], one_policy(None, None))
+    return jax.vmap(one_policy, in_axes=(None if params is None else 0, 0))(params, q_params)
+
+
+class Static(NamedTuple):
+    """The static (compile-time) configuration of a policy group's kernels: a hashable
+    record, so that one compiled kernel serves every window of that configuration."""
+
+    log_prob: LogProbFn | None
+    behavior_log_prob: LogProbFn | None
+    behavior_folds: int
+    num_groups: int
+    dtype: str
+    mesh: Mesh | None
+    estimators: tuple[str, ...]
+    q: QSpec | None
+    betting: bool
+    terms: bool = False  # the finish also returns each episode's terms (``episode_terms``)
+
+
+def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
+    """(window, ZeroProbabilitySteps or None): the window's log_behavior replaced by the
+    ``--behavior`` policy's log-probabilities when there is one."""
+    if static.behavior_log_prob is None:
+        return window, None
+    dtype = static.dtype
+    observation, action = window.steps.observation, window.steps.action
+    if jnp.issubdtype(observation.dtype, jnp.floating):
+        observation = observation.astype(dtype)
+    if jnp.issubdtype(action.dtype, jnp.floating):
+        action = action.astype(dtype)
+    fold = None
+    if static.behavior_folds > 1:  # cross-fitted: each episode's fold, from its id key
+        fold = fold_index(window.key_hi, window.key_lo, static.behavior_folds, jnp)
+    log_b = behavior_log_probs(
+        static.behavior_log_prob, behavior_params, observation, action, dtype, fold
+    )
+    window = window._replace(steps=window.steps._replace(log_behavior=log_b))
+    return window, zero_probability_steps(log_b, window, start)
+
+
+def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
+    params,
+    behavior_params,
+    q_params,
+    window: PaddedBatch,
+    start,
+    carry: EpisodeCarry,
+    counts,
+    gamma,
+    seed,
+    betting_range,
+    static: Static,
+):
+    """(carry, StepStatistics [P, ...], ZeroProbabilitySteps or None) of the next C steps of
+    (this device's share of) a batch for the P stacked ``params`` of one policy group; not
+    jitted. ``window``: PaddedBatch fields [B, C, ...], column 0 at step ``start``;
+    ``carry``: EpisodeCarry of [P, L] leaves, L >= B, its first B lanes the window's
+    episodes (a carry of one size serves every window shape, so the finish compiles once);
+    ``counts``: [B, R] bootstrap counts."""
+    window, zero_behavior = _with_behavior(window, start, behavior_params, static)
+    dtype = static.dtype
+    steps = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, window.steps
+    )
+    log_pi = _policy_log_probs(
+        static.log_prob,
+        params,
+        steps.observation,
+        steps.action,
+        steps.log_target,
+        window.step_mask,
+        dtype,
+    )
+    window = window._replace(steps=steps)
+    fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
+    betting = betting_range if static.betting else None
+
+    def per_policy(carry_b, log_pi_bc, fields_bc):
+        weighted = WeightedWindow(
+            log_ratios(log_pi_bc, steps.log_behavior, window.step_mask),
+            steps.reward,
+            window.step_mask,
+            window.episode_mask,
+            window.group,
+            counts,
+            start,
+            fields_bc,
+        )
+        return advance_window(
+            carry_b, weighted, gamma, static.num_groups, static.estimators, betting
+        )
+
+    lanes = window.step_mask.shape[0]
+    own = jax.tree.map(lambda x: x[:, :lanes], carry)
+    own, statistics = jax.vmap(per_policy)(own, log_pi, fields)
+    carry = jax.tree.map(lambda full, part: full.at[:, :lanes].set(part), carry, own)
+    return carry, statistics, zero_behavior
+
+
+def finish_statistics(  # noqa: PLR0913 - the finish kernel's inputs, in its order
+    carry: EpisodeCarry, episode_mask, group, counts, betting_range, static
+):
+    """(ScalarStatistics [P, ...], {name: [P, L]} episode terms or None) of (this device's
+    share of) a batch whose last window was walked: ``carry`` [P, L] leaves,
+    ``episode_mask`` and ``group`` [L] and ``counts`` [L, R] laid out as its lanes
+    (``Kernel.carry_layout``); the terms (``episode_terms``) with ``static.terms``; not
+    jitted."""
+    betting = betting_range if static.betting else None
+    scalar = jax.vmap(
+        lambda c: finish_batch(
+            c, episode_mask, group, counts, static.num_groups, static.estimators, betting
+        )
+    )(carry)
+    if not static.terms:
+        return scalar, None
+    return scalar, jax.vmap(lambda c: episode_terms(c, static.estimators))(carry)
+
+
+def _leading_device_axis(tree):
+    return jax.tree.map(lambda x: x[None], tree)
+
+
+def _carry_spec(carry):
+    return jax.tree.map(lambda _: PartitionSpec(None, BATCH_AXIS), carry)
+
+
+@functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
+def _advance_kernel(*args, static: Static):
+    """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None) of
+    ``window_statistics`` on ``args`` (its inputs, in its order): one row per device of
+    ``static.mesh`` (D = 1 without one).
+
+    With a mesh, each device walks its own share of the episodes (every leaf of ``window``,
+    ``carry`` and ``counts`` is split along its episode axis) and the per-device partials
+    come back to the host to be merged there: no cross-device collective runs inside the
+    kernel, so any number of calls can be in flight without deadlocking.
+    """
+    kernel_cache.count_compilation()
+
+    def run(*args):
+        carry, statistics, zero = window_statistics(*args, static)
+        return carry, _leading_device_axis(statistics), zero
+
+    if static.mesh is None:
+        return run(*args)
+    window, carry = args[3], args[5]
+    by_episode, replicated = PartitionSpec(BATCH_AXIS), PartitionSpec()
+    in_specs = (
+        *(replicated,) * 3,
+        jax.tree.map(lambda _: by_episode, window),
+        replicated,
+        _carry_spec(carry),
+        by_episode,
+        *(replicated,) * 3,
+    )
+    out_specs = (_carry_spec(carry), by_episode, by_episode)
+    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+
+
+@functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
+def _finish_kernel(carry: EpisodeCarry, episode_mask, group, counts, betting_range, *, static):
+    """(ScalarStatistics [D, P, ...], episode terms {name: [P, L]} or None) of a batch whose
+    last window was walked."""
+    kernel_cache.count_compilation()
+
+    def run(*args):
+        scalar, terms = finish_statistics(*args, static)
+        return _leading_device_axis(scalar), terms
+
+    args = (carry, episode_mask, group, counts, betting_range)
+    if static.mesh is None:
+        return run(*args)
+    by_episode = PartitionSpec(BATCH_AXIS)
+    in_specs = (_carry_spec(carry), by_episode, by_episode, by_episode, PartitionSpec())
+    if not static.terms:
+        scalar_only = jax.shard_map(
+            lambda *a: run(*a)[0], mesh=static.mesh, in_specs=in_specs, out_specs=by_episode
+        )
+        return scalar_only(*args), None
+    out_specs = (by_episode, PartitionSpec(None, BATCH_AXIS))
+    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+
+
+def _signature(args) -> tuple:
+    return tuple(None if x is None else (x.shape, x.dtype) for x in jax.tree.leaves(args))
+
+
+def local_mesh(devices: int | None = None) -> Mesh | None:
+    """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
+    available = jax.local_devices()
+    count = len(available) if devices is None else devices
+    if not 1 <= count <= len(available):
+        raise UsageError(f"--devices {count}: this process has {len(available)} device(s)")
+    if count == 1:
+        return None
+    return Mesh(np.array(available[:count]), (BATCH_AXIS,))
+
+
+def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+    """(start, window) of a host ``batch`` [B, T] cut into windows [B, width] (contiguous
+    copies of its columns start:start + width), in order; T must be a multiple of width."""
+    length = batch.shape[1]
+    if length % width:
+        raise ValueError(f"a batch of {length} steps is not walked in windows of {width}")
+    out = []
+    for start in range(0, length, width):
+
+        def columns(x, start=start):
+            return np.ascontiguousarray(x[:, start : start + width]) if x.ndim > 1 else x
+
+        out.append((start, map_arrays(columns, batch)))
+    return out
+
+
+class KernelOutput(NamedTuple):
+    """What one batch's kernel calls return (device arrays, dispatched asynchronously):
+    each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
+    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), the
+    batch's length T, and with ``terms`` each episode's terms {name: [P, L]} (else None)
+    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R])."""
+
+    windows: list[tuple[int, StepStatistics]]
+    scalar: ScalarStatistics
+    zero_behavior: list[ZeroProbabilitySteps] | None
+    length: int
+    terms: dict | None = None
+    lanes: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def assemble(output: KernelOutput) -> BatchStatistics:
+    """The BatchStatistics [D, P, ...] of a batch (host arrays) from its KernelOutput (host
+    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier."""
+    length = output.length
+    fields = {}
+    for field in StepStatistics._fields:
+        assembled = {}
+        for name, first in getattr(output.windows[0][1], field).items():
+            lag = "log_scales" not in field and sum_spec(name).lag
+            full = np.zeros((*first.shape[:-1], length), first.dtype)
+            for start, statistics in output.windows:
+                part = np.asarray(getattr(statistics, field)[name])
+                if lag:  # column c holds step start + c - 1
+                    low = max(start - 1, 0)
+                    part = part[..., low - (start - 1) :]
+                    full[..., low : low + part.shape[-1]] = part
+                else:
+                    full[..., start : start + part.shape[-1]] = part
+            assembled[name] = full
+        fields[field] = assembled
+    return combine(StepStatistics(**fields), output.scalar)
+
+
+class Kernel:
+    """``(batch, width) -> KernelOutput`` for one policy group: the batch walked in windows
+    of ``width`` steps, the episode axis sharded over ``mesh`` when given; with
+    ``behavior``, its log-probabilities replace the logged ones."""
+
+    def __init__(  # noqa: PLR0913 - the behavior policy is keyword-only
+        self,
+        group: PolicyGroup,
+        gamma: float,
+        num_groups: int,
+        dtype,
+        mesh: Mesh | None,
+        num_replicates: int = 0,
+        seed: int = 0,
+        betting_range: tuple[float, float, float] | None = None,
+        *,
+        behavior: Policy | None = None,
+        v_samples: int = 16,
+        carry_lanes: int | None = None,
+        terms: bool = False,
+    ):
+        self.group = group
+        # lanes of the carry, whatever the window's (None: the window's): one finish kernel
+        self.carry_lanes = carry_lanes
+        self._initial: dict[int, EpisodeCarry] = {}
+        self.behavior = behavior
+        q = None if group.qs is None else q_spec(group.qs[0], group.head, v_samples)
+        self.dtype = np.dtype(dtype)
+        self.gamma = _on_device(gamma, self.dtype)
+        self.seed = _on_device(seed, np.uint32)
+        self.num_replicates = num_replicates
+        # (a, b, H) of estimators.reduction.betting_variables; None: no betting histogram
+        self.betting_range = _on_device(
+            (0.0, 0.0, 0.0) if betting_range is None else betting_range, self.dtype
+        )
+        self.mesh = mesh
+        self.params = group.stacked_params(self.dtype)
+        self.q_params = group.stacked_q_params(self.dtype)
+        self.behavior_params = (
+            None
+            if behavior is None or behavior.params is None
+            else {k: _on_device(v, self.dtype) for k, v in behavior.params.items()}
+        )
+        self.static = Static(
+            log_prob=group.head.log_prob,
+            behavior_log_prob=None if behavior is None else behavior.log_prob,
+            behavior_folds=1 if behavior is None else behavior.folds,
+            num_groups=num_groups,
+            dtype=self.dtype.name,
+            mesh=mesh,
+            # every estimator registered when the kernel is made that the inputs allow
+            estimators=available(Q_FIELDS if q is not None else ()),
+            q=q,
+            betting=betting_range is not None,
+            terms=terms,
+        )
+        self._sharding = (
+            NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
+        )
+        self._carry_sharding = (
+            NamedSharding(mesh, PartitionSpec(None, BATCH_AXIS)) if mesh is not None else None
+        )
+        self._calls: dict[tuple, Callable] = {}  # (function, signature) -> compiled call
+
+    @property
+    def estimators(self) -> tuple[str, ...]:
+        return self.static.estimators
+
+    def _estimator_code(self) -> list[Callable]:
+        code = []
+        for name in self.static.estimators:
+            estimator = get(name)
+            code += [estimator.init, estimator.advance, estimator.finish]
+        return code
+
+    def _call(self, function, args: tuple) -> tuple:
+        """``function`` (a jitted kernel) on ``args``: a compiled kernel kept on disk
+        (``kernel_cache``) when there is a compilation cache and the code is the package's
+        own, else the jitted function (compiled once per shape in this process)."""
+        signature = (function.__name__, jax.tree.structure(args), _signature(args))
+        call = self._calls.get(signature)
+        if call is None:
+            static = {"static": self.static}
+            named = {"kernel": function.__name__, **self.static._asdict()}
+            key = kernel_cache.kernel_key(args, named, self._estimator_code())
+            compiled = (
+                None
+                if key is None
+                else kernel_cache.load_or_compile(
+                    functools.partial(_compile_named, function, args, static), key
+                )
+            )
+            call = compiled or functools.partial(function, **static)
+            self._calls[signature] = call
+        return call(*args)
+
+    def _narrow(self, x: np.ndarray) -> np.ndarray:
+        """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
+        narrower ones are widened on the device."""
+        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
+            return x.astype(self.dtype)
+        return x
+
+    def initial_carry(self, lanes: int) -> EpisodeCarry:
+        """The carry before a batch's first window: [P, L] leaves on the device(s), made
+        once per L (the kernel never writes into its inputs)."""
+        if lanes not in self._initial:
+            policies = 1 if self.params is None else len(self.group.policies)
+            zero = np.zeros((policies, lanes), self.dtype)
+            carry = init_carry(zero, self.static.estimators, self.static.betting)
+            carry = jax.tree.map(
+                lambda x: np.ascontiguousarray(np.broadcast_to(x, zero.shape)), carry
+            )
+            self._initial[lanes] = jax.device_put(carry, self._carry_sharding)
+        return self._initial[lanes]
+
+    def carry_layout(self, x: np.ndarray, lanes: int) -> np.ndarray:
+        """A window's per-episode array ``x`` [B, ...] laid out as the carry's ``lanes``
+        lanes: on each of D devices, the device's B / D episodes first, then filler."""
+        if lanes == x.shape[0]:
+            return x
+        devices = 1 if self.mesh is None else self.mesh.size
+        own, total = x.shape[0] // devices, lanes // devices
+        out = np.zeros((lanes, *x.shape[1:]), x.dtype)
+        for device in range(devices):
+            out[device * total : device * total + own] = x[device * own : (device + 1) * own]
+        return out
+
+    def windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+        """(start, [B, width] window) of ``batch`` (host arrays, narrowed), in order."""
+        return split_windows(jax.tree.map(self._narrow, batch), width)  # None stays None
+
+    def device_windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+        """``windows`` for the device(s): with a mesh, put there with the episode axis split
+        over it; on one device, host arrays, which the compiled call copies in for a
+        quarter of what a ``device_put`` per window costs."""
+        windows = self.windows(batch, width)
+        if self._sharding is None:
+            return windows
+        return [(start, jax.device_put(window, self._sharding)) for start, window in windows]
+
+    def counts(self, batch: PaddedBatch) -> np.ndarray:
+        """[B, R] bootstrap counts of the batch's episodes (host)."""
+        return replicate_counts(batch.key_hi, batch.key_lo, self.seed, self.num_replicates)
+
+    def __call__(self, batch: PaddedBatch, width: int | None = None) -> KernelOutput:
+        """Dispatches every window of ``batch`` ([B, T], T a multiple of ``width``; None:
+        one window of T) and the finish; returns device arrays."""
+        width = batch.shape[1] if width is None else width
+        return self.walk(self.device_windows(batch, width), self.counts(batch))
+
+    def _lanes_of_carry(self, lanes: int) -> int:
+        """The carry's lanes for windows of ``lanes`` (``carry_lanes`` when it is more)."""
+        return max(lanes, self.carry_lanes or 0)
+
+    def _advance_args(self, window: PaddedBatch, start: int, carry, counts) -> tuple:
+        """The advance kernel's inputs, in ``window_statistics``' order."""
+        fixed = (self.params, self.behavior_params, self.q_params)
+        scalars = (self.gamma, self.seed, self.betting_range)
+        return (*fixed, window, np.int32(start), carry, counts, *scalars)
+
+    def walk(self, windows: list[tuple[int, PaddedBatch]], counts: np.ndarray) -> KernelOutput:
+        """Dispatches the advance kernel on each of a batch's ``windows`` (in order; host
+        arrays, or on the device(s)) and the finish kernel, with the batch's [B, R]
+        bootstrap ``counts`` (host); returns device arrays."""
+        lanes, width = windows[0][1].step_mask.shape
+        carry_lanes = self._lanes_of_carry(lanes)
+        carry = self.initial_carry(carry_lanes)
+        window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
+        steps, zero_behavior = [], []
+        with self._user_code_errors():
+            for start, window in windows:
+                args = self._advance_args(window, start, carry, window_counts)
+                carry, statistics, zero = self._call(_advance_kernel, args)
+                steps.append((start, statistics))
+                zero_behavior.append(zero)
+            last = windows[-1][1]
+            laid_out = [
+                self.carry_layout(np.asarray(x), carry_lanes)
+                for x in (last.episode_mask, last.group, counts)
+            ]
+            lanes = (laid_out[0], laid_out[2])
+            if self._sharding is not None:
+                laid_out = jax.device_put(laid_out, self._sharding)
+            scalar, terms = self._call(_finish_kernel, (carry, *laid_out, self.betting_range))
+        zero_behavior = None if self.behavior is None else zero_behavior
+        lanes = lanes if self.static.terms else None
+        return KernelOutput(steps, scalar, zero_behavior, len(windows) * width, terms, lanes)
+
+    def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):
+        """(args, kernel key or None, its kept file or None) of the advance kernel on an
+        empty [lanes, width] window with ``template``'s dtypes."""
+
+        def empty(x):
+            size = (lanes, width) if x.ndim > 1 else (lanes,)
+            return np.zeros((*size, *x.shape[len(size) :]), x.dtype)
+
+        window = map_arrays(empty, jax.tree.map(self._narrow, template))
+        counts = np.zeros((lanes, self.num_replicates), np.uint8)
+        if self._sharding is not None:
+            window, counts = jax.device_put((window, counts), self._sharding)
+        args = self._advance_args(window, 0, self.initial_carry(carry_lanes), counts)
+        named = {"kernel": _advance_kernel.__name__, **self.static._asdict()}
+        key = kernel_cache.kernel_key(args, named, self._estimator_code())
+        folder = kernel_cache.directory()
+        path = None if key is None or folder is None else folder / f"{key}.bin"
+        return args, key, path
+
+    def is_kept(self, template: PaddedBatch, lanes: int, width: int) -> bool:
+        """Whether the advance kernel of window shape [lanes, width] is kept on disk
+        (``kernel_cache``): a new process loads it rather than compiling."""
+        _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
+        return path is not None and path.is_file()
+
+    def compile_catalogue(self, template: PaddedBatch, shapes) -> int:
+        """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of
+        ``shapes`` (``buckets.WindowShape``) that this configuration has not kept yet, from
+        an empty window with ``template``'s dtypes, so that later data of any lengths
+        compiles nothing. Only where kernels are kept (the package's own code, a
+        compilation cache); returns how many it compiled."""
+        compiled = 0
+        carry_lanes = self._lanes_of_carry(max(shape.lanes for shape in shapes))
+        for shape in shapes:
+            args, key, path = self._empty_call(template, shape.lanes, shape.width, carry_lanes)
+            signature = (_advance_kernel.__name__, jax.tree.structure(args), _signature(args))
+            if signature in self._calls or path is None or path.is_file():
+                continue
+            static = {"static": self.static}
+            compile_named = functools.partial(_compile_named, _advance_kernel, args, static)
+            compiled += kernel_cache.load_or_compile(compile_named, key) is not None
+        return compiled
+
+    def _user_code_errors(self):
+        """A context that reports an error raised by user code under jit as a PolicyError."""
+        head = self.group.head
+        user_code = [
+            f"policy {p.name}"
+            for p in (head, self.behavior)
+            if p is not None and p.kind == "entry_point"
+        ]
+        user_code += [
+            f"Q function {q.name}" for q in self.group.qs or () if q.kind == "entry_point"
+        ][:1]
+        return _UserCode(" / ".join(user_code) if user_code else None)
+
+
+class _UserCode:
+    """Turns an exception raised while user code (``names``) is traced into a PolicyError."""
+
+    def __init__(self, names: str | None):
+        self.names = names
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or self.names is None or not isinstance(error, Exception):
+            return False
+        if isinstance(error, PolicyError):
+            raise PolicyError(f"{self.names}: {error}") from None
+        raise PolicyError(
+            f"{self.names} cannot be evaluated under jax.jit/vmap "
+            f"(is it JAX-traceable?): {summary(error)}"
+        ) from None
+
+
+def _compile_named(function, args: tuple, static: dict, name: str):
+    """``function`` (a jitted kernel) compiled for ``args``' shapes as a module called
+    ``name`` (``kernel_cache.load_or_compile``)."""
+    renamed = jax.jit(
+        kernel_cache.renamed(function.__wrapped__, name),
+        static_argnames=tuple(static),
+        compiler_options=COMPILER_OPTIONS,
+    )
+    return renamed.lower(*args, **static).compile()
+
+
+def batch_statistics_of(kernel: Kernel, batch: PaddedBatch, width: int | None = None):
+    """The host BatchStatistics [D, P, ...] of ``batch`` through ``kernel`` (tests, bench)."""
+    return assemble(jax.device_get(kernel(batch, width)))
+
+
+def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the windowed functions
+    params,
+    batch: PaddedBatch,
+    gamma,
+    seed,
+    betting_range,
+    *,
+    log_prob,
+    num_groups,
+    num_replicates,
+    dtype,
+    estimators=None,
+    q=None,
+    q_params=None,
+    counts=None,
+    terms: bool = False,
+) -> BatchStatistics | tuple[BatchStatistics, dict]:
+    """BatchStatistics [1, P, ...] of a whole padded batch ([B, T, ...] fields) walked as
+    one window, for the P stacked ``params`` of one policy group; not jitted (the coverage
+    study vmaps it over datasets). ``estimators``: the registered estimators whose sums to
+    compute (None: every one the inputs allow); ``counts``: [B, R] bootstrap counts, else
+    drawn here (``poisson_counts``). With ``terms``: (statistics, each episode's terms
+    {name: [P, B]}: ``estimators.reduction.episode_terms``), the paired sums' inputs."""
+    from ope_cli.estimation.estimators.reduction import poisson_counts
+
+    static = Static(
+        log_prob=log_prob,
+        behavior_log_prob=None,
+        behavior_folds=1,
+        num_groups=num_groups,
+        dtype=np.dtype(dtype).name,
+        mesh=None,
+        estimators=estimators or available(Q_FIELDS if q is not None else ()),
+        q=q,
+        betting=betting_range is not None,
+        terms=terms,
+    )
+    if counts is None:
+        counts = poisson_counts(batch.key_hi, batch.key_lo, seed, num_replicates)
+    policies = 1 if params is None else jax.tree.leaves(params)[0].shape[0]
+    zero = jnp.zeros((policies, batch.shape[0]), static.dtype)
+    carry = init_carry(zero, static.estimators, static.betting)
+    betting = jnp.zeros(3, static.dtype) if betting_range is None else betting_range
+    args = (params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
+    carry, step, _ = window_statistics(*args, static)
+    scalar, own = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
+    statistics = _leading_device_axis(combine(lagged(step), scalar))
+    return (statistics, own) if terms else statistics
+
+
+__all__ = [
+    "BATCH_AXIS",
+    "Kernel",
+    "KernelOutput",
+    "PolicyGroup",
+    "assemble",
+    "group_policies",
+    "local_mesh",
+    "split_windows",
+    "trace_count",
+]

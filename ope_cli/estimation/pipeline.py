@@ -1,0 +1,616 @@
+"""The one loop over the data: files -> record batches -> episodes -> buckets ->
+padded batches -> kernel -> batch statistics -> merged accumulators -> result."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import operator
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from ope_cli.choosing import paired
+from ope_cli.choosing.comparison import (
+    Pairing,
+    compare_results,
+    interval_methods,
+    read_run_truth,
+    resolve_baseline,
+    selection_of,
+    truth_keys,
+)
+from ope_cli.choosing.paired import PairedSums
+from ope_cli.choosing.selection import BASELINE_BEHAVIOR
+from ope_cli.config import EvaluationConfig
+from ope_cli.data.buckets import Bucketer, PaddedBatch
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.data.sources import prefetched
+from ope_cli.data.validate import REASONS, dropped_by_reason
+from ope_cli.errors import DataError, OpeError
+from ope_cli.estimation.distributed import (
+    DistributedConfig,
+    allgather_ragged,
+    check_all_succeeded,
+    check_disjoint_episodes,
+    initialize,
+    reduce_accumulators,
+    reduce_counters,
+    reduce_paired,
+)
+from ope_cli.estimation.estimators import available as available_estimators
+from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.estimation.estimators.base import (
+    Context,
+    describe_standard_errors,
+)
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.inputs import EvaluationInputs, fit_models, open_inputs
+from ope_cli.estimation.run_plan import (
+    IntervalPlan,
+    annotate_results,
+    check_config,
+    reported_estimators,
+)
+from ope_cli.estimation.stats import (
+    Accumulator,
+    finalize,
+    from_batch,
+    init,
+    mean_return,
+    merge,
+    profile,
+    unstack,
+)
+from ope_cli.models.behavior import (
+    BehaviorSource,
+    check_behavior_against_chunk,
+    first_zero_probability,
+    zero_probability_error,
+)
+from ope_cli.models.qfunctions import q_source
+from ope_cli.results import EvaluationResult, PolicyResult
+
+MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
+
+
+@dataclasses.dataclass
+class Counters:
+    """Integer tallies of one process's share; summed across processes field by field
+    (``max`` where the metadata says so), so a new counter is one new field."""
+
+    episodes: int = 0
+    steps: int = 0
+    rows_read: int = 0
+    padded_steps: int = 0
+    max_length: int = dataclasses.field(default=0, metadata={"reduce": "max"})
+    dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
+        default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
+    )
+
+
+@dataclasses.dataclass
+class _LocalPass:
+    """What one process learned from its share of the data."""
+
+    accumulators: list[Accumulator]
+    counters: Counters = dataclasses.field(default_factory=Counters)
+    keys: np.ndarray | None = None
+    shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
+    paired: PairedSums | None = None  # with two or more policies, or a baseline
+    baseline: int = 0  # the row the paired sums' replicate differences are taken from
+    truth: dict[str, float | None] | None = None  # --truth, read before the pass
+
+    def reduce_across_processes(self) -> None:
+        """Collective: every process ends with the totals of all of them."""
+        check_disjoint_episodes(self.keys)
+        self.counters = reduce_counters(self.counters)
+        self.accumulators = reduce_accumulators(self.accumulators)
+        if self.paired is not None:
+            self.paired = reduce_paired(self.paired, self.baseline)
+        shapes = allgather_ragged(np.array(sorted(self.shapes), np.int64).reshape(-1, 2))
+        self.shapes = {(int(b), int(t)) for b, t in shapes}
+
+
+class BatchStream:
+    """One process's share of the data as padded batches: ``for batch in stream`` reads the
+    episodes once (read ahead on a thread) and yields the [B, T] PaddedBatch of each
+    bucket as it fills, then the partly filled ones.
+
+    What consumers need besides the batches is the ``inputs`` (also as ``config``,
+    ``schema``, ``policies``, ``plan``, ``files``, ``behavior``, ``behavior_source`` and
+    ``qs``); and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops),
+    ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``.
+    """
+
+    def __init__(
+        self,
+        inputs: EvaluationInputs,
+        multiple_of: int = 1,
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ):
+        self.inputs = inputs
+        self.config, self.schema = inputs.config, inputs.episodes.schema
+        self.policies, self.plan, self.files = inputs.policies, inputs.plan, inputs.files
+        self.behavior, self.behavior_source = inputs.behavior, inputs.behavior_source
+        self.qs = inputs.qs
+        self.on_progress = on_progress
+        self.counters = Counters()
+        self.bucketer = Bucketer(inputs.config.batching, multiple_of=multiple_of)
+        self.assembler = inputs.checked_episodes().assembler()
+
+    @property
+    def shapes(self) -> set[tuple[int, int]]:
+        return self.bucketer.shapes
+
+    def seen_keys(self) -> np.ndarray:
+        """[E] sorted uint64 keys of the episodes read so far."""
+        return self.assembler.seen_keys()
+
+    def __iter__(self) -> Iterator[PaddedBatch]:
+        counts, assembler, bucketer = self.counters, self.assembler, self.bucketer
+        episodes = self.inputs.episodes
+        total_rows = episodes.data.count_rows()
+        if self.on_progress is not None:
+            self.on_progress(0, total_rows)
+        reading = prefetched(episodes.record_batches())
+        with contextlib.closing(reading):  # a failure below stops the reading thread at once
+            for chunk in assembler.chunks(reading):
+                counts.episodes += chunk.num_episodes
+                counts.steps += chunk.num_steps
+                counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
+                if self.behavior is not None:
+                    check_behavior_against_chunk(self.behavior, chunk)
+                yield from bucketer.add(chunk)
+                if self.on_progress is not None:
+                    self.on_progress(assembler.rows_read, total_rows)
+        yield from bucketer.flush()
+        counts.rows_read = assembler.rows_read
+        counts.padded_steps = bucketer.padded_steps
+        counts.dropped = assembler.validation.dropped_counts()
+
+    def reread_chunks(self) -> Iterator[EpisodeChunk]:
+        """This process's episodes read again, on the host only (to locate an episode by
+        its key on an error path)."""
+        return iter(self.inputs.episodes)
+
+
+def stream(
+    config: EvaluationConfig,
+    multiple_of: int = 1,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    process: tuple[int, int] = (0, 1),
+    on_status: Callable[[str], None] | None = None,
+) -> BatchStream:
+    """Opens the data of ``config`` (and its policies), fits what the run fits first, and
+    returns one pass of padded batches, with episodes per batch a multiple of
+    ``multiple_of`` (the devices they are sharded over). ``process`` = (process id, number
+    of processes): this process reads its share of the files. Raises OpeError subclasses
+    (the data is read as the stream is iterated)."""
+    collectives = (allgather_ragged, check_all_succeeded) if process[1] > 1 else None
+    inputs = fit_models(open_inputs(config, process), collectives, on_status)
+    return BatchStream(inputs, multiple_of, on_progress)
+
+
+def evaluate(
+    config: EvaluationConfig,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    distributed: DistributedConfig | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> EvaluationResult:
+    """Streams the data once and estimates every policy. Raises OpeError subclasses.
+
+    ``on_progress(rows_read, total_rows_or_None)`` is called as record batches arrive;
+    ``on_status(text)`` before a step that may take a while without progress (compiling
+    the kernel for a new batch shape).
+    With ``distributed``, this process joins a multi-process run, reads its share of the
+    files, and every process returns the same, fully reduced result.
+    """
+    started = time.perf_counter()
+    check_config(config)
+    process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
+    from ope_cli import runtime
+    from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
+
+    traces_before, counts_before = trace_count(), runtime.compilation_counts()
+    devices = 1 if mesh is None else mesh.size
+    process = (process_id, num_processes)
+    batches, local = _evaluate_share(config, precision, mesh, process, on_progress, on_status)
+    compiled = runtime.compilation_counts() - counts_before
+    config = batches.config  # with the discount resolved (plan.gamma_source says whence)
+    counts = local.counters
+    _check_some_episodes(config, counts)
+    plan, reported = batches.plan, reported_estimators(config)
+    results = annotate_results(
+        _policy_results(config, plan, batches, local), batches.policies, plan, config
+    )
+    results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
+    behavior_value = None if local.paired is None else mean_return(local.accumulators[0])
+    behavior = _reported_behavior(batches, results, precision, mesh)
+    return EvaluationResult(
+        source=config.data,
+        layout=batches.schema.layout,
+        schema=batches.schema,
+        files=batches.files,
+        episodes=counts.episodes,
+        steps=counts.steps,
+        rows_read=counts.rows_read,
+        max_length=counts.max_length,
+        gamma=config.gamma,
+        gamma_source=plan.gamma_source,
+        estimators=reported,
+        confidence_level=config.confidence,
+        confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
+        interval=plan.method,
+        reward_range=plan.reward_range,
+        horizon=plan.horizon,
+        results=results,
+        behavior=behavior,
+        seconds=time.perf_counter() - started,
+        backend=backend,
+        devices=devices,
+        processes=num_processes,
+        process_id=process_id,
+        precision=precision,
+        padded_steps=counts.padded_steps,
+        batch_shapes=sorted(local.shapes),
+        compiles=trace_count() - traces_before,
+        compilations=compiled.compilations,
+        compile_seconds=compiled.seconds,
+        cache_hits=compiled.cache_hits,
+        on_invalid=config.on_invalid,
+        episodes_dropped=int(counts.dropped[:, 0].sum()),
+        steps_dropped=int(counts.dropped[:, 1].sum()),
+        dropped=dropped_by_reason(counts.dropped),
+        baseline=config.baseline,
+        behavior_value=behavior_value,
+        truth=local.truth,
+        selection=selection,
+        selection_notes=tuple(notes),
+    )
+
+
+def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
+    """(results with their paired comparisons and could-be-best flags, the selection
+    metrics against ``truth`` or None, their notes)."""
+    row = resolve_baseline(config.baseline, batches.policies)
+    if local.paired is not None:
+        pairing = Pairing(
+            local.accumulators,
+            [result.estimates for result in results],
+            local.paired,
+            Context(config.gamma, local.counters.max_length),
+            interval_methods(list(results[0].estimates), plan.method, config.interval),
+            plan.betting_range,
+            row,
+        )
+        results = compare_results(results, pairing, config.confidence)
+    if truth is None:
+        return results, None, []
+    keys = truth_keys(batches.policies)
+    baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
+    selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
+    return results, selection, notes
+
+
+def _evaluate_share(
+    config: EvaluationConfig,
+    precision: str,
+    mesh,
+    process: tuple[int, int] = (0, 1),
+    on_progress: Callable[[int, int | None], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[BatchStream, _LocalPass]:
+    """This process's stream (the data opened, its models fitted) and its one evaluation
+    pass; in a multi-process run (``process`` = (id, count)), reduced across every process,
+    where a failure in one stops them all."""
+    devices = 1 if mesh is None else mesh.size
+    error: OpeError | None = None
+    try:
+        batches = stream(config, devices, on_progress, process, on_status)
+        baseline = resolve_baseline(config.baseline, batches.policies)
+        truth = read_run_truth(config.truth, config.top_k, batches.policies)  # before the pass
+        local = _local_pass(batches, precision, mesh, on_status, baseline)
+        local.truth = truth
+    except OpeError as failure:
+        if process[1] == 1:
+            raise
+        error = failure
+    if process[1] > 1:
+        check_all_succeeded(error)
+        local.reduce_across_processes()
+    return batches, local
+
+
+def _reported_behavior(
+    batches: BatchStream, results: list[PolicyResult], precision: str, mesh
+) -> BehaviorSource | None:
+    """Where pi_b came from; for a model estimated on data that also logs propensities,
+    with each policy's mean weight under both, from a second evaluation composed as the
+    first with the data's column as the behavior (in this process, over all the files)."""
+    behavior = batches.behavior_source
+    if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
+        return behavior
+    from ope_cli.models.behavior_models.fitting import with_logged_mean_weights
+
+    logged_config = dataclasses.replace(
+        batches.config, behavior=None, behavior_cross_fit=1, baseline=None, truth=None, top_k=None
+    )
+    logged, local = _evaluate_share(logged_config, precision, mesh)
+    _check_some_episodes(logged.config, local.counters)
+    logged_results = _policy_results(logged.config, logged.plan, logged, local)
+    return with_logged_mean_weights(behavior, results, logged_results)
+
+
+def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):
+    """Configures JAX (also without the command line), joins a multi-process run, turns
+    the compilation cache on; returns (process id, processes, backend, precision, mesh)."""
+    import jax
+
+    from ope_cli import runtime
+
+    runtime.enable_x64()
+    process_id, num_processes = 0, 1
+    if distributed is not None and distributed.enabled:
+        process_id, num_processes = initialize(distributed)
+    from ope_cli.estimation.kernel import local_mesh
+
+    runtime.enable_compilation_cache()
+    backend = jax.default_backend()
+    precision = config.precision or ("float64" if backend == "cpu" else "float32")
+    return process_id, num_processes, backend, precision, local_mesh(config.devices)
+
+
+def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
+    """A DataError when no episode is left to estimate from."""
+    dropped = dropped_by_reason(counts.dropped)
+    if counts.episodes == 0 and dropped:
+        reasons = ", ".join(f"{reason}: {c['episodes']}" for reason, c in dropped.items())
+        raise DataError(
+            f"{config.data}: no episodes left: --on-invalid drop dropped every episode "
+            f"as invalid ({reasons})"
+        )
+    if counts.episodes == 0:
+        raise DataError(f"{config.data}: no episodes (the data has no rows)")
+
+
+def _policy_results(
+    config: EvaluationConfig, plan: IntervalPlan, batches: BatchStream, local: _LocalPass
+) -> list[PolicyResult]:
+    """Each policy's estimates, diagnostics and profile from its accumulator."""
+    discrete = batches.schema.action_kind == "discrete"
+    max_length = local.counters.max_length
+    reported = reported_estimators(config)
+    qs = batches.qs or [None] * len(batches.policies)
+    results = []
+    for policy, q, accumulator in zip(batches.policies, qs, local.accumulators, strict=True):
+        estimates, diagnostics = finalize(
+            accumulator,
+            config.gamma,
+            max_length,
+            config.confidence,
+            plan.method,
+            plan.betting_range,
+            computed_estimators(batches),
+        )
+        results.append(
+            PolicyResult(
+                policy=policy.name,
+                estimates={name: estimates[name] for name in reported},
+                diagnostics=diagnostics,
+                profile=profile(accumulator, config.gamma, max_length),
+                actions_checked=policy.actions_checked or not discrete,
+                q=None if q is None else q_source(q),
+            )
+        )
+    return results
+
+
+def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
+    """Every registered estimator that the stream's inputs allow (with Q-hat: dm, dr, wdr)."""
+    return available_estimators(Q_FIELDS if batches.qs is not None else ())
+
+
+def _check_behavior_support(batches: BatchStream, output) -> None:
+    """A DataError when the ``--behavior`` policy gave a logged action of this batch
+    probability 0 (``output``: a KernelOutput); its episode is found by a second read."""
+    if output.zero_behavior is None:
+        return
+    import jax
+
+    found = jax.device_get(output.zero_behavior)  # one per window, each [D]
+    first = first_zero_probability(jax.tree.map(lambda *x: np.concatenate(x), *found))
+    if first is not None:
+        raise zero_probability_error(batches.behavior, first, batches.reread_chunks())
+
+
+def _announce_shape(batches: BatchStream, seen: set, batch, width: int, kernels, on_status):
+    """Whether the batch's window shape was not ``seen`` before (then reported to
+    ``on_status``: its kernels load, kept on disk, or compile in the next call)."""
+    shape = (batch.shape[0], width)
+    new = on_status is not None and shape not in seen
+    seen.add(shape)
+    if new:
+        catalogue = len(batches.bucketer.window_shapes)
+        which = f"window shape {len(seen)} of at most {catalogue}, [{shape[0]}, {shape[1]}]"
+        if all(kernel.is_kept(batch, *shape) for kernel in kernels):
+            on_status(f"loading the compiled kernel for {which} ...")
+        else:
+            on_status(f"compiling the kernel for {which} ...")
+    return new
+
+
+def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) -> list:
+    """One Kernel per group of stackable policies, every one with the catalogue's largest
+    lane count as its carry's (one finish kernel for every window shape); with ``terms``
+    they return each episode's terms for the paired sums."""
+    from ope_cli.estimation.kernel import Kernel, group_policies
+
+    config, plan = batches.config, batches.plan
+    return [
+        Kernel(
+            group,
+            config.gamma,
+            RESAMPLING_GROUPS,
+            dtype,
+            mesh,
+            replicates,
+            config.seed,
+            plan.betting_range,
+            behavior=batches.behavior,
+            v_samples=config.v_samples,
+            carry_lanes=max(shape.lanes for shape in batches.bucketer.window_shapes),
+            terms=terms,
+        )
+        for group in group_policies(batches.policies, batches.qs)
+    ]
+
+
+def _merge_batch(partials: list[Accumulator | None], results, devices: int) -> None:
+    """Merges one batch's (kernel, KernelOutput) pairs into each kernel's stacked partial
+    ([P, ...] leaves; None before its first batch)."""
+    import jax
+
+    from ope_cli.estimation.kernel import assemble
+
+    for position, (_, output) in enumerate(results):
+        host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
+        partials[position] = _merge_devices(partials[position], host, devices)
+
+
+def _paired_batch(results, baseline: int) -> PairedSums:
+    """The paired sums of one batch from its (kernel, KernelOutput) pairs, every policy's."""
+    import jax
+
+    groups = [(kernel.group.indices, jax.device_get(out.terms)) for kernel, out in results]
+    policies = sum(len(indices) for indices, _ in groups)
+    mask, counts = results[0][1].lanes
+    return paired.from_terms(paired.rows_of(groups, policies), mask, counts, baseline)
+
+
+def _local_pass(
+    batches: BatchStream, precision: str, mesh, on_status=None, baseline: int | None = None
+) -> _LocalPass:
+    """Consumes this process's stream once and accumulates every policy's statistics, and
+    with two or more policies or a ``baseline`` row the paired sums (``paired``).
+
+    Batches are dispatched up to MAX_BATCHES_IN_FLIGHT ahead, so host work overlaps the
+    kernel. Per bucket length T, per policy, the batches of that length are merged first:
+    merging like with like needs no lengthening to the longest bucket (cheap [K, T]
+    arrays); the lengths are merged into the totals once, at the end."""
+    config, plan, policies = batches.config, batches.plan, batches.policies
+    dtype = np.float64 if precision == "float64" else np.float32
+    devices = 1 if mesh is None else mesh.size
+    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
+    pairing = len(policies) > 1 or baseline is not None
+    kernels = _kernels(batches, dtype, mesh, replicates, pairing)
+    computed = computed_estimators(batches)
+    terms = tuple(name for name in computed if get_estimator(name).term is not None)
+    baseline_row = 0 if baseline is None else baseline
+    pairs = [paired.init(terms, len(policies), replicates)] if pairing else []
+
+    def no_episodes() -> list[Accumulator]:  # one per policy
+        betting = plan.betting_range is not None
+        return [init(RESAMPLING_GROUPS, replicates, betting, computed) for _ in policies]
+
+    # per bucket length, per kernel: its P policies' statistics stacked ([P, ...] leaves)
+    by_length: dict[int, list[Accumulator | None]] = {}
+    in_flight: collections.deque = collections.deque()
+
+    def absorb(pending) -> None:
+        length, results = pending
+        partials = by_length.setdefault(length, [None] * len(kernels))
+        _check_behavior_support(batches, results[0][1])
+        _merge_batch(partials, results, devices)
+        if pairs:
+            pairs[0] = paired.merge(pairs[0], _paired_batch(results, baseline_row), baseline_row)
+
+    shapes_seen: set[tuple[int, int]] = set()
+    last_batch = None
+    stream_of_batches = iter(batches)
+    with contextlib.closing(stream_of_batches):  # an error below stops the reading at once
+        for batch in stream_of_batches:
+            width = batches.bucketer.width_of(batch)
+            new_shape = _announce_shape(batches, shapes_seen, batch, width, kernels, on_status)
+            in_flight.append((batch.shape[1], [(k, k(batch, width)) for k in kernels]))
+            last_batch = batch
+            if new_shape:
+                on_status("evaluating")
+            if len(in_flight) > MAX_BATCHES_IN_FLIGHT:
+                absorb(in_flight.popleft())
+    while in_flight:
+        absorb(in_flight.popleft())
+    for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
+        kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes)  # need, kept
+    totals = _totals(kernels, by_length, no_episodes())
+    local = _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
+    if pairs:
+        local.paired, local.baseline = pairs[0], baseline_row
+    return local
+
+
+def _totals(kernels, by_length: dict, totals: list[Accumulator]) -> list[Accumulator]:
+    """Each policy's accumulator: its kernel's stacked partials merged over the bucket
+    lengths (shortest first), then split per policy into ``totals`` (init's, one each)."""
+    for position, kernel in enumerate(kernels):
+        stacked = None
+        for length in sorted(by_length):
+            stacked = _merged(stacked, by_length[length][position])
+        for index, total in zip(kernel.group.indices, _unstacked(stacked), strict=False):
+            totals[index] = merge(totals[index], total)
+    return totals
+
+
+MERGE_POLICIES = 16  # stacked policies merged at a time: bounds the merge's temporaries
+
+
+def _merged(a: Accumulator | None, b: Accumulator) -> Accumulator:
+    """``merge`` of stacked accumulators ([P, ...] leaves), None standing for no episodes
+    yet; MERGE_POLICIES policies at a time, so that its temporaries (rescaled copies of
+    [P, K, T] per-step sums) stay small whatever P."""
+    import jax
+
+    if a is None:
+        return b
+    policies = a.log_weight_histogram.shape[0]
+    out = None
+    for low in range(0, policies, MERGE_POLICIES):
+        rows = operator.itemgetter(slice(low, low + MERGE_POLICIES))
+        part = merge(jax.tree.map(rows, a), jax.tree.map(rows, b))
+        if low == 0 and policies <= MERGE_POLICIES:
+            return part
+        if out is None:
+            out = jax.tree.map(_rows_for(policies), part)
+        jax.tree.map(functools.partial(_put_rows, low=low), out, part)
+    return out
+
+
+def _rows_for(policies: int):
+    """An empty array of ``policies`` rows shaped and typed as a row of its argument's."""
+    return lambda x: np.empty((policies, *x.shape[1:]), x.dtype)
+
+
+def _put_rows(whole: np.ndarray, rows: np.ndarray, low: int) -> None:
+    """Writes ``rows`` into ``whole`` from row ``low`` on."""
+    whole[low : low + rows.shape[0]] = rows
+
+
+def _merge_devices(partial: Accumulator | None, host, devices: int) -> Accumulator:
+    """``partial`` (stacked over a kernel's P policies, or None) merged with a batch's
+    host BatchStatistics [D, P, ...], device after device: every policy at once, the
+    same arithmetic as one merge per policy."""
+    import jax
+
+    for device in range(devices):
+        one = jax.tree.map(operator.itemgetter(device), host)
+        partial = _merged(partial, from_batch(one))
+    return partial
+
+
+def _unstacked(stacked: Accumulator | None) -> list[Accumulator]:
+    """Each policy's accumulator of a stacked one ([] for a kernel that saw no batch)."""
+    return [] if stacked is None else unstack(stacked)

@@ -1,0 +1,289 @@
+"""What an evaluation will compute, decided before any data is read: the checks of option
+values the command line cannot check by type, and the interval plan (``--ci auto``
+resolved, and the bounds betting intervals rely on)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import TYPE_CHECKING
+
+from ope_cli.config import EvaluationConfig
+from ope_cli.data.sources import DeclaredBounds, is_reward_range
+from ope_cli.data.validate import bounds_checks
+from ope_cli.errors import UsageError
+from ope_cli.estimation.estimators import available as estimator_available
+from ope_cli.estimation.estimators import get as estimator_get
+from ope_cli.estimation.estimators import names as estimator_names
+from ope_cli.estimation.estimators.base import describe_betting, describe_bootstrap_t
+from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.models.behavior import check_behavior_option
+
+if TYPE_CHECKING:  # annotations only
+    from ope_cli.models.policies import Policy
+    from ope_cli.results import PolicyResult
+
+INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
+    "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
+    "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
+    "discounted horizon {horizon:g}; {betting_estimators}",
+    "normal": "normal approximation, estimate +- z * standard error",
+    "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
+    "bootstrap-t": "Poisson bootstrap, {bootstrap_t_estimators} "
+    "({samples} replicates, seed {seed})",
+}
+
+
+ASYMPTOTIC = (
+    " (asymptotic: heavy-tailed weights make it cover less often than stated; "
+    "{needs} gives finite-sample betting intervals)"
+)
+
+
+def _betting_needs(reward_range: tuple[float, float] | None) -> str:
+    """The options betting intervals still need: the reward range, else (known reward
+    range, gamma 1) a horizon."""
+    if reward_range is None:
+        return "--reward-range LOW HIGH"
+    return "--horizon STEPS (or --gamma < 1)"
+
+
+DEFAULT_GAMMA = 1.0
+GAMMA_SOURCES = ("option", "data", "default")  # where a run's discount comes from
+
+
+def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float, str]:
+    """(the discount, where it comes from): ``--gamma`` wins, else what the data declares,
+    else DEFAULT_GAMMA."""
+    if gamma is not None:
+        return float(gamma), "option"
+    if declared.gamma is not None:
+        return declared.gamma, "data"
+    return DEFAULT_GAMMA, "default"
+
+
+def check_config(config: EvaluationConfig) -> None:
+    """Option values the command line cannot check by type alone."""
+    if config.gamma is not None and not 0.0 <= config.gamma <= 1.0:
+        raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
+    if not 0.0 < config.confidence < 1.0:
+        raise UsageError(f"--confidence must be in (0, 1), got {config.confidence}")
+    unknown = [e for e in config.estimators or () if e not in estimator_names()]
+    if unknown:
+        raise UsageError(
+            f"unknown estimator {unknown[0]!r} (choose from {', '.join(estimator_names())})"
+        )
+    _check_q_options(config)
+    b = config.batching
+    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
+        raise UsageError("batching options must be positive")
+    if config.interval not in ("auto", *INTERVAL_METHODS):
+        raise UsageError(
+            f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
+        )
+    _check_interval_options(config)
+    check_behavior_option(config.behavior, config.min_propensity, config.behavior_cross_fit)
+
+
+def has_q_source(config: EvaluationConfig) -> bool:
+    """Whether the run has Q-hat (``--q``, or ``--q-col`` with ``--v-col``)."""
+    return bool(config.q) or config.columns.q_value is not None
+
+
+def reported_estimators(config: EvaluationConfig) -> tuple[str, ...]:
+    """The estimators a run reports: ``--estimator``'s, else every one its inputs allow."""
+    if config.estimators:
+        return tuple(config.estimators)
+    return estimator_available(Q_FIELDS if has_q_source(config) else ())
+
+
+def _check_q_options(config: EvaluationConfig) -> None:
+    columns = config.columns
+    if (columns.q_value is None) != (columns.v_value is None):
+        raise UsageError("--q-col and --v-col go together: Q-hat of the logged action and V-hat")
+    if config.v_samples < 1:
+        raise UsageError(f"--v-samples must be a positive number, got {config.v_samples}")
+    if config.cross_fit < 1:
+        raise UsageError(f"--cross-fit must be a positive number of folds, got {config.cross_fit}")
+    if not has_q_source(config):
+        needing = [e for e in config.estimators or () if estimator_get(e).needs]
+        if needing:
+            raise UsageError(
+                f"--estimator {needing[0]} needs a Q source: --q Q.npz|package.module:name|fit, "
+                "or --q-col with --v-col"
+            )
+
+
+def _check_interval_options(config: EvaluationConfig) -> None:
+    if config.reward_range is not None:
+        low, high = config.reward_range
+        if not is_reward_range(low, high):
+            raise UsageError(f"--reward-range needs finite LOW < HIGH, got {low} {high}")
+    if config.horizon is not None and config.horizon < 1:
+        raise UsageError(f"--horizon must be a positive number of steps, got {config.horizon}")
+    if config.interval in ("percentile", "bootstrap-t") and config.bootstrap_samples < 10:
+        raise UsageError(f"--bootstrap-samples must be at least 10, got {config.bootstrap_samples}")
+    if not 0 <= config.seed < 2**32:
+        raise UsageError(f"--seed must be in [0, 2^32), got {config.seed}")
+    if config.precision not in (None, "float32", "float64"):
+        raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
+    if config.on_invalid not in ("error", "drop"):
+        raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalPlan:
+    """The interval method of a run and, for betting, the bounds it relies on; and the
+    run's discount with where it comes from (GAMMA_SOURCES)."""
+
+    method: str
+    reward_range: tuple[float, float] | None = None
+    horizon: int | None = None
+    bounds_source: str | None = None  # where the reward range comes from
+    horizon_source: str | None = None
+    betting_range: tuple[float, float, float] | None = (
+        None  # (a, b, H): estimators.betting_variables
+    )
+    gamma: float = DEFAULT_GAMMA
+    gamma_source: str = "option"
+    # what finite-sample (betting) intervals would still need, in options
+    betting_needs: str = "--reward-range LOW HIGH"
+
+    def describe(self, config: EvaluationConfig) -> str:
+        estimators = reported_estimators(config)
+        if self.betting_range is None:
+            return INTERVAL_METHODS[self.method].format(
+                samples=config.bootstrap_samples,
+                seed=config.seed,
+                bootstrap_t_estimators=describe_bootstrap_t(estimators),
+            ) + ASYMPTOTIC.format(needs=self.betting_needs)
+        low, high = self.reward_range
+        return INTERVAL_METHODS["betting"].format(
+            low=low,
+            high=high,
+            horizon=self.betting_range[2],
+            bounds_source=self.bounds_source,
+            betting_estimators=describe_betting(estimators),
+        )
+
+    def chunk_checks(self, chunk):
+        return bounds_checks(
+            chunk.steps,
+            chunk.lengths,
+            self.reward_range,
+            self.horizon,
+            (self.bounds_source, self.horizon_source),
+        )
+
+
+def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
+    """Resolves the discount (``resolve_gamma``), ``--ci auto`` (betting when the rewards
+    are bounded, else normal) and the bounds of betting intervals: options first, then what
+    the data declares."""
+    gamma, gamma_source = resolve_gamma(config.gamma, declared)
+    discount = {"gamma": gamma, "gamma_source": gamma_source}
+    reward_range = config.reward_range or declared.reward_range
+    horizon = config.horizon or declared.horizon
+    betting_range = None
+    if reward_range is not None and (gamma < 1 or horizon is not None):
+        if horizon is None:
+            discounted_horizon = 1.0 / (1.0 - gamma)
+        elif gamma == 1.0:
+            discounted_horizon = float(horizon)
+        else:
+            discounted_horizon = (1.0 - gamma**horizon) / (1.0 - gamma)
+        # The absorbing reward 0 after an episode ends must lie in the range too.
+        betting_range = (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
+    method = config.interval
+    if config.reward_range is not None and betting_range is None:
+        raise UsageError(
+            "--reward-range with --gamma 1 also needs --horizon STEPS: without "
+            "discounting, only a horizon bounds the return"
+        )
+    if method == "auto":
+        method = "betting" if betting_range is not None else "normal"
+    if method != "betting":
+        return IntervalPlan(method, **discount, betting_needs=_betting_needs(reward_range))
+    if betting_range is None:
+        missing = (
+            "--reward-range LOW HIGH"
+            if reward_range is None
+            else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
+        )
+        raise UsageError(
+            f"--ci betting needs bounds on every episode's return: pass {missing}, or "
+            "declare it in the data's schema metadata (see the README)"
+        )
+
+    def source(option: str, value) -> str:
+        return option if value is not None else "declared by the data"
+
+    return IntervalPlan(
+        "betting",
+        reward_range,
+        horizon,
+        source("--reward-range", config.reward_range),
+        source("--horizon", config.horizon),
+        betting_range,
+        **discount,
+    )
+
+
+# --- every estimate has an interval or a reason ------------------------------------------
+
+NO_INTERVAL = "no interval: the estimate or its standard error is undefined"
+NO_BETTING = "betting intervals do not apply to this estimator"
+
+
+def _interval_method(name: str, estimate, method: str) -> str | None:
+    """The method a finished interval of estimator ``name`` comes from, under ``method``."""
+    estimator = estimator_get(name)
+    if method == "betting":
+        return "betting" if estimator.betting else None
+    if method == "normal" or estimator.replicates is None:
+        return "normal"
+    if estimate.value is None or estimate.stderr is None:
+        return None
+    return "bootstrap-t" if method == "bootstrap-t" and estimator.studentized else "percentile"
+
+
+def complete_intervals(
+    result: PolicyResult, plan: IntervalPlan, config: EvaluationConfig
+) -> PolicyResult:
+    """``result`` with each estimate's interval method named (``ci_methods``) and every null
+    interval explained by a note. Under ``--ci auto`` an estimator that betting does not
+    apply to (dm, dr, wdr) gets the normal interval, as auto means per estimator."""
+    z = NormalDist().inv_cdf(0.5 + config.confidence / 2)
+    estimates, methods = {}, {}
+    for name, estimate in result.estimates.items():
+        method = _interval_method(name, estimate, plan.method)
+        fallback = config.interval == "auto" and method is None and plan.method == "betting"
+        if fallback and estimate.value is not None and estimate.stderr is not None:
+            low, high = estimate.value - z * estimate.stderr, estimate.value + z * estimate.stderr
+            note = None if estimate.note == NO_BETTING else estimate.note  # it has one now
+            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
+            method = "normal"
+        if estimate.ci_low is None or estimate.ci_high is None:
+            note = estimate.note or (
+                NO_BETTING if method is None and plan.method == "betting" else NO_INTERVAL
+            )
+            estimate = dataclasses.replace(estimate, ci_low=None, ci_high=None, note=note)
+        estimates[name], methods[name] = estimate, method
+    return dataclasses.replace(result, estimates=estimates, ci_methods=methods)
+
+
+def annotate_results(
+    results: Sequence[PolicyResult],
+    policies: Sequence[Policy],
+    plan: IntervalPlan,
+    config: EvaluationConfig,
+) -> list[PolicyResult]:
+    """Each policy's result with its label and source (``--policy NAME=PATH``) and its
+    intervals completed (``complete_intervals``)."""
+    return [
+        dataclasses.replace(
+            complete_intervals(result, plan, config), label=policy.label, source=policy.source
+        )
+        for result, policy in zip(results, policies, strict=True)
+    ]

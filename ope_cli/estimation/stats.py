@@ -1,0 +1,597 @@
+"""Mergeable float64 accumulators of batch statistics, and the final estimates.
+
+``init() -> merge(acc, from_batch(batch)) -> finalize(acc)``: the same merge serves
+batches, devices and processes, which is why streamed, sharded and multi-process
+results agree. Every scaled sum is stored with the running maximum log scale of its kind
+(``estimators.base.Scale``); merging rescales both sides to the larger maximum
+(log-sum-exp) and shifts centred moments to the pivot of the heavier side. Nothing here
+knows a particular estimator: ``finalize`` hands the merged sums to each registered one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from math import comb
+from statistics import NormalDist
+from typing import NamedTuple
+
+import numpy as np
+
+from ope_cli.estimation.estimators import available, get, names
+from ope_cli.estimation.estimators.base import (
+    BETTING_BINS,
+    BETTING_VARIABLES,
+    HISTOGRAM_BINS,
+    HISTOGRAM_LOG10_RANGE,
+    Context,
+    Grouped,
+    Sum,
+    Sums,
+    sum_spec,
+    sums_of,
+)
+from ope_cli.estimation.estimators.logspace import finite, rescale, scaled
+from ope_cli.estimation.intervals import INTERVALS, betting_intervals, bootstrap_interval
+
+__all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
+
+
+class Accumulator(NamedTuple):
+    """Float64 running statistics of one policy over every batch seen so far; the fields of
+    ``estimators.reduction.BatchStatistics`` (a pytree: dicts keyed by sum or scale name).
+
+    The per-step arrays have length L, the longest bucket seen. For t >= L every episode
+    has ended (``extend`` lengthens them by each StepSum's ``after_end``).
+    """
+
+    log_scales: dict[str, float]
+    pivots: dict[str, float]
+    sums: dict[str, np.ndarray]  # [K] or [K, m + 1]
+    replicate_sums: dict[str, np.ndarray]  # [R] or [R, m + 1]
+    step_log_scales: dict[str, np.ndarray]  # [K, L]
+    step_sums: dict[str, np.ndarray]  # [K, L]
+    replicate_step_log_scales: dict[str, np.ndarray]  # [L]
+    replicate_step_sums: dict[str, np.ndarray]  # [R, L]
+    log_weight_histogram: np.ndarray  # [HISTOGRAM_BINS + 2]
+    betting_histogram: np.ndarray  # [4, BETTING_BINS + 1] ([4, 0] without betting intervals)
+
+    def total(self, name: str) -> float:
+        """A scalar sum over every group (moment 0 of a centred one)."""
+        value = _group_total(self.sums[name])
+        return float(value if value.ndim == 0 else value[0])
+
+    @property
+    def length(self) -> int:
+        """L, the length of the per-step arrays."""
+        return _length(self)
+
+
+def _length(acc: Accumulator) -> int:
+    return max((x.shape[-1] for x in acc.step_log_scales.values()), default=0)
+
+
+def _group_total(x_k: np.ndarray) -> np.ndarray:
+    """Sum over groups (axis 0), row after row."""
+    return x_k[:, None].sum(axis=0)[0] if x_k.ndim == 1 else x_k.sum(axis=0)
+
+
+def from_batch(batch) -> Accumulator:
+    """One batch's statistics for one policy (a BatchStatistics of device or NumPy arrays)
+    as float64; for P stacked policies (every leaf with a leading [P] axis), a stacked
+    accumulator (``unstack``)."""
+
+    def convert(field: str, value):
+        if not isinstance(value, dict):
+            return np.asarray(value, np.float64)
+        arrays = {name: np.asarray(x, np.float64) for name, x in value.items()}
+        if field in ("log_scales", "pivots"):
+            return {name: x if x.ndim else float(x) for name, x in arrays.items()}
+        return arrays
+
+    return Accumulator(**{field: convert(field, v) for field, v in batch._asdict().items()})
+
+
+def unstack(acc: Accumulator) -> list[Accumulator]:
+    """The P accumulators of a stacked one (leaves with a leading [P] axis: ``from_batch``
+    of P stacked policies' statistics, merged as one)."""
+    policies = acc.log_weight_histogram.shape[0]
+
+    def row(p: int, field: str, value):
+        if not isinstance(value, dict):
+            return value[p]
+        if field in ("log_scales", "pivots"):
+            return {name: float(x[p]) for name, x in value.items()}
+        return {name: x[p] for name, x in value.items()}
+
+    return [
+        Accumulator(**{field: row(p, field, v) for field, v in acc._asdict().items()})
+        for p in range(policies)
+    ]
+
+
+def init(
+    num_groups: int,
+    num_replicates: int = 0,
+    betting: bool = False,
+    estimators: tuple[str, ...] | None = None,
+) -> Accumulator:
+    """The accumulator of no episodes (the identity of ``merge``) with the sums of
+    ``estimators`` (None: every registered one that needs no per-step inputs)."""
+    specs = sums_of(available() if estimators is None else estimators)
+    scalar = [s for s in specs if isinstance(s, Sum)]
+    steps = [s for s in specs if not isinstance(s, Sum)]
+
+    def zeros(rows: int, spec: Sum) -> np.ndarray:
+        return np.zeros((rows,) if spec.moments is None else (rows, spec.moments + 1))
+
+    scales = {s.scale.name: s.scale for s in scalar if s.scale is not None}
+    step_scales = {s.scale.name for s in steps}
+    return Accumulator(
+        log_scales={name: -math.inf for name in scales},
+        pivots={name: 0.0 for name, scale in scales.items() if scale.pivot is not None},
+        sums={s.name: zeros(num_groups, s) for s in scalar},
+        replicate_sums={s.name: zeros(num_replicates, s) for s in scalar},
+        step_log_scales={name: np.zeros((num_groups, 0)) for name in step_scales},
+        step_sums={s.name: np.zeros((num_groups, 0)) for s in steps},
+        replicate_step_log_scales={name: np.zeros(0) for name in step_scales},
+        replicate_step_sums={s.name: np.zeros((num_replicates, 0)) for s in steps},
+        log_weight_histogram=np.zeros(HISTOGRAM_BINS + 2),
+        betting_histogram=np.zeros((len(BETTING_VARIABLES), BETTING_BINS + 1 if betting else 0)),
+    )
+
+
+def _lengthen_scale(scale_t: np.ndarray, extra: int) -> np.ndarray:
+    """[..., L + extra]: every episode has ended, so the weights stay at the last step's."""
+    last = scale_t[..., -1:] if scale_t.shape[-1] else np.full(scale_t.shape[:-1] + (1,), -np.inf)
+    return np.concatenate([scale_t, np.repeat(last, extra, -1)], -1)
+
+
+def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
+    """[..., rows, L + extra] by the StepSum's ``after_end``: hold the last step, or zeros."""
+    rows = sum_rt.shape[:-1]
+    if sum_rt.shape[-1] == 0 or sum_spec(name).after_end == "zero":
+        tail = np.zeros((*rows, extra))
+    else:
+        tail = np.repeat(sum_rt[..., -1:], extra, -1)
+    return np.concatenate([sum_rt, tail], -1)
+
+
+def extend(acc: Accumulator, length: int) -> Accumulator:
+    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
+    extra = length - _length(acc)
+    if extra <= 0:
+        return acc
+    return acc._replace(
+        step_log_scales={k: _lengthen_scale(v, extra) for k, v in acc.step_log_scales.items()},
+        step_sums={k: _lengthen_sum(k, v, extra) for k, v in acc.step_sums.items()},
+        replicate_step_log_scales={
+            k: _lengthen_scale(v, extra) for k, v in acc.replicate_step_log_scales.items()
+        },
+        replicate_step_sums={
+            k: _lengthen_sum(k, v, extra) for k, v in acc.replicate_step_sums.items()
+        },
+    )
+
+
+def _shift_moments(moments: np.ndarray, delta: float) -> np.ndarray:
+    """[..., m + 1] sums of v (x - c)^k re-centred on c' = c - delta: sums of v (x - c')^k
+    = sum_j C(k, j) delta^(k - j) sum v (x - c)^j. ``delta``: a float, or [P] for P stacked
+    policies' moments [P, ..., m + 1]."""
+    if np.all(delta == 0.0):
+        return moments
+    # astronomically large returns overflow to inf, not an error
+    delta = np.reshape(np.asarray(delta, np.float64), np.shape(delta) + (1,) * (moments.ndim - 1))
+    out = np.zeros_like(moments)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(moments.shape[-1]):
+            for j in range(k + 1):
+                out[..., k] += comb(k, j) * delta[..., 0] ** (k - j) * moments[..., j]
+    return np.where(delta == 0.0, moments, out)  # an unshifted side stays exact
+
+
+def _merge_scalar(a: Accumulator, b: Accumulator):
+    """(log_scales, pivots, sums, replicate_sums) of the union: log-sum-exp per scale, and
+    centred moments re-centred on the pivot of the side with the larger scale."""
+    log_scales, factors, pivots, deltas = {}, {}, {}, {}
+    for name in {**a.log_scales, **b.log_scales}:
+        la, lb = a.log_scales.get(name, -math.inf), b.log_scales.get(name, -math.inf)
+        log_scales[name] = _scalar_like(np.maximum(la, lb))
+        factors[name] = (rescale(la, log_scales[name]), rescale(lb, log_scales[name]))
+        if name in a.pivots or name in b.pivots:
+            ca, cb = a.pivots.get(name, 0.0), b.pivots.get(name, 0.0)
+            # The heavier side keeps its pivot (ties: the smaller, so merge commutes); a
+            # side without weight has nothing to shift.
+            pivot = np.where(la > lb, ca, np.where(lb > la, cb, np.minimum(ca, cb)))
+            pivots[name] = _scalar_like(pivot)
+            deltas[name] = (
+                np.where(la > -math.inf, ca - pivot, 0.0),
+                np.where(lb > -math.inf, cb - pivot, 0.0),
+            )
+
+    def merged(x: dict, y: dict) -> dict:
+        out = {}
+        for name in {**x, **y}:
+            spec = sum_spec(name)
+            xa = x.get(name, np.zeros_like(y.get(name)))
+            xb = y.get(name, np.zeros_like(xa))
+            if spec.scale is None:
+                out[name] = xa + xb
+                continue
+            fa, fb = factors[spec.scale.name]
+            if spec.power == 2:
+                fa, fb = fa * fa, fb * fb
+            if spec.moments is not None:
+                da, db = deltas[spec.scale.name]
+                xa, xb = _shift_moments(xa, da), _shift_moments(xb, db)
+            out[name] = xa * _per_row(fa, xa) + xb * _per_row(fb, xb)
+        return out
+
+    return log_scales, pivots, merged(a.sums, b.sums), merged(a.replicate_sums, b.replicate_sums)
+
+
+def _scalar_like(x: np.ndarray) -> float | np.ndarray:
+    """A 0-d result as a float (one policy's accumulator); [P] stays an array (stacked)."""
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def _per_row(factor, x: np.ndarray):
+    """A per-policy factor ([] or [P]) shaped to broadcast over ``x`` ([P, ...] when
+    stacked)."""
+    return np.reshape(factor, np.shape(factor) + (1,) * (x.ndim - np.ndim(factor)))
+
+
+def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
+    """(scales, sums) of per-step sums, log-sum-exp per (row, step)."""
+    scales, factors = {}, {}
+    for name in {**scales_a, **scales_b}:
+        sa = scales_a.get(name, np.full_like(scales_b.get(name), -np.inf))
+        sb = scales_b.get(name, np.full_like(sa, -np.inf))
+        scales[name] = np.maximum(sa, sb)
+        factors[name] = (rescale(sa, scales[name]), rescale(sb, scales[name]))
+    sums = {}
+    for name in {**sums_a, **sums_b}:
+        xa = sums_a.get(name, np.zeros_like(sums_b.get(name)))
+        xb = sums_b.get(name, np.zeros_like(xa))
+        fa, fb = factors[sum_spec(name).scale.name]
+        if fa.ndim < xa.ndim:  # per-step scales [..., L] of replicate sums [..., R, L]
+            fa, fb = fa[..., None, :], fb[..., None, :]
+        sums[name] = xa * fa + xb * fb
+    return scales, sums
+
+
+def _empty(acc: Accumulator) -> bool:
+    """Whether ``acc`` is ``init``'s: no episode, no step."""
+    return _length(acc) == 0 and not np.any(acc.sums["count"])
+
+
+def merge(a: Accumulator, b: Accumulator) -> Accumulator:
+    """Statistics of the union of the episodes behind ``a`` and ``b``."""
+    if _empty(a) and set(a.sums) == set(b.sums):  # the identity: nothing to rescale
+        return b
+    if _empty(b) and set(a.sums) == set(b.sums):
+        return a
+    length = max(_length(a), _length(b))
+    a, b = extend(a, length), extend(b, length)
+    log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
+    step = _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)
+    replicate_step = _merge_steps(
+        a.replicate_step_log_scales,
+        a.replicate_step_sums,
+        b.replicate_step_log_scales,
+        b.replicate_step_sums,
+    )
+    return Accumulator(
+        log_scales=log_scales,
+        pivots=pivots,
+        sums=sums,
+        replicate_sums=replicate_sums,
+        step_log_scales=step[0],
+        step_sums=step[1],
+        replicate_step_log_scales=replicate_step[0],
+        replicate_step_sums=replicate_step[1],
+        log_weight_histogram=a.log_weight_histogram + b.log_weight_histogram,
+        betting_histogram=a.betting_histogram + b.betting_histogram,
+    )
+
+
+# --- final estimates ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its standard error and confidence interval; None = not finite."""
+
+    value: float | None
+    stderr: float | None
+    ci_low: float | None
+    ci_high: float | None
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnostics:
+    """Trajectory-weight diagnostics of the spec (None where undefined)."""
+
+    ess: float | None
+    ess_fraction: float | None
+    mean_weight: float | None
+    max_weight: float | None
+    max_weight_share: float | None
+    zero_weight_fraction: float | None
+
+
+def _estimate(
+    value: float | None, stderr: float | None, z: float, note: str | None = None
+) -> Estimate:
+    value, stderr = finite(value), finite(stderr)
+    if value is None or stderr is None:
+        return Estimate(value, stderr, None, None, note)
+    return Estimate(value, stderr, finite(value - z * stderr), finite(value + z * stderr), note)
+
+
+def restricted(acc: Accumulator, estimators: tuple[str, ...]) -> Accumulator:
+    """``acc`` with only the sums ``estimators`` read (and the core ones): what resampling
+    one estimator needs, without combining every other per-step sum again."""
+    keep = {spec.name for spec in sums_of(estimators)}
+
+    def own(sums: dict) -> dict:
+        return {name: value for name, value in sums.items() if name in keep}
+
+    return acc._replace(
+        sums=own(acc.sums),
+        replicate_sums=own(acc.replicate_sums),
+        step_sums=own(acc.step_sums),
+        replicate_step_sums=own(acc.replicate_step_sums),
+    )
+
+
+def grouped_sums(acc: Accumulator, length: int) -> Grouped:
+    """The merged sums (extended to ``length`` steps) as estimators read them."""
+
+    every_factors = {k: _rescaled_groups(v[:, :length]) for k, v in acc.step_log_scales.items()}
+
+    def select(groups: np.ndarray) -> Sums:
+        step_scales = {k: v[groups, :length] for k, v in acc.step_log_scales.items()}
+        combined = {k: np.max(v, axis=0) for k, v in step_scales.items()}
+        factors = {
+            k: _selected_factors(every_factors[k], step_scales[k], groups, combined[k])
+            for k in step_scales
+        }
+        step_sums = {}
+        for name, sum_kt in acc.step_sums.items():
+            scale = sum_spec(name).scale.name
+            step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
+        return Sums(
+            {k: _group_total(v[groups]) for k, v in acc.sums.items()},
+            acc.log_scales,
+            acc.pivots,
+            step_sums,
+            combined,
+        )
+
+    every = np.arange(acc.sums["count"].shape[0])
+    groups = np.flatnonzero(acc.sums["count"] > 0)
+    return Grouped(select(every), groups, select, lambda: leave_one_out_sums(acc, length)[1])
+
+
+def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max over groups [T], each group's factor to it [K, T]) of per-step log scales."""
+    combined_t = np.max(log_scale_kt, axis=0)
+    return combined_t, rescale(log_scale_kt, combined_t[None, :])
+
+
+def _selected_factors(every, log_scale_gt, groups, combined_t) -> np.ndarray:
+    """[G, T] factors of the ``groups`` rows to their own max ``combined_t``
+    (log-sum-exp rescaling): the factors to every group's max where that max is
+    the same (leaving one group out changes it at few steps), computed anew elsewhere."""
+    every_t, factor_kt = every
+    factor_gt = factor_kt[groups]
+    changed = ~(combined_t == every_t)
+    if np.any(changed):
+        factor_gt[:, changed] = rescale(log_scale_gt[:, changed], combined_t[None, changed])
+    return factor_gt
+
+
+class _LeaveOneOutScales(NamedTuple):
+    """Per-step log scales [K, T] of the groups, as leaving one group out changes them: the
+    max only changes at the steps where g alone holds it, to the second largest there."""
+
+    to_every_kt: np.ndarray  # factors of each group to the all-group max
+    to_second_kt: np.ndarray  # factors to the second largest (inf for the holder itself)
+    others_kt: np.ndarray  # [K, T] bool: not the step's sole holder of the max
+    left_out_gt: np.ndarray  # [G, T] bool: group g alone holds the max at step t
+    scales_gt: np.ndarray  # [G, T] the leave-out max log scales
+
+
+def _leave_one_out_scales(scale_kt: np.ndarray, groups: np.ndarray) -> _LeaveOneOutScales:
+    """The leave-one-out scales of per-step log scales ``scale_kt`` for the ``groups`` [G]."""
+    every_t = np.max(scale_kt, axis=0)
+    top_kt = scale_kt == every_t[None, :]
+    holder_t = np.where(top_kt.sum(axis=0) == 1, np.argmax(scale_kt, axis=0), -1)
+    second_t = np.max(np.where(top_kt, -np.inf, scale_kt), axis=0)
+    left_out_gt = groups[:, None] == holder_t[None, :]
+    return _LeaveOneOutScales(
+        rescale(scale_kt, every_t[None, :]),
+        rescale(scale_kt, second_t[None, :]),
+        np.arange(scale_kt.shape[0])[:, None] != holder_t[None, :],
+        left_out_gt,
+        np.where(left_out_gt, second_t[None, :], every_t[None, :]),
+    )
+
+
+def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]:
+    """(the non-empty groups [G], Sums with a leading [G] axis: every episode but those of
+    group g), for estimators that evaluate sums with leading axes (``replicates``), all
+    groups at once. Per step, the other groups are combined relative to their own largest
+    scale (log-sum-exp), never by subtracting a group: relative to the all-group max,
+    except at the steps where g alone holds it, where they are every group but that one,
+    relative to the second largest."""
+    groups = np.flatnonzero(acc.sums["count"] > 0)
+    others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
+    weights_gk = others_gk.astype(np.float64)
+    sums = {k: np.tensordot(weights_gk, v, axes=(1, 0)) for k, v in acc.sums.items()}
+    used = {sum_spec(name).scale.name for name in acc.step_sums}  # (``restricted``'s)
+    scales = {
+        k: _leave_one_out_scales(v[:, :length], groups)
+        for k, v in acc.step_log_scales.items()
+        if k in used
+    }
+    step_sums = {}
+    for name, sum_kt in acc.step_sums.items():
+        scale = scales[sum_spec(name).scale.name]
+        sum_kt = sum_kt[:, :length]
+        with np.errstate(invalid="ignore", over="ignore"):  # the holder's own inf factor
+            without_holder_t = np.sum(
+                np.where(scale.others_kt, sum_kt * scale.to_second_kt, 0.0), axis=0
+            )
+        out_gt = weights_gk @ (sum_kt * scale.to_every_kt)
+        step_sums[name] = np.where(scale.left_out_gt, without_holder_t[None, :], out_gt)
+    step_scales = {k: v.scales_gt for k, v in scales.items()}
+    return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)
+
+
+def replicate_sums(acc: Accumulator, length: int) -> Sums:
+    """The bootstrap replicates' sums (leading axis [R])."""
+    return Sums(
+        acc.replicate_sums,
+        acc.log_scales,
+        acc.pivots,
+        {k: v[:, :length] for k, v in acc.replicate_step_sums.items()},
+        {k: v[:length] for k, v in acc.replicate_step_log_scales.items()},
+    )
+
+
+def _with_interval(estimate: Estimate, interval: tuple) -> Estimate:
+    low, high, note = interval
+    return dataclasses.replace(estimate, ci_low=low, ci_high=high, note=estimate.note or note)
+
+
+def _intervals(acc, estimates, context, confidence, interval, betting_range):
+    """The estimates with their intervals replaced by the ``interval`` method's."""
+    out = dict(estimates)
+    if interval == "betting":
+        if betting_range is None or acc.betting_histogram.shape[-1] == 0:
+            raise ValueError("betting intervals need a reward range and the betting histogram")
+        bounds = betting_intervals(acc.betting_histogram, betting_range, confidence)
+        for name, estimate in estimates.items():
+            kind = get(name).betting
+            missing = (None, None, "betting intervals do not apply to this estimator")
+            out[name] = _with_interval(estimate, bounds[kind] if kind else missing)
+    elif interval != "normal":
+        replicates = replicate_sums(acc, context.max_length)
+        for name, estimate in estimates.items():
+            estimator = get(name)
+            if estimator.replicates is None or estimate.value is None or estimate.stderr is None:
+                continue
+            values, stderrs = estimator.replicates(replicates, context)
+            studentized = interval == "bootstrap-t" and estimator.studentized
+            bounds = bootstrap_interval(
+                estimate.value,
+                estimate.stderr,
+                values,
+                stderrs if studentized else None,
+                confidence,
+            )
+            out[name] = _with_interval(estimate, bounds)
+    return out
+
+
+def mean_return(acc: Accumulator) -> float:
+    """The mean discounted return of the logged episodes (core sums): the logging policy's
+    own value, every weight 1."""
+    return acc.total("return_sum") / acc.total("count")
+
+
+def diagnostics(acc: Accumulator) -> Diagnostics:
+    """The trajectory-weight diagnostics (SPEC 4) from the core sums."""
+    n, sum_w = acc.total("count"), acc.total("sum_w")
+    log_scale = acc.log_scales["trajectory"]
+    ess = sum_w**2 / acc.total("sum_w2") if sum_w > 0 else None
+    return Diagnostics(
+        ess=finite(ess),
+        ess_fraction=finite(ess / n) if ess is not None else None,
+        mean_weight=scaled(sum_w / n, log_scale),
+        # The largest weight is exp(scale), which is 1 after scaling.
+        max_weight=scaled(1.0, log_scale) if sum_w > 0 else 0.0,
+        max_weight_share=finite(1.0 / sum_w) if sum_w > 0 else None,
+        zero_weight_fraction=float(acc.total("zero_count") / n),
+    )
+
+
+def _held(acc: Accumulator) -> tuple[str, ...]:
+    """The registered estimators whose every sum ``acc`` holds."""
+    held = set(acc.sums) | set(acc.step_sums)
+    return tuple(n for n in names() if all(spec.name in held for spec in get(n).sums))
+
+
+def finalize(
+    acc: Accumulator,
+    gamma: float,
+    max_length: int,
+    confidence: float,
+    interval: str = "normal",
+    betting_range: tuple[float, float, float] | None = None,
+    estimators: tuple[str, ...] | None = None,
+) -> tuple[dict[str, Estimate], Diagnostics]:
+    """The estimates of ``estimators`` (None: every registered one whose sums ``acc``
+    holds, in registration order)
+    with intervals at ``confidence`` (method ``interval``, one of INTERVALS), and the
+    diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
+    estimators.reduction.betting_variables and an accumulator that holds their histogram."""
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    acc = extend(acc, max_length)
+    context = Context(gamma, max_length)
+    grouped = grouped_sums(acc, max_length)
+    estimates = {}
+    for name in _held(acc) if estimators is None else estimators:
+        point = get(name).finalize(grouped, context)
+        estimates[name] = _estimate(point.value, point.stderr, z, point.note)
+    estimates = _intervals(acc, estimates, context, confidence, interval, betting_range)
+    return estimates, diagnostics(acc)
+
+
+# --- shapes of the data behind the estimates (for reports and plots) -----------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Per-step and per-weight views of one policy's statistics.
+
+    Attributes:
+      wpdis_partial_t: [L] WPDIS summed up to each step t (its last entry is WPDIS).
+      mean_weight_t: [L] mean cumulative weight (1/n) sum_i W_{i,t}; ~1 when all is well.
+      histogram_edges: [HISTOGRAM_BINS + 1] log10-weight bin edges.
+      histogram_counts: [HISTOGRAM_BINS + 2] episodes below, in each bin, and above.
+      zero_weights: episodes with weight exactly 0 (not in the histogram).
+    """
+
+    wpdis_partial_t: np.ndarray
+    mean_weight_t: np.ndarray
+    histogram_edges: np.ndarray
+    histogram_counts: np.ndarray
+    zero_weights: int
+
+
+def profile(acc: Accumulator, gamma: float, max_length: int) -> Profile:
+    """The per-step WPDIS path and weight mass (core sums wr_t, w_t), and the log-weight
+    histogram."""
+    totals = grouped_sums(extend(acc, max_length), max_length).totals
+    num_t, den_t = totals.step_sums["wr_t"], totals.step_sums["w_t"]
+    log_scale_t = totals.step_log_scales["step"]
+    discount_t = Context(gamma, max_length).discount_t
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        term_t = np.where(den_t > 0, discount_t * num_t / den_t, np.nan)
+        mean_weight_t = (
+            den_t
+            * np.exp(np.where(np.isfinite(log_scale_t), log_scale_t, -np.inf))
+            / acc.total("count")
+        )
+    low, high = HISTOGRAM_LOG10_RANGE
+    return Profile(
+        wpdis_partial_t=np.cumsum(term_t),
+        mean_weight_t=mean_weight_t,
+        histogram_edges=np.linspace(low, high, HISTOGRAM_BINS + 1),
+        histogram_counts=acc.log_weight_histogram.copy(),
+        zero_weights=int(acc.total("zero_count")),
+    )

@@ -1,0 +1,203 @@
+"""``ope fit-behavior``: fit a behavior model to the logged actions, write it as a policy
+checkpoint, and measure it: the mean log-likelihood of held-out episodes (a fixed fifth of
+them, by id hash) under a fit on the others, and, where the data also logs propensities,
+how far the estimated probabilities are from the logged ones.
+
+Passes over the data: one to fit (the checkpoint is fitted on every episode, the held-out
+score on the other four fifths, from the same per-fold statistics), and a second, host-only
+one to compare with a logged propensity column when there is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ope_cli.config import ColumnMapping
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.errors import UsageError
+from ope_cli.models.behavior_models.base import MODELS, log_softmax
+from ope_cli.models.behavior_models.fitting import (
+    checkpoint_arrays,
+    choose_model,
+    collect_all,
+    make_model,
+)
+from ope_cli.models.behavior_models.softmax import logits_of
+from ope_cli.outputs import refuse_existing
+
+HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out
+CALIBRATION_BINS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class FitBehaviorConfig:
+    """What ``ope fit-behavior`` needs, independent of the terminal."""
+
+    data: str
+    out: str
+    model: str | None = None  # None: the default for the data's types (SPEC section 8)
+    columns: ColumnMapping = ColumnMapping()
+    read_rows: int = 65_536
+    overwrite: bool = False  # replace an existing --out
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationBin:
+    """Logged steps whose estimated probability of the logged action is in [low, high)."""
+
+    low: float
+    high: float
+    steps: int
+    mean_estimated: float | None
+    mean_logged: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedComparison:
+    """Estimated against logged log pi_b(a|s), over every logged step.
+
+    ``*_log_ratio``: of log(logged / estimated); ``calibration``: for discrete actions, the
+    steps binned by estimated probability with the mean logged probability in each bin.
+    """
+
+    column: str
+    steps: int
+    mean_log_ratio: float
+    mean_abs_log_ratio: float
+    max_abs_log_ratio: float
+    calibration: list[CalibrationBin]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitBehaviorResult:
+    """What ``ope fit-behavior`` found; log-likelihoods are means per step, in nats."""
+
+    source: str
+    out: str
+    model: str
+    kind: str
+    episodes: int
+    steps: int
+    mean_log_likelihood: float  # in-sample, of the written checkpoint
+    heldout_episodes: int
+    heldout_steps: int
+    heldout_mean_log_likelihood: float | None  # None: no episode fell in the held-out fold
+    seconds: float
+    logged: LoggedComparison | None = None
+
+
+def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:
+    """The fitted model as an ``.npz`` policy checkpoint of SPEC section 3."""
+    try:
+        with open(path, "wb") as handle:
+            np.savez(handle, **checkpoint_arrays(model, arrays))
+    except OSError as error:
+        raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
+
+
+def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
+    """Fits, writes and measures the behavior model of ``config``. Raises OpeError."""
+    started = time.perf_counter()
+    if not config.out.endswith(".npz"):
+        raise UsageError(f"--out must name an .npz file, got {config.out!r}")
+    if not Path(config.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {config.out}: no such directory")
+    refuse_existing([config.out], config.overwrite)
+    episodes = open_episodes(
+        # the propensity column, when the data has a usable one, to compare with
+        DataConfig(config.data, config.columns, config.read_rows, behavior_column="if_usable")
+    )
+    schema = episodes.schema
+    model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")
+    collected = collect_all(make_model(model, HOLDOUT_FOLDS), episodes, HOLDOUT_FOLDS)
+    fitted = collected.model
+    arrays = fitted.fit()
+    total, steps = fitted.log_likelihood(arrays)
+    heldout_total, heldout_steps = 0.0, 0
+    if 0 < collected.fold_episodes[0] < collected.episodes:  # else nothing to fit or score
+        heldout_total, heldout_steps = fitted.log_likelihood(fitted.fit(exclude=0), 0)
+    write_checkpoint(config.out, model, arrays)
+    logged = None
+    if schema.behavior_logged:
+        logged = compare_with_logged_propensities(arrays, model, episodes, schema)
+    return FitBehaviorResult(
+        source=config.data,
+        out=config.out,
+        model=model,
+        kind=MODELS[model],
+        episodes=collected.episodes,
+        steps=collected.steps,
+        mean_log_likelihood=total / steps,
+        heldout_episodes=int(collected.fold_episodes[0]),
+        heldout_steps=heldout_steps,
+        heldout_mean_log_likelihood=heldout_total / heldout_steps if heldout_steps else None,
+        seconds=time.perf_counter() - started,
+        logged=logged,
+    )
+
+
+def step_log_probs(
+    model: str, arrays: dict[str, np.ndarray], observation: np.ndarray, action: np.ndarray
+) -> np.ndarray:
+    """[N] log pi(a|s) (a log-density for continuous actions) of fitted ``arrays``, NumPy."""
+    if model == "tabular":
+        return log_softmax(arrays["logits"])[observation, action]
+    if model == "linear_gaussian":
+        x = observation[:, None] if observation.ndim == 1 else observation
+        y = action[:, None] if action.ndim == 1 else action
+        z = (y - x @ arrays["weight"] - arrays["bias"]) * np.exp(-arrays["log_std"])
+        return np.sum(-0.5 * z * z - arrays["log_std"] - 0.5 * math.log(2 * math.pi), axis=1)
+    x = np.asarray(observation, np.float64)
+    logits = logits_of(arrays, x[:, None] if x.ndim == 1 else x)
+    return np.take_along_axis(logits, action[:, None], axis=1)[:, 0]
+
+
+def compare_with_logged_propensities(
+    arrays, model: str, chunks: Iterable[EpisodeChunk], schema: DataSchema
+) -> LoggedComparison:
+    """Streams the data again: log(logged / estimated) per step, and (discrete actions) the
+    calibration of the estimated probabilities against the logged ones."""
+    steps, total, total_abs, largest = 0, 0.0, 0.0, 0.0
+    counts = np.zeros(CALIBRATION_BINS, np.int64)
+    sum_estimated, sum_logged = np.zeros(CALIBRATION_BINS), np.zeros(CALIBRATION_BINS)
+    for chunk in chunks:
+        log_estimated = step_log_probs(model, arrays, chunk.observation, chunk.action)
+        ratio = chunk.log_behavior - log_estimated
+        steps += ratio.size
+        total += float(ratio.sum())
+        total_abs += float(np.abs(ratio).sum())
+        largest = max(largest, float(np.abs(ratio).max()))
+        if model != "linear_gaussian":
+            estimated = np.exp(log_estimated)
+            bins = np.minimum((estimated * CALIBRATION_BINS).astype(np.int64), CALIBRATION_BINS - 1)
+            counts += np.bincount(bins, minlength=CALIBRATION_BINS)
+            sum_estimated += np.bincount(bins, estimated, CALIBRATION_BINS)
+            sum_logged += np.bincount(bins, np.exp(chunk.log_behavior), CALIBRATION_BINS)
+    calibration = [
+        CalibrationBin(
+            low=k / CALIBRATION_BINS,
+            high=(k + 1) / CALIBRATION_BINS,
+            steps=int(counts[k]),
+            mean_estimated=float(sum_estimated[k] / counts[k]) if counts[k] else None,
+            mean_logged=float(sum_logged[k] / counts[k]) if counts[k] else None,
+        )
+        for k in range(CALIBRATION_BINS)
+        if model != "linear_gaussian" and counts[k]
+    ]
+    role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
+    return LoggedComparison(
+        column=schema.columns[role],
+        steps=steps,
+        mean_log_ratio=total / steps,
+        mean_abs_log_ratio=total_abs / steps,
+        max_abs_log_ratio=largest,
+        calibration=calibration,
+    )

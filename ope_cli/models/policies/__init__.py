@@ -1,0 +1,171 @@
+"""Evaluation policies: ``.npz`` checkpoints, ``module:name`` entry points, logged targets.
+
+Every policy becomes a per-step function ``log_prob(params, observation, action) -> []``
+written for one step; the kernel vmaps it over steps, episodes and (for stacked
+checkpoints) policies. Checkpoints of the same kind and shapes share one function
+and are stacked along a leading policy axis.
+
+By job: ``base`` (the Policy record), ``functions`` (per-step log-probabilities, pure JAX),
+``checkpoints`` (``.npz`` kinds), ``entry_points`` (user code), ``checks`` (a policy against
+the data); here, a ``--policy`` value to its policies. Every name is importable from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import ope_cli.data.sources.remote as remote
+from ope_cli.errors import PolicyError, UsageError
+from ope_cli.models.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
+from ope_cli.models.policies.checkpoints import (
+    check_size,
+    checked_array,
+    checkpoint_policy,
+    load_checkpoint,
+    mlp_layers,
+    read_archive,
+)
+from ope_cli.models.policies.checks import check_against_schema, chunk_checks
+from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
+from ope_cli.models.policies.functions import (
+    _mlp_log_prob as _mlp_log_prob,  # one function per activation (tests/test_kernel_cache.py)
+)
+from ope_cli.models.policies.functions import (
+    action_log_probs,
+    linear_gaussian_log_prob,
+    linear_gaussian_sample,
+    linear_softmax_log_prob,
+    mlp_forward,
+    tabular_log_prob,
+)
+
+
+def load_policy(spec: str) -> Policy:
+    """A policy from a command-line ``--policy`` value."""
+    if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
+        return load_checkpoint(spec)
+    return load_entry_point(spec)
+
+
+NAMED = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+-]*)=(?P<path>.+)")
+
+
+def split_name(spec: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` -> (NAME, PATH); any other value (a path, a glob, an entry point, a
+    file whose name holds '=') -> (None, spec)."""
+    named = NAMED.fullmatch(spec)
+    if named is None or Path(spec).exists():
+        return None, spec
+    return named["name"], named["path"]
+
+
+def expand(spec: str, error: type[Exception] = PolicyError, what: str = "checkpoint") -> list[str]:
+    """A ``--policy`` (or ``--q``) value as the values it stands for: a glob such as
+    'ckpts/*.npz' (quoted, so the shell leaves it alone) for its matching files, sorted;
+    a directory is refused with the glob that would name its checkpoints."""
+    if glob.has_magic(spec) and remote.is_uri(spec):
+        return list(remote.glob_files(spec, error))
+    if glob.has_magic(spec) and not Path(spec).exists():
+        matches = sorted(glob.glob(spec))
+        if not matches:
+            raise error(f"{spec}: no {what} matches this pattern")
+        return matches
+    if not remote.is_uri(spec) and Path(spec).is_dir():
+        pattern = f"{spec.rstrip('/')}/*.npz"
+        raise error(
+            f"{spec}: a directory, not a {what}; to take every checkpoint in it, pass the "
+            f"quoted glob '{pattern}'"
+        )
+    return [spec]
+
+
+def load_policies(specs: Sequence[str]) -> list[Policy]:
+    """The policies of every ``--policy`` value, in order (``expand``: globs stand for
+    their matching files, sorted), each labelled (``label_policies``). ``NAME=PATH``
+    names the policy of PATH (one checkpoint or entry point)."""
+    policies = []
+    for spec in specs:
+        name, path = split_name(spec)
+        if name is None:
+            policies.extend(load_policy(match) for match in expand(spec))
+            continue
+        matches = expand(path)
+        if len(matches) != 1:
+            raise UsageError(
+                f"--policy {spec}: NAME=PATH names one policy, but {path} matches "
+                f"{len(matches)}; name them one by one or leave out the name"
+            )
+        policy = load_policy(matches[0])
+        policies.append(dataclasses.replace(policy, name=name, source=matches[0]))
+    return label_policies(policies)
+
+
+def _parts(name: str) -> list[str]:
+    """A name's path components (an entry point, package.module:name, is one)."""
+    return [part for part in name.replace("\\", "/").split("/") if part] or [name]
+
+
+def suffix_labels(names: Sequence[str]) -> list[str]:
+    """The shortest path suffix of each name that no other name ends with (whole
+    components): ['runs/a/ckpt.npz', 'runs/b/ckpt.npz', 'x.npz'] -> ['a/ckpt.npz',
+    'b/ckpt.npz', 'x.npz']. A name given twice keeps its whole self."""
+    parts = [_parts(name) for name in names]
+    labels = []
+    for i, mine in enumerate(parts):
+        others = [theirs for j, theirs in enumerate(parts) if j != i and names[j] != names[i]]
+        label = names[i]
+        for k in range(1, len(mine) + 1):
+            if all(theirs[-k:] != mine[-k:] for theirs in others):
+                label = "/".join(mine[-k:])
+                break
+        labels.append(label)
+    return labels
+
+
+def label_policies(policies: Sequence[Policy]) -> list[Policy]:
+    """Each policy with its ``label``: the NAME it was given, else the shortest unambiguous
+    suffix of its path among the policies (a label never equals another policy's)."""
+    suffixes = iter(suffix_labels([p.name for p in policies if p.source is None]))
+    taken = {p.name for p in policies if p.source is not None}
+    labelled = []
+    for policy in policies:
+        label = policy.name if policy.source is not None else next(suffixes)
+        if policy.source is None and label in taken:
+            label = policy.name  # a suffix that is another policy's NAME: the full path
+        labelled.append(dataclasses.replace(policy, label=label))
+    return labelled
+
+
+__all__ = [
+    "LOGGED",
+    "LogProbFn",
+    "Policy",
+    "SampleFn",
+    "action_log_probs",
+    "check_against_schema",
+    "check_size",
+    "checked_array",
+    "checkpoint_policy",
+    "chunk_checks",
+    "expand",
+    "import_entry_point",
+    "label_policies",
+    "linear_gaussian_log_prob",
+    "linear_gaussian_sample",
+    "linear_softmax_log_prob",
+    "load_checkpoint",
+    "load_entry_point",
+    "load_policies",
+    "load_policy",
+    "logged_policy",
+    "mlp_forward",
+    "mlp_layers",
+    "read_archive",
+    "split_name",
+    "suffix_labels",
+    "tabular_log_prob",
+]

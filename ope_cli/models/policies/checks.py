@@ -1,0 +1,72 @@
+"""A policy against the data: type-level before any row is read (``check_against_schema``),
+value-level per chunk as validation checks (``chunk_checks``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ope_cli.data.validate import Check
+from ope_cli.errors import DataError
+from ope_cli.models.policies.base import Policy
+
+
+def check_against_schema(policy: Policy, schema) -> None:
+    """Type-level compatibility of a policy and the data (before any row is read)."""
+    if policy.discrete is True and schema.action_kind != "discrete":
+        raise DataError(
+            f"actions in column {schema.columns['action']!r} are not integers, but policy "
+            f"{policy.name} ({policy.kind}) is over discrete actions"
+        )
+    if policy.discrete is False and schema.action_kind == "discrete":
+        raise DataError(
+            f"actions in column {schema.columns['action']!r} are integers, but policy "
+            f"{policy.name} ({policy.kind}) is over continuous actions"
+        )
+    if policy.kind == "tabular" and schema.observation_kind != "index":
+        raise DataError(
+            f"policy {policy.name} is tabular and needs integer state observations, but "
+            f"column {schema.columns['observation']!r} holds {schema.observation_kind} values"
+        )
+    if policy.obs_dim is not None and schema.observation_dim not in (None, policy.obs_dim):
+        raise DataError(
+            f"observations in column {schema.columns['observation']!r} have size "
+            f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}"
+        )
+
+
+def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
+    """Value-level compatibility of one chunk with the policy, as validate.value_checks does
+    it: yields Check(reason, problem, [N] bool rows). Action and state ranges can be dropped
+    (``--on-invalid drop``); a size mismatch concerns every row and never is."""
+    if policy.n_actions is not None:
+        yield Check(
+            "action_out_of_range",
+            f"action is outside policy {policy.name}'s {policy.n_actions} actions "
+            f"(0..{policy.n_actions - 1})",
+            chunk.action >= policy.n_actions,
+        )
+    if policy.n_states is not None and chunk.observation is not None:
+        yield Check(
+            "state_out_of_range",
+            f"state index is outside policy {policy.name}'s {policy.n_states} states "
+            f"(0..{policy.n_states - 1})",
+            chunk.observation >= policy.n_states,
+        )
+    if policy.obs_dim is not None and chunk.observation is not None:
+        size = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
+        if size != policy.obs_dim:
+            yield Check(
+                "observation_size",
+                f"observation has size {size}, but policy {policy.name} expects {policy.obs_dim}",
+                np.ones(chunk.num_steps, bool),
+            )
+    if policy.act_dim is not None:
+        size = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
+        if size != policy.act_dim:
+            yield Check(
+                "action_size",
+                f"action has size {size}, but policy {policy.name} expects {policy.act_dim}",
+                np.ones(chunk.num_steps, bool),
+            )

@@ -1,0 +1,182 @@
+"""``ope fit-q DATA --policy P --out Q.npz``: fit pi_e's Q on the logged episodes, write it
+as a Q checkpoint (SPEC section 9), and report the fit and the dm estimate
+(1/n) sum_i V(s_{i,0}) with its sample standard error.
+
+One pass over the data (two for an entry point over discrete actions that declares no
+``n_actions``: the first reads the action column for the largest action).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ope_cli.config import ColumnMapping
+from ope_cli.data.columns import DataSchema
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.errors import DataError, UsageError
+from ope_cli.estimation.run_plan import resolve_gamma
+from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
+from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
+from ope_cli.models.q_models.fitting import fit_q
+from ope_cli.outputs import refuse_existing
+
+
+@dataclasses.dataclass(frozen=True)
+class FitQConfig:
+    """What ``ope fit-q`` needs, independent of the terminal."""
+
+    data: str
+    policy: str
+    out: str
+    model: str | None = None  # None: the default for the data's types (SPEC section 9)
+    gamma: float | None = None  # None: the data's declared gamma, else 1.0
+    ridge: float | None = None  # None: linear.RIDGE_PER_STEP * steps
+    seed: int = 0
+    columns: ColumnMapping = ColumnMapping()
+    read_rows: int = 65_536
+    overwrite: bool = False  # replace an existing --out
+
+
+@dataclasses.dataclass(frozen=True)
+class FitQResult:
+    """What ``ope fit-q`` found. Bellman RMSEs are of r + gamma V(s') - Q(s, a), in reward
+    units; ``dm``: (1/n) sum_i V(s_{i,0}) under the written checkpoint, ``dm_stderr`` its
+    sample standard error over the initial states, which leaves out the error of the
+    fitted Q itself (on ``ope generate chain``, 2000 episodes, tabular: 0.0098, while dm
+    spread by 0.034 over 8 datasets)."""
+
+    source: str
+    policy: str
+    out: str
+    model: str
+    kind: str
+    gamma: float
+    episodes: int
+    steps: int
+    dm: float
+    dm_stderr: float | None
+    bellman_rmse: float | None
+    seconds: float
+    ridge: float | None = None  # linear
+    iterations: int | None = None  # mlp
+    converged: bool | None = None
+    heldout_steps: int | None = None
+    heldout_bellman_rmse: float | None = None
+    gamma_source: str = "option"  # option (--gamma), data (declared) or default
+
+
+def check_options(config: FitQConfig) -> None:
+    """UsageErrors for values no data can make valid."""
+    if not config.out.endswith(".npz"):
+        raise UsageError(f"--out must name an .npz file, got {config.out!r}")
+    if not Path(config.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {config.out}: no such directory")
+    refuse_existing([config.out], config.overwrite)
+    if config.gamma is not None and not (
+        math.isfinite(config.gamma) and 0.0 <= config.gamma <= 1.0
+    ):
+        raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
+    if config.ridge is not None and not (math.isfinite(config.ridge) and config.ridge >= 0):
+        raise UsageError(f"--ridge must be a number >= 0, got {config.ridge}")
+    if config.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {config.seed}")
+
+
+def choose_q_model(model: str | None, schema: DataSchema) -> str:
+    """The model asked for (or the data's default), checked against the data's types."""
+    if "observation" not in schema.columns:
+        raise DataError(
+            "fit-q needs the observations, but no observation column was found; "
+            "name it with --obs-col"
+        )
+    chosen = model or default_q_model(schema.observation_kind, schema.action_kind)
+    check_q_model_fits(chosen, schema.observation_kind, schema.action_kind)
+    return chosen
+
+
+def largest_logged_action(episodes: Iterable[EpisodeChunk]) -> int:
+    """The largest logged (discrete) action over a pass of ``episodes``; -1 without any
+    step."""
+    largest = -1
+    for chunk in episodes:
+        largest = max(largest, int(chunk.action.max()))
+    return largest
+
+
+def action_count(largest: int) -> int:
+    """1 + the largest logged action; DataError when there was no step."""
+    if largest < 0:
+        raise DataError("no steps to fit Q on (the data has no episodes)")
+    return largest + 1
+
+
+def _n_actions(policy: Policy, episodes: EpisodeStream) -> int | None:
+    """The policy's action count, else (discrete actions) 1 + the largest logged one."""
+    if episodes.schema.action_kind != "discrete" or policy.n_actions is not None:
+        return policy.n_actions
+    return action_count(largest_logged_action(episodes))
+
+
+def run_fit_q(config: FitQConfig) -> FitQResult:
+    """Fits, writes and measures pi_e's Q of ``config``. Raises OpeError."""
+    started = time.perf_counter()
+    check_options(config)
+    episodes = open_episodes(
+        DataConfig(config.data, config.columns, config.read_rows, behavior_column="unread")
+    )
+    schema = episodes.schema
+    model = choose_q_model(config.model, schema)
+    gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
+    policy = load_policy(config.policy)
+    check_against_schema(policy, schema)
+    n_actions = _n_actions(policy, episodes)
+    fit = fit_q(
+        episodes.with_checks(functools.partial(chunk_checks, policy)),
+        policy,
+        model=model,
+        gamma=gamma,
+        ridge=config.ridge,
+        seed=config.seed,
+        n_actions=n_actions,
+        discrete=schema.action_kind == "discrete",
+    )
+    write_q_checkpoint(config.out, fit.arrays[0])
+    d = fit.diagnostics
+    stderr = d["dm_stderr"]
+    return FitQResult(
+        source=config.data,
+        policy=config.policy,
+        out=config.out,
+        model=fit.model,
+        kind=fit.kind,
+        gamma=gamma,
+        gamma_source=gamma_source,
+        episodes=fit.episodes,
+        steps=fit.steps,
+        dm=d["dm"],
+        dm_stderr=None if stderr is None or math.isnan(stderr) else stderr,
+        bellman_rmse=d["bellman_rmse"],
+        seconds=time.perf_counter() - started,
+        ridge=d.get("ridge"),
+        iterations=d.get("iterations"),
+        converged=d.get("converged"),
+        heldout_steps=d.get("heldout_steps"),
+        heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
+    )
+
+
+def write_q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """A Q checkpoint ``.npz`` (``kind`` and the fitted arrays)."""
+    try:
+        with open(path, "wb") as handle:
+            np.savez(handle, **arrays)
+    except OSError as error:
+        raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None

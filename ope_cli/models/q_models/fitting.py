@@ -1,0 +1,236 @@
+"""Fitting Q on a stream of episodes: ``fit_q`` (the library entry point, also behind
+``--q fit``), the collection pass and the dm estimate of a fit.
+
+One pass over the chunks: each chunk becomes transitions (``base.transitions``), with
+pi_e over every action at each step (discrete actions; the linear and mlp models) or
+actions drawn from pi_e (continuous actions) computed in JAX, and is added to the model
+per fold of episodes. The model is then fitted on all folds, or on all but fold k for each
+k (cross-fitting), without reading the data again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.models.behavior_models.fitting import Collected, gathered
+from ope_cli.models.policies import Policy
+from ope_cli.models.q_models.base import (
+    QModel,
+    check_q_model_name,
+    kind_of,
+    policy_probs,
+    policy_samples,
+    transitions,
+)
+from ope_cli.models.q_models.linear import LinearQ
+from ope_cli.models.q_models.mlp import MlpQ
+from ope_cli.models.q_models.tabular import TabularQ
+
+
+@dataclasses.dataclass
+class QFit:
+    """A fitted Q of one evaluation policy.
+
+    arrays: checkpoint arrays (with ``kind``): folds == 1, [the fit on every episode];
+      else [the fit on every fold but k, for k in range(folds)].
+    diagnostics: ``bellman_rmse`` (in-sample; with folds > 1, each fold's steps scored by
+      the fit without them), ``dm`` and ``dm_stderr`` (the same way), ``seconds``, and per
+      model, of the single fit or as a list over the folds' fits: ``ridge`` (linear);
+      ``iterations``, ``converged``, ``heldout_bellman_rmse``, ``heldout_steps`` (mlp).
+    """
+
+    model: str  # tabular | linear | mlp
+    kind: str  # tabular_q | linear_q | mlp_q | mlp_q_sa
+    arrays: list[dict[str, np.ndarray]]
+    episodes: int
+    steps: int
+    diagnostics: dict
+
+
+def _state_probs(policy: Policy):
+    """(n_states, n_actions) -> [S, A] pi_e(a|s) over integer states 0 .. S - 1."""
+
+    def probs(n_states: int, n_actions: int) -> np.ndarray:
+        return policy_probs(policy, np.arange(n_states, dtype=np.int64), n_actions)
+
+    return probs
+
+
+def make_q_model(
+    model: str,
+    policy: Policy,
+    *,
+    discrete: bool,
+    gamma: float,
+    folds: int = 1,
+    ridge: float | None = None,
+    seed: int = 0,
+    n_actions: int | None = None,
+) -> QModel:
+    """An empty Q model of ``model`` over ``folds`` folds of episodes."""
+    if model == "tabular":
+        return TabularQ(folds, gamma, _state_probs(policy), n_actions, policy.n_states)
+    if model == "linear":
+        if n_actions is None:
+            raise UsageError(_action_count_message(policy))
+        return LinearQ(folds, gamma, n_actions, ridge)
+    if discrete and n_actions is None:
+        raise UsageError(_action_count_message(policy))
+    return MlpQ(folds, gamma, discrete, seed)
+
+
+def _action_count_message(policy: Policy) -> str:
+    return (
+        f"policy {policy.name} declares no n_actions, and the number of actions is needed to "
+        "fit Q; give the entry point an n_actions attribute"
+    )
+
+
+def collect_q(
+    model: QModel,
+    chunks: Iterable[EpisodeChunk],
+    policy: Policy,
+    *,
+    folds: int,
+    n_actions: int | None,
+    seed: int = 0,
+) -> Collected:
+    """Adds every chunk's transitions to ``model`` (pi_e at each step as the model needs)."""
+    done = Collected(model, np.zeros(folds, np.int64))
+    for chunk in chunks:
+        if chunk.observation is None:
+            raise DataError("fitting Q needs the observations; name their column with --obs-col")
+        batch = transitions(chunk, folds)
+        integers = chunk.action.dtype.kind in "iu"
+        if integers != model.discrete:
+            raise DataError(
+                f"{chunk.file}: the actions are {'integers' if integers else 'continuous'}, "
+                f"but the {model.name} Q model was made for the other kind"
+            )
+        if model.name != "tabular":
+            if integers:
+                batch.probs = policy_probs(policy, chunk.observation, n_actions)
+            else:
+                batch.samples = policy_samples(policy, chunk, seed)
+        model.add(batch)
+        done.fold_episodes += np.bincount(batch.fold[batch.first], minlength=folds)
+        done.episodes += chunk.num_episodes
+        done.steps += chunk.num_steps
+    return done
+
+
+def collect_q_all(model, chunks, policy, *, folds, n_actions, seed, collectives) -> Collected:
+    """``collect_q`` on this process's share; with ``collectives`` = (gather, check_all),
+    every process then holds what all of them collected (as
+    ``behavior_models.fitting.collect_all``)."""
+    if collectives is None:
+        collected = collect_q(model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed)
+    else:
+        gather, check_all = collectives
+        error = None
+        try:
+            collected = collect_q(
+                model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed
+            )
+        except OpeError as failure:  # as the behavior pass: one process's error stops all
+            error = failure
+            collected = Collected(model, np.zeros(folds, np.int64))
+        check_all(error)
+        collected = gathered(collected, gather)
+    if collected.steps == 0:
+        raise DataError("no steps to fit Q on (the data has no episodes)")
+    return collected
+
+
+def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float]:
+    """(mean, sample standard error) of V(s_0) over n episodes from its sum and sum of
+    squares (NaN standard error for one episode)."""
+    mean = total / n
+    if n < 2:
+        return mean, math.nan
+    variance = max(total_sq - n * mean * mean, 0.0) / (n - 1)
+    return mean, math.sqrt(variance / n)
+
+
+def fit_q(  # noqa: PLR0913 - the data, the policy and the fit's settings, keyword-only
+    chunks: Iterable[EpisodeChunk],
+    policy: Policy,
+    *,
+    model: str,
+    gamma: float,
+    folds: int = 1,
+    collectives=None,
+    ridge: float | None = None,
+    seed: int = 0,
+    n_actions: int | None = None,
+    discrete: bool | None = None,
+) -> QFit:
+    """Fits pi_e's Q on ``chunks`` (one pass) with ``model``; with ``folds`` > 1, once per
+    fold k on every other fold (cross-fitting, folds by episode-id hash as the kernel's
+    ``ids.fold_index``). ``n_actions``: default ``policy.n_actions`` (needed for the
+    linear and mlp models over discrete actions); ``discrete``: whether the actions are
+    integers (default: ``policy.discrete``, else integers). Raises OpeError."""
+    started = time.perf_counter()
+    check_q_model_name(model)
+    n_actions = n_actions or policy.n_actions
+    discrete = (policy.discrete is not False) if discrete is None else discrete
+    q_model = make_q_model(
+        model,
+        policy,
+        discrete=discrete,
+        gamma=gamma,
+        folds=folds,
+        ridge=ridge,
+        seed=seed,
+        n_actions=n_actions,
+    )
+    collected = collect_q_all(
+        q_model,
+        chunks,
+        policy,
+        folds=folds,
+        n_actions=n_actions,
+        seed=seed,
+        collectives=collectives,
+    )
+    if folds > 1 and np.any(collected.fold_episodes == collected.episodes):
+        raise UsageError(
+            f"cross-fitting over {folds} folds: every one of the {collected.episodes} "
+            "episode(s) falls in one fold, leaving nothing to fit the others on; use fewer folds"
+        )
+    excluded = [None] if folds <= 1 else list(range(folds))
+    arrays, per_fold = [], []
+    kind = kind_of(model, discrete)
+    for k in excluded:  # one fit per fold (a handful), not a loop over the data
+        fitted = q_model.fit(exclude=k)
+        per_fold.append(getattr(q_model, "last", {}))
+        arrays.append({"kind": np.array(kind), **fitted})
+    diagnostics = _diagnostics(q_model, arrays, excluded, per_fold)
+    diagnostics["seconds"] = time.perf_counter() - started
+    return QFit(model, kind, arrays, collected.episodes, collected.steps, diagnostics)
+
+
+def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: list) -> dict:
+    """The Bellman RMSE and the dm estimate, each fold's steps and episodes scored by the
+    fit that excludes them (in-sample for a single fit)."""
+    squares, steps, total, total_sq, episodes = 0.0, 0, 0.0, 0.0, 0
+    for fitted, k in zip(arrays, excluded, strict=True):
+        params = {key: value for key, value in fitted.items() if key != "kind"}
+        s, n = q_model.residual(params, k)
+        squares, steps = squares + s, steps + n
+        v, v2, e = q_model.initial(params, k)
+        total, total_sq, episodes = total + v, total_sq + v2, episodes + e
+    dm, dm_stderr = direct_method(total, total_sq, episodes)
+    out = {"bellman_rmse": math.sqrt(squares / steps) if steps else None}
+    out |= {"dm": dm, "dm_stderr": dm_stderr}
+    for key in per_fold[0]:  # the model's own: ridge (linear), iterations ... (mlp)
+        values = [fold[key] for fold in per_fold]
+        out[key] = values[0] if len(values) == 1 else values
+    return out

@@ -1,0 +1,146 @@
+"""``linear``: LSTDQ, the fixed point of the projected Bellman equation in closed form.
+
+Features phi(s, a): one block of x = [s, 1] per action (dimension D = A (d + 1)), the
+block of a holding x; phibar(s') = sum_b pi_e(b|s') phi(s', b), 0 after the last step.
+Per fold of episodes the sums stream in (flat memory, O(folds * D^2)):
+
+  A = sum phi (phi - gamma phibar')^T,  b = sum phi r,
+  C = sum psi psi^T, e = sum psi r, sum r^2 (psi = phi - gamma phibar': the residuals),
+  the sums of phibar(s_0) and phibar(s_0) phibar(s_0)^T over initial states (dm),
+
+and the fit solves (A + ridge I) w = b over every fold but one. The default ridge is
+``RIDGE_PER_STEP`` times the number of steps fitted on: A grows with the steps, so this is
+a fixed, tiny relative regularisation; it also sets the weights of actions never logged
+to 0 (their rows of A are empty), as the tabular model does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ope_cli.errors import DataError
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed
+from ope_cli.models.q_models.base import FoldSums, Transitions
+
+RIDGE_PER_STEP = 1e-6
+ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
+_SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0")
+
+
+def block_features(x: np.ndarray, action: np.ndarray, n_actions: int) -> np.ndarray:
+    """[N, A (d + 1)] phi(s, a): x [N, d + 1] in the block of each step's action."""
+    out = np.zeros((x.shape[0], n_actions, x.shape[1]))
+    out[np.arange(x.shape[0]), action] = x
+    return out.reshape(x.shape[0], -1)
+
+
+def mean_features(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """[N, A (d + 1)] phibar(s) = sum_a pi(a|s) phi(s, a): x [N, d + 1], probs [N, A]."""
+    return (probs[:, :, None] * x[:, None, :]).reshape(x.shape[0], -1)
+
+
+def with_bias(observation: np.ndarray) -> np.ndarray:
+    """[N, d + 1] x = [s, 1] of observations [N] or [N, d]."""
+    x = features(observation)
+    return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+
+
+class LinearQ(FoldSums):
+    """LSTDQ sums per fold (K folds, D features): a_mat, c_mat, s00 [K, D, D]; b, e, s0
+    [K, D]; rr, n, n0 [K]."""
+
+    name = "linear"
+    discrete = True
+
+    def __init__(self, folds: int, gamma: float, n_actions: int, ridge: float | None = None):
+        self.folds, self.gamma, self.n_actions, self.ridge = folds, gamma, n_actions, ridge
+        self.dim = 0  # d + 1, set by the first steps
+        self.last: dict = {}  # the last fit's ridge
+
+    def _start(self, width: int) -> None:
+        if self.dim == 0:
+            self.dim = width
+            size = self.n_actions * width
+            for name in _SUMS:
+                shape = {"a_mat": 2, "c_mat": 2, "s00": 2, "b": 1, "e": 1, "s0": 1}.get(name, 0)
+                setattr(self, name, np.zeros((self.folds, *(size,) * shape)))
+        elif width != self.dim:
+            raise DataError("observations change size between steps")
+
+    def add(self, batch: Transitions) -> None:
+        """Adds the sums of ``batch`` (with ``probs`` [N, A]), in blocks of ROWS steps."""
+        x = with_bias(batch.observation)
+        self._start(x.shape[1])
+        x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
+        for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
+            rows = slice(start, start + ROWS)
+            phi = block_features(x[rows], batch.action[rows], self.n_actions)
+            psi = phi - self.gamma * mean_features(x_next[rows], probs_next[rows])
+            phibar = mean_features(x[rows], batch.probs[rows])
+            self._accumulate(batch, rows, phi, psi, phibar)
+
+    def _accumulate(self, batch, rows, phi, psi, phibar) -> None:
+        r, fold, first = batch.reward[rows], batch.fold[rows], batch.first[rows]
+        for k in np.unique(fold):  # a handful of folds, not a loop over steps
+            mine = fold == k
+            p, q, rk = phi[mine], psi[mine], r[mine]
+            self.a_mat[k] += p.T @ q
+            self.c_mat[k] += q.T @ q
+            self.b[k] += p.T @ rk
+            self.e[k] += q.T @ rk
+            self.rr[k] += rk @ rk
+            self.n[k] += rk.size
+            start = phibar[mine & first]
+            self.s0[k] += start.sum(axis=0)
+            self.s00[k] += start.T @ start
+            self.n0[k] += start.shape[0]
+
+    def gather_processes(self, gather: Gather) -> None:
+        """Every process's sums, summed (a process without steps adds zeros)."""
+        (width,) = largest(gather, (self.dim,))
+        if width == 0:
+            return  # no process has a step: fit() says so
+        self._start(width)
+        for name in _SUMS:
+            setattr(self, name, summed(gather, getattr(self, name)))
+
+    def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
+        """{"weight": [d, A], "bias": [A]}: w = (A + ridge I)^-1 b of every fold but
+        ``exclude``."""
+        steps = float(self._pooled("n", exclude)) if self.dim else 0.0
+        if steps == 0:
+            raise DataError("no steps to fit the linear Q model on")
+        ridge = RIDGE_PER_STEP * steps if self.ridge is None else self.ridge
+        a_mat = self._pooled("a_mat", exclude)
+        try:
+            w = np.linalg.solve(a_mat + ridge * np.eye(a_mat.shape[0]), self._pooled("b", exclude))
+        except np.linalg.LinAlgError:
+            w = np.full(a_mat.shape[0], np.nan)
+        if not np.isfinite(w).all():
+            raise DataError(
+                f"the LSTDQ system is singular (ridge {ridge:g}); raise --ridge or use --gamma < 1"
+            )
+        self.last = {"ridge": ridge}
+        blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1]
+        return {"weight": blocks[:, :-1].T.copy(), "bias": blocks[:, -1].copy()}
+
+    @staticmethod
+    def flat(arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """[A (d + 1)] w of linear_q arrays (weight [d, A], bias [A])."""
+        return np.concatenate([arrays["weight"], arrays["bias"][None]], axis=0).T.reshape(-1)
+
+    def residual(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """(sum over steps of (r - psi^T w)^2, steps) from the sums."""
+        w = self.flat(arrays)
+        total = self._fold("rr", fold) - 2 * w @ self._fold("e", fold)
+        total += w @ self._fold("c_mat", fold) @ w
+        return max(float(total), 0.0), int(self._fold("n", fold))
+
+    def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """(sum of V(s_0), sum of V(s_0)^2, episodes) with V(s_0) = phibar(s_0)^T w."""
+        w = self.flat(arrays)
+        return (
+            float(self._fold("s0", fold) @ w),
+            float(w @ self._fold("s00", fold) @ w),
+            int(self._fold("n0", fold)),
+        )

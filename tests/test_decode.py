@@ -1,0 +1,44 @@
+"""Arrow columns -> NumPy with null and ragged flags (ope_cli/data/decode.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ope_cli.data.decode import Where, list_lengths, numbers, plain, vectors
+from ope_cli.data.validate import READ_FLAGS
+from ope_cli.errors import DataError
+
+
+def locate(row: int) -> tuple[object, int]:
+    return 7, row
+
+
+def test_numbers_raise_on_a_null_without_flags():
+    with pytest.raises(DataError, match=r"f: episode 7, step 1: column 'r' is null.*1 row"):
+        numbers(pa.array([1.0, None]), "r", np.float64, Where("f", locate), "null_reward")
+
+
+def test_numbers_fill_and_mark_nulls_with_flags():
+    flags = np.zeros(3, np.uint16)
+    values = numbers(
+        pa.array([0.5, None, 0.25]), "p", np.float64, Where("f", locate, flags), "null_reward", 1.0
+    )
+    np.testing.assert_array_equal(values, [0.5, 1.0, 0.25])
+    np.testing.assert_array_equal(flags, [0, 1 << READ_FLAGS.index("null_reward"), 0])
+
+
+def test_vectors_mark_ragged_rows_as_zeros():
+    flags = np.zeros(3, np.uint16)
+    array = pa.array([[1.0, 2.0], [3.0], [4.0, 5.0]])
+    matrix = vectors(array, "obs", Where("f", locate, flags), None)
+    np.testing.assert_array_equal(matrix, [[1, 2], [0, 0], [4, 5]])
+    assert flags[1] == 1 << READ_FLAGS.index("ragged_observation")
+    with pytest.raises(DataError, match="vector of length 1, but the other vectors have length 2"):
+        vectors(array, "obs", Where("f", locate), None)
+
+
+def test_plain_and_list_lengths():
+    assert plain(pa.chunked_array([["a"], ["b"]]).dictionary_encode()).type == pa.string()
+    np.testing.assert_array_equal(list_lengths(pa.array([[1], None, [1, 2]])), [1, 0, 2])

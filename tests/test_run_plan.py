@@ -1,0 +1,74 @@
+"""``ope_cli.estimation.run_plan``: option checks and the interval plan, decided before any
+data is read (no JAX, no data)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.data.sources import DeclaredBounds
+from ope_cli.errors import UsageError
+from ope_cli.estimation.run_plan import check_config, plan_intervals
+
+NOTHING = DeclaredBounds()
+
+
+def config(**options) -> EvaluationConfig:
+    return EvaluationConfig(data="logs.parquet", **options)
+
+
+def test_auto_is_normal_without_bounds_and_betting_with_them():
+    assert plan_intervals(config(gamma=0.9), NOTHING).method == "normal"
+    declared = DeclaredBounds(reward_range=(0.0, 1.0))
+    plan = plan_intervals(config(gamma=0.9), declared)
+    assert plan.method == "betting"
+    assert plan.bounds_source == "declared by the data"
+    assert plan.betting_range == pytest.approx((0.0, 1.0, 10.0))  # horizon 1 / (1 - gamma)
+
+
+def test_options_come_before_what_the_data_declares():
+    declared = DeclaredBounds(reward_range=(0.0, 1.0), horizon=50)
+    plan = plan_intervals(config(gamma=1.0, reward_range=(2.0, 3.0), horizon=7), declared)
+    # the absorbing reward 0 must lie in the range: it is widened to [0, 3]
+    assert plan.betting_range == (0.0, 3.0, 7.0)
+    assert (plan.bounds_source, plan.horizon_source) == ("--reward-range", "--horizon")
+    discounted = plan_intervals(config(gamma=0.5, horizon=3), declared)
+    assert discounted.betting_range[2] == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_betting_without_bounds_names_what_is_missing():
+    with pytest.raises(UsageError, match="--reward-range LOW HIGH"):
+        plan_intervals(config(interval="betting", gamma=0.9), NOTHING)
+    with pytest.raises(UsageError, match="--horizon"):
+        plan_intervals(config(gamma=1.0, reward_range=(0.0, 1.0)), NOTHING)
+
+
+def test_an_explicit_method_is_kept_and_described():
+    plan = plan_intervals(config(interval="percentile", bootstrap_samples=50, seed=3), NOTHING)
+    assert plan.method == "percentile" and plan.betting_range is None
+    text = plan.describe(config(bootstrap_samples=50, seed=3))
+    assert "50 replicates, seed 3" in text and "asymptotic" in text
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(gamma=1.5), "--gamma"),
+        (dict(confidence=1.0), "--confidence"),
+        (dict(estimators=("nope",)), "unknown estimator 'nope'"),
+        (dict(batching=BatchingConfig(min_bucket=0)), "batching options must be positive"),
+        (dict(interval="magic"), "--ci must be one of"),
+        (dict(reward_range=(1.0, 0.0)), "--reward-range"),
+        (dict(horizon=0), "--horizon"),
+        (dict(interval="percentile", bootstrap_samples=5), "--bootstrap-samples"),
+        (dict(seed=-1), "--seed"),
+        (dict(on_invalid="skip"), "--on-invalid"),
+    ],
+)
+def test_bad_option_values_are_usage_errors(options, message):
+    with pytest.raises(UsageError, match=message):
+        check_config(config(**options))
+
+
+def test_good_options_pass():
+    check_config(config(gamma=0.99, confidence=0.9, reward_range=(-1.0, 1.0), horizon=10))
