@@ -201,3 +201,21 @@ def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
         )
     )
     assert [p.actions_checked for p in result.results] == [False, True]
+
+
+@pytest.mark.parametrize("actions", [1, 4, 16, 17, 40])
+def test_log_softmax_at_equals_log_softmax_of_the_action(actions):
+    """Action by action (few actions) or as one reduction (many): log softmax(logits)[a]
+    within rounding, vmapped over steps, with huge, tiny and -inf logits."""
+    from ope_cli.models.policies.functions import log_softmax_at
+
+    rng = np.random.default_rng(actions)
+    logits = rng.normal(scale=30.0, size=(64, actions))
+    logits[:8] += 700.0
+    if actions > 1:
+        logits[8:16, 0] = -np.inf
+    action = rng.integers(0, actions, 64)
+    action[8:16] = actions - 1  # not the -inf entry
+    got = jax.jit(jax.vmap(log_softmax_at))(jnp.asarray(logits), jnp.asarray(action))
+    want = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)[np.arange(64), action]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=1e-12)
