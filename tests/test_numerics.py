@@ -268,3 +268,18 @@ def test_huge_rewards(tmp_path, scale):
         for name in ("is", "wis", "pdis"):
             assert estimates[name].value is not None
             assert estimates[name].stderr is None and estimates[name].ci_low is None, name
+
+
+def test_to_larger_equals_rescaling_both_sides_to_the_max():
+    """One exponential per element, the same bits as rescaling each side to the max (-inf
+    on either or both sides, ties included)."""
+    from ope_cli.estimation.estimators.logspace import rescale, to_larger
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(scale=300.0, size=(2, 1000))
+    a[:100], b[50:150] = -np.inf, -np.inf
+    b[200:250] = a[200:250]
+    larger, factor_a, factor_b = to_larger(a, b)
+    assert np.array_equal(larger, np.maximum(a, b))
+    assert np.array_equal(factor_a, rescale(a, larger))
+    assert np.array_equal(factor_b, rescale(b, larger))

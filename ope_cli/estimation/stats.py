@@ -31,7 +31,7 @@ from ope_cli.estimation.estimators.base import (
     sum_spec,
     sums_of,
 )
-from ope_cli.estimation.estimators.logspace import finite, rescale, scaled
+from ope_cli.estimation.estimators.logspace import finite, rescale, scaled, to_larger
 from ope_cli.estimation.intervals import INTERVALS, betting_intervals, bootstrap_interval
 
 __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
@@ -247,8 +247,7 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
     for name in {**scales_a, **scales_b}:
         sa = scales_a.get(name, np.full_like(scales_b.get(name), -np.inf))
         sb = scales_b.get(name, np.full_like(sa, -np.inf))
-        scales[name] = np.maximum(sa, sb)
-        factors[name] = (rescale(sa, scales[name]), rescale(sb, scales[name]))
+        scales[name], *factors[name] = to_larger(sa, sb)
     sums = {}
     for name in {**sums_a, **sums_b}:
         xa = sums_a.get(name, np.zeros_like(sums_b.get(name)))

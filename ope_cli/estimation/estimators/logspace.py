@@ -20,6 +20,15 @@ def rescale(log_scale, new_log_scale):
         return np.where(log_scale == new_log_scale, 1.0, np.exp(log_scale - new_log_scale))
 
 
+def to_larger(log_a: np.ndarray, log_b: np.ndarray):
+    """(max(log_a, log_b), rescale(log_a, max), rescale(log_b, max)) with one exponential
+    per element: the larger side's factor is 1, the other's exp(-|log_a - log_b|)."""
+    larger = np.maximum(log_a, log_b)
+    with np.errstate(invalid="ignore"):  # -inf - -inf: equal, factor 1 on both sides
+        other = np.where(log_a == log_b, 1.0, np.exp(-np.abs(log_a - log_b)))
+    return larger, np.where(log_a >= log_b, 1.0, other), np.where(log_b >= log_a, 1.0, other)
+
+
 def scaled(value: float, log_scale: float) -> float | None:
     """value * exp(log_scale) without overflowing on the way; None if the result is not finite."""
     if value == 0.0 or not math.isfinite(value):
