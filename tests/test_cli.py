@@ -28,6 +28,7 @@ import io
 import json
 import math
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -542,6 +543,14 @@ def test_console_script_makes_host_blas_single_threaded_before_numpy(monkeypatch
     assert exited.value.code == 0
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
     assert os.environ["MKL_NUM_THREADS"] == "3"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_console_script_keeps_freed_memory_on_glibc():
+    """Every mallopt option the console script sets is accepted (it returns 1 for each)."""
+    from ope_cli.__main__ import keep_freed_memory
+
+    assert keep_freed_memory()
 
 
 # -------------------------------------------------------- layouts, columns, files
