@@ -59,7 +59,7 @@ def _evaluate(
     return {"seconds": seconds, **{key: runtime[key] for key in keys}}
 
 
-def measure_processes(  # noqa: PLR0913 - what the processes run on
+def measure_processes(
     directory: Path,
     data: str,
     columns: list[str],
