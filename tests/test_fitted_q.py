@@ -16,7 +16,7 @@ from datasets import random_checkpoint, random_episodes, save_checkpoint, write_
 from ope_cli.config import EvaluationConfig
 from ope_cli.errors import DataError
 from ope_cli.models.fitted_q import fitted_q
-from ope_cli.models.q_models.fitting import QFit, fit_q
+from ope_cli.models.q_models.fitting import FitSettings, QFit, fit_q
 from ope_cli.models.qfunctions import FIT, linear_q_values, mlp_q_sa, tabular_q_values
 
 GAMMA = 0.9
@@ -141,12 +141,14 @@ def _direct_fit(batches, policy, model: str, folds: int) -> QFit:
     return fit_q(
         batches.inputs.checked_episodes(),
         policy,
-        model=model,
-        gamma=GAMMA,
-        folds=folds,
-        seed=batches.config.seed,
-        n_actions=policy.n_actions,
-        discrete=True,
+        FitSettings(
+            model,
+            GAMMA,
+            folds=folds,
+            seed=batches.config.seed,
+            n_actions=policy.n_actions,
+            discrete=True,
+        ),
     )
 
 
