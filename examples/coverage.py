@@ -88,32 +88,27 @@ def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
     ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call, for
     ``policy`` (or the stacked ``policies``: then [1, P, ...] each); with ``terms``,
     (statistics, episode terms {name: [P, episodes]}) per dataset."""
-    import functools
-
     import jax
     import jax.numpy as jnp
 
     from ope_cli.data.ids import RESAMPLING_GROUPS
-    from ope_cli.estimation.kernel import PolicyGroup, policy_group_statistics
+    from ope_cli.estimation.kernel import GroupSettings, PolicyGroup, policy_group_statistics
 
     stacked = list(policies) if policies is not None else [policy]
-    statistics = functools.partial(
-        policy_group_statistics,
-        PolicyGroup(stacked, list(range(len(stacked)))).stacked_params(np.float64),
-        log_prob=stacked[0].log_prob,
-        num_groups=RESAMPLING_GROUPS,
-        num_replicates=replicates,
-        dtype="float64",
-        terms=terms,
+    settings = GroupSettings(
+        stacked[0].log_prob, RESAMPLING_GROUPS, replicates, "float64", terms=terms
     )
+    params = PolicyGroup(stacked, list(range(len(stacked)))).stacked_params(np.float64)
 
     @jax.jit
     def per_dataset(batch):
-        return statistics(
+        return policy_group_statistics(
+            params,
             batch,
             jnp.asarray(gamma),
             jnp.asarray(seed, jnp.uint32),
             jnp.asarray(betting_range),
+            settings,
         )
 
     out = []

@@ -226,7 +226,7 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     config = EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95)
     batches = stream(config, 1, None, (0, 1))
     (group,) = kernel.group_policies(batches.policies)
-    one = kernel.Kernel(group, 0.95, K, np.float64, None, num_replicates=8)
+    one = kernel.Kernel(group, kernel.KernelSettings(0.95, K, np.float64, num_replicates=8))
     for batch in list(batches)[:3]:
         length = -(-batch.shape[1] // width) * width  # whole windows of padding after it
 

@@ -34,6 +34,7 @@ from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.estimation.kernel import (
     BATCH_AXIS,
     Kernel,
+    KernelSettings,
     assemble,
     group_policies,
     split_windows,
@@ -193,7 +194,8 @@ def prepare_kernel(
     qs = None if q is None else [load_q(q)] * len(policies)
     (group,) = group_policies(policies, qs)
     lanes = max(windows[0][1].step_mask.shape[0] for windows, _ in on_device)
-    kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh, carry_lanes=lanes)
+    settings = KernelSettings(GAMMA, RESAMPLING_GROUPS, dtype, mesh)
+    kernel = Kernel(group, settings, carry_lanes=lanes)
 
     def one_pass():
         return jax.block_until_ready([kernel.walk(*batch) for batch in on_device])

@@ -448,21 +448,24 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     """One Kernel per group of stackable policies, every one with the catalogue's largest
     lane count as its carry's (one finish kernel for every window shape); with ``terms``
     they return each episode's terms for the paired sums."""
-    from ope_cli.estimation.kernel import Kernel, group_policies
+    from ope_cli.estimation.kernel import Kernel, KernelSettings, group_policies
 
     config, plan = batches.config, batches.plan
+    settings = KernelSettings(
+        config.gamma,
+        RESAMPLING_GROUPS,
+        dtype,
+        mesh,
+        replicates,
+        config.seed,
+        plan.betting_range,
+        v_samples=config.v_samples,
+    )
     return [
         Kernel(
             group,
-            config.gamma,
-            RESAMPLING_GROUPS,
-            dtype,
-            mesh,
-            replicates,
-            config.seed,
-            plan.betting_range,
+            settings,
             behavior=batches.behavior,
-            v_samples=config.v_samples,
             carry_lanes=max(shape.lanes for shape in batches.bucketer.window_shapes),
             terms=terms,
         )
