@@ -217,7 +217,6 @@ def evaluate(
     from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
 
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
-    devices = 1 if mesh is None else mesh.size
     process = (process_id, num_processes)
     batches, local = _evaluate_share(config, precision, mesh, process, on_progress, on_status)
     compiled = runtime.compilation_counts() - counts_before
@@ -225,21 +224,13 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
-    results = annotate_results(
-        _policy_results(config, plan, batches, local), batches.policies, plan, config
-    )
-    results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
-    behavior_value = None if local.paired is None else mean_return(local.accumulators[0])
-    behavior = _reported_behavior(batches, results, precision, mesh)
+    results, selection, notes, behavior = _estimated(config, batches, local, (precision, mesh))
     return EvaluationResult(
         source=config.data,
         layout=batches.schema.layout,
         schema=batches.schema,
         files=batches.files,
-        episodes=counts.episodes,
-        steps=counts.steps,
-        rows_read=counts.rows_read,
-        max_length=counts.max_length,
+        **_counted(counts),
         gamma=config.gamma,
         gamma_source=plan.gamma_source,
         estimators=reported,
@@ -252,26 +243,56 @@ def evaluate(
         behavior=behavior,
         seconds=time.perf_counter() - started,
         backend=backend,
-        devices=devices,
+        devices=1 if mesh is None else mesh.size,
         processes=num_processes,
         process_id=process_id,
         precision=precision,
-        padded_steps=counts.padded_steps,
-        batch_shapes=sorted(local.shapes),
-        compiles=trace_count() - traces_before,
-        compilations=compiled.compilations,
-        compile_seconds=compiled.seconds,
-        cache_hits=compiled.cache_hits,
+        **_compiled(local, trace_count() - traces_before, compiled),
         on_invalid=config.on_invalid,
-        episodes_dropped=int(counts.dropped[:, 0].sum()),
-        steps_dropped=int(counts.dropped[:, 1].sum()),
-        dropped=dropped_by_reason(counts.dropped),
         baseline=config.baseline,
-        behavior_value=behavior_value,
+        behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
         truth=local.truth,
         selection=selection,
         selection_notes=tuple(notes),
     )
+
+
+def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) -> tuple:
+    """(each policy's result, the selection metrics or None, their notes, the reported
+    behavior policy) of the pass ``local``; ``devices``: (precision, mesh)."""
+    plan = batches.plan
+    results = annotate_results(
+        _policy_results(config, plan, batches, local), batches.policies, plan, config
+    )
+    results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
+    return results, selection, notes, _reported_behavior(batches, results, *devices)
+
+
+def _compiled(local: _LocalPass, compiles: int, compiled) -> dict:
+    """The EvaluationResult's fields of what the run compiled (``compiles`` kernels;
+    ``compiled``: the runtime's compilation counts) and its batch shapes."""
+    return {
+        "batch_shapes": sorted(local.shapes),
+        "compiles": compiles,
+        "compilations": compiled.compilations,
+        "compile_seconds": compiled.seconds,
+        "cache_hits": compiled.cache_hits,
+    }
+
+
+def _counted(counts) -> dict:
+    """The EvaluationResult's fields of the pass's counters: what was read, padded and
+    dropped."""
+    return {
+        "episodes": counts.episodes,
+        "steps": counts.steps,
+        "rows_read": counts.rows_read,
+        "max_length": counts.max_length,
+        "padded_steps": counts.padded_steps,
+        "episodes_dropped": int(counts.dropped[:, 0].sum()),
+        "steps_dropped": int(counts.dropped[:, 1].sum()),
+        "dropped": dropped_by_reason(counts.dropped),
+    }
 
 
 def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
