@@ -148,7 +148,7 @@ def measure(
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, IntervalConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.envs.generate import generate
     from ope_cli.estimation.run_plan import plan_intervals
@@ -163,7 +163,9 @@ def measure(
         policy = load_checkpoint(str(Path(directory) / entry["policy"]))
         logs = Path(directory) / "logs.parquet"
         plan = plan_intervals(
-            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            EvaluationConfig(
+                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
+            ),
             open_dataset(str(logs)).declared_bounds(),
         )
         padded = padded_datasets(logs, datasets, episodes)
@@ -217,7 +219,7 @@ def measure_paired(
     jax.config.update("jax_enable_x64", True)
     from ope_cli.choosing import paired
     from ope_cli.choosing.comparison import Pairing
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, IntervalConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.envs.generate import generate
     from ope_cli.estimation.estimators.base import Context
@@ -233,7 +235,9 @@ def measure_paired(
         policies = [load_checkpoint(str(Path(directory) / e["policy"])) for e in entries]
         logs = Path(directory) / "logs.parquet"
         plan = plan_intervals(
-            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            EvaluationConfig(
+                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
+            ),
             open_dataset(str(logs)).declared_bounds(),
         )
         padded = padded_datasets(logs, datasets, episodes)

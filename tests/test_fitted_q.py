@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli.config import EvaluationConfig
+from ope_cli.api import evaluation_config
 from ope_cli.errors import DataError
 from ope_cli.models.fitted_q import fitted_q
 from ope_cli.models.q_models.fitting import FitSettings, QFit, fit_q
@@ -130,8 +130,8 @@ def tabular_logs(tmp_path_factory):
 def _stream(logs: dict, policies: list[str], qs: list[str], **config):
     from ope_cli.estimation.pipeline import stream
 
-    evaluation = EvaluationConfig(
-        data=str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config
+    evaluation = evaluation_config(
+        str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config
     )
     return stream(evaluation)
 
@@ -145,7 +145,7 @@ def _direct_fit(batches, policy, model: str, folds: int) -> QFit:
             model,
             GAMMA,
             folds=folds,
-            seed=batches.config.seed,
+            seed=batches.config.intervals.seed,
             n_actions=policy.n_actions,
             discrete=True,
         ),
@@ -246,7 +246,7 @@ def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monke
             "fit:tabular",
             gamma=GAMMA,
             folds=2,
-            seed=batches.config.seed,
+            seed=batches.config.intervals.seed,
             collectives=(exchange.for_process(rank), no_failure),
         )
 

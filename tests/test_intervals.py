@@ -13,22 +13,14 @@ from datasets import (
     write_step_layout,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.api import evaluation_config
 from ope_cli.envs.generate import generate
 from ope_cli.estimation.estimators.reduction import poisson_counts
 from ope_cli.estimation.pipeline import evaluate
 
 
 def run(data, policies, **options):
-    batching = {
-        k: options.pop(k) for k in ("read_rows", "batch_steps", "min_bucket") if k in options
-    }
-    config = EvaluationConfig(
-        data=str(data),
-        policies=tuple(str(p) for p in policies),
-        batching=BatchingConfig(**batching),
-        **options,
-    )
+    config = evaluation_config(str(data), policies=tuple(str(p) for p in policies), **options)
     return evaluate(config)
 
 

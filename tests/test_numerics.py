@@ -39,7 +39,7 @@ from reference import (
     reference_stderr,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.data.buckets import window_shapes
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import to_json
@@ -52,8 +52,8 @@ def _run(data, policies=(), gamma=1.0, **batching):
         data=str(data),
         policies=tuple(str(p) for p in policies),
         gamma=gamma,
-        precision="float64",
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision="float64"),
     )
     return evaluate(config)
 

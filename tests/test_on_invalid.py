@@ -28,7 +28,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.errors import DataError
 from ope_cli.estimation.pipeline import evaluate
 
@@ -49,9 +49,9 @@ def _run(data, policy, on_invalid="drop", **batching):
         data=str(data),
         policies=(str(policy),),
         gamma=GAMMA,
-        precision="float64",
         on_invalid=on_invalid,
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision="float64"),
     )
     return evaluate(config)
 

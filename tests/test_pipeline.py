@@ -19,7 +19,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, QConfig, RuntimeConfig
 from ope_cli.data.buckets import window_shapes
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.errors import PolicyError
@@ -39,8 +39,8 @@ def run(data, policies, gamma=0.95, precision="float64", **batching):
         data=str(data),
         policies=tuple(str(p) for p in policies),
         gamma=gamma,
-        precision=precision,
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision=precision),
     )
     return evaluate(config)
 
@@ -376,9 +376,9 @@ def test_progress_names_the_fitting_passes(tmp_path):
     config = EvaluationConfig(
         data=str(tmp_path / "chain" / "logs.parquet"),
         policies=(str(tmp_path / "chain" / "policies" / "eval_0.npz"),),
-        behavior="estimate",
-        q=("fit",),
         gamma=0.9,
+        behavior=BehaviorConfig(policy="estimate"),
+        q=QConfig(sources=("fit",)),
     )
     lines = []
     evaluate(config, on_status=lines.append)

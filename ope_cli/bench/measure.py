@@ -28,7 +28,7 @@ from ope_cli.bench.batches import loop_head_table
 from ope_cli.bench.config import GAMMA
 from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, QConfig, RuntimeConfig
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.estimation.kernel import (
@@ -139,10 +139,10 @@ def prepare_end_to_end(
         data=source,
         policies=tuple(policies),
         gamma=GAMMA,
-        precision=precision,
         batching=batching,
-        behavior=behavior,
-        q=() if q is None else (q,),
+        runtime=RuntimeConfig(precision=precision),
+        behavior=BehaviorConfig(policy=behavior),
+        q=QConfig(sources=() if q is None else (q,)),
     )
 
     def run():

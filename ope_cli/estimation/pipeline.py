@@ -25,7 +25,7 @@ from ope_cli.choosing.comparison import (
 )
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.choosing.selection import BASELINE_BEHAVIOR
-from ope_cli.config import EvaluationConfig
+from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import RESAMPLING_GROUPS
@@ -75,6 +75,7 @@ from ope_cli.models.behavior import (
 from ope_cli.models.qfunctions import q_source
 from ope_cli.results import EvaluationResult, PolicyResult
 
+BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -234,7 +235,7 @@ def evaluate(
         gamma=config.gamma,
         gamma_source=plan.gamma_source,
         estimators=reported,
-        confidence_level=config.confidence,
+        confidence_level=config.intervals.confidence,
         confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
         interval=plan.method,
         reward_range=plan.reward_range,
@@ -249,7 +250,7 @@ def evaluate(
         precision=precision,
         **_compiled(local, trace_count() - traces_before, compiled),
         on_invalid=config.on_invalid,
-        baseline=config.baseline,
+        baseline=config.choosing.baseline,
         behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
         truth=local.truth,
         selection=selection,
@@ -298,23 +299,23 @@ def _counted(counts) -> dict:
 def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
     """(results with their paired comparisons and could-be-best flags, the selection
     metrics against ``truth`` or None, their notes)."""
-    row = resolve_baseline(config.baseline, batches.policies)
+    row = resolve_baseline(config.choosing.baseline, batches.policies)
     if local.paired is not None:
         pairing = Pairing(
             local.accumulators,
             [result.estimates for result in results],
             local.paired,
             Context(config.gamma, local.counters.max_length),
-            interval_methods(list(results[0].estimates), plan.method, config.interval),
+            interval_methods(list(results[0].estimates), plan.method, config.intervals.method),
             plan.betting_range,
             row,
         )
-        results = compare_results(results, pairing, config.confidence)
+        results = compare_results(results, pairing, config.intervals.confidence)
     if truth is None:
         return results, None, []
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
-    selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
+    selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
     return results, selection, notes
 
 
@@ -333,8 +334,10 @@ def _evaluate_share(
     error: OpeError | None = None
     try:
         batches = stream(config, devices, on_progress, process, on_status)
-        baseline = resolve_baseline(config.baseline, batches.policies)
-        truth = read_run_truth(config.truth, config.top_k, batches.policies)  # before the pass
+        baseline = resolve_baseline(config.choosing.baseline, batches.policies)
+        truth = read_run_truth(
+            config.choosing.truth, config.choosing.top_k, batches.policies
+        )  # before the pass
         local = _local_pass(batches, precision, mesh, on_status, baseline)
         local.truth = truth
     except OpeError as failure:
@@ -358,8 +361,11 @@ def _reported_behavior(
         return behavior
     from ope_cli.models.behavior_models.fitting import with_logged_mean_weights
 
+    config = batches.config
     logged_config = dataclasses.replace(
-        batches.config, behavior=None, behavior_cross_fit=1, baseline=None, truth=None, top_k=None
+        config,
+        behavior=dataclasses.replace(config.behavior, policy=None, cross_fit=1),
+        choosing=ChoosingConfig(),
     )
     logged, local = _evaluate_share(logged_config, precision, mesh)
     _check_some_episodes(logged.config, local.counters)
@@ -382,8 +388,8 @@ def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | Non
 
     runtime.enable_compilation_cache()
     backend = jax.default_backend()
-    precision = config.precision or ("float64" if backend == "cpu" else "float32")
-    return process_id, num_processes, backend, precision, local_mesh(config.devices)
+    precision = config.runtime.precision or ("float64" if backend == "cpu" else "float32")
+    return process_id, num_processes, backend, precision, local_mesh(config.runtime.devices)
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
@@ -413,7 +419,7 @@ def _policy_results(
             accumulator,
             config.gamma,
             max_length,
-            config.confidence,
+            config.intervals.confidence,
             plan.method,
             plan.betting_range,
             computed_estimators(batches),
@@ -478,9 +484,9 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
         dtype,
         mesh,
         replicates,
-        config.seed,
+        config.intervals.seed,
         plan.betting_range,
-        v_samples=config.v_samples,
+        v_samples=config.q.v_samples,
     )
     return [
         Kernel(
@@ -529,7 +535,7 @@ def _local_pass(
     config, plan, policies = batches.config, batches.plan, batches.policies
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
-    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
+    replicates = config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0
     pairing = len(policies) > 1 or baseline is not None
     kernels = _kernels(batches, dtype, mesh, replicates, pairing)
     computed = computed_estimators(batches)
