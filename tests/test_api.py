@@ -63,7 +63,7 @@ def test_evaluate_through_the_public_api():
     )
     result = ope_cli.evaluate(config)
     assert isinstance(result, ope_cli.EvaluationResult)
-    assert result.precision == "float64"  # the runtime is configured without the CLI
+    assert result.runtime.precision == "float64"  # the runtime is configured without the CLI
     assert set(result.results[0].estimates) == {"is", "wis", "pdis", "wpdis"}
 
 

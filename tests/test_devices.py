@@ -124,7 +124,7 @@ def test_betting_intervals_sharded_equal_one_device(case):
             intervals=IntervalConfig(reward_range=(-3.0, 3.0)),
         )
     )
-    assert single.devices == 1 and single.interval == "betting"
+    assert single.runtime.devices == 1 and single.confidence.interval == "betting"
     for one, many in zip(single.results, sharded["results"], strict=True):
         for name, estimate in one.estimates.items():
             for field in ("ci_low", "ci_high"):

@@ -273,7 +273,7 @@ def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registe
     assert toy.stderr is not None and toy.ci_low < toy.value < toy.ci_high
     wis = reference_estimates(reference, 0.9)["wis"]
     assert result.results[0].estimates["wis"].value == pytest.approx(wis, rel=1e-10)
-    assert "toy sample standard error (toy)" in result.confidence_method
+    assert "toy sample standard error (toy)" in result.confidence.method
 
     document = json.loads(to_json(result))
     assert list(document["results"][0]["estimates"]) == ["toy", "wis"]

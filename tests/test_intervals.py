@@ -105,7 +105,9 @@ def test_betting_interval_covers_a_bandit_truth_and_narrows_with_data(tmp_path):
         out = tmp_path / str(episodes)
         truth = generate("bandit", out, episodes=episodes, seed=2, shift=0.5)
         result = run(out / "logs.parquet", [out / truth["policies"][0]["policy"]])
-        assert result.interval == "betting"  # bandit declares rewards in [0, 1], horizon 1
+        assert (
+            result.confidence.interval == "betting"
+        )  # bandit declares rewards in [0, 1], horizon 1
         e = result.results[0].estimates["is"]
         assert e.ci_low <= truth["policies"][0]["value"] <= e.ci_high
         widths.append(e.ci_high - e.ci_low)

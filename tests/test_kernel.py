@@ -179,12 +179,14 @@ def test_one_compilation_per_window_shape_over_many_lengths(tmp_path):
         batching=BatchingConfig(batch_steps=256, read_rows=500),
     )
     first = evaluate(config)
-    assert first.compiles == len(first.batch_shapes) + 1
+    assert first.runtime.compiles == len(first.runtime.batch_shapes) + 1
     again = evaluate(config)
-    assert again.compiles == 0
+    assert again.runtime.compiles == 0
     assert again.results[0].estimates == first.results[0].estimates
     other, _ = _many_lengths_case(tmp_path, seed=5, max_length=45)
-    assert evaluate(config.__class__(**{**config.__dict__, "data": str(other)})).compiles == 0
+    assert (
+        evaluate(config.__class__(**{**config.__dict__, "data": str(other)})).runtime.compiles == 0
+    )
 
 
 def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_process):

@@ -146,8 +146,8 @@ def test_any_valid_layout_gives_the_reference(policies, case):
         )
         result = evaluate(config)
 
-    assert result.episodes == len(episodes)
-    assert result.steps == sum(len(e["reward"]) for e in episodes)
+    assert result.dataset.episodes == len(episodes)
+    assert result.dataset.steps == sum(len(e["reward"]) for e in episodes)
     reference_input = to_reference_input(episodes, target)
     expected = reference_estimates(reference_input, GAMMA)
     expected_stderr = reference_stderr(reference_input, GAMMA)

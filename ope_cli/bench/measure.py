@@ -154,8 +154,12 @@ def prepare_end_to_end(
     first_seconds, first = timed(run)
     return Trial(
         run,
-        first.steps,
-        {"first_run_seconds": first_seconds, "compiles": first.compiles, "policies": len(policies)},
+        first.dataset.steps,
+        {
+            "first_run_seconds": first_seconds,
+            "compiles": first.runtime.compiles,
+            "policies": len(policies),
+        },
     ), first
 
 

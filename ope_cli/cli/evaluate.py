@@ -171,7 +171,7 @@ def run_and_report(
             )
     except InvalidValueError as error:  # the same line, and where to go from there
         raise InvalidValueError(f"{error}; {invalid_data_fix(config)}") from None
-    if result.process_id != 0:
+    if result.runtime.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
         from ope_cli.report.plots import write_plots

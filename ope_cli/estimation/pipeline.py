@@ -73,7 +73,13 @@ from ope_cli.models.behavior import (
     zero_probability_error,
 )
 from ope_cli.models.qfunctions import q_source
-from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.results import (
+    ConfidenceSummary,
+    DatasetSummary,
+    EvaluationResult,
+    PolicyResult,
+    RuntimeSummary,
+)
 
 BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
@@ -227,29 +233,25 @@ def evaluate(
     plan, reported = batches.plan, reported_estimators(config)
     results, selection, notes, behavior = _estimated(config, batches, local, (precision, mesh))
     return EvaluationResult(
-        source=config.data,
-        layout=batches.schema.layout,
-        schema=batches.schema,
-        files=batches.files,
-        **_counted(counts),
+        dataset=_dataset(config, batches, counts),
         gamma=config.gamma,
         gamma_source=plan.gamma_source,
         estimators=reported,
-        confidence_level=config.intervals.confidence,
-        confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
-        interval=plan.method,
-        reward_range=plan.reward_range,
-        horizon=plan.horizon,
+        confidence=ConfidenceSummary(
+            level=config.intervals.confidence,
+            interval=plan.method,
+            method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
+            reward_range=plan.reward_range,
+            horizon=plan.horizon,
+        ),
         results=results,
         behavior=behavior,
-        seconds=time.perf_counter() - started,
-        backend=backend,
-        devices=1 if mesh is None else mesh.size,
-        processes=num_processes,
-        process_id=process_id,
-        precision=precision,
-        **_compiled(local, trace_count() - traces_before, compiled),
-        on_invalid=config.on_invalid,
+        runtime=_runtime(
+            local,
+            (process_id, num_processes, backend, precision, mesh),
+            (trace_count() - traces_before, compiled),
+            time.perf_counter() - started,
+        ),
         baseline=config.choosing.baseline,
         behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
         truth=local.truth,
@@ -269,31 +271,44 @@ def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) 
     return results, selection, notes, _reported_behavior(batches, results, *devices)
 
 
-def _compiled(local: _LocalPass, compiles: int, compiled) -> dict:
-    """The EvaluationResult's fields of what the run compiled (``compiles`` kernels;
-    ``compiled``: the runtime's compilation counts) and its batch shapes."""
-    return {
-        "batch_shapes": sorted(local.shapes),
-        "compiles": compiles,
-        "compilations": compiled.compilations,
-        "compile_seconds": compiled.seconds,
-        "cache_hits": compiled.cache_hits,
-    }
+def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) -> RuntimeSummary:
+    """The run's RuntimeSummary: ``joined``: ``_join_runtime``'s (process id, processes,
+    backend, precision, mesh); ``compiled``: (kernel traces, the runtime's compilation
+    counts) of the run."""
+    process_id, num_processes, backend, precision, mesh = joined
+    compiles, counts = compiled
+    return RuntimeSummary(
+        seconds=seconds,
+        backend=backend,
+        devices=1 if mesh is None else mesh.size,
+        processes=num_processes,
+        process_id=process_id,
+        precision=precision,
+        padded_steps=local.counters.padded_steps,
+        batch_shapes=sorted(local.shapes),
+        compiles=compiles,
+        compilations=counts.compilations,
+        compile_seconds=counts.seconds,
+        cache_hits=counts.cache_hits,
+    )
 
 
-def _counted(counts) -> dict:
-    """The EvaluationResult's fields of the pass's counters: what was read, padded and
-    dropped."""
-    return {
-        "episodes": counts.episodes,
-        "steps": counts.steps,
-        "rows_read": counts.rows_read,
-        "max_length": counts.max_length,
-        "padded_steps": counts.padded_steps,
-        "episodes_dropped": int(counts.dropped[:, 0].sum()),
-        "steps_dropped": int(counts.dropped[:, 1].sum()),
-        "dropped": dropped_by_reason(counts.dropped),
-    }
+def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
+    """What the pass read and dropped (``counts``: its counters)."""
+    return DatasetSummary(
+        source=config.data,
+        layout=batches.schema.layout,
+        schema=batches.schema,
+        files=batches.files,
+        episodes=counts.episodes,
+        steps=counts.steps,
+        rows_read=counts.rows_read,
+        max_length=counts.max_length,
+        on_invalid=config.on_invalid,
+        episodes_dropped=int(counts.dropped[:, 0].sum()),
+        steps_dropped=int(counts.dropped[:, 1].sum()),
+        dropped=dropped_by_reason(counts.dropped),
+    )
 
 
 def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
