@@ -189,7 +189,7 @@ def evaluate_rate(source: str, policy: str, repeats: int, read_rows: int = 65_53
         config = ope_cli.EvaluationConfig(source, policies=(policy,), batching=batching)
         result = ope_cli.evaluate(config)
         best = min(best, time.perf_counter() - started)
-        steps = result.steps
+        steps = result.dataset.steps
     return steps / best
 
 

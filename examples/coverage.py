@@ -88,32 +88,27 @@ def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
     ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call, for
     ``policy`` (or the stacked ``policies``: then [1, P, ...] each); with ``terms``,
     (statistics, episode terms {name: [P, episodes]}) per dataset."""
-    import functools
-
     import jax
     import jax.numpy as jnp
 
     from ope_cli.data.ids import RESAMPLING_GROUPS
-    from ope_cli.estimation.kernel import PolicyGroup, policy_group_statistics
+    from ope_cli.estimation.kernel import GroupSettings, PolicyGroup, policy_group_statistics
 
     stacked = list(policies) if policies is not None else [policy]
-    statistics = functools.partial(
-        policy_group_statistics,
-        PolicyGroup(stacked, list(range(len(stacked)))).stacked_params(np.float64),
-        log_prob=stacked[0].log_prob,
-        num_groups=RESAMPLING_GROUPS,
-        num_replicates=replicates,
-        dtype="float64",
-        terms=terms,
+    settings = GroupSettings(
+        stacked[0].log_prob, RESAMPLING_GROUPS, replicates, "float64", terms=terms
     )
+    params = PolicyGroup(stacked, list(range(len(stacked)))).stacked_params(np.float64)
 
     @jax.jit
     def per_dataset(batch):
-        return statistics(
+        return policy_group_statistics(
+            params,
             batch,
             jnp.asarray(gamma),
             jnp.asarray(seed, jnp.uint32),
             jnp.asarray(betting_range),
+            settings,
         )
 
     out = []
@@ -153,7 +148,7 @@ def measure(
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, IntervalConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.envs.generate import generate
     from ope_cli.estimation.run_plan import plan_intervals
@@ -168,7 +163,9 @@ def measure(
         policy = load_checkpoint(str(Path(directory) / entry["policy"]))
         logs = Path(directory) / "logs.parquet"
         plan = plan_intervals(
-            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            EvaluationConfig(
+                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
+            ),
             open_dataset(str(logs)).declared_bounds(),
         )
         padded = padded_datasets(logs, datasets, episodes)
@@ -222,7 +219,7 @@ def measure_paired(
     jax.config.update("jax_enable_x64", True)
     from ope_cli.choosing import paired
     from ope_cli.choosing.comparison import Pairing
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, IntervalConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.envs.generate import generate
     from ope_cli.estimation.estimators.base import Context
@@ -238,7 +235,9 @@ def measure_paired(
         policies = [load_checkpoint(str(Path(directory) / e["policy"])) for e in entries]
         logs = Path(directory) / "logs.parquet"
         plan = plan_intervals(
-            EvaluationConfig(data=str(logs), gamma=gamma, interval="betting"),
+            EvaluationConfig(
+                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
+            ),
             open_dataset(str(logs)).declared_bounds(),
         )
         padded = padded_datasets(logs, datasets, episodes)

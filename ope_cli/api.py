@@ -8,11 +8,13 @@
     run.to_pandas()                                            # one row per policy x estimator
 
 ``evaluate`` and ``inspect`` take the data and every option of their command as keywords:
-the config records' field names (``EvaluationConfig``, ``BatchingConfig``, ``ColumnMapping``)
-or the command line's spellings (``policy``, ``estimator``, ``ci``, ``obs_col`` ...); a
-single string where a command repeats an option (``policies="a.npz"``) is one value. The
-config records stay for those who build them: ``evaluate(EvaluationConfig(...))``. An
-unknown keyword is a UsageError naming it.
+the option's name in snake case (``gamma``, ``behavior``, ``cross_fit``, ``interval``,
+``read_rows``, ``behavior_prob`` ...) or the command line's spellings (``policy``,
+``estimator``, ``ci``, ``obs_col`` ...), gathered into the config record and its records of
+options (``GROUPS``, ``BatchingConfig``, ``ColumnMapping``); a single string where a
+command repeats an option (``policies="a.npz"``) is one value. The config records stay for
+those who build them: ``evaluate(EvaluationConfig(...))``. An unknown keyword is a
+UsageError naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.config import (
+    BatchingConfig,
+    BehaviorConfig,
+    ChoosingConfig,
+    ColumnMapping,
+    EvaluationConfig,
+    IntervalConfig,
+    QConfig,
+    RuntimeConfig,
+)
 from ope_cli.errors import UsageError
 from ope_cli.inspection import InspectConfig, InspectReport
 from ope_cli.results import EvaluationResult
@@ -44,41 +55,87 @@ OPTION_NAMES = {
     "v_col": "v_value",
 }
 SEQUENCES = ("policies", "estimators", "q", "top_k")  # repeatable options: tuples
+# EvaluationConfig's records of options, each keyword (the command line's option) -> its
+# field there
+GROUPS: dict[str, tuple[type, dict[str, str]]] = {
+    "behavior": (
+        BehaviorConfig,
+        {
+            "behavior": "policy",
+            "min_propensity": "min_propensity",
+            "behavior_cross_fit": "cross_fit",
+        },
+    ),
+    "q": (
+        QConfig,
+        {"q": "sources", "cross_fit": "cross_fit", "q_model": "model", "v_samples": "v_samples"},
+    ),
+    "intervals": (
+        IntervalConfig,
+        {
+            "confidence": "confidence",
+            "interval": "method",
+            "reward_range": "reward_range",
+            "horizon": "horizon",
+            "bootstrap_samples": "bootstrap_samples",
+            "seed": "seed",
+        },
+    ),
+    "runtime": (RuntimeConfig, {"precision": "precision", "devices": "devices"}),
+    "choosing": (ChoosingConfig, {"baseline": "baseline", "truth": "truth", "top_k": "top_k"}),
+}
+RECORDS = ("data", "columns", "batching", *GROUPS)  # fields that are not keywords themselves
 
 
 def _fields(record) -> set[str]:
     return {field.name for field in dataclasses.fields(record)}
 
 
+def _groups(record) -> dict[str, tuple[type, dict[str, str]]]:
+    """``record``'s records of options (field -> (record, {keyword: its field}))."""
+    fields = _fields(record)
+    groups = {name: group for name, group in GROUPS.items() if name in fields}
+    if "batching" in fields:
+        groups["batching"] = (BatchingConfig, {f: f for f in _fields(BatchingConfig)})
+    if "columns" in fields:
+        groups["columns"] = (ColumnMapping, {f: f for f in _fields(ColumnMapping)})
+    return groups
+
+
 def _config(record, data: str, options: Mapping[str, Any]):
     """``record`` (EvaluationConfig or InspectConfig) of ``data`` and keyword ``options``,
-    batching and column options gathered into their own records."""
-    own, batching, columns = {}, {}, {}
+    each group of options (batching, columns, intervals ...) gathered into its record."""
+    own: dict[str, Any] = {}
+    grouped: dict[str, dict[str, Any]] = {}
+    groups = _groups(record)
     for key, value in options.items():
         name = OPTION_NAMES.get(key, key)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-        fields = _fields(record)
-        if name in fields - {"data", "columns", "batching"}:
+        group = next((g for g, (_, names) in groups.items() if name in names), None)
+        if name in _fields(record) - set(RECORDS):
             own[name] = value
-        elif "batching" in fields and name in _fields(BatchingConfig):
-            batching[name] = value
-        elif "columns" in fields and name in _fields(ColumnMapping):
-            columns[name] = value
+        elif group is not None:
+            grouped.setdefault(group, {})[groups[group][1][name]] = value
         else:
             raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
-    if columns:
-        own["columns"] = ColumnMapping(**columns)
-    if batching:
-        own["batching"] = BatchingConfig(**batching)
+    for group, values in grouped.items():
+        own[group] = groups[group][0](**values)
     return record(data=str(data), **own)
+
+
+def evaluation_config(data: str, /, **options: Any) -> EvaluationConfig:
+    """The EvaluationConfig of ``data`` and ``ope evaluate``'s options as keywords, as
+    ``evaluate`` takes them. Raises UsageError for an unknown keyword."""
+    return _config(EvaluationConfig, data, options)
 
 
 def _known(record) -> list[str]:
     """The keywords ``record``'s function takes, in the command line's spellings."""
-    fields = _fields(record) - {"data", "columns", "batching"}
-    if "batching" in _fields(record):
-        fields |= _fields(BatchingConfig)
+    fields = _fields(record) - set(RECORDS)
+    for group, (_, names) in _groups(record).items():
+        if group != "columns":  # the columns' keywords: their options' spellings
+            fields |= set(names)
     spelled = {cli for cli, name in OPTION_NAMES.items() if name not in _fields(BatchingConfig)}
     return sorted(fields | spelled)
 

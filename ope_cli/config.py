@@ -49,47 +49,107 @@ class BatchingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class BehaviorConfig:
+    """The behavior policy that replaces a logged propensity column (``--behavior``).
+
+    Attributes:
+      policy: a checkpoint, entry point or estimate[:MODEL]; None: the data's
+        behavior_prob / behavior_log_prob column.
+      min_propensity: --behavior estimate: estimated probabilities below it are raised to
+        it (discrete models).
+      cross_fit: --behavior estimate: K folds of episodes (by id hash), each evaluated with
+        the model fitted on the other K - 1 (1: fitted on every episode, in-sample).
+    """
+
+    policy: str | None = None
+    min_propensity: float = 1e-3
+    cross_fit: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class QConfig:
+    """The Q sources of the doubly robust estimators (``--q``).
+
+    Attributes:
+      sources: one for every policy or one per policy; checkpoint, entry point or "fit"
+        (fitted Q evaluation in the run, cross-fitted over ``cross_fit`` folds).
+      cross_fit: the folds of a fitted Q.
+      model: --q fit: the fit-q model (None: the data's default).
+      v_samples: continuous actions: draws from pi_e per V-hat(s).
+    """
+
+    sources: tuple[str, ...] = ()
+    cross_fit: int = 2
+    model: str | None = None
+    v_samples: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalConfig:
+    """How the intervals are made (``--confidence``, ``--ci`` ... ``--seed``).
+
+    Attributes:
+      confidence: the intervals' confidence level.
+      method: auto (betting when the rewards are known to be bounded: reward_range, or
+        declared by the data; else normal), or one of stats.INTERVALS: betting, normal,
+        percentile, bootstrap-t.
+      reward_range: every reward lies in [low, high].
+      horizon: no episode is longer (needed for betting when gamma = 1).
+      bootstrap_samples: the bootstrap's replicates.
+      seed: the bootstrap's (and a fitted Q's) seed.
+    """
+
+    confidence: float = 0.95
+    method: str = "auto"
+    reward_range: tuple[float, float] | None = None
+    horizon: int | None = None
+    bootstrap_samples: int = 200
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Where the kernel runs: ``precision`` (None: float64 on CPU, float32 on
+    accelerators) and the local ``devices`` to shard over (None: all)."""
+
+    precision: Precision | None = None
+    devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoosingConfig:
+    """Choosing between policies.
+
+    Attributes:
+      baseline: --baseline: a --policy value (or its NAME) or "behavior"; the others are
+        compared to it.
+      truth: --truth: truth.json of ope generate, or a JSON object {policy: value}.
+      top_k: --top-k's k (None: 1 and 3, those at most the number of policies).
+    """
+
+    baseline: str | None = None
+    truth: str | None = None
+    top_k: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class EvaluationConfig:
-    """Everything ``ope evaluate`` needs, independent of the terminal."""
+    """Everything ``ope evaluate`` needs, independent of the terminal: the data, the
+    policies, the discount and estimators, and the records of each group of options."""
 
     data: str
     policies: tuple[str, ...] = ()
-    # the behavior policy (checkpoint, entry point or estimate[:MODEL]) that replaces a
-    # logged propensity column; None: the data's behavior_prob / behavior_log_prob column
-    behavior: str | None = None
-    # --behavior estimate: estimated probabilities below it are raised to it (discrete models)
-    min_propensity: float = 1e-3
-    # --behavior estimate: K folds of episodes (by id hash), each evaluated with the model
-    # fitted on the other K - 1 (1: fitted on every episode, in-sample)
-    behavior_cross_fit: int = 1
     # the discount: None takes the one the data declares (schema metadata), else 1.0
     gamma: float | None = None
     # None: every estimator the run's inputs allow (with a Q source: also dm, dr, wdr)
     estimators: tuple[str, ...] | None = None
-    # Q sources (--q): one for every policy or one per policy; checkpoint, entry point or
-    # "fit" (fitted Q evaluation in the run, cross-fitted over ``cross_fit`` folds)
-    q: tuple[str, ...] = ()
-    cross_fit: int = 2
-    q_model: str | None = None  # --q fit: the fit-q model (None: the data's default)
-    v_samples: int = 16  # continuous actions: draws from pi_e per V-hat(s)
-    confidence: float = 0.95
-    # auto (betting when the rewards are known to be bounded: reward_range, or declared by
-    # the data; else normal), or one of stats.INTERVALS: betting, normal, percentile, bootstrap-t
-    interval: str = "auto"
-    reward_range: tuple[float, float] | None = None  # every reward lies in [low, high]
-    horizon: int | None = None  # no episode is longer (needed for betting when gamma = 1)
-    bootstrap_samples: int = 200
-    seed: int = 0
+    behavior: BehaviorConfig = BehaviorConfig()
+    q: QConfig = QConfig()
+    intervals: IntervalConfig = IntervalConfig()
     columns: ColumnMapping = ColumnMapping()
     batching: BatchingConfig = BatchingConfig()
-    precision: Precision | None = None  # None: float64 on CPU, float32 on accelerators
-    devices: int | None = None  # local devices to shard over; None: all
+    runtime: RuntimeConfig = RuntimeConfig()
     on_invalid: str = (
         "error"  # error: stop at the first bad value; drop: leave out invalid episodes
     )
-    # --baseline: a --policy value (or its NAME) or "behavior"; the others are compared to it
-    baseline: str | None = None
-    # --truth: truth.json of ope generate, or a JSON object {policy: value}; --top-k's k
-    # (None: 1 and 3, those at most the number of policies)
-    truth: str | None = None
-    top_k: tuple[int, ...] | None = None
+    choosing: ChoosingConfig = ChoosingConfig()

@@ -86,8 +86,8 @@ class PolicyResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvaluationResult:
-    """Everything a report shows; independent of the terminal and output format."""
+class DatasetSummary:
+    """What was read: the JSON document's "dataset" block (less the behavior policy)."""
 
     source: str
     layout: str
@@ -97,14 +97,30 @@ class EvaluationResult:
     steps: int
     rows_read: int
     max_length: int
-    gamma: float
-    estimators: tuple[str, ...]
-    confidence_level: float
-    confidence_method: str
+    # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
+    # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
+    on_invalid: str = "error"
+    episodes_dropped: int = 0
+    steps_dropped: int = 0
+    dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfidenceSummary:
+    """How the intervals were made: the JSON document's "confidence" block. ``interval``:
+    the run's interval method; ``method``: its description, with the standard errors'."""
+
+    level: float
     interval: str
+    method: str
     reward_range: tuple[float, float] | None
     horizon: int | None
-    results: list[PolicyResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSummary:
+    """Where and how fast the run ran: the JSON document's "runtime" block."""
+
     seconds: float
     backend: str
     devices: int
@@ -119,12 +135,19 @@ class EvaluationResult:
     compilations: int = 0
     compile_seconds: float = 0.0
     cache_hits: int = 0
-    # --on-invalid drop: invalid episodes left out, by reason {reason: {"episodes", "steps"}};
-    # every row read is used or dropped (step layout: rows_read = steps + steps_dropped).
-    on_invalid: str = "error"
-    episodes_dropped: int = 0
-    steps_dropped: int = 0
-    dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationResult:
+    """Everything a report shows; independent of the terminal and output format. Grouped
+    as the JSON document is: ``dataset``, ``confidence`` and ``runtime`` blocks."""
+
+    dataset: DatasetSummary
+    gamma: float
+    estimators: tuple[str, ...]
+    confidence: ConfidenceSummary
+    results: list[PolicyResult]
+    runtime: RuntimeSummary
     # where the behavior probabilities come from: the data's column or a --behavior policy
     behavior: BehaviorSource | None = None
     # where ``gamma`` comes from: "option" (--gamma), "data" (declared in the schema
@@ -143,4 +166,5 @@ class EvaluationResult:
     @property
     def steps_per_second(self) -> float:
         """Steps used per second of wall time (0 when no time was measured)."""
-        return self.steps / self.seconds if self.seconds > 0 else 0.0
+        seconds = self.runtime.seconds
+        return self.dataset.steps / seconds if seconds > 0 else 0.0

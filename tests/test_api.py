@@ -63,7 +63,7 @@ def test_evaluate_through_the_public_api():
     )
     result = ope_cli.evaluate(config)
     assert isinstance(result, ope_cli.EvaluationResult)
-    assert result.precision == "float64"  # the runtime is configured without the CLI
+    assert result.runtime.precision == "float64"  # the runtime is configured without the CLI
     assert set(result.results[0].estimates) == {"is", "wis", "pdis", "wpdis"}
 
 
@@ -101,9 +101,9 @@ def test_evaluate_takes_the_command_line_options_as_keywords(tmp_path):
             data=str(data),
             policies=(str(policy),),
             gamma=0.9,
-            interval="normal",
             estimators=("wis",),
             batching=ope_cli.BatchingConfig(batch_steps=4096),
+            intervals=ope_cli.IntervalConfig(method="normal"),
         )
     )
     document = by_keywords.to_dict()
@@ -145,3 +145,30 @@ def test_inspect_takes_keywords_and_gives_the_json_document():
         data, columns=ope_cli.ColumnMapping(observation="observation"), read_rows=1000
     )
     assert ope_cli.inspect(config).to_dict() == document
+
+
+def test_keywords_are_gathered_into_the_config_records():
+    from ope_cli.api import evaluation_config
+
+    config = evaluation_config(
+        "logs.parquet",
+        policy="a.npz",
+        behavior="estimate",
+        behavior_cross_fit=3,
+        q="fit",
+        cross_fit=4,
+        ci="percentile",
+        seed=7,
+        precision="float32",
+        baseline="behavior",
+        top_k=[1, 2],
+        read_rows=100,
+        obs_col="state",
+    )
+    assert config.policies == ("a.npz",)
+    assert config.behavior == ope_cli.BehaviorConfig(policy="estimate", cross_fit=3)
+    assert config.q == ope_cli.QConfig(sources=("fit",), cross_fit=4)
+    assert config.intervals == ope_cli.IntervalConfig(method="percentile", seed=7)
+    assert config.runtime == ope_cli.RuntimeConfig(precision="float32")
+    assert config.choosing == ope_cli.ChoosingConfig(baseline="behavior", top_k=(1, 2))
+    assert config.batching.read_rows == 100 and config.columns.observation == "state"

@@ -53,7 +53,7 @@ def measurements():
 
 def _document(measurements):
     bucketer = SimpleNamespace(real_steps=1000, padded_steps=1200, shapes={(8, 64), (4, 128)})
-    result = SimpleNamespace(compiles=2, batch_shapes=[(8, 64), (4, 128)])
+    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(8, 64), (4, 128)]))
     config = BenchConfig(policies=3)
     return summary(config, measurements, result, bucketer, "float64")
 

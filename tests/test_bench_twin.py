@@ -84,7 +84,7 @@ def test_numpy_twin_handles_zero_weights_filler_rows_and_split_batches():
 
 
 def test_numpy_twin_agrees_with_ope_evaluate(tmp_path):
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, RuntimeConfig
     from ope_cli.estimation.pipeline import evaluate
 
     rng = np.random.default_rng(8)
@@ -102,8 +102,8 @@ def test_numpy_twin_agrees_with_ope_evaluate(tmp_path):
             data=str(data),
             policies=(str(checkpoint),),
             gamma=0.9,
-            precision="float64",
             batching=batching,
+            runtime=RuntimeConfig(precision="float64"),
         )
     )
     evaluated = result.results[0].estimates

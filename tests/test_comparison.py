@@ -21,7 +21,8 @@ from datasets import (
 )
 from reference import reference_paired, reference_replicates
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.api import evaluation_config
+from ope_cli.config import ChoosingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
 from ope_cli.estimation.bootstrap_counts import replicate_counts
@@ -46,13 +47,12 @@ def logged(tmp_path_factory):
 
 def _run(logged, baseline, **options):
     data, _, _, paths = logged
-    batching = BatchingConfig(**options.pop("batching", {}))
-    config = EvaluationConfig(
-        data=str(data),
+    config = evaluation_config(
+        str(data),
         policies=tuple(str(p) for p in paths),
         gamma=GAMMA,
         baseline=baseline,
-        batching=batching,
+        **options.pop("batching", {}),
         **options,
     )
     return evaluate(config)
@@ -215,9 +215,8 @@ def test_plot_adds_the_ranking_figure_with_the_baseline_and_truth(chain, tmp_pat
     config = EvaluationConfig(
         data=str(folder / "logs.parquet"),
         policies=policies,
-        baseline="behavior",
-        truth=str(folder / "truth.json"),
-        interval="normal",
+        choosing=ChoosingConfig(baseline="behavior", truth=str(folder / "truth.json")),
+        intervals=IntervalConfig(method="normal"),
     )
     result = evaluate(config)
     rows, baseline = ranked_rows(result, "wis")

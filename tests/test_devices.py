@@ -15,7 +15,7 @@ from datasets import (
     write_step_layout,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.estimation.pipeline import evaluate
 
 pytestmark = pytest.mark.slow
@@ -120,11 +120,11 @@ def test_betting_intervals_sharded_equal_one_device(case):
             data=data,
             policies=tuple(policies),
             gamma=0.97,
-            reward_range=(-3.0, 3.0),
             batching=BatchingConfig(batch_steps=2048),
+            intervals=IntervalConfig(reward_range=(-3.0, 3.0)),
         )
     )
-    assert single.devices == 1 and single.interval == "betting"
+    assert single.runtime.devices == 1 and single.confidence.interval == "betting"
     for one, many in zip(single.results, sharded["results"], strict=True):
         for name, estimate in one.estimates.items():
             for field in ("ci_low", "ci_high"):

@@ -259,7 +259,7 @@ def toy_registered():
 def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registered):
     from rich.console import Console
 
-    from ope_cli.config import EvaluationConfig
+    from ope_cli.config import EvaluationConfig, IntervalConfig
     from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import render_table, to_json
 
@@ -273,7 +273,7 @@ def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registe
     assert toy.stderr is not None and toy.ci_low < toy.value < toy.ci_high
     wis = reference_estimates(reference, 0.9)["wis"]
     assert result.results[0].estimates["wis"].value == pytest.approx(wis, rel=1e-10)
-    assert "toy sample standard error (toy)" in result.confidence_method
+    assert "toy sample standard error (toy)" in result.confidence.method
 
     document = json.loads(to_json(result))
     assert list(document["results"][0]["estimates"]) == ["toy", "wis"]
@@ -288,8 +288,7 @@ def test_toy_estimator_through_evaluate_and_the_formatters(toy_case, toy_registe
             policies=(str(path),),
             gamma=0.9,
             estimators=("toy",),
-            interval="bootstrap-t",
-            bootstrap_samples=50,
+            intervals=IntervalConfig(method="bootstrap-t", bootstrap_samples=50),
         )
     )
     interval = bootstrap.results[0].estimates["toy"]

@@ -523,7 +523,7 @@ STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
 def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
     """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
     datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
-    from ope_cli.config import BatchingConfig, EvaluationConfig
+    from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, IntervalConfig
     from ope_cli.estimation import pipeline
 
     errors: dict[str, list[float]] = {}
@@ -535,13 +535,10 @@ def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str
             config = EvaluationConfig(
                 data=str(out / "logs.parquet"),
                 policies=(str(out / "policies/eval_0.npz"), str(out / "policies/eval_1.npz")),
-                behavior=behavior,
-                behavior_cross_fit=folds,
                 estimators=("is", "pdis"),
-                interval="normal",
-                # chain episodes are short (median 6 steps, at most ~60): one [128, 64]
-                # window holds a dataset, so each is one kernel call per policy group
                 batching=BatchingConfig(min_bucket=64, batch_steps=128 * 64),
+                behavior=BehaviorConfig(policy=behavior, cross_fit=folds),
+                intervals=IntervalConfig(method="normal"),
             )
             for result in pipeline.evaluate(config).results:
                 name = Path(result.policy).name

@@ -31,7 +31,7 @@ from ope_cli.models.q_models.base import (
     default_q_model,
     episode_split,
 )
-from ope_cli.models.q_models.fitting import collect_q, fit_q, make_q_model
+from ope_cli.models.q_models.fitting import FitSettings, collect_q, fit_q, make_q_model
 
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
 
@@ -203,12 +203,12 @@ def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind):
     policy = load_policy(str(data["root"] / f"{'linear' if kind == 'vector' else 'tabular'}.npz"))
     chunks = _chunks(data[f"{kind}_path"], policy)
     folds = 3
-    crossed = fit_q(chunks, policy, model=model, gamma=0.8, folds=folds, ridge=1e-4)
+    crossed = fit_q(chunks, policy, FitSettings(model, 0.8, folds=folds, ridge=1e-4))
     assert len(crossed.arrays) == folds
     for k in range(folds):
         kept = [take_episodes(c, np.flatnonzero(episode_folds(c.keys, folds) != k)) for c in chunks]
         alone = fit_q(
-            [c for c in kept if c.num_episodes], policy, model=model, gamma=0.8, ridge=1e-4
+            [c for c in kept if c.num_episodes], policy, FitSettings(model, 0.8, ridge=1e-4)
         )
         for key, value in alone.arrays[0].items():
             if key != "kind":
@@ -473,7 +473,7 @@ def test_cross_fitting_folds_are_the_kernels_folds():
 def test_mlp_cross_fit_gives_one_fit_per_fold(chain):
     policy = load_policy(str(chain / "policies" / "eval_0.npz"))
     chunks = _chunks(chain / "logs.parquet", policy, read_rows=512)
-    fit = fit_q(chunks, policy, model="mlp", gamma=0.9, folds=2, seed=1)
+    fit = fit_q(chunks, policy, FitSettings("mlp", 0.9, folds=2, seed=1))
     assert fit.kind == "mlp_q" and len(fit.arrays) == 2
     assert not np.allclose(fit.arrays[0]["weight_2"], fit.arrays[1]["weight_2"])
     assert len(fit.diagnostics["iterations"]) == 2 and np.isfinite(fit.diagnostics["dm"])

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli.config import EvaluationConfig
+from ope_cli.api import evaluation_config
 from ope_cli.errors import DataError
 from ope_cli.models.fitted_q import fitted_q
-from ope_cli.models.q_models.fitting import QFit, fit_q
+from ope_cli.models.q_models.fitting import FitSettings, QFit, fit_q
 from ope_cli.models.qfunctions import FIT, linear_q_values, mlp_q_sa, tabular_q_values
 
 GAMMA = 0.9
@@ -130,8 +130,8 @@ def tabular_logs(tmp_path_factory):
 def _stream(logs: dict, policies: list[str], qs: list[str], **config):
     from ope_cli.estimation.pipeline import stream
 
-    evaluation = EvaluationConfig(
-        data=str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config
+    evaluation = evaluation_config(
+        str(logs["data"]), policies=tuple(policies), q=tuple(qs), gamma=GAMMA, **config
     )
     return stream(evaluation)
 
@@ -141,12 +141,14 @@ def _direct_fit(batches, policy, model: str, folds: int) -> QFit:
     return fit_q(
         batches.inputs.checked_episodes(),
         policy,
-        model=model,
-        gamma=GAMMA,
-        folds=folds,
-        seed=batches.config.seed,
-        n_actions=policy.n_actions,
-        discrete=True,
+        FitSettings(
+            model,
+            GAMMA,
+            folds=folds,
+            seed=batches.config.intervals.seed,
+            n_actions=policy.n_actions,
+            discrete=True,
+        ),
     )
 
 
@@ -244,7 +246,7 @@ def test_processes_fit_one_q_on_all_their_episodes(tabular_logs, tmp_path, monke
             "fit:tabular",
             gamma=GAMMA,
             folds=2,
-            seed=batches.config.seed,
+            seed=batches.config.intervals.seed,
             collectives=(exchange.for_process(rank), no_failure),
         )
 

@@ -1,5 +1,8 @@
 """The import graph of ``ope_cli`` is acyclic: every import counts, at module level, inside
-functions (lazy imports) and under ``if TYPE_CHECKING``, so a cycle cannot hide."""
+functions (lazy imports) and under ``if TYPE_CHECKING``, so a cycle cannot hide. And the
+package's functions stay small: none is longer than ``MAX_LINES``, and no long argument
+list is let through with a ``noqa: PLR0913`` (outside ``ope_cli/cli/``, where typer
+commands take their options as parameters)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import ope_cli
 
 PACKAGE = Path(ope_cli.__file__).parent
+MAX_LINES = 60  # of a function, its def line to its last line, docstring included
 
 
 def module_name(path: Path) -> str:
@@ -78,3 +82,41 @@ def test_find_cycle_sees_a_lazy_cycle():
 def test_no_import_cycle_in_ope_cli():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def long_functions(source: str, limit: int = MAX_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function (methods and nested ones too) of ``source`` longer
+    than ``limit`` lines, from its def line (decorators not counted) to its last line."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_long_functions_sees_a_long_method():
+    body = "".join(f"        x{i} = {i}\n" for i in range(3))
+    source = f"class A:\n    def f(self):\n{body}\n\ndef g():\n    pass\n"
+    assert long_functions(source, limit=3) == [("f", 4)]
+    assert long_functions(source, limit=4) == []
+
+
+def test_no_function_in_ope_cli_is_longer_than_the_limit():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}: {name} ({lines} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name, lines in long_functions(path.read_text())
+    ]
+    assert not found, f"functions over {MAX_LINES} lines: " + ", ".join(found)
+
+
+def test_no_noqa_for_long_argument_lists_outside_the_cli():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "cli" not in path.relative_to(PACKAGE).parts[:1]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "noqa: PLR0913" in line
+    ]
+    assert not found, "noqa: PLR0913 (pass a record instead): " + ", ".join(found)

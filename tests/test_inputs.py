@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
-from ope_cli.config import EvaluationConfig
+from ope_cli.config import BehaviorConfig, EvaluationConfig, QConfig
 from ope_cli.estimation.inputs import fit_models, open_inputs
 from ope_cli.models.qfunctions import FIT
 
@@ -21,7 +21,11 @@ def test_fit_models_returns_the_fitted_inputs(tmp_path):
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     policy = save_checkpoint(tmp_path / "policy.npz", random_checkpoint("tabular", rng))
     config = EvaluationConfig(
-        data=str(data), policies=(str(policy),), behavior="estimate", q=("fit",), gamma=0.9
+        data=str(data),
+        policies=(str(policy),),
+        gamma=0.9,
+        behavior=BehaviorConfig(policy="estimate"),
+        q=QConfig(sources=("fit",)),
     )
     given = open_inputs(config)
     assert given.behavior is None and given.behavior_source is None

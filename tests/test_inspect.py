@@ -156,10 +156,10 @@ def test_inspect_and_drop_agree(messy):
         (readable / name).write_bytes((root / "logs" / name).read_bytes())
     report = inspect(InspectConfig(str(readable), policies=(str(policy),)))
     result = test_on_invalid._run(readable, policy)
-    assert report.invalid_episodes == result.episodes_dropped
-    assert report.invalid_steps == result.steps_dropped
-    assert report.episodes == result.episodes and report.steps == result.steps
-    assert report.rows_read == result.rows_read
+    assert report.invalid_episodes == result.dataset.episodes_dropped
+    assert report.invalid_steps == result.dataset.steps_dropped
+    assert report.episodes == result.dataset.episodes and report.steps == result.dataset.steps
+    assert report.rows_read == result.dataset.rows_read
 
 
 def test_cli_exit_codes_and_formats(messy, ope_many_in_process):

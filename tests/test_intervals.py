@@ -13,22 +13,14 @@ from datasets import (
     write_step_layout,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.api import evaluation_config
 from ope_cli.envs.generate import generate
 from ope_cli.estimation.estimators.reduction import poisson_counts
 from ope_cli.estimation.pipeline import evaluate
 
 
 def run(data, policies, **options):
-    batching = {
-        k: options.pop(k) for k in ("read_rows", "batch_steps", "min_bucket") if k in options
-    }
-    config = EvaluationConfig(
-        data=str(data),
-        policies=tuple(str(p) for p in policies),
-        batching=BatchingConfig(**batching),
-        **options,
-    )
+    config = evaluation_config(str(data), policies=tuple(str(p) for p in policies), **options)
     return evaluate(config)
 
 
@@ -113,7 +105,9 @@ def test_betting_interval_covers_a_bandit_truth_and_narrows_with_data(tmp_path):
         out = tmp_path / str(episodes)
         truth = generate("bandit", out, episodes=episodes, seed=2, shift=0.5)
         result = run(out / "logs.parquet", [out / truth["policies"][0]["policy"]])
-        assert result.interval == "betting"  # bandit declares rewards in [0, 1], horizon 1
+        assert (
+            result.confidence.interval == "betting"
+        )  # bandit declares rewards in [0, 1], horizon 1
         e = result.results[0].estimates["is"]
         assert e.ci_low <= truth["policies"][0]["value"] <= e.ci_high
         widths.append(e.ci_high - e.ci_low)

@@ -179,12 +179,14 @@ def test_one_compilation_per_window_shape_over_many_lengths(tmp_path):
         batching=BatchingConfig(batch_steps=256, read_rows=500),
     )
     first = evaluate(config)
-    assert first.compiles == len(first.batch_shapes) + 1
+    assert first.runtime.compiles == len(first.runtime.batch_shapes) + 1
     again = evaluate(config)
-    assert again.compiles == 0
+    assert again.runtime.compiles == 0
     assert again.results[0].estimates == first.results[0].estimates
     other, _ = _many_lengths_case(tmp_path, seed=5, max_length=45)
-    assert evaluate(config.__class__(**{**config.__dict__, "data": str(other)})).compiles == 0
+    assert (
+        evaluate(config.__class__(**{**config.__dict__, "data": str(other)})).runtime.compiles == 0
+    )
 
 
 def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_process):
@@ -226,7 +228,7 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     config = EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95)
     batches = stream(config, 1, None, (0, 1))
     (group,) = kernel.group_policies(batches.policies)
-    one = kernel.Kernel(group, 0.95, K, np.float64, None, num_replicates=8)
+    one = kernel.Kernel(group, kernel.KernelSettings(0.95, K, np.float64, num_replicates=8))
     for batch in list(batches)[:3]:
         length = -(-batch.shape[1] // width) * width  # whole windows of padding after it
 

@@ -15,7 +15,7 @@ import ope_cli
 from ope_cli import runtime
 from ope_cli.config import BatchingConfig, EvaluationConfig
 from ope_cli.estimation import kernel_cache
-from ope_cli.estimation.kernel import Kernel, group_policies, trace_count
+from ope_cli.estimation.kernel import Kernel, KernelSettings, group_policies, trace_count
 from ope_cli.estimation.pipeline import stream
 from ope_cli.models.policies import _mlp_log_prob
 
@@ -48,7 +48,7 @@ def test_the_source_digest_covers_the_whole_package():
 
 
 def _kernel(group):
-    return Kernel(group, 0.9, 8, np.float64, None)
+    return Kernel(group, KernelSettings(0.9, 8, np.float64))
 
 
 def _outputs(group, padded):

@@ -39,7 +39,7 @@ from reference import (
     reference_stderr,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.data.buckets import window_shapes
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import to_json
@@ -52,8 +52,8 @@ def _run(data, policies=(), gamma=1.0, **batching):
         data=str(data),
         policies=tuple(str(p) for p in policies),
         gamma=gamma,
-        precision="float64",
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision="float64"),
     )
     return evaluate(config)
 
@@ -167,10 +167,10 @@ def test_an_episode_of_more_than_10000_steps(tmp_path):
         gamma=0.999,
         read_rows=4096,
     )
-    assert result.max_length == 12_345
+    assert result.dataset.max_length == 12_345
     # walked whole, window after window, by the one-lane window of very long episodes
     long_window = window_shapes(BatchingConfig())[-1]
-    assert (long_window.lanes, long_window.width) in result.batch_shapes
+    assert (long_window.lanes, long_window.width) in result.runtime.batch_shapes
     _check(result, to_reference_input(episodes, target), 0.999)
 
 
@@ -190,9 +190,9 @@ def test_a_one_million_step_episode_matches_the_reference(tmp_path):
     policy = save_checkpoint(tmp_path / "near.npz", target)
     data = write_step_layout(episodes, tmp_path / "logs.parquet", row_group_size=1 << 17)
     result = _run(data, [policy], gamma=0.9999)
-    assert result.max_length == 10**6
+    assert result.dataset.max_length == 10**6
     long_window = window_shapes(BatchingConfig())[-1]
-    assert (long_window.lanes, long_window.width) in result.batch_shapes
+    assert (long_window.lanes, long_window.width) in result.runtime.batch_shapes
     reference = to_reference_input(episodes, target)
     log_w = np.cumsum(reference[1]["log_target"] - reference[1]["log_behavior"])
     assert np.ptp(log_w) > 100  # far beyond what exp of a plain product survives in a window

@@ -28,7 +28,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.errors import DataError
 from ope_cli.estimation.pipeline import evaluate
 
@@ -49,9 +49,9 @@ def _run(data, policy, on_invalid="drop", **batching):
         data=str(data),
         policies=(str(policy),),
         gamma=GAMMA,
-        precision="float64",
         on_invalid=on_invalid,
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision="float64"),
     )
     return evaluate(config)
 
@@ -179,11 +179,11 @@ def test_drop_leaves_out_exactly_the_invalid_episodes(step_case, read_rows):
     result = _run(tmp_path / "bad.parquet", policy, read_rows=read_rows, batch_steps=256)
     valid = [e for i, e in enumerate(episodes) if i not in plan]
     _assert_matches(result, valid, target)
-    assert result.episodes == len(valid)
-    assert result.episodes_dropped == len(plan)
-    assert result.dropped == _expected_dropped(episodes, plan)
-    assert result.rows_read == result.steps + result.steps_dropped
-    assert result.steps_dropped == sum(len(episodes[i]["reward"]) for i in plan)
+    assert result.dataset.episodes == len(valid)
+    assert result.dataset.episodes_dropped == len(plan)
+    assert result.dataset.dropped == _expected_dropped(episodes, plan)
+    assert result.dataset.rows_read == result.dataset.steps + result.dataset.steps_dropped
+    assert result.dataset.steps_dropped == sum(len(episodes[i]["reward"]) for i in plan)
 
 
 def test_default_stops_at_the_first_invalid_value(step_case):
@@ -200,8 +200,11 @@ def test_drop_without_invalid_episodes_changes_nothing(tmp_path):
     write_table(step_layout_table(episodes), tmp_path / "good.parquet")
     dropped = _run(tmp_path / "good.parquet", policy)
     error = _run(tmp_path / "good.parquet", policy, on_invalid="error")
-    assert dropped.episodes_dropped == dropped.steps_dropped == 0 and dropped.dropped == {}
-    assert dropped.rows_read == dropped.steps == error.steps
+    assert (
+        dropped.dataset.episodes_dropped == dropped.dataset.steps_dropped == 0
+        and dropped.dataset.dropped == {}
+    )
+    assert dropped.dataset.rows_read == dropped.dataset.steps == error.dataset.steps
     for a, b in zip(
         dropped.results[0].estimates.values(), error.results[0].estimates.values(), strict=True
     ):
@@ -244,9 +247,13 @@ def test_drop_in_the_episode_layout(tmp_path):
     steps[long[1]] = 0  # emptied
     steps[long[2]] -= 1  # its rewards list was shortened
     expected = {reason: {"episodes": 1, "steps": steps[i]} for i, reason in plan.items()}
-    assert result.dropped == expected
-    assert result.rows_read == result.episodes + result.episodes_dropped == len(episodes)
-    assert result.steps + result.steps_dropped == sum(
+    assert result.dataset.dropped == expected
+    assert (
+        result.dataset.rows_read
+        == result.dataset.episodes + result.dataset.episodes_dropped
+        == len(episodes)
+    )
+    assert result.dataset.steps + result.dataset.steps_dropped == sum(
         steps.get(i, len(e["reward"])) for i, e in enumerate(episodes)
     )
 
@@ -266,7 +273,7 @@ def test_drop_checks_states_against_a_tabular_policy(tmp_path):
     )
     write_table(table, tmp_path / "tab.parquet")
     result = _run(tmp_path / "tab.parquet", policy)
-    assert result.dropped == {
+    assert result.dataset.dropped == {
         "state_negative": {"episodes": 1, "steps": len(episodes[9]["reward"])},
         "state_out_of_range": {"episodes": 1, "steps": len(episodes[4]["reward"])},
     }

@@ -19,7 +19,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, QConfig, RuntimeConfig
 from ope_cli.data.buckets import window_shapes
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.errors import PolicyError
@@ -39,8 +39,8 @@ def run(data, policies, gamma=0.95, precision="float64", **batching):
         data=str(data),
         policies=tuple(str(p) for p in policies),
         gamma=gamma,
-        precision=precision,
         batching=BatchingConfig(**batching),
+        runtime=RuntimeConfig(precision=precision),
     )
     return evaluate(config)
 
@@ -76,9 +76,9 @@ def test_matches_reference_for_each_policy_kind_and_layout(tmp_path, kind, layou
     writer = write_step_layout if layout == "step" else write_episode_layout
     data = writer(episodes, tmp_path / "logs.parquet")
     result = run(data, paths, gamma=0.95, batch_steps=512, read_rows=97)
-    assert result.layout == layout
-    assert result.episodes == len(episodes)
-    assert result.steps == sum(len(e["reward"]) for e in episodes)
+    assert result.dataset.layout == layout
+    assert result.dataset.episodes == len(episodes)
+    assert result.dataset.steps == sum(len(e["reward"]) for e in episodes)
     check_against_reference(result, episodes, checkpoints, 0.95, rtol=1e-6)
 
 
@@ -86,7 +86,7 @@ def test_float32_kernel_matches_reference_to_1e4(tmp_path):
     episodes, checkpoints, paths = make_case(tmp_path, "linear_softmax", seed=3)
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     result = run(data, paths, gamma=0.99, precision="float32")
-    assert result.precision == "float32"
+    assert result.runtime.precision == "float32"
     check_against_reference(result, episodes, checkpoints, 0.99, rtol=1e-4)
 
 
@@ -139,7 +139,7 @@ def test_invariant_to_file_splitting_and_format(tmp_path):
     )
     for other in (split, feather, episode_layout, shuffled):
         assert_same_results(one, other)
-    assert split.files == 7
+    assert split.dataset.files == 7
 
 
 @pytest.mark.slow  # a property / statistical test: the full suite runs it
@@ -196,7 +196,7 @@ def test_long_horizon_weights_that_overflow_a_naive_product(tmp_path):
     assert max(abs(x) for x in log_final) > 710  # exp() of it is outside float64
     data = write_step_layout(episodes, tmp_path / "long.parquet")
     result = run(data, [path], gamma=1.0)
-    assert result.max_length >= 2000
+    assert result.dataset.max_length >= 2000
     expected = reference_estimates(reference_input, 1.0)
     for name in ("wis", "wpdis"):
         assert expected[name] is not None
@@ -257,11 +257,11 @@ def test_compiles_once_per_window_shape(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=500)
     # an advance kernel per window shape, and one finish kernel (the carry's lanes are fixed)
-    assert first.compiles == len(first.batch_shapes) + 1
+    assert first.runtime.compiles == len(first.runtime.batch_shapes) + 1
     catalogue = window_shapes(BatchingConfig(batch_steps=1024))
-    assert set(first.batch_shapes) <= {(shape.lanes, shape.width) for shape in catalogue}
+    assert set(first.runtime.batch_shapes) <= {(shape.lanes, shape.width) for shape in catalogue}
     again = run(data, ["fresh_policy:log_prob"], batch_steps=1024, read_rows=333)
-    assert again.compiles == 0  # same shapes, same function: nothing traced again
+    assert again.runtime.compiles == 0  # same shapes, same function: nothing traced again
     assert_same_results(first, again)
     checkpoint = run(data, paths, batch_steps=1024, read_rows=500)
     assert_same_results(first, checkpoint)
@@ -289,7 +289,7 @@ def test_profile_histogram_and_wpdis_path(tmp_path):
     result = run(data, paths, gamma=0.9)
     policy = result.results[0]
     profile = policy.profile
-    assert profile.histogram_counts.sum() + profile.zero_weights == result.episodes
+    assert profile.histogram_counts.sum() + profile.zero_weights == result.dataset.episodes
     log10_w = np.array(
         [
             np.sum(e["log_target"] - e["log_behavior"])
@@ -298,7 +298,7 @@ def test_profile_histogram_and_wpdis_path(tmp_path):
     ) / np.log(10)
     expected, _ = np.histogram(log10_w, bins=profile.histogram_edges)
     np.testing.assert_array_equal(profile.histogram_counts[1:-1], expected)
-    assert profile.wpdis_partial_t.shape == (result.max_length,)
+    assert profile.wpdis_partial_t.shape == (result.dataset.max_length,)
     assert profile.wpdis_partial_t[-1] == pytest.approx(policy.estimates["wpdis"].value, rel=1e-9)
     assert profile.mean_weight_t[0] == pytest.approx(
         np.mean(
@@ -376,9 +376,9 @@ def test_progress_names_the_fitting_passes(tmp_path):
     config = EvaluationConfig(
         data=str(tmp_path / "chain" / "logs.parquet"),
         policies=(str(tmp_path / "chain" / "policies" / "eval_0.npz"),),
-        behavior="estimate",
-        q=("fit",),
         gamma=0.9,
+        behavior=BehaviorConfig(policy="estimate"),
+        q=QConfig(sources=("fit",)),
     )
     lines = []
     evaluate(config, on_status=lines.append)

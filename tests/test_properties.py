@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
-from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig, RuntimeConfig
 from ope_cli.errors import DataError
 from ope_cli.estimation.pipeline import evaluate
 
@@ -137,17 +137,17 @@ def test_any_valid_layout_gives_the_reference(policies, case):
             data=directory,
             policies=(str(target_path),),
             gamma=GAMMA,
-            precision="float64",
             batching=BatchingConfig(
                 read_rows=case["read_rows"],
                 batch_steps=case["batch_steps"],
                 min_bucket=case["min_bucket"],
             ),
+            runtime=RuntimeConfig(precision="float64"),
         )
         result = evaluate(config)
 
-    assert result.episodes == len(episodes)
-    assert result.steps == sum(len(e["reward"]) for e in episodes)
+    assert result.dataset.episodes == len(episodes)
+    assert result.dataset.steps == sum(len(e["reward"]) for e in episodes)
     reference_input = to_reference_input(episodes, target)
     expected = reference_estimates(reference_input, GAMMA)
     expected_stderr = reference_stderr(reference_input, GAMMA)

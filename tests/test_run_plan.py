@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.api import evaluation_config
+from ope_cli.config import EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds
 from ope_cli.errors import UsageError
 from ope_cli.estimation.run_plan import check_config, plan_intervals
@@ -14,7 +15,7 @@ NOTHING = DeclaredBounds()
 
 
 def config(**options) -> EvaluationConfig:
-    return EvaluationConfig(data="logs.parquet", **options)
+    return evaluation_config("logs.parquet", **options)
 
 
 def test_auto_is_normal_without_bounds_and_betting_with_them():
@@ -56,7 +57,7 @@ def test_an_explicit_method_is_kept_and_described():
         (dict(gamma=1.5), "--gamma"),
         (dict(confidence=1.0), "--confidence"),
         (dict(estimators=("nope",)), "unknown estimator 'nope'"),
-        (dict(batching=BatchingConfig(min_bucket=0)), "batching options must be positive"),
+        (dict(min_bucket=0), "batching options must be positive"),
         (dict(interval="magic"), "--ci must be one of"),
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),

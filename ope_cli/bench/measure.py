@@ -28,12 +28,13 @@ from ope_cli.bench.batches import loop_head_table
 from ope_cli.bench.config import GAMMA
 from ope_cli.bench.loop import loop_estimates
 from ope_cli.bench.twin import numpy_estimates
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, QConfig, RuntimeConfig
 from ope_cli.data.episode_stream import EpisodeStream
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.estimation.kernel import (
     BATCH_AXIS,
     Kernel,
+    KernelSettings,
     assemble,
     group_policies,
     split_windows,
@@ -138,10 +139,10 @@ def prepare_end_to_end(
         data=source,
         policies=tuple(policies),
         gamma=GAMMA,
-        precision=precision,
         batching=batching,
-        behavior=behavior,
-        q=() if q is None else (q,),
+        runtime=RuntimeConfig(precision=precision),
+        behavior=BehaviorConfig(policy=behavior),
+        q=QConfig(sources=() if q is None else (q,)),
     )
 
     def run():
@@ -153,8 +154,12 @@ def prepare_end_to_end(
     first_seconds, first = timed(run)
     return Trial(
         run,
-        first.steps,
-        {"first_run_seconds": first_seconds, "compiles": first.compiles, "policies": len(policies)},
+        first.dataset.steps,
+        {
+            "first_run_seconds": first_seconds,
+            "compiles": first.runtime.compiles,
+            "policies": len(policies),
+        },
     ), first
 
 
@@ -193,7 +198,8 @@ def prepare_kernel(
     qs = None if q is None else [load_q(q)] * len(policies)
     (group,) = group_policies(policies, qs)
     lanes = max(windows[0][1].step_mask.shape[0] for windows, _ in on_device)
-    kernel = Kernel(group, GAMMA, RESAMPLING_GROUPS, dtype, mesh, carry_lanes=lanes)
+    settings = KernelSettings(GAMMA, RESAMPLING_GROUPS, dtype, mesh)
+    kernel = Kernel(group, settings, carry_lanes=lanes)
 
     def one_pass():
         return jax.block_until_ready([kernel.walk(*batch) for batch in on_device])

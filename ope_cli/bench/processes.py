@@ -59,7 +59,7 @@ def _evaluate(
     return {"seconds": seconds, **{key: runtime[key] for key in keys}}
 
 
-def measure_processes(  # noqa: PLR0913 - what the processes run on
+def measure_processes(
     directory: Path,
     data: str,
     columns: list[str],
@@ -90,6 +90,37 @@ def measure_processes(  # noqa: PLR0913 - what the processes run on
         (_evaluate(data, checkpoint, batching, env) for _ in range(2)),
         key=lambda run: run["seconds"],
     )
+    other, bandit = _other_data(directory, checkpoint, batching, env, seed, progress)
+    read = pyarrow_seconds - pyarrow_floor
+    return {
+        "import_jax_floor_seconds": floor,
+        "pyarrow_read_seconds": pyarrow_seconds,
+        "import_pyarrow_floor_seconds": pyarrow_floor,
+        "evaluate_cold_cache": cold,
+        "evaluate_cold_cache_q": cold_q,
+        "evaluate_warm_cache": warm,
+        "other_lengths_warm_cache": other,
+        "bandit_warm_cache": bandit,
+        "bandit_over_floor_seconds": bandit["seconds"] - floor,
+        # (ope evaluate above the import-jax floor) / (pyarrow's read above its import);
+        # None where the read is within the floors' noise (tiny data)
+        "evaluate_over_pyarrow": (warm["seconds"] - floor) / read if read > 0 else None,
+        "method": "wall time of each process as typed; import-jax and pyarrow floors and "
+        "warm runs: fastest of several; one compilation cache for every ope evaluate, "
+        "empty before the first",
+    }
+
+
+def _other_data(
+    directory: Path,
+    checkpoint: str,
+    batching: BatchingConfig,
+    env: dict,
+    seed: int,
+    progress: Progress,
+) -> tuple[dict, dict]:
+    """``ope evaluate`` on the warm cache of another dataset (other lengths) and of a
+    bandit log (best of 3, its shape compiled first), each with its step count."""
     rng = np.random.default_rng([seed, 9])
     other_path = directory / "other_lengths.parquet"
     other_lengths = rng.integers(2, 120, size=3_000)  # uniform, not long-tailed
@@ -106,24 +137,7 @@ def measure_processes(  # noqa: PLR0913 - what the processes run on
     )
     for path in (other_path, bandit_path):
         path.unlink()
-    read = pyarrow_seconds - pyarrow_floor
-    return {
-        "import_jax_floor_seconds": floor,
-        "pyarrow_read_seconds": pyarrow_seconds,
-        "import_pyarrow_floor_seconds": pyarrow_floor,
-        "evaluate_cold_cache": cold,
-        "evaluate_cold_cache_q": cold_q,
-        "evaluate_warm_cache": warm,
-        "other_lengths_warm_cache": {**other, "steps": int(other_lengths.sum())},
-        "bandit_warm_cache": {**bandit, "steps": BANDIT_STEPS},
-        "bandit_over_floor_seconds": bandit["seconds"] - floor,
-        # (ope evaluate above the import-jax floor) / (pyarrow's read above its import);
-        # None where the read is within the floors' noise (tiny data)
-        "evaluate_over_pyarrow": (warm["seconds"] - floor) / read if read > 0 else None,
-        "method": "wall time of each process as typed; import-jax and pyarrow floors and "
-        "warm runs: fastest of several; one compilation cache for every ope evaluate, "
-        "empty before the first",
-    }
+    return {**other, "steps": int(other_lengths.sum())}, {**bandit, "steps": BANDIT_STEPS}
 
 
 def measure_many_policies(

@@ -149,10 +149,40 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     batch_count = len(batches)
     del batches
 
+    m.update(_other_measurements(config, directory, source, (checkpoints, q), dataset, progress))
+    return {
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+        "dataset": {**dataset, "lengths": quantiles(info["lengths"])},
+        "runtime": {
+            "backend": backend,
+            "devices": devices,
+            "precision": precision,
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+            "load_average": {"start": load_before, "end": _load_average()},
+            "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
+            "bench_seconds": time.perf_counter() - started,
+        },
+        "batching": _batching(config.batching, batch_count, bucketer),
+        **summary(config, m, result, bucketer, precision),
+    }
+
+
+def _other_measurements(
+    config: BenchConfig,
+    directory: Path,
+    source,
+    written: tuple[list[str], str],
+    dataset: dict,
+    progress: Progress,
+) -> dict:
+    """The python loop's, the processes' and the memory measurements (None where not
+    asked for), on the bench's policy checkpoints and Q checkpoint (``written``)."""
+    checkpoints, q = written
+    steps = dataset["steps"]
     progress(f"python loop: the first {config.loop_episodes} episodes")
-    m["loop"] = measure_loop(
-        source, checkpoints[0], config.loop_episodes, config.batching, dataset["steps"]
-    )
+    m = {"loop": measure_loop(source, checkpoints[0], config.loop_episodes, config.batching, steps)}
     m["processes"] = None
     if config.processes:
         m["processes"] = measure_processes(
@@ -174,23 +204,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
         m["memory"] = measure_memory(
             directory, config.memory_steps, config.seed, checkpoints[0], config.batching, progress
         )
-    return {
-        "schema_version": BENCH_SCHEMA_VERSION,
-        "tool": {"name": "ope", "version": __version__},
-        "dataset": {**dataset, "lengths": quantiles(info["lengths"])},
-        "runtime": {
-            "backend": backend,
-            "devices": devices,
-            "precision": precision,
-            "jax": jax.__version__,
-            "cpus": os.cpu_count(),
-            "load_average": {"start": load_before, "end": _load_average()},
-            "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
-            "bench_seconds": time.perf_counter() - started,
-        },
-        "batching": _batching(config.batching, batch_count, bucketer),
-        **summary(config, m, result, bucketer, precision),
-    }
+    return m
 
 
 def _batching(batching: BatchingConfig, batches: int, bucketer: Bucketer) -> dict:

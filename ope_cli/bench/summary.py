@@ -212,7 +212,9 @@ def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) 
     return {
         "kernel_vs_numpy": _judged("kernel_vs_numpy", ratios["kernel_over_numpy"]),
         "kernel_vs_loop": _judged("kernel_vs_loop", ratios["kernel_over_loop"]),
-        "shapes_per_configuration": _judged("shapes_per_configuration", len(result.batch_shapes)),
+        "shapes_per_configuration": _judged(
+            "shapes_per_configuration", len(result.runtime.batch_shapes)
+        ),
         "padding_waste": _judged("padding_waste", waste),
         "memory_growth": _judged(
             "memory_growth",
@@ -251,7 +253,7 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
         "waste": waste,
     }
     compiles = {
-        "end_to_end": result.compiles,
+        "end_to_end": result.runtime.compiles,
         "end_to_end_seconds": e2e["compile_seconds"],
         "kernel": kernel["compiles"],
         "kernel_seconds": kernel["compile_seconds"],

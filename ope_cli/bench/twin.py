@@ -114,8 +114,27 @@ def numpy_batch_statistics(
     group_log_scale_kt = per_group(np.maximum, log_w_bt, -np.inf)
     with np.errstate(under="ignore"):
         w_bt = np.exp(log_w_bt - _finite_or_zero(group_log_scale_kt)[group_b])
-    real_b = episode_mask_b.astype(np.float64)
 
+    log_scale_trajectory, log_scale_step, per_episode_bf = _per_episode(
+        log_w_bt, reward_bt, discount_t, episode_mask_b
+    )
+    return TwinStatistics(
+        log_scale_trajectory=log_scale_trajectory,
+        log_scale_step=log_scale_step,
+        group_sums_kf=per_group(np.add, per_episode_bf, 0.0),
+        group_log_scale_kt=group_log_scale_kt,
+        group_num_kt=per_group(np.add, w_bt * reward_bt, 0.0),
+        group_den_kt=per_group(np.add, w_bt, 0.0),
+    )
+
+
+def _per_episode(
+    log_w_bt: np.ndarray, reward_bt: np.ndarray, discount_t: np.ndarray, episode_mask_b
+) -> tuple[float, float, np.ndarray]:
+    """(trajectory log scale, step log scale, [B, F] per-episode terms) of the batch's log
+    weights ``log_w_bt`` and (zeroed off real steps) rewards: real, zero-weight, w, w^2,
+    w G, w^2 G, w^2 G^2, the per-decision sum p and p^2."""
+    real_b = episode_mask_b.astype(np.float64)
     log_w_final_b = log_w_bt[:, -1]
     log_scale_trajectory = float(log_w_final_b.max())
     log_scale_step = float(log_w_bt.max())
@@ -139,14 +158,7 @@ def numpy_batch_statistics(
         ],
         axis=-1,
     )
-    return TwinStatistics(
-        log_scale_trajectory=log_scale_trajectory,
-        log_scale_step=log_scale_step,
-        group_sums_kf=per_group(np.add, per_episode_bf, 0.0),
-        group_log_scale_kt=group_log_scale_kt,
-        group_num_kt=per_group(np.add, w_bt * reward_bt, 0.0),
-        group_den_kt=per_group(np.add, w_bt, 0.0),
-    )
+    return log_scale_trajectory, log_scale_step, per_episode_bf
 
 
 def _finite_or_zero(log_scale):

@@ -73,7 +73,7 @@ class Pairing:
       baseline: the baseline's row, or None without ``--baseline``.
     """
 
-    def __init__(  # noqa: PLR0913 - the run's statistics, handed over once
+    def __init__(
         self,
         accumulators: Sequence[Accumulator],
         estimates: Sequence[dict[str, Estimate]],

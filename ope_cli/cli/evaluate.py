@@ -32,7 +32,14 @@ from ope_cli.cli.options import (
     option_groups,
 )
 from ope_cli.cli.progress import ProgressDisplay
-from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig
+from ope_cli.config import (
+    BatchingConfig,
+    ChoosingConfig,
+    ColumnMapping,
+    EvaluationConfig,
+    IntervalConfig,
+    RuntimeConfig,
+)
 from ope_cli.errors import InvalidValueError, UsageError
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators import names
@@ -91,9 +98,9 @@ def evaluate(
     gamma: DeclaredGamma = None,
     estimator: Estimators = None,
     output: OutputFormat,  # --format
-    intervals: ConfigFields,  # --confidence, --ci ... --seed
-    choosing: ConfigFields,  # --baseline, --truth, --top-k
-    runtime: ConfigFields,  # --precision, --devices
+    intervals: IntervalConfig,  # --confidence, --ci ... --seed
+    choosing: ChoosingConfig,  # --baseline, --truth, --top-k
+    runtime: RuntimeConfig,  # --precision, --devices
     quiet: Quiet = False,
     on_invalid: InvalidValues = OnInvalid.error,
     rank_by: RankBy = "wis",
@@ -126,11 +133,11 @@ def evaluate(
         **sources,
         gamma=gamma,
         estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None,
-        **intervals,
-        **choosing,
+        intervals=intervals,
+        choosing=choosing,
         columns=columns,
         batching=batching,
-        **runtime,
+        runtime=runtime,
         on_invalid=on_invalid.value,
     )
     run_and_report(config, cluster, output, rank_by, plot, quiet, overwrite)
@@ -164,7 +171,7 @@ def run_and_report(
             )
     except InvalidValueError as error:  # the same line, and where to go from there
         raise InvalidValueError(f"{error}; {invalid_data_fix(config)}") from None
-    if result.process_id != 0:
+    if result.runtime.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
         from ope_cli.report.plots import write_plots

@@ -68,8 +68,7 @@ def fit_q(
     Example: ope fit-q logs.parquet --policy ckpt.npz --gamma 0.99 --out q.npz
     """
     from ope_cli.models.q_models.base import check_q_model_name
-    from ope_cli.models.q_models.command import FitQConfig, run_fit_q
-    from ope_cli.report.fit_q import render_table, to_json
+    from ope_cli.models.q_models.command import FitQConfig
 
     if model is not None:
         check_q_model_name(model)
@@ -85,7 +84,14 @@ def fit_q(
         read_rows=read_rows,
         overwrite=overwrite,
     )
+    _fit_and_print(config, output)
+
+
+def _fit_and_print(config, output: InspectFormat) -> None:
+    """Runs ``ope fit-q``'s fit (in float64) and prints its result as ``output``."""
     from ope_cli import runtime
+    from ope_cli.models.q_models.command import run_fit_q
+    from ope_cli.report.fit_q import render_table, to_json
 
     runtime.enable_x64()  # the fits run in float64
     result = run_fit_q(config)

@@ -63,25 +63,21 @@ def generate(
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """
-    from ope_cli.envs.generate import generate as write_environment  # 64-bit inside, scoped
+    from ope_cli.envs.generate import GenerateOptions  # 64-bit inside, scoped
+
+    options = GenerateOptions(episodes, seed, gamma, horizon, shift, files, policies, overwrite)
+    sys.stdout.write(json.dumps(_write(env, out, options), indent=2) + "\n")
+
+
+def _write(env: str, out: str, options) -> dict:
+    """``envs.generate.generate``'s truth.json dict; its errors as UsageErrors."""
+    from ope_cli.envs.generate import generate as write_environment
 
     try:
-        truth = write_environment(
-            env,
-            out,
-            episodes=episodes,
-            seed=seed,
-            gamma=gamma,
-            horizon=horizon,
-            shift=shift,
-            files=files,
-            policies=policies,
-            overwrite=overwrite,
-        )
+        return write_environment(env, out, options)
     except ValueError as error:
         raise UsageError(str(error)) from None
     except OSError as error:  # an output path that cannot be written: say which, no traceback
         raise UsageError(
             f"{error.filename or out}: cannot write the output ({error.strerror or error})"
         ) from None
-    sys.stdout.write(json.dumps(truth, indent=2) + "\n")

@@ -3,9 +3,9 @@ in ``cli/options.py``) and receives one object in place of the group's options.
 
 ``BATCHING`` (evaluate, bench) -> BatchingConfig; ``TABLE_OR_JSON`` / ``EVALUATE_OUTPUT``
 (every command that writes a result) -> the chosen format; and for ``ope evaluate``:
-``POLICY_SOURCES``, ``INTERVALS``, ``CHOOSING`` and ``RUNTIME`` -> EvaluationConfig keyword
-arguments,
-``CLUSTER`` -> DistributedConfig.
+``POLICY_SOURCES`` -> EvaluationConfig keyword arguments (the policies, a BehaviorConfig and
+a QConfig), ``INTERVALS`` -> IntervalConfig, ``CHOOSING`` -> ChoosingConfig, ``RUNTIME`` ->
+RuntimeConfig, ``CLUSTER`` -> DistributedConfig.
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ from ope_cli.cli.options import (
     Timeout,
     VSamples,
 )
-from ope_cli.config import BatchingConfig, EvaluationConfig
+from ope_cli.config import (
+    BatchingConfig,
+    BehaviorConfig,
+    ChoosingConfig,
+    IntervalConfig,
+    QConfig,
+    RuntimeConfig,
+)
 from ope_cli.estimation.intervals import INTERVALS
 
 if TYPE_CHECKING:  # the distributed runtime loads with the run
@@ -97,12 +104,8 @@ def _sources(
 ) -> ConfigFields:
     return dict(
         policies=tuple(policy or ()),
-        behavior=behavior,
-        min_propensity=min_propensity,
-        behavior_cross_fit=behavior_cross_fit,
-        q=tuple(q or ()),
-        cross_fit=cross_fit,
-        v_samples=v_samples,
+        behavior=BehaviorConfig(behavior, min_propensity, behavior_cross_fit),
+        q=QConfig(tuple(q or ()), cross_fit, v_samples=v_samples),
     )
 
 
@@ -110,11 +113,11 @@ POLICY_SOURCES = OptionGroup(
     (
         ("policy", PolicyOption, None),
         ("behavior", Behavior, None),
-        ("min_propensity", MinPropensity, 1e-3),
-        ("behavior_cross_fit", BehaviorCrossFit, 1),
+        ("min_propensity", MinPropensity, BehaviorConfig.min_propensity),
+        ("behavior_cross_fit", BehaviorCrossFit, BehaviorConfig.cross_fit),
         ("q", QOption, None),
-        ("cross_fit", CrossFit, 2),
-        ("v_samples", VSamples, 16),
+        ("cross_fit", CrossFit, QConfig.cross_fit),
+        ("v_samples", VSamples, QConfig.v_samples),
     ),
     _sources,
 )
@@ -161,25 +164,18 @@ def _intervals(
     horizon: int | None,
     bootstrap_samples: int,
     seed: int,
-) -> ConfigFields:
-    return dict(
-        confidence=confidence,
-        interval=ci,
-        reward_range=reward_range,
-        horizon=horizon,
-        bootstrap_samples=bootstrap_samples,
-        seed=seed,
-    )
+) -> IntervalConfig:
+    return IntervalConfig(confidence, ci, reward_range, horizon, bootstrap_samples, seed)
 
 
 INTERVALS = OptionGroup(
     (
-        ("confidence", Confidence, EvaluationConfig.confidence),
-        ("ci", IntervalMethod, EvaluationConfig.interval),
+        ("confidence", Confidence, IntervalConfig.confidence),
+        ("ci", IntervalMethod, IntervalConfig.method),
         ("reward_range", RewardRange, None),
         ("horizon", Horizon, None),
-        ("bootstrap_samples", BootstrapSamples, EvaluationConfig.bootstrap_samples),
-        ("seed", Seed, EvaluationConfig.seed),
+        ("bootstrap_samples", BootstrapSamples, IntervalConfig.bootstrap_samples),
+        ("seed", Seed, IntervalConfig.seed),
     ),
     _intervals,
 )
@@ -215,8 +211,8 @@ TopK = Annotated[
 ]
 
 
-def _choosing(baseline: str | None, truth: str | None, top_k: list[int] | None) -> ConfigFields:
-    return dict(baseline=baseline, truth=truth, top_k=tuple(top_k) if top_k else None)
+def _choosing(baseline: str | None, truth: str | None, top_k: list[int] | None) -> ChoosingConfig:
+    return ChoosingConfig(baseline, truth, tuple(top_k) if top_k else None)
 
 
 CHOOSING = OptionGroup(
@@ -225,8 +221,8 @@ CHOOSING = OptionGroup(
 
 
 # --- runtime (evaluate): kernel precision and devices
-def _runtime(precision: PrecisionOption | None, devices: int | None) -> ConfigFields:
-    return dict(precision=precision.value if precision else None, devices=devices)
+def _runtime(precision: PrecisionOption | None, devices: int | None) -> RuntimeConfig:
+    return RuntimeConfig(precision.value if precision else None, devices)
 
 
 RUNTIME = OptionGroup((("precision", Precision, None), ("devices", Devices, None)), _runtime)

@@ -78,7 +78,7 @@ def check_no_nulls(
     return True
 
 
-def numbers(  # noqa: PLR0913 - the column, its target type and what fills a null
+def numbers(
     array: pa.Array,
     column: str,
     dtype: type,

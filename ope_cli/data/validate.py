@@ -176,7 +176,7 @@ class Validation:
         problem.episodes += counts[0]
         problem.steps += counts[1]
 
-    def judge(  # noqa: PLR0913 - one call site per layout, all of it context
+    def judge(
         self,
         file: str,
         checks: Iterable[Check],

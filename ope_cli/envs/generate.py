@@ -36,6 +36,7 @@ which the value of a capped episode depends on time). They live outside ``polici
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -55,16 +56,25 @@ ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
 OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json")
 
 
-def _check_options(
-    env: str,
-    episodes: int,
-    seed: int,
-    gamma: float,
-    horizon: int | None,
-    shift: float,
-    files: int,
-    policies: int,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """What ``generate`` writes besides the environment and the folder (``ope generate``'s
+    options, one field each)."""
+
+    episodes: int = 1000
+    seed: int = 0
+    gamma: float = 1.0
+    horizon: int | None = None
+    shift: float = 0.5
+    files: int = 1
+    policies: int = DEFAULT_POLICIES
+    overwrite: bool = False
+
+
+def _check_options(env: str, options: GenerateOptions) -> None:
+    episodes, seed, gamma, horizon = options.episodes, options.seed, options.gamma, options.horizon
+    shift, files, policies = options.shift, options.files, options.policies
+
     def is_int(value: Any) -> bool:
         return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
@@ -137,18 +147,26 @@ def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> 
     return q_paths
 
 
-def generate(  # noqa: PLR0913 - the command's options, one keyword each
-    env: str,
-    out_dir: str | Path,
-    *,
-    episodes: int = 1000,
-    seed: int = 0,
-    gamma: float = 1.0,
-    horizon: int | None = None,
-    shift: float = 0.5,
-    files: int = 1,
-    policies: int = DEFAULT_POLICIES,
-    overwrite: bool = False,
+def _write_policies(
+    out: Path, environment: Environment, policy_arrays: list, policies: int, known: tuple
+) -> list[dict]:
+    """Writes the behavior and evaluation policies (and their exact Q functions) into
+    ``out``; returns truth.json's entry of each, the behavior policy's first. ``known``:
+    (each policy's (value, stderr, method), each one's exact Q or None)."""
+    truths, q_values = known
+    paths = ["behavior.npz", *policy_paths(policies)]
+    _remove_stale_policies(out, paths)
+    for path, policy in zip(paths, policy_arrays, strict=True):
+        write_npz(out / path, environment.kind, policy)
+    q_paths = _write_q(out, paths, q_values)
+    return [
+        {"policy": path, "value": value, "stderr": stderr, "method": method, "q": q_path}
+        for path, (value, stderr, method), q_path in zip(paths, truths, q_paths, strict=True)
+    ]
+
+
+def generate(
+    env: str, out_dir: str | Path, options: GenerateOptions | None = None, **keywords: Any
 ) -> dict:
     """Writes a synthetic dataset of `env` and its policies' true values; returns truth.json's dict.
 
@@ -160,13 +178,22 @@ def generate(  # noqa: PLR0913 - the command's options, one keyword each
     caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). The logs
     declare ``gamma`` (and the reward range and horizon) in their schema metadata. Raises
     ValueError for an unknown env or a bad option, and UsageError when an output of an
-    earlier run exists (``OUTPUTS``) and not ``overwrite``.
+    earlier run exists (``OUTPUTS``) and not ``overwrite``. The options are ``options``
+    (a GenerateOptions, default: its defaults) with ``keywords`` (its fields) replaced.
     """
-    _check_options(env, episodes, seed, gamma, horizon, shift, files, policies)
-    refuse_existing((Path(out_dir) / name for name in OUTPUTS), overwrite)
+    options = dataclasses.replace(options or GenerateOptions(), **keywords)
+    _check_options(env, options)
+    refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
+    episodes, seed, horizon, files, policies = (
+        options.episodes,
+        options.seed,
+        options.horizon,
+        options.files,
+        options.policies,
+    )
     environment = REGISTRY[env]
     horizon = horizon if horizon is not None else environment.default_horizon
-    gamma, shift = float(gamma), float(shift)
+    gamma, shift = float(options.gamma), float(options.shift)
     env_arrays, policy_arrays = environment.build(shift, policies)
     out = Path(out_dir)
     (out / "policies").mkdir(parents=True, exist_ok=True)
@@ -179,15 +206,7 @@ def generate(  # noqa: PLR0913 - the command's options, one keyword each
             environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
-    paths = ["behavior.npz", *policy_paths(policies)]
-    _remove_stale_policies(out, paths)
-    for path, policy in zip(paths, policy_arrays, strict=True):
-        write_npz(out / path, environment.kind, policy)
-    q_paths = _write_q(out, paths, q_values)
-    entries = [
-        {"policy": path, "value": value, "stderr": stderr, "method": method, "q": q_path}
-        for path, (value, stderr, method), q_path in zip(paths, truths, q_paths, strict=True)
-    ]
+    entries = _write_policies(out, environment, policy_arrays, policies, (truths, q_values))
     truth = {
         "env": env,
         "gamma": gamma,

@@ -119,15 +119,7 @@ def simulate(
             )
             for g in groups
         ]
-        for g, (_, _, records, valid) in zip(groups, outputs, strict=True):
-            lane, offset = np.nonzero(np.asarray(valid))
-            pieces.append(
-                (
-                    ids[g][lane],
-                    t0 + offset,
-                    {k: np.asarray(v)[lane, offset] for k, v in records.items()},
-                )
-            )
+        pieces += _valid_steps(groups, ids, t0, outputs)
         state = {k: np.concatenate([np.asarray(output[0][k]) for output in outputs]) for k in state}
         alive, t0 = np.concatenate([np.asarray(output[1]) for output in outputs]), t0 + length
         live = np.flatnonzero(alive)
@@ -137,6 +129,31 @@ def simulate(
             keep = np.resize(live, len(groups) * LANES)
             state = {k: v[keep] for k, v in state.items()}
             ids, alive = ids[keep], np.arange(len(keep)) < len(live)
+    return _in_episode_order(pieces)
+
+
+def _valid_steps(
+    groups: list[slice], ids: np.ndarray, t0: int, outputs: list
+) -> list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """(episode ids, steps, {name: records}) of each group's valid steps of a chunk that
+    started at step ``t0`` (``outputs``: each group's ``_run_chunk``)."""
+    pieces = []
+    for g, (_, _, records, valid) in zip(groups, outputs, strict=True):
+        lane, offset = np.nonzero(np.asarray(valid))
+        pieces.append(
+            (
+                ids[g][lane],
+                t0 + offset,
+                {k: np.asarray(v)[lane, offset] for k, v in records.items()},
+            )
+        )
+    return pieces
+
+
+def _in_episode_order(
+    pieces: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+) -> dict[str, np.ndarray]:
+    """The step arrays of ``pieces`` (in time order) in (episode_id, step) order."""
     episode_ids = np.concatenate([piece[0] for piece in pieces])
     # the pieces are in time order, which a stable sort keeps within each episode
     order = np.argsort(episode_ids, kind="stable")

@@ -83,14 +83,14 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     episodes = open_episodes(data_config(config))
     schema = episodes.schema
     behavior = None
-    if config.behavior is not None and not is_estimate(config.behavior):
-        behavior = load_behavior(config.behavior, schema)
+    if config.behavior.policy is not None and not is_estimate(config.behavior.policy):
+        behavior = load_behavior(config.behavior.policy, schema)
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
     columns = config.columns
     critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
-    qs = load_qs(config.q, policies, critic)
+    qs = load_qs(config.q.sources, policies, critic)
     for q, policy in zip(qs or [], policies if qs else [], strict=True):
         check_q(q, policy, schema)
     plan = plan_intervals(config, episodes.data.declared_bounds())
@@ -118,7 +118,7 @@ def data_config(config: EvaluationConfig) -> DataConfig:
         config.batching.read_rows,
         config.on_invalid,
         target_column="unread" if config.policies else "required",
-        behavior_column="required" if config.behavior is None else "unread",
+        behavior_column="required" if config.behavior.policy is None else "unread",
     )
 
 
@@ -131,7 +131,7 @@ def fit_models(
     policy of ``--behavior estimate`` (a pass over the data), then each policy's Q-hat of
     ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
     check_all), else None. The same inputs when there is nothing to fit."""
-    estimating = is_estimate(inputs.config.behavior)
+    estimating = is_estimate(inputs.config.behavior.policy)
     fitting_q = any(q.kind == FIT for q in inputs.qs or ())
     passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
     say = on_status or (lambda text: None)
@@ -159,13 +159,13 @@ def with_estimated_behavior(
     )
 
     config, episodes = inputs.config, inputs.episodes
-    option = f"--behavior {config.behavior}"
-    model = choose_model(parse_model(config.behavior), episodes.schema, option)
+    option = f"--behavior {config.behavior.policy}"
+    model = choose_model(parse_model(config.behavior.policy), episodes.schema, option)
     estimated = fit_behavior(
         inputs.checked_episodes(),
         model,
-        folds=config.behavior_cross_fit,
-        min_propensity=config.min_propensity,
+        folds=config.behavior.cross_fit,
+        min_propensity=config.behavior.min_propensity,
         collectives=collectives,
     )
     source = estimated.source(logged_propensity_column(episodes))
@@ -189,8 +189,8 @@ def with_fitted_qs(
             policy,
             q.name,
             gamma=config.gamma,
-            folds=config.cross_fit,
-            seed=config.seed,
+            folds=config.q.cross_fit,
+            seed=config.intervals.seed,
             collectives=collectives,
         )
     return dataclasses.replace(inputs, qs=qs)

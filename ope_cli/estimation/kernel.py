@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +173,7 @@ def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroP
     )
 
 
-def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):  # noqa: PLR0913
+def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):
     """{"q_t", "v_t": [P, B, C]} of every policy of a group, or {} without a Q source."""
     if spec is None:
         return {}
@@ -225,26 +225,34 @@ def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
     return window, zero_probability_steps(log_b, window, start)
 
 
-def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
-    params,
-    behavior_params,
-    q_params,
-    window: PaddedBatch,
-    start,
-    carry: EpisodeCarry,
-    counts,
-    gamma,
-    seed,
-    betting_range,
-    static: Static,
-):
+class WindowInputs(NamedTuple):
+    """The advance kernel's inputs (a pytree: arrays, or None where there are none): the P
+    stacked ``params`` of one policy group, the behavior policy's and the Q functions'
+    (stacked) params, ``window``: PaddedBatch fields [B, C, ...], column 0 at step
+    ``start``; ``carry``: EpisodeCarry of [P, L] leaves, L >= B, its first B lanes the
+    window's episodes (a carry of one size serves every window shape, so the finish
+    compiles once); ``counts``: [B, R] bootstrap counts; the discount, the bootstrap seed
+    and the betting range (a, b, H)."""
+
+    params: dict | None
+    behavior_params: dict | None
+    q_params: dict | None
+    window: PaddedBatch
+    start: jax.Array
+    carry: EpisodeCarry
+    counts: jax.Array
+    gamma: jax.Array
+    seed: jax.Array
+    betting_range: jax.Array
+
+
+def window_statistics(inputs: WindowInputs, static: Static):
     """(carry, StepStatistics [P, ...], ZeroProbabilitySteps or None) of the next C steps of
-    (this device's share of) a batch for the P stacked ``params`` of one policy group; not
-    jitted. ``window``: PaddedBatch fields [B, C, ...], column 0 at step ``start``;
-    ``carry``: EpisodeCarry of [P, L] leaves, L >= B, its first B lanes the window's
-    episodes (a carry of one size serves every window shape, so the finish compiles once);
-    ``counts``: [B, R] bootstrap counts."""
-    window, zero_behavior = _with_behavior(window, start, behavior_params, static)
+    (this device's share of) a batch (``inputs``) for the P stacked ``params`` of one policy
+    group; not jitted."""
+    params, q_params, start, seed = inputs.params, inputs.q_params, inputs.start, inputs.seed
+    counts, carry = inputs.counts, inputs.carry
+    window, zero_behavior = _with_behavior(inputs.window, start, inputs.behavior_params, static)
     dtype = static.dtype
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, window.steps
@@ -260,7 +268,7 @@ def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
     )
     window = window._replace(steps=steps)
     fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
-    betting = betting_range if static.betting else None
+    betting = inputs.betting_range if static.betting else None
 
     def per_policy(carry_b, log_pi_bc, fields_bc):
         weighted = WeightedWindow(
@@ -274,7 +282,7 @@ def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
             fields_bc,
         )
         return advance_window(
-            carry_b, weighted, gamma, static.num_groups, static.estimators, betting
+            carry_b, weighted, inputs.gamma, static.num_groups, static.estimators, betting
         )
 
     lanes = window.step_mask.shape[0]
@@ -284,9 +292,7 @@ def window_statistics(  # noqa: PLR0913 - the kernel's inputs, in its order
     return carry, statistics, zero_behavior
 
 
-def finish_statistics(  # noqa: PLR0913 - the finish kernel's inputs, in its order
-    carry: EpisodeCarry, episode_mask, group, counts, betting_range, static
-):
+def finish_statistics(carry: EpisodeCarry, episode_mask, group, counts, betting_range, static):
     """(ScalarStatistics [P, ...], {name: [P, L]} episode terms or None) of (this device's
     share of) a batch whose last window was walked: ``carry`` [P, L] leaves,
     ``episode_mask`` and ``group`` [L] and ``counts`` [L, R] laid out as its lanes
@@ -314,7 +320,7 @@ def _carry_spec(carry):
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
 def _advance_kernel(*args, static: Static):
     """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None) of
-    ``window_statistics`` on ``args`` (its inputs, in its order): one row per device of
+    ``window_statistics`` on ``args`` (a WindowInputs' fields, in order): one row per device of
     ``static.mesh`` (D = 1 without one).
 
     With a mesh, each device walks its own share of the episodes (every leaf of ``window``,
@@ -325,23 +331,21 @@ def _advance_kernel(*args, static: Static):
     kernel_cache.count_compilation()
 
     def run(*args):
-        carry, statistics, zero = window_statistics(*args, static)
+        carry, statistics, zero = window_statistics(WindowInputs(*args), static)
         return carry, _leading_device_axis(statistics), zero
 
     if static.mesh is None:
         return run(*args)
-    window, carry = args[3], args[5]
+    inputs = WindowInputs(*args)
     by_episode, replicated = PartitionSpec(BATCH_AXIS), PartitionSpec()
-    in_specs = (
-        *(replicated,) * 3,
-        jax.tree.map(lambda _: by_episode, window),
-        replicated,
-        _carry_spec(carry),
-        by_episode,
-        *(replicated,) * 3,
+    in_specs = WindowInputs(*(replicated,) * len(WindowInputs._fields))._replace(
+        window=jax.tree.map(lambda _: by_episode, inputs.window),
+        carry=_carry_spec(inputs.carry),
+        counts=by_episode,
     )
-    out_specs = (_carry_spec(carry), by_episode, by_episode)
-    return jax.shard_map(run, mesh=static.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+    out_specs = (_carry_spec(inputs.carry), by_episode, by_episode)
+    shard = jax.shard_map(run, mesh=static.mesh, in_specs=tuple(in_specs), out_specs=out_specs)
+    return shard(*args)
 
 
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
@@ -437,37 +441,48 @@ def assemble(output: KernelOutput) -> BatchStatistics:
     return combine(StepStatistics(**fields), output.scalar)
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+    """What a Kernel computes with besides its policies: the discount, the resampling
+    groups, the float dtype, the device mesh (None: one device), the bootstrap replicates
+    and their seed, the betting intervals' range (a, b, H) (None: no betting histogram)
+    and the actions sampled per V(s) of a Q source over continuous actions."""
+
+    gamma: float
+    num_groups: int
+    dtype: Any
+    mesh: Mesh | None = None
+    num_replicates: int = 0
+    seed: int = 0
+    betting_range: tuple[float, float, float] | None = None
+    v_samples: int = 16
+
+
 class Kernel:
     """``(batch, width) -> KernelOutput`` for one policy group: the batch walked in windows
-    of ``width`` steps, the episode axis sharded over ``mesh`` when given; with
+    of ``width`` steps, the episode axis sharded over ``settings.mesh`` when given; with
     ``behavior``, its log-probabilities replace the logged ones."""
 
-    def __init__(  # noqa: PLR0913 - the behavior policy is keyword-only
+    def __init__(
         self,
         group: PolicyGroup,
-        gamma: float,
-        num_groups: int,
-        dtype,
-        mesh: Mesh | None,
-        num_replicates: int = 0,
-        seed: int = 0,
-        betting_range: tuple[float, float, float] | None = None,
+        settings: KernelSettings,
         *,
         behavior: Policy | None = None,
-        v_samples: int = 16,
         carry_lanes: int | None = None,
         terms: bool = False,
     ):
+        mesh, betting_range = settings.mesh, settings.betting_range
         self.group = group
         # lanes of the carry, whatever the window's (None: the window's): one finish kernel
         self.carry_lanes = carry_lanes
         self._initial: dict[int, EpisodeCarry] = {}
         self.behavior = behavior
-        q = None if group.qs is None else q_spec(group.qs[0], group.head, v_samples)
-        self.dtype = np.dtype(dtype)
-        self.gamma = _on_device(gamma, self.dtype)
-        self.seed = _on_device(seed, np.uint32)
-        self.num_replicates = num_replicates
+        q = None if group.qs is None else q_spec(group.qs[0], group.head, settings.v_samples)
+        self.dtype = np.dtype(settings.dtype)
+        self.gamma = _on_device(settings.gamma, self.dtype)
+        self.seed = _on_device(settings.seed, np.uint32)
+        self.num_replicates = settings.num_replicates
         # (a, b, H) of estimators.reduction.betting_variables; None: no betting histogram
         self.betting_range = _on_device(
             (0.0, 0.0, 0.0) if betting_range is None else betting_range, self.dtype
@@ -484,7 +499,7 @@ class Kernel:
             log_prob=group.head.log_prob,
             behavior_log_prob=None if behavior is None else behavior.log_prob,
             behavior_folds=1 if behavior is None else behavior.folds,
-            num_groups=num_groups,
+            num_groups=settings.num_groups,
             dtype=self.dtype.name,
             mesh=mesh,
             # every estimator registered when the kernel is made that the inputs allow
@@ -593,10 +608,21 @@ class Kernel:
         return max(lanes, self.carry_lanes or 0)
 
     def _advance_args(self, window: PaddedBatch, start: int, carry, counts) -> tuple:
-        """The advance kernel's inputs, in ``window_statistics``' order."""
-        fixed = (self.params, self.behavior_params, self.q_params)
-        scalars = (self.gamma, self.seed, self.betting_range)
-        return (*fixed, window, np.int32(start), carry, counts, *scalars)
+        """The advance kernel's inputs: a WindowInputs' fields, in order."""
+        return tuple(
+            WindowInputs(
+                self.params,
+                self.behavior_params,
+                self.q_params,
+                window,
+                np.int32(start),
+                carry,
+                counts,
+                self.gamma,
+                self.seed,
+                self.betting_range,
+            )
+        )
 
     def walk(self, windows: list[tuple[int, PaddedBatch]], counts: np.ndarray) -> KernelOutput:
         """Dispatches the advance kernel on each of a batch's ``windows`` (in order; host
@@ -719,31 +745,40 @@ def batch_statistics_of(kernel: Kernel, batch: PaddedBatch, width: int | None = 
     return assemble(jax.device_get(kernel(batch, width)))
 
 
-def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the windowed functions
+class GroupSettings(NamedTuple):
+    """The static settings of ``policy_group_statistics``: the policies' ``log_prob``, the
+    resampling groups, the bootstrap replicates, the float dtype, the registered
+    estimators whose sums to compute (None: every one the inputs allow), the Q source's
+    QSpec (None: none) and with ``terms`` each episode's terms besides."""
+
+    log_prob: LogProbFn | None
+    num_groups: int
+    num_replicates: int
+    dtype: Any
+    estimators: tuple[str, ...] | None = None
+    q: QSpec | None = None
+    terms: bool = False
+
+
+def policy_group_statistics(
     params,
     batch: PaddedBatch,
     gamma,
     seed,
     betting_range,
+    settings: GroupSettings,
     *,
-    log_prob,
-    num_groups,
-    num_replicates,
-    dtype,
-    estimators=None,
-    q=None,
     q_params=None,
     counts=None,
-    terms: bool = False,
 ) -> BatchStatistics | tuple[BatchStatistics, dict]:
     """BatchStatistics [1, P, ...] of a whole padded batch ([B, T, ...] fields) walked as
     one window, for the P stacked ``params`` of one policy group; not jitted (the coverage
-    study vmaps it over datasets). ``estimators``: the registered estimators whose sums to
-    compute (None: every one the inputs allow); ``counts``: [B, R] bootstrap counts, else
-    drawn here (``poisson_counts``). With ``terms``: (statistics, each episode's terms
+    study vmaps it over datasets). ``counts``: [B, R] bootstrap counts, else drawn here
+    (``poisson_counts``). With ``settings.terms``: (statistics, each episode's terms
     {name: [P, B]}: ``estimators.reduction.episode_terms``), the paired sums' inputs."""
     from ope_cli.estimation.estimators.reduction import poisson_counts
 
+    log_prob, num_groups, num_replicates, dtype, estimators, q, terms = settings
     static = Static(
         log_prob=log_prob,
         behavior_log_prob=None,
@@ -762,8 +797,8 @@ def policy_group_statistics(  # noqa: PLR0913 - a whole batch through the window
     zero = jnp.zeros((policies, batch.shape[0]), static.dtype)
     carry = init_carry(zero, static.estimators, static.betting)
     betting = jnp.zeros(3, static.dtype) if betting_range is None else betting_range
-    args = (params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
-    carry, step, _ = window_statistics(*args, static)
+    inputs = WindowInputs(params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
+    carry, step, _ = window_statistics(inputs, static)
     scalar, own = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
     statistics = _leading_device_axis(combine(lagged(step), scalar))
     return (statistics, own) if terms else statistics
@@ -773,6 +808,7 @@ __all__ = [
     "BATCH_AXIS",
     "Kernel",
     "KernelOutput",
+    "KernelSettings",
     "PolicyGroup",
     "assemble",
     "group_policies",

@@ -25,7 +25,7 @@ from ope_cli.choosing.comparison import (
 )
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.choosing.selection import BASELINE_BEHAVIOR
-from ope_cli.config import EvaluationConfig
+from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import RESAMPLING_GROUPS
@@ -73,8 +73,15 @@ from ope_cli.models.behavior import (
     zero_probability_error,
 )
 from ope_cli.models.qfunctions import q_source
-from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.results import (
+    ConfidenceSummary,
+    DatasetSummary,
+    EvaluationResult,
+    PolicyResult,
+    RuntimeSummary,
+)
 
+BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -217,7 +224,6 @@ def evaluate(
     from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
 
     traces_before, counts_before = trace_count(), runtime.compilation_counts()
-    devices = 1 if mesh is None else mesh.size
     process = (process_id, num_processes)
     batches, local = _evaluate_share(config, precision, mesh, process, on_progress, on_status)
     compiled = runtime.compilation_counts() - counts_before
@@ -225,13 +231,71 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
+    results, selection, notes, behavior = _estimated(config, batches, local, (precision, mesh))
+    return EvaluationResult(
+        dataset=_dataset(config, batches, counts),
+        gamma=config.gamma,
+        gamma_source=plan.gamma_source,
+        estimators=reported,
+        confidence=ConfidenceSummary(
+            level=config.intervals.confidence,
+            interval=plan.method,
+            method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
+            reward_range=plan.reward_range,
+            horizon=plan.horizon,
+        ),
+        results=results,
+        behavior=behavior,
+        runtime=_runtime(
+            local,
+            (process_id, num_processes, backend, precision, mesh),
+            (trace_count() - traces_before, compiled),
+            time.perf_counter() - started,
+        ),
+        baseline=config.choosing.baseline,
+        behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
+        truth=local.truth,
+        selection=selection,
+        selection_notes=tuple(notes),
+    )
+
+
+def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) -> tuple:
+    """(each policy's result, the selection metrics or None, their notes, the reported
+    behavior policy) of the pass ``local``; ``devices``: (precision, mesh)."""
+    plan = batches.plan
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
-    behavior_value = None if local.paired is None else mean_return(local.accumulators[0])
-    behavior = _reported_behavior(batches, results, precision, mesh)
-    return EvaluationResult(
+    return results, selection, notes, _reported_behavior(batches, results, *devices)
+
+
+def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) -> RuntimeSummary:
+    """The run's RuntimeSummary: ``joined``: ``_join_runtime``'s (process id, processes,
+    backend, precision, mesh); ``compiled``: (kernel traces, the runtime's compilation
+    counts) of the run."""
+    process_id, num_processes, backend, precision, mesh = joined
+    compiles, counts = compiled
+    return RuntimeSummary(
+        seconds=seconds,
+        backend=backend,
+        devices=1 if mesh is None else mesh.size,
+        processes=num_processes,
+        process_id=process_id,
+        precision=precision,
+        padded_steps=local.counters.padded_steps,
+        batch_shapes=sorted(local.shapes),
+        compiles=compiles,
+        compilations=counts.compilations,
+        compile_seconds=counts.seconds,
+        cache_hits=counts.cache_hits,
+    )
+
+
+def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
+    """What the pass read and dropped (``counts``: its counters)."""
+    return DatasetSummary(
         source=config.data,
         layout=batches.schema.layout,
         schema=batches.schema,
@@ -240,60 +304,33 @@ def evaluate(
         steps=counts.steps,
         rows_read=counts.rows_read,
         max_length=counts.max_length,
-        gamma=config.gamma,
-        gamma_source=plan.gamma_source,
-        estimators=reported,
-        confidence_level=config.confidence,
-        confidence_method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
-        interval=plan.method,
-        reward_range=plan.reward_range,
-        horizon=plan.horizon,
-        results=results,
-        behavior=behavior,
-        seconds=time.perf_counter() - started,
-        backend=backend,
-        devices=devices,
-        processes=num_processes,
-        process_id=process_id,
-        precision=precision,
-        padded_steps=counts.padded_steps,
-        batch_shapes=sorted(local.shapes),
-        compiles=trace_count() - traces_before,
-        compilations=compiled.compilations,
-        compile_seconds=compiled.seconds,
-        cache_hits=compiled.cache_hits,
         on_invalid=config.on_invalid,
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
-        baseline=config.baseline,
-        behavior_value=behavior_value,
-        truth=local.truth,
-        selection=selection,
-        selection_notes=tuple(notes),
     )
 
 
 def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
     """(results with their paired comparisons and could-be-best flags, the selection
     metrics against ``truth`` or None, their notes)."""
-    row = resolve_baseline(config.baseline, batches.policies)
+    row = resolve_baseline(config.choosing.baseline, batches.policies)
     if local.paired is not None:
         pairing = Pairing(
             local.accumulators,
             [result.estimates for result in results],
             local.paired,
             Context(config.gamma, local.counters.max_length),
-            interval_methods(list(results[0].estimates), plan.method, config.interval),
+            interval_methods(list(results[0].estimates), plan.method, config.intervals.method),
             plan.betting_range,
             row,
         )
-        results = compare_results(results, pairing, config.confidence)
+        results = compare_results(results, pairing, config.intervals.confidence)
     if truth is None:
         return results, None, []
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
-    selection, notes = selection_of(results, truth, keys, baseline_key, config.top_k)
+    selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
     return results, selection, notes
 
 
@@ -312,8 +349,10 @@ def _evaluate_share(
     error: OpeError | None = None
     try:
         batches = stream(config, devices, on_progress, process, on_status)
-        baseline = resolve_baseline(config.baseline, batches.policies)
-        truth = read_run_truth(config.truth, config.top_k, batches.policies)  # before the pass
+        baseline = resolve_baseline(config.choosing.baseline, batches.policies)
+        truth = read_run_truth(
+            config.choosing.truth, config.choosing.top_k, batches.policies
+        )  # before the pass
         local = _local_pass(batches, precision, mesh, on_status, baseline)
         local.truth = truth
     except OpeError as failure:
@@ -337,8 +376,11 @@ def _reported_behavior(
         return behavior
     from ope_cli.models.behavior_models.fitting import with_logged_mean_weights
 
+    config = batches.config
     logged_config = dataclasses.replace(
-        batches.config, behavior=None, behavior_cross_fit=1, baseline=None, truth=None, top_k=None
+        config,
+        behavior=dataclasses.replace(config.behavior, policy=None, cross_fit=1),
+        choosing=ChoosingConfig(),
     )
     logged, local = _evaluate_share(logged_config, precision, mesh)
     _check_some_episodes(logged.config, local.counters)
@@ -361,8 +403,8 @@ def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | Non
 
     runtime.enable_compilation_cache()
     backend = jax.default_backend()
-    precision = config.precision or ("float64" if backend == "cpu" else "float32")
-    return process_id, num_processes, backend, precision, local_mesh(config.devices)
+    precision = config.runtime.precision or ("float64" if backend == "cpu" else "float32")
+    return process_id, num_processes, backend, precision, local_mesh(config.runtime.devices)
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
@@ -392,7 +434,7 @@ def _policy_results(
             accumulator,
             config.gamma,
             max_length,
-            config.confidence,
+            config.intervals.confidence,
             plan.method,
             plan.betting_range,
             computed_estimators(batches),
@@ -448,21 +490,24 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     """One Kernel per group of stackable policies, every one with the catalogue's largest
     lane count as its carry's (one finish kernel for every window shape); with ``terms``
     they return each episode's terms for the paired sums."""
-    from ope_cli.estimation.kernel import Kernel, group_policies
+    from ope_cli.estimation.kernel import Kernel, KernelSettings, group_policies
 
     config, plan = batches.config, batches.plan
+    settings = KernelSettings(
+        config.gamma,
+        RESAMPLING_GROUPS,
+        dtype,
+        mesh,
+        replicates,
+        config.intervals.seed,
+        plan.betting_range,
+        v_samples=config.q.v_samples,
+    )
     return [
         Kernel(
             group,
-            config.gamma,
-            RESAMPLING_GROUPS,
-            dtype,
-            mesh,
-            replicates,
-            config.seed,
-            plan.betting_range,
+            settings,
             behavior=batches.behavior,
-            v_samples=config.v_samples,
             carry_lanes=max(shape.lanes for shape in batches.bucketer.window_shapes),
             terms=terms,
         )
@@ -505,7 +550,7 @@ def _local_pass(
     config, plan, policies = batches.config, batches.plan, batches.policies
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
-    replicates = config.bootstrap_samples if plan.method in ("percentile", "bootstrap-t") else 0
+    replicates = config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0
     pairing = len(policies) > 1 or baseline is not None
     kernels = _kernels(batches, dtype, mesh, replicates, pairing)
     computed = computed_estimators(batches)

@@ -67,8 +67,8 @@ def check_config(config: EvaluationConfig) -> None:
     """Option values the command line cannot check by type alone."""
     if config.gamma is not None and not 0.0 <= config.gamma <= 1.0:
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
-    if not 0.0 < config.confidence < 1.0:
-        raise UsageError(f"--confidence must be in (0, 1), got {config.confidence}")
+    if not 0.0 < config.intervals.confidence < 1.0:
+        raise UsageError(f"--confidence must be in (0, 1), got {config.intervals.confidence}")
     unknown = [e for e in config.estimators or () if e not in estimator_names()]
     if unknown:
         raise UsageError(
@@ -78,17 +78,18 @@ def check_config(config: EvaluationConfig) -> None:
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
         raise UsageError("batching options must be positive")
-    if config.interval not in ("auto", *INTERVAL_METHODS):
-        raise UsageError(
-            f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {config.interval!r}"
-        )
+    method = config.intervals.method
+    if method not in ("auto", *INTERVAL_METHODS):
+        raise UsageError(f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {method!r}")
     _check_interval_options(config)
-    check_behavior_option(config.behavior, config.min_propensity, config.behavior_cross_fit)
+    check_behavior_option(
+        config.behavior.policy, config.behavior.min_propensity, config.behavior.cross_fit
+    )
 
 
 def has_q_source(config: EvaluationConfig) -> bool:
     """Whether the run has Q-hat (``--q``, or ``--q-col`` with ``--v-col``)."""
-    return bool(config.q) or config.columns.q_value is not None
+    return bool(config.q.sources) or config.columns.q_value is not None
 
 
 def reported_estimators(config: EvaluationConfig) -> tuple[str, ...]:
@@ -102,10 +103,12 @@ def _check_q_options(config: EvaluationConfig) -> None:
     columns = config.columns
     if (columns.q_value is None) != (columns.v_value is None):
         raise UsageError("--q-col and --v-col go together: Q-hat of the logged action and V-hat")
-    if config.v_samples < 1:
-        raise UsageError(f"--v-samples must be a positive number, got {config.v_samples}")
-    if config.cross_fit < 1:
-        raise UsageError(f"--cross-fit must be a positive number of folds, got {config.cross_fit}")
+    if config.q.v_samples < 1:
+        raise UsageError(f"--v-samples must be a positive number, got {config.q.v_samples}")
+    if config.q.cross_fit < 1:
+        raise UsageError(
+            f"--cross-fit must be a positive number of folds, got {config.q.cross_fit}"
+        )
     if not has_q_source(config):
         needing = [e for e in config.estimators or () if estimator_get(e).needs]
         if needing:
@@ -116,18 +119,21 @@ def _check_q_options(config: EvaluationConfig) -> None:
 
 
 def _check_interval_options(config: EvaluationConfig) -> None:
-    if config.reward_range is not None:
-        low, high = config.reward_range
+    intervals = config.intervals
+    if intervals.reward_range is not None:
+        low, high = intervals.reward_range
         if not is_reward_range(low, high):
             raise UsageError(f"--reward-range needs finite LOW < HIGH, got {low} {high}")
-    if config.horizon is not None and config.horizon < 1:
-        raise UsageError(f"--horizon must be a positive number of steps, got {config.horizon}")
-    if config.interval in ("percentile", "bootstrap-t") and config.bootstrap_samples < 10:
-        raise UsageError(f"--bootstrap-samples must be at least 10, got {config.bootstrap_samples}")
-    if not 0 <= config.seed < 2**32:
-        raise UsageError(f"--seed must be in [0, 2^32), got {config.seed}")
-    if config.precision not in (None, "float32", "float64"):
-        raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
+    if intervals.horizon is not None and intervals.horizon < 1:
+        raise UsageError(f"--horizon must be a positive number of steps, got {intervals.horizon}")
+    if intervals.method in ("percentile", "bootstrap-t") and intervals.bootstrap_samples < 10:
+        raise UsageError(
+            f"--bootstrap-samples must be at least 10, got {intervals.bootstrap_samples}"
+        )
+    if not 0 <= intervals.seed < 2**32:
+        raise UsageError(f"--seed must be in [0, 2^32), got {intervals.seed}")
+    if config.runtime.precision not in (None, "float32", "float64"):
+        raise UsageError(f"--precision must be float32 or float64, got {config.runtime.precision}")
     if config.on_invalid not in ("error", "drop"):
         raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
 
@@ -154,8 +160,8 @@ class IntervalPlan:
         estimators = reported_estimators(config)
         if self.betting_range is None:
             return INTERVAL_METHODS[self.method].format(
-                samples=config.bootstrap_samples,
-                seed=config.seed,
+                samples=config.intervals.bootstrap_samples,
+                seed=config.intervals.seed,
                 bootstrap_t_estimators=describe_bootstrap_t(estimators),
             ) + ASYMPTOTIC.format(needs=self.betting_needs)
         low, high = self.reward_range
@@ -183,8 +189,8 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     the data declares."""
     gamma, gamma_source = resolve_gamma(config.gamma, declared)
     discount = {"gamma": gamma, "gamma_source": gamma_source}
-    reward_range = config.reward_range or declared.reward_range
-    horizon = config.horizon or declared.horizon
+    reward_range = config.intervals.reward_range or declared.reward_range
+    horizon = config.intervals.horizon or declared.horizon
     betting_range = None
     if reward_range is not None and (gamma < 1 or horizon is not None):
         if horizon is None:
@@ -195,8 +201,8 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
             discounted_horizon = (1.0 - gamma**horizon) / (1.0 - gamma)
         # The absorbing reward 0 after an episode ends must lie in the range too.
         betting_range = (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
-    method = config.interval
-    if config.reward_range is not None and betting_range is None:
+    method = config.intervals.method
+    if config.intervals.reward_range is not None and betting_range is None:
         raise UsageError(
             "--reward-range with --gamma 1 also needs --horizon STEPS: without "
             "discounting, only a horizon bounds the return"
@@ -223,8 +229,8 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         "betting",
         reward_range,
         horizon,
-        source("--reward-range", config.reward_range),
-        source("--horizon", config.horizon),
+        source("--reward-range", config.intervals.reward_range),
+        source("--horizon", config.intervals.horizon),
         betting_range,
         **discount,
     )
@@ -254,11 +260,11 @@ def complete_intervals(
     """``result`` with each estimate's interval method named (``ci_methods``) and every null
     interval explained by a note. Under ``--ci auto`` an estimator that betting does not
     apply to (dm, dr, wdr) gets the normal interval, as auto means per estimator."""
-    z = NormalDist().inv_cdf(0.5 + config.confidence / 2)
+    z = NormalDist().inv_cdf(0.5 + config.intervals.confidence / 2)
     estimates, methods = {}, {}
     for name, estimate in result.estimates.items():
         method = _interval_method(name, estimate, plan.method)
-        fallback = config.interval == "auto" and method is None and plan.method == "betting"
+        fallback = config.intervals.method == "auto" and method is None and plan.method == "betting"
         if fallback and estimate.value is not None and estimate.stderr is not None:
             low, high = estimate.value - z * estimate.stderr, estimate.value + z * estimate.stderr
             note = None if estimate.note == NO_BETTING else estimate.note  # it has one now

@@ -20,7 +20,7 @@ from ope_cli.errors import OpeError
 from ope_cli.models.behavior_models.base import largest
 from ope_cli.models.policies import Policy
 from ope_cli.models.q_models.command import action_count, largest_logged_action
-from ope_cli.models.q_models.fitting import QFit, fit_q
+from ope_cli.models.q_models.fitting import FitSettings, QFit, fit_q
 from ope_cli.models.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
 
 
@@ -91,15 +91,8 @@ def fit_q_function(
     n_actions = policy.n_actions
     if discrete and n_actions is None:  # an entry point: count the logged actions
         n_actions = _logged_action_count(episodes, collectives)
-    fit = fit_q(
-        episodes,
-        policy,
-        model=model,
-        gamma=gamma,
-        folds=folds,
-        collectives=collectives,
-        seed=seed,
-        n_actions=n_actions,
-        discrete=discrete,
+    settings = FitSettings(
+        model, gamma, folds=folds, seed=seed, n_actions=n_actions, discrete=discrete
     )
+    fit = fit_q(episodes, policy, settings, collectives=collectives)
     return fitted_q(spec, fit, folds)

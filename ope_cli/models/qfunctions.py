@@ -430,7 +430,7 @@ def step_values(spec: QSpec, log_prob, policy_params, q_params, observation, act
     return spec.function(q_params, observation, action), jnp.mean(q_drawn)
 
 
-def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype, start=0):  # noqa: PLR0913
+def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype, start=0):
     """{"q_t": [B, C], "v_t": [B, C]} of one policy over a window of a padded batch whose
     column 0 is step ``start``, 0 on padding (the absorbing convention: Q = V = 0 after an
     episode ends). The draws of a continuous V-hat are keyed by the episode and the step."""

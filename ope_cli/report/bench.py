@@ -154,17 +154,7 @@ def _detail_lines(result: dict) -> list[str]:
         )
     processes = result.get("processes")
     if processes:
-        cold, warm = processes["evaluate_cold_cache"], processes["evaluate_warm_cache"]
-        other, bandit = processes["other_lengths_warm_cache"], processes["bandit_warm_cache"]
-        lines.append(
-            f"processes: import jax floor {_seconds(processes['import_jax_floor_seconds'])}, "
-            f"pyarrow read {_seconds(processes['pyarrow_read_seconds'])}; ope evaluate "
-            f"{_seconds(cold['seconds'])} with an empty cache ({cold['compilations']} "
-            f"compilations, {_seconds(cold['compile_seconds'])}), {_seconds(warm['seconds'])} "
-            f"warm; other lengths warm {_seconds(other['seconds'])} "
-            f"({other['compilations']} compilations); {bandit['steps']:,}-step bandit log "
-            f"{_seconds(bandit['seconds'])} warm"
-        )
+        lines.append(_processes_line(processes))
     load = runtime["load_average"]
     if load["start"] is not None:
         lines.append(
@@ -172,6 +162,21 @@ def _detail_lines(result: dict) -> list[str]:
             f"end, on {runtime['cpus']} CPUs (a busy machine makes timings noisy)"
         )
     return lines
+
+
+def _processes_line(processes: dict) -> str:
+    """The detail line of the whole-process measurements."""
+    cold, warm = processes["evaluate_cold_cache"], processes["evaluate_warm_cache"]
+    other, bandit = processes["other_lengths_warm_cache"], processes["bandit_warm_cache"]
+    return (
+        f"processes: import jax floor {_seconds(processes['import_jax_floor_seconds'])}, "
+        f"pyarrow read {_seconds(processes['pyarrow_read_seconds'])}; ope evaluate "
+        f"{_seconds(cold['seconds'])} with an empty cache ({cold['compilations']} "
+        f"compilations, {_seconds(cold['compile_seconds'])}), {_seconds(warm['seconds'])} "
+        f"warm; other lengths warm {_seconds(other['seconds'])} "
+        f"({other['compilations']} compilations); {bandit['steps']:,}-step bandit log "
+        f"{_seconds(bandit['seconds'])} warm"
+    )
 
 
 def _number(x: float | None) -> str:

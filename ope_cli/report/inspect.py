@@ -24,28 +24,7 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
         "command": "inspect",
-        "dataset": {
-            "source": report.source,
-            "format": report.format,
-            "files": report.files,
-            "layout": s.layout,
-            "columns": {
-                role: {"name": name, "type": report.column_types[role]}
-                for role, name in s.columns.items()
-            },
-            "observation": None
-            if s.observation_kind is None
-            else {"kind": s.observation_kind, "dim": s.observation_dim},
-            "action": {"kind": s.action_kind, "vector": s.action_is_vector},
-            # None: no propensity column (ope evaluate then needs --behavior)
-            "behavior": None
-            if not s.behavior_logged
-            else "log_prob"
-            if s.behavior_is_log
-            else "prob",
-            "target": s.target,
-            "declared": _declared_dict(report),
-        },
+        "dataset": _dataset_dict(report),
         "gamma": report.gamma,
         "gamma_source": report.gamma_source,  # option (--gamma), data (declared) or default
         # per-step rewards of the valid episodes: mean, std, min, max
@@ -53,18 +32,7 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         # the discounted return of each valid episode: "value" (its mean: the logging
         # policy's value) with its "stderr", "std", "min", "max" and "quantiles"
         "return": _return_dict(report),
-        "counts": {
-            "rows_read": report.rows_read,
-            "episodes": report.episodes + report.invalid_episodes,
-            "steps": report.steps + report.invalid_steps,
-            "valid_episodes": report.episodes,
-            "valid_steps": report.steps,
-            "invalid_episodes": report.invalid_episodes,
-            "invalid_steps": report.invalid_steps,
-            "min_length": report.min_length,
-            "max_length": report.max_length,
-            "mean_length": report.steps / report.episodes if report.episodes else None,
-        },
+        "counts": _counts_dict(report),
         "length_histogram": [
             {"min": low, "max": high, "episodes": count}
             for low, high, count in report.length_histogram()
@@ -81,19 +49,59 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         if report.action_counts is None
         else {str(action): count for action, count in sorted(report.action_counts.items())},
         "other_actions": report.other_actions,
-        "problems": [
-            {
-                "reason": p.reason,
-                "message": p.message,
-                "episodes": p.episodes,
-                "steps": p.steps,
-                "file": p.file,
-                "episode": p.episode,
-                "step": p.step,
-            }
-            for p in report.problems
-        ],
+        "problems": [_problem_dict(p) for p in report.problems],
         "valid": report.ok,
+    }
+
+
+def _dataset_dict(report: InspectReport) -> dict[str, Any]:
+    """The inspected data: where it is, its layout, columns, spaces and declared bounds."""
+    s = report.schema
+    return {
+        "source": report.source,
+        "format": report.format,
+        "files": report.files,
+        "layout": s.layout,
+        "columns": {
+            role: {"name": name, "type": report.column_types[role]}
+            for role, name in s.columns.items()
+        },
+        "observation": None
+        if s.observation_kind is None
+        else {"kind": s.observation_kind, "dim": s.observation_dim},
+        "action": {"kind": s.action_kind, "vector": s.action_is_vector},
+        # None: no propensity column (ope evaluate then needs --behavior)
+        "behavior": None if not s.behavior_logged else "log_prob" if s.behavior_is_log else "prob",
+        "target": s.target,
+        "declared": _declared_dict(report),
+    }
+
+
+def _counts_dict(report: InspectReport) -> dict[str, Any]:
+    """The rows, episodes and steps read, valid and invalid, and the episodes' lengths."""
+    return {
+        "rows_read": report.rows_read,
+        "episodes": report.episodes + report.invalid_episodes,
+        "steps": report.steps + report.invalid_steps,
+        "valid_episodes": report.episodes,
+        "valid_steps": report.steps,
+        "invalid_episodes": report.invalid_episodes,
+        "invalid_steps": report.invalid_steps,
+        "min_length": report.min_length,
+        "max_length": report.max_length,
+        "mean_length": report.steps / report.episodes if report.episodes else None,
+    }
+
+
+def _problem_dict(p) -> dict[str, Any]:
+    return {
+        "reason": p.reason,
+        "message": p.message,
+        "episodes": p.episodes,
+        "steps": p.steps,
+        "file": p.file,
+        "episode": p.episode,
+        "step": p.step,
     }
 
 

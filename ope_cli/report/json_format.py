@@ -77,36 +77,19 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
     ``rank_by``: the estimator that ranks the policies (default: WIS, else the first)."""
     rank_by = resolve_rank_by(result, rank_by)
     ranks = rank_policies(result, rank_by)
+    confidence, runtime = result.confidence, result.runtime
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
-        "dataset": {
-            "source": result.source,
-            "layout": result.layout,
-            "files": result.files,
-            "episodes": result.episodes,
-            "steps": result.steps,
-            "rows_read": result.rows_read,
-            "max_length": result.max_length,
-            # Every row read is used or dropped (--on-invalid drop); in the episode layout a
-            # row is an episode: rows_read = episodes + episodes_dropped.
-            "on_invalid": result.on_invalid,
-            "steps_used": result.steps,
-            "steps_dropped": result.steps_dropped,
-            "episodes_dropped": result.episodes_dropped,
-            "dropped": result.dropped,
-            # {"source": "column" | "checkpoint" | "entry_point" | "estimated", "name": ...,
-            #  "kind": ...}, and "fit" for an estimated model
-            "behavior": _behavior_dict(result),
-        },
+        "dataset": _dataset_dict(result),
         "gamma": result.gamma,
         "gamma_source": result.gamma_source,  # option (--gamma), data (declared) or default
         "confidence": {
-            "level": result.confidence_level,
-            "interval": result.interval,
-            "method": result.confidence_method,
-            "reward_range": list(result.reward_range) if result.reward_range else None,
-            "horizon": result.horizon,
+            "level": confidence.level,
+            "interval": confidence.interval,
+            "method": confidence.method,
+            "reward_range": list(confidence.reward_range) if confidence.reward_range else None,
+            "horizon": confidence.horizon,
         },
         "rank_by": rank_by,
         "baseline": result.baseline,  # --baseline: what each "comparison" is against
@@ -118,19 +101,44 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
         "warnings": [w.to_dict() for w in run_warnings(result, ranks, rank_by)],
         **_selection(result),
         "runtime": {
-            "seconds": result.seconds,
+            "seconds": runtime.seconds,
             "steps_per_second": result.steps_per_second,
-            "backend": result.backend,
-            "devices": result.devices,
-            "processes": result.processes,
-            "precision": result.precision,
-            "padded_steps": result.padded_steps,
-            "batch_shapes": [list(shape) for shape in result.batch_shapes],
-            "compiles": result.compiles,
-            "compilations": result.compilations,
-            "compile_seconds": result.compile_seconds,
-            "cache_hits": result.cache_hits,
+            "backend": runtime.backend,
+            "devices": runtime.devices,
+            "processes": runtime.processes,
+            "precision": runtime.precision,
+            "padded_steps": runtime.padded_steps,
+            "batch_shapes": [list(shape) for shape in runtime.batch_shapes],
+            "compiles": runtime.compiles,
+            "compilations": runtime.compilations,
+            "compile_seconds": runtime.compile_seconds,
+            "cache_hits": runtime.cache_hits,
         },
+    }
+
+
+def _dataset_dict(result: EvaluationResult) -> dict[str, Any]:
+    """The document's "dataset" block: what was read, used and dropped, and the behavior
+    policy."""
+    dataset = result.dataset
+    return {
+        "source": dataset.source,
+        "layout": dataset.layout,
+        "files": dataset.files,
+        "episodes": dataset.episodes,
+        "steps": dataset.steps,
+        "rows_read": dataset.rows_read,
+        "max_length": dataset.max_length,
+        # Every row read is used or dropped (--on-invalid drop); in the episode layout a
+        # row is an episode: rows_read = episodes + episodes_dropped.
+        "on_invalid": dataset.on_invalid,
+        "steps_used": dataset.steps,
+        "steps_dropped": dataset.steps_dropped,
+        "episodes_dropped": dataset.episodes_dropped,
+        "dropped": dataset.dropped,
+        # {"source": "column" | "checkpoint" | "entry_point" | "estimated", "name": ...,
+        #  "kind": ...}, and "fit" for an estimated model
+        "behavior": _behavior_dict(result),
     }
 
 

@@ -90,7 +90,7 @@ def write_plots(
         out / FIGURES[-1],
         estimator=estimator,
         baseline=baseline,
-        confidence=result.confidence_level,
+        confidence=result.confidence.level,
     )
     return [*written, ranking]
 
@@ -145,7 +145,9 @@ def _weights(plt, result: EvaluationResult):
         if p.zero_weights:
             extra.append(f"{p.zero_weights} zero")
         label = _label(policy.shown) + (f" ({', '.join(extra)})" if extra else "")
-        axes.stairs(inside / max(result.episodes, 1), p.histogram_edges, label=label, linewidth=1.5)
+        axes.stairs(
+            inside / max(result.dataset.episodes, 1), p.histogram_edges, label=label, linewidth=1.5
+        )
     low, high = (min(occupied), max(occupied)) if occupied else (-1.0, 1.0)
     axes.set_xlim(min(low, -0.5) - 0.25, max(high, 0.5) + 0.25)
     if occupied:  # a log axis: the tail of few heavy weights stays visible beside the bulk
@@ -241,7 +243,8 @@ def _estimates(plt, result: EvaluationResult):
         axes.set_ylim(*limits)
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
-    title = f"Estimates with {result.confidence_level:.0%} intervals ({result.episodes:,} episodes)"
+    episodes = result.dataset.episodes
+    title = f"Estimates with {result.confidence.level:.0%} intervals ({episodes:,} episodes)"
     axes.set_title(
         title + ("\n(triangles: an interval goes on beyond the axis)" if clipped else "")
     )

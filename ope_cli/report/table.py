@@ -78,7 +78,9 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
     """Plain-words warnings about weight diagnostics that make an estimate hard to trust."""
     return [
-        w.message for policy in result.results for w in policy_warnings(policy, result.episodes)
+        w.message
+        for policy in result.results
+        for w in policy_warnings(policy, result.dataset.episodes)
     ]
 
 
@@ -134,15 +136,15 @@ def _off_scale(policy: PolicyResult) -> str:
 
 def dropped_line(result: EvaluationResult) -> str:
     """One line saying how many invalid episodes --on-invalid drop left out, and why."""
-    if not result.episodes_dropped:
+    if not result.dataset.episodes_dropped:
         return "--on-invalid drop: no invalid episodes, nothing dropped"
     reasons = "; ".join(
         f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
-        for reason, counts in result.dropped.items()
+        for reason, counts in result.dataset.dropped.items()
     )
     return (
-        f"--on-invalid drop: dropped {result.episodes_dropped:,} invalid episode(s), "
-        f"{result.steps_dropped:,} step(s), not in the estimates ({reasons})"
+        f"--on-invalid drop: dropped {result.dataset.episodes_dropped:,} invalid episode(s), "
+        f"{result.dataset.steps_dropped:,} step(s), not in the estimates ({reasons})"
     )
 
 
@@ -157,9 +159,10 @@ def _value_cell(e) -> str:
 
 def title_line(result: EvaluationResult) -> str:
     """The data, its size, and the discount with where it comes from."""
+    dataset = result.dataset
     return (
-        f"{result.source}: {result.episodes:,} episodes, {result.steps:,} steps "
-        f"({result.layout} layout), gamma={result.gamma:g} "
+        f"{dataset.source}: {dataset.episodes:,} episodes, {dataset.steps:,} steps "
+        f"({dataset.layout} layout), gamma={result.gamma:g} "
         f"({GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)})"
     )
 
@@ -194,7 +197,7 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator")
     table.add_column("value ± std. err.", justify="right")
-    table.add_column(f"{result.confidence_level:.0%} interval", justify="right")
+    table.add_column(f"{result.confidence.level:.0%} interval", justify="right")
     table.add_column("method")
     if sets:
         table.add_column("best?", justify="center")
@@ -230,7 +233,7 @@ def _comparison_table(result: EvaluationResult) -> Table:
     table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator")
     table.add_column("difference ± std. err.", justify="right")
-    table.add_column(f"{result.confidence_level:.0%} interval", justify="right")
+    table.add_column(f"{result.confidence.level:.0%} interval", justify="right")
     table.add_column("P(better)", justify="right")
     compared = [p for p in result.results if p.comparison is not None]
     for i, policy in enumerate(compared):
@@ -331,13 +334,13 @@ def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]
     ranks = rank_policies(result, rank_by)
     labels = {p.policy: p.shown for p in result.results}
     for warning in run_warnings(result, ranks, rank_by):
-        if warning.code == ASYMPTOTIC_INTERVALS and result.interval != "betting":
+        if warning.code == ASYMPTOTIC_INTERVALS and result.confidence.interval != "betting":
             continue  # the "intervals:" line says it
         message = warning.message
         if warning.policy is not None:  # the policy as the tables call it
             message = message.replace(f"{warning.policy}: ", f"{labels[warning.policy]}: ", 1)
         lines.append((f"warning: {message}", "yellow"))
-    lines.append((f"intervals: {result.confidence_method}", "dim"))
+    lines.append((f"intervals: {result.confidence.method}", "dim"))
     if result.behavior is not None:
         lines.append((result.behavior.describe(), "dim"))
     several = len(result.results) > 1
@@ -364,7 +367,7 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
         console.print(_comparison_table(result))
     if result.selection:
         console.print(_selection_table(result))
-    if result.on_invalid == "drop":
+    if result.dataset.on_invalid == "drop":
         console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
     console.print(_diagnostics_table(result))
     console.print(_histogram_table(result))

@@ -121,12 +121,13 @@ def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
 def gamma_warning(result: EvaluationResult) -> Warning | None:
     """gamma = 1 by default (neither --gamma nor the data gave one) on episodes long enough
     for the discount to change their returns."""
-    if result.gamma_source != "default" or result.max_length < GAMMA_MATTERS_FROM_STEPS:
+    longest = result.dataset.max_length
+    if result.gamma_source != "default" or longest < GAMMA_MATTERS_FROM_STEPS:
         return None
     return Warning(
         GAMMA_DEFAULT,
         f"gamma is 1, the default: neither --gamma nor the data's metadata gives a "
-        f"discount, so returns of up to {result.max_length:,} steps are summed undiscounted. "
+        f"discount, so returns of up to {longest:,} steps are summed undiscounted. "
         'If the policies are meant with a discount, pass --gamma (or declare "gamma" in '
         "the data's ope metadata).",
     )
@@ -135,8 +136,8 @@ def gamma_warning(result: EvaluationResult) -> Warning | None:
 def asymptotic_warning(result: EvaluationResult) -> Warning | None:
     """Intervals that rest on a normal approximation or a bootstrap (not finite-sample):
     the run's method, or under betting the estimators betting does not apply to."""
-    if result.interval != "betting":
-        return Warning(ASYMPTOTIC_INTERVALS, f"intervals: {result.confidence_method}")
+    if result.confidence.interval != "betting":
+        return Warning(ASYMPTOTIC_INTERVALS, f"intervals: {result.confidence.method}")
     methods = {n: m for p in result.results for n, m in p.ci_methods.items() if m}
     asymptotic = [name for name, method in methods.items() if method != "betting"]
     if not asymptotic:
@@ -184,7 +185,7 @@ def run_warnings(
     warnings = [w for w in run if w is not None]
     warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
     for policy in result.results:
-        warnings.extend(policy_warnings(policy, result.episodes))
+        warnings.extend(policy_warnings(policy, result.dataset.episodes))
     if ranks is not None and rank_by is not None:
         warnings.extend(ranking_warnings(result, ranks, rank_by))
     return warnings

@@ -25,7 +25,7 @@ from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
-from ope_cli.models.q_models.fitting import fit_q
+from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.outputs import refuse_existing
 
 
@@ -141,12 +141,14 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     fit = fit_q(
         episodes.with_checks(functools.partial(chunk_checks, policy)),
         policy,
-        model=model,
-        gamma=gamma,
-        ridge=config.ridge,
-        seed=config.seed,
-        n_actions=n_actions,
-        discrete=schema.action_kind == "discrete",
+        FitSettings(
+            model,
+            gamma,
+            ridge=config.ridge,
+            seed=config.seed,
+            n_actions=n_actions,
+            discrete=schema.action_kind == "discrete",
+        ),
     )
     write_q_checkpoint(config.out, fit.arrays[0])
     d = fit.diagnostics

@@ -159,35 +159,41 @@ def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float]:
     return mean, math.sqrt(variance / n)
 
 
-def fit_q(  # noqa: PLR0913 - the data, the policy and the fit's settings, keyword-only
-    chunks: Iterable[EpisodeChunk],
-    policy: Policy,
-    *,
-    model: str,
-    gamma: float,
-    folds: int = 1,
-    collectives=None,
-    ridge: float | None = None,
-    seed: int = 0,
-    n_actions: int | None = None,
-    discrete: bool | None = None,
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+    """How ``fit_q`` fits: the Q ``model``, the discount, the cross-fitting ``folds``, the
+    ridge penalty (None: the model's default) and seed; ``n_actions``: default
+    ``policy.n_actions`` (needed for the linear and mlp models over discrete actions);
+    ``discrete``: whether the actions are integers (default: ``policy.discrete``, else
+    integers)."""
+
+    model: str
+    gamma: float
+    folds: int = 1
+    ridge: float | None = None
+    seed: int = 0
+    n_actions: int | None = None
+    discrete: bool | None = None
+
+
+def fit_q(
+    chunks: Iterable[EpisodeChunk], policy: Policy, settings: FitSettings, *, collectives=None
 ) -> QFit:
-    """Fits pi_e's Q on ``chunks`` (one pass) with ``model``; with ``folds`` > 1, once per
-    fold k on every other fold (cross-fitting, folds by episode-id hash as the kernel's
-    ``ids.fold_index``). ``n_actions``: default ``policy.n_actions`` (needed for the
-    linear and mlp models over discrete actions); ``discrete``: whether the actions are
-    integers (default: ``policy.discrete``, else integers). Raises OpeError."""
+    """Fits pi_e's Q on ``chunks`` (one pass) with ``settings.model``; with ``folds`` > 1,
+    once per fold k on every other fold (cross-fitting, folds by episode-id hash as the
+    kernel's ``ids.fold_index``). Raises OpeError."""
     started = time.perf_counter()
+    model, folds, seed = settings.model, settings.folds, settings.seed
     check_q_model_name(model)
-    n_actions = n_actions or policy.n_actions
-    discrete = (policy.discrete is not False) if discrete is None else discrete
+    n_actions = settings.n_actions or policy.n_actions
+    discrete = (policy.discrete is not False) if settings.discrete is None else settings.discrete
     q_model = make_q_model(
         model,
         policy,
         discrete=discrete,
-        gamma=gamma,
+        gamma=settings.gamma,
         folds=folds,
-        ridge=ridge,
+        ridge=settings.ridge,
         seed=seed,
         n_actions=n_actions,
     )
