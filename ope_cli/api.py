@@ -68,7 +68,7 @@ GROUPS: dict[str, tuple[type, dict[str, str]]] = {
     ),
     "q": (
         QConfig,
-        {"q": "sources", "cross_fit": "cross_fit", "q_model": "model", "v_samples": "v_samples"},
+        {"q": "sources", "cross_fit": "cross_fit", "v_samples": "v_samples"},
     ),
     "intervals": (
         IntervalConfig,

@@ -72,15 +72,14 @@ class QConfig:
 
     Attributes:
       sources: one for every policy or one per policy; checkpoint, entry point or "fit"
-        (fitted Q evaluation in the run, cross-fitted over ``cross_fit`` folds).
+        (fitted Q evaluation in the run, cross-fitted over ``cross_fit`` folds; "fit:MODEL"
+        names the fit-q model, else the data's default).
       cross_fit: the folds of a fitted Q.
-      model: --q fit: the fit-q model (None: the data's default).
       v_samples: continuous actions: draws from pi_e per V-hat(s).
     """
 
     sources: tuple[str, ...] = ()
     cross_fit: int = 2
-    model: str | None = None
     v_samples: int = 16
 
 

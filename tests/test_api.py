@@ -133,6 +133,10 @@ def test_unknown_keywords_are_refused_by_name():
         ope_cli.evaluate("logs.parquet", gama=0.9)
     with pytest.raises(ope_cli.UsageError, match="unknown option 'batch_steps'"):
         ope_cli.inspect("logs.parquet", batch_steps=4096)
+    # the fit-q model is named in the source (q=["fit:mlp"]); a keyword that nothing read
+    # would have fitted the default model without a word
+    with pytest.raises(ope_cli.UsageError, match="unknown option 'q_model'"):
+        ope_cli.evaluate("logs.parquet", q=["fit"], q_model="mlp")
 
 
 def test_inspect_takes_keywords_and_gives_the_json_document():
