@@ -24,10 +24,12 @@ from ope_cli.estimation.estimators.base import (
     BETTING_VARIABLES,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
+    BatchStatistics,
     Context,
     Grouped,
     Sum,
     Sums,
+    group_total,
     sum_spec,
     sums_of,
 )
@@ -37,43 +39,12 @@ from ope_cli.estimation.intervals import INTERVALS, betting_intervals, bootstrap
 __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
 
 
-class Accumulator(NamedTuple):
-    """Float64 running statistics of one policy over every batch seen so far; the fields of
-    ``estimators.reduction.BatchStatistics`` (a pytree: dicts keyed by sum or scale name).
-
-    The per-step arrays have length L, the longest bucket seen. For t >= L every episode
-    has ended (``extend`` lengthens them by each StepSum's ``after_end``).
-    """
-
-    log_scales: dict[str, float]
-    pivots: dict[str, float]
-    sums: dict[str, np.ndarray]  # [K] or [K, m + 1]
-    replicate_sums: dict[str, np.ndarray]  # [R] or [R, m + 1]
-    step_log_scales: dict[str, np.ndarray]  # [K, L]
-    step_sums: dict[str, np.ndarray]  # [K, L]
-    replicate_step_log_scales: dict[str, np.ndarray]  # [L]
-    replicate_step_sums: dict[str, np.ndarray]  # [R, L]
-    log_weight_histogram: np.ndarray  # [HISTOGRAM_BINS + 2]
-    betting_histogram: np.ndarray  # [4, BETTING_BINS + 1] ([4, 0] without betting intervals)
-
-    def total(self, name: str) -> float:
-        """A scalar sum over every group (moment 0 of a centred one)."""
-        value = _group_total(self.sums[name])
-        return float(value if value.ndim == 0 else value[0])
-
-    @property
-    def length(self) -> int:
-        """L, the length of the per-step arrays."""
-        return _length(self)
+# The merged statistics of one policy (float64 host arrays) are the kernel's own record.
+Accumulator = BatchStatistics
 
 
 def _length(acc: Accumulator) -> int:
-    return max((x.shape[-1] for x in acc.step_log_scales.values()), default=0)
-
-
-def _group_total(x_k: np.ndarray) -> np.ndarray:
-    """Sum over groups (axis 0), row after row."""
-    return x_k[:, None].sum(axis=0)[0] if x_k.ndim == 1 else x_k.sum(axis=0)
+    return acc.length
 
 
 def from_batch(batch) -> Accumulator:
@@ -362,7 +333,7 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
             scale = sum_spec(name).scale.name
             step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
         return Sums(
-            {k: _group_total(v[groups]) for k, v in acc.sums.items()},
+            {k: group_total(v[groups]) for k, v in acc.sums.items()},
             acc.log_scales,
             acc.pivots,
             step_sums,

@@ -442,3 +442,43 @@ def sums_of(estimators: tuple[str, ...]) -> tuple[Sum | StepSum, ...]:
     for name in estimators:
         specs.update((spec.name, spec) for spec in get(name).sums)
     return tuple(specs.values())
+
+
+class BatchStatistics(NamedTuple):
+    """Sufficient statistics of a set of episodes for one policy: one batch's, as the
+    kernel returns them (device arrays), or every batch's so far, merged in float64 on the
+    host (``stats.Accumulator`` is this record: ``stats.from_batch``, ``stats.merge``).
+
+    Every sum is kept per resampling group, so later resampling (jackknife over groups)
+    needs no second pass. Dicts are keyed by sum (or scale) name; a pytree. The per-step
+    arrays span T steps: a batch's windows side by side, or on the host the longest
+    bucket seen (for t >= T every episode has ended; ``stats.extend`` lengthens them by
+    each StepSum's ``after_end``). On the host a scalar log scale or pivot is a float, and
+    P stacked policies' statistics have a leading [P] axis on every leaf.
+    """
+
+    log_scales: dict[str, Any]  # scalar scale -> [] max over episodes of its log scale
+    pivots: dict[str, Any]  # scalar scale with a pivot -> [] the batch's pivot
+    sums: dict[str, Any]  # Sum -> [K] (or [K, m + 1] with moments)
+    replicate_sums: dict[str, Any]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
+    step_log_scales: dict[str, Any]  # per-step scale -> [K, T] max over a group
+    step_sums: dict[str, Any]  # StepSum -> [K, T]
+    replicate_step_log_scales: dict[str, Any]  # per-step scale -> [T] max over the batch
+    replicate_step_sums: dict[str, Any]  # StepSum -> [R, T]
+    log_weight_histogram: Any  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
+    betting_histogram: Any  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
+
+    def total(self, name: str) -> float:
+        """A scalar sum over every group (moment 0 of a centred one); host arrays."""
+        value = group_total(self.sums[name])
+        return float(value if value.ndim == 0 else value[0])
+
+    @property
+    def length(self) -> int:
+        """T, the length of the per-step arrays."""
+        return max((x.shape[-1] for x in self.step_log_scales.values()), default=0)
+
+
+def group_total(x_k):
+    """Sum over groups (axis 0) of host arrays, row after row."""
+    return x_k[:, None].sum(axis=0)[0] if x_k.ndim == 1 else x_k.sum(axis=0)

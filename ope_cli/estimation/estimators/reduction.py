@@ -26,6 +26,7 @@ from ope_cli.estimation.estimators.base import (
     BETTING_VARIABLES,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
+    BatchStatistics,
     StepSum,
     Sum,
     Trajectory,
@@ -58,26 +59,6 @@ class ScalarStatistics(NamedTuple):
     pivots: dict[str, jax.Array]  # scalar scale with a pivot -> [] the batch's pivot
     sums: dict[str, jax.Array]  # Sum -> [K] (or [K, m + 1] with moments)
     replicate_sums: dict[str, jax.Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
-    log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
-    betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
-
-
-class BatchStatistics(NamedTuple):
-    """Sufficient statistics of one batch for one policy; merged across batches in ``stats``.
-
-    Every sum is kept per resampling group, so later resampling (jackknife over groups)
-    needs no second pass. Dicts are keyed by sum (or scale) name; a pytree. The per-step
-    arrays span the batch's T steps (its windows side by side).
-    """
-
-    log_scales: dict[str, jax.Array]  # scalar scale -> [] max over episodes of its log scale
-    pivots: dict[str, jax.Array]  # scalar scale with a pivot -> [] the batch's pivot
-    sums: dict[str, jax.Array]  # Sum -> [K] (or [K, m + 1] with moments)
-    replicate_sums: dict[str, jax.Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
-    step_log_scales: dict[str, jax.Array]  # per-step scale -> [K, T] max over a group
-    step_sums: dict[str, jax.Array]  # StepSum -> [K, T]
-    replicate_step_log_scales: dict[str, jax.Array]  # per-step scale -> [T] max over the batch
-    replicate_step_sums: dict[str, jax.Array]  # StepSum -> [R, T]
     log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
     betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
