@@ -22,8 +22,9 @@ KEEP_FREED_MEMORY = {-3: 64 << 20, -1: 256 << 20, -2: 64 << 20}  # MMAP_, TRIM_,
 
 def keep_freed_memory() -> bool:
     """Sets KEEP_FREED_MEMORY with glibc's ``mallopt``; False where there is none."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError, TypeError):  # not glibc, or no C library to open
         return False
     return all(mallopt(option, value) == 1 for option, value in KEEP_FREED_MEMORY.items())
 
