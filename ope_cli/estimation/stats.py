@@ -43,10 +43,6 @@ __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
 Accumulator = BatchStatistics
 
 
-def _length(acc: Accumulator) -> int:
-    return acc.length
-
-
 def from_batch(batch) -> Accumulator:
     """One batch's statistics for one policy (a BatchStatistics of device or NumPy arrays)
     as float64; for P stacked policies (every leaf with a leading [P] axis), a stacked
@@ -130,7 +126,7 @@ def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
 
 def extend(acc: Accumulator, length: int) -> Accumulator:
     """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
-    extra = length - _length(acc)
+    extra = length - acc.length
     if extra <= 0:
         return acc
     return acc._replace(
@@ -167,8 +163,8 @@ def _merge_scalar(a: Accumulator, b: Accumulator):
     log_scales, factors, pivots, deltas = {}, {}, {}, {}
     for name in {**a.log_scales, **b.log_scales}:
         la, lb = a.log_scales.get(name, -math.inf), b.log_scales.get(name, -math.inf)
-        log_scales[name] = _scalar_like(np.maximum(la, lb))
-        factors[name] = (rescale(la, log_scales[name]), rescale(lb, log_scales[name]))
+        larger, *factors[name] = to_larger(la, lb)
+        log_scales[name] = _scalar_like(larger)
         if name in a.pivots or name in b.pivots:
             ca, cb = a.pivots.get(name, 0.0), b.pivots.get(name, 0.0)
             # The heavier side keeps its pivot (ties: the smaller, so merge commutes); a
@@ -232,7 +228,7 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
 
 def _empty(acc: Accumulator) -> bool:
     """Whether ``acc`` is ``init``'s: no episode, no step."""
-    return _length(acc) == 0 and not np.any(acc.sums["count"])
+    return acc.length == 0 and not np.any(acc.sums["count"])
 
 
 def merge(a: Accumulator, b: Accumulator) -> Accumulator:
@@ -241,7 +237,7 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         return b
     if _empty(b) and set(a.sums) == set(b.sums):
         return a
-    length = max(_length(a), _length(b))
+    length = max(a.length, b.length)
     a, b = extend(a, length), extend(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
     step = _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)

@@ -457,16 +457,16 @@ class BatchStatistics(NamedTuple):
     P stacked policies' statistics have a leading [P] axis on every leaf.
     """
 
-    log_scales: dict[str, Any]  # scalar scale -> [] max over episodes of its log scale
-    pivots: dict[str, Any]  # scalar scale with a pivot -> [] the batch's pivot
-    sums: dict[str, Any]  # Sum -> [K] (or [K, m + 1] with moments)
-    replicate_sums: dict[str, Any]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
-    step_log_scales: dict[str, Any]  # per-step scale -> [K, T] max over a group
-    step_sums: dict[str, Any]  # StepSum -> [K, T]
-    replicate_step_log_scales: dict[str, Any]  # per-step scale -> [T] max over the batch
-    replicate_step_sums: dict[str, Any]  # StepSum -> [R, T]
-    log_weight_histogram: Any  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
-    betting_histogram: Any  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
+    log_scales: dict[str, Array]  # scalar scale -> [] max over episodes of its log scale
+    pivots: dict[str, Array]  # scalar scale with a pivot -> [] the batch's pivot
+    sums: dict[str, Array]  # Sum -> [K] (or [K, m + 1] with moments)
+    replicate_sums: dict[str, Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
+    step_log_scales: dict[str, Array]  # per-step scale -> [K, T] max over a group
+    step_sums: dict[str, Array]  # StepSum -> [K, T]
+    replicate_step_log_scales: dict[str, Array]  # per-step scale -> [T] max over the batch
+    replicate_step_sums: dict[str, Array]  # StepSum -> [R, T]
+    log_weight_histogram: Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
+    betting_histogram: Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
 
     def total(self, name: str) -> float:
         """A scalar sum over every group (moment 0 of a centred one); host arrays."""
