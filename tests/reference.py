@@ -137,13 +137,12 @@ def _ratio(num: float, den: float) -> float | None:
 
 def _wpdis(log_w: np.ndarray, reward: np.ndarray, discount: np.ndarray) -> float | None:
     """sum_t gamma^t (sum_i W_it r_it) / (sum_i W_it) over padded [n, T_max] arrays."""
-    total = 0.0
-    for t in range(log_w.shape[1]):
-        m_t = float(log_w[:, t].max())
-        if m_t == -np.inf:  # every weight is zero from here on: 0/0
-            return None
-        w_t = np.exp(log_w[:, t] - m_t)
-        total += float(discount[t]) * float(w_t @ reward[:, t]) / float(w_t.sum())
+    m_t = log_w.max(axis=0)  # [T_max]
+    if np.any(m_t == -np.inf):  # every weight is zero from some step on: 0/0
+        return None
+    w_t = np.exp(log_w - m_t)  # [n, T_max]
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.sum(discount * np.sum(w_t * reward, axis=0) / np.sum(w_t, axis=0)))
     return total if math.isfinite(total) else None
 
 
