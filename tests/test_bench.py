@@ -65,6 +65,8 @@ def tiny_bench(tmp_path_factory):
             "--out",
             str(out),
             "--quiet",
+            "--rounds",
+            "1",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -78,6 +80,10 @@ def test_bench_json_has_every_measurement(tiny_bench):
         assert entry["steps_per_second"] > 0, name
         assert entry["seconds"] > 0, name
     assert result["measurements"]["loop"]["extrapolated"] is True
+    # --rounds 1: each measurement timed once, in process and as whole warm processes
+    assert result["measurements"]["kernel"]["runs"] == 1
+    assert result["runtime"]["timing"] == "each measurement's fastest of 1 interleaved runs"
+    assert "warm: fastest of 1," in result["policies"]["processes"]["method"]
     assert result["dataset"]["episodes"] == 40
     assert result["dataset"]["steps"] == result["padding"]["real_steps"]
     for name in ("kernel_over_numpy", "kernel_over_loop", "end_to_end_over_io_floor"):

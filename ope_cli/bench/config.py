@@ -37,6 +37,8 @@ class BenchConfig:
       loop_episodes: episodes the Python loop runs on (then extrapolated).
       out: directory for generated files (default: a temporary directory, removed after).
       batching: read and batch sizes, as ``ope evaluate``'s.
+      rounds: timed runs of every measurement (in process, and whole warm processes and
+        floors); the fastest of each counts.
     """
 
     data: str | None = None
@@ -50,6 +52,7 @@ class BenchConfig:
     loop_episodes: int = DEFAULT_LOOP_EPISODES
     out: str | None = None
     batching: BatchingConfig = BatchingConfig()
+    rounds: int = ROUNDS
 
 
 def evaluate_command(data: str, checkpoint: str, batching: BatchingConfig) -> list[str]:

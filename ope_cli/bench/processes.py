@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ope_cli.bench.config import Progress, evaluate_command
+from ope_cli.bench.config import BenchConfig, Progress, evaluate_command
 from ope_cli.bench.data import generate_data
 from ope_cli.config import BatchingConfig
 
@@ -64,22 +64,23 @@ def measure_processes(
     data: str,
     columns: list[str],
     checkpoints: tuple[str, str],
-    batching: BatchingConfig,
-    seed: int,
+    config: BenchConfig,
     progress: Progress,
 ) -> dict:
     """Wall times of whole processes; every ``ope evaluate`` shares one compilation cache,
-    empty at first, in ``directory`` (the one with a Q checkpoint has its own).
-    ``checkpoints``: (a policy, a Q checkpoint for it)."""
+    empty at first, in ``directory`` (the one with a Q checkpoint has its own); floors and
+    warm runs: the fastest of ``config.rounds``. ``checkpoints``: (a policy, a Q checkpoint
+    for it)."""
     checkpoint, q = checkpoints
+    batching, rounds = config.batching, config.rounds
     cache = directory / "process-cache"
     env = dict(os.environ, OPE_CACHE_DIR=str(cache))
     progress("whole processes: the import jax floor and the pyarrow read floor")
-    floor = _best_of(3, [sys.executable, "-c", FLOOR_CODE], env)
+    floor = _best_of(rounds, [sys.executable, "-c", FLOOR_CODE], env)
     pyarrow_seconds = _best_of(
-        3, [sys.executable, "-c", PYARROW_CODE, data, ",".join(columns)], env
+        rounds, [sys.executable, "-c", PYARROW_CODE, data, ",".join(columns)], env
     )
-    pyarrow_floor = _best_of(3, [sys.executable, "-c", PYARROW_FLOOR_CODE], env)
+    pyarrow_floor = _best_of(rounds, [sys.executable, "-c", PYARROW_FLOOR_CODE], env)
     progress("whole processes: ope evaluate with an empty compilation cache")
     cold = _evaluate(data, checkpoint, batching, env)
     progress("whole processes: ope evaluate --q CKPT with another empty cache")
@@ -87,10 +88,10 @@ def measure_processes(
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     progress("whole processes: ope evaluate with the warm cache")
     warm = min(
-        (_evaluate(data, checkpoint, batching, env) for _ in range(2)),
+        (_evaluate(data, checkpoint, batching, env) for _ in range(rounds)),
         key=lambda run: run["seconds"],
     )
-    other, bandit = _other_data(directory, checkpoint, batching, env, seed, progress)
+    other, bandit = _other_data(directory, checkpoint, config, env, progress)
     read = pyarrow_seconds - pyarrow_floor
     return {
         "import_jax_floor_seconds": floor,
@@ -112,15 +113,12 @@ def measure_processes(
 
 
 def _other_data(
-    directory: Path,
-    checkpoint: str,
-    batching: BatchingConfig,
-    env: dict,
-    seed: int,
-    progress: Progress,
+    directory: Path, checkpoint: str, config: BenchConfig, env: dict, progress: Progress
 ) -> tuple[dict, dict]:
     """``ope evaluate`` on the warm cache of another dataset (other lengths) and of a
-    bandit log (best of 3, its shape compiled first), each with its step count."""
+    bandit log (the fastest of ``config.rounds``, its shape compiled first), each with its
+    step count."""
+    batching, seed = config.batching, config.seed
     rng = np.random.default_rng([seed, 9])
     other_path = directory / "other_lengths.parquet"
     other_lengths = rng.integers(2, 120, size=3_000)  # uniform, not long-tailed
@@ -132,7 +130,7 @@ def _other_data(
     progress(f"whole processes: a {BANDIT_STEPS:,}-step bandit log")
     _evaluate(str(bandit_path), checkpoint, batching, env)  # its shape into the cache
     bandit = min(
-        (_evaluate(str(bandit_path), checkpoint, batching, env) for _ in range(3)),
+        (_evaluate(str(bandit_path), checkpoint, batching, env) for _ in range(config.rounds)),
         key=lambda run: run["seconds"],
     )
     for path in (other_path, bandit_path):
@@ -141,12 +139,12 @@ def _other_data(
 
 
 def measure_many_policies(
-    directory: Path, data: str, checkpoints: list[str], batching: BatchingConfig, progress: Progress
+    directory: Path, data: str, checkpoints: list[str], config: BenchConfig, progress: Progress
 ) -> dict:
     """``ope evaluate DATA --policy c1 ... --policy cK`` beside the same with ``c1`` alone, as
     whole processes: each first with its own empty compilation cache (the first run, which
-    compiles), then warm, alternating, the fastest of two each."""
-    k = len(checkpoints)
+    compiles), then warm, alternating, the fastest of ``config.rounds`` each."""
+    k, batching = len(checkpoints), config.batching
     runs = {1: checkpoints[:1], k: checkpoints}
     caches = {n: directory / f"process-cache-{n}-policies" for n in runs}
 
@@ -159,7 +157,7 @@ def measure_many_policies(
     cold = {n: evaluate(n) for n in runs}
     progress(f"whole processes: ope evaluate with {k} policies and with 1, warm caches")
     warm = {n: [] for n in runs}
-    for _ in range(2):
+    for _ in range(config.rounds):
         for n in runs:
             warm[n].append(evaluate(n))
     warm = {n: min(each, key=lambda run: run["seconds"]) for n, each in warm.items()}
@@ -172,6 +170,6 @@ def measure_many_policies(
         "cold_cache_seconds_k": cold[k]["seconds"],
         "cold_cache_ratio": cold[k]["seconds"] / cold[1]["seconds"],
         "method": "wall time of whole ope evaluate processes, K policies / 1 on the same "
-        "data; cold: each with its own empty compilation cache; warm: fastest of two, "
-        "alternating",
+        f"data; cold: each with its own empty compilation cache; warm: fastest of "
+        f"{config.rounds}, alternating",
     }

@@ -23,7 +23,7 @@ import jax
 from ope_cli import runtime
 from ope_cli._version import __version__
 from ope_cli.bench.batches import describe_batches, host_batches, open_source
-from ope_cli.bench.config import BENCH_SCHEMA_VERSION, ROUNDS, BenchConfig, Progress
+from ope_cli.bench.config import BENCH_SCHEMA_VERSION, BenchConfig, Progress
 from ope_cli.bench.data import (
     behavior_params,
     generate_data,
@@ -161,7 +161,7 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
             "jax": jax.__version__,
             "cpus": os.cpu_count(),
             "load_average": {"start": load_before, "end": _load_average()},
-            "timing": f"each measurement's fastest of {ROUNDS} interleaved runs",
+            "timing": f"each measurement's fastest of {config.rounds} interleaved runs",
             "bench_seconds": time.perf_counter() - started,
         },
         "batching": _batching(config.batching, batch_count, bucketer),
@@ -190,14 +190,13 @@ def _other_measurements(
             source.source,
             list(source.schema.read_columns),
             (checkpoints[0], q),
-            config.batching,
-            config.seed,
+            config,
             progress,
         )
     m["many_processes"] = None
     if config.processes and config.policies > 1:
         m["many_processes"] = measure_many_policies(
-            directory, source.source, checkpoints, config.batching, progress
+            directory, source.source, checkpoints, config, progress
         )
     m["memory"] = None
     if config.memory:
@@ -228,7 +227,7 @@ def _time_trials(
     mesh,
     progress: Progress,
 ) -> tuple[dict, object]:
-    """Prepares every trial (first runs compile), times them ROUNDS times interleaved;
+    """Prepares every trial (first runs compile), times them ``config.rounds`` times interleaved;
     returns (measurements by name, the first ``ope evaluate`` result)."""
     batches, bucketer, max_length = padded
     checkpoints, q = checkpoints_and_q
@@ -270,8 +269,8 @@ def _time_trials(
         )
         trials["end_to_end_many"], _ = prepare_end_to_end(path, many, precision, config.batching)
     trials["numpy"] = prepare_numpy(batches, one[0], real, max_length)
-    progress(f"timing everything, {ROUNDS} interleaved rounds")
-    m = time_interleaved(trials, ROUNDS)
+    progress(f"timing everything, {config.rounds} interleaved rounds")
+    m = time_interleaved(trials, config.rounds)
     m["kernel"]["padded_steps_per_second"] = rate(
         m["kernel"]["padded_steps"], m["kernel"]["seconds"]
     )

@@ -16,6 +16,7 @@ from ope_cli.bench.config import (
     DEFAULT_LOOP_EPISODES,
     DEFAULT_MEMORY_STEPS,
     MEMORY_FACTOR,
+    ROUNDS,
     BenchConfig,
 )
 from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
@@ -62,6 +63,14 @@ Out = Annotated[
     str | None,
     typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
 ]
+Rounds = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Timed runs of every measurement, in process and of whole warm processes; "
+        "the fastest counts (1: quickest, noisiest).",
+    ),
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 Processes = Annotated[
     bool,
@@ -93,6 +102,7 @@ def bench_command(
     quiet: Quiet = False,
     batching: BatchingConfig,  # the "Batching" panel
     processes: Processes = True,
+    rounds: Rounds = ROUNDS,
 ) -> None:
     """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
     evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
@@ -123,6 +133,7 @@ def bench_command(
         loop_episodes=loop_episodes,
         out=out,
         batching=batching,
+        rounds=rounds,
     )
     stderr = Console(stderr=True)
     if quiet or not stderr.is_terminal:
