@@ -1175,8 +1175,17 @@ def test_every_command_and_option_has_help_and_an_example():
     assert all(getattr(p, "help", None) for p in root.params), root.params
     for name, command in root.commands.items():
         assert command.help and "ope " + name in command.help, f"{name}: no example in its help"
+        # help is rich markup: an unescaped "[word ...]" would vanish from --help
+        assert _shown(command.help) == command.help.replace("\\[", "["), name
         for param in command.params:
             assert getattr(param, "help", None), f"ope {name}: {param.name} has no help text"
+            assert _shown(param.help) == param.help.replace("\\[", "["), (name, param.name)
+
+
+def _shown(markup: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(markup).plain
 
 
 # ope evaluate's options in --help order: option groups (cli/groups.py) must keep each
@@ -1201,7 +1210,7 @@ def test_option_groups_keep_every_option_in_its_place():
     assert [p.name for p in commands["evaluate"].params] == EVALUATE_OPTIONS
     bench = [p.name for p in commands["bench"].params]
     assert bench[4:6] == ["precision", "output_format"]
-    assert bench[-4:] == ["read_rows", "batch_steps", "min_bucket", "processes"]
+    assert bench[-5:] == ["read_rows", "batch_steps", "min_bucket", "processes", "rounds"]
 
 
 def test_an_option_group_reaches_the_command_as_one_object():

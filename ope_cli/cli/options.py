@@ -233,7 +233,7 @@ ReadRows = Annotated[
 BatchSteps = Annotated[
     int,
     typer.Option(
-        help="Cells ([lanes, steps]) of a kernel window; episodes are walked in windows of a "
+        help="Cells (lanes × steps) of a kernel window; episodes are walked in windows of a "
         "few fixed shapes made from it.",
         rich_help_panel=BATCHING_PANEL,
     ),
