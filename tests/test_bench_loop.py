@@ -24,7 +24,7 @@ from reference import reference_estimates
 from ope_cli.bench import loop
 
 ESTIMATORS = ("is", "wis", "pdis", "wpdis")
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "is_loop.py"
+EXAMPLE = Path(__file__).resolve().parent.parent / "studies" / "is_loop.py"
 
 
 @pytest.mark.parametrize("kind", ["linear_softmax", "tabular"])

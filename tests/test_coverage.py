@@ -1,4 +1,4 @@
-"""Coverage of the confidence intervals against ground truth (examples/coverage.py).
+"""Coverage of the confidence intervals against ground truth (studies/coverage.py).
 
 400 independent datasets of 300 `chain` episodes (heavy-tailed weights: ESS ~10-15%) are
 generated in one JAX rollout and evaluated as one vmapped computation. The default interval
@@ -27,7 +27,7 @@ DATASETS, EPISODES, GAMMA = 400, 300, 0.95
 
 def _coverage_module():
     spec = importlib.util.spec_from_file_location(
-        "ope_coverage_example", ROOT / "examples" / "coverage.py"
+        "ope_coverage_study", ROOT / "studies" / "coverage.py"
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes

@@ -120,3 +120,34 @@ def test_no_noqa_for_long_argument_lists_outside_the_cli():
         if "noqa: PLR0913" in line
     ]
     assert not found, "noqa: PLR0913 (pass a record instead): " + ", ".join(found)
+
+
+def ope_cli_imports(path: Path) -> set[str]:
+    """What ``path`` takes from ``ope_cli``: "ope_cli" for ``import ope_cli``, the module
+    for any deeper import, "ope_cli:NAME" for ``from ope_cli import NAME``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "ope_cli")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ope_cli":
+            if node.module == "ope_cli":
+                found.update(f"ope_cli:{alias.name}" for alias in node.names)
+            else:
+                found.add(node.module)
+    return found
+
+
+def test_ope_cli_imports_sees_internals(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text("import ope_cli\nfrom ope_cli import evaluate\nfrom ope_cli.data import steps")
+    assert ope_cli_imports(path) == {"ope_cli", "ope_cli:evaluate", "ope_cli.data"}
+
+
+def test_examples_use_only_the_public_api():
+    """examples/ is what a user writes: ``import ope_cli`` and the names of ``__all__``;
+    measurements that reach inside the package live in studies/."""
+    public = {"ope_cli", *(f"ope_cli:{name}" for name in ope_cli.__all__)}
+    examples = sorted((PACKAGE.parent / "examples").glob("*.py"))
+    assert examples
+    for path in examples:
+        assert ope_cli_imports(path) <= public, (path.name, ope_cli_imports(path) - public)

@@ -5,7 +5,7 @@ One episode at a time, one step at a time: pi_e(a|s) from a ``tabular`` or
 then IS, WIS, PDIS and WPDIS. This is the readable baseline ``ope bench`` compares
 against (it ships inside the package, so an installed ``ope bench`` measures it too);
 it multiplies ratios naively, so very long episodes can over/underflow.
-``examples/is_loop.py`` runs it from the command line.
+``studies/is_loop.py`` runs it from the command line.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def _measurements_table(result: dict) -> Table:
         else "-"
     )
     rows = [
-        ("python loop (examples/is_loop.py)", loop, loop_time, loop.get("note", "")),
+        ("python loop (studies/is_loop.py)", loop, loop_time, loop.get("note", "")),
         (
             "numpy twin, float64",
             m["numpy"],

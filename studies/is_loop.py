@@ -7,7 +7,7 @@ against; its code ships inside the package (``ope_cli/bench/loop.py``, read it t
 that an installed ``ope bench`` measures it too. It multiplies ratios naively, so very
 long episodes can over/underflow.
 
-    python examples/is_loop.py DATA.parquet CKPT.npz [--gamma G]
+    python studies/is_loop.py DATA.parquet CKPT.npz [--gamma G]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ statistics (``ope_cli.estimation.kernel.policy_group_statistics``) are vmapped o
 datasets, and each dataset's statistics are finalised with every interval method
 (``ope_cli.estimation.stats.finalize``). The README's coverage table comes from:
 
-    python examples/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
+    python studies/coverage.py            # chain, 400 datasets of 300 episodes, gamma 0.95
 
 It prints a Markdown table of coverage and mean width per method and estimator; ``--json``
 prints the raw numbers.

@@ -2,7 +2,7 @@
 and a Minari dataset (HDF5 and Arrow storage): the source alone (the record batches of the
 columns ``ope evaluate`` reads) and ``ope evaluate`` end to end. No test runs it:
 
-    python examples/bench_sources.py [--episodes 2000] [--median-length 100] [--repeats 3] [--s3]
+    python studies/bench_sources.py [--episodes 2000] [--median-length 100] [--repeats 3] [--s3]
 
 With ``--s3`` it also serves the Parquet file from a local S3-compatible server (moto's,
 started as a separate process; skipped when moto is not installed) and says how much of the
