@@ -5,7 +5,9 @@
 - jax_policy.py: a plain-JAX MLP used as ``--policy examples.jax_policy:log_prob`` gives
   exactly the estimates of the same network as an ``mlp_softmax`` checkpoint;
 - pick_best.sh: evaluates a directory of checkpoints in one pass and picks the best one
-  from the JSON, with jq (skipped where jq is missing) and with Python's json module.
+  from the JSON, with jq (skipped where jq is missing) and with Python's json module;
+- choose_a_policy.py: the same choice from Python with the public API only, against the
+  truth that ``ope_cli.generate`` wrote.
 
 The scripts run as documented, in subprocesses; the ``ope`` commands of the Python examples
 run in this process (the same exit code and output), those of pick_best.sh as the real
@@ -164,3 +166,37 @@ def test_pick_best_without_checkpoints_is_a_usage_error(tmp_path):
     )
     assert run.returncode == 2
     assert "no .npz checkpoints" in run.stderr
+
+
+def test_choose_a_policy_ranks_candidates_with_the_public_api(tmp_path, capsys):
+    """The notebook example: five chain candidates ranked by WPDIS, each paired with the
+    behavior policy; the printed table follows the JSON document and the truth."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "choose_a_policy", EXAMPLES / "choose_a_policy.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    document, values = example.choose(tmp_path, episodes=400)
+    results = document["results"]
+    assert [r["rank"] for r in results] == [1, 2, 3, 4, 5]
+    wpdis = [r["estimates"]["wpdis"]["value"] for r in results]
+    assert wpdis == sorted(wpdis, reverse=True)
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    assert values == {Path(p["policy"]).name: p["value"] for p in truth["policies"]}
+    assert document["baseline"] == "behavior"
+    for r in results:
+        assert set(r["comparison"]) == set(r["estimates"])
+        assert isinstance(r["could_be_best"]["wpdis"], bool)
+    assert results[-1]["could_be_best"]["wpdis"] is False  # eval_4, far below the best
+    assert document["selection"]["wpdis"]["regret@1"] >= 0
+    saved, sys.argv = sys.argv, [str(EXAMPLES / "choose_a_policy.py"), str(tmp_path / "again")]
+    try:
+        example.main()  # as typed: its own data, 2,000 episodes
+    finally:
+        sys.argv = saved
+    header, *rows, regret = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["rank", "policy", "wpdis"] and regret.startswith("picking")
+    assert [row.split()[0] for row in rows] == ["1", "2", "3", "4", "5"]
+    assert sorted(row.split()[1] for row in rows) == [f"eval_{k}.npz" for k in range(5)]
