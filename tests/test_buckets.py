@@ -304,6 +304,7 @@ def fifty_length_distributions():
     return out
 
 
+@pytest.mark.slow  # a property over 50 generated datasets (~100M steps laid out)
 def test_fifty_length_distributions_use_only_the_catalogue():
     """Whatever the lengths, the window shapes are those of the fixed catalogue: a warm
     compilation cache compiles nothing for new data."""

@@ -1,4 +1,5 @@
-"""``ope evaluate --plot DIR``: real PNG files, and a usage error without matplotlib."""
+"""``ope evaluate --plot DIR``: real PNG files, and a usage error without matplotlib (a real
+process, whose imports a stub can break; the other runs are in process)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def _args(*extra):
     ]
 
 
-def test_plot_writes_png_figures(tmp_path, ope):
+def test_plot_writes_png_figures(tmp_path, ope_in_process):
     pytest.importorskip("matplotlib")
     out = tmp_path / "figures" / "run-1"  # created, parents included
-    run = ope(_args("--plot", out, "--format", "json"), cwd=tmp_path)
+    run = ope_in_process(_args("--plot", out, "--format", "json"), cwd=tmp_path)
     assert run.returncode == 0, run
     assert len(json.loads(run.stdout)["results"]) == 2  # stdout still carries only the result
     for name in FIGURES:
@@ -56,11 +57,11 @@ def test_plot_without_matplotlib_is_a_usage_error(tmp_path, ope):
     assert not (tmp_path / "figures").exists()
 
 
-def test_unwritable_plot_directory_is_a_usage_error(tmp_path, ope):
+def test_unwritable_plot_directory_is_a_usage_error(tmp_path, ope_in_process):
     pytest.importorskip("matplotlib")
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    run = ope(_args("--plot", blocker / "figures"), cwd=tmp_path)
+    run = ope_in_process(_args("--plot", blocker / "figures"), cwd=tmp_path)
     assert run.returncode == 2, run
     assert run.stdout == "" and "--plot" in run.stderr and "Traceback" not in run.stderr
 
