@@ -135,14 +135,24 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0.0 else None
 
 
-def _wpdis(log_w: np.ndarray, reward: np.ndarray, discount: np.ndarray) -> float | None:
-    """sum_t gamma^t (sum_i W_it r_it) / (sum_i W_it) over padded [n, T_max] arrays."""
+def _weighted_step_means(log_w: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+    """[T_max] sum_i W_it x_it / sum_i W_it over padded [n, T_max] arrays, each step's
+    weights shifted by their maximum; None when every weight of some step is zero (0/0)."""
     m_t = log_w.max(axis=0)  # [T_max]
-    if np.any(m_t == -np.inf):  # every weight is zero from some step on: 0/0
+    if np.any(m_t == -np.inf):
         return None
     w_t = np.exp(log_w - m_t)  # [n, T_max]
     with np.errstate(over="ignore", invalid="ignore"):
-        total = float(np.sum(discount * np.sum(w_t * reward, axis=0) / np.sum(w_t, axis=0)))
+        return np.sum(w_t * values, axis=0) / np.sum(w_t, axis=0)
+
+
+def _wpdis(log_w: np.ndarray, reward: np.ndarray, discount: np.ndarray) -> float | None:
+    """sum_t gamma^t (sum_i W_it r_it) / (sum_i W_it) over padded [n, T_max] arrays."""
+    means = _weighted_step_means(log_w, reward)
+    if means is None:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.sum(discount * means))
     return total if math.isfinite(total) else None
 
 
@@ -270,17 +280,13 @@ def reference_dr_estimates(episodes: Sequence[Episode], gamma: float) -> dict[st
     if residual_mean is not None and baseline_mean is not None:
         dr = _finite(residual_mean + baseline_mean)
 
-    residual_steps = reward - q  # [n, T_max], laid out like reward
-    wdr = 0.0
-    for t in range(log_w.shape[1]):
-        m_t, m_prev_t = float(log_w[:, t].max()), float(log_w_prev[:, t].max())
-        if m_t == -np.inf or m_prev_t == -np.inf:  # every weight is zero from here on: 0/0
-            wdr = None
-            break
-        w_t = np.exp(log_w[:, t] - m_t)  # [n] W_it / exp(m_t)
-        w_prev = np.exp(log_w_prev[:, t] - m_prev_t)  # [n] W_i,t-1 / exp(m_prev_t)
-        wdr += float(discount[t]) * float(w_t @ residual_steps[:, t]) / float(w_t.sum())
-        wdr += float(discount[t]) * float(w_prev @ v[:, t]) / float(w_prev.sum())
+    # per step: the weighted mean residual and the W_{t-1}-weighted mean baseline
+    residuals = _weighted_step_means(log_w, reward - q)
+    baselines = _weighted_step_means(log_w_prev, v)
+    wdr = None
+    if residuals is not None and baselines is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            wdr = float(np.sum(discount * residuals + discount * baselines))
 
     return {
         "dm": _finite(float(np.mean(v[:, 0]))),
