@@ -68,7 +68,7 @@ def test_study_detects_an_interval_that_undercovers(study):
     assert study["coverage"]["normal"]["is"] < study["tolerance"]
 
 
-def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
+def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many_in_process):
     """One dataset evaluated by the study's vmapped path and by `ope evaluate` gives the same
     intervals for every method (so the README's table describes the CLI's intervals)."""
     from ope_cli.config import EvaluationConfig
@@ -88,7 +88,7 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many):
     (batch,) = coverage.dataset_statistics(
         padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200, plan.betting_range
     )
-    runs = ope_many(
+    runs = ope_many_in_process(
         {
             method: {
                 "args": [

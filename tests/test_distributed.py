@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import subprocess
@@ -67,10 +68,18 @@ def run_cluster(args, num_processes, cwd, timeout=60):
     return [(p.returncode, *output) for p, output in zip(processes, outputs, strict=True)]
 
 
+_SINGLE: dict[tuple, dict] = {}  # one-process references, shared by the tests that need one
+
+
 def single(args, cwd):
-    done = run_ope(["evaluate", *args], cwd=cwd)
-    assert done.returncode == 0, done
-    return json.loads(done.stdout)
+    """The JSON document of a one-process ``ope evaluate ARGS`` (run once per ARGS; each
+    caller gets its own copy)."""
+    key = (tuple(map(str, args)), str(cwd))
+    if key not in _SINGLE:
+        done = run_ope(["evaluate", *args], cwd=cwd)
+        assert done.returncode == 0, done
+        _SINGLE[key] = json.loads(done.stdout)
+    return copy.deepcopy(_SINGLE[key])
 
 
 @pytest.fixture(scope="module")
