@@ -134,6 +134,28 @@ class StudyOptions:
     policy_index: int = 0
 
 
+def _generated(env: str, datasets: int, episodes: int, generate_options: dict) -> tuple:
+    """``ope generate`` of ``datasets`` x ``episodes`` episodes of ``env`` in a temporary
+    directory: (its truth, its evaluation policies loaded, the interval plan of betting
+    intervals on its declared bounds, the padded datasets)."""
+    from ope_cli import runtime
+    from ope_cli.config import EvaluationConfig, IntervalConfig
+    from ope_cli.data.sources import open_dataset
+    from ope_cli.envs.generate import generate
+    from ope_cli.estimation.run_plan import plan_intervals
+    from ope_cli.models.policies import load_checkpoint
+
+    runtime.enable_x64()
+    with tempfile.TemporaryDirectory() as directory:
+        truth = generate(env, directory, episodes=datasets * episodes, **generate_options)
+        policies = [load_checkpoint(str(Path(directory) / e["policy"])) for e in truth["policies"]]
+        logs = Path(directory) / "logs.parquet"
+        gamma, betting = generate_options["gamma"], IntervalConfig(method="betting")
+        config = EvaluationConfig(data=str(logs), gamma=gamma, intervals=betting)
+        plan = plan_intervals(config, open_dataset(str(logs)).declared_bounds())
+        return truth, policies, plan, padded_datasets(logs, datasets, episodes)
+
+
 def measure(
     env: str = "chain",
     datasets: int = 400,
@@ -145,30 +167,11 @@ def measure(
     """Coverage and mean width of each method's intervals for each estimator."""
     confidence, seed = options.confidence, options.seed
     bootstrap_samples, policy_index = options.bootstrap_samples, options.policy_index
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    from ope_cli.config import EvaluationConfig, IntervalConfig
-    from ope_cli.data.sources import open_dataset
-    from ope_cli.envs.generate import generate
-    from ope_cli.estimation.run_plan import plan_intervals
     from ope_cli.estimation.stats import finalize, from_batch
-    from ope_cli.models.policies import load_checkpoint
 
-    with tempfile.TemporaryDirectory() as directory:
-        truth = generate(
-            env, directory, episodes=datasets * episodes, seed=seed, gamma=gamma, shift=shift
-        )
-        entry = truth["policies"][policy_index]
-        policy = load_checkpoint(str(Path(directory) / entry["policy"]))
-        logs = Path(directory) / "logs.parquet"
-        plan = plan_intervals(
-            EvaluationConfig(
-                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
-            ),
-            open_dataset(str(logs)).declared_bounds(),
-        )
-        padded = padded_datasets(logs, datasets, episodes)
+    generate_options = {"seed": seed, "gamma": gamma, "shift": shift}
+    truth, policies, plan, padded = _generated(env, datasets, episodes, generate_options)
+    entry, policy = truth["policies"][policy_index], policies[policy_index]
     max_length = padded.reward.shape[-1]
     batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples, plan.betting_range)
     covered = {m: {e: 0 for e in ESTIMATORS} for m in METHODS}
@@ -216,31 +219,14 @@ def measure_paired(
     ``ope_cli.choosing.comparison``)."""
     import jax
 
-    jax.config.update("jax_enable_x64", True)
     from ope_cli.choosing import paired
     from ope_cli.choosing.comparison import Pairing
-    from ope_cli.config import EvaluationConfig, IntervalConfig
-    from ope_cli.data.sources import open_dataset
-    from ope_cli.envs.generate import generate
     from ope_cli.estimation.estimators.base import Context
-    from ope_cli.estimation.run_plan import plan_intervals
     from ope_cli.estimation.stats import finalize, from_batch
-    from ope_cli.models.policies import load_checkpoint
 
-    with tempfile.TemporaryDirectory() as directory:
-        truth = generate(
-            "chain", directory, episodes=datasets * episodes, seed=options.seed, gamma=gamma
-        )
-        entries = truth["policies"][:2]
-        policies = [load_checkpoint(str(Path(directory) / e["policy"])) for e in entries]
-        logs = Path(directory) / "logs.parquet"
-        plan = plan_intervals(
-            EvaluationConfig(
-                data=str(logs), gamma=gamma, intervals=IntervalConfig(method="betting")
-            ),
-            open_dataset(str(logs)).declared_bounds(),
-        )
-        padded = padded_datasets(logs, datasets, episodes)
+    generate_options = {"seed": options.seed, "gamma": gamma}
+    truth, policies, plan, padded = _generated("chain", datasets, episodes, generate_options)
+    entries, policies = truth["policies"][:2], policies[:2]
     exact = entries[0]["value"] - entries[1]["value"]
     context = Context(gamma, padded.reward.shape[-1])
     rows = dataset_statistics(
