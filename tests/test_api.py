@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import ope_cli
@@ -89,6 +90,32 @@ def test_help_does_not_import_jax():
         "print('jax' in sys.modules)\n"
     )
     assert _modules_after(code).strip() == "False"
+
+
+def test_data_and_checkpoint_errors_end_before_jax_starts(tmp_path):
+    """A missing column, an unreadable checkpoint and a tabular checkpoint beside vector
+    observations are found without JAX: exit 3, 4 and 3, and JAX never imported."""
+    import pyarrow.parquet as pq
+
+    logs = pq.read_table(EXAMPLES / "data" / "logs.parquet")
+    pq.write_table(logs.drop_columns(["reward"]), tmp_path / "no_reward.parquet")
+    (tmp_path / "text.npz").write_text("not a checkpoint")
+    np.savez(tmp_path / "tabular.npz", kind="tabular", logits=np.zeros((5, 4)))
+    data, policy = EXAMPLES / "data" / "logs.parquet", EXAMPLES / "policies" / "ckpt.npz"
+    runs = [
+        ["evaluate", str(tmp_path / "no_reward.parquet"), "-p", str(policy)],
+        ["evaluate", str(data), "-p", str(tmp_path / "text.npz")],
+        ["evaluate", str(data), "-p", str(tmp_path / "tabular.npz")],
+    ]
+    code = (
+        "import contextlib, io, sys\n"
+        "from ope_cli.cli import run\n"
+        f"for argv in {runs!r}:\n"
+        "    with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "        print(run(argv), err.getvalue().count('\\n'))\n"
+        "print('jax' in sys.modules)\n"
+    )
+    assert _modules_after(code).split() == ["3", "1", "4", "1", "3", "1", "False"]
 
 
 def test_evaluate_takes_the_command_line_options_as_keywords(tmp_path):

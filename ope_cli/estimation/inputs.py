@@ -10,11 +10,14 @@ the result: fit, then evaluate with what was fitted.
 from __future__ import annotations
 
 import dataclasses
+import glob
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
+from ope_cli.data.sources.remote import is_uri
 from ope_cli.data.validate import Check
 from ope_cli.estimation.distributed import share_files
 from ope_cli.estimation.run_plan import IntervalPlan, plan_intervals
@@ -31,6 +34,7 @@ from ope_cli.models.policies import (
     chunk_checks,
     load_policies,
     logged_policy,
+    split_name,
 )
 from ope_cli.models.qfunctions import FIT, QFunction, check_q, load_qs
 from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
@@ -107,6 +111,31 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         else None  # estimated: set by the fit
     )
     return EvaluationInputs(config, episodes, files, policies, plan, behavior, source, qs)
+
+
+def check_before_jax(config: EvaluationConfig) -> None:
+    """``open_inputs``'s first checks, where they need no JAX: the ``--policy``
+    checkpoints, then the local data's columns and the checkpoints against them (in that
+    order, as ``open_inputs`` checks them), so that such a user error ends before JAX
+    starts (about a second). Where a policy is an entry point (its module may build JAX
+    arrays on import, after 64-bit types are on) or anything is remote (not read twice),
+    nothing is checked here; ``open_inputs`` checks it all."""
+    specs = [split_name(spec)[1] for spec in config.policies]
+    local = not any(is_uri(path) for path in [config.data, *specs])
+    if not local or not all(_is_checkpoint(path) for path in specs):
+        return
+    policies = load_policies(config.policies)
+    schema = open_episodes(data_config(config)).schema
+    behavior = config.behavior.policy
+    if behavior is None or is_estimate(behavior):  # else a --behavior CKPT is loaded first
+        for policy in policies:
+            check_against_schema(policy, schema)
+
+
+def _is_checkpoint(spec: str) -> bool:
+    """Whether a ``--policy`` path (a glob included) names checkpoint files, not an entry
+    point (``load_policy``'s test)."""
+    return spec.endswith(".npz") or Path(spec).is_file() or glob.has_magic(spec)
 
 
 def data_config(config: EvaluationConfig) -> DataConfig:

@@ -49,7 +49,12 @@ from ope_cli.estimation.estimators.base import (
     describe_standard_errors,
 )
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
-from ope_cli.estimation.inputs import EvaluationInputs, fit_models, open_inputs
+from ope_cli.estimation.inputs import (
+    EvaluationInputs,
+    check_before_jax,
+    fit_models,
+    open_inputs,
+)
 from ope_cli.estimation.run_plan import (
     IntervalPlan,
     annotate_results,
@@ -219,6 +224,8 @@ def evaluate(
     """
     started = time.perf_counter()
     check_config(config)
+    if distributed is None or not distributed.enabled:  # processes check after joining
+        check_before_jax(config)
     process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
     from ope_cli import runtime
     from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
