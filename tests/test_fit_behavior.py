@@ -522,18 +522,26 @@ STUDY_VARIANTS = (  # label, --behavior, --behavior-cross-fit
 
 def _chain_study(root: Path, datasets: int, episodes: int) -> dict[str, dict[str, float]]:
     """Squared errors of IS and PDIS against the truth over ``datasets`` independent chain
-    datasets, with the true (logged) pi_b and with the estimated tabular pi_b."""
+    datasets, with the true (logged) pi_b and with the estimated tabular pi_b. The datasets
+    are consecutive slices of ``episodes`` episodes of one generated log (its episodes are
+    independent, and chain's truth does not depend on the seed): one rollout, not one per
+    dataset."""
     from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, IntervalConfig
     from ope_cli.estimation import pipeline
 
+    out = root / "chain"
+    truth = gen.generate("chain", out, episodes=datasets * episodes, seed=1000)
+    values = {t["policy"]: t["value"] for t in truth["policies"]}
+    logs = pq.read_table(out / "logs.parquet")
+    first = logs["episode_id"].to_numpy() // episodes  # [N] the dataset of each step
     errors: dict[str, list[float]] = {}
-    for seed in range(datasets):
-        out = root / f"chain_{seed}"
-        truth = gen.generate("chain", out, episodes=episodes, seed=1000 + seed)
-        values = {t["policy"]: t["value"] for t in truth["policies"]}
+    for index in range(datasets):
+        data = root / f"chain_{index}.parquet"
+        pq.write_table(logs.filter(first == index), data)
+        assert pq.read_schema(data).metadata == logs.schema.metadata  # the declared gamma
         for label, behavior, folds in STUDY_VARIANTS:
             config = EvaluationConfig(
-                data=str(out / "logs.parquet"),
+                data=str(data),
                 policies=(str(out / "policies/eval_0.npz"), str(out / "policies/eval_1.npz")),
                 estimators=("is", "pdis"),
                 batching=BatchingConfig(min_bucket=64, batch_steps=128 * 64),
