@@ -266,6 +266,35 @@ def test_init_is_the_identity():
     assert_accumulators_close(stats.merge(stats.init(K), stats.init(K)), stats.init(K), rel=0)
 
 
+def test_merging_a_short_batch_into_a_long_one_combines_only_its_groups():
+    """A short batch holding 2 of the K groups merged into a longer accumulator, either
+    way round: the per-step sums are, bit for bit, those of lengthening both and combining
+    every group, and the estimates are the reference's of the union."""
+    long_acc, long_episodes, long_groups = random_accumulator(
+        40, n=15, max_length=60, with_episodes=True
+    )
+    rng = np.random.default_rng(41)
+    short_episodes = random_episodes(rng, 3, max_length=6, ratio_scale=1.0)
+    short_groups = np.array([1, 4, 4])
+    arrays = padded_batch(short_episodes, short_groups, rng, shape=(4, 8))
+    short = stats.from_batch(statistics_of(*arrays, 0.95))
+    assert short.length < long_acc.length
+    assert 0 < stats._rows_with_weight(short).sum() < K  # the rows-only path
+    episodes = short_episodes + long_episodes
+    groups = np.concatenate([short_groups, long_groups])
+    for merged in (stats.merge(short, long_acc), stats.merge(long_acc, short)):
+        lengthened = [stats.extend(acc, long_acc.length) for acc in (short, long_acc)]
+        scales, sums = stats._merge_steps(
+            *(field for acc in lengthened for field in (acc.step_log_scales, acc.step_sums))
+        )
+        for name, value in {**scales, **sums}.items():
+            got = {**merged.step_log_scales, **merged.step_sums}[name]
+            np.testing.assert_array_equal(got, value, err_msg=name)
+        longest = max(len(e["reward"]) for e in episodes)
+        estimates, diagnostics = stats.finalize(merged, 0.95, longest, 0.95)
+        check_against_reference(estimates, diagnostics, episodes, 0.95, groups)
+
+
 def test_merged_accumulators_match_reference_of_the_union():
     parts = [random_accumulator(seed, gamma=0.9, with_episodes=True) for seed in (30, 31, 32)]
     acc = functools.reduce(stats.merge, [p[0] for p in parts], stats.init(K))

@@ -129,9 +129,18 @@ def extend(acc: Accumulator, length: int) -> Accumulator:
     extra = length - acc.length
     if extra <= 0:
         return acc
-    return acc._replace(
+    return _extend_replicates(acc, length)._replace(
         step_log_scales={k: _lengthen_scale(v, extra) for k, v in acc.step_log_scales.items()},
         step_sums={k: _lengthen_sum(k, v, extra) for k, v in acc.step_sums.items()},
+    )
+
+
+def _extend_replicates(acc: Accumulator, length: int) -> Accumulator:
+    """``extend`` of the replicates' per-step arrays only."""
+    extra = length - acc.length
+    if extra <= 0:
+        return acc
+    return acc._replace(
         replicate_step_log_scales={
             k: _lengthen_scale(v, extra) for k, v in acc.replicate_step_log_scales.items()
         },
@@ -226,6 +235,50 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
     return scales, sums
 
 
+def _group_axes(x: np.ndarray) -> tuple[int, ...]:
+    """Every axis of a per-group per-step array ([..., K, L]) but its groups'."""
+    return tuple(i for i in range(x.ndim) if i != x.ndim - 2)
+
+
+def _rows_with_weight(acc: Accumulator) -> np.ndarray:
+    """[K] bool: the groups with some weight or some sum at some step of ``acc``."""
+    rows = np.zeros(acc.sums["count"].shape[-1], bool)
+    for scale in acc.step_log_scales.values():
+        rows |= np.any(scale != -np.inf, axis=_group_axes(scale))
+    for values in acc.step_sums.values():
+        rows |= np.any(values != 0.0, axis=_group_axes(values))
+    return rows
+
+
+def _merge_group_steps(a: Accumulator, b: Accumulator, length: int) -> tuple[dict, dict]:
+    """(scales, sums) of the per-group per-step sums of ``a`` and ``b``, lengthened to
+    ``length``. Where one side is shorter, only its groups that hold something are
+    combined (lengthened first); the longer side's other groups are what log-sum-exp gives
+    them, themselves, and are copied: merging a short batch into a very long episode's
+    sums costs the short batch's groups, not all K."""
+    short, long = (a, b) if a.length <= b.length else (b, a)
+    same_names = set(short.step_log_scales) == set(long.step_log_scales) and set(
+        short.step_sums
+    ) == set(long.step_sums)
+    rows = _rows_with_weight(short) if same_names and short.length < length else None
+    if rows is None or rows.all():
+        a, b = extend(a, length), extend(b, length)
+        return _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)
+    extra = length - short.length
+    merged_scales, merged_sums = _merge_steps(
+        {k: _lengthen_scale(v[..., rows, :], extra) for k, v in short.step_log_scales.items()},
+        {k: _lengthen_sum(k, v[..., rows, :], extra) for k, v in short.step_sums.items()},
+        {k: v[..., rows, :] for k, v in long.step_log_scales.items()},
+        {k: v[..., rows, :] for k, v in long.step_sums.items()},
+    )
+    scales = {k: v.copy() for k, v in long.step_log_scales.items()}
+    sums = {k: v.copy() for k, v in long.step_sums.items()}
+    for merged, out in ((merged_scales, scales), (merged_sums, sums)):
+        for k, v in merged.items():
+            out[k][..., rows, :] = v
+    return scales, sums
+
+
 def _empty(acc: Accumulator) -> bool:
     """Whether ``acc`` is ``init``'s: no episode, no step."""
     return acc.length == 0 and not np.any(acc.sums["count"])
@@ -238,9 +291,9 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     if _empty(b) and set(a.sums) == set(b.sums):
         return a
     length = max(a.length, b.length)
-    a, b = extend(a, length), extend(b, length)
+    step = _merge_group_steps(a, b, length)
+    a, b = _extend_replicates(a, length), _extend_replicates(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
-    step = _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)
     replicate_step = _merge_steps(
         a.replicate_step_log_scales,
         a.replicate_step_sums,
