@@ -126,10 +126,16 @@ def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
 
 def extend(acc: Accumulator, length: int) -> Accumulator:
     """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
+    # replicates first: both read how far to lengthen from the groups' arrays (acc.length)
+    return _extend_groups(_extend_replicates(acc, length), length)
+
+
+def _extend_groups(acc: Accumulator, length: int) -> Accumulator:
+    """``extend`` of the per-group per-step arrays only."""
     extra = length - acc.length
     if extra <= 0:
         return acc
-    return _extend_replicates(acc, length)._replace(
+    return acc._replace(
         step_log_scales={k: _lengthen_scale(v, extra) for k, v in acc.step_log_scales.items()},
         step_sums={k: _lengthen_sum(k, v, extra) for k, v in acc.step_sums.items()},
     )
@@ -262,7 +268,7 @@ def _merge_group_steps(a: Accumulator, b: Accumulator, length: int) -> tuple[dic
     ) == set(long.step_sums)
     rows = _rows_with_weight(short) if same_names and short.length < length else None
     if rows is None or rows.all():
-        a, b = extend(a, length), extend(b, length)
+        a, b = _extend_groups(a, length), _extend_groups(b, length)
         return _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)
     extra = length - short.length
     merged_scales, merged_sums = _merge_steps(
