@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
@@ -32,6 +31,7 @@ from ope_cli.models.policies import (
     Policy,
     check_against_schema,
     chunk_checks,
+    is_checkpoint,
     load_policies,
     logged_policy,
     split_name,
@@ -122,7 +122,8 @@ def check_before_jax(config: EvaluationConfig) -> None:
     nothing is checked here; ``open_inputs`` checks it all."""
     specs = [split_name(spec)[1] for spec in config.policies]
     local = not any(is_uri(path) for path in [config.data, *specs])
-    if not local or not all(_is_checkpoint(path) for path in specs):
+    # a glob stands for the files it matches, each a checkpoint (load_policies: expand)
+    if not local or not all(is_checkpoint(path) or glob.has_magic(path) for path in specs):
         return
     policies = load_policies(config.policies)
     schema = open_episodes(data_config(config)).schema
@@ -130,12 +131,6 @@ def check_before_jax(config: EvaluationConfig) -> None:
     if behavior is None or is_estimate(behavior):  # else a --behavior CKPT is loaded first
         for policy in policies:
             check_against_schema(policy, schema)
-
-
-def _is_checkpoint(spec: str) -> bool:
-    """Whether a ``--policy`` path (a glob included) names checkpoint files, not an entry
-    point (``load_policy``'s test)."""
-    return spec.endswith(".npz") or Path(spec).is_file() or glob.has_magic(spec)
 
 
 def data_config(config: EvaluationConfig) -> DataConfig:

@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-import ope_cli.data.sources.remote as remote
 from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.models.policies import (
     Policy,
@@ -29,6 +28,7 @@ from ope_cli.models.policies import (
     checked_array,
     expand,
     import_entry_point,
+    is_checkpoint,
     mlp_forward,
     mlp_layers,
     read_archive,
@@ -225,7 +225,7 @@ def load_q(spec: str) -> QFunction:
     entry point."""
     if _is_fit(spec):
         return QFunction(spec, FIT)
-    if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
+    if is_checkpoint(spec):
         return q_checkpoint(spec, read_archive(spec))
     return load_q_entry_point(spec)
 

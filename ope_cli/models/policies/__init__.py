@@ -44,11 +44,15 @@ from ope_cli.models.policies.functions import (
 )
 
 
+def is_checkpoint(spec: str) -> bool:
+    """Whether a ``--policy`` (or ``--q``) value, a single one, not a glob, names a
+    checkpoint file (local or at a URI), not an entry point."""
+    return spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file()
+
+
 def load_policy(spec: str) -> Policy:
     """A policy from a command-line ``--policy`` value."""
-    if spec.endswith(".npz") or remote.is_uri(spec) or Path(spec).is_file():
-        return load_checkpoint(spec)
-    return load_entry_point(spec)
+    return load_checkpoint(spec) if is_checkpoint(spec) else load_entry_point(spec)
 
 
 NAMED = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+-]*)=(?P<path>.+)")
@@ -153,6 +157,7 @@ __all__ = [
     "chunk_checks",
     "expand",
     "import_entry_point",
+    "is_checkpoint",
     "label_policies",
     "linear_gaussian_log_prob",
     "linear_gaussian_sample",
