@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,11 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
 
 def _best_of(rounds: int, command: list[str], env: dict[str, str]) -> float:
     return min(_run(command, env)[0] for _ in range(rounds))
+
+
+def _fastest(rounds: int, evaluate: Callable[[], dict]) -> dict:
+    """The fastest of ``rounds`` runs of ``evaluate`` (``_evaluate``'s dicts, by seconds)."""
+    return min((evaluate() for _ in range(rounds)), key=lambda run: run["seconds"])
 
 
 def _evaluate(
@@ -87,10 +93,7 @@ def measure_processes(
     q_env = dict(env, OPE_CACHE_DIR=str(directory / "process-cache-q"))
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     progress("whole processes: ope evaluate with the warm cache")
-    warm = min(
-        (_evaluate(data, checkpoint, batching, env) for _ in range(rounds)),
-        key=lambda run: run["seconds"],
-    )
+    warm = _fastest(rounds, lambda: _evaluate(data, checkpoint, batching, env))
     other, bandit = _other_data(directory, checkpoint, config, env, progress)
     read = pyarrow_seconds - pyarrow_floor
     return {
@@ -129,10 +132,7 @@ def _other_data(
     generate_data(bandit_path, BANDIT_STEPS, seed + 10, lengths=np.ones(BANDIT_STEPS, np.int64))
     progress(f"whole processes: a {BANDIT_STEPS:,}-step bandit log")
     _evaluate(str(bandit_path), checkpoint, batching, env)  # its shape into the cache
-    bandit = min(
-        (_evaluate(str(bandit_path), checkpoint, batching, env) for _ in range(config.rounds)),
-        key=lambda run: run["seconds"],
-    )
+    bandit = _fastest(config.rounds, lambda: _evaluate(str(bandit_path), checkpoint, batching, env))
     for path in (other_path, bandit_path):
         path.unlink()
     return {**other, "steps": int(other_lengths.sum())}, {**bandit, "steps": BANDIT_STEPS}
