@@ -13,11 +13,13 @@ import pytest
 
 from ope_cli.config import BatchingConfig
 from ope_cli.data.buckets import (
+    CALL_CELLS,
     PADDING_TOLERANCE,
     Bucketer,
     WindowShape,
     batch_length,
     empty_batch,
+    flush_plan,
     pad,
     place_episodes,
     row_range,
@@ -345,6 +347,69 @@ def test_one_very_long_episode_takes_one_lane():
     assert batch.shape[0] == 1 and bucketer.width_of(batch) == lone.width
     assert bucketer.padded_steps / bucketer.real_steps - 1 <= 0.05
     np.testing.assert_array_equal(batch.reward[0, :5], np.arange(5) / 1000.0)
+
+
+def plan_cost(lengths: np.ndarray, plan) -> float:
+    """Cells plus CALL_CELLS per window call of a flush plan (its batches' full lanes)."""
+    total = 0
+    for start, _, shape in plan:
+        windows = -(-max(1, int(lengths[start])) // shape.width)
+        total += shape.lanes * windows * shape.width + CALL_CELLS * windows
+    return total
+
+
+def cheapest_plan_cost(lengths: np.ndarray, shapes: tuple[WindowShape, ...]) -> float:
+    """The least plan_cost over every way of cutting sorted ``lengths`` into consecutive
+    batches of ``lanes`` (fewer for the last), by exhaustive recursion (tiny inputs)."""
+
+    def best(i: int) -> float:
+        if i == lengths.size:
+            return 0
+        options = []
+        for k, shape in enumerate(shapes):
+            if k == 0 and lengths[i] > 1:
+                continue  # the one-step shape
+            stop = min(i + shape.lanes, lengths.size)
+            options.append(plan_cost(lengths, [(i, stop, shape)]) + best(stop))
+        return min(options)
+
+    return best(0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flush_plan_is_the_cheapest_cut(seed):
+    """The dynamic programme finds the least-cost plan that exhaustive search finds, and its
+    batches cover every episode once, in order, each in a shape that takes it."""
+    rng = np.random.default_rng(seed)
+    shapes = (
+        WindowShape(4, 1, 1),
+        WindowShape(4, 2, 8),
+        WindowShape(2, 4, 64),
+        WindowShape(1, 16, math.inf),
+    )
+    lengths = np.sort(rng.choice([1, 1, 2, 3, 7, 9, 30, 70, 5000], size=int(rng.integers(1, 11))))
+    lengths = lengths[::-1].astype(np.int64)
+    plan = flush_plan(lengths, shapes)
+    assert [start for start, _, _ in plan] == [0] + [stop for _, stop, _ in plan[:-1]]
+    assert plan[-1][1] == lengths.size
+    assert all(stop - start <= shape.lanes for start, stop, shape in plan)
+    assert all(shape.width > 1 or lengths[start] == 1 for start, _, shape in plan)
+    assert plan_cost(lengths, plan) == cheapest_plan_cost(lengths, shapes)
+
+
+def test_a_batch_gathers_from_few_chunks():
+    """Episodes left over from many chunks are copied into one chunk, so a batch of the
+    long tail gathers from one or two chunks, not from every chunk it came from."""
+    bucketer = Bucketer(BatchingConfig(batch_steps=4096))
+    rng = np.random.default_rng(4)
+    for k in range(40):  # each chunk: many short episodes, which leave, and a few long ones
+        lengths = np.concatenate([np.full(512, 8), rng.integers(300, 400, 3)])
+        list(bucketer.add(make_chunk(lengths, first_id=1000 * k, seed=k)))
+    waiting = np.flatnonzero(bucketer._length >= 300)
+    assert waiting.size == 120
+    assert np.unique(bucketer._chunk[waiting]).size <= 2
+    batches = list(bucketer.flush())
+    assert sum(int(b.episode_mask.sum()) for b in batches) == bucketer._length.size + 120
 
 
 def test_full_batches_that_pad_little_leave_before_flush():

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.config import BatchingConfig
-from ope_cli.data.episodes import EpisodeChunk, take_episodes
+from ope_cli.data.episodes import EpisodeChunk, concat_chunks, take_episodes
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.data.steps import Steps, map_arrays, step_field
 
@@ -222,24 +222,39 @@ def flush_plan(
     next ``lanes`` episodes (fewer for the last) in one of ``shapes``. One-step episodes
     use the one-step shape, which no longer episode does (a call per step)."""
     size = lengths.size
-    cost, choice = np.zeros(size + 1), np.zeros(size, np.int64)
     widths = np.array([shape.width for shape in shapes])
-    lanes = np.array([shape.lanes for shape in shapes])
+    longest = np.maximum(lengths.astype(np.int64), 1)
+    windows = -(-longest[:, None] // widths)  # [n, shapes]
+    own = np.array([shape.lanes for shape in shapes]) * windows * widths + CALL_CELLS * windows
+    own = own.astype(np.float64)
+    own[longest > 1, 0] = np.inf  # the one-step shape
+    # Each position's best depends on the ones after it (a lane count ahead): a dynamic
+    # programme, run over Python floats, as NumPy calls on 4-element arrays cost far more.
+    own_rows, lanes = own.tolist(), [shape.lanes for shape in shapes]
+    cost, choice = [0.0] * (size + 1), [0] * size
     for i in range(size - 1, -1, -1):
-        length = max(1, int(lengths[i]))
-        windows = -(-length // widths)
-        total = lanes * windows * widths + CALL_CELLS * windows
-        total = total + cost[np.minimum(i + lanes, size)]
-        if length > 1:
-            total[0] = np.inf  # the one-step shape
-        choice[i] = int(np.argmin(total))
-        cost[i] = total[choice[i]]
+        row = own_rows[i]
+        best, pick = math.inf, 0
+        for k, count in enumerate(lanes):
+            total = row[k] + cost[min(i + count, size)]
+            if total < best:  # the first of equal costs, as argmin
+                best, pick = total, k
+        cost[i], choice[i] = best, pick
     plan, i = [], 0
     while i < size:
         shape = shapes[choice[i]]
         plan.append((i, min(i + shape.lanes, size), shape))
         i += shape.lanes
     return plan
+
+
+def _dtypes(chunk: EpisodeChunk) -> tuple:
+    """What a chunk's arrays are made of: chunks merge only with their own kind, so that a
+    batch's dtypes (hence its compiled kernel) stay those of the files its episodes are in."""
+    arrays = (chunk.ids, chunk.keys, *(a for a in chunk.steps if a is not None))
+    return tuple((a.dtype.str, a.shape[1:]) for a in arrays) + (
+        tuple(a is None for a in chunk.steps),
+    )
 
 
 class Bucketer:
@@ -260,6 +275,7 @@ class Bucketer:
         self._episode = np.zeros(0, np.int64)  # index in the chunk,
         self._length = np.zeros(0, np.int64)  # and length
         self._next_chunk = 0
+        self._copies: dict[tuple, list[int]] = {}  # chunks of copies, by _dtypes, oldest first
         self.real_steps = 0
         self.padded_steps = 0
         self.shapes: set[tuple[int, int]] = set()
@@ -336,19 +352,44 @@ class Bucketer:
         self._compact()
 
     def _compact(self) -> None:
-        """Drops the chunks the pool no longer uses, and replaces each chunk of which it
-        holds less than a quarter of the steps by a copy of those episodes, so that waiting
-        episodes never keep whole chunks in memory (it would grow with the data)."""
+        """Drops the chunks the pool no longer uses, and copies the episodes it holds of
+        each chunk of which it holds less than a quarter of the steps into a chunk of
+        copies, so that waiting episodes never keep whole chunks in memory (it would grow
+        with the data). Chunks of copies (one stack per set of dtypes) merge as a binary
+        counter does: a batch gathers from a few chunks, not dozens, and a step is copied
+        O(log chunks) times at most."""
         used = np.unique(self._chunk)
         for number in set(self._chunks) - set(used.tolist()):
             del self._chunks[number]
-        for number in used.tolist():
-            chunk = self._chunks[number]
+        for stack in self._copies.values():
+            stack[:] = [number for number in stack if number in self._chunks]
+        held = {n: int(self._length[self._chunk == n].sum()) for n in used.tolist()}
+        sparse: dict[tuple, list[int]] = {}
+        for number, steps in held.items():
+            if 4 * steps < self._chunks[number].num_steps:
+                sparse.setdefault(_dtypes(self._chunks[number]), []).append(number)
+        for kind, numbers in sparse.items():
+            stack = self._copies.setdefault(kind, [])
+            stack[:] = [number for number in stack if number not in numbers]
+            stack.append(self._merge(numbers))
+            while len(stack) > 1 and self._held(stack[-2]) <= 2 * self._held(stack[-1]):
+                stack[-2:] = [self._merge(stack[-2:])]
+
+    def _held(self, number: int) -> int:
+        return int(self._length[self._chunk == number].sum())
+
+    def _merge(self, numbers: list[int]) -> int:
+        """Copies the pool's episodes of chunks ``numbers`` into one new chunk; its number."""
+        merged, parts, held = self._next_chunk, [], 0
+        self._next_chunk += 1
+        for number in numbers:
             mine = np.flatnonzero(self._chunk == number)
-            if 4 * int(self._length[mine].sum()) >= chunk.num_steps:
-                continue
-            self._chunks[number] = take_episodes(chunk, self._episode[mine])
-            self._episode[mine] = np.arange(mine.size)
+            parts.append(take_episodes(self._chunks.pop(number), self._episode[mine]))
+            self._chunk[mine] = merged
+            self._episode[mine] = held + np.arange(mine.size)
+            held += mine.size
+        self._chunks[merged] = concat_chunks(parts)
+        return merged
 
     def _batch(self, members: np.ndarray, shape: WindowShape, longest: int) -> PaddedBatch:
         """The pool's episodes ``members`` (indices into the pool) padded into a batch."""
