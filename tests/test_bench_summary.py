@@ -146,6 +146,7 @@ def _processes(compile_seconds=2.5, other_compilations=0, bandit_seconds=1.3):
 
     return {
         "import_jax_floor_seconds": 1.0,
+        "import_floor_seconds": 1.1,
         "pyarrow_read_seconds": 0.5,
         "import_pyarrow_floor_seconds": 0.3,
         "evaluate_cold_cache": run(6.0, compilations=7, cache_hits=0, compile_s=compile_seconds),

@@ -48,7 +48,10 @@ TARGETS: dict[str, Target] = {
         0, True, "compilations, another dataset with other lengths, warm cache"
     ),
     "process_vs_pyarrow": Target(
-        2.0, True, "warm ope evaluate above the import-jax floor / pyarrow read above its import"
+        2.0,
+        True,
+        "warm ope evaluate above the import floor (jax, numpy, pyarrow) / pyarrow read above "
+        "its import",
     ),
     "small_data_over_import_jax_floor": Target(
         0.5, True, "s, a 10,000-step bandit log, warm cache, above the import-jax floor"

@@ -169,7 +169,8 @@ def _processes_line(processes: dict) -> str:
     cold, warm = processes["evaluate_cold_cache"], processes["evaluate_warm_cache"]
     other, bandit = processes["other_lengths_warm_cache"], processes["bandit_warm_cache"]
     return (
-        f"processes: import jax floor {_seconds(processes['import_jax_floor_seconds'])}, "
+        f"processes: import jax floor {_seconds(processes['import_jax_floor_seconds'])} "
+        f"(with numpy and pyarrow {_seconds(processes['import_floor_seconds'])}), "
         f"pyarrow read {_seconds(processes['pyarrow_read_seconds'])}; ope evaluate "
         f"{_seconds(cold['seconds'])} with an empty cache ({cold['compilations']} "
         f"compilations, {_seconds(cold['compile_seconds'])}), {_seconds(warm['seconds'])} "
