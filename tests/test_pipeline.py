@@ -167,6 +167,25 @@ def test_policies_in_one_pass_equal_separate_runs(tmp_path):
             )
 
 
+def test_stacked_policies_merged_in_parts_equal_one_part(tmp_path, monkeypatch):
+    """A kernel's stacked policies are merged MERGE_POLICIES at a time (a list of parts):
+    parts of one and two policies give bit for bit what one part of all five gives, in
+    command-line order."""
+    import ope_cli.estimation.pipeline as pipeline
+
+    rng = np.random.default_rng(12)
+    behavior = random_checkpoint("linear_softmax", rng)
+    data = write_step_layout(random_episodes(rng, 60, behavior=behavior), tmp_path / "logs.parquet")
+    paths = [
+        save_checkpoint(tmp_path / f"s{i}.npz", perturb_checkpoint(behavior, rng, 0.5))
+        for i in range(5)
+    ]
+    whole = _values(run(data, paths, batch_steps=256, min_bucket=4))
+    for size in (1, 2):
+        monkeypatch.setattr(pipeline, "MERGE_POLICIES", size)
+        assert _values(run(data, paths, batch_steps=256, min_bucket=4)) == whole
+
+
 def test_on_policy_data_gives_mean_return(tmp_path):
     rng = np.random.default_rng(2)
     behavior = random_checkpoint("linear_softmax", rng)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import operator
 import time
 from collections.abc import Callable, Iterator
@@ -522,7 +521,7 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     ]
 
 
-def _merge_batch(partials: list[Accumulator | None], results, devices: int) -> None:
+def _merge_batch(partials: list[Partial | None], results, devices: int) -> None:
     """Merges one batch's (kernel, KernelOutput) pairs into each kernel's stacked partial
     ([P, ...] leaves; None before its first batch)."""
     import jax
@@ -606,8 +605,8 @@ def _local_pass(
 
 
 def _totals(kernels, by_length: dict, totals: list[Accumulator]) -> list[Accumulator]:
-    """Each policy's accumulator: its kernel's stacked partials merged over the bucket
-    lengths (shortest first), then split per policy into ``totals`` (init's, one each)."""
+    """Each policy's accumulator: its kernel's partials merged over the bucket lengths
+    (shortest first), then split per policy into ``totals`` (init's, one each)."""
     for position, kernel in enumerate(kernels):
         stacked = None
         for length in sorted(by_length):
@@ -619,50 +618,42 @@ def _totals(kernels, by_length: dict, totals: list[Accumulator]) -> list[Accumul
 
 MERGE_POLICIES = 16  # stacked policies merged at a time: bounds the merge's temporaries
 
+# A kernel's partial: its P policies' accumulators stacked MERGE_POLICIES at a time (a list
+# of accumulators with [<= MERGE_POLICIES, ...] leaves), so that a merge's temporaries
+# (rescaled copies of [P, K, T] per-step sums) stay small whatever P, and no merge copies
+# its parts back into one [P, ...] array (with 100 policies that copy took a tenth of a run).
+Partial = list[Accumulator]
 
-def _merged(a: Accumulator | None, b: Accumulator) -> Accumulator:
-    """``merge`` of stacked accumulators ([P, ...] leaves), None standing for no episodes
-    yet; MERGE_POLICIES policies at a time, so that its temporaries (rescaled copies of
-    [P, K, T] per-step sums) stay small whatever P."""
+
+def _merged(a: Partial | None, b: Partial) -> Partial:
+    """``merge`` of two partials, part by part; None stands for no episodes yet."""
+    return b if a is None else [merge(x, y) for x, y in zip(a, b, strict=True)]
+
+
+def _parts(stacked: Accumulator) -> Partial:
+    """A stacked accumulator ([P, ...] leaves) as a partial: views of MERGE_POLICIES rows
+    at a time."""
     import jax
 
-    if a is None:
-        return b
-    policies = a.log_weight_histogram.shape[0]
-    out = None
-    for low in range(0, policies, MERGE_POLICIES):
-        rows = operator.itemgetter(slice(low, low + MERGE_POLICIES))
-        part = merge(jax.tree.map(rows, a), jax.tree.map(rows, b))
-        if low == 0 and policies <= MERGE_POLICIES:
-            return part
-        if out is None:
-            out = jax.tree.map(_rows_for(policies), part)
-        jax.tree.map(functools.partial(_put_rows, low=low), out, part)
-    return out
+    policies = stacked.log_weight_histogram.shape[0]
+    return [
+        jax.tree.map(operator.itemgetter(slice(low, low + MERGE_POLICIES)), stacked)
+        for low in range(0, policies, MERGE_POLICIES)
+    ]
 
 
-def _rows_for(policies: int):
-    """An empty array of ``policies`` rows shaped and typed as a row of its argument's."""
-    return lambda x: np.empty((policies, *x.shape[1:]), x.dtype)
-
-
-def _put_rows(whole: np.ndarray, rows: np.ndarray, low: int) -> None:
-    """Writes ``rows`` into ``whole`` from row ``low`` on."""
-    whole[low : low + rows.shape[0]] = rows
-
-
-def _merge_devices(partial: Accumulator | None, host, devices: int) -> Accumulator:
-    """``partial`` (stacked over a kernel's P policies, or None) merged with a batch's
-    host BatchStatistics [D, P, ...], device after device: every policy at once, the
-    same arithmetic as one merge per policy."""
+def _merge_devices(partial: Partial | None, host, devices: int) -> Partial:
+    """``partial`` (a kernel's P policies, or None) merged with a batch's host
+    BatchStatistics [D, P, ...], device after device: every policy at once, the same
+    arithmetic as one merge per policy."""
     import jax
 
     for device in range(devices):
         one = jax.tree.map(operator.itemgetter(device), host)
-        partial = _merged(partial, from_batch(one))
+        partial = _merged(partial, _parts(from_batch(one)))
     return partial
 
 
-def _unstacked(stacked: Accumulator | None) -> list[Accumulator]:
-    """Each policy's accumulator of a stacked one ([] for a kernel that saw no batch)."""
-    return [] if stacked is None else unstack(stacked)
+def _unstacked(stacked: Partial | None) -> list[Accumulator]:
+    """Each policy's accumulator of a partial ([] for a kernel that saw no batch)."""
+    return [] if stacked is None else [one for part in stacked for one in unstack(part)]
