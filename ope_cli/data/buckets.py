@@ -363,10 +363,10 @@ class Bucketer:
             del self._chunks[number]
         for stack in self._copies.values():
             stack[:] = [number for number in stack if number in self._chunks]
-        held = {n: int(self._length[self._chunk == n].sum()) for n in used.tolist()}
+        held = np.bincount(self._chunk, weights=self._length) if self._chunk.size else []
         sparse: dict[tuple, list[int]] = {}
-        for number, steps in held.items():
-            if 4 * steps < self._chunks[number].num_steps:
+        for number in used.tolist():
+            if 4 * held[number] < self._chunks[number].num_steps:
                 sparse.setdefault(_dtypes(self._chunks[number]), []).append(number)
         for kind, numbers in sparse.items():
             stack = self._copies.setdefault(kind, [])
