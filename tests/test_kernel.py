@@ -215,6 +215,39 @@ def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_proc
                 assert json.loads(run.stdout)["runtime"]["compiles"] == 0, name
 
 
+def test_assemble_lays_windows_side_by_side_and_shifts_lag_sums():
+    """``assemble``: each window's per-step sums [D, P, K, C] at its offset in [D, P, K, T];
+    a lag-1 sum (column c of a window holds its step c - 1) one step earlier, the batch's
+    last column 0; windows that do not follow one another are refused, so no column is
+    left unwritten."""
+    from ope_cli.estimation.estimators.reduction import ScalarStatistics, StepStatistics
+    from ope_cli.estimation.kernel import KernelOutput, assemble
+
+    rng = np.random.default_rng(0)
+    width, length, shape = 4, 12, (1, 2, 3)
+    scales, sums, lagged = (rng.normal(size=(*shape, length)) for _ in range(3))
+
+    def window(start: int) -> tuple[int, StepStatistics]:
+        columns = slice(start, start + width)
+        shifted = np.concatenate([np.zeros((*shape, 1)), lagged], -1)[..., columns]
+        return start, StepStatistics(
+            step_log_scales={"w": scales[..., columns]},
+            step_sums={"w_t": sums[..., columns], "wv_next_t": shifted},
+            replicate_step_log_scales={},
+            replicate_step_sums={},
+        )
+
+    scalar = ScalarStatistics({}, {}, {}, {}, np.zeros(1), np.zeros(1))
+    windows = [window(start) for start in range(0, length, width)]
+    out = assemble(KernelOutput(windows, scalar, None, length))
+    np.testing.assert_array_equal(out.step_log_scales["w"], scales)
+    np.testing.assert_array_equal(out.step_sums["w_t"], sums)
+    np.testing.assert_array_equal(out.step_sums["wv_next_t"][..., :-1], lagged[..., :-1])
+    np.testing.assert_array_equal(out.step_sums["wv_next_t"][..., -1], 0.0)
+    with pytest.raises(ValueError, match="does not follow"):
+        assemble(KernelOutput([windows[0], windows[2]], scalar, None, length))
+
+
 @pytest.mark.parametrize("width", [1, 3, 8])
 def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     """The statistics of a batch walked in windows of any width are those of the batch

@@ -427,15 +427,22 @@ def assemble(output: KernelOutput) -> BatchStatistics:
         assembled = {}
         for name, first in getattr(output.windows[0][1], field).items():
             lag = "log_scales" not in field and sum_spec(name).lag
-            full = np.zeros((*first.shape[:-1], length), first.dtype)
+            # every column is written below but a lag-1 sum's last: no zero-filling pass
+            # over arrays that can be [policies, groups, a million steps]
+            full = np.empty((*first.shape[:-1], length), first.dtype)
+            written = 0
             for start, statistics in output.windows:
                 part = np.asarray(getattr(statistics, field)[name])
                 if lag:  # column c holds step start + c - 1
                     low = max(start - 1, 0)
                     part = part[..., low - (start - 1) :]
-                    full[..., low : low + part.shape[-1]] = part
                 else:
-                    full[..., start : start + part.shape[-1]] = part
+                    low = start
+                if low != written:  # windows in order, side by side: nothing left unwritten
+                    raise ValueError(f"window at step {start} does not follow step {written}")
+                full[..., low : low + part.shape[-1]] = part
+                written = low + part.shape[-1]
+            full[..., written:] = 0
             assembled[name] = full
         fields[field] = assembled
     return combine(StepStatistics(**fields), output.scalar)
