@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import typer
@@ -106,6 +107,7 @@ def test_bench_times_whole_processes(tiny_bench):
     assert processes["evaluate_cold_cache_q"]["compilations"] >= 1
     assert processes["evaluate_cold_cache_q"]["cache_hits"] == 0
     assert processes["import_pyarrow_floor_seconds"] > 0
+    assert processes["bytecode_written"] is not bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     floor, read = processes["import_floor_seconds"], processes["pyarrow_read_seconds"]
     read -= processes["import_pyarrow_floor_seconds"]
     if read > 0:  # SPEC 6: above the import floor of jax, numpy and pyarrow

@@ -110,6 +110,8 @@ def measure_processes(
         "other_lengths_warm_cache": other,
         "bandit_warm_cache": bandit,
         "bandit_over_floor_seconds": bandit["seconds"] - floor,
+        # without bytecode every process compiles ope's modules (an installed package has it)
+        "bytecode_written": not env.get("PYTHONDONTWRITEBYTECODE"),
         # (ope evaluate above the import floor) / (pyarrow's read above its import);
         # None where the read is within the floors' noise (tiny data)
         "evaluate_over_pyarrow": (warm["seconds"] - import_floor) / read if read > 0 else None,

@@ -188,6 +188,12 @@ def _process_targets(processes: dict | None) -> dict:
     if processes is None:
         note = "not measured; run `ope bench` without --no-processes"
         return {name: _judged(name, None, note) for name in names}
+    notes = dict.fromkeys(names)
+    if not processes.get("bytecode_written", True):
+        notes["process_vs_pyarrow"] = notes["small_data_over_import_jax_floor"] = (
+            "measured where Python writes no bytecode (PYTHONDONTWRITEBYTECODE): every "
+            "process compiled ope's modules from source, which an installed package does not"
+        )
     values = (
         processes["evaluate_cold_cache"]["compile_seconds"],
         processes["evaluate_cold_cache_q"]["compile_seconds"],
@@ -195,7 +201,9 @@ def _process_targets(processes: dict | None) -> dict:
         processes["evaluate_over_pyarrow"],
         processes["bandit_over_floor_seconds"],
     )
-    return {name: _judged(name, value) for name, value in zip(names, values, strict=True)}
+    return {
+        name: _judged(name, value, notes[name]) for name, value in zip(names, values, strict=True)
+    }
 
 
 def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) -> dict:
