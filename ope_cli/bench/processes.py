@@ -115,9 +115,9 @@ def measure_processes(
         # (ope evaluate above the import floor) / (pyarrow's read above its import);
         # None where the read is within the floors' noise (tiny data)
         "evaluate_over_pyarrow": (warm["seconds"] - import_floor) / read if read > 0 else None,
-        "method": "wall time of each process as typed; import-jax and pyarrow floors and "
-        "warm runs: fastest of several; one compilation cache for every ope evaluate, "
-        "empty before the first",
+        "method": "wall time of each process as typed; the import floors (jax alone; jax, "
+        "numpy and pyarrow), the pyarrow floor and warm runs: fastest of several; one "
+        "compilation cache for every ope evaluate, empty before the first",
     }
 
 

@@ -191,8 +191,9 @@ def _process_targets(processes: dict | None) -> dict:
     notes = dict.fromkeys(names)
     if not processes.get("bytecode_written", True):
         notes["process_vs_pyarrow"] = notes["small_data_over_import_jax_floor"] = (
-            "measured where Python writes no bytecode (PYTHONDONTWRITEBYTECODE): every "
-            "process compiled ope's modules from source, which an installed package does not"
+            "measured where Python writes no bytecode (PYTHONDONTWRITEBYTECODE): each "
+            "process compiled the ope modules that had none cached (an editable install's), "
+            "which an installed package does not"
         )
     values = (
         processes["evaluate_cold_cache"]["compile_seconds"],

@@ -522,8 +522,8 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
 
 
 def _merge_batch(partials: list[Partial | None], results, devices: int) -> None:
-    """Merges one batch's (kernel, KernelOutput) pairs into each kernel's stacked partial
-    ([P, ...] leaves; None before its first batch)."""
+    """Merges one batch's (kernel, KernelOutput) pairs into each kernel's partial (its P
+    policies in parts, ``Partial``; None before its first batch)."""
     import jax
 
     from ope_cli.estimation.kernel import assemble
@@ -568,8 +568,8 @@ def _local_pass(
         betting = plan.betting_range is not None
         return [init(RESAMPLING_GROUPS, replicates, betting, computed) for _ in policies]
 
-    # per bucket length, per kernel: its P policies' statistics stacked ([P, ...] leaves)
-    by_length: dict[int, list[Accumulator | None]] = {}
+    # per bucket length, per kernel: its P policies' statistics, in parts (Partial)
+    by_length: dict[int, list[Partial | None]] = {}
     in_flight: collections.deque = collections.deque()
 
     def absorb(pending) -> None:
