@@ -108,11 +108,12 @@ def test_bench_times_whole_processes(tiny_bench):
     assert processes["evaluate_cold_cache_q"]["cache_hits"] == 0
     assert processes["import_pyarrow_floor_seconds"] > 0
     assert processes["bytecode_written"] is not bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
-    floor, read = processes["import_floor_seconds"], processes["pyarrow_read_seconds"]
-    read -= processes["import_pyarrow_floor_seconds"]
-    if read > 0:  # SPEC 6: above the import floor of jax, numpy and pyarrow
-        expected = (warm["seconds"] - floor) / read
-        assert processes["evaluate_over_pyarrow"] == pytest.approx(expected)
+    above = warm["seconds"] - processes["import_floor_seconds"]
+    read = processes["pyarrow_read_seconds"] - processes["import_pyarrow_floor_seconds"]
+    if read > 0 and above > 0:  # SPEC 6: above the import floor of jax, numpy and pyarrow
+        assert processes["evaluate_over_pyarrow"] == pytest.approx(above / read)
+    else:  # either within the floors' noise: no ratio rather than a meaningless one
+        assert processes["evaluate_over_pyarrow"] is None
     assert warm["compilations"] == 0 and warm["cache_hits"] >= 1  # the same data, warm
     assert processes["bandit_warm_cache"]["compilations"] == 0  # its second run
     assert processes["bandit_warm_cache"]["steps"] == 10_000

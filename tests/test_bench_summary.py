@@ -188,6 +188,13 @@ def test_process_targets_say_when_no_bytecode_was_written(measurements):
     assert "note" not in targets["first_run_compile_seconds"]
 
 
+def test_a_process_ratio_within_the_noise_is_not_judged(measurements):
+    measurements["processes"] = {**_processes(), "evaluate_over_pyarrow": None}
+    target = _document(measurements)["targets"]["process_vs_pyarrow"]
+    assert target["met"] is None and target["value"] is None
+    assert "noise" in target["note"]
+
+
 def test_process_targets_unmeasured_say_how(measurements):
     targets = _document(measurements)["targets"]
     assert targets["first_run_compile_seconds"]["met"] is None

@@ -98,7 +98,7 @@ def measure_processes(
     progress("whole processes: ope evaluate with the warm cache")
     warm = _fastest(rounds, lambda: _evaluate(data, checkpoint, batching, env))
     other, bandit = _other_data(directory, checkpoint, config, env, progress)
-    read = pyarrow_seconds - pyarrow_floor
+    read, above = pyarrow_seconds - pyarrow_floor, warm["seconds"] - import_floor
     return {
         "import_jax_floor_seconds": floor,
         "import_floor_seconds": import_floor,
@@ -113,8 +113,9 @@ def measure_processes(
         # without bytecode every process compiles ope's modules (an installed package has it)
         "bytecode_written": not env.get("PYTHONDONTWRITEBYTECODE"),
         # (ope evaluate above the import floor) / (pyarrow's read above its import);
-        # None where the read is within the floors' noise (tiny data)
-        "evaluate_over_pyarrow": (warm["seconds"] - import_floor) / read if read > 0 else None,
+        # None where the read or ope's time above its floor is within the floors' noise
+        # (tiny data: a floor measured slower than the whole warm run)
+        "evaluate_over_pyarrow": above / read if read > 0 and above > 0 else None,
         "method": "wall time of each process as typed; the import floors (jax alone; jax, "
         "numpy and pyarrow), the pyarrow floor and warm runs: fastest of several; one "
         "compilation cache for every ope evaluate, empty before the first",

@@ -195,6 +195,9 @@ def _process_targets(processes: dict | None) -> dict:
             "process compiled the ope modules that had none cached (an editable install's), "
             "which an installed package does not"
         )
+    if processes["evaluate_over_pyarrow"] is None:
+        noise = "within the floors' noise on this little data; measure on more steps (--episodes)"
+        notes["process_vs_pyarrow"] = "; ".join(filter(None, [noise, notes["process_vs_pyarrow"]]))
     values = (
         processes["evaluate_cold_cache"]["compile_seconds"],
         processes["evaluate_cold_cache_q"]["compile_seconds"],
