@@ -221,16 +221,15 @@ def flush_plan(
     that cost least in all: padded cells plus CALL_CELLS per window call, each batch the
     next ``lanes`` episodes (fewer for the last) in one of ``shapes``. One-step episodes
     use the one-step shape, which no longer episode does (a call per step)."""
-    size = lengths.size
+    size, lanes = lengths.size, [shape.lanes for shape in shapes]
     widths = np.array([shape.width for shape in shapes])
     longest = np.maximum(lengths.astype(np.int64), 1)
     windows = -(-longest[:, None] // widths)  # [n, shapes]
-    own = np.array([shape.lanes for shape in shapes]) * windows * widths + CALL_CELLS * windows
-    own = own.astype(np.float64)
+    own = (np.array(lanes) * windows * widths + CALL_CELLS * windows).astype(np.float64)
     own[longest > 1, 0] = np.inf  # the one-step shape
     # Each position's best depends on the ones after it (a lane count ahead): a dynamic
     # programme, run over Python floats, as NumPy calls on 4-element arrays cost far more.
-    own_rows, lanes = own.tolist(), [shape.lanes for shape in shapes]
+    own_rows = own.tolist()
     cost, choice = [0.0] * (size + 1), [0] * size
     for i in range(size - 1, -1, -1):
         row = own_rows[i]
@@ -380,14 +379,14 @@ class Bucketer:
 
     def _merge(self, numbers: list[int]) -> int:
         """Copies the pool's episodes of chunks ``numbers`` into one new chunk; its number."""
-        merged, parts, held = self._next_chunk, [], 0
+        merged, parts, placed = self._next_chunk, [], 0
         self._next_chunk += 1
         for number in numbers:
             mine = np.flatnonzero(self._chunk == number)
             parts.append(take_episodes(self._chunks.pop(number), self._episode[mine]))
             self._chunk[mine] = merged
-            self._episode[mine] = held + np.arange(mine.size)
-            held += mine.size
+            self._episode[mine] = placed + np.arange(mine.size)
+            placed += mine.size
         self._chunks[merged] = concat_chunks(parts)
         return merged
 

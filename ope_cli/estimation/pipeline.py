@@ -608,10 +608,10 @@ def _totals(kernels, by_length: dict, totals: list[Accumulator]) -> list[Accumul
     """Each policy's accumulator: its kernel's partials merged over the bucket lengths
     (shortest first), then split per policy into ``totals`` (init's, one each)."""
     for position, kernel in enumerate(kernels):
-        stacked = None
+        partial = None
         for length in sorted(by_length):
-            stacked = _merged(stacked, by_length[length][position])
-        for index, total in zip(kernel.group.indices, _unstacked(stacked), strict=False):
+            partial = _merged(partial, by_length[length][position])
+        for index, total in zip(kernel.group.indices, _unstacked(partial), strict=False):
             totals[index] = merge(totals[index], total)
     return totals
 
@@ -654,6 +654,6 @@ def _merge_devices(partial: Partial | None, host, devices: int) -> Partial:
     return partial
 
 
-def _unstacked(stacked: Partial | None) -> list[Accumulator]:
+def _unstacked(partial: Partial | None) -> list[Accumulator]:
     """Each policy's accumulator of a partial ([] for a kernel that saw no batch)."""
-    return [] if stacked is None else [one for part in stacked for one in unstack(part)]
+    return [] if partial is None else [one for part in partial for one in unstack(part)]
