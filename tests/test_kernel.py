@@ -240,12 +240,44 @@ def test_assemble_lays_windows_side_by_side_and_shifts_lag_sums():
     scalar = ScalarStatistics({}, {}, {}, {}, np.zeros(1), np.zeros(1))
     windows = [window(start) for start in range(0, length, width)]
     out = assemble(KernelOutput(windows, scalar, None, length))
-    np.testing.assert_array_equal(out.step_log_scales["w"], scales)
-    np.testing.assert_array_equal(out.step_sums["w_t"], sums)
-    np.testing.assert_array_equal(out.step_sums["wv_next_t"][..., :-1], lagged[..., :-1])
-    np.testing.assert_array_equal(out.step_sums["wv_next_t"][..., -1], 0.0)
+
+    def stacked(rows):  # K rows [D, P, T] -> [D, P, K, T]
+        return np.stack(rows, axis=-2)
+
+    np.testing.assert_array_equal(stacked(out.step_log_scales["w"]), scales)
+    np.testing.assert_array_equal(stacked(out.step_sums["w_t"]), sums)
+    np.testing.assert_array_equal(stacked(out.step_sums["wv_next_t"])[..., :-1], lagged[..., :-1])
+    np.testing.assert_array_equal(stacked(out.step_sums["wv_next_t"])[..., -1], 0.0)
     with pytest.raises(ValueError, match="does not follow"):
         assemble(KernelOutput([windows[0], windows[2]], scalar, None, length))
+
+    # With each group's longest episode, a group's rows run to the end of the window after
+    # it (the one holding its last lag-1 value); a group without episodes has none.
+    lengths = np.array([4, 0, 12])
+    out = assemble(KernelOutput(windows, scalar, None, length, group_lengths=lengths))
+    for group, kept in enumerate([8, 0, 12]):
+        np.testing.assert_array_equal(out.step_log_scales["w"][group], scales[..., group, :kept])
+        np.testing.assert_array_equal(out.step_sums["w_t"][group], sums[..., group, :kept])
+        lag = out.step_sums["wv_next_t"][group]
+        assert lag.shape == (1, 2, kept)
+        np.testing.assert_array_equal(lag[..., :-1], lagged[..., group, : max(kept - 1, 0)])
+        np.testing.assert_array_equal(lag[..., -1:], 0.0)
+    # windows already cut to the groups they extend (on the host) assemble the same
+    few = [
+        (start, w._replace(step_log_scales={"w": w.step_log_scales["w"][..., [2], :]}))
+        if start >= 8
+        else (start, w)
+        for start, w in windows
+    ]
+    few = [
+        (start, w._replace(step_sums={k: v[..., [2], :] for k, v in w.step_sums.items()}))
+        if start >= 8
+        else (start, w)
+        for start, w in few
+    ]
+    again = assemble(KernelOutput(few, scalar, None, length, group_lengths=lengths))
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("width", [1, 3, 8])
@@ -271,7 +303,9 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
         grown = PaddedBatch(
             *(jax.tree.map(longer, part) if i < 2 else part for i, part in enumerate(batch))
         )
-        whole = kernel.batch_statistics_of(one, grown)
-        windowed = kernel.batch_statistics_of(one, grown, width)
+        whole, windowed = (
+            stats.dense_groups(stats.from_batch(kernel.batch_statistics_of(one, grown, w)), length)
+            for w in (None, width)
+        )  # a group's rows end after its window: lengthened by their ended-episode values
         for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(windowed), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-9)  # the same numbers to rounding

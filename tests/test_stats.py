@@ -277,19 +277,30 @@ def test_merging_a_short_batch_into_a_long_one_combines_only_its_groups():
     short_episodes = random_episodes(rng, 3, max_length=6, ratio_scale=1.0)
     short_groups = np.array([1, 4, 4])
     arrays = padded_batch(short_episodes, short_groups, rng, shape=(4, 8))
-    short = stats.from_batch(statistics_of(*arrays, 0.95))
+    dense = stats.from_batch(statistics_of(*arrays, 0.95))
+
+    def own_rows(rows):  # as ``kernel.assemble`` gives them: none for a group without episodes
+        return [row if g in short_groups else row[..., :0] for g, row in enumerate(rows)]
+
+    short = dense._replace(
+        step_log_scales={k: own_rows(v) for k, v in dense.step_log_scales.items()},
+        step_sums={k: own_rows(v) for k, v in dense.step_sums.items()},
+    )
+    assert 0 < np.count_nonzero(stats.row_lengths(short)) < K  # the rows-only path
     assert short.length < long_acc.length
-    assert 0 < stats._rows_with_weight(short).sum() < K  # the rows-only path
     episodes = short_episodes + long_episodes
     groups = np.concatenate([short_groups, long_groups])
+    length = long_acc.length
     for merged in (stats.merge(short, long_acc), stats.merge(long_acc, short)):
-        lengthened = [stats.extend(acc, long_acc.length) for acc in (short, long_acc)]
+        lengthened = [stats.dense_groups(acc, length) for acc in (dense, long_acc)]
         scales, sums = stats._merge_steps(
             *(field for acc in lengthened for field in (acc.step_log_scales, acc.step_sums))
         )
+        got = stats.dense_groups(merged, length)
         for name, value in {**scales, **sums}.items():
-            got = {**merged.step_log_scales, **merged.step_sums}[name]
-            np.testing.assert_array_equal(got, value, err_msg=name)
+            np.testing.assert_array_equal(
+                {**got.step_log_scales, **got.step_sums}[name], value, err_msg=name
+            )
         longest = max(len(e["reward"]) for e in episodes)
         estimates, diagnostics = stats.finalize(merged, 0.95, longest, 0.95)
         check_against_reference(estimates, diagnostics, episodes, 0.95, groups)
@@ -511,6 +522,49 @@ def test_wis_stderr_when_one_episode_holds_nearly_all_the_weight(share, heavy_fi
     assert diagnostics.max_weight_share == pytest.approx(share, rel=1e-9)
     assert estimates["wis"].stderr == pytest.approx(reference, rel=1e-6)
     assert estimates["wis"].value == pytest.approx(reference_estimates(episodes, 0.9)["wis"])
+
+
+@pytest.mark.parametrize("ratio_scale", [0.3, 3.0])
+def test_row_by_row_finalisation_equals_the_dense_one(monkeypatch, ratio_scale):
+    """Past DENSE_CELLS (a very long episode), finalisation combines each group's rows one at
+    a time and selects the jackknife's leave-one-outs one by one: the same estimates,
+    standard errors, intervals and per-step profile as the [K, T] layout, to rounding."""
+    rng = np.random.default_rng(23)
+    episodes = random_episodes(rng, 60, ratio_scale=ratio_scale)
+    groups = rng.integers(0, K, size=len(episodes))
+    full, max_length = accumulate(episodes, groups, 0.9, rng)
+    assert stats.grouped_sums(full, max_length).leave_one_out is not None
+    dense = stats.finalize(full, 0.9, max_length, 0.95)
+    dense_profile = stats.profile(full, 0.9, max_length)
+    # each group's rows cut after its longest episode, as ``kernel.assemble`` may cut them
+    own = np.zeros(K, np.int64)
+    for episode, group in zip(episodes, groups, strict=True):
+        own[group] = max(own[group], len(episode["reward"]))
+
+    def cut(rows):
+        return [row[..., :n] for row, n in zip(rows, own, strict=True)]
+
+    acc = full._replace(
+        step_log_scales={k: cut(v) for k, v in full.step_log_scales.items()},
+        step_sums={k: cut(v) for k, v in full.step_sums.items()},
+    )
+    assert len(set(stats.row_lengths(acc).tolist())) > 1  # ragged rows
+    monkeypatch.setattr(stats, "DENSE_CELLS", 0)
+    assert stats.grouped_sums(acc, max_length).leave_one_out is None  # row by row
+    rows = stats.finalize(acc, 0.9, max_length, 0.95)
+    assert rows[1] == dense[1]
+    assert rows[0].keys() == dense[0].keys()
+    for name, estimate in dense[0].items():
+        for field in ("value", "stderr", "ci_low", "ci_high"):
+            expected, got = getattr(estimate, field), getattr(rows[0][name], field)
+            assert (got is None) == (expected is None), (name, field)
+            if expected is not None:
+                assert got == pytest.approx(expected, rel=1e-12, abs=1e-300), (name, field)
+    np.testing.assert_allclose(
+        stats.profile(acc, 0.9, max_length).wpdis_partial_t,
+        dense_profile.wpdis_partial_t,
+        rtol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("ratio_scale", [0.3, 3.0])

@@ -17,7 +17,7 @@ from ope_cli import runtime
 from ope_cli.choosing import paired
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
-from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge
+from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
@@ -204,7 +204,7 @@ def reduce_counters(counters: C) -> C:
 def reduce_accumulators(accumulators: list[Accumulator]) -> list[Accumulator]:
     """Collective: each policy's accumulators of all processes, merged in process order.
     Generic over the accumulator's fields (a pytree); the per-step arrays are first
-    lengthened to the longest over all processes."""
+    lengthened to the longest over all processes (each group's rows to that group's)."""
     import jax
 
     if not accumulators:
@@ -212,7 +212,8 @@ def reduce_accumulators(accumulators: list[Accumulator]) -> list[Accumulator]:
     length = int(_gather(np.array([accumulators[0].length], np.int64)).max())
     merged = []
     for accumulator in accumulators:
-        leaves, tree = jax.tree.flatten(extend(accumulator, length))
+        rows = _gather(row_lengths(accumulator)).max(axis=0)  # [K]
+        leaves, tree = jax.tree.flatten(extend(accumulator, length, rows))
         parts = [_gather(np.asarray(leaf, np.float64)) for leaf in leaves]  # [N, ...] each
         total = None
         for process in range(parts[0].shape[0]):

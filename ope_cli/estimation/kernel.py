@@ -32,7 +32,7 @@ from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimation import kernel_cache
 from ope_cli.estimation.bootstrap_counts import replicate_counts
 from ope_cli.estimation.estimators import available, get
-from ope_cli.estimation.estimators.base import sum_spec
+from ope_cli.estimation.estimators.base import GROUP_STEP_FIELDS, sum_spec
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
 from ope_cli.estimation.estimators.reduction import (
     BatchStatistics,
@@ -407,8 +407,10 @@ class KernelOutput(NamedTuple):
     """What one batch's kernel calls return (device arrays, dispatched asynchronously):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
     each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), the
-    batch's length T, and with ``terms`` each episode's terms {name: [P, L]} (else None)
-    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R])."""
+    batch's length T, with ``terms`` each episode's terms {name: [P, L]} (else None)
+    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and each
+    resampling group's longest episode [K] (host; None: every group spans T). A window
+    may hold only the per-group rows that ``window_groups`` keeps (on the host)."""
 
     windows: list[tuple[int, StepStatistics]]
     scalar: ScalarStatistics
@@ -416,35 +418,123 @@ class KernelOutput(NamedTuple):
     length: int
     terms: dict | None = None
     lanes: tuple[np.ndarray, np.ndarray] | None = None
+    group_lengths: np.ndarray | None = None
+
+
+def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
+    """[K] the longest episode of each resampling group in ``batch`` (host; 0: none; a
+    group index past K counts in no group, as in the kernel's one-hot sums)."""
+    lengths = np.zeros(num_groups, np.int64)
+    group = np.asarray(batch.group)
+    real = np.asarray(batch.episode_mask) & (group < num_groups)
+    steps = np.asarray(batch.step_mask)[real].sum(axis=1)
+    np.maximum.at(lengths, group[real], steps)
+    return lengths
+
+
+def window_groups(group_lengths: np.ndarray, start: int) -> np.ndarray:
+    """The groups whose per-step rows the window at step ``start`` extends: those with an
+    episode at least ``start`` steps long (the window after a group's longest episode
+    still holds a lag-1 sum's last value); after it, ``after_end`` gives every value."""
+    return np.flatnonzero((group_lengths > 0) & (group_lengths >= start))
+
+
+def _joined(windows: list[tuple[int, Any]], name: str | None, length: int) -> np.ndarray:
+    """[..., length] of the (start, [..., C]) ``windows``' arrays side by side, the sum
+    ``name`` one step earlier if it is a lag-1 sum (None: no sum's, or unshifted): its
+    column c holds step start + c - 1."""
+    first = np.asarray(windows[0][1])
+    lag = sum_spec(name).lag if name is not None else 0
+    # every column is written below but a lag-1 sum's last: no zero-filling pass over
+    # arrays that can be [policies, groups, a million steps]
+    full = np.empty((*first.shape[:-1], length), first.dtype)
+    written = 0
+    for start, part in windows:
+        part = np.asarray(part)
+        if lag:
+            low = max(start - 1, 0)
+            part = part[..., low - (start - 1) :]
+        else:
+            low = start
+        if low != written:  # windows in order, side by side: nothing left unwritten
+            raise ValueError(f"window at step {start} does not follow step {written}")
+        full[..., low : low + part.shape[-1]] = part
+        written = low + part.shape[-1]
+    full[..., written:] = 0
+    return full
+
+
+def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]:
+    """The K per-group rows [..., T_g] of one per-group per-step sum: group g's windows up
+    to the one after its longest episode (``window_groups``), side by side. Windows that
+    extend the same groups are joined at once (a run); a group's row is its runs' parts."""
+    windows = [(start, getattr(s, field)[name]) for start, s in output.windows]
+    lengths = output.group_lengths
+    if lengths is None:
+        full = _joined(windows, name if field == "step_sums" else None, output.length)
+        return [full[..., k, :] for k in range(full.shape[-2])]
+    runs: list[tuple[np.ndarray, list]] = []
+    for start, part in windows:
+        rows = window_groups(lengths, start)
+        part = np.asarray(part)
+        if part.shape[-2] != rows.size:  # all K groups' rows: keep the window's own
+            part = part[..., rows, :]
+        if runs and np.array_equal(runs[-1][0], rows):
+            runs[-1][1].append((start, part))
+        else:
+            runs.append((rows, [(start, part)]))
+    pieces: list[list[np.ndarray]] = [[] for _ in lengths]
+    walked = 0  # steps of the runs before
+    for rows, run in runs:
+        if run[0][0] != walked:
+            raise ValueError(f"window at step {run[0][0]} does not follow step {walked}")
+        width = run[-1][0] + run[-1][1].shape[-1] - walked
+        block = _joined([(start - walked, part) for start, part in run], None, width)
+        walked += width
+        for index, group in enumerate(rows):
+            pieces[group].append(block[..., index, :])
+    lead = np.asarray(windows[0][1]).shape[:-2]
+    rows_out = []
+    for parts in pieces:
+        row = np.concatenate(parts, axis=-1) if parts else np.zeros((*lead, 0))
+        if field == "step_sums" and sum_spec(name).lag and row.shape[-1]:
+            row = np.concatenate([row[..., 1:], np.zeros((*lead, 1), row.dtype)], axis=-1)
+        rows_out.append(row)
+    return rows_out
+
+
+def _few_rows(window: tuple[int, StepStatistics], group_lengths: np.ndarray):
+    """A window's (start, StepStatistics) with its per-group sums cut to the rows it
+    extends (``window_groups``), on the host, where those are at most a quarter of the
+    groups; else as it is (on the device)."""
+    start, statistics = window
+    rows = window_groups(group_lengths, start)
+    if 4 * rows.size > group_lengths.size:
+        return window
+    host = jax.device_get(statistics)
+    few = {f: {k: v[..., rows, :] for k, v in getattr(host, f).items()} for f in GROUP_STEP_FIELDS}
+    return start, host._replace(**few)
 
 
 def assemble(output: KernelOutput) -> BatchStatistics:
     """The BatchStatistics [D, P, ...] of a batch (host arrays) from its KernelOutput (host
-    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier."""
-    length = output.length
+    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier; the
+    per-group ones as K rows, each as far as its group needs (``_group_rows``)."""
     fields = {}
     for field in StepStatistics._fields:
-        assembled = {}
-        for name, first in getattr(output.windows[0][1], field).items():
-            lag = "log_scales" not in field and sum_spec(name).lag
-            # every column is written below but a lag-1 sum's last: no zero-filling pass
-            # over arrays that can be [policies, groups, a million steps]
-            full = np.empty((*first.shape[:-1], length), first.dtype)
-            written = 0
-            for start, statistics in output.windows:
-                part = np.asarray(getattr(statistics, field)[name])
-                if lag:  # column c holds step start + c - 1
-                    low = max(start - 1, 0)
-                    part = part[..., low - (start - 1) :]
-                else:
-                    low = start
-                if low != written:  # windows in order, side by side: nothing left unwritten
-                    raise ValueError(f"window at step {start} does not follow step {written}")
-                full[..., low : low + part.shape[-1]] = part
-                written = low + part.shape[-1]
-            full[..., written:] = 0
-            assembled[name] = full
-        fields[field] = assembled
+        names = getattr(output.windows[0][1], field)
+        if field in GROUP_STEP_FIELDS:
+            fields[field] = {name: _group_rows(output, field, name) for name in names}
+            continue
+        lagging = field == "replicate_step_sums"  # (scales never lag)
+        fields[field] = {
+            name: _joined(
+                [(start, getattr(s, field)[name]) for start, s in output.windows],
+                name if lagging else None,
+                output.length,
+            )
+            for name in names
+        }
     return combine(StepStatistics(**fields), output.scalar)
 
 
@@ -608,7 +698,8 @@ class Kernel:
         """Dispatches every window of ``batch`` ([B, T], T a multiple of ``width``; None:
         one window of T) and the finish; returns device arrays."""
         width = batch.shape[1] if width is None else width
-        return self.walk(self.device_windows(batch, width), self.counts(batch))
+        lengths = group_lengths(batch, self.static.num_groups)
+        return self.walk(self.device_windows(batch, width), self.counts(batch), lengths)
 
     def _lanes_of_carry(self, lanes: int) -> int:
         """The carry's lanes for windows of ``lanes`` (``carry_lanes`` when it is more)."""
@@ -631,10 +722,18 @@ class Kernel:
             )
         )
 
-    def walk(self, windows: list[tuple[int, PaddedBatch]], counts: np.ndarray) -> KernelOutput:
+    def walk(
+        self,
+        windows: list[tuple[int, PaddedBatch]],
+        counts: np.ndarray,
+        group_lengths: np.ndarray | None = None,
+    ) -> KernelOutput:
         """Dispatches the advance kernel on each of a batch's ``windows`` (in order; host
         arrays, or on the device(s)) and the finish kernel, with the batch's [B, R]
-        bootstrap ``counts`` (host); returns device arrays."""
+        bootstrap ``counts`` (host); returns device arrays. With each resampling group's
+        longest episode (``group_lengths`` [K]), a window that extends few groups' rows
+        is brought to the host as those rows while later ones run (``_few_rows``): a
+        very long episode's windows then hold one row each, not K."""
         lanes, width = windows[0][1].step_mask.shape
         carry_lanes = self._lanes_of_carry(lanes)
         carry = self.initial_carry(carry_lanes)
@@ -646,6 +745,8 @@ class Kernel:
                 carry, statistics, zero = self._call(_advance_kernel, args)
                 steps.append((start, statistics))
                 zero_behavior.append(zero)
+                if group_lengths is not None and len(steps) > 2:  # two stay in flight
+                    steps[-3] = _few_rows(steps[-3], group_lengths)
             last = windows[-1][1]
             laid_out = [
                 self.carry_layout(np.asarray(x), carry_lanes)
@@ -657,7 +758,9 @@ class Kernel:
             scalar, terms = self._call(_finish_kernel, (carry, *laid_out, self.betting_range))
         zero_behavior = None if self.behavior is None else zero_behavior
         lanes = lanes if self.static.terms else None
-        return KernelOutput(steps, scalar, zero_behavior, len(windows) * width, terms, lanes)
+        return KernelOutput(
+            steps, scalar, zero_behavior, len(windows) * width, terms, lanes, group_lengths
+        )
 
     def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):
         """(args, kernel key or None, its kept file or None) of the advance kernel on an

@@ -11,6 +11,7 @@ knows a particular estimator: ``finalize`` hands the merged sums to each registe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from math import comb
 from statistics import NormalDist
@@ -22,6 +23,7 @@ from ope_cli.estimation.estimators import available, get, names
 from ope_cli.estimation.estimators.base import (
     BETTING_BINS,
     BETTING_VARIABLES,
+    GROUP_STEP_FIELDS,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
     BatchStatistics,
@@ -42,15 +44,31 @@ __all__ = ["INTERVALS", "Accumulator", "Diagnostics", "Estimate", "Profile"]
 # The merged statistics of one policy (float64 host arrays) are the kernel's own record.
 Accumulator = BatchStatistics
 
+# Per-group per-step cells (K x T) that finalisation lays out as one array, to combine and
+# leave out groups in a few vectorised steps; beyond, it combines the rows one by one in
+# memory of one row (a very long episode).
+DENSE_CELLS = 1 << 22
+
+
+def _rows(x) -> list[np.ndarray]:
+    """Per-group rows [..., T_g] (float64) of per-step sums: a list as it is, or an
+    array [..., K, T] split into K rows of T."""
+    if isinstance(x, list | tuple):
+        return [np.asarray(row, np.float64) for row in x]
+    x = np.asarray(x, np.float64)
+    return [x[..., k, :] for k in range(x.shape[-2])]
+
 
 def from_batch(batch) -> Accumulator:
     """One batch's statistics for one policy (a BatchStatistics of device or NumPy arrays)
-    as float64; for P stacked policies (every leaf with a leading [P] axis), a stacked
-    accumulator (``unstack``)."""
+    as float64, the per-group per-step sums as rows; for P stacked policies (every leaf
+    with a leading [P] axis), a stacked accumulator (``unstack``)."""
 
     def convert(field: str, value):
         if not isinstance(value, dict):
             return np.asarray(value, np.float64)
+        if field in GROUP_STEP_FIELDS:
+            return {name: _rows(x) for name, x in value.items()}
         arrays = {name: np.asarray(x, np.float64) for name, x in value.items()}
         if field in ("log_scales", "pivots"):
             return {name: x if x.ndim else float(x) for name, x in arrays.items()}
@@ -69,6 +87,8 @@ def unstack(acc: Accumulator) -> list[Accumulator]:
             return value[p]
         if field in ("log_scales", "pivots"):
             return {name: float(x[p]) for name, x in value.items()}
+        if field in GROUP_STEP_FIELDS:
+            return {name: [r[p] for r in rows] for name, rows in value.items()}
         return {name: x[p] for name, x in value.items()}
 
     return [
@@ -99,13 +119,17 @@ def init(
         pivots={name: 0.0 for name, scale in scales.items() if scale.pivot is not None},
         sums={s.name: zeros(num_groups, s) for s in scalar},
         replicate_sums={s.name: zeros(num_replicates, s) for s in scalar},
-        step_log_scales={name: np.zeros((num_groups, 0)) for name in step_scales},
-        step_sums={s.name: np.zeros((num_groups, 0)) for s in steps},
+        step_log_scales={name: _empty_rows(num_groups) for name in step_scales},
+        step_sums={s.name: _empty_rows(num_groups) for s in steps},
         replicate_step_log_scales={name: np.zeros(0) for name in step_scales},
         replicate_step_sums={s.name: np.zeros((num_replicates, 0)) for s in steps},
         log_weight_histogram=np.zeros(HISTOGRAM_BINS + 2),
         betting_histogram=np.zeros((len(BETTING_VARIABLES), BETTING_BINS + 1 if betting else 0)),
     )
+
+
+def _empty_rows(num_groups: int) -> list[np.ndarray]:
+    return [np.zeros(0) for _ in range(num_groups)]
 
 
 def _lengthen_scale(scale_t: np.ndarray, extra: int) -> np.ndarray:
@@ -124,26 +148,45 @@ def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
     return np.concatenate([sum_rt, tail], -1)
 
 
-def extend(acc: Accumulator, length: int) -> Accumulator:
-    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values."""
-    # replicates first: both read how far to lengthen from the groups' arrays (acc.length)
-    return _extend_groups(_extend_replicates(acc, length), length)
+def extend(acc: Accumulator, length: int, rows=None) -> Accumulator:
+    """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values,
+    and each group's rows to ``rows`` ([K]; None: ``length`` too, K x ``length`` cells)."""
+    return _extend_groups(_extend_replicates(acc, length), length if rows is None else rows)
 
 
-def _extend_groups(acc: Accumulator, length: int) -> Accumulator:
-    """``extend`` of the per-group per-step arrays only."""
-    extra = length - acc.length
-    if extra <= 0:
-        return acc
+def row_lengths(acc: Accumulator) -> np.ndarray:
+    """[K] the length of each group's per-step rows."""
+    scales = next(iter(acc.step_log_scales.values()), [])
+    return np.array([row.shape[-1] for row in scales], np.int64)
+
+
+def _longer_row(lengthen, row: np.ndarray, length: int) -> np.ndarray:
+    return lengthen(row, length - row.shape[-1]) if row.shape[-1] < length else row
+
+
+def _extend_groups(acc: Accumulator, lengths) -> Accumulator:
+    """The per-group rows of ``acc`` lengthened to ``lengths`` (an int, or [K] one per
+    group) where they are shorter."""
+
+    def longer(lengthen, rows: list) -> list:
+        wanted = np.broadcast_to(lengths, (len(rows),))
+        return [_longer_row(lengthen, row, int(n)) for row, n in zip(rows, wanted, strict=True)]
+
     return acc._replace(
-        step_log_scales={k: _lengthen_scale(v, extra) for k, v in acc.step_log_scales.items()},
-        step_sums={k: _lengthen_sum(k, v, extra) for k, v in acc.step_sums.items()},
+        step_log_scales={k: longer(_lengthen_scale, v) for k, v in acc.step_log_scales.items()},
+        step_sums={
+            k: longer(functools.partial(_lengthen_sum, k), v) for k, v in acc.step_sums.items()
+        },
     )
+
+
+def _replicate_length(acc: Accumulator) -> int:
+    return max((x.shape[-1] for x in acc.replicate_step_log_scales.values()), default=0)
 
 
 def _extend_replicates(acc: Accumulator, length: int) -> Accumulator:
     """``extend`` of the replicates' per-step arrays only."""
-    extra = length - acc.length
+    extra = length - _replicate_length(acc)
     if extra <= 0:
         return acc
     return acc._replace(
@@ -241,48 +284,46 @@ def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
     return scales, sums
 
 
-def _group_axes(x: np.ndarray) -> tuple[int, ...]:
-    """Every axis of a per-group per-step array ([..., K, L]) but its groups'."""
-    return tuple(i for i in range(x.ndim) if i != x.ndim - 2)
+def _group_row(acc: Accumulator, group: int) -> tuple[dict, dict, int]:
+    """(scales, sums, length) of one group's per-step rows."""
+    scales = {k: v[group] for k, v in acc.step_log_scales.items()}
+    sums = {k: v[group] for k, v in acc.step_sums.items()}
+    length = max((x.shape[-1] for x in (*scales.values(), *sums.values())), default=0)
+    return scales, sums, length
 
 
-def _rows_with_weight(acc: Accumulator) -> np.ndarray:
-    """[K] bool: the groups with some weight or some sum at some step of ``acc``."""
-    rows = np.zeros(acc.sums["count"].shape[-1], bool)
-    for scale in acc.step_log_scales.values():
-        rows |= np.any(scale != -np.inf, axis=_group_axes(scale))
-    for values in acc.step_sums.values():
-        rows |= np.any(values != 0.0, axis=_group_axes(values))
-    return rows
-
-
-def _merge_group_steps(a: Accumulator, b: Accumulator, length: int) -> tuple[dict, dict]:
-    """(scales, sums) of the per-group per-step sums of ``a`` and ``b``, lengthened to
-    ``length``. Where one side is shorter, only its groups that hold something are
-    combined (lengthened first); the longer side's other groups are what log-sum-exp gives
-    them, themselves, and are copied: merging a short batch into a very long episode's
-    sums costs the short batch's groups, not all K."""
-    short, long = (a, b) if a.length <= b.length else (b, a)
-    same_names = set(short.step_log_scales) == set(long.step_log_scales) and set(
-        short.step_sums
-    ) == set(long.step_sums)
-    rows = _rows_with_weight(short) if same_names and short.length < length else None
-    if rows is None or rows.all():
-        a, b = _extend_groups(a, length), _extend_groups(b, length)
-        return _merge_steps(a.step_log_scales, a.step_sums, b.step_log_scales, b.step_sums)
-    extra = length - short.length
-    merged_scales, merged_sums = _merge_steps(
-        {k: _lengthen_scale(v[..., rows, :], extra) for k, v in short.step_log_scales.items()},
-        {k: _lengthen_sum(k, v[..., rows, :], extra) for k, v in short.step_sums.items()},
-        {k: v[..., rows, :] for k, v in long.step_log_scales.items()},
-        {k: v[..., rows, :] for k, v in long.step_sums.items()},
+def _merge_group_steps(a: Accumulator, b: Accumulator) -> tuple[dict, dict]:
+    """(scales, sums) of the per-group per-step rows of ``a`` and ``b``, group by group:
+    each pair lengthened to the longer (log-sum-exp). A group with no step on one side
+    keeps the other side's rows as they are (what log-sum-exp gives them): merging a short
+    batch into a very long episode's sums costs the short batch's rows."""
+    same_names = set(a.step_log_scales) == set(b.step_log_scales) and set(a.step_sums) == set(
+        b.step_sums
     )
-    scales = {k: v.copy() for k, v in long.step_log_scales.items()}
-    sums = {k: v.copy() for k, v in long.step_sums.items()}
-    for merged, out in ((merged_scales, scales), (merged_sums, sums)):
-        for k, v in merged.items():
-            out[k][..., rows, :] = v
+    scales: dict[str, list] = {k: [] for k in {**a.step_log_scales, **b.step_log_scales}}
+    sums: dict[str, list] = {k: [] for k in {**a.step_sums, **b.step_sums}}
+    for group in range(a.sums["count"].shape[-1]):
+        scales_a, sums_a, length_a = _group_row(a, group)
+        scales_b, sums_b, length_b = _group_row(b, group)
+        if same_names and min(length_a, length_b) == 0:
+            merged = (scales_b, sums_b) if length_a == 0 else (scales_a, sums_a)
+        else:
+            length = max(length_a, length_b)
+            merged = _merge_steps(
+                *_longer_rows(scales_a, sums_a, length), *_longer_rows(scales_b, sums_b, length)
+            )
+        for out, rows in zip((scales, sums), merged, strict=True):
+            for k, row in rows.items():
+                out[k].append(row)
     return scales, sums
+
+
+def _longer_rows(scales: dict, sums: dict, length: int) -> tuple[dict, dict]:
+    """One group's rows lengthened to ``length`` where they are shorter."""
+    return (
+        {k: _longer_row(_lengthen_scale, v, length) for k, v in scales.items()},
+        {k: _longer_row(functools.partial(_lengthen_sum, k), v, length) for k, v in sums.items()},
+    )
 
 
 def _empty(acc: Accumulator) -> bool:
@@ -296,8 +337,8 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         return b
     if _empty(b) and set(a.sums) == set(b.sums):
         return a
-    length = max(a.length, b.length)
-    step = _merge_group_steps(a, b, length)
+    step = _merge_group_steps(a, b)
+    length = max(_replicate_length(a), _replicate_length(b))
     a, b = _extend_replicates(a, length), _extend_replicates(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
     replicate_step = _merge_steps(
@@ -372,8 +413,12 @@ def restricted(acc: Accumulator, estimators: tuple[str, ...]) -> Accumulator:
 
 
 def grouped_sums(acc: Accumulator, length: int) -> Grouped:
-    """The merged sums (extended to ``length`` steps) as estimators read them."""
-
+    """The merged sums (extended to ``length`` steps) as estimators read them: laid out as
+    [K, length] arrays when that is at most DENSE_CELLS cells, else combined row by row
+    (``_row_by_row``)."""
+    if len(acc.sums["count"]) * length > DENSE_CELLS:
+        return _row_by_row(acc, length)
+    acc = dense_groups(acc, length)
     every_factors = {k: _rescaled_groups(v[:, :length]) for k, v in acc.step_log_scales.items()}
 
     def select(groups: np.ndarray) -> Sums:
@@ -398,6 +443,59 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     every = np.arange(acc.sums["count"].shape[0])
     groups = np.flatnonzero(acc.sums["count"] > 0)
     return Grouped(select(every), groups, select, lambda: leave_one_out_sums(acc, length)[1])
+
+
+def dense_groups(acc: Accumulator, length: int) -> Accumulator:
+    """``acc`` with its per-group rows lengthened to ``length`` and stacked: [..., K, length]
+    arrays (the layout ``grouped_sums`` and ``leave_one_out_sums`` index)."""
+    if not any(isinstance(v, list) for v in acc.step_log_scales.values()):
+        return acc
+    acc = _extend_groups(acc, length)
+
+    def stacked(rows: list) -> np.ndarray:
+        return np.stack([row[..., :length] for row in rows], axis=-2)
+
+    return acc._replace(
+        step_log_scales={k: stacked(v) for k, v in acc.step_log_scales.items()},
+        step_sums={k: stacked(v) for k, v in acc.step_sums.items()},
+    )
+
+
+def _row_by_row(acc: Accumulator, length: int) -> Grouped:
+    """``grouped_sums`` in the memory of a few rows of ``length``: each selection combines
+    its groups' rows one at a time (lengthened by ``after_end``; groups without a step are
+    skipped), and the jackknife selects its leave-one-outs one by one."""
+    lengths = row_lengths(acc)
+
+    def full(lengthen, row: np.ndarray) -> np.ndarray:
+        return _longer_row(lengthen, row, length)[..., :length]
+
+    def select(groups: np.ndarray) -> Sums:
+        stepped = [int(g) for g in groups if lengths[g] > 0]
+        combined = {}
+        for name, rows in acc.step_log_scales.items():
+            combined[name] = np.full(length, -np.inf)
+            for g in stepped:
+                np.maximum(combined[name], full(_lengthen_scale, rows[g]), out=combined[name])
+        step_sums = {}
+        for name, rows in acc.step_sums.items():
+            scale = sum_spec(name).scale.name
+            step_sums[name] = np.zeros(length)
+            for g in stepped:
+                factor_t = rescale(
+                    full(_lengthen_scale, acc.step_log_scales[scale][g]), combined[scale]
+                )
+                step_sums[name] += full(functools.partial(_lengthen_sum, name), rows[g]) * factor_t
+        return Sums(
+            {k: group_total(v[groups]) for k, v in acc.sums.items()},
+            acc.log_scales,
+            acc.pivots,
+            step_sums,
+            combined,
+        )
+
+    every = np.arange(acc.sums["count"].shape[0])
+    return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select, None)
 
 
 def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -452,6 +550,7 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
     scale (log-sum-exp), never by subtracting a group: relative to the all-group max,
     except at the steps where g alone holds it, where they are every group but that one,
     relative to the second largest."""
+    acc = dense_groups(acc, length)
     groups = np.flatnonzero(acc.sums["count"] > 0)
     others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
     weights_gk = others_gk.astype(np.float64)
@@ -565,7 +664,7 @@ def finalize(
     diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
     estimators.reduction.betting_variables and an accumulator that holds their histogram."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    acc = extend(acc, max_length)
+    acc = _extend_replicates(acc, max_length)  # the groups' rows: by ``grouped_sums``
     context = Context(gamma, max_length)
     grouped = grouped_sums(acc, max_length)
     estimates = {}
@@ -601,7 +700,7 @@ class Profile:
 def profile(acc: Accumulator, gamma: float, max_length: int) -> Profile:
     """The per-step WPDIS path and weight mass (core sums wr_t, w_t), and the log-weight
     histogram."""
-    totals = grouped_sums(extend(acc, max_length), max_length).totals
+    totals = grouped_sums(acc, max_length).totals
     num_t, den_t = totals.step_sums["wr_t"], totals.step_sums["w_t"]
     log_scale_t = totals.step_log_scales["step"]
     discount_t = Context(gamma, max_length).discount_t

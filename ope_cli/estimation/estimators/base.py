@@ -192,6 +192,12 @@ class StepSum:
     after_end: Literal["hold", "zero"] = "hold"
     lag: Literal[0, 1] = 0
 
+    def __post_init__(self):
+        # a lag-1 value of an episode's last step looks past its end, where there is nothing
+        # (``kernel.assemble`` leaves it 0 where no later window is kept)
+        if self.lag and self.after_end != "zero":
+            raise ValueError(f"step sum {self.name!r}: a lag-1 sum is 0 after the end")
+
 
 class Point(NamedTuple):
     """A finalised value and standard error (None where undefined), with a note."""
@@ -444,6 +450,11 @@ def sums_of(estimators: tuple[str, ...]) -> tuple[Sum | StepSum, ...]:
     return tuple(specs.values())
 
 
+# The fields of BatchStatistics whose per-step sums are kept per resampling group: on the
+# host, a list of K rows, each as long as its group's episodes need.
+GROUP_STEP_FIELDS = ("step_log_scales", "step_sums")
+
+
 class BatchStatistics(NamedTuple):
     """Sufficient statistics of a set of episodes for one policy: one batch's, as the
     kernel returns them (device arrays), or every batch's so far, merged in float64 on the
@@ -453,16 +464,19 @@ class BatchStatistics(NamedTuple):
     needs no second pass. Dicts are keyed by sum (or scale) name; a pytree. The per-step
     arrays span T steps: a batch's windows side by side, or on the host the longest
     bucket seen (for t >= T every episode has ended; ``stats.extend`` lengthens them by
-    each StepSum's ``after_end``). On the host a scalar log scale or pivot is a float, and
-    P stacked policies' statistics have a leading [P] axis on every leaf.
+    each StepSum's ``after_end``). On the host the per-group per-step sums are ragged: a
+    list of K rows [T_g], group g's as far as its own longest episode needs (after it,
+    ``after_end`` gives every value), so one very long episode costs one row of its
+    length, not K. On the host a scalar log scale or pivot is a float, and P stacked
+    policies' statistics have a leading [P] axis on every leaf (rows [P, T_g]).
     """
 
     log_scales: dict[str, Array]  # scalar scale -> [] max over episodes of its log scale
     pivots: dict[str, Array]  # scalar scale with a pivot -> [] the batch's pivot
     sums: dict[str, Array]  # Sum -> [K] (or [K, m + 1] with moments)
     replicate_sums: dict[str, Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
-    step_log_scales: dict[str, Array]  # per-step scale -> [K, T] max over a group
-    step_sums: dict[str, Array]  # StepSum -> [K, T]
+    step_log_scales: dict[str, Any]  # per-step scale -> [K, T] max over a group (host: rows)
+    step_sums: dict[str, Any]  # StepSum -> [K, T] (host: K rows [T_g])
     replicate_step_log_scales: dict[str, Array]  # per-step scale -> [T] max over the batch
     replicate_step_sums: dict[str, Array]  # StepSum -> [R, T]
     log_weight_histogram: Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
@@ -475,8 +489,11 @@ class BatchStatistics(NamedTuple):
 
     @property
     def length(self) -> int:
-        """T, the length of the per-step arrays."""
-        return max((x.shape[-1] for x in self.step_log_scales.values()), default=0)
+        """T, the length of the longest per-step array (a group's row, or the replicates')."""
+        arrays = list(self.replicate_step_log_scales.values())
+        for x in self.step_log_scales.values():
+            arrays += x if isinstance(x, list) else [x]
+        return max((x.shape[-1] for x in arrays), default=0)
 
 
 def group_total(x_k):
