@@ -309,3 +309,52 @@ def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
         )  # a group's rows end after its window: lengthened by their ended-episode values
         for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(windowed), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-9)  # the same numbers to rounding
+
+
+def test_a_long_episode_costs_its_own_group_row(tmp_path):
+    """A batch walked in many windows: each window that extends few groups' rows comes to
+    the host as those rows while later ones run, and a group's assembled rows end after
+    the window that follows its longest episode (one long episode: one long row), equal to
+    the batch walked as one window once lengthened by the ended-episode values."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.data.buckets import pad
+    from ope_cli.data.episodes import concat_chunks
+    from ope_cli.estimation import kernel
+    from ope_cli.estimation.pipeline import stream
+
+    rng = np.random.default_rng(8)
+    behavior = random_checkpoint("tabular", rng)
+    episodes = [
+        {
+            **random_episodes(
+                rng, 1, behavior=behavior, length_dist="fixed", median_length=n, max_length=n
+            )[0],
+            "episode_id": i,
+        }
+        for i, n in enumerate([200, 3, 17, 5])
+    ]
+    path = save_checkpoint(tmp_path / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    batches = stream(EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95))
+    chunk = concat_chunks(list(batches.reread_chunks()))
+    assert sorted(chunk.lengths.tolist()) == [3, 5, 17, 200]
+    batch = pad(chunk, 208, 4)._replace(group=np.arange(4, dtype=np.int32))  # one each
+    (group,) = kernel.group_policies(batches.policies)
+    one = kernel.Kernel(group, kernel.KernelSettings(0.95, 8, np.float64))
+    lengths = batch.step_mask.sum(axis=1)
+    output = one(batch, 16)  # 13 windows
+    expected = np.zeros(8, np.int64)
+    expected[:4] = lengths
+    assert output.group_lengths.tolist() == expected.tolist()
+    on_host = [w for _, w in output.windows if isinstance(w.step_sums["w_t"], np.ndarray)]
+    assert len(on_host) == 13 - 2 - 1  # all but the first and the two in flight
+    assert [w.step_sums["w_t"].shape[-2] for w in on_host] == [2] + [1] * 9
+    assembled = stats.from_batch(kernel.assemble(jax.device_get(output)))
+    kept = np.where(expected > 0, np.minimum((expected // 16 + 1) * 16, 208), 0)
+    assert stats.row_lengths(assembled).tolist() == kept.tolist()
+    whole = stats.from_batch(kernel.batch_statistics_of(one, batch))  # one window of 208
+    for field in ("step_log_scales", "step_sums"):
+        a = getattr(stats.dense_groups(assembled, 208), field)
+        b = getattr(stats.dense_groups(whole, 208), field)
+        for name in b:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, err_msg=name)
