@@ -127,7 +127,7 @@ def test_bench_targets_and_precision(tiny_bench):
     assert set(targets) == set(TARGETS)  # every target of the one table, judged
     for name, target in targets.items():
         assert target["threshold"] == TARGETS[name].threshold, name
-        if name == "memory_growth":
+        if name in ("memory_growth", "memory_one_episode"):
             assert target["met"] is None and tiny_bench["memory"] is None
         elif name == "process_vs_pyarrow" and target["value"] is None:  # tiny data
             assert target["met"] is None
@@ -166,3 +166,7 @@ def test_memory_mode_reports_peak_rss_of_both_runs(tmp_path):
     assert memory["1x"]["peak_rss_bytes"] > 0 and memory["10x"]["peak_rss_bytes"] > 0
     assert memory["10x"]["steps"] > 5 * memory["1x"]["steps"]
     assert memory["growth"] > 0
+    assert memory["one_episode"]["steps"] == 10 * 2000  # one episode of the 10x data's steps
+    assert memory["one_episode_ratio"] == pytest.approx(
+        memory["one_episode"]["peak_rss_bytes"] / memory["10x"]["peak_rss_bytes"]
+    )

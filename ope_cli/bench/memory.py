@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ope_cli.bench.config import MEMORY_FACTOR, Progress, evaluate_command
 from ope_cli.bench.data import episodes_for_steps, generate_data
 from ope_cli.bench.measure import ratio
@@ -55,28 +57,36 @@ def measure_memory(
     batching: BatchingConfig,
     progress: Progress,
 ) -> dict:
-    """Peak RSS of ``ope evaluate`` subprocesses on 1x and MEMORY_FACTORx generated data."""
+    """Peak RSS of ``ope evaluate`` subprocesses on 1x and MEMORY_FACTORx generated data,
+    and on one episode as long as the MEMORY_FACTORx data (SPEC 6: the same peak)."""
     runs = {}
     env = dict(os.environ, OPE_CACHE_DIR="off")
-    for factor in (1, MEMORY_FACTOR):
-        path = directory / f"memory_{factor}x.parquet"
-        info = generate_data(path, episodes_for_steps(base_steps * factor), seed + factor)
-        progress(f"memory: ope evaluate on {info['steps']:,} steps ({factor}x) in a subprocess")
+    big = MEMORY_FACTOR * base_steps
+    cases = {  # name: (episodes, seed, lengths)
+        "1x": (episodes_for_steps(base_steps), seed + 1, None),
+        f"{MEMORY_FACTOR}x": (episodes_for_steps(big), seed + MEMORY_FACTOR, None),
+        "one_episode": (1, seed + MEMORY_FACTOR + 1, np.array([big])),
+    }
+    for name, (episodes, data_seed, lengths) in cases.items():
+        path = directory / f"memory_{name}.parquet"
+        info = generate_data(path, episodes, data_seed, lengths)
+        progress(f"memory: ope evaluate on {info['steps']:,} steps ({name}) in a subprocess")
         command = evaluate_command(str(path), checkpoint, batching)
-        peak, seconds = _peak_rss_of(command, env, directory / f"memory_{factor}x.json")
-        reported = json.loads((directory / f"memory_{factor}x.json").read_text())
+        peak, seconds = _peak_rss_of(command, env, directory / f"memory_{name}.json")
+        reported = json.loads((directory / f"memory_{name}.json").read_text())
         path.unlink()
-        runs[f"{factor}x"] = {
+        runs[name] = {
             "steps": reported["dataset"]["steps"],
             "peak_rss_bytes": peak,
             "peak_rss_mib": peak / 2**20,
             "seconds": seconds,
         }
-    growth = ratio(runs[f"{MEMORY_FACTOR}x"]["peak_rss_bytes"], runs["1x"]["peak_rss_bytes"])
+    many = runs[f"{MEMORY_FACTOR}x"]["peak_rss_bytes"]
     return {
         **runs,
-        "growth": growth,
+        "growth": ratio(many, runs["1x"]["peak_rss_bytes"]),
+        "one_episode_ratio": ratio(runs["one_episode"]["peak_rss_bytes"], many),
         "factor": MEMORY_FACTOR,
         "method": "VmHWM of each ope evaluate child, read while it runs; compilation cache "
-        "off in both",
+        "off in all; one_episode_ratio: one episode of the 10x data's steps / the 10x data",
     }

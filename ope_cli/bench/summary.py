@@ -58,6 +58,9 @@ TARGETS: dict[str, Target] = {
     ),
     "padding_waste": Target(0.10, True, "(padded - real) / real steps"),
     "memory_growth": Target(1.2, True, "peak RSS, 10x the data / 1x"),
+    "memory_one_episode": Target(
+        1.2, True, "peak RSS, one episode of the 10x data's steps / the 10x data"
+    ),
     "many_policies": Target(
         3.0,
         True,
@@ -234,6 +237,11 @@ def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) 
         "memory_growth": _judged(
             "memory_growth",
             growth,
+            None if memory is not None else "not measured; run `ope bench --memory`",
+        ),
+        "memory_one_episode": _judged(
+            "memory_one_episode",
+            None if memory is None else memory["one_episode_ratio"],
             None if memory is not None else "not measured; run `ope bench --memory`",
         ),
         "many_policies": _judged("many_policies", many, many_note),

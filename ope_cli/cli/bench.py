@@ -52,7 +52,8 @@ Memory = Annotated[
     bool,
     typer.Option(
         "--memory",
-        help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data.",
+        help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data, and "
+        f"on one episode of the {MEMORY_FACTOR}x data's steps.",
     ),
 ]
 MemorySteps = Annotated[int, typer.Option(help="Steps of the 1x dataset of --memory.")]

@@ -150,7 +150,9 @@ def _detail_lines(result: dict) -> list[str]:
         lines.append(
             f"memory: peak RSS {small['peak_rss_mib']:,.0f} MiB on {small['steps']:,} steps, "
             f"{large['peak_rss_mib']:,.0f} MiB on {large['steps']:,} steps "
-            f"(growth {_times(memory['growth'])})"
+            f"(growth {_times(memory['growth'])}), "
+            f"{memory['one_episode']['peak_rss_mib']:,.0f} MiB on one episode of as many "
+            f"({_times(memory['one_episode_ratio'])})"
         )
     processes = result.get("processes")
     if processes:
