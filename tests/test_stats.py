@@ -524,8 +524,9 @@ def test_wis_stderr_when_one_episode_holds_nearly_all_the_weight(share, heavy_fi
     assert estimates["wis"].value == pytest.approx(reference_estimates(episodes, 0.9)["wis"])
 
 
+@pytest.mark.parametrize("head", ["none", "median"])
 @pytest.mark.parametrize("ratio_scale", [0.3, 3.0])
-def test_row_by_row_finalisation_equals_the_dense_one(monkeypatch, ratio_scale):
+def test_row_by_row_finalisation_equals_the_dense_one(monkeypatch, ratio_scale, head):
     """Past DENSE_CELLS (a very long episode), finalisation combines each group's rows one at
     a time and selects the jackknife's leave-one-outs one by one: the same estimates,
     standard errors, intervals and per-step profile as the [K, T] layout, to rounding."""
@@ -548,8 +549,12 @@ def test_row_by_row_finalisation_equals_the_dense_one(monkeypatch, ratio_scale):
         step_log_scales={k: cut(v) for k, v in full.step_log_scales.items()},
         step_sums={k: cut(v) for k, v in full.step_sums.items()},
     )
+    # and odd groups' rows past the longest episode, as a window's end may leave them
+    acc = stats.extend(acc, max_length, rows=np.where(np.arange(K) % 2, max_length + 5, own))
     assert len(set(stats.row_lengths(acc).tolist())) > 1  # ragged rows
-    monkeypatch.setattr(stats, "DENSE_CELLS", 0)
+    # every row merged one by one, or the rows up to the median length combined at once
+    cells = 0 if head == "none" else K * int(np.median(own))
+    monkeypatch.setattr(stats, "DENSE_CELLS", cells)
     assert stats.grouped_sums(acc, max_length).leave_one_out is None  # row by row
     rows = stats.finalize(acc, 0.9, max_length, 0.95)
     assert rows[1] == dense[1]

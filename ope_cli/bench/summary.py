@@ -59,7 +59,7 @@ TARGETS: dict[str, Target] = {
     "padding_waste": Target(0.10, True, "(padded - real) / real steps"),
     "memory_growth": Target(1.2, True, "peak RSS, 10x the data / 1x"),
     "memory_one_episode": Target(
-        1.2, True, "peak RSS, one episode of the 10x data's steps / the 10x data"
+        1.2, True, "peak RSS, one long episode among the 1x data's (the 10x data's steps) / 10x"
     ),
     "many_policies": Target(
         3.0,

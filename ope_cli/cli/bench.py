@@ -53,7 +53,7 @@ Memory = Annotated[
     typer.Option(
         "--memory",
         help=f"Also measure peak memory of ope evaluate on 1x and {MEMORY_FACTOR}x data, and "
-        f"on one episode of the {MEMORY_FACTOR}x data's steps.",
+        f"on as many steps as the {MEMORY_FACTOR}x data in one long episode among short ones.",
     ),
 ]
 MemorySteps = Annotated[int, typer.Option(help="Steps of the 1x dataset of --memory.")]

@@ -462,40 +462,54 @@ def dense_groups(acc: Accumulator, length: int) -> Accumulator:
 
 
 def _row_by_row(acc: Accumulator, length: int) -> Grouped:
-    """``grouped_sums`` in the memory of a few rows of ``length``: each selection combines
-    its groups' rows one at a time (lengthened by ``after_end``; groups without a step are
-    skipped), and the jackknife selects its leave-one-outs one by one."""
+    """``grouped_sums`` in the memory of DENSE_CELLS and a few rows of ``length``, for a
+    very long episode: a selection's short rows (at most DENSE_CELLS / K steps) are
+    combined as one [G, head] array, whose totals are lengthened as an ended episode's
+    (past every short row, each is constant, hence so are their totals), and each long
+    row is merged into them (log-sum-exp); the jackknife selects its leave-one-outs one
+    by one."""
     lengths = row_lengths(acc)
-
-    def full(lengthen, row: np.ndarray) -> np.ndarray:
-        return _longer_row(lengthen, row, length)[..., :length]
+    head = max(1, DENSE_CELLS // len(lengths))
+    long = lengths > head
 
     def select(groups: np.ndarray) -> Sums:
-        stepped = [int(g) for g in groups if lengths[g] > 0]
-        combined = {}
-        for name, rows in acc.step_log_scales.items():
-            combined[name] = np.full(length, -np.inf)
-            for g in stepped:
-                np.maximum(combined[name], full(_lengthen_scale, rows[g]), out=combined[name])
-        step_sums = {}
-        for name, rows in acc.step_sums.items():
-            scale = sum_spec(name).scale.name
-            step_sums[name] = np.zeros(length)
-            for g in stepped:
-                factor_t = rescale(
-                    full(_lengthen_scale, acc.step_log_scales[scale][g]), combined[scale]
-                )
-                step_sums[name] += full(functools.partial(_lengthen_sum, name), rows[g]) * factor_t
+        short = [int(g) for g in groups if 0 < lengths[g] and not long[g]]
+        scales = {k: np.full(0, -np.inf) for k in acc.step_log_scales}
+        sums = {k: np.zeros(0) for k in acc.step_sums}
+        if short:
+            rows = max(int(lengths[g]) for g in short)
+            part = dense_groups(_rows_of(acc, short), rows)
+            scales = {k: np.max(v, axis=0) for k, v in part.step_log_scales.items()}
+            for name, sum_gt in part.step_sums.items():
+                scale = sum_spec(name).scale.name
+                factor_gt = rescale(part.step_log_scales[scale], scales[scale][None, :])
+                sums[name] = np.sum(sum_gt * factor_gt, axis=0)
+        scales = {k: _longer_row(_lengthen_scale, v, length) for k, v in scales.items()}
+        sums = {
+            k: _longer_row(functools.partial(_lengthen_sum, k), v, length) for k, v in sums.items()
+        }
+        for g in (int(g) for g in groups if long[g]):
+            rows = _longer_rows(*_group_row(acc, g)[:2], length)  # may run past ``length``
+            cut = ({k: v[..., :length] for k, v in part.items()} for part in rows)
+            scales, sums = _merge_steps(scales, sums, *cut)
         return Sums(
             {k: group_total(v[groups]) for k, v in acc.sums.items()},
             acc.log_scales,
             acc.pivots,
-            step_sums,
-            combined,
+            {k: v[:length] for k, v in sums.items()},
+            {k: v[:length] for k, v in scales.items()},
         )
 
     every = np.arange(acc.sums["count"].shape[0])
     return Grouped(select(every), np.flatnonzero(acc.sums["count"] > 0), select, None)
+
+
+def _rows_of(acc: Accumulator, groups: list[int]) -> Accumulator:
+    """``acc``'s per-group per-step rows of ``groups`` only (its other fields as they are)."""
+    return acc._replace(
+        step_log_scales={k: [v[g] for g in groups] for k, v in acc.step_log_scales.items()},
+        step_sums={k: [v[g] for g in groups] for k, v in acc.step_sums.items()},
+    )
 
 
 def _rescaled_groups(log_scale_kt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -151,8 +151,8 @@ def _detail_lines(result: dict) -> list[str]:
             f"memory: peak RSS {small['peak_rss_mib']:,.0f} MiB on {small['steps']:,} steps, "
             f"{large['peak_rss_mib']:,.0f} MiB on {large['steps']:,} steps "
             f"(growth {_times(memory['growth'])}), "
-            f"{memory['one_episode']['peak_rss_mib']:,.0f} MiB on one episode of as many "
-            f"({_times(memory['one_episode_ratio'])})"
+            f"{memory['one_episode']['peak_rss_mib']:,.0f} MiB with one episode of "
+            f"{memory['one_episode']['longest']:,} steps ({_times(memory['one_episode_ratio'])})"
         )
     processes = result.get("processes")
     if processes:
