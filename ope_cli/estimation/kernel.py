@@ -699,6 +699,9 @@ class Kernel:
         one window of T) and the finish; returns device arrays."""
         width = batch.shape[1] if width is None else width
         lengths = group_lengths(batch, self.static.num_groups)
+        # a group whose episodes run past half the batch keeps every window, as the other
+        # groups of a batch of similar lengths do: rows of one length merge without copies
+        lengths = np.where(2 * lengths > batch.shape[1], batch.shape[1], lengths)
         return self.walk(self.device_windows(batch, width), self.counts(batch), lengths)
 
     def _lanes_of_carry(self, lanes: int) -> int:

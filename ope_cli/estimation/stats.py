@@ -266,17 +266,25 @@ def _per_row(factor, x: np.ndarray):
     return np.reshape(factor, np.shape(factor) + (1,) * (x.ndim - np.ndim(factor)))
 
 
+def _both_sides(a: dict, b: dict, name: str, empty: float) -> tuple[np.ndarray, np.ndarray]:
+    """``a[name]`` and ``b[name]``, a side without it filled with ``empty`` (the other's
+    shape): what no episode contributes."""
+    if name not in a:
+        return np.full_like(b[name], empty), b[name]
+    if name not in b:
+        return a[name], np.full_like(a[name], empty)
+    return a[name], b[name]
+
+
 def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
     """(scales, sums) of per-step sums, log-sum-exp per (row, step)."""
     scales, factors = {}, {}
     for name in {**scales_a, **scales_b}:
-        sa = scales_a.get(name, np.full_like(scales_b.get(name), -np.inf))
-        sb = scales_b.get(name, np.full_like(sa, -np.inf))
+        sa, sb = _both_sides(scales_a, scales_b, name, -np.inf)
         scales[name], *factors[name] = to_larger(sa, sb)
     sums = {}
     for name in {**sums_a, **sums_b}:
-        xa = sums_a.get(name, np.zeros_like(sums_b.get(name)))
-        xb = sums_b.get(name, np.zeros_like(xa))
+        xa, xb = _both_sides(sums_a, sums_b, name, 0.0)
         fa, fb = factors[sum_spec(name).scale.name]
         if fa.ndim < xa.ndim:  # per-step scales [..., L] of replicate sums [..., R, L]
             fa, fb = fa[..., None, :], fb[..., None, :]
