@@ -123,6 +123,26 @@ def test_one_long_episode_spanning_many_batches(tmp_path):
     check_against(flat(chunks), eps)
 
 
+def test_a_long_episode_is_joined_once_not_once_per_batch(tmp_path, monkeypatch):
+    """An episode spanning many record batches is carried in parts, each in arrays of its
+    own (not views of the batch), and joined once when it ends: linear in its length."""
+    from ope_cli.data import episodes as module
+
+    rng = np.random.default_rng(2)
+    eps = random_episodes(rng, 2, length_dist="fixed", median_length=60, max_length=60)
+    path = write_step_layout(eps, tmp_path / "logs.parquet", row_group_size=1000)
+    joined, concat = [], module._Rows.concat
+
+    def counted(*parts):
+        assert all(a.base is None for part in parts[:-1] for a in part.steps if a is not None)
+        joined.append(len(parts))
+        return concat(*parts)
+
+    monkeypatch.setattr(module._Rows, "concat", staticmethod(counted))
+    check_against(flat(read_chunks(path, 4)), eps)  # 30 record batches of 4 rows
+    assert len(joined) <= 2 and max(joined) >= 15  # one join per episode end, of many parts
+
+
 @pytest.mark.parametrize("rows", READ_ROWS)
 def test_steps_shuffled_within_episodes_are_sorted(tmp_path, episodes, rows):
     path = write_step_layout(

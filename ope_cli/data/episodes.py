@@ -145,9 +145,14 @@ class _Rows(NamedTuple):
     def take(self, order: np.ndarray) -> _Rows:
         return map_arrays(lambda values: values[order], self)
 
+    def owned(self) -> _Rows:
+        """The rows in arrays of their own: a view (e.g. of the record batch's Arrow
+        buffers) is copied, so that keeping the rows does not keep what they view."""
+        return map_arrays(lambda values: values if values.base is None else values.copy(), self)
+
     @staticmethod
-    def concat(first: _Rows, second: _Rows) -> _Rows:
-        return map_arrays(lambda a, b: np.concatenate([a, b]), first, second)
+    def concat(*parts: _Rows) -> _Rows:
+        return map_arrays(lambda *arrays: np.concatenate(arrays), *parts)
 
 
 class EpisodeAssembler:
@@ -170,7 +175,9 @@ class EpisodeAssembler:
         self.validation = Validation(on_invalid)
         self.chunk_checks = chunk_checks
         self.converter = StepConverter(schema)
-        self._carry: _Rows | None = None
+        # the rows of an episode that may continue in the next record batch, in parts: a long
+        # episode is joined once when it ends, not again with every batch it spans
+        self._carry: list[_Rows] = []
         self._seen = SeenKeys()
         self._next_row_id = 0  # episode layout without ids: the global row number
         self.rows_read = 0
@@ -198,7 +205,7 @@ class EpisodeAssembler:
     def abandon_file(self) -> None:
         """Forgets the rows carried from a file whose reading failed (``ope inspect`` goes on
         with the next file)."""
-        self._carry = None
+        self._carry = []
 
     def seen_keys(self) -> np.ndarray:
         """[E] sorted uint64 keys of every episode assembled so far."""
@@ -235,15 +242,19 @@ class EpisodeAssembler:
 
     def _step_rows(self, sourced: SourcedBatch) -> EpisodeChunk | None:
         rows = self._read_step_rows(sourced)
-        if self._carry is not None:
-            rows = _Rows.concat(self._carry, rows)
-            self._carry = None
+        if self._carry:
+            continued = self._carry[0].keys[0]
+            if not sourced.last_in_file and np.all(rows.keys == continued):  # all its own
+                self._carry.append(rows.owned())
+                return None
+            rows = _Rows.concat(*self._carry, rows)
+            self._carry = []
         if rows.num_rows == 0:
             return None
         starts = np.concatenate([[0], np.flatnonzero(rows.keys[1:] != rows.keys[:-1]) + 1])
         if not sourced.last_in_file:
             # The last episode may continue in the next record batch of this file.
-            self._carry = rows.slice(int(starts[-1]))
+            self._carry = [rows.slice(int(starts[-1])).owned()]
             rows = rows.slice(0, int(starts[-1]))
             starts = starts[:-1]
             if not starts.size:
