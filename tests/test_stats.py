@@ -15,6 +15,7 @@ import pytest
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates, reference_stderr
 
 from ope_cli.estimation import stats
+from ope_cli.estimation.estimators.base import Context
 from ope_cli.estimation.estimators.reduction import WeightedBatch, batch_statistics, log_ratios
 
 K = 8  # resampling groups
@@ -570,6 +571,31 @@ def test_row_by_row_finalisation_equals_the_dense_one(monkeypatch, ratio_scale, 
         dense_profile.wpdis_partial_t,
         rtol=1e-12,
     )
+
+
+def test_leave_one_out_values_one_group_at_a_time_equal_all_at_once(monkeypatch):
+    """``leave_one_out_values`` (the paired comparisons' jackknife) past DENSE_CELLS selects
+    the groups one at a time, row by row: the same [G] values as all at once."""
+    from ope_cli.estimation.estimators import get
+
+    rng = np.random.default_rng(29)
+    episodes = random_episodes(rng, 50, ratio_scale=1.0)
+    groups = rng.integers(0, K, size=len(episodes))
+    acc, max_length = accumulate(episodes, groups, 0.9, rng)
+    context = Context(0.9, max_length)
+    for name in ("wpdis", "pdis", "wis"):
+        own = stats.restricted(acc, (name,))
+
+        def values_of(sums, name=name):
+            return get(name).replicates(sums, context)[0]
+
+        present, together = stats.leave_one_out_values(own, max_length, values_of)
+        monkeypatch.setattr(stats, "DENSE_CELLS", 0)
+        again, one_by_one = stats.leave_one_out_values(own, max_length, values_of)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(again, present)
+        assert present.size > 1
+        np.testing.assert_allclose(one_by_one, together, rtol=1e-12)
 
 
 @pytest.mark.parametrize("ratio_scale", [0.3, 3.0])

@@ -48,9 +48,11 @@ from ope_cli.estimation.stats import (
     Estimate,
     extend,
     leave_one_out_sums,
+    leave_one_out_values,
     mean_return,
     replicate_sums,
     restricted,
+    row_lengths,
 )
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
@@ -83,7 +85,10 @@ class Pairing:
         betting_range: tuple[float, float, float] | None,
         baseline: int | None,
     ):
-        self.accumulators = [extend(acc, context.max_length) for acc in accumulators]
+        # the replicates' per-step sums lengthened; each group's rows stay as long as they are
+        self.accumulators = [
+            extend(acc, context.max_length, row_lengths(acc)) for acc in accumulators
+        ]
         self.estimates = list(estimates)
         self.sums = sums
         self.context = context
@@ -127,11 +132,12 @@ class Pairing:
                 return sums.sums["return_sum"] / sums.sums["count"]
         estimator = get(name)
         own = restricted(self.accumulators[row], (name,))
-        groups, sums = leave_one_out_sums(own, self.context.max_length)
         if estimator.replicates is None:
-            return np.full(groups.size, np.nan)
-        values, _ = estimator.replicates(sums, self.context)
-        return np.asarray(values, np.float64)
+            return np.full(np.count_nonzero(own.sums["count"] > 0), np.nan)
+        _, values = leave_one_out_values(
+            own, self.context.max_length, lambda sums: estimator.replicates(sums, self.context)[0]
+        )
+        return values
 
     @functools.cache  # noqa: B019 - one Pairing per run
     def betting(self, row: int, name: str, level: float) -> tuple[float | None, float | None]:

@@ -408,9 +408,10 @@ class KernelOutput(NamedTuple):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
     each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), the
     batch's length T, with ``terms`` each episode's terms {name: [P, L]} (else None)
-    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and each
-    resampling group's longest episode [K] (host; None: every group spans T). A window
-    may hold only the per-group rows that ``window_groups`` keeps (on the host)."""
+    with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and how far
+    each resampling group's episodes run [K] (host: its longest episode, or T where that
+    is past T / 2; None: every group spans T). A window may hold only the per-group rows
+    that ``window_groups`` keeps (on the host)."""
 
     windows: list[tuple[int, StepStatistics]]
     scalar: ScalarStatistics
@@ -426,9 +427,9 @@ def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
     group index past K counts in no group, as in the kernel's one-hot sums)."""
     lengths = np.zeros(num_groups, np.int64)
     group = np.asarray(batch.group)
-    real = np.asarray(batch.episode_mask) & (group < num_groups)
-    steps = np.asarray(batch.step_mask)[real].sum(axis=1)
-    np.maximum.at(lengths, group[real], steps)
+    real = np.asarray(batch.episode_mask) & (group >= 0) & (group < num_groups)
+    steps = np.asarray(batch.step_mask).sum(axis=1)
+    np.maximum.at(lengths, group[real], steps[real])
     return lengths
 
 
@@ -496,7 +497,10 @@ def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]
     lead = np.asarray(windows[0][1]).shape[:-2]
     rows_out = []
     for parts in pieces:
-        row = np.concatenate(parts, axis=-1) if parts else np.zeros((*lead, 0))
+        if len(parts) > 1:
+            row = np.concatenate(parts, axis=-1)
+        else:  # one run: a view of its block
+            row = parts[0] if parts else np.zeros((*lead, 0))
         if field == "step_sums" and sum_spec(name).lag and row.shape[-1]:
             row = np.concatenate([row[..., 1:], np.zeros((*lead, 1), row.dtype)], axis=-1)
         rows_out.append(row)

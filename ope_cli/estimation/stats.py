@@ -456,8 +456,13 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
 def dense_groups(acc: Accumulator, length: int) -> Accumulator:
     """``acc`` with its per-group rows lengthened to ``length`` and stacked: [..., K, length]
     arrays (the layout ``grouped_sums`` and ``leave_one_out_sums`` index)."""
-    if not any(isinstance(v, list) for v in acc.step_log_scales.values()):
-        return acc
+    scales = list(acc.step_log_scales.values())
+    if scales and all(isinstance(v, np.ndarray) and v.shape[-1] >= length for v in scales):
+        return acc  # laid out already
+    acc = acc._replace(
+        step_log_scales={k: _rows(v) for k, v in acc.step_log_scales.items()},
+        step_sums={k: _rows(v) for k, v in acc.step_sums.items()},
+    )
     acc = _extend_groups(acc, length)
 
     def stacked(rows: list) -> np.ndarray:
@@ -595,6 +600,30 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
         step_sums[name] = np.where(scale.left_out_gt, without_holder_t[None, :], out_gt)
     step_scales = {k: v.scales_gt for k, v in scales.items()}
     return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)
+
+
+def leave_one_out_values(acc: Accumulator, length: int, values_of) -> tuple[np.ndarray, np.ndarray]:
+    """(the non-empty groups [G], [G] ``values_of(sums)`` of the sums of every episode but
+    those of each group): ``values_of`` reads Sums with a leading [G] axis (an estimator's
+    ``replicates``). All groups at once (``leave_one_out_sums``) within DENSE_CELLS; past
+    it (a very long episode), one group at a time, row by row."""
+    if len(acc.sums["count"]) * length <= DENSE_CELLS:
+        groups, sums = leave_one_out_sums(acc, length)
+        return groups, np.asarray(values_of(sums), np.float64)
+    grouped = grouped_sums(acc, length)
+    groups = grouped.groups
+    values = [values_of(_with_leading_axis(grouped.select(groups[groups != g])))[0] for g in groups]
+    return groups, np.asarray(values, np.float64)
+
+
+def _with_leading_axis(sums: Sums) -> Sums:
+    """``sums`` as a leading axis of one: what ``values_of`` of ``leave_one_out_values`` reads."""
+    return dataclasses.replace(
+        sums,
+        sums={k: v[None] for k, v in sums.sums.items()},
+        step_sums={k: v[None] for k, v in sums.step_sums.items()},
+        step_log_scales={k: v[None] for k, v in sums.step_log_scales.items()},
+    )
 
 
 def replicate_sums(acc: Accumulator, length: int) -> Sums:
