@@ -46,13 +46,12 @@ from ope_cli.estimation.run_plan import NO_BETTING
 from ope_cli.estimation.stats import (
     Accumulator,
     Estimate,
-    extend,
+    extend_replicates,
     leave_one_out_sums,
     leave_one_out_values,
     mean_return,
     replicate_sums,
     restricted,
-    row_lengths,
 )
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
@@ -85,10 +84,7 @@ class Pairing:
         betting_range: tuple[float, float, float] | None,
         baseline: int | None,
     ):
-        # the replicates' per-step sums lengthened; each group's rows stay as long as they are
-        self.accumulators = [
-            extend(acc, context.max_length, row_lengths(acc)) for acc in accumulators
-        ]
+        self.accumulators = [extend_replicates(acc, context.max_length) for acc in accumulators]
         self.estimates = list(estimates)
         self.sums = sums
         self.context = context

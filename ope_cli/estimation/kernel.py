@@ -440,12 +440,16 @@ def window_groups(group_lengths: np.ndarray, start: int) -> np.ndarray:
     return np.flatnonzero((group_lengths > 0) & (group_lengths >= start))
 
 
-def _joined(windows: list[tuple[int, Any]], name: str | None, length: int) -> np.ndarray:
-    """[..., length] of the (start, [..., C]) ``windows``' arrays side by side, the sum
-    ``name`` one step earlier if it is a lag-1 sum (None: no sum's, or unshifted): its
-    column c holds step start + c - 1."""
+def _lags(field: str, name: str) -> bool:
+    """Whether the per-step array ``name`` of StepStatistics ``field`` is a lag-1 sum (its
+    column c holds step c - 1); log scales never are."""
+    return "log_scales" not in field and bool(sum_spec(name).lag)
+
+
+def _joined(windows: list[tuple[int, Any]], lag: bool, length: int) -> np.ndarray:
+    """[..., length] of the (start, [..., C]) ``windows``' arrays side by side, one step
+    earlier with ``lag`` (column c of a window holds step start + c - 1)."""
     first = np.asarray(windows[0][1])
-    lag = sum_spec(name).lag if name is not None else 0
     # every column is written below but a lag-1 sum's last: no zero-filling pass over
     # arrays that can be [policies, groups, a million steps]
     full = np.empty((*first.shape[:-1], length), first.dtype)
@@ -472,7 +476,7 @@ def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]
     windows = [(start, getattr(s, field)[name]) for start, s in output.windows]
     lengths = output.group_lengths
     if lengths is None:
-        full = _joined(windows, name if field == "step_sums" else None, output.length)
+        full = _joined(windows, _lags(field, name), output.length)
         return [full[..., k, :] for k in range(full.shape[-2])]
     runs: list[tuple[np.ndarray, list]] = []
     for start, part in windows:
@@ -490,7 +494,7 @@ def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]
         if run[0][0] != walked:
             raise ValueError(f"window at step {run[0][0]} does not follow step {walked}")
         width = run[-1][0] + run[-1][1].shape[-1] - walked
-        block = _joined([(start - walked, part) for start, part in run], None, width)
+        block = _joined([(start - walked, part) for start, part in run], False, width)
         walked += width
         for index, group in enumerate(rows):
             pieces[group].append(block[..., index, :])
@@ -501,7 +505,7 @@ def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]
             row = np.concatenate(parts, axis=-1)
         else:  # one run: a view of its block
             row = parts[0] if parts else np.zeros((*lead, 0))
-        if field == "step_sums" and sum_spec(name).lag and row.shape[-1]:
+        if _lags(field, name) and row.shape[-1]:
             row = np.concatenate([row[..., 1:], np.zeros((*lead, 1), row.dtype)], axis=-1)
         rows_out.append(row)
     return rows_out
@@ -530,11 +534,10 @@ def assemble(output: KernelOutput) -> BatchStatistics:
         if field in GROUP_STEP_FIELDS:
             fields[field] = {name: _group_rows(output, field, name) for name in names}
             continue
-        lagging = field == "replicate_step_sums"  # (scales never lag)
         fields[field] = {
             name: _joined(
                 [(start, getattr(s, field)[name]) for start, s in output.windows],
-                name if lagging else None,
+                _lags(field, name),
                 output.length,
             )
             for name in names

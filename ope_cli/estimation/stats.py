@@ -151,7 +151,7 @@ def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
 def extend(acc: Accumulator, length: int, rows=None) -> Accumulator:
     """The per-step arrays of ``acc`` lengthened to ``length`` with ended-episode values,
     and each group's rows to ``rows`` ([K]; None: ``length`` too, K x ``length`` cells)."""
-    return _extend_groups(_extend_replicates(acc, length), length if rows is None else rows)
+    return _extend_groups(extend_replicates(acc, length), length if rows is None else rows)
 
 
 def row_lengths(acc: Accumulator) -> np.ndarray:
@@ -184,8 +184,8 @@ def _replicate_length(acc: Accumulator) -> int:
     return max((x.shape[-1] for x in acc.replicate_step_log_scales.values()), default=0)
 
 
-def _extend_replicates(acc: Accumulator, length: int) -> Accumulator:
-    """``extend`` of the replicates' per-step arrays only."""
+def extend_replicates(acc: Accumulator, length: int) -> Accumulator:
+    """``extend`` of the replicates' per-step arrays only (each group's rows as they are)."""
     extra = length - _replicate_length(acc)
     if extra <= 0:
         return acc
@@ -347,7 +347,7 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         return a
     step = _merge_group_steps(a, b)
     length = max(_replicate_length(a), _replicate_length(b))
-    a, b = _extend_replicates(a, length), _extend_replicates(b, length)
+    a, b = extend_replicates(a, length), extend_replicates(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
     replicate_step = _merge_steps(
         a.replicate_step_log_scales,
@@ -424,7 +424,7 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     """The merged sums (extended to ``length`` steps) as estimators read them: laid out as
     [K, length] arrays when that is at most DENSE_CELLS cells, else combined row by row
     (``_row_by_row``)."""
-    if len(acc.sums["count"]) * length > DENSE_CELLS:
+    if not _fits_dense(acc, length):
         return _row_by_row(acc, length)
     acc = dense_groups(acc, length)
     every_factors = {k: _rescaled_groups(v[:, :length]) for k, v in acc.step_log_scales.items()}
@@ -451,6 +451,11 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
     every = np.arange(acc.sums["count"].shape[0])
     groups = np.flatnonzero(acc.sums["count"] > 0)
     return Grouped(select(every), groups, select, lambda: leave_one_out_sums(acc, length)[1])
+
+
+def _fits_dense(acc: Accumulator, length: int) -> bool:
+    """Whether the K groups' rows of ``length`` steps fit DENSE_CELLS laid out as one array."""
+    return len(acc.sums["count"]) * length <= DENSE_CELLS
 
 
 def dense_groups(acc: Accumulator, length: int) -> Accumulator:
@@ -497,10 +502,7 @@ def _row_by_row(acc: Accumulator, length: int) -> Grouped:
                 scale = sum_spec(name).scale.name
                 factor_gt = rescale(part.step_log_scales[scale], scales[scale][None, :])
                 sums[name] = np.sum(sum_gt * factor_gt, axis=0)
-        scales = {k: _longer_row(_lengthen_scale, v, length) for k, v in scales.items()}
-        sums = {
-            k: _longer_row(functools.partial(_lengthen_sum, k), v, length) for k, v in sums.items()
-        }
+        scales, sums = _longer_rows(scales, sums, length)
         for g in (int(g) for g in groups if long[g]):
             rows = _longer_rows(*_group_row(acc, g)[:2], length)  # may run past ``length``
             cut = ({k: v[..., :length] for k, v in part.items()} for part in rows)
@@ -607,7 +609,7 @@ def leave_one_out_values(acc: Accumulator, length: int, values_of) -> tuple[np.n
     those of each group): ``values_of`` reads Sums with a leading [G] axis (an estimator's
     ``replicates``). All groups at once (``leave_one_out_sums``) within DENSE_CELLS; past
     it (a very long episode), one group at a time, row by row."""
-    if len(acc.sums["count"]) * length <= DENSE_CELLS:
+    if _fits_dense(acc, length):
         groups, sums = leave_one_out_sums(acc, length)
         return groups, np.asarray(values_of(sums), np.float64)
     grouped = grouped_sums(acc, length)
@@ -715,7 +717,7 @@ def finalize(
     diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
     estimators.reduction.betting_variables and an accumulator that holds their histogram."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    acc = _extend_replicates(acc, max_length)  # the groups' rows: by ``grouped_sums``
+    acc = extend_replicates(acc, max_length)  # the groups' rows: by ``grouped_sums``
     context = Context(gamma, max_length)
     grouped = grouped_sums(acc, max_length)
     estimates = {}
