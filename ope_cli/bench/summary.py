@@ -36,6 +36,8 @@ class Target:
 
 # Every target ope bench judges, in the order it prints them: SPEC section 6, then the
 # targets earlier issues set that the SPEC does not state.
+MEMORY_NOISE = 1.05  # peak RSS ratios within this are the same peak
+
 TARGETS: dict[str, Target] = {
     "kernel_vs_numpy": Target(3.0, False, "steps/s, kernel alone / vectorised NumPy twin"),
     "kernel_vs_loop": Target(1000.0, False, "steps/s, kernel alone / per-episode Python loop"),
@@ -57,9 +59,13 @@ TARGETS: dict[str, Target] = {
         0.5, True, "s, a 10,000-step bandit log, warm cache, above the import-jax floor"
     ),
     "padding_waste": Target(0.10, True, "(padded - real) / real steps"),
-    "memory_growth": Target(1.2, True, "peak RSS, 10x the data / 1x"),
+    # SPEC 6 asks for the same peak: 5% is the noise of repeated peak-RSS measurements here
+    # (the same run differed by up to 3.5%), not an allowance for growth
+    "memory_growth": Target(MEMORY_NOISE, True, "peak RSS, 10x the data / 1x"),
     "memory_one_episode": Target(
-        1.2, True, "peak RSS, one long episode among the 1x data's (the 10x data's steps) / 10x"
+        MEMORY_NOISE,
+        True,
+        "peak RSS, one long episode among the 1x data's (the 10x data's steps) / 10x",
     ),
     "many_policies": Target(
         3.0,
