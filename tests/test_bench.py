@@ -14,8 +14,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.data import behavior_params, write_checkpoints
 from ope_cli.bench.memory import measure_memory
+from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
 from ope_cli.cli import bench
 from ope_cli.config import BatchingConfig
@@ -129,6 +131,8 @@ def test_bench_targets_and_precision(tiny_bench):
         assert target["threshold"] == TARGETS[name].threshold, name
         if name in ("memory_growth", "memory_one_episode"):
             assert target["met"] is None and tiny_bench["memory"] is None
+        elif name in ("numpy_script_3m", "numpy_script_10m"):  # --script not asked for
+            assert target["met"] is None and tiny_bench["script"] is None
         elif name == "process_vs_pyarrow" and target["value"] is None:  # tiny data
             assert target["met"] is None
         else:
@@ -171,3 +175,25 @@ def test_memory_mode_reports_peak_rss_of_both_runs(tmp_path):
     assert memory["one_episode_ratio"] == pytest.approx(
         memory["one_episode"]["peak_rss_bytes"] / memory["10x"]["peak_rss_bytes"]
     )
+
+
+def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
+    checkpoint = write_checkpoints(tmp_path, 1, 0, behavior_params(0))[0]
+    config = BenchConfig(
+        script=True,
+        script_steps=(1500, 4000),
+        rounds=1,
+        batching=BatchingConfig(min_bucket=4096),  # one window shape: few compiles
+    )
+    script = measure_script(tmp_path, checkpoint, config, lambda m: None)
+    assert list(script["sizes"]) == ["1500", "4000"]
+    for size in script["sizes"].values():
+        assert size["estimates_agree"] and size["estimates_relative_difference"] < 1e-9
+        assert size["evaluate"]["compilations"] == 0  # warm: its cache filled by a first run
+        for process in ("script", "evaluate"):
+            assert size[process]["seconds"] > 0 and size[process]["peak_rss_mib"] > 0
+        assert size["evaluate_over_script"] == pytest.approx(
+            size["evaluate"]["seconds"] / size["script"]["seconds"]
+        )
+    assert script["sizes"]["4000"]["steps"] > script["sizes"]["1500"]["steps"]
+    assert not list(tmp_path.glob("script_*.parquet"))  # generated data removed

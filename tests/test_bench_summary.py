@@ -231,3 +231,77 @@ def test_render_shows_processes(measurements):
     render_bench(document, console)
     text = console.export_text()
     assert "import jax floor" in text and "bandit log" in text and "7 compilations" in text
+
+
+def _script(small_ratio=0.9, large_ratio=0.6, steps=(3_000_000, 10_000_000), difference=1e-12):
+    def size(n, ratio):
+        return {
+            "steps": n + 17,
+            "script": {"seconds": 2.0, "peak_rss_mib": 900.0},
+            "evaluate": {"seconds": 2.0 * ratio, "peak_rss_mib": 600.0, "compilations": 0},
+            "evaluate_over_script": ratio,
+            "estimates_relative_difference": difference,
+            "estimates_agree": difference <= 1e-6,
+        }
+
+    return {
+        "sizes": {
+            str(n): size(n, r) for n, r in zip(steps, (small_ratio, large_ratio), strict=True)
+        },
+        "method": "wall time",
+    }
+
+
+def test_numpy_script_targets(measurements):
+    targets = _document(measurements)["targets"]  # not asked for: --script says how
+    for name in ("numpy_script_3m", "numpy_script_10m"):
+        assert targets[name]["met"] is None and "ope bench --script" in targets[name]["note"]
+    measurements["script"] = _script()
+    targets = _document(measurements)["targets"]
+    assert targets["numpy_script_3m"]["met"] is True  # 0.9 <= 1: no slower at 3M
+    assert targets["numpy_script_10m"]["met"] is False  # 0.6 > 0.5: not twice as fast at 10M
+    assert targets["numpy_script_10m"]["value"] == pytest.approx(0.6)
+    assert "note" not in targets["numpy_script_3m"]
+
+
+def test_numpy_script_targets_at_other_sizes_say_so(measurements):
+    measurements["script"] = _script(steps=(2000, 6000))
+    document = summary(
+        BenchConfig(policies=3, script_steps=(2000, 6000)),
+        measurements,
+        SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(8, 64)])),
+        SimpleNamespace(real_steps=1000, padded_steps=1200, shapes={(8, 64)}),
+        "float64",
+    )
+    note = document["targets"]["numpy_script_10m"]["note"]
+    assert "6,017 steps" in note and "10,000,000" in note
+
+
+def test_numpy_script_whose_estimates_differ_is_not_judged(measurements):
+    measurements["script"] = _script(large_ratio=0.3, difference=1e-3)  # fast, but other work
+    target = _document(measurements)["targets"]["numpy_script_10m"]
+    assert target["met"] is None and target["value"] is None
+    assert "void" in target["note"] and "0.001" in target["note"]
+
+
+def test_render_shows_the_numpy_script(measurements):
+    from rich.console import Console
+
+    measurements["script"] = _script()
+    document = {
+        "dataset": {"steps": 1000, "episodes": 20, "lengths": {"median": 40, "p99": 90, "max": 99}},
+        "runtime": {
+            "backend": "cpu",
+            "devices": 1,
+            "precision": "float64",
+            "cpus": 2,
+            "load_average": {"start": None, "end": None},
+        },
+        "batching": {"batches": 3, "batch_steps": 4096, "shapes": [[8, 64]]},
+        **_document(measurements),
+    }
+    console = Console(record=True, width=300)
+    render_bench(document, console)
+    text = console.export_text()
+    assert "numpy script: 3,000,017 steps: script 2.000 s (900 MiB)" in text
+    assert "10,000,017 steps" in text

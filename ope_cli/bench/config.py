@@ -14,6 +14,7 @@ DEFAULT_EPISODES = 6_000  # ~0.5M steps: about a minute; --episodes 24000 (2M) f
 DEFAULT_LOOP_EPISODES = 300
 DEFAULT_MEMORY_STEPS = 200_000
 MEMORY_FACTOR = 10
+SCRIPT_STEPS = (3_000_000, 10_000_000)  # SPEC 6: no slower at the first, 2x faster at the second
 ROUNDS = 3  # interleaved timed runs of every measurement; the fastest of each counts
 
 Progress = Callable[[str], None]
@@ -32,6 +33,9 @@ class BenchConfig:
       precision: the kernel precision of the main measurements (None: as ``ope evaluate``).
       memory: also measure peak memory of ``ope evaluate`` subprocesses on 1x and 10x data.
       memory_steps: steps of the 1x memory dataset.
+      script: also time whole ``ope evaluate`` processes against a plain NumPy script
+        (``bench.script``) on generated data of ``script_steps`` steps.
+      script_steps: the two sizes of the script comparison (SPEC 6: 3M and 10M steps).
       processes: also time whole processes (``bench.processes``): the import-jax floor,
         ``ope evaluate`` with an empty and a warm compilation cache, other data.
       loop_episodes: episodes the Python loop runs on (then extrapolated).
@@ -48,6 +52,8 @@ class BenchConfig:
     precision: str | None = None
     memory: bool = False
     memory_steps: int = DEFAULT_MEMORY_STEPS
+    script: bool = False
+    script_steps: tuple[int, int] = SCRIPT_STEPS
     processes: bool = True
     loop_episodes: int = DEFAULT_LOOP_EPISODES
     out: str | None = None

@@ -18,26 +18,27 @@ from ope_cli.bench.measure import ratio
 from ope_cli.config import BatchingConfig
 
 
-def _peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int, float]:
-    """(peak resident set size in bytes, wall seconds) of one child process.
+def peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int, float]:
+    """(peak resident set size in bytes, wall seconds) of one child process, which must
+    succeed; its stdout goes to ``stdout_path``.
 
     The peak is the child's own ``VmHWM`` (/proc/<pid>/status), read every few milliseconds
-    once it has exec'd ``command`` (its command line then holds ``command[-1]``, which must
-    not be in ours). Not ``ru_maxrss``: Linux folds the forking parent's
+    once it has exec'd ``command`` (its command line is then exactly ``command``; before,
+    it is the forking parent's copy). Not ``ru_maxrss``: Linux folds the forking parent's
     high-water mark into the child's at exec, so a big parent would hide the child's.
     """
     started = time.perf_counter()
     peak_kib = 0
+    exec_cmdline = b"".join(os.fsencode(part) + b"\0" for part in command)
     with open(stdout_path, "wb") as stdout, tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(
             command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env
         )
         status_path = Path(f"/proc/{child.pid}/status")
         cmdline_path = Path(f"/proc/{child.pid}/cmdline")
-        marker = command[-1].encode()
         while child.poll() is None:
             with contextlib.suppress(OSError, ValueError):
-                if marker in cmdline_path.read_bytes():  # exec'd: its own memory from here on
+                if cmdline_path.read_bytes() == exec_cmdline:  # its own memory from here on
                     for line in status_path.read_text().splitlines():
                         if line.startswith("VmHWM:"):
                             peak_kib = max(peak_kib, int(line.split()[1]))
@@ -45,7 +46,7 @@ def _peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int,
         stderr.seek(0)
         message = stderr.read().decode(errors="replace").strip()[-500:]
     if child.returncode != 0:
-        raise RuntimeError(f"ope evaluate exited {child.returncode}: {message}")
+        raise RuntimeError(f"{' '.join(command[:4])} ... exited {child.returncode}: {message}")
     return peak_kib * 1024, time.perf_counter() - started
 
 
@@ -79,7 +80,7 @@ def measure_memory(
         lengths[name] = info["lengths"]
         progress(f"memory: ope evaluate on {info['steps']:,} steps ({name}) in a subprocess")
         command = evaluate_command(str(path), checkpoint, batching)
-        peak, seconds = _peak_rss_of(command, env, directory / f"memory_{name}.json")
+        peak, seconds = peak_rss_of(command, env, directory / f"memory_{name}.json")
         reported = json.loads((directory / f"memory_{name}.json").read_text())
         path.unlink()
         runs[name] = {

@@ -44,6 +44,7 @@ from ope_cli.bench.measure import (
 )
 from ope_cli.bench.memory import measure_memory
 from ope_cli.bench.processes import measure_many_policies, measure_processes
+from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import quantiles, summary
 from ope_cli.config import BatchingConfig
 from ope_cli.data.buckets import Bucketer
@@ -69,6 +70,8 @@ def _check(config: BenchConfig) -> None:
         raise UsageError("--episodes, --policies and --loop-episodes must be >= 1")
     if config.memory_steps < 1:
         raise UsageError("--memory-steps must be >= 1")
+    if min(config.script_steps) < 1:
+        raise UsageError("--script-steps must be >= 1")
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
         raise UsageError("batching options must be positive")
@@ -177,8 +180,8 @@ def _other_measurements(
     dataset: dict,
     progress: Progress,
 ) -> dict:
-    """The python loop's, the processes' and the memory measurements (None where not
-    asked for), on the bench's policy checkpoints and Q checkpoint (``written``)."""
+    """The python loop's, the processes', the memory and the NumPy script measurements (None
+    where not asked for), on the bench's policy checkpoints and Q checkpoint (``written``)."""
     checkpoints, q = written
     steps = dataset["steps"]
     progress(f"python loop: the first {config.loop_episodes} episodes")
@@ -203,6 +206,9 @@ def _other_measurements(
         m["memory"] = measure_memory(
             directory, config.memory_steps, config.seed, checkpoints[0], config.batching, progress
         )
+    m["script"] = (
+        measure_script(directory, checkpoints[0], config, progress) if config.script else None
+    )
     return m
 
 

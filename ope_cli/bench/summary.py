@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ope_cli.bench.config import BenchConfig
+from ope_cli.bench.config import SCRIPT_STEPS, BenchConfig
 from ope_cli.bench.measure import ratio
 from ope_cli.data.buckets import Bucketer
 
@@ -57,6 +57,18 @@ TARGETS: dict[str, Target] = {
     ),
     "small_data_over_import_jax_floor": Target(
         0.5, True, "s, a 10,000-step bandit log, warm cache, above the import-jax floor"
+    ),
+    "numpy_script_3m": Target(
+        1.0,
+        True,
+        "time, warm ope evaluate / a plain NumPy script with the four IS estimates, whole "
+        "processes, 3M steps",
+    ),
+    "numpy_script_10m": Target(
+        0.5,
+        True,
+        "time, warm ope evaluate / a plain NumPy script with the four IS estimates, whole "
+        "processes, 10M steps",
     ),
     "padding_waste": Target(0.10, True, "(padded - real) / real steps"),
     # SPEC 6 asks for the same peak: 5% is the noise of repeated peak-RSS measurements here
@@ -219,6 +231,29 @@ def _process_targets(processes: dict | None) -> dict:
     }
 
 
+def _script_targets(config: BenchConfig, script: dict | None) -> dict:
+    """The two NumPy-script targets: SPEC 6's sizes in the order of ``config.script_steps``."""
+    names = ("numpy_script_3m", "numpy_script_10m")
+    if script is None:
+        note = "not measured; run `ope bench --script` (a few minutes)"
+        return {name: _judged(name, None, note) for name in names}
+    judged = {}
+    for name, spec_steps, steps in zip(names, SCRIPT_STEPS, config.script_steps, strict=True):
+        size = script["sizes"][str(steps)]
+        notes = []
+        if steps != spec_steps:
+            notes.append(f"measured at {size['steps']:,} steps; SPEC's: {spec_steps:,}")
+        value = size["evaluate_over_script"]
+        if not size["estimates_agree"]:  # not the same work: no ratio rather than a wrong one
+            value = None
+            notes.append(
+                "void: the script's estimates differ from ope's by "
+                f"{size['estimates_relative_difference']}"
+            )
+        judged[name] = _judged(name, value, "; ".join(notes) or None)
+    return judged
+
+
 def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) -> dict:
     growth = None if memory is None else memory["growth"]
     many = policies.get("process_cost_ratio")
@@ -310,10 +345,12 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
         "precision": _precisions(m, precision),
         "memory": m["memory"],
         "processes": m.get("processes"),
+        "script": m.get("script"),
         "targets": _in_table_order(
             {
                 **_targets(ratios, waste, result, m["memory"], policies),
                 **_process_targets(m.get("processes")),
+                **_script_targets(config, m.get("script")),
             }
         ),
     }

@@ -17,6 +17,7 @@ from ope_cli.bench.config import (
     DEFAULT_MEMORY_STEPS,
     MEMORY_FACTOR,
     ROUNDS,
+    SCRIPT_STEPS,
     BenchConfig,
 )
 from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
@@ -57,6 +58,19 @@ Memory = Annotated[
     ),
 ]
 MemorySteps = Annotated[int, typer.Option(help="Steps of the 1x dataset of --memory.")]
+Script = Annotated[
+    bool,
+    typer.Option(
+        "--script",
+        help="Also time whole ope evaluate processes against a plain NumPy script that reads "
+        "the file and computes the four IS estimates, on generated data of --script-steps "
+        "steps (SPEC: 3M and 10M; a few minutes).",
+    ),
+]
+ScriptSteps = Annotated[
+    tuple[int, int],
+    typer.Option(metavar="SMALL LARGE", help="The two dataset sizes of --script, in steps."),
+]
 LoopEpisodes = Annotated[
     int, typer.Option(help="Episodes the Python loop runs on (its speed is extrapolated).")
 ]
@@ -98,6 +112,8 @@ def bench_command(
     output: TableOrJson,  # --format
     memory: Memory = False,
     memory_steps: MemorySteps = DEFAULT_MEMORY_STEPS,
+    script: Script = False,
+    script_steps: ScriptSteps = SCRIPT_STEPS,
     loop_episodes: LoopEpisodes = DEFAULT_LOOP_EPISODES,
     out: Out = None,
     quiet: Quiet = False,
@@ -117,11 +133,9 @@ def bench_command(
       ope bench --memory --policies 8
 
       ope bench --policies 100
+
+      ope bench --script
     """
-    from rich.console import Console
-
-    from ope_cli.bench.run import bench
-
     config = BenchConfig(
         data=data,
         episodes=episodes,
@@ -130,19 +144,28 @@ def bench_command(
         precision=precision.value if precision else None,
         memory=memory,
         memory_steps=memory_steps,
+        script=script,
+        script_steps=tuple(script_steps),
         processes=processes,
         loop_episodes=loop_episodes,
         out=out,
         batching=batching,
         rounds=rounds,
     )
+    write_bench(run_bench(config, quiet), output)
+
+
+def run_bench(config: BenchConfig, quiet: bool) -> dict:
+    """``bench(config)``, with a status line on stderr when it is a terminal and not quiet."""
+    from rich.console import Console
+
+    from ope_cli.bench.run import bench
+
     stderr = Console(stderr=True)
     if quiet or not stderr.is_terminal:
-        result = bench(config)
-    else:
-        with stderr.status("ope bench") as status:
-            result = bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
-    write_bench(result, output)
+        return bench(config)
+    with stderr.status("ope bench") as status:
+        return bench(config, on_progress=lambda text: status.update(f"ope bench: {text}"))
 
 
 def write_bench(result: dict, chosen: TableOrJson) -> None:

@@ -157,6 +157,9 @@ def _detail_lines(result: dict) -> list[str]:
     processes = result.get("processes")
     if processes:
         lines.append(_processes_line(processes))
+    script = result.get("script")
+    if script:
+        lines.append(_script_line(script))
     load = runtime["load_average"]
     if load["start"] is not None:
         lines.append(
@@ -180,6 +183,19 @@ def _processes_line(processes: dict) -> str:
         f"({other['compilations']} compilations); {bandit['steps']:,}-step bandit log "
         f"{_seconds(bandit['seconds'])} warm"
     )
+
+
+def _script_line(script: dict) -> str:
+    """The detail line of the plain NumPy script against ``ope evaluate``."""
+    sizes = [
+        f"{size['steps']:,} steps: script {_seconds(size['script']['seconds'])} "
+        f"({size['script']['peak_rss_mib']:,.0f} MiB), ope evaluate "
+        f"{_seconds(size['evaluate']['seconds'])} ({size['evaluate']['peak_rss_mib']:,.0f} MiB, "
+        f"{_times(size['evaluate_over_script'])}), estimates within "
+        f"{_number(size['estimates_relative_difference'])}"
+        for size in script["sizes"].values()
+    ]
+    return "numpy script: " + "; ".join(sizes)
 
 
 def _number(x: float | None) -> str:

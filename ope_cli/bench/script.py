@@ -1,0 +1,98 @@
+"""``ope bench --script``: whole warm ``ope evaluate`` processes against a plain NumPy script
+(``bench/numpy_script.py``) that reads the same file and computes the same four estimates,
+on generated data of SPEC 6's two sizes (3M and 10M steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ope_cli.bench.config import GAMMA, BenchConfig, Progress, evaluate_command
+from ope_cli.bench.data import episodes_for_steps, generate_data
+from ope_cli.bench.measure import ratio
+from ope_cli.bench.memory import peak_rss_of
+
+SCRIPT_ESTIMATORS = ("is", "wis", "pdis", "wpdis")
+NUMPY_SCRIPT = Path(__file__).with_name("numpy_script.py")  # run as a file: no ope imports
+AGREEMENT = 1e-6  # SPEC 4's float64 tolerance between two ways of computing one estimate
+
+
+def _relative_difference(ours: dict, theirs: dict) -> float | None:
+    """max over the four estimators of |ours - theirs| / |theirs|; None if one is missing."""
+    differences = []
+    for name in SCRIPT_ESTIMATORS:
+        a, b = ours.get(name), theirs.get(name)
+        if a is None or b is None:
+            return None
+        differences.append(abs(a - b) / max(abs(b), 1e-300))
+    return max(differences)
+
+
+def _run(command: list[str], env: dict, out: Path) -> dict:
+    """One process: wall seconds, peak RSS and its JSON stdout."""
+    peak, seconds = peak_rss_of(command, env, out)
+    return {"seconds": seconds, "peak_rss_mib": peak / 2**20, "stdout": json.loads(out.read_text())}
+
+
+def _fastest(runs: list[dict]) -> dict:
+    best = min(runs, key=lambda run: run["seconds"])
+    return {key: value for key, value in best.items() if key != "stdout"}
+
+
+def _compare(directory: Path, path: Path, checkpoint: str, config: BenchConfig, env) -> dict:
+    """``config.rounds`` interleaved runs of the script and of ``ope evaluate`` on ``path``."""
+    ope = [*evaluate_command(str(path), checkpoint, config.batching), "--gamma", str(GAMMA)]
+    script = [sys.executable, str(NUMPY_SCRIPT), str(path), checkpoint, str(GAMMA)]
+    scripts, evaluates = [], []
+    for _ in range(config.rounds):
+        scripts.append(_run(script, env, directory / "script.json"))
+        evaluates.append(_run(ope, env, directory / "evaluate.json"))
+    document = evaluates[0]["stdout"]
+    ours = {
+        name: estimate["value"]
+        for name, estimate in document["results"][0]["estimates"].items()
+        if name in SCRIPT_ESTIMATORS
+    }
+    difference = _relative_difference(ours, scripts[0]["stdout"])
+    evaluate, plain = _fastest(evaluates), _fastest(scripts)
+    return {
+        "steps": document["dataset"]["steps"],
+        "script": plain,
+        "evaluate": {
+            **evaluate,
+            "compilations": max(run["stdout"]["runtime"]["compilations"] for run in evaluates),
+        },
+        "evaluate_over_script": ratio(evaluate["seconds"], plain["seconds"]),
+        "estimates_relative_difference": difference,
+        "estimates_agree": difference is not None and difference <= AGREEMENT,
+    }
+
+
+def measure_script(
+    directory: Path, checkpoint: str, config: BenchConfig, progress: Progress
+) -> dict:
+    """Whole processes on generated data of each of ``config.script_steps``: the plain NumPy
+    script and warm ``ope evaluate`` (its compilation cache filled by one untimed run first),
+    alternated, the fastest of ``config.rounds`` each; and whether their estimates agree."""
+    env = dict(os.environ, OPE_CACHE_DIR=str(directory / "script-cache"))
+    sizes = {}
+    for index, steps in enumerate(config.script_steps):
+        path = directory / f"script_{steps}.parquet"
+        progress(f"numpy script: generating {steps:,} steps")
+        generate_data(path, episodes_for_steps(steps), config.seed + 100 + index)
+        if index == 0:
+            progress("numpy script: a first ope evaluate fills its compilation cache")
+            command = evaluate_command(str(path), checkpoint, config.batching)
+            _run([*command, "--gamma", str(GAMMA)], env, directory / "evaluate.json")
+        progress(f"numpy script and ope evaluate on {steps:,} steps, {config.rounds} rounds")
+        sizes[str(steps)] = _compare(directory, path, checkpoint, config, env)
+        path.unlink()
+    return {
+        "sizes": sizes,
+        "method": "wall time and peak RSS of whole processes as typed, alternated, the "
+        f"fastest of {config.rounds} each; ope evaluate on a compilation cache warmed by one "
+        "untimed run; the script reads the whole file with pyarrow and computes IS, WIS, "
+        "PDIS and WPDIS on flat float64 step arrays",
+    }
