@@ -329,3 +329,36 @@ def test_toy_estimator_on_two_devices_through_the_cli(toy_case):
     assert document["runtime"]["devices"] == 2
     assert list(document["results"][0]["estimates"]) == ["toy"]
     assert document["results"][0]["estimates"]["toy"]["value"] == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("name", ["wpdis", "wdr"])
+def test_replicates_sum_their_steps_in_blocks(monkeypatch, name):
+    """A self-normalised estimator's bootstrap replicates add their [R, L] per-step terms a
+    block of steps at a time (bounded temporaries): the same values as all at once."""
+    rng = np.random.default_rng(8)
+    replicates, length = 6, 50
+    step_sums = {
+        "w_t": rng.gamma(1.0, size=(replicates, length)),
+        "wr_t": rng.normal(size=(replicates, length)),
+        "wq_t": rng.normal(size=(replicates, length)),
+        "wv_next_t": rng.normal(size=(replicates, length)),
+    }
+    step_sums["w_t"][2, 30] = 0.0  # a replicate with no weight left at a step: NaN
+    sums = base.Sums(
+        {
+            "dm_v": np.ones(replicates),
+            "dm_v2": np.ones(replicates),
+            "count": np.full(replicates, 4.0),
+        },
+        {},
+        {},
+        step_sums,
+        {"step": np.zeros(length)},
+    )
+    context = base.Context(0.97, length)
+    whole = estimators.get(name).replicates(sums, context)[0]
+    monkeypatch.setattr(base, "STEP_BLOCK_CELLS", 3 * replicates)  # blocks of three steps
+    blocks = estimators.get(name).replicates(sums, context)[0]
+    assert np.isnan(whole[2]) and np.isnan(blocks[2])
+    np.testing.assert_allclose(blocks, whole, rtol=1e-13)
+    assert np.all(np.isfinite(np.delete(whole, 2)))

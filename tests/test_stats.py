@@ -620,3 +620,38 @@ def test_leave_one_out_sums_equal_each_selection(ratio_scale):
             )
         for name, value in one.step_log_scales.items():
             np.testing.assert_array_equal(together.step_log_scales[name][position], value)
+
+
+def with_random_replicate_steps(acc, rng, length: int, replicates: int = 5):
+    """``acc`` with R bootstrap replicates' per-step sums and scales of ``length`` steps."""
+    return acc._replace(
+        replicate_step_log_scales={k: rng.normal(0, 3, size=length) for k in acc.step_log_scales},
+        replicate_step_sums={
+            k: rng.gamma(1.0, size=(replicates, length)) * (1 if k == "w_t" else rng.normal())
+            for k in acc.step_sums
+        },
+    )
+
+
+@pytest.mark.parametrize("lengths", [(3, 40), (40, 3), (25, 25), (0, 17)])
+def test_replicate_steps_merge_in_blocks_as_if_lengthened_first(monkeypatch, lengths):
+    """Merging bootstrap per-step sums of different lengths lengthens the shorter side a
+    block of steps at a time: bit for bit what lengthening it first gives."""
+    rng = np.random.default_rng(31 + lengths[0])
+    a = with_random_replicate_steps(random_accumulator(1), rng, lengths[0])
+    b = with_random_replicate_steps(random_accumulator(2), rng, lengths[1])
+    longest = max(lengths)
+    long_a, long_b = stats.extend_replicates(a, longest), stats.extend_replicates(b, longest)
+    scales, sums = stats._merge_steps(
+        long_a.replicate_step_log_scales,
+        long_a.replicate_step_sums,
+        long_b.replicate_step_log_scales,
+        long_b.replicate_step_sums,
+    )
+    monkeypatch.setattr(stats, "STEP_BLOCK_CELLS", 7)  # 5 replicates: blocks of one step
+    merged = stats.merge(a, b)
+    assert set(merged.replicate_step_sums) == set(sums)
+    for name, expected in {**scales, **sums}.items():
+        got = {**merged.replicate_step_log_scales, **merged.replicate_step_sums}[name]
+        assert got.shape[-1] == longest
+        np.testing.assert_array_equal(got, expected, err_msg=name)

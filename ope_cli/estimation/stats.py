@@ -26,6 +26,7 @@ from ope_cli.estimation.estimators.base import (
     GROUP_STEP_FIELDS,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
+    STEP_BLOCK_CELLS,
     BatchStatistics,
     Context,
     Grouped,
@@ -138,14 +139,25 @@ def _lengthen_scale(scale_t: np.ndarray, extra: int) -> np.ndarray:
     return np.concatenate([scale_t, np.repeat(last, extra, -1)], -1)
 
 
-def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
-    """[..., rows, L + extra] by the StepSum's ``after_end``: hold the last step, or zeros."""
+def _ended(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
+    """[..., rows, extra]: the steps after ``sum_rt``'s last, by the StepSum's
+    ``after_end`` (hold the last step, or zeros)."""
     rows = sum_rt.shape[:-1]
     if sum_rt.shape[-1] == 0 or sum_spec(name).after_end == "zero":
-        tail = np.zeros((*rows, extra))
-    else:
-        tail = np.repeat(sum_rt[..., -1:], extra, -1)
-    return np.concatenate([sum_rt, tail], -1)
+        return np.zeros((*rows, extra))
+    return np.repeat(sum_rt[..., -1:], extra, -1)
+
+
+def _lengthen_sum(name: str, sum_rt: np.ndarray, extra: int) -> np.ndarray:
+    """[..., rows, L + extra] by the StepSum's ``after_end``: hold the last step, or zeros."""
+    return np.concatenate([sum_rt, _ended(name, sum_rt, extra)], -1)
+
+
+def _steps(name: str, sum_rt: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Steps ``start:stop`` of ``sum_rt`` lengthened as ``_lengthen_sum`` does."""
+    known = sum_rt[..., start:stop]
+    missing = stop - max(start, sum_rt.shape[-1])
+    return known if missing <= 0 else np.concatenate([known, _ended(name, sum_rt, missing)], -1)
 
 
 def extend(acc: Accumulator, length: int, rows=None) -> Accumulator:
@@ -277,19 +289,42 @@ def _both_sides(a: dict, b: dict, name: str, empty: float) -> tuple[np.ndarray, 
 
 
 def _merge_steps(scales_a: dict, sums_a: dict, scales_b: dict, sums_b: dict):
-    """(scales, sums) of per-step sums, log-sum-exp per (row, step)."""
+    """(scales, sums) of per-step sums, log-sum-exp per (row, step). A side shorter than
+    the other is lengthened by its ended-episode values (as ``extend`` does), a block of
+    steps at a time: merging a short batch into a very long episode's [R, T] bootstrap
+    sums makes one new [R, T] array per sum and temporaries of STEP_BLOCK_CELLS."""
+    length = max((x.shape[-1] for d in (scales_a, scales_b) for x in d.values()), default=0)
     scales, factors = {}, {}
     for name in {**scales_a, **scales_b}:
         sa, sb = _both_sides(scales_a, scales_b, name, -np.inf)
+        sa, sb = (_longer_row(_lengthen_scale, x, length) for x in (sa, sb))
         scales[name], *factors[name] = to_larger(sa, sb)
     sums = {}
     for name in {**sums_a, **sums_b}:
-        xa, xb = _both_sides(sums_a, sums_b, name, 0.0)
         fa, fb = factors[sum_spec(name).scale.name]
-        if fa.ndim < xa.ndim:  # per-step scales [..., L] of replicate sums [..., R, L]
-            fa, fb = fa[..., None, :], fb[..., None, :]
-        sums[name] = xa * fa + xb * fb
+        sums[name] = _merged_sum(name, sums_a.get(name), sums_b.get(name), fa, fb)
     return scales, sums
+
+
+def _merged_sum(name: str, xa, xb, fa: np.ndarray, fb: np.ndarray) -> np.ndarray:
+    """xa * fa + xb * fb over ``fa``'s steps, each side lengthened by ``_steps`` (a missing
+    side is 0: what no episode contributes), in blocks of steps."""
+    present = xa if xa is not None else xb
+    rows, length = present.shape[:-1], fa.shape[-1]
+    if fa.ndim < present.ndim:  # per-step scales [..., L] of replicate sums [..., R, L]
+        fa, fb = fa[..., None, :], fb[..., None, :]
+
+    def block(start: int, stop: int) -> np.ndarray:
+        part_a, part_b = (0.0 if x is None else _steps(name, x, start, stop) for x in (xa, xb))
+        return part_a * fa[..., start:stop] + part_b * fb[..., start:stop]
+
+    per_block = max(1, STEP_BLOCK_CELLS // max(1, math.prod(rows)))
+    if length <= per_block:
+        return block(0, length)
+    out = np.empty((*rows, length), np.result_type(present, fa))
+    for start in range(0, length, per_block):
+        out[..., start : start + per_block] = block(start, min(start + per_block, length))
+    return out
 
 
 def _group_row(acc: Accumulator, group: int) -> tuple[dict, dict, int]:
@@ -346,8 +381,6 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
     if _empty(b) and set(a.sums) == set(b.sums):
         return a
     step = _merge_group_steps(a, b)
-    length = max(_replicate_length(a), _replicate_length(b))
-    a, b = extend_replicates(a, length), extend_replicates(b, length)
     log_scales, pivots, sums, replicate_sums = _merge_scalar(a, b)
     replicate_step = _merge_steps(
         a.replicate_step_log_scales,

@@ -219,6 +219,29 @@ class Context:
         return self.gamma ** np.arange(self.max_length, dtype=np.float64)
 
 
+STEP_BLOCK_CELLS = 1 << 22  # cells of the temporaries of a block of per-step arithmetic
+
+
+def sum_over_steps(
+    terms: Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray],
+    step_sums: Mapping[str, np.ndarray],
+    discount_t: np.ndarray,
+) -> np.ndarray:
+    """[...] the sum over steps of ``terms(step_sums, discount_t)`` ([..., L]), a block of
+    steps at a time, so that its temporaries stay within STEP_BLOCK_CELLS cells: the
+    bootstrap replicates' [R, L] arithmetic over a very long episode's steps."""
+    first = next(iter(step_sums.values()))
+    length = first.shape[-1]
+    per_block = max(1, STEP_BLOCK_CELLS // max(1, int(np.prod(first.shape[:-1]))))
+    if length <= per_block:
+        return np.sum(terms(step_sums, discount_t), axis=-1)
+    total = 0.0
+    for start in range(0, length, per_block):
+        block = {name: x[..., start : start + per_block] for name, x in step_sums.items()}
+        total = total + np.sum(terms(block, discount_t[start : start + per_block]), axis=-1)
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class Sums:
     """Merged sums of a set of episodes, as ``finalize`` reads them (NumPy float64).

@@ -16,6 +16,8 @@ are) and ended episodes stay in the normalisers at their final weight.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ope_cli.estimation.estimators.base import (
@@ -32,6 +34,7 @@ from ope_cli.estimation.estimators.base import (
     register,
     relative,
     rescaled,
+    sum_over_steps,
 )
 from ope_cli.estimation.estimators.importance import (
     closed_form,
@@ -119,14 +122,15 @@ def dr_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     return mean_and_sem(s["sum_dr"], s["sum_dr2"], s["count"], sums.log_scales["doubly_robust"])
 
 
-def _wdr_numerator_t(sums: Sums, context: Context) -> np.ndarray:
+def _wdr_numerator_t(step_sums: Mapping[str, np.ndarray], discount_t, gamma: float) -> np.ndarray:
     """[..., L] gamma^t sum_i W_t (r_t - q_t + gamma v_{t+1}), relative to W_t as w_t is."""
-    s = sums.step_sums
-    return context.discount_t * (s["wr_t"] - s["wq_t"] + context.gamma * s["wv_next_t"])
+    s = step_sums
+    return discount_t * (s["wr_t"] - s["wq_t"] + gamma * s["wv_next_t"])
 
 
 def _wdr_value(sums: Sums, context: Context) -> tuple[float | None, int]:
-    value, empty_step = self_normalised_value(sums, _wdr_numerator_t(sums, context))
+    numerator_t = _wdr_numerator_t(sums.step_sums, context.discount_t, context.gamma)
+    value, empty_step = self_normalised_value(sums, numerator_t)
     if value is None:
         return None, empty_step
     dm = finite(float(dm_estimate(sums)[0]))
@@ -135,10 +139,16 @@ def _wdr_value(sums: Sums, context: Context) -> tuple[float | None, int]:
 
 def wdr_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
     """[R] WDR of each bootstrap replicate (NaN where some step has no weight)."""
-    den_t = sums.step_sums["w_t"]
+
+    def terms_rt(step_sums: Mapping[str, np.ndarray], discount_t: np.ndarray) -> np.ndarray:
+        den_t = step_sums["w_t"]
+        numerator_t = _wdr_numerator_t(step_sums, discount_t, context.gamma)
+        return np.where(den_t > 0, numerator_t / den_t, np.nan)
+
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        terms_rt = np.where(den_t > 0, _wdr_numerator_t(sums, context) / den_t, np.nan)
-        return dm_estimate(sums)[0] + np.sum(terms_rt, axis=-1), None
+        return dm_estimate(sums)[0] + sum_over_steps(
+            terms_rt, sums.step_sums, context.discount_t
+        ), None
 
 
 DM = register(

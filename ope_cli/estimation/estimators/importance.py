@@ -8,6 +8,7 @@ scale (``base.TRAJECTORY``: W_{T-1}; ``base.DECISION``: max_t W_t; ``base.STEP``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from ope_cli.estimation.estimators.base import (
     register,
     relative,
     rescaled,
+    sum_over_steps,
 )
 from ope_cli.estimation.estimators.logspace import finite, scaled_array
 
@@ -124,9 +126,9 @@ def replicates_of(values):
     return replicates
 
 
-def _wpdis_terms(sums: Sums, discount_t: np.ndarray) -> np.ndarray:
+def _wpdis_terms(step_sums: Mapping[str, np.ndarray], discount_t: np.ndarray) -> np.ndarray:
     """[..., L] gamma^t (sum_i W_it r_it) / (sum_i W_it), NaN where no weight is left."""
-    num, den = sums.step_sums["wr_t"], sums.step_sums["w_t"]
+    num, den = step_sums["wr_t"], step_sums["w_t"]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.where(den > 0, discount_t * num / den, np.nan)
 
@@ -191,7 +193,7 @@ def wpdis_replicates(sums: Sums, context: Context) -> tuple[np.ndarray, None]:
     """[R] WPDIS of each bootstrap replicate (NaN where some step has no weight); no
     replicate standard errors, so bootstrap-t falls back to the percentile interval."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.sum(_wpdis_terms(sums, context.discount_t), axis=-1), None
+        return sum_over_steps(_wpdis_terms, sums.step_sums, context.discount_t), None
 
 
 IS = register(
