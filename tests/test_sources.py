@@ -248,20 +248,24 @@ def test_prefetched_keeps_order_and_reraises_in_place():
 def test_prefetched_stops_its_thread_when_the_consumer_stops():
     import threading
 
-    produced = []
+    produced, closed = [], []
 
     def endless():
         i = 0
-        while True:
-            produced.append(i)
-            yield i
-            i += 1
+        try:
+            while True:
+                produced.append(i)
+                yield i
+                i += 1
+        finally:
+            closed.append(threading.current_thread().name)
 
     reading = prefetched(endless(), depth=2)
     assert [next(reading) for _ in range(5)] == [0, 1, 2, 3, 4]
     reading.close()
     assert not any(t.name == "ope-prefetch" and t.is_alive() for t in threading.enumerate())
     assert len(produced) <= 5 + 2 + 1  # at most depth items (and the one being put) ahead
+    assert closed == ["ope-prefetch"]  # the source's cleanup ran, on the reading thread
 
 
 # ------------------------------------------------------------------- provenance, registry

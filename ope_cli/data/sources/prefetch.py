@@ -17,7 +17,8 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     pyarrow reads and decodes with the GIL released, so the next record batches are read
     while the caller assembles, pads and evaluates the current ones. Memory stays bounded
     by ``depth`` items. An exception raised by ``items`` is re-raised here, in order; when
-    the caller stops early (or fails), the thread stops at its next item.
+    the caller stops early (or fails), the thread stops at its next item and closes
+    ``items`` (a generator's ``finally`` blocks run then, not when it is collected).
     """
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -31,14 +32,20 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
                 continue
         return False
 
+    iterator = iter(items)
+
     def produce() -> None:
         try:
-            for item in items:
+            for item in iterator:
                 if not put((item, None)):
                     return
         except BaseException as error:  # noqa: BLE001 - handed to the consumer as it is
             put((_DONE, error))
             return
+        finally:  # a generator stopped early runs its cleanup now, on the thread that ran it
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
         put((_DONE, None))
 
     thread = threading.Thread(target=produce, name="ope-prefetch", daemon=True)
