@@ -84,7 +84,10 @@ def test_weights_beyond_float64_pair_exactly():
     assert far.log_scales["is"][0] > 790
     # e^800 overflows: the difference is not finite, so None, never inf
     assert paired.difference(far, "is", 1, 0) == (None, None)
-    shifted = far._replace(log_scales={"is": far.log_scales["is"] - np.array([800, 800, 0])})
+    shifted = far._replace(
+        log_scales={"is": far.log_scales["is"] - np.array([800, 800, 0])},
+        pair_log_scales={"is": far.pair_log_scales["is"] - 800},  # D_p = max(S_p, S_0)
+    )
     delta, stderr = paired.difference(shifted, "is", 1, 0)
     assert delta == pytest.approx(delta_near, rel=1e-10)
     assert stderr == pytest.approx(stderr_near, rel=1e-10)
@@ -99,3 +102,42 @@ def test_rows_of_puts_every_group_in_command_line_order():
     values, scales = rows["is"]
     np.testing.assert_array_equal(values, [[3, 4], [1, 2], [7, 8], [5, 6]])
     np.testing.assert_array_equal(scales, [[1, 1], [0, 0], [1, 1], [0, 0]])
+
+
+def test_close_policies_get_their_paired_standard_error_to_full_precision():
+    """Consecutive checkpoints: terms near 100 (a bonus per step) that differ from the
+    baseline's by 1e-10 of themselves. Sums of x and x^2 would lose every digit of the
+    spread of the differences; the centred differences keep it, across merged batches."""
+    rng = np.random.default_rng(5)
+    n = 900
+    base = 100.0 + rng.normal(size=n)
+    values = np.stack(
+        [base, base * (1 + 1e-10 * rng.normal(size=n)), base + 1e-3 * rng.normal(size=n)]
+    )
+    scales, counts = np.zeros_like(values), rng.poisson(1.0, size=(n, R))
+    total = paired.init(("is",), 2, R)
+    for part in np.array_split(np.arange(n), 4):
+        total = paired.merge(total, _batch(values[:, part], scales[:, part], counts[part], 0), 0)
+    for k in (1, 2):
+        delta, stderr = paired.difference(total, "is", k, 0)
+        d = values[k] - values[0]  # what the per-episode differences are, as numbers
+        assert delta == pytest.approx(d.mean(), rel=1e-9, abs=1e-18)
+        assert stderr == pytest.approx(d.std(ddof=1) / np.sqrt(n), rel=1e-9)
+        assert paired.difference(total, "is", 0, k) == pytest.approx((-delta, stderr), rel=1e-12)
+
+
+def test_pairs_without_the_baseline_follow_or_are_left_undefined():
+    rng = np.random.default_rng(6)
+    values, scales, counts = _random(rng, rows=4, n=70, spread=1.0)
+    sums = _batch(values, scales, counts, 3)
+    terms = values * np.exp(scales)
+    for k, j in ((0, 1), (2, 0), (1, 2)):  # neither is the baseline's row (3)
+        expected = paired_mean_difference(terms[k], terms[j])
+        assert paired.difference(sums, "is", k, j) == pytest.approx(expected, rel=1e-9)
+    # two rows equal up to 1e-13 of themselves, far from the baseline: their spread is
+    # below what the rounding of d_k - d_j resolves, so no standard error rather than noise
+    values[1] = values[0] * (1 + 1e-13 * rng.normal(size=70))
+    scales[1] = scales[0]
+    sums = _batch(values, scales, counts, 3)
+    delta, stderr = paired.difference(sums, "is", 1, 0)
+    assert stderr is None and abs(delta) < 1e-9
