@@ -211,10 +211,10 @@ def test_every_threshold_comes_from_the_one_table(measurements):
         assert target["source"] == TARGETS[name].source
 
 
-def test_render_shows_processes(measurements):
+def _rendered(measurements) -> str:
+    """The bench tables of a document around ``measurements``, as plain text."""
     from rich.console import Console
 
-    measurements["processes"] = _processes()
     document = {
         "dataset": {"steps": 1000, "episodes": 20, "lengths": {"median": 40, "p99": 90, "max": 99}},
         "runtime": {
@@ -227,9 +227,14 @@ def test_render_shows_processes(measurements):
         "batching": {"batches": 3, "batch_steps": 4096, "shapes": [[8, 64]]},
         **_document(measurements),
     }
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=300)
     render_bench(document, console)
-    text = console.export_text()
+    return console.export_text()
+
+
+def test_render_shows_processes(measurements):
+    measurements["processes"] = _processes()
+    text = _rendered(measurements)
     assert "import jax floor" in text and "bandit log" in text and "7 compilations" in text
 
 
@@ -285,23 +290,7 @@ def test_numpy_script_whose_estimates_differ_is_not_judged(measurements):
 
 
 def test_render_shows_the_numpy_script(measurements):
-    from rich.console import Console
-
     measurements["script"] = _script()
-    document = {
-        "dataset": {"steps": 1000, "episodes": 20, "lengths": {"median": 40, "p99": 90, "max": 99}},
-        "runtime": {
-            "backend": "cpu",
-            "devices": 1,
-            "precision": "float64",
-            "cpus": 2,
-            "load_average": {"start": None, "end": None},
-        },
-        "batching": {"batches": 3, "batch_steps": 4096, "shapes": [[8, 64]]},
-        **_document(measurements),
-    }
-    console = Console(record=True, width=300)
-    render_bench(document, console)
-    text = console.export_text()
+    text = _rendered(measurements)
     assert "numpy script: 3,000,017 steps: script 2.000 s (900 MiB)" in text
     assert "10,000,017 steps" in text
