@@ -164,13 +164,15 @@ LOST_PRECISION = 1e-9  # a pair's spread below this share of its rows' own: not 
 def difference(paired: PairedSums, name: str, k: int, j: int) -> tuple[float | None, float | None]:
     """(Δ, stderr) of V̂(k) - V̂(j) for mean-of-terms estimator ``name``: the mean of the
     per-episode differences and their sample standard deviation / sqrt(n) (None where
-    undefined or not finite). Exact when either row is the baseline's; for two other rows
-    the spread of d_k - d_j comes from the co-moments, and a standard error below what
-    their rounding resolves (``LOST_PRECISION``) is None, not a wrong number."""
+    undefined or not finite). To full precision when either row is the baseline's; for
+    two other rows the spread of d_k - d_j comes from the co-moments, and a standard error
+    below what their rounding resolves (``LOST_PRECISION``) is None, not a wrong number."""
     pair_k, pair_j = paired.pair_log_scales[name][k], paired.pair_log_scales[name][j]
     pair = max(pair_k, pair_j)
     fk, fj = _factor(pair_k, pair), _factor(pair_j, pair)
     means, comoments, n = paired.means[name], paired.comoments[name], float(paired.count)
+    if n == 0:
+        return None, None
     with np.errstate(over="ignore", invalid="ignore"):
         delta = means[k] * fk - means[j] * fj
         own = comoments[k, k] * fk * fk + comoments[j, j] * fj * fj
