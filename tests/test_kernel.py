@@ -358,3 +358,38 @@ def test_a_long_episode_costs_its_own_group_row(tmp_path):
         b = getattr(stats.dense_groups(whole, 208), field)
         for name in b:
             np.testing.assert_allclose(a[name], b[name], rtol=1e-12, err_msg=name)
+
+
+def test_a_long_episode_joins_its_bootstrap_sums_as_its_windows_come(tmp_path):
+    """One long episode alone in its batch, with bootstrap replicates: from the first
+    window on, each window that comes to the host puts its [R, C] replicate sums in place
+    in the batch's joined arrays (``KernelOutput.joined``) instead of holding them, and the
+    assembled statistics equal the batch walked as one window."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.data.buckets import pad
+    from ope_cli.data.episodes import concat_chunks
+    from ope_cli.estimation import kernel
+    from ope_cli.estimation.pipeline import stream
+
+    rng = np.random.default_rng(9)
+    behavior = random_checkpoint("tabular", rng)
+    episodes = random_episodes(
+        rng, 1, behavior=behavior, length_dist="fixed", median_length=150, max_length=150
+    )
+    path = save_checkpoint(tmp_path / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    batches = stream(EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95))
+    batch = pad(concat_chunks(list(batches.reread_chunks())), 160, 1)
+    (group,) = kernel.group_policies(batches.policies)
+    one = kernel.Kernel(group, kernel.KernelSettings(0.95, 8, np.float64, num_replicates=6))
+    output = one(batch, 16)  # 10 windows, all but the last two joined as they came
+    joined = output.joined["replicate_step_sums"]
+    assert set(joined) == {"w_t", "wr_t"} and joined["w_t"].written == 8 * 16
+    assert [len(w.replicate_step_sums) for _, w in output.windows] == [0] * 8 + [2, 2]
+    windowed = stats.from_batch(kernel.assemble(jax.device_get(output)))
+    whole = stats.from_batch(kernel.batch_statistics_of(one, batch))  # one window of 160
+    for field in ("replicate_step_log_scales", "replicate_step_sums"):
+        for name, expected in getattr(whole, field).items():
+            got = getattr(windowed, field)[name]
+            assert got.shape == expected.shape == (*expected.shape[:-1], 160)
+            np.testing.assert_allclose(got, expected, rtol=1e-12, err_msg=name)

@@ -411,7 +411,8 @@ class KernelOutput(NamedTuple):
     with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and how far
     each resampling group's episodes run [K] (host: its longest episode, or T where that
     is past T / 2; None: every group spans T). A window may hold only the per-group rows
-    that ``window_groups`` keeps (on the host)."""
+    that ``window_groups`` keeps (on the host), and none of its other per-step sums when
+    ``joined`` ({field: {name: SideBySide}}) holds them, for the first windows."""
 
     windows: list[tuple[int, StepStatistics]]
     scalar: ScalarStatistics
@@ -420,6 +421,7 @@ class KernelOutput(NamedTuple):
     terms: dict | None = None
     lanes: tuple[np.ndarray, np.ndarray] | None = None
     group_lengths: np.ndarray | None = None
+    joined: dict[str, dict[str, SideBySide]] | None = None
 
 
 def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
@@ -446,27 +448,45 @@ def _lags(field: str, name: str) -> bool:
     return "log_scales" not in field and bool(sum_spec(name).lag)
 
 
-def _joined(windows: list[tuple[int, Any]], lag: bool, length: int) -> np.ndarray:
-    """[..., length] of the (start, [..., C]) ``windows``' arrays side by side, one step
-    earlier with ``lag`` (column c of a window holds step start + c - 1)."""
-    first = np.asarray(windows[0][1])
-    # every column is written below but a lag-1 sum's last: no zero-filling pass over
-    # arrays that can be [policies, groups, a million steps]
-    full = np.empty((*first.shape[:-1], length), first.dtype)
-    written = 0
-    for start, part in windows:
+class SideBySide:
+    """A [..., length] array of (start, [..., C]) windows placed side by side as they come
+    (in order), one step earlier with ``lag`` (column c of a window holds step
+    start + c - 1): a batch's per-step sums joined while its later windows still run, so
+    that the windows need not all be held until the last one."""
+
+    def __init__(self, lag: bool, length: int):
+        self.lag, self.length = lag, length
+        self.full: np.ndarray | None = None
+        self.written = 0
+
+    def add(self, start: int, part) -> None:
         part = np.asarray(part)
-        if lag:
+        if self.full is None:
+            # every column is written but a lag-1 sum's last: no zero-filling pass over
+            # arrays that can be [policies, groups, a million steps]
+            self.full = np.empty((*part.shape[:-1], self.length), part.dtype)
+        if self.lag:
             low = max(start - 1, 0)
             part = part[..., low - (start - 1) :]
         else:
             low = start
-        if low != written:  # windows in order, side by side: nothing left unwritten
-            raise ValueError(f"window at step {start} does not follow step {written}")
-        full[..., low : low + part.shape[-1]] = part
-        written = low + part.shape[-1]
-    full[..., written:] = 0
-    return full
+        if low != self.written:  # windows in order, side by side: nothing left unwritten
+            raise ValueError(f"window at step {start} does not follow step {self.written}")
+        self.full[..., low : low + part.shape[-1]] = part
+        self.written = low + part.shape[-1]
+
+    def joined(self) -> np.ndarray:
+        self.full[..., self.written :] = 0
+        return self.full
+
+
+def _joined(windows: list[tuple[int, Any]], lag: bool, length: int) -> np.ndarray:
+    """[..., length] of the (start, [..., C]) ``windows``' arrays side by side, one step
+    earlier with ``lag`` (``SideBySide``)."""
+    side_by_side = SideBySide(lag, length)
+    for start, part in windows:
+        side_by_side.add(start, part)
+    return side_by_side.joined()
 
 
 def _group_rows(output: KernelOutput, field: str, name: str) -> list[np.ndarray]:
@@ -526,23 +546,43 @@ def _few_rows(window: tuple[int, StepStatistics], group_lengths: np.ndarray):
 
 def assemble(output: KernelOutput) -> BatchStatistics:
     """The BatchStatistics [D, P, ...] of a batch (host arrays) from its KernelOutput (host
-    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier; the
-    per-group ones as K rows, each as far as its group needs (``_group_rows``)."""
+    arrays): each window's per-step sums side by side, a lag-1 sum one step earlier (after
+    the first windows' that ``walk`` already joined); the per-group ones as K rows, each
+    as far as its group needs (``_group_rows``)."""
     fields = {}
+    joined = output.joined or {}
     for field in StepStatistics._fields:
-        names = getattr(output.windows[0][1], field)
         if field in GROUP_STEP_FIELDS:
+            names = getattr(output.windows[0][1], field)
             fields[field] = {name: _group_rows(output, field, name) for name in names}
             continue
-        fields[field] = {
-            name: _joined(
-                [(start, getattr(s, field)[name]) for start, s in output.windows],
-                _lags(field, name),
-                output.length,
-            )
-            for name in names
-        }
+        early = joined.get(field, {})
+        fields[field] = {}
+        for name in early or getattr(output.windows[0][1], field):
+            side_by_side = early.get(name) or SideBySide(_lags(field, name), output.length)
+            for start, statistics in output.windows:
+                if name in getattr(statistics, field):
+                    side_by_side.add(start, getattr(statistics, field)[name])
+            fields[field][name] = side_by_side.joined()
     return combine(StepStatistics(**fields), output.scalar)
+
+
+def _join_early(joined: dict, window: tuple[int, StepStatistics], length: int):
+    """``window`` (on the host) with its per-step sums that are not per group moved into
+    ``joined`` ({field: {name: SideBySide}}): a very long episode's bootstrap sums
+    [R, C] are then placed as each window comes, not held until the batch ends."""
+    start, statistics = window
+    moved = {}
+    for field in StepStatistics._fields:
+        if field in GROUP_STEP_FIELDS:
+            continue
+        for name, part in getattr(statistics, field).items():
+            side_by_side = joined.setdefault(field, {}).setdefault(
+                name, SideBySide(_lags(field, name), length)
+            )
+            side_by_side.add(start, part)
+        moved[field] = {}
+    return start, statistics._replace(**moved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -749,6 +789,9 @@ class Kernel:
         carry = self.initial_carry(carry_lanes)
         window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
         steps, zero_behavior = [], []
+        length = len(windows) * width
+        joined: dict[str, dict[str, SideBySide]] = {}
+        early = 0  # the first windows, whose sums not per group are in ``joined``
         with self._user_code_errors():
             for start, window in windows:
                 args = self._advance_args(window, start, carry, window_counts)
@@ -756,7 +799,11 @@ class Kernel:
                 steps.append((start, statistics))
                 zero_behavior.append(zero)
                 if group_lengths is not None and len(steps) > 2:  # two stay in flight
-                    steps[-3] = _few_rows(steps[-3], group_lengths)
+                    on_device = steps[-3]
+                    steps[-3] = _few_rows(on_device, group_lengths)
+                    if steps[-3] is not on_device and early == len(steps) - 3:
+                        steps[-3] = _join_early(joined, steps[-3], length)
+                        early += 1
             last = windows[-1][1]
             laid_out = [
                 self.carry_layout(np.asarray(x), carry_lanes)
@@ -769,7 +816,7 @@ class Kernel:
         zero_behavior = None if self.behavior is None else zero_behavior
         lanes = lanes if self.static.terms else None
         return KernelOutput(
-            steps, scalar, zero_behavior, len(windows) * width, terms, lanes, group_lengths
+            steps, scalar, zero_behavior, length, terms, lanes, group_lengths, joined or None
         )
 
     def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):
