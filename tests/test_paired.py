@@ -33,7 +33,7 @@ def test_difference_is_the_mean_of_per_episode_differences(baseline):
     sums = _batch(values, scales, counts, baseline)
     terms = values * np.exp(scales)  # [P+1, n] as plain numbers
     for k in range(4):
-        delta, stderr = paired.difference(sums, "is", k, baseline)
+        delta, stderr = paired.difference(sums, "is", k, baseline, baseline)
         expected = paired_mean_difference(terms[k], terms[baseline])
         if k == baseline:
             assert delta == pytest.approx(0.0, abs=1e-12) and stderr == pytest.approx(0.0)
@@ -62,8 +62,8 @@ def test_merging_batches_equals_one_batch():
         extra = _batch(values[:, part[~mask]], scales[:, part[~mask]], counts[part[~mask]], 1)
         total = paired.merge(total, extra, 1)
     for k in range(4):
-        assert paired.difference(total, "is", k, 1) == pytest.approx(
-            paired.difference(whole, "is", k, 1), rel=1e-10
+        assert paired.difference(total, "is", k, 1, 1) == pytest.approx(
+            paired.difference(whole, "is", k, 1, 1), rel=1e-10
         )
         np.testing.assert_allclose(
             paired.replicate_stderrs(total, "is", k, 1),
@@ -80,15 +80,15 @@ def test_weights_beyond_float64_pair_exactly():
     near = _batch(values, scales, counts, 0)
     far_scales = scales + np.array([[800.0], [800.0], [0.0]])
     far = _batch(values, far_scales, counts, 0)
-    delta_near, stderr_near = paired.difference(near, "is", 1, 0)
+    delta_near, stderr_near = paired.difference(near, "is", 1, 0, 0)
     assert far.log_scales["is"][0] > 790
     # e^800 overflows: the difference is not finite, so None, never inf
-    assert paired.difference(far, "is", 1, 0) == (None, None)
+    assert paired.difference(far, "is", 1, 0, 0) == (None, None)
     shifted = far._replace(
         log_scales={"is": far.log_scales["is"] - np.array([800, 800, 0])},
         pair_log_scales={"is": far.pair_log_scales["is"] - 800},  # D_p = max(S_p, S_0)
     )
-    delta, stderr = paired.difference(shifted, "is", 1, 0)
+    delta, stderr = paired.difference(shifted, "is", 1, 0, 0)
     assert delta == pytest.approx(delta_near, rel=1e-10)
     assert stderr == pytest.approx(stderr_near, rel=1e-10)
 
@@ -119,11 +119,11 @@ def test_close_policies_get_their_paired_standard_error_to_full_precision():
     for part in np.array_split(np.arange(n), 4):
         total = paired.merge(total, _batch(values[:, part], scales[:, part], counts[part], 0), 0)
     for k in (1, 2):
-        delta, stderr = paired.difference(total, "is", k, 0)
+        delta, stderr = paired.difference(total, "is", k, 0, 0)
         d = values[k] - values[0]  # what the per-episode differences are, as numbers
         assert delta == pytest.approx(d.mean(), rel=1e-9, abs=1e-18)
         assert stderr == pytest.approx(d.std(ddof=1) / np.sqrt(n), rel=1e-9)
-        assert paired.difference(total, "is", 0, k) == pytest.approx((-delta, stderr), rel=1e-12)
+        assert paired.difference(total, "is", 0, k, 0) == pytest.approx((-delta, stderr), rel=1e-12)
 
 
 def test_pairs_without_the_baseline_follow_or_are_left_undefined():
@@ -133,11 +133,33 @@ def test_pairs_without_the_baseline_follow_or_are_left_undefined():
     terms = values * np.exp(scales)
     for k, j in ((0, 1), (2, 0), (1, 2)):  # neither is the baseline's row (3)
         expected = paired_mean_difference(terms[k], terms[j])
-        assert paired.difference(sums, "is", k, j) == pytest.approx(expected, rel=1e-9)
+        assert paired.difference(sums, "is", k, j, 3) == pytest.approx(expected, rel=1e-9)
     # two rows equal up to 1e-13 of themselves, far from the baseline: their spread is
     # below what the rounding of d_k - d_j resolves, so no standard error rather than noise
     values[1] = values[0] * (1 + 1e-13 * rng.normal(size=70))
     scales[1] = scales[0]
     sums = _batch(values, scales, counts, 3)
-    delta, stderr = paired.difference(sums, "is", 1, 0)
+    delta, stderr = paired.difference(sums, "is", 1, 0, 3)
     assert stderr is None and abs(delta) < 1e-9
+
+
+@pytest.mark.parametrize("case", ["scale", "spread"])
+def test_a_pair_without_the_baseline_does_not_depend_on_the_baseline_row(case):
+    """Without --baseline the differences are kept from the first policy's row; a
+    could-be-best pair of two other policies must not lose its precision when that row's
+    terms dwarf theirs (weights near e^40, or a heavy-tailed row of plain numbers)."""
+    rng = np.random.default_rng(12)
+    n = 1000
+    values = np.stack([rng.normal(size=n), 1.0 + rng.normal(size=n), rng.normal(size=n)])
+    scales = np.zeros_like(values)
+    if case == "scale":
+        scales[0] = rng.normal(scale=10, size=n)
+    else:
+        values[0] = rng.lognormal(0, 4, size=n)
+        values[2] = values[1] - 0.05 + 1e-3 * rng.normal(size=n)
+    values = np.concatenate([values, rng.normal(size=(1, n))])  # the behavior row
+    scales = np.concatenate([scales, np.zeros((1, n))])
+    sums = _batch(values, scales, rng.poisson(1.0, size=(n, R)), 0)
+    terms = values * np.exp(scales)
+    expected = paired_mean_difference(terms[1], terms[2])
+    assert paired.difference(sums, "is", 1, 2, 0) == pytest.approx(expected, rel=1e-9)

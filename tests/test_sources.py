@@ -310,3 +310,26 @@ def test_restrict_keeps_the_schema_and_reads_only_its_files(tmp_path):
     assert share.schema == data.schema
     assert share.count_rows() == 8
     assert read_ids(share) == list(range(4, 12))
+
+
+def test_prefetched_hands_a_failing_cleanup_to_the_consumer():
+    class Closing:
+        """An iterator whose close() fails once it is exhausted."""
+
+        def __init__(self):
+            self.items = iter([1, 2])
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.items)
+
+        def close(self):
+            raise DataError("cleanup failed")
+
+    seen = []
+    with pytest.raises(DataError, match="cleanup failed"):  # not a hang, not a lost error
+        for item in prefetched(Closing()):
+            seen.append(item)
+    assert seen == [1, 2]

@@ -158,7 +158,7 @@ class Pairing:
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
         """(Δ, stderr) of V̂(k) - V̂(b)."""
         if get(name).term is not None:
-            return paired.difference(self.sums, name, k, b)
+            return paired.difference(self.sums, name, k, b, paired.differences_from(self.baseline))
         value_k, value_b = self.value(k, name), self.value(b, name)
         if value_k is None or value_b is None:
             return None, None

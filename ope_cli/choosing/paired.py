@@ -6,21 +6,26 @@ Rows p = 0..P-1 are the policies in command-line order and row P the logged epis
 discounted return G, the behavior policy's own term (``--baseline behavior``). Each row's
 terms x_pi are kept relative to exp(S_p), S_p the largest own log scale of the row so far,
 so weights that overflow as plain numbers still pair exactly. Per mean-of-terms estimator,
-with d_pi = x_pi - x_bi each episode's difference from the baseline's row b:
+with d_pi = x_pi - x_bi each episode's difference from the baseline's row b
+(``differences_from``: the first policy's without ``--baseline``):
 
-  means [P+1]                 (1/n) sum_i d_pi                     (relative to exp(D_p))
-  comoments [P+1, P+1]        sum_i (d_pi - mean_p)(d_qi - mean_q)  (exp(D_p + D_q))
+  means [P+1]                 (1/n) sum_i x_pi                     (relative to exp(S_p))
+  comoments [P+1, P+1]        sum_i (x_pi - mean_p)(x_qi - mean_q)  (exp(S_p + S_q))
+  diff_means [P+1]            (1/n) sum_i d_pi                     (relative to exp(D_p))
+  diff_squares [P+1]          sum_i (d_pi - diff_mean_p)^2         (relative to exp(2 D_p))
   replicate_sums [R, P+1]     sum_i c_ri d_pi                      (relative to exp(D_p))
   replicate_squares [R, P+1]  sum_i c_ri d_pi^2                    (relative to exp(2 D_p))
 
 with D_p = max(S_p, S_b) and c_ri the Poisson bootstrap counts (the same for every policy,
-since they come from the episode ids). The differences are taken per episode and their
-moments kept centred (merged by Chan's formulas), so a policy close to the baseline, as
-consecutive checkpoints are, gets its paired standard error to full precision: sums of
-x and x^2 would subtract nearly equal large numbers and lose it. Any other pair (k, j)
-follows from d_k - d_j, exactly where j is b. ``init -> merge(acc, from_terms(...)) ->
-difference`` serves batches, devices and processes alike. Plain NumPy: the host turns
-each batch's per-episode terms (``estimators.reduction.episode_terms``) into these sums.
+since they come from the episode ids). Moments are kept centred and merged by Chan's
+formulas. A pair with the baseline reads the differences taken per episode, so a policy
+close to the baseline, as consecutive checkpoints are, gets its paired standard error to
+full precision (from the terms' own moments, C_kk + C_bb - 2 C_kb, nearly equal numbers
+would cancel). Any other pair (could-be-best sets) reads the terms' co-moments, and a
+spread their rounding cannot resolve is left undefined. ``init -> merge(acc,
+from_terms(...)) -> difference`` serves batches, devices and processes alike. Plain
+NumPy: the host turns each batch's per-episode terms
+(``estimators.reduction.episode_terms``) into these sums.
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ class PairedSums(NamedTuple):
     count: np.ndarray  # [] episodes
     replicate_counts: np.ndarray  # [R] sum_i c_ri
     log_scales: dict[str, np.ndarray]  # [P+1] S_p
-    pair_log_scales: dict[str, np.ndarray]  # [P+1] D_p
     means: dict[str, np.ndarray]  # [P+1]
     comoments: dict[str, np.ndarray]  # [P+1, P+1]
+    pair_log_scales: dict[str, np.ndarray]  # [P+1] D_p
+    diff_means: dict[str, np.ndarray]  # [P+1]
+    diff_squares: dict[str, np.ndarray]  # [P+1]
     replicate_sums: dict[str, np.ndarray]  # [R, P+1]
     replicate_squares: dict[str, np.ndarray]  # [R, P+1]
 
@@ -58,9 +65,11 @@ def init(estimators: tuple[str, ...], policies: int, replicates: int) -> PairedS
         count=np.zeros(()),
         replicate_counts=np.zeros(replicates),
         log_scales={name: np.full(rows, -np.inf) for name in estimators},
-        pair_log_scales={name: np.full(rows, -np.inf) for name in estimators},
         means={name: np.zeros(rows) for name in estimators},
         comoments={name: np.zeros((rows, rows)) for name in estimators},
+        pair_log_scales={name: np.full(rows, -np.inf) for name in estimators},
+        diff_means={name: np.zeros(rows) for name in estimators},
+        diff_squares={name: np.zeros(rows) for name in estimators},
         replicate_sums={name: np.zeros((replicates, rows)) for name in estimators},
         replicate_squares={name: np.zeros((replicates, rows)) for name in estimators},
     )
@@ -70,6 +79,12 @@ def _factor(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """exp(old - new) elementwise, 0 where ``old`` is -inf (nothing there yet)."""
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(old), np.exp(old - np.where(np.isfinite(new), new, 0.0)), 0.0)
+
+
+def differences_from(baseline: int | None) -> int:
+    """The row whose per-episode differences the paired sums keep: the ``--baseline`` row,
+    else the first policy's."""
+    return 0 if baseline is None else baseline
 
 
 def _pair_scales(log_scale_p: np.ndarray, baseline: int) -> np.ndarray:
@@ -108,13 +123,10 @@ def from_terms(
             own = _factor(log_scale_p, pair_p)[:, None] * x_pb
             base = _factor(log_scale_p[baseline], pair_p)[:, None] * x_pb[baseline][None, :]
             d_pb = own - base
-        real_pb = d_pb[:, mask]
-        mean_p = real_pb.mean(axis=1) if mask.any() else np.zeros(len(d_pb))
-        centred_pb = real_pb - mean_p[:, None]
         out.log_scales[name] = log_scale_p
+        out.means[name], out.comoments[name] = _moments(x_pb[:, mask], matrix=True)
         out.pair_log_scales[name] = pair_p
-        out.means[name] = mean_p
-        out.comoments[name] = centred_pb @ centred_pb.T
+        out.diff_means[name], out.diff_squares[name] = _moments(d_pb[:, mask], matrix=False)
         out.replicate_sums[name] = counts_rb @ d_pb.T
         out.replicate_squares[name] = counts_rb @ (d_pb * d_pb).T
     return out
@@ -128,14 +140,19 @@ def merge(a: PairedSums, b: PairedSums, baseline: int) -> PairedSums:
     for name in a.means:
         la, lb = a.log_scales[name], b.log_scales[name]
         scale = np.maximum(la, lb)
+        fa, fb = _factor(la, scale), _factor(lb, scale)
         pair = _pair_scales(scale, baseline)
         da = _factor(_pair_scales(la, baseline), pair)
         db = _factor(_pair_scales(lb, baseline), pair)
         out.log_scales[name] = scale
-        out.pair_log_scales[name] = pair
         out.means[name], out.comoments[name] = _chan(
-            (a.count, a.means[name] * da, a.comoments[name] * np.outer(da, da)),
-            (b.count, b.means[name] * db, b.comoments[name] * np.outer(db, db)),
+            (a.count, a.means[name] * fa, a.comoments[name] * np.outer(fa, fa)),
+            (b.count, b.means[name] * fb, b.comoments[name] * np.outer(fb, fb)),
+        )
+        out.pair_log_scales[name] = pair
+        out.diff_means[name], out.diff_squares[name] = _chan(
+            (a.count, a.diff_means[name] * da, a.diff_squares[name] * da**2),
+            (b.count, b.diff_means[name] * db, b.diff_squares[name] * db**2),
         )
         out.replicate_sums[name] = a.replicate_sums[name] * da + b.replicate_sums[name] * db
         out.replicate_squares[name] = (
@@ -144,40 +161,65 @@ def merge(a: PairedSums, b: PairedSums, baseline: int) -> PairedSums:
     return out
 
 
+def _moments(values_pb: np.ndarray, matrix: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(means [P], centred co-moments [P, P] or, without ``matrix``, squares [P]) of the
+    rows of ``values_pb`` [P, B] (zeros for no episode)."""
+    rows, episodes = values_pb.shape
+    mean_p = values_pb.mean(axis=1) if episodes else np.zeros(rows)
+    with np.errstate(over="ignore", invalid="ignore"):
+        centred_pb = values_pb - mean_p[:, None]
+        return mean_p, centred_pb @ centred_pb.T if matrix else np.sum(centred_pb**2, axis=1)
+
+
 def _chan(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(means, comoments) of the union of two sets of episodes, each (count, means [P],
-    comoments [P, P]) on the same scale (Chan, Golub and LeVeque's pairwise update)."""
-    (count_a, mean_a, comoment_a), (count_b, mean_b, comoment_b) = a, b
+    """(means, centred second moments) of the union of two sets of episodes, each (count,
+    means [P], co-moments [P, P] or squares [P]) on the same scale (Chan, Golub and
+    LeVeque's pairwise update)."""
+    (count_a, mean_a, moment_a), (count_b, mean_b, moment_b) = a, b
     count = count_a + count_b
     if count == 0:
-        return mean_a + mean_b, comoment_a + comoment_b
+        return mean_a + mean_b, moment_a + moment_b
     with np.errstate(over="ignore", invalid="ignore"):
         delta = mean_b - mean_a
         mean = mean_a + delta * (count_b / count)
-        comoment = comoment_a + comoment_b + np.outer(delta, delta) * (count_a * count_b / count)
-    return mean, comoment
+        spread = np.outer(delta, delta) if np.ndim(moment_a) == 2 else delta * delta
+        return mean, moment_a + moment_b + spread * (count_a * count_b / count)
 
 
-LOST_PRECISION = 1e-9  # a pair's spread below this share of its rows' own: not resolved
+LOST_PRECISION = 1e-8  # a pair's spread below this share of its rows' own: not resolved
 
 
-def difference(paired: PairedSums, name: str, k: int, j: int) -> tuple[float | None, float | None]:
+def difference(
+    paired: PairedSums, name: str, k: int, j: int, baseline: int
+) -> tuple[float | None, float | None]:
     """(Δ, stderr) of V̂(k) - V̂(j) for mean-of-terms estimator ``name``: the mean of the
     per-episode differences and their sample standard deviation / sqrt(n) (None where
-    undefined or not finite). To full precision when either row is the baseline's; for
-    two other rows the spread of d_k - d_j comes from the co-moments, and a standard error
-    below what their rounding resolves (``LOST_PRECISION``) is None, not a wrong number."""
-    pair_k, pair_j = paired.pair_log_scales[name][k], paired.pair_log_scales[name][j]
-    pair = max(pair_k, pair_j)
-    fk, fj = _factor(pair_k, pair), _factor(pair_j, pair)
-    means, comoments, n = paired.means[name], paired.comoments[name], float(paired.count)
+    undefined or not finite). ``baseline``: the row whose differences the sums keep
+    (``differences_from``); a pair with it reads them, any other pair the terms'
+    co-moments, C_kk + C_jj - 2 C_kj, whose standard error is None where that spread is
+    below what their rounding resolves (``LOST_PRECISION``), not a wrong number."""
+    n = float(paired.count)
     if n == 0:
         return None, None
+    if k == j:
+        return 0.0, 0.0
+    if baseline in (k, j):
+        row, sign = (j, -1.0) if k == baseline else (k, 1.0)
+        pair = paired.pair_log_scales[name][row]
+        delta = sign * paired.diff_means[name][row]
+        spread = paired.diff_squares[name][row]
+        resolved = True
+    else:
+        scale = paired.log_scales[name]
+        pair = max(scale[k], scale[j])
+        fk, fj = _factor(scale[k], pair), _factor(scale[j], pair)
+        means, comoments = paired.means[name], paired.comoments[name]
+        with np.errstate(over="ignore", invalid="ignore"):
+            delta = means[k] * fk - means[j] * fj
+            own = comoments[k, k] * fk * fk + comoments[j, j] * fj * fj
+            spread = own - 2.0 * comoments[k, j] * fk * fj
+            resolved = spread >= LOST_PRECISION * own
     with np.errstate(over="ignore", invalid="ignore"):
-        delta = means[k] * fk - means[j] * fj
-        own = comoments[k, k] * fk * fk + comoments[j, j] * fj * fj
-        spread = own - 2.0 * comoments[k, j] * fk * fj
-        resolved = spread >= LOST_PRECISION * own
         stderr = math.sqrt(max(spread, 0.0) / (n - 1) / n) if n > 1 and resolved else math.nan
     pair = pair if np.isfinite(pair) else 0.0
     return scaled(float(delta), pair), scaled(stderr, pair)

@@ -561,7 +561,7 @@ def _local_pass(
     kernels = _kernels(batches, dtype, mesh, replicates, pairing)
     computed = computed_estimators(batches)
     terms = tuple(name for name in computed if get_estimator(name).term is not None)
-    baseline_row = 0 if baseline is None else baseline
+    baseline_row = paired.differences_from(baseline)
     pairs = [paired.init(terms, len(policies), replicates)] if pairing else []
 
     def no_episodes() -> list[Accumulator]:  # one per policy

@@ -11,6 +11,18 @@ T = TypeVar("T")
 _DONE = object()
 
 
+def _close(iterator) -> BaseException | None:
+    """Closes ``iterator`` where it can be (a generator stopped early runs its cleanup now,
+    on the thread that ran it); the error its cleanup raised, if any."""
+    close = getattr(iterator, "close", None)
+    try:
+        if close is not None:
+            close()
+    except BaseException as error:  # noqa: BLE001 - handed to the consumer as it is
+        return error
+    return None
+
+
 def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     """``items`` in order, produced up to ``depth`` ahead by a background thread.
 
@@ -35,18 +47,15 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     iterator = iter(items)
 
     def produce() -> None:
+        error = None
         try:
             for item in iterator:
                 if not put((item, None)):
-                    return
-        except BaseException as error:  # noqa: BLE001 - handed to the consumer as it is
-            put((_DONE, error))
-            return
-        finally:  # a generator stopped early runs its cleanup now, on the thread that ran it
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
-        put((_DONE, None))
+                    break
+        except BaseException as caught:  # noqa: BLE001 - handed to the consumer as it is
+            error = caught
+        closing = _close(iterator)
+        put((_DONE, error or closing))  # returns at once if the consumer stopped
 
     thread = threading.Thread(target=produce, name="ope-prefetch", daemon=True)
     thread.start()
