@@ -294,3 +294,12 @@ def test_render_shows_the_numpy_script(measurements):
     text = _rendered(measurements)
     assert "numpy script: 3,000,017 steps: script 2.000 s (900 MiB)" in text
     assert "10,000,017 steps" in text
+
+
+@pytest.mark.parametrize("steps", [(5, 5), (10, 3), (0, 4)])
+def test_script_sizes_must_be_a_small_and_a_larger_one(steps):
+    from ope_cli.bench.run import bench
+    from ope_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="--script-steps"):  # before any data is generated
+        bench(BenchConfig(script=True, script_steps=steps))

@@ -70,8 +70,9 @@ def _check(config: BenchConfig) -> None:
         raise UsageError("--episodes, --policies and --loop-episodes must be >= 1")
     if config.memory_steps < 1:
         raise UsageError("--memory-steps must be >= 1")
-    if min(config.script_steps) < 1:
-        raise UsageError("--script-steps must be >= 1")
+    small, large = config.script_steps
+    if not 0 < small < large:
+        raise UsageError(f"--script-steps {small} {large}: must be 0 < SMALL < LARGE")
     b = config.batching
     if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
         raise UsageError("batching options must be positive")

@@ -81,7 +81,8 @@ def measure_script(
     for index, steps in enumerate(config.script_steps):
         path = directory / f"script_{steps}.parquet"
         progress(f"numpy script: generating {steps:,} steps")
-        generate_data(path, episodes_for_steps(steps), config.seed + 100 + index)
+        # the bench's seed: its checkpoints are near this data's behavior policy
+        generate_data(path, episodes_for_steps(steps), config.seed)
         if index == 0:
             progress("numpy script: a first ope evaluate fills its compilation cache")
             command = evaluate_command(str(path), checkpoint, config.batching)
