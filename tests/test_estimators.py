@@ -362,3 +362,34 @@ def test_replicates_sum_their_steps_in_blocks(monkeypatch, name):
     assert np.isnan(whole[2]) and np.isnan(blocks[2])
     np.testing.assert_allclose(blocks, whole, rtol=1e-13)
     assert np.all(np.isfinite(np.delete(whole, 2)))
+
+
+def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
+    """sum x^2 - (sum x)^2 / n cancels when the terms' mean dwarfs their spread (a constant
+    added to every reward): the standard error comes with what it is good to."""
+    from types import SimpleNamespace
+
+    from ope_cli.estimation.estimators.importance import RESOLVED, spread_note
+
+    rng = np.random.default_rng(4)
+    spread = rng.normal(size=2000)
+    for offset, noted in ((0.0, False), (1e3, False), (1e7, True)):
+        x = offset + spread
+        note = spread_note(x.sum(), (x * x).sum(), x.size)
+        assert (note is not None) is noted, (offset, note)
+    assert "good to about" in note and "1e+07 times their spread" in note
+    assert spread_note(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2
+        "standard error not resolved: the terms are equal to float64's precision"
+    )
+    assert spread_note(1.0, 1.0, 1.0) is None and RESOLVED == 1e-6
+    x = 1e7 + spread  # through the estimator: the value and standard error stay, noted
+    totals = base.Sums(
+        {"sum_wg": x.sum(), "sum_w2g2": (x * x).sum(), "count": float(x.size)},
+        {"trajectory": 0.0},
+        {},
+        {},
+        {},
+    )
+    point = estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1.0, 1))
+    assert point.value == pytest.approx(x.mean()) and point.stderr is not None
+    assert "good to about" in point.note

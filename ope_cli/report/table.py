@@ -154,7 +154,8 @@ def _value_cell(e) -> str:
         return f"n/a ({e.note})" if e.note else "n/a"
     if e.stderr is None:
         return significant(e.value) + (f" ({e.note})" if e.note else "")
-    return f"{significant(e.value)} ± {significant(e.stderr)}"
+    cell = f"{significant(e.value)} ± {significant(e.stderr)}"
+    return cell + (f" ({e.note})" if e.note else "")
 
 
 def title_line(result: EvaluationResult) -> str:

@@ -109,12 +109,43 @@ def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     return wis, stderr
 
 
-def closed_form(values, undefined: str):
-    """finalize() of an estimator given by a vectorised ``values(sums)``."""
+RESOLVED = 1e-6  # a standard error that float64 sums resolve worse than this gets a note
+
+
+def spread_note(total: float, total_sq: float, n: float) -> str | None:
+    """What a standard error from the sum and sum of squares of n terms is good to, where
+    float64 does not resolve it to RESOLVED: sum x^2 - (sum x)^2 / n cancels when the
+    terms' mean is far above their spread (e.g. a large constant in every reward); the
+    relative error of that difference is about eps * mean(x^2) / spread."""
+    total, total_sq, n = (float(np.asarray(x)) for x in (total, total_sq, n))
+    if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
+        return None
+    squares = total_sq / n
+    spread = squares - (total / n) ** 2
+    if spread > 0 and np.finfo(np.float64).eps * squares / spread <= RESOLVED:
+        return None
+    if spread <= 0:
+        return "standard error not resolved: the terms are equal to float64's precision"
+    lost = np.finfo(np.float64).eps * squares / spread
+    return (
+        f"standard error good to about {lost:.0e} only: the terms' mean is "
+        f"{math.sqrt(squares / spread):.0e} times their spread"
+    )
+
+
+def closed_form(values, undefined: str, sums_of_terms=None):
+    """finalize() of an estimator given by a vectorised ``values(sums)``; with
+    ``sums_of_terms(sums) -> (sum, sum of squares, n)``, a note where float64 does not
+    resolve the standard error (``spread_note``)."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, stderr = (finite(float(x)) for x in values(grouped.totals))
-        return Point(value, stderr, None if value is not None else undefined)
+        if value is None:
+            return Point(None, stderr, undefined)
+        note = None
+        if sums_of_terms is not None and stderr is not None:
+            note = spread_note(*sums_of_terms(grouped.totals))
+        return Point(value, stderr, note)
 
     return finalize
 
@@ -203,7 +234,11 @@ IS = register(
         stderr_method="sample standard error",
         sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
         finish=trajectory_values,
-        finalize=closed_form(is_values, "the trajectory weights overflow float64"),
+        finalize=closed_form(
+            is_values,
+            "the trajectory weights overflow float64",
+            lambda sums: (sums.sums["sum_wg"], sums.sums["sum_w2g2"], sums.sums["count"]),
+        ),
         term="sum_wg",
         replicates=replicates_of(is_values),
         studentized=True,
@@ -236,7 +271,11 @@ PDIS = register(
         init=per_decision_init,
         advance=per_decision_advance,
         finish=per_decision_values,
-        finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
+        finalize=closed_form(
+            pdis_values,
+            "the per-decision weights overflow float64",
+            lambda sums: (sums.sums["sum_p"], sums.sums["sum_p2"], sums.sums["count"]),
+        ),
         term="sum_p",
         replicates=replicates_of(pdis_values),
         studentized=True,
