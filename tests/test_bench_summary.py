@@ -303,3 +303,13 @@ def test_script_sizes_must_be_a_small_and_a_larger_one(steps):
 
     with pytest.raises(UsageError, match="--script-steps"):  # before any data is generated
         bench(BenchConfig(script=True, script_steps=steps))
+
+
+def test_script_agreement_is_relative_to_the_largest_estimate():
+    from ope_cli.bench.script import largest_difference
+
+    theirs = {"is": 2.0, "wis": 1.0, "pdis": 1e-17, "wpdis": -0.5}
+    ours = {**theirs, "pdis": 3e-17, "wis": 1.0 + 1e-12}  # rounding around a value near 0
+    assert largest_difference(ours, theirs) == pytest.approx(0.5e-12)
+    assert largest_difference({**ours, "is": None}, theirs) is None
+    assert largest_difference({**theirs, "wpdis": 0.5}, theirs) == pytest.approx(0.5)

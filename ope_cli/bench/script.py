@@ -19,15 +19,16 @@ NUMPY_SCRIPT = Path(__file__).with_name("numpy_script.py")  # run as a file: no 
 AGREEMENT = 1e-6  # SPEC 4's float64 tolerance between two ways of computing one estimate
 
 
-def _relative_difference(ours: dict, theirs: dict) -> float | None:
-    """max over the four estimators of |ours - theirs| / |theirs|; None if one is missing."""
-    differences = []
-    for name in SCRIPT_ESTIMATORS:
-        a, b = ours.get(name), theirs.get(name)
-        if a is None or b is None:
-            return None
-        differences.append(abs(a - b) / max(abs(b), 1e-300))
-    return max(differences)
+def largest_difference(ours: dict, theirs: dict) -> float | None:
+    """max over the four estimators of |ours - theirs|, relative to the largest of the
+    script's estimates in magnitude, not to each (``summary.relative_difference``): an
+    estimate near 0 then cannot void the comparison by its own rounding; None if one is
+    missing."""
+    pairs = [(ours.get(name), theirs.get(name)) for name in SCRIPT_ESTIMATORS]
+    if any(a is None or b is None for a, b in pairs):
+        return None
+    scale = max(abs(b) for _, b in pairs)
+    return max(abs(a - b) for a, b in pairs) / max(scale, 1e-300)
 
 
 def _run(command: list[str], env: dict, out: Path) -> dict:
@@ -55,7 +56,7 @@ def _compare(directory: Path, path: Path, checkpoint: str, config: BenchConfig, 
         for name, estimate in document["results"][0]["estimates"].items()
         if name in SCRIPT_ESTIMATORS
     }
-    difference = _relative_difference(ours, scripts[0]["stdout"])
+    difference = largest_difference(ours, scripts[0]["stdout"])
     evaluate, plain = _fastest(evaluates), _fastest(scripts)
     return {
         "steps": document["dataset"]["steps"],
