@@ -350,11 +350,8 @@ def _merge_group_steps(a: Accumulator, b: Accumulator) -> tuple[dict, dict]:
         scales_b, sums_b, length_b = _group_row(b, group)
         if same_names and min(length_a, length_b) == 0:
             merged = (scales_b, sums_b) if length_a == 0 else (scales_a, sums_a)
-        else:
-            length = max(length_a, length_b)
-            merged = _merge_steps(
-                *_longer_rows(scales_a, sums_a, length), *_longer_rows(scales_b, sums_b, length)
-            )
+        else:  # the shorter side lengthened by its ended-episode values, as they merge
+            merged = _merge_steps(scales_a, sums_a, scales_b, sums_b)
         for out, rows in zip((scales, sums), merged, strict=True):
             for k, row in rows.items():
                 out[k].append(row)
@@ -537,7 +534,7 @@ def _row_by_row(acc: Accumulator, length: int) -> Grouped:
                 sums[name] = np.sum(sum_gt * factor_gt, axis=0)
         scales, sums = _longer_rows(scales, sums, length)
         for g in (int(g) for g in groups if long[g]):
-            rows = _longer_rows(*_group_row(acc, g)[:2], length)  # may run past ``length``
+            rows = _group_row(acc, g)[:2]  # may run past ``length``, or end before it
             cut = ({k: v[..., :length] for k, v in part.items()} for part in rows)
             scales, sums = _merge_steps(scales, sums, *cut)
         return Sums(
