@@ -37,9 +37,9 @@ from ope_cli.estimation.estimators.base import (
     sum_over_steps,
 )
 from ope_cli.estimation.estimators.importance import (
+    MeanOfTerms,
     closed_form,
     grouped_jackknife,
-    mean_and_sem,
     replicates_of,
     self_normalised_value,
 )
@@ -110,16 +110,8 @@ def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
 
 
-def dm_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
-    """(1/n) sum_i V-hat(s_{i,0}) and its sample standard error."""
-    s = sums.sums
-    return mean_and_sem(s["dm_v"], s["dm_v2"], s["count"], 0.0)
-
-
-def dr_estimate(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
-    """(1/n) sum_i D_i and its sample standard error."""
-    s = sums.sums
-    return mean_and_sem(s["sum_dr"], s["sum_dr2"], s["count"], sums.log_scales["doubly_robust"])
+dm_estimate = MeanOfTerms("dm_v", "dm_v2", None)  # (1/n) sum_i V-hat(s_{i,0})
+dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D_i
 
 
 def _wdr_numerator_t(step_sums: Mapping[str, np.ndarray], discount_t, gamma: float) -> np.ndarray:
@@ -160,11 +152,7 @@ DM = register(
         init=dm_init,
         advance=dm_advance,
         finish=dm_values,
-        finalize=closed_form(
-            dm_estimate,
-            "V-hat is not finite",
-            lambda sums: (sums.sums["dm_v"], sums.sums["dm_v2"], sums.sums["count"]),
-        ),
+        finalize=closed_form(dm_estimate, "V-hat is not finite"),
         term="dm_v",
         replicates=replicates_of(dm_estimate),
         studentized=True,
@@ -180,11 +168,7 @@ DR = register(
         init=dr_init,
         advance=dr_advance,
         finish=dr_values,
-        finalize=closed_form(
-            dr_estimate,
-            "the per-decision weights overflow float64",
-            lambda sums: (sums.sums["sum_dr"], sums.sums["sum_dr2"], sums.sums["count"]),
-        ),
+        finalize=closed_form(dr_estimate, "the per-decision weights overflow float64"),
         term="sum_dr",
         replicates=replicates_of(dr_estimate),
         studentized=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,16 +79,28 @@ def mean_and_sem(
         return scaled_array(total / n, log_scale), scaled_array(stderr, log_scale)
 
 
-def is_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
-    """(1/n) sum_i W_i G_i and its sample standard error; [...] for any leading axes."""
-    s = sums.sums
-    return mean_and_sem(s["sum_wg"], s["sum_w2g2"], s["count"], sums.log_scales["trajectory"])
+class MeanOfTerms(NamedTuple):
+    """The value of a mean-of-terms estimator: ``(sums) -> (mean, sample standard error)``
+    ([...] for any leading axes) of its per-episode terms, from their Sum ``total`` and the
+    Sum of their squares ``square``, relative to the scalar scale ``scale`` (None: not
+    scaled); ``note(sums)`` says where float64 does not resolve that standard error."""
+
+    total: str
+    square: str
+    scale: str | None
+
+    def __call__(self, sums: Sums) -> tuple[np.ndarray, np.ndarray]:
+        s = sums.sums
+        log_scale = 0.0 if self.scale is None else sums.log_scales[self.scale]
+        return mean_and_sem(s[self.total], s[self.square], s["count"], log_scale)
+
+    def note(self, sums: Sums) -> str | None:
+        s = sums.sums
+        return spread_note(s[self.total], s[self.square], s["count"])
 
 
-def pdis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
-    """(1/n) sum_i P_i and its sample standard error."""
-    s = sums.sums
-    return mean_and_sem(s["sum_p"], s["sum_p2"], s["count"], sums.log_scales["decision"])
+is_values = MeanOfTerms("sum_wg", "sum_w2g2", "trajectory")  # (1/n) sum_i W_i G_i
+pdis_values = MeanOfTerms("sum_p", "sum_p2", "decision")  # (1/n) sum_i P_i
 
 
 def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
@@ -122,30 +135,27 @@ def spread_note(total: float, total_sq: float, n: float) -> str | None:
         return None
     squares = total_sq / n
     spread = squares - (total / n) ** 2
-    if spread > 0 and np.finfo(np.float64).eps * squares / spread <= RESOLVED:
-        return None
     if spread <= 0:
         return "standard error not resolved: the terms are equal to float64's precision"
     lost = np.finfo(np.float64).eps * squares / spread
+    if lost <= RESOLVED:
+        return None
     return (
         f"standard error good to about {lost:.0e} only: the terms' mean is "
         f"{math.sqrt(squares / spread):.0e} times their spread"
     )
 
 
-def closed_form(values, undefined: str, sums_of_terms=None):
-    """finalize() of an estimator given by a vectorised ``values(sums)``; with
-    ``sums_of_terms(sums) -> (sum, sum of squares, n)``, a note where float64 does not
-    resolve the standard error (``spread_note``)."""
+def closed_form(values, undefined: str):
+    """finalize() of an estimator given by a vectorised ``values(sums)``; a MeanOfTerms
+    also notes a standard error that float64 does not resolve (``spread_note``)."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, stderr = (finite(float(x)) for x in values(grouped.totals))
         if value is None:
             return Point(None, stderr, undefined)
-        note = None
-        if sums_of_terms is not None and stderr is not None:
-            note = spread_note(*sums_of_terms(grouped.totals))
-        return Point(value, stderr, note)
+        resolved = stderr is None or not isinstance(values, MeanOfTerms)
+        return Point(value, stderr, None if resolved else values.note(grouped.totals))
 
     return finalize
 
@@ -234,11 +244,7 @@ IS = register(
         stderr_method="sample standard error",
         sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
         finish=trajectory_values,
-        finalize=closed_form(
-            is_values,
-            "the trajectory weights overflow float64",
-            lambda sums: (sums.sums["sum_wg"], sums.sums["sum_w2g2"], sums.sums["count"]),
-        ),
+        finalize=closed_form(is_values, "the trajectory weights overflow float64"),
         term="sum_wg",
         replicates=replicates_of(is_values),
         studentized=True,
@@ -271,11 +277,7 @@ PDIS = register(
         init=per_decision_init,
         advance=per_decision_advance,
         finish=per_decision_values,
-        finalize=closed_form(
-            pdis_values,
-            "the per-decision weights overflow float64",
-            lambda sums: (sums.sums["sum_p"], sums.sums["sum_p2"], sums.sums["count"]),
-        ),
+        finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
         term="sum_p",
         replicates=replicates_of(pdis_values),
         studentized=True,
