@@ -32,3 +32,32 @@ def test_seen_keys_catch_a_reappearing_id():
     flagged = seen.add("b", id_keys(np.array([9, 4, 9])), np.array([9, 4, 9]), raise_error=False)
     np.testing.assert_array_equal(flagged, [1, 2])  # 4 seen before, 9 twice here
     assert set(seen.all_keys().tolist()) == set(id_keys(np.array([0, 1, 2, 3, 4, 9])).tolist())
+
+
+@pytest.mark.parametrize("chunk", [7, 300, 5000])
+def test_seen_keys_flag_exactly_the_reappearances_of_a_set(chunk):
+    """Against a Python set, over enough chunks that the latest keys are merged into the
+    rest several times: each chunk's flags are the ids seen in an earlier chunk and every
+    repetition within it after its first; the keys kept hold each id once."""
+    rng = np.random.default_rng(chunk)
+    ids = rng.integers(0, 40_000, size=30_000)
+    seen, before = SeenKeys(), set()
+    for start in range(0, ids.size, chunk):
+        part = ids[start : start + chunk]
+        expected, here = [], set()
+        for row, value in enumerate(part.tolist()):
+            if value in before or value in here:
+                expected.append(row)
+            here.add(value)
+        flagged = seen.add("f", id_keys(part), part, raise_error=False)
+        np.testing.assert_array_equal([] if flagged is None else flagged, expected)
+        before |= here
+    np.testing.assert_array_equal(seen.all_keys(), np.sort(id_keys(np.array(sorted(before)))))
+
+
+def test_seen_keys_name_the_first_reappearing_row():
+    seen = SeenKeys()
+    seen.add("a", id_keys(np.arange(0, 10_000, 2)), np.arange(0, 10_000, 2))
+    later = np.array([5, 7, 4002, 11, 8])  # rows 2 and 4 seen before
+    with pytest.raises(DataError, match="b: episode 4002: episode id appears"):
+        seen.add("b", id_keys(later), later)

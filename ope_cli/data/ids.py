@@ -4,6 +4,8 @@ and the folds of episodes by id hash (cross-fitting, held-out sets)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -101,47 +103,64 @@ REAPPEARS = (
 
 class SeenKeys:
     """Episode keys seen so far, to catch an episode id that reappears (non-contiguous
-    rows, or an episode split over files). 8 bytes per episode, amortised O(log n) checks.
-    """
+    rows, or an episode split over files). 8 bytes per episode; each check is a binary
+    search in two sorted arrays: all keys but the latest (``_sorted``) and the latest
+    (``_recent``, merged into ``_sorted`` once it outgrows sqrt(seen x added), which keeps
+    the copying of both merges small)."""
 
     def __init__(self) -> None:
         self._sorted = np.zeros(0, np.uint64)
-        self._pending: list[np.ndarray] = []
-        self._pending_size = 0
+        self._recent = np.zeros(0, np.uint64)
 
     def add(
         self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
     ) -> np.ndarray | None:
         """Records the episodes' keys ([E] uint64). An id seen before (or twice here) is a
         DataError, or without ``raise_error`` flagged in the returned [E] bool (None: none)."""
-        unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)
+        order = np.argsort(keys)
+        ordered = keys[order]  # sorted: the searches below walk the arrays in order
         repeated = None
-        if (counts > 1).any():
+        if ordered.size > 1 and (ordered[1:] == ordered[:-1]).any():
+            unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)
             if raise_error:
                 self._fail(file, ids[int(first_index[np.argmax(counts > 1)])])
             repeated = np.ones(keys.shape, bool)
             repeated[first_index] = False
-        seen = np.zeros(keys.shape, bool)
-        if self._sorted.size:
-            position = np.searchsorted(self._sorted, keys).clip(max=self._sorted.size - 1)
-            seen |= self._sorted[position] == keys
-        for block in self._pending:
-            seen |= np.isin(keys, block)
-        if seen.any():
+            ordered = unique
+        found = _found_in(self._sorted, ordered) | _found_in(self._recent, ordered)
+        if found.any():
+            if repeated is None:
+                seen = np.empty(keys.shape, bool)
+                seen[order] = found
+            else:
+                seen = np.isin(keys, ordered[found])
             if raise_error:
                 self._fail(file, ids[int(np.argmax(seen))])
             repeated = seen if repeated is None else repeated | seen
-        self._pending.append(unique)
-        self._pending_size += unique.size
-        if self._pending_size > max(4096, self._sorted.size // 4) or len(self._pending) > 16:
-            self._sorted = np.sort(np.concatenate([self._sorted, *self._pending]))
-            self._pending, self._pending_size = [], 0
+            ordered = ordered[~found]  # each key once: all_keys() counts processes per key
+        self._recent = _merged(self._recent, ordered)
+        if self._recent.size > max(4096, math.isqrt(self._sorted.size * ordered.size)):
+            self._sorted, self._recent = _merged(self._sorted, self._recent), self._recent[:0]
         return None if repeated is None else np.flatnonzero(repeated)
 
     def all_keys(self) -> np.ndarray:
         """[E] sorted uint64 keys of every episode seen."""
-        return np.sort(np.concatenate([self._sorted, *self._pending]))
+        return _merged(self._sorted, self._recent)
 
     @staticmethod
     def _fail(file: str, episode_id: object) -> None:
         raise DataError(f"{where(file, display_id(episode_id))}{REAPPEARS}")
+
+
+def _found_in(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """[E] bool: whether each of ``keys`` is in ``sorted_keys`` (sorted uint64)."""
+    if not sorted_keys.size:
+        return np.zeros(keys.shape, bool)
+    position = np.searchsorted(sorted_keys, keys).clip(max=sorted_keys.size - 1)
+    return sorted_keys[position] == keys
+
+
+def _merged(sorted_keys: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """``sorted_keys`` and ``more`` (both sorted) in one sorted array (a stable sort of
+    two sorted runs is a linear merge)."""
+    return np.sort(np.concatenate([sorted_keys, more]), kind="stable")
