@@ -14,8 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import ope_cli.envs.generate as gen
 from ope_cli.bench.config import BenchConfig
-from ope_cli.bench.data import behavior_params, write_checkpoints
 from ope_cli.bench.memory import measure_memory
 from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
@@ -37,10 +37,8 @@ def _all_numbers(value):
         yield value
 
 
-@pytest.fixture(scope="module")
-def tiny_bench(tmp_path_factory):
-    """One tiny ``ope bench --format json`` through the typer command (a few thousand steps;
-    few buckets so that the handful of compiles stays short)."""
+def _bench(*args: str) -> dict:
+    """``ope bench ARGS --format json --quiet --rounds 1`` through the typer command."""
     app = typer.Typer()
 
     @app.callback()
@@ -48,32 +46,22 @@ def tiny_bench(tmp_path_factory):
         """ope"""
 
     bench.register(app)
-    out = tmp_path_factory.mktemp("bench")
     result = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--episodes",
-            "40",
-            "--loop-episodes",
-            "10",
-            "--policies",
-            "2",
-            "--format",
-            "json",
-            "--min-bucket",
-            "8",
-            "--batch-steps",
-            "4096",
-            "--out",
-            str(out),
-            "--quiet",
-            "--rounds",
-            "1",
-        ],
+        app, ["bench", *args, "--format", "json", "--quiet", "--rounds", "1"]
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    """One tiny ``ope bench`` (a few thousand steps; few buckets so that the handful of
+    compiles stays short)."""
+    out = tmp_path_factory.mktemp("bench")
+    return _bench(
+        *("--episodes", "40", "--loop-episodes", "10", "--policies", "2"),
+        *("--min-bucket", "8", "--batch-steps", "4096", "--out", str(out)),
+    )
 
 
 def test_bench_json_has_every_measurement(tiny_bench):
@@ -164,9 +152,8 @@ def test_render_bench_prints_tables(tiny_bench):
 
 
 def test_memory_mode_reports_peak_rss_of_both_runs(tmp_path):
-    checkpoint = write_checkpoints(tmp_path, 1, 0, behavior_params(0))[0]
     one_bucket = BatchingConfig(min_bucket=4096)  # one window shape: few compiles per run
-    memory = measure_memory(tmp_path, 2000, 0, checkpoint, one_bucket, lambda m: None)
+    memory = measure_memory(tmp_path, 2000, 0, one_bucket, lambda m: None)
     assert memory["1x"]["peak_rss_bytes"] > 0 and memory["10x"]["peak_rss_bytes"] > 0
     assert memory["10x"]["steps"] > 5 * memory["1x"]["steps"]
     assert memory["growth"] > 0
@@ -178,14 +165,13 @@ def test_memory_mode_reports_peak_rss_of_both_runs(tmp_path):
 
 
 def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
-    checkpoint = write_checkpoints(tmp_path, 1, 0, behavior_params(0))[0]
     config = BenchConfig(
         script=True,
         script_steps=(1500, 4000),
         rounds=1,
         batching=BatchingConfig(min_bucket=4096),  # one window shape: few compiles
     )
-    script = measure_script(tmp_path, checkpoint, config, lambda m: None)
+    script = measure_script(tmp_path, config, lambda m: None)
     assert list(script["sizes"]) == ["1500", "4000"]
     for size in script["sizes"].values():
         assert size["estimates_agree"] and size["estimates_relative_difference"] < 1e-9
@@ -197,3 +183,20 @@ def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
         )
     assert script["sizes"]["4000"]["steps"] > script["sizes"]["1500"]["steps"]
     assert not list(tmp_path.glob("script_*.parquet"))  # generated data removed
+
+
+def test_data_of_other_sizes_measures_generated_data_with_its_own_checkpoint(tmp_path):
+    """--data with other observations and actions than the generated data's (control: 4-dim
+    observations, 3 actions, against 8 and 4): the whole processes on generated data (other
+    lengths, the bandit log) evaluate a checkpoint of its sizes, on a cache that one run of
+    generated data warmed, so the other lengths still compile nothing. (--memory and
+    --script take no checkpoint: they write their own beside their generated data.)"""
+    gen.generate("control", tmp_path / "control", episodes=60, seed=1)
+    result = _bench(
+        *("--data", str(tmp_path / "control" / "logs.parquet"), "--out", str(tmp_path / "b")),
+        *("--loop-episodes", "5", "--policies", "1", "--min-bucket", "4096"),
+    )
+    assert result["dataset"]["generated"] is False
+    assert (result["dataset"]["obs_dim"], result["dataset"]["n_actions"]) == (4, 3)
+    assert result["processes"]["other_lengths_warm_cache"]["compilations"] == 0
+    assert result["processes"]["bandit_warm_cache"]["compilations"] == 0

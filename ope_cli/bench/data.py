@@ -125,6 +125,14 @@ def write_checkpoints(directory: Path, k: int, seed: int, behavior: dict) -> lis
     return paths
 
 
+def generated_checkpoint(directory: Path, seed: int) -> str:
+    """A linear_softmax checkpoint near the behavior policy of ``generate_data(..., seed)``
+    (the sizes of the bench's own data), in ``directory``/generated/: for the measurements
+    that generate their data, whatever data ``--data`` gave the others."""
+    (directory / "generated").mkdir(exist_ok=True)
+    return write_checkpoints(directory / "generated", 1, seed, behavior_params(seed))[0]
+
+
 def write_q_checkpoint(directory: Path, seed: int, obs_dim: int, n_actions: int) -> str:
     """A random linear_q checkpoint of the data's sizes (q.npz), for the doubly robust
     estimators' kernel cost (any Q-hat costs the same)."""

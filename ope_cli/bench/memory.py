@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.bench.config import MEMORY_FACTOR, Progress, evaluate_command
-from ope_cli.bench.data import episodes_for_steps, generate_data
+from ope_cli.bench.data import episodes_for_steps, generate_data, generated_checkpoint
 from ope_cli.bench.measure import ratio
 from ope_cli.config import BatchingConfig
 
@@ -54,13 +54,14 @@ def measure_memory(
     directory: Path,
     base_steps: int,
     seed: int,
-    checkpoint: str,
     batching: BatchingConfig,
     progress: Progress,
 ) -> dict:
     """Peak RSS of ``ope evaluate`` subprocesses on 1x and MEMORY_FACTORx generated data,
     and on as many steps as the MEMORY_FACTORx data in one long episode among the 1x data's
-    episodes (SPEC 6: the same peak; the short ones give it every resampling group)."""
+    episodes (SPEC 6: the same peak; the short ones give it every resampling group), with
+    a checkpoint of the generated data's sizes."""
+    checkpoint = generated_checkpoint(directory, seed)
     runs, lengths = {}, {}
     env = dict(os.environ, OPE_CACHE_DIR="off")
     big = MEMORY_FACTOR * base_steps

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.bench.config import BenchConfig, Progress, evaluate_command
-from ope_cli.bench.data import generate_data
+from ope_cli.bench.data import generate_data, generated_checkpoint
 from ope_cli.config import BatchingConfig
 
 BANDIT_STEPS = 10_000
+WARMING_EPISODES = 200  # a first run compiles every window shape, whatever its data
 FLOOR_CODE = "import jax; jax.numpy.zeros(1).block_until_ready()"  # the small-data floor
 # SPEC 6's import floor of the process ratio: jax, numpy and pyarrow, and the device touched
 IMPORT_FLOOR_CODE = "import jax, numpy, pyarrow; jax.numpy.zeros(1).block_until_ready()"
@@ -97,7 +98,7 @@ def measure_processes(
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     progress("whole processes: ope evaluate with the warm cache")
     warm = _fastest(rounds, lambda: _evaluate(data, checkpoint, batching, env))
-    other, bandit = _other_data(directory, checkpoint, config, env, progress)
+    other, bandit = _other_data(directory, config, env, progress)
     read, above = pyarrow_seconds - pyarrow_floor, warm["seconds"] - import_floor
     return {
         "import_jax_floor_seconds": floor,
@@ -123,12 +124,20 @@ def measure_processes(
 
 
 def _other_data(
-    directory: Path, checkpoint: str, config: BenchConfig, env: dict, progress: Progress
+    directory: Path, config: BenchConfig, env: dict, progress: Progress
 ) -> tuple[dict, dict]:
     """``ope evaluate`` on the warm cache of another dataset (other lengths) and of a
     bandit log (the fastest of ``config.rounds``, its shape compiled first), each with its
-    step count."""
+    step count. Both are generated, with a checkpoint of their sizes; with ``--data`` (a
+    cache warmed by other columns) one untimed run on generated data warms it first."""
     batching, seed = config.batching, config.seed
+    checkpoint = generated_checkpoint(directory, seed)
+    if config.data is not None:
+        warm_path = directory / "warm_generated.parquet"
+        generate_data(warm_path, WARMING_EPISODES, seed)
+        progress("whole processes: one ope evaluate on generated data warms its kernels")
+        _evaluate(str(warm_path), checkpoint, batching, env)
+        warm_path.unlink()
     rng = np.random.default_rng([seed, 9])
     other_path = directory / "other_lengths.parquet"
     other_lengths = rng.integers(2, 120, size=3_000)  # uniform, not long-tailed

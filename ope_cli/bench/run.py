@@ -205,11 +205,9 @@ def _other_measurements(
     m["memory"] = None
     if config.memory:
         m["memory"] = measure_memory(
-            directory, config.memory_steps, config.seed, checkpoints[0], config.batching, progress
+            directory, config.memory_steps, config.seed, config.batching, progress
         )
-    m["script"] = (
-        measure_script(directory, checkpoints[0], config, progress) if config.script else None
-    )
+    m["script"] = measure_script(directory, config, progress) if config.script else None
     return m
 
 

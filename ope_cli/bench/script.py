@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ope_cli.bench.config import GAMMA, BenchConfig, Progress, evaluate_command
-from ope_cli.bench.data import episodes_for_steps, generate_data
+from ope_cli.bench.data import episodes_for_steps, generate_data, generated_checkpoint
 from ope_cli.bench.measure import ratio
 from ope_cli.bench.memory import peak_rss_of
 
@@ -71,18 +71,17 @@ def _compare(directory: Path, path: Path, checkpoint: str, config: BenchConfig, 
     }
 
 
-def measure_script(
-    directory: Path, checkpoint: str, config: BenchConfig, progress: Progress
-) -> dict:
+def measure_script(directory: Path, config: BenchConfig, progress: Progress) -> dict:
     """Whole processes on generated data of each of ``config.script_steps``: the plain NumPy
     script and warm ``ope evaluate`` (its compilation cache filled by one untimed run first),
-    alternated, the fastest of ``config.rounds`` each; and whether their estimates agree."""
+    alternated, the fastest of ``config.rounds`` each; and whether their estimates agree.
+    Both evaluate a checkpoint near the generated data's behavior policy."""
+    checkpoint = generated_checkpoint(directory, config.seed)
     env = dict(os.environ, OPE_CACHE_DIR=str(directory / "script-cache"))
     sizes = {}
     for index, steps in enumerate(config.script_steps):
         path = directory / f"script_{steps}.parquet"
         progress(f"numpy script: generating {steps:,} steps")
-        # the bench's seed: its checkpoints are near this data's behavior policy
         generate_data(path, episodes_for_steps(steps), config.seed)
         if index == 0:
             progress("numpy script: a first ope evaluate fills its compilation cache")
