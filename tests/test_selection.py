@@ -14,6 +14,7 @@ import pytest
 from ope_cli.choosing.selection import (
     average_ranks,
     bonferroni_level,
+    check_truth_gamma,
     could_be_best,
     coverage,
     estimated_best,
@@ -137,6 +138,26 @@ def test_bad_truth_files_are_refused_in_one_line(tmp_path, content, words):
     with pytest.raises(UsageError) as error:
         read_truth(path, ["a.npz"])
     assert words in one_line(error)
+
+
+def test_a_truth_for_another_gamma_is_refused_in_one_line(tmp_path):
+    """truth.json's values are for its "gamma": another run discount (from any source) is
+    a usage error naming both; the same one, or a truth that declares none, passes."""
+    truth = {"gamma": 0.95, "policies": [{"policy": "a.npz", "value": 2.4}]}
+    path = tmp_path / "truth.json"
+    path.write_text(json.dumps(truth))
+    check_truth_gamma(path, 0.95, "data")
+    check_truth_gamma(truth, 0.95 * (1 + 1e-14), "option")  # the same float, printed again
+    check_truth_gamma({k: v for k, v in truth.items() if k != "gamma"}, 0.5, "option")
+    check_truth_gamma({"a.npz": 2.4}, 0.5, "option")  # {policy: value}: no discount said
+    for gamma, source, words in ((0.5, "option", "--gamma"), (1.0, "default", "the default")):
+        with pytest.raises(UsageError) as error:
+            check_truth_gamma(path, gamma, source)
+        line = one_line(error)
+        assert (
+            f"gives true values for gamma 0.95, but this run discounts by gamma {gamma:g}" in line
+        )
+        assert f"({words})" in line and "--gamma 0.95" in line
 
 
 def test_unreadable_truth_file_and_ambiguous_file_name(tmp_path):

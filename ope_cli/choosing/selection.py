@@ -57,6 +57,27 @@ def _load_truth(source: str | Path | Mapping) -> tuple[Mapping, Path | None]:
     return document, path.parent
 
 
+GAMMA_FROM = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
+
+
+def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: str) -> None:
+    """UsageError (one line) when ``ope generate``'s truth.json gives its values for
+    another discount (its ``"gamma"``) than the run's ``gamma`` (from ``gamma_source``):
+    selection metrics would compare values of two different quantities. A {policy: value}
+    object says nothing of its discount and is taken as it is."""
+    document, _ = _load_truth(source)
+    declared = document.get("gamma") if isinstance(document.get("policies"), list) else None
+    if isinstance(declared, bool) or not isinstance(declared, Real):
+        return
+    if not math.isclose(float(declared), gamma, rel_tol=1e-12, abs_tol=1e-15):
+        name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
+        raise UsageError(
+            f"{name} gives true values for gamma {float(declared):g}, but this run discounts "
+            f"by gamma {gamma:g} ({GAMMA_FROM.get(gamma_source, gamma_source)}): evaluate "
+            f"with --gamma {float(declared):g}, or give the truth for gamma {gamma:g}"
+        )
+
+
 def _true_value(name: str, value: object) -> float | None:
     """A true value as a float (None for null); UsageError when it is not a finite number."""
     if value is None:

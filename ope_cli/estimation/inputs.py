@@ -13,6 +13,7 @@ import dataclasses
 import glob
 from collections.abc import Callable, Iterator
 
+from ope_cli.choosing.selection import check_truth_gamma
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
@@ -99,6 +100,8 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         check_q(q, policy, schema)
     plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
+    if config.choosing.truth is not None:
+        check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
     files = len(episodes.data.files)
     process_id, num_processes = process
     if num_processes > 1:
