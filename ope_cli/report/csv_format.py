@@ -21,8 +21,9 @@ DIAGNOSTIC_FIELDS = (
 )
 HEADER = ("policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS)
 # added after the spec's columns: the interval's method and the reason of a null one, the
-# policy's label and rank, and the warnings that concern the row's policy or the whole run
-EXTRA = ("ci_method", "note", "label", "rank", "warnings")
+# policy's label and rank, the warnings that concern the row's policy or the whole run, and
+# the run's discount with where it comes from (SPEC 12: every output says which)
+EXTRA = ("ci_method", "note", "label", "rank", "warnings", "gamma", "gamma_source")
 # --baseline: the row's paired difference from the baseline (empty on the baseline's rows);
 # with several policies whether it could be the best by the row's estimator; --truth: the
 # estimator's selection metrics ("selection_" + metric), the same on each of its rows
@@ -63,6 +64,8 @@ def tidy_rows(
                     policy.shown,
                     rank,
                     concerning,
+                    _float(result.gamma),
+                    result.gamma_source,
                     *(_float(x) for x in compared or (None,) * len(COMPARISON)),
                     (policy.could_be_best or {}).get(name),
                     *(_float(own.get(metric)) for metric in metrics),
