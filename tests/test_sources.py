@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -333,3 +334,43 @@ def test_prefetched_hands_a_failing_cleanup_to_the_consumer():
         for item in prefetched(Closing()):
             seen.append(item)
     assert seen == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("declared", "words"),
+    [
+        ([{"gamma": 0.9}, {"gamma": 0.9}, {"gamma": 0.5}], "declares gamma 0.5 in its 'ope'"),
+        ([{"gamma": 0.9}, {}, {}], "declares gamma none in its"),
+        ([{}, {"horizon": 50}, {}], "declares horizon 50 in its"),
+        (
+            [{"reward_range": [0, 1], "gamma": 0.9}, {"reward_range": [0, 2], "gamma": 0.9}, {}],
+            "declares reward_range [0, 2] in its 'ope' metadata, but the dataset's first "
+            "file declares reward_range [0, 1]",
+        ),
+    ],
+)
+def test_files_that_declare_other_bounds_are_refused(tmp_path, declared, words):
+    """The dataset's declarations are its first file's: a later file that declares another
+    gamma, horizon or reward range (or none) is a DataError naming it, not a silent
+    evaluation under the first file's."""
+    for k, own in enumerate(declared):
+        metadata = {"ope": json.dumps(own)} if own else None
+        pq.write_table(
+            table(10 * k, 10 * k + 10).replace_schema_metadata(metadata), tmp_path / f"p{k}.parquet"
+        )
+    data = open_dataset(str(tmp_path))
+    bad = next(k for k, own in enumerate(declared) if own != declared[0])
+    with pytest.raises(DataError) as error:
+        list(iter_batches(data, ["episode_id"], 100))
+    (line,) = str(error.value).splitlines()
+    assert line.startswith(f"{tmp_path / f'p{bad}.parquet'}: {words}"), line
+    assert line.endswith("declare the same (rewrite the metadata, or evaluate the files apart)")
+
+
+def test_files_that_declare_the_same_bounds_are_read(tmp_path):
+    for k in range(3):
+        metadata = {"ope": json.dumps({"gamma": 0.9, "horizon": 50})}
+        pq.write_table(
+            table(10 * k, 10 * k + 10).replace_schema_metadata(metadata), tmp_path / f"p{k}.parquet"
+        )
+    assert read_ids(open_dataset(str(tmp_path))) == list(range(30))

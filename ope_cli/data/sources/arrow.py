@@ -13,7 +13,12 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 import ope_cli.data.sources.remote as remote
-from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch, declared_bounds
+from ope_cli.data.sources.base import (
+    METADATA_KEY,
+    DeclaredBounds,
+    SourcedBatch,
+    declared_bounds,
+)
 from ope_cli.errors import DataError, first_line
 
 
@@ -167,3 +172,34 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
                 f"{file}: column {name!r} has type {actual} in this file but "
                 f"{expected} in the dataset's first file"
             )
+    _check_declared(file, declared_bounds(physical, file), data.declared_bounds())
+
+
+def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds) -> None:
+    """The dataset's declarations are its first file's (pyarrow's dataset schema): a file
+    that declares another reward range, horizon or gamma (or none) would otherwise be
+    evaluated under the first file's without a word."""
+    differ = [
+        f.name
+        for f in dataclasses.fields(DeclaredBounds)
+        if getattr(own, f.name) != getattr(first, f.name)
+    ]
+    if differ:
+
+        def said(bounds: DeclaredBounds) -> str:
+            return ", ".join(f"{name} {_shown(getattr(bounds, name))}" for name in differ)
+
+        raise DataError(
+            f"{file}: declares {said(own)} in its {METADATA_KEY!r} metadata, but the "
+            f"dataset's first file declares {said(first)}: the files of one dataset must "
+            "declare the same (rewrite the metadata, or evaluate the files apart)"
+        )
+
+
+def _shown(value: object) -> str:
+    """A declared value as the message shows it (None: not declared)."""
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f"{x:g}" for x in value) + "]"
+    return f"{value:g}"
