@@ -59,6 +59,11 @@ RUNS = {
     "default": ["nogamma.parquet", "-p", POLICIES, "-f", "json"],
     "default_csv": ["nogamma.parquet", "-p", POLICIES, "-f", "csv"],
     "default_table": ["nogamma.parquet", "-p", POLICIES, "-f", "table"],
+    "declared_csv": ["demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "-f", "csv"],
+    "truth_other_gamma": [
+        *("demo/logs.parquet", "-p", POLICIES, "--truth", "demo/truth.json", "--gamma", "0.5"),
+    ],
+    "truth_default_gamma": ["nogamma.parquet", "-p", POLICIES, "--truth", "demo/truth.json"],
     "one_q": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/eval_0.npz"],
     "q_glob_count": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/*.npz"],
     "betting": [
@@ -107,6 +112,21 @@ def test_gamma_option_wins_over_the_declared_one(runs):
     assert (doc["gamma"], doc["gamma_source"]) == (0.5, "option")
 
 
+def test_csv_rows_say_which_gamma(runs):
+    rows = list(csv.DictReader(io.StringIO(runs["declared_csv"].stdout)))
+    assert rows and {(row["gamma"], row["gamma_source"]) for row in rows} == {(repr(GAMMA), "data")}
+
+
+def test_a_truth_for_another_gamma_is_a_usage_error(runs):
+    """truth.json holds values for the gamma it was generated with: compared with estimates
+    at another gamma (given, or the default where the data declares none) they would give
+    wrong selection metrics, so the run stops before reading the data."""
+    line = _error_line(runs["truth_other_gamma"], 2)
+    assert "gives true values for gamma 0.9, but this run discounts by gamma 0.5 (--gamma)" in line
+    line = _error_line(runs["truth_default_gamma"], 2)
+    assert "discounts by gamma 1 (the default)" in line and "--gamma 0.9" in line
+
+
 def test_the_default_gamma_is_a_warning_in_every_format(runs):
     doc = _json(runs["default"])
     assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
@@ -114,6 +134,7 @@ def test_the_default_gamma_is_a_warning_in_every_format(runs):
     assert warning["policy"] is None and "--gamma" in warning["message"]
     rows = list(csv.DictReader(io.StringIO(runs["default_csv"].stdout)))
     assert rows and all("gamma_default" in row["warnings"] for row in rows)
+    assert {(row["gamma"], row["gamma_source"]) for row in rows} == {("1.0", "default")}
     table = runs["default_table"].stdout
     assert "gamma=1 (the default" in table
     assert "warning: gamma is 1, the default" in " ".join(table.split())
