@@ -25,6 +25,7 @@ from test_sources_minari import DICT_SPACE, N_ACTIONS, OBS_DIM, create, make_buf
 
 from ope_cli.data.convert import ConvertConfig, convert
 from ope_cli.data.sources import METADATA_KEY
+from ope_cli.errors import DataError
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +175,82 @@ def test_the_declared_discount_is_kept(ope_in_process, tmp_path):
     assert ope_in_process(["convert", source, out]).returncode == 0
     metadata = ope_metadata(out)
     assert (metadata["gamma"], metadata["reward_range"]) == (0.97, [-9, 9])
+
+
+def _steps(ids: list[int], **extra) -> pa.Table:
+    n = len(ids)
+    steps = [sum(1 for j in ids[:i] if j == ids[i]) for i in range(n)]
+    return pa.table(
+        {
+            "episode_id": ids,
+            "step": steps,
+            "observation": [0] * n,
+            "action": [1] * n,
+            "reward": [1.0] * n,
+            "behavior_prob": [0.5] * n,
+            **extra,
+        }
+    )
+
+
+def test_episodes_that_are_not_contiguous_rows_of_one_file_are_refused(tmp_path):
+    """Written one after the other, an episode split over two files (or over rows of one)
+    would be joined into one episode without a word; ope evaluate refuses such data, and so
+    does ope convert, with its message and no file left. Episodes that only span record
+    batches of one file are fine."""
+    (tmp_path / "split").mkdir()
+    pq.write_table(_steps([0, 0, 1, 1]), tmp_path / "split" / "a.parquet")
+    pq.write_table(_steps([1, 1, 2]), tmp_path / "split" / "b.parquet")
+    pq.write_table(_steps([0, 0, 1, 1, 1, 2, 0]), tmp_path / "again.parquet")
+    for source, file in (("split", "b.parquet"), ("again.parquet", "again.parquet")):
+        out = tmp_path / "out.parquet"
+        with pytest.raises(DataError) as error:
+            convert(ConvertConfig(str(tmp_path / source), str(out), read_rows=2))
+        message = str(error.value)
+        assert message.endswith(
+            "episode 1: episode id appears in more than one place "
+            "(its rows must be contiguous within one file)"
+            if source == "split"
+            else "episode 0: episode id appears in more than one place "
+            "(its rows must be contiguous within one file)"
+        ), message
+        assert file in message and not list(tmp_path.glob("out.parquet*"))
+    good = tmp_path / "good.parquet"
+    pq.write_table(_steps([0, 0, 0, 0, 0, 1, 1, 2]), good)
+    result = convert(ConvertConfig(str(good), str(tmp_path / "out.parquet"), read_rows=2))
+    assert result.steps == 8
+
+
+@pytest.mark.parametrize(("rewards", "words"), [([], "episode has no steps"), (None, "is null")])
+def test_an_episode_without_steps_is_refused(tmp_path, rewards, words):
+    """The episode layout's empty (or null) episode has no step to write: dropping it would
+    give a file that evaluates where its source is refused."""
+    empty = [] if rewards == [] else None
+    source = tmp_path / "episodes.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "episode_id": [7, 8, 9],
+                "observations": [[0, 1], empty, [1]],
+                "actions": [[0, 1], empty, [0]],
+                "rewards": pa.array([[1.0, 0.0], rewards, [1.0]], pa.list_(pa.float64())),
+                "action_probs": [[0.5, 0.5], empty, [0.5]],
+            }
+        ),
+        source,
+    )
+    with pytest.raises(DataError) as error:
+        convert(ConvertConfig(str(source), str(tmp_path / "out.parquet")))
+    assert str(error.value).startswith(f"{source}: episode 8: ") and words in str(error.value)
+    assert not list(tmp_path.glob("out.parquet*"))
+
+
+def test_columns_read_only_when_named_are_kept(tmp_path):
+    """q_value and v_value (read with --q-col/--v-col) are data: kept under their names."""
+    source = tmp_path / "critic.parquet"
+    pq.write_table(_steps([0, 0, 1], q_value=[0.3, 0.2, 0.1], v_value=[0.5, 0.4, 0.6]), source)
+    out = tmp_path / "out.parquet"
+    convert(ConvertConfig(str(source), str(out)))
+    written = pq.read_table(out)
+    assert written.column("q_value").to_pylist() == [0.3, 0.2, 0.1]
+    assert written.column("v_value").to_pylist() == [0.5, 0.4, 0.6]

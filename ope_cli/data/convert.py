@@ -24,10 +24,12 @@ import pyarrow.parquet as pq
 import ope_cli.data.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.data.columns import ALIASES, DataSchema
+from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema
+from ope_cli.data.decode import plain
 from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.ids import SeenKeys, display_id, id_keys
 from ope_cli.data.sources import METADATA_KEY, Dataset
-from ope_cli.errors import DataError, UsageError, first_line
+from ope_cli.errors import DataError, UsageError, first_line, where
 
 STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
 
@@ -71,9 +73,12 @@ class ConvertResult:
 
 def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
     """{output name: source column}: the roles under their standard names, then every
-    other column that does not read as a role's alias."""
+    other column that does not read as a role's alias (a column read only when named, such
+    as ``q_value``, keeps its name: it is data, whether or not this conversion names it)."""
     chosen = {STANDARD[role]: name for role, name in schema.columns.items()}
-    aliases = {alias for names in ALIASES.values() for alias in names}
+    aliases = {
+        alias for role, names in ALIASES.items() if role not in NAMED_ONLY for alias in names
+    }
     used = set(chosen.values())
     for name in data.schema.names:
         if name not in used and name.lower() not in aliases and name not in chosen:
@@ -132,6 +137,20 @@ def _explode(
     """One record batch of episodes (list columns) -> its steps, in ``out_schema``."""
     reward = batch.column(schema.columns["reward"])
     lengths = pc.fill_null(pc.list_value_length(reward), 0).to_numpy().astype(np.int64)
+    if (lengths == 0).any():  # no steps to write: a silent drop, where evaluate refuses it
+        row = int(np.flatnonzero(lengths == 0)[0])
+        null = not reward.is_valid()[row].as_py() if reward.null_count else False
+        episode = (
+            batch.column(columns["episode_id"])[row].as_py()
+            if "episode_id" in columns
+            else first_row + row
+        )
+        problem = (
+            f"column {schema.columns['reward']!r} is null; every step needs a value"
+            if null
+            else "episode has no steps"
+        )
+        raise DataError(f"{where(None, episode)}{problem} (ope evaluate refuses it too)")
     parent = np.repeat(np.arange(batch.num_rows, dtype=np.int64), lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     arrays = {}
@@ -162,9 +181,10 @@ def _step_batches(
 ) -> Iterator[pa.RecordBatch]:
     read = list(dict.fromkeys(columns.values()))
     first_row = 0
+    contiguous = _ContiguousEpisodes(schema.columns["episode"]) if schema.layout == "step" else None
     for sourced in data.iter_batches(read, rows):
         batch = sourced.batch
-        if schema.layout == "episode":
+        if contiguous is None:
             try:
                 exploded = _explode(batch, schema, out_schema, columns, first_row)
             except DataError as error:
@@ -172,8 +192,32 @@ def _step_batches(
             first_row += batch.num_rows
             yield exploded
         else:
+            contiguous.check(sourced.file, batch)
             arrays = [batch.column(columns[f.name]).cast(f.type) for f in out_schema]
             yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+class _ContiguousEpisodes:
+    """The step layout's episodes must be contiguous rows of one file (as ``ope evaluate``
+    requires): written one after the other, an episode split over files or rows would be
+    joined into one without a word. A DataError (evaluate's) names the first that is not."""
+
+    def __init__(self, column: str):
+        self.column = column
+        self.seen = SeenKeys()
+        self.last: tuple[str, int] | None = None  # (file, key) the previous batch ended in
+
+    def check(self, file: str, batch: pa.RecordBatch) -> None:
+        ids = plain(batch.column(self.column))
+        if not len(ids):
+            return
+        keys = id_keys(ids)
+        starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
+        if self.last == (file, keys[0]):  # the previous batch's last episode goes on
+            starts = starts[1:]
+        shown = ids.take(pa.array(starts)).to_pylist()
+        self.seen.add(file, keys[starts], np.array([display_id(x) for x in shown], object))
+        self.last = (file, int(keys[-1]))
 
 
 class _Target:
