@@ -345,3 +345,24 @@ def test_default_json_accounts_for_every_row(tmp_path, ope_in_process):
     assert dataset["on_invalid"] == "error"
     assert dataset["dropped"] == {} and dataset["episodes_dropped"] == dataset["steps_dropped"] == 0
     assert dataset["rows_read"] == dataset["steps_used"] == dataset["steps"]
+
+
+def test_an_infinite_reward_is_dropped_under_a_declared_range(tmp_path):
+    """With a declared reward range, an infinite reward is still a bad value that drop
+    leaves out (reward_not_finite), not a broken promise about the range that stops the
+    run; the estimates are those of the other episodes."""
+    episodes, target, policy = _setup(tmp_path, n=30, seed=8)
+    bad = [dict(e) for e in episodes]
+    reward = np.array(bad[4]["reward"], dtype=float)
+    reward[-1] = np.inf
+    bad[4]["reward"] = reward
+    low = min(float(np.min(e["reward"])) for e in episodes)
+    high = max(float(np.max(e["reward"])) for e in episodes)
+    table = step_layout_table(bad)
+    bounds = {"reward_range": [low, high]}
+    write_table(
+        table.replace_schema_metadata({"ope": json.dumps(bounds)}), tmp_path / "declared.parquet"
+    )
+    result = _run(tmp_path / "declared.parquet", policy)
+    assert result.dataset.dropped == {"reward_not_finite": {"episodes": 1, "steps": len(reward)}}
+    _assert_matches(result, episodes[:4] + episodes[5:], target)

@@ -88,10 +88,12 @@ def test_judge_gives_each_episode_its_first_reason_and_keep_counts_drops():
 
 
 def test_bounds_checks_flag_rewards_and_steps_beyond_the_horizon():
-    reward = np.array([0.0, 2.0, 0.5, 0.5, 0.5])
-    steps = Steps(None, np.zeros(5, np.int64), reward, np.zeros(5), None)
-    checks = list(bounds_checks(steps, np.array([2, 3]), (0.0, 1.0), 2, ("--reward-range", "x")))
+    """An infinite reward is not also out of range: it is reward_not_finite's, which
+    --on-invalid drop may drop, where an out-of-range reward stops the run."""
+    reward = np.array([0.0, 2.0, 0.5, np.inf, -np.inf, np.nan, 0.5])
+    steps = Steps(None, np.zeros(7, np.int64), reward, np.zeros(7), None)
+    checks = list(bounds_checks(steps, np.array([2, 5]), (0.0, 1.0), 2, ("--reward-range", "x")))
     assert [c.reason for c in checks] == ["reward_out_of_range", "episode_too_long"]
-    np.testing.assert_array_equal(checks[0].rows, [False, True, False, False, False])
-    np.testing.assert_array_equal(checks[1].rows, [False, False, False, False, True])
+    np.testing.assert_array_equal(checks[0].rows, [False, True, False, False, False, False, False])
+    np.testing.assert_array_equal(checks[1].rows, [False, False, False, False, True, True, True])
     assert "--reward-range" in checks[0].message

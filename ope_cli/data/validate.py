@@ -264,15 +264,17 @@ def bounds_checks(
     """Rewards outside ``reward_range`` and steps at or beyond ``horizon`` (None: no check)
     of flat [N] steps of episodes of ``lengths`` ([E]); ``sources`` names where the range
     and the horizon come from. Never dropped (FATAL_REASONS): the bounds are a promise
-    about every episode, and betting intervals are only as good as it."""
+    about every episode, and betting intervals are only as good as it. A reward that is not
+    finite is ``reward_not_finite``'s (droppable), not outside the range."""
     reward_source, horizon_source = sources
     if reward_range is not None:
         low, high = reward_range
+        reward = steps.reward
         yield Check(
             "reward_out_of_range",
             f"reward is outside the range [{low:g}, {high:g}] "
             f"({reward_source}) that betting intervals rely on",
-            (steps.reward < low) | (steps.reward > high),
+            np.isfinite(reward) & ((reward < low) | (reward > high)),
         )
     if horizon is not None:
         starts = np.cumsum(lengths) - lengths
