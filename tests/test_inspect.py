@@ -183,6 +183,8 @@ def test_cli_exit_codes_and_formats(messy, ope_many_in_process):
     doc = json.loads(run.stdout)
     assert not doc["valid"] and len(doc["problems"]) >= len(test_on_invalid.PLANTED)
     assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("ope: invalid data: "), run
+    invalid = doc["counts"]["invalid_episodes"]  # an episode with two problems counts once
+    assert f"validation problem, in {invalid:,} episode(s)" in run.stderr, (invalid, run)
     table = runs["messy_table"]
     assert table.returncode == 3, table
     for word in ("reward_not_finite", "missing_step", "file_error", "part-2.parquet"):

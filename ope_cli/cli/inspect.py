@@ -64,9 +64,9 @@ def inspect(
         render_table(report, table_console(width=120))
     if not report.ok:
         sys.stdout.flush()
-        count = sum(p.episodes for p in report.problems)
+        # an episode with two problems is one invalid episode, as the report counts it
         say(
             f"ope: invalid data: {data}: {len(report.problems)} kind(s) of validation "
-            f"problem, in {count:,} episode(s) (see the report)"
+            f"problem, in {report.invalid_episodes:,} episode(s) (see the report)"
         )
         raise typer.Exit(INVALID_DATA_EXIT_CODE)
