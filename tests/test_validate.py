@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ope_cli.data.columns import DataSchema
 from ope_cli.data.steps import Steps
 from ope_cli.data.validate import (
     FATAL_REASONS,
@@ -17,6 +18,7 @@ from ope_cli.data.validate import (
     bounds_checks,
     dropped_by_reason,
     on_invalid_policy,
+    value_checks,
 )
 from ope_cli.errors import DataError
 
@@ -97,3 +99,13 @@ def test_bounds_checks_flag_rewards_and_steps_beyond_the_horizon():
     np.testing.assert_array_equal(checks[0].rows, [False, True, False, False, False, False, False])
     np.testing.assert_array_equal(checks[1].rows, [False, False, False, False, True, True, True])
     assert "--reward-range" in checks[0].message
+
+
+def test_a_negative_state_index_says_how_to_give_features():
+    """An integer observation is a state index (SPEC 2); a negative one is invalid, and the
+    message says how to give integer features instead."""
+    schema = DataSchema("step", {}, "index", None, "discrete", False, False, "prob")
+    steps = Steps(np.array([0, -2, 1]), np.zeros(3, np.int64), np.zeros(3), np.zeros(3), None)
+    (check,) = [c for c in value_checks(steps, schema) if c.reason == "state_negative"]
+    np.testing.assert_array_equal(check.rows, [False, True, False])
+    assert "store features as floats" in check.message

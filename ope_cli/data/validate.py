@@ -389,7 +389,12 @@ def _action_and_state_checks(steps: Steps, schema: DataSchema) -> Iterator[Check
             ~finite_rows(observation),
         )
     elif schema.observation_kind == "index":
-        yield Check("state_negative", "observation (state index) is negative", observation < 0)
+        yield Check(
+            "state_negative",
+            "observation (state index) is negative (an integer observation is a state "
+            "index; store features as floats)",
+            observation < 0,
+        )
 
 
 def finite_rows(values: np.ndarray) -> np.ndarray:
