@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
@@ -355,6 +356,47 @@ def test_estimate_report(chain_runs):
         weights = both["mean_weight"][result["policy"]]
         assert weights["estimated"] == pytest.approx(result["diagnostics"]["mean_weight"])
         assert weights["logged"] == pytest.approx(truth["diagnostics"]["mean_weight"])
+    assert both["mean_weight_note"] is None
+
+
+@pytest.mark.parametrize("on_invalid", ["error", "drop"])
+def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp_path, on_invalid):
+    """The mean weights under the logged column need it on every episode the estimate
+    covers: where it is 0 or NaN in two of them, the comparison is left out with a note
+    (it was over the other 398 episodes without a word, or stopped a run that never reads
+    the column), and the estimates are those of the data with a valid column."""
+    from ope_cli.config import BehaviorConfig, EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    out = generated["chain"]
+    table = pq.read_table(out / "logs.parquet")
+    ids = table.column("episode_id").to_numpy()
+    column = table.schema.get_field_index("behavior_prob")
+    propensities = table.column(column).to_numpy().copy()
+    propensities[np.flatnonzero(ids == ids[0])[-1]] = 0.0
+    propensities[np.flatnonzero(ids == 7)[0]] = np.nan
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(column, "behavior_prob", pa.array(propensities)), bad)
+
+    def run(data):
+        config = EvaluationConfig(
+            data=str(data),
+            policies=(str(out / "policies" / "eval_0.npz"),),
+            behavior=BehaviorConfig(policy="estimate"),
+            on_invalid=on_invalid,
+        )
+        return evaluate(config)
+
+    result, clean = run(bad), run(out / "logs.parquet")
+    fit = result.behavior.fit
+    assert fit.mean_weight is None and clean.behavior.fit.mean_weight is not None
+    assert fit.mean_weight_note == (
+        "no mean weights under the logged propensities: the logged column 'behavior_prob' is "
+        "invalid in 2 of the 400 episodes"
+    )
+    assert result.dataset.episodes == 400 and not result.dataset.dropped
+    for mine, theirs in zip(result.results, clean.results, strict=True):
+        assert mine.estimates["is"].value == pytest.approx(theirs.estimates["is"].value, rel=1e-12)
 
 
 def test_estimate_table_footer(ope_in_process, generated):

@@ -274,7 +274,8 @@ def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) 
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
-    return results, selection, notes, _reported_behavior(batches, results, *devices)
+    behavior = _reported_behavior(batches, results, local.counters.episodes, *devices)
+    return results, selection, notes, behavior
 
 
 def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) -> RuntimeSummary:
@@ -372,24 +373,39 @@ def _evaluate_share(
 
 
 def _reported_behavior(
-    batches: BatchStream, results: list[PolicyResult], precision: str, mesh
+    batches: BatchStream, results: list[PolicyResult], episodes: int, precision: str, mesh
 ) -> BehaviorSource | None:
     """Where pi_b came from; for a model estimated on data that also logs propensities,
     with each policy's mean weight under both, from a second evaluation composed as the
-    first with the data's column as the behavior (in this process, over all the files)."""
+    first with the data's column as the behavior (in this process, over all the files).
+    That comparison needs the run's ``episodes`` (all processes'), no fewer: where the
+    column is invalid in some, it is left out with a note (the estimate never reads it)."""
     behavior = batches.behavior_source
     if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
         return behavior
-    from ope_cli.models.behavior_models.fitting import with_logged_mean_weights
+    from ope_cli.models.behavior_models.fitting import (
+        with_logged_mean_weights,
+        without_logged_mean_weights,
+    )
 
     config = batches.config
     logged_config = dataclasses.replace(
         config,
         behavior=dataclasses.replace(config.behavior, policy=None, cross_fit=1),
         choosing=ChoosingConfig(),
+        on_invalid="drop",
     )
-    logged, local = _evaluate_share(logged_config, precision, mesh)
-    _check_some_episodes(logged.config, local.counters)
+    try:
+        logged, local = _evaluate_share(logged_config, precision, mesh)
+    except DataError as error:
+        return without_logged_mean_weights(behavior, f"the logged column cannot be read: {error}")
+    left_out = episodes - local.counters.episodes
+    if left_out:
+        return without_logged_mean_weights(
+            behavior,
+            f"the logged column {behavior.fit.logged_column!r} is invalid in {left_out:,} of "
+            f"the {episodes:,} episodes",
+        )
     logged_results = _policy_results(logged.config, logged.plan, logged, local)
     return with_logged_mean_weights(behavior, results, logged_results)
 

@@ -70,6 +70,8 @@ class BehaviorFit:
       logged_column: the data's propensity column, when it also has one.
       mean_weight: {policy: {"estimated": w, "logged": w}} mean trajectory weights under the
         estimated and the logged propensities (~1 when right), when the data logs both.
+      mean_weight_note: why there is no ``mean_weight`` though the data logs propensities
+        (the column is invalid in some of the episodes the estimate covers).
       cross_fit: K folds of episodes, each evaluated with the model fitted on the others
         (1: in-sample).
     """
@@ -84,6 +86,7 @@ class BehaviorFit:
     logged_column: str | None = None
     mean_weight: dict[str, dict[str, float | None]] | None = None
     cross_fit: int = 1
+    mean_weight_note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

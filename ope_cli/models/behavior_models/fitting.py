@@ -239,3 +239,10 @@ def with_logged_mean_weights(
     }
     fit = dataclasses.replace(source.fit, mean_weight=weights)
     return dataclasses.replace(source, fit=fit)
+
+
+def without_logged_mean_weights(source: BehaviorSource, why: str) -> BehaviorSource:
+    """``source`` without the comparison with the logged propensities, and ``why``: it
+    would not cover the episodes the estimate does."""
+    note = f"no mean weights under the logged propensities: {why}"
+    return dataclasses.replace(source, fit=dataclasses.replace(source.fit, mean_weight_note=note))
