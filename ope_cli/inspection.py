@@ -152,7 +152,9 @@ class InspectReport:
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """No validation problem and some episode to evaluate (evaluate refuses data
+        without rows, so inspect does not pass it)."""
+        return not self.problems and self.episodes > 0
 
     @property
     def behavior_median(self) -> float | None:

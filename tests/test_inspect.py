@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import test_on_invalid
 from datasets import (
@@ -299,3 +300,17 @@ def test_inspect_without_a_declared_gamma_uses_one(tmp_path):
     doc = to_json_dict(inspect(InspectConfig(str(tmp_path / "l.parquet"))))
     assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
     assert doc["return"]["value"] == pytest.approx(_returns(episodes, 1.0).mean(), rel=1e-9)
+
+
+def test_data_without_rows_fails_as_evaluate_does(tmp_path, ope_in_process):
+    """inspect passes only what evaluate can evaluate: data without rows is one
+    ``no episodes`` line and exit 3 (with the report on stdout, "valid": false)."""
+    write_step_layout(_episodes(seed=2, n=3), tmp_path / "some.parquet")
+    pq.write_table(pq.read_table(tmp_path / "some.parquet").slice(0, 0), tmp_path / "none.parquet")
+    run = ope_in_process(["inspect", tmp_path / "none.parquet", "--format", "json"])
+    assert run.returncode == 3, run
+    assert (
+        run.stderr
+        == f"ope: invalid data: {tmp_path / 'none.parquet'}: no episodes (the data has no rows)\n"
+    )
+    assert json.loads(run.stdout)["valid"] is False

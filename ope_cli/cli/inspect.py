@@ -48,7 +48,7 @@ def inspect(
     """
     from ope_cli.inspection import InspectConfig
     from ope_cli.inspection import inspect as run_inspection
-    from ope_cli.report.inspect import render_table, to_json
+    from ope_cli.report.inspect import NO_EPISODES, render_table, to_json
 
     config = InspectConfig(
         data=data,
@@ -62,6 +62,10 @@ def inspect(
         sys.stdout.write(to_json(report) + "\n")
     else:
         render_table(report, table_console(width=120))
+    if not report.ok and not report.problems:
+        sys.stdout.flush()
+        say(f"ope: invalid data: {data}: {NO_EPISODES}")
+        raise typer.Exit(INVALID_DATA_EXIT_CODE)
     if not report.ok:
         sys.stdout.flush()
         # an episode with two problems is one invalid episode, as the report counts it

@@ -123,6 +123,7 @@ def _return_dict(report: InspectReport) -> dict[str, Any]:
     return {**{k: json_number(v) for k, v in stats.items()}, "quantiles": quantiles}
 
 
+NO_EPISODES = "no episodes (the data has no rows)"  # as evaluate says it
 GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
 
 
@@ -281,5 +282,8 @@ def render_table(report: InspectReport, console) -> None:
         console.print(_actions_table(report))
     if report.ok:
         console.print("no validation problems found", highlight=False)
+        return
+    if not report.problems:
+        console.print(NO_EPISODES, highlight=False)
         return
     console.print(_problems_table(report))
