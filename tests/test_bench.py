@@ -14,9 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import ope_cli.envs.generate as gen
 from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.memory import measure_memory
+from ope_cli.bench.processes import measure_other_data
 from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
 from ope_cli.cli import bench
@@ -185,18 +185,13 @@ def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
     assert not list(tmp_path.glob("script_*.parquet"))  # generated data removed
 
 
-def test_data_of_other_sizes_measures_generated_data_with_its_own_checkpoint(tmp_path):
-    """--data with other observations and actions than the generated data's (control: 4-dim
-    observations, 3 actions, against 8 and 4): the whole processes on generated data (other
-    lengths, the bandit log) evaluate a checkpoint of its sizes, on a cache that one run of
-    generated data warmed, so the other lengths still compile nothing. (--memory and
-    --script take no checkpoint: they write their own beside their generated data.)"""
-    gen.generate("control", tmp_path / "control", episodes=60, seed=1)
-    result = _bench(
-        *("--data", str(tmp_path / "control" / "logs.parquet"), "--out", str(tmp_path / "b")),
-        *("--loop-episodes", "5", "--policies", "1", "--min-bucket", "4096"),
-    )
-    assert result["dataset"]["generated"] is False
-    assert (result["dataset"]["obs_dim"], result["dataset"]["n_actions"]) == (4, 3)
-    assert result["processes"]["other_lengths_warm_cache"]["compilations"] == 0
-    assert result["processes"]["bandit_warm_cache"]["compilations"] == 0
+def test_other_data_with_data_given_warms_its_own_kernels_first(tmp_path):
+    """With --data (whatever its sizes: its checkpoints are not used here), the other
+    lengths and the bandit log are generated with a checkpoint of their own sizes, on a
+    cache that one run on generated data warms first: the other lengths compile nothing."""
+    config = BenchConfig(data="user.parquet", rounds=1, batching=BatchingConfig(min_bucket=4096))
+    env = dict(os.environ, OPE_CACHE_DIR=str(tmp_path / "cache"))
+    other, bandit = measure_other_data(tmp_path, config, env, lambda m: None)
+    assert other["compilations"] == 0 and other["steps"] > 0
+    assert bandit["compilations"] == 0 and bandit["steps"] == 10_000
+    assert (tmp_path / "generated" / "eval_0.npz").is_file()

@@ -98,7 +98,7 @@ def measure_processes(
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     progress("whole processes: ope evaluate with the warm cache")
     warm = _fastest(rounds, lambda: _evaluate(data, checkpoint, batching, env))
-    other, bandit = _other_data(directory, config, env, progress)
+    other, bandit = measure_other_data(directory, config, env, progress)
     read, above = pyarrow_seconds - pyarrow_floor, warm["seconds"] - import_floor
     return {
         "import_jax_floor_seconds": floor,
@@ -123,7 +123,7 @@ def measure_processes(
     }
 
 
-def _other_data(
+def measure_other_data(
     directory: Path, config: BenchConfig, env: dict, progress: Progress
 ) -> tuple[dict, dict]:
     """``ope evaluate`` on the warm cache of another dataset (other lengths) and of a
