@@ -374,3 +374,16 @@ def test_files_that_declare_the_same_bounds_are_read(tmp_path):
             table(10 * k, 10 * k + 10).replace_schema_metadata(metadata), tmp_path / f"p{k}.parquet"
         )
     assert read_ids(open_dataset(str(tmp_path))) == list(range(30))
+
+
+def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):
+    path = tmp_path / "logs.arrows"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table(0, 5).schema) as writer:
+        writer.write_table(table(0, 5))
+    with pytest.raises(DataError) as error:
+        open_dataset(str(path))
+    (line,) = str(error.value).splitlines()
+    assert line.startswith(f"{path}: an Arrow IPC stream, not an Arrow IPC file"), line
+    rewritten = tmp_path / "logs.arrow"
+    feather.write_feather(pa.ipc.open_stream(str(path)).read_all(), str(rewritten))
+    assert read_ids(open_dataset(str(rewritten))) == list(range(5))  # as the message says

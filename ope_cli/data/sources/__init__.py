@@ -1,6 +1,7 @@
 """Input formats as plug-ins: each module recognises its files by their first bytes and
 opens them as a ``Dataset`` (``base``). A new format is one module with ``NAME``,
-``sniff(head)`` and ``open_files(source, files, base_dir)``, plus its line in FORMATS.
+``sniff(head)`` and ``open_files(source, files, base_dir)``, plus its line in FORMATS;
+optionally ``unsupported(head)``: why a file it recognises but cannot read is refused.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def sniff_format(path: str) -> ModuleType:
     for module in FORMATS:
         if module.sniff(head):
             return module
+    for module in FORMATS:  # a format's relative that it recognises but cannot read
+        reason = getattr(module, "unsupported", lambda _: None)(head)
+        if reason is not None:
+            raise DataError(f"{path}: {reason}")
     if not head:
         raise DataError(f"{path}: file is empty (0 bytes), not a Parquet, Arrow or HDF5 file")
     raise DataError(f"{path}: not a Parquet, Arrow IPC/Feather or HDF5 file (unrecognised header)")
