@@ -51,6 +51,22 @@ def test_an_explicit_method_is_kept_and_described():
     assert "50 replicates, seed 3" in text and "asymptotic" in text
 
 
+def test_the_asymptotic_note_names_what_gives_betting_intervals():
+    """An asymptotic method's note says what would give betting intervals, for the data at
+    hand: the reward range; with it and gamma 1, a horizon; with both (or gamma < 1), just
+    asking for them."""
+    bounded = DeclaredBounds(reward_range=(0.0, 1.0))
+    cases = [
+        (config(gamma=0.9, interval="normal"), NOTHING, "--reward-range LOW HIGH gives"),
+        (config(gamma=1.0, interval="normal"), bounded, "--horizon STEPS (or --gamma < 1) gives"),
+        (config(gamma=0.9, interval="normal"), bounded, "--ci betting (or auto) gives"),
+        (config(gamma=1.0, horizon=9, interval="normal"), bounded, "--ci betting (or auto) gives"),
+    ]
+    for options, declared, words in cases:
+        plan = plan_intervals(options, declared)
+        assert words in plan.describe(options), (options, declared)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -41,9 +41,11 @@ ASYMPTOTIC = (
 )
 
 
-def _betting_needs(reward_range: tuple[float, float] | None) -> str:
-    """The options betting intervals still need: the reward range, else (known reward
-    range, gamma 1) a horizon."""
+def _betting_needs(reward_range: tuple[float, float] | None, available: bool) -> str:
+    """What gives betting intervals: the reward range, else (known reward range, gamma 1,
+    no horizon) a horizon; where the bounds already allow them, asking for them."""
+    if available:
+        return "--ci betting (or auto)"
     if reward_range is None:
         return "--reward-range LOW HIGH"
     return "--horizon STEPS (or --gamma < 1)"
@@ -210,7 +212,8 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     if method == "auto":
         method = "betting" if betting_range is not None else "normal"
     if method != "betting":
-        return IntervalPlan(method, **discount, betting_needs=_betting_needs(reward_range))
+        needs = _betting_needs(reward_range, betting_range is not None)
+        return IntervalPlan(method, **discount, betting_needs=needs)
     if betting_range is None:
         missing = (
             "--reward-range LOW HIGH"
