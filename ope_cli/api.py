@@ -20,7 +20,9 @@ UsageError naming it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
+from numbers import Integral, Real
 from typing import Any
 
 from ope_cli.config import (
@@ -111,7 +113,8 @@ def _config(record, data: str, options: Mapping[str, Any]):
     for key, value in options.items():
         name = OPTION_NAMES.get(key, key)
         if name in SEQUENCES and value is not None:
-            value = (value,) if isinstance(value, str | int) else tuple(value)
+            value = (value,) if isinstance(value, str | int | os.PathLike) else tuple(value)
+            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
         if name in _fields(record) - set(RECORDS):
             own[name] = value
@@ -121,7 +124,46 @@ def _config(record, data: str, options: Mapping[str, Any]):
             raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
     for group, values in grouped.items():
         own[group] = groups[group][0](**values)
-    return record(data=str(data), **own)
+        _check_types(own[group])
+    made = record(data=os.fspath(data), **own)
+    _check_types(made)
+    return made
+
+
+# what the command line's types guarantee, checked for keywords: field type -> (kind, check)
+def _is_integer(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+_TYPES = {
+    "int": ("an integer", _is_integer),
+    "float": ("a number", _is_number),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "tuple[float, float]": (
+        "two numbers (low, high)",
+        lambda v: isinstance(v, tuple | list) and len(v) == 2 and all(_is_number(x) for x in v),
+    ),
+    "tuple[int, ...]": ("integers", lambda v: all(_is_integer(x) for x in v)),
+    "tuple[str, ...]": ("strings or paths", lambda v: all(isinstance(x, str) for x in v)),
+}
+
+
+def _check_types(record) -> None:
+    """UsageError for a keyword whose value the command line's option would not take: an
+    integer option given 1.9 or "3", a number given "0.9" (a float would otherwise be
+    truncated, or fail later in Python's words)."""
+    for field in dataclasses.fields(record):
+        declared = str(field.type).replace(" | None", "")
+        value = getattr(record, field.name)
+        if declared not in _TYPES or value is None:
+            continue
+        kind, accepts = _TYPES[declared]
+        if not accepts(value):
+            raise UsageError(f"{field.name} must be {kind}, got {value!r}")
 
 
 def evaluation_config(data: str, /, **options: Any) -> EvaluationConfig:
@@ -133,10 +175,16 @@ def evaluation_config(data: str, /, **options: Any) -> EvaluationConfig:
 def _known(record) -> list[str]:
     """The keywords ``record``'s function takes, in the command line's spellings."""
     fields = _fields(record) - set(RECORDS)
+    accepted = set(fields)
     for group, (_, names) in _groups(record).items():
+        accepted |= set(names)
         if group != "columns":  # the columns' keywords: their options' spellings
             fields |= set(names)
-    spelled = {cli for cli, name in OPTION_NAMES.items() if name not in _fields(BatchingConfig)}
+    spelled = {
+        cli
+        for cli, name in OPTION_NAMES.items()
+        if name in accepted and name not in _fields(BatchingConfig)
+    }
     return sorted(fields | spelled)
 
 
@@ -148,13 +196,15 @@ def _as(subclass, record):
 @dataclasses.dataclass(frozen=True)
 class Evaluation(EvaluationResult):
     """What ``evaluate`` returns: the EvaluationResult, with the JSON document and a tidy
-    table."""
+    table; ``rank_by``: evaluate's ``rank_by`` (``--rank-by``), the default of both."""
+
+    rank_by: str | None = None
 
     def to_dict(self, rank_by: str | None = None) -> dict[str, Any]:
         """The ``--format json`` document (SPEC section 5) as a dict."""
         from ope_cli.report.json_format import to_json_dict
 
-        return to_json_dict(self, rank_by)
+        return to_json_dict(self, rank_by or self.rank_by)
 
     def to_pandas(self, rank_by: str | None = None):
         """A pandas DataFrame with ``--format csv``'s columns, one row per policy x
@@ -165,27 +215,33 @@ class Evaluation(EvaluationResult):
             raise UsageError("to_pandas needs pandas: pip install pandas") from None
         from ope_cli.report.csv_format import tidy_rows
 
-        header, rows = tidy_rows(self, rank_by)
+        header, rows = tidy_rows(self, rank_by or self.rank_by)
         return pandas.DataFrame(rows, columns=header)
 
 
 def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     """Estimates each policy's value from the logged episodes in ``data`` (``ope evaluate``).
 
-    ``options``: ``ope evaluate``'s options as keywords (see the module docstring), plus
-    ``on_progress``, ``on_status`` and ``distributed`` of ``pipeline.evaluate``. ``data``
-    may be an EvaluationConfig instead (then only those three).
+    ``options``: ``ope evaluate``'s options as keywords (see the module docstring; ``rank_by``
+    is the default of ``to_dict`` and ``to_pandas``), plus ``on_progress``, ``on_status``
+    and ``distributed`` of ``pipeline.evaluate``. ``data`` may be an EvaluationConfig
+    instead (then only those three and ``rank_by``).
     """
     from ope_cli.estimation.pipeline import evaluate as run
+    from ope_cli.estimation.run_plan import reported_estimators
+    from ope_cli.report.table import check_rank_by
 
     hooks = {k: options.pop(k) for k in ("on_progress", "on_status", "distributed") if k in options}
+    rank_by = options.pop("rank_by", None)
     if isinstance(data, EvaluationConfig):
         if options:
             raise UsageError("pass options as keywords or in the EvaluationConfig, not both")
         config = data
     else:
         config = _config(EvaluationConfig, data, options)
-    return _as(Evaluation, run(config, **hooks))
+    if rank_by is not None:  # refused before the data is read, as --rank-by is
+        rank_by = check_rank_by(rank_by, reported_estimators(config))
+    return dataclasses.replace(_as(Evaluation, run(config, **hooks)), rank_by=rank_by)
 
 
 @dataclasses.dataclass

@@ -203,3 +203,56 @@ def test_keywords_are_gathered_into_the_config_records():
     assert config.runtime == ope_cli.RuntimeConfig(precision="float32")
     assert config.choosing == ope_cli.ChoosingConfig(baseline="behavior", top_k=(1, 2))
     assert config.batching.read_rows == 100 and config.columns.observation == "state"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(seed=1.9), "seed must be an integer, got 1.9"),
+        (dict(horizon=80.5), "horizon must be an integer, got 80.5"),
+        (dict(read_rows=1000.5), "read_rows must be an integer, got 1000.5"),
+        (dict(bootstrap_samples="20"), "bootstrap_samples must be an integer, got '20'"),
+        (dict(gamma="0.9"), "gamma must be a number, got '0.9'"),
+        (dict(reward_range=(0, 1, 2)), "reward_range must be two numbers (low, high)"),
+        (dict(top_k=[1.5]), "top_k must be integers, got (1.5,)"),
+    ],
+)
+def test_keywords_of_the_wrong_type_are_usage_errors(options, message):
+    """What the command line's types refuse, keywords do too, as UsageErrors before any
+    reading (a seed of 1.9 ran with seed 1 and reported 1.9)."""
+    from ope_cli.api import evaluation_config
+
+    with pytest.raises(ope_cli.UsageError) as error:
+        evaluation_config("logs.parquet", **options)
+    assert message in str(error.value)
+
+
+def test_paths_are_taken_where_the_command_line_takes_paths(tmp_path):
+    from ope_cli.api import evaluation_config
+
+    config = evaluation_config(tmp_path / "logs.parquet", policies=[tmp_path / "a.npz"])
+    assert (config.data, config.policies) == (
+        str(tmp_path / "logs.parquet"),
+        (str(tmp_path / "a.npz"),),
+    )
+
+
+def test_rank_by_is_checked_as_the_command_line_checks_it():
+    """evaluate(rank_by=...) is --rank-by: checked before the data is read, lower case, the
+    default of to_dict and to_pandas; to_dict(rank_by=...) is checked the same way (an
+    unknown name ranked nothing and warned of every policy)."""
+    data, policy = EXAMPLES / "data" / "logs.parquet", EXAMPLES / "policies" / "ckpt.npz"
+    with pytest.raises(ope_cli.UsageError, match="--rank-by must be one of .* got 'wiss'"):
+        ope_cli.evaluate(str(data), policies=[str(policy)], rank_by="wiss")
+    run = ope_cli.evaluate(str(data), policies=[str(policy)], rank_by="PDIS")
+    assert run.to_dict()["rank_by"] == "pdis" and run.to_dict()["results"][0]["rank"] == 1
+    assert run.to_dict(rank_by="WIS")["rank_by"] == "wis"
+    with pytest.raises(ope_cli.UsageError, match="got 'wiss'"):
+        run.to_dict(rank_by="wiss")
+
+
+def test_inspect_lists_only_its_own_keywords():
+    with pytest.raises(ope_cli.UsageError) as error:
+        ope_cli.inspect("logs.parquet", ci="normal")
+    known = str(error.value).split("the options are ")[1].split(", ")
+    assert "ci" not in known and "estimator" not in known and "obs_col" in known

@@ -20,6 +20,7 @@ import pytest
 import ope_cli.envs.generate as gen
 from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
+from ope_cli.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("small_control_truth")
 
@@ -189,10 +190,12 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         ("chain", {"shift": float("nan")}, "shift"),
         ("chain", {"episodes": 3, "files": 4}, "files"),
         ("chain", {"seed": -1}, "seed"),
+        ("chain", {"episode": 10}, "unknown option 'episode'; the options are episodes, "),
     ],
 )
-def test_bad_options_raise_value_error(env, options, match, tmp_path):
-    with pytest.raises(ValueError, match=match):
+def test_bad_options_are_usage_errors(env, options, match, tmp_path):
+    """The Python API's errors are the command line's (OpeError), not Python's."""
+    with pytest.raises(UsageError, match=match):
         gen.generate(env, tmp_path, **options)
     assert not (tmp_path / "truth.json").exists()
 
@@ -495,7 +498,7 @@ def test_chain_truth_of_a_new_policy_matches_monte_carlo(tmp_path):
 
 @pytest.mark.parametrize("policies", [0, -1, 1001, True, 2.5, "3"])
 def test_bad_policies_raise_value_error(policies, tmp_path):
-    with pytest.raises(ValueError, match="policies must be an integer from 1 to 1000"):
+    with pytest.raises(UsageError, match="policies must be an integer from 1 to 1000"):
         gen.generate("chain", tmp_path / "out", episodes=5, policies=policies)
     assert not (tmp_path / "out").exists()
 

@@ -40,10 +40,10 @@ from ope_cli.config import (
     IntervalConfig,
     RuntimeConfig,
 )
-from ope_cli.errors import InvalidValueError, UsageError
-from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.errors import InvalidValueError
 from ope_cli.estimation.estimators import names
 from ope_cli.estimation.run_plan import reported_estimators
+from ope_cli.report.table import check_rank_by
 
 if TYPE_CHECKING:  # annotations only: the distributed runtime and results load with the run
     from ope_cli.estimation.distributed import DistributedConfig
@@ -202,25 +202,4 @@ def invalid_data_fix(config: EvaluationConfig) -> str:
     return (
         f"every problem: ope inspect {config.data}; to leave out the invalid episodes and "
         "report them: --on-invalid drop"
-    )
-
-
-def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
-    """--rank-by as an estimator the run reports; the default (wis) falls back to the first
-    reported estimator when --estimator leaves WIS out."""
-    rank_by = rank_by.lower()
-    if rank_by not in names():
-        raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
-    if rank_by in estimators:
-        return rank_by
-    if rank_by == "wis":
-        return estimators[0]
-    if get_estimator(rank_by).needs and not any(get_estimator(e).needs for e in estimators):
-        raise UsageError(
-            f"--rank-by {rank_by} ranks by an estimator that needs a Q source: add --q "
-            "Q.npz|package.module:name|fit (once per --policy), or --q-col with --v-col"
-        )
-    raise UsageError(
-        f"--rank-by {rank_by}: not among the reported estimators "
-        f"({', '.join(estimators)}); add --estimator {rank_by}"
     )

@@ -70,13 +70,11 @@ def generate(
 
 
 def _write(env: str, out: str, options) -> dict:
-    """``envs.generate.generate``'s truth.json dict; its errors as UsageErrors."""
+    """``envs.generate.generate``'s truth.json dict; an unwritable output as a UsageError."""
     from ope_cli.envs.generate import generate as write_environment
 
     try:
         return write_environment(env, out, options)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
     except OSError as error:  # an output path that cannot be written: say which, no traceback
         raise UsageError(
             f"{error.filename or out}: cannot write the output ({error.strerror or error})"

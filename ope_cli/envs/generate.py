@@ -49,6 +49,7 @@ import numpy as np
 from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
+from ope_cli.errors import UsageError
 from ope_cli.outputs import refuse_existing
 
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
@@ -71,6 +72,15 @@ class GenerateOptions:
     overwrite: bool = False
 
 
+def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
+    """``options`` with ``keywords`` (its fields) replaced; an unknown one is a UsageError."""
+    known = [field.name for field in dataclasses.fields(GenerateOptions)]
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r}; the options are {', '.join(known)}")
+    return dataclasses.replace(options, **keywords)
+
+
 def _check_options(env: str, options: GenerateOptions) -> None:
     episodes, seed, gamma, horizon = options.episodes, options.seed, options.gamma, options.horizon
     shift, files, policies = options.shift, options.files, options.policies
@@ -79,25 +89,25 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
     if env not in REGISTRY:
-        raise ValueError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
+        raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
     if not is_int(episodes) or episodes < 1:
-        raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+        raise UsageError(f"episodes must be a positive integer, got {episodes!r}")
     if not is_int(seed) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
     if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+        raise UsageError(f"gamma must be in [0, 1], got {gamma!r}")
     if horizon is not None and (not is_int(horizon) or horizon < 1):
-        raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
+        raise UsageError(f"horizon must be a positive integer, got {horizon!r}")
     if env == "bandit" and horizon not in (None, 1):
-        raise ValueError(f"bandit episodes have one step, so horizon must be 1, got {horizon}")
+        raise UsageError(f"bandit episodes have one step, so horizon must be 1, got {horizon}")
     if not isinstance(shift, int | float) or isinstance(shift, bool) or not math.isfinite(shift):
-        raise ValueError(f"shift must be a finite number, got {shift!r}")
+        raise UsageError(f"shift must be a finite number, got {shift!r}")
     if not is_int(files) or not 1 <= files <= episodes:
-        raise ValueError(
+        raise UsageError(
             f"files must be an integer from 1 to the number of episodes ({episodes}), got {files!r}"
         )
     if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
-        raise ValueError(f"policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
+        raise UsageError(f"policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
 
 
 def _q_values(
@@ -177,11 +187,11 @@ def generate(
     OUT/q/eval_<k>.npz (``tabular_q``; truth.json's ``"q"`` entries, else null). `horizon`
     caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). The logs
     declare ``gamma`` (and the reward range and horizon) in their schema metadata. Raises
-    ValueError for an unknown env or a bad option, and UsageError when an output of an
-    earlier run exists (``OUTPUTS``) and not ``overwrite``. The options are ``options``
+    UsageError for an unknown env, option or option value, or when an output of an earlier
+    run exists (``OUTPUTS``) and not ``overwrite``. The options are ``options``
     (a GenerateOptions, default: its defaults) with ``keywords`` (its fields) replaced.
     """
-    options = dataclasses.replace(options or GenerateOptions(), **keywords)
+    options = _with_keywords(options or GenerateOptions(), keywords)
     _check_options(env, options)
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
     episodes, seed, horizon, files, policies = (

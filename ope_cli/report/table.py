@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ope_cli.errors import UsageError
+from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.estimation.estimators import names
 from ope_cli.report.formatting import (
     count,
     estimator_title,
@@ -56,10 +59,32 @@ DIAGNOSTIC_COLUMNS = (
 
 
 def resolve_rank_by(result: EvaluationResult, rank_by: str | None = None) -> str:
-    """The estimator that ranks policies: ``rank_by``, else WIS if reported, else the first."""
+    """The estimator that ranks policies: ``rank_by`` (checked, ``check_rank_by``), else
+    WIS if reported, else the first."""
     if rank_by is not None:
-        return rank_by
+        return check_rank_by(rank_by, tuple(result.estimators))
     return "wis" if "wis" in result.estimators else result.estimators[0]
+
+
+def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
+    """--rank-by as an estimator the run reports; the default (wis) falls back to the first
+    reported estimator when --estimator leaves WIS out."""
+    rank_by = rank_by.lower()
+    if rank_by not in names():
+        raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
+    if rank_by in estimators:
+        return rank_by
+    if rank_by == "wis":
+        return estimators[0]
+    if get_estimator(rank_by).needs and not any(get_estimator(e).needs for e in estimators):
+        raise UsageError(
+            f"--rank-by {rank_by} ranks by an estimator that needs a Q source: add --q "
+            "Q.npz|package.module:name|fit (once per --policy), or --q-col with --v-col"
+        )
+    raise UsageError(
+        f"--rank-by {rank_by}: not among the reported estimators "
+        f"({', '.join(estimators)}); add --estimator {rank_by}"
+    )
 
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
