@@ -83,7 +83,12 @@ class Trial:
 
 def time_interleaved(trials: dict[str, Trial], rounds: int) -> dict[str, dict]:
     """Times every trial ``rounds`` times, round-robin, so that a change in the load of a
-    shared machine hits all of them alike; the fastest run of each counts."""
+    shared machine hits all of them alike; the fastest run of each counts. Each trial runs
+    once untimed first: trials prepared later cleared JAX's caches for their first-run
+    measurements, and an earlier trial's recompilation must not land in a timed run (with
+    ``--rounds 1`` it was the only one)."""
+    for trial in trials.values():
+        trial.run()
     best = {name: math.inf for name in trials}
     for _ in range(rounds):
         for name, trial in trials.items():
