@@ -10,6 +10,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from datasets import (
     perturb_checkpoint,
@@ -27,6 +28,7 @@ from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
 from ope_cli.estimation.bootstrap_counts import replicate_counts
 from ope_cli.estimation.pipeline import evaluate
+from ope_cli.report.json_format import to_json_dict
 
 GAMMA = 0.95
 
@@ -223,6 +225,12 @@ def test_plot_adds_the_ranking_figure_with_the_baseline_and_truth(chain, tmp_pat
     assert baseline == "behavior"
     assert [r.name for r in rows][-1] == "behavior"
     assert rows[-1].estimate == pytest.approx(result.behavior_value)
+    logs = pq.read_table(folder / "logs.parquet")
+    ids, step, reward = (logs.column(c).to_numpy() for c in ("episode_id", "step", "reward"))
+    _, episode = np.unique(ids, return_inverse=True)
+    mean_return = np.bincount(episode, reward * result.gamma**step).mean()
+    assert result.behavior_value == pytest.approx(mean_return, rel=1e-12)
+    assert to_json_dict(result)["behavior_value"] == result.behavior_value  # in the JSON too
     assert rows[-1].truth == truth["behavior"]["value"]
     assert [r.could_be_best for r in rows[:3]] == [r.could_be_best["wis"] for r in result.results]
     assert all(r.truth is not None for r in rows)

@@ -93,6 +93,10 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
         },
         "rank_by": rank_by,
         "baseline": result.baseline,  # --baseline: what each "comparison" is against
+        # --baseline behavior: the logging policy's own value, the mean discounted return
+        "behavior_value": json_number(result.behavior_value)
+        if result.baseline == "behavior"
+        else None,
         "results": [
             _policy_dict(policy, rank) for policy, rank in zip(result.results, ranks, strict=True)
         ],

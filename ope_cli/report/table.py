@@ -87,6 +87,13 @@ def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
     )
 
 
+def _own_value(result: EvaluationResult) -> str:
+    """The behavior baseline's own value, the mean discounted return, for its title."""
+    if result.baseline != "behavior" or result.behavior_value is None:
+        return ""
+    return f", mean return {significant(result.behavior_value)}"
+
+
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
     Equal values keep the command-line order."""
@@ -253,7 +260,8 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
 def _comparison_table(result: EvaluationResult) -> Table:
     """Each policy minus the baseline, per estimator, paired on the same episodes."""
     table = Table(
-        title=f"against the baseline {result.baseline} (paired on the same episodes)",
+        title=f"against the baseline {result.baseline}{_own_value(result)} (paired on the same "
+        "episodes)",
         title_justify="left",
     )
     table.add_column("policy", style="bold", overflow="fold")
