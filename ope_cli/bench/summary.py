@@ -41,7 +41,7 @@ MEMORY_NOISE = 1.05  # peak RSS ratios within this are the same peak
 TARGETS: dict[str, Target] = {
     "kernel_vs_numpy": Target(3.0, False, "steps/s, kernel alone / vectorised NumPy twin"),
     "kernel_vs_loop": Target(1000.0, False, "steps/s, kernel alone / per-episode Python loop"),
-    "shapes_per_configuration": Target(4, True, "window shapes ope evaluate compiled"),
+    "shapes_per_configuration": Target(4, True, "window shapes ope evaluate used"),
     "first_run_compile_seconds": Target(3.0, True, "s of XLA compilation, empty cache"),
     "first_run_compile_seconds_q": Target(
         5.0, True, "s of XLA compilation, empty cache, with a Q checkpoint"
