@@ -14,9 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import ope_cli.envs.generate as gen
 from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.memory import measure_memory
-from ope_cli.bench.processes import measure_other_data
 from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
 from ope_cli.cli import bench
@@ -55,12 +55,16 @@ def _bench(*args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
-    """One tiny ``ope bench`` (a few thousand steps; few buckets so that the handful of
-    compiles stays short)."""
+    """One tiny ``ope bench`` on --data of other sizes than its generated data's (control:
+    4-dim observations and 3 actions, against 8 and 4), so that the measurements on data
+    it generates (other lengths, the bandit log) must use checkpoints of their own sizes
+    (with the --data checkpoints ``ope bench`` ended in an internal error); a few thousand
+    steps, few buckets so that the handful of compiles stays short."""
     out = tmp_path_factory.mktemp("bench")
+    gen.generate("control", out / "control", episodes=40, seed=1, horizon=60)
     return _bench(
-        *("--episodes", "40", "--loop-episodes", "10", "--policies", "2"),
-        *("--min-bucket", "8", "--batch-steps", "4096", "--out", str(out)),
+        *("--data", str(out / "control" / "logs.parquet"), "--loop-episodes", "10"),
+        *("--policies", "2", "--min-bucket", "8", "--batch-steps", "4096", "--out", str(out)),
     )
 
 
@@ -75,7 +79,8 @@ def test_bench_json_has_every_measurement(tiny_bench):
     assert result["measurements"]["kernel"]["runs"] == 1
     assert result["runtime"]["timing"] == "each measurement's fastest of 1 interleaved runs"
     assert "warm: fastest of 1," in result["policies"]["processes"]["method"]
-    assert result["dataset"]["episodes"] == 40
+    assert result["dataset"]["episodes"] == 40 and result["dataset"]["generated"] is False
+    assert (result["dataset"]["obs_dim"], result["dataset"]["n_actions"]) == (4, 3)
     assert result["dataset"]["steps"] == result["padding"]["real_steps"]
     for name in ("kernel_over_numpy", "kernel_over_loop", "end_to_end_over_io_floor"):
         assert result["ratios"][name] > 0, name
@@ -107,7 +112,8 @@ def test_bench_times_whole_processes(tiny_bench):
     assert warm["compilations"] == 0 and warm["cache_hits"] >= 1  # the same data, warm
     assert processes["bandit_warm_cache"]["compilations"] == 0  # its second run
     assert processes["bandit_warm_cache"]["steps"] == 10_000
-    assert processes["other_lengths_warm_cache"]["compilations"] == 0  # the catalogue's shapes
+    # generated data, on a cache warmed by one run of it: the catalogue's shapes
+    assert processes["other_lengths_warm_cache"]["compilations"] == 0
     over = processes["evaluate_over_pyarrow"]  # None: tiny data, a read within the noise
     assert over is None or over > 0
 
@@ -183,15 +189,3 @@ def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
         )
     assert script["sizes"]["4000"]["steps"] > script["sizes"]["1500"]["steps"]
     assert not list(tmp_path.glob("script_*.parquet"))  # generated data removed
-
-
-def test_other_data_with_data_given_warms_its_own_kernels_first(tmp_path):
-    """With --data (whatever its sizes: its checkpoints are not used here), the other
-    lengths and the bandit log are generated with a checkpoint of their own sizes, on a
-    cache that one run on generated data warms first: the other lengths compile nothing."""
-    config = BenchConfig(data="user.parquet", rounds=1, batching=BatchingConfig(min_bucket=4096))
-    env = dict(os.environ, OPE_CACHE_DIR=str(tmp_path / "cache"))
-    other, bandit = measure_other_data(tmp_path, config, env, lambda m: None)
-    assert other["compilations"] == 0 and other["steps"] > 0
-    assert bandit["compilations"] == 0 and bandit["steps"] == 10_000
-    assert (tmp_path / "generated" / "eval_0.npz").is_file()
