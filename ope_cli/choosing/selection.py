@@ -29,6 +29,7 @@ import numpy as np
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators.logspace import finite
 from ope_cli.estimation.intervals import MIN_VALID_REPLICATES
+from ope_cli.estimation.run_plan import GAMMA_SOURCES
 
 BASELINE_BEHAVIOR = "behavior"  # the --baseline name of the logging policy itself
 DEFAULT_TOP_K = (1, 3)
@@ -57,9 +58,6 @@ def _load_truth(source: str | Path | Mapping) -> tuple[Mapping, Path | None]:
     return document, path.parent
 
 
-GAMMA_FROM = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
-
-
 def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: str) -> None:
     """UsageError (one line) when ``ope generate``'s truth.json gives its values for
     another discount (its ``"gamma"``) than the run's ``gamma`` (from ``gamma_source``):
@@ -73,7 +71,7 @@ def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: 
         name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
         raise UsageError(
             f"{name} gives true values for gamma {float(declared):g}, but this run discounts "
-            f"by gamma {gamma:g} ({GAMMA_FROM.get(gamma_source, gamma_source)}): evaluate "
+            f"by gamma {gamma:g} ({GAMMA_SOURCES.get(gamma_source, gamma_source)}): evaluate "
             f"with --gamma {float(declared):g}, or give the truth for gamma {gamma:g}"
         )
 

@@ -52,7 +52,8 @@ def _betting_needs(reward_range: tuple[float, float] | None, available: bool) ->
 
 
 DEFAULT_GAMMA = 1.0
-GAMMA_SOURCES = ("option", "data", "default")  # where a run's discount comes from
+# where a run's discount comes from, and how a message or report says it
+GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
 
 
 def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float, str]:

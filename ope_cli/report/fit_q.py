@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.fit import to_json_dict
 from ope_cli.report.formatting import count, significant
-from ope_cli.report.inspect import GAMMA_SOURCES
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
     from ope_cli.models.q_models.command import FitQResult

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from ope_cli._version import __version__
+from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import json_number, significant
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
@@ -124,7 +125,6 @@ def _return_dict(report: InspectReport) -> dict[str, Any]:
 
 
 NO_EPISODES = "no episodes (the data has no rows)"  # as evaluate says it
-GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
 
 
 def _reward_lines(doc: dict[str, Any]) -> list[str]:
