@@ -130,7 +130,6 @@ def _config(record, data: str, options: Mapping[str, Any]):
     return made
 
 
-# what the command line's types guarantee, checked for keywords: field type -> (kind, check)
 def _is_integer(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
@@ -139,6 +138,7 @@ def _is_number(value: object) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
+# what the command line's types guarantee, checked for keywords: field type -> (kind, check)
 _TYPES = {
     "int": ("an integer", _is_integer),
     "float": ("a number", _is_number),

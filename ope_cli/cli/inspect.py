@@ -62,15 +62,12 @@ def inspect(
         sys.stdout.write(to_json(report) + "\n")
     else:
         render_table(report, table_console(width=120))
-    if not report.ok and not report.problems:
-        sys.stdout.flush()
-        say(f"ope: invalid data: {data}: {NO_EPISODES}")
-        raise typer.Exit(INVALID_DATA_EXIT_CODE)
     if not report.ok:
         sys.stdout.flush()
         # an episode with two problems is one invalid episode, as the report counts it
-        say(
-            f"ope: invalid data: {data}: {len(report.problems)} kind(s) of validation "
-            f"problem, in {report.invalid_episodes:,} episode(s) (see the report)"
+        problems = (
+            f"{len(report.problems)} kind(s) of validation problem, in "
+            f"{report.invalid_episodes:,} episode(s) (see the report)"
         )
+        say(f"ope: invalid data: {data}: {problems if report.problems else NO_EPISODES}")
         raise typer.Exit(INVALID_DATA_EXIT_CODE)

@@ -27,7 +27,7 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema
 from ope_cli.data.decode import plain
 from ope_cli.data.episode_stream import DataConfig, open_episodes
-from ope_cli.data.ids import SeenKeys, display_id, id_keys
+from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
 from ope_cli.errors import DataError, UsageError, first_line, where
 
@@ -212,7 +212,7 @@ class _ContiguousEpisodes:
         if not len(ids):
             return
         keys = id_keys(ids)
-        starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
+        starts = run_starts(keys)
         if self.last == (file, keys[0]):  # the previous batch's last episode goes on
             starts = starts[1:]
         shown = ids.take(pa.array(starts)).to_pylist()

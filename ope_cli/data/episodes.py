@@ -32,7 +32,7 @@ from ope_cli.data.decode import (
     numbers,
     plain,
 )
-from ope_cli.data.ids import REAPPEARS, SeenKeys, display_id, id_keys
+from ope_cli.data.ids import REAPPEARS, SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import SourcedBatch
 from ope_cli.data.steps import Steps, map_arrays, step_field
 from ope_cli.data.validate import Check, OnInvalid, Validation, value_checks
@@ -251,7 +251,7 @@ class EpisodeAssembler:
             self._carry = []
         if rows.num_rows == 0:
             return None
-        starts = np.concatenate([[0], np.flatnonzero(rows.keys[1:] != rows.keys[:-1]) + 1])
+        starts = run_starts(rows.keys)
         if not sourced.last_in_file:
             # The last episode may continue in the next record batch of this file.
             self._carry = [rows.slice(int(starts[-1])).owned()]

@@ -96,6 +96,12 @@ def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
         return fold_index(hi, lo, folds).astype(np.int64)
 
 
+def run_starts(keys: np.ndarray) -> np.ndarray:
+    """[k] the rows where a run of equal keys starts in ``keys`` ([n], n > 0): each
+    episode's first row in the step layout."""
+    return np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
+
+
 REAPPEARS = (
     "episode id appears in more than one place (its rows must be contiguous within one file)"
 )
