@@ -1,6 +1,8 @@
 """``ope convert`` (ope_cli/data/convert.py): Minari datasets, D4RL-style files, the episode layout
 and renamed columns written as step-layout Parquet with the standard names and ``ope``
-metadata, streamed batch by batch; the converted file gives identical estimates."""
+metadata, streamed batch by batch; ``ope evaluate`` reads the same inputs from the converted
+file as from its source (so identical estimates). The command itself: what it prints, and
+--overwrite."""
 
 from __future__ import annotations
 
@@ -12,17 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import (
-    assert_same_estimates,
     random_checkpoint,
     random_episodes,
-    run_estimates,
     save_checkpoint,
     write_episode_layout,
     write_step_layout,
 )
+from evaluation_inputs import assert_same_evaluation, evaluation_inputs
 from test_sources_d4rl import d4rl_arrays, write_d4rl
 from test_sources_minari import DICT_SPACE, N_ACTIONS, OBS_DIM, create, make_buffers
 
+import ope_cli
+from ope_cli.config import ColumnMapping
 from ope_cli.data.convert import ConvertConfig, convert
 from ope_cli.data.sources import METADATA_KEY
 from ope_cli.errors import DataError
@@ -66,26 +69,27 @@ def policies(tmp_path_factory):
     }
 
 
-def assert_identical(ope_in_process, source, converted, policy, options=()):
-    common = ["--policy", policy, "--format", "json", "--read-rows", "16"]
-    first = run_estimates(ope_in_process(["evaluate", source, *common, *options]))
-    second = run_estimates(ope_in_process(["evaluate", converted, *common]))
-    assert_same_estimates(first, second)
+def assert_identical(source, converted, policy, **options):
+    """``ope evaluate`` of ``converted`` estimates from what it estimates from ``source``
+    (with ``options``): the same episodes, discount and bounds."""
+    first = evaluation_inputs(source, policy, read_rows=16, **options)
+    second = evaluation_inputs(converted, policy, read_rows=16)
+    assert_same_evaluation(first, second)
 
 
 def ope_metadata(path) -> dict:
     return json.loads(pq.read_schema(path).metadata[METADATA_KEY.encode()])
 
 
+MINARI_BEHAVIOR = ColumnMapping(behavior_log_prob="infos/action_log_probs")
+
+
 @pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
-def test_minari_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path, fmt):
+def test_minari_converts_with_identical_estimates(sources, policies, tmp_path, fmt):
     out = tmp_path / "out.parquet"
-    option = ["--behavior-log-prob-col", "infos/action_log_probs"]
-    run = ope_in_process(["convert", sources[fmt], out, "--read-rows", "8", *option])
-    assert run.returncode == 0, run
-    result = json.loads(run.stdout)
-    assert result["format"] == "minari"
-    assert result["columns"]["behavior_log_prob"] == "infos/action_log_probs"
+    result = convert(ConvertConfig(str(sources[fmt]), str(out), MINARI_BEHAVIOR, read_rows=8))
+    assert result.format == "minari"
+    assert result.columns["behavior_log_prob"] == "infos/action_log_probs"
     schema = pq.read_schema(out)
     assert schema.names[:5] == ["episode_id", "step", "observation", "action", "reward"]
     assert {"terminations", "truncations", "next_observation", "infos/extra/speed"} <= set(
@@ -96,19 +100,35 @@ def test_minari_converts_with_identical_estimates(sources, policies, ope_in_proc
     assert metadata["provenance"]["format"] == "minari"
     assert metadata["provenance"]["source"] == str(sources[fmt])
     assert pq.ParquetFile(out).num_row_groups > 1  # written batch by batch
-    assert_identical(ope_in_process, sources[fmt], out, policies[OBS_DIM], option)
+    behavior = {"behavior_log_prob_col": "infos/action_log_probs"}
+    assert_identical(sources[fmt], out, policies[OBS_DIM], **behavior)
 
 
-def test_d4rl_converts_with_identical_estimates(sources, policies, ope_in_process, tmp_path):
+def test_convert_prints_what_it_wrote(sources, ope_in_process, tmp_path):
+    """The command: its options reach the conversion, and off a terminal it prints the
+    result as JSON."""
+    out = tmp_path / "out.parquet"
+    option = ["--behavior-log-prob-col", "infos/action_log_probs"]
+    run = ope_in_process(["convert", sources["hdf5"], out, "--read-rows", "8", *option])
+    assert run.returncode == 0, run
+    printed = json.loads(run.stdout)
+    assert printed["format"] == "minari"
+    assert printed["columns"]["behavior_log_prob"] == "infos/action_log_probs"
+    assert (printed["out"], printed["steps"]) == (str(out), pq.read_metadata(out).num_rows)
+    assert printed["metadata"] == ope_metadata(out)
+    assert pq.ParquetFile(out).num_row_groups > 1  # --read-rows 8
+
+
+def test_d4rl_converts_with_identical_estimates(sources, policies, tmp_path):
     out = tmp_path / "d4rl.parquet"
-    assert ope_in_process(["convert", sources["d4rl"], out]).returncode == 0
+    convert(ConvertConfig(str(sources["d4rl"]), str(out)))
     names = pq.read_schema(out).names
     assert "behavior_log_prob" in names and "rewards" not in names  # an alias, left out
     assert ope_metadata(out)["provenance"]["format"] == "d4rl"
-    assert_identical(ope_in_process, sources["d4rl"], out, policies[3])
+    assert_identical(sources["d4rl"], out, policies[3])
 
 
-def test_episode_layout_becomes_steps(sources, policies, ope_in_process, tmp_path):
+def test_episode_layout_becomes_steps(sources, policies, tmp_path):
     out = tmp_path / "steps.parquet"
     result = convert(ConvertConfig(str(sources["episodes"]), str(out), read_rows=7))
     assert result.source_layout == "episode"
@@ -117,26 +137,27 @@ def test_episode_layout_becomes_steps(sources, policies, ope_in_process, tmp_pat
     assert result.steps == table.num_rows == sum(len(x) for x in lengths.to_pylist())
     steps = table.column("step").to_numpy()
     assert steps[0] == 0 and (np.diff(steps)[np.diff(steps) != 1] <= 0).all()
-    assert_identical(ope_in_process, sources["episodes"], out, policies[4])
+    assert_identical(sources["episodes"], out, policies[4])
 
 
-def test_column_options_become_standard_names(sources, policies, ope_in_process, tmp_path):
+def test_column_options_become_standard_names(sources, policies, tmp_path):
     out = tmp_path / "standard.parquet"
-    options = ["--episode-col", "ep", "--reward-col", "r", "--action-col", "act"]
-    assert ope_in_process(["convert", sources["renamed"], out, *options]).returncode == 0
+    renamed = ColumnMapping(episode="ep", reward="r", action="act")
+    convert(ConvertConfig(str(sources["renamed"]), str(out), renamed))
     schema = pq.read_schema(out)
     assert {"episode_id", "reward", "action"} <= set(schema.names)
     assert not {"ep", "r", "act"} & set(schema.names)
     assert ope_metadata(out)["reward_range"] == [-9, 9]  # declared by the source
-    assert_identical(ope_in_process, sources["renamed"], out, policies[4], options)
+    options = {"episode_col": "ep", "reward_col": "r", "action_col": "act"}
+    assert_identical(sources["renamed"], out, policies[4], **options)
 
 
-def test_inspect_reads_the_converted_file(sources, ope_in_process, tmp_path):
+def test_inspect_reads_the_converted_file(sources, tmp_path):
     out = tmp_path / "c.parquet"
     convert(ConvertConfig(str(sources["d4rl"]), str(out)))
-    run = ope_in_process(["inspect", out, "--format", "json"])
-    assert run.returncode == 0, run
-    assert json.loads(run.stdout)["counts"]["episodes"] == 5
+    inspection = ope_cli.inspect(out)
+    assert inspection.ok  # ope inspect exits 0
+    assert inspection.to_dict()["counts"]["episodes"] == 5
 
 
 def test_existing_output_needs_overwrite(sources, ope_in_process, tmp_path):
@@ -149,7 +170,7 @@ def test_existing_output_needs_overwrite(sources, ope_in_process, tmp_path):
     assert pq.read_table(out).num_rows == 20
 
 
-def test_a_failed_conversion_leaves_no_file(sources, ope_in_process, tmp_path):
+def test_a_failed_conversion_leaves_no_file(sources, tmp_path):
     bad = tmp_path / "bad.parquet"
     table = pq.read_table(sources["episodes"])
     rewards = table.column("rewards").to_pylist()
@@ -158,13 +179,12 @@ def test_a_failed_conversion_leaves_no_file(sources, ope_in_process, tmp_path):
         table.set_column(table.schema.get_field_index("rewards"), "rewards", pa.array(rewards)), bad
     )
     out = tmp_path / "out.parquet"
-    run = ope_in_process(["convert", bad, out, "--read-rows", "2"])
-    assert run.returncode == 3, run
-    assert "episode row 3" in run.stderr
+    with pytest.raises(DataError, match="episode row 3"):
+        convert(ConvertConfig(str(bad), str(out), read_rows=2))
     assert list(tmp_path.glob("out.parquet*")) == []
 
 
-def test_the_declared_discount_is_kept(ope_in_process, tmp_path):
+def test_the_declared_discount_is_kept(tmp_path):
     """SPEC 12: ``ope convert`` keeps the gamma the source declares, beside its bounds."""
     episodes = random_episodes(np.random.default_rng(5), 10, median_length=3, max_length=5)
     source = write_step_layout(episodes, tmp_path / "declared.parquet")
@@ -172,7 +192,7 @@ def test_the_declared_discount_is_kept(ope_in_process, tmp_path):
     table = pq.read_table(source)
     pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)}), source)
     out = tmp_path / "out.parquet"
-    assert ope_in_process(["convert", source, out]).returncode == 0
+    convert(ConvertConfig(str(source), str(out)))
     metadata = ope_metadata(out)
     assert (metadata["gamma"], metadata["reward_range"]) == (0.97, [-9, 9])
 

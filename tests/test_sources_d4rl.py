@@ -1,25 +1,21 @@
 """D4RL-style HDF5 files as a source (ope_cli/data/sources/d4rl.py): episodes from the terminal
 and timeout flags, a trailing truncated episode, behavior log-probabilities from
-``infos/action_log_probs``, the same estimates as the same data in Parquet, bad inputs."""
+``infos/action_log_probs``, the same evaluation inputs (so the same estimates) as the same data
+in Parquet, bad inputs (the DataError of the function that meets them)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
-from datasets import (
-    assert_one_line_exit_3,
-    assert_same_estimates,
-    random_checkpoint,
-    run_estimates,
-    save_checkpoint,
-    write_flat_steps,
-)
+from datasets import random_checkpoint, save_checkpoint, write_flat_steps
+from evaluation_inputs import assert_same_evaluation, data_error, evaluation_inputs, read_episodes
 
+import ope_cli
+from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.sources import d4rl, open_dataset, sniff_format
 from ope_cli.errors import DataError
 
@@ -167,7 +163,7 @@ def test_episode_ids_count_on_across_files(tmp_path):
         ("infos/action_log_probs", "linear_gaussian"),
     ],
 )
-def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior_key, kind):
+def test_evaluate_reads_the_same_inputs_as_from_parquet(tmp_path, behavior_key, kind):
     arrays = d4rl_arrays()
     if kind == "linear_gaussian":
         arrays = continuous(arrays)
@@ -178,18 +174,15 @@ def test_evaluate_gives_the_parquet_estimates(tmp_path, ope_in_process, behavior
     write_step_parquet(tmp_path / "steps.parquet", arrays)
     arrays[behavior_key] = arrays.pop("infos/action_log_probs")
     write_d4rl(tmp_path / "d.hdf5", arrays)
-    common = ["--policy", policy, "--format", "json", "--read-rows", "4"]
-    option = [] if behavior_key == d4rl.BEHAVIOR_KEY else ["--behavior-log-prob-col", behavior_key]
-    from_hdf5 = run_estimates(ope_in_process(["evaluate", tmp_path / "d.hdf5", *common, *option]))
-    from_parquet = run_estimates(ope_in_process(["evaluate", tmp_path / "steps.parquet", *common]))
-    assert_same_estimates(from_hdf5, from_parquet)
+    option = {} if behavior_key == d4rl.BEHAVIOR_KEY else {"behavior_log_prob_col": behavior_key}
+    from_hdf5 = evaluation_inputs(tmp_path / "d.hdf5", policy, read_rows=4, **option)
+    from_parquet = evaluation_inputs(tmp_path / "steps.parquet", policy, read_rows=4)
+    assert_same_evaluation(from_hdf5, from_parquet)
 
 
-def test_inspect_reads_the_file(tmp_path, ope_in_process):
+def test_inspect_reads_the_file(tmp_path):
     write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
-    run = ope_in_process(["inspect", tmp_path / "d.hdf5", "--format", "json"])
-    assert run.returncode == 0, run
-    report = json.loads(run.stdout)
+    report = ope_cli.inspect(tmp_path / "d.hdf5").to_dict()
     assert report["dataset"]["format"] == "d4rl"
     assert report["dataset"]["columns"]["behavior_log_prob"]["name"] == "behavior_log_prob"
     assert report["counts"]["episodes"] == 5
@@ -201,24 +194,23 @@ def test_inspect_reads_the_file(tmp_path, ope_in_process):
 # ------------------------------------------------------------------------ bad inputs
 
 
-def test_truncated_file(tmp_path, ope_in_process):
+def test_truncated_file(tmp_path):
     path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2])
-    run = ope_in_process(["evaluate", path])
-    assert_one_line_exit_3(run, str(path), "HDF5")
+    message = data_error(open_dataset, str(path))
+    assert str(path) in message and "HDF5" in message
 
 
-def test_corrupt_file(tmp_path, ope_in_process):
+def test_corrupt_file(tmp_path):
     path = write_d4rl(tmp_path / "d.hdf5", d4rl_arrays())
     raw = bytearray(path.read_bytes())
     raw[8:400] = bytes(392)  # the superblock and root group, after the magic bytes
     path.write_bytes(bytes(raw))
-    run = ope_in_process(["evaluate", path])
-    assert_one_line_exit_3(run, str(path))
+    assert str(path) in data_error(open_dataset, str(path))
 
 
-def test_corrupt_data_chunk_names_the_rows(tmp_path, ope_in_process):
+def test_corrupt_data_chunk_names_the_rows(tmp_path):
     path = tmp_path / "d.hdf5"
     arrays = d4rl_arrays()
     with h5py.File(path, "w") as handle:
@@ -229,42 +221,35 @@ def test_corrupt_data_chunk_names_the_rows(tmp_path, ope_in_process):
     raw = bytearray(path.read_bytes())
     raw[info.byte_offset : info.byte_offset + info.size] = b"\xff" * info.size
     path.write_bytes(bytes(raw))
-    policy = save_checkpoint(
-        tmp_path / "pi.npz",
-        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
-    )
-    run = ope_in_process(["evaluate", path, "--policy", policy, "--read-rows", "8"])
-    assert_one_line_exit_3(run, str(path), "cannot read rows 8..15")
+    open_dataset(str(path))  # the damage shows only when the rows are read
+    message = data_error(read_episodes, path, read_rows=8)
+    assert str(path) in message and "cannot read rows 8..15" in message
 
 
 @pytest.mark.parametrize("key", d4rl.REQUIRED)
-def test_missing_key_is_named(tmp_path, ope_in_process, key):
+def test_missing_key_is_named(tmp_path, key):
     arrays = d4rl_arrays()
     del arrays[key]
     path = write_d4rl(tmp_path / "d.hdf5", arrays)
-    assert_one_line_exit_3(ope_in_process(["evaluate", path]), str(path), repr(key))
+    message = data_error(open_dataset, str(path))
+    assert str(path) in message and repr(key) in message
 
 
 @pytest.mark.parametrize("key", ["actions", "timeouts", "infos/action_log_probs"])
-def test_datasets_of_different_lengths(tmp_path, ope_in_process, key):
+def test_datasets_of_different_lengths(tmp_path, key):
     arrays = d4rl_arrays()
     arrays[key] = arrays[key][:-1]
     path = write_d4rl(tmp_path / "d.hdf5", arrays)
-    assert_one_line_exit_3(
-        ope_in_process(["evaluate", path]), str(path), "different lengths", repr(key)
-    )
+    message = data_error(open_dataset, str(path))
+    assert str(path) in message and "different lengths" in message and repr(key) in message
 
 
-def test_no_behavior_probabilities_points_to_behavior(tmp_path, ope_in_process):
+def test_no_behavior_probabilities_points_to_behavior(tmp_path):
     arrays = d4rl_arrays()
     del arrays["infos/action_log_probs"]
     path = write_d4rl(tmp_path / "d.hdf5", arrays)
-    policy = save_checkpoint(
-        tmp_path / "pi.npz",
-        random_checkpoint("linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM),
-    )
-    run = ope_in_process(["evaluate", path, "--policy", policy])
-    assert_one_line_exit_3(run, "behavior probability", "with --behavior")
+    message = data_error(open_episodes, DataConfig(str(path)))  # as with --policy
+    assert "behavior probability" in message and "with --behavior" in message
 
 
 def test_missing_h5py_says_how_to_install_it(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """Minari datasets as a source (ope_cli/data/sources/minari.py), built by the ``minari`` library
 itself in both storage formats: ragged episodes, a Dict observation space flattened as
 gymnasium flattens it, an episode stored with only N observations, infos paired with the
-step that returned them, the same estimates as the same steps in Parquet, bad inputs."""
+step that returned them, the same evaluation inputs (so the same estimates) as the same steps
+in Parquet, bad inputs."""
 
 from __future__ import annotations
 
@@ -15,15 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets import (
-    assert_one_line_exit_3,
-    assert_same_estimates,
-    random_checkpoint,
-    run_estimates,
-    save_checkpoint,
-    write_flat_steps,
-)
+from datasets import assert_one_line_exit_3, random_checkpoint, save_checkpoint, write_flat_steps
+from evaluation_inputs import assert_same_evaluation, data_error, evaluation_inputs, read_episodes
 
+import ope_cli
 from ope_cli.data.sources import minari, open_dataset
 from ope_cli.errors import DataError
 
@@ -297,28 +293,24 @@ def policies(tmp_path_factory):
 
 
 @pytest.mark.parametrize("source", ["hdf5", "arrow", "minari:test/dict-arrow-v0"])
-def test_evaluate_gives_the_parquet_estimates(made, policies, ope_in_process, source):
-    common = ["--policy", policies["dict"], "--format", "json", "--read-rows", "8"]
-    env = {"MINARI_DATASETS_PATH": str(made["root"])}
+def test_evaluate_reads_the_same_inputs_as_from_parquet(made, policies, monkeypatch, source):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(made["root"]))
+    option = {"behavior_log_prob_col": "infos/action_log_probs"}
     data = made.get(source, source)
-    option = ["--behavior-log-prob-col", "infos/action_log_probs"]
-    from_minari = ope_in_process(["evaluate", data, *common, *option], env=env)
-    from_parquet = ope_in_process(["evaluate", made["dict.parquet"], *common])
-    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
+    from_minari = evaluation_inputs(data, policies["dict"], read_rows=8, **option)
+    from_parquet = evaluation_inputs(made["dict.parquet"], policies["dict"], read_rows=8)
+    assert_same_evaluation(from_minari, from_parquet)
 
 
-def test_box_observations_and_continuous_actions(made, policies, ope_in_process):
-    common = ["--policy", policies["box"], "--format", "json"]
-    from_minari = ope_in_process(["evaluate", made["box"], *common])
-    from_parquet = ope_in_process(["evaluate", made["box.parquet"], *common])
-    assert_same_estimates(run_estimates(from_minari), run_estimates(from_parquet))
+def test_box_observations_and_continuous_actions(made, policies):
+    from_minari = evaluation_inputs(made["box"], policies["box"])
+    from_parquet = evaluation_inputs(made["box.parquet"], policies["box"])
+    assert_same_evaluation(from_minari, from_parquet)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
-def test_inspect_reads_the_dataset(made, ope_in_process, fmt):
-    run = ope_in_process(["inspect", made[fmt], "--format", "json"])
-    assert run.returncode == 0, run
-    report = json.loads(run.stdout)
+def test_inspect_reads_the_dataset(made, fmt):
+    report = ope_cli.inspect(made[fmt]).to_dict()
     assert report["dataset"]["format"] == "minari"
     assert report["counts"]["episodes"] == len(LENGTHS)
     assert report["counts"]["steps"] == sum(LENGTHS)
@@ -338,7 +330,7 @@ def copy_of(made, tmp_path):
     return copy
 
 
-def test_observation_count_neither_n_nor_n_plus_1(copy_of, policies, ope_in_process):
+def test_observation_count_neither_n_nor_n_plus_1(copy_of):
     path = copy_of("hdf5")
     with h5py.File(path / "data" / "main_data.hdf5", "a") as handle:
         group = handle["episode_2/observations"]
@@ -347,16 +339,17 @@ def test_observation_count_neither_n_nor_n_plus_1(copy_of, policies, ope_in_proc
         group.create_dataset("pos", data=np.concatenate([pos, pos[:2]]))
         del group["mode"]
         group.create_dataset("mode", data=np.ones(len(pos) + 2, np.int64))
-    run = ope_in_process(["evaluate", path, "--policy", policies["dict"]])
-    assert_one_line_exit_3(run, "episode 2", "10 observations for 7 actions", "7 or 8")
+    message = data_error(read_episodes, path)
+    for part in ("episode 2", "10 observations for 7 actions", "7 or 8"):
+        assert part in message, message
 
 
-def test_inspect_reports_a_bad_arrow_episode_and_reads_on(copy_of, ope_in_process):
+def test_inspect_reports_a_bad_arrow_episode_and_reads_on(copy_of):
     path = copy_of("arrow")
     (path / "data" / "2" / "metadata.json").write_text(json.dumps({"id": 2, "total_steps": 3}))
-    run = ope_in_process(["inspect", path, "--format", "json"])
-    assert run.returncode == 3, run
-    report = json.loads(run.stdout)
+    inspection = ope_cli.inspect(path)
+    assert not inspection.ok  # ope inspect exits 3
+    report = inspection.to_dict()
     (problem,) = report["problems"]
     assert "8 observations for 3 actions" in json.dumps(problem)
     assert report["counts"]["episodes"] == len(LENGTHS) - 1  # the others are read
@@ -374,34 +367,33 @@ def test_unknown_storage_format(copy_of, ope_in_process):
 
 
 @pytest.mark.parametrize("key", ["rewards", "actions", "observations/pos"])
-def test_missing_key_is_named(copy_of, ope_in_process, key):
+def test_missing_key_is_named(copy_of, key):
     path = copy_of("hdf5")
     with h5py.File(path / "data" / "main_data.hdf5", "a") as handle:
         del handle[f"episode_0/{key}"]
-    assert_one_line_exit_3(ope_in_process(["inspect", path]), "episode 0", repr(key))
+    message = data_error(open_dataset, str(path))
+    assert "episode 0" in message and repr(key) in message, message
 
 
-def test_missing_key_in_a_later_episode(copy_of, policies, ope_in_process):
+def test_missing_key_in_a_later_episode(copy_of):
     path = copy_of("hdf5")
     with h5py.File(path / "data" / "main_data.hdf5", "a") as handle:
         del handle["episode_4/rewards"]
-    run = ope_in_process(["evaluate", path, "--policy", policies["dict"]])
-    assert_one_line_exit_3(run, "episode 4 has no 'rewards'")
+    assert "episode 4 has no 'rewards'" in data_error(read_episodes, path)
 
 
-def test_unknown_dataset_id(made, ope_in_process):
-    run = ope_in_process(
-        ["evaluate", "minari:test/nothing-v0"], env={"MINARI_DATASETS_PATH": str(made["root"])}
-    )
-    assert_one_line_exit_3(run, "no Minari dataset 'test/nothing-v0'", "MINARI_DATASETS_PATH")
+def test_unknown_dataset_id(made, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(made["root"]))
+    message = data_error(open_dataset, "minari:test/nothing-v0")
+    assert "no Minari dataset 'test/nothing-v0'" in message and "MINARI_DATASETS_PATH" in message
 
 
-def test_truncated_hdf5_file(copy_of, ope_in_process):
+def test_truncated_hdf5_file(copy_of):
     path = copy_of("hdf5")
     data = path / "data" / "main_data.hdf5"
     data.write_bytes(data.read_bytes()[:2000])
-    run = ope_in_process(["inspect", path])
-    assert_one_line_exit_3(run, str(data), "truncated or corrupt")
+    message = data_error(open_dataset, str(path))
+    assert str(data) in message and "truncated or corrupt" in message, message
 
 
 def test_missing_h5py_says_how_to_install_it(made, monkeypatch):

@@ -1,12 +1,12 @@
 """Data and checkpoints in object storage (ope_cli/data/sources/remote.py): a real S3-compatible
 server on 127.0.0.1 (moto's server mode) holds Parquet files, a directory with hive
 partitions and a checkpoint, reached through AWS_ENDPOINT_URL. Files, directories and globs
-resolve as locally, shares balance by the stored sizes, estimates equal the local ones, and
-a missing bucket, a denied request or a refused connection ends in one line, quickly."""
+resolve as locally, shares balance by the stored sizes, evaluate reads what it reads locally
+(so the estimates are equal), and a missing bucket, a denied request or a refused connection
+is an error naming it (in a real process: one line, quickly)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -16,18 +16,16 @@ import urllib.request
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
-from datasets import (
-    assert_same_estimates,
-    random_checkpoint,
-    random_episodes,
-    run_estimates,
-    save_checkpoint,
-    write_step_layout,
-)
+from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+from evaluation_inputs import assert_same_evaluation, data_error, evaluation_inputs
 
+import ope_cli
+from ope_cli.data.convert import ConvertConfig, convert
 from ope_cli.data.sources import open_dataset, remote
 from ope_cli.data.sources.files import resolve_files
+from ope_cli.errors import PolicyError, UsageError
 from ope_cli.estimation.distributed import share_files
+from ope_cli.models.policies import load_policies
 
 moto_server = pytest.importorskip("moto.server")
 
@@ -110,36 +108,29 @@ def test_hive_partitions_are_columns(s3):
 
 
 @pytest.mark.parametrize("where", ["one/steps.parquet", "many", "many/part-*.parquet", "hive"])
-def test_evaluate_gives_the_local_estimates(s3, local, ope_in_process, where):
-    common = ["--format", "json", "--read-rows", "16"]
-    from_s3 = ope_in_process(
-        ["evaluate", f"s3://{BUCKET}/{where}", "--policy", f"s3://{BUCKET}/pi.npz", *common]
-    )
-    from_disk = ope_in_process(["evaluate", local / where, "--policy", local / "pi.npz", *common])
-    assert_same_estimates(run_estimates(from_s3), run_estimates(from_disk))
+def test_evaluate_reads_the_same_inputs_as_locally(s3, local, where):
+    from_s3 = evaluation_inputs(f"s3://{BUCKET}/{where}", f"s3://{BUCKET}/pi.npz", read_rows=16)
+    from_disk = evaluation_inputs(local / where, local / "pi.npz", read_rows=16)
+    assert_same_evaluation(from_s3, from_disk)
 
 
-def test_convert_reads_and_writes_object_storage(s3, local, ope_in_process, tmp_path):
+def test_convert_reads_and_writes_object_storage(s3, local):
     out = f"s3://{BUCKET}/converted/steps.parquet"
-    run = ope_in_process(["convert", f"s3://{BUCKET}/many", out, "--read-rows", "16"])
-    assert run.returncode == 0, run
-    assert json.loads(run.stdout)["files"] == 4
-    common = ["--format", "json", "--policy", local / "pi.npz"]
-    first = run_estimates(ope_in_process(["evaluate", out, *common]))
-    second = run_estimates(ope_in_process(["evaluate", local / "many", *common]))
-    assert_same_estimates(first, second)
+    result = convert(ConvertConfig(f"s3://{BUCKET}/many", out, read_rows=16))
+    assert result.to_dict()["files"] == 4
+    first = evaluation_inputs(out, local / "pi.npz")
+    second = evaluation_inputs(local / "many", local / "pi.npz")
+    assert_same_evaluation(first, second)
 
 
-def test_file_uris_are_local_paths(local, ope_in_process):
-    run = ope_in_process(["inspect", f"file://{local / 'many'}", "--format", "json"])
-    assert run.returncode == 0, run
-    assert json.loads(run.stdout)["counts"]["episodes"] == 24
+def test_file_uris_are_local_paths(local):
+    inspection = ope_cli.inspect(f"file://{local / 'many'}")
+    assert inspection.ok  # ope inspect exits 0
+    assert inspection.to_dict()["counts"]["episodes"] == 24
 
 
-def test_inspect_reads_object_storage(s3, ope_in_process):
-    run = ope_in_process(["inspect", f"s3://{BUCKET}/many", "--format", "json"])
-    assert run.returncode == 0, run
-    report = json.loads(run.stdout)
+def test_inspect_reads_object_storage(s3):
+    report = ope_cli.inspect(f"s3://{BUCKET}/many").to_dict()
     assert report["counts"]["episodes"] == 24
     assert report["valid"] is True
 
@@ -156,24 +147,23 @@ def assert_one_line(run, code: int, *parts: str) -> None:
         assert part in lines[0], run
 
 
-def test_missing_bucket_and_key(s3, ope_in_process):
-    run = ope_in_process(["evaluate", "s3://no-such-bucket/x.parquet"])
-    assert_one_line(run, 3, "bucket 'no-such-bucket' does not exist")
-    assert_one_line(ope_in_process(["evaluate", f"s3://{BUCKET}/nothing.parquet"]), 3, "no such")
-    assert_one_line(ope_in_process(["evaluate", "s3://no-such-bucket/*.parquet"]), 3, "no-such")
+def test_missing_bucket_and_key(s3):
+    message = data_error(open_dataset, "s3://no-such-bucket/x.parquet")
+    assert "bucket 'no-such-bucket' does not exist" in message, message
+    assert "no such" in data_error(open_dataset, f"s3://{BUCKET}/nothing.parquet")
+    assert "no-such" in data_error(open_dataset, "s3://no-such-bucket/*.parquet")
 
 
-def test_missing_checkpoint_is_exit_4(s3, ope_in_process):
-    run = ope_in_process(
-        ["evaluate", f"s3://{BUCKET}/many", "--policy", f"s3://{BUCKET}/missing.npz"]
-    )
-    assert_one_line(run, 4, "missing.npz")
+def test_missing_checkpoint_is_a_policy_error(s3):
+    with pytest.raises(PolicyError, match=r"missing\.npz"):  # ope exits 4
+        load_policies([f"s3://{BUCKET}/missing.npz"])
 
 
-def test_unknown_scheme_is_a_usage_error(ope_in_process, local):
-    assert_one_line(ope_in_process(["evaluate", "nosuch://bucket/x.parquet"]), 2, "'nosuch'")
-    run = ope_in_process(["evaluate", local / "many", "--policy", "nosuch://b/pi.npz"])
-    assert_one_line(run, 2, "'nosuch'")
+def test_unknown_scheme_is_a_usage_error():
+    with pytest.raises(UsageError, match="'nosuch'"):  # ope exits 2
+        open_dataset("nosuch://bucket/x.parquet")
+    with pytest.raises(UsageError, match="'nosuch'"):
+        load_policies(["nosuch://b/pi.npz"])
 
 
 def closed_port() -> int:
@@ -203,11 +193,11 @@ def set_moto_auth(endpoint: str, free_requests: str) -> None:
     urllib.request.urlopen(request).close()
 
 
-def test_denied_access(s3, ope_in_process):
+def test_denied_access(s3):
     """With credential checks on, the test's keys are unknown and every request denied."""
     set_moto_auth(s3, "0")
     try:
-        run = ope_in_process(["evaluate", f"s3://{BUCKET}/many"])
+        message = data_error(open_dataset, f"s3://{BUCKET}/many")
     finally:
         set_moto_auth(s3, "inf")
-    assert_one_line(run, 3, f"s3://{BUCKET}/many")
+    assert f"s3://{BUCKET}/many" in message, message
