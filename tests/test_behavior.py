@@ -1,10 +1,14 @@
 """``--behavior CKPT|package.module:name``: the kernel computes log pi_b(a|s) in place of the
-logged propensity column; the source is reported; bad behavior inputs exit with one line."""
+logged propensity column (evaluations through the Python API); the source is reported (the
+table footer through the command line); bad behavior inputs raise a one-line error."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,8 +20,12 @@ from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import run_ope, xla_flags
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
 
+import ope_cli
 import ope_cli.envs.generate as gen
-from ope_cli.errors import UsageError
+from ope_cli.api import evaluation_config
+from ope_cli.errors import DataError, PolicyError, UsageError
+from ope_cli.estimation import pipeline
+from ope_cli.estimation.run_plan import check_config
 from ope_cli.models.behavior import (
     BehaviorSource,
     ZeroProbabilitySteps,
@@ -71,31 +79,34 @@ def mlp_data(tmp_path_factory) -> Path:
     return root
 
 
-def _json(ope_in_process, args, cwd=None) -> dict:
-    done = ope_in_process(["evaluate", *args, "--format", "json", "-q"], cwd=cwd)
-    assert done.returncode == 0, done
-    return json.loads(done.stdout)
+def _evaluate(data, *policies, **options) -> dict:
+    """The ``--format json`` document of ``ope evaluate DATA -p POLICY ...`` with ``options``
+    (the Python API: the pipeline without the command line)."""
+    return ope_cli.evaluate(str(data), policies=[str(p) for p in policies], **options).to_dict()
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path):
+    """``path`` as the working directory (entry points import from it), and the import path
+    restored after."""
+    cwd, import_path = os.getcwd(), list(sys.path)
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = import_path
 
 
 @pytest.mark.parametrize(
     ("env", "kind"),
     [("chain", "tabular"), ("bandit", "linear_softmax"), ("gaussian", "linear_gaussian")],
 )
-def test_true_behavior_checkpoint_reproduces_logged_propensities(
-    ope_in_process, generated, env, kind
-):
+def test_true_behavior_checkpoint_reproduces_logged_propensities(generated, env, kind):
     out = generated[env]
-    policies = [
-        "-p",
-        str(out / "policies" / "eval_0.npz"),
-        "-p",
-        str(out / "policies" / "eval_1.npz"),
-    ]
-    logged = _json(ope_in_process, [str(out / "logs.parquet"), *policies])
-    computed = _json(
-        ope_in_process,
-        [str(out / "nob.parquet"), *policies, "--behavior", str(out / "behavior.npz")],
-    )
+    policies = [out / "policies" / "eval_0.npz", out / "policies" / "eval_1.npz"]
+    logged = _evaluate(out / "logs.parquet", *policies)
+    computed = _evaluate(out / "nob.parquet", *policies, behavior=str(out / "behavior.npz"))
     assert_same_estimates(logged, computed)
     assert logged["dataset"]["behavior"] == {
         "source": "column",
@@ -111,14 +122,14 @@ def test_true_behavior_checkpoint_reproduces_logged_propensities(
     assert computed["runtime"]["compiles"] <= len(computed["runtime"]["batch_shapes"]) + 1
 
 
-def test_behavior_overrides_the_logged_column(ope_in_process, generated):
+def test_behavior_overrides_the_logged_column(generated):
     """With the column present, --behavior wins: a different behavior policy changes the
     estimates, and the true one gives the logged column's."""
     out = generated["chain"]
-    data, policy = str(out / "logs.parquet"), str(out / "policies" / "eval_0.npz")
-    logged = _json(ope_in_process, [data, "-p", policy])
-    true = _json(ope_in_process, [data, "-p", policy, "--behavior", str(out / "behavior.npz")])
-    other = _json(ope_in_process, [data, "-p", policy, "--behavior", policy])
+    data, policy = out / "logs.parquet", str(out / "policies" / "eval_0.npz")
+    logged = _evaluate(data, policy)
+    true = _evaluate(data, policy, behavior=str(out / "behavior.npz"))
+    other = _evaluate(data, policy, behavior=policy)
     assert_same_estimates(logged, true)
     # the evaluation policy as behavior: every weight is 1
     assert other["results"][0]["diagnostics"] != logged["results"][0]["diagnostics"]
@@ -128,16 +139,11 @@ def test_behavior_overrides_the_logged_column(ope_in_process, generated):
     assert other["dataset"]["behavior"]["source"] == "checkpoint"
 
 
-def test_mlp_checkpoint_and_entry_point(ope_in_process, mlp_data):
-    logged = _json(ope_in_process, ["logs.parquet", "-p", "eval.npz"], cwd=mlp_data)
-    by_checkpoint = _json(
-        ope_in_process, ["nob.parquet", "-p", "eval.npz", "-b", "behavior.npz"], cwd=mlp_data
-    )
-    by_entry_point = _json(
-        ope_in_process,
-        ["nob.parquet", "-p", "eval.npz", "-b", "mlp_behavior:log_prob"],
-        cwd=mlp_data,
-    )
+def test_mlp_checkpoint_and_entry_point(mlp_data):
+    with _working_directory(mlp_data):
+        logged = _evaluate("logs.parquet", "eval.npz")
+        by_checkpoint = _evaluate("nob.parquet", "eval.npz", behavior="behavior.npz")
+        by_entry_point = _evaluate("nob.parquet", "eval.npz", behavior="mlp_behavior:log_prob")
     assert_same_estimates(logged, by_checkpoint)
     assert_same_estimates(logged, by_entry_point)
     assert by_entry_point["dataset"]["behavior"] == {
@@ -174,28 +180,32 @@ def test_table_footer_says_where_behavior_probabilities_come_from(ope_in_process
     )
 
 
-# --- bad inputs: exit code, one line on stderr, nothing on stdout
+# --- bad inputs: the error (its type is the exit code), one line naming the problem
 
 
-def _fails(ope_in_process, args, code: int, *needles: str, cwd=None) -> str:
-    done = ope_in_process(["evaluate", *args, "-f", "json"], cwd=cwd)
-    assert done.returncode == code, done
-    assert done.stdout == "", done
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done
+def _read_before_the_kernel(data, *policies, **options) -> None:
+    """What ``ope evaluate`` does before its kernel runs: the options checked, the data
+    opened, the policies (and ``--behavior``) loaded or fitted and checked, and every batch
+    read (each chunk checked against the behavior policy)."""
+    config = evaluation_config(str(data), policies=[str(p) for p in policies], **options)
+    check_config(config)
+    for _ in pipeline.stream(config):
+        pass
+
+
+def _one_line(error: pytest.ExceptionInfo, *needles: str) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
     for needle in needles:
-        assert needle in lines[0], done
-    return lines[0]
+        assert needle in message, message
+    return message
 
 
-def test_no_propensity_column_and_no_behavior_names_behavior(ope_in_process, generated):
+def test_no_propensity_column_and_no_behavior_names_behavior(generated):
     out = generated["chain"]
-    _fails(
-        ope_in_process,
-        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz")],
-        3,
-        "--behavior",
-    )
+    with pytest.raises(DataError) as error:
+        _read_before_the_kernel(out / "nob.parquet", out / "policies" / "eval_0.npz")
+    _one_line(error, "--behavior")
 
 
 @pytest.mark.parametrize(
@@ -207,16 +217,13 @@ def test_no_propensity_column_and_no_behavior_names_behavior(ope_in_process, gen
         ("gaussian", "estimate:linear_softmax", "discrete actions"),
     ],
 )
-def test_behavior_estimate_with_a_model_that_cannot_fit_exits_2(
-    ope_in_process, generated, env, spec, needle
+def test_behavior_estimate_with_a_model_that_cannot_fit_is_a_usage_error(
+    generated, env, spec, needle
 ):
     out = generated[env]
-    _fails(
-        ope_in_process,
-        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz"), "--behavior", spec],
-        2,
-        needle,
-    )
+    with pytest.raises(UsageError) as error:
+        _read_before_the_kernel(out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=spec)
+    _one_line(error, needle)
 
 
 @pytest.mark.parametrize(
@@ -228,50 +235,38 @@ def test_behavior_estimate_with_a_model_that_cannot_fit_exits_2(
         ("chain", "missing", "no such checkpoint"),
     ],
 )
-def test_behavior_that_does_not_fit_the_data_exits_4(
-    ope_in_process, generated, tmp_path, env, behavior, needle
+def test_behavior_that_does_not_fit_the_data_is_a_policy_error(
+    generated, tmp_path, env, behavior, needle
 ):
     out = generated[env]
     checkpoint = (
         tmp_path / "missing.npz" if behavior == "missing" else generated[behavior] / "behavior.npz"
     )
-    line = _fails(
-        ope_in_process,
-        [
-            str(out / "nob.parquet"),
-            "-p",
-            str(out / "policies" / "eval_0.npz"),
-            "-b",
-            str(checkpoint),
-        ],
-        4,
-        "--behavior",
-    )
-    assert needle in line
+    with pytest.raises(PolicyError) as error:
+        _read_before_the_kernel(
+            out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=str(checkpoint)
+        )
+    _one_line(error, "--behavior", needle)
 
 
 @pytest.mark.parametrize(("n_states", "n_actions", "needle"), [(4, 3, "state"), (10, 2, "action")])
-def test_tabular_behavior_with_too_few_states_or_actions_exits_4(
-    ope_in_process, generated, tmp_path, n_states, n_actions, needle
+def test_tabular_behavior_with_too_few_states_or_actions_is_a_policy_error(
+    generated, tmp_path, n_states, n_actions, needle
 ):
     out = generated["chain"]
     small = save_checkpoint(
         tmp_path / "small.npz", {"kind": "tabular", "logits": np.zeros((n_states, n_actions))}
     )
-    line = _fails(
-        ope_in_process,
-        [str(out / "nob.parquet"), "-p", str(out / "policies" / "eval_0.npz"), "-b", str(small)],
-        4,
-        "--behavior",
-        "episode",
-        "step",
-    )
-    assert needle in line
+    with pytest.raises(PolicyError) as error:
+        _read_before_the_kernel(
+            out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=str(small)
+        )
+    _one_line(error, "--behavior", "episode", "step", needle)
 
 
-def test_zero_behavior_probability_names_the_episode_and_step(ope_in_process, generated, tmp_path):
-    """An entry point giving probability 0 to action 2 in state 5: exit 3 naming an episode
-    and step where the logged data has that state and action."""
+def test_zero_behavior_probability_names_the_episode_and_step(generated, tmp_path):
+    """An entry point giving probability 0 to action 2 in state 5: a DataError naming an
+    episode and step where the logged data has that state and action (the kernel finds it)."""
     out = generated["chain"]
     (tmp_path / "zero_behavior.py").write_text(
         textwrap.dedent(
@@ -283,20 +278,11 @@ def test_zero_behavior_probability_names_the_episode_and_step(ope_in_process, ge
             """
         )
     )
-    line = _fails(
-        ope_in_process,
-        [
-            str(out / "nob.parquet"),
-            "-p",
-            str(out / "policies" / "eval_0.npz"),
-            "-b",
-            "zero_behavior:log_prob",
-        ],
-        3,
-        "probability 0",
-        "zero_behavior:log_prob",
-        cwd=tmp_path,
-    )
+    with _working_directory(tmp_path), pytest.raises(DataError) as error:
+        _evaluate(
+            out / "nob.parquet", out / "policies" / "eval_0.npz", behavior="zero_behavior:log_prob"
+        )
+    line = _one_line(error, "probability 0", "zero_behavior:log_prob")
     found = re.search(r"episode (\d+), step (\d+)", line)
     assert found, line
     episode, step = int(found.group(1)), int(found.group(2))
@@ -307,7 +293,7 @@ def test_zero_behavior_probability_names_the_episode_and_step(ope_in_process, ge
     assert list(columns["action"][row]) == [2], line
 
 
-def test_behavior_needs_observations(ope_in_process, generated, tmp_path):
+def test_behavior_needs_observations(generated, tmp_path):
     """Logged target probabilities without observations: --behavior cannot be computed."""
     out = generated["chain"]
     table = pq.read_table(out / "nob.parquet")
@@ -315,12 +301,9 @@ def test_behavior_needs_observations(ope_in_process, generated, tmp_path):
         "target_prob", pa.array(np.full(table.num_rows, 0.5))
     )
     pq.write_table(table, tmp_path / "no_obs.parquet")
-    _fails(
-        ope_in_process,
-        [str(tmp_path / "no_obs.parquet"), "-b", str(out / "behavior.npz")],
-        3,
-        "--obs-col",
-    )
+    with pytest.raises(DataError) as error:
+        _read_before_the_kernel(tmp_path / "no_obs.parquet", behavior=str(out / "behavior.npz"))
+    _one_line(error, "--obs-col")
 
 
 # --- the module's host-side helpers
@@ -384,14 +367,16 @@ def test_two_emulated_devices_give_the_same_numbers(generated):
     assert_same_estimates(runs[1], runs[2], rtol=1e-12)
 
 
-def test_inspect_says_when_the_data_has_no_propensity_column(ope_in_process, generated):
+def test_inspect_says_when_the_data_has_no_propensity_column(generated):
     out = generated["chain"]
-    done = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "json"])
-    assert done.returncode == 0, done
-    doc = json.loads(done.stdout)
+    doc = ope_cli.inspect(str(out / "nob.parquet")).to_dict()
     assert doc["dataset"]["behavior"] is None
     assert doc["behavior_prob"] is None
-    table = ope_in_process(["inspect", str(out / "nob.parquet"), "-f", "table"])
-    assert "ope evaluate needs --behavior" in " ".join(table.stdout.split())
-    logged = json.loads(ope_in_process(["inspect", str(out / "logs.parquet"), "-f", "json"]).stdout)
+    logged = ope_cli.inspect(str(out / "logs.parquet")).to_dict()
     assert logged["dataset"]["behavior"] == "prob"
+
+
+def test_inspect_table_says_evaluate_needs_behavior(ope_in_process, generated):
+    table = ope_in_process(["inspect", str(generated["chain"] / "nob.parquet"), "-f", "table"])
+    assert table.returncode == 0, table
+    assert "ope evaluate needs --behavior" in " ".join(table.stdout.split())

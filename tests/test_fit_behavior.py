@@ -19,13 +19,21 @@ import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
 
+import ope_cli
 import ope_cli.envs.generate as gen
+from ope_cli.api import evaluation_config
 from ope_cli.data.ids import episode_folds
 from ope_cli.errors import UsageError
+from ope_cli.estimation.run_plan import check_config
 from ope_cli.models.behavior_models.base import (
     check_model_fits,
     default_model,
     parse_model,
+)
+from ope_cli.models.behavior_models.command import (
+    FitBehaviorConfig,
+    FitBehaviorResult,
+    run_fit_behavior,
 )
 from ope_cli.models.behavior_models.fitting import estimated_policy
 from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
@@ -33,8 +41,8 @@ from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
-ONE_BUCKET = ("--min-bucket", "256")
-CROSS_FIT = ("--behavior-cross-fit", "3")
+ONE_BUCKET = {"min_bucket": 256}
+CROSS_FIT = {"behavior_cross_fit": 3}
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +59,19 @@ def generated(tmp_path_factory) -> dict[str, Path]:
 
 
 def _policies(out: Path) -> list:
-    return ["-p", out / "policies" / "eval_0.npz", "-p", out / "policies" / "eval_2.npz"]
+    return [out / "policies" / "eval_0.npz", out / "policies" / "eval_2.npz"]
 
 
-def _fit(ope_in_process, data: Path, out: Path, *extra) -> dict:
-    done = ope_in_process(["fit-behavior", data, "--out", out, "-f", "json", *extra])
-    assert done.returncode == 0, done
-    return json.loads(done.stdout)
+def _fit(data: Path, out: Path, model: str | None = None) -> FitBehaviorResult:
+    """What ``ope fit-behavior DATA --out OUT [--model MODEL]`` fits, writes and reports."""
+    return run_fit_behavior(FitBehaviorConfig(str(data), str(out), model))
 
 
-def _evaluate(ope_in_process, *args) -> dict:
-    done = ope_in_process(["evaluate", *map(str, args), *ONE_BUCKET, "-f", "json", "-q"])
-    assert done.returncode == 0, done
-    return json.loads(done.stdout)
+def _evaluate(data: Path, policies: list, **options) -> dict:
+    """The ``--format json`` document of ``ope evaluate DATA -p ... [options]`` in one
+    bucket (the Python API: the pipeline without the command line)."""
+    policies = [str(p) for p in policies]
+    return ope_cli.evaluate(str(data), policies=policies, **ONE_BUCKET, **options).to_dict()
 
 
 # --- models, closed form
@@ -175,12 +183,12 @@ def test_estimated_policy_is_floored_at_min_propensity():
 # --- ope fit-behavior on ope generate data
 
 
-def test_tabular_recovers_the_true_behavior_policy(ope_in_process, generated, tmp_path):
+def test_tabular_recovers_the_true_behavior_policy(generated, tmp_path):
     out = generated["chain"]
-    report = _fit(ope_in_process, out / "logs.parquet", tmp_path / "b.npz")
-    assert report["model"] == "tabular" and report["episodes"] == 400
-    assert 0 < report["heldout_episodes"] < 400
-    assert report["heldout_mean_log_likelihood"] < 0
+    report = _fit(out / "logs.parquet", tmp_path / "b.npz")
+    assert report.model == "tabular" and report.episodes == 400
+    assert 0 < report.heldout_episodes < 400
+    assert report.heldout_mean_log_likelihood < 0
     fitted = np.exp(np.load(tmp_path / "b.npz")["logits"])
     true = np.exp(np.load(out / "behavior.npz")["logits"])
     true = true / true.sum(1, keepdims=True)
@@ -190,44 +198,49 @@ def test_tabular_recovers_the_true_behavior_policy(ope_in_process, generated, tm
         n = visits[state]
         tolerance = 4 * np.sqrt(true[state] * (1 - true[state]) / n) + 2 * SMOOTHING / n
         assert np.all(np.abs(fitted[state] - true[state]) < tolerance), state
-    logged = report["logged"]  # the data also logs the true propensities
-    assert logged["column"] == "behavior_prob" and logged["steps"] == report["steps"]
-    assert logged["mean_abs_log_ratio"] < 0.1
-    assert abs(logged["mean_log_ratio"]) < 0.02
-    assert sum(row["steps"] for row in logged["calibration"]) == report["steps"]
-    for row in logged["calibration"]:
-        if row["steps"] >= 100:
-            assert row["mean_logged"] == pytest.approx(row["mean_estimated"], abs=0.05)
+    logged = report.logged  # the data also logs the true propensities
+    assert logged.column == "behavior_prob" and logged.steps == report.steps
+    assert logged.mean_abs_log_ratio < 0.1
+    assert abs(logged.mean_log_ratio) < 0.02
+    assert sum(row.steps for row in logged.calibration) == report.steps
+    for row in logged.calibration:
+        if row.steps >= 100:
+            assert row.mean_logged == pytest.approx(row.mean_estimated, abs=0.05)
 
 
-def test_linear_gaussian_recovers_mean_and_spread(ope_in_process, generated, tmp_path):
+def test_linear_gaussian_recovers_mean_and_spread(generated, tmp_path):
     out = generated["gaussian"]
-    report = _fit(ope_in_process, out / "nob.parquet", tmp_path / "g.npz")
-    assert report["model"] == "linear_gaussian" and report["logged"] is None
+    report = _fit(out / "nob.parquet", tmp_path / "g.npz")
+    assert report.model == "linear_gaussian" and report.logged is None
     fitted, true = dict(np.load(tmp_path / "g.npz")), dict(np.load(out / "behavior.npz"))
     assert str(fitted["kind"]) == "linear_gaussian"
-    steps = report["steps"]  # 2,000 steps, std 0.5: standard errors about 0.01
+    steps = report.steps  # 2,000 steps, std 0.5: standard errors about 0.01
     assert fitted["weight"] == pytest.approx(true["weight"], abs=0.06)
     assert fitted["bias"] == pytest.approx(true["bias"], abs=0.06)
     assert fitted["log_std"] == pytest.approx(true["log_std"], abs=4 / np.sqrt(2 * steps))
-    assert report["heldout_mean_log_likelihood"] == pytest.approx(
-        report["mean_log_likelihood"], abs=0.1
-    )
+    assert report.heldout_mean_log_likelihood == pytest.approx(report.mean_log_likelihood, abs=0.1)
 
 
-def test_fit_behavior_bad_inputs_exit_2_with_one_line(ope_in_process, generated, tmp_path):
+def test_fit_behavior_bad_options_exit_2_with_one_line(ope_in_process, generated, tmp_path):
     out = generated["chain"]
     cases = [
         (["--out", tmp_path / "b.txt"], ".npz"),
         (["--out", tmp_path / "missing" / "b.npz"], "no such directory"),
         (["--out", tmp_path / "b.npz", "--model", "forest"], "unknown behavior model"),
-        (["--out", tmp_path / "b.npz", "--model", "linear_gaussian"], "continuous actions"),
     ]
     for extra, needle in cases:
         done = ope_in_process(["fit-behavior", out / "logs.parquet", *extra])
         assert done.returncode == 2, done
         assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done
         assert needle in done.stderr, done
+
+
+def test_fit_behavior_refuses_a_model_that_does_not_fit_the_actions(generated, tmp_path):
+    out = generated["chain"]
+    with pytest.raises(UsageError, match="continuous actions") as error:
+        _fit(out / "logs.parquet", tmp_path / "b.npz", "linear_gaussian")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "b.npz").exists()
 
 
 # --- ope evaluate --behavior estimate
@@ -237,34 +250,29 @@ def test_fit_behavior_bad_inputs_exit_2_with_one_line(ope_in_process, generated,
 def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
     """evaluate --behavior estimate on chain data without the column, in several batchings;
     with the fitted checkpoint; and on the data with the column (mean weights under both)."""
-    from conftest import run_ope_in_process as ope_in_process
-
     out = generated["chain"]
     checkpoint = tmp_path_factory.mktemp("ckpt") / "b.npz"
-    _fit(ope_in_process, out / "nob.parquet", checkpoint)
+    _fit(out / "nob.parquet", checkpoint)
     policy = _policies(out)
     nob = out / "nob.parquet"
     return {
-        "estimate": _evaluate(ope_in_process, nob, *policy, "--behavior", "estimate"),
+        "estimate": _evaluate(nob, policy, behavior="estimate"),
         "small_batches": _evaluate(
-            ope_in_process,
             nob,
-            *policy,
-            "-b",
-            "estimate:tabular",
-            "--batch-steps",
-            "128",  # one-lane windows (64 made 16-step short windows: 2.7 s against 1.3 s)
-            "--read-rows",
-            "300",
+            policy,
+            behavior="estimate:tabular",
+            # one-lane windows (64 made 16-step short windows: 2.7 s against 1.3 s)
+            batch_steps=128,
+            read_rows=300,
         ),
-        "checkpoint": _evaluate(ope_in_process, nob, *policy, "--behavior", checkpoint),
-        "cross_fit": _evaluate(ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT),
+        "checkpoint": _evaluate(nob, policy, behavior=str(checkpoint)),
+        "cross_fit": _evaluate(nob, policy, behavior="estimate", **CROSS_FIT),
         # four lanes a window: another batching, without small_batches' 400 one-lane calls
         "cross_fit_small_batches": _evaluate(
-            ope_in_process, nob, *policy, "-b", "estimate", *CROSS_FIT, "--batch-steps", "1024"
+            nob, policy, behavior="estimate", **CROSS_FIT, batch_steps=1024
         ),
-        "both": _evaluate(ope_in_process, out / "logs.parquet", *policy, "-b", "estimate"),
-        "true": _evaluate(ope_in_process, out / "logs.parquet", *policy),
+        "both": _evaluate(out / "logs.parquet", policy, behavior="estimate"),
+        "true": _evaluate(out / "logs.parquet", policy),
     }
 
 
@@ -401,7 +409,8 @@ def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp
 
 def test_estimate_table_footer(ope_in_process, generated):
     out = generated["chain"]
-    args = [out / "logs.parquet", *_policies(out), "-b", "estimate", *ONE_BUCKET]
+    policies = [arg for policy in _policies(out) for arg in ("-p", policy)]
+    args = [out / "logs.parquet", *policies, "-b", "estimate", "--min-bucket", "256"]
     done = ope_in_process(["evaluate", *args, "-f", "table", "-q"])
     assert done.returncode == 0, done
     text = " ".join(done.stdout.split())
@@ -411,16 +420,10 @@ def test_estimate_table_footer(ope_in_process, generated):
     assert "mean trajectory weight of" in text and "with the logged column 'behavior_prob'" in text
 
 
-def test_min_propensity_floors_and_counts(ope_in_process, generated, chain_runs):
+def test_min_propensity_floors_and_counts(generated, chain_runs):
     out = generated["chain"]
     floored = _evaluate(
-        ope_in_process,
-        out / "nob.parquet",
-        *_policies(out),
-        "-b",
-        "estimate",
-        "--min-propensity",
-        "0.3",
+        out / "nob.parquet", _policies(out), behavior="estimate", min_propensity=0.3
     )
     fit = floored["dataset"]["behavior"]["fit"]
     table = pq.read_table(out / "nob.parquet")
@@ -432,25 +435,26 @@ def test_min_propensity_floors_and_counts(ope_in_process, generated, chain_runs)
     assert floored["results"][0]["estimates"]["is"]["value"] != pytest.approx(
         chain_runs["estimate"]["results"][0]["estimates"]["is"]["value"], rel=1e-9
     )
-    for extra, needle in (
-        (["-b", "estimate", "--behavior-cross-fit", "0"], "at least 1"),
-        (["--behavior-cross-fit", "2"], "applies to --behavior estimate"),
-    ):
-        done = ope_in_process(["evaluate", out / "logs.parquet", *_policies(out), *extra])
-        assert done.returncode == 2 and needle in done.stderr and done.stdout == "", done
-    bad = ope_in_process(
-        [
-            "evaluate",
-            out / "nob.parquet",
-            "-p",
-            out / "policies" / "eval_0.npz",
-            "-b",
-            "estimate",
-            "--min-propensity",
-            "1.5",
-        ]
+
+
+@pytest.mark.parametrize(
+    ("behavior", "options", "needle"),
+    [
+        ("estimate", {"behavior_cross_fit": 0}, "at least 1"),
+        (None, {"behavior_cross_fit": 2}, "applies to --behavior estimate"),
+        ("estimate", {"min_propensity": 1.5}, "--min-propensity"),
+    ],
+)
+def test_behavior_estimate_options_are_checked(generated, behavior, options, needle):
+    """Values no data can make valid: a UsageError before the data is read."""
+    out = generated["chain"]
+    policies = [str(p) for p in _policies(out)]
+    config = evaluation_config(
+        str(out / "logs.parquet"), policies=policies, behavior=behavior, **options
     )
-    assert bad.returncode == 2 and "--min-propensity" in bad.stderr and bad.stdout == "", bad
+    with pytest.raises(UsageError, match=needle) as error:
+        check_config(config)
+    assert "\n" not in str(error.value)
 
 
 # --- slow: the iterative models, devices, the shipped example, an MSE study
@@ -465,11 +469,11 @@ def bandit(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_linear_softmax_recovers_the_logits_up_to_a_constant(ope_in_process, bandit, tmp_path):
+def test_linear_softmax_recovers_the_logits_up_to_a_constant(bandit, tmp_path):
     started = time.perf_counter()
-    report = _fit(ope_in_process, bandit / "logs.parquet", tmp_path / "b.npz")
+    report = _fit(bandit / "logs.parquet", tmp_path / "b.npz")
     seconds = time.perf_counter() - started
-    assert report["model"] == "linear_softmax"
+    assert report.model == "linear_softmax"
     fitted, true = dict(np.load(tmp_path / "b.npz")), dict(np.load(bandit / "behavior.npz"))
     contexts = np.stack(
         pq.read_table(bandit / "logs.parquet").column("observation").to_numpy(zero_copy_only=False)
@@ -482,27 +486,23 @@ def test_linear_softmax_recovers_the_logits_up_to_a_constant(ope_in_process, ban
     error = np.abs(centred(fitted) - centred(true))
     print(
         f"linear_softmax fit: {seconds:.1f} s, centred logit error mean {error.mean():.3f} "
-        f"max {error.max():.3f}, held-out LL {report['heldout_mean_log_likelihood']:.4f}"
+        f"max {error.max():.3f}, held-out LL {report.heldout_mean_log_likelihood:.4f}"
     )
     assert error.mean() < 0.15
     assert error.max() < 0.8
-    assert report["logged"]["mean_abs_log_ratio"] < 0.15
+    assert report.logged.mean_abs_log_ratio < 0.15
 
 
 @pytest.mark.slow
-def test_mlp_softmax_fits_and_evaluates(ope_in_process, bandit, tmp_path):
-    linear = _fit(ope_in_process, bandit / "nob.parquet", tmp_path / "l.npz")
-    mlp = _fit(ope_in_process, bandit / "nob.parquet", tmp_path / "m.npz", "-m", "mlp_softmax")
+def test_mlp_softmax_fits_and_evaluates(bandit, tmp_path):
+    linear = _fit(bandit / "nob.parquet", tmp_path / "l.npz")
+    mlp = _fit(bandit / "nob.parquet", tmp_path / "m.npz", "mlp_softmax")
     assert str(np.load(tmp_path / "m.npz")["kind"]) == "mlp_softmax"
-    assert mlp["mean_log_likelihood"] > linear["mean_log_likelihood"] - 0.05
-    assert mlp["heldout_mean_log_likelihood"] > -math.log(10)  # better than uniform
-    policy = ["-p", bandit / "policies" / "eval_0.npz"]
-    by_estimate = _evaluate(
-        ope_in_process, bandit / "nob.parquet", *policy, "-b", "estimate:mlp_softmax"
-    )
-    by_checkpoint = _evaluate(
-        ope_in_process, bandit / "nob.parquet", *policy, "-b", tmp_path / "m.npz"
-    )
+    assert mlp.mean_log_likelihood > linear.mean_log_likelihood - 0.05
+    assert mlp.heldout_mean_log_likelihood > -math.log(10)  # better than uniform
+    policy = [bandit / "policies" / "eval_0.npz"]
+    by_estimate = _evaluate(bandit / "nob.parquet", policy, behavior="estimate:mlp_softmax")
+    by_checkpoint = _evaluate(bandit / "nob.parquet", policy, behavior=str(tmp_path / "m.npz"))
     assert_same_estimates(by_estimate, by_checkpoint, rtol=1e-6)
 
 
@@ -512,13 +512,13 @@ def test_two_emulated_devices_give_the_same_estimate(generated):
     args = [
         "evaluate",
         out / "nob.parquet",
-        *_policies(out),
+        *(arg for policy in _policies(out) for arg in ("-p", policy)),
         "-b",
         "estimate",
-        *CROSS_FIT,  # each episode's fold is found on its device
+        *("--behavior-cross-fit", "3"),  # each episode's fold is found on its device
         "--batch-steps",
         "512",
-        *ONE_BUCKET,
+        *("--min-bucket", "256"),
         "-f",
         "json",
     ]
@@ -536,14 +536,14 @@ def test_two_emulated_devices_give_the_same_estimate(generated):
 
 
 @pytest.mark.slow
-def test_shipped_example_without_propensities(ope_in_process, tmp_path):
+def test_shipped_example_without_propensities(tmp_path):
     """The README's example: the shipped logs with the propensity column dropped,
     --behavior estimate (linear_softmax on the 4-d observations)."""
     logs = ROOT / "examples" / "data" / "logs.parquet"
     nob = drop_propensities(logs, tmp_path / "logs_without_propensities.parquet")
-    policy = ["-p", ROOT / "examples" / "policies" / "ckpt.npz"]
-    logged = _evaluate(ope_in_process, logs, *policy)
-    estimated = _evaluate(ope_in_process, nob, *policy, "--behavior", "estimate")
+    policy = [ROOT / "examples" / "policies" / "ckpt.npz"]
+    logged = _evaluate(logs, policy)
+    estimated = _evaluate(nob, policy, behavior="estimate")
     fit = estimated["dataset"]["behavior"]["fit"]
     assert fit["model"] == "linear_softmax"
     for name in ("wis", "wpdis"):
@@ -683,9 +683,7 @@ def test_models_gathered_across_processes_equal_one_model(name, empty_second):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env, model", [("chain", "tabular"), ("gaussian", "linear_gaussian")])
-def test_streaming_estimates_add_one_pass_over_the_data(
-    ope_in_process, generated, monkeypatch, env, model
-):
+def test_streaming_estimates_add_one_pass_over_the_data(generated, monkeypatch, env, model):
     """estimate:tabular and estimate:linear_gaussian read the data twice in all: one fitting
     pass (flat memory), then the evaluation; rows are counted as the sources yield them."""
     from ope_cli.data import episode_stream
@@ -700,10 +698,10 @@ def test_streaming_estimates_add_one_pass_over_the_data(
 
     monkeypatch.setattr(episode_stream, "iter_batches", counted)  # every pass reads there
     out = generated[env]
-    logged = _evaluate(ope_in_process, out / "logs.parquet", *_policies(out))
+    logged = _evaluate(out / "logs.parquet", _policies(out))
     read_once = sum(rows)
     assert read_once == logged["dataset"]["rows_read"]
     rows.clear()
     data = out / "nob.parquet"
-    _evaluate(ope_in_process, data, *_policies(out), "--behavior", f"estimate:{model}")
+    _evaluate(data, _policies(out), behavior=f"estimate:{model}")
     assert sum(rows) == 2 * read_once

@@ -7,7 +7,6 @@ and bad inputs."""
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from ope_cli.data.columns import resolve_schema
 from ope_cli.data.episodes import EpisodeAssembler, take_episodes
 from ope_cli.data.ids import episode_folds
 from ope_cli.data.sources import iter_batches, open_dataset
-from ope_cli.errors import UsageError
+from ope_cli.errors import DataError, UsageError
 from ope_cli.models.policies import chunk_checks, load_policy
 from ope_cli.models.q_models.base import (
     check_q_model_fits,
@@ -31,6 +30,7 @@ from ope_cli.models.q_models.base import (
     default_q_model,
     episode_split,
 )
+from ope_cli.models.q_models.command import FitQConfig, FitQResult, run_fit_q
 from ope_cli.models.q_models.fitting import FitSettings, collect_q, fit_q, make_q_model
 
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
@@ -141,22 +141,20 @@ def _empirical_q(episodes: list[dict], pi: np.ndarray, gamma: float) -> np.ndarr
     return q.reshape(N_STATES, N_ACTIONS)
 
 
-def _fit(ope_in_process, data_path, policy, out, *extra, cwd=None) -> dict:
-    args = ["fit-q", data_path, "-p", policy, "--out", out, "-f", "json", *extra]
-    done = ope_in_process(args, cwd=cwd)
-    assert done.returncode == 0, done
-    return json.loads(done.stdout)
+def _fit(data_path, policy, out, **options) -> FitQResult:
+    """What ``ope fit-q DATA -p POLICY --out OUT`` with ``options`` (FitQConfig's fields)
+    fits, writes and reports."""
+    return run_fit_q(FitQConfig(str(data_path), str(policy), str(out), **options))
 
 
 @pytest.mark.parametrize("ridge", [None, 1e-3])
-def test_linear_equals_a_plain_lstdq_solve(data, ope_in_process, ridge):
+def test_linear_equals_a_plain_lstdq_solve(data, ridge):
     out = data["root"] / f"linear_q_{ridge}.npz"
-    options = ["--gamma", "0.9", "--read-rows", "7", "--model", "linear"]
-    options += [] if ridge is None else ["--ridge", str(ridge)]
-    result = _fit(ope_in_process, data["vector_path"], data["root"] / "linear.npz", out, *options)
+    options = {"gamma": 0.9, "read_rows": 7, "model": "linear", "ridge": ridge}
+    result = _fit(data["vector_path"], data["root"] / "linear.npz", out, **options)
     steps = sum(len(ep["reward"]) for ep in data["vector"])
     used = 1e-6 * steps if ridge is None else ridge
-    assert result["ridge"] == pytest.approx(used) and result["steps"] == steps
+    assert result.ridge == pytest.approx(used) and result.steps == steps
     w = _lstdq(data["vector"], data["pi_linear"], 0.9, used)
     with np.load(out) as q:
         assert str(q["kind"]) == "linear_q"
@@ -164,31 +162,22 @@ def test_linear_equals_a_plain_lstdq_solve(data, ope_in_process, ridge):
         np.testing.assert_allclose(q["bias"], w[:, -1], rtol=0, atol=1e-8)
         starts = np.array([ep["obs"][0] for ep in data["vector"]])
         v0 = np.sum(data["pi_linear"](starts) * (starts @ q["weight"] + q["bias"]), axis=1)
-    assert result["dm"] == pytest.approx(v0.mean(), abs=1e-10)
-    assert result["dm_stderr"] == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
+    assert result.dm == pytest.approx(v0.mean(), abs=1e-10)
+    assert result.dm_stderr == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
 
 
 @pytest.mark.parametrize("gamma", [0.9, 1.0])
-def test_tabular_equals_the_exact_q_of_the_empirical_mdp(data, ope_in_process, gamma):
+def test_tabular_equals_the_exact_q_of_the_empirical_mdp(data, gamma):
     out = data["root"] / f"tabular_q_{gamma}.npz"
-    result = _fit(
-        ope_in_process,
-        data["states_path"],
-        data["root"] / "tabular.npz",
-        out,
-        "--gamma",
-        str(gamma),
-        "--read-rows",
-        "5",
-    )
-    assert result["model"] == "tabular" and result["kind"] == "tabular_q"
+    result = _fit(data["states_path"], data["root"] / "tabular.npz", out, gamma=gamma, read_rows=5)
+    assert result.model == "tabular" and result.kind == "tabular_q"
     expected = _empirical_q(data["states"], data["pi_tabular"], gamma)
     with np.load(out) as q:
         assert str(q["kind"]) == "tabular_q"
         np.testing.assert_allclose(q["q"], expected, rtol=0, atol=1e-9)
     v = np.sum(data["pi_tabular"] * expected, axis=1)
     v0 = v[[ep["obs"][0] for ep in data["states"]]]
-    assert result["dm"] == pytest.approx(v0.mean(), abs=1e-10)
+    assert result.dm == pytest.approx(v0.mean(), abs=1e-10)
 
 
 def _chunks(path: Path, policy, read_rows: int = 11):
@@ -217,21 +206,19 @@ def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind):
 
 
 @pytest.mark.slow
-def test_tabular_dm_on_chain_is_close_to_the_truth(tmp_path, ope_in_process):
+def test_tabular_dm_on_chain_is_close_to_the_truth(tmp_path):
     """8000 episodes: over 8 datasets of 2000 episodes the dm's spread was 0.034 (the fitted
     MDP's error, 3.5x the sample standard error of V(s_0), which ignores it); at 8000 that is
     about 0.017, and 4 of it is the tolerance."""
     truth = gen.generate("chain", tmp_path / "chain", episodes=8000, gamma=0.9, seed=5)
     result = _fit(
-        ope_in_process,
         tmp_path / "chain" / "logs.parquet",
         tmp_path / "chain" / "policies" / "eval_0.npz",
         tmp_path / "q.npz",
-        "--gamma",
-        "0.9",
+        gamma=0.9,
     )
-    assert result["model"] == "tabular"
-    assert abs(result["dm"] - truth["policies"][0]["value"]) < 4 * 0.034 / 2
+    assert result.model == "tabular"
+    assert abs(result.dm - truth["policies"][0]["value"]) < 4 * 0.034 / 2
 
 
 @pytest.fixture(scope="module")
@@ -243,29 +230,19 @@ def chain(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain, ope_in_process):
+def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain):
     runs = []
     for name in ("a", "b"):
         out = chain / f"mlp_{name}.npz"
-        result = _fit(
-            ope_in_process,
-            chain / "logs.parquet",
-            chain / "policies" / "eval_0.npz",
-            out,
-            "--model",
-            "mlp",
-            "--gamma",
-            "0.9",
-            "--seed",
-            "4",
-        )
+        options = {"model": "mlp", "gamma": 0.9, "seed": 4}
+        result = _fit(chain / "logs.parquet", chain / "policies" / "eval_0.npz", out, **options)
         with np.load(out) as q:
             runs.append({key: q[key] for key in q.files})
-        assert result["kind"] == "mlp_q" and result["iterations"] >= 1
-        assert result["heldout_steps"] > 0 and result["heldout_bellman_rmse"] > 0
+        assert result.kind == "mlp_q" and result.iterations >= 1
+        assert result.heldout_steps > 0 and result.heldout_bellman_rmse > 0
         # the tabular dm's spread over datasets of 150 episodes is about 0.034 *
         # sqrt(2000 / 150) = 0.12 (see the chain test); 3 of it bounds the mlp's error
-        assert abs(result["dm"] - float((chain / "value.txt").read_text())) < 0.37
+        assert abs(result.dm - float((chain / "value.txt").read_text())) < 0.37
     assert str(runs[0]["kind"]) == "mlp_q" and str(runs[0]["activation"]) == "tanh"
     assert runs[0]["weight_0"].shape[0] == 1 and runs[0]["bias_2"].shape == (3,)
     for key, value in runs[0].items():
@@ -273,41 +250,30 @@ def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain, ope_i
             np.testing.assert_array_equal(runs[1][key], value)
 
 
-def test_mlp_refuses_past_the_memory_budget(chain, ope_in_process):
-    done = ope_in_process(
-        [
-            "fit-q",
+def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):
+    monkeypatch.setenv("OPE_FIT_MEMORY_GB", "1e-6")
+    with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:
+        _fit(
             chain / "logs.parquet",
-            "-p",
             chain / "policies" / "eval_0.npz",
-            "--out",
             chain / "never.npz",
-            "--model",
-            "mlp",
-        ],
-        env={"OPE_FIT_MEMORY_GB": "1e-6"},
-    )
-    assert done.returncode == 2 and done.stdout == ""
-    assert "OPE_FIT_MEMORY_GB" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+            model="mlp",
+        )
+    assert "\n" not in str(error.value)
     assert not (chain / "never.npz").exists()
 
 
 @pytest.mark.slow
-def test_mlp_over_continuous_actions_writes_mlp_q_sa(tmp_path, ope_in_process):
+def test_mlp_over_continuous_actions_writes_mlp_q_sa(tmp_path):
     truth = gen.generate("gaussian", tmp_path / "g", episodes=200, seed=1, horizon=2)
     out = tmp_path / "q.npz"
-    result = _fit(
-        ope_in_process,
-        tmp_path / "g" / "logs.parquet",
-        tmp_path / "g" / "policies" / "eval_0.npz",
-        out,
-    )
-    assert result["model"] == "mlp" and result["kind"] == "mlp_q_sa"
+    result = _fit(tmp_path / "g" / "logs.parquet", tmp_path / "g" / "policies" / "eval_0.npz", out)
+    assert result.model == "mlp" and result.kind == "mlp_q_sa"
     with np.load(out) as q:
         assert str(q["kind"]) == "mlp_q_sa" and q["weight_0"].shape[0] == 3 + 2
         assert q["bias_2"].shape == (1,)
     value = truth["policies"][0]["value"]
-    assert abs(result["dm"] - value) < 0.5 * abs(value) + 1.0  # a sanity bound, not accuracy
+    assert abs(result.dm - value) < 0.5 * abs(value) + 1.0  # a sanity bound, not accuracy
 
 
 def test_table_output(data, ope_in_process):
@@ -344,12 +310,10 @@ def test_model_names_and_defaults():
     ("args", "code", "words"),
     [
         (["--model", "forest"], 2, "unknown Q model"),
-        (["--model", "tabular"], 2, "integer state"),
-        (["--obs-col", "nope"], 3, "nope"),
         (["--gamma", "1.5"], 2, "--gamma"),
     ],
 )
-def test_bad_inputs_in_process(data, ope_in_process, args, code, words):
+def test_bad_options_in_process(data, ope_in_process, args, code, words):
     done = ope_in_process(
         [
             "fit-q",
@@ -365,30 +329,35 @@ def test_bad_inputs_in_process(data, ope_in_process, args, code, words):
     assert words in done.stderr and done.stdout == ""
 
 
-def test_policy_incompatible_with_the_data(data, ope_in_process):
-    done = ope_in_process(
-        ["fit-q", data["vector_path"], "-p", data["root"] / "tabular.npz", "--out", "x.npz"],
-        cwd=data["root"],
-    )
-    assert done.returncode == 3 and "tabular" in done.stderr and done.stdout == ""
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"model": "tabular"}, UsageError, "integer state"),
+        ({"columns": ColumnMapping(observation="nope")}, DataError, "nope"),
+    ],
+)
+def test_data_the_model_or_columns_do_not_fit(data, options, error, words):
+    with pytest.raises(error, match=words) as raised:
+        _fit(data["vector_path"], data["root"] / "linear.npz", data["root"] / "bad.npz", **options)
+    assert "\n" not in str(raised.value)
+    assert not (data["root"] / "bad.npz").exists()
 
 
-def test_linear_on_continuous_actions_is_one_line_and_exit_2(tmp_path, ope_in_process):
+def test_policy_incompatible_with_the_data(data):
+    with pytest.raises(DataError, match="tabular"):
+        _fit(data["vector_path"], data["root"] / "tabular.npz", data["root"] / "x.npz")
+
+
+def test_linear_on_continuous_actions_is_one_line_and_a_usage_error(tmp_path):
     gen.generate("gaussian", tmp_path / "g", episodes=5, seed=1, horizon=2)
-    done = ope_in_process(
-        [
-            "fit-q",
+    with pytest.raises(UsageError, match="continuous") as error:
+        _fit(
             tmp_path / "g" / "logs.parquet",
-            "-p",
             tmp_path / "g" / "policies" / "eval_0.npz",
-            "--out",
             tmp_path / "q.npz",
-            "--model",
-            "linear",
-        ]
-    )
-    assert done.returncode == 2 and done.stdout == ""
-    assert len(done.stderr.strip().splitlines()) == 1 and "continuous" in done.stderr
+            model="linear",
+        )
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("empty_second", [False, True])
@@ -434,7 +403,7 @@ def test_models_gathered_across_processes_equal_one_model(data, model, empty_sec
             assert q_model.initial(expected, 1) == pytest.approx(one.initial(expected, 1))
 
 
-def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_process):
+def test_entry_point_without_n_actions_counts_the_logged_actions(data, monkeypatch):
     """An entry point that declares no n_actions: a first pass finds 1 + the largest logged
     action; the fit equals that of the same policy as a checkpoint."""
     root = data["root"]
@@ -446,14 +415,12 @@ def test_entry_point_without_n_actions_counts_the_logged_actions(data, ope_in_pr
         "def log_prob(observation, action):\n"
         "    return jax.nn.log_softmax(observation @ W + B)[action]\n"
     )
-    args = ["--model", "linear", "--gamma", "0.7"]
-    from_entry = _fit(
-        ope_in_process, data["vector_path"], "fitq_entry:log_prob", root / "e.npz", *args, cwd=root
-    )
-    from_ckpt = _fit(
-        ope_in_process, data["vector_path"], root / "linear.npz", root / "c.npz", *args
-    )
-    assert from_entry["dm"] == pytest.approx(from_ckpt["dm"], rel=1e-12)
+    options = {"model": "linear", "gamma": 0.7}
+    from_ckpt = _fit(data["vector_path"], root / "linear.npz", root / "c.npz", **options)
+    monkeypatch.chdir(root)  # the entry point's module imports from the working directory
+    monkeypatch.syspath_prepend(root)  # and the import path is restored after
+    from_entry = _fit(data["vector_path"], "fitq_entry:log_prob", root / "e.npz", **options)
+    assert from_entry.dm == pytest.approx(from_ckpt.dm, rel=1e-12)
     with np.load(root / "e.npz") as e, np.load(root / "c.npz") as c:
         np.testing.assert_allclose(e["weight"], c["weight"], rtol=0, atol=1e-12)
 
@@ -479,18 +446,9 @@ def test_mlp_cross_fit_gives_one_fit_per_fold(chain):
     assert len(fit.diagnostics["iterations"]) == 2 and np.isfinite(fit.diagnostics["dm"])
 
 
-def test_data_without_observations_is_invalid_data(data, ope_in_process):
+def test_data_without_observations_is_invalid_data(data):
     table = pq.read_table(data["vector_path"]).drop_columns(["observation"])
     pq.write_table(table, data["root"] / "no_obs.parquet")
-    done = ope_in_process(
-        [
-            "fit-q",
-            data["root"] / "no_obs.parquet",
-            "-p",
-            data["root"] / "linear.npz",
-            "--out",
-            data["root"] / "no.npz",
-        ]
-    )
-    assert done.returncode == 3 and done.stdout == "" and "--obs-col" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    with pytest.raises(DataError, match="--obs-col") as error:
+        _fit(data["root"] / "no_obs.parquet", data["root"] / "linear.npz", data["root"] / "no.npz")
+    assert "\n" not in str(error.value)
