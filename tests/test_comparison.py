@@ -1,6 +1,7 @@
-"""Paired comparisons, could-be-best sets and selection metrics through ``ope evaluate``
-(SPEC 11): against the plain NumPy reference on random data, across batchings, on
-``ope generate`` data with known values, and the command line's refusals."""
+"""Paired comparisons, could-be-best sets and selection metrics of an evaluation (SPEC 11):
+against the plain NumPy reference on random data, across batchings, on ``ope generate``
+data with known values, the refusals of the choosing options, and the table and CSV
+output of ``ope evaluate``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -22,12 +24,16 @@ from datasets import (
 )
 from reference import reference_paired, reference_replicates
 
+import ope_cli
 from ope_cli.api import evaluation_config
+from ope_cli.choosing.comparison import read_run_truth, resolve_baseline
 from ope_cli.config import ChoosingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
+from ope_cli.errors import UsageError
 from ope_cli.estimation.bootstrap_counts import replicate_counts
 from ope_cli.estimation.pipeline import evaluate
+from ope_cli.models.policies import load_policies
 from ope_cli.report.json_format import to_json_dict
 
 GAMMA = 0.95
@@ -133,15 +139,12 @@ def chain(tmp_path_factory):
     return folder, truth
 
 
-def test_pairing_narrows_the_standard_error_on_generated_data(chain, ope_in_process):
+def test_pairing_narrows_the_standard_error_on_generated_data(chain):
     folder, truth = chain
     policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 1)]
-    run = ope_in_process(
-        ["evaluate", folder / "logs.parquet", *sum((["--policy", p] for p in policies), [])]
-        + ["--baseline", policies[1], "--format", "json"]
-    )
-    assert run.returncode == 0, run.stderr
-    document = json.loads(run.stdout)
+    document = ope_cli.evaluate(
+        folder / "logs.parquet", policies=policies, baseline=str(policies[1])
+    ).to_dict()
     first, second = document["results"]
     assert document["baseline"] == str(policies[1])
     assert "comparison" not in second
@@ -153,15 +156,15 @@ def test_pairing_narrows_the_standard_error_on_generated_data(chain, ope_in_proc
     assert abs(paired["delta"] - difference) < 4 * paired["stderr"]
 
 
-def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, ope_in_process):
+def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, monkeypatch):
     folder, _ = chain
-    run = ope_in_process(
-        ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz"]
-        + ["--truth", folder / "truth.json", "--ci", "normal", "--format", "json"],
-        cwd=folder,
-    )
-    assert run.returncode == 0, run.stderr
-    document = json.loads(run.stdout)
+    monkeypatch.chdir(folder)
+    document = ope_cli.evaluate(
+        folder / "logs.parquet",
+        policies=folder / "policies" / "*.npz",
+        truth=str(folder / "truth.json"),
+        ci="normal",
+    ).to_dict()
     selection = document["selection"]
     assert set(selection) == {"is", "wis", "pdis", "wpdis"}
     assert {"rmse", "nmse", "spearman", "coverage", "regret@1", "regret@3"} <= set(selection["wis"])
@@ -172,24 +175,23 @@ def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, ope_in_proc
 
 
 @pytest.mark.parametrize(
-    ("extra", "words"),
+    ("baseline", "truth", "top_k", "words"),
     [
-        (["--baseline", "nope.npz"], "--baseline nope.npz: no --policy is called that"),
-        (["--top-k", "1"], "--top-k needs --truth"),
-        (["--truth", "TRUTH", "--top-k", "9"], "9"),
+        ("nope.npz", None, None, "--baseline nope.npz: no --policy is called that"),
+        (None, None, (1,), "--top-k needs --truth"),
+        (None, "truth.json", (9,), "--top-k 9 exceeds the 3 policies"),
     ],
 )
-def test_choosing_options_refuse_in_one_line(chain, ope_in_process, extra, words):
+def test_choosing_options_refuse_in_one_line(chain, monkeypatch, baseline, truth, top_k, words):
+    """Checked as the pipeline checks them before reading a row: the baseline, then the
+    truth with --top-k."""
     folder, _ = chain
-    extra = [str(folder / "truth.json") if x == "TRUTH" else x for x in extra]
-    run = ope_in_process(
-        ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz", *extra],
-        cwd=folder,
-    )
-    assert run.returncode == 2
-    assert run.stdout == ""
-    assert len(run.stderr.strip().splitlines()) == 1
-    assert words in run.stderr
+    monkeypatch.chdir(folder)
+    policies = load_policies([str(folder / "policies" / "*.npz")])
+    with pytest.raises(UsageError, match=re.escape(words)) as raised:
+        resolve_baseline(baseline, policies)
+        read_run_truth(truth, top_k, policies)
+    assert "\n" not in str(raised.value)
 
 
 def test_table_and_csv_show_the_comparisons_and_the_selection(chain, ope_in_process):
@@ -236,47 +238,44 @@ def test_plot_adds_the_ranking_figure_with_the_baseline_and_truth(chain, tmp_pat
     assert all(r.truth is not None for r in rows)
 
 
-def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, ope_in_process):
+def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, monkeypatch):
     folder, truth = chain
     values = {entry["policy"]: entry["value"] for entry in truth["policies"][:2]}
     (folder / "partial.json").write_text(json.dumps(values))
-    run = ope_in_process(
-        ["evaluate", "logs.parquet", "--policy", "policies/*.npz", "--truth", "partial.json"]
-        + ["--format", "json"],
-        cwd=folder,
-    )
-    assert run.returncode == 0, run.stderr
-    document = json.loads(run.stdout)
+    monkeypatch.chdir(folder)
+    document = ope_cli.evaluate(
+        "logs.parquet", policies="policies/*.npz", truth="partial.json"
+    ).to_dict()
     notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
     assert any("no value for policies/eval_2.npz" in note for note in notes), notes
     assert document["selection"]["wis"]["rmse"] is not None
 
 
-def test_a_truth_naming_a_policy_not_given_is_refused(chain, ope_in_process):
+def test_a_truth_naming_a_policy_not_given_is_refused(chain, monkeypatch):
     folder, _ = chain
     (folder / "extra.json").write_text(json.dumps({"policies/nope.npz": 1.0}))
-    run = ope_in_process(
-        ["evaluate", "logs.parquet", "--policy", "policies/*.npz", "--truth", "extra.json"],
-        cwd=folder,
-    )
-    assert run.returncode == 2 and run.stdout == ""
-    assert len(run.stderr.strip().splitlines()) == 1 and "nope.npz" in run.stderr
+    monkeypatch.chdir(folder)
+    policies = load_policies(["policies/*.npz"])
+    with pytest.raises(UsageError, match="nope.npz") as raised:
+        read_run_truth("extra.json", None, policies)
+    assert "\n" not in str(raised.value)
 
 
-def test_doubly_robust_differences_are_the_differences_of_the_estimates(chain, ope_in_process):
+def test_doubly_robust_differences_are_the_differences_of_the_estimates(chain, monkeypatch):
     """With a Q source: dm, dr (means of terms) and wdr (a ratio, jackknifed) pair too."""
     folder, _ = chain
-    run = ope_in_process(
-        ["evaluate", "logs.parquet", "-p", "policies/*.npz", "--q", "q/eval_*.npz"]
-        + ["--baseline", "policies/eval_2.npz", "--ci", "normal", "--format", "json"],
-        cwd=folder,
-    )
-    assert run.returncode == 0, run.stderr
-    results = json.loads(run.stdout)["results"]
-    baseline = results[2]["estimates"]
+    monkeypatch.chdir(folder)
+    results = ope_cli.evaluate(
+        "logs.parquet",
+        policies="policies/*.npz",
+        q="q/eval_*.npz",
+        baseline="policies/eval_2.npz",
+        ci="normal",
+    ).results
+    baseline = results[2].estimates
     for result in results[:2]:
         for name in ("dm", "dr", "wdr"):
-            got = result["comparison"][name]
-            expected = result["estimates"][name]["value"] - baseline[name]["value"]
-            assert got["delta"] == pytest.approx(expected, rel=1e-9), name
-            assert 0 < got["stderr"] < result["estimates"][name]["stderr"] + 1.0
+            got = result.comparison[name]
+            expected = result.estimates[name].value - baseline[name].value
+            assert got.delta == pytest.approx(expected, rel=1e-9), name
+            assert 0 < got.stderr < result.estimates[name].stderr + 1.0

@@ -9,9 +9,9 @@
 - choose_a_policy.py: the same choice from Python with the public API only, against the
   truth that ``ope_cli.generate`` wrote.
 
-The scripts run as documented, in subprocesses; the ``ope`` commands of the Python examples
-run in this process (the same exit code and output), those of pick_best.sh as the real
-entry point.
+The scripts run as documented, in subprocesses; the files of the Python examples are
+evaluated with the Python API ``ope_cli.evaluate``, the ``ope`` commands of pick_best.sh
+run as the real entry point.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import ope_command, subprocess_env
+
+import ope_cli
+from ope_cli.envs.generate import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -42,11 +45,6 @@ def _python(args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProces
         timeout=timeout,
         env=subprocess_env(env),
     )
-
-
-def _json(run) -> dict:
-    assert run.returncode == 0, run
-    return json.loads(run.stdout)
 
 
 def _assert_same_estimates(a: dict, b: dict, rel: float) -> None:
@@ -68,7 +66,7 @@ def test_episode_ids_and_steps_from_done_flags():
     assert step.tolist() == [0, 1, 2, 0, 0, 1, 0]
 
 
-def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope_in_process):
+def test_from_transitions_writes_files_ope_evaluates(tmp_path):
     made = _python([EXAMPLES / "from_transitions.py", tmp_path])
     assert made.returncode == 0, made.stderr
     transitions, arrays = tmp_path / "transitions.parquet", tmp_path / "arrays.parquet"
@@ -88,37 +86,21 @@ def test_from_transitions_writes_files_ope_evaluates(tmp_path, ope_in_process):
     assert (step[starts] == 0).all() and (np.diff(episode_id) >= 0).all()
 
     checkpoint = EXAMPLES / "policies" / "ckpt.npz"
-    docs = [
-        _json(
-            ope_in_process(["evaluate", path, "-p", checkpoint, "--format", "json"], cwd=tmp_path)
-        )
-        for path in (transitions, arrays)
-    ]
+    docs = [ope_cli.evaluate(path, policies=checkpoint).to_dict() for path in (transitions, arrays)]
     assert docs[0]["dataset"]["episodes"] == len(starts)
     assert docs[0]["dataset"]["steps"] == table.num_rows
     _assert_same_estimates(docs[0]["results"][0], docs[1]["results"][0], rel=1e-12)
 
 
-def _evaluate(ope, *args, cwd=ROOT):
-    return ope(["evaluate", *map(str, args)], cwd=cwd)
-
-
-def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope_in_process):
+def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, monkeypatch):
     checkpoint = tmp_path / "mlp.npz"
     made = _python([EXAMPLES / "jax_policy.py", checkpoint])
     assert made.returncode == 0, made.stderr
-    doc = _json(
-        _evaluate(
-            ope_in_process,
-            DATA.relative_to(ROOT),
-            "--policy",
-            "examples.jax_policy:log_prob",
-            "--policy",
-            checkpoint,
-            "--format",
-            "json",
-        )
-    )
+    monkeypatch.chdir(ROOT)  # the entry point imports from the working directory
+    monkeypatch.syspath_prepend(str(ROOT))  # (restored after the test)
+    doc = ope_cli.evaluate(
+        DATA.relative_to(ROOT), policies=["examples.jax_policy:log_prob", checkpoint]
+    ).to_dict()
     entry, saved = doc["results"]
     assert entry["policy"] == "examples.jax_policy:log_prob"
     assert all(entry["estimates"][e]["value"] is not None for e in entry["estimates"])
@@ -126,11 +108,11 @@ def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, ope_in_proce
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, ope_in_process):
-    """``ope generate bandit``: logs, three evaluation checkpoints and their true values."""
+def checkpoints(tmp_path_factory):
+    """``ope generate bandit``'s files: logs, three evaluation checkpoints and their true
+    values."""
     out = tmp_path_factory.mktemp("pick") / "bandit"
-    done = ope_in_process(["generate", "bandit", out, "--episodes", "3000"])
-    assert done.returncode == 0, done
+    generate("bandit", out, episodes=3000)
     truth = json.loads((out / "truth.json").read_text())
     return out, truth
 

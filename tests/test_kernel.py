@@ -5,8 +5,6 @@ at once, and one compilation per window shape however many episode lengths the d
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,30 +187,29 @@ def test_one_compilation_per_window_shape_over_many_lengths(tmp_path):
     )
 
 
-def test_every_configuration_compiles_nothing_for_new_data(tmp_path, ope_in_process):
+def test_every_configuration_compiles_nothing_for_new_data(tmp_path):
     """For every option that changes what the kernel computes (the Q-based estimators, a
     behavior checkpoint, bootstrap counts, the betting histogram), a second dataset with
     other lengths compiles nothing: the shapes come from the catalogue, not the data."""
+    import ope_cli
+    from ope_cli.envs.generate import generate
+
     out = {}
-    for name, episodes, seed in (("a", "60", "1"), ("b", "45", "2")):
+    for name, episodes, seed in (("a", 60, 1), ("b", 45, 2)):
         out[name] = tmp_path / name
-        command = ["generate", "chain", str(out[name]), "--episodes", episodes, "--seed", seed]
-        assert ope_in_process(command).returncode == 0
+        generate("chain", out[name], episodes=episodes, seed=seed)
     runs = {
-        "q": ["--q", "{out}/q/eval_0.npz"],
-        "behavior": ["--behavior", "{out}/behavior.npz"],
-        "bootstrap": ["--ci", "bootstrap-t", "--bootstrap-samples", "20"],
-        "betting": ["--ci", "betting", "--gamma", "0.95"],
+        "q": {"q": str(out["a"] / "q" / "eval_0.npz")},
+        "behavior": {"behavior": str(out["a"] / "behavior.npz")},
+        "bootstrap": {"ci": "bootstrap-t", "bootstrap_samples": 20},
+        "betting": {"ci": "betting", "gamma": 0.95},
     }
+    policy = out["a"] / "policies" / "eval_0.npz"
     for name, options in runs.items():
         for data, expect_none in (("a", False), ("b", True)):
-            policy = f"{out['a']}/policies/eval_0.npz"
-            args = ["evaluate", f"{out[data]}/logs.parquet", "-p", policy, "--format", "json"]
-            args += [option.format(out=out["a"]) for option in options]
-            run = ope_in_process(args)
-            assert run.returncode == 0, run
+            result = ope_cli.evaluate(out[data] / "logs.parquet", policies=policy, **options)
             if expect_none:
-                assert json.loads(run.stdout)["runtime"]["compiles"] == 0, name
+                assert result.runtime.compiles == 0, name
 
 
 def test_assemble_lays_windows_side_by_side_and_shifts_lag_sums():

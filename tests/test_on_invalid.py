@@ -28,6 +28,7 @@ from datasets import (
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
 
+import ope_cli
 from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.errors import DataError
 from ope_cli.estimation.pipeline import evaluate
@@ -309,18 +310,14 @@ def test_dropping_every_episode_is_an_error(tmp_path):
         _run(tmp_path / "all_bad.parquet", policy)
 
 
-def test_cli_reports_what_was_dropped(step_case, ope_many_in_process):
+def test_json_document_reports_what_was_dropped(step_case, monkeypatch):
+    """The JSON document's dataset block (``Evaluation.to_dict``); without drop the same
+    data stops the run with a DataError (exit code 3)."""
     tmp_path, episodes, _, policy, plan = step_case
-    args = ["evaluate", "bad.parquet", "-p", policy.name, "--on-invalid", "drop", "--gamma", "0.9"]
-    runs = ope_many_in_process(
-        {
-            "json": {"args": [*args, "--format", "json"], "cwd": tmp_path},
-            "table": {"args": [*args, "--format", "table"], "cwd": tmp_path},
-            "error": {"args": args[:4], "cwd": tmp_path},
-        }
-    )
-    assert runs["json"].returncode == 0, runs["json"]
-    dataset = json.loads(runs["json"].stdout)["dataset"]
+    monkeypatch.chdir(tmp_path)
+    options = {"policies": policy.name, "gamma": 0.9}
+    document = ope_cli.evaluate("bad.parquet", on_invalid="drop", **options).to_dict()
+    dataset = document["dataset"]
     expected = _expected_dropped(episodes, plan)
     assert dataset["on_invalid"] == "drop"
     assert dataset["dropped"] == expected
@@ -328,20 +325,26 @@ def test_cli_reports_what_was_dropped(step_case, ope_many_in_process):
     assert dataset["steps_dropped"] == sum(c["steps"] for c in expected.values())
     assert dataset["steps_used"] == dataset["steps"]
     assert dataset["rows_read"] == dataset["steps_used"] + dataset["steps_dropped"]
-    assert runs["table"].returncode == 0, runs["table"]
-    line = next(li for li in runs["table"].stdout.splitlines() if "--on-invalid drop" in li)
+    with pytest.raises(DataError) as raised:
+        ope_cli.evaluate("bad.parquet", policies=policy.name)
+    assert raised.value.exit_code == 3
+
+
+def test_table_footer_reports_what_was_dropped(step_case, ope_in_process):
+    tmp_path, _, _, policy, plan = step_case
+    args = ["evaluate", "bad.parquet", "-p", policy.name, "--on-invalid", "drop", "--gamma", "0.9"]
+    table = ope_in_process([*args, "--format", "table"], cwd=tmp_path)
+    assert table.returncode == 0, table
+    line = next(li for li in table.stdout.splitlines() if "--on-invalid drop" in li)
     assert f"dropped {len(plan)} invalid episode(s)" in line
     assert "reward_not_finite" in line
-    assert runs["error"].returncode == 3 and runs["error"].stdout == "", runs["error"]
 
 
-def test_default_json_accounts_for_every_row(tmp_path, ope_in_process):
+def test_default_json_accounts_for_every_row(tmp_path, monkeypatch):
     episodes, _, policy = _setup(tmp_path, n=15, seed=8)
     pq.write_table(step_layout_table(episodes), tmp_path / "logs.parquet")
-    args = ["evaluate", "logs.parquet", "-p", policy.name, "--format", "json"]
-    run = ope_in_process(args, cwd=tmp_path)
-    assert run.returncode == 0, run
-    dataset = json.loads(run.stdout)["dataset"]
+    monkeypatch.chdir(tmp_path)
+    dataset = ope_cli.evaluate("logs.parquet", policies=policy.name).to_dict()["dataset"]
     assert dataset["on_invalid"] == "error"
     assert dataset["dropped"] == {} and dataset["episodes_dropped"] == dataset["steps_dropped"] == 0
     assert dataset["rows_read"] == dataset["steps_used"] == dataset["steps"]
