@@ -109,24 +109,29 @@ def _config(record, data: str, options: Mapping[str, Any]):
     each group of options (batching, columns, intervals ...) gathered into its record."""
     own: dict[str, Any] = {}
     grouped: dict[str, dict[str, Any]] = {}
+    typed: dict[tuple[str | None, str], str] = {}  # (group, field) -> the keyword given
     groups = _groups(record)
     for key, value in options.items():
         name = OPTION_NAMES.get(key, key)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int | os.PathLike) else tuple(value)
             value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
         if name in _fields(record) - set(RECORDS):
             own[name] = value
+            typed[None, name] = key
         elif group is not None:
             grouped.setdefault(group, {})[groups[group][1][name]] = value
+            typed[group, groups[group][1][name]] = key
         else:
             raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
     for group, values in grouped.items():
         own[group] = groups[group][0](**values)
-        _check_types(own[group])
+        _check_types(own[group], {f: k for (g, f), k in typed.items() if g == group})
     made = record(data=os.fspath(data), **own)
-    _check_types(made)
+    _check_types(made, {f: k for (g, f), k in typed.items() if g is None})
     return made
 
 
@@ -152,10 +157,11 @@ _TYPES = {
 }
 
 
-def _check_types(record) -> None:
+def _check_types(record, keywords: Mapping[str, str]) -> None:
     """UsageError for a keyword whose value the command line's option would not take: an
     integer option given 1.9 or "3", a number given "0.9" (a float would otherwise be
-    truncated, or fail later in Python's words)."""
+    truncated, or fail later in Python's words). ``keywords``: field -> the keyword given
+    for it, the name the message uses."""
     for field in dataclasses.fields(record):
         declared = str(field.type).replace(" | None", "")
         value = getattr(record, field.name)
@@ -163,7 +169,8 @@ def _check_types(record) -> None:
             continue
         kind, accepts = _TYPES[declared]
         if not accepts(value):
-            raise UsageError(f"{field.name} must be {kind}, got {value!r}")
+            name = keywords.get(field.name, field.name)
+            raise UsageError(f"{name} must be {kind}, got {value!r}")
 
 
 def evaluation_config(data: str, /, **options: Any) -> EvaluationConfig:

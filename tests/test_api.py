@@ -215,6 +215,9 @@ def test_keywords_are_gathered_into_the_config_records():
         (dict(gamma="0.9"), "gamma must be a number, got '0.9'"),
         (dict(reward_range=(0, 1, 2)), "reward_range must be two numbers (low, high)"),
         (dict(top_k=[1.5]), "top_k must be integers, got (1.5,)"),
+        # named as typed, not by the record's field (behavior's is "policy", ci's "method")
+        (dict(behavior=3), "behavior must be a string, got 3"),
+        (dict(ci=2), "ci must be a string, got 2"),
     ],
 )
 def test_keywords_of_the_wrong_type_are_usage_errors(options, message):
@@ -230,11 +233,20 @@ def test_keywords_of_the_wrong_type_are_usage_errors(options, message):
 def test_paths_are_taken_where_the_command_line_takes_paths(tmp_path):
     from ope_cli.api import evaluation_config
 
-    config = evaluation_config(tmp_path / "logs.parquet", policies=[tmp_path / "a.npz"])
+    config = evaluation_config(
+        tmp_path / "logs.parquet",
+        policies=[tmp_path / "a.npz"],
+        behavior=tmp_path / "b.npz",
+        truth=tmp_path / "truth.json",
+        q=tmp_path / "q.npz",
+    )
     assert (config.data, config.policies) == (
         str(tmp_path / "logs.parquet"),
         (str(tmp_path / "a.npz"),),
     )
+    assert config.behavior.policy == str(tmp_path / "b.npz")
+    assert config.choosing.truth == str(tmp_path / "truth.json")
+    assert config.q.sources == (str(tmp_path / "q.npz"),)
 
 
 def test_rank_by_is_checked_as_the_command_line_checks_it():
