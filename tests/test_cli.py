@@ -2,8 +2,9 @@
 
 The cases run in this process through ``ope_cli.cli.run(argv)`` with stdout and stderr
 captured (an ``ope`` process costs about a second of imports and compiles); each group is
-declared up front and run by one module-scoped fixture (``good``, ``variants``, ``bad``),
-and the tests then check one finished run each. A few smoke tests (``SMOKE``) run the
+declared up front and run by one module-scoped fixture (``good``, ``bad``), and the tests
+then check one finished run each. The data layouts (``variants``), whose subject is the
+data rather than the command line, run through the Python API. A few smoke tests (``SMOKE``) run the
 real ``ope`` entry point in subprocesses and check that exit codes, the one stderr line
 and an empty stdout are the same across the process boundary.
 
@@ -556,10 +557,11 @@ def test_console_script_keeps_freed_memory_on_glibc():
 # -------------------------------------------------------- layouts, columns, files
 
 
-def _variant_calls(world: World) -> dict[str, tuple[list[str], str]]:
-    """{name: (extra args before the options, expected layout)}; each evaluates a.npz."""
+def _variant_calls(world: World) -> dict[str, tuple[str, dict, str]]:
+    """{name: (data, evaluate's options as keywords, expected layout)}; each evaluates
+    a.npz."""
     eps, root = world.episodes, world.root
-    calls: dict[str, tuple[list[str], str]] = {}
+    calls: dict[str, tuple[str, dict, str]] = {}
 
     # state/pscore plus decoys under the default names: the options must win over them.
     table = step_layout_table(eps, column_names={"observation": "state", "behavior_prob": "pscore"})
@@ -567,7 +569,8 @@ def _variant_calls(world: World) -> dict[str, tuple[list[str], str]]:
     table = table.append_column("behavior_prob", pa.array(np.full(table.num_rows, 0.5)))
     write_table(table, root / "state_pscore.parquet")
     calls["column_options"] = (
-        ["state_pscore.parquet", "--obs-col", "state", "--behavior-prob-col", "pscore"],
+        "state_pscore.parquet",
+        {"obs_col": "state", "behavior_prob_col": "pscore"},
         "step",
     )
 
@@ -578,28 +581,28 @@ def _variant_calls(world: World) -> dict[str, tuple[list[str], str]]:
         "behavior_prob": "propensity",
     }
     write_table(step_layout_table(eps, column_names=aliases), root / "aliases.parquet")
-    calls["aliases"] = (["aliases.parquet"], "step")
+    calls["aliases"] = ("aliases.parquet", {}, "step")
 
     write_episode_layout(eps, root / "episodes.parquet")
-    calls["episode_layout"] = (["episodes.parquet"], "episode")
+    calls["episode_layout"] = ("episodes.parquet", {}, "episode")
 
     write_episode_layout(
         eps, root / "episodes_no_id.parquet", id_type=None, obs_type="fixed_size_list"
     )
-    calls["episode_layout_no_id_fixed_size_obs"] = (["episodes_no_id.parquet"], "episode")
+    calls["episode_layout_no_id_fixed_size_obs"] = ("episodes_no_id.parquet", {}, "episode")
 
     write_step_layout(eps, root / "log_prob.parquet", prob_column="behavior_log_prob")
-    calls["behavior_log_prob"] = (["log_prob.parquet"], "step")
+    calls["behavior_log_prob"] = ("log_prob.parquet", {}, "step")
 
     write_step_layout(eps, root / "data.feather", file_format="feather", row_group_size=97)
-    calls["feather"] = (["data.feather"], "step")
+    calls["feather"] = ("data.feather", {}, "step")
 
     write_step_layout(eps, root / "parts", n_files=3)
-    calls["directory"] = (["parts"], "step")
+    calls["directory"] = ("parts", {}, "step")
 
     write_step_layout(eps, root / "globbed", n_files=4)
     (root / "globbed" / "README.txt").write_text("not data; the glob must not pick this up\n")
-    calls["glob"] = (["globbed/part-*.parquet"], "step")
+    calls["glob"] = ("globbed/part-*.parquet", {}, "step")
 
     write_step_layout(
         eps,
@@ -609,12 +612,13 @@ def _variant_calls(world: World) -> dict[str, tuple[list[str], str]]:
         row_group_size=101,
     )
     calls["string_ids_shuffled_steps_small_batches"] = (
-        ["shuffled.parquet", "--read-rows", "37", "--min-bucket", "2"],
+        "shuffled.parquet",
+        {"read_rows": 37, "min_bucket": 2},
         "step",
     )
 
     write_step_layout(eps, root / "no_step.parquet", include_step=False)
-    calls["no_step_column"] = (["no_step.parquet"], "step")
+    calls["no_step_column"] = ("no_step.parquet", {}, "step")
     return calls
 
 
@@ -633,27 +637,33 @@ VARIANTS = (
 
 
 @pytest.fixture(scope="module")
-def variants(world, ope_many_in_process) -> dict:
+def variants(world) -> dict:
+    """{name: (the JSON document, expected layout, data)}: the layouts are the data's
+    subject, not the command line's, so they run through the Python API."""
     calls = _variant_calls(world)
     assert tuple(calls) == VARIANTS
-    runs = ope_many_in_process(
-        {
-            name: {
-                "args": [*EVAL, args[0], "-p", "a.npz", *args[1:], *COMMON, "--format", "json"],
-                "cwd": world.root,
-            }
-            for name, (args, _) in calls.items()
-        }
-    )
-    return {name: (runs[name], calls[name][1], calls[name][0][0]) for name in calls}
+    policy = str(world.root / "a.npz")
+    return {
+        name: (
+            json.loads(
+                json.dumps(
+                    ope_cli.evaluate(
+                        str(world.root / data), policies=[policy], gamma=GAMMA, **options
+                    ).to_dict()
+                ),
+                parse_constant=_reject_constant,
+            ),
+            layout,
+            str(world.root / data),
+        )
+        for name, (data, options, layout) in calls.items()
+    }
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_data_variants_give_the_reference_numbers(world, variants, name):
-    run, layout, source = variants[name]
-    doc = parse_json(run)
-    assert_quiet_stderr(run)
-    check_document(doc, ["a.npz"], source=source)
+    doc, layout, source = variants[name]
+    check_document(doc, [str(world.root / "a.npz")], source=source)
     assert doc["dataset"]["layout"] == layout
     assert doc["dataset"]["episodes"] == N_EPISODES
     assert doc["dataset"]["steps"] == world.steps
