@@ -22,7 +22,7 @@ from ope_cli.bench.config import (
 )
 from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
 from ope_cli.cli.options import InspectFormat as TableOrJson
-from ope_cli.cli.options import PrecisionOption, option_groups
+from ope_cli.cli.options import PrecisionOption, option_groups, options_group
 from ope_cli.config import BatchingConfig
 
 BenchData = Annotated[
@@ -101,25 +101,34 @@ def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
 
 
-@option_groups(output=TABLE_OR_JSON, batching=BATCHING)
+# bench's own options, each run of them one parameter (BenchConfig's fields)
+GENERATED = options_group(
+    ("episodes", Episodes, DEFAULT_EPISODES), ("seed", Seed, 0), ("policies", Policies, 4)
+)
+MODES = options_group(
+    ("memory", Memory, False),
+    ("memory_steps", MemorySteps, DEFAULT_MEMORY_STEPS),
+    ("script", Script, False),
+    ("script_steps", ScriptSteps, SCRIPT_STEPS),
+    ("loop_episodes", LoopEpisodes, DEFAULT_LOOP_EPISODES),
+    ("out", Out, None),
+)
+MEASURING = options_group(("processes", Processes, True), ("rounds", Rounds, ROUNDS))
+
+
+@option_groups(
+    generated=GENERATED, output=TABLE_OR_JSON, modes=MODES, batching=BATCHING, measuring=MEASURING
+)
 def bench_command(
     *,
     data: BenchData = None,
-    episodes: Episodes = DEFAULT_EPISODES,
-    seed: Seed = 0,
-    policies: Policies = 4,
+    generated: dict,  # --episodes, --seed, --policies
     precision: BenchPrecision = None,
     output: TableOrJson,  # --format
-    memory: Memory = False,
-    memory_steps: MemorySteps = DEFAULT_MEMORY_STEPS,
-    script: Script = False,
-    script_steps: ScriptSteps = SCRIPT_STEPS,
-    loop_episodes: LoopEpisodes = DEFAULT_LOOP_EPISODES,
-    out: Out = None,
+    modes: dict,  # --memory ... --loop-episodes, --out
     quiet: Quiet = False,
     batching: BatchingConfig,  # the "Batching" panel
-    processes: Processes = True,
-    rounds: Rounds = ROUNDS,
+    measuring: dict,  # --processes, --rounds
 ) -> None:
     """Measure the performance targets: the Python loop, NumPy, the jitted kernel, ope
     evaluate end to end and the pyarrow read floor, on one long-tailed dataset.
@@ -138,19 +147,11 @@ def bench_command(
     """
     config = BenchConfig(
         data=data,
-        episodes=episodes,
-        seed=seed,
-        policies=policies,
+        **generated,
         precision=precision.value if precision else None,
-        memory=memory,
-        memory_steps=memory_steps,
-        script=script,
-        script_steps=tuple(script_steps),
-        processes=processes,
-        loop_episodes=loop_episodes,
-        out=out,
+        **{**modes, "script_steps": tuple(modes["script_steps"])},
         batching=batching,
-        rounds=rounds,
+        **measuring,
     )
     write_bench(run_bench(config, quiet), output)
 

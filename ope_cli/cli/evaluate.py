@@ -25,20 +25,18 @@ from ope_cli.cli.options import (
     DeclaredGamma,
     Estimators,
     OnInvalid,
+    OptionGroup,
     OutputFormat,
     Overwrite,
     Quiet,
     column_group,
+    merged_group,
     option_groups,
+    options_group,
 )
 from ope_cli.cli.progress import ProgressDisplay
 from ope_cli.config import (
-    BatchingConfig,
-    ChoosingConfig,
-    ColumnMapping,
     EvaluationConfig,
-    IntervalConfig,
-    RuntimeConfig,
 )
 from ope_cli.errors import InvalidValueError
 from ope_cli.estimation.estimators import names
@@ -81,34 +79,43 @@ PlotDir = Annotated[
 ]
 
 
+def _scope(gamma: float | None, estimator: list[str] | None) -> ConfigFields:
+    estimators = tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None
+    return dict(gamma=gamma, estimators=estimators)
+
+
+# ope evaluate's options beyond the shared groups, each run of them one parameter
+SCOPE = OptionGroup((("gamma", DeclaredGamma, None), ("estimator", Estimators, None)), _scope)
+ESTIMATES = merged_group(intervals=INTERVALS, choosing=CHOOSING, runtime=RUNTIME)
+PRESENTATION = options_group(
+    ("quiet", Quiet, False),
+    ("on_invalid", InvalidValues, OnInvalid.error),
+    ("rank_by", RankBy, "wis"),
+    ("plot", PlotDir, None),
+    ("overwrite", Overwrite, False),
+)
+READING = merged_group(batching=BATCHING, columns=column_group(*COLUMN_OPTIONS))
+
+
 @option_groups(
     sources=POLICY_SOURCES,
+    scope=SCOPE,
     output=EVALUATE_OUTPUT,
-    intervals=INTERVALS,
-    choosing=CHOOSING,
-    runtime=RUNTIME,
+    estimates=ESTIMATES,
+    presentation=PRESENTATION,
     cluster=CLUSTER,
-    batching=BATCHING,
-    columns=column_group(*COLUMN_OPTIONS),
+    reading=READING,
 )
 def evaluate(
     data: Data,
     *,
     sources: ConfigFields,  # --policy, --behavior ... --q ... --v-samples
-    gamma: DeclaredGamma = None,
-    estimator: Estimators = None,
+    scope: ConfigFields,  # --gamma, --estimator
     output: OutputFormat,  # --format
-    intervals: IntervalConfig,  # --confidence, --ci ... --seed
-    choosing: ChoosingConfig,  # --baseline, --truth, --top-k
-    runtime: RuntimeConfig,  # --precision, --devices
-    quiet: Quiet = False,
-    on_invalid: InvalidValues = OnInvalid.error,
-    rank_by: RankBy = "wis",
-    plot: PlotDir = None,
-    overwrite: Overwrite = False,
+    estimates: ConfigFields,  # --confidence ... --seed, --baseline ... --top-k, --precision, --devices
+    presentation: dict,  # --quiet, --on-invalid, --rank-by, --plot, --overwrite
     cluster: DistributedConfig,  # the "Cluster" panel
-    batching: BatchingConfig,  # the "Batching" panel
-    columns: ColumnMapping,  # the "Columns" panel
+    reading: ConfigFields,  # the "Batching" and "Columns" panels
 ) -> None:
     """Estimate each policy's value from the logged episodes in DATA.
 
@@ -128,19 +135,12 @@ def evaluate(
 
       ope evaluate logs.parquet --policy 'ckpts/*.npz' --baseline behavior --truth truth.json
     """
+    shown = dict(presentation)
+    on_invalid = shown.pop("on_invalid")
     config = EvaluationConfig(
-        data=data,
-        **sources,
-        gamma=gamma,
-        estimators=tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None,
-        intervals=intervals,
-        choosing=choosing,
-        columns=columns,
-        batching=batching,
-        runtime=runtime,
-        on_invalid=on_invalid.value,
+        data=data, **sources, **scope, **estimates, **reading, on_invalid=on_invalid.value
     )
-    run_and_report(config, cluster, output, rank_by, plot, quiet, overwrite)
+    run_and_report(config, cluster, output, **shown)
 
 
 def run_and_report(

@@ -18,13 +18,40 @@ from ope_cli.cli.options import (
     ReadRows,
     column_group,
     option_groups,
+    options_group,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.models.q_models.base import MODELS as Q_MODELS
 
+QModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="|".join(Q_MODELS),
+        help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
+        "Default: tabular for integer states, linear for other observations, mlp for "
+        "continuous actions.",
+    ),
+]
+Ridge = Annotated[
+    float | None,
+    typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
+]
+FitSeed = Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")]
+# the fit's own options: FitQConfig's model, gamma, ridge and seed
+FIT = options_group(
+    ("model", QModel, None),
+    ("gamma", DeclaredGamma, None),
+    ("ridge", Ridge, None),
+    ("seed", FitSeed, 0),
+)
+
 
 @option_groups(
-    output=TABLE_OR_JSON, columns=column_group("episode", "step", "observation", "action", "reward")
+    fit=FIT,
+    output=TABLE_OR_JSON,
+    columns=column_group("episode", "step", "observation", "action", "reward"),
 )
 def fit_q(
     data: Data,
@@ -38,23 +65,7 @@ def fit_q(
     out: Annotated[
         str, typer.Option("--out", "-o", help="Q checkpoint .npz to write (usable as --q).")
     ],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            metavar="|".join(Q_MODELS),
-            help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
-            "Default: tabular for integer states, linear for other observations, mlp for "
-            "continuous actions.",
-        ),
-    ] = None,
-    gamma: DeclaredGamma = None,
-    ridge: Annotated[
-        float | None,
-        typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")] = 0,
+    fit: dict,  # --model, --gamma, --ridge, --seed
     overwrite: Overwrite = False,
     output: InspectFormat,  # --format
     read_rows: ReadRows = BatchingConfig.read_rows,
@@ -70,16 +81,13 @@ def fit_q(
     from ope_cli.models.q_models.base import check_q_model_name
     from ope_cli.models.q_models.command import FitQConfig
 
-    if model is not None:
-        check_q_model_name(model)
+    if fit["model"] is not None:
+        check_q_model_name(fit["model"])
     config = FitQConfig(
         data=data,
         policy=policy,
         out=out,
-        model=model,
-        gamma=gamma,
-        ridge=ridge,
-        seed=seed,
+        **fit,
         columns=columns,
         read_rows=read_rows,
         overwrite=overwrite,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ope_cli.cli.options import Overwrite
+from ope_cli.cli.options import OptionGroup, Overwrite, option_groups
 from ope_cli.errors import UsageError
+
+if TYPE_CHECKING:  # imported with the run (JAX)
+    from ope_cli.envs.generate import GenerateOptions
 
 # the names of ope_cli.envs.registry.ENVIRONMENTS and ope_cli.envs.base's DEFAULT_POLICIES and
 # MAX_POLICIES (modules that import JAX, which --help does not)
@@ -18,6 +21,54 @@ DEFAULT_POLICIES = 3
 MAX_POLICIES = 1000
 
 
+EpisodesOption = Annotated[int, typer.Option(help="Number of logged episodes.")]
+SeedOption = Annotated[int, typer.Option(help="Random seed; the same seed gives identical files.")]
+GammaOption = Annotated[float, typer.Option(help="Discount factor of the true values.")]
+HorizonOption = Annotated[
+    int | None, typer.Option(help="Maximum episode length, where it applies.")
+]
+ShiftOption = Annotated[
+    float,
+    typer.Option(
+        help="How far the evaluation policies are from the behavior policy (0 = identical)."
+    ),
+]
+FilesOption = Annotated[int, typer.Option(help="Split the logs into this many Parquet files.")]
+PoliciesOption = Annotated[
+    int,
+    typer.Option(
+        help=f"Number of evaluation policies (1 to {MAX_POLICIES}), for selection studies: "
+        "their true values spread from below the behavior policy's to well above it "
+        "(the default 3: at --shift, half of it, and minus it)."
+    ),
+]
+
+
+def _options(**values: object):
+    """``ope generate``'s options as ``envs.generate.GenerateOptions`` (imported with the
+    run: JAX)."""
+    from ope_cli.envs.generate import GenerateOptions
+
+    return GenerateOptions(**values)
+
+
+# every option of ope generate, one parameter: GenerateOptions
+OPTIONS = OptionGroup(
+    (
+        ("episodes", EpisodesOption, 1000),
+        ("seed", SeedOption, 0),
+        ("gamma", GammaOption, 1.0),
+        ("horizon", HorizonOption, None),
+        ("shift", ShiftOption, 0.5),
+        ("files", FilesOption, 1),
+        ("policies", PoliciesOption, DEFAULT_POLICIES),
+        ("overwrite", Overwrite, False),
+    ),
+    _options,
+)
+
+
+@option_groups(options=OPTIONS)
 def generate(
     env: Annotated[
         str, typer.Argument(metavar=ENVIRONMENT_CHOICES, help="The environment to simulate.")
@@ -29,30 +80,7 @@ def generate(
             help="Output directory (an earlier run's files there need --overwrite).",
         ),
     ],
-    episodes: Annotated[int, typer.Option(help="Number of logged episodes.")] = 1000,
-    seed: Annotated[
-        int, typer.Option(help="Random seed; the same seed gives identical files.")
-    ] = 0,
-    gamma: Annotated[float, typer.Option(help="Discount factor of the true values.")] = 1.0,
-    horizon: Annotated[
-        int | None, typer.Option(help="Maximum episode length, where it applies.")
-    ] = None,
-    shift: Annotated[
-        float,
-        typer.Option(
-            help="How far the evaluation policies are from the behavior policy (0 = identical)."
-        ),
-    ] = 0.5,
-    files: Annotated[int, typer.Option(help="Split the logs into this many Parquet files.")] = 1,
-    policies: Annotated[
-        int,
-        typer.Option(
-            help=f"Number of evaluation policies (1 to {MAX_POLICIES}), for selection studies: "
-            "their true values spread from below the behavior policy's to well above it "
-            "(the default 3: at --shift, half of it, and minus it)."
-        ),
-    ] = DEFAULT_POLICIES,
-    overwrite: Overwrite = False,
+    options: GenerateOptions,  # --episodes ... --overwrite
 ) -> None:
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 
@@ -63,9 +91,6 @@ def generate(
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """
-    from ope_cli.envs.generate import GenerateOptions  # 64-bit inside, scoped
-
-    options = GenerateOptions(episodes, seed, gamma, horizon, shift, files, policies, overwrite)
     sys.stdout.write(json.dumps(_write(env, out, options), indent=2) + "\n")
 
 

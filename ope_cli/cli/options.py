@@ -310,6 +310,27 @@ class OptionGroup:
     build: Callable[..., Any]
 
 
+def options_group(*options: tuple[str, Any, Any]) -> OptionGroup:
+    """Options (parameter, ``Annotated`` option, default) that reach a command as one
+    ``{parameter: value}`` dict: a command's own options gathered, so that no command takes
+    more parameters than a function should."""
+    return OptionGroup(options, dict)
+
+
+def merged_group(**groups: OptionGroup) -> OptionGroup:
+    """Groups side by side as one parameter: the command receives ``{name: that group's
+    object}``; their options keep their order."""
+    names = {name: [option for option, *_ in group.options] for name, group in groups.items()}
+
+    def build(**values: Any) -> dict[str, Any]:
+        return {
+            name: group.build(**{option: values[option] for option in names[name]})
+            for name, group in groups.items()
+        }
+
+    return OptionGroup(tuple(o for group in groups.values() for o in group.options), build)
+
+
 def option_groups(**groups: OptionGroup) -> Callable[[Callable], Callable]:
     """A typer command decorator: each parameter named like one of ``groups`` stands, where
     it is, for that group's options (their place in --help), and the command receives
