@@ -1255,6 +1255,39 @@ def test_an_option_group_reaches_the_command_as_one_object():
     assert names == ["first", "read_rows", "batch_steps", "min_bucket", "output_format"]
 
 
+def test_merged_and_plain_option_groups_reach_the_command_as_dicts():
+    """``merged_group`` hands the command {name: each group's object}, ``options_group`` its
+    options' values, both in the declared --help order."""
+    from typer.testing import CliRunner
+
+    from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
+    from ope_cli.cli.options import InspectFormat, merged_group, option_groups, options_group
+    from ope_cli.config import BatchingConfig
+
+    received = {}
+    app = typer.Typer(add_completion=False)
+    first = Annotated[int, typer.Option(help="First.")]
+    second = Annotated[str, typer.Option(help="Second.")]
+
+    @app.command()
+    @option_groups(
+        both=merged_group(batching=BATCHING, output=TABLE_OR_JSON),
+        own=options_group(("first", first, 1), ("second", second, "b")),
+    )
+    def command(*, own: dict, both: dict) -> None:
+        """ope command"""
+        received.update(own=own, both=both)
+
+    done = CliRunner().invoke(app, ["--read-rows", "7", "-f", "json", "--second", "x"])
+    assert done.exit_code == 0, done.output
+    assert received == {
+        "own": {"first": 1, "second": "x"},
+        "both": {"batching": BatchingConfig(read_rows=7), "output": InspectFormat.json},
+    }
+    names = [p.name for p in typer.main.get_command(app).params]
+    assert names == ["first", "second", "read_rows", "batch_steps", "min_bucket", "output_format"]
+
+
 def test_shell_completion_stays_enabled(good):
     assert "--install-completion" in good["help"].stdout, good["help"]
 
