@@ -6,6 +6,7 @@ regression IS."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import threading
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
+from rich.console import Console
 
 import ope_cli
 import ope_cli.envs.generate as gen
@@ -38,6 +40,7 @@ from ope_cli.models.behavior_models.command import (
 from ope_cli.models.behavior_models.fitting import estimated_policy
 from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
 from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
+from ope_cli.report.fit import render_table as render_fit_table
 
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
@@ -405,6 +408,35 @@ def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp
     assert result.dataset.episodes == 400 and not result.dataset.dropped
     for mine, theirs in zip(result.results, clean.results, strict=True):
         assert mine.estimates["is"].value == pytest.approx(theirs.estimates["is"].value, rel=1e-12)
+
+
+def test_fit_behavior_fits_where_the_logged_column_is_invalid(generated, tmp_path):
+    """fit-behavior never reads the propensities for its fit: a logged column that is 0 or
+    NaN in two episodes (a reason to fit a behavior model) no longer stops it (exit 3); the
+    checkpoint is the one fitted on the clean data, and the comparison with the column is
+    left out with a note rather than made over the other 398 episodes."""
+    out = generated["chain"]
+    table = pq.read_table(out / "logs.parquet")
+    ids = table.column("episode_id").to_numpy()
+    column = table.schema.get_field_index("behavior_prob")
+    propensities = table.column(column).to_numpy().copy()
+    propensities[np.flatnonzero(ids == ids[0])[-1]] = 0.0
+    propensities[np.flatnonzero(ids == 7)[0]] = np.nan
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(column, "behavior_prob", pa.array(propensities)), bad)
+
+    report = _fit(bad, tmp_path / "bad.npz")
+    clean = _fit(out / "logs.parquet", tmp_path / "clean.npz")
+    assert report.logged is None and clean.logged is not None and clean.logged_note is None
+    assert report.logged_note == (
+        "the logged column 'behavior_prob' is invalid in 2 of the 400 episodes: not compared"
+    )
+    assert (report.episodes, report.steps) == (clean.episodes, clean.steps)
+    with np.load(tmp_path / "bad.npz") as fitted, np.load(tmp_path / "clean.npz") as expected:
+        np.testing.assert_array_equal(fitted["logits"], expected["logits"])
+    shown = io.StringIO()
+    render_fit_table(report, Console(file=shown, width=120))
+    assert "invalid in 2 of the 400 episodes: not compared" in shown.getvalue()
 
 
 def test_estimate_table_footer(ope_in_process, generated):

@@ -55,7 +55,8 @@ def render_table(result: FitBehaviorResult, console: Console) -> None:
     console.print(fit)
     logged = result.logged
     if logged is None:
-        console.print(Text("no logged propensity column to compare with", style="dim"))
+        why = result.logged_note or "no logged propensity column to compare with"
+        console.print(Text(why, style="dim"))
         return
     console.print(
         Text(

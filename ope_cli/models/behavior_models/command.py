@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ope_cli.config import ColumnMapping
 from ope_cli.data.columns import DataSchema
-from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import UsageError
 from ope_cli.models.behavior_models.base import MODELS, log_softmax
@@ -92,6 +92,7 @@ class FitBehaviorResult:
     heldout_mean_log_likelihood: float | None  # None: no episode fell in the held-out fold
     seconds: float
     logged: LoggedComparison | None = None
+    logged_note: str | None = None  # why a logged column the data has was not compared
 
 
 def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:
@@ -111,11 +112,14 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     if not Path(config.out).resolve().parent.is_dir():
         raise UsageError(f"--out {config.out}: no such directory")
     refuse_existing([config.out], config.overwrite)
-    episodes = open_episodes(
+    opened = open_episodes(
         # the propensity column, when the data has a usable one, to compare with
         DataConfig(config.data, config.columns, config.read_rows, behavior_column="if_usable")
     )
-    schema = episodes.schema
+    schema = opened.schema
+    # the fit reads no propensities: a logged column with zeros or NaNs (often the reason to
+    # fit a behavior model) does not stop it
+    episodes = opened.reconfigured(behavior_column="unread") if schema.behavior_logged else opened
     model = choose_model(config.model, schema, f"--model {config.model or '(default)'}")
     collected = collect_all(make_model(model, HOLDOUT_FOLDS), episodes, HOLDOUT_FOLDS)
     fitted = collected.model
@@ -125,9 +129,9 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     if 0 < collected.fold_episodes[0] < collected.episodes:  # else nothing to fit or score
         heldout_total, heldout_steps = fitted.log_likelihood(fitted.fit(exclude=0), 0)
     write_checkpoint(config.out, model, arrays)
-    logged = None
+    logged, logged_note = None, None
     if schema.behavior_logged:
-        logged = compare_with_logged_propensities(arrays, model, episodes, schema)
+        logged, logged_note = _compare_where_valid(arrays, model, opened, collected.episodes)
     return FitBehaviorResult(
         source=config.data,
         out=config.out,
@@ -141,6 +145,33 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
         heldout_mean_log_likelihood=heldout_total / heldout_steps if heldout_steps else None,
         seconds=time.perf_counter() - started,
         logged=logged,
+        logged_note=logged_note,
+    )
+
+
+def _compare_where_valid(
+    arrays, model: str, opened: EpisodeStream, episodes: int
+) -> tuple[LoggedComparison | None, str | None]:
+    """The comparison with the logged column over all ``episodes`` fitted on, or (None,
+    why) where the column is invalid in some of them (a comparison over the others would
+    not be over the data the model was fitted on)."""
+    valid = [0]
+
+    def counted(chunks: Iterable[EpisodeChunk]) -> Iterator[EpisodeChunk]:
+        for chunk in chunks:
+            valid[0] += len(chunk.lengths)
+            yield chunk
+
+    schema = opened.schema
+    comparison = compare_with_logged_propensities(
+        arrays, model, counted(opened.reconfigured(on_invalid="drop")), schema
+    )
+    if valid[0] == episodes:
+        return comparison, None
+    role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
+    return None, (
+        f"the logged column {schema.columns[role]!r} is invalid in {episodes - valid[0]:,} of "
+        f"the {episodes:,} episodes: not compared"
     )
 
 
