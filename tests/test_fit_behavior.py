@@ -370,6 +370,19 @@ def test_estimate_report(chain_runs):
     assert both["mean_weight_note"] is None
 
 
+def _with_invalid_propensities(data: Path, bad: Path) -> Path:
+    """``data`` written to ``bad`` with its behavior_prob 0 at the first episode's last step
+    and NaN at episode 7's first: the column is invalid in 2 episodes."""
+    table = pq.read_table(data)
+    ids = table.column("episode_id").to_numpy()
+    column = table.schema.get_field_index("behavior_prob")
+    propensities = table.column(column).to_numpy().copy()
+    propensities[np.flatnonzero(ids == ids[0])[-1]] = 0.0
+    propensities[np.flatnonzero(ids == 7)[0]] = np.nan
+    pq.write_table(table.set_column(column, "behavior_prob", pa.array(propensities)), bad)
+    return bad
+
+
 @pytest.mark.parametrize("on_invalid", ["error", "drop"])
 def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp_path, on_invalid):
     """The mean weights under the logged column need it on every episode the estimate
@@ -380,14 +393,7 @@ def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp
     from ope_cli.estimation.pipeline import evaluate
 
     out = generated["chain"]
-    table = pq.read_table(out / "logs.parquet")
-    ids = table.column("episode_id").to_numpy()
-    column = table.schema.get_field_index("behavior_prob")
-    propensities = table.column(column).to_numpy().copy()
-    propensities[np.flatnonzero(ids == ids[0])[-1]] = 0.0
-    propensities[np.flatnonzero(ids == 7)[0]] = np.nan
-    bad = tmp_path / "bad.parquet"
-    pq.write_table(table.set_column(column, "behavior_prob", pa.array(propensities)), bad)
+    bad = _with_invalid_propensities(out / "logs.parquet", tmp_path / "bad.parquet")
 
     def run(data):
         config = EvaluationConfig(
@@ -416,14 +422,7 @@ def test_fit_behavior_fits_where_the_logged_column_is_invalid(generated, tmp_pat
     checkpoint is the one fitted on the clean data, and the comparison with the column is
     left out with a note rather than made over the other 398 episodes."""
     out = generated["chain"]
-    table = pq.read_table(out / "logs.parquet")
-    ids = table.column("episode_id").to_numpy()
-    column = table.schema.get_field_index("behavior_prob")
-    propensities = table.column(column).to_numpy().copy()
-    propensities[np.flatnonzero(ids == ids[0])[-1]] = 0.0
-    propensities[np.flatnonzero(ids == 7)[0]] = np.nan
-    bad = tmp_path / "bad.parquet"
-    pq.write_table(table.set_column(column, "behavior_prob", pa.array(propensities)), bad)
+    bad = _with_invalid_propensities(out / "logs.parquet", tmp_path / "bad.parquet")
 
     report = _fit(bad, tmp_path / "bad.npz")
     clean = _fit(out / "logs.parquet", tmp_path / "clean.npz")
