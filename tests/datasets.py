@@ -14,6 +14,7 @@ per-step arrays:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -57,45 +58,57 @@ EPISODE_NAMES = {
 # ------------------------------------------------------------------------ checkpoints
 
 
+@dataclasses.dataclass(frozen=True)
+class PolicySizes:
+    """The sizes of a random policy (keywords of ``random_checkpoint`` and
+    ``random_episodes``): integer states and discrete actions of tabular, observation and
+    continuous action dimensions, an mlp's hidden layers."""
+
+    obs_dim: int = 4
+    n_actions: int = 4
+    n_states: int = 10
+    act_dim: int = 2
+    hidden: Sequence[int] = (16,)
+
+
 def random_checkpoint(
     kind: str,
     rng: np.random.Generator,
     *,
-    obs_dim: int = 4,
-    n_actions: int = 4,
-    n_states: int = 10,
-    act_dim: int = 2,
-    hidden: Sequence[int] = (16,),
     activation: Literal["tanh", "relu"] | None = None,
     temperature: float | None = None,
     scale: float = 1.0,
+    **sizes,
 ) -> Checkpoint:
-    """Random policy parameters of ``kind`` (see SPEC 3); ``scale`` multiplies them.
+    """Random policy parameters of ``kind`` (see SPEC 3); ``scale`` multiplies them;
+    ``sizes``: PolicySizes' fields.
 
     tabular: logits [n_states, n_actions]; linear_softmax: weight [obs_dim, n_actions],
     bias [n_actions], temperature if given; mlp_softmax: weight_k/bias_k through
     ``hidden`` to n_actions, activation if given; linear_gaussian: weight
     [obs_dim, act_dim], bias [act_dim], log_std [act_dim].
     """
+    size = PolicySizes(**sizes)
+    d, n = size.obs_dim, size.n_actions
     ckpt: Checkpoint = {"kind": kind}
     if kind == "tabular":
-        ckpt["logits"] = scale * rng.normal(size=(n_states, n_actions))
+        ckpt["logits"] = scale * rng.normal(size=(size.n_states, n))
     elif kind == "linear_softmax":
-        ckpt["weight"] = scale * rng.normal(size=(obs_dim, n_actions)) / np.sqrt(obs_dim)
-        ckpt["bias"] = scale * rng.normal(size=n_actions)
+        ckpt["weight"] = scale * rng.normal(size=(d, n)) / np.sqrt(d)
+        ckpt["bias"] = scale * rng.normal(size=n)
         if temperature is not None:
             ckpt["temperature"] = np.float64(temperature)
     elif kind == "mlp_softmax":
-        sizes = [obs_dim, *hidden, n_actions]
-        for k, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers = [d, *size.hidden, n]
+        for k, (d_in, d_out) in enumerate(zip(layers[:-1], layers[1:], strict=True)):
             ckpt[f"weight_{k}"] = scale * rng.normal(size=(d_in, d_out)) / np.sqrt(d_in)
             ckpt[f"bias_{k}"] = scale * 0.1 * rng.normal(size=d_out)
         if activation is not None:
             ckpt["activation"] = activation
     elif kind == "linear_gaussian":
-        ckpt["weight"] = scale * rng.normal(size=(obs_dim, act_dim)) / np.sqrt(obs_dim)
-        ckpt["bias"] = scale * rng.normal(size=act_dim)
-        ckpt["log_std"] = rng.uniform(-1.0, 0.0, size=act_dim)
+        ckpt["weight"] = scale * rng.normal(size=(d, size.act_dim)) / np.sqrt(d)
+        ckpt["bias"] = scale * rng.normal(size=size.act_dim)
+        ckpt["log_std"] = rng.uniform(-1.0, 0.0, size=size.act_dim)
     else:
         raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
     return ckpt
@@ -165,28 +178,18 @@ def random_episodes(
     length_dist: Literal["skewed", "geometric", "uniform", "fixed"] = "skewed",
     median_length: int = 20,
     max_length: int = 200,
-    obs_dim: int = 4,
-    n_actions: int = 4,
-    n_states: int = 10,
-    act_dim: int = 2,
-    hidden: Sequence[int] = (16,),
+    **sizes,
 ) -> list[EpisodeData]:
-    """Logged episodes whose actions are drawn from ``behavior`` (random of ``kind`` if None).
+    """Logged episodes whose actions are drawn from ``behavior`` (random of ``kind`` and
+    ``sizes``, PolicySizes' fields, if None).
 
     Observations are i.i.d.: integer states for tabular, N(0, 1) vectors [obs_dim]
     otherwise. Rewards depend on state and action. Pass ``behavior`` explicitly to
     know the logging policy (e.g. for on-policy checks).
     """
+    PolicySizes(**sizes)  # a misspelt size fails also where ``behavior`` is given
     if behavior is None:
-        behavior = random_checkpoint(
-            kind,
-            rng,
-            obs_dim=obs_dim,
-            n_actions=n_actions,
-            n_states=n_states,
-            act_dim=act_dim,
-            hidden=hidden,
-        )
+        behavior = random_checkpoint(kind, rng, **sizes)
     kind = str(behavior["kind"])
     lengths = random_lengths(
         rng,
@@ -283,24 +286,33 @@ def _ids(episodes: Sequence[EpisodeData], id_type: type) -> list[int] | list[str
     return [int(ep["episode_id"]) for ep in episodes]
 
 
-def step_layout_table(
-    episodes: Sequence[EpisodeData],
-    *,
-    prob_column: Literal["behavior_prob", "behavior_log_prob"] = "behavior_prob",
-    extra_columns: Sequence[str] = (),
-    column_names: Mapping[str, str] | None = None,
-    id_type: type = int,
-    obs_type: ObsType = "list",
-    include_step: bool = True,
-    shuffle_steps_within_episode: bool = False,
-    seed: int = 0,
-) -> pa.Table:
-    """One row per step: episode_id, step, observation, action, reward, ``prob_column``,
-    then ``extra_columns`` (e.g. "target_prob"). ``column_names`` maps these canonical
-    names to the names written. Shuffling permutes rows within each episode (the
-    ``step`` column keeps each row's true position)."""
-    names = {**STEP_NAMES, **(column_names or {})}
-    rng = np.random.default_rng(seed)
+@dataclasses.dataclass(frozen=True)
+class StepTable:
+    """How ``step_layout_table`` writes episodes (its keywords): ``prob_column`` then
+    ``extra_columns`` (e.g. "target_prob") after the standard columns, ``column_names``
+    mapping canonical names to the names written, string or integer ids, list or
+    fixed-size-list observations, with or without the step column, rows shuffled within
+    each episode (by ``seed``)."""
+
+    prob_column: Literal["behavior_prob", "behavior_log_prob"] = "behavior_prob"
+    extra_columns: Sequence[str] = ()
+    column_names: Mapping[str, str] | None = None
+    id_type: type = int
+    obs_type: ObsType = "list"
+    include_step: bool = True
+    shuffle_steps_within_episode: bool = False
+    seed: int = 0
+
+
+def step_layout_table(episodes: Sequence[EpisodeData], **options) -> pa.Table:
+    """One row per step: episode_id, step, observation, action, reward, the probability
+    column, then the extra columns (``options``: StepTable's fields). Shuffling permutes
+    rows within each episode (the ``step`` column keeps each row's true position)."""
+    table = StepTable(**options)
+    prob_column, extra_columns, obs_type = table.prob_column, table.extra_columns, table.obs_type
+    shuffle_steps_within_episode = table.shuffle_steps_within_episode
+    names = {**STEP_NAMES, **(table.column_names or {})}
+    rng = np.random.default_rng(table.seed)
     order = []
     offset = 0
     for ep in episodes:
@@ -311,9 +323,9 @@ def step_layout_table(
     order = np.concatenate(order)
 
     lengths = [len(ep["reward"]) for ep in episodes]
-    ids = np.repeat(np.array(_ids(episodes, id_type)), lengths)
+    ids = np.repeat(np.array(_ids(episodes, table.id_type)), lengths)
     columns = {names["episode_id"]: pa.array(ids)}
-    if include_step:
+    if table.include_step:
         steps = np.concatenate([np.arange(t, dtype=np.int64) for t in lengths])
         columns[names["step"]] = pa.array(steps[order])
     for key in ("observation", "action", "reward", prob_column, *extra_columns):
