@@ -371,3 +371,11 @@ def reference_paired(
         stderr = math.sqrt((present.size - 1) / present.size * spread)
         out[name] = (full_k[name] - full_b[name], stderr)
     return out
+
+
+def discounts(discount_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gamma^t, t log gamma) as the kernel's per-episode step takes them, from [T] gamma^t
+    (-inf where gamma^t is 0)."""
+    discount_t = np.asarray(discount_t, np.float64)
+    with np.errstate(divide="ignore"):
+        return discount_t, np.log(discount_t)

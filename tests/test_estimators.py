@@ -25,7 +25,7 @@ from datasets import (
     to_reference_input,
     write_step_layout,
 )
-from reference import reference_estimates
+from reference import discounts, reference_estimates
 
 from ope_cli.estimation import estimators, stats
 from ope_cli.estimation.estimators import base
@@ -59,7 +59,7 @@ def walk(name, log_ratio, reward, discount, real, width):
         steps = (
             jnp.asarray(log_ratio[part]),
             jnp.asarray(reward[part]),
-            jnp.asarray(discount[part]),
+            discounts(discount[part]),
             jnp.asarray(real[part]),
             jnp.asarray(np.arange(start, start + width) == 0),
             {},
@@ -92,7 +92,10 @@ def test_per_episode_carries_match_plain_formulas_in_any_windows(width):
     np.testing.assert_allclose(steps["wr_t"][:12], reward, rtol=1e-15)
     np.testing.assert_array_equal(steps["w_t"], np.ones(padded))
     values, *_ = walk("pdis", *arrays, width)
-    p = np.sum(discount * np.exp(log_w - log_w.max()) * reward)  # P relative to max_t W_t
+    log_discounted = log_w + np.log(discount)
+    assert float(trajectory.log_discounted_peak) == pytest.approx(log_discounted.max(), rel=1e-14)
+    # P relative to max_t gamma^t W_t, the size of its terms
+    p = np.sum(np.exp(log_discounted - log_discounted.max()) * reward)
     assert values["sum_p"] == pytest.approx(p, rel=1e-13)
     assert values["sum_p2"] == pytest.approx(p * p, rel=1e-13)
 
@@ -102,7 +105,7 @@ def test_jitted_walk_equals_the_eager_one():
 
     rng = np.random.default_rng(5)
     log_ratio, reward, discount, real = one_episode(rng, 7, 8)
-    steps = tuple(jnp.asarray(x) for x in (log_ratio, reward, discount, real))
+    steps = (jnp.asarray(log_ratio), jnp.asarray(reward), discounts(discount), jnp.asarray(real))
     steps = (*steps, jnp.asarray(np.arange(8) == 0), {})
     carry = init_carry(jnp.zeros(()), ("pdis",), False)
 

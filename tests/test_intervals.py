@@ -12,6 +12,7 @@ from datasets import (
     save_checkpoint,
     write_step_layout,
 )
+from reference import discounts
 
 from ope_cli.api import evaluation_config
 from ope_cli.envs.generate import generate
@@ -205,7 +206,7 @@ def test_betting_variables_match_their_formulas(width):
             window = (
                 jnp.asarray(np.where(mask[i, part], log_ratio[i, part], 0.0)),
                 jnp.asarray(np.where(mask[i, part], reward[i, part], 0.0)),
-                jnp.asarray(gamma ** np.arange(start, min(start + width, steps))),
+                discounts(gamma ** np.arange(start, min(start + width, steps))),
                 jnp.asarray(mask[i, part]),
                 jnp.asarray(np.arange(start, min(start + width, steps)) == 0),
                 {},

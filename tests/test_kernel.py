@@ -16,6 +16,7 @@ from datasets import (
     save_checkpoint,
     write_step_layout,
 )
+from reference import discounts
 
 from ope_cli.estimation import stats
 from ope_cli.estimation.estimators.reduction import (
@@ -114,7 +115,7 @@ def test_vmapped_carries_equal_a_per_episode_loop():
     advance_one = jax.jit(_advance_one, static_argnums=(2, 3))  # one compilation, four calls
     for i in range(4):
         one = init_carry(jnp.zeros(()), FOUR, False)
-        steps = (log_ratio[i], reward[i], discount, step_mask[i], first[i], {})
+        steps = (log_ratio[i], reward[i], discounts(discount), step_mask[i], first[i], {})
         looped, _, _ = advance_one(one, jax.tree.map(jnp.asarray, steps), FOUR, None)
         for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(vmapped), strict=True):
             np.testing.assert_allclose(np.asarray(b)[i], np.asarray(a), rtol=1e-14)

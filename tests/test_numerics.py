@@ -39,7 +39,7 @@ from reference import (
     reference_stderr,
 )
 
-from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
+from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig, RuntimeConfig
 from ope_cli.data.buckets import window_shapes
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import to_json
@@ -134,6 +134,64 @@ def test_weights_that_overflow_float64_as_a_product(tmp_path):
     assert estimates["pdis"].value is None and "overflow" in estimates["pdis"].note
     assert result.results[0].diagnostics.max_weight is None  # e^{log W} itself overflows
     assert result.results[0].diagnostics.ess is not None
+
+
+def _log_space_pdis(log_ratios, rewards, gamma):
+    """[n] each episode's sum_t gamma^t W_t r_t, computed as exp(t log gamma + log W_t)."""
+    return np.array(
+        [
+            np.sum(np.exp(np.arange(len(r)) * math.log(gamma) + np.cumsum(lr)) * r)
+            for lr, r in zip(log_ratios, rewards, strict=True)
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("steps", "ratio", "gamma", "precision"),
+    [
+        (1100, 2.0, 0.5, "float64"),  # W_t reaches 2^1100 (log 762), gamma^t W_t stays 1
+        (700, 2.0, 0.5, "float64"),  # log W 485: W_t^2 overflows, the terms do not
+        (500, 2.0, 0.5, "float32"),  # log W 347, far past float32's 88
+    ],
+)
+def test_discounted_terms_of_weights_past_the_float_range(tmp_path, steps, ratio, gamma, precision):
+    """PDIS and DR (with a zero Q, so DR = PDIS) of an episode whose weight W_t leaves the
+    float range while every discounted term gamma^t W_t r_t stays small: their terms are
+    kept relative to the largest gamma^t W_t. Relative to the largest W_t they underflowed:
+    PDIS and DR printed 0.0 +- 0.0 (log W past 709), a standard error of 0 (past 355), or
+    in float32 a value 61% low, each without a note."""
+    lengths = (steps, 1, 2, 3)
+    log_ratios = [np.full(steps, math.log(ratio))] + [np.zeros(k) for k in lengths[1:]]
+    rewards = [np.ones(k) for k in lengths]
+    log_behavior = math.log(0.5)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(4), lengths),
+            "step": np.concatenate([np.arange(k) for k in lengths]),
+            "action": np.zeros(sum(lengths), np.int64),
+            "reward": np.concatenate(rewards),
+            "behavior_log_prob": np.full(sum(lengths), log_behavior),
+            "target_log_prob": log_behavior + np.concatenate(log_ratios),
+            "q": np.zeros(sum(lengths)),
+            "v": np.zeros(sum(lengths)),
+        }
+    )
+    write_table(table, tmp_path / "long.parquet")
+    terms = _log_space_pdis(log_ratios, rewards, gamma)
+    value, stderr = terms.mean(), terms.std(ddof=1) / math.sqrt(len(terms))
+    config = EvaluationConfig(
+        data=str(tmp_path / "long.parquet"),
+        gamma=gamma,
+        estimators=("pdis", "dr"),
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision=precision),
+    )
+    (result,) = evaluate(config).results
+    rel = 1e-9 if precision == "float64" else 1e-3  # float32: log W drifts ~1e-5 over 500 steps
+    for name in ("pdis", "dr"):
+        estimate = result.estimates[name]
+        assert estimate.value == pytest.approx(value, rel=rel), name
+        assert estimate.stderr == pytest.approx(stderr, rel=rel), name
 
 
 def test_weights_that_underflow_float64(tmp_path):

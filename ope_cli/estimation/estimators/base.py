@@ -63,12 +63,16 @@ class Trajectory(NamedTuple):
       log_peak: [] max_t log W_t over the steps walked (-inf before the first).
       return_: [] the discounted return sum_t gamma^t r_t of the steps walked.
       discount_sum: [] sum_t gamma^t over the steps walked, padding included.
+      log_discounted_peak: [] max_t log(gamma^t W_t) over the steps walked (-inf before the
+        first): the size of the per-decision terms, which W_t alone can exceed by far
+        (W_t = 2^t with gamma = 1/2 overflows float64 while every gamma^t W_t is 1).
     """
 
     log_w: Array
     log_peak: Array
     return_: Array
     discount_sum: Array
+    log_discounted_peak: Array
 
 
 class Window(NamedTuple):
@@ -81,6 +85,7 @@ class Window(NamedTuple):
       log_w_prev_t: [C] log W_{t-1} (log W_{-1} = 0).
       reward_t: [C] rewards, 0 after the end.
       discount_t: [C] gamma^t, t counted from the episode's first step.
+      log_discount_t: [C] t log(gamma) (0 at t = 0): finite where gamma^t underflows.
       step_mask_t: [C] True on the episode's own steps.
       first_t: [C] True at the episode's step 0.
       fields: per-step inputs beyond these ([C, ...]), by name (e.g. Q-hat and V-hat).
@@ -91,6 +96,7 @@ class Window(NamedTuple):
     log_w_prev_t: Array
     reward_t: Array
     discount_t: Array
+    log_discount_t: Array
     step_mask_t: Array
     first_t: Array
     fields: Mapping[str, Array]
@@ -141,6 +147,10 @@ def _peak_log_weight(trajectory: Trajectory) -> Array:
     return trajectory.log_peak
 
 
+def _peak_log_discounted_weight(trajectory: Trajectory) -> Array:
+    return trajectory.log_discounted_peak
+
+
 def _step_log_weight(window: Window) -> Array:
     return window.log_w_t
 
@@ -150,9 +160,11 @@ def _return(trajectory: Trajectory) -> Array:
 
 
 # The trajectory weight W_{T-1} (pivot: the return), an episode's largest per-decision weight
-# max_t W_t, and the per-step weight W_t.
+# max_t W_t, its largest discounted one max_t gamma^t W_t (the size of PDIS's terms), and the
+# per-step weight W_t.
 TRAJECTORY = Scale("trajectory", _final_log_weight, pivot=_return)
 DECISION = Scale("decision", _peak_log_weight)
+DISCOUNTED = Scale("discounted", _peak_log_discounted_weight)
 STEP = Scale("step", _step_log_weight, per_step=True)
 
 

@@ -49,12 +49,14 @@ Q_FIELDS = ("q_t", "v_t")
 
 
 def _log_one_or_peak(trajectory: Trajectory):
-    """[] max(0, max_t log W_t): the largest of W_{-1} = 1 and the episode's weights."""
-    return jnp().maximum(trajectory.log_peak, 0.0)
+    """[] max(0, max_t log gamma^t W_t): the largest of W_{-1} = 1 and the episode's
+    discounted weights (every term gamma^t W_{t-1} v_t and gamma^t W_t (r_t - q_t) is at
+    most that times |v_t| or |r_t - q_t|)."""
+    return jnp().maximum(trajectory.log_discounted_peak, 0.0)
 
 
-# An episode's largest weight among W_{-1} = 1, W_0, ..., W_{T-1}: dr's values are relative
-# to it, so neither W_t nor W_{t-1} overflows.
+# An episode's largest discounted weight among W_{-1} = 1, gamma^t W_t: dr's values are
+# relative to it, so no term overflows and none of a long episode's underflows.
 DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak)
 
 
@@ -79,24 +81,25 @@ def dm_values(carry: dict, trajectory: Trajectory) -> dict:
 
 def dr_init(zero) -> dict:
     """DR carries D = sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t] of the steps walked,
-    relative to the largest of 1 and the weights so far."""
+    relative to the largest of 1 and the discounted weights gamma^t W_t so far."""
     return {"d": zero}
 
 
 def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     np_ = jnp()
-    before = np_.maximum(window.before.log_peak, 0.0)
-    after = np_.maximum(window.after.log_peak, 0.0)
+    before = np_.maximum(window.before.log_discounted_peak, 0.0)
+    after = np_.maximum(window.after.log_discounted_peak, 0.0)
     q_t, v_t = window.fields["q_t"], window.fields["v_t"]
+    log_discount_t = window.log_discount_t
     per_step = (
-        relative(window.log_w_t, after) * (window.reward_t - q_t)
-        + relative(window.log_w_prev_t, after) * v_t
+        relative(window.log_w_t + log_discount_t, after) * (window.reward_t - q_t)
+        + relative(window.log_w_prev_t + log_discount_t, after) * v_t
     )
-    return {"d": rescaled(carry["d"], before, after) + per_step @ window.discount_t}, {}
+    return {"d": rescaled(carry["d"], before, after) + per_step.sum()}, {}
 
 
 def dr_values(carry: dict, trajectory: Trajectory) -> dict:
-    """D and D^2, relative to max(1, max_t W_t) (and its square)."""
+    """D and D^2, relative to max(1, max_t gamma^t W_t) (and its square)."""
     d = carry["d"]
     return {"sum_dr": d, "sum_dr2": d * d}
 

@@ -2,7 +2,8 @@
 
 Notation: W_t the cumulative weight of an episode, G its discounted return, n episodes.
 Per-episode carries and values are written for one episode; every sum is relative to its
-scale (``base.TRAJECTORY``: W_{T-1}; ``base.DECISION``: max_t W_t; ``base.STEP``: W_t).
+scale (``base.TRAJECTORY``: W_{T-1}; ``base.DISCOUNTED``: max_t gamma^t W_t; ``base.STEP``:
+W_t).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.estimation.estimators.base import (
-    DECISION,
+    DISCOUNTED,
     STEP,
     TRAJECTORY,
     Context,
@@ -46,19 +47,21 @@ def trajectory_values(carry: dict, trajectory: Trajectory) -> dict:
 
 
 def per_decision_init(zero) -> dict:
-    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to the largest W_t so far."""
+    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to the largest gamma^t W_t so
+    far (relative to the largest W_t, long episodes' terms would underflow to 0)."""
     return {"p": zero}
 
 
 def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
-    """P of the steps walked, now relative to the largest W_t of this window or before."""
-    before, after = window.before.log_peak, window.after.log_peak
-    steps = (relative(window.log_w_t, after) * window.reward_t) @ window.discount_t
-    return {"p": rescaled(carry["p"], before, after) + steps}, {}
+    """P of the steps walked, now relative to the largest gamma^t W_t of this window or
+    before."""
+    before, after = window.before.log_discounted_peak, window.after.log_discounted_peak
+    terms_t = relative(window.log_w_t + window.log_discount_t, after) * window.reward_t
+    return {"p": rescaled(carry["p"], before, after) + terms_t.sum()}, {}
 
 
 def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
-    """PDIS: P and P^2, relative to max_t W_t (and its square)."""
+    """PDIS: P and P^2, relative to max_t gamma^t W_t (and its square)."""
     p = carry["p"]
     return {"sum_p": p, "sum_p2": p * p}
 
@@ -100,7 +103,7 @@ class MeanOfTerms(NamedTuple):
 
 
 is_values = MeanOfTerms("sum_wg", "sum_w2g2", "trajectory")  # (1/n) sum_i W_i G_i
-pdis_values = MeanOfTerms("sum_p", "sum_p2", "decision")  # (1/n) sum_i P_i
+pdis_values = MeanOfTerms("sum_p", "sum_p2", "discounted")  # (1/n) sum_i P_i
 
 
 def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +276,7 @@ PDIS = register(
         name="pdis",
         title="PDIS",
         stderr_method="sample standard error",
-        sums=(Sum("sum_p", DECISION), Sum("sum_p2", DECISION, power=2)),
+        sums=(Sum("sum_p", DISCOUNTED), Sum("sum_p2", DISCOUNTED, power=2)),
         init=per_decision_init,
         advance=per_decision_advance,
         finish=per_decision_values,

@@ -77,7 +77,13 @@ class EpisodeCarry(NamedTuple):
 def init_carry(zero, estimators: tuple[str, ...], betting: bool) -> EpisodeCarry:
     """The carry before the first window, made from ``zero`` (a [] or [B] array of the
     kernel's dtype: NumPy on the host, or traced)."""
-    trajectory = Trajectory(log_w=zero, log_peak=zero - math.inf, return_=zero, discount_sum=zero)
+    trajectory = Trajectory(
+        log_w=zero,
+        log_peak=zero - math.inf,
+        return_=zero,
+        discount_sum=zero,
+        log_discounted_peak=zero - math.inf,
+    )
     own = {name: get(name).init(zero) for name in estimators}
     return EpisodeCarry(trajectory, own, (zero, zero) if betting else ())
 
@@ -231,8 +237,9 @@ class WeightedWindow(NamedTuple):
 
 def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
     """(carry, {StepSum name: [C]}, Window) of ONE episode after its next C steps
-    ``steps`` = (log_ratio_t, reward_t, discount_t, step_mask_t, first_t, fields)."""
-    log_ratio_t, reward_t, discount_t, step_mask_t, first_t, fields = steps
+    ``steps`` = (log_ratio_t, reward_t, (discount_t, log_discount_t), step_mask_t, first_t,
+    fields)."""
+    log_ratio_t, reward_t, (discount_t, log_discount_t), step_mask_t, first_t, fields = steps
     before = carry.trajectory
     log_w_t = before.log_w + jnp.cumsum(log_ratio_t)
     after = Trajectory(
@@ -240,10 +247,22 @@ def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
         log_peak=jnp.maximum(before.log_peak, jnp.max(log_w_t)),
         return_=before.return_ + reward_t @ discount_t,
         discount_sum=before.discount_sum + jnp.sum(discount_t),
+        log_discounted_peak=jnp.maximum(
+            before.log_discounted_peak, jnp.max(log_w_t + log_discount_t)
+        ),
     )
     log_w_prev_t = jnp.concatenate([before.log_w[None], log_w_t[:-1]])
     window = Window(
-        log_w_t, log_w_prev_t, reward_t, discount_t, step_mask_t, first_t, fields, before, after
+        log_w_t,
+        log_w_prev_t,
+        reward_t,
+        discount_t,
+        log_discount_t,
+        step_mask_t,
+        first_t,
+        fields,
+        before,
+        after,
     )
     values = core_step_values(window)
     own = {}
@@ -322,11 +341,14 @@ def advance_window(
     log_ratio_bt = jnp.where(real_bt, log_ratio_bt, 0.0)
     reward_bt = jnp.where(real_bt, reward_bt, 0.0)
     step_t = jnp.asarray(start) + jnp.arange(log_ratio_bt.shape[-1])
-    discount_t = jnp.asarray(gamma, dtype) ** step_t.astype(dtype)
+    gamma = jnp.asarray(gamma, dtype)
+    discount_t = gamma ** step_t.astype(dtype)
+    # t log(gamma), not log(gamma^t): gamma^t underflows long before gamma^t W_t does
+    log_discount_t = jnp.where(step_t == 0, 0.0, step_t.astype(dtype) * jnp.log(gamma))
     first_bt = real_bt & (step_t == 0)[None, :]
     if betting_range is not None:
         betting_range = betting_range.astype(dtype)
-    steps = (log_ratio_bt, reward_bt, discount_t, step_mask_bt, first_bt, fields)
+    steps = (log_ratio_bt, reward_bt, (discount_t, log_discount_t), step_mask_bt, first_bt, fields)
     advance = jax.vmap(
         lambda c, s: _advance_one(c, s, estimators, betting_range),
         in_axes=(0, (0, 0, None, 0, 0, 0)),
