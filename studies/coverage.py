@@ -167,13 +167,15 @@ def measure(
     """Coverage and mean width of each method's intervals for each estimator."""
     confidence, seed = options.confidence, options.seed
     bootstrap_samples, policy_index = options.bootstrap_samples, options.policy_index
+    from ope_cli.estimation.estimators.reduction import betting_inputs
     from ope_cli.estimation.stats import finalize, from_batch
 
     generate_options = {"seed": seed, "gamma": gamma, "shift": shift}
     truth, policies, plan, padded = _generated(env, datasets, episodes, generate_options)
     entry, policy = truth["policies"][policy_index], policies[policy_index]
     max_length = padded.reward.shape[-1]
-    batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples, plan.betting_range)
+    betting = betting_inputs(plan.betting_range, plan.horizon, gamma)
+    batches = dataset_statistics(padded, policy, gamma, seed, bootstrap_samples, betting)
     covered = {m: {e: 0 for e in ESTIMATORS} for m in METHODS}
     width = {m: {e: 0.0 for e in ESTIMATORS} for m in METHODS}
     for batch in batches:
@@ -222,6 +224,7 @@ def measure_paired(
     from ope_cli.choosing import paired
     from ope_cli.choosing.comparison import Pairing
     from ope_cli.estimation.estimators.base import Context
+    from ope_cli.estimation.estimators.reduction import betting_inputs
     from ope_cli.estimation.stats import finalize, from_batch
 
     generate_options = {"seed": options.seed, "gamma": gamma}
@@ -229,8 +232,9 @@ def measure_paired(
     entries, policies = truth["policies"][:2], policies[:2]
     exact = entries[0]["value"] - entries[1]["value"]
     context = Context(gamma, padded.reward.shape[-1])
+    betting = betting_inputs(plan.betting_range, plan.horizon, gamma)
     rows = dataset_statistics(
-        padded, None, gamma, options.seed, 0, plan.betting_range, policies=policies, terms=True
+        padded, None, gamma, options.seed, 0, betting, policies=policies, terms=True
     )
     covered = dict.fromkeys(("normal", "betting"), 0)
     width = dict.fromkeys(covered, 0.0)

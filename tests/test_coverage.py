@@ -74,6 +74,7 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many_in_proc
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.sources import open_dataset
     from ope_cli.envs.generate import generate
+    from ope_cli.estimation.estimators.reduction import betting_inputs
     from ope_cli.estimation.run_plan import plan_intervals
     from ope_cli.estimation.stats import finalize, from_batch
     from ope_cli.models.policies import load_checkpoint
@@ -85,8 +86,9 @@ def test_batched_study_matches_ope_evaluate(coverage, tmp_path, ope_many_in_proc
     )
     assert plan.method == "betting"
     padded = coverage.padded_datasets(logs, 1, EPISODES)
+    betting = betting_inputs(plan.betting_range, plan.horizon, GAMMA)
     (batch,) = coverage.dataset_statistics(
-        padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200, plan.betting_range
+        padded, load_checkpoint(str(checkpoint)), GAMMA, 0, 200, betting
     )
     runs = ope_many_in_process(
         {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -184,16 +186,20 @@ def _log_histogram(x: np.ndarray) -> np.ndarray:
     return _log_histograms(x[None])[0]
 
 
-@pytest.mark.parametrize("width", [8, 3])
-def test_betting_variables_match_their_formulas(width):
+@pytest.mark.parametrize(
+    ("width", "gamma", "horizon"),
+    # the padding walks past a horizon of 6 (9 steps walked) and stops short of one of 12
+    [(8, 0.9, 12), (3, 0.9, 12), (8, 0.9, 6), (3, 1.0, 6), (8, 0.0, 12)],
+)
+def test_betting_variables_match_their_formulas(width, gamma, horizon):
     """Episodes walked in windows give the per-episode variables written plainly from the
     formulas (the padding walked after an episode's end cancels out)."""
     from ope_cli.estimation.estimators.reduction import _advance_one, betting_variables, init_carry
 
     rng = np.random.default_rng(7)
-    lengths, steps, gamma, (a, b, horizon) = np.array([1, 4, 6, 6]), 9, 0.9, (-1.0, 2.0, 12)
-    discounted = (1 - gamma**horizon) / (1 - gamma)
-    betting_range = jnp.asarray([a, b, discounted])
+    lengths, steps, (a, b) = np.array([1, 4, 6, 6]), 9, (-1.0, 2.0)
+    discounted = float(horizon) if gamma == 1.0 else (1 - gamma**horizon) / (1 - gamma)
+    betting_range = jnp.asarray([a, b, discounted, horizon, gamma])
     log_ratio = rng.normal(scale=0.7, size=(4, steps))
     reward = rng.uniform(a, b, size=(4, steps))
     mask = np.arange(steps) < lengths[:, None]
@@ -222,6 +228,36 @@ def test_betting_variables_match_their_formulas(width):
             (g_t @ (w_t * (b - r_t)) + b * rest * w_t[-1]) / span,
         ]
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("horizon", [1100, 1200])
+def test_betting_variables_of_a_weight_past_the_float_range(horizon):
+    """An 1,100-step episode with W_t = 2^(t+1) (log W 762, beyond float64) and gamma 1/2,
+    so every gamma^t W_t is 2: its per-decision variables are kept relative to the largest
+    gamma^t W_t and come out right (relative to the largest W_t they were 0), the rest of
+    the horizon's steps included in closed form."""
+    from ope_cli.estimation.estimators.reduction import _advance_one, betting_variables, init_carry
+
+    steps, gamma, a, b = 1100, 0.5, -1.0, 1.0
+    discounted = (1 - gamma**horizon) / (1 - gamma)
+    betting_range = jnp.asarray([a, b, discounted, horizon, gamma])
+    carry = init_carry(jnp.zeros(()), (), True)
+    t = np.arange(steps)
+    window = (
+        jnp.full(steps, math.log(2.0)),
+        jnp.ones(steps),
+        (jnp.asarray(gamma**t), jnp.asarray(t * math.log(gamma))),
+        jnp.ones(steps, bool),
+        jnp.asarray(t == 0),
+        {},
+    )
+    carry, _, _ = _advance_one(carry, window, (), betting_range)
+    logs = np.asarray(betting_variables(carry.betting, carry.trajectory, betting_range))
+    span = (b - a) * discounted
+    rest = 2.0 * (1 - gamma ** (horizon - steps))  # W_{T-1} sum_{t >= T} gamma^t, exactly
+    want_low = (2.0 * steps * (1.0 - a) - a * rest) / span  # gamma^t W_t (r_t - a) = 2 (1 - a)
+    want_high = (2.0 * steps * (b - 1.0) + b * rest) / span
+    np.testing.assert_allclose(np.exp(logs[2:]), [want_low, want_high], rtol=1e-12)
 
 
 def test_betting_lower_bound_is_valid_and_sharpens_with_data():

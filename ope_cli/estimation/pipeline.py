@@ -512,6 +512,7 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
     """One Kernel per group of stackable policies, every one with the catalogue's largest
     lane count as its carry's (one finish kernel for every window shape); with ``terms``
     they return each episode's terms for the paired sums."""
+    from ope_cli.estimation.estimators.reduction import betting_inputs
     from ope_cli.estimation.kernel import Kernel, KernelSettings, group_policies
 
     config, plan = batches.config, batches.plan
@@ -522,7 +523,7 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
         mesh,
         replicates,
         config.intervals.seed,
-        plan.betting_range,
+        betting_inputs(plan.betting_range, plan.horizon, config.gamma),
         v_samples=config.q.v_samples,
     )
     return [

@@ -66,6 +66,7 @@ class Trajectory(NamedTuple):
       log_discounted_peak: [] max_t log(gamma^t W_t) over the steps walked (-inf before the
         first): the size of the per-decision terms, which W_t alone can exceed by far
         (W_t = 2^t with gamma = 1/2 overflows float64 while every gamma^t W_t is 1).
+      steps: [] the number of steps walked, padding included.
     """
 
     log_w: Array
@@ -73,6 +74,7 @@ class Trajectory(NamedTuple):
     return_: Array
     discount_sum: Array
     log_discounted_peak: Array
+    steps: Array
 
 
 class Window(NamedTuple):

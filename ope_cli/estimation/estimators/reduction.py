@@ -83,6 +83,7 @@ def init_carry(zero, estimators: tuple[str, ...], betting: bool) -> EpisodeCarry
         return_=zero,
         discount_sum=zero,
         log_discounted_peak=zero - math.inf,
+        steps=zero,
     )
     own = {name: get(name).init(zero) for name in estimators}
     return EpisodeCarry(trajectory, own, (zero, zero) if betting else ())
@@ -145,25 +146,52 @@ def poisson_counts(
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
+def betting_inputs(
+    betting_range: tuple[float, float, float] | None, horizon: int | None, gamma: float
+) -> tuple[float, ...] | None:
+    """The kernel's betting constants (a, b, H, h, gamma) from a plan's (a, b, H), its
+    horizon h in steps (None: infinite) and the discount; None without betting."""
+    if betting_range is None:
+        return None
+    return (*betting_range, math.inf if horizon is None else float(horizon), float(gamma))
+
+
 def betting_advance(sums: tuple, window: Window, betting_range: jax.Array) -> tuple:
     """The per-decision betting sums of ONE episode after ``window``:
     (sum_t gamma^t W_t (r_t - a), sum_t gamma^t W_t (b - r_t)) over the steps walked,
     padding included (there r = 0 and W stays the final weight), relative to the largest
-    W_t so far."""
+    gamma^t W_t so far (the size of the terms: relative to the largest W_t, those of a
+    long episode underflow)."""
     low, high = betting_range[0], betting_range[1]
-    before, after = window.before.log_peak, window.after.log_peak
-    w_t = relative(window.log_w_t, after)
+    before, after = window.before.log_discounted_peak, window.after.log_discounted_peak
+    w_t = relative(window.log_w_t + window.log_discount_t, after)
     return (
-        rescaled(sums[0], before, after) + (w_t * (window.reward_t - low)) @ window.discount_t,
-        rescaled(sums[1], before, after) + (w_t * (high - window.reward_t)) @ window.discount_t,
+        rescaled(sums[0], before, after) + jnp.sum(w_t * (window.reward_t - low)),
+        rescaled(sums[1], before, after) + jnp.sum(w_t * (high - window.reward_t)),
     )
+
+
+def _weight_of_the_rest(trajectory: Trajectory, betting_range: jax.Array) -> jax.Array:
+    """W_{T-1} sum_{t=T}^{h-1} gamma^t relative to the largest gamma^t W_t, T the steps walked:
+    the final weight over the horizon's steps not walked (negative where the padding walked
+    past h), in closed form, (gamma^T - gamma^h) / (1 - gamma) or h - T, each power taken
+    with the weight in log space (H minus the walked discounts cancels catastrophically
+    once gamma^T is below float precision, and W_{T-1} can be far above the scale)."""
+    horizon, gamma = betting_range[3], betting_range[4]
+    log_gamma = jnp.log(gamma)
+    walked = trajectory.steps
+    scale, log_w = trajectory.log_discounted_peak, trajectory.log_w
+    undiscounted = relative(log_w, scale) * (horizon - walked)
+    head = relative(log_w + jnp.where(walked > 0, walked * log_gamma, 0.0), scale)
+    tail = relative(log_w + horizon * log_gamma, scale)
+    return jnp.where(gamma == 1.0, undiscounted, (head - tail) / (1.0 - gamma))
 
 
 def betting_variables(sums: tuple, trajectory: Trajectory, betting_range: jax.Array) -> jax.Array:
     """[4] log of the BETTING_VARIABLES of ONE episode (-inf for a zero).
 
     With rewards in [a, b] (a <= 0 <= b, as the absorbing reward 0 must be), a discounted
-    horizon H = sum_{t < horizon} gamma^t and R = (b - a) H, each is >= 0 and, because the
+    horizon H = sum_{t < h} gamma^t and R = (b - a) H, each is >= 0 and, because the
     weights have mean 1 under the behavior policy, has mean v = (V - a H) / R or 1 - v:
 
       trajectory_low  = W_{T-1} (G - a H) / R
@@ -173,14 +201,14 @@ def betting_variables(sums: tuple, trajectory: Trajectory, betting_range: jax.Ar
 
     The per-step sums (``betting_advance``) run over the walked padding too, where r = 0 and
     W stays W_{T-1}; the last term tops them up to the horizon, so padding cancels out.
-    ``betting_range`` [3] = (a, b, H).
+    The per-decision ones are kept relative to the largest gamma^t W_t.
+    ``betting_range`` [5] = (a, b, H, h, gamma) (``betting_inputs``).
     """
     low, high, horizon = betting_range[0], betting_range[1], betting_range[2]
     span = (high - low) * horizon
-    rest = horizon - trajectory.discount_sum  # discount of the steps after the walked ones
-    w_final = relative(trajectory.log_w, trajectory.log_peak)
-    decision_low = sums[0] - low * rest * w_final
-    decision_high = sums[1] + high * rest * w_final
+    rest = _weight_of_the_rest(trajectory, betting_range)
+    decision_low = sums[0] - low * rest
+    decision_high = sums[1] + high * rest
 
     def log_of(value, log_scale):
         # Rounding can leave -1e-16 where the exact value is 0; never take the log of it.
@@ -191,8 +219,8 @@ def betting_variables(sums: tuple, trajectory: Trajectory, betting_range: jax.Ar
         [
             log_of(g - low * horizon, trajectory.log_w),
             log_of(high * horizon - g, trajectory.log_w),
-            log_of(decision_low, trajectory.log_peak),
-            log_of(decision_high, trajectory.log_peak),
+            log_of(decision_low, trajectory.log_discounted_peak),
+            log_of(decision_high, trajectory.log_discounted_peak),
         ]
     )
 
@@ -250,6 +278,7 @@ def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
         log_discounted_peak=jnp.maximum(
             before.log_discounted_peak, jnp.max(log_w_t + log_discount_t)
         ),
+        steps=before.steps + log_ratio_t.shape[-1],
     )
     log_w_prev_t = jnp.concatenate([before.log_w[None], log_w_t[:-1]])
     window = Window(
