@@ -369,30 +369,61 @@ def test_replicates_sum_their_steps_in_blocks(monkeypatch, name):
 
 def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     """sum x^2 - (sum x)^2 / n cancels when the terms' mean dwarfs their spread (a constant
-    added to every reward): the standard error comes with what it is good to."""
+    added to every reward): the standard error comes with what it is good to, and where
+    that is beyond UNRESOLVED (the computed spread may be rounding alone: a standard error
+    45x too large was noted "good to about 5e-01") it is dropped, with the reason."""
     from types import SimpleNamespace
 
-    from ope_cli.estimation.estimators.importance import RESOLVED, spread_note
+    from ope_cli.estimation.estimators.importance import (
+        NOT_RESOLVED,
+        RESOLVED,
+        UNRESOLVED,
+        spread_note,
+    )
 
     rng = np.random.default_rng(4)
     spread = rng.normal(size=2000)
-    for offset, noted in ((0.0, False), (1e3, False), (1e7, True)):
+    notes = {}
+    for offset in (0.0, 1e3, 1e5, 1e7):
         x = offset + spread
-        note = spread_note(x.sum(), (x * x).sum(), x.size)
-        assert (note is not None) is noted, (offset, note)
-    assert "good to about" in note and "1e+07 times their spread" in note
+        notes[offset] = spread_note(x.sum(), (x * x).sum(), x.size)
+    assert notes[0.0] is None and notes[1e3] is None
+    assert notes[1e5].startswith("standard error good to about 2e-06 only")
+    assert notes[1e7].startswith(f"{NOT_RESOLVED} in float64 sums")
+    assert "1e+07 times their spread" in notes[1e7]
     assert spread_note(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2
         "standard error not resolved: the terms are equal to float64's precision"
     )
-    assert spread_note(1.0, 1.0, 1.0) is None and RESOLVED == 1e-6
-    x = 1e7 + spread  # through the estimator: the value and standard error stay, noted
-    totals = base.Sums(
-        {"sum_wg": x.sum(), "sum_w2g2": (x * x).sum(), "count": float(x.size)},
-        {"trajectory": 0.0},
-        {},
-        {},
-        {},
-    )
-    point = estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1.0, 1))
-    assert point.value == pytest.approx(x.mean()) and point.stderr is not None
-    assert "good to about" in point.note
+    assert spread_note(1.0, 1.0, 1.0) is None and (RESOLVED, UNRESOLVED) == (1e-6, 1e-3)
+
+    def through_is(x):  # the estimator's own finalize
+        totals = base.Sums(
+            {"sum_wg": x.sum(), "sum_w2g2": (x * x).sum(), "count": float(x.size)},
+            {"trajectory": 0.0},
+            {},
+            {},
+            {},
+        )
+        context = base.Context(1.0, 1)
+        return estimators.get("is").finalize(SimpleNamespace(totals=totals), context)
+
+    noted = through_is(1e5 + spread)  # the value and standard error stay, noted
+    assert noted.value == pytest.approx(1e5 + spread.mean()) and noted.stderr is not None
+    assert "good to about" in noted.note
+    dropped = through_is(1e7 + spread)  # the value stays; the standard error is null
+    assert dropped.value == pytest.approx(1e7 + spread.mean()) and dropped.stderr is None
+    assert dropped.note.startswith(NOT_RESOLVED)
+
+
+def test_a_jackknife_standard_error_below_float64_rounding_is_dropped():
+    """WPDIS's leave-one-group-out values of rewards 1e8 + tiny noise differ by less than
+    their rounding: the jackknife standard error (33% off where it was printed without a
+    word) is null with the reason; an ordinary one is kept without a note."""
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, _resolved_spread
+
+    assert _resolved_spread(0.05, 2.0) == (0.05, None)
+    stderr, note = _resolved_spread(2.6e-7, 1e8)
+    assert stderr is None and note.startswith(f"{NOT_RESOLVED} in float64 sums")
+    stderr, note = _resolved_spread(1e-3, 1e8)  # rounding 2e-7 of it: kept, noted
+    assert stderr == 1e-3 and note.startswith("standard error good to about 2e-04 only")
+    assert _resolved_spread(0.0, 1e8)[0] is None
