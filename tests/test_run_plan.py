@@ -78,6 +78,12 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),
         (dict(interval="percentile", bootstrap_samples=5), "--bootstrap-samples"),
+        # 10 replicates made a "99%" interval of their range, far narrower than 99%
+        (
+            dict(interval="percentile", confidence=0.99, bootstrap_samples=100),
+            "--bootstrap-samples must be at least 200 for 0.99 intervals",
+        ),
+        (dict(interval="bootstrap-t", bootstrap_samples=39), "at least 40 for 0.95"),
         (dict(seed=-1), "--seed"),
         (dict(on_invalid="skip"), "--on-invalid"),
     ],

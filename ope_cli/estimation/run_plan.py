@@ -5,6 +5,7 @@ resolved, and the bounds betting intervals rely on)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
@@ -64,6 +65,15 @@ def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float,
     if declared.gamma is not None:
         return declared.gamma, "data"
     return DEFAULT_GAMMA, "default"
+
+
+def fewest_replicates(confidence: float) -> int:
+    """The fewest bootstrap replicates whose quantiles at (1 - confidence) / 2 and its
+    complement are not the extreme replicates (at least 10): with fewer, a "99%" interval
+    from 10 replicates is their range, far narrower than it says."""
+    if not 0 < confidence < 1:
+        return 10
+    return max(10, math.ceil(2 / (1 - confidence) - 1e-9))
 
 
 def check_config(config: EvaluationConfig) -> None:
@@ -129,9 +139,11 @@ def _check_interval_options(config: EvaluationConfig) -> None:
             raise UsageError(f"--reward-range needs finite LOW < HIGH, got {low} {high}")
     if intervals.horizon is not None and intervals.horizon < 1:
         raise UsageError(f"--horizon must be a positive number of steps, got {intervals.horizon}")
-    if intervals.method in ("percentile", "bootstrap-t") and intervals.bootstrap_samples < 10:
+    needed = fewest_replicates(intervals.confidence)
+    if intervals.method in ("percentile", "bootstrap-t") and intervals.bootstrap_samples < needed:
         raise UsageError(
-            f"--bootstrap-samples must be at least 10, got {intervals.bootstrap_samples}"
+            f"--bootstrap-samples must be at least {needed} for {intervals.confidence:.4g} "
+            f"intervals (a replicate beyond each end), got {intervals.bootstrap_samples}"
         )
     if not 0 <= intervals.seed < 2**32:
         raise UsageError(f"--seed must be in [0, 2^32), got {intervals.seed}")
