@@ -415,6 +415,39 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     assert dropped.note.startswith(NOT_RESOLVED)
 
 
+def test_wis_of_one_weighted_episode_has_no_standard_error():
+    """Where every other weight is zero, WIS is that episode's return and its delta-method
+    standard error is 0 by construction (it printed 0.0 and a zero-width interval): null,
+    with the reason; two weighted episodes keep theirs."""
+    from types import SimpleNamespace
+
+    def wis(count, zero_count, returns, weights):
+        w, g = np.asarray(weights, float), np.asarray(returns, float)
+        pivot = g[np.argmax(w)]
+        totals = base.Sums(
+            {
+                "sum_wg": w @ g,
+                "sum_w": w.sum(),
+                "wis_w": np.array([w.sum(), w @ (g - pivot)]),
+                "wis_w2": np.array([w @ w, (w * w) @ (g - pivot), (w * w) @ (g - pivot) ** 2]),
+                "count": float(count),
+                "zero_count": float(zero_count),
+            },
+            {"trajectory": 0.0},
+            {},
+            {},
+            {},
+        )
+        context = base.Context(1.0, 1)
+        return estimators.get("wis").finalize(SimpleNamespace(totals=totals), context)
+
+    one = wis(3, 2, [2.5, 1.0, 7.0], [1.0, 0.0, 0.0])
+    assert one.value == pytest.approx(2.5) and one.stderr is None
+    assert one.note == "one episode holds all the weight; no standard error"
+    two = wis(3, 1, [2.5, 1.0, 7.0], [1.0, 0.5, 0.0])
+    assert two.value == pytest.approx(2.0) and two.stderr > 0 and two.note is None
+
+
 def test_a_jackknife_standard_error_below_float64_rounding_is_dropped():
     """WPDIS's leave-one-group-out values of rewards 1e8 + tiny noise differ by less than
     their rounding: the jackknife standard error (33% off where it was printed without a

@@ -202,7 +202,7 @@ def test_every_configuration_compiles_nothing_for_new_data(tmp_path):
     runs = {
         "q": {"q": str(out["a"] / "q" / "eval_0.npz")},
         "behavior": {"behavior": str(out["a"] / "behavior.npz")},
-        "bootstrap": {"ci": "bootstrap-t", "bootstrap_samples": 20},
+        "bootstrap": {"ci": "bootstrap-t", "bootstrap_samples": 40},
         "betting": {"ci": "betting", "gamma": 0.95},
     }
     policy = out["a"] / "policies" / "eval_0.npz"

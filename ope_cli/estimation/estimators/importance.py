@@ -287,6 +287,20 @@ IS = register(
         betting="trajectory",
     )
 )
+
+
+def wis_finalize(grouped: Grouped, context: Context) -> Point:
+    """WIS and its delta-method standard error; where one episode holds all the weight
+    (every other weight is zero), that error is 0 by construction, not a measured spread:
+    null, with the reason."""
+    point = closed_form(wis_values, "every trajectory weight is zero")(grouped, context)
+    s = grouped.totals.sums
+    weighted = float(np.asarray(s["count"])) - float(np.asarray(s["zero_count"]))
+    if point.value is not None and point.stderr is not None and weighted <= 1:
+        return Point(point.value, None, "one episode holds all the weight; no standard error")
+    return point
+
+
 WIS = register(
     Estimator(
         name="wis",
@@ -298,7 +312,7 @@ WIS = register(
             Sum("wis_w2", TRAJECTORY, power=2, moments=2),
         ),
         finish=trajectory_values,
-        finalize=closed_form(wis_values, "every trajectory weight is zero"),
+        finalize=wis_finalize,
         replicates=replicates_of(wis_values),
         studentized=True,
         betting="trajectory",
