@@ -72,20 +72,22 @@ def padded_datasets(logs: Path, datasets: int, episodes: int):
     return map_arrays(lambda value: value.reshape(datasets, episodes, *value.shape[1:]), padded)
 
 
-def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
+DATASETS_PER_CALL = 25  # datasets vmapped in one call of the jitted statistics
+
+
+def dataset_statistics(
     padded,
     policy,
     gamma: float,
     seed: int,
     replicates: int,
     betting_range,
-    chunk: int = 25,
     *,
     policies=None,
     terms: bool = False,
 ) -> list:
     """BatchStatistics of every dataset (a list, one per dataset): the kernel's own
-    ``policy_group_statistics``, jitted and vmapped over ``chunk`` datasets per call, for
+    ``policy_group_statistics``, jitted and vmapped over DATASETS_PER_CALL datasets per call, for
     ``policy`` (or the stacked ``policies``: then [1, P, ...] each); with ``terms``,
     (statistics, episode terms {name: [P, episodes]}) per dataset."""
     import jax
@@ -112,6 +114,7 @@ def dataset_statistics(  # noqa: PLR0913 - the study's settings, one each
         )
 
     out = []
+    chunk = DATASETS_PER_CALL
     for start in range(0, padded.reward.shape[0], chunk):
         part = jax.tree.map(lambda value: value[start : start + chunk], padded)  # noqa: B023
         batched = jax.device_get(jax.vmap(per_dataset)(part))  # [d, 1, P, ...]: device, policy
