@@ -391,8 +391,8 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     assert notes[1e5].startswith("standard error good to about 2e-06 only")
     assert notes[1e7].startswith(f"{NOT_RESOLVED} in float64 sums")
     assert "1e+07 times their spread" in notes[1e7]
-    assert spread_note(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2
-        "standard error not resolved: the terms are equal to float64's precision"
+    assert spread_note(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2 (kept: 0 is right)
+        "standard error 0: the terms are equal to float64's precision"
     )
     assert spread_note(1.0, 1.0, 1.0) is None and (RESOLVED, UNRESOLVED) == (1e-6, 1e-3)
 
@@ -459,4 +459,4 @@ def test_a_jackknife_standard_error_below_float64_rounding_is_dropped():
     assert stderr is None and note.startswith(f"{NOT_RESOLVED} in float64 sums")
     stderr, note = _resolved_spread(1e-3, 1e8)  # rounding 2e-7 of it: kept, noted
     assert stderr == 1e-3 and note.startswith("standard error good to about 2e-04 only")
-    assert _resolved_spread(0.0, 1e8)[0] is None
+    assert _resolved_spread(0.0, 20.0) == (0.0, None)  # equal leave-outs: a constant return

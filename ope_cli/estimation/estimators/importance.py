@@ -145,8 +145,8 @@ def spread_note(total: float, total_sq: float, n: float) -> str | None:
         return None
     squares = total_sq / n
     spread = squares - (total / n) ** 2
-    if spread <= 0:
-        return f"{NOT_RESOLVED}: the terms are equal to float64's precision"
+    if spread <= 0:  # equal terms (a constant return) or a spread below the sums' rounding
+        return "standard error 0: the terms are equal to float64's precision"
     lost = np.finfo(np.float64).eps * squares / spread
     if lost <= RESOLVED:
         return None
@@ -247,10 +247,9 @@ def _resolved_spread(stderr: float, size: float) -> tuple[float | None, str | No
     their rounding (JACKKNIFE_ROUNDINGS eps * size) is beyond UNRESOLVED of it; its note."""
     if not (math.isfinite(stderr) and math.isfinite(size)) or size == 0:
         return stderr, None
-    rounding = JACKKNIFE_ROUNDINGS * np.finfo(np.float64).eps * size
-    if stderr == 0:
-        return None, f"{NOT_RESOLVED}: the leave-out estimates are equal to float64's precision"
-    lost = rounding / stderr
+    if stderr == 0:  # every leave-out estimate equal: a constant return per step
+        return stderr, None
+    lost = JACKKNIFE_ROUNDINGS * np.finfo(np.float64).eps * size / stderr
     if lost <= RESOLVED:
         return stderr, None
     ratio = f"the estimate is {size / stderr:.0e} times its standard error"
