@@ -184,6 +184,17 @@ def test_a_failed_conversion_leaves_no_file(sources, tmp_path):
     assert list(tmp_path.glob("out.parquet*")) == []
 
 
+def test_data_without_rows_is_refused_and_leaves_no_file(sources, tmp_path):
+    """Data without rows is refused as evaluate refuses it (it wrote an empty file, which
+    evaluate then refused)."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(sources["episodes"]).slice(0, 0), empty)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(DataError, match=r"empty\.parquet: no episodes \(the data has no rows\)"):
+        convert(ConvertConfig(str(empty), str(out)))
+    assert list(tmp_path.glob("out.parquet*")) == []
+
+
 def test_the_declared_discount_is_kept(tmp_path):
     """SPEC 12: ``ope convert`` keeps the gamma the source declares, beside its bounds."""
     episodes = random_episodes(np.random.default_rng(5), 10, median_length=3, max_length=5)

@@ -26,7 +26,7 @@ from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema
 from ope_cli.data.decode import plain
-from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episode_stream import NO_EPISODES, DataConfig, open_episodes
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
 from ope_cli.errors import DataError, UsageError, first_line, where
@@ -286,6 +286,8 @@ def convert(config: ConvertConfig) -> ConvertResult:
         for batch in _step_batches(data, schema, out_schema, columns, config.read_rows):
             writer.write_batch(batch)
             steps += batch.num_rows
+        if steps == 0:  # as evaluate refuses it, rather than an empty file that it refuses
+            raise DataError(f"{config.data}: {NO_EPISODES}")
         writer.close()
         target.commit()
     except BaseException:

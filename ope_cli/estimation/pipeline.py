@@ -26,6 +26,7 @@ from ope_cli.choosing.paired import PairedSums
 from ope_cli.choosing.selection import BASELINE_BEHAVIOR
 from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
+from ope_cli.data.episode_stream import NO_EPISODES
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.data.sources import prefetched
@@ -439,7 +440,7 @@ def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
             f"as invalid ({reasons})"
         )
     if counts.episodes == 0:
-        raise DataError(f"{config.data}: no episodes (the data has no rows)")
+        raise DataError(f"{config.data}: {NO_EPISODES}")
 
 
 def _policy_results(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from ope_cli._version import __version__
+from ope_cli.data.episode_stream import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import json_number, significant
 
@@ -122,9 +123,6 @@ def _return_dict(report: InspectReport) -> dict[str, Any]:
     stats = report.rewards.return_stats()
     quantiles = {k: json_number(v) for k, v in stats.pop("quantiles").items()}
     return {**{k: json_number(v) for k, v in stats.items()}, "quantiles": quantiles}
-
-
-NO_EPISODES = "no episodes (the data has no rows)"  # as evaluate says it
 
 
 def _reward_lines(doc: dict[str, Any]) -> list[str]:
