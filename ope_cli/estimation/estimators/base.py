@@ -62,7 +62,6 @@ class Trajectory(NamedTuple):
       log_w: [] log W of the last step walked (after the end: the final weight).
       log_peak: [] max_t log W_t over the steps walked (-inf before the first).
       return_: [] the discounted return sum_t gamma^t r_t of the steps walked.
-      discount_sum: [] sum_t gamma^t over the steps walked, padding included.
       log_discounted_peak: [] max_t log(gamma^t W_t) over the steps walked (-inf before the
         first): the size of the per-decision terms, which W_t alone can exceed by far
         (W_t = 2^t with gamma = 1/2 overflows float64 while every gamma^t W_t is 1).
@@ -72,7 +71,6 @@ class Trajectory(NamedTuple):
     log_w: Array
     log_peak: Array
     return_: Array
-    discount_sum: Array
     log_discounted_peak: Array
     steps: Array
 

@@ -81,7 +81,6 @@ def init_carry(zero, estimators: tuple[str, ...], betting: bool) -> EpisodeCarry
         log_w=zero,
         log_peak=zero - math.inf,
         return_=zero,
-        discount_sum=zero,
         log_discounted_peak=zero - math.inf,
         steps=zero,
     )
@@ -146,6 +145,12 @@ def poisson_counts(
     return jax.vmap(one_episode)(key_hi_b, key_lo_b)
 
 
+def log_discount(steps: jax.Array, gamma: jax.Array) -> jax.Array:
+    """log gamma^t as t log(gamma) (0 at t = 0, also for gamma = 0): finite where gamma^t
+    underflows, long before gamma^t W_t does."""
+    return jnp.where(steps == 0, 0.0, steps * jnp.log(gamma))
+
+
 def betting_inputs(
     betting_range: tuple[float, float, float] | None, horizon: int | None, gamma: float
 ) -> tuple[float, ...] | None:
@@ -178,12 +183,11 @@ def _weight_of_the_rest(trajectory: Trajectory, betting_range: jax.Array) -> jax
     with the weight in log space (H minus the walked discounts cancels catastrophically
     once gamma^T is below float precision, and W_{T-1} can be far above the scale)."""
     horizon, gamma = betting_range[3], betting_range[4]
-    log_gamma = jnp.log(gamma)
     walked = trajectory.steps
     scale, log_w = trajectory.log_discounted_peak, trajectory.log_w
     undiscounted = relative(log_w, scale) * (horizon - walked)
-    head = relative(log_w + jnp.where(walked > 0, walked * log_gamma, 0.0), scale)
-    tail = relative(log_w + horizon * log_gamma, scale)
+    head = relative(log_w + log_discount(walked, gamma), scale)
+    tail = relative(log_w + log_discount(horizon, gamma), scale)
     return jnp.where(gamma == 1.0, undiscounted, (head - tail) / (1.0 - gamma))
 
 
@@ -274,7 +278,6 @@ def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
         log_w=log_w_t[-1],
         log_peak=jnp.maximum(before.log_peak, jnp.max(log_w_t)),
         return_=before.return_ + reward_t @ discount_t,
-        discount_sum=before.discount_sum + jnp.sum(discount_t),
         log_discounted_peak=jnp.maximum(
             before.log_discounted_peak, jnp.max(log_w_t + log_discount_t)
         ),
@@ -372,8 +375,7 @@ def advance_window(
     step_t = jnp.asarray(start) + jnp.arange(log_ratio_bt.shape[-1])
     gamma = jnp.asarray(gamma, dtype)
     discount_t = gamma ** step_t.astype(dtype)
-    # t log(gamma), not log(gamma^t): gamma^t underflows long before gamma^t W_t does
-    log_discount_t = jnp.where(step_t == 0, 0.0, step_t.astype(dtype) * jnp.log(gamma))
+    log_discount_t = log_discount(step_t.astype(dtype), gamma)
     first_bt = real_bt & (step_t == 0)[None, :]
     if betting_range is not None:
         betting_range = betting_range.astype(dtype)
