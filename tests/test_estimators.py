@@ -378,23 +378,26 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
         NOT_RESOLVED,
         RESOLVED,
         UNRESOLVED,
-        spread_note,
+        spread_resolution,
     )
 
     rng = np.random.default_rng(4)
     spread = rng.normal(size=2000)
-    notes = {}
+    notes, drops = {}, {}
     for offset in (0.0, 1e3, 1e5, 1e7):
         x = offset + spread
-        notes[offset] = spread_note(x.sum(), (x * x).sum(), x.size)
+        notes[offset], drops[offset] = spread_resolution(x.sum(), (x * x).sum(), x.size)
     assert notes[0.0] is None and notes[1e3] is None
     assert notes[1e5].startswith("standard error good to about 2e-06 only")
     assert notes[1e7].startswith(f"{NOT_RESOLVED} in float64 sums")
     assert "1e+07 times their spread" in notes[1e7]
-    assert spread_note(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2 (kept: 0 is right)
-        "standard error 0: the terms are equal to float64's precision"
+    assert drops == {0.0: False, 1e3: False, 1e5: False, 1e7: True}
+    assert spread_resolution(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2 (0 is right)
+        "standard error 0: the terms are equal to float64's precision",
+        False,
     )
-    assert spread_note(1.0, 1.0, 1.0) is None and (RESOLVED, UNRESOLVED) == (1e-6, 1e-3)
+    assert spread_resolution(1.0, 1.0, 1.0) == (None, False)
+    assert (RESOLVED, UNRESOLVED) == (1e-6, 1e-3)
 
     def through_is(x):  # the estimator's own finalize
         totals = base.Sums(

@@ -86,7 +86,8 @@ class MeanOfTerms(NamedTuple):
     """The value of a mean-of-terms estimator: ``(sums) -> (mean, sample standard error)``
     ([...] for any leading axes) of its per-episode terms, from their Sum ``total`` and the
     Sum of their squares ``square``, relative to the scalar scale ``scale`` (None: not
-    scaled); ``note(sums)`` says where float64 does not resolve that standard error."""
+    scaled); ``resolution(sums)`` is (note, drop): where float64 does not resolve that
+    standard error, what it is good to, or that it is dropped (``spread_resolution``)."""
 
     total: str
     square: str
@@ -97,9 +98,9 @@ class MeanOfTerms(NamedTuple):
         log_scale = 0.0 if self.scale is None else sums.log_scales[self.scale]
         return mean_and_sem(s[self.total], s[self.square], s["count"], log_scale)
 
-    def note(self, sums: Sums) -> str | None:
+    def resolution(self, sums: Sums) -> tuple[str | None, bool]:
         s = sums.sums
-        return spread_note(s[self.total], s[self.square], s["count"])
+        return spread_resolution(s[self.total], s[self.square], s["count"])
 
 
 is_values = MeanOfTerms("sum_wg", "sum_w2g2", "trajectory")  # (1/n) sum_i W_i G_i
@@ -134,41 +135,47 @@ NOT_RESOLVED = "standard error not resolved"
 SUBTRACT = "subtract a constant from the rewards"
 
 
-def spread_note(total: float, total_sq: float, n: float) -> str | None:
-    """What a standard error from the sum and sum of squares of n terms is good to, where
-    float64 does not resolve it to RESOLVED: sum x^2 - (sum x)^2 / n cancels when the
-    terms' mean is far above their spread (e.g. a large constant in every reward); the
-    relative error of that difference is about eps * mean(x^2) / spread. A note that starts
-    with NOT_RESOLVED means the standard error is dropped."""
+def _resolution(lost: float, ratio: str) -> tuple[str | None, bool]:
+    """(note, drop) of a standard error whose rounding is ``lost`` of it: nothing up to
+    RESOLVED, what it is good to up to UNRESOLVED, beyond it dropped (null) with the reason;
+    ``ratio`` says why (the size of the sums against the spread)."""
+    if lost <= RESOLVED:
+        return None, False
+    if lost > UNRESOLVED:
+        return f"{NOT_RESOLVED} in float64 sums: {ratio} ({SUBTRACT})", True
+    return f"standard error good to about {lost:.0e} only: {ratio}", False
+
+
+def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | None, bool]:
+    """(note, drop) of a standard error from the sum and sum of squares of n terms
+    (``_resolution``): sum x^2 - (sum x)^2 / n cancels when the terms' mean is far above
+    their spread (e.g. a large constant in every reward); the relative error of that
+    difference is about eps * mean(x^2) / spread."""
     total, total_sq, n = (float(np.asarray(x)) for x in (total, total_sq, n))
     if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
-        return None
+        return None, False
     squares = total_sq / n
     spread = squares - (total / n) ** 2
     if spread <= 0:  # equal terms (a constant return) or a spread below the sums' rounding
-        return "standard error 0: the terms are equal to float64's precision"
+        return "standard error 0: the terms are equal to float64's precision", False
     lost = np.finfo(np.float64).eps * squares / spread
-    if lost <= RESOLVED:
-        return None
     ratio = f"the terms' mean is {math.sqrt(squares / spread):.0e} times their spread"
-    if lost > UNRESOLVED:
-        return f"{NOT_RESOLVED} in float64 sums: {ratio} ({SUBTRACT})"
-    return f"standard error good to about {lost:.0e} only: {ratio}"
+    return _resolution(lost, ratio)
 
 
 def closed_form(values, undefined: str):
     """finalize() of an estimator given by a vectorised ``values(sums)``; a MeanOfTerms
-    also notes a standard error that float64 does not resolve (``spread_note``)."""
+    also notes, or drops, a standard error that float64 does not resolve
+    (``spread_resolution``)."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, stderr = (finite(float(x)) for x in values(grouped.totals))
         if value is None:
             return Point(None, stderr, undefined)
-        resolved = stderr is None or not isinstance(values, MeanOfTerms)
-        note = None if resolved else values.note(grouped.totals)
-        if note is not None and note.startswith(NOT_RESOLVED):
-            stderr = None
-        return Point(value, stderr, note)
+        if stderr is None or not isinstance(values, MeanOfTerms):
+            return Point(value, stderr)
+        note, drop = values.resolution(grouped.totals)
+        return Point(value, None if drop else stderr, note)
 
     return finalize
 
@@ -245,17 +252,12 @@ JACKKNIFE_ROUNDINGS = 10.0
 def _resolved_spread(stderr: float, size: float) -> tuple[float | None, str | None]:
     """A jackknife standard error from leave-out values of magnitude ``size``, or None where
     their rounding (JACKKNIFE_ROUNDINGS eps * size) is beyond UNRESOLVED of it; its note."""
-    if not (math.isfinite(stderr) and math.isfinite(size)) or size == 0:
-        return stderr, None
-    if stderr == 0:  # every leave-out estimate equal: a constant return per step
+    # stderr 0: every leave-out estimate equal, a constant return per step
+    if not (math.isfinite(stderr) and math.isfinite(size)) or size == 0 or stderr == 0:
         return stderr, None
     lost = JACKKNIFE_ROUNDINGS * np.finfo(np.float64).eps * size / stderr
-    if lost <= RESOLVED:
-        return stderr, None
-    ratio = f"the estimate is {size / stderr:.0e} times its standard error"
-    if lost > UNRESOLVED:
-        return None, f"{NOT_RESOLVED} in float64 sums: {ratio} ({SUBTRACT})"
-    return stderr, f"standard error good to about {lost:.0e} only: {ratio}"
+    note, drop = _resolution(lost, f"the estimate is {size / stderr:.0e} times its standard error")
+    return None if drop else stderr, note
 
 
 wpdis_finalize = grouped_jackknife(
