@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# What every command says of data that has no rows (and so no episode).
+NO_EPISODES = "no episodes (the data has no rows)"
+
 
 class OpeError(Exception):
     """A problem the user can act on, reported as one line on stderr."""

@@ -26,10 +26,10 @@ from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema
 from ope_cli.data.decode import plain
-from ope_cli.data.episode_stream import NO_EPISODES, DataConfig, open_episodes
+from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
-from ope_cli.errors import DataError, UsageError, first_line, where
+from ope_cli.errors import NO_EPISODES, DataError, UsageError, first_line, where
 
 STANDARD = {role: names[0] for role, names in ALIASES.items()}  # role -> standard name
 

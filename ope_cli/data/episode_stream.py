@@ -19,9 +19,6 @@ from ope_cli.data.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
 from ope_cli.data.sources import Dataset, SourcedBatch, iter_batches, open_dataset
 from ope_cli.errors import DataError
 
-# What every command says of data that has no rows (and so no episode).
-NO_EPISODES = "no episodes (the data has no rows)"
-
 # Whether a probability column (logged target or behavior probabilities) is read:
 # required (a DataError without one), if_present (read when the data has a column of that
 # role, by option or alias), if_usable (behavior only: read when it resolves, else left

@@ -26,12 +26,11 @@ from ope_cli.choosing.paired import PairedSums
 from ope_cli.choosing.selection import BASELINE_BEHAVIOR
 from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
-from ope_cli.data.episode_stream import NO_EPISODES
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.ids import RESAMPLING_GROUPS
 from ope_cli.data.sources import prefetched
 from ope_cli.data.validate import REASONS, dropped_by_reason
-from ope_cli.errors import DataError, OpeError
+from ope_cli.errors import NO_EPISODES, DataError, OpeError
 from ope_cli.estimation.distributed import (
     DistributedConfig,
     allgather_ragged,

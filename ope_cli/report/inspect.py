@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from ope_cli._version import __version__
-from ope_cli.data.episode_stream import NO_EPISODES
+from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import json_number, significant
 
