@@ -113,10 +113,10 @@ def _config(record, data: str, options: Mapping[str, Any]):
     groups = _groups(record)
     for key, value in options.items():
         name = OPTION_NAMES.get(key, key)
-        if isinstance(value, os.PathLike):
+        if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
             value = os.fspath(value)
         if name in SEQUENCES and value is not None:
-            value = (value,) if isinstance(value, str | int | os.PathLike) else tuple(value)
+            value = (value,) if isinstance(value, str | int) else tuple(value)
             value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
         if name in _fields(record) - set(RECORDS):

@@ -290,11 +290,14 @@ IS = register(
 )
 
 
+_wis_closed_form = closed_form(wis_values, "every trajectory weight is zero")
+
+
 def wis_finalize(grouped: Grouped, context: Context) -> Point:
     """WIS and its delta-method standard error; where one episode holds all the weight
     (every other weight is zero), that error is 0 by construction, not a measured spread:
     null, with the reason."""
-    point = closed_form(wis_values, "every trajectory weight is zero")(grouped, context)
+    point = _wis_closed_form(grouped, context)
     s = grouped.totals.sums
     weighted = float(np.asarray(s["count"])) - float(np.asarray(s["zero_count"]))
     if point.value is not None and point.stderr is not None and weighted <= 1:
