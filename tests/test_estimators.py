@@ -393,7 +393,8 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     assert "1e+07 times their spread" in notes[1e7]
     assert drops == {0.0: False, 1e3: False, 1e5: False, 1e7: True}
     assert spread_resolution(6.0, 12.0, 3.0) == (  # three equal terms: 2, 2, 2 (0 is right)
-        "standard error 0: the terms are equal to float64's precision",
+        "standard error 0 to float64's precision: any spread of the terms is below the "
+        "rounding of their squares' sum",
         False,
     )
     assert spread_resolution(1.0, 1.0, 1.0) == (None, False)

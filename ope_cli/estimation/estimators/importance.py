@@ -157,7 +157,11 @@ def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | No
     squares = total_sq / n
     spread = squares - (total / n) ** 2
     if spread <= 0:  # equal terms (a constant return) or a spread below the sums' rounding
-        return "standard error 0: the terms are equal to float64's precision", False
+        return (
+            "standard error 0 to float64's precision: any spread of the terms is below the "
+            "rounding of their squares' sum",
+            False,
+        )
     lost = np.finfo(np.float64).eps * squares / spread
     ratio = f"the terms' mean is {math.sqrt(squares / spread):.0e} times their spread"
     return _resolution(lost, ratio)
