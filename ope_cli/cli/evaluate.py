@@ -35,9 +35,7 @@ from ope_cli.cli.options import (
     options_group,
 )
 from ope_cli.cli.progress import ProgressDisplay
-from ope_cli.config import (
-    EvaluationConfig,
-)
+from ope_cli.config import EvaluationConfig
 from ope_cli.errors import InvalidValueError
 from ope_cli.estimation.estimators import names
 from ope_cli.estimation.run_plan import reported_estimators
@@ -87,7 +85,8 @@ def _scope(gamma: float | None, estimator: list[str] | None) -> ConfigFields:
 # ope evaluate's options beyond the shared groups, each run of them one parameter
 SCOPE = OptionGroup((("gamma", DeclaredGamma, None), ("estimator", Estimators, None)), _scope)
 ESTIMATES = merged_group(intervals=INTERVALS, choosing=CHOOSING, runtime=RUNTIME)
-PRESENTATION = options_group(
+# the run's own options, in their declared order (--on-invalid, in the "Data and columns" panel, is one)
+RUN_OPTIONS = options_group(
     ("quiet", Quiet, False),
     ("on_invalid", InvalidValues, OnInvalid.error),
     ("rank_by", RankBy, "wis"),
@@ -102,7 +101,7 @@ READING = merged_group(batching=BATCHING, columns=column_group(*COLUMN_OPTIONS))
     scope=SCOPE,
     output=EVALUATE_OUTPUT,
     estimates=ESTIMATES,
-    presentation=PRESENTATION,
+    run_options=RUN_OPTIONS,
     cluster=CLUSTER,
     reading=READING,
 )
@@ -113,7 +112,7 @@ def evaluate(
     scope: ConfigFields,  # --gamma, --estimator
     output: OutputFormat,  # --format
     estimates: ConfigFields,  # --confidence ... --seed, --baseline ... --top-k, --precision, --devices
-    presentation: dict,  # --quiet, --on-invalid, --rank-by, --plot, --overwrite
+    run_options: dict,  # --quiet, --on-invalid, --rank-by, --plot, --overwrite
     cluster: DistributedConfig,  # the "Cluster" panel
     reading: ConfigFields,  # the "Batching" and "Columns" panels
 ) -> None:
@@ -135,7 +134,7 @@ def evaluate(
 
       ope evaluate logs.parquet --policy 'ckpts/*.npz' --baseline behavior --truth truth.json
     """
-    shown = dict(presentation)
+    shown = dict(run_options)
     on_invalid = shown.pop("on_invalid")
     config = EvaluationConfig(
         data=data, **sources, **scope, **estimates, **reading, on_invalid=on_invalid.value
