@@ -19,6 +19,7 @@ import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import run_ope, xla_flags
 from datasets import random_checkpoint, random_episodes, save_checkpoint, write_step_layout
+from rendered import shown
 
 import ope_cli
 import ope_cli.envs.generate as gen
@@ -153,31 +154,16 @@ def test_mlp_checkpoint_and_entry_point(mlp_data):
     }
 
 
-def test_table_footer_says_where_behavior_probabilities_come_from(ope_in_process, generated):
+def test_table_footer_says_where_behavior_probabilities_come_from(generated):
     out = generated["chain"]
     policy = str(out / "policies" / "eval_0.npz")
-    done = ope_in_process(
-        [
-            "evaluate",
-            str(out / "nob.parquet"),
-            "-p",
-            policy,
-            "-b",
-            str(out / "behavior.npz"),
-            "-f",
-            "table",
-            "-q",
-        ]
-    )
-    assert done.returncode == 0, done
-    text = " ".join(done.stdout.split())
-    assert f"behavior probabilities: computed from checkpoint {out / 'behavior.npz'}" in text
-    logged = ope_in_process(
-        ["evaluate", str(out / "logs.parquet"), "-p", policy, "-f", "table", "-q"]
-    )
-    assert "behavior probabilities: logged, column 'behavior_prob'" in " ".join(
-        logged.stdout.split()
-    )
+    behavior = str(out / "behavior.npz")
+    computed = ope_cli.evaluate(str(out / "nob.parquet"), policies=policy, behavior=behavior)
+    text = " ".join(shown(computed, "table").split())
+    assert f"behavior probabilities: computed from checkpoint {behavior}" in text
+    logged = ope_cli.evaluate(str(out / "logs.parquet"), policies=policy)
+    text = " ".join(shown(logged, "table").split())
+    assert "behavior probabilities: logged, column 'behavior_prob'" in text
 
 
 # --- bad inputs: the error (its type is the exit code), one line naming the problem

@@ -23,6 +23,7 @@ from datasets import (
     write_step_layout,
 )
 from reference import reference_paired, reference_replicates
+from rendered import shown
 
 import ope_cli
 from ope_cli.api import evaluation_config
@@ -194,16 +195,20 @@ def test_choosing_options_refuse_in_one_line(chain, monkeypatch, baseline, truth
     assert "\n" not in str(raised.value)
 
 
-def test_table_and_csv_show_the_comparisons_and_the_selection(chain, ope_in_process):
+def test_table_and_csv_show_the_comparisons_and_the_selection(chain):
     folder, _ = chain
-    base = ["evaluate", folder / "logs.parquet", "--policy", folder / "policies" / "*.npz"]
-    base += ["--baseline", "behavior", "--truth", folder / "truth.json", "--ci", "normal"]
-    table = ope_in_process([*base, "--format", "table"], cwd=folder)
-    assert table.returncode == 0, table.stderr
-    assert "against the baseline behavior" in table.stdout
-    assert "◆ could be the best" in table.stdout
-    assert "selection against the true values" in table.stdout and "regret@3" in table.stdout
-    rows = list(csv.DictReader(io.StringIO(ope_in_process([*base, "--format", "csv"]).stdout)))
+    evaluation = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=str(folder / "policies" / "*.npz"),
+        baseline="behavior",
+        truth=str(folder / "truth.json"),
+        ci="normal",
+    )
+    table = shown(evaluation, "table")
+    assert "against the baseline behavior" in table
+    assert "◆ could be the best" in table
+    assert "selection against the true values" in table and "regret@3" in table
+    rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
     by_key = {(r["label"], r["estimator"]): r for r in rows}
     worse = by_key["eval_2.npz", "wis"]
     assert float(worse["delta_ci_high"]) < 0 and worse["could_be_best"] == "false"

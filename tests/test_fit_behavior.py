@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import TwoProcessGather, run_ope, xla_flags
+from rendered import shown
 from rich.console import Console
 
 import ope_cli
@@ -70,11 +71,16 @@ def _fit(data: Path, out: Path, model: str | None = None) -> FitBehaviorResult:
     return run_fit_behavior(FitBehaviorConfig(str(data), str(out), model))
 
 
-def _evaluate(data: Path, policies: list, **options) -> dict:
-    """The ``--format json`` document of ``ope evaluate DATA -p ... [options]`` in one
-    bucket (the Python API: the pipeline without the command line)."""
+def _evaluation(data: Path, policies: list, **options) -> ope_cli.Evaluation:
+    """``ope evaluate DATA -p ... [options]`` in one bucket (the Python API: the pipeline
+    without the command line)."""
     policies = [str(p) for p in policies]
-    return ope_cli.evaluate(str(data), policies=policies, **ONE_BUCKET, **options).to_dict()
+    return ope_cli.evaluate(str(data), policies=policies, **ONE_BUCKET, **options)
+
+
+def _evaluate(data: Path, policies: list, **options) -> dict:
+    """The ``--format json`` document of ``_evaluation``."""
+    return _evaluation(data, policies, **options).to_dict()
 
 
 # --- models, closed form
@@ -258,6 +264,7 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
     _fit(out / "nob.parquet", checkpoint)
     policy = _policies(out)
     nob = out / "nob.parquet"
+    both = _evaluation(out / "logs.parquet", policy, behavior="estimate")
     return {
         "estimate": _evaluate(nob, policy, behavior="estimate"),
         "small_batches": _evaluate(
@@ -274,7 +281,8 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
         "cross_fit_small_batches": _evaluate(
             nob, policy, behavior="estimate", **CROSS_FIT, batch_steps=1024
         ),
-        "both": _evaluate(out / "logs.parquet", policy, behavior="estimate"),
+        "both": both.to_dict(),
+        "both_table": shown(both, "table"),
         "true": _evaluate(out / "logs.parquet", policy),
     }
 
@@ -438,13 +446,8 @@ def test_fit_behavior_fits_where_the_logged_column_is_invalid(generated, tmp_pat
     assert "invalid in 2 of the 400 episodes: not compared" in shown.getvalue()
 
 
-def test_estimate_table_footer(ope_in_process, generated):
-    out = generated["chain"]
-    policies = [arg for policy in _policies(out) for arg in ("-p", policy)]
-    args = [out / "logs.parquet", *policies, "-b", "estimate", "--min-bucket", "256"]
-    done = ope_in_process(["evaluate", *args, "-f", "table", "-q"])
-    assert done.returncode == 0, done
-    text = " ".join(done.stdout.split())
+def test_estimate_table_footer(chain_runs):
+    text = " ".join(chain_runs["both_table"].split())
     assert "behavior probabilities: estimated (tabular)" in text
     assert "mean log-likelihood" in text
     assert "raised to it" in text

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer.main
+from rendered import shown
 
 from ope_cli.cli import helpmap
 from ope_cli.data.sources import METADATA_KEY
@@ -33,14 +34,13 @@ QS = "demo/q/eval_*.npz"
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, ope_in_process) -> Path:
+def root(tmp_path_factory) -> Path:
     """demo/ (chain, 200 episodes, gamma 0.9 declared) and nogamma.parquet (the same logs
     without a declared gamma)."""
+    from ope_cli.envs.generate import generate
+
     root = tmp_path_factory.mktemp("interface")
-    done = ope_in_process(
-        ["generate", "chain", "demo", "--episodes", "200", "--gamma", str(GAMMA)], cwd=root
-    )
-    assert done.returncode == 0, done
+    generate("chain", root / "demo", episodes=200, gamma=GAMMA)
     table = pq.read_table(root / "demo" / "logs.parquet")
     declared = json.loads(table.schema.metadata[METADATA_KEY.encode()])
     assert declared["gamma"] == GAMMA  # ope generate writes the gamma it used
@@ -52,90 +52,107 @@ def root(tmp_path_factory, ope_in_process) -> Path:
     return root
 
 
-RUNS = {
-    "declared": ["demo/logs.parquet", "-p", POLICIES, "--q", QS, "-f", "json"],
-    "declared_table": ["demo/logs.parquet", "-p", POLICIES, "--q", QS, "-f", "table"],
-    "option": ["demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--gamma", "0.5"],
-    "default": ["nogamma.parquet", "-p", POLICIES, "-f", "json"],
-    "default_csv": ["nogamma.parquet", "-p", POLICIES, "-f", "csv"],
-    "default_table": ["nogamma.parquet", "-p", POLICIES, "-f", "table"],
-    "declared_csv": ["demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "-f", "csv"],
+# Each evaluation once, through the API (as evaluate's options); ``shown`` renders it with
+# the command line's own writer. What only the command line does (its spellings, globs,
+# exit codes, one-line refusals) runs through ``ope`` itself below.
+EVALUATIONS = {
+    "declared": ("demo/logs.parquet", {"policies": POLICIES, "q": QS}),
+    "option": ("demo/logs.parquet", {"policies": "demo/policies/eval_0.npz", "gamma": 0.5}),
+    "default": ("nogamma.parquet", {"policies": POLICIES}),
+    "betting": (
+        "demo/logs.parquet",
+        {"policies": "demo/policies/eval_0.npz", "q": "demo/q/eval_0.npz", "ci": "betting"},
+    ),
+    "named": (
+        "demo/logs.parquet",
+        {"policies": ("best=demo/policies/eval_0.npz", "demo/policies/eval_1.npz")},
+    ),
+}
+REFUSED = {  # refused before the data is read
     "truth_other_gamma": [
         *("demo/logs.parquet", "-p", POLICIES, "--truth", "demo/truth.json", "--gamma", "0.5"),
     ],
     "truth_default_gamma": ["nogamma.parquet", "-p", POLICIES, "--truth", "demo/truth.json"],
     "one_q": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/eval_0.npz"],
     "q_glob_count": ["demo/logs.parquet", "-p", POLICIES, "--q", "demo/q/*.npz"],
-    "betting": [
-        *("demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--q", "demo/q/eval_0.npz"),
-        *("--ci", "betting", "-f", "table"),
-    ],
-    "betting_json": [
-        *("demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "--q", "demo/q/eval_0.npz"),
-        *("--ci", "betting", "-f", "json"),
-    ],
-    "named": [
-        *("demo/logs.parquet", "-p", "best=demo/policies/eval_0.npz"),
-        *("-p", "demo/policies/eval_1.npz", "-f", "json"),
-    ],
-    "named_table": [
-        *("demo/logs.parquet", "-p", "best=demo/policies/eval_0.npz"),
-        *("-p", "demo/policies/eval_1.npz", "-f", "table"),
-    ],
 }
 
 
 @pytest.fixture(scope="module")
-def runs(root, ope_many_in_process) -> dict:
+def evaluations(root) -> dict:
+    import ope_cli
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the paths as typed, relative, are the names shown
+        return {
+            name: ope_cli.evaluate(data, **options) for name, (data, options) in EVALUATIONS.items()
+        }
+
+
+def _json(evaluation) -> dict:
+    return json.loads(shown(evaluation, "json"))
+
+
+@pytest.fixture(scope="module")
+def refused(root, ope_many_in_process) -> dict:
     return ope_many_in_process(
-        {name: {"args": ["evaluate", *args], "cwd": root} for name, args in RUNS.items()}
+        {name: {"args": ["evaluate", *args], "cwd": root} for name, args in REFUSED.items()}
     )
 
 
-def _json(run) -> dict:
-    assert run.returncode == 0, run
-    return json.loads(run.stdout)
+def test_the_command_line_writes_what_its_writer_renders(root, evaluations, ope_many_in_process):
+    """The tests below render the API's results with ``write_result``: the command line,
+    globs and all, prints the same table, and the same document but for the run's timings."""
+    args = ["evaluate", "demo/logs.parquet", "-p", POLICIES, "--q", QS]
+    runs = ope_many_in_process(
+        {name: {"args": [*args, "-f", name], "cwd": root} for name in ("table", "json")}
+    )
+    assert runs["table"].returncode == 0, runs["table"]
+    assert runs["table"].stdout == shown(evaluations["declared"], "table")
+    printed, rendered = json.loads(runs["json"].stdout), _json(evaluations["declared"])
+    assert printed.pop("runtime").keys() == rendered.pop("runtime").keys()
+    assert printed == rendered
 
 
 # --- the discount comes from somewhere named
 
 
-def test_the_declared_gamma_is_used_and_named(runs):
-    doc = _json(runs["declared"])
+def test_the_declared_gamma_is_used_and_named(evaluations):
+    doc = _json(evaluations["declared"])
     assert (doc["gamma"], doc["gamma_source"]) == (GAMMA, "data")
     assert not any(w["code"] == "gamma_default" for w in doc["warnings"])
-    assert f"gamma={GAMMA:g} (declared by the data)" in runs["declared_table"].stdout
+    assert f"gamma={GAMMA:g} (declared by the data)" in shown(evaluations["declared"], "table")
 
 
-def test_gamma_option_wins_over_the_declared_one(runs):
-    doc = _json(runs["option"])
+def test_gamma_option_wins_over_the_declared_one(evaluations):
+    doc = _json(evaluations["option"])
     assert (doc["gamma"], doc["gamma_source"]) == (0.5, "option")
 
 
-def test_csv_rows_say_which_gamma(runs):
-    rows = list(csv.DictReader(io.StringIO(runs["declared_csv"].stdout)))
+def test_csv_rows_say_which_gamma(evaluations):
+    rows = list(csv.DictReader(io.StringIO(shown(evaluations["declared"], "csv"))))
     assert rows and {(row["gamma"], row["gamma_source"]) for row in rows} == {(repr(GAMMA), "data")}
 
 
-def test_a_truth_for_another_gamma_is_a_usage_error(runs):
+def test_a_truth_for_another_gamma_is_a_usage_error(refused):
     """truth.json holds values for the gamma it was generated with: compared with estimates
     at another gamma (given, or the default where the data declares none) they would give
     wrong selection metrics, so the run stops before reading the data."""
-    line = _error_line(runs["truth_other_gamma"], 2)
+    line = _error_line(refused["truth_other_gamma"], 2)
     assert "gives true values for gamma 0.9, but this run discounts by gamma 0.5 (--gamma)" in line
-    line = _error_line(runs["truth_default_gamma"], 2)
+    line = _error_line(refused["truth_default_gamma"], 2)
     assert "discounts by gamma 1 (the default)" in line and "--gamma 0.9" in line
 
 
-def test_the_default_gamma_is_a_warning_in_every_format(runs):
-    doc = _json(runs["default"])
+def test_the_default_gamma_is_a_warning_in_every_format(evaluations):
+    doc = _json(evaluations["default"])
     assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
     (warning,) = [w for w in doc["warnings"] if w["code"] == "gamma_default"]
     assert warning["policy"] is None and "--gamma" in warning["message"]
-    rows = list(csv.DictReader(io.StringIO(runs["default_csv"].stdout)))
+    rows = list(csv.DictReader(io.StringIO(shown(evaluations["default"], "csv"))))
     assert rows and all("gamma_default" in row["warnings"] for row in rows)
     assert {(row["gamma"], row["gamma_source"]) for row in rows} == {("1.0", "default")}
-    table = runs["default_table"].stdout
+    table = shown(evaluations["default"], "table")
     assert "gamma=1 (the default" in table
     assert "warning: gamma is 1, the default" in " ".join(table.split())
 
@@ -143,23 +160,23 @@ def test_the_default_gamma_is_a_warning_in_every_format(runs):
 # --- one Q for one policy
 
 
-def test_one_q_for_several_policies_is_a_usage_error(runs):
-    run = runs["one_q"]
+def test_one_q_for_several_policies_is_a_usage_error(refused):
+    run = refused["one_q"]
     assert run.returncode == 2 and run.stdout == "", run
     (line,) = run.stderr.splitlines()
     assert line.startswith("ope: usage error: --q demo/q/eval_0.npz is one Q-hat for 3 policies")
     assert "once per --policy, in the same order" in line and "--q fit" in line
-    line = _error_line(runs["q_glob_count"], 2)  # q/ also holds behavior.npz: 4 for 3
+    line = _error_line(refused["q_glob_count"], 2)  # q/ also holds behavior.npz: 4 for 3
     assert line.startswith("ope: usage error: --q is given 4 times (globs expanded from 1)")
 
 
-def test_q_globs_pair_in_order_and_the_pairing_is_printed(runs):
-    doc = _json(runs["declared"])
+def test_q_globs_pair_in_order_and_the_pairing_is_printed(evaluations):
+    doc = _json(evaluations["declared"])
     for k, result in enumerate(doc["results"]):
         assert result["policy"] == f"demo/policies/eval_{k}.npz"
         assert result["diagnostics"]["q"]["name"] == f"demo/q/eval_{k}.npz"
         assert result["diagnostics"]["q"]["source"] == "checkpoint"
-    footer = " ".join(runs["declared_table"].stdout.split())
+    footer = " ".join(shown(evaluations["declared"], "table").split())
     for k in range(3):
         assert f"eval_{k}.npz: Q-hat from demo/q/eval_{k}.npz (tabular_q)" in footer
 
@@ -167,8 +184,8 @@ def test_q_globs_pair_in_order_and_the_pairing_is_printed(runs):
 # --- warnings travel with the numbers; every result carries its rank
 
 
-def test_warnings_and_ranks_in_json_and_csv(runs):
-    doc = _json(runs["declared"])
+def test_warnings_and_ranks_in_json_and_csv(evaluations):
+    doc = _json(evaluations["declared"])
     assert doc["rank_by"] == "wis"
     values = [r["estimates"]["wis"]["value"] for r in doc["results"]]
     ranks = [r["rank"] for r in doc["results"]]
@@ -179,7 +196,7 @@ def test_warnings_and_ranks_in_json_and_csv(runs):
     # betting does not apply to dm, dr, wdr: their normal intervals are asymptotic
     (asymptotic,) = [w for w in doc["warnings"] if w["code"] == "asymptotic_intervals"]
     assert "dm, dr, wdr: normal intervals" in asymptotic["message"]
-    rows = list(csv.DictReader(io.StringIO(runs["default_csv"].stdout)))
+    rows = list(csv.DictReader(io.StringIO(shown(evaluations["default"], "csv"))))
     assert {"warnings", "rank", "ci_method", "note", "label"} <= set(rows[0])
     assert sorted({row["rank"] for row in rows}) == ["1", "2", "3"]
 
@@ -241,8 +258,8 @@ def test_run_wide_warnings_have_no_policy():
 # --- every estimate has an interval or a reason
 
 
-def test_auto_names_the_method_per_estimator(runs):
-    doc = _json(runs["declared"])
+def test_auto_names_the_method_per_estimator(evaluations):
+    doc = _json(evaluations["declared"])
     estimates = doc["results"][0]["estimates"]
     for name in ("is", "wis", "pdis", "wpdis"):
         assert estimates[name]["ci_method"] == "betting", name
@@ -252,14 +269,14 @@ def test_auto_names_the_method_per_estimator(runs):
         assert "note" not in estimates[name], name  # the betting note went with the null
 
 
-def test_a_null_interval_always_has_a_note_shown_in_the_table(runs):
-    doc = _json(runs["betting_json"])
+def test_a_null_interval_always_has_a_note_shown_in_the_table(evaluations):
+    doc = _json(evaluations["betting"])
     for name, estimate in doc["results"][0]["estimates"].items():
         if estimate["ci_low"] is None:
             assert estimate["note"], name
             assert estimate["ci_method"] is None, name
     assert doc["results"][0]["estimates"]["dr"]["ci_low"] is None  # --ci betting, as asked
-    table = runs["betting"].stdout
+    table = shown(evaluations["betting"], "table")
     assert "n/a (1)" in table
     assert "(1) betting intervals do not apply to this estimator" in table
 
@@ -267,8 +284,8 @@ def test_a_null_interval_always_has_a_note_shown_in_the_table(runs):
 # --- names that people read
 
 
-def test_named_policies_and_short_labels(runs):
-    doc = _json(runs["named"])
+def test_named_policies_and_short_labels(evaluations):
+    doc = _json(evaluations["named"])
     best, other = doc["results"]
     assert (best["policy"], best["label"], best["source"]) == (
         "best",
@@ -276,7 +293,7 @@ def test_named_policies_and_short_labels(runs):
         "demo/policies/eval_0.npz",
     )
     assert (other["policy"], other["label"]) == ("demo/policies/eval_1.npz", "eval_1.npz")
-    table = runs["named_table"].stdout
+    table = shown(evaluations["named"], "table")
     assert "│ best " in table and "eval_1.npz = demo/policies/eval_1.npz" in table
     assert "best = demo/policies/eval_0.npz" in table
 
@@ -463,5 +480,7 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
     args = ["fit-q", "demo/logs.parquet", "-p", "demo/policies/eval_0.npz", "-f", "json"]
     declared = ope_in_process([*args, "--out", tmp_path / "d.npz"], cwd=root)
     given = ope_in_process([*args, "--out", tmp_path / "g.npz", "--gamma", "0.5"], cwd=root)
-    assert (_json(declared)["gamma"], _json(declared)["gamma_source"]) == (GAMMA, "data")
-    assert (_json(given)["gamma"], _json(given)["gamma_source"]) == (0.5, "option")
+    for run, named in ((declared, (GAMMA, "data")), (given, (0.5, "option"))):
+        assert run.returncode == 0, run
+        doc = json.loads(run.stdout)
+        assert (doc["gamma"], doc["gamma_source"]) == named

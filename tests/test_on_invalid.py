@@ -27,6 +27,7 @@ from datasets import (
     write_table,
 )
 from reference import DIAGNOSTICS, ESTIMATORS, reference_estimates
+from rendered import shown
 
 import ope_cli
 from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
@@ -330,12 +331,12 @@ def test_json_document_reports_what_was_dropped(step_case, monkeypatch):
     assert raised.value.exit_code == 3
 
 
-def test_table_footer_reports_what_was_dropped(step_case, ope_in_process):
+def test_table_footer_reports_what_was_dropped(step_case, monkeypatch):
     tmp_path, _, _, policy, plan = step_case
-    args = ["evaluate", "bad.parquet", "-p", policy.name, "--on-invalid", "drop", "--gamma", "0.9"]
-    table = ope_in_process([*args, "--format", "table"], cwd=tmp_path)
-    assert table.returncode == 0, table
-    line = next(li for li in table.stdout.splitlines() if "--on-invalid drop" in li)
+    monkeypatch.chdir(tmp_path)
+    evaluation = ope_cli.evaluate("bad.parquet", policies=policy.name, on_invalid="drop", gamma=0.9)
+    table = shown(evaluation, "table")
+    line = next(li for li in table.splitlines() if "--on-invalid drop" in li)
     assert f"dropped {len(plan)} invalid episode(s)" in line
     assert "reward_not_finite" in line
 
