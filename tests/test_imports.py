@@ -2,7 +2,8 @@
 functions (lazy imports) and under ``if TYPE_CHECKING``, so a cycle cannot hide. And the
 package's functions stay small: none is longer than ``MAX_LINES``, and no long argument
 list is let through with a ``noqa: PLR0913``, in the package, its studies and examples
-(ruff's own per-file ignores are in pyproject.toml, which holds none for argument counts)."""
+(ruff's own per-file ignores are in pyproject.toml, which holds none for argument counts).
+Every module has a test module a newcomer can find by its name."""
 
 from __future__ import annotations
 
@@ -157,3 +158,60 @@ def test_examples_use_only_the_public_api():
     assert examples
     for path in examples:
         assert ope_cli_imports(path) <= public, (path.name, ope_cli_imports(path) - public)
+
+
+# Modules tested by a test module named otherwise: the behavior and Q models are what
+# ``ope fit-behavior`` and ``ope fit-q`` fit, ``inspection`` is ``ope inspect``, and the
+# package's own __init__ is the public API's lazy names.
+TESTED_WITH = {
+    "ope_cli": "test_api.py",
+    "behavior_models": "test_fit_behavior.py",
+    "q_models": "test_fit_q.py",
+    "inspection": "test_inspect.py",
+}
+
+
+def covering_test_module(path: Path, tests: set[str]) -> str | None:
+    """The test module of ``path`` (a module of the package) among ``tests`` (file names):
+    test_<module>.py, else that of its nearest package that has one (test_sources.py for
+    data/sources/parquet.py), ``TESTED_WITH``'s where it names one; None if none."""
+    parts = (PACKAGE.name, *path.relative_to(PACKAGE).with_suffix("").parts)
+    names = reversed(parts[:-1] if parts[-1] == "__init__" else parts)
+    for name in names:
+        for candidate in (f"test_{name}.py", TESTED_WITH.get(name)):
+            if candidate in tests:
+                return candidate
+    return None
+
+
+def defines_functions(path: Path) -> bool:
+    """Whether ``path`` defines a function or method (not only records and constants)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree))
+
+
+def test_tests_of_finds_the_package_test_module():
+    sources = PACKAGE / "data" / "sources" / "parquet.py"
+    assert (
+        covering_test_module(sources, {"test_sources.py", "test_parquet.py"}) == "test_parquet.py"
+    )
+    assert covering_test_module(sources, {"test_sources.py", "test_data.py"}) == "test_sources.py"
+    linear = PACKAGE / "models" / "q_models" / "linear.py"
+    assert covering_test_module(linear, {"test_fit_q.py", "test_models.py"}) == "test_fit_q.py"
+    assert covering_test_module(PACKAGE / "outputs.py", {"test_sources.py"}) is None
+
+
+def test_every_module_has_a_test_module():
+    """Where a newcomer looks for the tests of a module: test_<module>.py, or that of its
+    package (a package of small modules, such as the sources, shares one). Modules of
+    records and constants alone (config.py, a package's __init__) are tested where they
+    are used."""
+    tests = {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    untested = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "__main__.py"
+        and defines_functions(path)
+        and covering_test_module(path, tests) is None
+    ]
+    assert not untested, "modules without a test module: " + ", ".join(untested)
