@@ -147,15 +147,6 @@ def test_padding_rows_and_steps_change_nothing():
     np.testing.assert_allclose(stats.extend(b, 16).step_sums["w_t"], a.step_sums["w_t"], rtol=1e-12)
 
 
-def test_jit_equals_eager():
-    rng = np.random.default_rng(3)
-    arrays = random_batch(rng, [2, 5, 3], rows=4, steps=6)
-    eager = jax.tree.map(np.asarray, statistics(arrays))
-    compiled = jax.tree.map(np.asarray, jitted(arrays))
-    for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-12)
-
-
 def _many_lengths_case(tmp, seed=4, max_length=60):
     rng = np.random.default_rng(seed)
     behavior = random_checkpoint("tabular", rng)
