@@ -42,3 +42,16 @@ def test_vectors_mark_ragged_rows_as_zeros():
 def test_plain_and_list_lengths():
     assert plain(pa.chunked_array([["a"], ["b"]]).dictionary_encode()).type == pa.string()
     np.testing.assert_array_equal(list_lengths(pa.array([[1], None, [1, 2]])), [1, 0, 2])
+
+
+def test_numbers_read_whole_floats_as_integers_and_refuse_fractions():
+    np.testing.assert_array_equal(
+        numbers(pa.array([0.0, 2.0]), "a", np.int64, Where("f", locate), "null_action"), [0, 2]
+    )
+    for bad in (0.9, float("nan")):
+        with pytest.raises(
+            DataError,
+            match=r"f: episode 7, step 1: column 'a' holds .* where "
+            r"whole numbers are expected.*1 such value",
+        ):
+            numbers(pa.array([1.0, bad]), "a", np.int64, Where("f", locate), "null_action")

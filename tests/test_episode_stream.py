@@ -82,3 +82,27 @@ def test_reconfigured_resolves_the_columns_again(logs):
     assert not stream.schema.behavior_logged
     again = stream.reconfigured(behavior_column="required")
     assert again.data is stream.data and again.schema.behavior_logged
+
+
+@pytest.mark.parametrize("shift, refused", [(0.0, False), (0.9, True)])
+def test_a_later_file_of_float_actions_is_read_whole_or_refused(logs, tmp_path, shift, refused):
+    """The dataset's first file holds integer actions; a later file's floats are read when
+    each is whole and refused otherwise (a cast would truncate 0.9 to 0 without a word)."""
+    path, _ = logs
+    for name in ("part-00000.parquet", "part-00001.parquet"):
+        table = pq.read_table(path / name)
+        if name.endswith("1.parquet"):
+            actions = table.column("action").to_numpy().astype(np.float64) + shift
+            table = table.set_column(table.schema.get_field_index("action"), "action", [actions])
+        pq.write_table(table, tmp_path / name)
+    mixed = open_episodes(DataConfig(str(tmp_path)))
+    if refused:
+        with pytest.raises(
+            DataError,
+            match=r"part-00001.parquet: episode .*column 'action' "
+            r"holds \d\.9 where whole numbers are expected",
+        ):
+            list(mixed)
+        return
+    for got, want in zip(mixed, open_episodes(DataConfig(str(path))), strict=True):
+        np.testing.assert_array_equal(got.action, want.action)

@@ -92,7 +92,27 @@ def numbers(
         if fill < 0 and pa.types.is_unsigned_integer(array.type):
             fill = 0
         array = pc.fill_null(array, fill)
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
+    values = array.to_numpy(zero_copy_only=False)
+    if np.issubdtype(dtype, np.integer) and np.issubdtype(values.dtype, np.floating):
+        check_whole(values, column, at, row_of)
+    return np.asarray(values, dtype=dtype)
+
+
+def check_whole(values: np.ndarray, column: str, at: Where, row_of: RowOf | None) -> None:
+    """Floats where whole numbers are expected (discrete actions, state indices: a file of
+    a dataset whose first file holds integers) are refused unless each is whole; a cast
+    would truncate 0.9 to 0 without a word."""
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~np.isfinite(values) | (values != np.trunc(values)))
+    if not bad.size:
+        return
+    rows = bad if row_of is None else row_of(bad)
+    place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
+    raise DataError(
+        f"{place}column {column!r} holds {float(values[bad[0]])!r} where whole numbers are "
+        f"expected (discrete actions or state indices); {bad.size} such value(s) in this "
+        "record batch"
+    )
 
 
 def list_parts(
