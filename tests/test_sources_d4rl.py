@@ -152,6 +152,47 @@ def test_episode_ids_count_on_across_files(tmp_path):
     assert ids(second) == [5, 5, 6, 6]
 
 
+def test_one_number_per_step_stored_as_a_column_of_one_reads_as_one_number(tmp_path):
+    """Rewards, flags, behavior log-probabilities and integer actions of shape [N, 1] (as
+    some writers store them) are the same per-step numbers as [N]; float actions [N, 1]
+    stay vectors of one (a one-dimensional continuous action)."""
+    arrays = d4rl_arrays()
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint(
+            "linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM, act_dim=N_ACTIONS
+        ),
+    )
+    write_d4rl(tmp_path / "flat.hdf5", arrays)
+    columns = {**arrays}
+    for key in ("actions", "rewards", "terminals", "timeouts", d4rl.BEHAVIOR_KEY):
+        columns[key] = arrays[key][:, None]
+    write_d4rl(tmp_path / "columns.hdf5", columns)
+    assert_same_evaluation(
+        evaluation_inputs(tmp_path / "columns.hdf5", policy, read_rows=4),
+        evaluation_inputs(tmp_path / "flat.hdf5", policy, read_rows=4),
+    )
+    one = continuous(arrays)
+    one["actions"] = one["actions"][:, :1]
+    data = open_dataset(str(write_d4rl(tmp_path / "one.hdf5", one)))
+    assert data.schema.field("action").type == pa.list_(pa.float32(), 1)
+
+
+def test_a_file_without_rows_ends_in_one_empty_batch(tmp_path):
+    arrays = {key: values[:0] for key, values in d4rl_arrays().items()}
+    data = open_dataset(str(write_d4rl(tmp_path / "empty.hdf5", arrays)))
+    (batch,) = read_all(data, ["episode_id", "reward"], 4)
+    assert batch.batch.num_rows == 0 and batch.last_in_file
+    policy = save_checkpoint(
+        tmp_path / "pi.npz",
+        random_checkpoint(
+            "linear_softmax", np.random.default_rng(3), obs_dim=OBS_DIM, act_dim=N_ACTIONS
+        ),
+    )
+    message = data_error(ope_cli.evaluate, tmp_path / "empty.hdf5", policies=[policy])
+    assert message == f"{tmp_path / 'empty.hdf5'}: no episodes (the data has no rows)"
+
+
 # ------------------------------------------------------------------------ through ope
 
 

@@ -262,6 +262,17 @@ def test_arrow_storage_has_a_file_per_episode_and_restricts_to_some(made):
     assert hdf5.endswith("main_data.hdf5")
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+@pytest.mark.parametrize("rows", [1, sum(LENGTHS), 1000])
+def test_batches_cover_every_step_once_and_end_with_the_last(made, fmt, rows):
+    """Whether or not the steps are a multiple of ``rows`` (the end of the data then has
+    nothing left over, and its marker is an empty batch)."""
+    batches = list(open_dataset(str(made[fmt])).iter_batches(["reward"], rows))
+    assert sum(b.batch.num_rows for b in batches) == sum(LENGTHS)
+    assert all(b.batch.num_rows <= rows for b in batches)
+    assert batches[-1].last_in_file
+
+
 def test_dataset_ids_resolve_under_the_minari_root(made, monkeypatch, tmp_path):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(made["root"]))
     assert minari.resolve("minari:test/dict-arrow-v0") == made["arrow"] / "data"

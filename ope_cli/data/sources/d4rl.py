@@ -1,6 +1,7 @@
 """D4RL-style HDF5 files: flat per-step datasets ``observations`` [N, ...], ``actions``
 [N, ...], ``rewards`` [N], ``terminals`` [N] and ``timeouts`` [N], with optional
 ``next_observations`` and ``infos/action_log_probs`` (the behavior log-probabilities).
+A dataset of one number per step may also be stored [N, 1] (integer actions included).
 
 An episode ends at a step whose terminal or timeout flag is set; the steps after the last
 flag form a final, truncated episode. The file is read in slices of the datasets and each
@@ -35,6 +36,8 @@ STANDARD = {
     "reward": "rewards",
     "behavior_log_prob": BEHAVIOR_KEY,
 }
+# datasets of one number per step: [N] or, as some writers store them, [N, 1]
+ONE_PER_STEP = ("rewards", BEHAVIOR_KEY, *FLAGS)
 IGNORED_GROUPS = ("metadata/",)  # D4RL keeps the data-collecting policy's weights here
 INSTALL_HINT = "pip install 'ope-cli[hdf5]'"
 _COUNT_ROWS = 1 << 20  # rows of flags read at a time when counting a file's episodes
@@ -63,14 +66,25 @@ def _open_file(h5py: Any, path: str) -> Any:
         ) from None
 
 
-def _arrow_type(dataset: Any) -> pa.DataType | None:
-    """The Arrow type of one row of ``dataset`` ([N] -> a number, [N, ...] -> a fixed-size
-    list of the flattened row); None for values that are not numbers or booleans."""
+def _one_per_step(key: str, dataset: Any) -> bool:
+    """Whether ``dataset`` holds one number per step: [N], or [N, 1] for the rewards, flags
+    and behavior log-probabilities and for integer (discrete) actions."""
+    if len(dataset.shape) == 1:
+        return True
+    single = int(np.prod(dataset.shape[1:])) == 1
+    discrete = key == "actions" and np.issubdtype(dataset.dtype, np.integer)
+    return single and (key in ONE_PER_STEP or discrete)
+
+
+def _arrow_type(key: str, dataset: Any) -> pa.DataType | None:
+    """The Arrow type of one row of ``dataset`` (one per step -> a number, [N, ...] -> a
+    fixed-size list of the flattened row); None for values that are not numbers or
+    booleans."""
     dtype = dataset.dtype
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
         return None
     value = pa.from_numpy_dtype(dtype)
-    if len(dataset.shape) == 1:
+    if _one_per_step(key, dataset):
         return value
     return pa.list_(value, int(np.prod(dataset.shape[1:])))
 
@@ -122,24 +136,24 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
                     f"{path}: datasets have different lengths: {key!r} has "
                     f"{shape[0] if shape else 0} rows, 'rewards' has {rows}"
                 )
-            if _arrow_type(datasets[key]) is None:
+            if _arrow_type(key, datasets[key]) is None:
                 raise DataError(
                     f"{path}: dataset {key!r} has dtype {datasets[key].dtype}, expected numbers"
                 )
         for key in FLAGS:
-            if len(datasets[key].shape) != 1:
+            if not _one_per_step(key, datasets[key]):
                 raise DataError(f"{path}: dataset {key!r} must be one flag per step [N]")
         extra = {  # other per-step datasets, under their HDF5 paths
             key: key
             for key, dataset in datasets.items()
-            if dataset.shape and dataset.shape[0] == rows and _arrow_type(dataset) is not None
+            if dataset.shape and dataset.shape[0] == rows and _arrow_type(key, dataset) is not None
         }
         columns = {"episode_id": "", "step": ""}
         columns.update({name: key for name, key in STANDARD.items() if key in datasets})
         columns.update(extra)
         fields = [pa.field("episode_id", pa.int64()), pa.field("step", pa.int64())]
         fields += [
-            pa.field(name, _arrow_type(datasets[key])) for name, key in columns.items() if key
+            pa.field(name, _arrow_type(key, datasets[key])) for name, key in columns.items() if key
         ]
     return FileLayout(rows, columns, pa.schema(fields))
 
@@ -157,8 +171,8 @@ def _episode_count(h5py: Any, path: str, rows: int) -> int:
 
 def _done(handle: Any, start: int, stop: int) -> np.ndarray:
     """[stop - start] bool: the step ends its episode (terminal or timeout)."""
-    terminal = np.asarray(handle["terminals"][start:stop]) != 0
-    timeout = np.asarray(handle["timeouts"][start:stop]) != 0
+    terminal = np.asarray(handle["terminals"][start:stop]).reshape(stop - start) != 0
+    timeout = np.asarray(handle["timeouts"][start:stop]).reshape(stop - start) != 0
     return terminal | timeout
 
 
@@ -167,7 +181,7 @@ def _to_arrow(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     if pa.types.is_fixed_size_list(dtype):
         flat = np.ascontiguousarray(values).reshape(-1)
         return pa.FixedSizeListArray.from_arrays(pa.array(flat), dtype.list_size)
-    return pa.array(np.ascontiguousarray(values))
+    return pa.array(np.ascontiguousarray(values).reshape(len(values)))
 
 
 @dataclasses.dataclass
@@ -233,7 +247,7 @@ class D4rlDataset:
             cursor = _EpisodeCursor(self.first_episode[file])
             with _open_file(h5py, file) as handle:
                 if layout.rows == 0:
-                    yield SourcedBatch(file, schema.empty_table().to_batches()[0], True, 0)
+                    yield SourcedBatch(file, pa.RecordBatch.from_pylist([], schema=schema), True, 0)
                 for start in range(0, layout.rows, rows):
                     stop = min(start + rows, layout.rows)
                     try:

@@ -417,7 +417,7 @@ class MinariDataset:
 
         def flush() -> Iterator[SourcedBatch]:
             nonlocal offset
-            last = list(batcher.flush()) or [schema.empty_table().to_batches(1)[0]]
+            last = list(batcher.flush()) or [pa.RecordBatch.from_pylist([], schema=schema)]
             for i, batch in enumerate(last):
                 yield SourcedBatch(where, batch, i == len(last) - 1, offset)
                 offset += batch.num_rows
