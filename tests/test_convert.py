@@ -11,6 +11,7 @@ import json
 import gymnasium as gym
 import numpy as np
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 from datasets import (
@@ -137,6 +138,26 @@ def test_episode_layout_becomes_steps(sources, policies, tmp_path):
     assert result.steps == table.num_rows == sum(len(x) for x in lengths.to_pylist())
     steps = table.column("step").to_numpy()
     assert steps[0] == 0 and (np.diff(steps)[np.diff(steps) != 1] <= 0).all()
+    assert_identical(sources["episodes"], out, policies[4])
+
+
+def test_episode_layout_of_list_views_becomes_steps(sources, policies, tmp_path):
+    """List views (an Arrow IPC file may hold them) are episode lists like any other: each
+    row's values become its steps (they were copied whole onto every step row)."""
+    table = pq.read_table(sources["episodes"])
+
+    def view(column: pa.ChunkedArray) -> pa.Array:
+        lists = column.combine_chunks()
+        if not pa.types.is_list(lists.type):
+            return lists
+        offsets = lists.offsets.to_numpy()
+        return pa.ListViewArray.from_arrays(offsets[:-1], np.diff(offsets), lists.values)
+
+    views = pa.table([view(c) for c in table.columns], names=table.column_names)
+    feather.write_feather(views, tmp_path / "views.arrow", compression="uncompressed")
+    out = tmp_path / "steps.parquet"
+    result = convert(ConvertConfig(str(tmp_path / "views.arrow"), str(out), read_rows=7))
+    assert result.steps == pq.read_metadata(out).num_rows == sum(map(len, table["rewards"]))
     assert_identical(sources["episodes"], out, policies[4])
 
 

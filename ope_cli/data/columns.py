@@ -105,7 +105,8 @@ class DataSchema:
         return list(dict.fromkeys(self.columns.values()))
 
 
-def _is_list(dtype: pa.DataType) -> bool:
+def is_list(dtype: pa.DataType) -> bool:
+    """Whether a column of ``dtype`` holds lists (any list flavour, views included)."""
     return (
         pa.types.is_list(dtype)
         or pa.types.is_large_list(dtype)
@@ -180,13 +181,13 @@ def _resolve_schema(
     schema: pa.Schema, mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
 ) -> DataSchema:
     columns = _select_columns(list(schema.names), mapping, logged_target, logged_behavior)
-    layout: Layout = "episode" if _is_list(schema.field(columns["reward"]).type) else "step"
+    layout: Layout = "episode" if is_list(schema.field(columns["reward"]).type) else "step"
 
     def value_type(role: str) -> pa.DataType:
         """The type of one step's value of ``role`` (the list's item in the episode layout)."""
         dtype = schema.field(columns[role]).type
         if layout == "episode":
-            if not _is_list(dtype):
+            if not is_list(dtype):
                 raise _type_error(columns[role], "a list column (episode layout)", dtype, role)
             return dtype.value_type
         return dtype
@@ -302,7 +303,7 @@ def _action_kind(action_type: pa.DataType) -> tuple[ActionKind | None, bool]:
         return "discrete", False
     if pa.types.is_floating(action_type):
         return "continuous", False
-    if _is_list(action_type) and _is_number(action_type.value_type):
+    if is_list(action_type) and _is_number(action_type.value_type):
         return "continuous", True
     return None, False
 
@@ -313,6 +314,6 @@ def _observation_kind(obs_type: pa.DataType) -> tuple[ObservationKind | None, in
         return "index", None
     if pa.types.is_floating(obs_type):
         return "scalar", None
-    if _is_list(obs_type) and _is_number(obs_type.value_type):
+    if is_list(obs_type) and _is_number(obs_type.value_type):
         return "vector", obs_type.list_size if pa.types.is_fixed_size_list(obs_type) else None
     return None, None

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import ope_cli.data.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema
+from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema, is_list
 from ope_cli.data.decode import plain
 from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
@@ -95,18 +95,10 @@ def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Sc
             fields.append(pa.field("step", pa.int64()))
     for out, name in columns.items():
         dtype = data.schema.field(name).type
-        if layout == "episode" and _is_list(dtype):
+        if layout == "episode" and is_list(dtype):
             dtype = dtype.value_type
         fields.append(pa.field(out, dtype))
     return pa.schema(fields)
-
-
-def _is_list(dtype: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(dtype)
-        or pa.types.is_large_list(dtype)
-        or pa.types.is_fixed_size_list(dtype)
-    )
 
 
 def _metadata(config: ConvertConfig, data: Dataset, schema: DataSchema, columns) -> dict:
@@ -160,7 +152,7 @@ def _explode(
         arrays["step"] = pa.array(np.arange(parent.size, dtype=np.int64) - starts)
     for out, name in columns.items():
         values = batch.column(name)
-        if _is_list(values.type):
+        if is_list(values.type):
             own = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
             if not np.array_equal(own, lengths):
                 row = int(np.flatnonzero(own != lengths)[0])
