@@ -195,6 +195,27 @@ def test_choosing_options_refuse_in_one_line(chain, monkeypatch, baseline, truth
     assert "\n" not in str(raised.value)
 
 
+def test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones(tmp_path):
+    """The sets use percentile intervals for every pair, the baseline's included (on this
+    data a studentized interval against the baseline kept eval_2 in the IS set)."""
+    generate("chain", tmp_path, episodes=400, seed=1, gamma=0.95)
+    policies = sorted((tmp_path / "policies").glob("eval_*.npz"))
+
+    def sets(ci: str) -> list[dict[str, bool]]:
+        evaluation = ope_cli.evaluate(
+            tmp_path / "logs.parquet",
+            policies=policies,
+            baseline=str(policies[2]),
+            ci=ci,
+            bootstrap_samples=200,
+        )
+        return [r.could_be_best for r in evaluation.results]
+
+    percentile = sets("percentile")
+    assert not percentile[2]["is"]
+    assert sets("bootstrap-t") == percentile
+
+
 def test_table_and_csv_show_the_comparisons_and_the_selection(chain):
     folder, _ = chain
     evaluation = ope_cli.evaluate(

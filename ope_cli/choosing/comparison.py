@@ -176,9 +176,10 @@ class Pairing:
             return rep_k - rep_b
 
     def interval(
-        self, k: int, b: int, name: str, level: float
+        self, k: int, b: int, name: str, level: float, studentize: bool = True
     ) -> tuple[float | None, float | None, str | None]:
-        """(low, high, note) of V̂(k) - V̂(b) at ``level`` by the run's method."""
+        """(low, high, note) of V̂(k) - V̂(b) at ``level`` by the run's method (bootstrap-t
+        studentized against the baseline only when ``studentize``)."""
         delta, stderr = self.difference(k, b, name)
         method = self.methods[name]
         if method == "betting":
@@ -196,7 +197,12 @@ class Pairing:
         replicates = self._replicate_difference(k, b, name)
         if replicates is None:
             return None, None, None
-        studentized = method == "bootstrap-t" and get(name).term is not None and b == self.baseline
+        studentized = (
+            studentize
+            and method == "bootstrap-t"
+            and get(name).term is not None
+            and b == self.baseline
+        )
         stderrs = paired.replicate_stderrs(self.sums, name, k, b) if studentized else None
         low, high, note = bootstrap_interval(delta, stderr, replicates, stderrs, level)
         if method == "bootstrap-t" and not studentized and note is None:
@@ -213,12 +219,14 @@ class Pairing:
 
     def could_be_best(self, name: str, confidence: float) -> list[bool]:
         """[P] whether each policy could be the best by ``name`` (Bonferroni over the
-        comparisons with the estimated best)."""
+        comparisons with the estimated best). Under bootstrap-t every pair's interval is
+        the percentile one: the studentized interval exists only against the baseline, and
+        one pair by another method would make the set depend on which policy is it."""
         policies = range(len(self.accumulators))
         estimates = {k: self.value(k, name) for k in policies}
 
         def paired_interval(best: int, other: int, level: float):
-            low, high, _ = self.interval(best, other, name, level)
+            low, high, _ = self.interval(best, other, name, level, studentize=False)
             return low, high
 
         flags = could_be_best(estimates, paired_interval, confidence)
