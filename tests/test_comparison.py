@@ -27,7 +27,7 @@ from rendered import shown
 
 import ope_cli
 from ope_cli.api import evaluation_config
-from ope_cli.choosing.comparison import read_run_truth, resolve_baseline
+from ope_cli.choosing.comparison import TIED, read_run_truth, resolve_baseline
 from ope_cli.config import ChoosingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
@@ -51,6 +51,7 @@ def logged(tmp_path_factory):
     data = write_step_layout(episodes, folder / "logs.parquet")
     checkpoints = [perturb_checkpoint(behavior, rng, 0.3) for _ in range(3)]
     paths = [save_checkpoint(folder / f"p{i}.npz", c) for i, c in enumerate(checkpoints)]
+    save_checkpoint(folder / "behavior.npz", behavior)
     return data, episodes, checkpoints, paths
 
 
@@ -120,6 +121,26 @@ def test_paired_percentile_intervals_are_the_replicate_differences(logged):
             assert got.ci_low == pytest.approx(low, rel=1e-9), estimator
             assert got.ci_high == pytest.approx(high, rel=1e-9), estimator
             assert got.p_improvement == pytest.approx(np.mean(d > 0)), estimator
+
+
+@pytest.mark.parametrize("ci", ["percentile", "bootstrap-t", "normal"])
+def test_a_policy_against_its_own_logs_is_a_tie(logged, ci):
+    """The behavior checkpoint against the behavior row (the logged probabilities) differs
+    only by float64 rounding (~1e-16): a difference of 0 ± 0, the interval [0, 0], P(better)
+    one half and a note, not a sign read off the rounding."""
+    data, _, _, paths = logged
+    own = str(data.parent / "behavior.npz")
+    result = evaluate(
+        evaluation_config(
+            str(data), policies=(own, str(paths[0])), gamma=GAMMA, baseline="behavior", ci=ci
+        )
+    )
+    for estimator, comparison in result.results[0].comparison.items():
+        assert (comparison.delta, comparison.stderr) == (0.0, 0.0), estimator
+        assert (comparison.ci_low, comparison.ci_high) == (0.0, 0.0), estimator
+        assert comparison.p_improvement == (None if ci == "normal" else 0.5), estimator
+        assert comparison.note == TIED
+    assert result.results[1].comparison["is"].delta != 0.0
 
 
 def test_comparisons_do_not_depend_on_the_batching(logged):

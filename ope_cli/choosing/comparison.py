@@ -56,6 +56,10 @@ from ope_cli.estimation.stats import (
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
 
+# Differences below this share of the estimates' size are float64 rounding: ties (a policy
+# against its own copy, or against the behavior row it logged with, differs by ~1e-15).
+RESOLVED = 1e-12
+TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 
 
@@ -155,8 +159,24 @@ class Pairing:
 
     # --- per pair -----------------------------------------------------------------------
 
+    def resolution(self, k: int, b: int, name: str) -> float:
+        """The smallest difference of rows k and b that is not rounding: ``RESOLVED`` times
+        the size of their estimates and bootstrap replicates."""
+        sizes = [abs(v) for v in (self.value(k, name), self.value(b, name)) if v is not None]
+        for row in (k, b):
+            replicates = self.replicates(row, name)
+            if replicates is not None:
+                sizes.append(float(np.abs(replicates[np.isfinite(replicates)]).max(initial=0)))
+        return RESOLVED * max(sizes, default=0.0)
+
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
-        """(Δ, stderr) of V̂(k) - V̂(b)."""
+        """(Δ, stderr) of V̂(k) - V̂(b), each 0 where it is rounding (``resolution``)."""
+        tie = self.resolution(k, b, name)
+        return tuple(  # type: ignore[return-value]
+            0.0 if x is not None and abs(x) <= tie else x for x in self._difference(k, b, name)
+        )
+
+    def _difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
         if get(name).term is not None:
             return paired.difference(self.sums, name, k, b, paired.differences_from(self.baseline))
         value_k, value_b = self.value(k, name), self.value(b, name)
@@ -173,7 +193,9 @@ class Pairing:
         if rep_k is None or rep_b is None:
             return None
         with np.errstate(over="ignore", invalid="ignore"):
-            return rep_k - rep_b
+            difference_r = rep_k - rep_b
+            difference_r[np.abs(difference_r) <= self.resolution(k, b, name)] = 0.0
+        return difference_r
 
     def interval(
         self, k: int, b: int, name: str, level: float, studentize: bool = True
@@ -214,7 +236,11 @@ class Pairing:
         b = self.baseline
         delta, stderr = self.difference(k, b, name)
         low, high, note = self.interval(k, b, name, level)
-        improvement = p_improvement(self.replicates(k, name), self.replicates(b, name))
+        improvement = p_improvement(
+            self.replicates(k, name), self.replicates(b, name), self.resolution(k, b, name)
+        )
+        if delta == 0.0 and stderr == 0.0:
+            note = TIED
         return Comparison(delta, stderr, low, high, improvement, note)
 
     def could_be_best(self, name: str, confidence: float) -> list[bool]:
