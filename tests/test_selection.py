@@ -451,10 +451,10 @@ def test_grouped_jackknife_difference_of_a_ratio_estimate():
 
 def test_p_improvement():
     assert p_improvement(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 3.0, 2.0, 5.0])) == 0.5
-    assert p_improvement(np.array([1.0, 1.0]), np.array([1.0, 0.0])) == 0.75  # a tie: half
+    assert p_improvement(np.array([1.0, 1.0]), np.array([1.0, 0.0])) == 0.5  # ties are not > 0
     rounding = np.array([1e-15, -1e-15, 2e-15, 3e-15])
     assert p_improvement(rounding, np.zeros(4)) == 0.75
-    assert p_improvement(rounding, np.zeros(4), tie=1e-12) == 0.5  # all ties
+    assert p_improvement(rounding, np.zeros(4), tie=1e-12) == 0.0  # rounding: no improvement
     assert p_improvement(None, None) is None
     assert p_improvement(np.array([]), np.array([])) is None
     assert p_improvement(np.array([np.nan, 1.0]), np.array([0.0, 0.0])) is None  # half undefined

@@ -538,8 +538,8 @@ def grouped_jackknife_difference(
 def p_improvement(
     replicates_k: np.ndarray | None, replicates_0: np.ndarray | None, tie: float = 0.0
 ) -> float | None:
-    """The share of paired bootstrap replicates with Δ_r = V̂_r(π_k) - V̂_r(π_0) > 0, a
-    tie (|Δ_r| <= ``tie``: equal to rounding) counting half, so identical policies get 0.5.
+    """The share of paired bootstrap replicates with Δ_r = V̂_r(π_k) - V̂_r(π_0) > 0
+    (SPEC 11), a Δ_r within ``tie`` of 0 (rounding) being no improvement.
 
     replicates_k, replicates_0: [R] replicate estimates drawn with the same Poisson counts
     (paired), NaN where undefined; None (or R = 0): no bootstrap, so None. Undefined
@@ -561,6 +561,4 @@ def p_improvement(
     valid = np.isfinite(difference_r)
     if valid.mean() < MIN_VALID_REPLICATES:
         return None
-    difference_r = difference_r[valid]
-    tied = np.abs(difference_r) <= tie
-    return float(np.mean((difference_r > 0.0) & ~tied) + 0.5 * np.mean(tied))
+    return float(np.mean(difference_r[valid] > tie))
