@@ -269,6 +269,12 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
     if baseline is None:
         return None
     if baseline == BASELINE_BEHAVIOR:
+        if any(BASELINE_BEHAVIOR in (p.name, p.label) for p in policies):
+            raise UsageError(
+                f"--baseline {BASELINE_BEHAVIOR} is ambiguous: a --policy is also called "
+                f"{BASELINE_BEHAVIOR}; give it another NAME= (the baseline {BASELINE_BEHAVIOR} "
+                "is the logging policy)"
+            )
         return len(policies)
     for row, policy in enumerate(policies):
         if baseline in (policy.name, policy.label, policy.source):
