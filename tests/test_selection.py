@@ -82,6 +82,20 @@ def test_truth_json_written_by_generate(tmp_path, monkeypatch):
     }
 
 
+def test_a_truth_of_other_checkpoints_is_refused_in_one_line(tmp_path):
+    """truth.json records each checkpoint's sha256: the truth of another ``ope generate``
+    run (other policies under the same file names) is refused, not matched by name."""
+    from ope_cli.envs.generate import generate
+
+    generate("bandit", tmp_path / "a", episodes=20, shift=0.5)
+    generate("bandit", tmp_path / "b", episodes=20, shift=0.25)
+    names = [str(tmp_path / "a" / "policies" / f"eval_{k}.npz") for k in range(3)]
+    assert read_truth(tmp_path / "a" / "truth.json", names)[names[0]] is not None
+    with pytest.raises(UsageError) as error:
+        read_truth(tmp_path / "b" / "truth.json", names)
+    assert f"another checkpoint than {names[0]}" in one_line(error)
+
+
 def test_truth_without_behavior_baseline_ignores_the_behavior_entry(tmp_path):
     path = generated_truth(tmp_path)
     assert read_truth(path, ["eval_0.npz", "eval_1.npz"]) == {"eval_0.npz": 1.0, "eval_1.npz": 2.0}

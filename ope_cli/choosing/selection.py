@@ -17,6 +17,7 @@ Numbers that cannot be finite are None (JSON null), never NaN.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -136,6 +137,20 @@ def _match(entry: str, policy_names: Sequence[str], base: Path | None) -> str:
     return found[0]
 
 
+def _check_checkpoint(entry: Mapping, policy: str) -> None:
+    """UsageError when truth.json's entry records the sha256 of its checkpoint and the
+    matched --policy file is another one (a truth.json of another ``ope generate`` run,
+    matched by file name, would give every policy a wrong true value without a word)."""
+    digest, path = entry.get("sha256"), Path(policy)
+    if not isinstance(digest, str) or not path.is_file():
+        return
+    if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        raise UsageError(
+            f"--truth gives the value of another checkpoint than {policy} (its entry "
+            f"{entry['policy']!r} records another sha256): the truth.json of another dataset?"
+        )
+
+
 def read_truth(
     source: str | Path | Mapping, policy_names: Sequence[str]
 ) -> dict[str, float | None]:
@@ -158,14 +173,19 @@ def read_truth(
     Raises:
       UsageError (one line): the file cannot be read or is not a JSON object; a value is not
       a finite number; an entry names no given policy, several, or the same one as another
-      entry (truth.json's ``behavior`` entry is exempt: it may name no given policy).
+      entry (truth.json's ``behavior`` entry is exempt: it may name no given policy); a
+      truth.json entry's ``sha256`` is not that of the checkpoint it is matched to.
     """
     document, base = _load_truth(source)
     entries, behavior_paths, behavior_value = _truth_entries(document)
+    listed = document.get("policies")
+    recorded = {e["policy"]: e for e in listed} if isinstance(listed, list) else {}
     truth: dict[str, float | None] = dict.fromkeys(policy_names)
     named_by: dict[str, str] = {}
     for entry, value in entries:
         policy = _match(entry, policy_names, base)
+        if entry in recorded:
+            _check_checkpoint(recorded[entry], policy)
         if policy in named_by:
             raise UsageError(f"--truth names {policy!r} twice: {named_by[policy]!r}, {entry!r}")
         named_by[policy] = entry

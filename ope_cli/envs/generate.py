@@ -37,6 +37,7 @@ which the value of a capped episode depends on time). They live outside ``polici
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -170,7 +171,14 @@ def _write_policies(
         write_npz(out / path, environment.kind, policy)
     q_paths = _write_q(out, paths, q_values)
     return [
-        {"policy": path, "value": value, "stderr": stderr, "method": method, "q": q_path}
+        {
+            "policy": path,
+            "value": value,
+            "stderr": stderr,
+            "method": method,
+            "q": q_path,
+            "sha256": hashlib.sha256((out / path).read_bytes()).hexdigest(),
+        }
         for path, (value, stderr, method), q_path in zip(paths, truths, q_paths, strict=True)
     ]
 
