@@ -376,6 +376,19 @@ def test_files_that_declare_the_same_bounds_are_read(tmp_path):
     assert read_ids(open_dataset(str(tmp_path))) == list(range(30))
 
 
+@pytest.mark.filterwarnings("ignore:Feather V1:DeprecationWarning")
+def test_a_feather_v1_file_is_refused_with_the_way_to_rewrite_it(tmp_path):
+    path = tmp_path / "logs.feather"
+    feather.write_feather(table(0, 5), str(path), version=1)
+    with pytest.raises(DataError) as error:
+        open_dataset(str(path))
+    (line,) = str(error.value).splitlines()
+    assert line.startswith(f"{path}: a Feather v1 file"), line
+    rewritten = tmp_path / "logs.arrow"
+    feather.write_feather(feather.read_table(str(path)), str(rewritten))
+    assert read_ids(open_dataset(str(rewritten))) == list(range(5))  # as the message says
+
+
 def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):
     path = tmp_path / "logs.arrows"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table(0, 5).schema) as writer:

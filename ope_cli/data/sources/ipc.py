@@ -1,5 +1,6 @@
-"""Arrow IPC files (Feather v2). An IPC stream is recognised and refused with the way to
-rewrite it as a file (pyarrow's datasets read the file format only)."""
+"""Arrow IPC files (Feather v2). An IPC stream and a Feather v1 file are recognised and
+refused with the way to rewrite them as an IPC file (pyarrow's datasets read that format
+only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from ope_cli.data.sources.arrow import ArrowFileDataset, FragmentReader
 NAME = "ipc"
 FILE_MAGIC = b"ARROW1"
 STREAM_CONTINUATION = b"\xff\xff\xff\xff"
+FEATHER_V1_MAGIC = b"FEA1"
 
 
 def sniff(head: bytes) -> bool:
@@ -20,6 +22,11 @@ def unsupported(head: bytes) -> str | None:
         return (
             "an Arrow IPC stream, not an Arrow IPC file (Feather v2): rewrite it with "
             "pyarrow.feather.write_feather(pyarrow.ipc.open_stream(PATH).read_all(), OUT)"
+        )
+    if head.startswith(FEATHER_V1_MAGIC):
+        return (
+            "a Feather v1 file, which is read whole, not streamed: rewrite it as Feather v2 "
+            "with pyarrow.feather.write_feather(pyarrow.feather.read_table(PATH), OUT)"
         )
     return None
 
