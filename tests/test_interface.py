@@ -199,6 +199,7 @@ def test_warnings_and_ranks_in_json_and_csv(evaluations):
     rows = list(csv.DictReader(io.StringIO(shown(evaluations["default"], "csv"))))
     assert {"warnings", "rank", "ci_method", "note", "label"} <= set(rows[0])
     assert sorted({row["rank"] for row in rows}) == ["1", "2", "3"]
+    assert {row["rank_by"] for row in rows} == {"wis"}
 
 
 def test_policy_warnings_name_their_policy_in_json():

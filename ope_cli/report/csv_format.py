@@ -21,9 +21,10 @@ DIAGNOSTIC_FIELDS = (
 )
 HEADER = ("policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS)
 # added after the spec's columns: the interval's method and the reason of a null one, the
-# policy's label and rank, the warnings that concern the row's policy or the whole run, and
-# the run's discount with where it comes from (SPEC 12: every output says which)
-EXTRA = ("ci_method", "note", "label", "rank", "warnings", "gamma", "gamma_source")
+# policy's label, rank and the estimator it ranks by, the warnings that concern the row's
+# policy or the whole run, and the run's discount with where it comes from (SPEC 12: every
+# output says which)
+EXTRA = ("ci_method", "note", "label", "rank", "rank_by", "warnings", "gamma", "gamma_source")
 # --baseline: the row's paired difference from the baseline (empty on the baseline's rows);
 # with several policies whether it could be the best by the row's estimator; --truth: the
 # estimator's selection metrics ("selection_" + metric), the same on each of its rows
@@ -63,6 +64,7 @@ def tidy_rows(
                     e.note,
                     policy.shown,
                     rank,
+                    rank_by,
                     concerning,
                     _float(result.gamma),
                     result.gamma_source,
