@@ -389,6 +389,18 @@ def test_a_feather_v1_file_is_refused_with_the_way_to_rewrite_it(tmp_path):
     assert read_ids(open_dataset(str(rewritten))) == list(range(5))  # as the message says
 
 
+@pytest.mark.parametrize("horizon", ["Infinity", "1e999", "0", "2.5", '"10"'])
+def test_a_declared_horizon_that_is_no_step_count_is_refused(tmp_path, horizon):
+    """Python's json writes inf as Infinity: it was an internal error (OverflowError)."""
+    path = tmp_path / "logs.parquet"
+    metadata = {b"ope": f'{{"horizon": {horizon}}}'.encode()}
+    pq.write_table(table(0, 5).replace_schema_metadata(metadata), path)
+    with pytest.raises(DataError) as error:
+        open_dataset(str(path)).declared_bounds()
+    (line,) = str(error.value).splitlines()
+    assert "schema metadata 'ope' must be a JSON object like" in line, line
+
+
 def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):
     path = tmp_path / "logs.arrows"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table(0, 5).schema) as writer:

@@ -78,7 +78,7 @@ def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
         ):
             raise ValueError
         gamma = _declared_gamma(declared.get("gamma"))
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError):
         raise DataError(
             f"{source}: schema metadata {METADATA_KEY!r} must be a JSON object "
             f'like {{"reward_range": [0, 1], "horizon": 100, "gamma": 0.99}}, got {raw[:80]!r}'
