@@ -3,6 +3,9 @@ data is read (no JAX, no data)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
 from ope_cli.api import evaluation_config
@@ -35,6 +38,25 @@ def test_options_come_before_what_the_data_declares():
     assert (plan.bounds_source, plan.horizon_source) == ("--reward-range", "--horizon")
     discounted = plan_intervals(config(gamma=0.5, horizon=3), declared)
     assert discounted.betting_range[2] == pytest.approx(1 + 0.5 + 0.25)
+
+
+@pytest.mark.parametrize("interval", ["normal", "percentile", "betting"])
+def test_given_or_declared_bounds_are_checked_whatever_the_method(interval):
+    """--horizon and --reward-range say they are checked against the data, as the data's
+    own declarations are: with asymptotic intervals too (they were checked for betting
+    only, so a 5-step episode passed --horizon 2)."""
+    chunk = SimpleNamespace(
+        steps=SimpleNamespace(reward=np.array([0.1, 0.9, 0.2, 0.3, 0.4, 0.5])),
+        lengths=np.array([5, 1]),
+    )
+    declared = DeclaredBounds(reward_range=(0.0, 0.5))
+    plan = plan_intervals(config(gamma=0.9, interval=interval, horizon=2), declared)
+    checks = {check.reason: check for check in plan.chunk_checks(chunk)}
+    assert checks["episode_too_long"].rows.tolist() == [0, 0, 1, 1, 1, 0]
+    assert "horizon of 2 steps (--horizon)" in checks["episode_too_long"].message
+    assert checks["reward_out_of_range"].rows.tolist() == [0, 1, 0, 0, 0, 0]
+    assert "(declared by the data)" in checks["reward_out_of_range"].message
+    assert list(plan_intervals(config(gamma=0.9), NOTHING).chunk_checks(chunk)) == []
 
 
 def test_betting_without_bounds_names_what_is_missing():

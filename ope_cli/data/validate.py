@@ -264,7 +264,8 @@ def bounds_checks(
     """Rewards outside ``reward_range`` and steps at or beyond ``horizon`` (None: no check)
     of flat [N] steps of episodes of ``lengths`` ([E]); ``sources`` names where the range
     and the horizon come from. Never dropped (FATAL_REASONS): the bounds are a promise
-    about every episode, and betting intervals are only as good as it. A reward that is not
+    about every episode (whatever the interval method), and betting intervals are only as
+    good as it. A reward that is not
     finite is ``reward_not_finite``'s (droppable), not outside the range."""
     reward_source, horizon_source = sources
     if reward_range is not None:
@@ -272,8 +273,7 @@ def bounds_checks(
         reward = steps.reward
         yield Check(
             "reward_out_of_range",
-            f"reward is outside the range [{low:g}, {high:g}] "
-            f"({reward_source}) that betting intervals rely on",
+            f"reward is outside the range [{low:g}, {high:g}] ({reward_source})",
             np.isfinite(reward) & ((reward < low) | (reward > high)),
         )
     if horizon is not None:
@@ -281,8 +281,7 @@ def bounds_checks(
         position = np.arange(steps.reward.shape[0]) - np.repeat(starts, lengths)
         yield Check(
             "episode_too_long",
-            f"episode is longer than the horizon of {horizon} steps "
-            f"({horizon_source}) that betting intervals rely on",
+            f"episode is longer than the horizon of {horizon} steps ({horizon_source})",
             position >= horizon,
         )
 

@@ -156,7 +156,8 @@ def _check_interval_options(config: EvaluationConfig) -> None:
 @dataclasses.dataclass(frozen=True)
 class IntervalPlan:
     """The interval method of a run and, for betting, the bounds it relies on; and the
-    run's discount with where it comes from (GAMMA_SOURCES)."""
+    run's discount with where it comes from (GAMMA_SOURCES). The bounds given or declared
+    are checked against the data whatever the method (``checked``)."""
 
     method: str
     reward_range: tuple[float, float] | None = None
@@ -170,6 +171,8 @@ class IntervalPlan:
     gamma_source: str = "option"
     # what finite-sample (betting) intervals would still need, in options
     betting_needs: str = "--reward-range LOW HIGH"
+    # (reward range, horizon, (their sources)) given or declared: checked on every episode
+    checked: tuple = (None, None, (None, None))
 
     def describe(self, config: EvaluationConfig) -> str:
         estimators = reported_estimators(config)
@@ -189,13 +192,8 @@ class IntervalPlan:
         )
 
     def chunk_checks(self, chunk):
-        return bounds_checks(
-            chunk.steps,
-            chunk.lengths,
-            self.reward_range,
-            self.horizon,
-            (self.bounds_source, self.horizon_source),
-        )
+        reward_range, horizon, sources = self.checked
+        return bounds_checks(chunk.steps, chunk.lengths, reward_range, horizon, sources)
 
 
 def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
@@ -206,6 +204,15 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     discount = {"gamma": gamma, "gamma_source": gamma_source}
     reward_range = config.intervals.reward_range or declared.reward_range
     horizon = config.intervals.horizon or declared.horizon
+
+    def source(option: str, value) -> str:
+        return option if value is not None else "declared by the data"
+
+    sources = (
+        source("--reward-range", config.intervals.reward_range),
+        source("--horizon", config.intervals.horizon),
+    )
+    discount["checked"] = (reward_range, horizon, sources)
     betting_range = None
     if reward_range is not None and (gamma < 1 or horizon is not None):
         if horizon is None:
@@ -238,18 +245,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
             "declare it in the data's schema metadata (see the README)"
         )
 
-    def source(option: str, value) -> str:
-        return option if value is not None else "declared by the data"
-
-    return IntervalPlan(
-        "betting",
-        reward_range,
-        horizon,
-        source("--reward-range", config.intervals.reward_range),
-        source("--horizon", config.intervals.horizon),
-        betting_range,
-        **discount,
-    )
+    return IntervalPlan("betting", reward_range, horizon, *sources, betting_range, **discount)
 
 
 # --- every estimate has an interval or a reason ------------------------------------------
