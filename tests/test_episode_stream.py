@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import random_episodes, write_step_layout
@@ -106,3 +107,25 @@ def test_a_later_file_of_float_actions_is_read_whole_or_refused(logs, tmp_path, 
         return
     for got, want in zip(mixed, open_episodes(DataConfig(str(path))), strict=True):
         np.testing.assert_array_equal(got.action, want.action)
+
+
+@pytest.mark.parametrize("read_rows", [1, 2, 3, 1000])
+def test_two_string_ids_of_one_key_are_never_one_episode(tmp_path, read_rows):
+    """Two adjacent episodes whose string ids share a 64-bit key were assembled as one
+    (a wrong estimate, exit 0); now they are two ids, and the second, whose key was seen,
+    is refused as a reappearing id rather than merged."""
+    from test_ids import colliding_ids
+
+    first, second = colliding_ids()
+    table = pa.table(
+        {
+            "episode_id": [first, first, second, second],
+            "observation": [0.0, 1.0, 0.0, 1.0],
+            "action": [0, 0, 1, 1],
+            "reward": [1.0, 1.0, 0.0, 0.0],
+            "behavior_prob": [0.5] * 4,
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    with pytest.raises(DataError, match="appears in more than one place"):
+        list(open_episodes(DataConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows)))

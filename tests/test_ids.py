@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ope_cli.data.ids import SeenKeys, display_id, id_keys
+from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.errors import DataError
 
 
@@ -61,3 +61,21 @@ def test_seen_keys_name_the_first_reappearing_row():
     later = np.array([5, 7, 4002, 11, 8])  # rows 2 and 4 seen before
     with pytest.raises(DataError, match="b: episode 4002: episode id appears"):
         seen.add("b", id_keys(later), later)
+
+
+def colliding_ids() -> tuple[str, str]:
+    """Two different strings of one key: the Thue-Morse string of length 2048 and its
+    complement collide under any polynomial hash modulo 2^64 with an odd base."""
+    bits = [bin(i).count("1") % 2 for i in range(2048)]
+    return "".join("ab"[b] for b in bits), "".join("ba"[b] for b in bits)
+
+
+def test_runs_of_string_ids_start_where_the_ids_change_even_when_their_keys_collide():
+    first, second = colliding_ids()
+    ids = np.array([first, first, second, second], object)
+    keys = id_keys(pa.array(ids.tolist()))
+    assert keys[0] == keys[2]  # the collision the ids themselves resolve
+    assert run_starts(keys).tolist() == [0]
+    assert run_starts(keys, ids).tolist() == [0, 2]
+    integers = np.array([5, 5, 7, 7, 5])
+    assert run_starts(id_keys(integers), integers).tolist() == [0, 2, 4]

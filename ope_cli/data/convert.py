@@ -197,19 +197,19 @@ class _ContiguousEpisodes:
     def __init__(self, column: str):
         self.column = column
         self.seen = SeenKeys()
-        self.last: tuple[str, int] | None = None  # (file, key) the previous batch ended in
+        self.last: tuple | None = None  # (file, key, id) the previous batch ended in
 
     def check(self, file: str, batch: pa.RecordBatch) -> None:
         ids = plain(batch.column(self.column))
         if not len(ids):
             return
-        keys = id_keys(ids)
-        starts = run_starts(keys)
-        if self.last == (file, keys[0]):  # the previous batch's last episode goes on
+        keys, values = id_keys(ids), ids.to_numpy(zero_copy_only=False)
+        starts = run_starts(keys, values)
+        if self.last == (file, keys[0], values[0]):  # the previous batch's last episode goes on
             starts = starts[1:]
         shown = ids.take(pa.array(starts)).to_pylist()
         self.seen.add(file, keys[starts], np.array([display_id(x) for x in shown], object))
-        self.last = (file, int(keys[-1]))
+        self.last = (file, int(keys[-1]), values[-1])
 
 
 class _Target:

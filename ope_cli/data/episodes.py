@@ -243,15 +243,19 @@ class EpisodeAssembler:
     def _step_rows(self, sourced: SourcedBatch) -> EpisodeChunk | None:
         rows = self._read_step_rows(sourced)
         if self._carry:
-            continued = self._carry[0].keys[0]
-            if not sourced.last_in_file and np.all(rows.keys == continued):  # all its own
+            continued = self._carry[0]
+            if (
+                not sourced.last_in_file
+                and np.all(rows.keys == continued.keys[0])
+                and np.all(rows.ids == continued.ids[0])
+            ):  # all its own
                 self._carry.append(rows.owned())
                 return None
             rows = _Rows.concat(*self._carry, rows)
             self._carry = []
         if rows.num_rows == 0:
             return None
-        starts = run_starts(rows.keys)
+        starts = run_starts(rows.keys, rows.ids)
         if not sourced.last_in_file:
             # The last episode may continue in the next record batch of this file.
             self._carry = [rows.slice(int(starts[-1])).owned()]

@@ -96,10 +96,15 @@ def episode_folds(keys: np.ndarray, folds: int) -> np.ndarray:
         return fold_index(hi, lo, folds).astype(np.int64)
 
 
-def run_starts(keys: np.ndarray) -> np.ndarray:
+def run_starts(keys: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
     """[k] the rows where a run of equal keys starts in ``keys`` ([n], n > 0): each
-    episode's first row in the step layout."""
-    return np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
+    episode's first row in the step layout. String ``ids`` ([n] object) are compared too:
+    two ids whose hashes collide are two episodes, not one (integer keys cannot collide:
+    ``mix64`` is a bijection)."""
+    change = keys[1:] != keys[:-1]
+    if ids is not None and ids.dtype == object:
+        change |= ids[1:] != ids[:-1]
+    return np.concatenate([[0], np.flatnonzero(change) + 1])
 
 
 REAPPEARS = (
