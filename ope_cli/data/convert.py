@@ -25,7 +25,7 @@ import ope_cli.data.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema, is_list
-from ope_cli.data.decode import plain
+from ope_cli.data.decode import episode_ids, plain
 from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
@@ -200,7 +200,7 @@ class _ContiguousEpisodes:
         self.last: tuple | None = None  # (file, key, id) the previous batch ended in
 
     def check(self, file: str, batch: pa.RecordBatch) -> None:
-        ids = plain(batch.column(self.column))
+        ids = episode_ids(plain(batch.column(self.column)), self.column, file)
         if not len(ids):
             return
         keys, values = id_keys(ids), ids.to_numpy(zero_copy_only=False)

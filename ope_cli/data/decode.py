@@ -110,9 +110,19 @@ def check_whole(values: np.ndarray, column: str, at: Where, row_of: RowOf | None
     place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
     raise DataError(
         f"{place}column {column!r} holds {float(values[bad[0]])!r} where whole numbers are "
-        f"expected (discrete actions or state indices); {bad.size} such value(s) in this "
-        "record batch"
+        f"expected (discrete actions, state indices, episode ids); {bad.size} such value(s) "
+        "in this record batch"
     )
+
+
+def episode_ids(array: pa.Array, column: str, file: str) -> pa.Array:
+    """An id column of one record batch, checked: no nulls, and floats (a later file of a
+    dataset whose first file holds integers) only when whole, read as int64; two ids 2.25
+    and 2.75 would otherwise both be episode 2."""
+    check_no_nulls(array, column, Where(file))
+    if pa.types.is_floating(array.type):
+        return pa.array(numbers(array, column, np.int64, Where(file)))
+    return array
 
 
 def list_parts(

@@ -24,7 +24,7 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.decode import (
     StepConverter,
     Where,
-    check_no_nulls,
+    episode_ids,
     list_lengths,
     list_parts,
     null_message,
@@ -220,8 +220,7 @@ class EpisodeAssembler:
     def _read_step_rows(self, sourced: SourcedBatch) -> _Rows:
         batch, file = sourced.batch, sourced.file
         col = self.schema.columns
-        id_array = plain(batch.column(col["episode"]))
-        check_no_nulls(id_array, col["episode"], Where(file))
+        id_array = episode_ids(plain(batch.column(col["episode"])), col["episode"], file)
         keys = id_keys(id_array)
         ids = id_array.to_numpy(zero_copy_only=False)
         flags = self._new_flags(batch.num_rows)
@@ -277,10 +276,8 @@ class EpisodeAssembler:
         if "episode" not in col:
             ids = np.arange(self._next_row_id - count, self._next_row_id, dtype=np.int64)
             return ids, id_keys(ids)
-        id_array = plain(batch.column(col["episode"]))
-        check_no_nulls(id_array, col["episode"], Where(file))
-        keys = id_keys(id_array)
-        return id_array.to_numpy(zero_copy_only=False), keys
+        id_array = episode_ids(plain(batch.column(col["episode"])), col["episode"], file)
+        return id_array.to_numpy(zero_copy_only=False), id_keys(id_array)
 
     def _episode_rows(self, sourced: SourcedBatch) -> EpisodeChunk | None:
         batch, file = sourced.batch, sourced.file
