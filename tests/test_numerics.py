@@ -341,3 +341,28 @@ def test_to_larger_equals_rescaling_both_sides_to_the_max():
     assert np.array_equal(larger, np.maximum(a, b))
     assert np.array_equal(factor_a, rescale(a, larger))
     assert np.array_equal(factor_b, rescale(b, larger))
+
+
+def test_returns_that_overflow_are_null_with_their_own_reason(tmp_path, recwarn):
+    """Rewards 1e308 twice overflow the return while every weight is 1: null estimates whose
+    notes name the returns (they said the weights overflow, or that every weight is zero),
+    and no NumPy warning on the way."""
+    table = pa.table(
+        {
+            "episode_id": [0, 0, 1],
+            "step": [0, 1, 0],
+            "observation": [0.0, 0.0, 0.0],
+            "action": [0, 0, 0],
+            "reward": [1e308, 1e308, 1.0],
+            "behavior_prob": [0.5] * 3,
+            "target_prob": [0.5] * 3,
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    (result,) = _run(tmp_path / "logs.parquet").results
+    assert result.diagnostics.mean_weight == 1.0
+    notes = {name: (e.value, e.note) for name, e in result.estimates.items()}
+    assert notes["is"] == (None, "the trajectory weights or the returns overflow float64")
+    assert notes["wis"] == (None, "not finite in float64: the weighted returns overflow")
+    assert notes["pdis"] == (None, "the per-decision weights or the rewards overflow float64")
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

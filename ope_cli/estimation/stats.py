@@ -613,7 +613,8 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
     groups = np.flatnonzero(acc.sums["count"] > 0)
     others_gk = groups[:, None] != np.arange(acc.sums["count"].shape[0])[None, :]
     weights_gk = others_gk.astype(np.float64)
-    sums = {k: np.tensordot(weights_gk, v, axes=(1, 0)) for k, v in acc.sums.items()}
+    with np.errstate(invalid="ignore", over="ignore"):  # inf sums (overflow): NaN, noted later
+        sums = {k: np.tensordot(weights_gk, v, axes=(1, 0)) for k, v in acc.sums.items()}
     used = {sum_spec(name).scale.name for name in acc.step_sums}  # (``restricted``'s)
     scales = {
         k: _leave_one_out_scales(v[:, :length], groups)
@@ -628,7 +629,8 @@ def leave_one_out_sums(acc: Accumulator, length: int) -> tuple[np.ndarray, Sums]
             without_holder_t = np.sum(
                 np.where(scale.others_kt, sum_kt * scale.to_second_kt, 0.0), axis=0
             )
-        out_gt = weights_gk @ (sum_kt * scale.to_every_kt)
+        with np.errstate(invalid="ignore", over="ignore"):
+            out_gt = weights_gk @ (sum_kt * scale.to_every_kt)
         step_sums[name] = np.where(scale.left_out_gt, without_holder_t[None, :], out_gt)
     step_scales = {k: v.scales_gt for k, v in scales.items()}
     return groups, Sums(sums, acc.log_scales, acc.pivots, step_sums, step_scales)

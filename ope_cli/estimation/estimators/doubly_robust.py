@@ -37,6 +37,7 @@ from ope_cli.estimation.estimators.base import (
     sum_over_steps,
 )
 from ope_cli.estimation.estimators.importance import (
+    PDIS_OVERFLOW,
     MeanOfTerms,
     closed_form,
     grouped_jackknife,
@@ -171,7 +172,7 @@ DR = register(
         init=dr_init,
         advance=dr_advance,
         finish=dr_values,
-        finalize=closed_form(dr_estimate, "the per-decision weights overflow float64"),
+        finalize=closed_form(dr_estimate, PDIS_OVERFLOW),
         term="sum_dr",
         replicates=replicates_of(dr_estimate),
         studentized=True,

@@ -126,6 +126,10 @@ def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
     return wis, stderr
 
 
+# an undefined value's reason: the weights, or the returns, left float64's range
+IS_OVERFLOW = "the trajectory weights or the returns overflow float64"
+PDIS_OVERFLOW = "the per-decision weights or the rewards overflow float64"
+NO_WEIGHT = "every trajectory weight is zero"
 RESOLVED = 1e-6  # a standard error that float64 sums resolve worse than this gets a note
 # Past this, the computed spread is within a few hundred roundings of the terms' squares:
 # it may be rounding alone (a standard error 45x or 6,000,000x too large was noted "good to
@@ -167,15 +171,17 @@ def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | No
     return _resolution(lost, ratio)
 
 
-def closed_form(values, undefined: str):
+def closed_form(values, undefined):
     """finalize() of an estimator given by a vectorised ``values(sums)``; a MeanOfTerms
     also notes, or drops, a standard error that float64 does not resolve
-    (``spread_resolution``)."""
+    (``spread_resolution``). ``undefined``: the note of an undefined value, or a function
+    of the totals (Sums) giving it."""
 
     def finalize(grouped: Grouped, context: Context) -> Point:
         value, stderr = (finite(float(x)) for x in values(grouped.totals))
         if value is None:
-            return Point(None, stderr, undefined)
+            note = undefined if isinstance(undefined, str) else undefined(grouped.totals)
+            return Point(None, stderr, note)
         if stderr is None or not isinstance(values, MeanOfTerms):
             return Point(value, stderr)
         note, drop = values.resolution(grouped.totals)
@@ -285,7 +291,7 @@ IS = register(
         stderr_method="sample standard error",
         sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
         finish=trajectory_values,
-        finalize=closed_form(is_values, "the trajectory weights overflow float64"),
+        finalize=closed_form(is_values, IS_OVERFLOW),
         term="sum_wg",
         replicates=replicates_of(is_values),
         studentized=True,
@@ -294,7 +300,12 @@ IS = register(
 )
 
 
-_wis_closed_form = closed_form(wis_values, "every trajectory weight is zero")
+def _wis_undefined(sums: Sums) -> str:
+    weighted = float(np.asarray(sums.sums["count"])) - float(np.asarray(sums.sums["zero_count"]))
+    return NO_WEIGHT if weighted <= 0 else "not finite in float64: the weighted returns overflow"
+
+
+_wis_closed_form = closed_form(wis_values, _wis_undefined)
 
 
 def wis_finalize(grouped: Grouped, context: Context) -> Point:
@@ -335,7 +346,7 @@ PDIS = register(
         init=per_decision_init,
         advance=per_decision_advance,
         finish=per_decision_values,
-        finalize=closed_form(pdis_values, "the per-decision weights overflow float64"),
+        finalize=closed_form(pdis_values, PDIS_OVERFLOW),
         term="sum_p",
         replicates=replicates_of(pdis_values),
         studentized=True,
