@@ -2,20 +2,24 @@
 
 Per fold of episodes, the normal equations are accumulated as steps stream in (x = [s, 1]):
 X'X [d+1, d+1], X'Y [d+1, k], the per-dimension sums of y^2 [k] and the step count; the
-fit solves (X'X) W = X'Y and sets std_j = sqrt(RSS_j / n) (maximum likelihood). Memory is
-flat: O(folds * d * (d + k)), whatever the data's size.
+observations are taken relative to a pivot (the first step's; processes agree on the first
+process's at the gather) so that a large common offset does not swamp the sums, and the
+fit solves them centred on the means (least squares of the centred system, minimum-norm
+where it is singular) and sets
+std_j = sqrt(RSS_j / n) (maximum likelihood). Memory is flat: O(folds * d * (d + k)),
+whatever the data's size.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from ope_cli.errors import DataError
 from ope_cli.models.behavior_models.base import Gather, features, largest, summed
 
-RIDGE = 1e-10  # relative to the mean diagonal of X'X: only guards an exactly singular system
 MIN_VARIANCE = 1e-12
 
 
@@ -28,12 +32,19 @@ class LinearGaussianModel:
         self.folds = folds
         self.xtx = self.xty = self.yy = None
         self.n = np.zeros(folds, np.int64)
+        self.pivot: np.ndarray | None = None  # [d] subtracted from every observation
+        self.pivot_y: np.ndarray | None = None  # [k] subtracted from every action
 
     def add(self, observation: np.ndarray, action: np.ndarray, fold: np.ndarray) -> None:
         """Accumulates steps: observation [N] or [N, d], action [N] or [N, k], fold [N]."""
         x = features(observation)
-        x = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+        if x.shape[0] == 0:
+            return
         y = features(action)
+        if self.pivot is None:
+            self.pivot, self.pivot_y = np.array(x[0], np.float64), np.array(y[0], np.float64)
+        x = np.concatenate([x - self.pivot, np.ones((x.shape[0], 1))], axis=1)
+        y = y - self.pivot_y
         if self.xtx is None:
             d, k = x.shape[1], y.shape[1]
             self.xtx = np.zeros((self.folds, d, d))
@@ -55,11 +66,28 @@ class LinearGaussianModel:
         d, k = largest(gather, shape)
         if d == 0:
             return  # no process has a step: fit() says so
-        if self.xtx is None:
+        has_steps = self.xtx is not None
+        if not has_steps:
             self.xtx, self.xty = np.zeros((self.folds, d, d)), np.zeros((self.folds, d, k))
             self.yy = np.zeros((self.folds, k))
+            self.pivot, self.pivot_y = np.zeros(d - 1), np.zeros(k)
+        self._move_to(_first_of(gather, has_steps, self.pivot, self.pivot_y))
         self.xtx, self.xty = summed(gather, self.xtx), summed(gather, self.xty)
         self.yy, self.n = summed(gather, self.yy), summed(gather, self.n)
+
+    def _move_to(self, pivots: tuple[np.ndarray, np.ndarray]) -> None:
+        """The sums about other pivots (the first process's): with x' = x - p' and
+        y' = y - q', [x', 1] = M [x - p, 1] and y' = (y - q) + (q - q')."""
+        common_x, common_y = pivots
+        move = np.eye(self.xtx.shape[1])
+        move[:-1, -1] = self.pivot - common_x
+        shift = self.pivot_y - common_y  # [k]
+        xtx = np.einsum("ij,fjk,lk->fil", move, self.xtx, move)
+        xty = np.einsum("ij,fjk->fik", move, self.xty)
+        sum_y = xty[:, -1, :]  # [folds, k] (the ones row: y's sums)
+        self.yy = self.yy + 2 * shift * sum_y + self.n[:, None] * shift * shift
+        self.xty = xty + xtx[:, :, -1:] * shift
+        self.xtx, self.pivot, self.pivot_y = xtx, common_x, common_y
 
     def _pooled(self, exclude: int | None):
         parts = (self.xtx, self.xty, self.yy, self.n)
@@ -75,11 +103,15 @@ class LinearGaussianModel:
         xtx, xty, yy, n = self._pooled(exclude)
         if n == 0:
             raise DataError("no steps to fit the linear_gaussian behavior model on")
-        ridge = RIDGE * max(float(np.trace(xtx)) / xtx.shape[0], 1.0)
-        w = np.linalg.solve(xtx + ridge * np.eye(xtx.shape[0]), xty)
-        rss = _residual_sums(w, xtx, xty, yy)
+        centred = _centred(xtx, xty, yy, n, (self.pivot, self.pivot_y))
+        # least squares of the centred system: its minimum-norm solution where it is
+        # singular (a constant observation feature), exact elsewhere (a guard ridge, even
+        # 1e-10 of the diagonal, moved the bias by 1e-10 times the observations' offset)
+        w = np.linalg.lstsq(centred.sxx, centred.sxy, rcond=None)[0]
+        bias = centred.mean_y - centred.mean_x @ w
+        rss = _residual_sums(w, bias, centred)
         variance = np.maximum(rss / n, MIN_VARIANCE)
-        return {"weight": w[:-1], "bias": w[-1], "log_std": 0.5 * np.log(variance)}
+        return {"weight": w, "bias": bias, "log_std": 0.5 * np.log(variance)}
 
     def log_likelihood(
         self, arrays: dict[str, np.ndarray], fold: int | None = None
@@ -89,8 +121,8 @@ class LinearGaussianModel:
             xtx, xty, yy, n = self._pooled(None)
         else:
             xtx, xty, yy, n = self.xtx[fold], self.xty[fold], self.yy[fold], self.n[fold]
-        w = np.concatenate([arrays["weight"], arrays["bias"][None]], axis=0)
-        rss = _residual_sums(w, xtx, xty, yy)
+        centred = _centred(xtx, xty, yy, n, (self.pivot, self.pivot_y))
+        rss = _residual_sums(arrays["weight"], arrays["bias"], centred)
         log_std = arrays["log_std"]
         total = -0.5 * rss * np.exp(-2 * log_std) - n * (log_std + 0.5 * math.log(2 * math.pi))
         return float(total.sum()), int(n)
@@ -100,6 +132,44 @@ class LinearGaussianModel:
         return 0
 
 
-def _residual_sums(w: np.ndarray, xtx: np.ndarray, xty: np.ndarray, yy: np.ndarray) -> np.ndarray:
-    """[k] sum over steps of (y_j - x w_j)^2 from the normal-equation sums."""
-    return np.maximum(yy - 2 * np.sum(w * xty, axis=0) + np.einsum("ik,ij,jk->k", w, xtx, w), 0.0)
+class Centred(NamedTuple):
+    """The normal-equation sums about the means: mean_x [d], mean_y [k], sxx [d, d],
+    sxy [d, k], syy [k] (sums of products of deviations), n steps."""
+
+    mean_x: np.ndarray
+    mean_y: np.ndarray
+    sxx: np.ndarray
+    sxy: np.ndarray
+    syy: np.ndarray
+    n: float
+
+
+def _first_of(gather, has_steps: bool, pivot: np.ndarray, pivot_y: np.ndarray):
+    """The (observation, action) pivots of the first process that has steps."""
+    table = gather(np.concatenate([[float(has_steps)], pivot, pivot_y])[None])
+    first = table[int(np.flatnonzero(table[:, 0] > 0)[0]), 1:]
+    return first[: pivot.size], first[pivot.size :]
+
+
+def _centred(xtx: np.ndarray, xty: np.ndarray, yy: np.ndarray, n, pivots) -> Centred:
+    """The sums of x = [s - p, 1] and y - q (X'X, X'Y, y^2; ``pivots`` = (p, q)) centred
+    on the means of s and y."""
+    n = float(n)
+    sum_x, sum_y = xtx[:-1, -1], xty[-1]
+    mean_x, mean_y = sum_x / max(n, 1.0), sum_y / max(n, 1.0)
+    return Centred(
+        mean_x + pivots[0],
+        mean_y + pivots[1],
+        xtx[:-1, :-1] - np.outer(sum_x, mean_x),
+        xty[:-1] - np.outer(sum_x, mean_y),
+        yy - sum_y * mean_y,
+        n,
+    )
+
+
+def _residual_sums(w: np.ndarray, bias: np.ndarray, c: Centred) -> np.ndarray:
+    """[k] sum over steps of (y_j - s w_j - bias_j)^2, from the centred sums: the spread
+    about the fitted line through the means, plus n times the offset of ``bias`` from it."""
+    offset = c.mean_y - c.mean_x @ w - bias
+    spread = c.syy - 2 * np.sum(w * c.sxy, axis=0) + np.einsum("ik,ij,jk->k", w, c.sxx, w)
+    return np.maximum(spread + c.n * offset * offset, 0.0)
