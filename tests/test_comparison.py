@@ -136,12 +136,29 @@ def test_a_policy_against_its_own_logs_is_a_tie(logged, ci):
             str(data), policies=(own, str(paths[0])), gamma=GAMMA, baseline="behavior", ci=ci
         )
     )
+    assert set(result.results[0].comparison) == {"is", "wis", "pdis", "wpdis"}
     for estimator, comparison in result.results[0].comparison.items():
         assert (comparison.delta, comparison.stderr) == (0.0, 0.0), estimator
         assert (comparison.ci_low, comparison.ci_high) == (0.0, 0.0), estimator
         assert comparison.p_improvement == (None if ci == "normal" else 0.0), estimator
         assert comparison.note == TIED
     assert result.results[1].comparison["is"].delta != 0.0
+
+
+@pytest.mark.parametrize("ci", ["percentile", "bootstrap-t"])
+def test_a_policy_against_its_own_copy_is_a_tie(logged, tmp_path, ci):
+    """Bitwise-equal terms: every interval is [0, 0] (bootstrap-t studentized by a standard
+    error of 0 gave 0/0, a null interval)."""
+    data, _, _, paths = logged
+    copy = tmp_path / "copy.npz"
+    copy.write_bytes(paths[0].read_bytes())
+    config = evaluation_config(
+        str(data), policies=(str(paths[0]), str(copy)), gamma=GAMMA, baseline=str(paths[0]), ci=ci
+    )
+    for estimator, comparison in evaluate(config).results[1].comparison.items():
+        assert (comparison.delta, comparison.stderr) == (0.0, 0.0), estimator
+        assert (comparison.ci_low, comparison.ci_high) == (0.0, 0.0), estimator
+        assert comparison.note == TIED
 
 
 def test_comparisons_do_not_depend_on_the_batching(logged):

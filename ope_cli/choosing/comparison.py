@@ -225,6 +225,8 @@ class Pairing:
             and get(name).term is not None
             and b == self.baseline
         )
+        if studentized and delta == 0.0 and stderr == 0.0 and not np.any(replicates):
+            return 0.0, 0.0, None  # a tie (``resolution``): nothing to studentize by
         stderrs = paired.replicate_stderrs(self.sums, name, k, b) if studentized else None
         low, high, note = bootstrap_interval(delta, stderr, replicates, stderrs, level)
         if method == "bootstrap-t" and not studentized and note is None:
