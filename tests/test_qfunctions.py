@@ -528,3 +528,44 @@ def test_q_source_records_where_q_hat_comes_from():
     summary = {"model": "linear", "kind": "linear_q", "folds": 2}
     fitted = qf.QFunction("fit", "linear_q", linear.params, fit=summary)
     assert qf.q_source(fitted) == QSource("fit", qf.FIT, "linear_q", summary)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "observation", "action", "words"),
+    [
+        (
+            {"kind": "linear_q", "weight": np.ones((5, 3)), "bias": np.zeros(3)},
+            np.zeros((4, 4)),
+            np.zeros(4, np.int64),
+            "observation has size 4, but Q function q.npz expects 5",
+        ),
+        (
+            {"kind": "linear_q", "weight": np.ones((3, 3)), "bias": np.zeros(3)},
+            np.zeros(4, np.int64),  # integer states: one number each
+            np.zeros(4, np.int64),
+            "observation has size 1, but Q function q.npz expects 3",
+        ),
+        (
+            {
+                "kind": "mlp_q_sa",
+                "weight_0": np.ones((7, 4)),
+                "bias_0": np.zeros(4),
+                "weight_1": np.ones((4, 1)),
+                "bias_1": np.zeros(1),
+            },
+            np.zeros((4, 3)),
+            np.zeros((4, 2)),
+            "observation and action have sizes 3 + 2, but Q function q.npz takes 7 inputs",
+        ),
+    ],
+)
+def test_a_network_of_another_input_size_is_refused_on_every_row(
+    arrays, observation, action, words
+):
+    """It was an internal error (a dot_general shape error in the kernel), where the same
+    mismatch in a policy is a one-line data error."""
+    q = qf.q_checkpoint("q.npz", arrays)
+    chunk = types.SimpleNamespace(observation=observation, action=action, num_steps=4)
+    policy = types.SimpleNamespace(n_actions=3)
+    (check,) = [c for c in qf.chunk_checks(q, policy, chunk) if c.reason == "observation_size"]
+    assert check.message == words and check.rows.all()

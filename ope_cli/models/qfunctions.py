@@ -96,7 +96,8 @@ class QFunction:
       static: hashable settings that select the function (the MLP activation).
       q_values: per-step ``(params, observation) -> [n_actions]``, discrete actions.
       q_sa: per-step ``(params, observation, action) -> []``, continuous actions.
-      n_actions, n_states, obs_dim, act_dim: sizes to check the data against (None: unknown).
+      n_actions, n_states, obs_dim, act_dim: sizes to check the data against (None: unknown);
+        input_dim: obs_dim + act_dim of a network of (observation, action) (mlp_q_sa).
       folds: K of a cross-fitted Q (episodes use the fold ``ids.fold_index`` gives).
       fit: the fitted Q evaluation's summary (``--q fit``), else None.
     """
@@ -111,6 +112,7 @@ class QFunction:
     n_states: int | None = None
     obs_dim: int | None = None
     act_dim: int | None = None
+    input_dim: int | None = None
     folds: int = 1
     fit: Any = None
 
@@ -162,7 +164,14 @@ def _mlp_q_sa(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
     width = params[f"bias_{len(params) // 2 - 1}"].shape[0]
     if width != 1:
         raise PolicyError(f"{path}: an mlp_q_sa network must output one value, got {width}")
-    return QFunction(path, "mlp_q_sa", params, (activation,), q_sa=mlp_q_sa(activation))
+    return QFunction(
+        path,
+        "mlp_q_sa",
+        params,
+        (activation,),
+        q_sa=mlp_q_sa(activation),
+        input_dim=params["weight_0"].shape[0],
+    )
 
 
 _CHECKPOINT_KINDS = {
@@ -381,6 +390,30 @@ def chunk_checks(q: QFunction, policy: Policy, chunk):
             f"state index is outside Q function {q.name}'s {q.n_states} states "
             f"(0..{q.n_states - 1})",
             chunk.observation >= q.n_states,
+        )
+    yield from _size_checks(q, chunk, Check)
+
+
+def _size_checks(q: QFunction, chunk, check):
+    """The observation (and action) sizes against the network's input: every row, never
+    dropped (an integer state is one number)."""
+    if chunk.observation is None or (q.obs_dim is None and q.input_dim is None):
+        return
+    every = np.ones(chunk.action.shape[0], bool)
+    observation = 1 if chunk.observation.ndim == 1 else chunk.observation.shape[1]
+    action = 1 if chunk.action.ndim == 1 else chunk.action.shape[1]
+    if q.obs_dim is not None and observation != q.obs_dim:
+        yield check(
+            "observation_size",
+            f"observation has size {observation}, but Q function {q.name} expects {q.obs_dim}",
+            every,
+        )
+    if q.input_dim is not None and observation + action != q.input_dim:
+        yield check(
+            "observation_size",
+            f"observation and action have sizes {observation} + {action}, but Q function "
+            f"{q.name} takes {q.input_dim} inputs",
+            every,
         )
 
 
