@@ -1416,3 +1416,13 @@ def test_shipped_optimisation_level_gives_the_reference_numbers(world, good_call
     assert run.returncode == 0, run
     assert_quiet_stderr(run)
     assert_matches_reference(parse_json(run)["results"][0], world.ref_a, world.stderr_a)
+
+
+def test_error_lines_print_names_as_given(capsys):
+    """rich turns ':robot:' into an emoji unless told not to: an entry point
+    agents:robot: was printed as 'agents🤖'."""
+    from ope_cli.cli.console import say
+
+    line = "ope: invalid policy: agents:robot: log_prob must return a scalar; agents:x:one:"
+    say(line)
+    assert capsys.readouterr().err == line + "\n"

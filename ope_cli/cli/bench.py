@@ -162,7 +162,7 @@ def run_bench(config: BenchConfig, quiet: bool) -> dict:
 
     from ope_cli.bench.run import bench
 
-    stderr = Console(stderr=True)
+    stderr = Console(stderr=True, emoji=False)
     if quiet or not stderr.is_terminal:
         return bench(config)
     with stderr.status("ope bench") as status:
@@ -178,5 +178,5 @@ def write_bench(result: dict, chosen: TableOrJson) -> None:
     if chosen is TableOrJson.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
-        console = Console()
-        render_bench(result, console if console.is_terminal else Console(width=140))
+        console = Console(emoji=False)
+        render_bench(result, console if console.is_terminal else Console(width=140, emoji=False))

@@ -8,7 +8,7 @@ from rich.console import Console
 
 def stderr_console() -> Console:
     """A console on the current stderr: progress, warnings, errors (people, not data)."""
-    return Console(stderr=True)
+    return Console(stderr=True, emoji=False)
 
 
 def say(line: str, highlight: bool = False) -> None:
@@ -19,5 +19,5 @@ def say(line: str, highlight: bool = False) -> None:
 def table_console(width: int) -> Console:
     """A console for tables on stdout: the terminal's width on a terminal, else ``width``
     columns (the 80 columns rich assumes in a pipe would fold paths)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=width)
+    console = Console(emoji=False)
+    return console if console.is_terminal else Console(width=width, emoji=False)
