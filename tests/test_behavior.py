@@ -366,3 +366,45 @@ def test_inspect_table_says_evaluate_needs_behavior(ope_in_process, generated):
     table = ope_in_process(["inspect", str(generated["chain"] / "nob.parquet"), "-f", "table"])
     assert table.returncode == 0, table
     assert "ope evaluate needs --behavior" in " ".join(table.stdout.split())
+
+
+FAULTY = """
+import jax.numpy as jnp
+
+def nan_in_state_5(observation, action):
+    return jnp.where(observation == 5, jnp.nan, jnp.log(1 / 3))
+
+def infinite(observation, action):
+    return jnp.inf + 0.0 * observation
+
+def probability_two(observation, action):
+    return jnp.log(2.0) + 0.0 * observation
+"""
+
+
+@pytest.mark.parametrize("role", ["policy", "behavior"])
+@pytest.mark.parametrize(
+    ("function", "value"),
+    [("nan_in_state_5", "NaN"), ("infinite", "inf"), ("probability_two", "0.693147")],
+)
+def test_a_value_that_is_no_log_probability_is_the_policys_fault(
+    generated, tmp_path, role, function, value
+):
+    """NaN, +inf or a probability above 1 for a discrete action: a PolicyError (exit 4)
+    naming the episode and step. An evaluation policy's NaN dropped its episodes from the
+    sums without a word (WIS 2.23 against 2.37); a behavior policy's was exit 3, invalid
+    data, and its probability 2 was accepted."""
+    out = generated["chain"]
+    (tmp_path / "faulty.py").write_text(textwrap.dedent(FAULTY))
+    given = {"policy": "faulty:" + function, "behavior": str(out / "behavior.npz")}
+    if role == "behavior":
+        given = {"policy": str(out / "policies" / "eval_0.npz"), "behavior": given["policy"]}
+    with _working_directory(tmp_path), pytest.raises(PolicyError) as error:
+        _evaluate(out / "nob.parquet", given["policy"], behavior=given["behavior"])
+    prefix = "behavior policy" if role == "behavior" else "policy"
+    line = _one_line(
+        error,
+        f"{prefix} faulty:{function} gives the logged action a "
+        f"log-probability of {value}, which is no log-probability",
+    )
+    assert re.search(r"nob.parquet: episode \d+, step \d+: ", line), line

@@ -175,3 +175,13 @@ def _merged(sorted_keys: np.ndarray, more: np.ndarray) -> np.ndarray:
     """``sorted_keys`` and ``more`` (both sorted) in one sorted array (a stable sort of
     two sorted runs is a linear merge)."""
     return np.sort(np.concatenate([sorted_keys, more]), kind="stable")
+
+
+def locate_key(key: int, step: int, chunks) -> str:
+    """The location prefix (file, episode, step) of the episode of ``key`` among ``chunks``
+    (EpisodeChunks, e.g. a second read of the data on an error path); "" when absent."""
+    for chunk in chunks:
+        match = np.flatnonzero(chunk.keys == np.uint64(key))
+        if match.size:
+            return where(chunk.file, display_id(chunk.ids[int(match[0])]), step)
+    return ""

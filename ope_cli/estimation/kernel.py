@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ope_cli.data.buckets import PaddedBatch
 from ope_cli.data.ids import fold_index
 from ope_cli.data.steps import map_arrays
+from ope_cli.data.validate import PROBABILITY_TOLERANCE
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimation import kernel_cache
 from ope_cli.estimation.bootstrap_counts import replicate_counts
@@ -51,6 +52,7 @@ from ope_cli.estimation.estimators.reduction import (
 from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogProbFn, Policy
+from ope_cli.models.policies.checks import FaultySteps
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -157,11 +159,19 @@ def behavior_log_probs(
     return log_b.astype(dtype)
 
 
+# a discrete action's logged probability may read as 1 + 1 ulp of float32 (validate's)
+LOG_PROBABILITY_TOLERANCE = float(np.log1p(PROBABILITY_TOLERANCE))
+
+
 def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroProbabilitySteps:
     """How many real steps of the window ``batch`` (column 0: step ``start``) have a
     non-finite behavior log-probability ``log_b`` [B, C] (-inf: the logged action has
-    probability 0), and the first one; leaves [1]."""
-    bad = batch.step_mask & ~jnp.isfinite(log_b)
+    probability 0) or, for a discrete action, one above 0 (a probability above 1, as a
+    logged column's is refused), and the first one; leaves [1]."""
+    bad = ~jnp.isfinite(log_b)
+    if jnp.issubdtype(batch.steps.action.dtype, jnp.integer):  # a probability above 1
+        bad = bad | (log_b > LOG_PROBABILITY_TOLERANCE)
+    bad = bad & batch.step_mask
     first = jnp.argmax(bad.reshape(-1))
     episode, step = jnp.divmod(first, bad.shape[1])
     return ZeroProbabilitySteps(
@@ -170,6 +180,28 @@ def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroP
         key_lo=batch.key_lo[episode][None],
         step=(step + start).astype(jnp.int32)[None],
         value=log_b.reshape(-1)[first][None],
+    )
+
+
+def faulty_steps(log_pi: jax.Array, batch: PaddedBatch, start) -> FaultySteps:
+    """The real steps of the window ``batch`` (column 0: step ``start``) where a policy's
+    log-probability ``log_pi`` [P, B, C] is no log-probability: NaN, +inf, or above 0 for
+    a discrete action (-inf, probability 0, is one); their count and the first; leaves [1].
+    Left alone, such a weight drops its episode from the sums without a word."""
+    bad = jnp.isnan(log_pi) | (log_pi == jnp.inf)
+    if jnp.issubdtype(batch.steps.action.dtype, jnp.integer):
+        bad = bad | (log_pi > LOG_PROBABILITY_TOLERANCE)
+    bad = bad & batch.step_mask[None]
+    first = jnp.argmax(bad.reshape(-1))
+    policy, rest = jnp.divmod(first, bad.shape[1] * bad.shape[2])
+    episode, step = jnp.divmod(rest, bad.shape[2])
+    return FaultySteps(
+        count=jnp.sum(bad, dtype=jnp.int32)[None],
+        key_hi=batch.key_hi[episode][None],
+        key_lo=batch.key_lo[episode][None],
+        step=(step + start).astype(jnp.int32)[None],
+        value=log_pi.reshape(-1)[first][None],
+        policy=policy.astype(jnp.int32)[None],
     )
 
 
@@ -247,7 +279,8 @@ class WindowInputs(NamedTuple):
 
 
 def window_statistics(inputs: WindowInputs, static: Static):
-    """(carry, StepStatistics [P, ...], ZeroProbabilitySteps or None) of the next C steps of
+    """(carry, StepStatistics [P, ...], (ZeroProbabilitySteps or None, FaultySteps)) of the
+    next C steps of
     (this device's share of) a batch (``inputs``) for the P stacked ``params`` of one policy
     group; not jitted."""
     params, q_params, start, seed = inputs.params, inputs.q_params, inputs.start, inputs.seed
@@ -267,6 +300,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
         dtype,
     )
     window = window._replace(steps=steps)
+    faulty = faulty_steps(log_pi, window, start)
     fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
     betting = inputs.betting_range if static.betting else None
 
@@ -289,7 +323,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     own = jax.tree.map(lambda x: x[:, :lanes], carry)
     own, statistics = jax.vmap(per_policy)(own, log_pi, fields)
     carry = jax.tree.map(lambda full, part: full.at[:, :lanes].set(part), carry, own)
-    return carry, statistics, zero_behavior
+    return carry, statistics, (zero_behavior, faulty)
 
 
 def finish_statistics(carry: EpisodeCarry, episode_mask, group, counts, betting_range, static):
@@ -319,7 +353,8 @@ def _carry_spec(carry):
 
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
 def _advance_kernel(*args, static: Static):
-    """(carry [P, B], StepStatistics [D, P, ...], ZeroProbabilitySteps [D] or None) of
+    """(carry [P, B], StepStatistics [D, P, ...], (ZeroProbabilitySteps [D] or None,
+    FaultySteps [D])) of
     ``window_statistics`` on ``args`` (a WindowInputs' fields, in order): one row per device of
     ``static.mesh`` (D = 1 without one).
 
@@ -406,7 +441,8 @@ def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch
 class KernelOutput(NamedTuple):
     """What one batch's kernel calls return (device arrays, dispatched asynchronously):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
-    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None), the
+    each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None) and
+    FaultySteps [D] (``faulty_target``), the
     batch's length T, with ``terms`` each episode's terms {name: [P, L]} (else None)
     with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and how far
     each resampling group's episodes run [K] (host: its longest episode, or T where that
@@ -422,6 +458,7 @@ class KernelOutput(NamedTuple):
     lanes: tuple[np.ndarray, np.ndarray] | None = None
     group_lengths: np.ndarray | None = None
     joined: dict[str, dict[str, SideBySide]] | None = None
+    faulty_target: list[FaultySteps] | None = None
 
 
 def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
@@ -789,16 +826,17 @@ class Kernel:
         carry_lanes = self._lanes_of_carry(lanes)
         carry = self.initial_carry(carry_lanes)
         window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
-        steps, zero_behavior = [], []
+        steps, zero_behavior, faulty_target = [], [], []
         length = len(windows) * width
         joined: dict[str, dict[str, SideBySide]] = {}
         early = 0  # the first windows, whose sums not per group are in ``joined``
         with self._user_code_errors():
             for start, window in windows:
                 args = self._advance_args(window, start, carry, window_counts)
-                carry, statistics, zero = self._call(_advance_kernel, args)
+                carry, statistics, (zero, faulty) = self._call(_advance_kernel, args)
                 steps.append((start, statistics))
                 zero_behavior.append(zero)
+                faulty_target.append(faulty)
                 if group_lengths is not None and len(steps) > 2:  # two stay in flight
                     on_device = steps[-3]
                     steps[-3] = _few_rows(on_device, group_lengths)
@@ -817,7 +855,15 @@ class Kernel:
         zero_behavior = None if self.behavior is None else zero_behavior
         lanes = lanes if self.static.terms else None
         return KernelOutput(
-            steps, scalar, zero_behavior, length, terms, lanes, group_lengths, joined or None
+            steps,
+            scalar,
+            zero_behavior,
+            length,
+            terms,
+            lanes,
+            group_lengths,
+            joined or None,
+            faulty_target,
         )
 
     def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):

@@ -76,6 +76,7 @@ from ope_cli.models.behavior import (
     first_zero_probability,
     zero_probability_error,
 )
+from ope_cli.models.policies.checks import faulty_policy_error
 from ope_cli.models.qfunctions import q_source
 from ope_cli.results import (
     ConfidenceSummary,
@@ -479,6 +480,19 @@ def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
     return available_estimators(Q_FIELDS if batches.qs is not None else ())
 
 
+def _check_policy_values(batches: BatchStream, results) -> None:
+    """A PolicyError when an evaluation policy gave a logged action of this batch a value
+    that is no log-probability (``results``: the batch's (kernel, KernelOutput) pairs)."""
+    import jax
+
+    for kernel, output in results:
+        found = jax.device_get(output.faulty_target)  # one per window, each [D]
+        found = jax.tree.map(lambda *x: np.concatenate(x), *found)
+        if np.asarray(found.count).any():  # the second read only on this error path
+            policies = [batches.policies[i] for i in kernel.group.indices]
+            raise faulty_policy_error(policies, found, batches.reread_chunks())
+
+
 def _check_behavior_support(batches: BatchStream, output) -> None:
     """A DataError when the ``--behavior`` policy gave a logged action of this batch
     probability 0 (``output``: a KernelOutput); its episode is found by a second read."""
@@ -593,6 +607,7 @@ def _local_pass(
         length, results = pending
         partials = by_length.setdefault(length, [None] * len(kernels))
         _check_behavior_support(batches, results[0][1])
+        _check_policy_values(batches, results)
         _merge_batch(partials, results, devices)
         if pairs:
             pairs[0] = paired.merge(pairs[0], _paired_batch(results, baseline_row), baseline_row)

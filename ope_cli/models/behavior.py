@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.data.columns import DataSchema
-from ope_cli.data.ids import display_id
+from ope_cli.data.ids import locate_key
 from ope_cli.errors import DataError, PolicyError, UsageError, where
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
 
@@ -219,23 +219,23 @@ def first_zero_probability(found: ZeroProbabilitySteps) -> tuple[int, int, float
 
 def zero_probability_error(
     policy: Policy, first: tuple[int, int, float, int], chunks: Iterable
-) -> DataError:
-    """The DataError for a logged action the behavior policy gives probability 0, naming
-    its file, episode and step, found by key among ``chunks`` (a second, host-only read of
-    the data, done only on this error path)."""
+) -> DataError | PolicyError:
+    """The error for a logged action the behavior policy gives probability 0 (a DataError:
+    the data cannot come from it) or a value that is no log-probability (NaN, +inf, above
+    0 for a discrete action: a PolicyError, the policy's fault), naming its file, episode
+    and step, found by key among ``chunks`` (a second, host-only read of the data, done
+    only on this error path)."""
     key, step, value, count = first
-    location = ""
-    for chunk in chunks:
-        match = np.flatnonzero(chunk.keys == np.uint64(key))
-        if match.size:
-            location = where(chunk.file, display_id(chunk.ids[int(match[0])]), step)
-            break
-    what = (
-        "probability 0 (log-probability -inf)"
-        if value == -np.inf
-        else f"a log-probability of {value} (not finite)"
-    )
+    location = locate_key(key, step, chunks)
+    affected = f"({count} step(s) so affected in the batch)"
+    if value != -np.inf:
+        what = "NaN" if np.isnan(value) else f"{value:g}"
+        return PolicyError(
+            f"{location}behavior policy {policy.name} gives the logged action a "
+            f"log-probability of {what}, which is no log-probability (a fault of its code or "
+            f"parameters) {affected}"
+        )
     return DataError(
-        f"{location}behavior policy {policy.name} gives the logged action {what}: the data "
-        f"cannot come from this behavior policy ({count} step(s) so affected in the batch)"
+        f"{location}behavior policy {policy.name} gives the logged action probability 0 "
+        f"(log-probability -inf): the data cannot come from this behavior policy {affected}"
     )
