@@ -108,6 +108,9 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         (dict(interval="bootstrap-t", bootstrap_samples=39), "at least 40 for 0.95"),
         (dict(seed=-1), "--seed"),
         (dict(on_invalid="skip"), "--on-invalid"),
+        # it changed nothing without a fitted Q, where --behavior-cross-fit was refused
+        (dict(cross_fit=5), "--cross-fit applies to --q fit"),
+        (dict(cross_fit=5, q=("q.npz",)), "--cross-fit applies to --q fit"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):
@@ -117,3 +120,4 @@ def test_bad_option_values_are_usage_errors(options, message):
 
 def test_good_options_pass():
     check_config(config(gamma=0.99, confidence=0.9, reward_range=(-1.0, 1.0), horizon=10))
+    check_config(config(cross_fit=5, q=("fit:linear",)))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from ope_cli.config import EvaluationConfig
+from ope_cli.config import EvaluationConfig, QConfig
 from ope_cli.data.sources import DeclaredBounds, is_reward_range
 from ope_cli.data.validate import bounds_checks
 from ope_cli.errors import UsageError
@@ -122,6 +122,9 @@ def _check_q_options(config: EvaluationConfig) -> None:
         raise UsageError(
             f"--cross-fit must be a positive number of folds, got {config.q.cross_fit}"
         )
+    fitted = any(source.split(":", 1)[0] == "fit" for source in config.q.sources)
+    if config.q.cross_fit != QConfig.cross_fit and not fitted:  # it would change nothing
+        raise UsageError("--cross-fit applies to --q fit[:MODEL] only")
     if not has_q_source(config):
         needing = [e for e in config.estimators or () if estimator_get(e).needs]
         if needing:
