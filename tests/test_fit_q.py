@@ -311,6 +311,8 @@ def test_model_names_and_defaults():
     [
         (["--model", "forest"], 2, "unknown Q model"),
         (["--gamma", "1.5"], 2, "--gamma"),
+        # a repeated --policy kept the last one without a word
+        (["-p", "other.npz"], 2, "--policy is given 2 times: ope fit-q fits one policy's Q"),
     ],
 )
 def test_bad_options_in_process(data, ope_in_process, args, code, words):

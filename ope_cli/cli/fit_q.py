@@ -21,6 +21,7 @@ from ope_cli.cli.options import (
     options_group,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.errors import UsageError
 from ope_cli.models.q_models.base import MODELS as Q_MODELS
 
 QModel = Annotated[
@@ -57,7 +58,7 @@ def fit_q(
     data: Data,
     *,
     policy: Annotated[
-        str,
+        list[str],
         typer.Option(
             "--policy", "-p", help="Evaluation policy: checkpoint .npz or entry point module:name."
         ),
@@ -81,11 +82,16 @@ def fit_q(
     from ope_cli.models.q_models.base import check_q_model_name
     from ope_cli.models.q_models.command import FitQConfig
 
+    if len(policy) != 1:  # a repeated option would otherwise keep the last one silently
+        raise UsageError(
+            f"--policy is given {len(policy)} times: ope fit-q fits one policy's Q; run it "
+            "once per policy (or ope evaluate --q fit for several)"
+        )
     if fit["model"] is not None:
         check_q_model_name(fit["model"])
     config = FitQConfig(
         data=data,
-        policy=policy,
+        policy=policy[0],
         out=out,
         **fit,
         columns=columns,
