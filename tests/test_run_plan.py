@@ -121,3 +121,24 @@ def test_bad_option_values_are_usage_errors(options, message):
 def test_good_options_pass():
     check_config(config(gamma=0.99, confidence=0.9, reward_range=(-1.0, 1.0), horizon=10))
     check_config(config(cross_fit=5, q=("fit:linear",)))
+
+
+def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():
+    """Under --ci auto with betting bounds, dm gets the normal interval; without a standard
+    error (one episode) its note says so, not that betting does not apply to it."""
+    from ope_cli.estimation.run_plan import NO_INTERVAL, complete_intervals
+    from ope_cli.estimation.stats import Estimate
+    from ope_cli.results import PolicyResult
+
+    bounded = DeclaredBounds(reward_range=(0.0, 1.0))
+    options = config(gamma=0.9, q=("q.npz",))
+    plan = plan_intervals(options, bounded)
+    assert plan.method == "betting"
+    one = Estimate(value=0.5, stderr=None, ci_low=None, ci_high=None)
+    many = Estimate(value=0.5, stderr=0.1, ci_low=None, ci_high=None)
+    result = PolicyResult("pi", {"dm": one, "dr": many}, None, None)
+    completed = complete_intervals(result, plan, options)
+    assert completed.ci_methods == {"dm": "normal", "dr": "normal"}
+    assert completed.estimates["dm"].note == NO_INTERVAL
+    dr = completed.estimates["dr"]
+    assert (dr.ci_low, dr.ci_high) == pytest.approx((0.5 - 0.196, 0.5 + 0.196), abs=1e-3)

@@ -280,11 +280,14 @@ def complete_intervals(
     for name, estimate in result.estimates.items():
         method = _interval_method(name, estimate, plan.method)
         fallback = config.intervals.method == "auto" and method is None and plan.method == "betting"
-        if fallback and estimate.value is not None and estimate.stderr is not None:
-            low, high = estimate.value - z * estimate.stderr, estimate.value + z * estimate.stderr
-            note = None if estimate.note == NO_BETTING else estimate.note  # it has one now
-            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
+        if fallback:  # normal, with an interval where there is a standard error
             method = "normal"
+            note = None if estimate.note == NO_BETTING else estimate.note
+            low = high = None
+            if estimate.value is not None and estimate.stderr is not None:
+                low = estimate.value - z * estimate.stderr
+                high = estimate.value + z * estimate.stderr
+            estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
         if estimate.ci_low is None or estimate.ci_high is None:
             note = estimate.note or (
                 NO_BETTING if method is None and plan.method == "betting" else NO_INTERVAL
