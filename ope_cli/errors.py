@@ -28,8 +28,13 @@ class DataError(OpeError):
 
 
 class InvalidValueError(DataError):
-    """A value or an episode breaks the data contract where ``--on-invalid error`` stops
-    (``--on-invalid drop`` would leave its episode out instead)."""
+    """A value or an episode breaks the data contract where ``--on-invalid error`` stops;
+    ``droppable``: whether ``--on-invalid drop`` would leave its episode out instead (a
+    bound the run was given, or a size the policy expects, concerns every episode)."""
+
+    def __init__(self, message: str, droppable: bool = True):
+        super().__init__(message)
+        self.droppable = droppable
 
 
 class PolicyError(OpeError):

@@ -430,6 +430,7 @@ def test_errors_carry_the_fix(root, ope_many_in_process):
         "directory": ["demo/logs.parquet", "-p", "demo/policies"],
         "rank_by": ["demo/logs.parquet", "-p", policy, "--rank-by", "dr"],
         "invalid": ["nan.parquet", "-p", policy],
+        "too_long": ["demo/logs.parquet", "-p", policy, "--horizon", "2"],
         "format": ["demo/logs.parquet", "-p", policy, "--format", "xml"],
     }
     runs = ope_many_in_process(
@@ -444,6 +445,9 @@ def test_errors_carry_the_fix(root, ope_many_in_process):
     assert "--rank-by dr" in line and "--q" in line
     line = _error_line(runs["invalid"], 3)
     assert "reward" in line and "ope inspect nan.parquet" in line and "--on-invalid drop" in line
+    line = _error_line(runs["too_long"], 3)  # a bound is never dropped: no drop to suggest
+    assert "longer than the horizon of 2 steps (--horizon)" in line
+    assert "ope inspect demo/logs.parquet" in line and "--on-invalid drop" not in line
     line = _error_line(runs["format"], 2)
     assert "'xml' is not one of" in line and "Value error" not in line
 

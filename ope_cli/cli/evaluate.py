@@ -169,7 +169,8 @@ def run_and_report(
                 config, on_progress=on_progress, distributed=cluster, on_status=on_status
             )
     except InvalidValueError as error:  # the same line, and where to go from there
-        raise InvalidValueError(f"{error}; {invalid_data_fix(config)}") from None
+        fix = invalid_data_fix(config, error.droppable)
+        raise InvalidValueError(f"{error}; {fix}", error.droppable) from None
     if result.runtime.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
@@ -194,9 +195,10 @@ def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str) -
         render_table(result, table_console(max(TABLE_WIDTH, longest + TABLE_MARGIN)), rank_by)
 
 
-def invalid_data_fix(config: EvaluationConfig) -> str:
-    """What to do about invalid data: see every problem, or leave its episodes out."""
-    if config.on_invalid == "drop":
+def invalid_data_fix(config: EvaluationConfig, droppable: bool = True) -> str:
+    """What to do about invalid data: see every problem, or (where drop applies to it)
+    leave its episodes out."""
+    if config.on_invalid == "drop" or not droppable:
         return f"every problem: ope inspect {config.data}"
     return (
         f"every problem: ope inspect {config.data}; to leave out the invalid episodes and "

@@ -198,7 +198,8 @@ class Validation:
             if self.policy.raises(check.reason):
                 unit = "episode(s)" if per_episode else "row(s)"
                 raise InvalidValueError(
-                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected)"
+                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected)",
+                    droppable=check.reason not in FATAL_REASONS,
                 )
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
