@@ -196,6 +196,20 @@ def test_zero_q_gives_pdis_and_wpdis(softmax_data):
     _close(estimates["wdr"].stderr, estimates["wpdis"].stderr, rtol=1e-9)
 
 
+def test_a_q_beyond_float64_is_null_with_its_reason(softmax_data, recwarn):
+    """Q-hat of 1.7e308 with ordinary weights and rewards: dr's note names Q-hat (it named
+    the weights or the rewards only), and no NumPy warning reaches stderr."""
+    _, _, target_path, data, root = softmax_data
+    huge = {"kind": "linear_q", "weight": np.zeros((3, 4)), "bias": np.full(4, 1.7e308)}
+    estimates = _estimates(
+        data, policies=target_path, q=save_checkpoint(root / "huge.npz", huge), gamma=GAMMA
+    )
+    assert estimates["dr"].value is None
+    assert estimates["dr"].note == "the per-decision weights, the rewards or Q-hat overflow float64"
+    assert estimates["pdis"].value is not None
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_ended_episodes_stay_in_the_normalisers(tmp_path):
     """Lengths 1 and 2, reward 1 per step, gamma 1, pi_e = pi_b, Q-hat = V-hat = 0: the
     true value is 1.5; padding the ended episode with weight 0 would give 2.0."""

@@ -469,7 +469,8 @@ def grouped_sums(acc: Accumulator, length: int) -> Grouped:
         step_sums = {}
         for name, sum_kt in acc.step_sums.items():
             scale = sum_spec(name).scale.name
-            step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
+            with np.errstate(over="ignore", invalid="ignore"):  # beyond float64: noted later
+                step_sums[name] = np.sum(sum_kt[groups, :length] * factors[scale], axis=0)
         return Sums(
             {k: group_total(v[groups]) for k, v in acc.sums.items()},
             acc.log_scales,

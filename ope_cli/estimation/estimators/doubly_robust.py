@@ -37,7 +37,6 @@ from ope_cli.estimation.estimators.base import (
     sum_over_steps,
 )
 from ope_cli.estimation.estimators.importance import (
-    PDIS_OVERFLOW,
     MeanOfTerms,
     closed_form,
     grouped_jackknife,
@@ -114,6 +113,7 @@ def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
 
 
+DR_OVERFLOW = "the per-decision weights, the rewards or Q-hat overflow float64"
 dm_estimate = MeanOfTerms("dm_v", "dm_v2", None)  # (1/n) sum_i V-hat(s_{i,0})
 dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D_i
 
@@ -121,7 +121,8 @@ dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D
 def _wdr_numerator_t(step_sums: Mapping[str, np.ndarray], discount_t, gamma: float) -> np.ndarray:
     """[..., L] gamma^t sum_i W_t (r_t - q_t + gamma v_{t+1}), relative to W_t as w_t is."""
     s = step_sums
-    return discount_t * (s["wr_t"] - s["wq_t"] + gamma * s["wv_next_t"])
+    with np.errstate(over="ignore", invalid="ignore"):  # Q-hat beyond float64: not finite
+        return discount_t * (s["wr_t"] - s["wq_t"] + gamma * s["wv_next_t"])
 
 
 def _wdr_value(sums: Sums, context: Context) -> tuple[float | None, int]:
@@ -172,7 +173,7 @@ DR = register(
         init=dr_init,
         advance=dr_advance,
         finish=dr_values,
-        finalize=closed_form(dr_estimate, PDIS_OVERFLOW),
+        finalize=closed_form(dr_estimate, DR_OVERFLOW),
         term="sum_dr",
         replicates=replicates_of(dr_estimate),
         studentized=True,
