@@ -94,6 +94,25 @@ def test_same_kind_and_shapes_stack(tmp_path):
             {"kind": "linear_softmax", "weight": np.zeros((3, 2)), "bias": np.zeros(4)},
             "'bias' has size 4",
         ),
+        # arrays a kind does not read were ignored: the file's policy was not the one evaluated
+        (
+            {
+                "kind": "linear_softmax",
+                "weight": np.zeros((3, 2)),
+                "bias": np.zeros(2),
+                "temprature": np.float64(0.1),
+            },
+            "a linear_softmax checkpoint holds arrays it does not read: temprature",
+        ),
+        (
+            {
+                "kind": "mlp_softmax",
+                "weight_0": np.zeros((3, 2)),
+                "bias_0": np.zeros(2),
+                "temperature": np.float64(0.1),
+            },
+            "a mlp_softmax checkpoint holds arrays it does not read: temperature",
+        ),
     ],
 )
 def test_checkpoint_load_errors(content, message, tmp_path):

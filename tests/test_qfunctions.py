@@ -569,3 +569,9 @@ def test_a_network_of_another_input_size_is_refused_on_every_row(
     policy = types.SimpleNamespace(n_actions=3)
     (check,) = [c for c in qf.chunk_checks(q, policy, chunk) if c.reason == "observation_size"]
     assert check.message == words and check.rows.all()
+
+
+def test_a_q_checkpoint_with_arrays_it_does_not_read_is_refused():
+    arrays = {"kind": "tabular_q", "q": np.zeros((3, 2)), "scale": np.float64(2.0)}
+    with pytest.raises(PolicyError, match="a tabular_q checkpoint holds arrays it does not read"):
+        qf.q_checkpoint("q.npz", arrays)

@@ -32,6 +32,7 @@ from ope_cli.models.policies import (
     mlp_forward,
     mlp_layers,
     read_archive,
+    refuse_unread,
 )
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 
@@ -190,7 +191,9 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
     if kind not in _CHECKPOINT_KINDS:
         found = f"kind {kind!r}" if kind else "no 'kind' array"
         raise PolicyError(f"{path}: not a Q checkpoint ({found}; expected {', '.join(Q_KINDS)})")
-    return _CHECKPOINT_KINDS[kind](path, arrays)
+    q = _CHECKPOINT_KINDS[kind](path, arrays)
+    refuse_unread(path, kind, arrays, q.params)
+    return q
 
 
 def load_q_entry_point(spec: str) -> QFunction:

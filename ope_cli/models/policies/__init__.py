@@ -28,6 +28,7 @@ from ope_cli.models.policies.checkpoints import (
     load_checkpoint,
     mlp_layers,
     read_archive,
+    refuse_unread,
 )
 from ope_cli.models.policies.checks import check_against_schema, chunk_checks
 from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
@@ -170,6 +171,7 @@ __all__ = [
     "mlp_forward",
     "mlp_layers",
     "read_archive",
+    "refuse_unread",
     "split_name",
     "suffix_labels",
     "tabular_log_prob",

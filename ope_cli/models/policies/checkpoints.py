@@ -198,4 +198,18 @@ def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
             f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "
             "mlp_softmax or linear_gaussian)"
         )
-    return _CHECKPOINT_KINDS[kind](path, kind, arrays)
+    policy = _CHECKPOINT_KINDS[kind](path, kind, arrays)
+    refuse_unread(path, kind, arrays, policy.params)
+    return policy
+
+
+def refuse_unread(path: str, kind: str, arrays: dict, read: dict) -> None:
+    """A PolicyError when the checkpoint holds arrays its kind does not read (besides
+    ``kind`` and ``activation``): a misspelt 'temprature', or observation statistics the
+    policy was trained with, would leave another policy evaluated than the file describes."""
+    unread = sorted(set(arrays) - set(read) - {"kind", "activation"})
+    if unread:
+        raise PolicyError(
+            f"{path}: a {kind} checkpoint holds arrays it does not read: "
+            f"{', '.join(unread)} (it reads {', '.join(sorted(read))}); remove or rename them"
+        )
