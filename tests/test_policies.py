@@ -238,3 +238,30 @@ def test_log_softmax_at_equals_log_softmax_of_the_action(actions):
     got = jax.jit(jax.vmap(log_softmax_at))(jnp.asarray(logits), jnp.asarray(action))
     want = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)[np.arange(64), action]
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=1e-12)
+
+
+def test_string_arrays_saved_as_bytes_read_as_text(tmp_path):
+    """np.array(b"relu") was read as "b'relu'" and refused as an unknown activation (and a
+    kind saved so as an unknown kind, naming the valid one)."""
+    path = tmp_path / "bytes.npz"
+    np.savez(
+        path,
+        kind=np.array(b"mlp_softmax"),
+        activation=np.array(b"relu"),
+        weight_0=np.zeros((3, 2)),
+        bias_0=np.zeros(2),
+    )
+    policy = load_checkpoint(str(path))
+    assert (policy.kind, policy.static) == ("mlp_softmax", ("relu",))
+
+
+def test_an_option_of_one_policy_takes_a_glob_of_one(tmp_path):
+    """--behavior 'beh/*.npz' matching one file said 'no such checkpoint file'."""
+    from ope_cli.models.policies import load_one_policy
+
+    checkpoint = {"kind": "tabular", "logits": np.zeros((2, 2))}
+    np.savez(tmp_path / "a.npz", **checkpoint)
+    assert load_one_policy(str(tmp_path / "*.npz"), "--behavior").name == str(tmp_path / "a.npz")
+    np.savez(tmp_path / "b.npz", **checkpoint)
+    with pytest.raises(PolicyError, match=r"matches 2 checkpoints, and --behavior takes one"):
+        load_one_policy(str(tmp_path / "*.npz"), "--behavior")

@@ -20,7 +20,7 @@ import numpy as np
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.ids import locate_key
 from ope_cli.errors import DataError, PolicyError, UsageError, where
-from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
+from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 
 ESTIMATE = "estimate"
 
@@ -160,7 +160,7 @@ def load_behavior(spec: str, schema: DataSchema) -> Policy:
     """The ``--behavior`` policy, checked against the data's schema before any row is
     read; a PolicyError (exit 4) when it cannot be loaded or does not fit the data."""
     try:
-        policy = load_policy(spec)
+        policy = load_one_policy(spec, "--behavior")
     except PolicyError as error:
         raise PolicyError(f"--behavior: {error}") from None
     if "observation" not in schema.columns:

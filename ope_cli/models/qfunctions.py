@@ -33,6 +33,7 @@ from ope_cli.models.policies import (
     mlp_layers,
     read_archive,
     refuse_unread,
+    text,
 )
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 
@@ -187,7 +188,7 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
     """The Q function of checkpoint arrays (a string ``kind`` of Q_KINDS and its
     parameters); ``path`` names it in messages. Raises PolicyError."""
     arrays = dict(arrays)
-    kind = str(arrays.pop("kind", ""))
+    kind = text(arrays.pop("kind", ""))
     if kind not in _CHECKPOINT_KINDS:
         found = f"kind {kind!r}" if kind else "no 'kind' array"
         raise PolicyError(f"{path}: not a Q checkpoint ({found}; expected {', '.join(Q_KINDS)})")

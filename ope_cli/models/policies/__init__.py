@@ -29,6 +29,7 @@ from ope_cli.models.policies.checkpoints import (
     mlp_layers,
     read_archive,
     refuse_unread,
+    text,
 )
 from ope_cli.models.policies.checks import check_against_schema, chunk_checks
 from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
@@ -54,6 +55,18 @@ def is_checkpoint(spec: str) -> bool:
 def load_policy(spec: str) -> Policy:
     """A policy from a command-line ``--policy`` value."""
     return load_checkpoint(spec) if is_checkpoint(spec) else load_entry_point(spec)
+
+
+def load_one_policy(spec: str, option: str) -> Policy:
+    """The one policy of an option that takes one (``--behavior``, fit-q's ``--policy``):
+    a quoted glob matching a single checkpoint is that checkpoint (it was 'no such
+    checkpoint file'); matching several is a PolicyError naming the count."""
+    matches = expand(spec) if is_checkpoint(spec) else [spec]
+    if len(matches) != 1:
+        raise PolicyError(
+            f"{option} {spec}: matches {len(matches)} checkpoints, and {option} takes one"
+        )
+    return load_policy(matches[0])
 
 
 NAMED = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+-]*)=(?P<path>.+)")
@@ -166,12 +179,14 @@ __all__ = [
     "load_checkpoint",
     "load_entry_point",
     "load_policies",
+    "load_one_policy",
     "load_policy",
     "logged_policy",
     "mlp_forward",
     "mlp_layers",
     "read_archive",
     "refuse_unread",
+    "text",
     "split_name",
     "suffix_labels",
     "tabular_log_prob",

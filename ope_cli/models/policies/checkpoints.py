@@ -69,6 +69,14 @@ def read_archive(path: str) -> dict[str, np.ndarray]:
         raise PolicyError(f"{path}: not a readable .npz checkpoint ({error})") from None
 
 
+def text(value) -> str:
+    """A checkpoint's string array (``kind``, ``activation``) as text, bytes decoded: a
+    ``np.array(b"relu")`` was read as "b'relu'" and refused as unknown."""
+    value = np.asarray(value)
+    item = value.item() if value.ndim == 0 else value
+    return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+
+
 def _tabular(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
     logits = checked_array(arrays, "logits", 2, path)
     return Policy(
@@ -107,7 +115,7 @@ def _linear_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Poli
 def mlp_layers(path: str, kind: str, arrays: dict[str, np.ndarray]):
     """(params, activation) of an MLP checkpoint's ``weight_i``/``bias_i`` layers and
     optional ``activation``, checked layer by layer; raises PolicyError."""
-    activation = str(arrays.pop("activation", "tanh"))
+    activation = text(arrays.pop("activation", "tanh"))
     if activation not in ("tanh", "relu"):
         raise PolicyError(f"{path}: activation {activation!r} is not one of tanh, relu")
     layers = sum(1 for key in arrays if key.startswith("weight_"))
@@ -192,7 +200,7 @@ def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
             f"{path}: checkpoint has no 'kind' array (one of tabular, linear_softmax, "
             "mlp_softmax, linear_gaussian)"
         )
-    kind = str(arrays.pop("kind"))
+    kind = text(arrays.pop("kind"))
     if kind not in _CHECKPOINT_KINDS:
         raise PolicyError(
             f"{path}: unknown checkpoint kind {kind!r} (expected tabular, linear_softmax, "

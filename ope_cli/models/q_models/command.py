@@ -23,7 +23,7 @@ from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import resolve_gamma
-from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_policy
+from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.outputs import refuse_existing
@@ -135,7 +135,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     schema = episodes.schema
     model = choose_q_model(config.model, schema)
     gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
-    policy = load_policy(config.policy)
+    policy = load_one_policy(config.policy, "--policy")
     check_against_schema(policy, schema)
     n_actions = _n_actions(policy, episodes)
     fit = fit_q(
