@@ -26,7 +26,7 @@ import ope_cli
 import ope_cli.envs.generate as gen
 from ope_cli.api import evaluation_config
 from ope_cli.data.ids import episode_folds
-from ope_cli.errors import UsageError
+from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import check_config
 from ope_cli.models.behavior_models.base import (
     check_model_fits,
@@ -744,3 +744,12 @@ def test_streaming_estimates_add_one_pass_over_the_data(generated, monkeypatch, 
     data = out / "nob.parquet"
     _evaluate(data, _policies(out), behavior=f"estimate:{model}")
     assert sum(rows) == 2 * read_once
+
+
+def test_linear_gaussian_refuses_fewer_steps_than_parameters():
+    """Two steps for four parameters fit exactly: a spread of 0, floored to 1e-12, and
+    importance weights of 1e-13 with only generic warnings."""
+    model = LinearGaussianModel()
+    model.add(np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 2.0]]), np.array([0.5, -0.5]), np.zeros(2, int))
+    with pytest.raises(DataError, match="2 step.s. for 4 parameters per action dimension"):
+        model.fit()

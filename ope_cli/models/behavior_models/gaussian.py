@@ -103,6 +103,12 @@ class LinearGaussianModel:
         xtx, xty, yy, n = self._pooled(exclude)
         if n == 0:
             raise DataError("no steps to fit the linear_gaussian behavior model on")
+        if n <= xtx.shape[0]:  # residuals of 0 would make the spread the variance floor
+            raise DataError(
+                f"too few steps to fit the linear_gaussian behavior model: {int(n)} step(s) "
+                f"for {xtx.shape[0]} parameters per action dimension (it needs more steps "
+                "than parameters to measure the spread)"
+            )
         centred = _centred(xtx, xty, yy, n, (self.pivot, self.pivot_y))
         # least squares of the centred system: its minimum-norm solution where it is
         # singular (a constant observation feature), exact elsewhere (a guard ridge, even
