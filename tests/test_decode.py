@@ -55,14 +55,3 @@ def test_numbers_read_whole_floats_as_integers_and_refuse_fractions():
             r"whole numbers are expected.*1 such value",
         ):
             numbers(pa.array([1.0, bad]), "a", np.int64, Where("f", locate), "null_action")
-
-
-def test_vectors_take_the_first_rows_size_whatever_the_batching():
-    """The size comes from the first usable row, not the batch's most common one: a batch of
-    one row would otherwise decide differently from a batch of all of them."""
-    array = pa.array([None, [1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0]])
-    flags = np.zeros(4, np.uint16)
-    matrix = vectors(array, "obs", Where("f", locate, flags), None)
-    assert matrix.shape == (4, 2)
-    ragged = 1 << READ_FLAGS.index("ragged_observation")
-    assert (flags & ragged).tolist() == [0, 0, ragged, ragged]

@@ -157,9 +157,8 @@ def list_lengths(array: pa.Array) -> np.ndarray:
 def vectors(
     array: pa.Array, column: str, at: Where, dim: int | None, role: str = "observation"
 ) -> np.ndarray:
-    """[n, d] floats from a column of number lists of length ``dim`` (None: the first usable
-    row's, which no batching changes). Another length is a DataError, or (with flags) a
-    marked row of zeros. Float32
+    """[n, d] floats from a column of number lists of length ``dim`` (None: the batch's usual
+    length). Another length is a DataError, or (with flags) a marked row of zeros. Float32
     vectors stay float32 (the kernel casts on the device: half the host copies and transfer)."""
     reason = null_reason(role)
     values, lengths, null_rows = list_parts(array, column, at, reason)
@@ -171,7 +170,7 @@ def vectors(
     if dim is None:
         if usable.size == 0:
             return np.zeros((n, 0))
-        dim = int(usable[0])
+        dim = int(usable[0]) if (usable == usable[0]).all() else int(np.bincount(usable).argmax())
     ragged = (lengths != dim) & ~null_rows
     starts = np.cumsum(lengths) - lengths
 
@@ -207,9 +206,8 @@ def log_probability(array: np.ndarray, is_log: bool) -> np.ndarray:
 
 class StepConverter:
     """The schema's per-step columns of one dataset -> ``Steps`` of [n] NumPy arrays.
-    Probabilities stay as logged (validation reads them so); vector sizes are the schema's
-    (a fixed-size list's, or the policies') or else the first row's, kept for the rest of
-    the dataset."""
+    Probabilities stay as logged (validation reads them so); vector sizes are set by the
+    first rows and kept for the rest of the dataset."""
 
     def __init__(self, schema: DataSchema):
         self.schema = schema
