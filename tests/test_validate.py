@@ -109,3 +109,17 @@ def test_a_negative_state_index_says_how_to_give_features():
     (check,) = [c for c in value_checks(steps, schema) if c.reason == "state_negative"]
     np.testing.assert_array_equal(check.rows, [False, True, False])
     assert "store features as floats" in check.message
+
+
+def test_a_logged_target_log_probability_above_zero_is_invalid_data():
+    """A discrete action's logged target log-probability above 0 (probability > 1): a
+    droppable data problem, as the behavior column's is (inspect said valid, and evaluate
+    blamed a 'policy' for it); -inf (probability 0) is a probability."""
+    schema = DataSchema("step", {}, "index", None, "discrete", False, False, "log_prob")
+    log_target = np.array([0.0, 0.01, -np.inf, -1.0])
+    steps = Steps(
+        np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros(4), np.zeros(4), log_target
+    )
+    (check,) = [c for c in value_checks(steps, schema) if c.reason == "target_prob_above_one"]
+    np.testing.assert_array_equal(check.rows, [False, True, False, False])
+    assert "target_prob_above_one" not in FATAL_REASONS

@@ -360,6 +360,12 @@ def _target_checks(target: np.ndarray, schema: DataSchema) -> Iterator[Check]:
             "target log-probability is NaN or +inf",
             np.isnan(target) | (target == np.inf),
         )
+        if schema.action_kind == "discrete":
+            yield Check(
+                "target_prob_above_one",
+                "target log-probability is > 0 (probability > 1) for a discrete action",
+                target > PROBABILITY_TOLERANCE,
+            )
         return
     yield Check(
         "target_prob_invalid",

@@ -300,7 +300,9 @@ def window_statistics(inputs: WindowInputs, static: Static):
         dtype,
     )
     window = window._replace(steps=steps)
-    faulty = faulty_steps(log_pi, window, start)
+    # a policy's values; logged target probabilities are the data's, validated as read
+    checked = log_pi if static.log_prob is not None else jnp.zeros_like(log_pi)
+    faulty = faulty_steps(checked, window, start)
     fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
     betting = inputs.betting_range if static.betting else None
 
