@@ -52,7 +52,6 @@ from ope_cli.estimation.estimators.reduction import (
 from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogProbFn, Policy
-from ope_cli.models.policies.checks import FaultySteps
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -183,26 +182,21 @@ def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroP
     )
 
 
-def faulty_steps(log_pi: jax.Array, batch: PaddedBatch, start) -> FaultySteps:
-    """The real steps of the window ``batch`` (column 0: step ``start``) where a policy's
-    log-probability ``log_pi`` [P, B, C] is no log-probability: NaN, +inf, or above 0 for
-    a discrete action (-inf, probability 0, is one); their count and the first; leaves [1].
-    Left alone, such a weight drops its episode from the sums without a word."""
-    bad = jnp.isnan(log_pi) | (log_pi == jnp.inf)
+def faulty_counts(log_pi: jax.Array | None, batch: PaddedBatch) -> jax.Array:
+    """[1, P] how many real steps of the window ``batch`` have a policy's log-probability
+    ``log_pi`` [P, B, C] that is no log-probability: NaN, +inf, or above 0 for a discrete
+    action (-inf, probability 0, is one). Left alone, such a weight drops its episode
+    from the sums without a word; the host finds the first one on the error path only
+    (``checks.faulty_policy_error``), as locating it here costs every window a tenth of
+    its time. None (logged target probabilities, validated as data): [1, 1] zeros."""
+    if log_pi is None:
+        return jnp.zeros((1, 1), jnp.int32)
+    # one comparison: NaN compares false, so "not within the bound" flags it too
     if jnp.issubdtype(batch.steps.action.dtype, jnp.integer):
-        bad = bad | (log_pi > LOG_PROBABILITY_TOLERANCE)
-    bad = bad & batch.step_mask[None]
-    first = jnp.argmax(bad.reshape(-1))
-    policy, rest = jnp.divmod(first, bad.shape[1] * bad.shape[2])
-    episode, step = jnp.divmod(rest, bad.shape[2])
-    return FaultySteps(
-        count=jnp.sum(bad, dtype=jnp.int32)[None],
-        key_hi=batch.key_hi[episode][None],
-        key_lo=batch.key_lo[episode][None],
-        step=(step + start).astype(jnp.int32)[None],
-        value=log_pi.reshape(-1)[first][None],
-        policy=policy.astype(jnp.int32)[None],
-    )
+        fine = log_pi <= LOG_PROBABILITY_TOLERANCE
+    else:
+        fine = log_pi < jnp.inf
+    return jnp.sum(~fine & batch.step_mask[None], axis=(1, 2), dtype=jnp.int32)[None]
 
 
 def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):
@@ -279,8 +273,8 @@ class WindowInputs(NamedTuple):
 
 
 def window_statistics(inputs: WindowInputs, static: Static):
-    """(carry, StepStatistics [P, ...], (ZeroProbabilitySteps or None, FaultySteps)) of the
-    next C steps of
+    """(carry, StepStatistics [P, ...], (ZeroProbabilitySteps or None, [1, P] faulty_counts))
+    of the next C steps of
     (this device's share of) a batch (``inputs``) for the P stacked ``params`` of one policy
     group; not jitted."""
     params, q_params, start, seed = inputs.params, inputs.q_params, inputs.start, inputs.seed
@@ -301,8 +295,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     )
     window = window._replace(steps=steps)
     # a policy's values; logged target probabilities are the data's, validated as read
-    checked = log_pi if static.log_prob is not None else jnp.zeros_like(log_pi)
-    faulty = faulty_steps(checked, window, start)
+    faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
     fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
     betting = inputs.betting_range if static.betting else None
 
@@ -356,7 +349,7 @@ def _carry_spec(carry):
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
 def _advance_kernel(*args, static: Static):
     """(carry [P, B], StepStatistics [D, P, ...], (ZeroProbabilitySteps [D] or None,
-    FaultySteps [D])) of
+    faulty_counts [D, P])) of
     ``window_statistics`` on ``args`` (a WindowInputs' fields, in order): one row per device of
     ``static.mesh`` (D = 1 without one).
 
@@ -444,7 +437,7 @@ class KernelOutput(NamedTuple):
     """What one batch's kernel calls return (device arrays, dispatched asynchronously):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
     each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None) and
-    FaultySteps [D] (``faulty_target``), the
+    faulty_counts [D, P] (``faulty_target``), the
     batch's length T, with ``terms`` each episode's terms {name: [P, L]} (else None)
     with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and how far
     each resampling group's episodes run [K] (host: its longest episode, or T where that
@@ -460,7 +453,7 @@ class KernelOutput(NamedTuple):
     lanes: tuple[np.ndarray, np.ndarray] | None = None
     group_lengths: np.ndarray | None = None
     joined: dict[str, dict[str, SideBySide]] | None = None
-    faulty_target: list[FaultySteps] | None = None
+    faulty_target: list | None = None
 
 
 def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:

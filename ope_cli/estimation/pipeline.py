@@ -486,11 +486,11 @@ def _check_policy_values(batches: BatchStream, results) -> None:
     import jax
 
     for kernel, output in results:
-        found = jax.device_get(output.faulty_target)  # one per window, each [D]
-        found = jax.tree.map(lambda *x: np.concatenate(x), *found)
-        if np.asarray(found.count).any():  # the second read only on this error path
-            policies = [batches.policies[i] for i in kernel.group.indices]
-            raise faulty_policy_error(policies, found, batches.reread_chunks())
+        counts = np.concatenate(jax.device_get(output.faulty_target)).sum(axis=0)  # [P]
+        if counts.any():  # the second read only on this error path
+            row = int(np.flatnonzero(counts)[0])
+            policy = batches.policies[kernel.group.indices[row]]
+            raise faulty_policy_error(policy, int(counts[row]), batches.reread_chunks())
 
 
 def _check_behavior_support(batches: BatchStream, output) -> None:

@@ -4,14 +4,14 @@ value-level per chunk as validation checks (``chunk_checks``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
 
 import numpy as np
 
-from ope_cli.data.ids import locate_key
-from ope_cli.data.validate import Check
-from ope_cli.errors import DataError, PolicyError
+from ope_cli.data.validate import PROBABILITY_TOLERANCE, Check
+from ope_cli.errors import DataError, PolicyError, where
 from ope_cli.models.policies.base import Policy
+
+LOG_TOLERANCE = float(np.log1p(PROBABILITY_TOLERANCE))  # the kernel's bound (faulty_counts)
 
 
 def check_against_schema(policy: Policy, schema) -> None:
@@ -74,37 +74,31 @@ def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
             )
 
 
-class FaultySteps(NamedTuple):
-    """The kernel's count of real steps where an evaluation policy's log-probability of the
-    logged action is no log-probability (NaN, +inf, or above 0 for a discrete action:
-    a probability above 1), and the first one, per device: leaves [D] ([1] per shard).
+def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyError:
+    """The PolicyError (exit 4) for a policy whose log-probabilities the kernel flagged
+    (``count`` steps of a batch: NaN, +inf, or above 0 for a discrete action), naming the
+    first such step of the data: found by computing the policy on ``chunks`` (a second
+    read, on this error path only)."""
+    import jax
+    import jax.numpy as jnp
 
-      count: int32 steps so affected, over the group's policies.
-      key_hi, key_lo: uint32 halves of the first such step's episode key.
-      step: int32 its step in the episode; value: its log-probability.
-      policy: int32 the policy's row in its kernel's group.
-    """
-
-    count: np.ndarray
-    key_hi: np.ndarray
-    key_lo: np.ndarray
-    step: np.ndarray
-    value: np.ndarray
-    policy: np.ndarray
-
-
-def faulty_policy_error(policies: list[Policy], found: FaultySteps, chunks: Iterable):
-    """The PolicyError (exit 4) for the first flagged step of ``found`` (host arrays [N],
-    the windows' devices concatenated; some step flagged); the episode is found by key
-    among ``chunks`` (a second read of the data, on this error path only)."""
-    counts = np.asarray(found.count)
-    i = int(np.flatnonzero(counts)[0])
-    key = (int(found.key_hi[i]) << 32) | int(found.key_lo[i])
-    step, value = int(found.step[i]), float(found.value[i])
-    policy = policies[int(found.policy[i])]
-    what = "NaN" if np.isnan(value) else f"{value:g}"
+    per_step = jax.jit(jax.vmap(policy.log_prob, in_axes=(None, 0, 0)))
+    for chunk in chunks:
+        observation = np.asarray(chunk.observation)
+        if observation.dtype.kind == "f":
+            observation = observation.astype(np.float64)
+        log_pi = np.asarray(per_step(policy.params, jnp.asarray(observation), chunk.action))
+        bound = LOG_TOLERANCE if chunk.action.dtype.kind in "iu" else np.inf
+        bad = np.flatnonzero(~(log_pi <= bound) | (log_pi == np.inf))
+        if bad.size:
+            value = float(log_pi[bad[0]])
+            what = "NaN" if np.isnan(value) else f"{value:g}"
+            return PolicyError(
+                f"{where(chunk.file, *chunk.locate(int(bad[0])))}policy {policy.name} gives "
+                f"the logged action a log-probability of {what}, which is no log-probability "
+                f"(a fault of its code or parameters; {count} step(s) so affected in a batch)"
+            )
     return PolicyError(
-        f"{locate_key(key, step, chunks)}policy {policy.name} gives the logged action a "
-        f"log-probability of {what}, which is no log-probability (a fault of its code or "
-        f"parameters; {int(counts.sum())} step(s) so affected in the batch)"
+        f"policy {policy.name} gives {count} logged action(s) a value that is no "
+        "log-probability (NaN, +inf, or a probability above 1)"
     )
