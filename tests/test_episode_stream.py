@@ -85,28 +85,36 @@ def test_reconfigured_resolves_the_columns_again(logs):
     assert again.data is stream.data and again.schema.behavior_logged
 
 
-@pytest.mark.parametrize("shift, refused", [(0.0, False), (0.9, True)])
-def test_a_later_file_of_float_actions_is_read_whole_or_refused(logs, tmp_path, shift, refused):
-    """The dataset's first file holds integer actions; a later file's floats are read when
-    each is whole and refused otherwise (a cast would truncate 0.9 to 0 without a word)."""
+@pytest.mark.parametrize(
+    ("column", "shift", "words"),
+    [
+        ("action", 0.0, None),
+        ("action", 0.9, r"episode .*column 'action' holds \d\.9 where whole numbers"),
+        ("episode_id", 0.0, None),
+        ("episode_id", 0.25, r"column 'episode_id' holds \d+\.25 where whole numbers"),
+    ],
+)
+def test_a_later_file_of_floats_for_integers_is_read_whole_or_refused(
+    logs, tmp_path, column, shift, words
+):
+    """The dataset's first file holds integer actions and ids; a later file's floats are
+    read when each is whole and refused otherwise: actions 0.9 were truncated to 0, and
+    ids 2.25 and 2.75 both cast to 2 (one episode of two), without a word."""
     path, _ = logs
     for name in ("part-00000.parquet", "part-00001.parquet"):
         table = pq.read_table(path / name)
         if name.endswith("1.parquet"):
-            actions = table.column("action").to_numpy().astype(np.float64) + shift
-            table = table.set_column(table.schema.get_field_index("action"), "action", [actions])
+            values = table.column(column).to_numpy().astype(np.float64) + shift
+            table = table.set_column(table.schema.get_field_index(column), column, [values])
         pq.write_table(table, tmp_path / name)
     mixed = open_episodes(DataConfig(str(tmp_path)))
-    if refused:
-        with pytest.raises(
-            DataError,
-            match=r"part-00001.parquet: episode .*column 'action' "
-            r"holds \d\.9 where whole numbers are expected",
-        ):
+    if words is not None:
+        with pytest.raises(DataError, match="part-00001.parquet: " + words):
             list(mixed)
         return
     for got, want in zip(mixed, open_episodes(DataConfig(str(path))), strict=True):
-        np.testing.assert_array_equal(got.action, want.action)
+        for field in ("action", "keys", "lengths"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
 
 
 @pytest.mark.parametrize("read_rows", [1, 2, 3, 1000])
@@ -129,29 +137,3 @@ def test_two_string_ids_of_one_key_are_never_one_episode(tmp_path, read_rows):
     pq.write_table(table, tmp_path / "logs.parquet")
     with pytest.raises(DataError, match="appears in more than one place"):
         list(open_episodes(DataConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows)))
-
-
-@pytest.mark.parametrize("shift, refused", [(0.0, False), (0.25, True)])
-def test_a_later_file_of_float_episode_ids_is_read_whole_or_refused(logs, tmp_path, shift, refused):
-    """Ids 2.25 and 2.75 of a later file were cast to 2, one episode of both (a wrong
-    estimate without a word); whole floats are the integers they hold."""
-    path, _ = logs
-    for name in ("part-00000.parquet", "part-00001.parquet"):
-        table = pq.read_table(path / name)
-        if name.endswith("1.parquet"):
-            ids = table.column("episode_id").to_numpy().astype(np.float64) + shift
-            index = table.schema.get_field_index("episode_id")
-            table = table.set_column(index, "episode_id", [ids])
-        pq.write_table(table, tmp_path / name)
-    mixed = open_episodes(DataConfig(str(tmp_path)))
-    if refused:
-        with pytest.raises(
-            DataError,
-            match=r"part-00001.parquet: column 'episode_id' holds "
-            r"\d+\.25 where whole numbers are expected",
-        ):
-            list(mixed)
-        return
-    for got, want in zip(mixed, open_episodes(DataConfig(str(path))), strict=True):
-        np.testing.assert_array_equal(got.keys, want.keys)
-        np.testing.assert_array_equal(got.lengths, want.lengths)

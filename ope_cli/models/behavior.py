@@ -21,6 +21,7 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.ids import locate_key
 from ope_cli.errors import DataError, PolicyError, UsageError, where
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
+from ope_cli.models.policies.checks import no_log_probability
 
 ESTIMATE = "estimate"
 
@@ -227,15 +228,10 @@ def zero_probability_error(
     only on this error path)."""
     key, step, value, count = first
     location = locate_key(key, step, chunks)
-    affected = f"({count} step(s) so affected in the batch)"
     if value != -np.inf:
-        what = "NaN" if np.isnan(value) else f"{value:g}"
-        return PolicyError(
-            f"{location}behavior policy {policy.name} gives the logged action a "
-            f"log-probability of {what}, which is no log-probability (a fault of its code or "
-            f"parameters) {affected}"
-        )
+        return no_log_probability(f"{location}behavior policy {policy.name}", value, count)
     return DataError(
         f"{location}behavior policy {policy.name} gives the logged action probability 0 "
-        f"(log-probability -inf): the data cannot come from this behavior policy {affected}"
+        "(log-probability -inf): the data cannot come from this behavior policy "
+        f"({count} step(s) so affected in the batch)"
     )

@@ -74,6 +74,17 @@ def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
             )
 
 
+def no_log_probability(who: str, value: float, count: int) -> PolicyError:
+    """The PolicyError of a policy (``who``: where, and which) giving a logged action
+    ``value``, which is no log-probability, on ``count`` steps of a batch."""
+    what = "NaN" if np.isnan(value) else f"{value:g}"
+    return PolicyError(
+        f"{who} gives the logged action a log-probability of {what}, which is no "
+        f"log-probability (a fault of its code or parameters; {count} step(s) so affected "
+        "in a batch)"
+    )
+
+
 def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyError:
     """The PolicyError (exit 4) for a policy whose log-probabilities the kernel flagged
     (``count`` steps of a batch: NaN, +inf, or above 0 for a discrete action), naming the
@@ -91,12 +102,9 @@ def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyE
         bound = LOG_TOLERANCE if chunk.action.dtype.kind in "iu" else np.inf
         bad = np.flatnonzero(~(log_pi <= bound) | (log_pi == np.inf))
         if bad.size:
-            value = float(log_pi[bad[0]])
-            what = "NaN" if np.isnan(value) else f"{value:g}"
-            return PolicyError(
-                f"{where(chunk.file, *chunk.locate(int(bad[0])))}policy {policy.name} gives "
-                f"the logged action a log-probability of {what}, which is no log-probability "
-                f"(a fault of its code or parameters; {count} step(s) so affected in a batch)"
+            location = where(chunk.file, *chunk.locate(int(bad[0])))
+            return no_log_probability(
+                f"{location}policy {policy.name}", float(log_pi[bad[0]]), count
             )
     return PolicyError(
         f"policy {policy.name} gives {count} logged action(s) a value that is no "
