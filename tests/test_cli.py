@@ -1378,6 +1378,7 @@ def test_smoke_cases_cover_every_exit_code():
     assert codes == {2, 3, 4}
 
 
+@pytest.mark.slow  # real processes: the full suite's
 @pytest.mark.parametrize("name", SMOKE_BAD)
 def test_real_process_error_is_the_same_one_line(world, bad, smoke, name):
     """Exit code, one stderr line and an empty stdout hold across the process boundary,
@@ -1392,12 +1393,14 @@ def test_real_process_error_is_the_same_one_line(world, bad, smoke, name):
     ), (run, bad[name])
 
 
+@pytest.mark.slow  # real processes: the full suite's
 def test_real_process_json_error_leaves_stdout_empty(bad, smoke):
     run = smoke["missing_reward/json"]
     assert run.returncode == 3 and run.stdout == "", run
     assert run.stderr == bad["missing_reward"].stderr, run
 
 
+@pytest.mark.slow  # real processes: the full suite's
 def test_real_process_results_equal_the_in_process_ones(good, smoke):
     run = smoke["a"]
     assert run.returncode == 0, run

@@ -33,6 +33,17 @@ POLICY_KEYS = {
 
 
 @pytest.fixture(scope="module")
+def written(tmp_path_factory, small_control_truth) -> dict[str, tuple[Path, dict]]:
+    """Each env generated small (its files and checkpoints, not its statistics): (out dir,
+    truth)."""
+    outputs = {}
+    for env in gen.ENVIRONMENTS:
+        out = tmp_path_factory.mktemp(f"small-{env}")
+        outputs[env] = (out, gen.generate(env, out, episodes=300, seed=3, shift=0.0))
+    return outputs
+
+
+@pytest.fixture(scope="module")
 def on_policy(tmp_path_factory, small_control_truth) -> dict[str, tuple[Path, dict]]:
     """Each env generated with shift=0 (so eval_0 is the behavior policy): (out dir, truth)."""
     episodes = {"bandit": 20_000, "chain": 5000, "control": CONTROL_EPISODES, "gaussian": 5000}
@@ -77,8 +88,8 @@ def _behavior_log_prob(
 
 
 @pytest.mark.parametrize("env", gen.ENVIRONMENTS)
-def test_files_schema_and_checkpoints(env, on_policy):
-    out, truth = on_policy[env]
+def test_files_schema_and_checkpoints(env, written):
+    out, truth = written[env]
     table = pq.read_table(out / "logs.parquet")
     vector = pa.list_(pa.float64())
     assert table.schema.names == [
@@ -263,6 +274,7 @@ def test_chain_q_is_exact_and_agrees_with_the_truth(chain_q):
     ]
 
 
+@pytest.mark.slow  # statistical, on large generated logs
 def test_chain_q_matches_the_simulated_transitions(on_policy):
     """On the JAX simulator's logs (shift 0, gamma 1), the TD error r_t + V(s_t+1) - Q(s_t, a_t)
     (V(s_T) = 0 after the last step) has mean 0 for every (state, action) seen 50+ times."""
@@ -340,6 +352,7 @@ def test_gaussian_truth_matches_monte_carlo(tmp_path):
         assert abs(returns.mean() - entry["value"]) < 4 * returns.std() / math.sqrt(n)
 
 
+@pytest.mark.slow  # statistical, on large generated logs
 @pytest.mark.parametrize("env", gen.ENVIRONMENTS)
 def test_on_policy_mean_return_matches_truth(env, on_policy):
     out, truth = on_policy[env]
@@ -356,6 +369,7 @@ def test_on_policy_mean_return_matches_truth(env, on_policy):
     assert abs(returns.mean() - truth["policies"][0]["value"]) < 4 * stderr
 
 
+@pytest.mark.slow  # statistical, on large generated logs
 def test_control_lengths_are_long_tailed(on_policy):
     out, truth = on_policy["control"]
     episode = pq.read_table(out / "logs.parquet", columns=["episode_id"])["episode_id"].to_numpy()
