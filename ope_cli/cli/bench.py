@@ -20,10 +20,13 @@ from ope_cli.bench.config import (
     SCRIPT_STEPS,
     BenchConfig,
 )
+from ope_cli.cli.console import stderr_console, table_console
 from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
 from ope_cli.cli.options import InspectFormat as TableOrJson
 from ope_cli.cli.options import PrecisionOption, option_groups, options_group
 from ope_cli.config import BatchingConfig
+
+BENCH_WIDTH = 140  # columns of the bench table off a terminal
 
 BenchData = Annotated[
     str | None,
@@ -158,11 +161,9 @@ def bench_command(
 
 def run_bench(config: BenchConfig, quiet: bool) -> dict:
     """``bench(config)``, with a status line on stderr when it is a terminal and not quiet."""
-    from rich.console import Console
-
     from ope_cli.bench.run import bench
 
-    stderr = Console(stderr=True, emoji=False)
+    stderr = stderr_console()
     if quiet or not stderr.is_terminal:
         return bench(config)
     with stderr.status("ope bench") as status:
@@ -171,12 +172,9 @@ def run_bench(config: BenchConfig, quiet: bool) -> dict:
 
 def write_bench(result: dict, chosen: TableOrJson) -> None:
     """The bench result on stdout, as JSON or a table."""
-    from rich.console import Console
-
     from ope_cli.report.bench import render_bench, to_json
 
     if chosen is TableOrJson.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
-        console = Console(emoji=False)
-        render_bench(result, console if console.is_terminal else Console(width=140, emoji=False))
+        render_bench(result, table_console(BENCH_WIDTH))

@@ -10,6 +10,7 @@ counts the dropped episodes by reason. Checks are vectorised; no loop over rows.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from ope_cli.data.steps import Steps
 from ope_cli.errors import InvalidValueError, where
 
 PROBABILITY_TOLERANCE = 1e-6  # float32-logged probabilities of 1 may read as 1 + 1 ulp
+LOG_PROBABILITY_TOLERANCE = math.log1p(PROBABILITY_TOLERANCE)  # its log-probability bound
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ope_cli.data.buckets import PaddedBatch
 from ope_cli.data.ids import fold_index
 from ope_cli.data.steps import map_arrays
-from ope_cli.data.validate import PROBABILITY_TOLERANCE
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.estimation import kernel_cache
 from ope_cli.estimation.bootstrap_counts import replicate_counts
@@ -52,6 +51,7 @@ from ope_cli.estimation.estimators.reduction import (
 from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogProbFn, Policy
+from ope_cli.models.policies.checks import not_log_probabilities
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -158,19 +158,13 @@ def behavior_log_probs(
     return log_b.astype(dtype)
 
 
-# a discrete action's logged probability may read as 1 + 1 ulp of float32 (validate's)
-LOG_PROBABILITY_TOLERANCE = float(np.log1p(PROBABILITY_TOLERANCE))
-
-
 def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroProbabilitySteps:
     """How many real steps of the window ``batch`` (column 0: step ``start``) have a
     non-finite behavior log-probability ``log_b`` [B, C] (-inf: the logged action has
     probability 0) or, for a discrete action, one above 0 (a probability above 1, as a
     logged column's is refused), and the first one; leaves [1]."""
-    bad = ~jnp.isfinite(log_b)
-    if jnp.issubdtype(batch.steps.action.dtype, jnp.integer):  # a probability above 1
-        bad = bad | (log_b > LOG_PROBABILITY_TOLERANCE)
-    bad = bad & batch.step_mask
+    discrete = jnp.issubdtype(batch.steps.action.dtype, jnp.integer)
+    bad = (not_log_probabilities(log_b, discrete, jnp) | (log_b == -jnp.inf)) & batch.step_mask
     first = jnp.argmax(bad.reshape(-1))
     episode, step = jnp.divmod(first, bad.shape[1])
     return ZeroProbabilitySteps(
@@ -191,12 +185,9 @@ def faulty_counts(log_pi: jax.Array | None, batch: PaddedBatch) -> jax.Array:
     its time. None (logged target probabilities, validated as data): [1, 1] zeros."""
     if log_pi is None:
         return jnp.zeros((1, 1), jnp.int32)
-    # one comparison: NaN compares false, so "not within the bound" flags it too
-    if jnp.issubdtype(batch.steps.action.dtype, jnp.integer):
-        fine = log_pi <= LOG_PROBABILITY_TOLERANCE
-    else:
-        fine = log_pi < jnp.inf
-    return jnp.sum(~fine & batch.step_mask[None], axis=(1, 2), dtype=jnp.int32)[None]
+    discrete = jnp.issubdtype(batch.steps.action.dtype, jnp.integer)
+    bad = not_log_probabilities(log_pi, discrete, jnp) & batch.step_mask[None]
+    return jnp.sum(bad, axis=(1, 2), dtype=jnp.int32)[None]
 
 
 def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):

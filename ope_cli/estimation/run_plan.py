@@ -204,7 +204,6 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     are bounded, else normal) and the bounds of betting intervals: options first, then what
     the data declares."""
     gamma, gamma_source = resolve_gamma(config.gamma, declared)
-    discount = {"gamma": gamma, "gamma_source": gamma_source}
     reward_range = config.intervals.reward_range or declared.reward_range
     horizon = config.intervals.horizon or declared.horizon
 
@@ -215,7 +214,12 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         source("--reward-range", config.intervals.reward_range),
         source("--horizon", config.intervals.horizon),
     )
-    discount["checked"] = (reward_range, horizon, sources)
+    # every plan's: the discount, and the bounds checked on every episode whatever the method
+    shared = {
+        "gamma": gamma,
+        "gamma_source": gamma_source,
+        "checked": (reward_range, horizon, sources),
+    }
     betting_range = None
     if reward_range is not None and (gamma < 1 or horizon is not None):
         if horizon is None:
@@ -236,7 +240,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         method = "betting" if betting_range is not None else "normal"
     if method != "betting":
         needs = _betting_needs(reward_range, betting_range is not None)
-        return IntervalPlan(method, **discount, betting_needs=needs)
+        return IntervalPlan(method, **shared, betting_needs=needs)
     if betting_range is None:
         missing = (
             "--reward-range LOW HIGH"
@@ -248,7 +252,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
             "declare it in the data's schema metadata (see the README)"
         )
 
-    return IntervalPlan("betting", reward_range, horizon, *sources, betting_range, **discount)
+    return IntervalPlan("betting", reward_range, horizon, *sources, betting_range, **shared)
 
 
 # --- every estimate has an interval or a reason ------------------------------------------

@@ -7,11 +7,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ope_cli.data.validate import PROBABILITY_TOLERANCE, Check
+from ope_cli.data.validate import LOG_PROBABILITY_TOLERANCE, Check
 from ope_cli.errors import DataError, PolicyError, where
 from ope_cli.models.policies.base import Policy
-
-LOG_TOLERANCE = float(np.log1p(PROBABILITY_TOLERANCE))  # the kernel's bound (faulty_counts)
 
 
 def check_against_schema(policy: Policy, schema) -> None:
@@ -74,6 +72,16 @@ def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
             )
 
 
+def not_log_probabilities(log_pi, discrete: bool, xp=np):
+    """Where ``log_pi`` (any shape; ``xp`` numpy or jax.numpy) is no log-probability of a
+    logged action: NaN, +inf, or, for a discrete action, above 0 (a probability above 1);
+    -inf (probability 0) is one. One comparison each: NaN compares false, so "not within
+    the bound" flags it too."""
+    if discrete:
+        return ~(log_pi <= LOG_PROBABILITY_TOLERANCE)
+    return ~(log_pi < xp.inf)
+
+
 def no_log_probability(who: str, value: float, count: int) -> PolicyError:
     """The PolicyError of a policy (``who``: where, and which) giving a logged action
     ``value``, which is no log-probability, on ``count`` steps of a batch."""
@@ -99,8 +107,7 @@ def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyE
         if observation.dtype.kind == "f":
             observation = observation.astype(np.float64)
         log_pi = np.asarray(per_step(policy.params, jnp.asarray(observation), chunk.action))
-        bound = LOG_TOLERANCE if chunk.action.dtype.kind in "iu" else np.inf
-        bad = np.flatnonzero(~(log_pi <= bound) | (log_pi == np.inf))
+        bad = np.flatnonzero(not_log_probabilities(log_pi, chunk.action.dtype.kind in "iu"))
         if bad.size:
             location = where(chunk.file, *chunk.locate(int(bad[0])))
             return no_log_probability(
