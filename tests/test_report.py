@@ -146,3 +146,29 @@ def test_unchecked_actions_are_reported(result):
     assert warning.startswith(CKPT) and "not checked" in warning and "n_actions" in warning
     assert to_json_dict(unchecked)["results"][0]["actions_checked"] is False
     assert "not checked" in _render(unchecked)
+
+
+def test_zero_width_intervals_are_warned(tmp_path):
+    """Logs whose rewards are all 0: every episode's value is 0, so every standard error is
+    0 and every interval [0, 0]; the report says that this is no certainty, per policy
+    (the one estimator of a one-episode run has no standard error: nothing to warn)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.report import to_json_dict
+
+    table = pq.read_table(EXAMPLES / "data" / "logs.parquet")
+    zero = pa.array(pa.compute.multiply(table["reward"], 0), table.schema.field("reward").type)
+    path = tmp_path / "zero.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", zero), path)
+    zeroed = evaluate(EvaluationConfig(data=str(path), policies=(CKPT,), gamma=1.0))
+    estimates = zeroed.results[0].estimates
+    assert all(e.value == 0 and e.ci_low == e.ci_high == 0 for e in estimates.values())
+    (warning,) = [w for w in to_json_dict(zeroed)["warnings"] if w["code"] == "zero_width_interval"]
+    assert warning["policy"] == CKPT
+    assert warning["message"].startswith(f"{CKPT}: {', '.join(estimates)}: the interval has no")
+    assert "the standard error is 0" in warning["message"]
+
+
+def test_intervals_of_some_width_are_not_warned(result):
+    assert not any("the interval has no width" in text for text in diagnostic_warnings(result))

@@ -29,6 +29,7 @@ LOW_ESS = "low_ess"
 ONE_EPISODE_DOMINATES = "one_episode_dominates"
 WEIGHTS_OVERFLOW = "weights_overflow"
 MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
+ZERO_WIDTH = "zero_width_interval"
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 
@@ -90,7 +91,32 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
             )
         )
     warnings.extend(_mean_weight_warnings(policy, warn))
+    warnings.extend(_zero_width_warnings(policy, episodes, warn))
     return warnings
+
+
+def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
+    """Intervals of no width from two episodes or more: every episode gave the same value
+    (all returns 0, a Q-hat of 0 everywhere), so the standard error is 0 and the interval
+    states a certainty that a sample cannot give."""
+    if episodes < 2:
+        return []
+    names = [
+        name
+        for name, e in policy.estimates.items()
+        if e.ci_low is not None and e.ci_high is not None and e.ci_low == e.ci_high
+    ]
+    if not names:
+        return []
+    return [
+        warn(
+            ZERO_WIDTH,
+            f"{', '.join(names)}: the interval has no width: each of the {episodes:,} "
+            "episodes gives the same value, so the standard error is 0. The data shows no "
+            "spread, not that the value is certain; more episodes (or --horizon STEPS, for "
+            "betting intervals where they apply) give an honest one.",
+        )
+    ]
 
 
 def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
