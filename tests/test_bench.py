@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 import typer
@@ -102,7 +101,8 @@ def test_bench_times_whole_processes(tiny_bench):
     assert processes["evaluate_cold_cache_q"]["compilations"] >= 1
     assert processes["evaluate_cold_cache_q"]["cache_hits"] == 0
     assert processes["import_pyarrow_floor_seconds"] > 0
-    assert processes["bytecode_written"] is not bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    # bytecode cached in the work directory even where this environment writes none
+    assert processes["bytecode_cached"] is True
     above = warm["seconds"] - processes["import_floor_seconds"]
     read = processes["pyarrow_read_seconds"] - processes["import_pyarrow_floor_seconds"]
     if read > 0 and above > 0:  # SPEC 6: above the import floor of jax, numpy and pyarrow

@@ -8,7 +8,6 @@ policies beside one (``measure_many_policies``)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ope_cli.bench.config import BenchConfig, Progress, evaluate_command
+from ope_cli.bench.config import BenchConfig, Progress, evaluate_command, process_environment
 from ope_cli.bench.data import generate_data, generated_checkpoint
 from ope_cli.config import BatchingConfig
 
@@ -68,6 +67,19 @@ def _evaluate(
     return {"seconds": seconds, **{key: runtime[key] for key in keys}}
 
 
+def write_bytecode(directory: Path, seed: int, batching: BatchingConfig) -> None:
+    """One untimed ``ope evaluate`` (no compilation cache) on a little generated data, so
+    that the bytecode of every module a run imports is in ``process_environment``'s
+    cache before any process is timed; once per work directory."""
+    if (directory / "bytecode").is_dir():
+        return
+    data = directory / "bytecode.parquet"
+    generate_data(data, WARMING_EPISODES, seed)
+    env = process_environment(directory, OPE_CACHE_DIR="off")
+    _evaluate(str(data), generated_checkpoint(directory, seed), batching, env)
+    data.unlink()
+
+
 def measure_processes(
     directory: Path,
     data: str,
@@ -83,8 +95,9 @@ def measure_processes(
     checkpoint, q = checkpoints
     batching, rounds = config.batching, config.rounds
     cache = directory / "process-cache"
-    env = dict(os.environ, OPE_CACHE_DIR=str(cache))
-    progress("whole processes: the import floors and the pyarrow read")
+    env = process_environment(directory, OPE_CACHE_DIR=str(cache))
+    progress("whole processes: their modules' bytecode, then the floors and the pyarrow read")
+    write_bytecode(directory, config.seed, batching)
     floor = _best_of(rounds, [sys.executable, "-c", FLOOR_CODE], env)
     import_floor = _best_of(rounds, [sys.executable, "-c", IMPORT_FLOOR_CODE], env)
     pyarrow_seconds = _best_of(
@@ -111,8 +124,9 @@ def measure_processes(
         "other_lengths_warm_cache": other,
         "bandit_warm_cache": bandit,
         "bandit_over_floor_seconds": bandit["seconds"] - floor,
-        # without bytecode every process compiles ope's modules (an installed package has it)
-        "bytecode_written": not env.get("PYTHONDONTWRITEBYTECODE"),
+        # whether the processes read their modules' bytecode from the work directory's
+        # cache, as an installed package's are (without it each compiles ope's modules)
+        "bytecode_cached": any((directory / "bytecode").rglob("*.pyc")),
         # (ope evaluate above the import floor) / (pyarrow's read above its import);
         # None where the read or ope's time above its floor is within the floors' noise
         # (tiny data: a floor measured slower than the whole warm run)
@@ -165,7 +179,7 @@ def measure_many_policies(
     caches = {n: directory / f"process-cache-{n}-policies" for n in runs}
 
     def evaluate(n: int) -> dict:
-        env = dict(os.environ, OPE_CACHE_DIR=str(caches[n]))
+        env = process_environment(directory, OPE_CACHE_DIR=str(caches[n]))
         first, *rest = runs[n]
         return _evaluate(data, first, batching, env, *(f"--policy={c}" for c in rest))
 

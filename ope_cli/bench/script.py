@@ -5,14 +5,20 @@ on generated data of SPEC 6's two sizes (3M and 10M steps)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-from ope_cli.bench.config import GAMMA, BenchConfig, Progress, evaluate_command
+from ope_cli.bench.config import (
+    GAMMA,
+    BenchConfig,
+    Progress,
+    evaluate_command,
+    process_environment,
+)
 from ope_cli.bench.data import episodes_for_steps, generate_data, generated_checkpoint
 from ope_cli.bench.measure import ratio
 from ope_cli.bench.memory import peak_rss_of
+from ope_cli.bench.processes import write_bytecode
 
 SCRIPT_ESTIMATORS = ("is", "wis", "pdis", "wpdis")
 NUMPY_SCRIPT = Path(__file__).with_name("numpy_script.py")  # run as a file: no ope imports
@@ -77,7 +83,8 @@ def measure_script(directory: Path, config: BenchConfig, progress: Progress) -> 
     alternated, the fastest of ``config.rounds`` each; and whether their estimates agree.
     Both evaluate a checkpoint near the generated data's behavior policy."""
     checkpoint = generated_checkpoint(directory, config.seed)
-    env = dict(os.environ, OPE_CACHE_DIR=str(directory / "script-cache"))
+    env = process_environment(directory, OPE_CACHE_DIR=str(directory / "script-cache"))
+    write_bytecode(directory, config.seed, config.batching)
     sizes = {}
     for index, steps in enumerate(config.script_steps):
         path = directory / f"script_{steps}.parquet"

@@ -210,11 +210,11 @@ def _process_targets(processes: dict | None) -> dict:
         note = "not measured; run `ope bench` without --no-processes"
         return {name: _judged(name, None, note) for name in names}
     notes = dict.fromkeys(names)
-    if not processes.get("bytecode_written", True):
+    if not processes.get("bytecode_cached", True):
         notes["process_vs_pyarrow"] = notes["small_data_over_import_jax_floor"] = (
-            "measured where Python writes no bytecode (PYTHONDONTWRITEBYTECODE): each "
-            "process compiled the ope modules that had none cached (an editable install's), "
-            "which an installed package does not"
+            "measured without cached bytecode (the work directory's cache was not written): "
+            "each process compiled ope's modules from source, which an installed package's "
+            "processes do not"
         )
     if processes["evaluate_over_pyarrow"] is None:
         noise = "within the floors' noise on this little data; measure on more steps (--episodes)"
