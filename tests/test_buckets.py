@@ -445,6 +445,21 @@ def test_the_pool_is_bounded():
         assert int(bucketer._length.sum()) <= bucketer.capacity + 64 * 50
 
 
+def test_a_full_pool_lets_out_the_batch_that_pads_least():
+    """Over capacity, the full batch with the least padding leaves, not the longest
+    episodes': these (64 steps and seven of 10) would pad 134 steps to 512, where the next
+    eight (seven of 10 and one of 9) pad 79 to 128."""
+    bucketer = Bucketer(BatchingConfig(batch_steps=64, min_bucket=8))  # [8, 8] to 512 steps
+    bucketer.capacity = 100
+    lengths = [64, *[10] * 7, 9, *[8] * 7]  # no batch pads under 10%: none leaves unless full
+    emitted = list(bucketer.add(make_chunk(lengths)))
+    assert [b.shape for b in emitted] == [(8, 16)]
+    assert sorted(emitted[0].step_mask.sum(axis=1).tolist()) == [9, *[10] * 7]
+    assert bucketer.padded_steps == 128
+    rest = list(bucketer.flush())  # the long one and the seven 8-step ones, at the end
+    assert sum(int(b.step_mask.sum()) for b in [*emitted, *rest]) == sum(lengths)
+
+
 def test_a_lone_long_episode_is_not_padded_with_empty_lanes():
     batching = BatchingConfig(batch_steps=4096, min_bucket=8)
     bucketer, batches = run_bucketer([make_chunk([3_000, 3, 3])], batching)
