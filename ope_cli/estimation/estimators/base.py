@@ -21,6 +21,7 @@ name. This module imports no JAX: the registry is cheap to import.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -226,8 +227,10 @@ class Context:
     gamma: float
     max_length: int  # longest episode; per-step sums are extended to it
 
-    @property
+    @functools.cached_property
     def discount_t(self) -> np.ndarray:
+        """[L] gamma^t, computed once per run: every leave-one-group-out value of the
+        jackknife reads it (33 powers of a 1.8M-step episode's steps took 4.2 s)."""
         return self.gamma ** np.arange(self.max_length, dtype=np.float64)
 
 
