@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import math
 import weakref
 
@@ -458,6 +459,21 @@ def test_a_full_pool_lets_out_the_batch_that_pads_least():
     assert bucketer.padded_steps == 128
     rest = list(bucketer.flush())  # the long one and the seven 8-step ones, at the end
     assert sum(int(b.step_mask.sum()) for b in [*emitted, *rest]) == sum(lengths)
+
+
+def test_the_pool_lets_go_of_a_chunk_before_its_batch_is_walked():
+    """A long episode leaves at once, alone; the pool frees the chunk it was read in
+    before handing out its padded batch, so the episode is not held twice (as read and
+    as padded) while the kernel walks it."""
+    bucketer = Bucketer(BatchingConfig(batch_steps=4096, min_bucket=8))
+    chunk = make_chunk([5_000])  # past the [64, 64] shape's 4,096 steps: one lane
+    read = weakref.ref(chunk)
+    ready = bucketer.add(chunk)
+    del chunk
+    (batch,) = list(itertools.islice(ready, 1))
+    gc.collect()
+    assert read() is None
+    assert batch.shape == (1, 5120) and int(batch.step_mask.sum()) == 5_000
 
 
 def test_a_lone_long_episode_is_not_padded_with_empty_lanes():

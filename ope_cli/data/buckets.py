@@ -314,6 +314,7 @@ class Bucketer:
         self._chunk = np.concatenate([self._chunk, np.full(count, number, np.int64)])
         self._episode = np.concatenate([self._episode, np.arange(count, dtype=np.int64)])
         self._length = np.concatenate([self._length, chunk.lengths.astype(np.int64)])
+        del chunk  # the pool holds it while it holds its episodes, and no longer
         yield from self._emit(final=False)
 
     def flush(self) -> Iterator[PaddedBatch]:
@@ -330,9 +331,12 @@ class Bucketer:
         lengths = self._length[order]
         shapes = self.window_shapes
         if final:
-            for start, stop, shape in flush_plan(lengths, shapes):
-                yield self._batch(order[start:stop], shape, int(lengths[start]))
+            plans = [
+                (self._parts(order[start:stop]), shape, int(lengths[start]))
+                for start, stop, shape in flush_plan(lengths, shapes)
+            ]
             self._keep(np.zeros(0, np.int64))
+            yield from self._batches(plans)
             return
         steps_before = np.concatenate([[0], np.cumsum(lengths)])
         pooled = int(steps_before[-1])
@@ -360,9 +364,29 @@ class Bucketer:
             starts.append(i)
             taken[i : stops[i]] = True
             pooled -= int(real[i])
-        for i in starts:
-            yield self._batch(order[i : stops[i]], shapes[index[i]], int(lengths[i]))
+        plans = [
+            (self._parts(order[i : stops[i]]), shapes[index[i]], int(lengths[i])) for i in starts
+        ]
         self._keep(order[~taken])
+        yield from self._batches(plans)
+
+    def _parts(self, members: np.ndarray) -> list[tuple[EpisodeChunk, np.ndarray]]:
+        """(chunk, episode indices in it) of the pool's episodes ``members`` (indices into
+        the pool), chunk by chunk."""
+        numbers = self._chunk[members]
+        return [
+            (self._chunks[int(number)], self._episode[members[numbers == number]])
+            for number in np.unique(numbers)
+        ]
+
+    def _batches(self, plans: list) -> Iterator[PaddedBatch]:
+        """The padded batches of ``plans`` ([(parts, shape, longest)]), made one at a time
+        from the episodes that the pool has already let go: a chunk that no later batch
+        and no waiting episode uses is freed once its batch is made, so a very long
+        episode is not held twice (as read and padded) while the kernel walks it."""
+        plans.reverse()
+        while plans:
+            yield self._batch(*plans.pop())
 
     def _keep(self, kept: np.ndarray) -> None:
         """Keeps the pool's episodes ``kept`` (indices into it), and only their chunks."""
@@ -413,16 +437,12 @@ class Bucketer:
         self._chunks[merged] = concat_chunks(parts)
         return merged
 
-    def _batch(self, members: np.ndarray, shape: WindowShape, longest: int) -> PaddedBatch:
-        """The pool's episodes ``members`` (indices into the pool) padded into a batch."""
-        numbers = self._chunk[members]
-        first = self._chunks[int(numbers[0])]
-        padded = empty_batch(first, batch_length(shape, longest), shape.lanes)
+    def _batch(self, parts: list, shape: WindowShape, longest: int) -> PaddedBatch:
+        """The episodes of ``parts`` ([(chunk, episode indices)]) padded into a batch."""
+        padded = empty_batch(parts[0][0], batch_length(shape, longest), shape.lanes)
         row = real = 0
-        for number in np.unique(numbers):
-            chunk = self._chunks[int(number)]
+        for chunk, episodes in parts:
             padded = widened(padded, chunk)
-            episodes = self._episode[members[numbers == number]]
             real += place_episodes(padded, row, chunk, episodes)
             row += episodes.size
         self.real_steps += real

@@ -200,7 +200,11 @@ class EpisodeAssembler:
                     "(is the file damaged?)"
                 ) from None
             if chunk is not None and chunk.num_episodes:
-                yield chunk
+                # handed over without a name here: this generator waits at the yield while
+                # the chunk's batches are made and walked, and must not keep it alive then
+                # (a very long episode would be held twice, as read and as padded)
+                handed, chunk = [chunk], None
+                yield handed.pop()
 
     def abandon_file(self) -> None:
         """Forgets the rows carried from a file whose reading failed (``ope inspect`` goes on

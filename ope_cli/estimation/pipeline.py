@@ -177,7 +177,9 @@ class BatchStream:
                 counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
-                yield from bucketer.add(chunk)
+                ready = bucketer.add(chunk)
+                del chunk  # the pool frees it once its episodes are in batches
+                yield from ready
                 if self.on_progress is not None:
                     self.on_progress(assembler.rows_read, total_rows)
         yield from bucketer.flush()
