@@ -463,9 +463,7 @@ def _fields(spec, policy, q_params, window, jit: bool) -> dict[str, np.ndarray]:
             key_hi=key_hi,
             key_lo=key_lo,
         )
-        return qf.episode_q_fields(
-            spec, policy.log_prob, policy.params, q_params, batch, 0, jnp.float64
-        )
+        return qf.episode_q_fields(spec, policy.log_prob, policy.params, q_params, batch, 0)
 
     run = jax.jit(fields) if jit else fields
     arrays = (window.steps, window.step_mask, window.episode_mask, window.key_hi, window.key_lo)
@@ -492,6 +490,30 @@ def test_episode_fields_score_real_steps_and_zero_the_padding(jit):
     v = np.sum(pi.reshape(q_all.shape) * q_all, -1)
     np.testing.assert_allclose(got["q_t"], np.where(real, logged, 0.0), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(got["v_t"], np.where(real, v, 0.0), rtol=1e-12, atol=1e-15)
+
+
+def test_fields_from_the_kernels_action_log_probabilities_are_the_same():
+    """The kernel hands over the log-probabilities of every action it already computed
+    ([B, C, A]); V-hat from them equals V-hat computed here, to the last bit."""
+    from ope_cli.models.policies.functions import action_log_probs as all_actions
+
+    rng = np.random.default_rng(18)
+    policy = checkpoint_policy(
+        "p.npz", random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=4)
+    )
+    window = _window(rng, [3, 5, 1], width=5)
+    q = qf.q_checkpoint("q.npz", _linear_q(rng, 3, 4))
+    spec = qf.q_spec(q, policy, 0)
+    log_pi_all = jax.vmap(jax.vmap(lambda o: all_actions(policy.log_prob, policy.params, o, 4)))(
+        window.steps.observation
+    )
+    batch = window
+    given = qf.episode_q_fields(
+        spec, policy.log_prob, policy.params, q.params, batch, 0, 0, log_pi_all
+    )
+    computed = _fields(spec, policy, q.params, window, jit=False)
+    for name in ("q_t", "v_t"):
+        np.testing.assert_array_equal(np.asarray(given[name]), computed[name])
 
 
 def test_cross_fitted_q_uses_each_episodes_fold():

@@ -52,6 +52,7 @@ from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogProbFn, Policy
 from ope_cli.models.policies.checks import not_log_probabilities
+from ope_cli.models.policies.functions import action_log_probs
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -142,6 +143,24 @@ def _policy_log_probs(
     return log_pi.astype(dtype)
 
 
+def _policy_action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int, dtype):
+    """[P, B, C, A] log pi_e(a | s_t) of every discrete action a, for every policy of a
+    group (P = 1 without params; policies innermost, as ``_policy_log_probs``): what a Q
+    source's V-hat needs, and the logged actions' log-probabilities are taken from it
+    rather than computed a second time."""
+    one_step = functools.partial(action_log_probs, log_prob, n_actions=n_actions)
+    if params is None:
+        per_step = jax.vmap(jax.vmap(lambda o: one_step(None, o)))
+        log_pi = per_step(observation)[None]
+    else:
+        policies = jax.vmap(one_step, in_axes=(0, None))  # one step -> [P, A]
+        per_step = jax.vmap(jax.vmap(policies, in_axes=(None, 0)), in_axes=(None, 0))
+        log_pi = jnp.moveaxis(per_step(params, observation), 2, 0)  # [B, C, P, A] first
+    if log_pi.ndim != 4:
+        raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[4:]}")
+    return log_pi.astype(dtype)
+
+
 def behavior_log_probs(
     log_prob: LogProbFn, params, observation, action, dtype, fold=None
 ) -> jax.Array:
@@ -190,19 +209,25 @@ def faulty_counts(log_pi: jax.Array | None, batch: PaddedBatch) -> jax.Array:
     return jnp.sum(bad, axis=(1, 2), dtype=jnp.int32)[None]
 
 
-def _q_fields(spec: QSpec | None, log_prob, params, q_params, batch, start, seed, dtype):
-    """{"q_t", "v_t": [P, B, C]} of every policy of a group, or {} without a Q source."""
+def _q_fields(static: Static, params, q_params, batch, start, seed, log_pi_all=None):
+    """{"q_t", "v_t": [P, B, C]} of every policy of a group (``static.dtype``), or {}
+    without a Q source; ``log_pi_all`` [P, B, C, A]: the policies' log-probabilities of
+    every discrete action (``_policy_action_log_probs``), or None."""
+    spec, log_prob = static.q, static.log_prob
     if spec is None:
         return {}
 
-    def one_policy(policy_params, q_params_p):
-        return episode_q_fields(
-            spec, log_prob, policy_params, q_params_p, batch, seed, dtype, start
+    def one_policy(policy_params, q_params_p, log_pi_p):
+        fields = episode_q_fields(
+            spec, log_prob, policy_params, q_params_p, batch, seed, start, log_pi_p
         )
+        return {name: values.astype(static.dtype) for name, values in fields.items()}
 
     if params is None and q_params is None:
-        return jax.tree.map(lambda x: x[None], one_policy(None, None))
-    return jax.vmap(one_policy, in_axes=(None if params is None else 0, 0))(params, q_params)
+        own = None if log_pi_all is None else log_pi_all[0]
+        return jax.tree.map(lambda x: x[None], one_policy(None, None, own))
+    in_axes = (None if params is None else 0, 0, None if log_pi_all is None else 0)
+    return jax.vmap(one_policy, in_axes=in_axes)(params, q_params, log_pi_all)
 
 
 class Static(NamedTuple):
@@ -275,19 +300,28 @@ def window_statistics(inputs: WindowInputs, static: Static):
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, window.steps
     )
-    log_pi = _policy_log_probs(
-        static.log_prob,
-        params,
-        steps.observation,
-        steps.action,
-        steps.log_target,
-        window.step_mask,
-        dtype,
-    )
+    log_pi_all = None
+    if static.log_prob is not None and static.q is not None and static.q.kind == "values":
+        log_pi_all = _policy_action_log_probs(
+            static.log_prob, params, steps.observation, static.q.n_actions, dtype
+        )
+        # the logged action's entry; one beyond the range clamps, as log_prob's indexing does
+        logged = steps.action[None, ..., None]
+        log_pi = jnp.take_along_axis(log_pi_all, logged, axis=-1, mode="clip")[..., 0]
+    else:
+        log_pi = _policy_log_probs(
+            static.log_prob,
+            params,
+            steps.observation,
+            steps.action,
+            steps.log_target,
+            window.step_mask,
+            dtype,
+        )
     window = window._replace(steps=steps)
     # a policy's values; logged target probabilities are the data's, validated as read
     faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
-    fields = _q_fields(static.q, static.log_prob, params, q_params, window, start, seed, dtype)
+    fields = _q_fields(static, params, q_params, window, start, seed, log_pi_all)
     betting = inputs.betting_range if static.betting else None
 
     def per_policy(carry_b, log_pi_bc, fields_bc):

@@ -451,14 +451,19 @@ def q_spec(q: QFunction, policy: Policy, v_samples: int) -> QSpec:
     return QSpec("sa", q.q_sa, None, policy.sample, v_samples, q.folds)
 
 
-def step_values(spec: QSpec, log_prob, policy_params, q_params, observation, action, key):
-    """(Q-hat(s, a), V-hat(s)) of one step: ``key`` draws the actions of a continuous V-hat."""
+def step_values(
+    spec: QSpec, log_prob, policy_params, q_params, observation, action, key, log_pi=None
+):
+    """(Q-hat(s, a), V-hat(s)) of one step: ``key`` draws the actions of a continuous V-hat;
+    ``log_pi`` [n_actions]: the policy's log-probabilities of every discrete action, when
+    the caller has them (else computed here)."""
     import jax
 
     jnp = _jnp()
     if spec.kind == "values":
         q_all = spec.function(q_params, observation)
-        log_pi = action_log_probs(log_prob, policy_params, observation, spec.n_actions)
+        if log_pi is None:
+            log_pi = action_log_probs(log_prob, policy_params, observation, spec.n_actions)
         pi_q = jnp.where(log_pi == -jnp.inf, 0.0, jnp.exp(log_pi) * q_all)
         return q_all[action], jnp.sum(pi_q)
     keys = jax.random.split(key, spec.v_samples)
@@ -467,10 +472,14 @@ def step_values(spec: QSpec, log_prob, policy_params, q_params, observation, act
     return spec.function(q_params, observation, action), jnp.mean(q_drawn)
 
 
-def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype, start=0):
+def episode_q_fields(
+    spec, log_prob, policy_params, q_params, batch, seed, start=0, log_pi_all=None
+):
     """{"q_t": [B, C], "v_t": [B, C]} of one policy over a window of a padded batch whose
     column 0 is step ``start``, 0 on padding (the absorbing convention: Q = V = 0 after an
-    episode ends). The draws of a continuous V-hat are keyed by the episode and the step."""
+    episode ends), in Q-hat's dtype. The draws of a continuous V-hat are keyed by the
+    episode and the step. ``log_pi_all`` [B, C, n_actions]: the policy's log-probabilities
+    of every discrete action, when the kernel already has them (else computed here)."""
     import jax
 
     from ope_cli.data.ids import fold_index
@@ -483,28 +492,28 @@ def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, dtype
         steps = batch.steps
         length = mask.shape[1]
 
-        def one_episode(q_params_e, observation_t, action_t, hi, lo):
+        def one_episode(q_params_e, observation_t, action_t, hi, lo, log_pi_t):
             base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), hi), lo)
             keys = jax.vmap(lambda t: jax.random.fold_in(base, t))(start + jnp.arange(length))
             per_step = jax.vmap(
-                lambda o, a, k: step_values(spec, log_prob, policy_params, q_params_e, o, a, k)
+                lambda o, a, k, lp: step_values(
+                    spec, log_prob, policy_params, q_params_e, o, a, k, lp
+                ),
+                in_axes=(0, 0, 0, None if log_pi_t is None else 0),
             )
-            return per_step(observation_t, action_t, keys)
+            return per_step(observation_t, action_t, keys, log_pi_t)
 
+        by_episode = None if log_pi_all is None else 0
         if spec.folds > 1:
             fold = fold_index(batch.key_hi, batch.key_lo, spec.folds, jnp)
             q_params_b = jax.tree.map(lambda p: p[fold], q_params)
-            in_axes = (0, 0, 0, 0, 0)
+            in_axes = (0, 0, 0, 0, 0, by_episode)
         else:
-            q_params_b, in_axes = q_params, (None, 0, 0, 0, 0)
+            q_params_b, in_axes = q_params, (None, 0, 0, 0, 0, by_episode)
         q_bt, v_bt = jax.vmap(one_episode, in_axes=in_axes)(
-            q_params_b, steps.observation, steps.action, batch.key_hi, batch.key_lo
+            q_params_b, steps.observation, steps.action, batch.key_hi, batch.key_lo, log_pi_all
         )
-    zero = jnp.zeros((), dtype)
-    return {
-        "q_t": jnp.where(mask, q_bt.astype(dtype), zero),
-        "v_t": jnp.where(mask, v_bt.astype(dtype), zero),
-    }
+    return {"q_t": jnp.where(mask, q_bt, 0.0), "v_t": jnp.where(mask, v_bt, 0.0)}
 
 
 def q_source(q: QFunction):
