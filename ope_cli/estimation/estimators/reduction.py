@@ -26,6 +26,7 @@ from ope_cli.estimation.estimators.base import (
     BETTING_VARIABLES,
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
+    STEP,
     BatchStatistics,
     StepSum,
     Sum,
@@ -305,37 +306,73 @@ def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
     return EpisodeCarry(after, own, betting), values, window
 
 
+class _StepWeights(NamedTuple):
+    """A per-step scale's weights in a window: each (group, step)'s largest log scale
+    [K, C] and every cell's weight relative to it [B, C]; the batch's largest per step
+    [C] and every cell's weight relative to that [B, C] (the bootstrap replicates')."""
+
+    group_scale_kt: jax.Array
+    w_bt: jax.Array
+    replicate_scale_t: jax.Array
+    w_rep_bt: jax.Array
+
+
+def _step_weights(log_scale_bt, group_b, num_groups: int) -> _StepWeights:
+    """The _StepWeights of per-cell log scales ``log_scale_bt`` [B, C] (-inf: no weight)."""
+    # per window, so scatters (cost per cell) rather than one-hot products (per cell and
+    # group): they compile slower but run the many windows of many policies far faster
+    group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
+    w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt)[group_b])
+    replicate_scale_t = jnp.max(log_scale_bt, axis=0)
+    w_rep_bt = jnp.exp(log_scale_bt - safe_log_scale(replicate_scale_t))
+    return _StepWeights(group_scale_kt, w_bt, replicate_scale_t, w_rep_bt)
+
+
+def _one_step_earlier(weights: _StepWeights, log_w_before_b, group_b, num_groups: int):
+    """The _StepWeights of log W_{t-1} from those of log W_t (``weights``): column c is
+    column c - 1 (the same maxima over the same numbers, hence the same bits), and column
+    0 is the weight before the window (``log_w_before_b`` [B]), scaled on its own."""
+    first = _step_weights(log_w_before_b[:, None], group_b, num_groups)
+
+    def shifted(first_column, full):
+        return jnp.concatenate([first_column, full[..., :-1]], axis=-1)
+
+    return _StepWeights(*(shifted(a, b) for a, b in zip(first, weights, strict=True)))
+
+
 def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups, dtype):
     """StepStatistics of ``specs``: per-step sums [K, C] relative to a per-(group, step) max
     log scale, and bootstrap replicates [R, C] relative to a per-step max over the batch
     (nothing is subtracted from those later). The per-group scales keep ratios of per-step
     sums defined when late weights drifted hundreds of e-folds from early ones, and leaving
     one group out (the jackknife) never subtracts a dominant group from the rest. A lag-1
-    sum is scaled by W_{t-1}, the weight of the step it belongs to."""
+    sum is scaled by W_{t-1}, the weight of the step it belongs to: the weights of W_t one
+    step later, where those are computed (the per-step weight's own sums)."""
     out = StepStatistics({}, {}, {}, {})
     kinds = {(spec.scale.name, spec.lag): spec.scale for spec in specs}
-    for (scale_name, lag), scale in kinds.items():
-        log_scale_bt = windows.log_w_prev_t if lag else jax.vmap(scale.log_scale)(windows)
-        log_scale_bt = jnp.where(real_b[:, None], log_scale_bt, -jnp.inf)
-        # per window, so scatters (cost per cell) rather than one-hot products (per cell and
-        # group): they compile slower but run the many windows of many policies far faster
-        group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
-        w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt)[group_b])
-        replicate_scale_t = jnp.max(log_scale_bt, axis=0)
-        w_rep_bt = jnp.exp(log_scale_bt - safe_log_scale(replicate_scale_t))
+    scaled = {}
+    for (scale_name, lag), scale in sorted(kinds.items(), key=lambda kind: kind[0][1]):
+        if lag and kinds.get((scale_name, 0)) == STEP:  # W_{t-1}: W_t's, one step later
+            before_b = jnp.where(real_b, windows.before.log_w, -jnp.inf)
+            weights = _one_step_earlier(scaled[scale_name], before_b, group_b, num_groups)
+        else:
+            log_scale_bt = windows.log_w_prev_t if lag else jax.vmap(scale.log_scale)(windows)
+            log_scale_bt = jnp.where(real_b[:, None], log_scale_bt, -jnp.inf)
+            weights = _step_weights(log_scale_bt, group_b, num_groups)
+        if not lag:  # a lag-1 sum's scale is its step's: the one of the lag-0 sums there
+            scaled[scale_name] = weights
+            out.step_log_scales[scale_name] = weights.group_scale_kt
+            out.replicate_step_log_scales[scale_name] = weights.replicate_scale_t
         own = [spec for spec in specs if (spec.scale.name, spec.lag) == (scale_name, lag)]
         values = [values_bt[spec.name].astype(dtype) for spec in own]
         group_ukt = jax.ops.segment_sum(
-            jnp.where(real_b[:, None, None], jnp.stack([v * w_bt for v in values], 1), 0.0),
+            jnp.where(real_b[:, None, None], jnp.stack([v * weights.w_bt for v in values], 1), 0.0),
             group_b,
             num_segments=num_groups,
         )
         replicate_urt = jnp.einsum(
-            "rb,ubt->urt", counts_rb, jnp.stack([v * w_rep_bt for v in values])
+            "rb,ubt->urt", counts_rb, jnp.stack([v * weights.w_rep_bt for v in values])
         )
-        if not lag:  # a lag-1 sum's scale is its step's: the one of the lag-0 sums there
-            out.step_log_scales[scale_name] = group_scale_kt
-            out.replicate_step_log_scales[scale_name] = replicate_scale_t
         for u, spec in enumerate(own):
             out.step_sums[spec.name] = group_ukt[:, u]
             out.replicate_step_sums[spec.name] = replicate_urt[u]
