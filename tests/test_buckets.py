@@ -461,6 +461,16 @@ def test_a_full_pool_lets_out_the_batch_that_pads_least():
     assert sum(int(b.step_mask.sum()) for b in [*emitted, *rest]) == sum(lengths)
 
 
+def test_a_pass_that_stops_early_loses_no_batch():
+    """The batches a chunk makes ready are planned at once; a caller that takes one and
+    adds the next chunk gets the others first, each episode exactly once."""
+    bucketer = Bucketer(BatchingConfig(batch_steps=64, min_bucket=8))
+    first = list(itertools.islice(bucketer.add(make_chunk([8] * 24)), 1))  # 3 batches ready
+    rest = [*bucketer.add(make_chunk([8] * 8, first_id=100)), *bucketer.flush()]
+    ids = [int(x) for b in first + rest for x in b.observation[b.episode_mask, 0, 0]]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 32
+
+
 def test_the_pool_lets_go_of_a_chunk_before_its_batch_is_walked():
     """A long episode leaves at once, alone; the pool frees the chunk it was read in
     before handing out its padded batch, so the episode is not held twice (as read and

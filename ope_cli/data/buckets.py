@@ -292,6 +292,9 @@ class Bucketer:
         self._length = np.zeros(0, np.int64)  # and length
         self._next_chunk = 0
         self._copies: dict[tuple, list[int]] = {}  # chunks of copies, by _dtypes, oldest first
+        # batches planned but not yet made, last first: those of a pass over ``add``'s or
+        # ``flush``'s batches that stopped early come first at the next call
+        self._planned: list[tuple] = []
         self.real_steps = 0
         self.padded_steps = 0
         self.shapes: set[tuple[int, int]] = set()
@@ -327,6 +330,7 @@ class Bucketer:
         """Batches from the pool: full ones that pad little (longest episodes first), then,
         while the pool is over its capacity, the full ones that pad least, and everything
         (``flush_plan``) when ``final``."""
+        yield from self._batches([])  # those planned before, if a pass stopped early
         order = np.argsort(-self._length, kind="stable")
         lengths = self._length[order]
         shapes = self.window_shapes
@@ -384,9 +388,10 @@ class Bucketer:
         from the episodes that the pool has already let go: a chunk that no later batch
         and no waiting episode uses is freed once its batch is made, so a very long
         episode is not held twice (as read and padded) while the kernel walks it."""
-        plans.reverse()
-        while plans:
-            yield self._batch(*plans.pop())
+        self._planned[:0] = reversed(plans)
+        plans.clear()  # the caller's list must not keep the made batches' chunks alive
+        while self._planned:
+            yield self._batch(*self._planned.pop())
 
     def _keep(self, kept: np.ndarray) -> None:
         """Keeps the pool's episodes ``kept`` (indices into it), and only their chunks."""
