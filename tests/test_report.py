@@ -167,7 +167,7 @@ def test_zero_width_intervals_are_warned(tmp_path):
     (warning,) = [w for w in to_json_dict(zeroed)["warnings"] if w["code"] == "zero_width_interval"]
     assert warning["policy"] == CKPT
     assert warning["message"].startswith(f"{CKPT}: {', '.join(estimates)}: the interval has no")
-    assert "the standard error is 0" in warning["message"]
+    assert "the standard error is 0, as the 2,000 episodes show no spread" in warning["message"]
 
 
 def test_intervals_of_some_width_are_not_warned(result):

@@ -97,8 +97,8 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
 
 def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
     """Intervals of no width from two episodes or more: every episode gave the same value
-    (all returns 0, a Q-hat of 0 everywhere), so the standard error is 0 and the interval
-    states a certainty that a sample cannot give."""
+    (all returns 0, a Q-hat of 0 everywhere) or one episode holds all the weight, so the
+    standard error is 0 and the interval states a certainty that a sample cannot give."""
     if episodes < 2:
         return []
     names = [
@@ -111,10 +111,11 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     return [
         warn(
             ZERO_WIDTH,
-            f"{', '.join(names)}: the interval has no width: each of the {episodes:,} "
-            "episodes gives the same value, so the standard error is 0. The data shows no "
-            "spread, not that the value is certain; more episodes (or --horizon STEPS, for "
-            "betting intervals where they apply) give an honest one.",
+            f"{', '.join(names)}: the interval has no width: the standard error is 0, as "
+            f"the {episodes:,} episodes show no spread in these values (each gives the same "
+            "value, or one episode holds all the weight). That is not a certain value; more "
+            "episodes (or --horizon STEPS, for betting intervals where they apply) give an "
+            "honest interval.",
         )
     ]
 
