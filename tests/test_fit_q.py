@@ -427,6 +427,24 @@ def test_entry_point_without_n_actions_counts_the_logged_actions(data, monkeypat
         np.testing.assert_allclose(e["weight"], c["weight"], rtol=0, atol=1e-12)
 
 
+def test_an_entry_point_giving_more_than_a_number_per_step_is_a_policy_error(data, monkeypatch):
+    """A log_prob that returns shape (1,) per step: the fit refuses it as the kernel does
+    (it was an internal error of an einsum)."""
+    from ope_cli.errors import PolicyError
+
+    root = data["root"]
+    (root / "fitq_vector.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n\n"
+        "def log_prob(observation, action):\n"
+        "    return jax.nn.log_softmax(jnp.zeros(3) + observation.sum())[action][None]\n\n\n"
+        "log_prob.n_actions = 3\n"
+    )
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(root)
+    with pytest.raises(PolicyError, match=r"log_prob must return a scalar per step.*\(1,\)"):
+        _fit(data["vector_path"], "fitq_vector:log_prob", root / "v.npz", model="linear")
+
+
 def test_cross_fitting_folds_are_the_kernels_folds():
     """The fold of an episode is ``ids.episode_folds(key, K)`` (the kernel's
     ``fold_index``); the mlp's held-out fifth is independent of it."""

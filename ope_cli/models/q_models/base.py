@@ -186,6 +186,11 @@ def policy_probs(policy: Policy, observation: np.ndarray, n_actions: int) -> np.
             f"policy {policy.name}: cannot compute its probabilities of the {n_actions} "
             f"actions: {summary(error)}"
         ) from None
+    if probs.shape != (observation.shape[0], n_actions):  # log_prob gave more than a number
+        raise PolicyError(
+            f"policy {policy.name}: log_prob must return a scalar per step, got shape "
+            f"{probs.shape[2:]}"
+        )
     if not np.isfinite(probs).all():
         raise PolicyError(f"policy {policy.name} gives NaN or infinite action probabilities")
     return np.asarray(probs, np.float64)
