@@ -121,23 +121,29 @@ def group_policies(
     return list(groups.values())
 
 
-def _policy_log_probs(
-    log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
-):
-    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params).
+def _every_policy_every_step(one_step, params, *per_step_inputs) -> jax.Array:
+    """[P, B, C, ...] ``one_step(params, *inputs)`` of every policy of a group (P = 1
+    without params) at every step of ``per_step_inputs`` ([B, C, ...] each).
 
     The policies are the innermost vmap: each step's features meet the P stacked
     parameters in one product ([B C, d] x [d, P ...]) whose output is already in [B, C, P]
     order, with no [P, B, C, ...] transposition of every policy's intermediate values."""
+    over_steps = (None,) + (0,) * len(per_step_inputs)
+    if params is None:
+        per_step = jax.vmap(jax.vmap(one_step, in_axes=over_steps), in_axes=over_steps)
+        return per_step(None, *per_step_inputs)[None]
+    policies = jax.vmap(one_step, in_axes=(0,) + (None,) * len(per_step_inputs))  # -> [P, ...]
+    per_step = jax.vmap(jax.vmap(policies, in_axes=over_steps), in_axes=over_steps)
+    return jnp.moveaxis(per_step(params, *per_step_inputs), 2, 0)  # [B, C, P, ...] first
+
+
+def _policy_log_probs(
+    log_prob: LogProbFn | None, params, observation, action, log_target, step_mask, dtype
+):
+    """[P, B, C] log pi_e(a_t | s_t) of every policy of a group (P = 1 without params)."""
     if log_prob is None:  # logged target probabilities
         return log_target[None]
-    if params is None:
-        per_step = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
-        log_pi = per_step(None, observation, action)[None]
-    else:
-        policies = jax.vmap(log_prob, in_axes=(0, None, None))  # one step -> [P]
-        per_step = jax.vmap(jax.vmap(policies, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
-        log_pi = jnp.moveaxis(per_step(params, observation, action), 2, 0)  # [B, C, P] first
+    log_pi = _every_policy_every_step(log_prob, params, observation, action)
     if log_pi.shape[1:] != step_mask.shape:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[3:]}")
     return log_pi.astype(dtype)
@@ -145,17 +151,10 @@ def _policy_log_probs(
 
 def _policy_action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int, dtype):
     """[P, B, C, A] log pi_e(a | s_t) of every discrete action a, for every policy of a
-    group (P = 1 without params; policies innermost, as ``_policy_log_probs``): what a Q
-    source's V-hat needs, and the logged actions' log-probabilities are taken from it
-    rather than computed a second time."""
+    group (P = 1 without params): what a Q source's V-hat needs, and the logged actions'
+    log-probabilities are taken from it rather than computed a second time."""
     one_step = functools.partial(action_log_probs, log_prob, n_actions=n_actions)
-    if params is None:
-        per_step = jax.vmap(jax.vmap(lambda o: one_step(None, o)))
-        log_pi = per_step(observation)[None]
-    else:
-        policies = jax.vmap(one_step, in_axes=(0, None))  # one step -> [P, A]
-        per_step = jax.vmap(jax.vmap(policies, in_axes=(None, 0)), in_axes=(None, 0))
-        log_pi = jnp.moveaxis(per_step(params, observation), 2, 0)  # [B, C, P, A] first
+    log_pi = _every_policy_every_step(one_step, params, observation)
     if log_pi.ndim != 4:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[4:]}")
     return log_pi.astype(dtype)
