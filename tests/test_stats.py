@@ -307,6 +307,33 @@ def test_merging_a_short_batch_into_a_long_one_combines_only_its_groups():
         check_against_reference(estimates, diagnostics, episodes, 0.95, groups)
 
 
+def test_rows_of_one_length_merge_as_group_by_group():
+    """Two accumulators whose per-group rows all have one length merge as one stacked
+    [K, L] array, bit for bit what merging each group's rows on their own gives, and a
+    row of another length sends a merge group by group."""
+    rng = np.random.default_rng(50)
+
+    def accumulator(shift):
+        episodes = random_episodes(rng, 40, max_length=30, ratio_scale=1.0)
+        for episode in episodes:  # scales far apart: the larger side's scale wins
+            episode["log_target"] = episode["log_target"] + shift
+        arrays = padded_batch(episodes, rng.integers(0, K, size=40), rng, shape=(64, 32))
+        return stats.from_batch(statistics_of(*arrays, 0.95))
+
+    a, b = accumulator(0.0), accumulator(0.3)
+    assert stats._one_length(a, b)
+    merged = stats.merge(a, b)
+    for group in range(K):
+        scales_a, sums_a, _ = stats._group_row(a, group)
+        scales_b, sums_b, _ = stats._group_row(b, group)
+        scales, sums = stats._merge_steps(scales_a, sums_a, scales_b, sums_b)
+        for name, row in {**scales, **sums}.items():
+            got = {**merged.step_log_scales, **merged.step_sums}[name][group]
+            np.testing.assert_array_equal(got, row, err_msg=f"{name}, group {group}")
+    shorter = b._replace(step_sums={k: [*v[:-1], v[-1][..., :5]] for k, v in b.step_sums.items()})
+    assert not stats._one_length(a, shorter)
+
+
 def test_merged_accumulators_match_reference_of_the_union():
     parts = [random_accumulator(seed, gamma=0.9, with_episodes=True) for seed in (30, 31, 32)]
     acc = functools.reduce(stats.merge, [p[0] for p in parts], stats.init(K))

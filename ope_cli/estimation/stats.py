@@ -335,6 +335,25 @@ def _group_row(acc: Accumulator, group: int) -> tuple[dict, dict, int]:
     return scales, sums, length
 
 
+def _one_length(a: Accumulator, b: Accumulator) -> bool:
+    """Whether every per-group per-step row of ``a`` and ``b`` has one shape, with steps:
+    then the rows merge group by group as one stacked array would, element for element."""
+    rows = [
+        row
+        for acc in (a, b)
+        for field in (acc.step_log_scales, acc.step_sums)
+        for group_rows in field.values()
+        for row in group_rows
+    ]
+    return bool(rows) and rows[0].shape[-1] > 0 and all(r.shape == rows[0].shape for r in rows)
+
+
+def _stacked_rows(acc: Accumulator) -> tuple[dict, dict]:
+    """(scales, sums) of one side for ``_merge_steps``: its per-group rows stacked [K, ..., L]."""
+    scales = {k: np.stack(rows) for k, rows in acc.step_log_scales.items()}
+    return scales, {k: np.stack(rows) for k, rows in acc.step_sums.items()}
+
+
 def _merge_group_steps(a: Accumulator, b: Accumulator) -> tuple[dict, dict]:
     """(scales, sums) of the per-group per-step rows of ``a`` and ``b``, group by group:
     each pair lengthened to the longer (log-sum-exp). A group with no step on one side
@@ -343,6 +362,9 @@ def _merge_group_steps(a: Accumulator, b: Accumulator) -> tuple[dict, dict]:
     same_names = set(a.step_log_scales) == set(b.step_log_scales) and set(a.step_sums) == set(
         b.step_sums
     )
+    if same_names and _one_length(a, b):  # every row alike: one merge of [K, ..., L] arrays
+        merged = _merge_steps(*_stacked_rows(a), *_stacked_rows(b))
+        return tuple({k: list(stacked) for k, stacked in part.items()} for part in merged)
     scales: dict[str, list] = {k: [] for k in {**a.step_log_scales, **b.step_log_scales}}
     sums: dict[str, list] = {k: [] for k in {**a.step_sums, **b.step_sums}}
     for group in range(a.sums["count"].shape[-1]):
