@@ -398,6 +398,57 @@ def test_flush_plan_is_the_cheapest_cut(seed):
     assert plan_cost(lengths, plan) == cheapest_plan_cost(lengths, shapes)
 
 
+def sequential_plan(lengths: np.ndarray, shapes: tuple[WindowShape, ...]) -> list:
+    """The flush plan by the plain dynamic programme, one position at a time from the end
+    (the first of equal costs), with plan_cost's costs: the reference of the vectorised one."""
+    size = lengths.size
+    cost, choice = [0] * (size + 1), [0] * size
+    for i in range(size - 1, -1, -1):
+        best = math.inf
+        for k, shape in enumerate(shapes):
+            if k == 0 and lengths[i] > 1:
+                continue  # the one-step shape
+            stop = min(i + shape.lanes, size)
+            total = plan_cost(lengths, [(i, stop, shape)]) + cost[stop]
+            if total < best:
+                best, choice[i] = total, k
+        cost[i] = best
+    plan, i = [], 0
+    while i < size:
+        shape = shapes[choice[i]]
+        plan.append((i, min(i + shape.lanes, size), shape))
+        i += shape.lanes
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("batching", "devices"),
+    [
+        (BatchingConfig(), 1),
+        (BatchingConfig(), 3),
+        (BatchingConfig(batch_steps=64, min_bucket=8), 1),
+        (BatchingConfig(batch_steps=8, min_bucket=8), 1),  # one lane for every shape but one
+        (BatchingConfig(batch_steps=512, min_bucket=4), 2),
+    ],
+)
+def test_flush_plan_is_the_sequential_programmes_plan(batching, devices):
+    """Block by block, with the one-lane shapes' chain as a running minimum, the plan is
+    the one the plain dynamic programme makes, ties included, on thousands of episodes
+    (one-step ones, runs of equal lengths, a long tail)."""
+    shapes = window_shapes(batching, devices)
+    rng = np.random.default_rng(devices + batching.batch_steps)
+    for size in (1, 7, 300, 3000):
+        lengths = np.concatenate(
+            [
+                rng.choice([1, 2, 8, 9, 64, 65], size=size),
+                rng.integers(1, 3000, size=size // 3),
+                np.ones(size // 2, np.int64),
+            ]
+        )
+        lengths = np.sort(lengths)[::-1].astype(np.int64)
+        assert flush_plan(lengths, shapes) == sequential_plan(lengths, shapes)
+
+
 def test_a_batch_gathers_from_few_chunks():
     """Episodes left over from many chunks are copied into one chunk, so a batch of the
     long tail gathers from one or two chunks, not from every chunk it came from."""

@@ -224,30 +224,56 @@ def flush_plan(
     that cost least in all: padded cells plus CALL_CELLS per window call, each batch the
     next ``lanes`` episodes (fewer for the last) in one of ``shapes``. One-step episodes
     use the one-step shape, which no longer episode does (a call per step)."""
-    size, lanes = lengths.size, [shape.lanes for shape in shapes]
+    size, lanes = lengths.size, np.array([shape.lanes for shape in shapes])
     widths = np.array([shape.width for shape in shapes])
     longest = np.maximum(lengths.astype(np.int64), 1)
     windows = -(-longest[:, None] // widths)  # [n, shapes]
-    own = (np.array(lanes) * windows * widths + CALL_CELLS * windows).astype(np.float64)
+    # whole numbers of cells, exact in float64: every order of sums gives the same costs
+    own = (lanes * windows * widths + CALL_CELLS * windows).astype(np.float64)
     own[longest > 1, 0] = np.inf  # the one-step shape
-    # Each position's best depends on the ones after it (a lane count ahead): a dynamic
-    # programme, run over Python floats, as NumPy calls on 4-element arrays cost far more.
-    own_rows = own.tolist()
-    cost, choice = [0.0] * (size + 1), [0] * size
-    for i in range(size - 1, -1, -1):
-        row = own_rows[i]
-        best, pick = math.inf, 0
-        for k, count in enumerate(lanes):
-            total = row[k] + cost[min(i + count, size)]
-            if total < best:  # the first of equal costs, as argmin
-                best, pick = total, k
-        cost[i], choice[i] = best, pick
+    cost = _least_costs(own, lanes)
+    after = np.minimum(np.arange(size)[:, None] + lanes, size)
+    choice = np.argmin(own + cost[after], axis=1)  # the first of equal costs
     plan, i = [], 0
     while i < size:
         shape = shapes[choice[i]]
         plan.append((i, min(i + shape.lanes, size), shape))
         i += shape.lanes
     return plan
+
+
+def _least_costs(own: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    """[n + 1] cost[i] = min over shapes k of own[i, k] + cost[min(i + lanes[k], n)], cost[n]
+    = 0: the least cost of the episodes from i on (own: [n, shapes] whole numbers of cells,
+    inf where a shape cannot take the episode; the one-lane shapes' at least inf only for
+    the first episodes, as the one-step shape's).
+
+    A block of positions at a time, as many as the fewest lanes of a shape with several:
+    from the block, such a shape reaches past it, where the costs are known. The one-lane
+    shapes chain through the block: cost[i] is then the least, over m >= i, of the chain
+    from i to m plus a batch of several lanes at m, or of the chain to the block's end: a
+    running minimum over prefix sums, exact in float64 for whole numbers."""
+    size = own.shape[0]
+    cost = np.zeros(size + 1)
+    single = lanes == 1
+    several = np.flatnonzero(~single)
+    chain = own[:, single].min(axis=1) if single.any() else np.full(size, np.inf)
+    block = max(1, int(lanes[several].min())) if several.size else size
+    chained = size - int(np.isfinite(chain[::-1]).cumprod().sum())  # the chain starts here
+    for top, bottom in ((size, chained), (chained, 0)):
+        for high in range(top, bottom, -block):
+            low = max(high - block, bottom)
+            direct = np.full(high - low, np.inf)
+            if several.size:
+                reach = np.minimum(np.arange(low, high)[:, None] + lanes[several], size)
+                direct = np.min(own[low:high][:, several] + cost[reach], axis=1)
+            if low < chained:  # no chain through these positions
+                cost[low:high] = direct
+                continue
+            before = np.concatenate([[0.0], np.cumsum(chain[low:high])])  # from low to i
+            through = np.minimum.accumulate((direct + before[:-1])[::-1])[::-1]
+            cost[low:high] = np.minimum(through, before[-1] + cost[high]) - before[:-1]
+    return cost
 
 
 def _in_order(ready: np.ndarray, stops: np.ndarray) -> list[int]:
