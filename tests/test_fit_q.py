@@ -24,6 +24,7 @@ from ope_cli.data.ids import episode_folds
 from ope_cli.data.sources import iter_batches, open_dataset
 from ope_cli.errors import DataError, UsageError
 from ope_cli.models.policies import chunk_checks, load_policy
+from ope_cli.models.q_models import linear
 from ope_cli.models.q_models.base import (
     check_q_model_fits,
     check_q_model_name,
@@ -187,8 +188,16 @@ def _chunks(path: Path, policy, read_rows: int = 11):
     return list(assembler.chunks(iter_batches(data, schema.read_columns, read_rows)))
 
 
-@pytest.mark.parametrize(("model", "kind"), [("linear", "vector"), ("tabular", "states")])
-def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind):
+@pytest.mark.parametrize(
+    ("model", "kind", "rows"),
+    [("linear", "vector", None), ("linear", "vector", 4), ("tabular", "states", None)],
+)
+def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind, rows, monkeypatch):
+    """Cross-fitted over 3 folds, each fold's fit is the fit of the other folds' episodes;
+    with blocks of 4 steps (``rows``), most blocks hold steps of an episode that started in
+    an earlier block, some of one fold only."""
+    if rows is not None:
+        monkeypatch.setattr(linear, "ROWS", rows)
     policy = load_policy(str(data["root"] / f"{'linear' if kind == 'vector' else 'tabular'}.npz"))
     chunks = _chunks(data[f"{kind}_path"], policy)
     folds = 3

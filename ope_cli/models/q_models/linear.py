@@ -36,7 +36,7 @@ def block_features(x: np.ndarray, action: np.ndarray, n_actions: int) -> np.ndar
 
 def mean_features(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
     """[N, A (d + 1)] phibar(s) = sum_a pi(a|s) phi(s, a): x [N, d + 1], probs [N, A]."""
-    return (probs[:, :, None] * x[:, None, :]).reshape(x.shape[0], -1)
+    return (probs[:, :, None] * x[:, None, :]).reshape(x.shape[0], probs.shape[1] * x.shape[1])
 
 
 def with_bias(observation: np.ndarray) -> np.ndarray:
@@ -75,14 +75,16 @@ class LinearQ(FoldSums):
         for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
             rows = slice(start, start + ROWS)
             phi = block_features(x[rows], batch.action[rows], self.n_actions)
-            psi = phi - self.gamma * mean_features(x_next[rows], probs_next[rows])
-            phibar = mean_features(x[rows], batch.probs[rows])
-            self._accumulate(batch, rows, phi, psi, phibar)
+            psi = mean_features(x_next[rows], probs_next[rows])
+            psi *= -self.gamma
+            psi += phi  # phi - gamma phibar(s'), without another [ROWS, D] temporary
+            self._accumulate(batch, rows, phi, psi, x)
 
-    def _accumulate(self, batch, rows, phi, psi, phibar) -> None:
+    def _accumulate(self, batch, rows: slice, phi, psi, x) -> None:
         r, fold, first = batch.reward[rows], batch.fold[rows], batch.first[rows]
-        for k in np.unique(fold):  # a handful of folds, not a loop over steps
-            mine = fold == k
+        folds = np.unique(fold)  # a handful of folds, not a loop over steps
+        for k in folds:
+            mine = slice(None) if folds.size == 1 else fold == k  # one fold: no copies
             p, q, rk = phi[mine], psi[mine], r[mine]
             self.a_mat[k] += p.T @ q
             self.c_mat[k] += q.T @ q
@@ -90,7 +92,9 @@ class LinearQ(FoldSums):
             self.e[k] += q.T @ rk
             self.rr[k] += rk @ rk
             self.n[k] += rk.size
-            start = phibar[mine & first]
+            # phibar(s_0) of the fold's initial states only
+            starts = rows.start + np.flatnonzero(first & (fold == k))
+            start = mean_features(x[starts], batch.probs[starts])
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
             self.n0[k] += start.shape[0]
