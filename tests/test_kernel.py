@@ -349,6 +349,40 @@ def test_a_long_episode_costs_its_own_group_row(tmp_path):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-12, err_msg=name)
 
 
+def test_a_one_lane_window_makes_only_its_groups_row(tmp_path):
+    """A one-lane batch's windows make and send its episode's group's per-step row alone
+    ([1, C], not [K, C]); assembled, its statistics are bit for bit those of every group's
+    rows, also walked as the bench walks it (no group lengths given)."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.data.buckets import pad
+    from ope_cli.data.episodes import concat_chunks
+    from ope_cli.estimation import kernel
+    from ope_cli.estimation.pipeline import stream
+
+    rng = np.random.default_rng(10)
+    behavior = random_checkpoint("tabular", rng)
+    episodes = random_episodes(
+        rng, 1, behavior=behavior, length_dist="fixed", median_length=150, max_length=150
+    )
+    path = save_checkpoint(tmp_path / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    batches = stream(EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95))
+    batch = pad(concat_chunks(list(batches.reread_chunks())), 160, 1)
+    batch = batch._replace(group=np.array([3], np.int32))  # not row 0: a misplaced row shows
+    (group,) = kernel.group_policies(batches.policies)
+    settings = kernel.KernelSettings(0.95, 8, np.float64, num_replicates=3)
+    own, every = kernel.Kernel(group, settings), kernel.Kernel(group, settings)
+    every.static = every.static._replace(own_rows=False)
+    output = own(batch, 16)
+    assert {np.shape(w.step_sums["w_t"])[-2] for _, w in output.windows} == {1}
+    assert {np.shape(w.step_sums["w_t"])[-2] for _, w in every(batch, 16).windows} == {1, 8}
+    expected = kernel.batch_statistics_of(every, batch, 16)
+    walked = own.walk(own.device_windows(batch, 16), own.counts(batch))
+    for got in (kernel.assemble(jax.device_get(output)), kernel.assemble(jax.device_get(walked))):
+        for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(b, a)
+
+
 def test_a_long_episode_joins_its_bootstrap_sums_as_its_windows_come(tmp_path):
     """One long episode alone in its batch, with bootstrap replicates: from the first
     window on, each window that comes to the host puts its [R, C] replicate sums in place

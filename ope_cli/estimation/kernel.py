@@ -243,6 +243,9 @@ class Static(NamedTuple):
     q: QSpec | None
     betting: bool
     terms: bool = False  # the finish also returns each episode's terms (``episode_terms``)
+    # a one-lane window's per-group sums are its group's row alone (``reduction.Groups``):
+    # the Kernel's walk without a mesh, whose host code places it (``window_groups``)
+    own_rows: bool = False
 
 
 def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
@@ -322,6 +325,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
     fields = _q_fields(static, params, q_params, window, start, seed, log_pi_all)
     betting = inputs.betting_range if static.betting else None
+    settings = (static.num_groups, static.estimators, betting, static.own_rows)  # the walk's
 
     def per_policy(carry_b, log_pi_bc, fields_bc):
         weighted = WeightedWindow(
@@ -334,9 +338,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
             start,
             fields_bc,
         )
-        return advance_window(
-            carry_b, weighted, inputs.gamma, static.num_groups, static.estimators, betting
-        )
+        return advance_window(carry_b, weighted, inputs.gamma, *settings)
 
     lanes = window.step_mask.shape[0]
     own = jax.tree.map(lambda x: x[:, :lanes], carry)
@@ -491,6 +493,17 @@ def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
     return lengths
 
 
+def _lane_group_spans(windows: list[tuple[int, PaddedBatch]], num_groups: int) -> np.ndarray:
+    """[K] ``group_lengths`` of a one-lane batch walked in ``windows``: its episode's group
+    spans every window (none where the lane holds no episode or no group)."""
+    window = windows[0][1]
+    lengths = np.zeros(num_groups, np.int64)
+    group = int(np.asarray(window.group)[0])
+    if bool(np.asarray(window.episode_mask)[0]) and 0 <= group < num_groups:
+        lengths[group] = len(windows) * window.step_mask.shape[1]
+    return lengths
+
+
 def window_groups(group_lengths: np.ndarray, start: int) -> np.ndarray:
     """The groups whose per-step rows the window at step ``start`` extends: those with an
     episode at least ``start`` steps long (the window after a group's longest episode
@@ -596,7 +609,13 @@ def _few_rows(window: tuple[int, StepStatistics], group_lengths: np.ndarray):
     if 4 * rows.size > group_lengths.size:
         return window
     host = jax.device_get(statistics)
-    few = {f: {k: v[..., rows, :] for k, v in getattr(host, f).items()} for f in GROUP_STEP_FIELDS}
+    few = {
+        f: {
+            k: v if v.shape[-2] == rows.size else v[..., rows, :]
+            for k, v in getattr(host, f).items()
+        }
+        for f in GROUP_STEP_FIELDS
+    }
     return start, host._replace(**few)
 
 
@@ -708,6 +727,7 @@ class Kernel:
             q=q,
             betting=betting_range is not None,
             terms=terms,
+            own_rows=mesh is None,
         )
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
@@ -842,6 +862,9 @@ class Kernel:
         is brought to the host as those rows while later ones run (``_few_rows``): a
         very long episode's windows then hold one row each, not K."""
         lanes, width = windows[0][1].step_mask.shape
+        if group_lengths is None and lanes == 1 and self.static.own_rows:
+            # its per-group sums are its group's row alone: they need placing
+            group_lengths = _lane_group_spans(windows, self.static.num_groups)
         carry_lanes = self._lanes_of_carry(lanes)
         carry = self.initial_carry(carry_lanes)
         window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)

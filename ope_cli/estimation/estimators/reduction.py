@@ -47,6 +47,7 @@ from ope_cli.estimation.estimators.base import (
 class StepStatistics(NamedTuple):
     """The per-step sums of one window [.., C] for one policy; a pytree keyed by name."""
 
+    # [K, C], or [1, C] for a one-lane window's own group (``Groups.one_row``)
     step_log_scales: dict[str, jax.Array]  # per-step scale -> [K, C] max over a group
     step_sums: dict[str, jax.Array]  # StepSum -> [K, C] (lag 1: column c is step c - 1)
     replicate_step_log_scales: dict[str, jax.Array]  # per-step scale -> [C] max over the batch
@@ -306,10 +307,26 @@ def _advance_one(carry: EpisodeCarry, steps: tuple, estimators, betting_range):
     return EpisodeCarry(after, own, betting), values, window
 
 
+class Groups(NamedTuple):
+    """The resampling groups of a window's B lanes: ``index_b`` [B] int in [0, K) (past
+    it: no group), ``count`` K, and ``own_row``: a one-lane window's per-group per-step
+    sums are its lane's group's row alone, [1, C] rather than [K, C] (the kernel's host
+    code places it: ``kernel.window_groups``); else every group's row."""
+
+    index_b: jax.Array
+    count: int
+    own_row: bool = False
+
+    @property
+    def one_row(self) -> bool:
+        return self.own_row and self.index_b.shape[0] == 1
+
+
 class _StepWeights(NamedTuple):
     """A per-step scale's weights in a window: each (group, step)'s largest log scale
-    [K, C] and every cell's weight relative to it [B, C]; the batch's largest per step
-    [C] and every cell's weight relative to that [B, C] (the bootstrap replicates')."""
+    [K, C] (one row: ``Groups.one_row``) and every cell's weight relative to it [B, C];
+    the batch's largest per step [C] and every cell's weight relative to that [B, C] (the
+    bootstrap replicates')."""
 
     group_scale_kt: jax.Array
     w_bt: jax.Array
@@ -317,22 +334,28 @@ class _StepWeights(NamedTuple):
     w_rep_bt: jax.Array
 
 
-def _step_weights(log_scale_bt, group_b, num_groups: int) -> _StepWeights:
+def _step_weights(log_scale_bt, groups: Groups) -> _StepWeights:
     """The _StepWeights of per-cell log scales ``log_scale_bt`` [B, C] (-inf: no weight)."""
-    # per window, so scatters (cost per cell) rather than one-hot products (per cell and
-    # group): they compile slower but run the many windows of many policies far faster
-    group_scale_kt = jax.ops.segment_max(log_scale_bt, group_b, num_segments=num_groups)
-    w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt)[group_b])
+    if groups.one_row:  # the lane's own group's max: its own scale, the same bits
+        group_scale_kt = log_scale_bt
+        w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt))
+    else:
+        # per window, so scatters (cost per cell) rather than one-hot products (per cell
+        # and group): they compile slower but run the many windows of many policies faster
+        group_scale_kt = jax.ops.segment_max(
+            log_scale_bt, groups.index_b, num_segments=groups.count
+        )
+        w_bt = jnp.exp(log_scale_bt - safe_log_scale(group_scale_kt)[groups.index_b])
     replicate_scale_t = jnp.max(log_scale_bt, axis=0)
     w_rep_bt = jnp.exp(log_scale_bt - safe_log_scale(replicate_scale_t))
     return _StepWeights(group_scale_kt, w_bt, replicate_scale_t, w_rep_bt)
 
 
-def _one_step_earlier(weights: _StepWeights, log_w_before_b, group_b, num_groups: int):
+def _one_step_earlier(weights: _StepWeights, log_w_before_b, groups: Groups):
     """The _StepWeights of log W_{t-1} from those of log W_t (``weights``): column c is
     column c - 1 (the same maxima over the same numbers, hence the same bits), and column
     0 is the weight before the window (``log_w_before_b`` [B]), scaled on its own."""
-    first = _step_weights(log_w_before_b[:, None], group_b, num_groups)
+    first = _step_weights(log_w_before_b[:, None], groups)
 
     def shifted(first_column, full):
         return jnp.concatenate([first_column, full[..., :-1]], axis=-1)
@@ -340,8 +363,9 @@ def _one_step_earlier(weights: _StepWeights, log_w_before_b, group_b, num_groups
     return _StepWeights(*(shifted(a, b) for a, b in zip(first, weights, strict=True)))
 
 
-def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups, dtype):
-    """StepStatistics of ``specs``: per-step sums [K, C] relative to a per-(group, step) max
+def _step_sums(specs, values_bt, windows, real_b, groups: Groups, counts_rb, dtype):
+    """StepStatistics of ``specs``: per-step sums [K, C] (one row: ``Groups.one_row``)
+    relative to a per-(group, step) max
     log scale, and bootstrap replicates [R, C] relative to a per-step max over the batch
     (nothing is subtracted from those later). The per-group scales keep ratios of per-step
     sums defined when late weights drifted hundreds of e-folds from early ones, and leaving
@@ -354,21 +378,24 @@ def _step_sums(specs, values_bt, windows, real_b, group_b, counts_rb, num_groups
     for (scale_name, lag), scale in sorted(kinds.items(), key=lambda kind: kind[0][1]):
         if lag and kinds.get((scale_name, 0)) == STEP:  # W_{t-1}: W_t's, one step later
             before_b = jnp.where(real_b, windows.before.log_w, -jnp.inf)
-            weights = _one_step_earlier(scaled[scale_name], before_b, group_b, num_groups)
+            weights = _one_step_earlier(scaled[scale_name], before_b, groups)
         else:
             log_scale_bt = windows.log_w_prev_t if lag else jax.vmap(scale.log_scale)(windows)
             log_scale_bt = jnp.where(real_b[:, None], log_scale_bt, -jnp.inf)
-            weights = _step_weights(log_scale_bt, group_b, num_groups)
+            weights = _step_weights(log_scale_bt, groups)
         if not lag:  # a lag-1 sum's scale is its step's: the one of the lag-0 sums there
             scaled[scale_name] = weights
             out.step_log_scales[scale_name] = weights.group_scale_kt
             out.replicate_step_log_scales[scale_name] = weights.replicate_scale_t
         own = [spec for spec in specs if (spec.scale.name, spec.lag) == (scale_name, lag)]
         values = [values_bt[spec.name].astype(dtype) for spec in own]
-        group_ukt = jax.ops.segment_sum(
-            jnp.where(real_b[:, None, None], jnp.stack([v * weights.w_bt for v in values], 1), 0.0),
-            group_b,
-            num_segments=num_groups,
+        lane_ubt = jnp.where(
+            real_b[:, None, None], jnp.stack([v * weights.w_bt for v in values], 1), 0.0
+        )
+        group_ukt = (
+            lane_ubt  # the lane's own group's sum: itself
+            if groups.one_row
+            else jax.ops.segment_sum(lane_ubt, groups.index_b, num_segments=groups.count)
         )
         replicate_urt = jnp.einsum(
             "rb,ubt->urt", counts_rb, jnp.stack([v * weights.w_rep_bt for v in values])
@@ -391,6 +418,7 @@ def advance_window(
     num_groups: int,
     estimators: tuple[str, ...],
     betting_range: jax.Array | None = None,
+    own_row: bool = False,
 ) -> tuple[EpisodeCarry, StepStatistics]:
     """Walks the next C steps of a batch for one policy: (carry, StepStatistics).
 
@@ -401,6 +429,8 @@ def advance_window(
       num_groups: K.
       estimators: the registered estimators whose sums to compute.
       betting_range: [3] (a, b, H) of ``betting_variables``, or None.
+      own_row: a one-lane window's per-group sums are its group's row alone, [1, C]
+        (``Groups``): a very long episode's windows then make and send 1/K of the cells.
     """
     log_ratio_bt, reward_bt, step_mask_bt, episode_mask_b, group_b, counts_br, start, fields = (
         window
@@ -424,9 +454,8 @@ def advance_window(
     carry, values_bt, windows = advance(carry, steps)
     specs = tuple(s for s in sums_of(estimators) if isinstance(s, StepSum))
     counts_rb = _counts_rb(counts_br, episode_mask_b, dtype)
-    statistics = _step_sums(
-        specs, values_bt, windows, episode_mask_b, group_b, counts_rb, num_groups, dtype
-    )
+    groups = Groups(group_b, num_groups, own_row)
+    statistics = _step_sums(specs, values_bt, windows, episode_mask_b, groups, counts_rb, dtype)
     return carry, statistics
 
 
