@@ -45,7 +45,9 @@ from ope_cli.estimation.estimators import available as available_estimators
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.base import (
     Context,
+    StepSum,
     describe_standard_errors,
+    sums_of,
 )
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
 from ope_cli.estimation.inputs import (
@@ -54,6 +56,7 @@ from ope_cli.estimation.inputs import (
     fit_models,
     open_inputs,
 )
+from ope_cli.estimation.replicate_memory import check_replicate_memory
 from ope_cli.estimation.run_plan import (
     IntervalPlan,
     annotate_results,
@@ -174,7 +177,9 @@ class BatchStream:
             for chunk in assembler.chunks(reading):
                 counts.episodes += chunk.num_episodes
                 counts.steps += chunk.num_steps
-                counts.max_length = max(counts.max_length, int(chunk.lengths.max()))
+                if chunk.lengths.max() > counts.max_length:
+                    counts.max_length = int(chunk.lengths.max())
+                    self._check_replicate_memory(counts.max_length)
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
                 ready = bucketer.add(chunk)
@@ -186,6 +191,15 @@ class BatchStream:
         counts.rows_read = assembler.rows_read
         counts.padded_steps = bucketer.padded_steps
         counts.dropped = assembler.validation.dropped_counts()
+
+    def _check_replicate_memory(self, longest: int) -> None:
+        """A UsageError when the bootstrap replicates' per-step sums over an episode of
+        ``longest`` steps would not fit in this machine's memory (``replicate_memory``)."""
+        if self.plan.method not in BOOTSTRAP_METHODS:
+            return
+        step_sums = sum(isinstance(s, StepSum) for s in sums_of(computed_estimators(self)))
+        replicates = self.config.intervals.bootstrap_samples
+        check_replicate_memory(self.plan.method, longest, replicates, step_sums, len(self.policies))
 
     def reread_chunks(self) -> Iterator[EpisodeChunk]:
         """This process's episodes read again, on the host only (to locate an episode by
