@@ -349,17 +349,15 @@ def test_a_long_episode_costs_its_own_group_row(tmp_path):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-12, err_msg=name)
 
 
-def test_a_one_lane_window_makes_only_its_groups_row(tmp_path):
-    """A one-lane batch's windows make and send its episode's group's per-step row alone
-    ([1, C], not [K, C]); assembled, its statistics are bit for bit those of every group's
-    rows, also walked as the bench walks it (no group lengths given)."""
+def one_episode_batch(tmp_path, seed: int):
+    """(a one-lane [1, 160] batch of one 150-step episode, the policy group evaluating it)."""
     from ope_cli.config import EvaluationConfig
     from ope_cli.data.buckets import pad
     from ope_cli.data.episodes import concat_chunks
     from ope_cli.estimation import kernel
     from ope_cli.estimation.pipeline import stream
 
-    rng = np.random.default_rng(10)
+    rng = np.random.default_rng(seed)
     behavior = random_checkpoint("tabular", rng)
     episodes = random_episodes(
         rng, 1, behavior=behavior, length_dist="fixed", median_length=150, max_length=150
@@ -367,9 +365,18 @@ def test_a_one_lane_window_makes_only_its_groups_row(tmp_path):
     path = save_checkpoint(tmp_path / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
     data = write_step_layout(episodes, tmp_path / "logs.parquet")
     batches = stream(EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95))
-    batch = pad(concat_chunks(list(batches.reread_chunks())), 160, 1)
-    batch = batch._replace(group=np.array([3], np.int32))  # not row 0: a misplaced row shows
     (group,) = kernel.group_policies(batches.policies)
+    return pad(concat_chunks(list(batches.reread_chunks())), 160, 1), group
+
+
+def test_a_one_lane_window_makes_only_its_groups_row(tmp_path):
+    """A one-lane batch's windows make and send its episode's group's per-step row alone
+    ([1, C], not [K, C]); assembled, its statistics are bit for bit those of every group's
+    rows, also walked as the bench walks it (no group lengths given)."""
+    from ope_cli.estimation import kernel
+
+    batch, group = one_episode_batch(tmp_path, 10)
+    batch = batch._replace(group=np.array([3], np.int32))  # not row 0: a misplaced row shows
     settings = kernel.KernelSettings(0.95, 8, np.float64, num_replicates=3)
     own, every = kernel.Kernel(group, settings), kernel.Kernel(group, settings)
     every.static = every.static._replace(own_rows=False)
@@ -388,22 +395,9 @@ def test_a_long_episode_joins_its_bootstrap_sums_as_its_windows_come(tmp_path):
     window on, each window that comes to the host puts its [R, C] replicate sums in place
     in the batch's joined arrays (``KernelOutput.joined``) instead of holding them, and the
     assembled statistics equal the batch walked as one window."""
-    from ope_cli.config import EvaluationConfig
-    from ope_cli.data.buckets import pad
-    from ope_cli.data.episodes import concat_chunks
     from ope_cli.estimation import kernel
-    from ope_cli.estimation.pipeline import stream
 
-    rng = np.random.default_rng(9)
-    behavior = random_checkpoint("tabular", rng)
-    episodes = random_episodes(
-        rng, 1, behavior=behavior, length_dist="fixed", median_length=150, max_length=150
-    )
-    path = save_checkpoint(tmp_path / "p.npz", perturb_checkpoint(behavior, rng, 0.2))
-    data = write_step_layout(episodes, tmp_path / "logs.parquet")
-    batches = stream(EvaluationConfig(data=str(data), policies=(str(path),), gamma=0.95))
-    batch = pad(concat_chunks(list(batches.reread_chunks())), 160, 1)
-    (group,) = kernel.group_policies(batches.policies)
+    batch, group = one_episode_batch(tmp_path, 9)
     one = kernel.Kernel(group, kernel.KernelSettings(0.95, 8, np.float64, num_replicates=6))
     output = one(batch, 16)  # 10 windows, all but the last two joined as they came
     joined = output.joined["replicate_step_sums"]
