@@ -609,9 +609,11 @@ def _few_rows(window: tuple[int, StepStatistics], group_lengths: np.ndarray):
     if 4 * rows.size > group_lengths.size:
         return window
     host = jax.device_get(statistics)
+    # copies, as the slices are: a fetched array kept as it is kept more than its cells
+    # (a 1.8M-step episode's walk peaked 55 MiB higher)
     few = {
         f: {
-            k: v if v.shape[-2] == rows.size else v[..., rows, :]
+            k: v.copy() if v.shape[-2] == rows.size else v[..., rows, :]
             for k, v in getattr(host, f).items()
         }
         for f in GROUP_STEP_FIELDS
