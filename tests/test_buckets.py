@@ -427,7 +427,7 @@ def sequential_plan(lengths: np.ndarray, shapes: tuple[WindowShape, ...]) -> lis
         (BatchingConfig(), 1),
         (BatchingConfig(), 3),
         (BatchingConfig(batch_steps=64, min_bucket=8), 1),
-        (BatchingConfig(batch_steps=8, min_bucket=8), 1),  # one lane for every shape but one
+        (BatchingConfig(batch_steps=8, min_bucket=8), 1),  # one lane in every shape
         (BatchingConfig(batch_steps=512, min_bucket=4), 2),
     ],
 )
@@ -437,7 +437,7 @@ def test_flush_plan_is_the_sequential_programmes_plan(batching, devices):
     (one-step ones, runs of equal lengths, a long tail)."""
     shapes = window_shapes(batching, devices)
     rng = np.random.default_rng(devices + batching.batch_steps)
-    for size in (1, 7, 300, 3000):
+    for size in (0, 1, 7, 300, 3000):  # 0: a pool that every episode has left
         lengths = np.concatenate(
             [
                 rng.choice([1, 2, 8, 9, 64, 65], size=size),

@@ -245,8 +245,9 @@ def flush_plan(
 def _least_costs(own: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     """[n + 1] cost[i] = min over shapes k of own[i, k] + cost[min(i + lanes[k], n)], cost[n]
     = 0: the least cost of the episodes from i on (own: [n, shapes] whole numbers of cells,
-    inf where a shape cannot take the episode; the one-lane shapes' at least inf only for
-    the first episodes, as the one-step shape's).
+    inf where a shape cannot take the episode). The episodes are sorted longest first, as
+    ``flush_plan``'s are, so where no one-lane shape takes an episode (the one-step shape's
+    inf), no later one is taken either: those are the first episodes.
 
     A block of positions at a time, as many as the fewest lanes of a shape with several:
     from the block, such a shape reaches past it, where the costs are known. The one-lane
@@ -258,7 +259,7 @@ def _least_costs(own: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     single = lanes == 1
     several = np.flatnonzero(~single)
     chain = own[:, single].min(axis=1) if single.any() else np.full(size, np.inf)
-    block = max(1, int(lanes[several].min())) if several.size else size
+    block = max(1, int(lanes[several].min()) if several.size else size)
     chained = size - int(np.isfinite(chain[::-1]).cumprod().sum())  # the chain starts here
     for top, bottom in ((size, chained), (chained, 0)):
         for high in range(top, bottom, -block):
