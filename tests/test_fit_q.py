@@ -214,6 +214,25 @@ def test_cross_fit_equals_a_fit_without_the_fold(data, model, kind, rows, monkey
     assert np.isfinite(crossed.diagnostics["dm"]) and crossed.diagnostics["bellman_rmse"] > 0
 
 
+def test_linear_sums_do_not_depend_on_the_block_of_steps(data, monkeypatch):
+    """Every LSTDQ sum, those over initial states (s0, s00, n0) too, is the same in blocks
+    of 4 steps (most blocks begin inside an episode; some hold a fold and no initial
+    step) as in one block, over 3 folds."""
+    policy = load_policy(str(data["root"] / "linear.npz"))
+    chunks = _chunks(data["vector_path"], policy)
+
+    def sums(rows: int) -> dict[str, np.ndarray]:
+        monkeypatch.setattr(linear, "ROWS", rows)
+        model = make_q_model("linear", policy, discrete=True, gamma=0.8, folds=3, n_actions=3)
+        collect_q(model, chunks, policy, folds=3, n_actions=3)
+        return {name: getattr(model, name) for name in linear._SUMS}
+
+    small, whole = sums(4), sums(100_000)
+    assert whole["n0"].sum() == len(data["vector"]) and np.all(whole["n0"] > 0)
+    for name, value in whole.items():
+        np.testing.assert_allclose(small[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
 @pytest.mark.slow
 def test_tabular_dm_on_chain_is_close_to_the_truth(tmp_path):
     """8000 episodes: over 8 datasets of 2000 episodes the dm's spread was 0.034 (the fitted

@@ -3,8 +3,9 @@
 With ``--ci percentile`` or ``bootstrap-t``, WPDIS and WDR keep each of their per-step sums
 for every bootstrap replicate and every step of the longest episode, for each policy: host
 memory that grows with replicates x steps. Past the machine's memory the process would be
-killed without a word, after minutes; it is refused with one line as soon as an episode
-that long is read.
+killed without a word, after minutes; it is refused with one line as soon as the
+evaluation pass reads an episode that long (after a ``--q fit`` or ``--behavior estimate``
+pass, which reads the data first).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from ope_cli.errors import UsageError
 # replicates of WPDIS's two sums over a 1,000,000-step episode: 17.5 bytes).
 REPLICATE_STEP_BYTES = 18
 
-_CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a container's limit (cgroup v2)
+_CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a container's limit (cgroup v2 only)
 
 
 def machine_memory() -> int | None:
     """Bytes of memory this process can have at most: the physical memory, or a
-    container's limit where lower; None where neither is known."""
+    container's (cgroup v2) limit where lower; None where neither is known."""
     sizes = []
     try:
         sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
