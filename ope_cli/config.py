@@ -38,7 +38,7 @@ class BatchingConfig:
     Attributes:
       read_rows: rows per Arrow record batch read from disk.
       batch_steps: N, the [lanes, width] cells of a kernel window: the window shapes are
-        [N / s, 1] (one-step episodes), [N / s, s], [N / s^2, s^2] and [1, N / 4]
+        [N / s, 1] (one-step episodes), [N / s, s], [N / s^2, s^2] and [1, N / 8]
         (``buckets.window_shapes``).
       min_bucket: s, the short window's width (at least 2).
     """

@@ -95,7 +95,7 @@ def test_the_default_catalogue():
         WindowShape(cells // 8, 1, 1),
         WindowShape(cells // 8, 8, 512),
         WindowShape(cells // 64, 64, cells),
-        WindowShape(1, cells // 4, math.inf),
+        WindowShape(1, cells // 8, math.inf),
     )
     longest = np.array([1, 2, 512, 513, cells, cells + 1])
     assert [shapes[i].width for i in shape_indices(shapes, longest)] == [
@@ -104,7 +104,7 @@ def test_the_default_catalogue():
         8,
         64,
         64,
-        cells // 4,
+        cells // 8,
     ]
     assert batch_length(shapes[1], 9) == 16 and batch_length(shapes[2], 64) == 64
 

@@ -81,7 +81,7 @@ def window_shapes(batching: BatchingConfig, multiple_of: int = 1) -> tuple[Windo
     """The fixed catalogue of window shapes, by increasing ``longest``: with N =
     ``batch_steps`` cells per window and s = ``min_bucket`` (at least 2), [N / s, 1] for
     one-step episodes, [N / s, s] up to s^3 steps, [N / s^2, s^2] up to N steps, and one
-    lane [1, N / 4] beyond; lanes are a multiple of ``multiple_of`` (the devices). One-step
+    lane [1, N / 8] beyond; lanes are a multiple of ``multiple_of`` (the devices). One-step
     episodes get as many lanes as short ones: a bandit log's last batch is then a small
     share of it. (The episodes left at the end may take any of them: ``flush_plan``.)"""
     cells, short = batching.batch_steps, max(2, batching.min_bucket)
@@ -95,7 +95,7 @@ def window_shapes(batching: BatchingConfig, multiple_of: int = 1) -> tuple[Windo
         WindowShape(lanes(short), 1, 1),
         WindowShape(lanes(short), short, window * short),
         WindowShape(lanes(window), window, max(window * short, cells)),
-        WindowShape(lanes(1, at_most=1), max(1, cells // 4), math.inf),
+        WindowShape(lanes(1, at_most=1), max(1, cells // 8), math.inf),
     )
 
 
