@@ -234,7 +234,8 @@ BatchSteps = Annotated[
     int,
     typer.Option(
         help="Cells (lanes × steps) of a kernel window; episodes are walked in windows of a "
-        "few fixed shapes made from it.",
+        "few fixed shapes made from it. An episode longer than it is walked alone (about 3x "
+        "slower a step): raise it past a log's usual episode length.",
         rich_help_panel=BATCHING_PANEL,
     ),
 ]
