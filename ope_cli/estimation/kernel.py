@@ -495,13 +495,9 @@ def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
 
 def _lane_group_spans(windows: list[tuple[int, PaddedBatch]], num_groups: int) -> np.ndarray:
     """[K] ``group_lengths`` of a one-lane batch walked in ``windows``: its episode's group
-    spans every window (none where the lane holds no episode or no group)."""
-    window = windows[0][1]
-    lengths = np.zeros(num_groups, np.int64)
-    group = int(np.asarray(window.group)[0])
-    if bool(np.asarray(window.episode_mask)[0]) and 0 <= group < num_groups:
-        lengths[group] = len(windows) * window.step_mask.shape[1]
-    return lengths
+    (as ``group_lengths`` finds it in the first window) spans every window."""
+    first = windows[0][1]
+    return np.where(group_lengths(first, num_groups) > 0, len(windows) * first.shape[1], 0)
 
 
 def window_groups(group_lengths: np.ndarray, start: int) -> np.ndarray:

@@ -365,9 +365,9 @@ def _one_step_earlier(weights: _StepWeights, log_w_before_b, groups: Groups):
 
 def _step_sums(specs, values_bt, windows, real_b, groups: Groups, counts_rb, dtype):
     """StepStatistics of ``specs``: per-step sums [K, C] (one row: ``Groups.one_row``)
-    relative to a per-(group, step) max
-    log scale, and bootstrap replicates [R, C] relative to a per-step max over the batch
-    (nothing is subtracted from those later). The per-group scales keep ratios of per-step
+    relative to a per-(group, step) max log scale, and bootstrap replicates [R, C] relative
+    to a per-step max over the batch (nothing is subtracted from those later). The
+    per-group scales keep ratios of per-step
     sums defined when late weights drifted hundreds of e-folds from early ones, and leaving
     one group out (the jackknife) never subtracts a dominant group from the rest. A lag-1
     sum is scaled by W_{t-1}, the weight of the step it belongs to: the weights of W_t one

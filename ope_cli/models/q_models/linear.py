@@ -84,7 +84,8 @@ class LinearQ(FoldSums):
         r, fold, first = batch.reward[rows], batch.fold[rows], batch.first[rows]
         folds = np.unique(fold)  # a handful of folds, not a loop over steps
         for k in folds:
-            mine = slice(None) if folds.size == 1 else fold == k  # one fold: no copies
+            in_fold = fold == k
+            mine = slice(None) if folds.size == 1 else in_fold  # one fold: no copies
             p, q, rk = phi[mine], psi[mine], r[mine]
             self.a_mat[k] += p.T @ q
             self.c_mat[k] += q.T @ q
@@ -93,7 +94,7 @@ class LinearQ(FoldSums):
             self.rr[k] += rk @ rk
             self.n[k] += rk.size
             # phibar(s_0) of the fold's initial states only
-            starts = rows.start + np.flatnonzero(first & (fold == k))
+            starts = rows.start + np.flatnonzero(first & in_fold)
             start = mean_features(x[starts], batch.probs[starts])
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
