@@ -23,6 +23,7 @@ from ope_cli.data.buckets import (
     flush_plan,
     pad,
     place_episodes,
+    plan_of_choices,
     row_range,
     shape_indices,
     widened,
@@ -400,7 +401,8 @@ def test_flush_plan_is_the_cheapest_cut(seed):
 
 def sequential_plan(lengths: np.ndarray, shapes: tuple[WindowShape, ...]) -> list:
     """The flush plan by the plain dynamic programme, one position at a time from the end
-    (the first of equal costs), with plan_cost's costs: the reference of the vectorised one."""
+    (the first of equal costs), with plan_cost's costs: the reference of the vectorised one
+    (both follow their choices with ``plan_of_choices``)."""
     size = lengths.size
     cost, choice = [0] * (size + 1), [0] * size
     for i in range(size - 1, -1, -1):
@@ -413,12 +415,7 @@ def sequential_plan(lengths: np.ndarray, shapes: tuple[WindowShape, ...]) -> lis
             if total < best:
                 best, choice[i] = total, k
         cost[i] = best
-    plan, i = [], 0
-    while i < size:
-        shape = shapes[choice[i]]
-        plan.append((i, min(i + shape.lanes, size), shape))
-        i += shape.lanes
-    return plan
+    return plan_of_choices(choice, shapes)
 
 
 @pytest.mark.parametrize(

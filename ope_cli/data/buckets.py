@@ -234,7 +234,13 @@ def flush_plan(
     cost = _least_costs(own, lanes)
     after = np.minimum(np.arange(size)[:, None] + lanes, size)
     choice = np.argmin(own + cost[after], axis=1)  # the first of equal costs
-    plan, i = [], 0
+    return plan_of_choices(choice, shapes)
+
+
+def plan_of_choices(choice, shapes: tuple[WindowShape, ...]) -> list[tuple[int, int, WindowShape]]:
+    """(start, stop, shape) batches that follow ``choice`` ([n] the shape index chosen at
+    each position) from position 0: each the next ``lanes`` episodes, fewer for the last."""
+    size, plan, i = len(choice), [], 0
     while i < size:
         shape = shapes[choice[i]]
         plan.append((i, min(i + shape.lanes, size), shape))
