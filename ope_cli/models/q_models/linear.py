@@ -27,13 +27,6 @@ ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
 _SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0")
 
 
-def block_features(x: np.ndarray, action: np.ndarray, n_actions: int) -> np.ndarray:
-    """[N, A (d + 1)] phi(s, a): x [N, d + 1] in the block of each step's action."""
-    out = np.zeros((x.shape[0], n_actions, x.shape[1]))
-    out[np.arange(x.shape[0]), action] = x
-    return out.reshape(x.shape[0], -1)
-
-
 def mean_features(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
     """[N, A (d + 1)] phibar(s) = sum_a pi(a|s) phi(s, a): x [N, d + 1], probs [N, A]."""
     return (probs[:, :, None] * x[:, None, :]).reshape(x.shape[0], probs.shape[1] * x.shape[1])
@@ -74,27 +67,38 @@ class LinearQ(FoldSums):
         x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
         for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
             rows = slice(start, start + ROWS)
-            phi = block_features(x[rows], batch.action[rows], self.n_actions)
             psi = mean_features(x_next[rows], probs_next[rows])
             psi *= -self.gamma
-            psi += phi  # phi - gamma phibar(s'), without another [ROWS, D] temporary
-            self._accumulate(batch, rows, phi, psi, x)
+            # + phi(s, a): x in the action's block, without a [ROWS, D] phi of zeros
+            blocks = psi.reshape(psi.shape[0], self.n_actions, self.dim)  # a view
+            blocks[np.arange(psi.shape[0]), batch.action[rows]] += x[rows]
+            self._accumulate(batch, rows, psi, x)
 
-    def _accumulate(self, batch, rows: slice, phi, psi, x) -> None:
+    def _accumulate(self, batch, rows: slice, psi, x) -> None:
+        """The sums of the steps ``rows``, ``psi`` [n, D] their residual features. The
+        steps go in (fold, action) order: phi(s, a) is x in the block of a, so A's and b's
+        rows of a are sums over a's steps of x [d + 1] (a quarter of a [D, D] product with
+        four actions), and a fold's steps are one slice."""
         r, fold, first = batch.reward[rows], batch.fold[rows], batch.first[rows]
-        folds = np.unique(fold)  # a handful of folds, not a loop over steps
-        for k in folds:
-            in_fold = fold == k
-            mine = slice(None) if folds.size == 1 else in_fold  # one fold: no copies
-            p, q, rk = phi[mine], psi[mine], r[mine]
-            self.a_mat[k] += p.T @ q
+        actions = self.n_actions
+        key = fold * actions + batch.action[rows]
+        order = np.argsort(key, kind="stable")
+        bounds = np.searchsorted(key[order], np.arange(self.folds * actions + 1))
+        xs, qs, rs = x[rows][order], psi[order], r[order]
+        for k in np.unique(fold):  # a handful of folds, not a loop over steps
+            mine = slice(bounds[k * actions], bounds[(k + 1) * actions])
+            q, rk = qs[mine], rs[mine]
             self.c_mat[k] += q.T @ q
-            self.b[k] += p.T @ rk
             self.e[k] += q.T @ rk
             self.rr[k] += rk @ rk
             self.n[k] += rk.size
+            for a in range(actions):
+                taken = slice(bounds[k * actions + a], bounds[k * actions + a + 1])
+                block = slice(a * self.dim, (a + 1) * self.dim)
+                self.a_mat[k][block] += xs[taken].T @ qs[taken]
+                self.b[k][block] += xs[taken].T @ rs[taken]
             # phibar(s_0) of the fold's initial states only
-            starts = rows.start + np.flatnonzero(first & in_fold)
+            starts = rows.start + np.flatnonzero(first & (fold == k))
             start = mean_features(x[starts], batch.probs[starts])
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
