@@ -499,10 +499,10 @@ def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
 def _check_policy_values(batches: BatchStream, results) -> None:
     """A PolicyError when an evaluation policy gave a logged action of this batch a value
     that is no log-probability (``results``: the batch's (kernel, KernelOutput) pairs)."""
-    import jax
+    from ope_cli.estimation.kernel import host_arrays
 
     for kernel, output in results:
-        counts = np.concatenate(jax.device_get(output.faulty_target)).sum(axis=0)  # [P]
+        counts = np.concatenate(host_arrays(output.faulty_target)).sum(axis=0)  # [P]
         if counts.any():  # the second read only on this error path
             row = int(np.flatnonzero(counts)[0])
             policy = batches.policies[kernel.group.indices[row]]
@@ -516,7 +516,9 @@ def _check_behavior_support(batches: BatchStream, output) -> None:
         return
     import jax
 
-    found = jax.device_get(output.zero_behavior)  # one per window, each [D]
+    from ope_cli.estimation.kernel import host_arrays
+
+    found = host_arrays(output.zero_behavior)  # one per window, each [D]
     first = first_zero_probability(jax.tree.map(lambda *x: np.concatenate(x), *found))
     if first is not None:
         raise zero_probability_error(batches.behavior, first, batches.reread_chunks())
@@ -571,20 +573,18 @@ def _kernels(batches: BatchStream, dtype, mesh, replicates: int, terms: bool) ->
 def _merge_batch(partials: list[Partial | None], results, devices: int) -> None:
     """Merges one batch's (kernel, KernelOutput) pairs into each kernel's partial (its P
     policies in parts, ``Partial``; None before its first batch)."""
-    import jax
-
-    from ope_cli.estimation.kernel import assemble
+    from ope_cli.estimation.kernel import assemble, host_arrays
 
     for position, (_, output) in enumerate(results):
-        host = assemble(jax.device_get(output))  # [D, P, ...]: per device, per policy
+        host = assemble(host_arrays(output))  # [D, P, ...]: per device, per policy
         partials[position] = _merge_devices(partials[position], host, devices)
 
 
 def _paired_batch(results, baseline: int) -> PairedSums:
     """The paired sums of one batch from its (kernel, KernelOutput) pairs, every policy's."""
-    import jax
+    from ope_cli.estimation.kernel import host_arrays
 
-    groups = [(kernel.group.indices, jax.device_get(out.terms)) for kernel, out in results]
+    groups = [(kernel.group.indices, host_arrays(out.terms)) for kernel, out in results]
     policies = sum(len(indices) for indices, _ in groups)
     mask, counts = results[0][1].lanes
     return paired.from_terms(paired.rows_of(groups, policies), mask, counts, baseline)
