@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import ope_cli.envs.generate as gen
 from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.memory import measure_memory
+from ope_cli.bench.processes import _interleaved
 from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
 from ope_cli.cli import bench
@@ -91,6 +92,24 @@ def test_bench_json_has_every_measurement(tiny_bench):
     assert result["runtime"]["backend"] and result["runtime"]["devices"] >= 1
     assert result["policies"]["k"] == 2 and result["policies"]["cost_ratio"] > 0
     assert all(math.isfinite(x) for x in _all_numbers(result))
+
+
+def test_interleaved_runs_each_measurement_in_turn_and_keeps_its_fastest():
+    """Round after round, every measurement once, in order: a floor and the run measured
+    above it see the same host; the fastest of each counts (seconds, or a run's dict)."""
+    order, times = [], {"floor": [3.0, 1.0, 2.0], "run": [5.0, 6.0, 4.0]}
+
+    def timed(name: str):
+        def run():
+            order.append(name)
+            seconds = times[name][sum(1 for n in order if n == name) - 1]
+            return seconds if name == "floor" else {"seconds": seconds}
+
+        return run
+
+    best = _interleaved(3, {"floor": timed("floor"), "run": timed("run")})
+    assert order == ["floor", "run"] * 3
+    assert best == {"floor": 1.0, "run": {"seconds": 4.0}}
 
 
 def test_bench_times_whole_processes(tiny_bench):

@@ -48,13 +48,21 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def _best_of(rounds: int, command: list[str], env: dict[str, str]) -> float:
-    return min(_run(command, env)[0] for _ in range(rounds))
+def _seconds(run: float | dict) -> float:
+    return run["seconds"] if isinstance(run, dict) else run
 
 
-def _fastest(rounds: int, evaluate: Callable[[], dict]) -> dict:
-    """The fastest of ``rounds`` runs of ``evaluate`` (``_evaluate``'s dicts, by seconds)."""
-    return min((evaluate() for _ in range(rounds)), key=lambda run: run["seconds"])
+def _interleaved(rounds: int, runs: dict[str, Callable[[], float | dict]]) -> dict:
+    """The fastest of ``rounds`` runs of each of ``runs`` (name -> one timed run: its seconds,
+    or an ``_evaluate`` dict), taken in turn round after round: a host whose speed drifts
+    slows the floors and the runs of a round alike, so their differences and ratios keep
+    to the code (one block of each after the other measured a floor 0.81 s in one run of
+    the bench and 0.52 s in the next)."""
+    results: dict[str, list] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            results[name].append(run())
+    return {name: min(each, key=_seconds) for name, each in results.items()}
 
 
 def _evaluate(
@@ -89,41 +97,45 @@ def measure_processes(
     progress: Progress,
 ) -> dict:
     """Wall times of whole processes; every ``ope evaluate`` shares one compilation cache,
-    empty at first, in ``directory`` (the one with a Q checkpoint has its own); floors and
-    warm runs: the fastest of ``config.rounds``. ``checkpoints``: (a policy, a Q checkpoint
-    for it)."""
+    empty at first, in ``directory`` (the one with a Q checkpoint has its own); floors,
+    the pyarrow read and warm runs: the fastest of ``config.rounds``, in turn
+    (``_interleaved``). ``checkpoints``: (a policy, a Q checkpoint for it)."""
     checkpoint, q = checkpoints
-    batching, rounds = config.batching, config.rounds
-    cache = directory / "process-cache"
-    env = process_environment(directory, OPE_CACHE_DIR=str(cache))
-    progress("whole processes: their modules' bytecode, then the floors and the pyarrow read")
+    batching, python = config.batching, sys.executable
+    env = process_environment(directory, OPE_CACHE_DIR=str(directory / "process-cache"))
+    progress("whole processes: their modules' bytecode, then ope evaluate with an empty cache")
     write_bytecode(directory, config.seed, batching)
-    floor = _best_of(rounds, [sys.executable, "-c", FLOOR_CODE], env)
-    import_floor = _best_of(rounds, [sys.executable, "-c", IMPORT_FLOOR_CODE], env)
-    pyarrow_seconds = _best_of(
-        rounds, [sys.executable, "-c", PYARROW_CODE, data, ",".join(columns)], env
-    )
-    pyarrow_floor = _best_of(rounds, [sys.executable, "-c", PYARROW_FLOOR_CODE], env)
-    progress("whole processes: ope evaluate with an empty compilation cache")
     cold = _evaluate(data, checkpoint, batching, env)
     progress("whole processes: ope evaluate --q CKPT with another empty cache")
     q_env = dict(env, OPE_CACHE_DIR=str(directory / "process-cache-q"))
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
-    progress("whole processes: ope evaluate with the warm cache")
-    warm = _fastest(rounds, lambda: _evaluate(data, checkpoint, batching, env))
-    other, bandit = measure_other_data(directory, config, env, progress)
-    read, above = pyarrow_seconds - pyarrow_floor, warm["seconds"] - import_floor
+    other, (bandit_path, bandit_checkpoint) = measure_other_data(directory, config, env, progress)
+    progress("whole processes, in turn: the floors, the pyarrow read, ope evaluate (warm)")
+    best = _interleaved(
+        config.rounds,
+        {
+            "floor": lambda: _run([python, "-c", FLOOR_CODE], env)[0],
+            "import_floor": lambda: _run([python, "-c", IMPORT_FLOOR_CODE], env)[0],
+            "pyarrow": lambda: _run([python, "-c", PYARROW_CODE, data, ",".join(columns)], env)[0],
+            "pyarrow_floor": lambda: _run([python, "-c", PYARROW_FLOOR_CODE], env)[0],
+            "warm": lambda: _evaluate(data, checkpoint, batching, env),
+            "bandit": lambda: _evaluate(str(bandit_path), bandit_checkpoint, batching, env),
+        },
+    )
+    bandit_path.unlink()
+    floor, import_floor, warm = best["floor"], best["import_floor"], best["warm"]
+    read, above = best["pyarrow"] - best["pyarrow_floor"], warm["seconds"] - import_floor
     return {
         "import_jax_floor_seconds": floor,
         "import_floor_seconds": import_floor,
-        "pyarrow_read_seconds": pyarrow_seconds,
-        "import_pyarrow_floor_seconds": pyarrow_floor,
+        "pyarrow_read_seconds": best["pyarrow"],
+        "import_pyarrow_floor_seconds": best["pyarrow_floor"],
         "evaluate_cold_cache": cold,
         "evaluate_cold_cache_q": cold_q,
         "evaluate_warm_cache": warm,
         "other_lengths_warm_cache": other,
-        "bandit_warm_cache": bandit,
-        "bandit_over_floor_seconds": bandit["seconds"] - floor,
+        "bandit_warm_cache": {**best["bandit"], "steps": BANDIT_STEPS},
+        "bandit_over_floor_seconds": best["bandit"]["seconds"] - floor,
         # whether the processes read their modules' bytecode from the work directory's
         # cache, as an installed package's are (without it each compiles ope's modules)
         "bytecode_cached": any((directory / "bytecode").rglob("*.pyc")),
@@ -132,18 +144,19 @@ def measure_processes(
         # (tiny data: a floor measured slower than the whole warm run)
         "evaluate_over_pyarrow": above / read if read > 0 and above > 0 else None,
         "method": "wall time of each process as typed; the import floors (jax alone; jax, "
-        "numpy and pyarrow), the pyarrow floor and warm runs: fastest of several; one "
-        "compilation cache for every ope evaluate, empty before the first",
+        "numpy and pyarrow), the pyarrow read and its floor, ope evaluate warm and on a "
+        "bandit log: the fastest of several rounds, each round running every one of them in "
+        "turn; one compilation cache for every ope evaluate, empty before the first",
     }
 
 
 def measure_other_data(
     directory: Path, config: BenchConfig, env: dict, progress: Progress
-) -> tuple[dict, dict]:
-    """``ope evaluate`` on the warm cache of another dataset (other lengths) and of a
-    bandit log (the fastest of ``config.rounds``, its shape compiled first), each with its
-    step count. Both are generated, with a checkpoint of their sizes; with ``--data`` (a
-    cache warmed by other columns) one untimed run on generated data warms it first."""
+) -> tuple[dict, tuple[Path, str]]:
+    """``ope evaluate`` on the warm cache of another dataset (other lengths), with its step
+    count, and (a bandit log's path, a checkpoint of its sizes), its shape compiled into the
+    cache (``measure_processes`` times it). Both are generated; with ``--data`` (a cache
+    warmed by other columns) one untimed run on generated data warms it first."""
     batching, seed = config.batching, config.seed
     checkpoint = generated_checkpoint(directory, seed)
     if config.data is not None:
@@ -158,14 +171,12 @@ def measure_other_data(
     generate_data(other_path, other_lengths.size, seed + 9, lengths=other_lengths)
     progress("whole processes: another dataset (other lengths) on the warm cache")
     other = _evaluate(str(other_path), checkpoint, batching, env)
+    other_path.unlink()
     bandit_path = directory / "bandit.parquet"
     generate_data(bandit_path, BANDIT_STEPS, seed + 10, lengths=np.ones(BANDIT_STEPS, np.int64))
-    progress(f"whole processes: a {BANDIT_STEPS:,}-step bandit log")
-    _evaluate(str(bandit_path), checkpoint, batching, env)  # its shape into the cache
-    bandit = _fastest(config.rounds, lambda: _evaluate(str(bandit_path), checkpoint, batching, env))
-    for path in (other_path, bandit_path):
-        path.unlink()
-    return {**other, "steps": int(other_lengths.sum())}, {**bandit, "steps": BANDIT_STEPS}
+    progress(f"whole processes: a {BANDIT_STEPS:,}-step bandit log's shape into the cache")
+    _evaluate(str(bandit_path), checkpoint, batching, env)
+    return {**other, "steps": int(other_lengths.sum())}, (bandit_path, checkpoint)
 
 
 def measure_many_policies(
