@@ -93,8 +93,10 @@ class Transitions:
         return int(self.reward.shape[0])
 
     def next_of(self, values: np.ndarray) -> np.ndarray:
-        """``values`` [N, ...] of each step's next state (zeros where done): the next row's,
-        as ``next_row`` says, by one shifted copy rather than a gather (a third of the time)."""
+        """``values`` [N, ...] of each step's next state (zeros where done). A step that is
+        not its episode's last is followed by the next row (``next_row`` = row + 1 there, as
+        ``transitions`` builds it), so this is one shifted copy rather than a gather over
+        ``next_row`` (a third of the time)."""
         shifted = np.empty_like(values)
         shifted[:-1] = values[1:]
         shifted[-1:] = 0  # an episode's last step: done
