@@ -85,8 +85,9 @@ class LinearQ(FoldSums):
         order = np.argsort(key, kind="stable")
         bounds = np.searchsorted(key[order], np.arange(self.folds * actions + 1))
         xs, qs, rs = x[rows][order], psi[order], r[order]
-        for k in np.unique(fold):  # a handful of folds, not a loop over steps
-            mine = slice(bounds[k * actions], bounds[(k + 1) * actions])
+        fold_bounds = bounds[::actions]  # [folds + 1]: each fold's steps, one slice
+        for k in np.flatnonzero(np.diff(fold_bounds)):  # the folds with steps here
+            mine = slice(fold_bounds[k], fold_bounds[k + 1])
             q, rk = qs[mine], rs[mine]
             self.c_mat[k] += q.T @ q
             self.e[k] += q.T @ rk
