@@ -172,3 +172,29 @@ def test_zero_width_intervals_are_warned(tmp_path):
 
 def test_intervals_of_some_width_are_not_warned(result):
     assert not any("the interval has no width" in text for text in diagnostic_warnings(result))
+
+
+def test_a_zero_width_interval_from_a_spread_float64_lost_says_so(result):
+    """Rewards of 1e12 plus a spread of 1: uncentred sums can cancel the spread to 0 (the
+    estimate's note says so). The warning then names the constant that can hide a spread,
+    not only episodes that show none; an interval of no width without that note keeps the
+    plain message."""
+    from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
+    from ope_cli.report.warnings import ZERO_WIDTH, policy_warnings
+
+    policy = result.results[0]
+    note = f"{ZERO_TO_PRECISION}: any spread of the terms is below the rounding of their ..."
+    point = dataclasses.replace(policy.estimates["is"], value=1e12, stderr=0.0)
+    point = dataclasses.replace(point, ci_low=1e12, ci_high=1e12)
+
+    def message(estimate) -> str:
+        only = dataclasses.replace(policy, estimates={"is": estimate})
+        (warning,) = [w for w in policy_warnings(only, 2000) if w.code == ZERO_WIDTH]
+        return warning.message
+
+    hidden = message(dataclasses.replace(point, note=note))
+    assert "a constant far larger than their spread, in every value, hides" in hidden
+    assert "subtract it from the rewards" in hidden
+    plain = message(dataclasses.replace(point, note=None))
+    assert "show no spread in these values (each gives the same value, or one" in plain
+    assert "constant" not in plain

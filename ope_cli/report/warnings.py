@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
 from ope_cli.results import EvaluationResult, PolicyResult
 
 # Thresholds on the trajectory-weight diagnostics.
@@ -108,14 +109,20 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     ]
     if not names:
         return []
+    why = "each gives the same value, or one episode holds all the weight"
+    if any((policy.estimates[name].note or "").startswith(ZERO_TO_PRECISION) for name in names):
+        # the values' squares are far above their spread: float64 may have lost it
+        why += (
+            ", or a constant far larger than their spread, in every value, hides that "
+            "spread below float64's rounding (subtract it from the rewards)"
+        )
     return [
         warn(
             ZERO_WIDTH,
             f"{', '.join(names)}: the interval has no width: the standard error is 0, as "
-            f"the {episodes:,} episodes show no spread in these values (each gives the same "
-            "value, or one episode holds all the weight). That is not a certain value; more "
-            "episodes (or --horizon STEPS, for betting intervals where they apply) give an "
-            "honest interval.",
+            f"the {episodes:,} episodes show no spread in these values ({why}). That is not "
+            "a certain value; more episodes (or --horizon STEPS, for betting intervals where "
+            "they apply) give an honest interval.",
         )
     ]
 

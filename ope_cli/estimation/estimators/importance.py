@@ -137,6 +137,8 @@ RESOLVED = 1e-6  # a standard error that float64 sums resolve worse than this ge
 UNRESOLVED = 1e-3
 NOT_RESOLVED = "standard error not resolved"
 SUBTRACT = "subtract a constant from the rewards"
+# the note of a spread that cancelled to nothing: equal terms, or a spread below rounding
+ZERO_TO_PRECISION = "standard error 0 to float64's precision"
 
 
 def _resolution(lost: float, ratio: str) -> tuple[str | None, bool]:
@@ -162,8 +164,8 @@ def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | No
     spread = squares - (total / n) ** 2
     if spread <= 0:  # equal terms (a constant return) or a spread below the sums' rounding
         return (
-            "standard error 0 to float64's precision: any spread of the terms is below the "
-            "rounding of their squares' sum",
+            f"{ZERO_TO_PRECISION}: any spread of the terms is below the rounding of their "
+            "squares' sum",
             False,
         )
     lost = np.finfo(np.float64).eps * squares / spread
