@@ -137,3 +137,36 @@ def test_two_string_ids_of_one_key_are_never_one_episode(tmp_path, read_rows):
     pq.write_table(table, tmp_path / "logs.parquet")
     with pytest.raises(DataError, match="appears in more than one place"):
         list(open_episodes(DataConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows)))
+
+
+def _vector_logs(path, widths: list[int], first_id: int = 0) -> None:
+    """One-step episodes whose observations have the given lengths, in order."""
+    n = len(widths)
+    table = pa.table(
+        {
+            "episode_id": np.arange(first_id, first_id + n),
+            "step": np.zeros(n, np.int64),
+            "observation": pa.array([[0.5] * w for w in widths], pa.list_(pa.float64())),
+            "action": np.zeros(n, np.int64),
+            "reward": np.ones(n),
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, path)
+
+
+def test_vector_widths_are_the_whole_datas_in_every_share_of_its_files(tmp_path):
+    """The width observations are judged against is the usual one of the data's first
+    rows in file order, not of the first ones a process or a record batch reads: a
+    process given only the second file (all of width 2) still judges them by 3, and a few
+    odd first rows do not decide it."""
+    _vector_logs(tmp_path / "a.parquet", [2] * 5 + [3] * 300)
+    _vector_logs(tmp_path / "b.parquet", [2] * 50, first_id=1000)
+    stream = open_episodes(DataConfig(str(tmp_path)))
+    assert stream.vector_widths() == {"observation": 3}
+    (second,) = [f for f in stream.data.files if f.endswith("b.parquet")]
+    share = stream.restrict((second,))
+    assert share.vector_widths() == {"observation": 3}
+    assert share.assembler().converter.dims["observation"] == 3
+    alone = open_episodes(DataConfig(str(tmp_path / "b.parquet")))
+    assert alone.vector_widths() == {"observation": 2}

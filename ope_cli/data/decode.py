@@ -157,20 +157,21 @@ def list_lengths(array: pa.Array) -> np.ndarray:
 def vectors(
     array: pa.Array, column: str, at: Where, dim: int | None, role: str = "observation"
 ) -> np.ndarray:
-    """[n, d] floats from a column of number lists of length ``dim`` (None: the batch's usual
-    length). Another length is a DataError, or (with flags) a marked row of zeros. Float32
-    vectors stay float32 (the kernel casts on the device: half the host copies and transfer)."""
+    """[n, d] floats from a column of number lists of length ``dim`` (None: the length of
+    the batch's first non-null list). Another length is a DataError, or (with flags) a
+    marked row of zeros. Float32 vectors stay float32 (the kernel casts on the device: half
+    the host copies and transfer)."""
     reason = null_reason(role)
     values, lengths, null_rows = list_parts(array, column, at, reason)
     dtype = np.float32 if pa.types.is_float32(values.type) else np.float64
     n = len(lengths)
     if null_rows is None:
         null_rows = np.zeros(n, bool)
-    usable = lengths[~null_rows]
-    if dim is None:
+    if dim is None:  # only without a decided width (StepConverter passes the data's)
+        usable = lengths[~null_rows]
         if usable.size == 0:
             return np.zeros((n, 0))
-        dim = int(usable[0]) if (usable == usable[0]).all() else int(np.bincount(usable).argmax())
+        dim = int(usable[0])
     ragged = (lengths != dim) & ~null_rows
     starts = np.cumsum(lengths) - lengths
 
@@ -206,12 +207,18 @@ def log_probability(array: np.ndarray, is_log: bool) -> np.ndarray:
 
 class StepConverter:
     """The schema's per-step columns of one dataset -> ``Steps`` of [n] NumPy arrays.
-    Probabilities stay as logged (validation reads them so); vector sizes are set by the
-    first rows and kept for the rest of the dataset."""
+    Probabilities stay as logged (validation reads them so); vector sizes are decided once
+    for the whole dataset (``widths``: ``episode_stream.vector_widths``, whatever the record
+    batches), else by the first non-null vector read, and kept."""
 
-    def __init__(self, schema: DataSchema):
+    def __init__(self, schema: DataSchema, widths: dict[str, int | None] | None = None):
         self.schema = schema
-        self.dims: dict[str, int | None] = {"observation": schema.observation_dim, "action": None}
+        widths = widths or {}
+        # decided once for the whole dataset (episode_stream.vector_widths), never per batch
+        self.dims: dict[str, int | None] = {
+            "observation": schema.observation_dim or widths.get("observation"),
+            "action": widths.get("action"),
+        }
 
     @property
     def behavior_role(self) -> str:
@@ -288,9 +295,9 @@ class StepConverter:
         return numbers(array, self.column("action"), np.float64, at, "null_action")
 
     def _vectors(self, array: pa.Array, role: str, at: Where) -> np.ndarray:
-        # The first rows set the size; later batches' other sizes are ragged rows.
+        # The dataset's size (or, without one, the first vector read's); others are ragged.
         matrix = vectors(array, self.column(role), at, self.dims[role], role)
-        if len(matrix) and self.dims[role] is None:
+        if self.dims[role] is None and matrix.shape[1]:  # a batch of nulls decides nothing
             self.dims[role] = matrix.shape[1]
         return matrix
 

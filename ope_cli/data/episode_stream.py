@@ -13,11 +13,16 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Literal
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, DataSchema, resolve_schema
+from ope_cli.data.decode import list_lengths, plain
 from ope_cli.data.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
 from ope_cli.data.sources import Dataset, SourcedBatch, iter_batches, open_dataset
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, OpeError
 
 # Whether a probability column (logged target or behavior probabilities) is read:
 # required (a DataError without one), if_present (read when the data has a column of that
@@ -64,6 +69,10 @@ class EpisodeStream:
     data: Dataset
     schema: DataSchema
     chunk_checks: ChunkChecks | None = None
+    # role -> the length every vector of that role must have (``vector_widths``; None:
+    # looked up when first needed); ``restrict`` keeps the whole data's, so every process
+    # and every --read-rows judges the same rows ragged
+    widths: dict[str, int | None] | None = None
 
     @property
     def source(self) -> str:
@@ -76,7 +85,13 @@ class EpisodeStream:
     def assembler(self) -> EpisodeAssembler:
         """A fresh assembler of this stream's episodes (its counts, drops and seen ids
         cover the record batches given to its ``chunks``)."""
-        return EpisodeAssembler(self.schema, self.config.on_invalid, self.chunk_checks)
+        return EpisodeAssembler(
+            self.schema, self.config.on_invalid, self.chunk_checks, self.vector_widths()
+        )
+
+    def vector_widths(self) -> dict[str, int | None]:
+        """The vector roles' lengths, decided once for the whole data (``vector_widths``)."""
+        return self.widths if self.widths is not None else vector_widths(self.data, self.schema)
 
     def record_batches(self) -> Iterator[SourcedBatch]:
         """The record batches of one pass, file by file, with the role columns only."""
@@ -88,13 +103,16 @@ class EpisodeStream:
 
     def restrict(self, files: tuple[str, ...]) -> EpisodeStream:
         """The same stream over a subset of the files (a process's share, the files left)."""
-        return dataclasses.replace(self, data=self.data.restrict(files))
+        return dataclasses.replace(
+            self, data=self.data.restrict(files), widths=self.vector_widths()
+        )
 
     def reconfigured(self, **changes) -> EpisodeStream:
         """The same opened data read with other ``DataConfig`` fields (columns re-resolved);
         raises DataError as ``open_episodes``."""
         config = dataclasses.replace(self.config, **changes)
-        return dataclasses.replace(self, config=config, schema=resolve_columns(self.data, config))
+        schema = resolve_columns(self.data, config)
+        return dataclasses.replace(self, config=config, schema=schema, widths=None)
 
 
 def open_episodes(config: DataConfig) -> EpisodeStream:
@@ -102,6 +120,53 @@ def open_episodes(config: DataConfig) -> EpisodeStream:
     DataError (no such data, unreadable, a required column missing or of the wrong type)."""
     data = open_dataset(config.source)
     return EpisodeStream(config, data, resolve_columns(data, config))
+
+
+# the data's first non-null vectors (in file order) whose usual length is every vector's
+PEEK_VECTORS = 256
+
+
+def vector_widths(data: Dataset, schema: DataSchema) -> dict[str, int | None]:
+    """{role: length} of the variable-length vector roles (observation, vector actions):
+    the most common length among the data's first PEEK_VECTORS non-null vectors of that
+    role in file order (the shortest where two are as common; None: none found). Decided
+    once, from rows that do not depend on --read-rows or on a process's share of the files,
+    and robust to a few odd first rows."""
+    roles = [
+        role
+        for role, vector in (
+            ("observation", schema.observation_kind == "vector" and not schema.observation_dim),
+            ("action", schema.action_is_vector),
+        )
+        if vector and role in schema.columns
+    ]
+    return {role: _usual_width(data, schema, schema.columns[role]) for role in roles}
+
+
+def _usual_width(data: Dataset, schema: DataSchema, column: str) -> int | None:
+    """``vector_widths`` of one column: reads that column only, until PEEK_VECTORS non-null
+    vectors are found; a file that cannot be read is skipped (the pass over the data
+    reports it)."""
+    lengths: list[np.ndarray] = []
+    found = 0
+    for file in data.files:
+        try:
+            # the Dataset's own reader: a look at one column, not a pass over the data
+            for sourced in data.restrict((file,)).iter_batches([column], PEEK_VECTORS):
+                array = plain(sourced.batch.column(0))
+                if schema.layout == "episode":  # one list of steps per row
+                    array = plain(pc.list_flatten(array))
+                lengths.append(list_lengths(array.filter(pc.is_valid(array))))
+                found += lengths[-1].size
+                if found >= PEEK_VECTORS:
+                    break
+        except (OpeError, OSError, pa.ArrowException):
+            continue
+        if found >= PEEK_VECTORS:
+            break
+    if not found:
+        return None
+    return int(np.bincount(np.concatenate(lengths)[:PEEK_VECTORS]).argmax())
 
 
 def resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:

@@ -170,11 +170,12 @@ class EpisodeAssembler:
         schema: DataSchema,
         on_invalid: OnInvalid | str = "error",
         chunk_checks: ChunkChecks | None = None,
+        widths: dict[str, int | None] | None = None,
     ):
         self.schema = schema
         self.validation = Validation(on_invalid)
         self.chunk_checks = chunk_checks
-        self.converter = StepConverter(schema)
+        self.converter = StepConverter(schema, widths)
         # the rows of an episode that may continue in the next record batch, in parts: a long
         # episode is joined once when it ends, not again with every batch it spans
         self._carry: list[_Rows] = []
