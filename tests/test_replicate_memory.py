@@ -37,8 +37,24 @@ def test_the_bytes_grow_with_replicates_sums_policies_and_steps():
 def test_this_machine_has_a_memory_size(monkeypatch):
     size = machine_memory()
     assert size is not None and size > 2**20
-    monkeypatch.setattr(replicate_memory, "_CGROUP_LIMIT", Path("/nonexistent/memory.max"))
+    monkeypatch.setattr(replicate_memory, "_CGROUP_LIMITS", (Path("/nonexistent/memory.max"),))
     assert machine_memory() >= size  # a container's limit only ever lowers it
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="no sysconf: the size is unknown")
+def test_a_containers_limit_is_read_from_cgroup_v2_or_v1(monkeypatch, tmp_path):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(replicate_memory, "_CGROUP_LIMITS", (v2, v1))
+    physical = machine_memory()  # neither file: the physical memory
+    v1.write_text(f"{2**30}\n")
+    assert machine_memory() == min(physical, 2**30)  # cgroup v1 only
+    v2.write_text("max\n")  # v2 without a limit: v1's
+    assert machine_memory() == min(physical, 2**30)
+    v2.write_text(f"{2**29}\n")  # v2's own limit first
+    assert machine_memory() == min(physical, 2**29)
+    v2.unlink()
+    v1.write_text("9223372036854771712\n")  # cgroup v1's "no limit"
+    assert machine_memory() == physical
 
 
 def test_a_check_refuses_only_past_the_machines_memory(monkeypatch):

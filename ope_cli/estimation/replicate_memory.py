@@ -20,21 +20,27 @@ from ope_cli.errors import UsageError
 # replicates of WPDIS's two sums over a 1,000,000-step episode: 17.5 bytes).
 REPLICATE_STEP_BYTES = 18
 
-_CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a container's limit (cgroup v2 only)
+# a container's limit: cgroup v2's file ("max": none), else cgroup v1's (a huge number: none)
+_CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
 
 
 def machine_memory() -> int | None:
     """Bytes of memory this process can have at most: the physical memory, or a
-    container's (cgroup v2) limit where lower; None where neither is known."""
+    container's limit (cgroup v2 or v1) where lower; None where neither is known."""
     sizes = []
     try:
         sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):
         pass
-    try:
-        sizes.append(int(_CGROUP_LIMIT.read_text().strip()))
-    except (OSError, ValueError):  # no such file, or "max": no limit
-        pass
+    for limit in _CGROUP_LIMITS:
+        try:
+            sizes.append(int(limit.read_text().strip()))
+            break
+        except (OSError, ValueError):  # no such file, or "max": no limit
+            continue
     sizes = [size for size in sizes if size > 0]
     return min(sizes) if sizes else None
 
