@@ -35,7 +35,7 @@ def test_vectors_mark_ragged_rows_as_zeros():
     matrix = vectors(array, "obs", Where("f", locate, flags), None)
     np.testing.assert_array_equal(matrix, [[1, 2], [0, 0], [4, 5]])
     assert flags[1] == 1 << READ_FLAGS.index("ragged_observation")
-    with pytest.raises(DataError, match="vector of length 1, but the other vectors have length 2"):
+    with pytest.raises(DataError, match="vector of length 1, but the data.s vectors have length 2"):
         vectors(array, "obs", Where("f", locate), None)
 
 
@@ -55,3 +55,21 @@ def test_numbers_read_whole_floats_as_integers_and_refuse_fractions():
             r"whole numbers are expected.*1 such value",
         ):
             numbers(pa.array([1.0, bad]), "a", np.int64, Where("f", locate), "null_action")
+
+
+def test_vectors_without_a_width_take_the_first_non_null_ones():
+    """Without the data's width (``StepConverter`` is normally given it), a batch's first
+    non-null vector sets it, whatever most of the batch holds; a batch of nulls sets none."""
+    flags = np.zeros(4, np.uint16)
+    array = pa.array([None, [1.0, 2.0, 3.0], [4.0, 5.0], [6.0, 7.0]])
+    matrix = vectors(array, "obs", Where("f", locate, flags), None)
+    assert matrix.shape == (4, 3)
+    ragged = 1 << READ_FLAGS.index("ragged_observation")
+    np.testing.assert_array_equal(flags & ragged, [0, 0, ragged, ragged])
+    nulls = vectors(
+        pa.array([None, None], pa.list_(pa.float64())),
+        "obs",
+        Where("f", locate, np.zeros(2, np.uint16)),
+        None,
+    )
+    assert nulls.shape == (2, 0)

@@ -170,3 +170,18 @@ def test_vector_widths_are_the_whole_datas_in_every_share_of_its_files(tmp_path)
     assert share.assembler().converter.dims["observation"] == 3
     alone = open_episodes(DataConfig(str(tmp_path / "b.parquet")))
     assert alone.vector_widths() == {"observation": 2}
+
+
+def test_vector_widths_are_read_once_and_kept_by_reconfigured(tmp_path, monkeypatch):
+    from ope_cli.data import episode_stream
+
+    _vector_logs(tmp_path / "a.parquet", [3] * 30)
+    lookups = []
+    lookup = episode_stream.vector_widths
+    monkeypatch.setattr(episode_stream, "vector_widths", lambda *a: lookups.append(1) or lookup(*a))
+    stream = open_episodes(DataConfig(str(tmp_path)))
+    stream.assembler(), stream.assembler(), list(stream)
+    share = stream.restrict(stream.data.files)
+    again = stream.reconfigured(read_rows=7)  # the same vector columns: the same widths
+    assert share.widths == again.widths == stream.widths == {"observation": 3}
+    assert len(lookups) == 1

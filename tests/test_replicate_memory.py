@@ -50,8 +50,8 @@ def test_a_containers_limit_is_read_from_cgroup_v2_or_v1(monkeypatch, tmp_path):
     assert machine_memory() == min(physical, 2**30)  # cgroup v1 only
     v2.write_text("max\n")  # v2 without a limit: v1's
     assert machine_memory() == min(physical, 2**30)
-    v2.write_text(f"{2**29}\n")  # v2's own limit first
-    assert machine_memory() == min(physical, 2**29)
+    v2.write_text(f"{2**31}\n")  # v2's own limit first, even above v1's
+    assert machine_memory() == min(physical, 2**31)
     v2.unlink()
     v1.write_text("9223372036854771712\n")  # cgroup v1's "no limit"
     assert machine_memory() == physical

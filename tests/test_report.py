@@ -193,8 +193,11 @@ def test_a_zero_width_interval_from_a_spread_float64_lost_says_so(result):
         return warning.message
 
     hidden = message(dataclasses.replace(point, note=note))
-    assert "a constant far larger than their spread, in every value, hides" in hidden
-    assert "subtract it from the rewards" in hidden
+    assert hidden.endswith(
+        "For is, float64 may also have lost a spread: their values share a constant far "
+        "larger than it (in every reward, say); subtracting it from the rewards shows "
+        "whether there is one."
+    )
     plain = message(dataclasses.replace(point, note=None))
     assert "show no spread in these values (each gives the same value, or one" in plain
     assert "constant" not in plain

@@ -184,7 +184,7 @@ def vectors(
             episode, step = at.locate(int(bad[0]))
             raise DataError(
                 f"{where(at.file, episode, step)}column {column!r} holds a vector of length "
-                f"{int(lengths[bad[0]])}, but the other vectors have length {dim} "
+                f"{int(lengths[bad[0]])}, but the data's vectors have length {dim} "
                 f"({bad.size} ragged row(s) in this batch)"
             )
         at.mark(f"ragged_{role}", bad)
@@ -209,7 +209,7 @@ class StepConverter:
     """The schema's per-step columns of one dataset -> ``Steps`` of [n] NumPy arrays.
     Probabilities stay as logged (validation reads them so); vector sizes are decided once
     for the whole dataset (``widths``: ``episode_stream.vector_widths``, whatever the record
-    batches), else by the first non-null vector read, and kept."""
+    batches), else by the first batch read, and kept."""
 
     def __init__(self, schema: DataSchema, widths: dict[str, int | None] | None = None):
         self.schema = schema
@@ -295,9 +295,10 @@ class StepConverter:
         return numbers(array, self.column("action"), np.float64, at, "null_action")
 
     def _vectors(self, array: pa.Array, role: str, at: Where) -> np.ndarray:
-        # The dataset's size (or, without one, the first vector read's); others are ragged.
+        # The dataset's size (``widths``; without them, the first batch's, 0 for a batch of
+        # nulls, so that every batch's rows have one shape); others are ragged.
         matrix = vectors(array, self.column(role), at, self.dims[role], role)
-        if self.dims[role] is None and matrix.shape[1]:  # a batch of nulls decides nothing
+        if len(matrix) and self.dims[role] is None:
             self.dims[role] = matrix.shape[1]
         return matrix
 
@@ -314,7 +315,7 @@ class StepConverter:
                 yield Check(
                     reason,
                     f"column {self.column(role)!r} holds a vector whose length is not "
-                    f"{self.dims[role]}, the length of the other {role} vectors",
+                    f"{self.dims[role]}, the data's length of {role} vectors",
                     bad,
                 )
 

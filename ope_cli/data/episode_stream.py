@@ -70,7 +70,7 @@ class EpisodeStream:
     schema: DataSchema
     chunk_checks: ChunkChecks | None = None
     # role -> the length every vector of that role must have (``vector_widths``; None:
-    # looked up when first needed); ``restrict`` keeps the whole data's, so every process
+    # not looked up yet, then kept); ``restrict`` keeps the whole data's, so every process
     # and every --read-rows judges the same rows ragged
     widths: dict[str, int | None] | None = None
 
@@ -84,14 +84,18 @@ class EpisodeStream:
 
     def assembler(self) -> EpisodeAssembler:
         """A fresh assembler of this stream's episodes (its counts, drops and seen ids
-        cover the record batches given to its ``chunks``)."""
+        cover the record batches given to its ``chunks``); the first one reads the start
+        of the data for the vector widths (``vector_widths``)."""
         return EpisodeAssembler(
             self.schema, self.config.on_invalid, self.chunk_checks, self.vector_widths()
         )
 
     def vector_widths(self) -> dict[str, int | None]:
-        """The vector roles' lengths, decided once for the whole data (``vector_widths``)."""
-        return self.widths if self.widths is not None else vector_widths(self.data, self.schema)
+        """The vector roles' lengths, decided once for the whole data (``vector_widths``:
+        the first call reads the start of the data; later ones reuse it)."""
+        if self.widths is None:  # a cache on a frozen record: computed once, then kept
+            object.__setattr__(self, "widths", vector_widths(self.data, self.schema))
+        return self.widths
 
     def record_batches(self) -> Iterator[SourcedBatch]:
         """The record batches of one pass, file by file, with the role columns only."""
@@ -102,17 +106,25 @@ class EpisodeStream:
         return dataclasses.replace(self, chunk_checks=chunk_checks)
 
     def restrict(self, files: tuple[str, ...]) -> EpisodeStream:
-        """The same stream over a subset of the files (a process's share, the files left)."""
+        """The same stream over a subset of the files (a process's share, the files left),
+        with the whole data's vector widths (read from its start here if not yet)."""
         return dataclasses.replace(
             self, data=self.data.restrict(files), widths=self.vector_widths()
         )
 
     def reconfigured(self, **changes) -> EpisodeStream:
-        """The same opened data read with other ``DataConfig`` fields (columns re-resolved);
-        raises DataError as ``open_episodes``."""
+        """The same opened data read with other ``DataConfig`` fields (columns re-resolved;
+        the vector widths kept while the vector columns are the same, else looked up again
+        from this stream's files: reconfigure before ``restrict``); raises DataError as
+        ``open_episodes``."""
         config = dataclasses.replace(self.config, **changes)
         schema = resolve_columns(self.data, config)
-        return dataclasses.replace(self, config=config, schema=schema, widths=None)
+        same = (schema.layout, _vector_columns(schema)) == (
+            self.schema.layout,
+            _vector_columns(self.schema),
+        )
+        widths = self.widths if same else None
+        return dataclasses.replace(self, config=config, schema=schema, widths=widths)
 
 
 def open_episodes(config: DataConfig) -> EpisodeStream:
@@ -132,15 +144,23 @@ def vector_widths(data: Dataset, schema: DataSchema) -> dict[str, int | None]:
     role in file order (the shortest where two are as common; None: none found). Decided
     once, from rows that do not depend on --read-rows or on a process's share of the files,
     and robust to a few odd first rows."""
-    roles = [
-        role
-        for role, vector in (
-            ("observation", schema.observation_kind == "vector" and not schema.observation_dim),
-            ("action", schema.action_is_vector),
-        )
-        if vector and role in schema.columns
-    ]
-    return {role: _usual_width(data, schema, schema.columns[role]) for role in roles}
+    return {
+        role: _usual_width(data, schema, column) for role, column in _vector_columns(schema).items()
+    }
+
+
+def _vector_columns(schema: DataSchema) -> dict[str, str]:
+    """{role: column} of the roles held as variable-length vectors (a fixed-size list's
+    observation has its size in the schema)."""
+    vector = {
+        "observation": schema.observation_kind == "vector" and not schema.observation_dim,
+        "action": schema.action_is_vector,
+    }
+    return {
+        role: schema.columns[role]
+        for role, is_vector in vector.items()
+        if is_vector and role in schema.columns
+    }
 
 
 def _usual_width(data: Dataset, schema: DataSchema, column: str) -> int | None:

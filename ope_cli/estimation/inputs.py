@@ -82,8 +82,10 @@ class EvaluationInputs:
 
 def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> EvaluationInputs:
     """Opens the data of ``config`` and loads its policies, behavior policy and Q sources,
-    checked against the data's columns; no row is read. ``process`` = (process id, number
-    of processes): this process's share of the files. Raises OpeError subclasses."""
+    checked against the data's columns; no row is read but, with several processes, the
+    data's first vectors (the widths every share judges vectors by). ``process`` = (process
+    id, number of processes): this process's share of the files. Raises OpeError
+    subclasses."""
     policies: list[Policy] = load_policies(config.policies) or [logged_policy()]
     episodes = open_episodes(data_config(config))
     schema = episodes.schema

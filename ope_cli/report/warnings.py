@@ -99,7 +99,9 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
 def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
     """Intervals of no width from two episodes or more: every episode gave the same value
     (all returns 0, a Q-hat of 0 everywhere) or one episode holds all the weight, so the
-    standard error is 0 and the interval states a certainty that a sample cannot give."""
+    standard error is 0 and the interval states a certainty that a sample cannot give.
+    Where an estimate's standard error is 0 only to float64's precision (its note says
+    so), a constant far above the values' spread may also have hidden that spread."""
     if episodes < 2:
         return []
     names = [
@@ -109,22 +111,21 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     ]
     if not names:
         return []
-    why = "each gives the same value, or one episode holds all the weight"
-    if any((policy.estimates[name].note or "").startswith(ZERO_TO_PRECISION) for name in names):
-        # the values' squares are far above their spread: float64 may have lost it
-        why += (
-            ", or a constant far larger than their spread, in every value, hides that "
-            "spread below float64's rounding (subtract it from the rewards)"
+    message = (
+        f"{', '.join(names)}: the interval has no width: the standard error is 0, as the "
+        f"{episodes:,} episodes show no spread in these values (each gives the same value, "
+        "or one episode holds all the weight). That is not a certain value; more episodes "
+        "(or --horizon STEPS, for betting intervals where they apply) give an honest "
+        "interval."
+    )
+    lost = [n for n in names if (policy.estimates[n].note or "").startswith(ZERO_TO_PRECISION)]
+    if lost:
+        message += (
+            f" For {', '.join(lost)}, float64 may also have lost a spread: their values "
+            "share a constant far larger than it (in every reward, say); subtracting it "
+            "from the rewards shows whether there is one."
         )
-    return [
-        warn(
-            ZERO_WIDTH,
-            f"{', '.join(names)}: the interval has no width: the standard error is 0, as "
-            f"the {episodes:,} episodes show no spread in these values ({why}). That is not "
-            "a certain value; more episodes (or --horizon STEPS, for betting intervals where "
-            "they apply) give an honest interval.",
-        )
-    ]
+    return [warn(ZERO_WIDTH, message)]
 
 
 def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
