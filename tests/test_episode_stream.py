@@ -185,3 +185,24 @@ def test_vector_widths_are_read_once_and_kept_by_reconfigured(tmp_path, monkeypa
     again = stream.reconfigured(read_rows=7)  # the same vector columns: the same widths
     assert share.widths == again.widths == stream.widths == {"observation": 3}
     assert len(lookups) == 1
+
+
+def test_vector_widths_of_the_episode_layout_count_steps(tmp_path):
+    """In the episode layout a row holds an episode's list of step vectors: the usual
+    length is over the steps (a first episode of a few odd steps does not decide it)."""
+    from datasets import episode_layout_table
+
+    rng = np.random.default_rng(5)
+    episodes = random_episodes(rng, 30, median_length=12, max_length=40)
+    table = episode_layout_table(episodes)
+    index = table.column_names.index("observations")
+    observations = table.column("observations").to_pylist()
+    observations[0] = [step[:-1] for step in observations[0][:3]] + observations[0][3:]
+    table = table.set_column(
+        index, "observations", pa.array(observations, pa.list_(pa.list_(pa.float64())))
+    )
+    pq.write_table(table, tmp_path / "episodes.parquet")
+    stream = open_episodes(DataConfig(str(tmp_path / "episodes.parquet")))
+    assert stream.schema.layout == "episode"
+    width = len(episodes[0]["observation"][0])
+    assert stream.vector_widths() == {"observation": width}
