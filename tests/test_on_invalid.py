@@ -446,43 +446,34 @@ def _check_ragged(run, episodes, target, left_out, reason):
 
 @pytest.mark.parametrize("read_rows", RAGGED_READ_ROWS)
 @pytest.mark.parametrize("logged", [False, True], ids=["checkpoint", "logged_target"])
-def test_drop_of_ragged_observations_does_not_depend_on_read_rows(
-    ope_in_process, ragged_case, read_rows, logged
+@pytest.mark.parametrize(
+    ("data", "left_out", "reason"),
+    [
+        ("ragged.parquet", RAGGED, "ragged_observation"),
+        ("null_head.parquet", (0, 1), "null_observation"),
+    ],
+    ids=["ragged", "null_head"],
+)
+def test_what_drop_leaves_out_does_not_depend_on_read_rows(
+    ope_in_process, ragged_case, read_rows, logged, data, left_out, reason
 ):
-    """The size-2 episodes are dropped and the rest evaluated, however the rows are cut
-    (it was: --read-rows 7 made 2 the size; the checkpoint run then stopped at a size
-    mismatch, and with logged target probabilities 36 size-3 episodes were dropped instead)."""
+    """The data's observation width is decided once (``episode_stream.vector_widths``).
+    ragged: the size-2 episodes are dropped and the rest evaluated, however the rows are
+    cut (--read-rows 7 made 2 the size: the checkpoint run stopped at a size mismatch, and
+    with logged target probabilities 36 size-3 episodes were dropped instead). null_head:
+    null observations in the first record batch are dropped as such (a batch of nulls set
+    the width to 0, and every later observation was ragged)."""
     tmp_path, episodes, target, policy = ragged_case
     run = _evaluate_ragged(
         ope_in_process,
-        tmp_path / "ragged.parquet",
+        tmp_path / data,
         None if logged else policy,
         "--on-invalid",
         "drop",
         "--read-rows",
         str(read_rows),
     )
-    _check_ragged(run, episodes, target, RAGGED, "ragged_observation")
-
-
-@pytest.mark.parametrize("read_rows", RAGGED_READ_ROWS)
-@pytest.mark.parametrize("logged", [False, True], ids=["checkpoint", "logged_target"])
-def test_null_observations_first_do_not_set_the_width(
-    ope_in_process, ragged_case, read_rows, logged
-):
-    """Null observations in the first record batch leave the width to the first non-null
-    one (a batch of nulls set it to 0 and every later observation is 'ragged')."""
-    tmp_path, episodes, target, policy = ragged_case
-    run = _evaluate_ragged(
-        ope_in_process,
-        tmp_path / "null_head.parquet",
-        None if logged else policy,
-        "--on-invalid",
-        "drop",
-        "--read-rows",
-        str(read_rows),
-    )
-    _check_ragged(run, episodes, target, (0, 1), "null_observation")
+    _check_ragged(run, episodes, target, left_out, reason)
 
 
 def test_ragged_error_names_the_same_row_whatever_the_batches(ope_in_process, ragged_case):
