@@ -163,13 +163,13 @@ def test_vector_widths_are_the_whole_datas_in_every_share_of_its_files(tmp_path)
     _vector_logs(tmp_path / "a.parquet", [2] * 5 + [3] * 300)
     _vector_logs(tmp_path / "b.parquet", [2] * 50, first_id=1000)
     stream = open_episodes(DataConfig(str(tmp_path)))
-    assert stream.vector_widths() == {"observation": 3}
+    assert stream.widths == {"observation": 3}
     (second,) = [f for f in stream.data.files if f.endswith("b.parquet")]
     share = stream.restrict((second,))
-    assert share.vector_widths() == {"observation": 3}
+    assert share.widths == {"observation": 3}
     assert share.assembler().converter.dims["observation"] == 3
     alone = open_episodes(DataConfig(str(tmp_path / "b.parquet")))
-    assert alone.vector_widths() == {"observation": 2}
+    assert alone.widths == {"observation": 2}
 
 
 def test_vector_widths_are_read_once_and_kept_by_reconfigured(tmp_path, monkeypatch):
@@ -180,10 +180,11 @@ def test_vector_widths_are_read_once_and_kept_by_reconfigured(tmp_path, monkeypa
     lookup = episode_stream.vector_widths
     monkeypatch.setattr(episode_stream, "vector_widths", lambda *a: lookups.append(1) or lookup(*a))
     stream = open_episodes(DataConfig(str(tmp_path)))
-    stream.assembler(), stream.assembler(), list(stream)
-    share = stream.restrict(stream.data.files)
+    checked = stream.with_checks(None)  # a copy for each pass: the widths come along
+    stream.assembler(), checked.assembler(), list(stream), list(checked)
+    share = checked.restrict(stream.data.files)
     again = stream.reconfigured(read_rows=7)  # the same vector columns: the same widths
-    assert share.widths == again.widths == stream.widths == {"observation": 3}
+    assert share.widths == again.widths == checked.widths == {"observation": 3}
     assert len(lookups) == 1
 
 
@@ -205,4 +206,4 @@ def test_vector_widths_of_the_episode_layout_count_steps(tmp_path):
     stream = open_episodes(DataConfig(str(tmp_path / "episodes.parquet")))
     assert stream.schema.layout == "episode"
     width = len(episodes[0]["observation"][0])
-    assert stream.vector_widths() == {"observation": width}
+    assert stream.widths == {"observation": width}

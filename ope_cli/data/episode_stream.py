@@ -62,17 +62,26 @@ class EpisodeStream:
     in file order, with ``chunk_checks`` (policy ranges, bounds) added to the validation.
 
     ``data`` (the Dataset: files, schema, declared bounds) and ``schema`` (the roles) are
-    known before any row is read.
+    known before any row is read; ``widths`` (``vector_widths``) from the data's first
+    vectors, when episodes are first read.
     """
 
     config: DataConfig
     data: Dataset
     schema: DataSchema
     chunk_checks: ChunkChecks | None = None
-    # role -> the length every vector of that role must have (``vector_widths``; None:
-    # not looked up yet, then kept); ``restrict`` keeps the whole data's, so every process
-    # and every --read-rows judges the same rows ragged
-    widths: dict[str, int | None] | None = None
+    # holds "widths" once read: one dict shared by every stream made from this one (other
+    # checks, a process's share), so the data's start is read once, and every process and
+    # every --read-rows judges the same rows ragged
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def widths(self) -> dict[str, int | None]:
+        """{role: length} every vector of that role must have (``vector_widths``: read from
+        the data's start the first time any stream sharing this one's needs it)."""
+        if "widths" not in self._cache:
+            self._cache["widths"] = vector_widths(self.data, self.schema)
+        return self._cache["widths"]
 
     @property
     def source(self) -> str:
@@ -84,18 +93,8 @@ class EpisodeStream:
 
     def assembler(self) -> EpisodeAssembler:
         """A fresh assembler of this stream's episodes (its counts, drops and seen ids
-        cover the record batches given to its ``chunks``); the first one reads the start
-        of the data for the vector widths (``vector_widths``)."""
-        return EpisodeAssembler(
-            self.schema, self.config.on_invalid, self.chunk_checks, self.vector_widths()
-        )
-
-    def vector_widths(self) -> dict[str, int | None]:
-        """The vector roles' lengths, decided once for the whole data (``vector_widths``:
-        the first call reads the start of the data; later ones reuse it)."""
-        if self.widths is None:  # a cache on a frozen record: computed once, then kept
-            object.__setattr__(self, "widths", vector_widths(self.data, self.schema))
-        return self.widths
+        cover the record batches given to its ``chunks``)."""
+        return EpisodeAssembler(self.schema, self.config.on_invalid, self.chunk_checks, self.widths)
 
     def record_batches(self) -> Iterator[SourcedBatch]:
         """The record batches of one pass, file by file, with the role columns only."""
@@ -107,14 +106,13 @@ class EpisodeStream:
 
     def restrict(self, files: tuple[str, ...]) -> EpisodeStream:
         """The same stream over a subset of the files (a process's share, the files left),
-        with the whole data's vector widths (read from its start here if not yet)."""
-        return dataclasses.replace(
-            self, data=self.data.restrict(files), widths=self.vector_widths()
-        )
+        with the whole data's vector widths (read here if not yet)."""
+        _ = self.widths  # read from the whole data before the share, which keeps them
+        return dataclasses.replace(self, data=self.data.restrict(files))
 
     def reconfigured(self, **changes) -> EpisodeStream:
         """The same opened data read with other ``DataConfig`` fields (columns re-resolved;
-        the vector widths kept while the vector columns are the same, else looked up again
+        the vector widths shared while the vector columns are the same, else read again
         from this stream's files: reconfigure before ``restrict``); raises DataError as
         ``open_episodes``."""
         config = dataclasses.replace(self.config, **changes)
@@ -123,8 +121,8 @@ class EpisodeStream:
             self.schema.layout,
             _vector_columns(self.schema),
         )
-        widths = self.widths if same else None
-        return dataclasses.replace(self, config=config, schema=schema, widths=widths)
+        cache = self._cache if same else {}
+        return dataclasses.replace(self, config=config, schema=schema, _cache=cache)
 
 
 def open_episodes(config: DataConfig) -> EpisodeStream:
@@ -143,9 +141,37 @@ def vector_widths(data: Dataset, schema: DataSchema) -> dict[str, int | None]:
     the most common length among the data's first PEEK_VECTORS non-null vectors of that
     role in file order (the shortest where two are as common; None: none found). Decided
     once, from rows that do not depend on --read-rows or on a process's share of the files,
-    and robust to a few odd first rows."""
+    and robust to a few odd first rows. Reads those columns only, in one pass from the
+    start until each has PEEK_VECTORS; a file that cannot be read is skipped (the pass over
+    the data reports it)."""
+    columns = _vector_columns(schema)
+    lengths: dict[str, list[np.ndarray]] = {role: [] for role in columns}
+
+    def found(role: str) -> int:
+        return sum(part.size for part in lengths[role])
+
+    for file in data.files:
+        if all(found(role) >= PEEK_VECTORS for role in columns):
+            break
+        try:
+            # the Dataset's own reader: a look at a few columns, not a pass over the data
+            for sourced in data.restrict((file,)).iter_batches(
+                list(columns.values()), PEEK_VECTORS
+            ):
+                for role, column in columns.items():
+                    array = plain(sourced.batch.column(column))
+                    if schema.layout == "episode":  # one list of steps per row
+                        array = plain(pc.list_flatten(array))
+                    lengths[role].append(list_lengths(array.filter(pc.is_valid(array))))
+                if all(found(role) >= PEEK_VECTORS for role in columns):
+                    break
+        except (OpeError, OSError, pa.ArrowException):
+            continue
     return {
-        role: _usual_width(data, schema, column) for role, column in _vector_columns(schema).items()
+        role: int(np.bincount(np.concatenate(parts)[:PEEK_VECTORS]).argmax())
+        if found(role)
+        else None
+        for role, parts in lengths.items()
     }
 
 
@@ -161,32 +187,6 @@ def _vector_columns(schema: DataSchema) -> dict[str, str]:
         for role, is_vector in vector.items()
         if is_vector and role in schema.columns
     }
-
-
-def _usual_width(data: Dataset, schema: DataSchema, column: str) -> int | None:
-    """``vector_widths`` of one column: reads that column only, until PEEK_VECTORS non-null
-    vectors are found; a file that cannot be read is skipped (the pass over the data
-    reports it)."""
-    lengths: list[np.ndarray] = []
-    found = 0
-    for file in data.files:
-        try:
-            # the Dataset's own reader: a look at one column, not a pass over the data
-            for sourced in data.restrict((file,)).iter_batches([column], PEEK_VECTORS):
-                array = plain(sourced.batch.column(0))
-                if schema.layout == "episode":  # one list of steps per row
-                    array = plain(pc.list_flatten(array))
-                lengths.append(list_lengths(array.filter(pc.is_valid(array))))
-                found += lengths[-1].size
-                if found >= PEEK_VECTORS:
-                    break
-        except (OpeError, OSError, pa.ArrowException):
-            continue
-        if found >= PEEK_VECTORS:
-            break
-    if not found:
-        return None
-    return int(np.bincount(np.concatenate(lengths)[:PEEK_VECTORS]).argmax())
 
 
 def resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:
