@@ -546,6 +546,32 @@ def test_console_script_makes_host_blas_single_threaded_before_numpy(monkeypatch
     assert os.environ["MKL_NUM_THREADS"] == "3"
 
 
+def test_console_script_reads_data_without_importing_pandas(world):
+    """``ope`` loads pyarrow with pandas hidden (pyarrow's look for pandas costs 0.2 s):
+    reading and inspecting data leaves pandas unimported, and pyarrow's pandas functions
+    still work once a user's code wants them."""
+    pytest.importorskip("pandas")
+    code = (
+        "import sys\n"
+        "from ope_cli.__main__ import main\n"
+        "sys.argv = ['ope', 'inspect', 'data.parquet', '--format', 'json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exited:\n"
+        "    code = exited.code\n"
+        "print('pandas' in sys.modules, file=sys.stderr)\n"
+        "import pyarrow\n"
+        "print(pyarrow.table({'x': [1, 2]}).to_pandas().shape, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=world.root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["counts"]["episodes"] == N_EPISODES
+    assert done.stderr.splitlines()[-2:] == ["False", "(2, 1)"]
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_console_script_keeps_freed_memory_on_glibc():
     """Every mallopt option the console script sets is accepted (it returns 1 for each)."""
