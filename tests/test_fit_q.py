@@ -233,6 +233,47 @@ def test_linear_sums_do_not_depend_on_the_block_of_steps(data, monkeypatch):
         np.testing.assert_allclose(small[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+def _bellman_residuals(episodes: list[dict], pi, gamma: float, w: np.ndarray) -> float:
+    """sum over steps of (r + gamma V(s') - Q(s, a))^2 for the linear Q of ``w`` [A, d + 1],
+    V(s') = sum_c pi(c|s') Q(s', c) and 0 after the last step, written plainly (loops)."""
+    total = 0.0
+    for ep in episodes:
+        steps = len(ep["reward"])
+        for t in range(steps):
+            q = w[ep["action"][t]] @ np.append(ep["obs"][t], 1.0)
+            after = 0.0
+            if t + 1 < steps:
+                nxt = np.append(ep["obs"][t + 1], 1.0)
+                after = pi(ep["obs"][t + 1]) @ (w @ nxt)
+            total += (ep["reward"][t] + gamma * after - q) ** 2
+    return total
+
+
+def test_linear_residual_equals_the_plain_bellman_residuals(data):
+    """The Bellman residual sum that ``fit-q`` reports (from the sums C, e and r^2) equals
+    the plain sum of squared residuals, for the fitted weights and for random ones; over
+    3 folds, the folds' sums add up to it."""
+    policy = load_policy(str(data["root"] / "linear.npz"))
+    chunks = _chunks(data["vector_path"], policy, read_rows=7)
+    steps = sum(len(ep["reward"]) for ep in data["vector"])
+    rng = np.random.default_rng(3)
+    for folds in (1, 3):
+        model = make_q_model(
+            "linear", policy, discrete=True, gamma=0.8, folds=folds, n_actions=N_ACTIONS
+        )
+        collect_q(model, chunks, policy, folds=folds, n_actions=N_ACTIONS)
+        random = {
+            "weight": rng.normal(size=(OBS_DIM, N_ACTIONS)),
+            "bias": rng.normal(size=N_ACTIONS),
+        }
+        for arrays in (model.fit(), random):
+            w = np.concatenate([arrays["weight"], arrays["bias"][None]]).T  # [A, d + 1]
+            expected = _bellman_residuals(data["vector"], data["pi_linear"], 0.8, w)
+            parts = [model.residual(arrays, k) for k in range(folds)]
+            assert sum(n for _, n in parts) == steps
+            assert sum(total for total, _ in parts) == pytest.approx(expected, rel=1e-10)
+
+
 @pytest.mark.slow
 def test_tabular_dm_on_chain_is_close_to_the_truth(tmp_path):
     """8000 episodes: over 8 datasets of 2000 episodes the dm's spread was 0.034 (the fitted
