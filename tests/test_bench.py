@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -16,7 +18,7 @@ from typer.testing import CliRunner
 import ope_cli.envs.generate as gen
 from ope_cli.bench.config import BenchConfig
 from ope_cli.bench.memory import measure_memory
-from ope_cli.bench.processes import _interleaved
+from ope_cli.bench.processes import PYARROW_CODE, _interleaved
 from ope_cli.bench.script import measure_script
 from ope_cli.bench.summary import TARGETS
 from ope_cli.cli import bench
@@ -110,6 +112,27 @@ def test_interleaved_runs_each_measurement_in_turn_and_keeps_its_fastest():
     best = _interleaved(3, {"floor": timed("floor"), "run": timed("run")})
     assert order == ["floor", "run"] * 3
     assert best == {"floor": 1.0, "run": {"seconds": 4.0}}
+
+
+def test_the_pyarrow_read_loads_pyarrow_as_ope_does(tmp_path):
+    """The pyarrow read that ``ope evaluate`` is measured against hides pandas from pyarrow
+    as ``ope`` does (where pandas is installed, pyarrow imports it only to recognise pandas
+    objects): neither side of the ratio counts that import."""
+    pytest.importorskip("pandas")
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "steps.parquet"
+    pq.write_table(pa.table({"reward": np.arange(5.0), "observation": [[1.0, 2.0]] * 5}), path)
+    code = PYARROW_CODE + "print(sorted(sys.modules).count('pandas'))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path), "reward,observation"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "0"
 
 
 def test_bench_times_whole_processes(tiny_bench):
