@@ -29,6 +29,7 @@ from ope_cli.choosing.selection import (
     selection_by_estimator,
     selection_metrics,
     spearman,
+    tied_at_edge,
     top_k_set,
 )
 from ope_cli.errors import UsageError
@@ -216,21 +217,30 @@ def test_every_metric_on_a_hand_computed_case():
     assert notes == ["coverage over 3 of 4 policies; 1 without an interval left out"]
 
 
-def test_ties_in_the_estimates_keep_policy_order():
+def test_equal_estimates_across_the_top_k_edge_give_no_at_k_metrics():
+    """Where equal estimates straddle the top-k set's edge the set is not determined: its
+    @k metrics are None with a note, in either order of the policies (breaking the tie by
+    that order gave regret@1 2.0 or 0.0). Ties inside the set, or of the other metrics,
+    are determined."""
     estimate_k, true_k = np.array([2.0, 2.0, 1.0]), np.array([1.0, 3.0, 2.0])
-    assert regret_at_k(estimate_k, true_k, 1) == 2.0
-    assert top_k_set(estimate_k, 1).tolist() == [0]
-    assert top_k_set(estimate_k, 2).tolist() == [0, 1]
-    metrics, _ = selection_metrics(
-        {"a": 1.0, "b": 3.0, "c": 2.0}, {"a": 2.0, "b": 2.0, "c": 1.0}, top_k=(1, 2)
-    )
-    assert metrics["regret@1"] == 2.0 and metrics["nregret@1"] == 1.0
-    assert metrics["regret@2"] == 0.0 and metrics["precision@2"] == 0.5
-    # the same estimates in the other order choose b: ties follow policy order
-    metrics, _ = selection_metrics(
-        {"b": 3.0, "a": 1.0, "c": 2.0}, {"b": 2.0, "a": 2.0, "c": 1.0}, top_k=(1,)
-    )
-    assert metrics["regret@1"] == 0.0
+    assert top_k_set(estimate_k, 2).tolist() == [0, 1]  # the listing keeps policy order
+    assert regret_at_k(estimate_k, true_k, 2) == 0.0  # {a, b} in either order
+    assert tied_at_edge(estimate_k, 1).tolist() == [0, 1]
+    assert tied_at_edge(estimate_k, 2).size == 0 and tied_at_edge(estimate_k, 3).size == 0
+    truth, estimates = {"a": 1.0, "b": 3.0, "c": 2.0}, {"a": 2.0, "b": 2.0, "c": 1.0}
+    for order in (["a", "b", "c"], ["b", "a", "c"]):
+        metrics, notes = selection_metrics(
+            {p: truth[p] for p in order}, {p: estimates[p] for p in order}, top_k=(1, 2)
+        )
+        for name in ("regret", "nregret", "precision", "sharpe"):
+            assert metrics[f"{name}@1"] is None, name
+        tied = ", ".join(p for p in order if p != "c")
+        assert notes == [
+            f"{tied} have equal estimates across the top-1 edge: the top 1 by estimate is "
+            "not determined, so no regret/nregret/precision/sharpe@1"
+        ]
+        assert metrics["regret@2"] == 0.0 and metrics["precision@2"] == 0.5
+        assert metrics["spearman"] == pytest.approx(0.0)  # ranks (2.5, 2.5, 1) vs (1, 3, 2)
 
 
 def test_ties_in_the_true_values_count_for_precision():

@@ -5,12 +5,14 @@ Plain NumPy and the standard library; no JAX, no terminal. Every function is pur
 values and returns values, so the kernel integration and the report can call it, and the
 tests can check it on hand-computed cases.
 
-Policy order is the order of ``--policy``. Where a ranking has ties it is broken by that
-order (a stable sort): the top-k set by estimate ``S_k`` keeps the earlier of two policies
-with equal estimates, and the estimated best of a could-be-best set is the first policy
-with the largest estimate. ``precision@k`` counts ties in the true values in the ranking's
-favour: a policy in ``S_k`` is a hit when its true value is at least the k-th largest true
-value, so a policy tied with the k-th best counts as top-k by J.
+Policy order is the order of ``--policy``. The top-k set by estimate ``S_k`` lists ties in
+that order (a stable sort), but where equal estimates straddle its edge (the k-th and the
+(k+1)-th largest estimates are equal) the set is not determined by the estimates: the @k
+metrics are then None, with a note naming the tied policies, rather than numbers that
+change with the order of ``--policy``. The estimated best of a could-be-best set is the
+first policy with the largest estimate. ``precision@k`` counts ties in the true values in
+the ranking's favour: a policy in ``S_k`` is a hit when its true value is at least the
+k-th largest true value, so a policy tied with the k-th best counts as top-k by J.
 
 Numbers that cannot be finite are None (JSON null), never NaN.
 """
@@ -322,28 +324,50 @@ def check_top_k(top_k: Sequence[int], n_policies: int) -> tuple[int, ...]:
     return tuple(checked)
 
 
+def tied_at_edge(estimate_k: np.ndarray, k: int) -> np.ndarray:
+    """[m] indices of the policies whose estimate equals the k-th largest, where the
+    (k+1)-th largest equals it too (the top-k set is then not determined); [0] else."""
+    ordered = np.sort(estimate_k)[::-1]
+    if k >= ordered.size or ordered[k - 1] != ordered[k]:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(estimate_k == ordered[k - 1])
+
+
 def _ranking_metrics(
     estimate_k: np.ndarray | None,
     true_k: np.ndarray,
     top_k: tuple[int, ...],
     baseline_value: float | None,
-) -> dict[str, float | None]:
-    """rmse, nmse, spearman and the @k metrics; all None when an estimate is undefined."""
+    policies: Sequence[str],
+) -> tuple[dict[str, float | None], list[str]]:
+    """(rmse, nmse, spearman and the @k metrics, notes); all None when an estimate is
+    undefined, the @k ones where ties straddle the top-k set's edge (``tied_at_edge``)."""
     names = ["rmse", "nmse", "spearman"]
-    names += [f"{m}@{k}" for k in top_k for m in ("regret", "nregret", "precision", "sharpe")]
+    at_k = ("regret", "nregret", "precision", "sharpe")
+    names += [f"{m}@{k}" for k in top_k for m in at_k]
     if estimate_k is None:
-        return dict.fromkeys(names)
+        return dict.fromkeys(names), []
     metrics = {
         "rmse": rmse(estimate_k, true_k),
         "nmse": nmse(estimate_k, true_k),
         "spearman": spearman(estimate_k, true_k),
     }
+    notes = []
     for k in top_k:
+        tied = tied_at_edge(estimate_k, k)
+        if tied.size:
+            metrics.update({f"{m}@{k}": None for m in at_k})
+            names_tied = ", ".join(policies[i] for i in tied)
+            notes.append(
+                f"{names_tied} have equal estimates across the top-{k} edge: the top {k} "
+                f"by estimate is not determined, so no {'/'.join(at_k)}@{k}"
+            )
+            continue
         metrics[f"regret@{k}"] = finite(regret_at_k(estimate_k, true_k, k))
         metrics[f"nregret@{k}"] = nregret_at_k(estimate_k, true_k, k)
         metrics[f"precision@{k}"] = precision_at_k(estimate_k, true_k, k)
         metrics[f"sharpe@{k}"] = sharpe_at_k(estimate_k, true_k, k, baseline_value)
-    return metrics
+    return metrics, notes
 
 
 def selection_metrics(
@@ -367,7 +391,8 @@ def selection_metrics(
     Returns:
       (metrics, notes): {"rmse", "nmse", "spearman", "coverage", "regret@k", "nregret@k",
       "precision@k", "sharpe@k" for each k} with None where a number cannot be finite, and
-      the notes that explain a None (an undefined estimate or interval).
+      the notes that explain a None (an undefined estimate or interval, equal estimates
+      across the top-k edge).
 
     Raises:
       UsageError: no policy has a true value, or a k of `top_k` is below 1 or above K.
@@ -384,7 +409,8 @@ def selection_metrics(
         notes.append(f"no estimate for {', '.join(undefined)}; no ranking metrics")
     else:
         estimate_k = np.array([estimates[p] for p in policies], dtype=np.float64)
-    metrics = _ranking_metrics(estimate_k, true_k, top_k, baseline_value)
+    metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, policies)
+    notes += tie_notes
     metrics["coverage"] = None
     if intervals is not None:
         pairs = [intervals.get(p, (None, None)) for p in policies]
