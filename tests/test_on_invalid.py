@@ -10,6 +10,8 @@ where a row is an episode: rows_read = episodes + episodes_dropped).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import numpy as np
@@ -34,6 +36,7 @@ import ope_cli
 from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
 from ope_cli.errors import DataError
 from ope_cli.estimation.pipeline import evaluate
+from ope_cli.report.warnings import DROPPED
 
 GAMMA = 0.9
 
@@ -332,14 +335,25 @@ def test_json_document_reports_what_was_dropped(step_case, monkeypatch):
     assert raised.value.exit_code == 3
 
 
-def test_table_footer_reports_what_was_dropped(step_case, monkeypatch):
-    tmp_path, _, _, policy, plan = step_case
+def test_every_format_reports_what_was_dropped(step_case, monkeypatch):
+    """The table's line under its tables (once), a warning in the JSON's warnings and in
+    every CSV row's warnings column; nothing where nothing was dropped."""
+    tmp_path, episodes, _, policy, plan = step_case
     monkeypatch.chdir(tmp_path)
     evaluation = ope_cli.evaluate("bad.parquet", policies=policy.name, on_invalid="drop", gamma=0.9)
     table = shown(evaluation, "table")
-    line = next(li for li in table.splitlines() if "--on-invalid drop" in li)
+    (line,) = [li for li in table.splitlines() if "--on-invalid drop" in li]
     assert f"dropped {len(plan)} invalid episode(s)" in line
     assert "reward_not_finite" in line
+    (warning,) = [
+        w for w in json.loads(shown(evaluation, "json"))["warnings"] if w["code"] == DROPPED
+    ]
+    assert warning["policy"] is None and warning["message"] == line.strip()
+    rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
+    assert rows and all(f"{DROPPED}: {line.strip()}" in row["warnings"] for row in rows)
+    write_table(step_layout_table(episodes), tmp_path / "clean.parquet")
+    clean = ope_cli.evaluate("clean.parquet", policies=policy.name, on_invalid="drop", gamma=0.9)
+    assert DROPPED not in shown(clean, "json") + shown(clean, "csv")
 
 
 def test_default_json_accounts_for_every_row(tmp_path, monkeypatch):

@@ -11,12 +11,12 @@ from ope_cli.report.json_format import SCHEMA_VERSION, to_json, to_json_dict
 from ope_cli.report.table import (
     SPARK,
     diagnostic_warnings,
-    dropped_line,
     rank_policies,
     render_table,
     resolve_rank_by,
     weight_sparklines,
 )
+from ope_cli.report.warnings import dropped_line
 
 FORMATS = ("table", "json", "csv")
 

@@ -25,9 +25,11 @@ from ope_cli.report.formatting import (
 )
 from ope_cli.report.warnings import (
     ASYMPTOTIC_INTERVALS,
+    DROPPED,
     ESS_FRACTION_WARNING,
     MAX_SHARE_WARNING,
     MEAN_WEIGHT_RANGE,
+    dropped_line,
     policy_warnings,
     run_warnings,
 )
@@ -164,20 +166,6 @@ def _off_scale(policy: PolicyResult) -> str:
             f"{count(int(p.histogram_counts[-1]))} > {weight_label(p.histogram_edges[-1])}"
         )
     return ", ".join(parts)
-
-
-def dropped_line(result: EvaluationResult) -> str:
-    """One line saying how many invalid episodes --on-invalid drop left out, and why."""
-    if not result.dataset.episodes_dropped:
-        return "--on-invalid drop: no invalid episodes, nothing dropped"
-    reasons = "; ".join(
-        f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
-        for reason, counts in result.dataset.dropped.items()
-    )
-    return (
-        f"--on-invalid drop: dropped {result.dataset.episodes_dropped:,} invalid episode(s), "
-        f"{result.dataset.steps_dropped:,} step(s), not in the estimates ({reasons})"
-    )
 
 
 def _value_cell(e) -> str:
@@ -370,6 +358,8 @@ def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]
     for warning in run_warnings(result, ranks, rank_by):
         if warning.code == ASYMPTOTIC_INTERVALS and result.confidence.interval != "betting":
             continue  # the "intervals:" line says it
+        if warning.code == DROPPED:
+            continue  # the line under the tables says it
         message = warning.message
         if warning.policy is not None:  # the policy as the tables call it
             message = message.replace(f"{warning.policy}: ", f"{labels[warning.policy]}: ", 1)

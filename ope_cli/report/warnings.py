@@ -33,6 +33,7 @@ MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
 ZERO_WIDTH = "zero_width_interval"
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
+DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,12 +212,38 @@ def ranking_warnings(result: EvaluationResult, ranks: list[int | None], rank_by:
     ]
 
 
+def dropped_line(result: EvaluationResult) -> str:
+    """One line saying how many invalid episodes --on-invalid drop left out, and why."""
+    if not result.dataset.episodes_dropped:
+        return "--on-invalid drop: no invalid episodes, nothing dropped"
+    reasons = "; ".join(
+        f"{reason} {counts['episodes']:,} episode(s), {counts['steps']:,} step(s)"
+        for reason, counts in result.dataset.dropped.items()
+    )
+    return (
+        f"--on-invalid drop: dropped {result.dataset.episodes_dropped:,} invalid episode(s), "
+        f"{result.dataset.steps_dropped:,} step(s), not in the estimates ({reasons})"
+    )
+
+
+def dropped_warning(result: EvaluationResult) -> Warning | None:
+    """That --on-invalid drop left episodes out of the estimates (``dropped_line``)."""
+    if not result.dataset.episodes_dropped:
+        return None
+    return Warning(DROPPED, dropped_line(result))
+
+
 def run_warnings(
     result: EvaluationResult, ranks: list[int | None] | None = None, rank_by: str | None = None
 ) -> list[Warning]:
     """Every warning of the run: run-wide ones first, then each policy's, in order.
     ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
-    run = [gamma_warning(result), floored_warning(result), asymptotic_warning(result)]
+    run = [
+        gamma_warning(result),
+        dropped_warning(result),
+        floored_warning(result),
+        asymptotic_warning(result),
+    ]
     warnings = [w for w in run if w is not None]
     warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
     for policy in result.results:
