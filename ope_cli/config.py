@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from ope_cli.estimation.estimators import available
+from ope_cli.models.behavior_models.base import MIN_PROPENSITY
 
 # The estimators every run computes (is, wis, pdis, wpdis); those that need more inputs
 # (dm, dr, wdr: a Q source) are computed when a run has them. Any estimator registered
@@ -62,7 +63,7 @@ class BehaviorConfig:
     """
 
     policy: str | None = None
-    min_propensity: float = 1e-3
+    min_propensity: float = MIN_PROPENSITY
     cross_fit: int = 1
 
 

@@ -303,6 +303,10 @@ def test_check_behavior_option():
         check_behavior_option(spec)
     with pytest.raises(UsageError, match="unknown behavior model 'lstm'"):
         check_behavior_option("estimate:lstm")
+    check_behavior_option("estimate", min_propensity=0.05)
+    for spec in (None, "b.npz"):  # an option that needs another names both
+        with pytest.raises(UsageError, match="--min-propensity applies to --behavior estimate"):
+            check_behavior_option(spec, min_propensity=0.05)
 
 
 def test_first_zero_probability_picks_the_first_flagged_device():

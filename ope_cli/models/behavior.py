@@ -20,6 +20,7 @@ import numpy as np
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.ids import locate_key
 from ope_cli.errors import DataError, PolicyError, UsageError, where
+from ope_cli.models.behavior_models.base import MIN_PROPENSITY
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 from ope_cli.models.policies.checks import no_log_probability
 
@@ -32,13 +33,19 @@ def is_estimate(spec: str | None) -> bool:
 
 
 def check_behavior_option(
-    spec: str | None, min_propensity: float = 1e-3, cross_fit: int = 1
+    spec: str | None, min_propensity: float = MIN_PROPENSITY, cross_fit: int = 1
 ) -> None:
     """``--behavior estimate[:MODEL]`` names a known model, with a ``--min-propensity`` in
-    [0, 1) and a ``--behavior-cross-fit`` of at least 1 (other than 1 only when estimating);
-    any other value is a checkpoint or an entry point, loaded later. UsageError (exit 2)."""
+    [0, 1) and a ``--behavior-cross-fit`` of at least 1 (each other than its default only
+    when estimating); any other value is a checkpoint or an entry point, loaded later.
+    UsageError (exit 2)."""
     if cross_fit != 1 and not is_estimate(spec):
         raise UsageError("--behavior-cross-fit applies to --behavior estimate[:MODEL] only")
+    if min_propensity != MIN_PROPENSITY and not is_estimate(spec):
+        raise UsageError(
+            "--min-propensity applies to --behavior estimate[:MODEL] only (it floors "
+            "estimated behavior probabilities; logged ones and checkpoints are used as they are)"
+        )
     if spec is None:
         return
     if is_estimate(spec):
