@@ -177,6 +177,13 @@ def _obs_at_bad_row(index: int, value):
     return transform
 
 
+def _bad_row_moved_to_the_end(c: Corpus) -> pa.Table:
+    """The bad episode's step 2 after every other row: its id appears in two places."""
+    rows = np.arange(c.world.table.num_rows)
+    order = np.concatenate([rows[rows != c.world.bad_row], [c.world.bad_row]])
+    return c.world.table.take(order)
+
+
 def _null_inside_obs(c: Corpus) -> pa.Table:
     rows = _observations(c.world).tolist()
     rows[c.world.bad_row][1] = None
@@ -411,6 +418,8 @@ def _out_read_only(c: Corpus, name: str) -> str:
 LOC = (r"\bepisode {E}\b", r"\bstep {S}\b")
 FILE = r"{F}\.parquet"
 COUNT = r"\(\d+ (row|episode|step)"  # how many share the problem
+INSPECT = r"every problem: ope inspect \S+"  # where to see them all
+DROPPABLE = (INSPECT, r"to leave out the invalid episodes and report them: --on-invalid drop")
 GEN = ("generate",)
 
 CASES = [
@@ -513,13 +522,13 @@ CASES = [
     Case(
         "null_observation",
         3,
-        (FILE, *LOC, "'observation'", "null", COUNT),
+        (FILE, *LOC, "'observation'", "null", COUNT, *DROPPABLE),
         _table(_null_at_bad_row("observation")),
     ),
     Case(
         "null_inside_observation",
         3,
-        (FILE, *LOC, "'observation'", "null", COUNT),
+        (FILE, *LOC, "'observation'", "null", COUNT, *DROPPABLE),
         _table(_null_inside_obs),
     ),
     Case(
@@ -537,26 +546,34 @@ CASES = [
     Case(
         "null_behavior_prob",
         3,
-        (FILE, *LOC, "'behavior_prob'", "null", COUNT),
+        (FILE, *LOC, "'behavior_prob'", "null", COUNT, *DROPPABLE),
         _table(_null_at_bad_row("behavior_prob")),
     ),
     Case(
         "null_action",
         3,
-        (FILE, *LOC, "'action'", "null", COUNT),
+        (FILE, *LOC, "'action'", "null", COUNT, *DROPPABLE),
         _table(_null_at_bad_row("action")),
     ),
     Case(
         "null_step",
         3,
-        (FILE, r"\bepisode {E}\b", "'step'", "null", COUNT),
+        (FILE, r"\bepisode {E}\b", "'step'", "null", COUNT, *DROPPABLE),
         _table(_null_at_bad_row("step")),
     ),
     Case(
         "null_episode_id",
         3,
-        (FILE, "'episode_id'", "null", COUNT),
+        (FILE, "'episode_id'", "null", COUNT, INSPECT),
         _table(_null_at_bad_row("episode_id")),
+        forbidden=("on-invalid",),  # an episode without an id cannot be dropped
+    ),
+    Case(
+        "episode_id_reappears",
+        3,
+        (FILE, r"\bepisode {E}\b", "more than one place", "contiguous", INSPECT),
+        _table(_bad_row_moved_to_the_end),
+        forbidden=("on-invalid",),  # never dropped: the rows of one episode are unclear
     ),
     Case(
         "nan_behavior_log_prob",

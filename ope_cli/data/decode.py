@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.steps import Steps
 from ope_cli.data.validate import READ_FLAGS, Check
-from ope_cli.errors import DataError, where
+from ope_cli.errors import DataError, InvalidValueError, where
 
 Locate = Callable[[int], tuple[object, int | None]]  # row -> (episode id, step)
 RowOf = Callable[[np.ndarray], np.ndarray]  # value indices -> row indices
@@ -70,9 +70,10 @@ def check_no_nulls(
     if at.flags is None:
         place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
         count = np.unique(rows).size if row_of is not None else rows.size
-        raise DataError(
+        raise InvalidValueError(  # a null value's episode can be dropped; a null id cannot
             f"{place}column {column!r} is null; every step needs a value ({count} "
-            "row(s) affected in this record batch)"
+            "row(s) affected in this record batch)",
+            droppable=reason is not None,
         )
     at.mark(reason, rows)
     return True
@@ -108,10 +109,11 @@ def check_whole(values: np.ndarray, column: str, at: Where, row_of: RowOf | None
         return
     rows = bad if row_of is None else row_of(bad)
     place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
-    raise DataError(
+    raise InvalidValueError(
         f"{place}column {column!r} holds {float(values[bad[0]])!r} where whole numbers are "
         f"expected (discrete actions, state indices, episode ids); {bad.size} such value(s) "
-        "in this record batch"
+        "in this record batch",
+        droppable=False,
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ope_cli.errors import DataError, where
+from ope_cli.errors import InvalidValueError, where
 
 
 def display_id(value: object) -> object:
@@ -160,7 +160,7 @@ class SeenKeys:
 
     @staticmethod
     def _fail(file: str, episode_id: object) -> None:
-        raise DataError(f"{where(file, display_id(episode_id))}{REAPPEARS}")
+        raise InvalidValueError(f"{where(file, display_id(episode_id))}{REAPPEARS}", False)
 
 
 def _found_in(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -188,7 +188,8 @@ class Validation:
         per_episode: bool = False,
     ) -> np.ndarray | None:
         """Runs ``checks`` in order. A problem the policy raises for is a DataError as
-        ``file: episode E, step T: problem (N row(s) affected)``. Otherwise each problem is
+        ``file: episode E, step T: problem (N row(s) affected among those read with it)``
+        (the rows of the episodes judged together, not the whole data's). Otherwise each problem is
         recorded; returns [E] int16, the index in REASONS of each episode's first problem or
         -1 (None when nothing was found). ``episode_of_row[rows]`` maps rows to episodes."""
         first = None
@@ -200,7 +201,8 @@ class Validation:
             if self.policy.raises(check.reason):
                 unit = "episode(s)" if per_episode else "row(s)"
                 raise InvalidValueError(
-                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected)",
+                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected among "
+                    "those read with it)",
                     droppable=check.reason not in FATAL_REASONS,
                 )
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
