@@ -192,3 +192,20 @@ def test_ranking_figure_without_any_estimate(tmp_path):
     path = ranking_figure([RankedPolicy("a", None)], tmp_path / "r.png", estimator="is")
     assert _png_size(path)[1] > 100
     assert ranking_figure([], tmp_path / "empty.png", estimator="is").is_file()
+
+
+def test_the_ranking_marks_a_baseline_only_when_one_is_chosen():
+    """Without --baseline the ranking has no baseline row (a policy without a label matched
+    the absent baseline: the first one was drawn as "baseline" while JSON said null); with
+    one, that policy's row."""
+    import ope_cli
+    from ope_cli.report.plots import ranked_rows
+
+    data = str(EXAMPLES / "data" / "logs.parquet")
+    policies = [str(EXAMPLES / "policies" / name) for name in ("ckpt.npz", "other.npz")]
+    plain = ope_cli.evaluate(data, policies=policies, gamma=0.99)
+    rows, baseline = ranked_rows(plain, "wis")
+    assert baseline is None and len(rows) == 2
+    compared = ope_cli.evaluate(data, policies=policies, gamma=0.99, baseline=policies[1])
+    rows, baseline = ranked_rows(compared, "wis")
+    assert baseline == compared.results[1].shown and baseline in [r.name for r in rows]

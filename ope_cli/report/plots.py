@@ -117,8 +117,8 @@ def ranked_rows(result: EvaluationResult, estimator: str) -> tuple[list[RankedPo
         rows.append(RankedPolicy("behavior", result.behavior_value, truth=truth.get("behavior")))
         return rows, "behavior"
     for policy in result.results:
-        if baseline in (policy.policy, policy.label, policy.source):
-            return rows, policy.shown
+        if baseline is not None and baseline in (policy.policy, policy.label, policy.source):
+            return rows, policy.shown  # (a policy without a label has None there)
     return rows, None
 
 
