@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ope_cli.choosing.selection import (
+    BASELINE_BEHAVIOR,
     average_ranks,
     bonferroni_level,
     check_truth_gamma,
@@ -489,3 +490,16 @@ def test_p_improvement():
 def test_the_module_imports_no_jax():
     code = "import sys, ope_cli.choosing.selection; assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_truth_names_a_policy_by_the_name_of_name_equals_path():
+    """An object's key may be the NAME of ``--policy NAME=PATH`` (as ``--baseline`` may):
+    refused before; a path still wins, and a NAME that is no label is still refused."""
+    names = ["ckpts/a.npz", "ckpts/b.npz", BASELINE_BEHAVIOR]
+    labels = {"fast": "ckpts/a.npz", "slow": "ckpts/b.npz"}
+    truth = read_truth({"fast": 1.5, "ckpts/b.npz": 0.5}, names, labels)
+    assert truth == {"ckpts/a.npz": 1.5, "ckpts/b.npz": 0.5, BASELINE_BEHAVIOR: None}
+    with pytest.raises(UsageError, match="names 'fast', which is not one of the --policy values"):
+        read_truth({"fast": 1.5}, names)
+    with pytest.raises(UsageError, match="names 'ckpts/a.npz' twice"):
+        read_truth({"fast": 1.5, "ckpts/a.npz": 1.0}, names, labels)

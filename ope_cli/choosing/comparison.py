@@ -378,6 +378,7 @@ def read_run_truth(
             raise UsageError("--top-k needs --truth FILE (the policies' true values)")
         return None
     keys = truth_keys(policies)
-    values = read_truth(truth, [*keys, BASELINE_BEHAVIOR])
+    labels = {p.name: key for p, key in zip(policies, keys, strict=True) if p.source}
+    values = read_truth(truth, [*keys, BASELINE_BEHAVIOR], labels)
     top_k_of(top_k, max(sum(values[key] is not None for key in keys), 1))
     return values

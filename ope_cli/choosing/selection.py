@@ -123,15 +123,28 @@ def _same_path(entry: str, policy: str, base: Path | None) -> bool:
     return any((start / entry).resolve() == target for start in starts)
 
 
-def _find(entry: str, policy_names: Sequence[str], base: Path | None) -> list[str]:
-    """The given policies that truth entry `entry` names: by path, else by file name."""
+def _find(
+    entry: str,
+    policy_names: Sequence[str],
+    base: Path | None,
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The given policies that truth entry `entry` names: by path, else by a NAME of
+    ``--policy NAME=PATH`` (`labels`: NAME -> its policy name), else by file name."""
     by_path = [p for p in policy_names if _same_path(entry, p, base)]
+    if not by_path and labels and entry in labels:
+        return [labels[entry]]
     return by_path or [p for p in policy_names if Path(p).name == Path(entry).name]
 
 
-def _match(entry: str, policy_names: Sequence[str], base: Path | None) -> str:
+def _match(
+    entry: str,
+    policy_names: Sequence[str],
+    base: Path | None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
     """The one given policy that truth entry `entry` names; UsageError for none or several."""
-    found = _find(entry, policy_names, base)
+    found = _find(entry, policy_names, base, labels)
     if not found:
         raise UsageError(f"--truth names {entry!r}, which is not one of the --policy values given")
     if len(found) > 1:
@@ -154,7 +167,9 @@ def _check_checkpoint(entry: Mapping, policy: str) -> None:
 
 
 def read_truth(
-    source: str | Path | Mapping, policy_names: Sequence[str]
+    source: str | Path | Mapping,
+    policy_names: Sequence[str],
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, float | None]:
     """Each given policy's true value from ``--truth``; None where the truth has none.
 
@@ -166,6 +181,8 @@ def read_truth(
         {policy: value} object) is the value of the baseline name ``behavior``.
       policy_names: the ``--policy`` values, in order, plus ``behavior`` when the baseline
         is the logging policy.
+      labels: {NAME: its policy's name} of ``--policy NAME=PATH``: an entry that names no
+        policy by path may name one by NAME (before file names).
 
     Returns:
       {policy: true value or None}, in the order of `policy_names`. A None value means the
@@ -185,7 +202,7 @@ def read_truth(
     truth: dict[str, float | None] = dict.fromkeys(policy_names)
     named_by: dict[str, str] = {}
     for entry, value in entries:
-        policy = _match(entry, policy_names, base)
+        policy = _match(entry, policy_names, base, labels)
         if entry in recorded:
             _check_checkpoint(recorded[entry], policy)
         if policy in named_by:
