@@ -6,6 +6,7 @@ output of ``ope evaluate``."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -24,10 +25,11 @@ from datasets import (
 )
 from reference import reference_paired, reference_replicates
 from rendered import shown
+from rich.console import Console
 
 import ope_cli
 from ope_cli.api import evaluation_config
-from ope_cli.choosing.comparison import TIED, read_run_truth, resolve_baseline
+from ope_cli.choosing.comparison import NO_SPREAD, TIED, read_run_truth, resolve_baseline
 from ope_cli.config import ChoosingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
@@ -36,6 +38,7 @@ from ope_cli.estimation.bootstrap_counts import replicate_counts
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.models.policies import load_policies
 from ope_cli.report.json_format import to_json_dict
+from ope_cli.report.table import _comparison_table
 
 GAMMA = 0.95
 
@@ -159,6 +162,31 @@ def test_a_policy_against_its_own_copy_is_a_tie(logged, tmp_path, ci):
         assert (comparison.delta, comparison.stderr) == (0.0, 0.0), estimator
         assert (comparison.ci_low, comparison.ci_high) == (0.0, 0.0), estimator
         assert comparison.note == TIED
+
+
+def test_a_null_interval_says_why_and_the_table_shows_every_note(logged, tmp_path):
+    """On one episode no difference has a standard error: each null interval carries a
+    note (they had none), which the table shows; a tie's note shows beside its [0, 0]."""
+    data, _, _, paths = logged
+    table = pq.read_table(data)
+    first = table.column("episode_id")[0]
+    one = table.filter(np.asarray(table.column("episode_id")) == first.as_py())
+    pq.write_table(one, tmp_path / "one.parquet")
+    copy = tmp_path / "copy.npz"
+    copy.write_bytes(paths[0].read_bytes())
+    policies = (str(paths[0]), str(paths[1]), str(copy))
+    config = evaluation_config(
+        str(tmp_path / "one.parquet"), policies=policies, gamma=GAMMA, baseline=str(paths[0])
+    )
+    result = evaluate(config)
+    for estimator, comparison in result.results[1].comparison.items():
+        assert comparison.ci_low is None and comparison.note == NO_SPREAD, estimator
+    tied = evaluate(dataclasses.replace(config, data=str(data)))
+    assert tied.results[2].comparison["is"].note == TIED
+    for run, cell in ((result, f"n/a ({NO_SPREAD})"), (tied, f"[0, 0] ({TIED})")):
+        console = Console(width=400, file=io.StringIO(), color_system=None)
+        console.print(_comparison_table(run))  # wide: each cell on one line
+        assert cell in console.file.getvalue()
 
 
 def test_comparisons_do_not_depend_on_the_batching(logged):

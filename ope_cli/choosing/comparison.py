@@ -61,6 +61,11 @@ from ope_cli.results import Comparison, PolicyResult
 RESOLVED = 1e-12
 TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
+NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
+NO_SPREAD = (
+    "no standard error of the difference (fewer than two episodes, or resampling groups, "
+    "with finite values), so no interval"
+)
 
 
 class Pairing:
@@ -243,6 +248,8 @@ class Pairing:
         )
         if delta == 0.0 and stderr == 0.0:
             note = TIED
+        elif note is None and (low is None or high is None):  # a null always says why
+            note = NO_DIFFERENCE if delta is None else NO_SPREAD if stderr is None else None
         return Comparison(delta, stderr, low, high, improvement, note)
 
     def could_be_best(self, name: str, confidence: float) -> list[bool]:

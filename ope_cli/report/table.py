@@ -263,10 +263,10 @@ def _comparison_table(result: EvaluationResult) -> Table:
             interval = (
                 f"[{significant(c.ci_low)}, {significant(c.ci_high)}]"
                 if c.ci_low is not None and c.ci_high is not None
-                else f"n/a ({c.note})"
-                if c.note
                 else "n/a"
             )
+            if c.note:  # why it is missing, or what it is (a tie, a percentile fallback)
+                interval += f" ({c.note})"
             above = c.ci_low is not None and c.ci_low > 0
             below = c.ci_high is not None and c.ci_high < 0
             table.add_row(
