@@ -48,6 +48,18 @@ class BatchingConfig:
     batch_steps: int = 8_192
     min_bucket: int = 8
 
+    def check(self) -> None:
+        """UsageError (one line, the option named) for a setting out of its range."""
+        from ope_cli.errors import UsageError
+
+        for option, value, least in (
+            ("--read-rows", self.read_rows, 1),
+            ("--batch-steps", self.batch_steps, 1),
+            ("--min-bucket", self.min_bucket, 2),
+        ):
+            if value < least:
+                raise UsageError(f"{option} must be at least {least}, got {value}")
+
 
 @dataclasses.dataclass(frozen=True)
 class BehaviorConfig:

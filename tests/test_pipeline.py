@@ -110,7 +110,7 @@ def assert_same_results(a, b, rtol=1e-9):
     [
         dict(read_rows=1),
         dict(read_rows=13, batch_steps=64),
-        dict(batch_steps=100_000, min_bucket=1),
+        dict(batch_steps=100_000, min_bucket=2),
         dict(min_bucket=5, batch_steps=333),
         dict(min_bucket=300),  # one bucket for everything
     ],

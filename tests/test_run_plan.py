@@ -95,7 +95,10 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         (dict(gamma=1.5), "--gamma"),
         (dict(confidence=1.0), "--confidence"),
         (dict(estimators=("nope",)), "unknown estimator 'nope'"),
-        (dict(min_bucket=0), "batching options must be positive"),
+        (dict(min_bucket=0), "--min-bucket must be at least 2, got 0"),
+        (dict(min_bucket=1), "--min-bucket must be at least 2, got 1"),  # as the help says
+        (dict(read_rows=0), "--read-rows must be at least 1, got 0"),
+        (dict(batch_steps=-1), "--batch-steps must be at least 1, got -1"),
         (dict(interval="magic"), "--ci must be one of"),
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),

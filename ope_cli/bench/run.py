@@ -73,9 +73,7 @@ def _check(config: BenchConfig) -> None:
     small, large = config.script_steps
     if not 0 < small < large:
         raise UsageError(f"--script-steps {small} {large}: must be 0 < SMALL < LARGE")
-    b = config.batching
-    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
-        raise UsageError("batching options must be positive")
+    config.batching.check()
     if config.precision not in (None, "float32", "float64"):
         raise UsageError(f"--precision must be float32 or float64, got {config.precision}")
 

@@ -88,9 +88,7 @@ def check_config(config: EvaluationConfig) -> None:
             f"unknown estimator {unknown[0]!r} (choose from {', '.join(estimator_names())})"
         )
     _check_q_options(config)
-    b = config.batching
-    if b.read_rows < 1 or b.batch_steps < 1 or b.min_bucket < 1:
-        raise UsageError("batching options must be positive")
+    config.batching.check()
     method = config.intervals.method
     if method not in ("auto", *INTERVAL_METHODS):
         raise UsageError(f"--ci must be one of auto, {', '.join(INTERVAL_METHODS)}, got {method!r}")
