@@ -340,7 +340,7 @@ def test_prefetched_hands_a_failing_cleanup_to_the_consumer():
     ("declared", "words"),
     [
         ([{"gamma": 0.9}, {"gamma": 0.9}, {"gamma": 0.5}], "declares gamma 0.5 in its 'ope'"),
-        ([{"gamma": 0.9}, {}, {}], "declares gamma none in its"),
+        ([{"gamma": 0.9}, {}, {}], "declares no gamma in its"),
         ([{}, {"horizon": 50}, {}], "declares horizon 50 in its"),
         (
             [{"reward_range": [0, 1], "gamma": 0.9}, {"reward_range": [0, 2], "gamma": 0.9}, {}],

@@ -187,7 +187,7 @@ def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds) -> No
     if differ:
 
         def said(bounds: DeclaredBounds) -> str:
-            return ", ".join(f"{name} {_shown(getattr(bounds, name))}" for name in differ)
+            return ", ".join(_declared(name, getattr(bounds, name)) for name in differ)
 
         raise DataError(
             f"{file}: declares {said(own)} in its {METADATA_KEY!r} metadata, but the "
@@ -196,10 +196,10 @@ def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds) -> No
         )
 
 
-def _shown(value: object) -> str:
-    """A declared value as the message shows it (None: not declared)."""
+def _declared(name: str, value: object) -> str:
+    """What a file declares of ``name``, as the message says it: "gamma 0.99", "no gamma"."""
     if value is None:
-        return "none"
+        return f"no {name}"
     if isinstance(value, tuple):
-        return "[" + ", ".join(f"{x:g}" for x in value) + "]"
-    return f"{value:g}"
+        return f"{name} [" + ", ".join(f"{x:g}" for x in value) + "]"
+    return f"{name} {value:g}"
