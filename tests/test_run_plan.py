@@ -129,7 +129,7 @@ def test_good_options_pass():
 def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():
     """Under --ci auto with betting bounds, dm gets the normal interval; without a standard
     error (one episode) its note says so, not that betting does not apply to it."""
-    from ope_cli.estimation.run_plan import NO_INTERVAL, complete_intervals
+    from ope_cli.estimation.run_plan import NO_INTERVAL, NO_VALUE, complete_intervals
     from ope_cli.estimation.stats import Estimate
     from ope_cli.results import PolicyResult
 
@@ -139,9 +139,12 @@ def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():
     assert plan.method == "betting"
     one = Estimate(value=0.5, stderr=None, ci_low=None, ci_high=None)
     many = Estimate(value=0.5, stderr=0.1, ci_low=None, ci_high=None)
-    result = PolicyResult("pi", {"dm": one, "dr": many}, None, None)
+    none = Estimate(value=None, stderr=None, ci_low=None, ci_high=None)
+    result = PolicyResult("pi", {"dm": one, "dr": many, "wdr": none}, None, None)
     completed = complete_intervals(result, plan, options)
-    assert completed.ci_methods == {"dm": "normal", "dr": "normal"}
-    assert completed.estimates["dm"].note == NO_INTERVAL
+    assert completed.ci_methods == {"dm": "normal", "dr": "normal", "wdr": "normal"}
+    # the estimate is shown: the note blames its standard error alone
+    assert completed.estimates["dm"].note == NO_INTERVAL and "standard error" in NO_INTERVAL
+    assert completed.estimates["wdr"].note == NO_VALUE
     dr = completed.estimates["dr"]
     assert (dr.ci_low, dr.ci_high) == pytest.approx((0.5 - 0.196, 0.5 + 0.196), abs=1e-3)

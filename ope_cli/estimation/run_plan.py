@@ -255,7 +255,11 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
 
 # --- every estimate has an interval or a reason ------------------------------------------
 
-NO_INTERVAL = "no interval: the estimate or its standard error is undefined"
+# a null interval's reason where the estimator gave none: the estimate, or only its spread
+NO_VALUE = "no interval: the estimate is undefined"
+NO_INTERVAL = (
+    "no interval: the standard error is undefined (one episode, or too few with finite terms)"
+)
 NO_BETTING = "betting intervals do not apply to this estimator"
 
 
@@ -292,7 +296,11 @@ def complete_intervals(
             estimate = dataclasses.replace(estimate, ci_low=low, ci_high=high, note=note)
         if estimate.ci_low is None or estimate.ci_high is None:
             note = estimate.note or (
-                NO_BETTING if method is None and plan.method == "betting" else NO_INTERVAL
+                NO_BETTING
+                if method is None and plan.method == "betting"
+                else NO_VALUE
+                if estimate.value is None
+                else NO_INTERVAL
             )
             estimate = dataclasses.replace(estimate, ci_low=None, ci_high=None, note=note)
         estimates[name], methods[name] = estimate, method
