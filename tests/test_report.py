@@ -201,3 +201,25 @@ def test_a_zero_width_interval_from_a_spread_float64_lost_says_so(result):
     plain = message(dataclasses.replace(point, note=None))
     assert "show no spread in these values (each gives the same value, or one" in plain
     assert "constant" not in plain
+
+
+def test_dm_far_from_dr_is_warned(result):
+    """DM more than 3 of DR's standard errors from DR: a biased Q-hat, whose DM interval
+    (sampling spread only) is narrow around the wrong value; within 3, no warning."""
+    from ope_cli.report.warnings import DM_FAR_FROM_DR, policy_warnings
+
+    policy = result.results[0]
+    point = dataclasses.replace(policy.estimates["is"], value=5.0, stderr=0.5)
+
+    def warned(dm_value: float) -> list[str]:
+        estimates = {"dm": dataclasses.replace(point, value=dm_value), "dr": point}
+        only = dataclasses.replace(policy, estimates=estimates)
+        return [w.message for w in policy_warnings(only, 2000) if w.code == DM_FAR_FROM_DR]
+
+    (message,) = warned(9.0)
+    assert message == (
+        f"{policy.policy}: dm is 8 of dr's standard errors from dr: Q-hat is probably biased "
+        "for this policy, and dm's interval, which counts only its sampling spread, does "
+        "not cover that; prefer dr or wdr, or a better Q model."
+    )
+    assert warned(6.4) == [] and warned(3.6) == []

@@ -31,6 +31,9 @@ ONE_EPISODE_DOMINATES = "one_episode_dominates"
 WEIGHTS_OVERFLOW = "weights_overflow"
 MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
 ZERO_WIDTH = "zero_width_interval"
+DM_FAR_FROM_DR = "dm_far_from_dr"
+# DM further than this many of DR's standard errors from DR: Q-hat is likely biased
+DM_DR_STANDARD_ERRORS = 3.0
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
@@ -94,7 +97,28 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
         )
     warnings.extend(_mean_weight_warnings(policy, warn))
     warnings.extend(_zero_width_warnings(policy, episodes, warn))
+    warnings.extend(_model_warnings(policy, warn))
     return warnings
+
+
+def _model_warnings(policy: PolicyResult, warn) -> list[Warning]:
+    """DM far from DR: DR corrects Q-hat with the logged rewards and stays unbiased when
+    Q-hat is wrong, DM does not, and DM's interval counts only its sampling spread, so a
+    biased Q-hat gives DM a narrow interval around the wrong value."""
+    dm, dr = policy.estimates.get("dm"), policy.estimates.get("dr")
+    if dm is None or dr is None or None in (dm.value, dr.value, dr.stderr) or dr.stderr <= 0:
+        return []
+    distance = abs(dm.value - dr.value) / dr.stderr
+    if distance <= DM_DR_STANDARD_ERRORS:
+        return []
+    return [
+        warn(
+            DM_FAR_FROM_DR,
+            f"dm is {distance:,.0f} of dr's standard errors from dr: Q-hat is probably "
+            "biased for this policy, and dm's interval, which counts only its sampling "
+            "spread, does not cover that; prefer dr or wdr, or a better Q model.",
+        )
+    ]
 
 
 def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
