@@ -85,7 +85,7 @@ def layouts(draw):
         "row_group": draw(st.integers(1, 64)),
         "read_rows": draw(st.integers(1, 80)),
         "batch_steps": draw(st.sampled_from([64, 128])),
-        "min_bucket": draw(st.sampled_from([1, 4, 8])),
+        "min_bucket": draw(st.sampled_from([2, 4, 8])),  # at least 2 (--min-bucket)
     }
 
 
