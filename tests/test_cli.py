@@ -1237,6 +1237,27 @@ EVALUATE_OPTIONS = (
 ).split()
 
 
+def test_every_command_accepts_quiet(world, ope_many_in_process):
+    """SPEC 1 lists --quiet among the common options: every command takes it (-q too), so
+    a script can pass it everywhere; the commands without progress output ignore it."""
+    import typer.main
+
+    from ope_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for name, command in commands.items():
+        assert "quiet" in [p.name for p in command.params], name
+    out = world.root / "quiet.parquet"
+    runs = ope_many_in_process(
+        {
+            "inspect": {"args": ["inspect", "data.parquet", "-q", "-f", "json"], "cwd": world.root},
+            "convert": {"args": ["convert", "data.parquet", out, "--quiet"], "cwd": world.root},
+        }
+    )
+    for name, run in runs.items():
+        assert run.returncode == 0 and run.stderr == "", (name, run)
+
+
 def test_option_groups_keep_every_option_in_its_place():
     import typer.main
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import table_console
-from ope_cli.cli.groups import TABLE_OR_JSON
+from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
 from ope_cli.cli.options import (
     LOGGED_COLUMNS,
     Data,
@@ -22,7 +22,7 @@ from ope_cli.cli.options import (
 from ope_cli.config import BatchingConfig, ColumnMapping
 
 
-@option_groups(output=TABLE_OR_JSON, columns=column_group(*LOGGED_COLUMNS))
+@option_groups(output=TABLE_OR_JSON_QUIET, columns=column_group(*LOGGED_COLUMNS))
 def convert(
     data: Data,
     out: Annotated[

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import table_console
-from ope_cli.cli.groups import TABLE_OR_JSON
+from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
 from ope_cli.cli.options import (
     Data,
     DeclaredGamma,
@@ -51,7 +51,7 @@ FIT = options_group(
 
 @option_groups(
     fit=FIT,
-    output=TABLE_OR_JSON,
+    output=TABLE_OR_JSON_QUIET,
     columns=column_group("episode", "step", "observation", "action", "reward"),
 )
 def fit_q(

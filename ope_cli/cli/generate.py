@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ope_cli.cli.options import OptionGroup, Overwrite, option_groups
+from ope_cli.cli.options import OptionGroup, Overwrite, Quiet, option_groups
 from ope_cli.errors import UsageError
 
 if TYPE_CHECKING:  # imported with the run (JAX)
@@ -81,6 +81,7 @@ def generate(
         ),
     ],
     options: GenerateOptions,  # --episodes ... --overwrite
+    quiet: Quiet = False,  # accepted as by every command: generate writes no progress
 ) -> None:
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 
