@@ -23,7 +23,7 @@ from ope_cli.bench.config import (
 from ope_cli.cli.console import stderr_console, table_console
 from ope_cli.cli.groups import BATCHING, TABLE_OR_JSON
 from ope_cli.cli.options import InspectFormat as TableOrJson
-from ope_cli.cli.options import PrecisionOption, option_groups, options_group
+from ope_cli.cli.options import PrecisionOption, Quiet, option_groups, options_group
 from ope_cli.config import BatchingConfig
 
 BENCH_WIDTH = 140  # columns of the bench table off a terminal
@@ -89,7 +89,6 @@ Rounds = Annotated[
         "the fastest counts (1: quickest, noisiest).",
     ),
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 Processes = Annotated[
     bool,
     typer.Option(

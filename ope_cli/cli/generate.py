@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ope_cli.cli.options import OptionGroup, Overwrite, Quiet, option_groups
+from ope_cli.cli.groups import quietly
+from ope_cli.cli.options import OptionGroup, Overwrite, option_groups
 from ope_cli.errors import UsageError
 
 if TYPE_CHECKING:  # imported with the run (JAX)
@@ -68,7 +69,7 @@ OPTIONS = OptionGroup(
 )
 
 
-@option_groups(options=OPTIONS)
+@option_groups(options=quietly(OPTIONS))  # --quiet accepted: generate writes no progress
 def generate(
     env: Annotated[
         str, typer.Argument(metavar=ENVIRONMENT_CHOICES, help="The environment to simulate.")
@@ -80,8 +81,7 @@ def generate(
             help="Output directory (an earlier run's files there need --overwrite).",
         ),
     ],
-    options: GenerateOptions,  # --episodes ... --overwrite
-    quiet: Quiet = False,  # accepted as by every command: generate writes no progress
+    options: GenerateOptions,  # --episodes ... --overwrite, --quiet
 ) -> None:
     """Write a synthetic logged dataset whose evaluation policies' values are known.
 

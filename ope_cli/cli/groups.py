@@ -78,7 +78,7 @@ def _output(option: Any, formats: type[InspectFormat] | type[OutputFormat]) -> O
 TABLE_OR_JSON = _output(InspectFormatOption, InspectFormat)  # -> InspectFormat
 
 
-def _quietly(group: OptionGroup) -> OptionGroup:
+def quietly(group: OptionGroup) -> OptionGroup:
     """``group`` with ``--quiet`` beside it, accepted as every command accepts it (SPEC 1)
     by a command that writes no progress to quiet."""
     return OptionGroup(
@@ -88,7 +88,7 @@ def _quietly(group: OptionGroup) -> OptionGroup:
 
 
 # inspect, convert, fit-q and fit-behavior: --format table|json, and --quiet
-TABLE_OR_JSON_QUIET = _quietly(TABLE_OR_JSON)
+TABLE_OR_JSON_QUIET = quietly(TABLE_OR_JSON)
 EVALUATE_OUTPUT = _output(EvaluateFormat, OutputFormat)  # -> OutputFormat (table, json, csv)
 
 
