@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import available
 from ope_cli.models.behavior_models.base import MIN_PROPENSITY
 
@@ -50,8 +51,6 @@ class BatchingConfig:
 
     def check(self) -> None:
         """UsageError (one line, the option named) for a setting out of its range."""
-        from ope_cli.errors import UsageError
-
         for option, value, least in (
             ("--read-rows", self.read_rows, 1),
             ("--batch-steps", self.batch_steps, 1),
