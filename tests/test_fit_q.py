@@ -176,6 +176,7 @@ def test_tabular_equals_the_exact_q_of_the_empirical_mdp(data, gamma):
     with np.load(out) as q:
         assert str(q["kind"]) == "tabular_q"
         np.testing.assert_allclose(q["q"], expected, rtol=0, atol=1e-9)
+        assert q["gamma"].shape == () and float(q["gamma"]) == gamma  # what it was fitted for
     v = np.sum(data["pi_tabular"] * expected, axis=1)
     v0 = v[[ep["obs"][0] for ep in data["states"]]]
     assert result.dm == pytest.approx(v0.mean(), abs=1e-10)
@@ -361,6 +362,26 @@ def test_table_output(data, ope_in_process):
     assert done.returncode == 0, done
     assert "dm estimate" in done.stdout and "tabular_q" in done.stdout
     assert "Bellman residual RMSE" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("evaluate_gamma", "code"),
+    [(None, 2), ("0.5", 2), ("0.9", 0)],  # the default 1.0, another, the fitted one
+)
+def test_evaluate_refuses_a_q_fitted_for_another_gamma(data, ope_in_process, evaluate_gamma, code):
+    """A Q-hat of the 0.9-discounted return would make dm estimate that return for a run
+    that reports another: one line, exit 2, nothing printed."""
+    policy, out = data["root"] / "tabular.npz", data["root"] / "q_for_0.9.npz"
+    _fit(data["states_path"], policy, out, gamma=0.9, overwrite=True)
+    gamma = [] if evaluate_gamma is None else ["--gamma", evaluate_gamma]
+    args = ["evaluate", data["states_path"], "-p", policy, "--q", out, "-e", "dm", "-f", "json"]
+    done = ope_in_process([*args, *gamma])
+    assert done.returncode == code, done
+    if code:
+        assert done.stdout == "" and done.stderr.count("\n") == 1
+        source = "the default" if evaluate_gamma is None else "--gamma"
+        assert "was fitted for gamma 0.9, but this run discounts by gamma" in done.stderr
+        assert f"({source}): evaluate with --gamma 0.9, or refit" in done.stderr
 
 
 def test_model_names_and_defaults():

@@ -112,7 +112,9 @@ def test_q_checkpoints_give_their_kind_and_sizes():
     sa = qf.q_checkpoint("s.npz", _mlp("mlp_q_sa", rng, (5, 4, 1), "tanh"))
     assert sa.kind == "mlp_q_sa" and sa.q_values is None and sa.q_sa is qf.mlp_q_sa("tanh")
     for q in (tabular, linear, mlp, sa):
-        assert q.folds == 1 and q.fit is None
+        assert q.folds == 1 and q.fit is None and q.gamma is None
+    fitted = qf.q_checkpoint("f.npz", {"kind": "tabular_q", "q": np.zeros((6, 3)), "gamma": 0.9})
+    assert fitted.gamma == 0.9 and fitted.params.keys() == {"q"}
 
 
 def test_bad_q_checkpoints_are_policy_errors():
@@ -129,6 +131,18 @@ def test_bad_q_checkpoints_are_policy_errors():
         "nan": (
             {"kind": "linear_q", "weight": np.full((3, 4), np.nan), "bias": np.zeros(4)},
             "holds NaN or infinite values",
+        ),
+        "gamma above 1": (
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "gamma": np.float64(1.5)},
+            "must be one number in [0, 1] (the discount the Q was fitted for), got 1.5",
+        ),
+        "gamma per action": (
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "gamma": np.full(2, 0.9)},
+            "array 'gamma' must be one number",
+        ),
+        "gamma as text": (
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "gamma": np.array("0.9")},
+            "array 'gamma' must be one number",
         ),
     }
     for name, (arrays, words) in cases.items():
@@ -597,3 +611,17 @@ def test_a_q_checkpoint_with_arrays_it_does_not_read_is_refused():
     arrays = {"kind": "tabular_q", "q": np.zeros((3, 2)), "scale": np.float64(2.0)}
     with pytest.raises(PolicyError, match="a tabular_q checkpoint holds arrays it does not read"):
         qf.q_checkpoint("q.npz", arrays)
+
+
+def test_check_q_gamma_refuses_only_a_q_fitted_for_another_discount():
+    arrays = {"kind": "tabular_q", "q": np.zeros((3, 2))}
+    unknown = qf.q_checkpoint("plain.npz", arrays)
+    fitted = qf.q_checkpoint("q.npz", {**arrays, "gamma": np.float64(0.99)})
+    qf.check_q_gamma(None, 1.0, "the default")
+    qf.check_q_gamma([unknown, fitted], 0.99, "--gamma")
+    with pytest.raises(UsageError) as error:
+        qf.check_q_gamma([unknown, fitted], 1.0, "the default")
+    assert str(error.value) == (
+        "--q q.npz was fitted for gamma 0.99, but this run discounts by gamma 1 (the default): "
+        "evaluate with --gamma 0.99, or refit it with --gamma 1 (or --q fit)"
+    )

@@ -20,7 +20,7 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.sources.remote import is_uri
 from ope_cli.data.validate import Check
 from ope_cli.estimation.distributed import share_files
-from ope_cli.estimation.run_plan import IntervalPlan, plan_intervals
+from ope_cli.estimation.run_plan import GAMMA_SOURCES, IntervalPlan, plan_intervals
 from ope_cli.models.behavior import (
     BehaviorSource,
     column_source,
@@ -37,7 +37,7 @@ from ope_cli.models.policies import (
     logged_policy,
     split_name,
 )
-from ope_cli.models.qfunctions import FIT, QFunction, check_q, load_qs
+from ope_cli.models.qfunctions import FIT, QFunction, check_q, check_q_gamma, load_qs
 from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
 
 Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
@@ -102,6 +102,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         check_q(q, policy, schema)
     plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
+    check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
     files = len(episodes.data.files)

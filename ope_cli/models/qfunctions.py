@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,6 +43,7 @@ COLUMNS = "columns"  # --q-col/--v-col: the user's critic scored the log
 DEFAULT_V_SAMPLES = 16
 DEFAULT_CROSS_FIT = 2
 Q_KINDS = ("tabular_q", "linear_q", "mlp_q", "mlp_q_sa")
+GAMMA_KEY = "gamma"  # a Q checkpoint's optional discount it was fitted for (ope fit-q's)
 
 
 def _jnp():
@@ -102,6 +104,8 @@ class QFunction:
         input_dim: obs_dim + act_dim of a network of (observation, action) (mlp_q_sa).
       folds: K of a cross-fitted Q (episodes use the fold ``ids.fold_index`` gives).
       fit: the fitted Q evaluation's summary (``--q fit``), else None.
+      gamma: the discount the Q-hat was fitted for (a checkpoint's optional ``gamma``,
+        which ``ope fit-q`` writes), None when unknown.
     """
 
     name: str
@@ -117,6 +121,7 @@ class QFunction:
     input_dim: int | None = None
     folds: int = 1
     fit: Any = None
+    gamma: float | None = None
 
     @property
     def stack_key(self) -> tuple:
@@ -192,9 +197,37 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
     if kind not in _CHECKPOINT_KINDS:
         found = f"kind {kind!r}" if kind else "no 'kind' array"
         raise PolicyError(f"{path}: not a Q checkpoint ({found}; expected {', '.join(Q_KINDS)})")
+    gamma = _fitted_gamma(path, arrays.pop(GAMMA_KEY, None))
     q = _CHECKPOINT_KINDS[kind](path, arrays)
     refuse_unread(path, kind, arrays, q.params)
-    return q
+    return dataclasses.replace(q, gamma=gamma)
+
+
+def _fitted_gamma(path: str, value: np.ndarray | None) -> float | None:
+    """A Q checkpoint's optional ``gamma`` (a number in [0, 1]) as a float; PolicyError
+    for anything else."""
+    if value is None:
+        return None
+    value = np.asarray(value)
+    if value.shape != () or value.dtype.kind not in "fiu" or not 0.0 <= float(value) <= 1.0:
+        raise PolicyError(
+            f"{path}: array {GAMMA_KEY!r} must be one number in [0, 1] (the discount the Q "
+            f"was fitted for), got {value.tolist()!r}"
+        )
+    return float(value)
+
+
+def check_q_gamma(qs: Sequence[QFunction] | None, gamma: float, described: str) -> None:
+    """UsageError (one line) when a Q checkpoint was fitted for another discount than the
+    run's ``gamma`` (``described``: where it comes from): its Q-hat is the value of another
+    return, and dm would estimate that one without a word."""
+    for q in qs or ():
+        if q.gamma is not None and not math.isclose(q.gamma, gamma, rel_tol=1e-12, abs_tol=1e-15):
+            raise UsageError(
+                f"--q {q.name} was fitted for gamma {q.gamma:g}, but this run discounts by "
+                f"gamma {gamma:g} ({described}): evaluate with --gamma {q.gamma:g}, or refit "
+                f"it with --gamma {gamma:g} (or --q fit)"
+            )
 
 
 def load_q_entry_point(spec: str) -> QFunction:
