@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import TwoProcessGather
+from rich.console import Console
 
 import ope_cli.envs.generate as gen
 from ope_cli.config import ColumnMapping
@@ -33,6 +34,7 @@ from ope_cli.models.q_models.base import (
 )
 from ope_cli.models.q_models.command import FitQConfig, FitQResult, run_fit_q
 from ope_cli.models.q_models.fitting import FitSettings, collect_q, fit_q, make_q_model
+from ope_cli.report.fit_q import render_table
 
 N_ACTIONS, OBS_DIM, N_STATES = 3, 2, 5
 
@@ -562,3 +564,20 @@ def test_data_without_observations_is_invalid_data(data):
     with pytest.raises(DataError, match="--obs-col") as error:
         _fit(data["root"] / "no_obs.parquet", data["root"] / "linear.npz", data["root"] / "no.npz")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("heldout_steps", "words"),
+    [(120, "12 (converged)"), (0, "12 (converged on the training steps: too few episodes")],
+)
+def test_the_table_says_when_no_episode_was_held_out(heldout_steps, words):
+    """With no held-out episode the mlp watches the training steps' Q for its stopping
+    rule: "converged" alone would claim the held-out check that did not run."""
+    result = FitQResult(
+        "d.parquet", "p.npz", "q.npz", "mlp", "mlp_q", 0.9, 3, 40, 1.0, 0.1, 0.2, 1.0,
+        iterations=12, converged=True, heldout_steps=heldout_steps,
+        heldout_bellman_rmse=0.3 if heldout_steps else None,
+    )  # fmt: skip
+    console = Console(record=True, width=200)
+    render_table(result, console)
+    assert words in console.export_text()

@@ -42,6 +42,8 @@ def render_table(result: FitQResult, console: Console) -> None:
         table.add_row("ridge", significant(result.ridge))
     if result.iterations is not None:
         converged = "converged" if result.converged else "not converged"
+        if not result.heldout_steps:  # the change of Q was watched on the training steps
+            converged += " on the training steps: too few episodes to hold a fifth out"
         table.add_row("iterations", f"{result.iterations} ({converged})")
         table.add_row(
             f"Bellman residual RMSE (held out: {count(result.heldout_steps or 0)} steps)",
