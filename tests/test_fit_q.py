@@ -382,7 +382,7 @@ def test_evaluate_refuses_a_q_fitted_for_another_gamma(data, ope_in_process, eva
     if code:
         assert done.stdout == "" and done.stderr.count("\n") == 1
         source = "the default" if evaluate_gamma is None else "--gamma"
-        assert "was fitted for gamma 0.9, but this run discounts by gamma" in done.stderr
+        assert "is a Q for gamma 0.9, but this run discounts by gamma" in done.stderr
         assert f"({source}): evaluate with --gamma 0.9, or refit" in done.stderr
 
 

@@ -622,6 +622,6 @@ def test_check_q_gamma_refuses_only_a_q_fitted_for_another_discount():
     with pytest.raises(UsageError) as error:
         qf.check_q_gamma([unknown, fitted], 1.0, "the default")
     assert str(error.value) == (
-        "--q q.npz was fitted for gamma 0.99, but this run discounts by gamma 1 (the default): "
+        "--q q.npz is a Q for gamma 0.99, but this run discounts by gamma 1 (the default): "
         "evaluate with --gamma 0.99, or refit it with --gamma 1 (or --q fit)"
     )

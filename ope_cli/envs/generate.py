@@ -27,8 +27,9 @@ sample size of roughly 10-50% of the episodes; larger shifts make importance sam
 
 Exact action values: where the environment's states are tabular (``chain``) and episodes are
 not capped by a horizon, ``q/eval_<k>.npz`` (and ``q/behavior.npz``) hold each policy's
-exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64), the Q source of
-doubly robust estimators with a known answer; truth.json's entries say where (``"q"``), or
+exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64, and the ``gamma``
+it is exact for: ``ope evaluate`` refuses it for another), the Q source of doubly robust
+estimators with a known answer; truth.json's entries say where (``"q"``), or
 ``"q": null`` where there is no exact tabular Q (other environments; a finite horizon, under
 which the value of a capped episode depends on time). They live outside ``policies/`` so that
 ``--policy 'policies/*.npz'`` still matches policies only.
@@ -51,6 +52,7 @@ from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
 from ope_cli.errors import UsageError
+from ope_cli.models.qfunctions import GAMMA_KEY
 from ope_cli.outputs import refuse_existing
 
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
@@ -142,9 +144,12 @@ def _remove_stale_policies(out: Path, paths: list[str]) -> None:
                 stale.unlink()
 
 
-def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> list[str | None]:
-    """Writes q/<policy name>.npz (``tabular_q``) per exact Q, removing an earlier run's file
-    where there is none now; returns the relative paths (None where no Q)."""
+def _write_q(
+    out: Path, paths: list[str], q_values: list[np.ndarray | None], gamma: float
+) -> list[str | None]:
+    """Writes q/<policy name>.npz (``tabular_q``, with the ``gamma`` it is exact for) per
+    exact Q, removing an earlier run's file where there is none now; returns the relative
+    paths (None where no Q)."""
     q_paths: list[str | None] = []
     for path, q in zip(paths, q_values, strict=True):
         q_path = f"q/{Path(path).name}"
@@ -153,7 +158,7 @@ def _write_q(out: Path, paths: list[str], q_values: list[np.ndarray | None]) -> 
             q_paths.append(None)
             continue
         (out / "q").mkdir(exist_ok=True)
-        write_npz(out / q_path, "tabular_q", {"q": q})
+        write_npz(out / q_path, "tabular_q", {"q": q, GAMMA_KEY: gamma})
         q_paths.append(q_path)
     return q_paths
 
@@ -163,13 +168,13 @@ def _write_policies(
 ) -> list[dict]:
     """Writes the behavior and evaluation policies (and their exact Q functions) into
     ``out``; returns truth.json's entry of each, the behavior policy's first. ``known``:
-    (each policy's (value, stderr, method), each one's exact Q or None)."""
-    truths, q_values = known
+    (each policy's (value, stderr, method), each one's exact Q or None, the discount)."""
+    truths, q_values, gamma = known
     paths = ["behavior.npz", *policy_paths(policies)]
     _remove_stale_policies(out, paths)
     for path, policy in zip(paths, policy_arrays, strict=True):
         write_npz(out / path, environment.kind, policy)
-    q_paths = _write_q(out, paths, q_values)
+    q_paths = _write_q(out, paths, q_values, gamma)
     return [
         {
             "policy": path,
@@ -224,7 +229,8 @@ def generate(
             environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
         )
 
-    entries = _write_policies(out, environment, policy_arrays, policies, (truths, q_values))
+    known = (truths, q_values, gamma)
+    entries = _write_policies(out, environment, policy_arrays, policies, known)
     truth = {
         "env": env,
         "gamma": gamma,

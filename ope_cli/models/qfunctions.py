@@ -224,7 +224,7 @@ def check_q_gamma(qs: Sequence[QFunction] | None, gamma: float, described: str) 
     for q in qs or ():
         if q.gamma is not None and not math.isclose(q.gamma, gamma, rel_tol=1e-12, abs_tol=1e-15):
             raise UsageError(
-                f"--q {q.name} was fitted for gamma {q.gamma:g}, but this run discounts by "
+                f"--q {q.name} is a Q for gamma {q.gamma:g}, but this run discounts by "
                 f"gamma {gamma:g} ({described}): evaluate with --gamma {q.gamma:g}, or refit "
                 f"it with --gamma {gamma:g} (or --q fit)"
             )
