@@ -149,6 +149,8 @@ class InspectReport:
     gamma: float = 1.0  # the discount of the returns, from ``gamma_source``
     gamma_source: str = "default"  # option (--gamma), data (declared) or default
     rewards: RewardSummary = dataclasses.field(default_factory=RewardSummary)
+    # the observations' length: the type's, else the one the data's lists have (None: none)
+    observation_dim: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -269,6 +271,8 @@ def inspect(config: InspectConfig) -> InspectReport:
         gamma_source=gamma_source,
     )
     _read_every_file(episodes.with_checks(policy_checks), report)
+    # a list column's length is the one its vectors are read with (episode_stream.widths)
+    report.observation_dim = schema.observation_dim or episodes.widths.get("observation")
     return report
 
 

@@ -45,7 +45,8 @@ def test_clean_data(tmp_path):
     assert report.ok and doc["valid"] and doc["problems"] == []
     assert doc["dataset"]["layout"] == "step"
     assert doc["dataset"]["columns"]["behavior_prob"] == {"name": "behavior_prob", "type": "double"}
-    assert doc["dataset"]["observation"] == {"kind": "vector", "dim": None}
+    # a list<double> column: the length its vectors have (the type says none)
+    assert doc["dataset"]["observation"] == {"kind": "vector", "dim": 3}
     counts = doc["counts"]
     assert counts["episodes"] == counts["valid_episodes"] == len(episodes)
     assert counts["steps"] == counts["rows_read"] == lengths.sum()

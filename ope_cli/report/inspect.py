@@ -70,7 +70,7 @@ def _dataset_dict(report: InspectReport) -> dict[str, Any]:
         },
         "observation": None
         if s.observation_kind is None
-        else {"kind": s.observation_kind, "dim": s.observation_dim},
+        else {"kind": s.observation_kind, "dim": report.observation_dim},
         "action": {"kind": s.action_kind, "vector": s.action_is_vector},
         # None: no propensity column (ope evaluate then needs --behavior)
         "behavior": None if not s.behavior_logged else "log_prob" if s.behavior_is_log else "prob",
@@ -160,7 +160,8 @@ def _schema_lines(report: InspectReport, counts: dict[str, Any]) -> list[str]:
     observation = (
         "none"
         if s.observation_kind is None
-        else (s.observation_kind + (f" (size {s.observation_dim})" if s.observation_dim else ""))
+        else s.observation_kind
+        + (f" (size {report.observation_dim})" if report.observation_dim else "")
     )
     action = s.action_kind + (" vectors" if s.action_is_vector else "")
     behavior = (
