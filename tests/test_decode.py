@@ -73,3 +73,17 @@ def test_vectors_without_a_width_take_the_first_non_null_ones():
         None,
     )
     assert nulls.shape == (2, 0)
+
+
+def test_a_null_inside_a_vector_is_not_called_a_null_column():
+    """[0.3, None] is a vector with a null entry: the message says so (the row is not
+    null), and the one of a null row stays as it was."""
+    inside = pa.array([[0.1, 0.2], [0.3, None]], pa.list_(pa.float64()))
+    with pytest.raises(DataError, match=r"step 1: column 'obs' has a null in its list; every"):
+        vectors(inside, "obs", Where("f", locate), 2)
+    row = pa.array([[0.1, 0.2], None], pa.list_(pa.float64()))
+    with pytest.raises(DataError, match=r"step 1: column 'obs' is null; every step"):
+        vectors(row, "obs", Where("f", locate), 2)
+    flags = np.zeros(2, np.uint16)
+    vectors(inside, "obs", Where("f", locate, flags), 2)  # flagged: the row's null bit
+    np.testing.assert_array_equal(flags, [0, 1 << READ_FLAGS.index("null_observation")])

@@ -51,8 +51,13 @@ def null_reason(role: str) -> str:
     return "null_" + role.replace("_log_prob", "_prob")
 
 
-def null_message(column: str) -> str:
-    return f"column {column!r} is null (every step needs a value)"
+IN_A_LIST = "has a null in its list"  # a vector column's null entry, not a null row
+
+
+def null_message(column: str, vector: bool = False) -> str:
+    """The problem of a null value in ``column`` (a ``vector`` one: a null row or entry)."""
+    either = f" or {IN_A_LIST}" if vector else ""
+    return f"column {column!r} is null{either} (every step needs a value)"
 
 
 def check_no_nulls(
@@ -61,8 +66,10 @@ def check_no_nulls(
     at: Where,
     reason: str | None = None,
     row_of: RowOf | None = None,
+    what: str = "is null",
 ) -> bool:
-    """Whether ``array`` has nulls: a DataError without flags, else their rows marked."""
+    """Whether ``array`` has nulls: a DataError (``what`` says what is null) without flags,
+    else their rows marked."""
     if not array.null_count:
         return False
     null_at = np.flatnonzero(np.asarray(pc.is_null(array)))
@@ -71,7 +78,7 @@ def check_no_nulls(
         place = where(at.file, *at.locate(int(rows[0]))) if at.locate else f"{at.file}: "
         count = np.unique(rows).size if row_of is not None else rows.size
         raise InvalidValueError(  # a null value's episode can be dropped; a null id cannot
-            f"{place}column {column!r} is null; every step needs a value ({count} "
+            f"{place}column {column!r} {what}; every step needs a value ({count} "
             "row(s) affected in this record batch)",
             droppable=reason is not None,
         )
@@ -87,9 +94,10 @@ def numbers(
     reason: str | None = None,
     fill: float = 0,
     row_of: RowOf | None = None,
+    what: str = "is null",
 ) -> np.ndarray:
     """[n] ``dtype`` values; a null is an error, or (with flags) ``fill`` and a marked row."""
-    if check_no_nulls(array, column, at, reason, row_of):
+    if check_no_nulls(array, column, at, reason, row_of, what):
         if fill < 0 and pa.types.is_unsigned_integer(array.type):
             fill = 0
         array = pc.fill_null(array, fill)
@@ -190,7 +198,7 @@ def vectors(
                 f"({bad.size} ragged row(s) in this batch)"
             )
         at.mark(f"ragged_{role}", bad)
-    flat = numbers(values, column, dtype, at, reason, 0, row_of)
+    flat = numbers(values, column, dtype, at, reason, 0, row_of, IN_A_LIST)
     if not ragged.any() and not null_rows.any():
         return flat.reshape(n, dim)
     matrix = np.zeros((n, dim), dtype)
@@ -312,7 +320,11 @@ class StepConverter:
                 continue
             role = reason.split("_", 1)[1]
             if reason.startswith("null_"):
-                yield Check(reason, null_message(self._column_of_null(role)), bad)
+                vector = {
+                    "observation": self.schema.observation_kind == "vector",
+                    "action": self.schema.action_is_vector,
+                }.get(role, False)
+                yield Check(reason, null_message(self._column_of_null(role), vector), bad)
             else:
                 yield Check(
                     reason,
