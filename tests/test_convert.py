@@ -260,11 +260,11 @@ def test_episodes_that_are_not_contiguous_rows_of_one_file_are_refused(tmp_path)
             convert(ConvertConfig(str(tmp_path / source), str(out), read_rows=2))
         message = str(error.value)
         assert message.endswith(
-            "episode 1: episode id appears in more than one place "
-            "(its rows must be contiguous within one file)"
+            "episode 1: episode id appears in more than one place (its rows must be "
+            f"contiguous within one file); seen first in {tmp_path / 'split' / 'a.parquet'}"
             if source == "split"
             else "episode 0: episode id appears in more than one place "
-            "(its rows must be contiguous within one file)"
+            "(its rows must be contiguous within one file); seen earlier in this file"
         ), message
         assert file in message and not list(tmp_path.glob("out.parquet*"))
     good = tmp_path / "good.parquet"

@@ -55,6 +55,27 @@ def test_seen_keys_flag_exactly_the_reappearances_of_a_set(chunk):
     np.testing.assert_array_equal(seen.all_keys(), np.sort(id_keys(np.array(sorted(before)))))
 
 
+def test_seen_keys_name_where_a_reappearing_id_was_first_seen():
+    """An episode split over files names both: the one it reappears in and the first;
+    over enough files that the keys seen first were merged with later ones."""
+    seen = SeenKeys()
+    for k in range(40):  # 40 files of 200 ids each: several merges of the latest keys
+        ids = np.arange(200 * k, 200 * (k + 1))
+        seen.add(f"part-{k}.parquet", id_keys(ids), ids)
+    for episode, first in ((5, "part-0.parquet"), (7_999, "part-39.parquet")):
+        with pytest.raises(DataError) as error:
+            seen.add("late.parquet", id_keys(np.array([episode])), np.array([episode]))
+        assert str(error.value) == (
+            f"late.parquet: episode {episode}: episode id appears in more than one place (its "
+            f"rows must be contiguous within one file); seen first in {first}"
+        )
+    with pytest.raises(DataError, match=r"appears .*; seen earlier in this file$"):
+        seen.add("part-3.parquet", id_keys(np.array([600])), np.array([600]))
+    # an id twice in one chunk is found before one seen in an earlier file (1, in part-0)
+    with pytest.raises(DataError, match=r"episode 90000: .*; seen earlier in this file$"):
+        seen.add("x.parquet", id_keys(np.array([90_000, 1, 90_000])), np.array([90_000, 1, 90_000]))
+
+
 def test_seen_keys_name_the_first_reappearing_row():
     seen = SeenKeys()
     seen.add("a", id_keys(np.arange(0, 10_000, 2)), np.arange(0, 10_000, 2))

@@ -114,14 +114,15 @@ REAPPEARS = (
 
 class SeenKeys:
     """Episode keys seen so far, to catch an episode id that reappears (non-contiguous
-    rows, or an episode split over files). 8 bytes per episode; each check is a binary
-    search in two sorted arrays: all keys but the latest (``_sorted``) and the latest
-    (``_recent``, merged into ``_sorted`` once it outgrows sqrt(seen x added), which keeps
-    the copying of both merges small)."""
+    rows, or an episode split over files), and the file each was first seen in. 12 bytes
+    per episode; each check is a binary search in two sorted arrays: all keys but the
+    latest (``_sorted``) and the latest (``_recent``, merged into ``_sorted`` once it
+    outgrows sqrt(seen x added), which keeps the copying of both merges small)."""
 
     def __init__(self) -> None:
-        self._sorted = np.zeros(0, np.uint64)
-        self._recent = np.zeros(0, np.uint64)
+        self._sorted, self._sorted_file = _no_keys()
+        self._recent, self._recent_file = _no_keys()
+        self._files: dict[str, int] = {}  # file -> its index in the *_file arrays
 
     def add(
         self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
@@ -134,7 +135,7 @@ class SeenKeys:
         if ordered.size > 1 and (ordered[1:] == ordered[:-1]).any():
             unique, first_index, counts = np.unique(keys, return_index=True, return_counts=True)
             if raise_error:
-                self._fail(file, ids[int(first_index[np.argmax(counts > 1)])])
+                self._fail(file, ids[int(first_index[np.argmax(counts > 1)])], file)
             repeated = np.ones(keys.shape, bool)
             repeated[first_index] = False
             ordered = unique
@@ -146,21 +147,44 @@ class SeenKeys:
             else:
                 seen = np.isin(keys, ordered[found])
             if raise_error:
-                self._fail(file, ids[int(np.argmax(seen))])
+                first = int(np.argmax(seen))
+                self._fail(file, ids[first], self._first_file(keys[first]))
             repeated = seen if repeated is None else repeated | seen
             ordered = ordered[~found]  # each key once: all_keys() counts processes per key
-        self._recent = _merged(self._recent, ordered)
+        index = self._files.setdefault(file, len(self._files))
+        added = (ordered, np.full(ordered.size, index, np.uint32))
+        self._recent, self._recent_file = _merged((self._recent, self._recent_file), added)
         if self._recent.size > max(4096, math.isqrt(self._sorted.size * ordered.size)):
-            self._sorted, self._recent = _merged(self._sorted, self._recent), self._recent[:0]
+            self._sorted, self._sorted_file = _merged(
+                (self._sorted, self._sorted_file), (self._recent, self._recent_file)
+            )
+            self._recent, self._recent_file = _no_keys()
         return None if repeated is None else np.flatnonzero(repeated)
 
     def all_keys(self) -> np.ndarray:
         """[E] sorted uint64 keys of every episode seen."""
-        return _merged(self._sorted, self._recent)
+        return _merged((self._sorted, self._sorted_file), (self._recent, self._recent_file))[0]
+
+    def _first_file(self, key: np.uint64) -> str:
+        """The file where ``key`` (seen before) was first seen."""
+        names = list(self._files)
+        for keys, files in ((self._sorted, self._sorted_file), (self._recent, self._recent_file)):
+            position = int(np.searchsorted(keys, key))
+            if position < keys.size and keys[position] == key:
+                return names[int(files[position])]
+        raise AssertionError("a key reported as seen is not among the seen keys")
 
     @staticmethod
-    def _fail(file: str, episode_id: object) -> None:
-        raise InvalidValueError(f"{where(file, display_id(episode_id))}{REAPPEARS}", False)
+    def _fail(file: str, episode_id: object, first_file: str) -> None:
+        where_first = "earlier in this file" if first_file == file else f"first in {first_file}"
+        raise InvalidValueError(
+            f"{where(file, display_id(episode_id))}{REAPPEARS}; seen {where_first}", False
+        )
+
+
+def _no_keys() -> tuple[np.ndarray, np.ndarray]:
+    """(keys, file indices) of no episode."""
+    return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
 
 
 def _found_in(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -171,10 +195,14 @@ def _found_in(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return sorted_keys[position] == keys
 
 
-def _merged(sorted_keys: np.ndarray, more: np.ndarray) -> np.ndarray:
-    """``sorted_keys`` and ``more`` (both sorted) in one sorted array (a stable sort of
-    two sorted runs is a linear merge)."""
-    return np.sort(np.concatenate([sorted_keys, more]), kind="stable")
+def _merged(
+    first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, file indices) of two such pairs, each sorted by key, in one sorted pair (a
+    stable sort of two sorted runs is a linear merge)."""
+    keys = np.concatenate([first[0], second[0]])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], np.concatenate([first[1], second[1]])[order]
 
 
 def locate_key(key: int, step: int, chunks) -> str:
