@@ -21,6 +21,7 @@ import ope_cli.envs.generate as gen
 from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
 from ope_cli.errors import UsageError
+from ope_cli.models.policies import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("small_control_truth")
 
@@ -258,8 +259,11 @@ def test_chain_q_is_exact_and_agrees_with_the_truth(chain_q):
         name = Path(entry["policy"]).name
         assert entry["q"] == f"q/{name}" and (out / entry["q"]).is_file()
         kind, arrays = _load_policy(out / entry["q"])
-        # the gamma it is exact for: ope evaluate refuses it under another one
-        assert kind == "tabular_q" and set(arrays) == {"q", "gamma"} and arrays["gamma"] == 0.95
+        # the gamma it is exact for and its policy: ope evaluate refuses another of either
+        assert kind == "tabular_q" and set(arrays) == {"q", "gamma", "policy_fingerprint"}
+        assert arrays["gamma"] == 0.95
+        own = load_checkpoint(str(out / entry["policy"])).fingerprint()
+        assert str(arrays["policy_fingerprint"]) == own
         q = arrays["q"]
         assert q.dtype == np.float64 and q.shape == env["mean_reward"].shape == (10, 3)
         _, policy = _load_policy(out / entry["policy"])
@@ -285,6 +289,24 @@ def test_the_exact_q_is_refused_under_another_gamma(chain_q, ope_in_process, gam
     assert done.returncode == code, done
     if code:
         assert done.stdout == "" and "is a Q for gamma 0.95" in done.stderr
+
+
+def test_exact_qs_given_in_another_order_than_their_policies_are_refused(chain_q, ope_in_process):
+    """--q pairs with --policy by position: eval_1's Q beside eval_0 would make eval_0's dm
+    eval_1's value without a word."""
+    out, _ = chain_q
+    policies = ["-p", out / "policies/eval_0.npz", "-p", out / "policies/eval_1.npz"]
+    swapped = ["--q", out / "q/eval_1.npz", "--q", out / "q/eval_0.npz"]
+    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *swapped, "-e", "dm"])
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == (
+        f"ope: usage error: --q {out / 'q/eval_1.npz'} is the Q of another policy than "
+        f"{out / 'policies/eval_0.npz'}, the --policy it is paired with (it is "
+        f"{out / 'policies/eval_1.npz'}'s): give --q once per --policy, in the same order\n"
+    )
+    in_order = ["--q", out / "q/eval_0.npz", "--q", out / "q/eval_1.npz"]
+    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *in_order, "-e", "dm"])
+    assert done.returncode == 0, done
 
 
 @pytest.mark.slow  # statistical, on large generated logs

@@ -179,6 +179,8 @@ def test_tabular_equals_the_exact_q_of_the_empirical_mdp(data, gamma):
         assert str(q["kind"]) == "tabular_q"
         np.testing.assert_allclose(q["q"], expected, rtol=0, atol=1e-9)
         assert q["gamma"].shape == () and float(q["gamma"]) == gamma  # what it was fitted for
+        policy = load_policy(str(data["root"] / "tabular.npz"))
+        assert str(q["policy_fingerprint"]) == policy.fingerprint()  # and for which policy
     v = np.sum(data["pi_tabular"] * expected, axis=1)
     v0 = v[[ep["obs"][0] for ep in data["states"]]]
     assert result.dm == pytest.approx(v0.mean(), abs=1e-10)

@@ -17,7 +17,13 @@ from ope_cli.data.ids import fold_index
 from ope_cli.data.steps import Steps
 from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.models import qfunctions as qf
-from ope_cli.models.policies import Policy, checkpoint_policy, tabular_log_prob
+from ope_cli.models.policies import (
+    Policy,
+    checkpoint_policy,
+    load_checkpoint,
+    logged_policy,
+    tabular_log_prob,
+)
 
 
 def _linear_q(rng: np.random.Generator, obs_dim: int = 3, n_actions: int = 4) -> dict:
@@ -143,6 +149,14 @@ def test_bad_q_checkpoints_are_policy_errors():
         "gamma as text": (
             {"kind": "tabular_q", "q": np.zeros((2, 2)), "gamma": np.array("0.9")},
             "array 'gamma' must be one number",
+        ),
+        "fingerprint not hex": (
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "policy_fingerprint": np.array("x" * 64)},
+            "array 'policy_fingerprint' must be the sha256 (64 hex digits)",
+        ),
+        "fingerprint a number": (
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "policy_fingerprint": np.float64(1.0)},
+            "array 'policy_fingerprint' must be the sha256 (64 hex digits)",
         ),
     }
     for name, (arrays, words) in cases.items():
@@ -625,3 +639,42 @@ def test_check_q_gamma_refuses_only_a_q_fitted_for_another_discount():
         "--q q.npz is a Q for gamma 0.99, but this run discounts by gamma 1 (the default): "
         "evaluate with --gamma 0.99, or refit it with --gamma 1 (or --q fit)"
     )
+
+
+def test_check_q_policies_refuses_a_q_paired_with_another_policy():
+    rng = np.random.default_rng(5)
+    first = checkpoint_policy("a.npz", random_checkpoint("linear_softmax", rng))
+    second = checkpoint_policy("b.npz", random_checkpoint("linear_softmax", rng))
+    arrays = {"kind": "tabular_q", "q": np.zeros((3, 2))}
+
+    def q_of(policy, name):
+        return qf.q_checkpoint(name, {**arrays, "policy_fingerprint": policy.fingerprint()})
+
+    unknown = qf.q_checkpoint("plain.npz", arrays)
+    qf.check_q_policies(None, [first])
+    qf.check_q_policies([q_of(first, "qa.npz"), unknown], [first, second])
+    qf.check_q_policies([unknown], [logged_policy()])
+    with pytest.raises(UsageError) as error:
+        qf.check_q_policies([q_of(second, "qb.npz"), q_of(first, "qa.npz")], [first, second])
+    assert str(error.value) == (
+        "--q qb.npz is the Q of another policy than a.npz, the --policy it is paired with "
+        "(it is b.npz's): give --q once per --policy, in the same order"
+    )
+    with pytest.raises(UsageError, match=r"than a.npz, the --policy it is paired with: give"):
+        qf.check_q_policies([q_of(second, "qb.npz")], [first])
+
+
+def test_a_policy_fingerprint_is_its_arrays_not_its_file(tmp_path):
+    """Saved twice (np.savez records the time), the same arrays have one fingerprint;
+    another value, dtype, kind or activation another; without params, none."""
+    rng = np.random.default_rng(6)
+    arrays = random_checkpoint("linear_softmax", rng)
+    for name in ("one.npz", "two.npz"):
+        np.savez(tmp_path / name, **arrays)
+    one, two = (load_checkpoint(str(tmp_path / n)) for n in ("one.npz", "two.npz"))
+    assert one.fingerprint() == two.fingerprint() and len(one.fingerprint()) == 64
+    changed = {**arrays, "bias": arrays["bias"] + 1e-12}
+    assert checkpoint_policy("c", changed).fingerprint() != one.fingerprint()
+    as_float32 = {**arrays, "weight": arrays["weight"].astype(np.float32)}
+    assert checkpoint_policy("d", as_float32).fingerprint() != one.fingerprint()
+    assert logged_policy().fingerprint() is None

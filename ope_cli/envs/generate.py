@@ -27,8 +27,9 @@ sample size of roughly 10-50% of the episodes; larger shifts make importance sam
 
 Exact action values: where the environment's states are tabular (``chain``) and episodes are
 not capped by a horizon, ``q/eval_<k>.npz`` (and ``q/behavior.npz``) hold each policy's
-exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64, and the ``gamma``
-it is exact for: ``ope evaluate`` refuses it for another), the Q source of doubly robust
+exact Q as a ``tabular_q`` checkpoint (``q`` [n_states, n_actions] float64, the ``gamma`` it
+is exact for and its policy's ``policy_fingerprint``: ``ope evaluate`` refuses it for another
+gamma or paired with another policy), the Q source of doubly robust
 estimators with a known answer; truth.json's entries say where (``"q"``), or
 ``"q": null`` where there is no exact tabular Q (other environments; a finite horizon, under
 which the value of a capped episode depends on time). They live outside ``policies/`` so that
@@ -52,7 +53,8 @@ from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
 from ope_cli.errors import UsageError
-from ope_cli.models.qfunctions import GAMMA_KEY
+from ope_cli.models.policies import load_checkpoint
+from ope_cli.models.qfunctions import GAMMA_KEY, POLICY_KEY
 from ope_cli.outputs import refuse_existing
 
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
@@ -158,7 +160,9 @@ def _write_q(
             q_paths.append(None)
             continue
         (out / "q").mkdir(exist_ok=True)
-        write_npz(out / q_path, "tabular_q", {"q": q, GAMMA_KEY: gamma})
+        policy = load_checkpoint(str(out / path)).fingerprint()  # the policy as read back
+        recorded = {"q": q, GAMMA_KEY: gamma, POLICY_KEY: policy}
+        write_npz(out / q_path, "tabular_q", recorded)
         q_paths.append(q_path)
     return q_paths
 

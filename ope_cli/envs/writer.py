@@ -76,10 +76,14 @@ def write_logs(
 
 
 def write_npz(path: Path, kind: str, arrays: Params) -> None:
-    """Like np.savez, with a fixed date in the archive so equal arrays give equal bytes."""
+    """Like np.savez, with a fixed date in the archive so equal arrays give equal bytes;
+    numbers as float64, a string as a string array."""
     entries = {
         "kind": np.array(kind),
-        **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()},
+        **{
+            k: np.array(v) if isinstance(v, str) else np.asarray(v, dtype=np.float64)
+            for k, v in arrays.items()
+        },
     }
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
         for name, value in entries.items():

@@ -37,7 +37,14 @@ from ope_cli.models.policies import (
     logged_policy,
     split_name,
 )
-from ope_cli.models.qfunctions import FIT, QFunction, check_q, check_q_gamma, load_qs
+from ope_cli.models.qfunctions import (
+    FIT,
+    QFunction,
+    check_q,
+    check_q_gamma,
+    check_q_policies,
+    load_qs,
+)
 from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
 
 Collectives = tuple[Callable, Callable]  # a multi-process run's (gather, check_all)
@@ -100,6 +107,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     qs = load_qs(config.q.sources, policies, critic)
     for q, policy in zip(qs or [], policies if qs else [], strict=True):
         check_q(q, policy, schema)
+    check_q_policies(qs, policies)
     plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])

@@ -44,6 +44,8 @@ DEFAULT_V_SAMPLES = 16
 DEFAULT_CROSS_FIT = 2
 Q_KINDS = ("tabular_q", "linear_q", "mlp_q", "mlp_q_sa")
 GAMMA_KEY = "gamma"  # a Q checkpoint's optional discount it was fitted for (ope fit-q's)
+# a Q checkpoint's optional fingerprint of the policy it is the Q of (Policy.fingerprint)
+POLICY_KEY = "policy_fingerprint"
 
 
 def _jnp():
@@ -106,6 +108,8 @@ class QFunction:
       fit: the fitted Q evaluation's summary (``--q fit``), else None.
       gamma: the discount the Q-hat was fitted for (a checkpoint's optional ``gamma``,
         which ``ope fit-q`` writes), None when unknown.
+      policy_fingerprint: ``Policy.fingerprint`` of the policy it is the Q of (a
+        checkpoint's optional ``policy_fingerprint``), None when unknown.
     """
 
     name: str
@@ -122,6 +126,7 @@ class QFunction:
     folds: int = 1
     fit: Any = None
     gamma: float | None = None
+    policy_fingerprint: str | None = None
 
     @property
     def stack_key(self) -> tuple:
@@ -198,9 +203,42 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
         found = f"kind {kind!r}" if kind else "no 'kind' array"
         raise PolicyError(f"{path}: not a Q checkpoint ({found}; expected {', '.join(Q_KINDS)})")
     gamma = _fitted_gamma(path, arrays.pop(GAMMA_KEY, None))
+    policy = _policy_fingerprint(path, arrays.pop(POLICY_KEY, None))
     q = _CHECKPOINT_KINDS[kind](path, arrays)
     refuse_unread(path, kind, arrays, q.params)
-    return dataclasses.replace(q, gamma=gamma)
+    return dataclasses.replace(q, gamma=gamma, policy_fingerprint=policy)
+
+
+def _policy_fingerprint(path: str, value: np.ndarray | None) -> str | None:
+    """A Q checkpoint's optional ``policy_fingerprint`` (64 hex digits); PolicyError for
+    anything else."""
+    if value is None:
+        return None
+    value = np.asarray(value)
+    found = text(value) if value.shape == () and value.dtype.kind in "US" else ""
+    if len(found) != 64 or any(c not in "0123456789abcdef" for c in found):
+        raise PolicyError(
+            f"{path}: array {POLICY_KEY!r} must be the sha256 (64 hex digits) of the policy "
+            f"the Q is of, got {value.tolist()!r}"
+        )
+    return found
+
+
+def check_q_policies(qs: Sequence[QFunction] | None, policies: Sequence[Policy]) -> None:
+    """UsageError (one line) when a Q checkpoint records the policy it is the Q of and
+    the --policy it is paired with (the one in the same position) is another: dm would
+    estimate the value of that other policy without a word (a --q glob that sorts in
+    another order than the --policy one, say)."""
+    for q, policy in zip(qs or (), policies if qs else (), strict=True):
+        own = policy.fingerprint()
+        if q.policy_fingerprint is None or own is None or own == q.policy_fingerprint:
+            continue
+        named = [p.name for p in policies if p.fingerprint() == q.policy_fingerprint]
+        of = f" (it is {named[0]}'s)" if named else ""
+        raise UsageError(
+            f"--q {q.name} is the Q of another policy than {policy.name}, the --policy it "
+            f"is paired with{of}: give --q once per --policy, in the same order"
+        )
 
 
 def _fitted_gamma(path: str, value: np.ndarray | None) -> float | None:

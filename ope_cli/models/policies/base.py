@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,20 @@ class Policy:
     # the checkpoint path or entry point it was loaded from, when ``name`` is a NAME given
     # with --policy NAME=PATH (None: ``name`` is the path itself)
     source: str | None = None
+
+    def fingerprint(self) -> str | None:
+        """sha256 (hex) of what the policy computes with: its kind, static settings and
+        parameter arrays (names, dtypes, shapes, values); None without parameters (entry
+        points, logged targets). The same checkpoint saved twice has one fingerprint,
+        where the files' bytes differ (a zip archive records when it was written)."""
+        if self.params is None:
+            return None
+        digest = hashlib.sha256(repr((self.kind, self.static)).encode())
+        for name, values in sorted(self.params.items()):
+            values = np.ascontiguousarray(values)
+            digest.update(repr((name, values.dtype.str, values.shape)).encode())
+            digest.update(values.tobytes())
+        return digest.hexdigest()
 
     @property
     def stack_key(self) -> tuple:
