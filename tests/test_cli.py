@@ -1476,3 +1476,27 @@ def test_error_lines_print_names_as_given(capsys):
     line = "ope: invalid policy: agents:robot: log_prob must return a scalar; agents:x:one:"
     say(line)
     assert capsys.readouterr().err == line + "\n"
+
+
+def test_what_an_entry_point_prints_goes_to_stderr(world, ope_in_process, monkeypatch):
+    """A user's module that prints on import (and when traced) leaves stdout to the result:
+    ``| jq`` would fail on its line. What it printed is on stderr."""
+    (world.root / "ope_cli_test_noisy.py").write_text(
+        textwrap.dedent("""\
+        import jax.numpy as jnp
+
+        print("hello from import")
+
+
+        def log_prob(observation, action):
+            print("hello from the trace")
+            return jnp.log(0.25)
+        """)
+    )
+    policy = ["-p", "ope_cli_test_noisy:log_prob"]
+    for command in (["evaluate", "data.parquet", *policy], ["inspect", "data.parquet", *policy]):
+        monkeypatch.delitem(sys.modules, "ope_cli_test_noisy", raising=False)  # imported anew
+        done = ope_in_process([*command, "-f", "json"], cwd=world.root)
+        assert done.returncode == 0, done
+        assert json.loads(done.stdout)["schema_version"] == 1  # stdout: the document alone
+        assert "hello from import" in done.stderr

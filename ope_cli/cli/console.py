@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+
 from rich.console import Console
 
 
@@ -21,3 +25,12 @@ def table_console(width: int) -> Console:
     columns (the 80 columns rich assumes in a pipe would fold paths)."""
     console = Console(emoji=False)
     return console if console.is_terminal else Console(width=width, emoji=False)
+
+
+@contextlib.contextmanager
+def stdout_kept_for_the_result() -> Iterator[None]:
+    """While a command runs user code (an entry point's module on import, its function when
+    traced): what Python prints to stdout goes to stderr, so that stdout holds the result
+    alone (``| jq`` reads it). The command writes its result after the block."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ope_cli.cli.console import say, table_console
+from ope_cli.cli.console import say, stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import (
     BATCHING,
     CHOOSING,
@@ -164,7 +164,7 @@ def run_and_report(
         refuse_existing((Path(plot) / name for name in FIGURES), overwrite)
     # pipeline.evaluate configures the runtime (ope_cli.runtime), around joining a cluster.
     try:
-        with ProgressDisplay(quiet) as (on_progress, on_status):
+        with ProgressDisplay(quiet) as (on_progress, on_status), stdout_kept_for_the_result():
             result = run_evaluation(
                 config, on_progress=on_progress, distributed=cluster, on_status=on_status
             )

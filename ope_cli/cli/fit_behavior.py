@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ope_cli.cli.console import table_console
+from ope_cli.cli.console import stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
 from ope_cli.cli.options import (
     BehaviorModelOption,
@@ -67,7 +67,8 @@ def fit_behavior(
     from ope_cli import runtime
 
     runtime.enable_x64()  # the iterative models fit in float64
-    result = run_fit_behavior(config)
+    with stdout_kept_for_the_result():
+        result = run_fit_behavior(config)
     if output is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     else:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ope_cli.cli.console import table_console
+from ope_cli.cli.console import stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
 from ope_cli.cli.options import (
     Data,
@@ -108,7 +108,8 @@ def _fit_and_print(config, output: InspectFormat) -> None:
     from ope_cli.report.fit_q import render_table, to_json
 
     runtime.enable_x64()  # the fits run in float64
-    result = run_fit_q(config)
+    with stdout_kept_for_the_result():
+        result = run_fit_q(config)
     if output is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
     else:

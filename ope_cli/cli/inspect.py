@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ope_cli.cli.console import say, table_console
+from ope_cli.cli.console import say, stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
 from ope_cli.cli.options import (
     LOGGED_COLUMNS,
@@ -57,7 +57,8 @@ def inspect(
         policies=tuple(policy or ()),
         gamma=gamma,
     )
-    report = run_inspection(config)
+    with stdout_kept_for_the_result():
+        report = run_inspection(config)
     if output is InspectFormat.json:
         sys.stdout.write(to_json(report) + "\n")
     else:
