@@ -203,6 +203,35 @@ def test_unreachable_coordinator_ends_with_a_clear_error(world):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_lonely_process_0_says_its_peers_did_not_join(world):
+    """Process 0 is the coordinator: when no peer joins, it says so (it said the
+    coordinator did not answer, which is itself)."""
+    tmp, _ = world
+    lonely = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=5)
+    out, err = lonely.communicate(timeout=120)
+    assert lonely.returncode == 5 and out == "", err
+    assert "not every process joined the run in time" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_processes_given_different_options_are_refused(world):
+    """Each process estimated its share with its own --gamma (or checkpoint) and process 0
+    printed merged numbers of no run, exit 0: now every process refuses, naming them."""
+    tmp, _ = world
+    port = free_port()
+    args = ["five", "-p", "p0.npz", "--format", "json", "--gamma"]
+    processes = [start([*args, gamma], i, 2, port, tmp) for i, gamma in enumerate(("0.9", "0.5"))]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    outcomes = [(p.returncode, *output) for p, output in zip(processes, outputs, strict=True)]
+    for code, out, err in outcomes:
+        assert code == 2 and out == "", outcomes
+        assert err == (
+            "ope: usage error: the processes were given different options (gamma): give every "
+            "process the same command line but its --process-id (--read-rows, --batch-steps, "
+            "--min-bucket and --devices may differ)\n"
+        )
+
+
 SLOW_POLICY = """
 import os
 import time

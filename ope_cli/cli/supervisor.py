@@ -71,7 +71,13 @@ def supervise(argv: list[str]) -> int:
         return RUNTIME_EXIT_CODE
     if code < 0:
         log = "".join(runtime_log)
-        if "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log:
+        joining = "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log
+        if joining and _process_id(argv) == 0:  # the coordinator itself: its peers are late
+            reason = (
+                "not every process joined the run in time (were they all started with this "
+                "--coordinator? one that stopped before joining said why on its own stderr)"
+            )
+        elif joining:
             reason = (
                 "could not join the run: the coordinator did not answer in time (is process 0 "
                 "running, and is --coordinator its reachable HOST:PORT?)"
@@ -84,6 +90,19 @@ def supervise(argv: list[str]) -> int:
         )
         return RUNTIME_EXIT_CODE
     return code
+
+
+def _process_id(argv: list[str]) -> int | None:
+    """The --process-id of a command line (None: not given, or not a number)."""
+    for index, argument in enumerate(argv):
+        value = None
+        if argument == "--process-id" and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif argument.startswith("--process-id="):
+            value = argument.partition("=")[2]
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def is_worker() -> bool:

@@ -9,6 +9,7 @@ process order, so every process holds the same result and process 0 prints it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import TypeVar
 
 import numpy as np
@@ -139,6 +140,44 @@ def wait_for_peers(name: str) -> None:
                 "another process died or stopped answering while this one waited for it "
                 f"({name}): {summary(error)[:300]}"
             ) from None
+
+
+# Options a process may set as its own: how it reads and batches its share of the files, and
+# its local devices; they change how the numbers are computed, not which numbers.
+OWN_OPTIONS = ("batching", "runtime.devices")
+
+
+def option_values(config, prefix: str = "") -> dict[str, str]:
+    """{dotted field: repr} of a (nested) options dataclass, but OWN_OPTIONS."""
+    values = {}
+    for field in dataclasses.fields(config):
+        name, value = prefix + field.name, getattr(config, field.name)
+        if name in OWN_OPTIONS:
+            continue
+        if dataclasses.is_dataclass(value):
+            values.update(option_values(value, name + "."))
+        else:
+            values[name] = repr(value)
+    return values
+
+
+def check_same_options(config) -> None:
+    """Collective, right after joining: a UsageError on every process when the processes
+    were given different options (OWN_OPTIONS aside). Each process estimates its share with
+    its own; with another --gamma or checkpoint in one of them, the merged numbers were
+    those of no run, printed without a word."""
+    values = option_values(config)
+    digests = np.array(
+        [int(hashlib.sha256(v.encode()).hexdigest()[:15], 16) for v in values.values()], np.int64
+    )
+    everyone = _gather(digests)  # [processes, options]
+    differ = [name for name, d in zip(values, (everyone != everyone[0]).any(0), strict=True) if d]
+    if differ:
+        raise UsageError(
+            f"the processes were given different options ({', '.join(differ)}): give every "
+            "process the same command line but its --process-id (--read-rows, --batch-steps, "
+            "--min-bucket and --devices may differ)"
+        )
 
 
 def check_all_succeeded(error: OpeError | None) -> None:

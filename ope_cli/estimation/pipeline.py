@@ -36,6 +36,7 @@ from ope_cli.estimation.distributed import (
     allgather_ragged,
     check_all_succeeded,
     check_disjoint_episodes,
+    check_same_options,
     initialize,
     reduce_accumulators,
     reduce_counters,
@@ -243,6 +244,8 @@ def evaluate(
     if distributed is None or not distributed.enabled:  # processes check after joining
         check_before_jax(config)
     process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
+    if num_processes > 1:
+        check_same_options(config)
     from ope_cli import runtime
     from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
 
