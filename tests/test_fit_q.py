@@ -25,7 +25,7 @@ from ope_cli.data.ids import episode_folds
 from ope_cli.data.sources import iter_batches, open_dataset
 from ope_cli.errors import DataError, UsageError
 from ope_cli.models.policies import chunk_checks, load_policy
-from ope_cli.models.q_models import linear
+from ope_cli.models.q_models import linear, mlp
 from ope_cli.models.q_models.base import (
     check_q_model_fits,
     check_q_model_name,
@@ -322,6 +322,26 @@ def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain):
     for key, value in runs[0].items():
         if value.dtype.kind == "f":
             np.testing.assert_array_equal(runs[1][key], value)
+
+
+def test_mlp_look_ahead_is_not_capped_below_the_episodes():
+    """Each iteration looks one step further: 300-step episodes at gamma 1 need 300 (the
+    floor was capped at 100, and the fit said "converged" at a third of the value)."""
+    assert mlp.min_iterations(1.0, 300) == 300 and mlp.iteration_limit(300) == 325
+    assert mlp.min_iterations(0.99, 300) == 300 and mlp.min_iterations(0.9, 300) == 44
+    assert mlp.iteration_limit(44) == mlp.MAX_ITERATIONS
+    assert mlp.iteration_limit(50_000) == mlp.LOOKAHEAD_LIMIT
+
+
+def test_an_mlp_fit_stopped_before_its_look_ahead_is_not_converged(chain, monkeypatch):
+    """Past LOOKAHEAD_LIMIT iterations the fit stops there and says it did not converge,
+    however calm its last changes were."""
+    monkeypatch.setattr(mlp, "LOOKAHEAD_LIMIT", 3)
+    monkeypatch.setattr(mlp, "MAX_ITERATIONS", 2)
+    options = {"model": "mlp", "gamma": 1.0, "overwrite": True}
+    out = chain / "short_mlp.npz"
+    result = _fit(chain / "logs.parquet", chain / "policies" / "eval_0.npz", out, **options)
+    assert result.iterations == 3 and result.converged is False
 
 
 def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):

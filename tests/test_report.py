@@ -223,3 +223,28 @@ def test_dm_far_from_dr_is_warned(result):
         "not cover that; prefer dr or wdr, or a better Q model."
     )
     assert warned(6.4) == [] and warned(3.6) == []
+
+
+@pytest.mark.parametrize(
+    ("fit", "warned"),
+    [
+        ({"model": "mlp", "iterations": 100, "converged": False}, True),
+        ({"model": "mlp", "iterations": [12, 1000], "converged": [True, False]}, True),
+        ({"model": "mlp", "iterations": [12, 14], "converged": [True, True]}, False),
+        ({"model": "linear"}, False),  # a closed form: nothing to converge
+    ],
+)
+def test_a_fitted_q_that_did_not_converge_is_warned(result, fit, warned):
+    """A Q-hat fitted with fewer iterations than its look-ahead undervalues (dm printed
+    63.4 for a true 95 on 300-step episodes): every format says so."""
+    from ope_cli.report.warnings import Q_FIT_NOT_CONVERGED, policy_warnings
+    from ope_cli.results import QSource
+
+    policy = dataclasses.replace(result.results[0], q=QSource("fit", "fit", "mlp_q", fit))
+    found = [w.message for w in policy_warnings(policy, 2000) if w.code == Q_FIT_NOT_CONVERGED]
+    assert bool(found) == warned
+    if warned:
+        ran = max(fit["iterations"]) if isinstance(fit["iterations"], list) else 100
+        assert found[0].startswith(
+            f"{policy.policy}: the fitted Q-hat (mlp) did not converge in {ran} iterations"
+        )

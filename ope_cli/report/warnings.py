@@ -34,6 +34,7 @@ ZERO_WIDTH = "zero_width_interval"
 DM_FAR_FROM_DR = "dm_far_from_dr"
 # DM further than this many of DR's standard errors from DR: Q-hat is likely biased
 DM_DR_STANDARD_ERRORS = 3.0
+Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it converged
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
@@ -102,9 +103,32 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
 
 
 def _model_warnings(policy: PolicyResult, warn) -> list[Warning]:
-    """DM far from DR: DR corrects Q-hat with the logged rewards and stays unbiased when
-    Q-hat is wrong, DM does not, and DM's interval counts only its sampling spread, so a
-    biased Q-hat gives DM a narrow interval around the wrong value."""
+    """A fitted Q-hat that did not converge, and DM far from DR: DR corrects Q-hat with the
+    logged rewards and stays unbiased when Q-hat is wrong, DM does not, and DM's interval
+    counts only its sampling spread, so a biased Q-hat gives DM a narrow interval around
+    the wrong value."""
+    return _unconverged_fit_warnings(policy, warn) + _dm_far_from_dr_warnings(policy, warn)
+
+
+def _unconverged_fit_warnings(policy: PolicyResult, warn) -> list[Warning]:
+    fit = policy.q.fit if policy.q is not None else None
+    converged = (fit or {}).get("converged")
+    if converged is None or all(converged if isinstance(converged, list) else [converged]):
+        return []
+    iterations = fit.get("iterations")
+    ran = max(iterations) if isinstance(iterations, list) else iterations
+    return [
+        warn(
+            Q_FIT_NOT_CONVERGED,
+            f"the fitted Q-hat ({fit.get('model')}) did not converge in {ran} iterations "
+            "(each looks one step further ahead; long episodes or a gamma near 1 need more): "
+            "dm can be far off, by more than its interval says; prefer dr or wdr, or "
+            "--q fit:linear.",
+        )
+    ]
+
+
+def _dm_far_from_dr_warnings(policy: PolicyResult, warn) -> list[Warning]:
     dm, dr = policy.estimates.get("dm"), policy.estimates.get("dr")
     if dm is None or dr is None or None in (dm.value, dr.value, dr.stderr) or dr.stderr <= 0:
         return []

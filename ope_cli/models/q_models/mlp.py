@@ -11,8 +11,9 @@ concat(observation, action) to Q(s, a) [1] (``mlp_q_sa``), V(s) the mean of Q ov
 Stopping: each iteration reaches one step further ahead, so at least ``min_iterations`` run
 (the longest episode's steps, or enough for gamma^k < 1%, whichever is fewer); then the
 iterations stop once Q(s, a) over the held-out fifth of the episodes (by id hash) changes
-by less than ``TOLERANCE`` (relative RMS) twice in a row, or at ``MAX_ITERATIONS``
-(``converged`` says which). The held-out Bellman residual r + gamma V(s') - Q(s, a) of the
+by less than ``TOLERANCE`` (relative RMS) twice in a row, or at ``iteration_limit``
+(``converged`` says which; a fit that would need more than ``LOOKAHEAD_LIMIT`` steps ahead
+stops there and is not converged). The held-out Bellman residual r + gamma V(s') - Q(s, a) of the
 final Q is reported, but does not pick the iteration: a sample residual also holds the
 spread of V(s') over the next states, which grows with Q, so it favours a Q shrunk towards
 0 (on ``ope generate chain`` it rose from 0.53 at the first iteration to 0.86 at the 30th,
@@ -39,6 +40,9 @@ from ope_cli.models.q_models.base import Transitions
 HIDDEN = (64, 64)
 MAX_ITERATIONS, STEPS, BATCH, LEARNING_RATE, TOLERANCE = 100, 100, 256, 3e-3, 2e-2
 HORIZON_SHARE = 1e-2
+# The most iterations, hence steps ahead, a fit runs: on longer horizons it stops there, not
+# converged (at 100, a fit on 300-step episodes said "converged" at a third of the value)
+LOOKAHEAD_LIMIT = 1_000
 _STEP_FIELDS = ("x", "a", "r", "done", "x_next", "p_next", "fold", "holdout")
 _START_FIELDS = ("x0", "p0", "fold0")
 
@@ -165,7 +169,7 @@ class MlpQ:
         args = (jnp.asarray(train), jnp.asarray(watch), self.gamma)
         least = min_iterations(self.gamma, self.longest)
         iterations, calm, rmse = 0, 0, math.nan
-        for iteration in range(MAX_ITERATIONS):  # frozen-target iterations, not steps
+        for iteration in range(iteration_limit(least)):  # frozen-target iterations
             params, rmse, change = program(params, iteration, self.seed, inputs, *args)
             iterations += 1
             calm = calm + 1 if float(change) <= TOLERANCE else 0
@@ -173,7 +177,9 @@ class MlpQ:
                 break
         self.last = {
             "iterations": iterations,
-            "converged": calm >= 2,
+            # Q-hat looks one step further ahead per iteration: calm before it reached
+            # ``least`` steps is the small change of each further discounted step
+            "converged": calm >= 2 and iterations >= least,
             "heldout_bellman_rmse": float(rmse) if valid.any() else None,
             "heldout_steps": int(valid.sum()),
         }
@@ -225,9 +231,15 @@ class MlpQ:
 def min_iterations(gamma: float, longest: int) -> int:
     """Iterations before convergence may stop them: enough for gamma^k < HORIZON_SHARE
     (the discounted weight of what lies further ahead) or for the longest episode's
-    steps, whichever is fewer (at most MAX_ITERATIONS)."""
+    steps, whichever is fewer. Past LOOKAHEAD_LIMIT, the fit stops there, not converged."""
     horizon = math.ceil(math.log(HORIZON_SHARE) / math.log(gamma)) if gamma < 1 else longest
-    return max(1, min(MAX_ITERATIONS, longest, horizon))
+    return max(1, min(longest, horizon))
+
+
+def iteration_limit(least: int) -> int:
+    """The most iterations a fit needing ``least`` runs: MAX_ITERATIONS, or ``least`` and
+    a quarter of MAX_ITERATIONS more to settle, up to LOOKAHEAD_LIMIT."""
+    return max(MAX_ITERATIONS, min(least + MAX_ITERATIONS // 4, LOOKAHEAD_LIMIT))
 
 
 def _empty(d: int, k: int, p_shape: tuple[int, ...], discrete: bool) -> dict:
