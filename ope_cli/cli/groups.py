@@ -168,7 +168,13 @@ Horizon = Annotated[
     ),
 ]
 BootstrapSamples = Annotated[int, typer.Option(help="Bootstrap replicates.")]
-Seed = Annotated[int, typer.Option(help="Seed of the bootstrap's random streams.")]
+Seed = Annotated[
+    int,
+    typer.Option(
+        help="Seed of the random streams: the bootstrap's, a fitted Q's (--q fit:mlp) and "
+        "the actions drawn for V-hat (continuous actions)."
+    ),
+]
 
 
 def _intervals(
