@@ -1500,3 +1500,18 @@ def test_what_an_entry_point_prints_goes_to_stderr(world, ope_in_process, monkey
         assert done.returncode == 0, done
         assert json.loads(done.stdout)["schema_version"] == 1  # stdout: the document alone
         assert "hello from import" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("cluster", "words"),
+    [
+        (["--num-processes", "0", "--process-id", "0"], "--num-processes must be at least 1"),
+        (["--num-processes", "2", "--process-id", "2"], "--process-id must be in [0, 2), got 2"),
+        (["--num-processes", "2"], "a multi-process run needs --process-id"),
+    ],
+)
+def test_cluster_options_that_cannot_join_are_usage_errors(world, ope_in_process, cluster, words):
+    args = ["evaluate", "data.parquet", "-p", "a.npz", "--coordinator", "127.0.0.1:1", *cluster]
+    done = ope_in_process(args, cwd=world.root)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("ope: usage error: ") and words in done.stderr

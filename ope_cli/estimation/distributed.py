@@ -68,6 +68,8 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
                 f"a multi-process run needs {', '.join(missing)} (or --distributed to "
                 "detect the cluster)"
             )
+        if config.num_processes < 1:
+            raise UsageError(f"--num-processes must be at least 1, got {config.num_processes}")
         if not 0 <= config.process_id < config.num_processes:
             raise UsageError(
                 f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
