@@ -1515,3 +1515,18 @@ def test_cluster_options_that_cannot_join_are_usage_errors(world, ope_in_process
     done = ope_in_process(args, cwd=world.root)
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.startswith("ope: usage error: ") and words in done.stderr
+
+
+def test_the_supervisor_knows_process_0_from_the_command_line_or_the_launcher(monkeypatch):
+    """Process 0 is the coordinator: when its peers do not join, it says so rather than
+    that the coordinator did not answer (under --distributed, the launcher's rank says)."""
+    from ope_cli.cli.supervisor import RANK_VARIABLES, _process_id
+
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert _process_id(["evaluate", "d", "--process-id", "0"]) == 0
+    assert _process_id(["evaluate", "d", "--process-id=3"]) == 3
+    assert _process_id(["evaluate", "d", "--distributed"]) is None
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert _process_id(["evaluate", "d", "--distributed"]) == 0
+    assert _process_id(["evaluate", "d", "--process-id", "2"]) == 2  # the option wins

@@ -226,9 +226,9 @@ def test_processes_given_different_options_are_refused(world):
     for code, out, err in outcomes:
         assert code == 2 and out == "", outcomes
         assert err == (
-            "ope: usage error: the processes were given different options (gamma): give every "
-            "process the same command line but its --process-id (--read-rows, --batch-steps, "
-            "--min-bucket and --devices may differ)\n"
+            "ope: usage error: the processes were given different options (these settings "
+            "differ: gamma): give every process the same command line but its --process-id "
+            "(--read-rows, --batch-steps, --min-bucket and --devices may differ)\n"
         )
 
 

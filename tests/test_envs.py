@@ -307,6 +307,10 @@ def test_exact_qs_given_in_another_order_than_their_policies_are_refused(chain_q
     in_order = ["--q", out / "q/eval_0.npz", "--q", out / "q/eval_1.npz"]
     done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *in_order, "-e", "dm"])
     assert done.returncode == 0, done
+    # without dm, any Q serves: dr and wdr stay unbiased with it (a control variate)
+    dr_only = ["-e", "dr", "-e", "wdr", "--gamma", "0.5"]  # another gamma too
+    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *swapped, *dr_only])
+    assert done.returncode == 0, done
 
 
 @pytest.mark.slow  # statistical, on large generated logs

@@ -627,6 +627,20 @@ def test_a_q_checkpoint_with_arrays_it_does_not_read_is_refused():
         qf.q_checkpoint("q.npz", arrays)
 
 
+def test_a_float32_gamma_is_the_number_it_was_written_as():
+    """float32's 0.95 is 0.949999988 in float64: read at its own precision it is 0.95, the
+    run's gamma (it was refused with 'a Q for gamma 0.95, but this run discounts by gamma
+    0.95'); a gamma that differs beyond that precision is still another one."""
+    arrays = {"kind": "tabular_q", "q": np.zeros((3, 2))}
+    for stored in (np.float32(0.95), np.float16(0.95), np.float64(0.95)):
+        q = qf.q_checkpoint("q.npz", {**arrays, "gamma": stored})
+        assert q.gamma == 0.95
+        qf.check_q_gamma([q], 0.95, "--gamma")
+    q = qf.q_checkpoint("q.npz", {**arrays, "gamma": np.float32(0.9501)})
+    with pytest.raises(UsageError, match=r"is a Q for gamma 0.9501, but .* gamma 0.95 \("):
+        qf.check_q_gamma([q], 0.95, "--gamma")
+
+
 def test_check_q_gamma_refuses_only_a_q_fitted_for_another_discount():
     arrays = {"kind": "tabular_q", "q": np.zeros((3, 2))}
     unknown = qf.q_checkpoint("plain.npz", arrays)
@@ -660,13 +674,17 @@ def test_check_q_policies_refuses_a_q_paired_with_another_policy():
         "--q qb.npz is the Q of another policy than a.npz, the --policy it is paired with "
         "(it is b.npz's): give --q once per --policy, in the same order"
     )
-    with pytest.raises(UsageError, match=r"than a.npz, the --policy it is paired with: give"):
+    with pytest.raises(UsageError) as error:
         qf.check_q_policies([q_of(second, "qb.npz")], [first])
+    assert str(error.value) == (
+        "--q qb.npz is the Q of another policy than a.npz, the --policy it is paired with "
+        "(another checkpoint's): give this policy's own Q, or --q fit"
+    )
 
 
 def test_a_policy_fingerprint_is_its_arrays_not_its_file(tmp_path):
     """Saved twice (np.savez records the time), the same arrays have one fingerprint;
-    another value, dtype, kind or activation another; without params, none."""
+    another value another (a float32 copy, its values rounded); without params, none."""
     rng = np.random.default_rng(6)
     arrays = random_checkpoint("linear_softmax", rng)
     for name in ("one.npz", "two.npz"):

@@ -92,17 +92,20 @@ def supervise(argv: list[str]) -> int:
     return code
 
 
+# where the launchers that --distributed detects put a process's rank (SLURM, Open MPI)
+RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
 def _process_id(argv: list[str]) -> int | None:
-    """The --process-id of a command line (None: not given, or not a number)."""
+    """The --process-id of a command line, else the launcher's rank (None: neither, or
+    not a number)."""
+    value = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), None)
     for index, argument in enumerate(argv):
-        value = None
         if argument == "--process-id" and index + 1 < len(argv):
             value = argv[index + 1]
         elif argument.startswith("--process-id="):
             value = argument.partition("=")[2]
-        if value is not None:
-            return int(value) if value.isdigit() else None
-    return None
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def is_worker() -> bool:

@@ -163,7 +163,7 @@ class SeenKeys:
 
     def all_keys(self) -> np.ndarray:
         """[E] sorted uint64 keys of every episode seen."""
-        return _merged((self._sorted, self._sorted_file), (self._recent, self._recent_file))[0]
+        return np.sort(np.concatenate([self._sorted, self._recent]), kind="stable")
 
     def _first_file(self, key: np.uint64) -> str:
         """The file where ``key`` (seen before) was first seen."""

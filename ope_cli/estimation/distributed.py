@@ -176,9 +176,9 @@ def check_same_options(config) -> None:
     differ = [name for name, d in zip(values, (everyone != everyone[0]).any(0), strict=True) if d]
     if differ:
         raise UsageError(
-            f"the processes were given different options ({', '.join(differ)}): give every "
-            "process the same command line but its --process-id (--read-rows, --batch-steps, "
-            "--min-bucket and --devices may differ)"
+            f"the processes were given different options (these settings differ: "
+            f"{', '.join(differ)}): give every process the same command line but its "
+            "--process-id (--read-rows, --batch-steps, --min-bucket and --devices may differ)"
         )
 
 

@@ -107,10 +107,15 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     qs = load_qs(config.q.sources, policies, critic)
     for q, policy in zip(qs or [], policies if qs else [], strict=True):
         check_q(q, policy, schema)
-    check_q_policies(qs, policies)
+    # dm is the value of the Q it is given; dr and wdr stay unbiased with any Q (a control
+    # variate), so only a run that reports dm needs the Q of its policy and discount
+    dm_reported = config.estimators is None or "dm" in config.estimators
+    if dm_reported:
+        check_q_policies(qs, policies)
     plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
-    check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])
+    if dm_reported:
+        check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
     files = len(episodes.data.files)

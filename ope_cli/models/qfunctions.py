@@ -219,9 +219,14 @@ def _policy_fingerprint(path: str, value: np.ndarray | None) -> str | None:
     if len(found) != 64 or any(c not in "0123456789abcdef" for c in found):
         raise PolicyError(
             f"{path}: array {POLICY_KEY!r} must be the sha256 (64 hex digits) of the policy "
-            f"the Q is of, got {value.tolist()!r}"
+            f"the Q is of, got {_shown(value)}"
         )
     return found
+
+
+def _shown(value: np.ndarray) -> str:
+    """A checkpoint array as a message shows it: its value, or its type and shape."""
+    return repr(value.tolist()) if value.size == 1 else f"a {value.dtype} array of {value.shape}"
 
 
 def check_q_policies(qs: Sequence[QFunction] | None, policies: Sequence[Policy]) -> None:
@@ -230,14 +235,17 @@ def check_q_policies(qs: Sequence[QFunction] | None, policies: Sequence[Policy])
     estimate the value of that other policy without a word (a --q glob that sorts in
     another order than the --policy one, say)."""
     for q, policy in zip(qs or (), policies if qs else (), strict=True):
-        own = policy.fingerprint()
-        if q.policy_fingerprint is None or own is None or own == q.policy_fingerprint:
+        if q.policy_fingerprint is None or policy.fingerprint() in (None, q.policy_fingerprint):
             continue
         named = [p.name for p in policies if p.fingerprint() == q.policy_fingerprint]
-        of = f" (it is {named[0]}'s)" if named else ""
+        fix = (
+            f"(it is {named[0]}'s): give --q once per --policy, in the same order"
+            if named
+            else "(another checkpoint's): give this policy's own Q, or --q fit"
+        )
         raise UsageError(
             f"--q {q.name} is the Q of another policy than {policy.name}, the --policy it "
-            f"is paired with{of}: give --q once per --policy, in the same order"
+            f"is paired with {fix}"
         )
 
 
@@ -250,8 +258,10 @@ def _fitted_gamma(path: str, value: np.ndarray | None) -> float | None:
     if value.shape != () or value.dtype.kind not in "fiu" or not 0.0 <= float(value) <= 1.0:
         raise PolicyError(
             f"{path}: array {GAMMA_KEY!r} must be one number in [0, 1] (the discount the Q "
-            f"was fitted for), got {value.tolist()!r}"
+            f"was fitted for), got {_shown(value)}"
         )
+    if value.dtype.kind == "f":  # the shortest decimal of its own precision: float32's 0.95
+        return float(np.format_float_positional(value[()], unique=True, trim="-"))
     return float(value)
 
 
@@ -261,10 +271,11 @@ def check_q_gamma(qs: Sequence[QFunction] | None, gamma: float, described: str) 
     return, and dm would estimate that one without a word."""
     for q in qs or ():
         if q.gamma is not None and not math.isclose(q.gamma, gamma, rel_tol=1e-12, abs_tol=1e-15):
+            ours, theirs = f"{gamma:.15g}", f"{q.gamma:.15g}"
             raise UsageError(
-                f"--q {q.name} is a Q for gamma {q.gamma:g}, but this run discounts by "
-                f"gamma {gamma:g} ({described}): evaluate with --gamma {q.gamma:g}, or refit "
-                f"it with --gamma {gamma:g} (or --q fit)"
+                f"--q {q.name} is a Q for gamma {theirs}, but this run discounts by gamma "
+                f"{ours} ({described}): evaluate with --gamma {theirs}, or refit it with "
+                f"--gamma {ours} (or --q fit)"
             )
 
 
