@@ -234,6 +234,7 @@ def with_fitted_qs(
             gamma=config.gamma,
             folds=config.q.cross_fit,
             seed=config.intervals.seed,
+            v_samples=config.q.v_samples,
             collectives=collectives,
         )
     return dataclasses.replace(inputs, qs=qs)

@@ -19,6 +19,7 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import OpeError
 from ope_cli.models.behavior_models.base import largest
 from ope_cli.models.policies import Policy
+from ope_cli.models.q_models.base import V_SAMPLES
 from ope_cli.models.q_models.command import action_count, largest_logged_action
 from ope_cli.models.q_models.fitting import FitSettings, QFit, fit_q
 from ope_cli.models.qfunctions import FIT, QFunction, fit_model_of, q_checkpoint
@@ -79,6 +80,7 @@ def fit_q_function(
     gamma: float,
     folds: int,
     seed: int = 0,
+    v_samples: int = V_SAMPLES,
     collectives=None,
 ) -> QFunction:
     """``--q fit[:MODEL]`` (``spec``): pi_e's Q fitted on a pass of ``episodes`` (another
@@ -92,7 +94,13 @@ def fit_q_function(
     if discrete and n_actions is None:  # an entry point: count the logged actions
         n_actions = _logged_action_count(episodes, collectives)
     settings = FitSettings(
-        model, gamma, folds=folds, seed=seed, n_actions=n_actions, discrete=discrete
+        model,
+        gamma,
+        folds=folds,
+        seed=seed,
+        n_actions=n_actions,
+        discrete=discrete,
+        v_samples=v_samples,
     )
     fit = fit_q(episodes, policy, settings, collectives=collectives)
     return fitted_q(spec, fit, folds)

@@ -103,7 +103,11 @@ def linear_gaussian_sample(params, key, observation):
     import jax
 
     mean = _vector(observation) @ params["weight"] + params["bias"]
-    return mean + _jnp().exp(params["log_std"]) * jax.random.normal(key, mean.shape, mean.dtype)
+    # drawn in float32 whatever the kernel's precision: one key gives the same actions in
+    # float32 and float64 (a float64 draw is other numbers, so V-hat's Monte Carlo mean,
+    # hence dr and wdr, changed with --precision by their sampling noise)
+    noise = jax.random.normal(key, mean.shape, _jnp().float32).astype(mean.dtype)
+    return mean + _jnp().exp(params["log_std"]) * noise
 
 
 def action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int):

@@ -22,6 +22,7 @@ from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.models.behavior_models.fitting import Collected, gathered
 from ope_cli.models.policies import Policy
 from ope_cli.models.q_models.base import (
+    V_SAMPLES,
     QModel,
     check_q_model_name,
     kind_of,
@@ -101,8 +102,10 @@ def collect_q(
     folds: int,
     n_actions: int | None,
     seed: int = 0,
+    v_samples: int = V_SAMPLES,
 ) -> Collected:
-    """Adds every chunk's transitions to ``model`` (pi_e at each step as the model needs)."""
+    """Adds every chunk's transitions to ``model`` (pi_e at each step as the model needs:
+    its probabilities, or ``v_samples`` actions drawn from it)."""
     done = Collected(model, np.zeros(folds, np.int64))
     for chunk in chunks:
         if chunk.observation is None:
@@ -118,7 +121,7 @@ def collect_q(
             if integers:
                 batch.probs = policy_probs(policy, chunk.observation, n_actions)
             else:
-                batch.samples = policy_samples(policy, chunk, seed)
+                batch.samples = policy_samples(policy, chunk, seed, v_samples)
         model.add(batch)
         done.fold_episodes += np.bincount(batch.fold[batch.first], minlength=folds)
         done.episodes += chunk.num_episodes
@@ -126,19 +129,20 @@ def collect_q(
     return done
 
 
-def collect_q_all(model, chunks, policy, *, folds, n_actions, seed, collectives) -> Collected:
+def collect_q_all(
+    model, chunks, policy, *, folds, n_actions, seed, collectives, v_samples=V_SAMPLES
+) -> Collected:
     """``collect_q`` on this process's share; with ``collectives`` = (gather, check_all),
     every process then holds what all of them collected (as
     ``behavior_models.fitting.collect_all``)."""
+    options = {"folds": folds, "n_actions": n_actions, "seed": seed, "v_samples": v_samples}
     if collectives is None:
-        collected = collect_q(model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed)
+        collected = collect_q(model, chunks, policy, **options)
     else:
         gather, check_all = collectives
         error = None
         try:
-            collected = collect_q(
-                model, chunks, policy, folds=folds, n_actions=n_actions, seed=seed
-            )
+            collected = collect_q(model, chunks, policy, **options)
         except OpeError as failure:  # as the behavior pass: one process's error stops all
             error = failure
             collected = Collected(model, np.zeros(folds, np.int64))
@@ -174,6 +178,7 @@ class FitSettings:
     seed: int = 0
     n_actions: int | None = None
     discrete: bool | None = None
+    v_samples: int = V_SAMPLES  # actions drawn from pi_e per state (continuous actions)
 
 
 def fit_q(
@@ -205,6 +210,7 @@ def fit_q(
         n_actions=n_actions,
         seed=seed,
         collectives=collectives,
+        v_samples=settings.v_samples,
     )
     if folds > 1 and np.any(collected.fold_episodes == collected.episodes):
         raise UsageError(
