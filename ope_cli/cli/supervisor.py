@@ -70,26 +70,29 @@ def supervise(argv: list[str]) -> int:
     if code < 0 and said:  # the runtime aborted a child that had said what failed
         return RUNTIME_EXIT_CODE
     if code < 0:
-        log = "".join(runtime_log)
-        joining = "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log
-        if joining and _process_id(argv) == 0:  # the coordinator itself: its peers are late
-            reason = (
-                "not every process joined the run in time (were they all started with this "
-                "--coordinator? one that stopped before joining said why on its own stderr)"
-            )
-        elif joining:
-            reason = (
-                "could not join the run: the coordinator did not answer in time (is process 0 "
-                "running, and is --coordinator its reachable HOST:PORT?)"
-            )
-        else:
-            reason = "another process died or stopped answering; see that process's error"
+        reason = _abort_reason("".join(runtime_log), argv)
         say(
             f"ope: distributed run failed: stopped by the JAX runtime "
             f"({signal.Signals(-code).name}): {reason}"
         )
         return RUNTIME_EXIT_CODE
     return code
+
+
+def _abort_reason(log: str, argv: list[str]) -> str:
+    """Why the JAX runtime aborted a worker, from its fatal-error lines ``log``."""
+    joining = "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log
+    if joining and _process_id(argv) == 0:  # the coordinator itself: its peers are late
+        return (
+            "not every process joined the run in time (were they all started with this "
+            "--coordinator? one that stopped before joining said why on its own stderr)"
+        )
+    if joining:
+        return (
+            "could not join the run: the coordinator did not answer in time (is process 0 "
+            "running, and is --coordinator its reachable HOST:PORT?)"
+        )
+    return "another process died or stopped answering; see that process's error"
 
 
 # where the launchers that --distributed detects put a process's rank (SLURM, Open MPI)
