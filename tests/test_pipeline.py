@@ -90,6 +90,43 @@ def test_float32_kernel_matches_reference_to_1e4(tmp_path):
     check_against_reference(result, episodes, checkpoints, 0.99, rtol=1e-4)
 
 
+def test_float32_warns_about_data_it_cannot_hold(tmp_path):
+    """float32 keeps 7 digits: observations 1e6 from 0 lose the logits to rounding (a QA
+    run: IS 6% off, no word). The run's data magnitudes make a warning in float32 runs,
+    and none in float64 or on data of ordinary size."""
+    from ope_cli.report.warnings import FLOAT32_RANGE, run_warnings
+
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", seed=4, policies=1)
+    data = write_step_layout(episodes, tmp_path / "logs.parquet")
+    far = [dict(e, observation=e["observation"] + 1e6) for e in episodes]
+    far_data = write_step_layout(far, tmp_path / "far.parquet")
+
+    def warned(path, precision):
+        result = run(path, paths, precision=precision)
+        return [w.message for w in run_warnings(result) if w.code == FLOAT32_RANGE]
+
+    (message,) = warned(far_data, "float32")
+    assert message.startswith(
+        "float32 (this run's precision) keeps about 7 digits, and observations reach 1e6 in "
+        "magnitude:"
+    )
+    assert warned(far_data, "float64") == [] and warned(data, "float32") == []
+
+
+def test_magnitudes_of_a_chunk():
+    from types import SimpleNamespace
+
+    from ope_cli.estimation.pipeline import NO_MAGNITUDE, magnitudes
+
+    chunk = SimpleNamespace(
+        observation=np.array([[0.5, -2e5], [3.0, 1.0]], np.float32),
+        reward=np.array([0.0, -3e31, 2e-42]),
+    )
+    assert magnitudes(chunk).tolist() == [5, 31, 42]
+    states = SimpleNamespace(observation=np.array([10**6]), reward=np.zeros(1))  # indices
+    assert magnitudes(states).tolist() == [NO_MAGNITUDE] * 3
+
+
 def _values(result):
     return [
         {name: (e.value, e.stderr) for name, e in r.estimates.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import operator
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +92,7 @@ from ope_cli.results import (
 )
 
 BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
+NO_MAGNITUDE = -1_000  # the decimal magnitude of no value (Counters.magnitudes)
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -106,6 +108,11 @@ class Counters:
     max_length: int = dataclasses.field(default=0, metadata={"reduce": "max"})
     dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
         default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
+    )
+    # decimal magnitudes (floor log10) of the largest |observation| and |reward| and of
+    # 1 / the smallest non-zero |reward|: what float32 must hold (report.warnings)
+    magnitudes: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.full(3, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
     )
 
 
@@ -183,6 +190,7 @@ class BatchStream:
                     self._check_replicate_memory(counts.max_length)
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
+                np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
                 ready = bucketer.add(chunk)
                 del chunk  # the pool frees it once its episodes are in batches
                 yield from ready
@@ -320,6 +328,30 @@ def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) 
     )
 
 
+def magnitudes(chunk) -> np.ndarray:
+    """[3] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
+    observations only: integers index states) and |reward|, and -floor log10 of its
+    smallest non-zero |reward|."""
+
+    def decimal(value: float) -> int:
+        return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
+
+    def largest(values: np.ndarray) -> int:  # of |values|, without an array of them
+        return decimal(float(max(values.max(), -values.min()))) if values.size else NO_MAGNITUDE
+
+    observation, reward = chunk.observation, chunk.reward
+    floats = observation is not None and observation.dtype.kind == "f"
+    smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
+    return np.array(
+        [
+            largest(observation) if floats else NO_MAGNITUDE,
+            largest(reward),
+            -decimal(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
+        ],
+        np.int64,
+    )
+
+
 def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
     """What the pass read and dropped (``counts``: its counters)."""
     return DatasetSummary(
@@ -335,6 +367,7 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
+        magnitudes=tuple(int(m) for m in counts.magnitudes),
     )
 
 

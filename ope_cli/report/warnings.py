@@ -38,6 +38,11 @@ Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it con
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
+FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
+# float32 keeps 7 digits: logits of observations from 1e4 on lose 1e-4 and more of a
+# weight to rounding (a QA run: 1e6 -> IS 6% off); products of weights and rewards beyond
+# about 1e30 (or below 1e-30) overflow (or underflow to 0)
+FLOAT32_OBSERVATION_MAGNITUDE, FLOAT32_REWARD_MAGNITUDE = 4, 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +286,30 @@ def dropped_warning(result: EvaluationResult) -> Warning | None:
     return Warning(DROPPED, dropped_line(result))
 
 
+def float32_warning(result: EvaluationResult) -> Warning | None:
+    """A float32 run on data whose magnitudes float32 cannot carry to 1e-4: far-off
+    observations (un-normalised sensor values) or extreme rewards."""
+    magnitudes = result.dataset.magnitudes
+    if result.runtime.precision != "float32" or magnitudes is None:
+        return None
+    observation, large, small = magnitudes
+    found = []
+    if observation >= FLOAT32_OBSERVATION_MAGNITUDE:
+        found.append(f"observations reach 1e{observation} in magnitude")
+    if large >= FLOAT32_REWARD_MAGNITUDE:
+        found.append(f"rewards reach 1e{large}")
+    if small >= FLOAT32_REWARD_MAGNITUDE:
+        found.append(f"rewards as small as 1e-{small}")
+    if not found:
+        return None
+    return Warning(
+        FLOAT32_RANGE,
+        f"float32 (this run's precision) keeps about 7 digits, and {', '.join(found)}: the "
+        "policies' log-probabilities or the weighted rewards can lose their value to rounding "
+        "or leave float32's range; check the estimates with --precision float64.",
+    )
+
+
 def run_warnings(
     result: EvaluationResult, ranks: list[int | None] | None = None, rank_by: str | None = None
 ) -> list[Warning]:
@@ -290,6 +319,7 @@ def run_warnings(
         gamma_warning(result),
         dropped_warning(result),
         floored_warning(result),
+        float32_warning(result),
         asymptotic_warning(result),
     ]
     warnings = [w for w in run if w is not None]
