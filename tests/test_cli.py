@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -1530,3 +1531,21 @@ def test_the_supervisor_knows_process_0_from_the_command_line_or_the_launcher(mo
     monkeypatch.setenv("SLURM_PROCID", "0")
     assert _process_id(["evaluate", "d", "--distributed"]) == 0
     assert _process_id(["evaluate", "d", "--process-id", "2"]) == 2  # the option wins
+
+
+def test_float32_beyond_its_range_warns_and_stderr_stays_quiet(tmp_path, ope_in_process):
+    """Rewards of 1e39 overflow float32: the JSON warns float32_range, and no NumPy
+    RuntimeWarning line reaches stderr (the narrowing cast and the merges printed them)."""
+    rng = np.random.default_rng(12)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=3)
+    episodes = random_episodes(rng, 40, behavior=behavior, median_length=5, max_length=12)
+    huge = [dict(e, reward=e["reward"] * 1e39) for e in episodes]
+    data = write_step_layout(huge, tmp_path / "huge.parquet")
+    save_checkpoint(tmp_path / "p.npz", behavior)
+    args = ["evaluate", data, "-p", tmp_path / "p.npz", "--precision", "float32", "-q", "-f"]
+    with warnings.catch_warnings():  # one would be an error (pytest would hide its line)
+        warnings.simplefilter("error", RuntimeWarning)
+        done = ope_in_process([*args, "json"])
+    assert done.returncode == 0 and done.stderr == "", done
+    codes = [w["code"] for w in json.loads(done.stdout)["warnings"]]
+    assert "float32_range" in codes

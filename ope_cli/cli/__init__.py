@@ -12,6 +12,7 @@ import sys
 import traceback
 from typing import Annotated
 
+import numpy as np
 import typer
 
 from ope_cli._version import __version__
@@ -101,7 +102,10 @@ def run(argv: list[str]) -> int:
     if not argv:  # ``ope`` alone: the help, and success
         argv = ["--help"]
     try:
-        code = app(args=list(argv), prog_name="ope", standalone_mode=False)
+        # a value beyond float range is reported with the numbers (a note, a warning code):
+        # NumPy's RuntimeWarning lines about it would only break stderr's one-line contract
+        with np.errstate(all="ignore"):
+            code = app(args=list(argv), prog_name="ope", standalone_mode=False)
     except OpeError as error:
         if debug:
             traceback.print_exc()
