@@ -36,11 +36,16 @@ POLICY_KEYS = {
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, small_control_truth) -> dict[str, tuple[Path, dict]]:
     """Each env generated small (its files and checkpoints, not its statistics): (out dir,
-    truth)."""
+    truth), control's truth on 1,024 episodes (as ``tiny_control_truth``: never read here)."""
+    from ope_cli.envs import control
+
     outputs = {}
-    for env in gen.ENVIRONMENTS:
-        out = tmp_path_factory.mktemp(f"small-{env}")
-        outputs[env] = (out, gen.generate(env, out, episodes=300, seed=3, shift=0.0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(control, "CONTROL_TRUTH_EPISODES", 1 << 10)
+        patch.setattr(control, "CONTROL_TRUTH_CONTINUED", 1 << 7)
+        for env in gen.ENVIRONMENTS:
+            out = tmp_path_factory.mktemp(f"small-{env}")
+            outputs[env] = (out, gen.generate(env, out, episodes=300, seed=3, shift=0.0))
     return outputs
 
 
@@ -154,7 +159,7 @@ def test_files_schema_and_checkpoints(env, written):
 
 
 @pytest.mark.parametrize("env", gen.ENVIRONMENTS)
-def test_same_seed_same_bytes(env, tmp_path):
+def test_same_seed_same_bytes(env, tmp_path, tiny_control_truth):
     options = {"episodes": 300, "seed": 11, "horizon": 50 if env == "control" else None}
     first = gen.generate(env, tmp_path / "a", **options)
     second = gen.generate(env, tmp_path / "b", **options)
@@ -304,10 +309,8 @@ def test_exact_qs_given_in_another_order_than_their_policies_are_refused(chain_q
         f"{out / 'policies/eval_0.npz'}, the --policy it is paired with (it is "
         f"{out / 'policies/eval_1.npz'}'s): give --q once per --policy, in the same order\n"
     )
-    in_order = ["--q", out / "q/eval_0.npz", "--q", out / "q/eval_1.npz"]
-    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *in_order, "-e", "dm"])
-    assert done.returncode == 0, done
-    # without dm, any Q serves: dr and wdr stay unbiased with it (a control variate)
+    # (in order they run: the gamma test above runs eval_0 with its own Q); without dm,
+    # any Q serves: dr and wdr stay unbiased with it (a control variate)
     dr_only = ["-e", "dr", "-e", "wdr", "--gamma", "0.5"]  # another gamma too
     done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *swapped, *dr_only])
     assert done.returncode == 0, done

@@ -390,7 +390,7 @@ def test_table_output(data, ope_in_process):
 
 @pytest.mark.parametrize(
     ("evaluate_gamma", "code"),
-    [(None, 2), ("0.5", 2), ("0.9", 0)],  # the default 1.0, another, the fitted one
+    [(None, 2), ("0.9", 0)],  # the default 1.0, the fitted one
 )
 def test_evaluate_refuses_a_q_fitted_for_another_gamma(data, ope_in_process, evaluate_gamma, code):
     """A Q-hat of the 0.9-discounted return would make dm estimate that return for a run
