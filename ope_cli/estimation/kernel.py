@@ -781,8 +781,7 @@ class Kernel:
         """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
         narrower ones are widened on the device."""
         if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
-            with np.errstate(over="ignore"):  # beyond float32: inf (the float32_range warning)
-                return x.astype(self.dtype)
+            return x.astype(self.dtype)
         return x
 
     def initial_carry(self, lanes: int) -> EpisodeCarry:

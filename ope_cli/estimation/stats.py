@@ -241,11 +241,10 @@ def _merge_scalar(a: Accumulator, b: Accumulator):
             # side without weight has nothing to shift.
             pivot = np.where(la > lb, ca, np.where(lb > la, cb, np.minimum(ca, cb)))
             pivots[name] = _scalar_like(pivot)
-            with np.errstate(invalid="ignore"):  # inf - inf where a pivot overflowed
-                deltas[name] = (
-                    np.where(la > -math.inf, ca - pivot, 0.0),
-                    np.where(lb > -math.inf, cb - pivot, 0.0),
-                )
+            deltas[name] = (
+                np.where(la > -math.inf, ca - pivot, 0.0),
+                np.where(lb > -math.inf, cb - pivot, 0.0),
+            )
 
     def merged(x: dict, y: dict) -> dict:
         out = {}
