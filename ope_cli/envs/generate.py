@@ -54,7 +54,7 @@ from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
 from ope_cli.errors import UsageError
 from ope_cli.models.policies import load_checkpoint
-from ope_cli.models.qfunctions import GAMMA_KEY, POLICY_KEY
+from ope_cli.models.qfunctions import provenance_arrays
 from ope_cli.outputs import refuse_existing
 
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
@@ -161,8 +161,7 @@ def _write_q(
             continue
         (out / "q").mkdir(exist_ok=True)
         policy = load_checkpoint(str(out / path)).fingerprint()  # the policy as read back
-        recorded = {"q": q, GAMMA_KEY: gamma, POLICY_KEY: policy}
-        write_npz(out / q_path, "tabular_q", recorded)
+        write_npz(out / q_path, "tabular_q", {"q": q, **provenance_arrays(gamma, policy)})
         q_paths.append(q_path)
     return q_paths
 

@@ -77,14 +77,11 @@ def write_logs(
 
 def write_npz(path: Path, kind: str, arrays: Params) -> None:
     """Like np.savez, with a fixed date in the archive so equal arrays give equal bytes;
-    numbers as float64, a string as a string array."""
-    entries = {
-        "kind": np.array(kind),
-        **{
-            k: np.array(v) if isinstance(v, str) else np.asarray(v, dtype=np.float64)
-            for k, v in arrays.items()
-        },
-    }
+    numbers as float64, text as it is."""
+    entries = {"kind": np.array(kind)}
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        entries[name] = value if value.dtype.kind in "US" else value.astype(np.float64)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
         for name, value in entries.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))

@@ -209,6 +209,15 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
     return dataclasses.replace(q, gamma=gamma, policy_fingerprint=policy)
 
 
+def provenance_arrays(gamma: float, policy_fingerprint: str | None) -> dict[str, np.ndarray]:
+    """What a Q checkpoint records of the Q-hat it holds, as ``q_checkpoint`` reads it: the
+    discount it is for and, where known (not an entry point's), its policy's fingerprint."""
+    arrays = {GAMMA_KEY: np.float64(gamma)}
+    if policy_fingerprint is not None:
+        arrays[POLICY_KEY] = np.array(policy_fingerprint)
+    return arrays
+
+
 def _policy_fingerprint(path: str, value: np.ndarray | None) -> str | None:
     """A Q checkpoint's optional ``policy_fingerprint`` (64 hex digits); PolicyError for
     anything else."""

@@ -26,7 +26,7 @@ from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
-from ope_cli.models.qfunctions import GAMMA_KEY, POLICY_KEY
+from ope_cli.models.qfunctions import provenance_arrays
 from ope_cli.outputs import refuse_existing
 
 
@@ -182,11 +182,8 @@ def write_q_checkpoint(
     """A Q checkpoint ``.npz``: ``kind``, the fitted arrays, the discount ``gamma`` they
     were fitted for and the fingerprint of the ``policy`` they are the Q of (None: an entry
     point's, which has none); ``ope evaluate`` refuses it for another of either."""
-    recorded = {GAMMA_KEY: np.float64(gamma)}
-    if policy is not None:
-        recorded[POLICY_KEY] = np.array(policy)
     try:
         with open(path, "wb") as handle:
-            np.savez(handle, **arrays, **recorded)
+            np.savez(handle, **arrays, **provenance_arrays(gamma, policy))
     except OSError as error:
         raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
