@@ -20,7 +20,12 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.sources.remote import is_uri
 from ope_cli.data.validate import Check
 from ope_cli.estimation.distributed import share_files
-from ope_cli.estimation.run_plan import GAMMA_SOURCES, IntervalPlan, plan_intervals
+from ope_cli.estimation.run_plan import (
+    GAMMA_SOURCES,
+    IntervalPlan,
+    plan_intervals,
+    reported_estimators,
+)
 from ope_cli.models.behavior import (
     BehaviorSource,
     column_source,
@@ -109,7 +114,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         check_q(q, policy, schema)
     # dm is the value of the Q it is given; dr and wdr stay unbiased with any Q (a control
     # variate), so only a run that reports dm needs the Q of its policy and discount
-    dm_reported = config.estimators is None or "dm" in config.estimators
+    dm_reported = "dm" in reported_estimators(config)
     if dm_reported:
         check_q_policies(qs, policies)
     plan = plan_intervals(config, episodes.data.declared_bounds())
