@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import TypeVar
 
 import numpy as np
@@ -19,6 +20,7 @@ from ope_cli.choosing import paired
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
+from ope_cli.models.policies import split_name
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
@@ -159,8 +161,22 @@ def option_values(config, prefix: str = "") -> dict[str, str]:
         if dataclasses.is_dataclass(value):
             values.update(option_values(value, name + "."))
         else:
-            values[name] = repr(value)
+            values[name] = repr(_as_compared(value))
     return values
+
+
+def _as_compared(value):
+    """``value`` with every string that names an existing local file or directory (or is
+    ``NAME=PATH`` of one) given by its real path: processes started in other directories
+    name the same file otherwise."""
+    if isinstance(value, str):
+        name, path = split_name(value)
+        if not os.path.exists(path):
+            return value
+        return os.path.realpath(path) if name is None else f"{name}={os.path.realpath(path)}"
+    if isinstance(value, tuple):
+        return tuple(_as_compared(item) for item in value)
+    return value
 
 
 def check_same_options(config) -> None:

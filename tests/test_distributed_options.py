@@ -1,0 +1,48 @@
+"""The pure parts of a multi-process run's checks, in process (the processes themselves:
+``test_distributed``, slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ope_cli.config import BatchingConfig, EvaluationConfig, QConfig
+from ope_cli.estimation.distributed import option_values
+
+
+def test_processes_naming_one_file_by_other_paths_give_the_same_options(tmp_path, monkeypatch):
+    """A process started elsewhere names the same checkpoint by another path: the same
+    option, not a difference that stops the run."""
+    (tmp_path / "run").mkdir()
+    for name in ("p.npz", "q.npz", "logs.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path / "run")
+    relative = EvaluationConfig(
+        data="../logs.parquet",
+        policies=("../p.npz", "best=../p.npz"),
+        q=QConfig(sources=("../q.npz",)),
+    )
+    absolute = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        policies=(str(tmp_path / "p.npz"), f"best={tmp_path / 'p.npz'}"),
+        q=QConfig(sources=(os.path.join(tmp_path, "run", "..", "q.npz"),)),
+    )
+    assert option_values(relative) == option_values(absolute)
+
+
+def test_other_files_names_and_settings_still_differ(tmp_path, monkeypatch):
+    (tmp_path / "p.npz").write_bytes(b"")
+    (tmp_path / "other.npz").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    base = EvaluationConfig(data="logs.parquet", policies=("best=p.npz",), gamma=0.9)
+    for changed in (
+        {"policies": ("best=other.npz",)},
+        {"policies": ("good=p.npz",)},
+        {"policies": ("s3://bucket/p.npz",)},
+        {"gamma": 0.5},
+    ):
+        other = dataclasses.replace(base, **changed)
+        assert option_values(other) != option_values(base), changed
+    # reading and batching are each process's own
+    own = dataclasses.replace(base, batching=BatchingConfig(read_rows=7, batch_steps=64))
+    assert option_values(own) == option_values(base)
