@@ -114,6 +114,9 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         # it changed nothing without a fitted Q, where --behavior-cross-fit was refused
         (dict(cross_fit=5), "--cross-fit applies to --q fit"),
         (dict(cross_fit=5, q=("q.npz",)), "--cross-fit applies to --q fit"),
+        # it changed nothing without a Q to draw V-hat's actions for
+        (dict(v_samples=64), "--v-samples applies to --q only"),
+        (dict(v_samples=64, q_col="q", v_col="v"), "--v-samples applies to --q only"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):
@@ -124,6 +127,7 @@ def test_bad_option_values_are_usage_errors(options, message):
 def test_good_options_pass():
     check_config(config(gamma=0.99, confidence=0.9, reward_range=(-1.0, 1.0), horizon=10))
     check_config(config(cross_fit=5, q=("fit:linear",)))
+    check_config(config(v_samples=64, q=("q.npz",)))
 
 
 def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():

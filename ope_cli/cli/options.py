@@ -140,7 +140,8 @@ VSamples = Annotated[
     int,
     typer.Option(
         metavar="N",
-        help="Continuous actions: V-hat(s) averages Q-hat over N actions drawn from the policy.",
+        help="With --q, continuous actions: V-hat(s) averages Q-hat over N actions drawn "
+        "from the policy.",
     ),
 ]
 QCol = Annotated[

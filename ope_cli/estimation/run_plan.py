@@ -123,6 +123,8 @@ def _check_q_options(config: EvaluationConfig) -> None:
     fitted = any(source.split(":", 1)[0] == "fit" for source in config.q.sources)
     if config.q.cross_fit != QConfig.cross_fit and not fitted:  # it would change nothing
         raise UsageError("--cross-fit applies to --q fit[:MODEL] only")
+    if config.q.v_samples != QConfig.v_samples and not config.q.sources:  # nothing to draw for
+        raise UsageError("--v-samples applies to --q only (V-hat of continuous actions)")
     if not has_q_source(config):
         needing = [e for e in config.estimators or () if estimator_get(e).needs]
         if needing:
