@@ -378,6 +378,22 @@ def test_help_names_no_python_type(ope_in_process):
         assert PYTHON_TYPE.search(text) is None, (command, PYTHON_TYPE.search(text))
 
 
+def test_help_paragraphs_wrap_at_the_terminal_width(ope_in_process):
+    """A paragraph after the first kept the docstring's line breaks: at 80 columns
+    ``generate --help`` broke "OUT/truth.json (each" / "policy's true value)" in two."""
+    from ope_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for name, command in commands.items():
+        for paragraph in command.help.split("\n\n"):
+            assert "\n" not in paragraph or paragraph.startswith("\b"), (name, paragraph)
+    shown = ope_in_process(["generate", "--help"], env={"COLUMNS": "80"}).stdout
+    words = " ".join(line.strip(" │") for line in shown.splitlines())
+    assert "OUT/truth.json (each policy's true value)" in " ".join(words.split())
+    lines = [line.rstrip() for line in shown.split("╭")[0].splitlines()]
+    assert not any(line.endswith("(each") for line in lines), shown
+
+
 def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
     from ope_cli.estimation.estimators import names
     from ope_cli.estimation.intervals import INTERVALS

@@ -9,6 +9,7 @@ metavar one from ``metavar``; options a command declares with a panel or metavar
 from __future__ import annotations
 
 import enum
+import inspect
 from typing import Any, get_args, get_origin
 
 from typer.core import TyperGroup
@@ -152,8 +153,18 @@ def map_command(command: Any, name: str | None = None) -> None:
         return sorted(params, key=_panel_rank)  # stable: declared order per panel
 
     command.get_params = get_params
-    if command.help and not command.short_help:
-        command.short_help = " ".join(command.help.split("\n\n")[0].split())
+    if command.help:
+        command.help = unwrapped(command.help)
+        if not command.short_help:
+            command.short_help = command.help.split("\n\n")[0]
+
+
+def unwrapped(help_text: str) -> str:
+    """``help_text`` (a docstring) with each paragraph on one line, for the terminal to wrap:
+    the help shows paragraphs after the first with the docstring's own line breaks, which
+    at another width break lines in two. A paragraph marked ``\\b`` keeps its lines."""
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
 class HelpMapGroup(TyperGroup):
