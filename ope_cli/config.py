@@ -95,6 +95,12 @@ class QConfig:
     v_samples: int = 16
 
 
+def check_v_samples(v_samples: int) -> None:
+    """UsageError for a ``--v-samples`` (ope evaluate's and ope fit-q's) out of range."""
+    if v_samples < 1:
+        raise UsageError(f"--v-samples must be a positive number, got {v_samples}")
+
+
 @dataclasses.dataclass(frozen=True)
 class IntervalConfig:
     """How the intervals are made (``--confidence``, ``--ci`` ... ``--seed``).

@@ -370,6 +370,29 @@ def test_mlp_over_continuous_actions_writes_mlp_q_sa(tmp_path):
     assert abs(result.dm - value) < 0.5 * abs(value) + 1.0  # a sanity bound, not accuracy
 
 
+@pytest.mark.slow  # two mlp fits
+def test_v_samples_draws_as_evaluate_does(tmp_path):
+    """fit-q's dm averages Q-hat over --v-samples actions, as ope evaluate's does with the
+    written checkpoint (it drew 16 whatever evaluate would draw, and had no --v-samples)."""
+    from ope_cli.api import evaluate
+
+    gen.generate("gaussian", tmp_path / "g", episodes=200, seed=1, horizon=2)
+    data, policy = tmp_path / "g" / "logs.parquet", tmp_path / "g" / "policies" / "eval_0.npz"
+    dm = {}
+    for v_samples in (3, 16):
+        out = tmp_path / f"q{v_samples}.npz"
+        dm[v_samples] = _fit(data, policy, out, model="mlp", v_samples=v_samples).dm
+        run = evaluate(
+            str(data),
+            policies=(str(policy),),
+            q=(str(out),),
+            v_samples=v_samples,
+            estimators=("dm",),
+        )
+        assert run.results[0].estimates["dm"].value == pytest.approx(dm[v_samples], rel=1e-9)
+    assert dm[3] != pytest.approx(dm[16], rel=1e-6)
+
+
 def test_table_output(data, ope_in_process):
     done = ope_in_process(
         [
@@ -427,6 +450,7 @@ def test_model_names_and_defaults():
         (["--gamma", "1.5"], 2, "--gamma"),
         # a repeated --policy kept the last one without a word
         (["-p", "other.npz"], 2, "--policy is given 2 times: ope fit-q fits one policy's Q"),
+        (["--v-samples", "0"], 2, "--v-samples must be a positive number, got 0"),
     ],
 )
 def test_bad_options_in_process(data, ope_in_process, args, code, words):

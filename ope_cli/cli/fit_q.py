@@ -16,11 +16,12 @@ from ope_cli.cli.options import (
     InspectFormat,
     Overwrite,
     ReadRows,
+    VSamples,
     column_group,
     option_groups,
     options_group,
 )
-from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.config import BatchingConfig, ColumnMapping, QConfig
 from ope_cli.errors import UsageError
 from ope_cli.models.q_models.base import MODELS as Q_MODELS
 
@@ -40,12 +41,13 @@ Ridge = Annotated[
     typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
 ]
 FitSeed = Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")]
-# the fit's own options: FitQConfig's model, gamma, ridge and seed
+# the fit's own options: FitQConfig's model, gamma, ridge, seed and v_samples
 FIT = options_group(
     ("model", QModel, None),
     ("gamma", DeclaredGamma, None),
     ("ridge", Ridge, None),
     ("seed", FitSeed, 0),
+    ("v_samples", VSamples, QConfig.v_samples),
 )
 
 

@@ -140,8 +140,8 @@ VSamples = Annotated[
     int,
     typer.Option(
         metavar="N",
-        help="With --q, continuous actions: V-hat(s) averages Q-hat over N actions drawn "
-        "from the policy.",
+        help="Continuous actions: V-hat(s) averages Q-hat over N actions drawn from the "
+        "policy (ope evaluate: with --q).",
     ),
 ]
 QCol = Annotated[

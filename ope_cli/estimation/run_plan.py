@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from ope_cli.config import EvaluationConfig, QConfig
+from ope_cli.config import EvaluationConfig, QConfig, check_v_samples
 from ope_cli.data.sources import DeclaredBounds, is_reward_range
 from ope_cli.data.validate import bounds_checks
 from ope_cli.errors import UsageError
@@ -114,8 +114,7 @@ def _check_q_options(config: EvaluationConfig) -> None:
     columns = config.columns
     if (columns.q_value is None) != (columns.v_value is None):
         raise UsageError("--q-col and --v-col go together: Q-hat of the logged action and V-hat")
-    if config.q.v_samples < 1:
-        raise UsageError(f"--v-samples must be a positive number, got {config.q.v_samples}")
+    check_v_samples(config.q.v_samples)
     if config.q.cross_fit < 1:
         raise UsageError(
             f"--cross-fit must be a positive number of folds, got {config.q.cross_fit}"

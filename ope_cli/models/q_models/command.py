@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ope_cli.config import ColumnMapping
+from ope_cli.config import ColumnMapping, QConfig, check_v_samples
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
@@ -41,6 +41,7 @@ class FitQConfig:
     gamma: float | None = None  # None: the data's declared gamma, else 1.0
     ridge: float | None = None  # None: linear.RIDGE_PER_STEP * steps
     seed: int = 0
+    v_samples: int = QConfig.v_samples  # continuous actions: draws from pi_e per V-hat(s)
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = 65_536
     overwrite: bool = False  # replace an existing --out
@@ -89,6 +90,7 @@ def check_options(config: FitQConfig) -> None:
         raise UsageError(f"--ridge must be a number >= 0, got {config.ridge}")
     if config.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {config.seed}")
+    check_v_samples(config.v_samples)
 
 
 def choose_q_model(model: str | None, schema: DataSchema) -> str:
@@ -148,6 +150,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
             ridge=config.ridge,
             seed=config.seed,
             n_actions=n_actions,
+            v_samples=config.v_samples,
             discrete=schema.action_kind == "discrete",
         ),
     )
