@@ -45,3 +45,22 @@ def test_json_numbers_and_labels():
     assert f.weight_label(2.0) == "100"
     assert f.weight_label(-3.0) == "0.001"
     assert f.estimator_title("wpdis") == "WPDIS"
+
+
+def test_resolved_reaches_the_spread_s_second_digit():
+    assert f.resolved(1000.0046897, 0.00035278) == "1000.00469"
+    assert f.resolved(1000.0040, 0.00035278) == "1000.00400"  # its zeros are digits too
+    assert f.resolved(2.0, 0.3) == "2"  # at least 4 significant digits, as significant()
+    assert f.resolved(0.123456, None) == "0.1235" == f.resolved(0.123456, 0.0)
+    assert f.resolved(-5.2e-10, 1e-12) == "-5.2e-10"
+    assert f.resolved(None, 1.0) == f.MISSING
+
+
+def test_level_keeps_its_digits():
+    assert [f.level(c) for c in (0.95, 0.999, 0.975, 0.001, 0.5)] == [
+        "95%",
+        "99.9%",
+        "97.5%",
+        "0.1%",
+        "50%",
+    ]

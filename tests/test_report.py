@@ -248,3 +248,50 @@ def test_a_fitted_q_that_did_not_converge_is_warned(result, fit, warned):
         assert found[0].startswith(
             f"{policy.policy}: the fitted Q-hat (mlp) did not converge in {ran} iterations"
         )
+
+
+def _with_estimate(result, index: int, name: str, **fields):
+    """``result`` with policy ``index``'s ``name`` estimate changed."""
+    results = list(result.results)
+    policy = results[index]
+    estimates = dict(policy.estimates)
+    estimates[name] = dataclasses.replace(estimates[name], **fields)
+    results[index] = dataclasses.replace(policy, estimates=estimates)
+    return dataclasses.replace(result, results=results)
+
+
+def test_values_are_shown_to_their_standard_error(result):
+    """Four significant digits printed 1000.00469 ± 0.00035 as "1000 ± 0.0003528" and its
+    interval [1000.0040, 1000.0054] as "[1000, 1000]": a real interval of no width, and two
+    policies 13 standard errors apart shown equal."""
+    close = _with_estimate(
+        result, 0, "wis", value=1000.0046897, stderr=0.00035278, ci_low=1000.0040, ci_high=1000.0053
+    )
+    text = _render(close)
+    assert "1000.00469 ± 0.0003528" in text
+    assert "[1000.00400, 1000.00530]" in text
+    assert "[1000, 1000]" not in text
+    # a wide spread keeps four significant digits, as before
+    wide = _with_estimate(result, 0, "wis", value=2.0, stderr=0.3, ci_low=1.4, ci_high=2.6)
+    assert "2 ± 0.3" in _render(wide) and "[1.4, 2.6]" in _render(wide)
+
+
+def test_the_interval_header_keeps_the_level_s_digits(result):
+    for confidence, header in ((0.999, "99.9% interval"), (0.975, "97.5% interval")):
+        shown = dataclasses.replace(
+            result, confidence=dataclasses.replace(result.confidence, level=confidence)
+        )
+        assert header in _render(shown)
+        assert "100% interval" not in _render(shown)
+
+
+def test_a_narrow_terminal_folds_numbers_rather_than_cutting_them(result):
+    """At 60 columns "5.161e-10" was cut to "5.161…", a number near 5."""
+    tiny = _with_estimate(
+        result, 0, "is", value=5.161e-10, stderr=1.2e-11, ci_low=4.69e-10, ci_high=5.63e-10
+    )
+    out = io.StringIO()
+    render_table(tiny, Console(file=out, width=60, force_terminal=False))
+    table = out.getvalue().split("weight diagnostics")[0]
+    assert "…" not in table
+    assert "5.161e" in table and "4.69e" in table and "-10" in table  # folded, not cut

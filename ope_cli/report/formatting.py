@@ -30,6 +30,28 @@ def significant(x: float | None, digits: int = 4, missing: str = MISSING) -> str
     return missing if x is None else format(x, f".{digits}g")
 
 
+def resolved(x: float | None, spread: float | None, digits: int = 4, missing: str = MISSING) -> str:
+    """``x`` to the place of ``spread``'s second significant digit (its standard error, say),
+    and to at least ``digits`` significant digits: 1000.00469 with a spread of 0.00035 ->
+    "1000.0047", where 4 digits alone print "1000" (and a real interval as [1000, 1000])."""
+    if x is None:
+        return missing
+    if spread is None or not math.isfinite(spread) or spread <= 0 or not math.isfinite(x):
+        return significant(x, digits)
+    place = math.floor(math.log10(spread)) - 1
+    magnitude = math.floor(math.log10(abs(x))) if x else place
+    needed = min(magnitude - place + 1, 17)
+    if needed <= digits:
+        return significant(x, digits)
+    return format(x, f"#.{needed}g").rstrip(".")  # its zeros too: 1000.00400, not 1000.004
+
+
+def level(confidence: float) -> str:
+    """A confidence level as a percentage with the digits it has: 0.95 -> "95%", 0.999 ->
+    "99.9%" (not "100%")."""
+    return f"{float(f'{confidence * 100:.10g}'):g}%"
+
+
 def fixed(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
     """``decimals`` digits after the point: 12.345 -> "12.3"."""
     return missing if x is None else format(x, f".{decimals}f")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.errors import UsageError
-from ope_cli.report.formatting import estimator_title
+from ope_cli.report.formatting import estimator_title, level
 from ope_cli.report.table import resolve_rank_by
 from ope_cli.results import EvaluationResult
 
@@ -244,7 +244,7 @@ def _estimates(plt, result: EvaluationResult):
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
     episodes = result.dataset.episodes
-    title = f"Estimates with {result.confidence.level:.0%} intervals ({episodes:,} episodes)"
+    title = f"Estimates with {level(result.confidence.level)} intervals ({episodes:,} episodes)"
     axes.set_title(
         title + ("\n(triangles: an interval goes on beyond the axis)" if clipped else "")
     )

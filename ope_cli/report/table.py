@@ -19,7 +19,9 @@ from ope_cli.report.formatting import (
     count,
     estimator_title,
     fixed,
+    level,
     percent,
+    resolved,
     significant,
     weight_label,
 )
@@ -173,9 +175,25 @@ def _value_cell(e) -> str:
     if e.value is None:
         return f"n/a ({e.note})" if e.note else "n/a"
     if e.stderr is None:
-        return significant(e.value) + (f" ({e.note})" if e.note else "")
-    cell = f"{significant(e.value)} ± {significant(e.stderr)}"
+        return resolved(e.value, _spread(e)) + (f" ({e.note})" if e.note else "")
+    cell = f"{resolved(e.value, e.stderr)} ± {significant(e.stderr)}"
     return cell + (f" ({e.note})" if e.note else "")
+
+
+def _spread(e) -> float | None:
+    """How finely an estimate's (or a difference's) numbers are shown: to its standard
+    error, else to its interval's width."""
+    if e.stderr:
+        return e.stderr
+    if e.ci_low is not None and e.ci_high is not None:
+        return e.ci_high - e.ci_low
+    return None
+
+
+def _interval(e) -> str:
+    """ "[low, high]" to the estimate's spread (``resolved``)."""
+    spread = _spread(e)
+    return f"[{resolved(e.ci_low, spread)}, {resolved(e.ci_high, spread)}]"
 
 
 def title_line(result: EvaluationResult) -> str:
@@ -197,7 +215,7 @@ def interval_notes(result: EvaluationResult) -> list[str]:
 
 def _interval_cell(e, notes: list[str]) -> str:
     if e.ci_low is not None and e.ci_high is not None:
-        return f"[{significant(e.ci_low)}, {significant(e.ci_high)}]"
+        return _interval(e)
     return f"n/a ({notes.index(e.note) + 1})" if e.note in notes else "n/a"
 
 
@@ -214,14 +232,14 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     )
     table = Table(caption=caption, caption_justify="left")
     if several:
-        table.add_column("rank", justify="right")
+        table.add_column("rank", justify="right", overflow="fold")
     table.add_column("policy", style="bold", overflow="fold")
-    table.add_column("estimator")
-    table.add_column("value ± std. err.", justify="right")
-    table.add_column(f"{result.confidence.level:.0%} interval", justify="right")
-    table.add_column("method")
+    table.add_column("estimator", overflow="fold")
+    table.add_column("value ± std. err.", justify="right", overflow="fold")
+    table.add_column(f"{level(result.confidence.level)} interval", justify="right", overflow="fold")
+    table.add_column("method", overflow="fold")
     if sets:
-        table.add_column("best?", justify="center")
+        table.add_column("best?", justify="center", overflow="fold")
     for i, policy in enumerate(result.results):
         best = several and ranks[i] == 1
         for j, (name, e) in enumerate(policy.estimates.items()):
@@ -253,18 +271,14 @@ def _comparison_table(result: EvaluationResult) -> Table:
         title_justify="left",
     )
     table.add_column("policy", style="bold", overflow="fold")
-    table.add_column("estimator")
-    table.add_column("difference ± std. err.", justify="right")
-    table.add_column(f"{result.confidence.level:.0%} interval", justify="right")
-    table.add_column("P(better)", justify="right")
+    table.add_column("estimator", overflow="fold")
+    table.add_column("difference ± std. err.", justify="right", overflow="fold")
+    table.add_column(f"{level(result.confidence.level)} interval", justify="right", overflow="fold")
+    table.add_column("P(better)", justify="right", overflow="fold")
     compared = [p for p in result.results if p.comparison is not None]
     for i, policy in enumerate(compared):
         for j, (name, c) in enumerate(policy.comparison.items()):
-            interval = (
-                f"[{significant(c.ci_low)}, {significant(c.ci_high)}]"
-                if c.ci_low is not None and c.ci_high is not None
-                else "n/a"
-            )
+            interval = _interval(c) if c.ci_low is not None and c.ci_high is not None else "n/a"
             if c.note:  # why it is missing, or what it is (a tie, a percentile fallback)
                 interval += f" ({c.note})"
             above = c.ci_low is not None and c.ci_low > 0
@@ -281,7 +295,7 @@ def _comparison_table(result: EvaluationResult) -> Table:
 
 
 def _plus_minus(value: float, stderr: float | None) -> str:
-    signed = ("+" if value > 0 else "") + significant(value)
+    signed = ("+" if value > 0 else "") + resolved(value, stderr)
     return signed if stderr is None else f"{signed} ± {significant(stderr)}"
 
 
@@ -291,7 +305,7 @@ def _selection_table(result: EvaluationResult) -> Table:
     table = Table(title="selection against the true values (--truth)", title_justify="left")
     table.add_column("metric")
     for name in result.selection:
-        table.add_column(estimator_title(name), justify="right")
+        table.add_column(estimator_title(name), justify="right", overflow="fold")
     for metric in metrics:
         table.add_row(metric, *(significant(v[metric]) for v in result.selection.values()))
     return table
