@@ -376,3 +376,29 @@ def test_doubly_robust_differences_are_the_differences_of_the_estimates(chain, m
             expected = result.estimates[name].value - baseline[name].value
             assert got.delta == pytest.approx(expected, rel=1e-9), name
             assert 0 < got.stderr < result.estimates[name].stderr + 1.0
+
+
+def test_csv_carries_the_level_and_each_difference_s_note(chain):
+    """CSV gave the intervals without their level and dropped every difference's note (a
+    tie with the baseline, a percentile fallback, why an interval is missing), which JSON
+    and the table carry."""
+    folder, _ = chain
+    policy = str(folder / "policies" / "eval_0.npz")
+    evaluation = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=(f"same={policy}", f"base={policy}", str(folder / "policies" / "eval_1.npz")),
+        baseline="base",
+        ci="normal",
+        confidence=0.9,
+    )
+    rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
+    document = evaluation.to_dict()
+    notes = {
+        (r["label"], name): c.get("note") or ""
+        for r in document["results"]
+        for name, c in r.get("comparison", {}).items()
+    }
+    assert any(notes.values())  # the tie's
+    for row in rows:
+        assert float(row["ci_level"]) == 0.9
+        assert row["delta_note"] == notes.get((row["label"], row["estimator"]), ""), row

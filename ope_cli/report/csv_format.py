@@ -22,14 +22,25 @@ DIAGNOSTIC_FIELDS = (
 HEADER = ("policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNOSTIC_FIELDS)
 # added after the spec's columns: the interval's method and the reason of a null one, the
 # policy's label, rank and the estimator it ranks by, the warnings that concern the row's
-# policy or the whole run, and the run's discount with where it comes from (SPEC 12: every
-# output says which)
-EXTRA = ("ci_method", "note", "label", "rank", "rank_by", "warnings", "gamma", "gamma_source")
-# --baseline: the row's paired difference from the baseline (empty on the baseline's rows);
+# policy or the whole run, the run's discount with where it comes from (SPEC 12: every
+# output says which), and the intervals' confidence level (of the differences' too)
+EXTRA = (
+    "ci_method",
+    "note",
+    "label",
+    "rank",
+    "rank_by",
+    "warnings",
+    "gamma",
+    "gamma_source",
+    "ci_level",
+)
+# --baseline: the row's paired difference from the baseline (empty on the baseline's rows)
+# and its note (why its interval is missing, or what it is: a tie, a percentile fallback);
 # with several policies whether it could be the best by the row's estimator; --truth: the
 # estimator's selection metrics ("selection_" + metric), the same on each of its rows
 COMPARISON = ("delta", "delta_stderr", "delta_ci_low", "delta_ci_high", "p_improvement")
-CHOICE = (*COMPARISON, "could_be_best")
+CHOICE = (*COMPARISON, "delta_note", "could_be_best")
 WARNING_SEPARATOR = " | "
 
 
@@ -68,7 +79,9 @@ def tidy_rows(
                     concerning,
                     _float(result.gamma),
                     result.gamma_source,
+                    _float(result.confidence.level),
                     *(_float(x) for x in compared or (None,) * len(COMPARISON)),
+                    c.note if c else None,
                     (policy.could_be_best or {}).get(name),
                     *(_float(own.get(metric)) for metric in metrics),
                 ]
