@@ -83,8 +83,8 @@ def test_per_episode_carries_match_plain_formulas_in_any_windows(width):
     arrays = [np.pad(x, (0, padded - 12)) for x in (log_ratio, reward)]
     arrays += [0.9 ** np.arange(padded), np.pad(real, (0, padded - 12))]
     values, steps, trajectory = walk("is", *arrays, width)
-    assert values["sum_wg"] == pytest.approx(g, rel=1e-15)  # relative to W itself
-    assert values["sum_w2g2"] == pytest.approx(g * g, rel=1e-15)
+    assert values["is_wg"] == pytest.approx(g, rel=1e-15)  # relative to W itself
+    assert values["is_w2g2"] == pytest.approx(g * g, rel=1e-15)
     assert values["count"] == 1.0 and values["zero_count"] == 0.0
     assert values["sum_w"] == 1.0 and values["sum_w2"] == 1.0
     assert float(trajectory.log_w) == pytest.approx(log_w[-1], rel=1e-14)
@@ -402,8 +402,8 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
 
     def through_is(x):  # the estimator's own finalize
         totals = base.Sums(
-            {"sum_wg": x.sum(), "sum_w2g2": (x * x).sum(), "count": float(x.size)},
-            {"trajectory": 0.0},
+            {"is_wg": x.sum(), "is_w2g2": (x * x).sum(), "count": float(x.size)},
+            {"weighted_return": 0.0},
             {},
             {},
             {},

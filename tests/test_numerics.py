@@ -39,7 +39,13 @@ from reference import (
     reference_stderr,
 )
 
-from ope_cli.config import BatchingConfig, ColumnMapping, EvaluationConfig, RuntimeConfig
+from ope_cli.config import (
+    BatchingConfig,
+    ChoosingConfig,
+    ColumnMapping,
+    EvaluationConfig,
+    RuntimeConfig,
+)
 from ope_cli.data.buckets import window_shapes
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report import to_json
@@ -192,6 +198,57 @@ def test_discounted_terms_of_weights_past_the_float_range(tmp_path, steps, ratio
         estimate = result.estimates[name]
         assert estimate.value == pytest.approx(value, rel=rel), name
         assert estimate.stderr == pytest.approx(stderr, rel=rel), name
+
+
+@pytest.mark.parametrize("long", [400, 760])  # log W of the long episode: 400, 760
+def test_an_enormous_weight_with_a_zero_return_leaves_the_other_terms(tmp_path, long):
+    """One episode's weight e^400 or e^760 with no reward at all: its IS, PDIS and DR
+    terms are 0, so the estimates are the other episodes' ordinary mean. Against its
+    weight as the batch's scale, every other term underflowed: IS and PDIS printed 0.0 +-
+    0.0 (past e^745), or their standard errors 0 (past e^355), with a zero-width interval
+    said to show "no spread" in the data."""
+    rng = np.random.default_rng(5)
+    short = 300
+    lengths = np.array([5] * short + [long])
+    log_ratios = [rng.normal(0.0, 0.3, 5) for _ in range(short)] + [np.ones(long)]
+    rewards = [rng.integers(0, 2, 5).astype(float) for _ in range(short)] + [np.zeros(long)]
+    log_behavior = math.log(1 / 3)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(short + 1), lengths),
+            "step": np.concatenate([np.arange(k) for k in lengths]),
+            "action": np.zeros(lengths.sum(), np.int64),
+            "reward": np.concatenate(rewards),
+            "behavior_log_prob": np.full(lengths.sum(), log_behavior),
+            "target_log_prob": log_behavior + np.concatenate(log_ratios),
+            "q": np.zeros(lengths.sum()),
+            "v": np.zeros(lengths.sum()),
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    pairs = zip(log_ratios[:-1], rewards[:-1], strict=True)
+    is_terms = np.append([np.exp(lr.sum()) * r.sum() for lr, r in pairs], 0.0)  # e^760 * 0
+    pdis_terms = np.append(_log_space_pdis(log_ratios[:-1], rewards[:-1], 1.0), 0.0)
+    config = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        gamma=1.0,
+        estimators=("is", "pdis", "dr"),
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision="float64"),
+        choosing=ChoosingConfig(baseline="behavior"),
+    )
+    (result,) = evaluate(config).results
+    returns = np.array([r.sum() for r in rewards])
+    for name, terms in (("is", is_terms), ("pdis", pdis_terms), ("dr", pdis_terms)):
+        estimate = result.estimates[name]
+        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
+        expected = terms.std(ddof=1) / math.sqrt(terms.size)
+        assert estimate.stderr == pytest.approx(expected, rel=1e-9), name
+        assert estimate.ci_low < estimate.value < estimate.ci_high, name
+        paired = result.comparison[name]  # the same terms, paired with the returns
+        assert paired.delta == pytest.approx((terms - returns).mean(), rel=1e-9), name
+        expected = (terms - returns).std(ddof=1) / math.sqrt(terms.size)
+        assert paired.stderr == pytest.approx(expected, rel=1e-9), name
 
 
 def test_weights_that_underflow_float64(tmp_path):

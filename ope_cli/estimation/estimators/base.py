@@ -132,12 +132,20 @@ class Scale:
     ``per_step``, reads a Window and gives [C] (a scale per resampling group and step). A
     scalar kind may have a ``pivot(trajectory) -> []``: the pivot of a batch is that of
     the episode with the largest log scale, and ``Sum.moments`` are centred on it.
+
+    A scalar kind for one estimator's terms may name its ``magnitude``: the ``finish()``
+    value t of the term itself. An episode's scale is then log_scale + log|t| (-inf for
+    t = 0) and every value v of the kind's sums is taken as v / |t|^power (sign(t) for the
+    term, 1 for its square): the batch's largest is that of its largest term, not of its
+    largest weight. An episode of enormous weight and a zero term (no reward, say) set it
+    otherwise, and every other term underflowed to 0 against it: IS printed 0.0 +- 0.0.
     """
 
     name: str
     log_scale: Callable[[Any], Array]
     per_step: bool = False
     pivot: Callable[[Trajectory], Array] | None = None
+    magnitude: str | None = None
 
 
 def _final_log_weight(trajectory: Trajectory) -> Array:

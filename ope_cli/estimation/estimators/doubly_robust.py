@@ -56,8 +56,9 @@ def _log_one_or_peak(trajectory: Trajectory):
 
 
 # An episode's largest discounted weight among W_{-1} = 1, gamma^t W_t: dr's values are
-# relative to it, so no term overflows and none of a long episode's underflows.
-DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak)
+# relative to it, so no term overflows and none of a long episode's underflows; and, as a
+# batch's scale, that of its largest term D (``Scale.magnitude``), not of its largest weight.
+DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak, magnitude="sum_dr")
 
 
 # --- per-episode carry and values (JAX, one episode) -----------------------------------------

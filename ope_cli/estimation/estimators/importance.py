@@ -2,8 +2,8 @@
 
 Notation: W_t the cumulative weight of an episode, G its discounted return, n episodes.
 Per-episode carries and values are written for one episode; every sum is relative to its
-scale (``base.TRAJECTORY``: W_{T-1}; ``base.DISCOUNTED``: max_t gamma^t W_t; ``base.STEP``:
-W_t).
+scale (``base.TRAJECTORY``: W_{T-1}; ``WEIGHTED_RETURN``: |W_{T-1} G|; ``PER_DECISION``:
+|P|, P relative to max_t gamma^t W_t; ``base.STEP``: W_t).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ope_cli.estimation.estimators.base import (
     Estimator,
     Grouped,
     Point,
+    Scale,
     StepSum,
     Sum,
     Sums,
@@ -39,11 +40,11 @@ from ope_cli.estimation.estimators.logspace import finite, scaled_array
 
 
 def trajectory_values(carry: dict, trajectory: Trajectory) -> dict:
-    """IS: W G and W^2 G^2; WIS: W and W^2 for its centred moments (relative to W: G, G^2,
-    1 and 1)."""
+    """IS: W G and W^2 G^2 (its own, ``WEIGHTED_RETURN``); WIS: W G, and W and W^2 for its
+    centred moments (relative to W: G, G^2, G, 1 and 1)."""
     g = trajectory.return_
     one = jnp().ones_like(g)
-    return {"sum_wg": g, "sum_w2g2": g * g, "wis_w": one, "wis_w2": one}
+    return {"is_wg": g, "is_w2g2": g * g, "sum_wg": g, "wis_w": one, "wis_w2": one}
 
 
 def per_decision_init(zero) -> dict:
@@ -58,6 +59,13 @@ def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     before, after = window.before.log_discounted_peak, window.after.log_discounted_peak
     terms_t = relative(window.log_w_t + window.log_discount_t, after) * window.reward_t
     return {"p": rescaled(carry["p"], before, after) + terms_t.sum()}, {}
+
+
+# IS's and PDIS's terms W G and P relative to themselves (``Scale.magnitude``): a batch's
+# scale is its largest term's, so that an enormous weight with a zero return (or no
+# reward) does not leave every other term underflowing against it.
+WEIGHTED_RETURN = Scale("weighted_return", TRAJECTORY.log_scale, magnitude="is_wg")
+PER_DECISION = Scale("per_decision", DISCOUNTED.log_scale, magnitude="sum_p")
 
 
 def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
@@ -103,8 +111,8 @@ class MeanOfTerms(NamedTuple):
         return spread_resolution(s[self.total], s[self.square], s["count"])
 
 
-is_values = MeanOfTerms("sum_wg", "sum_w2g2", "trajectory")  # (1/n) sum_i W_i G_i
-pdis_values = MeanOfTerms("sum_p", "sum_p2", "discounted")  # (1/n) sum_i P_i
+is_values = MeanOfTerms("is_wg", "is_w2g2", WEIGHTED_RETURN.name)  # (1/n) sum_i W_i G_i
+pdis_values = MeanOfTerms("sum_p", "sum_p2", PER_DECISION.name)  # (1/n) sum_i P_i
 
 
 def wis_values(sums: Sums) -> tuple[np.ndarray, np.ndarray]:
@@ -291,10 +299,10 @@ IS = register(
         name="is",
         title="IS",
         stderr_method="sample standard error",
-        sums=(Sum("sum_wg", TRAJECTORY), Sum("sum_w2g2", TRAJECTORY, power=2)),
+        sums=(Sum("is_wg", WEIGHTED_RETURN), Sum("is_w2g2", WEIGHTED_RETURN, power=2)),
         finish=trajectory_values,
         finalize=closed_form(is_values, IS_OVERFLOW),
-        term="sum_wg",
+        term="is_wg",
         replicates=replicates_of(is_values),
         studentized=True,
         betting="trajectory",
@@ -344,7 +352,7 @@ PDIS = register(
         name="pdis",
         title="PDIS",
         stderr_method="sample standard error",
-        sums=(Sum("sum_p", DISCOUNTED), Sum("sum_p2", DISCOUNTED, power=2)),
+        sums=(Sum("sum_p", PER_DECISION), Sum("sum_p2", PER_DECISION, power=2)),
         init=per_decision_init,
         advance=per_decision_advance,
         finish=per_decision_values,

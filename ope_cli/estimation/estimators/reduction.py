@@ -28,6 +28,7 @@ from ope_cli.estimation.estimators.base import (
     HISTOGRAM_LOG10_RANGE,
     STEP,
     BatchStatistics,
+    Scale,
     StepSum,
     Sum,
     Trajectory,
@@ -459,14 +460,43 @@ def advance_window(
     return carry, statistics
 
 
-def _batch_scales(specs, trajectory: Trajectory, real_b):
+def _magnitude_b(scale: Scale, values_b: dict) -> jax.Array:
+    """[B] |t| of a scale's ``magnitude`` term where it is finite, else 1 (a term that
+    overflowed stays as it is: its sums are NaN or inf, and the estimate says why)."""
+    term_b = values_b[scale.magnitude]
+    return jnp.where(jnp.isfinite(term_b), jnp.abs(term_b), 1.0)
+
+
+def episode_log_scales(scale: Scale, trajectory: Trajectory, values_b: dict) -> jax.Array:
+    """[B] each episode's own log scale of the scalar kind ``scale`` (with a magnitude,
+    plus log|t|: -inf for a zero term)."""
+    own_b = jax.vmap(scale.log_scale)(trajectory)
+    if scale.magnitude is None:
+        return own_b
+    return own_b + jnp.log(_magnitude_b(scale, values_b))
+
+
+def relative_to_magnitude(value_b, scale: Scale | None, values_b: dict, power: int):
+    """[B] ``value_b`` relative to its kind's magnitude: v / |t|^power, taken in logs so
+    that a term whose square underflows still divides exactly (0 where v or t is 0)."""
+    if scale is None or scale.magnitude is None:
+        return value_b
+    magnitude_b = _magnitude_b(scale, values_b)
+    nonzero = (value_b != 0) & (magnitude_b != 0)
+    log_ratio = jnp.log(jnp.where(nonzero, jnp.abs(value_b), 1.0)) - power * jnp.log(
+        jnp.where(nonzero, magnitude_b, 1.0)
+    )
+    return jnp.where(nonzero, jnp.sign(value_b) * jnp.exp(log_ratio), 0.0)
+
+
+def _batch_scales(specs, trajectory: Trajectory, real_b, values_b: dict):
     """({scale: [B] each episode's own log scale}, {scale: [] largest}, {scale: [] pivot},
     {scale: [B] pivot deviation}) of the scalar scales of ``specs``; the batch's pivot is
     that of the episode with the largest scale."""
     scales = {spec.scale.name: spec.scale for spec in specs if spec.scale is not None}
     own_b, log_scales, pivots, deviations_b = {}, {}, {}, {}
     for name, scale in scales.items():
-        own_b[name] = jnp.where(real_b, jax.vmap(scale.log_scale)(trajectory), -jnp.inf)
+        own_b[name] = jnp.where(real_b, episode_log_scales(scale, trajectory, values_b), -jnp.inf)
         log_scales[name] = jnp.max(own_b[name])
         if scale.pivot is not None:
             pivot_b = jnp.where(real_b, jax.vmap(scale.pivot)(trajectory), 0.0)
@@ -485,6 +515,7 @@ def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups
     for spec in specs:
         value_b = values_b[spec.name].astype(dtype)
         if spec.scale is not None:
+            value_b = relative_to_magnitude(value_b, spec.scale, values_b, spec.power)
             name = spec.scale.name
             factor_b = jnp.exp(spec.power * (own_b[name] - safe_log_scale(log_scales[name])))
             value_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
@@ -529,11 +560,11 @@ def episode_terms(carry: EpisodeCarry, estimators: tuple[str, ...]) -> dict[str,
         if term is None:
             continue
         scale = sum_spec(term).scale
-        terms[name] = values_b[term]
+        terms[name] = relative_to_magnitude(values_b[term], scale, values_b, 1)
         terms[name + "/scale"] = (
             jnp.zeros_like(trajectory.return_)
             if scale is None
-            else jax.vmap(scale.log_scale)(trajectory)
+            else episode_log_scales(scale, trajectory, values_b)
         )
     return terms
 
@@ -553,7 +584,7 @@ def finish_batch(
     dtype = trajectory.return_.dtype
     values_b = jax.vmap(lambda c: _finish_one(c, estimators))(carry)
     specs = tuple(s for s in sums_of(estimators) if isinstance(s, Sum))
-    scales = _batch_scales(specs, trajectory, episode_mask_b)
+    scales = _batch_scales(specs, trajectory, episode_mask_b, values_b)
     counts_rb = _counts_rb(counts_br, episode_mask_b, dtype)
     sums, replicate_sums = _scalar_sums(
         specs, values_b, scales, episode_mask_b, group_b, counts_rb, num_groups, dtype
