@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,22 @@ def test_a_narrow_terminal_folds_numbers_rather_than_cutting_them(result):
     table = out.getvalue().split("weight diagnostics")[0]
     assert "…" not in table
     assert "5.161e" in table and "4.69e" in table and "-10" in table  # folded, not cut
+
+
+def test_an_estimate_outside_its_own_interval_is_warned_about_in_every_format(result):
+    """A betting interval (shared by is and wis) gave IS 1.029 against [0.5192, 1.017] on
+    generated data, with no warning."""
+    from ope_cli.report import to_csv, to_json
+
+    outside = _with_estimate(result, 0, "is", value=1.029, ci_low=0.5192, ci_high=1.017)
+    policy = outside.results[0]
+    betting = dataclasses.replace(policy, ci_methods={**policy.ci_methods, "is": "betting"})
+    outside = dataclasses.replace(outside, results=[betting, *outside.results[1:]])
+    warnings = json.loads(to_json(outside))["warnings"]
+    (warning,) = [w for w in warnings if w["code"] == "estimate_outside_interval"]
+    assert warning["policy"] == CKPT and warning["message"].startswith(f"{CKPT}: is: ")
+    assert "betting: a confidence set" in warning["message"]
+    assert "estimate_outside_interval" in to_csv(outside)
+    assert "lies outside its own interval" in _render(outside)
+    inside = json.loads(to_json(result))["warnings"]
+    assert not [w for w in inside if w["code"] == "estimate_outside_interval"]
