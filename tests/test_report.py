@@ -19,6 +19,7 @@ from ope_cli.report import (
     rank_policies,
     render_table,
     resolve_rank_by,
+    to_json,
     weight_sparklines,
 )
 
@@ -315,3 +316,16 @@ def test_an_estimate_outside_its_own_interval_is_warned_about_in_every_format(re
     assert "lies outside its own interval" in _render(outside)
     inside = json.loads(to_json(result))["warnings"]
     assert not [w for w in inside if w["code"] == "estimate_outside_interval"]
+
+
+def test_equal_values_share_a_rank_and_both_are_the_best(result):
+    """Two identical checkpoints were ranked 1 and 2 (by command-line order), only the first
+    marked best, while the selection metrics said the top 1 was undetermined."""
+    value = result.results[1].estimates["wis"].value
+    tied = _with_estimate(result, 0, "wis", value=value)
+    assert rank_policies(tied, "wis") == [1, 1]
+    third = dataclasses.replace(tied, results=[*tied.results, result.results[0]])
+    assert rank_policies(third, "wis") == [1, 1, 3]
+    assert _render(tied).count("★ 1") == 2
+    ranks = [r["rank"] for r in json.loads(to_json(tied))["results"]]
+    assert ranks == [1, 1]

@@ -100,15 +100,13 @@ def _own_value(result: EvaluationResult) -> str:
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
-    Equal values keep the command-line order."""
+    Equal values share a rank, the next one skipping theirs (1, 1, 3): two identical
+    checkpoints were ranked 1 and 2 by their command-line order, only the first the best."""
     values = [
         p.estimates[estimator].value if estimator in p.estimates else None for p in result.results
     ]
-    order = sorted((i for i, v in enumerate(values) if v is not None), key=lambda i: -values[i])
-    ranks: list[int | None] = [None] * len(values)
-    for rank, index in enumerate(order, 1):
-        ranks[index] = rank
-    return ranks
+    defined = [v for v in values if v is not None]
+    return [None if v is None else 1 + sum(other > v for other in defined) for v in values]
 
 
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
