@@ -383,6 +383,8 @@ def test_huge_rewards(tmp_path, scale):
         for name in ("is", "wis", "pdis"):
             assert estimates[name].value is not None
             assert estimates[name].stderr is None and estimates[name].ci_low is None, name
+            # the reason names the overflow (it said only "one episode, or too few")
+            assert "squares of the terms beyond float64's range" in estimates[name].note, name
 
 
 def test_to_larger_equals_rescaling_both_sides_to_the_max():

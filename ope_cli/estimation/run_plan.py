@@ -259,7 +259,8 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
 # a null interval's reason where the estimator gave none: the estimate, or only its spread
 NO_VALUE = "no interval: the estimate is undefined"
 NO_INTERVAL = (
-    "no interval: the standard error is undefined (one episode, or too few with finite terms)"
+    "no interval: the standard error is undefined (one episode, too few with finite terms, "
+    "or squares of the terms beyond float64's range)"
 )
 NO_BETTING = "betting intervals do not apply to this estimator"
 
