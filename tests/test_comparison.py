@@ -348,14 +348,22 @@ def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, monkeypatc
     assert document["selection"]["wis"]["rmse"] is not None
 
 
-def test_a_truth_naming_a_policy_not_given_is_refused(chain, monkeypatch):
-    folder, _ = chain
-    (folder / "extra.json").write_text(json.dumps({"policies/nope.npz": 1.0}))
+def test_a_truth_of_more_policies_serves_the_ones_given(chain, monkeypatch):
+    """ope generate's truth.json with two of its three policies evaluated exited 2 ("--truth
+    names 'policies/eval_2.npz', which is not one of the --policy values given")."""
+    folder, truth = chain
     monkeypatch.chdir(folder)
-    policies = load_policies(["policies/*.npz"])
-    with pytest.raises(UsageError, match="nope.npz") as raised:
-        read_run_truth("extra.json", None, policies)
-    assert "\n" not in str(raised.value)
+    given = ["policies/eval_0.npz", "policies/eval_1.npz"]
+    run = ope_cli.evaluate("logs.parquet", policies=given, truth="truth.json").to_dict()
+    exact = {entry["policy"]: entry["value"] for entry in truth["policies"]}
+    wis = [r["estimates"]["wis"]["value"] for r in run["results"]]
+    rmse = math.sqrt(np.mean([(w - exact[p]) ** 2 for w, p in zip(wis, given, strict=True)]))
+    assert run["selection"]["wis"]["rmse"] == pytest.approx(rmse, rel=1e-12)
+    assert not [w for w in run["warnings"] if w["code"] == "selection"]
+    # an object naming only other policies leaves the given ones without a value, said
+    (folder / "extra.json").write_text(json.dumps({"policies/nope.npz": 1.0}))
+    policies = load_policies(given)
+    assert set(read_run_truth("extra.json", None, policies).values()) == {None}
 
 
 def test_doubly_robust_differences_are_the_differences_of_the_estimates(chain, monkeypatch):

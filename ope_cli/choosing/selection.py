@@ -142,14 +142,13 @@ def _match(
     policy_names: Sequence[str],
     base: Path | None,
     labels: Mapping[str, str] | None = None,
-) -> str:
-    """The one given policy that truth entry `entry` names; UsageError for none or several."""
+) -> str | None:
+    """The one given policy that truth entry `entry` names, or None for none (a truth.json
+    of ten policies serves a run of three); UsageError for several."""
     found = _find(entry, policy_names, base, labels)
-    if not found:
-        raise UsageError(f"--truth names {entry!r}, which is not one of the --policy values given")
     if len(found) > 1:
         raise UsageError(f"--truth entry {entry!r} matches several policies: {', '.join(found)}")
-    return found[0]
+    return found[0] if found else None
 
 
 def _check_checkpoint(entry: Mapping, policy: str) -> None:
@@ -191,9 +190,10 @@ def read_truth(
 
     Raises:
       UsageError (one line): the file cannot be read or is not a JSON object; a value is not
-      a finite number; an entry names no given policy, several, or the same one as another
-      entry (truth.json's ``behavior`` entry is exempt: it may name no given policy); a
-      truth.json entry's ``sha256`` is not that of the checkpoint it is matched to.
+      a finite number; an entry names several given policies, or the same one as another
+      entry; a truth.json entry's ``sha256`` is not that of the checkpoint it is matched to.
+      An entry that names no given policy is a policy not evaluated in this run: ignored
+      (a given policy it was meant for has no value, which the caller says).
     """
     document, base = _load_truth(source)
     entries, behavior_paths, behavior_value = _truth_entries(document)
@@ -203,6 +203,8 @@ def read_truth(
     named_by: dict[str, str] = {}
     for entry, value in entries:
         policy = _match(entry, policy_names, base, labels)
+        if policy is None:  # a policy not evaluated in this run
+            continue
         if entry in recorded:
             _check_checkpoint(recorded[entry], policy)
         if policy in named_by:
