@@ -262,8 +262,9 @@ def test_fit_behavior_refuses_a_model_that_does_not_fit_the_actions(generated, t
 
 @pytest.fixture(scope="module")
 def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
-    """evaluate --behavior estimate on chain data without the column, in several batchings;
-    with the fitted checkpoint; and on the data with the column (mean weights under both)."""
+    """evaluate --behavior estimate on chain data without the column, also cross-fitted;
+    with the fitted checkpoint; and on the data with the column (mean weights under both).
+    The same runs in other batchings: ``chain_batchings`` (slow)."""
     out = generated["chain"]
     checkpoint = tmp_path_factory.mktemp("ckpt") / "b.npz"
     _fit(out / "nob.parquet", checkpoint)
@@ -272,6 +273,20 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
     both = _evaluation(out / "logs.parquet", policy, behavior="estimate")
     return {
         "estimate": _evaluate(nob, policy, behavior="estimate"),
+        "checkpoint": _evaluate(nob, policy, behavior=str(checkpoint)),
+        "cross_fit": _evaluate(nob, policy, behavior="estimate", **CROSS_FIT),
+        "both": both.to_dict(),
+        "both_table": shown(both, "table"),
+        "true": _evaluate(out / "logs.parquet", policy),
+    }
+
+
+@pytest.fixture(scope="module")
+def chain_batchings(generated) -> dict[str, dict]:
+    """``chain_runs``' estimate and cross-fitted runs in other batchings."""
+    out = generated["chain"]
+    policy, nob = _policies(out), out / "nob.parquet"
+    return {
         "small_batches": _evaluate(
             nob,
             policy,
@@ -280,24 +295,24 @@ def chain_runs(generated, tmp_path_factory) -> dict[str, dict]:
             batch_steps=128,
             read_rows=300,
         ),
-        "checkpoint": _evaluate(nob, policy, behavior=str(checkpoint)),
-        "cross_fit": _evaluate(nob, policy, behavior="estimate", **CROSS_FIT),
         # four lanes a window: another batching, without small_batches' 400 one-lane calls
         "cross_fit_small_batches": _evaluate(
             nob, policy, behavior="estimate", **CROSS_FIT, batch_steps=1024
         ),
-        "both": both.to_dict(),
-        "both_table": shown(both, "table"),
-        "true": _evaluate(out / "logs.parquet", policy),
     }
 
 
-def test_estimate_is_the_same_across_batchings(chain_runs):
-    assert_same_estimates(chain_runs["estimate"], chain_runs["small_batches"], rtol=1e-12)
-    assert (
-        chain_runs["small_batches"]["runtime"]["batch_shapes"]
-        != (chain_runs["estimate"]["runtime"]["batch_shapes"])
+@pytest.mark.slow  # a property: the same estimates in other batchings
+def test_estimate_is_the_same_across_batchings(chain_runs, chain_batchings):
+    smaller = chain_batchings["small_batches"]
+    assert_same_estimates(chain_runs["estimate"], smaller, rtol=1e-12)
+    assert smaller["runtime"]["batch_shapes"] != (chain_runs["estimate"]["runtime"]["batch_shapes"])
+    cross_fit, cross_fit_smaller = (
+        chain_runs["cross_fit"],
+        chain_batchings["cross_fit_small_batches"],
     )
+    assert_same_estimates(cross_fit, cross_fit_smaller, rtol=1e-12)
+    assert cross_fit_smaller["runtime"]["batch_shapes"] != cross_fit["runtime"]["batch_shapes"]
 
 
 def _cross_fitted_reference(out: Path, folds: int, floor: float = 1e-3) -> dict:
@@ -341,9 +356,6 @@ def test_cross_fitting_matches_a_numpy_reference(generated, chain_runs):
     for result in run["results"]:
         value = result["estimates"]["is"]["value"]
         assert value == pytest.approx(reference[Path(result["policy"]).name], rel=1e-9)
-    smaller = chain_runs["cross_fit_small_batches"]
-    assert_same_estimates(run, smaller, rtol=1e-12)
-    assert smaller["runtime"]["batch_shapes"] != run["runtime"]["batch_shapes"]
     assert "out-of-fold: 3 folds" in _describe(run)
 
 
