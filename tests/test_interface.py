@@ -26,6 +26,7 @@ from rendered import shown
 
 from ope_cli.cli import helpmap
 from ope_cli.data.sources import METADATA_KEY
+from ope_cli.errors import UsageError
 from ope_cli.models.policies import split_name, suffix_labels
 
 GAMMA = 0.9
@@ -309,6 +310,17 @@ def test_suffix_labels_are_the_shortest_unambiguous():
     assert split_name("best=ckpts/a.npz") == ("best", "ckpts/a.npz")
     assert split_name("pkg.mod:policy") == (None, "pkg.mod:policy")
     assert split_name("date=2024/a.npz")[0] == "date"  # NAME=PATH when no such file exists
+
+
+def test_a_name_that_cannot_be_one_is_refused_as_such(tmp_path, monkeypatch):
+    """'my policy=a.npz' said "no such checkpoint file", as if the whole were a path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.npz").write_bytes(b"")
+    for spec in ("my policy=a.npz", "a,b=a.npz", "'q'=a.npz"):
+        with pytest.raises(UsageError, match="cannot be a NAME of NAME=PATH"):
+            split_name(spec)
+    assert split_name("ok=a.npz") == ("ok", "a.npz")
+    assert split_name("missing name=b.npz") == (None, "missing name=b.npz")  # no such file
 
 
 # --- nothing is overwritten silently

@@ -74,9 +74,17 @@ NAMED = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+-]*)=(?P<path>.+)")
 
 def split_name(spec: str) -> tuple[str | None, str]:
     """``NAME=PATH`` -> (NAME, PATH); any other value (a path, a glob, an entry point, a
-    file whose name holds '=') -> (None, spec)."""
+    file whose name holds '=') -> (None, spec). UsageError for a NAME that no NAME may be
+    (a space, a comma, a quote...) before an existing file: "no such checkpoint file" said
+    the whole value was meant as a path."""
     named = NAMED.fullmatch(spec)
     if named is None or Path(spec).exists():
+        name, _, path = spec.partition("=")
+        if named is None and name and path and Path(path).is_file() and not Path(spec).exists():
+            raise UsageError(
+                f"{spec}: {name!r} cannot be a NAME of NAME=PATH (letters, digits and _.+- "
+                "only, first a letter, digit or _)"
+            )
         return None, spec
     return named["name"], named["path"]
 
