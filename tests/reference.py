@@ -198,8 +198,11 @@ def _scaled_sem(values: np.ndarray, log_scale: float) -> float | None:
     n = len(values)
     if n < 2:
         return None
-    std = float(np.std(values, ddof=1))
-    return _scaled(std, log_scale - 0.5 * math.log(n))
+    size = float(np.max(np.abs(values)))  # taken out first: squares of 1e200 overflow
+    if size == 0.0 or not math.isfinite(size):
+        return _scaled(float(np.std(values, ddof=1)), log_scale - 0.5 * math.log(n))
+    std = float(np.std(values / size, ddof=1))
+    return _scaled(std, log_scale + math.log(size) - 0.5 * math.log(n))
 
 
 def reference_stderr(episodes: Sequence[Episode], gamma: float) -> dict[str, float | None]:

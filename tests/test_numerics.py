@@ -251,6 +251,48 @@ def test_an_enormous_weight_with_a_zero_return_leaves_the_other_terms(tmp_path, 
         assert paired.stderr == pytest.approx(expected, rel=1e-9), name
 
 
+def test_a_weight_that_peaks_far_above_its_term_keeps_its_square(tmp_path):
+    """An episode whose weight climbs to e^414 and falls to e^14.5 before its one reward:
+    its PDIS (and DR) term e^14.5 is the sample's largest, but relative to its peak it is
+    e^-400, whose square underflowed: the standard error was 0.0, noted as a spread
+    below rounding."""
+    rng = np.random.default_rng(2)
+    log_ratios = [rng.normal(0.0, 0.2, 3) for _ in range(40)]
+    log_ratios.append(np.r_[np.full(10, 41.45), np.full(8, -50.0)])
+    rewards = [rng.integers(0, 2, 3).astype(float) for _ in range(40)]
+    rewards.append(np.r_[np.zeros(17), 1.0])
+    lengths = np.array([len(r) for r in rewards])
+    log_behavior = math.log(0.5)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(lengths.size), lengths),
+            "step": np.concatenate([np.arange(k) for k in lengths]),
+            "action": np.zeros(lengths.sum(), np.int64),
+            "reward": np.concatenate(rewards),
+            # probabilities at most 1: the ratio's rise in the behavior's, its fall in the target's
+            "behavior_log_prob": log_behavior - np.maximum(np.concatenate(log_ratios), 0.0),
+            "target_log_prob": log_behavior + np.minimum(np.concatenate(log_ratios), 0.0),
+            "q": np.zeros(lengths.sum()),
+            "v": np.zeros(lengths.sum()),
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    terms = _log_space_pdis(log_ratios, rewards, 1.0)
+    config = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        gamma=1.0,
+        estimators=("pdis", "dr"),
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    (result,) = evaluate(config).results
+    for name in ("pdis", "dr"):
+        estimate = result.estimates[name]
+        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
+        expected = terms.std(ddof=1) / math.sqrt(terms.size)
+        assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
+
+
 def test_weights_that_underflow_float64(tmp_path):
     """The roles swapped: every trajectory weight is below e^-745 (0.0 as a plain float64
     product), yet WIS and WPDIS are exact and no weight counts as zero."""
@@ -365,8 +407,10 @@ def test_a_single_episode(tmp_path):
 @pytest.mark.parametrize("scale", [1e30, 1e200])
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the reference's
 def test_huge_rewards(tmp_path, scale):
-    """1e30 rewards: every number is right. 1e200: the values are, but squares of returns
-    overflow float64, so the standard errors (and intervals) are null, not inf or NaN."""
+    """1e30 rewards: every number is right. 1e200: so are the values, and the IS and PDIS
+    standard errors, which their terms' own scale keeps in range; squares of WIS's
+    returns overflow float64, so its standard error (and interval) is null, not inf or
+    NaN."""
     rng = np.random.default_rng(6)
     behavior = random_checkpoint("linear_softmax", rng)
     episodes = random_episodes(rng, 40, behavior=behavior, median_length=5, max_length=10)
@@ -380,11 +424,13 @@ def test_huge_rewards(tmp_path, scale):
     if scale < 1e100:
         assert all(estimates[name].stderr is not None for name in ESTIMATORS)
     else:
-        for name in ("is", "wis", "pdis"):
-            assert estimates[name].value is not None
-            assert estimates[name].stderr is None and estimates[name].ci_low is None, name
-            # the reason names the overflow (it said only "one episode, or too few")
-            assert "squares of the terms beyond float64's range" in estimates[name].note, name
+        expected = reference_stderr(reference_input, 0.95)
+        for name in ("is", "pdis"):
+            _close(estimates[name].stderr, expected[name], f"{name}.stderr")
+        wis = estimates["wis"]
+        assert wis.value is not None and wis.stderr is None and wis.ci_low is None
+        # the reason names the overflow (it said only "one episode, or too few")
+        assert "squares of the terms beyond float64's range" in wis.note
 
 
 def test_to_larger_equals_rescaling_both_sides_to_the_max():

@@ -134,10 +134,10 @@ class Scale:
     the episode with the largest log scale, and ``Sum.moments`` are centred on it.
 
     A scalar kind for one estimator's terms may name its ``magnitude``: the ``finish()``
-    value t of the term itself. An episode's scale is then log_scale + log|t| (-inf for
-    t = 0) and every value v of the kind's sums is taken as v / |t|^power (sign(t) for the
-    term, 1 for its square): the batch's largest is that of its largest term, not of its
-    largest weight. An episode of enormous weight and a zero term (no reward, say) set it
+    value t of the term itself, whose Sums on the kind are t (power 1) and t^2 (power 2).
+    An episode's scale is then log_scale + log|t| (-inf for t = 0) and those values are
+    sign(t) and 1: the batch's largest is that of its largest term, not of its largest
+    weight. An episode of enormous weight and a zero term (no reward, say) set it
     otherwise, and every other term underflowed to 0 against it: IS printed 0.0 +- 0.0.
     """
 

@@ -477,16 +477,14 @@ def episode_log_scales(scale: Scale, trajectory: Trajectory, values_b: dict) -> 
 
 
 def relative_to_magnitude(value_b, scale: Scale | None, values_b: dict, power: int):
-    """[B] ``value_b`` relative to its kind's magnitude: v / |t|^power, taken in logs so
-    that a term whose square underflows still divides exactly (0 where v or t is 0)."""
+    """[B] ``value_b`` relative to its kind's magnitude t: the term itself (power 1) is
+    sign(t), its square (power 2) 1, exactly, even where t^2 underflowed (an episode whose
+    weight peaked e^400 above its term lost its square: a standard error of 0); 0 where
+    t = 0; as it is where t is not finite (its sums then say it overflowed)."""
     if scale is None or scale.magnitude is None:
         return value_b
-    magnitude_b = _magnitude_b(scale, values_b)
-    nonzero = (value_b != 0) & (magnitude_b != 0)
-    log_ratio = jnp.log(jnp.where(nonzero, jnp.abs(value_b), 1.0)) - power * jnp.log(
-        jnp.where(nonzero, magnitude_b, 1.0)
-    )
-    return jnp.where(nonzero, jnp.sign(value_b) * jnp.exp(log_ratio), 0.0)
+    term_b = values_b[scale.magnitude]
+    return jnp.where(jnp.isfinite(term_b), jnp.sign(term_b) ** power, value_b)
 
 
 def _batch_scales(specs, trajectory: Trajectory, real_b, values_b: dict):
