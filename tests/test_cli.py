@@ -1380,6 +1380,29 @@ def test_progress_shows_status_rows_and_rate_on_a_terminal():
     assert "500,000/1,000,000 rows" in text and "rows/s" in text
 
 
+def test_the_result_stays_on_stdout_after_progress_was_shown():
+    """Progress started inside the block that sends user code's prints to stderr swapped
+    sys.stdout itself and, stopped after it, put stderr back as stdout: a long run's JSON
+    went to the terminal and ``> out.json`` got 0 bytes, exit 0."""
+    import sys
+    import time
+
+    from rich.console import Console
+
+    from ope_cli.cli.console import stdout_kept_for_the_result
+    from ope_cli.cli.progress import ProgressDisplay
+
+    stdout = sys.stdout
+    console = Console(file=io.StringIO(), force_terminal=True, width=140)
+    with (
+        ProgressDisplay(False, console=console, delay=0.05) as (on_progress, _),
+        stdout_kept_for_the_result(),
+    ):
+        time.sleep(0.3)  # the delayed start, within the block, as after a second of a run
+        on_progress(10, 100)
+    assert sys.stdout is stdout
+
+
 def test_progress_stays_hidden_when_quiet_off_a_terminal_or_fast():
     from rich.console import Console
 

@@ -58,6 +58,9 @@ class ProgressDisplay:
             TimeRemainingColumn(),
             console=self.console,
             transient=True,
+            # stdout is the result's: the command routes it (``stdout_kept_for_the_result``)
+            # and rich's swap of sys.stdout, undone after that block, left it on stderr
+            redirect_stdout=False,
         )
         self._task = self._progress.add_task("starting", total=None, rows="", rate="", eta="eta")
         self._timer = threading.Timer(self.delay, self._start)
