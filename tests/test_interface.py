@@ -18,6 +18,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -310,6 +311,21 @@ def test_suffix_labels_are_the_shortest_unambiguous():
     assert split_name("best=ckpts/a.npz") == ("best", "ckpts/a.npz")
     assert split_name("pkg.mod:policy") == (None, "pkg.mod:policy")
     assert split_name("date=2024/a.npz")[0] == "date"  # NAME=PATH when no such file exists
+
+
+def test_a_name_two_policies_would_share_is_refused(tmp_path, monkeypatch):
+    """-p x=a.npz -p x=b.npz was accepted: "x" twice in every output, a warning of one on
+    the other's CSV rows, and --baseline x picking one of them."""
+    from ope_cli.models.policies import load_policies
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.npz", "b.npz"):
+        np.savez(tmp_path / name, kind=np.array("tabular"), logits=np.zeros((2, 2)))
+    for specs in (["x=a.npz", "x=b.npz"], ["a.npz", "a.npz=b.npz"], ["x=a.npz", "x=a.npz"]):
+        with pytest.raises(UsageError, match="give each policy its own name"):
+            load_policies(specs)
+    assert [p.label for p in load_policies(["x=a.npz", "y=a.npz", "b.npz"])] == ["x", "y", "b.npz"]
+    assert len(load_policies(["a.npz", "a.npz"])) == 2  # one policy twice, as before
 
 
 def test_a_name_that_cannot_be_one_is_refused_as_such(tmp_path, monkeypatch):

@@ -127,7 +127,22 @@ def load_policies(specs: Sequence[str]) -> list[Policy]:
             )
         policy = load_policy(matches[0])
         policies.append(dataclasses.replace(policy, name=name, source=matches[0]))
+    _check_names(policies)
     return label_policies(policies)
+
+
+def _check_names(policies: Sequence[Policy]) -> None:
+    """UsageError for a NAME of ``NAME=PATH`` that another policy also goes by: the two
+    were one row name in every output (a warning of one was printed on the other's CSV
+    rows, and ``--baseline NAME`` picked one of them)."""
+    for policy in (p for p in policies if p.source is not None):
+        others = [p for p in policies if p is not policy and p.name == policy.name]
+        if others:
+            other = others[0].source or others[0].name
+            raise UsageError(
+                f"--policy {policy.name}={policy.source}: the name {policy.name} is also "
+                f"that of {other}; give each policy its own name"
+            )
 
 
 def _parts(name: str) -> list[str]:
