@@ -9,9 +9,9 @@ import contextlib
 import io
 
 
-def shown(evaluation, output: str, rank_by: str = "wis") -> str:
+def shown(evaluation, output: str, rank_by: str | None = None) -> str:
     """``evaluation`` (an EvaluationResult) as ``ope evaluate --format output`` writes it on
-    stdout; ``rank_by``: --rank-by (its default)."""
+    stdout; ``rank_by``: --rank-by (None: not given, its default)."""
     from ope_cli.cli.evaluate import write_result
     from ope_cli.cli.options import OutputFormat
 

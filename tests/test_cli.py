@@ -1347,9 +1347,14 @@ def test_rank_by_must_be_a_reported_estimator(world, ope_many_in_process):
             "unknown": {"args": [*base, "--rank-by", "dr"], "cwd": world.root},
             "not_reported": {"args": [*base, "--rank-by", "pdis", "-e", "wis"], "cwd": world.root},
             "default_without_wis": {"args": [*base, "-e", "pdis", "-e", "is"], "cwd": world.root},
+            # given, wis is refused as pdis is (it ranked by is without a word)
+            "wis_not_reported": {
+                "args": [*base, "--rank-by", "wis", "-e", "is"],
+                "cwd": world.root,
+            },
         }
     )
-    for name in ("unknown", "not_reported"):
+    for name in ("unknown", "not_reported", "wis_not_reported"):
         run = runs[name]
         assert run.returncode == 2 and run.stdout == "", run
         assert run.stderr.startswith("ope: usage error: --rank-by"), run

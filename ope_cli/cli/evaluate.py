@@ -57,12 +57,12 @@ InvalidValues = Annotated[
     ),
 ]
 RankBy = Annotated[
-    str,
+    str | None,
     typer.Option(
         metavar="|".join(names()),
         help="Estimator that ranks several policies, highest first (the table's rank "
-        "column and each JSON result's rank); the best is highlighted. dm, dr and wdr need "
-        "a Q source (--q).",
+        "column and each JSON result's rank); the best is highlighted. Default: wis, or the "
+        "first reported estimator without it. dm, dr and wdr need a Q source (--q).",
     ),
 ]
 PlotDir = Annotated[
@@ -89,7 +89,7 @@ ESTIMATES = merged_group(intervals=INTERVALS, choosing=CHOOSING, runtime=RUNTIME
 RUN_OPTIONS = options_group(
     ("quiet", Quiet, False),
     ("on_invalid", InvalidValues, OnInvalid.error),
-    ("rank_by", RankBy, "wis"),
+    ("rank_by", RankBy, None),
     ("plot", PlotDir, None),
     ("overwrite", Overwrite, False),
 )
@@ -146,7 +146,7 @@ def run_and_report(
     config: EvaluationConfig,
     cluster: DistributedConfig,
     chosen: OutputFormat,
-    rank_by: str,
+    rank_by: str | None,
     plot: str | None,
     quiet: bool,
     overwrite: bool = False,
@@ -155,7 +155,8 @@ def run_and_report(
     then the result on stdout, from process 0 only."""
     from ope_cli.estimation.pipeline import evaluate as run_evaluation
 
-    rank_by = check_rank_by(rank_by, reported_estimators(config))
+    if rank_by is not None:  # else the default (``resolve_rank_by``)
+        rank_by = check_rank_by(rank_by, reported_estimators(config))
     if plot is not None:
         from ope_cli.outputs import refuse_existing
         from ope_cli.report.plots import FIGURES, require_matplotlib
@@ -182,7 +183,7 @@ def run_and_report(
     write_result(result, chosen, rank_by)
 
 
-def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str) -> None:
+def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str | None) -> None:
     """The result on stdout in the chosen format."""
     from ope_cli.report import render_table, to_csv, to_json
 

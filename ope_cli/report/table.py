@@ -71,15 +71,13 @@ def resolve_rank_by(result: EvaluationResult, rank_by: str | None = None) -> str
 
 
 def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
-    """--rank-by as an estimator the run reports; the default (wis) falls back to the first
-    reported estimator when --estimator leaves WIS out."""
+    """A given --rank-by as an estimator the run reports (an explicit --rank-by wis with
+    -e is ranked by is without a word: the default's fallback, ``resolve_rank_by``)."""
     rank_by = rank_by.lower()
     if rank_by not in names():
         raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
     if rank_by in estimators:
         return rank_by
-    if rank_by == "wis":
-        return estimators[0]
     if get_estimator(rank_by).needs and not any(get_estimator(e).needs for e in estimators):
         raise UsageError(
             f"--rank-by {rank_by} ranks by an estimator that needs a Q source: add --q "
