@@ -329,3 +329,13 @@ def test_equal_values_share_a_rank_and_both_are_the_best(result):
     assert _render(tied).count("★ 1") == 2
     ranks = [r["rank"] for r in json.loads(to_json(tied))["results"]]
     assert ranks == [1, 1]
+
+
+def test_values_equal_to_rounding_share_a_rank(result):
+    """One policy as an entry point and as a checkpoint: WIS 2e-15 apart, both shown as
+    2.365, were ranked 1 and 2, one of them the best."""
+    value = result.results[1].estimates["wis"].value
+    tied = _with_estimate(result, 0, "wis", value=value * (1 + 2e-15))
+    assert rank_policies(tied, "wis") == [1, 1]
+    apart = _with_estimate(result, 0, "wis", value=value * (1 + 1e-9))
+    assert rank_policies(apart, "wis") == ([1, 2] if value > 0 else [2, 1])

@@ -229,6 +229,9 @@ def test_equal_estimates_across_the_top_k_edge_give_no_at_k_metrics():
     assert regret_at_k(estimate_k, true_k, 2) == 0.0  # {a, b} in either order
     assert tied_at_edge(estimate_k, 1).tolist() == [0, 1]
     assert tied_at_edge(estimate_k, 2).size == 0 and tied_at_edge(estimate_k, 3).size == 0
+    # equal to float64 rounding is equal (an entry point and its checkpoint: 2e-15 apart)
+    assert tied_at_edge(np.array([2.0 * (1 + 2e-15), 2.0, 1.0]), 1).tolist() == [0, 1]
+    assert tied_at_edge(np.array([2.0 * (1 + 1e-9), 2.0, 1.0]), 1).size == 0
     truth, estimates = {"a": 1.0, "b": 3.0, "c": 2.0}, {"a": 2.0, "b": 2.0, "c": 1.0}
     for order in (["a", "b", "c"], ["b", "a", "c"]):
         metrics, notes = selection_metrics(

@@ -29,6 +29,7 @@ from ope_cli.choosing import paired
 from ope_cli.choosing.selection import (
     BASELINE_BEHAVIOR,
     DEFAULT_TOP_K,
+    RESOLVED,
     check_top_k,
     could_be_best,
     grouped_jackknife_difference,
@@ -56,9 +57,6 @@ from ope_cli.estimation.stats import (
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
 
-# Differences below this share of the estimates' size are float64 rounding: ties (a policy
-# against its own copy, or against the behavior row it logged with, differs by ~1e-15).
-RESOLVED = 1e-12
 TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"

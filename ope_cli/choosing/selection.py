@@ -343,13 +343,25 @@ def check_top_k(top_k: Sequence[int], n_policies: int) -> tuple[int, ...]:
     return tuple(checked)
 
 
+# Estimates closer than this share of their size are equal to float64 rounding: ties (a
+# policy against its own copy, or as an entry point and as a checkpoint, differs by ~1e-15).
+RESOLVED = 1e-12
+
+
+def above(a: float, b: float) -> bool:
+    """Whether estimate ``a`` is larger than ``b`` beyond float64 rounding (``RESOLVED``)."""
+    return a - b > RESOLVED * max(abs(a), abs(b))
+
+
 def tied_at_edge(estimate_k: np.ndarray, k: int) -> np.ndarray:
-    """[m] indices of the policies whose estimate equals the k-th largest, where the
-    (k+1)-th largest equals it too (the top-k set is then not determined); [0] else."""
+    """[m] indices of the policies whose estimate equals the k-th largest (to rounding:
+    ``above``), where the (k+1)-th largest equals it too (the top-k set is then not
+    determined); [0] else."""
     ordered = np.sort(estimate_k)[::-1]
-    if k >= ordered.size or ordered[k - 1] != ordered[k]:
+    if k >= ordered.size or above(ordered[k - 1], ordered[k]):
         return np.zeros(0, np.int64)
-    return np.flatnonzero(estimate_k == ordered[k - 1])
+    edge = ordered[k - 1]
+    return np.flatnonzero([not above(edge, x) and not above(x, edge) for x in estimate_k])
 
 
 def _ranking_metrics(

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ope_cli.choosing.selection import above
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators import names
@@ -98,13 +99,14 @@ def _own_value(result: EvaluationResult) -> str:
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
-    Equal values share a rank, the next one skipping theirs (1, 1, 3): two identical
-    checkpoints were ranked 1 and 2 by their command-line order, only the first the best."""
+    Values equal to float64 rounding (``selection.above``) share a rank, the next one
+    skipping theirs (1, 1, 3): two identical checkpoints were ranked 1 and 2 by their
+    command-line order, only the first the best."""
     values = [
         p.estimates[estimator].value if estimator in p.estimates else None for p in result.results
     ]
     defined = [v for v in values if v is not None]
-    return [None if v is None else 1 + sum(other > v for other in defined) for v in values]
+    return [None if v is None else 1 + sum(above(other, v) for other in defined) for v in values]
 
 
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
