@@ -226,6 +226,15 @@ def test_dm_far_from_dr_is_warned(result):
     )
     assert warned(6.4) == [] and warned(3.6) == []
 
+    # dr without spread (every return the same): any dm not dr to rounding is far from it
+    exact = dataclasses.replace(point, value=1.0, stderr=0.0)
+    estimates = {"dm": dataclasses.replace(exact, value=5.0), "dr": exact}
+    only = dataclasses.replace(policy, estimates=estimates)
+    (message,) = [w.message for w in policy_warnings(only, 2000) if w.code == DM_FAR_FROM_DR]
+    assert "dm is 5 where dr is 1, with a standard error of 0: Q-hat is probably" in message
+    same = dataclasses.replace(policy, estimates={"dm": exact, "dr": exact})
+    assert not [w for w in policy_warnings(same, 2000) if w.code == DM_FAR_FROM_DR]
+
 
 @pytest.mark.parametrize(
     ("fit", "warned"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ope_cli.choosing.selection import above
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -169,18 +170,27 @@ def _unconverged_fit_warnings(policy: PolicyResult, warn) -> list[Warning]:
 
 
 def _dm_far_from_dr_warnings(policy: PolicyResult, warn) -> list[Warning]:
+    """dm more than DM_DR_STANDARD_ERRORS of dr's standard errors from dr; with a standard
+    error of 0 (every return the same), any dm that is not dr to rounding is (dm 5.0 +- 0
+    against dr 1.0 +- 0 said nothing)."""
     dm, dr = policy.estimates.get("dm"), policy.estimates.get("dr")
-    if dm is None or dr is None or None in (dm.value, dr.value, dr.stderr) or dr.stderr <= 0:
+    if dm is None or dr is None or None in (dm.value, dr.value, dr.stderr):
         return []
-    distance = abs(dm.value - dr.value) / dr.stderr
-    if distance <= DM_DR_STANDARD_ERRORS:
+    if dr.stderr > 0:
+        distance = abs(dm.value - dr.value) / dr.stderr
+        if distance <= DM_DR_STANDARD_ERRORS:
+            return []
+        how_far = f"dm is {distance:,.0f} of dr's standard errors from dr"
+    elif above(dm.value, dr.value) or above(dr.value, dm.value):
+        how_far = f"dm is {dm.value:.4g} where dr is {dr.value:.4g}, with a standard error of 0"
+    else:
         return []
     return [
         warn(
             DM_FAR_FROM_DR,
-            f"dm is {distance:,.0f} of dr's standard errors from dr: Q-hat is probably "
-            "biased for this policy, and dm's interval, which counts only its sampling "
-            "spread, does not cover that; prefer dr or wdr, or a better Q model.",
+            f"{how_far}: Q-hat is probably biased for this policy, and dm's interval, which "
+            "counts only its sampling spread, does not cover that; prefer dr or wdr, or a "
+            "better Q model.",
         )
     ]
 
