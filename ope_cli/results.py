@@ -154,8 +154,9 @@ class EvaluationResult:
     # where the behavior probabilities come from: the data's column or a --behavior policy
     behavior: BehaviorSource | None = None
     # where ``gamma`` comes from: "option" (--gamma), "data" (declared in the schema
-    # metadata) or "default" (1.0)
+    # metadata) or "default" (1.0); the data's declared discount, if any, also under --gamma
     gamma_source: str = "option"
+    declared_gamma: float | None = None
     # --baseline: the policy (its name as given, or "behavior") the others are compared to
     baseline: str | None = None
     # the logging policy's own value: the mean discounted return of the logged episodes

@@ -127,8 +127,20 @@ def test_the_declared_gamma_is_used_and_named(evaluations):
 
 
 def test_gamma_option_wins_over_the_declared_one(evaluations):
+    """--gamma 0.5 on data declaring 0.95 showed only "gamma=0.5 (--gamma)": every format
+    now also says which discount it replaced."""
     doc = _json(evaluations["option"])
-    assert (doc["gamma"], doc["gamma_source"]) == (0.5, "option")
+    assert (doc["gamma"], doc["gamma_source"], doc["declared_gamma"]) == (0.5, "option", GAMMA)
+    (warning,) = [w for w in doc["warnings"] if w["code"] == "gamma_not_the_data_s"]
+    assert warning["message"].startswith(f"gamma is 0.5 (--gamma), not the {GAMMA:g} the data")
+    assert warning["policy"] is None
+    table = shown(evaluations["option"], "table")
+    assert f"gamma=0.5 (--gamma; the data declares {GAMMA:g})" in table
+    assert "gamma_not_the_data_s" in shown(evaluations["option"], "csv")
+    declared = _json(evaluations["declared"])  # the data's own: no warning
+    assert declared["declared_gamma"] == GAMMA
+    assert not [w for w in declared["warnings"] if w["code"] == "gamma_not_the_data_s"]
+    assert _json(evaluations["default"])["declared_gamma"] is None
 
 
 def test_csv_rows_say_which_gamma(evaluations):

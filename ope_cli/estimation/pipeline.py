@@ -270,6 +270,7 @@ def evaluate(
         dataset=_dataset(config, batches, counts),
         gamma=config.gamma,
         gamma_source=plan.gamma_source,
+        declared_gamma=plan.declared_gamma,
         estimators=reported,
         confidence=ConfidenceSummary(
             level=config.intervals.confidence,

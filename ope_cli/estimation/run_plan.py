@@ -171,6 +171,7 @@ class IntervalPlan:
     )
     gamma: float = DEFAULT_GAMMA
     gamma_source: str = "option"
+    declared_gamma: float | None = None  # the data's, also where --gamma replaces it
     # what finite-sample (betting) intervals would still need, in options
     betting_needs: str = "--reward-range LOW HIGH"
     # (reward range, horizon, (their sources)) given or declared: checked on every episode
@@ -217,6 +218,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     shared = {
         "gamma": gamma,
         "gamma_source": gamma_source,
+        "declared_gamma": declared.gamma,
         "checked": (reward_range, horizon, sources),
     }
     betting_range = None

@@ -84,6 +84,7 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
         "dataset": _dataset_dict(result),
         "gamma": result.gamma,
         "gamma_source": result.gamma_source,  # option (--gamma), data (declared) or default
+        "declared_gamma": result.declared_gamma,  # the data's own, null when it declares none
         "confidence": {
             "level": confidence.level,
             "interval": confidence.interval,

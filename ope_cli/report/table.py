@@ -197,10 +197,13 @@ def _interval(e) -> str:
 def title_line(result: EvaluationResult) -> str:
     """The data, its size, and the discount with where it comes from."""
     dataset = result.dataset
+    source = GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)
+    declared = result.declared_gamma
+    if result.gamma_source == "option" and declared is not None and declared != result.gamma:
+        source += f"; the data declares {declared:g}"
     return (
         f"{dataset.source}: {dataset.episodes:,} episodes, {dataset.steps:,} steps "
-        f"({dataset.layout} layout), gamma={result.gamma:g} "
-        f"({GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)})"
+        f"({dataset.layout} layout), gamma={result.gamma:g} ({source})"
     )
 
 

@@ -23,6 +23,7 @@ GAMMA_MATTERS_FROM_STEPS = 2
 
 # Codes of run-wide warnings (policy None) and of per-policy ones.
 GAMMA_DEFAULT = "gamma_default"
+GAMMA_REPLACED = "gamma_not_the_data_s"  # --gamma other than the discount the data declares
 ASYMPTOTIC_INTERVALS = "asymptotic_intervals"
 FLOORED_PROPENSITIES = "floored_propensities"
 NO_WEIGHT = "all_weights_zero"
@@ -267,6 +268,21 @@ def gamma_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def gamma_replaced_warning(result: EvaluationResult) -> Warning | None:
+    """--gamma other than the discount the data declares: the option wins, as documented,
+    and every format says which one the numbers are for (the title line alone named
+    --gamma, not the 0.95 it replaced)."""
+    declared = result.declared_gamma
+    if result.gamma_source != "option" or declared is None or declared == result.gamma:
+        return None
+    return Warning(
+        GAMMA_REPLACED,
+        f"gamma is {result.gamma:g} (--gamma), not the {declared:g} the data declares: the "
+        f"estimates are of returns discounted by {result.gamma:g}; leave out --gamma for "
+        "the data's own.",
+    )
+
+
 def asymptotic_warning(result: EvaluationResult) -> Warning | None:
     """Intervals that rest on a normal approximation or a bootstrap (not finite-sample):
     the run's method, or under betting the estimators betting does not apply to."""
@@ -362,6 +378,7 @@ def run_warnings(
     ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
     run = [
         gamma_warning(result),
+        gamma_replaced_warning(result),
         dropped_warning(result),
         floored_warning(result),
         float32_warning(result),
