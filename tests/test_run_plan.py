@@ -152,3 +152,23 @@ def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():
     assert completed.estimates["wdr"].note == NO_VALUE
     dr = completed.estimates["dr"]
     assert (dr.ci_low, dr.ci_high) == pytest.approx((0.5 - 0.196, 0.5 + 0.196), abs=1e-3)
+
+
+def test_auto_without_an_estimator_that_bets_is_normal_and_says_what_would():
+    """-e dr alone on bounded data: the run's interval said "betting" (with an empty
+    clause of betting estimators) while every interval was a normal one."""
+    bounded = DeclaredBounds(reward_range=(0.0, 1.0))
+    options = config(gamma=0.9, estimators=("dr",), q=("q.npz",))
+    plan = plan_intervals(options, bounded)
+    assert plan.method == "normal"
+    assert "--estimator is|wis|pdis|wpdis gives finite-sample betting" in plan.describe(options)
+    assert plan_intervals(config(gamma=0.9, estimators=("dr", "is")), bounded).method == "betting"
+
+
+def test_reward_range_without_discount_names_where_gamma_1_comes_from():
+    """It said "--reward-range with --gamma 1" where no --gamma was given."""
+    with pytest.raises(UsageError, match=r"with gamma 1 \(the default\) also needs --horizon"):
+        plan_intervals(config(reward_range=(0.0, 1.0)), NOTHING)
+    declared = DeclaredBounds(gamma=1.0)
+    with pytest.raises(UsageError, match=r"with gamma 1 \(declared by the data\) also"):
+        plan_intervals(config(reward_range=(0.0, 1.0)), declared)

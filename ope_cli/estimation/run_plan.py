@@ -234,13 +234,19 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     method = config.intervals.method
     if config.intervals.reward_range is not None and betting_range is None:
         raise UsageError(
-            "--reward-range with --gamma 1 also needs --horizon STEPS: without "
-            "discounting, only a horizon bounds the return"
+            f"--reward-range with gamma 1 ({GAMMA_SOURCES[gamma_source]}) also needs --horizon "
+            "STEPS: without discounting, only a horizon bounds the return"
         )
+    # auto means betting where the bounds allow it and a reported estimator has it: with
+    # -e dr alone, the run's intervals are normal ones, and say so
+    betting = [name for name in estimator_names() if estimator_get(name).betting]
+    reported_betting = set(betting) & set(reported_estimators(config))
     if method == "auto":
-        method = "betting" if betting_range is not None else "normal"
+        method = "betting" if betting_range is not None and reported_betting else "normal"
     if method != "betting":
         needs = _betting_needs(reward_range, betting_range is not None)
+        if betting_range is not None and not reported_betting:
+            needs = f"--estimator {'|'.join(betting)}"
         return IntervalPlan(method, **shared, betting_needs=needs)
     if betting_range is None:
         missing = (
