@@ -298,6 +298,8 @@ def test_table_and_csv_show_the_comparisons_and_the_selection(chain):
     )
     table = shown(evaluation, "table")
     assert "against the baseline behavior" in table
+    # P(better) is n/a under --ci normal: the table says what gives it
+    assert "P(better): bootstrap replicates, with --ci percentile or bootstrap-t" in table
     assert "◆ could be the best" in table
     assert "selection against the true values" in table and "regret@3" in table
     rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))

@@ -109,6 +109,9 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
             "--bootstrap-samples must be at least 200 for 0.99 intervals",
         ),
         (dict(interval="bootstrap-t", bootstrap_samples=39), "at least 40 for 0.95"),
+        # ignored by every other method (and -3 accepted), while P(better) stayed null
+        (dict(bootstrap_samples=500), "--bootstrap-samples applies to --ci percentile"),
+        (dict(interval="normal", bootstrap_samples=-3), "--bootstrap-samples applies to"),
         (dict(seed=-1), "--seed"),
         (dict(on_invalid="skip"), "--on-invalid"),
         # it changed nothing without a fitted Q, where --behavior-cross-fit was refused

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from ope_cli.config import EvaluationConfig, QConfig, check_v_samples
+from ope_cli.config import EvaluationConfig, IntervalConfig, QConfig, check_v_samples
 from ope_cli.data.sources import DeclaredBounds, is_reward_range
 from ope_cli.data.validate import bounds_checks
 from ope_cli.errors import UsageError
@@ -142,7 +142,13 @@ def _check_interval_options(config: EvaluationConfig) -> None:
     if intervals.horizon is not None and intervals.horizon < 1:
         raise UsageError(f"--horizon must be a positive number of steps, got {intervals.horizon}")
     needed = fewest_replicates(intervals.confidence)
-    if intervals.method in ("percentile", "bootstrap-t") and intervals.bootstrap_samples < needed:
+    bootstrap = intervals.method in ("percentile", "bootstrap-t")
+    if intervals.bootstrap_samples != IntervalConfig.bootstrap_samples and not bootstrap:
+        raise UsageError(  # it changed nothing (-3 was accepted too)
+            "--bootstrap-samples applies to --ci percentile and bootstrap-t only (their "
+            "replicates also give --baseline's P(better))"
+        )
+    if bootstrap and intervals.bootstrap_samples < needed:
         raise UsageError(
             f"--bootstrap-samples must be at least {needed} for {intervals.confidence:.4g} "
             f"intervals (a replicate beyond each end), got {intervals.bootstrap_samples}"

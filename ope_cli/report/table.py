@@ -266,17 +266,24 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
 
 def _comparison_table(result: EvaluationResult) -> Table:
     """Each policy minus the baseline, per estimator, paired on the same episodes."""
+    compared = [p for p in result.results if p.comparison is not None]
+    without_replicates = all(
+        c.p_improvement is None for p in compared for c in p.comparison.values()
+    )
     table = Table(
         title=f"against the baseline {result.baseline}{_own_value(result)} (paired on the same "
         "episodes)",
         title_justify="left",
+        caption="P(better): bootstrap replicates, with --ci percentile or bootstrap-t"
+        if without_replicates
+        else None,
+        caption_justify="left",
     )
     table.add_column("policy", style="bold", overflow="fold")
     table.add_column("estimator", overflow="fold")
     table.add_column("difference ± std. err.", justify="right", overflow="fold")
     table.add_column(f"{level(result.confidence.level)} interval", justify="right", overflow="fold")
     table.add_column("P(better)", justify="right", overflow="fold")
-    compared = [p for p in result.results if p.comparison is not None]
     for i, policy in enumerate(compared):
         for j, (name, c) in enumerate(policy.comparison.items()):
             interval = _interval(c) if c.ci_low is not None and c.ci_high is not None else "n/a"
