@@ -205,6 +205,22 @@ class IntervalPlan:
         return bounds_checks(chunk.steps, chunk.lengths, reward_range, horizon, sources)
 
 
+def _betting_range(
+    reward_range: tuple[float, float] | None, horizon: int | None, gamma: float
+) -> tuple[float, float, float] | None:
+    """(a, b, H) of betting intervals: the reward range widened to hold the absorbing
+    reward 0, and the discounted horizon; None where the return is not bounded."""
+    if reward_range is None or (gamma == 1.0 and horizon is None):
+        return None
+    if horizon is None:
+        discounted_horizon = 1.0 / (1.0 - gamma)
+    elif gamma == 1.0:
+        discounted_horizon = float(horizon)
+    else:
+        discounted_horizon = (1.0 - gamma**horizon) / (1.0 - gamma)
+    return (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
+
+
 def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> IntervalPlan:
     """Resolves the discount (``resolve_gamma``), ``--ci auto`` (betting when the rewards
     are bounded, else normal) and the bounds of betting intervals: options first, then what
@@ -227,16 +243,7 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
         "declared_gamma": declared.gamma,
         "checked": (reward_range, horizon, sources),
     }
-    betting_range = None
-    if reward_range is not None and (gamma < 1 or horizon is not None):
-        if horizon is None:
-            discounted_horizon = 1.0 / (1.0 - gamma)
-        elif gamma == 1.0:
-            discounted_horizon = float(horizon)
-        else:
-            discounted_horizon = (1.0 - gamma**horizon) / (1.0 - gamma)
-        # The absorbing reward 0 after an episode ends must lie in the range too.
-        betting_range = (min(reward_range[0], 0.0), max(reward_range[1], 0.0), discounted_horizon)
+    betting_range = _betting_range(reward_range, horizon, gamma)
     method = config.intervals.method
     if config.intervals.reward_range is not None and betting_range is None:
         raise UsageError(
