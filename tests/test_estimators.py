@@ -94,8 +94,10 @@ def test_per_episode_carries_match_plain_formulas_in_any_windows(width):
     values, *_ = walk("pdis", *arrays, width)
     log_discounted = log_w + np.log(discount)
     assert float(trajectory.log_discounted_peak) == pytest.approx(log_discounted.max(), rel=1e-14)
-    # P relative to max_t gamma^t W_t, the size of its terms
-    p = np.sum(np.exp(log_discounted - log_discounted.max()) * reward)
+    # P relative to the largest gamma^t W_t of a step with a reward, the size of its terms
+    largest = log_discounted[reward != 0].max()
+    p = np.sum(np.exp(log_discounted - largest) * reward)
+    assert values["pdis_scale"] == pytest.approx(largest, rel=1e-14)
     assert values["sum_p"] == pytest.approx(p, rel=1e-13)
     assert values["sum_p2"] == pytest.approx(p * p, rel=1e-13)
 

@@ -293,6 +293,58 @@ def test_a_weight_that_peaks_far_above_its_term_keeps_its_square(tmp_path):
         assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
 
 
+@pytest.mark.parametrize(("climb", "final"), [(18, -4.0), (19, 37.5)])
+def test_a_weight_past_e709_that_falls_back_before_its_reward(tmp_path, climb, final):
+    """log W climbs 41.4 a step to 746 (or 787) and falls back to -4 (37.5) before the
+    episode's one reward: its PDIS and DR terms are ordinary, but relative to its
+    discounted peak they underflowed to 0 in the carry: DR printed 0.0631 against 0.0677,
+    or 0.0214 against 4.6e14, with no word."""
+    rng = np.random.default_rng(4)
+    log_ratios = [rng.normal(0.0, 0.2, 3) for _ in range(40)]
+    peak = 41.4 * climb
+    fall = (peak - final) / 15
+    log_ratios.append(np.r_[np.full(climb, 41.4), np.full(15, -fall)])
+    rewards = [rng.integers(0, 2, 3).astype(float) for _ in range(40)]
+    rewards.append(np.r_[np.zeros(climb + 14), 10.0])
+    lengths = np.array([len(r) for r in rewards])
+    ratios = np.concatenate(log_ratios)
+    log_behavior = math.log(0.5)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(lengths.size), lengths),
+            "step": np.concatenate([np.arange(k) for k in lengths]),
+            "action": np.zeros(lengths.sum(), np.int64),
+            "reward": np.concatenate(rewards),
+            "behavior_log_prob": log_behavior - np.maximum(ratios, 0.0),
+            "target_log_prob": log_behavior + np.minimum(ratios, 0.0),
+            "q": np.zeros(lengths.sum()),
+            "v": np.zeros(lengths.sum()),
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    # only the steps with a reward: W_t itself overflows float64 on the way up
+    terms = np.array(
+        [
+            np.sum(np.exp(np.cumsum(lr)[r != 0]) * r[r != 0])
+            for lr, r in zip(log_ratios, rewards, strict=True)
+        ]
+    )
+    assert terms[-1] == pytest.approx(10.0 * math.exp(final), rel=1e-9)
+    config = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        gamma=1.0,
+        estimators=("pdis", "dr"),
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    (result,) = evaluate(config).results
+    for name in ("pdis", "dr"):
+        estimate = result.estimates[name]
+        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
+        expected = terms.std(ddof=1) / math.sqrt(terms.size)
+        assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
+
+
 def test_weights_that_underflow_float64(tmp_path):
     """The roles swapped: every trajectory weight is below e^-745 (0.0 as a plain float64
     product), yet WIS and WPDIS are exact and no weight counts as zero."""

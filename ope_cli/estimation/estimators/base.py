@@ -133,6 +133,9 @@ class Scale:
     scalar kind may have a ``pivot(trajectory) -> []``: the pivot of a batch is that of
     the episode with the largest log scale, and ``Sum.moments`` are centred on it.
 
+    A scalar kind may instead be an estimator's own: ``own`` names the ``finish()`` value
+    that is an episode's log scale (``log_scale`` None), one that its carry keeps.
+
     A scalar kind for one estimator's terms may name its ``magnitude``: the ``finish()``
     value t of the term itself, whose Sums on the kind are t (power 1) and t^2 (power 2).
     An episode's scale is then log_scale + log|t| (-inf for t = 0) and those values are
@@ -142,10 +145,11 @@ class Scale:
     """
 
     name: str
-    log_scale: Callable[[Any], Array]
+    log_scale: Callable[[Any], Array] | None
     per_step: bool = False
     pivot: Callable[[Trajectory], Array] | None = None
     magnitude: str | None = None
+    own: str | None = None  # the finish() value that is an episode's log scale, if not read
 
 
 def _final_log_weight(trajectory: Trajectory) -> Array:
@@ -154,10 +158,6 @@ def _final_log_weight(trajectory: Trajectory) -> Array:
 
 def _peak_log_weight(trajectory: Trajectory) -> Array:
     return trajectory.log_peak
-
-
-def _peak_log_discounted_weight(trajectory: Trajectory) -> Array:
-    return trajectory.log_discounted_peak
 
 
 def _step_log_weight(window: Window) -> Array:
@@ -169,11 +169,9 @@ def _return(trajectory: Trajectory) -> Array:
 
 
 # The trajectory weight W_{T-1} (pivot: the return), an episode's largest per-decision weight
-# max_t W_t, its largest discounted one max_t gamma^t W_t (the size of PDIS's terms), and the
-# per-step weight W_t.
+# max_t W_t, and the per-step weight W_t.
 TRAJECTORY = Scale("trajectory", _final_log_weight, pivot=_return)
 DECISION = Scale("decision", _peak_log_weight)
-DISCOUNTED = Scale("discounted", _peak_log_discounted_weight)
 STEP = Scale("step", _step_log_weight, per_step=True)
 
 

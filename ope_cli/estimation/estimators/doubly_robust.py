@@ -16,6 +16,7 @@ are) and ended episodes stay in the normalisers at their final weight.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -32,7 +33,6 @@ from ope_cli.estimation.estimators.base import (
     Window,
     jnp,
     register,
-    relative,
     rescaled,
     sum_over_steps,
 )
@@ -41,24 +41,18 @@ from ope_cli.estimation.estimators.importance import (
     closed_form,
     grouped_jackknife,
     replicates_of,
+    rewarded_log_scale,
     self_normalised_value,
+    weighted,
 )
 from ope_cli.estimation.estimators.logspace import finite
 
 Q_FIELDS = ("q_t", "v_t")
 
 
-def _log_one_or_peak(trajectory: Trajectory):
-    """[] max(0, max_t log gamma^t W_t): the largest of W_{-1} = 1 and the episode's
-    discounted weights (every term gamma^t W_{t-1} v_t and gamma^t W_t (r_t - q_t) is at
-    most that times |v_t| or |r_t - q_t|)."""
-    return jnp().maximum(trajectory.log_discounted_peak, 0.0)
-
-
-# An episode's largest discounted weight among W_{-1} = 1, gamma^t W_t: dr's values are
-# relative to it, so no term overflows and none of a long episode's underflows; and, as a
-# batch's scale, that of its largest term D (``Scale.magnitude``), not of its largest weight.
-DOUBLY_ROBUST = Scale("doubly_robust", _log_one_or_peak, magnitude="sum_dr")
+# dr's own scale (``dr_init``), and as a batch's scale that of its largest term D
+# (``Scale.magnitude``), not of its largest weight.
+DOUBLY_ROBUST = Scale("doubly_robust", None, magnitude="sum_dr", own="dr_scale")
 
 
 # --- per-episode carry and values (JAX, one episode) -----------------------------------------
@@ -82,27 +76,29 @@ def dm_values(carry: dict, trajectory: Trajectory) -> dict:
 
 def dr_init(zero) -> dict:
     """DR carries D = sum_t gamma^t [W_t (r_t - q_t) + W_{t-1} v_t] of the steps walked,
-    relative to the largest of 1 and the discounted weights gamma^t W_t so far."""
-    return {"d": zero}
+    relative to exp(``log_scale``), the largest discounted weight gamma^t W_t (W_{t-1})
+    of a term with a non-zero r_t - q_t (v_t) so far: no term overflows, and none
+    underflows against a weight that passed e^709 and fell back before the terms."""
+    return {"d": zero, "log_scale": zero - math.inf}
 
 
 def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
-    np_ = jnp()
-    before = np_.maximum(window.before.log_discounted_peak, 0.0)
-    after = np_.maximum(window.after.log_discounted_peak, 0.0)
     q_t, v_t = window.fields["q_t"], window.fields["v_t"]
-    log_discount_t = window.log_discount_t
-    per_step = (
-        relative(window.log_w_t + log_discount_t, after) * (window.reward_t - q_t)
-        + relative(window.log_w_prev_t + log_discount_t, after) * v_t
-    )
-    return {"d": rescaled(carry["d"], before, after) + per_step.sum()}, {}
+    log_weight_t = window.log_w_t + window.log_discount_t
+    log_previous_t = window.log_w_prev_t + window.log_discount_t
+    residual_t = window.reward_t - q_t
+    before = carry["log_scale"]
+    after = rewarded_log_scale(before, log_weight_t, residual_t)
+    after = rewarded_log_scale(after, log_previous_t, v_t)
+    per_step = weighted(log_weight_t, after, residual_t) + weighted(log_previous_t, after, v_t)
+    d = rescaled(carry["d"], before, after) + per_step.sum()
+    return {"d": d, "log_scale": after}, {}
 
 
 def dr_values(carry: dict, trajectory: Trajectory) -> dict:
-    """D and D^2, relative to max(1, max_t gamma^t W_t) (and its square)."""
+    """D and D^2, relative to its own scale (and its square)."""
     d = carry["d"]
-    return {"sum_dr": d, "sum_dr2": d * d}
+    return {"sum_dr": d, "sum_dr2": d * d, "dr_scale": carry["log_scale"]}
 
 
 def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:

@@ -3,7 +3,7 @@
 Notation: W_t the cumulative weight of an episode, G its discounted return, n episodes.
 Per-episode carries and values are written for one episode; every sum is relative to its
 scale (``base.TRAJECTORY``: W_{T-1}; ``WEIGHTED_RETURN``: |W_{T-1} G|; ``PER_DECISION``:
-|P|, P relative to max_t gamma^t W_t; ``base.STEP``: W_t).
+|P|, P relative to the largest gamma^t W_t of a step with a reward; ``base.STEP``: W_t).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ope_cli.estimation.estimators.base import (
-    DISCOUNTED,
     STEP,
     TRAJECTORY,
     Context,
@@ -48,30 +47,49 @@ def trajectory_values(carry: dict, trajectory: Trajectory) -> dict:
 
 
 def per_decision_init(zero) -> dict:
-    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to the largest gamma^t W_t so
-    far (relative to the largest W_t, long episodes' terms would underflow to 0)."""
-    return {"p": zero}
+    """PDIS carries P = sum_t gamma^t W_t r_t so far, relative to exp(``log_scale``), the
+    largest gamma^t W_t of a step with a reward so far (relative to the largest W_t, long
+    episodes' terms underflowed to 0; relative to the largest gamma^t W_t, so did those of
+    an episode whose weight passed e^709 and fell back before its rewards)."""
+    return {"p": zero, "log_scale": zero - math.inf}
+
+
+def rewarded_log_scale(log_scale, log_weight_t, value_t):
+    """The largest of ``log_scale`` and the log weights [C] of the steps whose ``value_t``
+    [C] is not 0: the scale of a sum of weighted values that none of its terms exceeds
+    by more than the values' size."""
+    np_ = jnp()
+    return np_.maximum(log_scale, np_.max(np_.where(value_t != 0, log_weight_t, -np_.inf)))
+
+
+def weighted(log_weight_t, log_scale, value_t):
+    """[C] exp(log_weight_t - log_scale) value_t, 0 where the value is (a weight above the
+    scale, of a step without a value, is inf there: inf * 0 would be NaN)."""
+    np_ = jnp()
+    return np_.where(value_t != 0, relative(log_weight_t, log_scale) * value_t, 0.0)
 
 
 def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
-    """P of the steps walked, now relative to the largest gamma^t W_t of this window or
-    before."""
-    before, after = window.before.log_discounted_peak, window.after.log_discounted_peak
-    terms_t = relative(window.log_w_t + window.log_discount_t, after) * window.reward_t
-    return {"p": rescaled(carry["p"], before, after) + terms_t.sum()}, {}
+    """P of the steps walked, now relative to the largest gamma^t W_t of a step with a
+    reward in this window or before."""
+    log_weight_t = window.log_w_t + window.log_discount_t
+    before = carry["log_scale"]
+    after = rewarded_log_scale(before, log_weight_t, window.reward_t)
+    p = rescaled(carry["p"], before, after) + weighted(log_weight_t, after, window.reward_t).sum()
+    return {"p": p, "log_scale": after}, {}
 
 
 # IS's and PDIS's terms W G and P relative to themselves (``Scale.magnitude``): a batch's
 # scale is its largest term's, so that an enormous weight with a zero return (or no
 # reward) does not leave every other term underflowing against it.
 WEIGHTED_RETURN = Scale("weighted_return", TRAJECTORY.log_scale, magnitude="is_wg")
-PER_DECISION = Scale("per_decision", DISCOUNTED.log_scale, magnitude="sum_p")
+PER_DECISION = Scale("per_decision", None, magnitude="sum_p", own="pdis_scale")
 
 
 def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
-    """PDIS: P and P^2, relative to max_t gamma^t W_t (and its square)."""
+    """PDIS: P and P^2, relative to its own scale (and its square)."""
     p = carry["p"]
-    return {"sum_p": p, "sum_p2": p * p}
+    return {"sum_p": p, "sum_p2": p * p, "pdis_scale": carry["log_scale"]}
 
 
 # --- finalisation (NumPy, float64) ----------------------------------------------------------

@@ -470,7 +470,7 @@ def _magnitude_b(scale: Scale, values_b: dict) -> jax.Array:
 def episode_log_scales(scale: Scale, trajectory: Trajectory, values_b: dict) -> jax.Array:
     """[B] each episode's own log scale of the scalar kind ``scale`` (with a magnitude,
     plus log|t|: -inf for a zero term)."""
-    own_b = jax.vmap(scale.log_scale)(trajectory)
+    own_b = values_b[scale.own] if scale.own else jax.vmap(scale.log_scale)(trajectory)
     if scale.magnitude is None:
         return own_b
     return own_b + jnp.log(_magnitude_b(scale, values_b))
