@@ -105,7 +105,7 @@ class DatasetSummary:
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # decimal magnitudes (floor log10) of the largest |observation| and |reward| and of 1 /
     # the smallest non-zero |reward| (-1000: none), for float32's warning; not in the JSON
-    magnitudes: tuple[int, int, int] | None = None
+    magnitudes: tuple[int, int, int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,10 +109,11 @@ class Counters:
     dropped: np.ndarray = dataclasses.field(  # [len(REASONS), 2] (episodes, steps) per reason
         default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
     )
-    # decimal magnitudes (floor log10) of the largest |observation| and |reward| and of
-    # 1 / the smallest non-zero |reward|: what float32 must hold (report.warnings)
+    # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 / the
+    # smallest non-zero |reward|, and of the largest critic column value (--q-col, --v-col):
+    # what float32 must hold (report.warnings)
     magnitudes: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.full(3, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
+        default_factory=lambda: np.full(4, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
     )
 
 
@@ -330,9 +331,9 @@ def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) 
 
 
 def magnitudes(chunk) -> np.ndarray:
-    """[3] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
-    observations only: integers index states) and |reward|, and -floor log10 of its
-    smallest non-zero |reward|."""
+    """[4] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
+    observations only: integers index states) and |reward|, -floor log10 of its smallest
+    non-zero |reward|, and floor log10 of its largest critic |Q-hat| or |V-hat| (columns)."""
 
     def decimal(value: float) -> int:
         return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
@@ -343,11 +344,14 @@ def magnitudes(chunk) -> np.ndarray:
     observation, reward = chunk.observation, chunk.reward
     floats = observation is not None and observation.dtype.kind == "f"
     smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
+    columns = (getattr(chunk, name, None) for name in ("q_value", "v_value"))
+    critic = [largest(values) for values in columns if values is not None]
     return np.array(
         [
             largest(observation) if floats else NO_MAGNITUDE,
             largest(reward),
             -decimal(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
+            max(critic, default=NO_MAGNITUDE),
         ],
         np.int64,
     )

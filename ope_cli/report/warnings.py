@@ -43,9 +43,10 @@ SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
 # float32 keeps 7 digits: logits of observations from 1e4 on lose 1e-4 and more of a
-# weight to rounding (a QA run: 1e6 -> IS 6% off); products of weights and rewards beyond
-# about 1e30 (or below 1e-30) overflow (or underflow to 0)
-FLOAT32_OBSERVATION_MAGNITUDE, FLOAT32_REWARD_MAGNITUDE = 4, 30
+# weight to rounding (a QA run: 1e6 -> IS 6% off); rewards and critic values from 1e4 on
+# lose their spread (rewards 1e6 + U(0, 1): WPDIS's standard error 2% off; V-hat 1e4 +
+# N(0, 1): dm's 71%); products of weights and rewards below about 1e-30 underflow to 0
+FLOAT32_VALUE_MAGNITUDE, FLOAT32_SMALL_MAGNITUDE = 4, 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,18 +350,21 @@ def dropped_warning(result: EvaluationResult) -> Warning | None:
 
 def float32_warning(result: EvaluationResult) -> Warning | None:
     """A float32 run on data whose magnitudes float32 cannot carry to 1e-4: far-off
-    observations (un-normalised sensor values) or extreme rewards."""
+    observations (un-normalised sensor values), rewards or critic values, or rewards so
+    small that their weighted products underflow."""
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision != "float32" or magnitudes is None:
         return None
-    observation, large, small = magnitudes
+    observation, large, small, critic = magnitudes
     found = []
-    if observation >= FLOAT32_OBSERVATION_MAGNITUDE:
+    if observation >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"observations reach 1e{observation} in magnitude")
-    if large >= FLOAT32_REWARD_MAGNITUDE:
+    if large >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"rewards reach 1e{large}")
-    if small >= FLOAT32_REWARD_MAGNITUDE:
+    if small >= FLOAT32_SMALL_MAGNITUDE:
         found.append(f"rewards as small as 1e-{small}")
+    if critic >= FLOAT32_VALUE_MAGNITUDE:
+        found.append(f"the critic's Q-hat or V-hat values reach 1e{critic}")
     if not found:
         return None
     return Warning(
