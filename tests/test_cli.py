@@ -1385,6 +1385,34 @@ def test_progress_shows_status_rows_and_rate_on_a_terminal():
     assert "500,000/1,000,000 rows" in text and "rows/s" in text
 
 
+def test_progress_counts_reading_time_alone_and_no_full_bar_while_work_remains(monkeypatch):
+    """After a compile the rate and ETA averaged over it (an ETA of 0:28 for a read of a
+    second); with every row read the bar stood full with "eta 0:00:00" for the seconds the
+    last batches took."""
+    from rich.console import Console
+
+    from ope_cli.cli import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    console = Console(file=io.StringIO(), force_terminal=True, width=140)
+    display = progress.ProgressDisplay(quiet=False, console=console, delay=3600.0)
+    with display as (on_progress, on_status):
+        on_progress(0, 1000)
+        on_status("compiling the kernel for window shape 1 ...")
+        clock[0] += 30.0  # compiling: not reading
+        on_status("evaluating")
+        clock[0] += 1.0
+        on_progress(500, 1000)
+        task = display._progress.tasks[0]
+        assert task.fields["rate"] == "500 rows/s" and task.fields["eta"] == "eta 0:01"
+        clock[0] += 1.0
+        on_progress(1000, 1000)
+        assert (task.description, task.total, task.fields["eta"]) == (progress.ALL_READ, None, "")
+        on_status("evaluating")  # a new shape's kernel, after the last rows
+        assert task.description == progress.ALL_READ and task.total is None
+
+
 def test_the_result_stays_on_stdout_after_progress_was_shown():
     """Progress started inside the block that sends user code's prints to stderr swapped
     sys.stdout itself and, stopped after it, put stderr back as stdout: a long run's JSON

@@ -10,6 +10,8 @@ from rich.console import Console
 from ope_cli.cli.console import stderr_console
 
 ROW_PHASES = ("reading", "evaluating")  # statuses during which the rows measure the work
+# once every row is read, what remains (the last batches) has no rows to count
+ALL_READ = "evaluating the last batches (every row read)"
 
 
 class ProgressDisplay:
@@ -32,8 +34,13 @@ class ProgressDisplay:
         self._timer = None
         self._lock = threading.Lock()
         self._started = self._closed = False
-        self._reading_since: float | None = None
         self._total: int | None = None  # rows, kept while a step without rows runs
+        self._rows = 0
+        # seconds spent in row phases (reading, evaluating), not compiling: the rate and the
+        # ETA count those alone (after a compile, the average over it gave an ETA of 28 s
+        # for a read of 1 s, and a stale rate while compiling)
+        self._row_seconds = 0.0
+        self._phase_since: float | None = None
 
     def __enter__(self):
         if not self.enabled:
@@ -44,7 +51,6 @@ class ProgressDisplay:
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         self._progress = Progress(
@@ -55,7 +61,6 @@ class ProgressDisplay:
             TextColumn("{task.fields[rate]}", style="cyan"),
             TimeElapsedColumn(),
             TextColumn("{task.fields[eta]}"),
-            TimeRemainingColumn(),
             console=self.console,
             transient=True,
             # stdout is the result's: the command routes it (``stdout_kept_for_the_result``)
@@ -74,22 +79,40 @@ class ProgressDisplay:
                 self._progress.start()
                 self._started = True
 
+    def _seconds_in_row_phases(self) -> float:
+        now = time.monotonic()
+        running = 0.0 if self._phase_since is None else now - self._phase_since
+        return self._row_seconds + running
+
+    def _eta(self, rows: int, total: int | None, seconds: float) -> str:
+        if not total or not rows or seconds <= 0 or rows >= total:
+            return ""
+        left = (total - rows) * seconds / rows
+        return f"eta {int(left) // 60}:{int(left) % 60:02d}"
+
     def update(self, rows: int, total: int | None) -> None:
         """Rows read so far, of ``total`` (None when unknown)."""
-        now = time.monotonic()
-        if self._reading_since is None:
-            self._reading_since = now
-        elapsed = now - self._reading_since
-        rate = f"{rows / elapsed:,.0f} rows/s" if rows and elapsed > 0 else ""  # average so far
-        self._total = total
+        if self._phase_since is None:
+            self._phase_since = time.monotonic()
+        seconds = self._seconds_in_row_phases()
+        # the average over the time spent reading and evaluating so far
+        rate = f"{rows / seconds:,.0f} rows/s" if rows and seconds > 0 else ""
+        self._total, self._rows = total, rows
+        counted = f"{rows:,}" + (f"/{total:,}" if total else "") + " rows"
+        if total and rows >= total:  # the last batches remain: no bar to fill, no ETA
+            self._pulse()
+            self._progress.update(
+                self._task, completed=rows, description=ALL_READ, rows=counted, rate=rate, eta=""
+            )
+            return
         self._progress.update(
             self._task,
             completed=rows,
             total=total,
             description="reading",
-            rows=f"{rows:,}" + (f"/{total:,}" if total else "") + " rows",
+            rows=counted,
             rate=rate,
-            eta="eta",
+            eta=self._eta(rows, total, seconds),
         )
 
     def status(self, text: str) -> None:
@@ -99,13 +122,24 @@ class ProgressDisplay:
         mean that the work is done."""
         task = self._progress.tasks[0] if self._progress.tasks else None
         if text in ROW_PHASES or task is None:
-            if task is not None and self._total is not None:
-                self._progress.update(self._task, total=self._total, eta="eta")
+            if self._phase_since is None:
+                self._phase_since = time.monotonic()
+            if self._total is not None and self._rows >= self._total:
+                text = ALL_READ  # every row read: still no bar to fill
+            elif task is not None and self._total is not None:
+                self._progress.update(self._task, total=self._total)
             self._progress.update(self._task, description=text)
             return
-        if task.total is not None:
-            self._total = task.total
-        self._progress.update(self._task, description=text, total=None, eta="")
+        if self._phase_since is not None:  # a step without rows: its time is not reading's
+            self._row_seconds += time.monotonic() - self._phase_since
+            self._phase_since = None
+        self._pulse()
+        self._progress.update(self._task, description=text, eta="")
+
+    def _pulse(self) -> None:
+        """The bar pulses (no total): rich's ``update(total=None)`` keeps the total, and the
+        bar stood full while a compile or the last batches ran."""
+        self._progress.tasks[0].total = None
 
     def __exit__(self, *exc_info):
         if self._timer is not None:
