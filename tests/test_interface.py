@@ -512,29 +512,34 @@ def test_errors_carry_the_fix(root, ope_many_in_process):
 
 
 def test_progress_shows_a_step_without_rows_without_an_eta():
-    """Rows all read, then a compilation: the status names the step, the bar pulses and no
-    ETA is shown (no "eta 0:00:00" while work remains); back to evaluating, the ETA is back."""
+    """A compilation midway: the status names the step, the bar pulses and no ETA is shown;
+    back to evaluating with rows left, the ETA is back; with every row read, the last
+    batches show no ETA either (it said "eta 0:00:00" while work remained)."""
     import time
 
     from rich.console import Console
 
-    from ope_cli.cli.progress import ProgressDisplay
+    from ope_cli.cli.progress import ALL_READ, ProgressDisplay
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140)
     with ProgressDisplay(quiet=False, console=console, delay=0.0) as (on_progress, on_status):
         time.sleep(0.2)  # the delayed start
-        on_progress(1_000, 1_000)
+        on_progress(500, 1_000)
         time.sleep(0.2)
         on_status("compiling shape 1 of 3")
         time.sleep(0.3)  # rich refreshes while the caller is busy
         on_status("evaluating")
         time.sleep(0.3)
+        on_progress(1_000, 1_000)
+        time.sleep(0.3)
     frames = re.split(r"\r|\x1b\[2K|\x1b\[1A", out.getvalue())
     compiling = [f for f in frames if "compiling shape 1 of 3" in f]
-    evaluating = [f for f in frames if "evaluating" in f]
+    evaluating = [f for f in frames if "evaluating" in f and ALL_READ not in f]
+    last = [f for f in frames if ALL_READ in f]
     assert compiling and all("eta" not in f for f in compiling), compiling
     assert evaluating and all("eta" in f for f in evaluating), evaluating
+    assert last and all("eta" not in f for f in last), last
 
 
 def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):

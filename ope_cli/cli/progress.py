@@ -127,7 +127,8 @@ class ProgressDisplay:
             if self._total is not None and self._rows >= self._total:
                 text = ALL_READ  # every row read: still no bar to fill
             elif task is not None and self._total is not None:
-                self._progress.update(self._task, total=self._total)
+                eta = self._eta(self._rows, self._total, self._seconds_in_row_phases())
+                self._progress.update(self._task, total=self._total, eta=eta)
             self._progress.update(self._task, description=text)
             return
         if self._phase_since is not None:  # a step without rows: its time is not reading's

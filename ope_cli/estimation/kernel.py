@@ -941,12 +941,13 @@ class Kernel:
         _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
         return path is not None and path.is_file()
 
-    def compile_catalogue(self, template: PaddedBatch, shapes) -> int:
+    def compile_catalogue(self, template: PaddedBatch, shapes, on_status=None) -> int:
         """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of
         ``shapes`` (``buckets.WindowShape``) that this configuration has not kept yet, from
         an empty window with ``template``'s dtypes, so that later data of any lengths
         compiles nothing. Only where kernels are kept (the package's own code, a
-        compilation cache); returns how many it compiled."""
+        compilation cache); returns how many it compiled. ``on_status`` hears of the first
+        compilation (a step without rows, after the last batch)."""
         compiled = 0
         carry_lanes = self._lanes_of_carry(max(shape.lanes for shape in shapes))
         for shape in shapes:
@@ -954,6 +955,8 @@ class Kernel:
             signature = (_advance_kernel.__name__, jax.tree.structure(args), _signature(args))
             if signature in self._calls or path is None or path.is_file():
                 continue
+            if on_status is not None and compiled == 0:
+                on_status("compiling the kernels of the other window shapes, for the next data")
             static = {"static": self.static}
             compile_named = functools.partial(_compile_named, _advance_kernel, args, static)
             compiled += kernel_cache.load_or_compile(compile_named, key) is not None

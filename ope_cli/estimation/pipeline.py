@@ -684,10 +684,8 @@ def _local_pass(
                 absorb(in_flight.popleft())
     while in_flight:
         absorb(in_flight.popleft())
-    if on_status is not None and last_batch is not None:
-        on_status("keeping the kernels of the other window shapes, for the next data ...")
     for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
-        kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes)  # need, kept
+        kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes, on_status)  # need
     totals = _totals(kernels, by_length, no_episodes())
     local = _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
     if pairs:
