@@ -409,6 +409,22 @@ def test_table_output(data, ope_in_process):
     assert done.returncode == 0, done
     assert "dm estimate" in done.stdout and "tabular_q" in done.stdout
     assert "Bellman residual RMSE" in done.stdout
+    # no --gamma, none declared, episodes of several steps: warned, as ope evaluate warns
+    assert "warning: gamma is 1, the default" in " ".join(done.stdout.split())
+
+
+def test_fit_q_warns_in_json_about_the_default_gamma_and_refuses_an_idle_ridge(data):
+    """fit-q fitted to undiscounted returns without a word, and --ridge with a model that
+    has none was ignored."""
+    args = (str(data["states_path"]), str(data["root"] / "tabular.npz"))
+    default = run_fit_q(FitQConfig(*args, str(data["root"] / "w1.npz")))
+    assert [w["code"] for w in default.warnings] == ["gamma_default"]
+    given = run_fit_q(FitQConfig(*args, str(data["root"] / "w2.npz"), gamma=0.9))
+    assert given.warnings == ()
+    with pytest.raises(
+        UsageError, match="--ridge applies to the linear model only, not to tabular"
+    ):
+        run_fit_q(FitQConfig(*args, str(data["root"] / "w3.npz"), ridge=0.1))
 
 
 @pytest.mark.parametrize(

@@ -51,3 +51,5 @@ def render_table(result: FitQResult, console: Console) -> None:
         )
     table.add_row("seconds", f"{result.seconds:.2f}")
     console.print(table)
+    for warning in result.warnings:
+        console.print(f"warning: {warning['message']}", style="yellow", markup=False)

@@ -73,6 +73,8 @@ class FitQResult:
     heldout_steps: int | None = None
     heldout_bellman_rmse: float | None = None
     gamma_source: str = "option"  # option (--gamma), data (declared) or default
+    # what the fit warns about, as ope evaluate does: {"code", "message"}
+    warnings: tuple[dict[str, str], ...] = ()
 
 
 def check_options(config: FitQConfig) -> None:
@@ -137,6 +139,8 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     )
     schema = episodes.schema
     model = choose_q_model(config.model, schema)
+    if config.ridge is not None and model != "linear":  # it would change nothing
+        raise UsageError(f"--ridge applies to the linear model only, not to {model}")
     gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
     policy = load_one_policy(config.policy, "--policy")
     check_against_schema(policy, schema)
@@ -176,6 +180,23 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
+        warnings=fit_warnings(gamma_source, fit.episodes, fit.steps),
+    )
+
+
+def fit_warnings(gamma_source: str, episodes: int, steps: int) -> tuple[dict[str, str], ...]:
+    """gamma = 1 by default on episodes of more than one step, as ope evaluate warns: the
+    Q-hat of undiscounted returns (fit-q said nothing)."""
+    if gamma_source != "default" or steps <= episodes:
+        return ()
+    return (
+        {
+            "code": "gamma_default",
+            "message": "gamma is 1, the default: neither --gamma nor the data's metadata "
+            "gives a discount, so Q-hat is fitted to undiscounted returns. If the policy "
+            'is meant with a discount, pass --gamma (or declare "gamma" in the data\'s ope '
+            "metadata).",
+        },
     )
 
 
