@@ -303,7 +303,7 @@ def test_all_true_values_zero_has_no_nmse():
 def test_top_k_above_the_number_of_policies_is_refused_in_one_line():
     with pytest.raises(UsageError) as error:
         selection_metrics({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0})
-    assert one_line(error) == "--top-k 3 exceeds the 2 policies"
+    assert one_line(error) == "--top-k 3 exceeds the 2 policies with a true value"
     assert error.value.exit_code == 2
     with pytest.raises(UsageError) as error:
         selection_metrics({"a": 1.0}, {"a": 1.0}, top_k=(0,))

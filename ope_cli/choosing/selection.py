@@ -337,7 +337,7 @@ def check_top_k(top_k: Sequence[int], n_policies: int) -> tuple[int, ...]:
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
             raise UsageError(f"--top-k {k!r} must be a positive whole number")
         if k > n_policies:
-            raise UsageError(f"--top-k {k} exceeds the {n_policies} policies")
+            raise UsageError(f"--top-k {k} exceeds the {n_policies} policies with a true value")
         if int(k) not in checked:
             checked.append(int(k))
     return tuple(checked)
