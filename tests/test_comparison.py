@@ -84,7 +84,8 @@ def _reference_rows(logged):
     ("baseline", "row", "batching"),
     [
         ("0", 0, {}),
-        ("behavior", 3, {"batch_steps": 512, "min_bucket": 4}),
+        # another batching too: a property, with the slow tests
+        pytest.param("behavior", 3, {"batch_steps": 512, "min_bucket": 4}, marks=pytest.mark.slow),
     ],
 )
 def test_paired_differences_match_the_reference(logged, baseline, row, batching):

@@ -237,6 +237,7 @@ def _chain_monte_carlo(
     return returns.mean(), returns.std(ddof=1) / math.sqrt(n)
 
 
+@pytest.mark.slow  # statistical: against Monte Carlo
 @pytest.mark.parametrize(("gamma", "horizon"), [(1.0, None), (0.9, 8)])
 def test_chain_truth_matches_monte_carlo(gamma, horizon, tmp_path):
     truth = gen.generate("chain", tmp_path, episodes=10, gamma=gamma, horizon=horizon)

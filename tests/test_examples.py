@@ -117,7 +117,8 @@ def checkpoints(tmp_path_factory):
     return out, truth
 
 
-@pytest.mark.parametrize("tool", ["jq", "python"])
+# through jq too (the shell's pipeline) with the slow tests; python in the quick loop
+@pytest.mark.parametrize("tool", [pytest.param("jq", marks=pytest.mark.slow), "python"])
 def test_pick_best_picks_the_truly_best_checkpoint(checkpoints, tool):
     if tool == "jq" and shutil.which("jq") is None:
         pytest.skip("jq is not installed")

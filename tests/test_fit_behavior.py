@@ -699,6 +699,7 @@ def _gathered_in_two_processes(make, shares):
     return models
 
 
+@pytest.mark.slow  # a property: invariance to the split over processes
 @pytest.mark.parametrize("empty_second", [False, True])
 @pytest.mark.parametrize("name", ["tabular", "linear_gaussian", "linear_softmax"])
 def test_models_gathered_across_processes_equal_one_model(name, empty_second):

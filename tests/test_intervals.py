@@ -260,6 +260,7 @@ def test_betting_variables_of_a_weight_past_the_float_range(horizon):
     np.testing.assert_allclose(np.exp(logs[2:]), [want_low, want_high], rtol=1e-12)
 
 
+@pytest.mark.slow  # statistical: validity over repeated samples
 def test_betting_lower_bound_is_valid_and_sharpens_with_data():
     from ope_cli.estimation.intervals import betting_lower_bound
 

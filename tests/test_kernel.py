@@ -121,6 +121,7 @@ def test_vmapped_carries_equal_a_per_episode_loop():
             np.testing.assert_allclose(np.asarray(b)[i], np.asarray(a), rtol=1e-14)
 
 
+@pytest.mark.slow  # a property: invariance to the batching
 def test_one_batch_equals_one_batch_per_episode_merged():
     """Each episode's one-row batch keeps the whole batch's width (NaN after the episode's
     end), so that the nine batches compile one shape, not one per length."""
@@ -135,6 +136,7 @@ def test_one_batch_equals_one_batch_per_episode_merged():
     assert_same_estimates(finalized(whole, 11), finalized(parts, 11))
 
 
+@pytest.mark.slow  # a property: invariance to padding
 def test_padding_rows_and_steps_change_nothing():
     rng = np.random.default_rng(2)
     lengths = [4, 9, 2, 9, 6]
@@ -269,7 +271,10 @@ def test_assemble_lays_windows_side_by_side_and_shifts_lag_sums():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("width", [1, 3, 8])
+# a property: widths 1 and 3 with the slow tests, 8 in the quick loop
+@pytest.mark.parametrize(
+    "width", [pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow), 8]
+)
 def test_a_batch_walked_in_windows_equals_the_whole_batch(tmp_path, width):
     """The statistics of a batch walked in windows of any width are those of the batch
     walked as one window, with bootstrap replicates."""

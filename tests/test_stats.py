@@ -193,6 +193,7 @@ def test_on_policy_data():
     assert diagnostics.zero_weight_fraction == 0.0
 
 
+@pytest.mark.slow  # a property (and eager dispatch takes seconds)
 def test_jit_matches_eager():
     rng = np.random.default_rng(5)
     episodes = random_episodes(rng, 12)
