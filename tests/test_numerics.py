@@ -200,6 +200,53 @@ def test_discounted_terms_of_weights_past_the_float_range(tmp_path, steps, ratio
         assert estimate.stderr == pytest.approx(stderr, rel=rel), name
 
 
+def _ratio_logs(path, log_ratios, rewards) -> str:
+    """Episodes given by their log ratios and rewards (lists of [T_i]) as a step-layout
+    file with logged log-probabilities (each at most 0: the ratio's rises in the behavior's,
+    its falls in the target's) and a zero critic (q, v: then DR equals PDIS)."""
+    lengths = np.array([len(r) for r in rewards])
+    ratios = np.concatenate(log_ratios)
+    log_half = math.log(0.5)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(lengths.size), lengths),
+            "step": np.concatenate([np.arange(k) for k in lengths]),
+            "action": np.zeros(lengths.sum(), np.int64),
+            "reward": np.concatenate(rewards),
+            "behavior_log_prob": log_half - np.maximum(ratios, 0.0),
+            "target_log_prob": log_half + np.minimum(ratios, 0.0),
+            "q": np.zeros(lengths.sum()),
+            "v": np.zeros(lengths.sum()),
+        }
+    )
+    write_table(table, path)
+    return str(path)
+
+
+def _critic_run(data: str, estimators: tuple[str, ...], **options):
+    """The one policy's result of evaluating ``data`` (``_ratio_logs``) at gamma 1 in
+    float64 with its critic columns."""
+    config = EvaluationConfig(
+        data=data,
+        gamma=1.0,
+        estimators=estimators,
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision="float64"),
+        **options,
+    )
+    (result,) = evaluate(config).results
+    return result
+
+
+def _check_mean_of_terms(result, names, terms) -> None:
+    """Each of ``names`` is the mean of ``terms`` with its sample standard error."""
+    for name in names:
+        estimate = result.estimates[name]
+        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
+        expected = terms.std(ddof=1) / math.sqrt(terms.size)
+        assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
+
+
 @pytest.mark.parametrize("long", [400, 760])  # log W of the long episode: 400, 760
 def test_an_enormous_weight_with_a_zero_return_leaves_the_other_terms(tmp_path, long):
     """One episode's weight e^400 or e^760 with no reward at all: its IS, PDIS and DR
@@ -209,41 +256,18 @@ def test_an_enormous_weight_with_a_zero_return_leaves_the_other_terms(tmp_path, 
     said to show "no spread" in the data."""
     rng = np.random.default_rng(5)
     short = 300
-    lengths = np.array([5] * short + [long])
     log_ratios = [rng.normal(0.0, 0.3, 5) for _ in range(short)] + [np.ones(long)]
     rewards = [rng.integers(0, 2, 5).astype(float) for _ in range(short)] + [np.zeros(long)]
-    log_behavior = math.log(1 / 3)
-    table = pa.table(
-        {
-            "episode_id": np.repeat(np.arange(short + 1), lengths),
-            "step": np.concatenate([np.arange(k) for k in lengths]),
-            "action": np.zeros(lengths.sum(), np.int64),
-            "reward": np.concatenate(rewards),
-            "behavior_log_prob": np.full(lengths.sum(), log_behavior),
-            "target_log_prob": log_behavior + np.concatenate(log_ratios),
-            "q": np.zeros(lengths.sum()),
-            "v": np.zeros(lengths.sum()),
-        }
-    )
-    write_table(table, tmp_path / "logs.parquet")
+    data = _ratio_logs(tmp_path / "logs.parquet", log_ratios, rewards)
     pairs = zip(log_ratios[:-1], rewards[:-1], strict=True)
     is_terms = np.append([np.exp(lr.sum()) * r.sum() for lr, r in pairs], 0.0)  # e^760 * 0
     pdis_terms = np.append(_log_space_pdis(log_ratios[:-1], rewards[:-1], 1.0), 0.0)
-    config = EvaluationConfig(
-        data=str(tmp_path / "logs.parquet"),
-        gamma=1.0,
-        estimators=("is", "pdis", "dr"),
-        columns=ColumnMapping(q_value="q", v_value="v"),
-        runtime=RuntimeConfig(precision="float64"),
-        choosing=ChoosingConfig(baseline="behavior"),
-    )
-    (result,) = evaluate(config).results
+    behavior = ChoosingConfig(baseline="behavior")
+    result = _critic_run(data, ("is", "pdis", "dr"), choosing=behavior)
     returns = np.array([r.sum() for r in rewards])
     for name, terms in (("is", is_terms), ("pdis", pdis_terms), ("dr", pdis_terms)):
+        _check_mean_of_terms(result, (name,), terms)
         estimate = result.estimates[name]
-        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
-        expected = terms.std(ddof=1) / math.sqrt(terms.size)
-        assert estimate.stderr == pytest.approx(expected, rel=1e-9), name
         assert estimate.ci_low < estimate.value < estimate.ci_high, name
         paired = result.comparison[name]  # the same terms, paired with the returns
         assert paired.delta == pytest.approx((terms - returns).mean(), rel=1e-9), name
@@ -261,36 +285,9 @@ def test_a_weight_that_peaks_far_above_its_term_keeps_its_square(tmp_path):
     log_ratios.append(np.r_[np.full(10, 41.45), np.full(8, -50.0)])
     rewards = [rng.integers(0, 2, 3).astype(float) for _ in range(40)]
     rewards.append(np.r_[np.zeros(17), 1.0])
-    lengths = np.array([len(r) for r in rewards])
-    log_behavior = math.log(0.5)
-    table = pa.table(
-        {
-            "episode_id": np.repeat(np.arange(lengths.size), lengths),
-            "step": np.concatenate([np.arange(k) for k in lengths]),
-            "action": np.zeros(lengths.sum(), np.int64),
-            "reward": np.concatenate(rewards),
-            # probabilities at most 1: the ratio's rise in the behavior's, its fall in the target's
-            "behavior_log_prob": log_behavior - np.maximum(np.concatenate(log_ratios), 0.0),
-            "target_log_prob": log_behavior + np.minimum(np.concatenate(log_ratios), 0.0),
-            "q": np.zeros(lengths.sum()),
-            "v": np.zeros(lengths.sum()),
-        }
-    )
-    write_table(table, tmp_path / "logs.parquet")
-    terms = _log_space_pdis(log_ratios, rewards, 1.0)
-    config = EvaluationConfig(
-        data=str(tmp_path / "logs.parquet"),
-        gamma=1.0,
-        estimators=("pdis", "dr"),
-        columns=ColumnMapping(q_value="q", v_value="v"),
-        runtime=RuntimeConfig(precision="float64"),
-    )
-    (result,) = evaluate(config).results
-    for name in ("pdis", "dr"):
-        estimate = result.estimates[name]
-        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
-        expected = terms.std(ddof=1) / math.sqrt(terms.size)
-        assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
+    data = _ratio_logs(tmp_path / "logs.parquet", log_ratios, rewards)
+    result = _critic_run(data, ("pdis", "dr"))
+    _check_mean_of_terms(result, ("pdis", "dr"), _log_space_pdis(log_ratios, rewards, 1.0))
 
 
 @pytest.mark.parametrize(("climb", "final"), [(18, -4.0), (19, 37.5)])
@@ -306,43 +303,12 @@ def test_a_weight_past_e709_that_falls_back_before_its_reward(tmp_path, climb, f
     log_ratios.append(np.r_[np.full(climb, 41.4), np.full(15, -fall)])
     rewards = [rng.integers(0, 2, 3).astype(float) for _ in range(40)]
     rewards.append(np.r_[np.zeros(climb + 14), 10.0])
-    lengths = np.array([len(r) for r in rewards])
-    ratios = np.concatenate(log_ratios)
-    log_behavior = math.log(0.5)
-    table = pa.table(
-        {
-            "episode_id": np.repeat(np.arange(lengths.size), lengths),
-            "step": np.concatenate([np.arange(k) for k in lengths]),
-            "action": np.zeros(lengths.sum(), np.int64),
-            "reward": np.concatenate(rewards),
-            "behavior_log_prob": log_behavior - np.maximum(ratios, 0.0),
-            "target_log_prob": log_behavior + np.minimum(ratios, 0.0),
-            "q": np.zeros(lengths.sum()),
-            "v": np.zeros(lengths.sum()),
-        }
-    )
-    write_table(table, tmp_path / "logs.parquet")
+    data = _ratio_logs(tmp_path / "logs.parquet", log_ratios, rewards)
     # only the steps with a reward: W_t itself overflows float64 on the way up
-    terms = np.array(
-        [
-            np.sum(np.exp(np.cumsum(lr)[r != 0]) * r[r != 0])
-            for lr, r in zip(log_ratios, rewards, strict=True)
-        ]
-    )
+    pairs = zip(log_ratios, rewards, strict=True)
+    terms = np.array([np.sum(np.exp(np.cumsum(lr)[r != 0]) * r[r != 0]) for lr, r in pairs])
     assert terms[-1] == pytest.approx(10.0 * math.exp(final), rel=1e-9)
-    config = EvaluationConfig(
-        data=str(tmp_path / "logs.parquet"),
-        gamma=1.0,
-        estimators=("pdis", "dr"),
-        columns=ColumnMapping(q_value="q", v_value="v"),
-        runtime=RuntimeConfig(precision="float64"),
-    )
-    (result,) = evaluate(config).results
-    for name in ("pdis", "dr"):
-        estimate = result.estimates[name]
-        assert estimate.value == pytest.approx(terms.mean(), rel=1e-9), name
-        expected = terms.std(ddof=1) / math.sqrt(terms.size)
-        assert estimate.stderr == pytest.approx(expected, rel=1e-9), (name, estimate.note)
+    _check_mean_of_terms(_critic_run(data, ("pdis", "dr")), ("pdis", "dr"), terms)
 
 
 def test_weights_that_underflow_float64(tmp_path):
