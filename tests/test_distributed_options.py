@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
+
 from ope_cli.config import BatchingConfig, EvaluationConfig, QConfig
 from ope_cli.estimation.distributed import option_values
 
@@ -46,3 +48,14 @@ def test_other_files_names_and_settings_still_differ(tmp_path, monkeypatch):
     # reading and batching are each process's own
     own = dataclasses.replace(base, batching=BatchingConfig(read_rows=7, batch_steps=64))
     assert option_values(own) == option_values(base)
+
+
+def test_a_process_id_alone_asks_for_the_rest_of_a_multi_process_run():
+    """--process-id 7 alone was ignored: a single-process run, as if it were process 7."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.distributed import DistributedConfig, initialize
+
+    alone = DistributedConfig(process_id=7)
+    assert alone.enabled and not DistributedConfig().enabled
+    with pytest.raises(UsageError, match="needs --coordinator, --num-processes"):
+        initialize(alone)

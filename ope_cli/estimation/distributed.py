@@ -48,7 +48,14 @@ class DistributedConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.auto or self.coordinator is not None or (self.num_processes or 1) > 1
+        """Whether a multi-process option was given (a --process-id alone was ignored: the
+        run is then refused for the options it lacks)."""
+        return (
+            self.auto
+            or self.coordinator is not None
+            or self.process_id is not None
+            or (self.num_processes or 1) > 1
+        )
 
 
 def initialize(config: DistributedConfig) -> tuple[int, int]:
