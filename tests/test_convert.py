@@ -29,7 +29,7 @@ import ope_cli
 from ope_cli.config import ColumnMapping
 from ope_cli.data.convert import ConvertConfig, convert
 from ope_cli.data.sources import METADATA_KEY
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +306,13 @@ def test_columns_read_only_when_named_are_kept(tmp_path):
     written = pq.read_table(out)
     assert written.column("q_value").to_pylist() == [0.3, 0.2, 0.1]
     assert written.column("v_value").to_pylist() == [0.5, 0.4, 0.6]
+
+
+def test_an_output_not_named_as_parquet_is_refused(sources, tmp_path):
+    """``ope convert X out.csv`` wrote Parquet into a .csv file without a word."""
+    for name in ("out.csv", "out"):
+        with pytest.raises(UsageError, match=r"name a Parquet file \(\.parquet, \.parq, \.pq\)"):
+            convert(ConvertConfig(str(sources["episodes"]), str(tmp_path / name)))
+        assert not (tmp_path / name).exists()
+    convert(ConvertConfig(str(sources["episodes"]), str(tmp_path / "out.PQ")))
+    assert pq.read_table(tmp_path / "out.PQ").num_rows > 0

@@ -212,6 +212,9 @@ class _ContiguousEpisodes:
         self.last = (file, int(keys[-1]), values[-1])
 
 
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+
+
 class _Target:
     """Where the Parquet file is written: a temporary name beside a local ``out``, renamed
     when complete (so a failed conversion leaves no partial file), or a URI."""
@@ -219,6 +222,8 @@ class _Target:
     def __init__(self, out: str, overwrite: bool):
         self.out = out
         self.filesystem = None
+        if not out.lower().endswith(PARQUET_SUFFIXES):  # out.csv held Parquet, without a word
+            raise UsageError(f"{out}: name a Parquet file ({', '.join(PARQUET_SUFFIXES)})")
         if remote.is_uri(out) and remote.local_path(out) is None:
             location = remote.locate(out, UsageError)
             self.filesystem, self.path = location.filesystem, location.path
