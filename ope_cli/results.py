@@ -21,13 +21,16 @@ class QSource:
 
     ``source``: checkpoint, entry_point, fit or columns; ``name``: as given; ``kind``: the
     checkpoint kind (or the fitted model's); ``fit``: the fitted Q evaluation's statistics
-    (model, episodes, steps, folds, Bellman residuals, seconds), else None.
+    (model, episodes, steps, folds, Bellman residuals, seconds), else None; ``mismatch``:
+    why a checkpoint is not its policy's Q for the run's gamma, where only dr and wdr use it
+    (a run that reports dm refuses such a Q), else None.
     """
 
     source: str
     name: str
     kind: str | None = None
     fit: dict | None = None
+    mismatch: str | None = None
 
     def describe(self) -> str:
         if self.source == "columns":

@@ -311,10 +311,26 @@ def test_exact_qs_given_in_another_order_than_their_policies_are_refused(chain_q
         f"{out / 'policies/eval_1.npz'}'s): give --q once per --policy, in the same order\n"
     )
     # (in order they run: the gamma test above runs eval_0 with its own Q); without dm,
-    # any Q serves: dr and wdr stay unbiased with it (a control variate)
-    dr_only = ["-e", "dr", "-e", "wdr", "--gamma", "0.5"]  # another gamma too
+    # any Q serves: dr and wdr stay unbiased with it (a control variate), and every format
+    # says it is not the policy's own (it was accepted without a word)
+    dr_only = ["-e", "dr", "-e", "wdr", "--gamma", "0.5", "-f", "json"]  # another gamma too
     done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *swapped, *dr_only])
     assert done.returncode == 0, done
+    document = json.loads(done.stdout)
+    warned = [w for w in document["warnings"] if w["code"] == "q_mismatch"]
+    assert [w["policy"] for w in warned] == [str(out / f"policies/eval_{k}.npz") for k in (0, 1)]
+    assert "is the Q of another policy than" in warned[0]["message"]
+    assert "dr and wdr stay unbiased with any Q-hat" in warned[0]["message"]
+    mismatch = document["results"][0]["diagnostics"]["q"]["mismatch"]
+    assert mismatch.startswith(f"--q {out / 'q/eval_1.npz'} is the Q of another policy")
+    own = ["-e", "dr", "--gamma", "0.95", "-f", "json"]  # its own Q, its own gamma: no word
+    ordered = ["--q", out / "q/eval_0.npz", "--q", out / "q/eval_1.npz"]
+    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *ordered, *own])
+    assert not [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "q_mismatch"]
+    other_gamma = ["-e", "dr", "--gamma", "0.5", "-f", "json"]  # its own Q, for 0.95
+    done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *ordered, *other_gamma])
+    warned = [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "q_mismatch"]
+    assert len(warned) == 2 and "is a Q for gamma 0.95, but this run" in warned[0]["message"]
 
 
 @pytest.mark.slow  # statistical, on large generated logs

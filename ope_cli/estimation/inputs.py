@@ -49,6 +49,8 @@ from ope_cli.models.qfunctions import (
     check_q_gamma,
     check_q_policies,
     load_qs,
+    q_for_another_gamma,
+    q_of_another_policy,
 )
 from ope_cli.models.qfunctions import chunk_checks as q_chunk_checks
 
@@ -121,6 +123,8 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     if dm_reported:
         check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])
+    elif qs:  # dr and wdr alone: accepted, and said (every format warns: q_mismatch)
+        qs = [_with_mismatch(q, p, policies, plan) for q, p in zip(qs, policies, strict=True)]
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
     files = len(episodes.data.files)
@@ -135,6 +139,16 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         else None  # estimated: set by the fit
     )
     return EvaluationInputs(config, episodes, files, policies, plan, behavior, source, qs)
+
+
+def _with_mismatch(q, policy: Policy, policies, plan: IntervalPlan):
+    """``q`` with why it is not ``policy``'s Q for the run's discount, if it is not."""
+    reasons = (
+        q_of_another_policy(q, policy, policies),
+        q_for_another_gamma(q, plan.gamma, GAMMA_SOURCES[plan.gamma_source]),
+    )
+    found = [reason for reason in reasons if reason is not None]
+    return dataclasses.replace(q, mismatch=found[0]) if found else q
 
 
 def check_before_jax(config: EvaluationConfig) -> None:

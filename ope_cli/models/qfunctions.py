@@ -127,6 +127,7 @@ class QFunction:
     fit: Any = None
     gamma: float | None = None
     policy_fingerprint: str | None = None
+    mismatch: str | None = None  # why it is not its policy's Q for the run's gamma (dr, wdr)
 
     @property
     def stack_key(self) -> tuple:
@@ -244,18 +245,25 @@ def check_q_policies(qs: Sequence[QFunction] | None, policies: Sequence[Policy])
     estimate the value of that other policy without a word (a --q glob that sorts in
     another order than the --policy one, say)."""
     for q, policy in zip(qs or (), policies if qs else (), strict=True):
-        if q.policy_fingerprint is None or policy.fingerprint() in (None, q.policy_fingerprint):
-            continue
-        named = [p.name for p in policies if p.fingerprint() == q.policy_fingerprint]
-        fix = (
-            f"(it is {named[0]}'s): give --q once per --policy, in the same order"
-            if named
-            else "(another checkpoint's): give this policy's own Q, or --q fit"
-        )
-        raise UsageError(
-            f"--q {q.name} is the Q of another policy than {policy.name}, the --policy it "
-            f"is paired with {fix}"
-        )
+        other = q_of_another_policy(q, policy, policies)
+        if other is not None:
+            raise UsageError(other)
+
+
+def q_of_another_policy(q: QFunction, policy: Policy, policies: Sequence[Policy]) -> str | None:
+    """Why ``q`` (recording the policy it is the Q of) is not ``policy``'s, or None."""
+    if q.policy_fingerprint is None or policy.fingerprint() in (None, q.policy_fingerprint):
+        return None
+    named = [p.name for p in policies if p.fingerprint() == q.policy_fingerprint]
+    fix = (
+        f"(it is {named[0]}'s): give --q once per --policy, in the same order"
+        if named
+        else "(another checkpoint's): give this policy's own Q, or --q fit"
+    )
+    return (
+        f"--q {q.name} is the Q of another policy than {policy.name}, the --policy it is "
+        f"paired with {fix}"
+    )
 
 
 def _fitted_gamma(path: str, value: np.ndarray | None) -> float | None:
@@ -279,13 +287,21 @@ def check_q_gamma(qs: Sequence[QFunction] | None, gamma: float, described: str) 
     run's ``gamma`` (``described``: where it comes from): its Q-hat is the value of another
     return, and dm would estimate that one without a word."""
     for q in qs or ():
-        if q.gamma is not None and not math.isclose(q.gamma, gamma, rel_tol=1e-12, abs_tol=1e-15):
-            ours, theirs = f"{gamma:.15g}", f"{q.gamma:.15g}"
-            raise UsageError(
-                f"--q {q.name} is a Q for gamma {theirs}, but this run discounts by gamma "
-                f"{ours} ({described}): evaluate with --gamma {theirs}, or refit it with "
-                f"--gamma {ours} (or --q fit)"
-            )
+        other = q_for_another_gamma(q, gamma, described)
+        if other is not None:
+            raise UsageError(other)
+
+
+def q_for_another_gamma(q: QFunction, gamma: float, described: str) -> str | None:
+    """Why ``q`` (recording the discount it was fitted for) is not for ``gamma``, or None."""
+    if q.gamma is None or math.isclose(q.gamma, gamma, rel_tol=1e-12, abs_tol=1e-15):
+        return None
+    ours, theirs = f"{gamma:.15g}", f"{q.gamma:.15g}"
+    return (
+        f"--q {q.name} is a Q for gamma {theirs}, but this run discounts by gamma {ours} "
+        f"({described}): evaluate with --gamma {theirs}, or refit it with --gamma {ours} "
+        "(or --q fit)"
+    )
 
 
 def load_q_entry_point(spec: str) -> QFunction:
@@ -616,4 +632,4 @@ def q_source(q: QFunction):
     if q.fit is not None:
         return QSource("fit", FIT, q.fit.get("kind"), q.fit)
     source = "entry_point" if q.kind == "entry_point" else "checkpoint"
-    return QSource(source, q.name, q.kind)
+    return QSource(source, q.name, q.kind, mismatch=q.mismatch)

@@ -38,6 +38,7 @@ DM_FAR_FROM_DR = "dm_far_from_dr"
 # DM further than this many of DR's standard errors from DR: Q-hat is likely biased
 DM_DR_STANDARD_ERRORS = 3.0
 Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it converged
+Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
@@ -150,7 +151,16 @@ def _model_warnings(policy: PolicyResult, warn) -> list[Warning]:
     logged rewards and stays unbiased when Q-hat is wrong, DM does not, and DM's interval
     counts only its sampling spread, so a biased Q-hat gives DM a narrow interval around
     the wrong value."""
-    return _unconverged_fit_warnings(policy, warn) + _dm_far_from_dr_warnings(policy, warn)
+    warnings = _unconverged_fit_warnings(policy, warn) + _dm_far_from_dr_warnings(policy, warn)
+    if policy.q is not None and policy.q.mismatch is not None:
+        warnings.append(
+            warn(
+                Q_MISMATCH,
+                f"{policy.q.mismatch}. dr and wdr stay unbiased with any Q-hat, so it is "
+                "used, but their variance is not the one this policy's own Q-hat gives.",
+            )
+        )
+    return warnings
 
 
 def _unconverged_fit_warnings(policy: PolicyResult, warn) -> list[Warning]:
