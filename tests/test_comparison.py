@@ -303,6 +303,8 @@ def test_table_and_csv_show_the_comparisons_and_the_selection(chain):
     assert "P(better): bootstrap replicates, with --ci percentile or bootstrap-t" in table
     assert "◆ could be the best" in table
     assert "selection against the true values" in table and "regret@3" in table
+    # sharpe@1 is n/a in every run: the table says why
+    assert "sharpe@k: n/a where the top k's true values have no spread" in " ".join(table.split())
     rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
     by_key = {(r["label"], r["estimator"]): r for r in rows}
     worse = by_key["eval_2.npz", "wis"]

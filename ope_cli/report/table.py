@@ -310,7 +310,22 @@ def _plus_minus(value: float, stderr: float | None) -> str:
 def _selection_table(result: EvaluationResult) -> Table:
     """The selection metrics against --truth: a row per metric, a column per estimator."""
     metrics = list(next(iter(result.selection.values())))
-    table = Table(title="selection against the true values (--truth)", title_justify="left")
+    undefined_sharpe = any(
+        v is None
+        for values in result.selection.values()
+        for m, v in values.items()
+        if "sharpe" in m
+    )
+    table = Table(
+        title="selection against the true values (--truth)",
+        title_justify="left",
+        # sharpe@1 is n/a in every run (one true value has no spread): the table says why
+        caption="sharpe@k: n/a where the top k's true values have no spread (always for k = "
+        "1) or the baseline has no true value"
+        if undefined_sharpe
+        else None,
+        caption_justify="left",
+    )
     table.add_column("metric")
     for name in result.selection:
         table.add_column(estimator_title(name), justify="right", overflow="fold")
