@@ -353,6 +353,11 @@ def above(a: float, b: float) -> bool:
     return a - b > RESOLVED * max(abs(a), abs(b))
 
 
+def equal_to_rounding(a: float, b: float) -> bool:
+    """Whether estimates ``a`` and ``b`` are equal to float64 rounding (neither ``above``)."""
+    return not above(a, b) and not above(b, a)
+
+
 def tied_at_edge(estimate_k: np.ndarray, k: int) -> np.ndarray:
     """[m] indices of the policies whose estimate equals the k-th largest (to rounding:
     ``above``), where the (k+1)-th largest equals it too (the top-k set is then not
@@ -361,7 +366,7 @@ def tied_at_edge(estimate_k: np.ndarray, k: int) -> np.ndarray:
     if k >= ordered.size or above(ordered[k - 1], ordered[k]):
         return np.zeros(0, np.int64)
     edge = ordered[k - 1]
-    return np.flatnonzero([not above(edge, x) and not above(x, edge) for x in estimate_k])
+    return np.flatnonzero([equal_to_rounding(edge, x) for x in estimate_k])
 
 
 def _ranking_metrics(

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ope_cli.choosing.selection import above
+from ope_cli.choosing import selection
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators import names
@@ -106,7 +106,7 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
         p.estimates[estimator].value if estimator in p.estimates else None for p in result.results
     ]
     defined = [v for v in values if v is not None]
-    return [None if v is None else 1 + sum(above(other, v) for other in defined) for v in values]
+    return [None if v is None else 1 + sum(selection.above(o, v) for o in defined) for v in values]
 
 
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ope_cli.choosing.selection import above
+from ope_cli.choosing.selection import equal_to_rounding
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -193,7 +193,7 @@ def _dm_far_from_dr_warnings(policy: PolicyResult, warn) -> list[Warning]:
         if distance <= DM_DR_STANDARD_ERRORS:
             return []
         how_far = f"dm is {distance:,.0f} of dr's standard errors from dr"
-    elif above(dm.value, dr.value) or above(dr.value, dm.value):
+    elif not equal_to_rounding(dm.value, dr.value):
         how_far = f"dm is {dm.value:.4g} where dr is {dr.value:.4g}, with a standard error of 0"
     else:
         return []
