@@ -33,7 +33,6 @@ from ope_cli.estimation.estimators.base import (
     Window,
     jnp,
     register,
-    relative,
     rescaled,
     sum_over_steps,
 )
@@ -42,7 +41,9 @@ from ope_cli.estimation.estimators.importance import (
     closed_form,
     grouped_jackknife,
     replicates_of,
+    rewarded_log_scale,
     self_normalised_value,
+    weighted,
 )
 from ope_cli.estimation.estimators.logspace import finite
 
@@ -89,18 +90,8 @@ def dr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     log_previous_t = window.log_w_prev_t + window.log_discount_t
     residual_t = window.reward_t - q_t
     before = carry["log_scale"]
-    np_ = jnp()
-    # W_{t-1} <= max(W_t / ratio_t, ...): one largest over both kinds of term
-    scale_t = np_.maximum(
-        np_.where(residual_t != 0, log_weight_t, -np_.inf),
-        np_.where(v_t != 0, log_previous_t, -np_.inf),
-    )
-    after = np_.maximum(before, np_.max(scale_t))
-    # a weight above the scale belongs to a term of value 0: exp(0) * 0, never inf * 0
-    per_step = (
-        relative(np_.minimum(log_weight_t, after), after) * residual_t
-        + relative(np_.minimum(log_previous_t, after), after) * v_t
-    )
+    after = rewarded_log_scale(before, (log_weight_t, residual_t), (log_previous_t, v_t))
+    per_step = weighted(log_weight_t, after, residual_t) + weighted(log_previous_t, after, v_t)
     d = rescaled(carry["d"], before, after) + per_step.sum()
     return {"d": d, "log_scale": after}, {}
 

@@ -54,19 +54,24 @@ def per_decision_init(zero) -> dict:
     return {"p": zero, "log_scale": zero - math.inf}
 
 
-def rewarded_log_scale(log_scale, log_weight_t, value_t):
-    """The largest of ``log_scale`` and the log weights [C] of the steps whose ``value_t``
-    [C] is not 0: the scale of a sum of weighted values that none of its terms exceeds
+def rewarded_log_scale(log_scale, *weighted_values):
+    """The largest of ``log_scale`` and the log weights of the steps whose value is not 0,
+    over the ``(log_weight_t, value_t)`` pairs [C] of ``weighted_values`` (one reduction
+    for them all): the scale of a sum of weighted values that none of its terms exceeds
     by more than the values' size."""
     np_ = jnp()
-    return np_.maximum(log_scale, np_.max(np_.where(value_t != 0, log_weight_t, -np_.inf)))
+    candidates_t = [np_.where(v_t != 0, log_w_t, -np_.inf) for log_w_t, v_t in weighted_values]
+    largest_t = candidates_t[0]
+    for other_t in candidates_t[1:]:
+        largest_t = np_.maximum(largest_t, other_t)
+    return np_.maximum(log_scale, np_.max(largest_t))
 
 
 def weighted(log_weight_t, log_scale, value_t):
-    """[C] exp(log_weight_t - log_scale) value_t, 0 where the value is (a weight above the
-    scale, of a step without a value, is inf there: inf * 0 would be NaN)."""
-    np_ = jnp()
-    return np_.where(value_t != 0, relative(log_weight_t, log_scale) * value_t, 0.0)
+    """[C] exp(log_weight_t - log_scale) value_t for a ``rewarded_log_scale``: a weight
+    above the scale is a step whose value is 0, taken at the scale (exp(0) * 0; inf * 0
+    would be NaN)."""
+    return relative(jnp().minimum(log_weight_t, log_scale), log_scale) * value_t
 
 
 def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
@@ -74,7 +79,7 @@ def per_decision_advance(carry: dict, window: Window) -> tuple[dict, dict]:
     reward in this window or before."""
     log_weight_t = window.log_w_t + window.log_discount_t
     before = carry["log_scale"]
-    after = rewarded_log_scale(before, log_weight_t, window.reward_t)
+    after = rewarded_log_scale(before, (log_weight_t, window.reward_t))
     p = rescaled(carry["p"], before, after) + weighted(log_weight_t, after, window.reward_t).sum()
     return {"p": p, "log_scale": after}, {}
 
