@@ -78,9 +78,11 @@ def split_name(spec: str) -> tuple[str | None, str]:
     (a space, a comma, a quote...) before an existing file: "no such checkpoint file" said
     the whole value was meant as a path."""
     named = NAMED.fullmatch(spec)
-    if named is None or Path(spec).exists():
+    if Path(spec).exists():
+        return None, spec
+    if named is None:
         name, _, path = spec.partition("=")
-        if named is None and name and path and Path(path).is_file() and not Path(spec).exists():
+        if name and path and Path(path).is_file():
             raise UsageError(
                 f"{spec}: {name!r} cannot be a NAME of NAME=PATH (letters, digits and _.+- "
                 "only, first a letter, digit or _)"
