@@ -34,6 +34,7 @@ from ope_cli.report.warnings import (
     MEAN_WEIGHT_RANGE,
     dropped_line,
     policy_warnings,
+    replaced_gamma,
     run_warnings,
 )
 from ope_cli.results import EvaluationResult, PolicyResult
@@ -198,8 +199,8 @@ def title_line(result: EvaluationResult) -> str:
     """The data, its size, and the discount with where it comes from."""
     dataset = result.dataset
     source = GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)
-    declared = result.declared_gamma
-    if result.gamma_source == "option" and declared is not None and declared != result.gamma:
+    declared = replaced_gamma(result)
+    if declared is not None:
         source += f"; the data declares {declared:g}"
     return (
         f"{dataset.source}: {dataset.episodes:,} episodes, {dataset.steps:,} steps "

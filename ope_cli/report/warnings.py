@@ -279,12 +279,20 @@ def gamma_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def replaced_gamma(result: EvaluationResult) -> float | None:
+    """The discount the data declares where --gamma gave another, else None."""
+    declared = result.declared_gamma
+    if result.gamma_source != "option" or declared is None or declared == result.gamma:
+        return None
+    return declared
+
+
 def gamma_replaced_warning(result: EvaluationResult) -> Warning | None:
     """--gamma other than the discount the data declares: the option wins, as documented,
     and every format says which one the numbers are for (the title line alone named
     --gamma, not the 0.95 it replaced)."""
-    declared = result.declared_gamma
-    if result.gamma_source != "option" or declared is None or declared == result.gamma:
+    declared = replaced_gamma(result)
+    if declared is None:
         return None
     return Warning(
         GAMMA_REPLACED,
