@@ -59,3 +59,14 @@ def test_a_process_id_alone_asks_for_the_rest_of_a_multi_process_run():
     assert alone.enabled and not DistributedConfig().enabled
     with pytest.raises(UsageError, match="needs --coordinator, --num-processes"):
         initialize(alone)
+
+
+def test_a_timeout_alone_asks_for_the_rest_of_a_multi_process_run():
+    """--timeout 30 alone was ignored (a single-process run); the default is 60 seconds."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.distributed import DistributedConfig, initialize
+
+    alone = DistributedConfig(timeout=30)
+    assert alone.enabled and DistributedConfig().timeout_seconds == 60
+    with pytest.raises(UsageError, match="--timeout is for a multi-process run, which needs"):
+        initialize(alone)

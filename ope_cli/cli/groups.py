@@ -254,7 +254,7 @@ def _cluster(
     num_processes: int | None,
     process_id: int | None,
     distributed: bool,
-    timeout: int,
+    timeout: int | None,
 ) -> DistributedConfig:
     from ope_cli.estimation.distributed import DistributedConfig
 
@@ -263,7 +263,7 @@ def _cluster(
         num_processes=num_processes,
         process_id=process_id,
         auto=distributed,
-        timeout_seconds=timeout,
+        timeout=timeout,
     )
 
 
@@ -273,7 +273,7 @@ CLUSTER = OptionGroup(
         ("num_processes", NumProcesses, None),
         ("process_id", ProcessId, None),
         ("distributed", Distributed, False),
-        ("timeout", Timeout, 60),
+        ("timeout", Timeout, None),
     ),
     _cluster,
 )

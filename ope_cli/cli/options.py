@@ -275,9 +275,9 @@ Distributed = Annotated[
     ),
 ]
 Timeout = Annotated[
-    int,
+    int | None,
     typer.Option(
-        help="Seconds to wait for the other processes to join or answer.",
+        help="Seconds to wait for the other processes to join or answer. Default: 60.",
         rich_help_panel=CLUSTER_PANEL,
     ),
 ]

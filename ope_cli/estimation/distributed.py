@@ -26,6 +26,7 @@ MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
 # reading or compiling; one that dies is reported by the runtime's heartbeat long before.
 PEER_WAIT_MS = 24 * 3600 * 1000
+DEFAULT_TIMEOUT = 60  # seconds to wait for the other processes to join or answer
 C = TypeVar("C")
 
 
@@ -44,16 +45,21 @@ class DistributedConfig:
     num_processes: int | None = None
     process_id: int | None = None
     auto: bool = False
-    timeout_seconds: int = 60
+    timeout: int | None = None  # --timeout as given; None: the default, DEFAULT_TIMEOUT
+
+    @property
+    def timeout_seconds(self) -> int:
+        return DEFAULT_TIMEOUT if self.timeout is None else self.timeout
 
     @property
     def enabled(self) -> bool:
-        """Whether a multi-process option was given (a --process-id alone was ignored: the
-        run is then refused for the options it lacks)."""
+        """Whether a multi-process option was given (a --process-id or --timeout alone was
+        ignored: the run is then refused for the options it lacks)."""
         return (
             self.auto
             or self.coordinator is not None
             or self.process_id is not None
+            or self.timeout is not None
             or (self.num_processes or 1) > 1
         )
 
@@ -73,9 +79,13 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             if value is None
         ]
         if missing:
+            lone = (
+                "--timeout is for a multi-process run, which"
+                if len(missing) == 3
+                else "a multi-process run"
+            )
             raise UsageError(
-                f"a multi-process run needs {', '.join(missing)} (or --distributed to "
-                "detect the cluster)"
+                f"{lone} needs {', '.join(missing)} (or --distributed to detect the cluster)"
             )
         if config.num_processes < 1:
             raise UsageError(f"--num-processes must be at least 1, got {config.num_processes}")
