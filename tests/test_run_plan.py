@@ -120,6 +120,12 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         # it changed nothing without a Q to draw V-hat's actions for
         (dict(v_samples=64), "--v-samples applies to --q only"),
         (dict(v_samples=64, q_col="q", v_col="v"), "--v-samples applies to --q only"),
+        # a Q fitted or loaded for estimators that never read it (-e wis --q fit)
+        (
+            dict(estimators=("wis", "is"), q=("fit",)),
+            r"--q is used by dm, dr and wdr only; the estimators asked for \(wis, is\) use",
+        ),
+        (dict(estimators=("wpdis",), q_col="q", v_col="v"), "--q-col with --v-col is used by"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):
@@ -131,6 +137,7 @@ def test_good_options_pass():
     check_config(config(gamma=0.99, confidence=0.9, reward_range=(-1.0, 1.0), horizon=10))
     check_config(config(cross_fit=5, q=("fit:linear",)))
     check_config(config(v_samples=64, q=("q.npz",)))
+    check_config(config(estimators=("wis", "dm"), q=("q.npz",)))  # one that reads Q-hat
 
 
 def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():

@@ -124,8 +124,16 @@ def _check_q_options(config: EvaluationConfig) -> None:
         raise UsageError("--cross-fit applies to --q fit[:MODEL] only")
     if config.q.v_samples != QConfig.v_samples and not config.q.sources:  # nothing to draw for
         raise UsageError("--v-samples applies to --q only (V-hat of continuous actions)")
+    needing = [e for e in config.estimators or () if estimator_get(e).needs]
+    if has_q_source(config) and config.estimators and not needing:  # it would change nothing
+        source = "--q" if config.q.sources else "--q-col with --v-col"
+        *others, last = [e for e in estimator_names() if estimator_get(e).needs]
+        users = f"{', '.join(others)} and {last}" if others else last
+        raise UsageError(
+            f"{source} is used by {users} only; the estimators asked for "
+            f"({', '.join(config.estimators)}) use none of it (add one of them, or drop {source})"
+        )
     if not has_q_source(config):
-        needing = [e for e in config.estimators or () if estimator_get(e).needs]
         if needing:
             raise UsageError(
                 f"--estimator {needing[0]} needs a Q source: --q Q.npz|package.module:name|fit, "
