@@ -313,3 +313,19 @@ def test_script_agreement_is_relative_to_the_largest_estimate():
     assert largest_difference(ours, theirs) == pytest.approx(0.5e-12)
     assert largest_difference({**ours, "is": None}, theirs) is None
     assert largest_difference({**theirs, "wpdis": 0.5}, theirs) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (BenchConfig(script_steps=(1000, 4000)), "--script-steps applies to --script only"),
+        (BenchConfig(memory_steps=5000), "--memory-steps applies to --memory only"),
+    ],
+)
+def test_sizes_of_measurements_not_asked_for_are_refused(config, words):
+    """They changed nothing: no script or memory measurement was run."""
+    from ope_cli.bench.run import bench
+    from ope_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match=words):  # before any data is generated
+        bench(config)

@@ -23,7 +23,13 @@ import jax
 from ope_cli import runtime
 from ope_cli._version import __version__
 from ope_cli.bench.batches import describe_batches, host_batches, open_source
-from ope_cli.bench.config import BENCH_SCHEMA_VERSION, BenchConfig, Progress
+from ope_cli.bench.config import (
+    BENCH_SCHEMA_VERSION,
+    DEFAULT_MEMORY_STEPS,
+    SCRIPT_STEPS,
+    BenchConfig,
+    Progress,
+)
 from ope_cli.bench.data import (
     behavior_params,
     generate_data,
@@ -70,6 +76,11 @@ def _check(config: BenchConfig) -> None:
         raise UsageError("--episodes, --policies and --loop-episodes must be >= 1")
     if config.memory_steps < 1:
         raise UsageError("--memory-steps must be >= 1")
+    # sizes of measurements not asked for would change nothing
+    if config.memory_steps != DEFAULT_MEMORY_STEPS and not config.memory:
+        raise UsageError("--memory-steps applies to --memory only")
+    if tuple(config.script_steps) != SCRIPT_STEPS and not config.script:
+        raise UsageError("--script-steps applies to --script only")
     small, large = config.script_steps
     if not 0 < small < large:
         raise UsageError(f"--script-steps {small} {large}: must be 0 < SMALL < LARGE")
