@@ -296,11 +296,26 @@ def test_behavior_log_prob_column():
     assert "behavior_prob" not in s.columns
 
 
-def test_both_behavior_columns_prefer_probability():
+def test_both_behavior_columns_prefer_probability_and_read_the_log_to_compare():
     s = resolve(step_schema(behavior_log_prob=F64))
     assert s.behavior_is_log is False
     assert "behavior_log_prob" not in s.columns
-    assert "behavior_log_prob" not in s.read_columns
+    # read too, and compared with the probabilities used (episodes: the disagreement tests)
+    assert s.cross_checked == {"behavior_log_prob": "behavior_log_prob"}
+    assert "behavior_log_prob" in s.read_columns
+
+
+def test_a_column_named_by_its_option_is_not_cross_checked():
+    for mapping in (dict(behavior_prob="behavior_prob"), dict(behavior_log_prob="logp")):
+        s = resolve(step_schema(logp=F64, behavior_log_prob=F64), **mapping)
+        assert s.cross_checked == {}, mapping
+    chosen = resolve(step_schema(logp=F64), behavior_log_prob="logp")
+    assert chosen.read_columns.count("behavior_prob") == 0
+
+
+def test_a_twin_column_that_is_not_numbers_is_not_read():
+    s = resolve(step_schema(behavior_log_prob=pa.string()))
+    assert s.cross_checked == {} and "behavior_log_prob" not in s.read_columns
 
 
 def test_behavior_log_prob_option_wins_over_probability_column():

@@ -606,3 +606,47 @@ def test_id_keys_agree_between_integer_types():
     np.testing.assert_array_equal(id_keys(ints), id_keys(pa.array(ints)))
     np.testing.assert_array_equal(id_keys(ints), id_keys(pa.array(ints.astype(np.int32))))
     np.testing.assert_array_equal(id_keys(pa.array(["a", "b"])), hash_strings(pa.array(["a", "b"])))
+
+
+# -------------------------------------------------- a probability and its log, both found
+
+
+@pytest.mark.parametrize("layout", ["step", "episode"])
+@pytest.mark.parametrize("role", ["behavior", "target"])
+def test_a_probability_and_its_log_that_disagree_are_refused(tmp_path, layout, role):
+    """Both found, neither named: the probability column was read and the log one ignored,
+    so a run gave the estimate of whichever column was wrong without a word."""
+    prob = np.array([0.5, 0.25, 1.0, 0.2])
+    log = np.log(prob)
+    log[2] = np.log(0.3)  # episode 1, step 0
+    columns = {f"{role}_prob": prob, f"{role}_log_prob": log}
+    if role == "target":
+        columns["behavior_prob"] = np.full(4, 0.5)
+    path = write_rows(tmp_path / "logs.parquet", [0, 0, 1, 1], [0, 1, 0, 1], **columns)
+    if layout == "episode":  # one row per episode, list columns
+        table = pq.read_table(path)
+        names = [name for name in table.column_names if name != "episode_id"]
+        grouped = table.group_by("episode_id", use_threads=False).aggregate(
+            [(name, "list") for name in names]
+        )
+        columns = [name.removesuffix("_list") for name in grouped.column_names]
+        pq.write_table(grouped.rename_columns(columns), path)
+    with pytest.raises(DataError) as info:
+        read_chunks(path, logged_target=role == "target")
+    message = str(info.value)
+    assert f"columns '{role}_prob' and '{role}_log_prob' disagree" in message
+    assert "probability 1 against 0.3" in message and "episode 1" in message
+    assert f"--{role}-log-prob-col" in message and f"--{role}-prob-col" in message
+
+
+def test_a_probability_and_its_log_that_agree_are_read_as_before(tmp_path):
+    prob = np.array([0.5, 0.25, 1.0, 1e-30])
+    path = write_rows(
+        tmp_path / "logs.parquet",
+        [0, 0, 1, 1],
+        [0, 1, 0, 1],
+        behavior_prob=prob,
+        behavior_log_prob=np.log(prob.astype(np.float32)).astype(np.float64),  # float32 logs
+    )
+    got = flat(read_chunks(path))["log_behavior"]
+    np.testing.assert_array_equal(got, np.log(prob))  # the probability column's

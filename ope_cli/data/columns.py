@@ -82,6 +82,10 @@ class DataSchema:
       target: ``prob``/``log_prob`` when target probabilities are logged, else None.
       behavior_logged: the behavior probabilities are read from a column (False: a
         ``--behavior`` policy computes them and no behavior column is read).
+      cross_checked: role -> column of a probability column found beside its log (or the
+        other way round) with neither named by its option: read too, and compared with the
+        one used (``decode.StepConverter``), so that two columns that disagree are refused
+        rather than one of them picked without a word.
     """
 
     layout: Layout
@@ -93,6 +97,7 @@ class DataSchema:
     behavior_is_log: bool
     target: Literal["prob", "log_prob"] | None
     behavior_logged: bool = True
+    cross_checked: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def target_role(self) -> str:
@@ -102,7 +107,12 @@ class DataSchema:
     @property
     def read_columns(self) -> list[str]:
         """The column names to project when reading, in a stable order."""
-        return list(dict.fromkeys(self.columns.values()))
+        return list(dict.fromkeys(self.read_roles.values()))
+
+    @property
+    def read_roles(self) -> dict[str, str]:
+        """role -> column of every column read: the roles' and the cross-checked ones."""
+        return {**self.columns, **self.cross_checked}
 
 
 def is_list(dtype: pa.DataType) -> bool:
@@ -180,7 +190,9 @@ def resolve_schema(
 def _resolve_schema(
     schema: pa.Schema, mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
 ) -> DataSchema:
-    columns = _select_columns(list(schema.names), mapping, logged_target, logged_behavior)
+    columns, cross_checked = _select_columns(
+        list(schema.names), mapping, logged_target, logged_behavior
+    )
     layout: Layout = "episode" if is_list(schema.field(columns["reward"]).type) else "step"
 
     def value_type(role: str) -> pa.DataType:
@@ -199,6 +211,7 @@ def _resolve_schema(
     for role in (*numeric, "q_value", "v_value"):
         if role in columns and not _is_number(value_type(role)):
             raise wrong_type(role, "numbers")
+
     _check_episode_ids(schema, columns, layout, list(schema.names))
     if "step" in columns and not pa.types.is_integer(value_type("step")):
         raise wrong_type("step", "integers")
@@ -224,25 +237,40 @@ def _resolve_schema(
         behavior_is_log="behavior_log_prob" in columns,
         target=target,
         behavior_logged=logged_behavior,
+        cross_checked={
+            role: name
+            for role, name in cross_checked.items()
+            if _could_be_read(schema.field(name).type, layout)
+        },
     )
+
+
+def _could_be_read(dtype: pa.DataType, layout: Layout) -> bool:
+    """Whether a column of ``dtype`` holds numbers as ``layout`` reads them (a cross-checked
+    column that does not is left unread, as it was before it was compared)."""
+    if (layout == "episode") != is_list(dtype):
+        return False
+    return _is_number(dtype.value_type if is_list(dtype) else dtype)
 
 
 def _prefer(
     columns: dict[str, str], plain: str, log: str, log_option: str | None, plain_option: str | None
-) -> None:
+) -> dict[str, str]:
     """Keeps one of a probability column and its log when both are found: an explicit
-    option wins, else the plain probability."""
-    if plain in columns and log in columns:
-        if log_option is not None and plain_option is None:
-            del columns[plain]
-        else:
-            del columns[log]
+    option wins, else the plain probability; returns {role: column} of the other when no
+    option chose (it is then compared with the one kept), else {}."""
+    if plain not in columns or log not in columns:
+        return {}
+    other = plain if log_option is not None and plain_option is None else log
+    name = columns.pop(other)
+    return {} if log_option is not None or plain_option is not None else {other: name}
 
 
 def _select_columns(
     names: list[str], mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
-) -> dict:
-    """{role: column name} of the roles found, checked for the required ones."""
+) -> tuple[dict, dict]:
+    """({role: column name} of the roles found, checked for the required ones; {role:
+    column name} of the columns read to be compared with their twin: ``_prefer``)."""
     found = {role: _find_column(role, names, mapping) for role in ALIASES}
     columns = {role: name for role, name in found.items() if name is not None}
     if not logged_target:
@@ -266,17 +294,19 @@ def _select_columns(
             "--behavior estimate to fit it to the logged actions, or "
             f"name the column with --behavior-prob-col (columns present: {', '.join(names)})"
         )
-    _prefer(
+    cross_checked = _prefer(
         columns,
         "behavior_prob",
         "behavior_log_prob",
         mapping.behavior_log_prob,
         mapping.behavior_prob,
     )
-    _prefer(columns, "target_prob", "target_log_prob", mapping.target_log_prob, mapping.target_prob)
+    cross_checked |= _prefer(
+        columns, "target_prob", "target_log_prob", mapping.target_log_prob, mapping.target_prob
+    )
     if not logged_target and "observation" not in columns:
         raise _missing("observation", names, "observation")
-    return columns
+    return columns, cross_checked
 
 
 def _check_episode_ids(schema: pa.Schema, columns: dict, layout: str, names: list[str]) -> None:

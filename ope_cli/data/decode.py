@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ope_cli.data.columns import DataSchema
+from ope_cli.data.columns import OPTION_FOR_ROLE, DataSchema
 from ope_cli.data.steps import Steps
 from ope_cli.data.validate import READ_FLAGS, Check
 from ope_cli.errors import DataError, InvalidValueError, where
@@ -215,6 +215,44 @@ def log_probability(array: np.ndarray, is_log: bool) -> np.ndarray:
         return np.log(array)
 
 
+def other_role(role: str) -> str:
+    """The role of a probability's log (``behavior_log_prob``), or of a log's probability."""
+    if "_log_" in role:
+        return role.replace("_log_prob", "_prob")
+    return role.replace("_prob", "_log_prob")
+
+
+# Two columns of one probability agree to this (relative) once the log is exponentiated:
+# the rounding of a float32 column, not that of a printed one
+TWIN_TOLERANCE = 1e-5
+
+
+def check_twin(used: np.ndarray, arrays: tuple[pa.Array, pa.Array], roles, at: Where) -> None:
+    """DataError at the first row where a cross-checked column disagrees with the one used:
+    ``used`` [n] the used column's values as logged, ``arrays`` (used, cross-checked) as
+    read, ``roles`` ((role, column) used, (role, column) cross-checked). Rows where either
+    is null are not compared (the used column's nulls are judged as such)."""
+    (used_role, used_column), (twin_role, twin_column) = roles
+    compared = np.asarray(pc.and_(pc.is_valid(arrays[0]), pc.is_valid(arrays[1])))
+    twin = np.asarray(pc.fill_null(arrays[1], 0).to_numpy(zero_copy_only=False), np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        probability = np.exp(used) if "_log_" in used_role else used
+        twin_probability = np.exp(twin) if "_log_" in twin_role else twin
+        same = np.isclose(twin_probability, probability, rtol=TWIN_TOLERANCE, atol=0.0)
+    same |= np.isnan(probability) & np.isnan(twin_probability)
+    bad = np.flatnonzero(compared & ~same)
+    if not bad.size:
+        return
+    row = int(bad[0])
+    place = where(at.file, *at.locate(row)) if at.locate else f"{at.file}: "
+    options = " or ".join(OPTION_FOR_ROLE[role] for role in sorted((used_role, twin_role)))
+    raise DataError(
+        f"{place}columns {used_column!r} and {twin_column!r} disagree: probability "
+        f"{probability[row]:.6g} against {twin_probability[row]:.6g} ({bad.size} step(s) of "
+        f"this batch); name the one to read with {options}"
+    )
+
+
 class StepConverter:
     """The schema's per-step columns of one dataset -> ``Steps`` of [n] NumPy arrays.
     Probabilities stay as logged (validation reads them so); vector sizes are decided once
@@ -238,7 +276,18 @@ class StepConverter:
         return self.schema.columns[role]
 
     def steps(self, column_of: Callable[[str], pa.Array], at: Where) -> Steps:
-        """The per-step fields converted from the arrays ``column_of(role)`` ([n] each)."""
+        """The per-step fields converted from the arrays ``column_of(role)`` ([n] each); a
+        DataError where a cross-checked column disagrees with the one used."""
+        s = self.schema
+        steps = self._steps(column_of, at)
+        for role, other in s.cross_checked.items():
+            used = steps.log_behavior if role.startswith("behavior") else steps.log_target
+            used_role = other_role(role)
+            arrays = (column_of(used_role), column_of(role))
+            check_twin(used, arrays, ((used_role, s.columns[used_role]), (role, other)), at)
+        return steps
+
+    def _steps(self, column_of: Callable[[str], pa.Array], at: Where) -> Steps:
         s = self.schema
         return Steps(
             observation=self._observation(column_of("observation"), at)

@@ -239,8 +239,9 @@ class EpisodeAssembler:
         def locate(row: int) -> tuple[object, int | None]:
             return display_id(ids[row]), int(step[row]) if step is not None else None
 
+        read = self.schema.read_roles
         steps = self.converter.steps(
-            lambda role: plain(batch.column(col[role])), Where(file, locate, flags)
+            lambda role: plain(batch.column(read[role])), Where(file, locate, flags)
         )
         return _Rows(keys=keys, ids=ids, step=step, steps=steps, flags=flags)
 
@@ -332,7 +333,7 @@ class EpisodeAssembler:
     ) -> tuple[dict[str, pa.Array], np.ndarray]:
         """({role: flattened values}, [E] steps per episode) of the list columns; lists of
         one episode with different lengths are a DataError."""
-        col = self.schema.columns
+        col = self.schema.read_roles
         at = Where(file, lambda e: (display_id(episode_ids[e]), None))
         flat: dict[str, pa.Array] = {}
         lengths = None
