@@ -415,3 +415,38 @@ def test_csv_carries_the_level_and_each_difference_s_note(chain):
     for row in rows:
         assert float(row["ci_level"]) == 0.9
         assert row["delta_note"] == notes.get((row["label"], row["estimator"]), ""), row
+
+
+def test_a_difference_below_rounding_with_a_standard_error_above_it_is_kept(tmp_path):
+    """Returns near 1e10: Δ = -0.0086 is below 1e-12 of the estimates' size but its standard
+    error (0.017) is not; Δ was printed 0 with that standard error (an interval centred on 0,
+    without the tie note). A tie now needs both to be rounding."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(1)
+    behavior, target, n = np.array([0.5, 0.3, 0.2]), np.array([0.4, 0.3, 0.3]), 400
+    action = rng.choice(3, n, p=behavior)
+    reward = 1e10 + rng.standard_normal(n)
+    table = {
+        "episode_id": np.arange(n),
+        "step": np.zeros(n, np.int64),
+        "observation": np.zeros(n, np.int64),
+        "action": action,
+        "reward": reward,
+        "behavior_prob": behavior[action],
+    }
+    pq.write_table(pa.table(table), tmp_path / "logs.parquet")
+    for name, probs in (("same", behavior), ("pi", target)):
+        np.savez(tmp_path / f"{name}.npz", kind=np.array("tabular"), logits=np.log([probs]))
+    config = evaluation_config(
+        str(tmp_path / "logs.parquet"),
+        policies=(str(tmp_path / "same.npz"), str(tmp_path / "pi.npz")),
+        estimators=("wis",),
+        baseline="same.npz",
+    )
+    comparison = evaluate(config).results[1].comparison["wis"]
+    weight = target[action] / behavior[action]
+    expected = (weight @ (reward - 1e10)) / weight.sum() - (reward - 1e10).mean()  # exact offset
+    assert comparison.delta == pytest.approx(expected, abs=1e-5)  # float64 at 1e10: 2e-6 apart
+    assert comparison.stderr > 0.01 and comparison.note != TIED
+    assert comparison.ci_low < comparison.delta < comparison.ci_high

@@ -478,6 +478,20 @@ def test_grouped_jackknife_difference_of_a_ratio_estimate():
     assert grouped_jackknife_difference(values_k, values_0, delta) is None
 
 
+def test_grouped_jackknife_difference_of_two_groups_is_undefined():
+    """Two episodes in two groups: each leave-out holds one episode, whose WIS is its return
+    for every policy, so both leave-out differences are 0; the standard error was 0 (a
+    zero-width interval, and the baseline left out of the could-be-best set)."""
+    returns = np.array([0.2, 0.8])
+    weight_k, weight_0 = np.array([0.2, 3.0]), np.array([0.4, 2.5])
+    delta = (weight_k @ returns) / weight_k.sum() - (weight_0 @ returns) / weight_0.sum()
+    leave_out = returns[::-1]  # group g left out: the other episode's return, either policy
+    assert delta != 0
+    assert grouped_jackknife_difference(leave_out, leave_out.copy(), delta) is None
+    three = np.array([0.5, 0.4, 0.3])
+    assert grouped_jackknife_difference(three, three - [0.1, 0.0, 0.1], delta) is not None
+
+
 def test_p_improvement():
     assert p_improvement(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 3.0, 2.0, 5.0])) == 0.5
     assert p_improvement(np.array([1.0, 1.0]), np.array([1.0, 0.0])) == 0.5  # ties are not > 0

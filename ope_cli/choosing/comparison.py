@@ -61,8 +61,8 @@ TIED = "the same estimates to float64 rounding (differences below 1e-12 of their
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
 NO_SPREAD = (
-    "no standard error of the difference (fewer than two episodes, or resampling groups, "
-    "with finite values), so no interval"
+    "no standard error of the difference (fewer than two episodes with finite values, or "
+    "three resampling groups for a self-normalised estimator), so no interval"
 )
 
 
@@ -173,11 +173,15 @@ class Pairing:
         return RESOLVED * max(sizes, default=0.0)
 
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
-        """(Δ, stderr) of V̂(k) - V̂(b), each 0 where it is rounding (``resolution``)."""
+        """(Δ, stderr) of V̂(k) - V̂(b); a tie, (0, 0), where both are rounding
+        (``resolution``; a Δ below it with a standard error above it is kept as it is:
+        zeroed, it centred the interval on 0 and was not called a tie)."""
         tie = self.resolution(k, b, name)
-        return tuple(  # type: ignore[return-value]
-            0.0 if x is not None and abs(x) <= tie else x for x in self._difference(k, b, name)
-        )
+        delta, stderr = self._difference(k, b, name)
+        rounding = [x is None or abs(x) <= tie for x in (delta, stderr)]
+        if delta is not None and all(rounding):
+            return 0.0, None if stderr is None else 0.0
+        return delta, stderr
 
     def _difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
         if get(name).term is not None:

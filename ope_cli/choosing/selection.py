@@ -600,14 +600,16 @@ def grouped_jackknife_difference(
     values_k_leave_out, values_0_leave_out: [G] the estimate with group g left out, per
     policy; delta: Δ on all the episodes (None: undefined, so no standard error either).
     stderr = sqrt((G - 1) / G * sum_g (Δ_g - mean Δ)^2), Δ_g the leave-out differences, as
-    the estimators' own jackknife computes it. None for G < 2 or an undefined leave-out.
+    the estimators' own jackknife computes it. None for G < 3 or an undefined leave-out:
+    with two groups of one episode, each leave-out holds one episode, whose self-normalised
+    estimate is its own return for every policy, so every Δ_g was 0 (a standard error of 0).
     """
     values_k = np.asarray(values_k_leave_out, np.float64)
     values_0 = np.asarray(values_0_leave_out, np.float64)
     if values_k.ndim != 1 or values_k.shape != values_0.shape:
         raise ValueError(f"need two equal [G] arrays; got {values_k.shape}, {values_0.shape}")
     groups = values_k.size
-    if finite(delta) is None or groups < 2:
+    if finite(delta) is None or groups < 3:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         difference_g = values_k - values_0
