@@ -136,6 +136,31 @@ def test_linear_gaussian_normal_equations_and_log_likelihood(offset):
     assert model.floored(fitted, None, 0.5) == 0  # densities are not floored
 
 
+@pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
+def test_softmax_fits_do_not_depend_on_feature_offsets_and_scales(name):
+    """A feature of 10,000 +- 50 (an altitude in metres): fitted on raw features, L-BFGS
+    stopped 500 steps short of the optimum (mean log-likelihood -1.126 against -1.054) and
+    --behavior estimate's IS was 56% off without a word. Fitted on standardised features,
+    an offset or a unit changes nothing but rounding."""
+    from ope_cli.models.behavior_models.softmax import SoftmaxModel, logits_of
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1500, 3))
+    true_logits = x @ rng.normal(size=(3, 4))
+    action = (true_logits + rng.gumbel(size=(1500, 4))).argmax(axis=1)
+    fold = np.zeros(1500, np.int64)
+    log_probs = []
+    for shift, unit in ((0.0, 1.0), (1e4, 50.0), (-300.0, 1e-3)):
+        moved = x.copy()
+        moved[:, 0] = shift + unit * x[:, 0]
+        model = SoftmaxModel(name)
+        model.add(moved, action, fold)
+        fitted = model.fit()
+        log_probs.append(logits_of(fitted, moved)[np.arange(1500), action])
+    for other in log_probs[1:]:
+        np.testing.assert_allclose(other, log_probs[0], atol=1e-5)
+
+
 def test_in_memory_models_refuse_past_their_budget():
     from ope_cli.models.behavior_models.softmax import SoftmaxModel
 

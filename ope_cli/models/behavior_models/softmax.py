@@ -3,11 +3,13 @@ actions, fitted in JAX with optax on the full batch held in memory.
 
 The observations ([N, d] float64), actions and fold of every step are kept in memory, up to
 a budget (``memory_budget``: ``OPE_FIT_MEMORY_GB``, default 2 GiB); past it the model
-refuses with one line. ``linear_softmax`` minimises the mean negative log-likelihood plus
-``L2 / 2 * |W|^2`` (bias unpenalised) with L-BFGS (convex: one optimum, reached to a
-tolerance); ``mlp_softmax`` (one tanh hidden layer of ``HIDDEN`` units, fixed seed) with
-Adam for ``MLP_STEPS`` full-batch steps. Cross-fitting refits with the held-out fold's
-weights set to 0, so every fold's fit runs the same compiled program.
+refuses with one line. Both are fitted on standardised features (``standardizer``) and
+written for raw ones. ``linear_softmax`` minimises the mean negative log-likelihood plus
+``L2 / 2 * |W|^2`` (bias unpenalised; W of the standardised features) with L-BFGS
+(convex: one optimum, reached to a tolerance); ``mlp_softmax`` (one tanh hidden layer of
+``HIDDEN`` units, fixed seed) with Adam for ``MLP_STEPS`` full-batch steps. Cross-fitting
+refits with the held-out fold's weights set to 0, so every fold's fit runs the same
+compiled program.
 """
 
 from __future__ import annotations
@@ -95,12 +97,15 @@ class SoftmaxModel:
         x, a, fold = self.data()
         n_actions = int(a.max()) + 1
         weights = np.ones(x.shape[0]) if exclude is None else (fold != exclude).astype(float)
-        args = (jnp.asarray(x), jnp.asarray(a), jnp.asarray(weights))
+        center, scale = standardizer(x, weights)
+        args = (jnp.asarray((x - center) / scale), jnp.asarray(a), jnp.asarray(weights))
         if self.name == "linear_softmax":
             params = _jitted(_fit_linear_program)(*args, n_actions=n_actions)
         else:
             params = _jitted(_fit_mlp_program)(*args, n_actions=n_actions)
-        return {key: np.asarray(value, np.float64) for key, value in params.items()}
+        params = {key: np.asarray(value, np.float64) for key, value in params.items()}
+        first = "weight" if "weight" in params else "weight_0"
+        return raw_coordinates(params, first, center, scale)
 
     def step_log_probs(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """[N] log pi(a|s) of every step held, NumPy."""
@@ -119,6 +124,32 @@ class SoftmaxModel:
 
     def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int:
         return int(np.sum(self._select(arrays, fold) < np.log(floor))) if floor > 0 else 0
+
+
+def standardizer(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([d] mean, [d] standard deviation) of the features ``x`` [N, d] over the steps fitted
+    on (``weights`` [N]), a constant feature's deviation 1. The models are fitted on
+    standardised features: on raw ones, a feature of 10,000 +- 50 (an altitude in metres)
+    left L-BFGS 500 steps short of the optimum and the estimates 56% off, without a word."""
+    total = max(float(weights.sum()), 1.0)
+    center = (weights @ x) / total
+    spread = np.sqrt((weights @ (x - center) ** 2) / total)
+    return center, np.where(spread > 0, spread, 1.0)
+
+
+def raw_coordinates(
+    params: dict[str, np.ndarray], first: str, center: np.ndarray, scale: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The checkpoint arrays of ``params`` fitted on (x - center) / scale, for raw x: the
+    first layer's weight ``first`` [d, h] and its bias, z @ W + b = x @ (W / scale) + (b -
+    (center / scale) @ W)."""
+    bias = "bias" if first == "weight" else "bias_0"
+    weight = params[first]
+    return {
+        **params,
+        first: weight / scale[:, None],
+        bias: params[bias] - (center / scale) @ weight,
+    }
 
 
 def logits_of(arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
