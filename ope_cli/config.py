@@ -32,6 +32,16 @@ class ColumnMapping:
     q_value: str | None = None
     v_value: str | None = None
 
+    def check(self) -> None:
+        """UsageError for a probability and its log both named: one of the two options was
+        dropped without a word."""
+        for kind in ("behavior", "target"):
+            if getattr(self, f"{kind}_prob") is not None and getattr(self, f"{kind}_log_prob"):
+                raise UsageError(
+                    f"--{kind}-prob-col and --{kind}-log-prob-col name two columns of one "
+                    "probability; give one of them"
+                )
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchingConfig:

@@ -1605,3 +1605,15 @@ def test_float32_beyond_its_range_warns_and_stderr_stays_quiet(tmp_path, ope_in_
     assert done.returncode == 0 and done.stderr == "", done
     codes = [w["code"] for w in json.loads(done.stdout)["warnings"]]
     assert "float32_range" in codes
+
+
+@pytest.mark.parametrize("command", ["inspect", "fit-behavior", "convert"])
+def test_a_probability_and_its_log_both_named_are_refused_by_every_command(
+    world, ope_in_process, command
+):
+    """One of the two options was dropped without a word (the probability's was read)."""
+    both = ["--behavior-prob-col", "behavior_prob", "--behavior-log-prob-col", "logp"]
+    out = {"convert": ["out.parquet"], "fit-behavior": ["--out", "b.npz"]}.get(command, [])
+    done = ope_in_process([command, "data.parquet", *out, *both], cwd=world.root)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("ope: usage error: --behavior-prob-col and --behavior-log")

@@ -126,6 +126,18 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
             r"--q is used by dm, dr and wdr only; the estimators asked for \(wis, is\) use",
         ),
         (dict(estimators=("wpdis",), q_col="q", v_col="v"), "--q-col with --v-col is used by"),
+        # one of two named columns of one probability was dropped without a word
+        (
+            dict(behavior_prob_col="p", behavior_log_prob_col="lp"),
+            "--behavior-prob-col and --behavior-log-prob-col name two columns",
+        ),
+        (dict(target_prob_col="p", target_log_prob_col="lp"), "--target-prob-col and --target"),
+        # the named column was not read: --behavior gives the probabilities
+        (
+            dict(behavior="b.npz", behavior_log_prob_col="lp"),
+            "--behavior-log-prob-col names a logged behavior column, but --behavior b.npz",
+        ),
+        (dict(behavior="estimate", behavior_prob_col="p"), "--behavior-prob-col names a"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):

@@ -377,6 +377,8 @@ def column_group(*roles: str) -> OptionGroup:
     in their "Columns" help panel) as one ``ColumnMapping`` (None: default name or alias)."""
 
     def build(**values: str | None) -> ColumnMapping:
-        return ColumnMapping(**{role: values[COLUMN_OPTIONS[role][0]] for role in roles})
+        mapping = ColumnMapping(**{role: values[COLUMN_OPTIONS[role][0]] for role in roles})
+        mapping.check()
+        return mapping
 
     return OptionGroup(tuple((*COLUMN_OPTIONS[role], None) for role in roles), build)

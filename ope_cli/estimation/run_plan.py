@@ -96,6 +96,20 @@ def check_config(config: EvaluationConfig) -> None:
     check_behavior_option(
         config.behavior.policy, config.behavior.min_propensity, config.behavior.cross_fit
     )
+    config.columns.check()
+    named = [
+        option
+        for option, column in (
+            ("--behavior-prob-col", config.columns.behavior_prob),
+            ("--behavior-log-prob-col", config.columns.behavior_log_prob),
+        )
+        if column is not None
+    ]
+    if config.behavior.policy is not None and named:  # the column would not be read
+        raise UsageError(
+            f"{named[0]} names a logged behavior column, but --behavior "
+            f"{config.behavior.policy} gives the behavior probabilities instead; drop one"
+        )
 
 
 def has_q_source(config: EvaluationConfig) -> bool:
