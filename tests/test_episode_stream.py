@@ -207,3 +207,29 @@ def test_vector_widths_of_the_episode_layout_count_steps(tmp_path):
     assert stream.schema.layout == "episode"
     width = len(episodes[0]["observation"][0])
     assert stream.widths == {"observation": width}
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_rows_without_ids_keep_their_global_numbers_in_every_share(tmp_path, suffix):
+    """Episode layout without an id column: an episode's id is its row number in the
+    whole data. A process given the later files numbered its rows from 0, so two processes
+    refused valid data (their ids collided), and a share's episodes would have taken other
+    ids (other resampling groups and bootstrap streams) than in one process. Arrow IPC
+    files have no cheap row count: their rows are counted by reading one column."""
+    from datasets import episode_layout_table
+    from pyarrow import feather
+
+    episodes = random_episodes(np.random.default_rng(8), 30, median_length=5, max_length=12)
+    table = episode_layout_table(episodes).drop_columns(["episode_id"])
+    for index, rows in enumerate(((0, 7), (7, 19), (19, 30))):
+        part = table.slice(rows[0], rows[1] - rows[0])
+        path = tmp_path / f"part-{index}.{suffix}"
+        pq.write_table(part, path) if suffix == "parquet" else feather.write_feather(part, path)
+    stream = open_episodes(DataConfig(str(tmp_path)))
+    assert "episode" not in stream.schema.columns
+    whole = np.concatenate([chunk.ids for chunk in stream])
+    np.testing.assert_array_equal(whole, np.arange(30))
+    for files, first in ((stream.data.files[1:], 7), (stream.data.files[2:], 19)):
+        share = stream.restrict(files)
+        ids = np.concatenate([chunk.ids for chunk in share])
+        np.testing.assert_array_equal(ids, np.arange(first, 30))

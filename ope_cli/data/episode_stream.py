@@ -70,6 +70,9 @@ class EpisodeStream:
     data: Dataset
     schema: DataSchema
     chunk_checks: ChunkChecks | None = None
+    # the global row number of the first row: an episode-layout row's id where the data
+    # has no id column, the same whichever process's share of the files a stream reads
+    first_row: int = 0
     # holds "widths" once read: one dict shared by every stream made from this one (other
     # checks, a process's share), so the data's start is read once, and every process and
     # every --read-rows judges the same rows ragged
@@ -94,7 +97,9 @@ class EpisodeStream:
     def assembler(self) -> EpisodeAssembler:
         """A fresh assembler of this stream's episodes (its counts, drops and seen ids
         cover the record batches given to its ``chunks``)."""
-        return EpisodeAssembler(self.schema, self.config.on_invalid, self.chunk_checks, self.widths)
+        return EpisodeAssembler(
+            self.schema, self.config.on_invalid, self.chunk_checks, self.widths, self.first_row
+        )
 
     def record_batches(self) -> Iterator[SourcedBatch]:
         """The record batches of one pass, file by file, with the role columns only."""
@@ -108,7 +113,23 @@ class EpisodeStream:
         """The same stream over a subset of the files (a process's share, the files left),
         with the whole data's vector widths (read here if not yet)."""
         _ = self.widths  # read from the whole data before the share, which keeps them
-        return dataclasses.replace(self, data=self.data.restrict(files))
+        first_row = self.first_row
+        if files and self.schema.layout == "episode" and "episode" not in self.schema.columns:
+            first_row += self._rows_before(files[0])
+        return dataclasses.replace(self, data=self.data.restrict(files), first_row=first_row)
+
+    def _rows_before(self, file: str) -> int:
+        """The rows of this stream's files before ``file``: from their metadata where the
+        format keeps it, else counted by reading one column."""
+        earlier = self.data.files[: self.data.files.index(file)]
+        if not earlier:
+            return 0
+        data = self.data.restrict(earlier)
+        counted = data.count_rows()
+        if counted is not None:
+            return counted
+        column = [self.schema.columns["reward"]]
+        return sum(part.batch.num_rows for part in data.iter_batches(column, 1 << 16))
 
     def reconfigured(self, **changes) -> EpisodeStream:
         """The same opened data read with other ``DataConfig`` fields (columns re-resolved;

@@ -171,6 +171,7 @@ class EpisodeAssembler:
         on_invalid: OnInvalid | str = "error",
         chunk_checks: ChunkChecks | None = None,
         widths: dict[str, int | None] | None = None,
+        first_row: int = 0,
     ):
         self.schema = schema
         self.validation = Validation(on_invalid)
@@ -180,7 +181,9 @@ class EpisodeAssembler:
         # episode is joined once when it ends, not again with every batch it spans
         self._carry: list[_Rows] = []
         self._seen = SeenKeys()
-        self._next_row_id = 0  # episode layout without ids: the global row number
+        # episode layout without ids: the global row number (``first_row``: that of the
+        # first row read, past the files of the processes before this one)
+        self._next_row_id = first_row
         self.rows_read = 0
 
     @property
