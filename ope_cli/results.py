@@ -80,7 +80,7 @@ class PolicyResult:
     # with --baseline, for every other policy: {estimator: Comparison} against it
     comparison: dict[str, Comparison] | None = None
     # with two or more policies: {estimator: whether this policy could be the best}
-    could_be_best: dict[str, bool] | None = None
+    could_be_best: dict[str, bool | None] | None = None  # None for an estimator: undetermined
 
     @property
     def shown(self) -> str:

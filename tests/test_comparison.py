@@ -450,3 +450,22 @@ def test_a_difference_below_rounding_with_a_standard_error_above_it_is_kept(tmp_
     assert comparison.delta == pytest.approx(expected, abs=1e-5)  # float64 at 1e10: 2e-6 apart
     assert comparison.stderr > 0.01 and comparison.note != TIED
     assert comparison.ci_low < comparison.delta < comparison.ci_high
+
+
+def test_could_be_best_sets_need_replicates_for_their_bonferroni_level(logged):
+    """Three policies at 95%: each comparison is at 97.5%, whose bootstrap quantiles need
+    80 replicates. With fewer the set was read from the extreme replicates (20 policies and
+    200 replicates called eval_01-12 confidently worse; 4,000 kept all 20); it is now
+    undetermined (null), and every format says why."""
+    from ope_cli.report.warnings import NO_BEST_SET, run_warnings
+
+    few = _run(logged, None, interval="percentile", bootstrap_samples=60)
+    assert all(set(r.could_be_best.values()) == {None} for r in few.results)
+    (warning,) = [w for w in run_warnings(few) if w.code == NO_BEST_SET]
+    assert "at 0.975 (Bonferroni, 3 policies)" in warning.message
+    assert "at least 80 replicates" in warning.message
+    enough = _run(logged, None, interval="percentile", bootstrap_samples=80)
+    assert all(isinstance(flag, bool) for r in enough.results for flag in r.could_be_best.values())
+    assert not [w for w in run_warnings(enough) if w.code == NO_BEST_SET]
+    normal = _run(logged, None, interval="normal")  # no replicates to need
+    assert all(isinstance(f, bool) for r in normal.results for f in r.could_be_best.values())

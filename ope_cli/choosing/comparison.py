@@ -30,6 +30,7 @@ from ope_cli.choosing.selection import (
     BASELINE_BEHAVIOR,
     DEFAULT_TOP_K,
     RESOLVED,
+    bonferroni_level,
     check_top_k,
     could_be_best,
     grouped_jackknife_difference,
@@ -43,7 +44,7 @@ from ope_cli.estimation.estimators import get
 from ope_cli.estimation.estimators.base import Context
 from ope_cli.estimation.estimators.logspace import finite
 from ope_cli.estimation.intervals import betting_intervals, bootstrap_interval
-from ope_cli.estimation.run_plan import NO_BETTING
+from ope_cli.estimation.run_plan import NO_BETTING, fewest_replicates
 from ope_cli.estimation.stats import (
     Accumulator,
     Estimate,
@@ -254,11 +255,25 @@ class Pairing:
             note = NO_DIFFERENCE if delta is None else NO_SPREAD if stderr is None else None
         return Comparison(delta, stderr, low, high, improvement, note)
 
-    def could_be_best(self, name: str, confidence: float) -> list[bool]:
+    def replicates_too_few(self, name: str, confidence: float) -> int | None:
+        """The fewest bootstrap replicates the could-be-best set of ``name`` needs, where
+        the run drew fewer (else None): each of its K - 1 comparisons is at the Bonferroni
+        level, whose quantiles 200 replicates cannot give for K of 7 or more at 95% (with
+        20 policies the set's intervals were guesses from the few extreme replicates)."""
+        if self.methods[name] not in ("percentile", "bootstrap-t"):
+            return None
+        needed = fewest_replicates(bonferroni_level(confidence, len(self.accumulators)))
+        drawn = self.accumulators[0].replicate_sums["count"].size
+        return needed if drawn < needed else None
+
+    def could_be_best(self, name: str, confidence: float) -> list[bool] | None:
         """[P] whether each policy could be the best by ``name`` (Bonferroni over the
-        comparisons with the estimated best). Under bootstrap-t every pair's interval is
+        comparisons with the estimated best); None where the replicates are too few for
+        its level (``replicates_too_few``). Under bootstrap-t every pair's interval is
         the percentile one: the studentized interval exists only against the baseline, and
         one pair by another method would make the set depend on which policy is it."""
+        if self.replicates_too_few(name, confidence) is not None:
+            return None
         policies = range(len(self.accumulators))
         estimates = {k: self.value(k, name) for k in policies}
 
@@ -334,7 +349,7 @@ def compare_results(
         comparison = None
         if pairing.baseline is not None and row != pairing.baseline:
             comparison = {name: pairing.compare(row, name, confidence) for name in estimators}
-        flags = {name: sets[name][row] for name in sets} or None
+        flags = {name: None if sets[name] is None else sets[name][row] for name in sets} or None
         out.append(dataclasses.replace(result, comparison=comparison, could_be_best=flags))
     return out
 

@@ -259,7 +259,8 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
                 rank = "" if j else ("★ 1" if best else "–" if ranks[i] is None else str(ranks[i]))
                 cells.insert(0, rank)
             if sets:
-                cells.append("◆" if policy.could_be_best.get(name) else "")
+                flag = policy.could_be_best.get(name, False)
+                cells.append("n/a" if flag is None else "◆" if flag else "")
             last = j == len(policy.estimates) - 1 and i < len(result.results) - 1
             table.add_row(*cells, style="green" if best else None, end_section=last)
     return table

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ope_cli.choosing.selection import equal_to_rounding
+from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
+from ope_cli.estimation.run_plan import fewest_replicates
 from ope_cli.results import EvaluationResult, PolicyResult
 
 # Thresholds on the trajectory-weight diagnostics.
@@ -40,6 +41,7 @@ DM_DR_STANDARD_ERRORS = 3.0
 Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it converged
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
+NO_BEST_SET = "could_be_best_undetermined"  # too few replicates for the set's level
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
@@ -330,6 +332,25 @@ def floored_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def best_set_warning(result: EvaluationResult) -> Warning | None:
+    """The could-be-best sets left undetermined: their Bonferroni-level comparisons need
+    more bootstrap replicates than were drawn (``Pairing.replicates_too_few``)."""
+    flags = [p.could_be_best or {} for p in result.results]
+    undetermined = [
+        name for name in result.estimators if any(f.get(name, 0) is None for f in flags)
+    ]
+    if not undetermined:
+        return None
+    policies, confidence = len(result.results), result.confidence.level
+    each = bonferroni_level(confidence, policies)
+    return Warning(
+        NO_BEST_SET,
+        f"no could-be-best set for {', '.join(undetermined)}: each of its {policies - 1} "
+        f"comparisons is at {each:.4g} (Bonferroni, {policies} policies), whose bootstrap "
+        f"quantiles need at least {fewest_replicates(each)} replicates (--bootstrap-samples)",
+    )
+
+
 def ranking_warnings(result: EvaluationResult, ranks: list[int | None], rank_by: str) -> list:
     """A policy with no value for the ranking estimator is left out of the ranking."""
     if len(result.results) < 2:
@@ -405,6 +426,7 @@ def run_warnings(
         floored_warning(result),
         float32_warning(result),
         asymptotic_warning(result),
+        best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
     warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
