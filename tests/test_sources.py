@@ -108,6 +108,22 @@ def test_hive_partitioned_directory(tmp_path):
     assert days == ["2024-01-01"] * 10 + ["2024-01-02"] * 20
 
 
+def test_a_file_of_a_directory_without_a_column_of_the_first_is_named(tmp_path):
+    """A directory (read with hive partitioning in mind) whose second file names its
+    columns otherwise: each of its rows was read with nulls for the first file's names,
+    and the run refused "column 'episode_id' is null" and suggested --on-invalid drop."""
+    pq.write_table(table(0, 5), tmp_path / "a.parquet")
+    pq.write_table(
+        table(5, 9).rename_columns(["id", *table(5, 9).column_names[1:]]), tmp_path / "b.parquet"
+    )
+    data = open_dataset(str(tmp_path))
+    with pytest.raises(DataError) as info:
+        list(iter_batches(data, ["episode_id"], 100))
+    message = str(info.value)
+    assert "b.parquet: has no column 'episode_id', which the dataset's first file has" in message
+    assert "(this file's columns: id," in message
+
+
 def test_glob(tmp_path):
     pq.write_table(table(5, 10), tmp_path / "b.parquet")
     pq.write_table(table(0, 5), tmp_path / "a.parquet")

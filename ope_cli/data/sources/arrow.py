@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import PurePosixPath
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -161,9 +162,12 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     for name in columns:
         index = physical.get_field_index(name)
         if index < 0:
-            if data.partition_base_dir is None:  # hive partition columns live in the path
+            folders = PurePosixPath(fragment.path).parts[:-1]
+            if not any(folder.startswith(f"{name}=") for folder in folders):  # hive's: there
                 raise DataError(
-                    f"{file}: has no column {name!r}, which the dataset's other files have"
+                    f"{file}: has no column {name!r}, which the dataset's first file has "
+                    f"(this file's columns: {', '.join(physical.names)}): every file of a "
+                    "dataset names its columns alike"
                 )
             continue
         actual, expected = physical.field(index).type, data.schema.field(name).type
