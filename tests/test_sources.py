@@ -124,6 +124,18 @@ def test_a_file_of_a_directory_without_a_column_of_the_first_is_named(tmp_path):
     assert "(this file's columns: id," in message
 
 
+def test_hive_folders_named_after_a_column_of_the_files_are_said_in_words(tmp_path):
+    """pyarrow's own "Unable to merge: Field episode_id has incompatible types" was all the
+    message said."""
+    for key, (lo, hi) in {"1": (0, 5), "2": (5, 9)}.items():
+        (tmp_path / f"episode_id={key}").mkdir()
+        pq.write_table(table(lo, hi), tmp_path / f"episode_id={key}" / "x.parquet")
+    with pytest.raises(DataError) as info:
+        open_dataset(str(tmp_path))
+    assert "the folders' names (episode_id=...) make a column 'episode_id'" in str(info.value)
+    assert "Unable to merge" not in str(info.value)
+
+
 def test_glob(tmp_path):
     pq.write_table(table(5, 10), tmp_path / "b.parquet")
     pq.write_table(table(0, 5), tmp_path / "a.parquet")

@@ -6,6 +6,7 @@ format module supplies a ``FragmentReader`` for what differs (row counts, a fast
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 
@@ -77,7 +78,7 @@ class ArrowFileDataset:
                 filesystem=filesystem,
             )
         except (OSError, pa.ArrowException) as error:
-            raise DataError(f"{source}: cannot open dataset: {first_line(error)}") from None
+            raise DataError(f"{source}: {_why_not_opened(error, paths)}") from None
         try:  # a damaged footer can decode into names that are not text
             for field in dataset.schema:
                 field.name, str(field.type)
@@ -153,6 +154,24 @@ def _family(dtype: pa.DataType) -> str:
     ):
         return f"list<{_family(dtype.value_type)}>"
     return str(dtype)
+
+
+def _why_not_opened(error: Exception, paths: list[str]) -> str:
+    """What stopped pyarrow opening the files: in words where a hive folder name (key=value)
+    also names a column of the files, else pyarrow's first line."""
+    found = re.search(r"Field (\S+) has incompatible types", str(error))
+    if found and any(
+        folder.startswith(f"{found.group(1)}=")
+        for path in paths
+        for folder in PurePosixPath(path).parts[:-1]
+    ):
+        name = found.group(1)
+        return (
+            f"the folders' names ({name}=...) make a column {name!r} that the files also "
+            "hold, with another type: rename the folders, or name the files (a glob) rather "
+            "than their directory"
+        )
+    return f"cannot open dataset: {first_line(error)}"
 
 
 def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> None:
