@@ -429,6 +429,15 @@ def test_a_declared_horizon_that_is_no_step_count_is_refused(tmp_path, horizon):
     assert "schema metadata 'ope' must be a JSON object like" in line, line
 
 
+def test_a_declared_key_given_twice_is_refused(tmp_path):
+    """json keeps the last of two keys: {"gamma": 0.9, "gamma": 0.5} declared 0.5."""
+    path = tmp_path / "logs.parquet"
+    metadata = {b"ope": b'{"gamma": 0.9, "gamma": 0.5}'}
+    pq.write_table(table(0, 5).replace_schema_metadata(metadata), path)
+    with pytest.raises(DataError, match="schema metadata 'ope' must be a JSON object like"):
+        open_dataset(str(path)).declared_bounds()
+
+
 def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):
     path = tmp_path / "logs.arrows"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table(0, 5).schema) as writer:

@@ -57,6 +57,15 @@ def _declared_gamma(value: object) -> float | None:
     return float(value)
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's dict; ValueError for a key given twice (json keeps the last
+    silently: {"gamma": 0.9, "gamma": 0.5} declared 0.5)."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError
+    return dict(pairs)
+
+
 def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
     """The reward range, horizon and discount declared in ``schema``'s metadata (key
     METADATA_KEY, a JSON object with "reward_range": [low, high], "horizon": steps and
@@ -65,7 +74,7 @@ def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
     if raw is None:
         return DeclaredBounds()
     try:
-        declared = json.loads(raw)
+        declared = json.loads(raw, object_pairs_hook=_unique_keys)
         reward_range = declared.get("reward_range")
         horizon = declared.get("horizon")
         if reward_range is not None:
