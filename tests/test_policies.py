@@ -265,3 +265,20 @@ def test_an_option_of_one_policy_takes_a_glob_of_one(tmp_path):
     np.savez(tmp_path / "b.npz", **checkpoint)
     with pytest.raises(PolicyError, match=r"matches 2 checkpoints, and --behavior takes one"):
         load_one_policy(str(tmp_path / "*.npz"), "--behavior")
+
+
+def test_a_tabular_policy_on_float_states_says_they_are_floats():
+    """It said "holds scalar values", which did not say that floats are the problem."""
+    from ope_cli.errors import DataError
+    from ope_cli.models.policies import checkpoint_policy
+    from ope_cli.models.policies.checks import check_against_schema
+
+    policy = checkpoint_policy("t.npz", {"kind": "tabular", "logits": np.zeros((3, 2))})
+    schema = types.SimpleNamespace(
+        action_kind="discrete",
+        observation_kind="scalar",
+        observation_dim=None,
+        columns={"observation": "state", "action": "action"},
+    )
+    with pytest.raises(DataError, match="column 'state' holds floating-point numbers"):
+        check_against_schema(policy, schema)

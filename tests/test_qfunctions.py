@@ -336,7 +336,7 @@ def test_check_q_refuses_what_does_not_fit():
         (qf.QFunction("fit:forest", qf.FIT), softmax, _schema(), UsageError, "unknown Q model"),
         (sa, softmax, _schema(), DataError, "actions in column 'act' are integers"),
         (linear, gaussian, _schema("continuous"), DataError, "'act' are continuous"),
-        (tabular, softmax, _schema(), DataError, "'obs' holds vector values"),
+        (tabular, softmax, _schema(), DataError, "'obs' holds vectors"),
         (linear, softmax, _schema(obs_dim=5), DataError, "size 3, but column 'obs' has size 5"),
         (
             qf.q_checkpoint("w.npz", _linear_q(rng, 3, 5)),

@@ -115,6 +115,12 @@ class DataSchema:
         return {**self.columns, **self.cross_checked}
 
 
+def observations_held(kind: ObservationKind | None) -> str:
+    """What an observation column of ``kind`` holds, in words for messages."""
+    words = {"index": "integer states", "scalar": "floating-point numbers", "vector": "vectors"}
+    return words.get(kind or "", "no observations")
+
+
 def is_list(dtype: pa.DataType) -> bool:
     """Whether a column of ``dtype`` holds lists (any list flavour, views included)."""
     return (

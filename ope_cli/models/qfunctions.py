@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ope_cli.data.columns import observations_held
 from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.models.policies import (
     Policy,
@@ -474,7 +475,7 @@ def _check_q_types(q: QFunction, where: str, schema) -> None:
     if q.kind == "tabular_q" and schema.observation_kind != "index":
         raise DataError(
             f"{where} is tabular and needs integer state observations, but column "
-            f"{observations!r} holds {schema.observation_kind} values"
+            f"{observations!r} holds {observations_held(schema.observation_kind)}"
         )
     if q.obs_dim is not None and schema.observation_dim not in (None, q.obs_dim):
         raise DataError(

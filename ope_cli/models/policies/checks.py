@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from ope_cli.data.columns import observations_held
 from ope_cli.data.validate import LOG_PROBABILITY_TOLERANCE, Check
 from ope_cli.errors import DataError, PolicyError, where
 from ope_cli.models.policies.base import Policy
@@ -27,7 +28,8 @@ def check_against_schema(policy: Policy, schema) -> None:
     if policy.kind == "tabular" and schema.observation_kind != "index":
         raise DataError(
             f"policy {policy.name} is tabular and needs integer state observations, but "
-            f"column {schema.columns['observation']!r} holds {schema.observation_kind} values"
+            f"column {schema.columns['observation']!r} holds "
+            f"{observations_held(schema.observation_kind)}"
         )
     if policy.obs_dim is not None and schema.observation_dim not in (None, policy.obs_dim):
         raise DataError(
