@@ -30,6 +30,18 @@ def test_auto_is_normal_without_bounds_and_betting_with_them():
     assert plan.betting_range == pytest.approx((0.0, 1.0, 10.0))  # horizon 1 / (1 - gamma)
 
 
+def test_betting_with_estimated_behavior_probabilities_says_what_its_guarantee_assumes():
+    """It said "valid for any number of episodes" under --behavior estimate too, where the
+    weights' mean is 1 only as far as the fit is right."""
+    declared = DeclaredBounds(reward_range=(0.0, 1.0))
+    estimated = config(gamma=0.9, behavior="estimate")
+    described = plan_intervals(estimated, declared).describe(estimated)
+    assert "valid for any number of episodes" in described
+    assert "their guarantee assumes the true behavior probabilities" in described
+    logged = config(gamma=0.9)
+    assert "guarantee assumes" not in plan_intervals(logged, declared).describe(logged)
+
+
 def test_options_come_before_what_the_data_declares():
     declared = DeclaredBounds(reward_range=(0.0, 1.0), horizon=50)
     plan = plan_intervals(config(gamma=1.0, reward_range=(2.0, 3.0), horizon=7), declared)

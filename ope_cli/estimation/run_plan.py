@@ -19,7 +19,7 @@ from ope_cli.estimation.estimators import get as estimator_get
 from ope_cli.estimation.estimators import names as estimator_names
 from ope_cli.estimation.estimators.base import describe_betting, describe_bootstrap_t
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
-from ope_cli.models.behavior import check_behavior_option
+from ope_cli.models.behavior import check_behavior_option, is_estimate
 
 if TYPE_CHECKING:  # annotations only
     from ope_cli.models.policies import Policy
@@ -36,6 +36,10 @@ INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
 }
 
 
+ESTIMATED_BEHAVIOR = (
+    " (their guarantee assumes the true behavior probabilities; --behavior estimate fitted "
+    "them, so it holds only as far as the fit does)"
+)
 ASYMPTOTIC = (
     " (asymptotic: heavy-tailed weights make it cover less often than stated; "
     "{needs} gives finite-sample betting intervals)"
@@ -214,13 +218,16 @@ class IntervalPlan:
                 bootstrap_t_estimators=describe_bootstrap_t(estimators),
             ) + ASYMPTOTIC.format(needs=self.betting_needs)
         low, high = self.reward_range
-        return INTERVAL_METHODS["betting"].format(
+        described = INTERVAL_METHODS["betting"].format(
             low=low,
             high=high,
             horizon=self.betting_range[2],
             bounds_source=self.bounds_source,
             betting_estimators=describe_betting(estimators),
         )
+        if is_estimate(config.behavior.policy):  # the weights' mean is 1 only for the true pi_b
+            described += ESTIMATED_BEHAVIOR
+        return described
 
     def chunk_checks(self, chunk):
         reward_range, horizon, sources = self.checked
