@@ -217,7 +217,6 @@ def _resolve_schema(
     for role in (*numeric, "q_value", "v_value"):
         if role in columns and not _is_number(value_type(role)):
             raise wrong_type(role, "numbers")
-
     _check_episode_ids(schema, columns, layout, list(schema.names))
     if "step" in columns and not pa.types.is_integer(value_type("step")):
         raise wrong_type("step", "integers")
