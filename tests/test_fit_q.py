@@ -102,14 +102,18 @@ def data(tmp_path_factory) -> dict:
 
 
 def _lstdq(episodes: list[dict], pi, gamma: float, ridge: float) -> np.ndarray:
-    """w [A, d + 1] of the LSTDQ fixed point, written plainly from the formulas (loops)."""
+    """w [A, d + 1] (raw features [s, 1]) of the LSTDQ fixed point with the ridge on the
+    standardised features [(s - m) / v, 1] (m, v: the steps' mean and spread), written
+    plainly from the formulas (loops)."""
     width = OBS_DIM + 1
     size = N_ACTIONS * width
     a_mat, b = np.zeros((size, size)), np.zeros(size)
+    observations = np.concatenate([ep["obs"] for ep in episodes])
+    mean, spread = observations.mean(axis=0), observations.std(axis=0)
 
     def phi(s, a):
         out = np.zeros(size)
-        out[a * width : (a + 1) * width] = np.append(s, 1.0)
+        out[a * width : (a + 1) * width] = np.append((s - mean) / spread, 1.0)
         return out
 
     for ep in episodes:
@@ -122,7 +126,9 @@ def _lstdq(episodes: list[dict], pi, gamma: float, ridge: float) -> np.ndarray:
                 after = sum(pi(nxt)[c] * phi(nxt, c) for c in range(N_ACTIONS))
             a_mat += np.outer(here, here - gamma * after)
             b += here * ep["reward"][t]
-    return np.linalg.solve(a_mat + ridge * np.eye(size), b).reshape(N_ACTIONS, width)
+    standard = np.linalg.solve(a_mat + ridge * np.eye(size), b).reshape(N_ACTIONS, width)
+    slopes = standard[:, :-1] / spread  # [A, d]: the raw features' weights
+    return np.concatenate([slopes, standard[:, -1:] - slopes @ mean[:, None]], axis=1)
 
 
 def _empirical_q(episodes: list[dict], pi: np.ndarray, gamma: float) -> np.ndarray:
@@ -167,6 +173,42 @@ def test_linear_equals_a_plain_lstdq_solve(data, ridge):
         v0 = np.sum(data["pi_linear"](starts) * (starts @ q["weight"] + q["bias"]), axis=1)
     assert result.dm == pytest.approx(v0.mean(), abs=1e-10)
     assert result.dm_stderr == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
+
+
+def test_linear_fits_do_not_depend_on_feature_offsets_and_units(data, tmp_path):
+    """On raw features the ridge (1e-6 per step) is not small next to a feature of 10,000
+    +- 1 or of spread 0.001: the slopes shrank (1 -> 0.005) and dm came out -0.005 or
+    0.19 against 0.60, without a word. The fit is now in standardised features."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data["vector_path"])
+    observations = np.array(table.column("observation").to_pylist())
+    results = []
+    for shift, unit in ((0.0, 1.0), (1e4, 1.0), (0.0, 1e-3), (-3e3, 50.0)):
+        moved = shift + unit * observations
+        path = tmp_path / f"moved_{shift}_{unit}.parquet"
+        column = table.schema.get_field_index("observation")
+        observation = pa.array(moved.tolist(), table.schema.field(column).type)
+        pq.write_table(table.set_column(column, "observation", observation), path)
+        policy = _rescaled_policy(data["root"] / "linear.npz", shift, unit, tmp_path)
+        out = tmp_path / f"q_{shift}_{unit}.npz"
+        results.append(_fit(path, policy, out, gamma=0.9, model="linear"))
+    for other in results[1:]:
+        assert other.dm == pytest.approx(results[0].dm, rel=1e-7)
+
+
+def _rescaled_policy(path: Path, shift: float, unit: float, folder: Path) -> Path:
+    """The linear_softmax checkpoint at ``path`` for observations shift + unit * s: the
+    same probabilities at the moved observations."""
+    with np.load(path) as ckpt:
+        arrays = dict(ckpt)
+    weight = arrays["weight"] / unit
+    arrays["bias"] = arrays["bias"] - shift * weight.sum(axis=0)
+    arrays["weight"] = weight
+    out = folder / f"policy_{shift}_{unit}.npz"
+    np.savez(out, **arrays)
+    return out
 
 
 @pytest.mark.parametrize("gamma", [0.9, 1.0])

@@ -8,10 +8,14 @@ Per fold of episodes the sums stream in (flat memory, O(folds * D^2)):
   C = sum psi psi^T, e = sum psi r, sum r^2 (psi = phi - gamma phibar': the residuals),
   the sums of phibar(s_0) and phibar(s_0) phibar(s_0)^T over initial states (dm),
 
-and the fit solves (A + ridge I) w = b over every fold but one. The default ridge is
-``RIDGE_PER_STEP`` times the number of steps fitted on: A grows with the steps, so this is
-a fixed, tiny relative regularisation; it also sets the weights of actions never logged
-to 0 (their rows of A are empty), as the tabular model does.
+and the fit solves (A + ridge I) w = b over every fold but one, in standardised features:
+with the steps' mean m and spread v of each observation feature (sums of x and x^2 stream
+in too), x~ = T x = [(s - m) / v, 1], so A~ = M A M^T, b~ = M b (M = I_A (x) T) and w =
+M^T w~. The default ridge is ``RIDGE_PER_STEP`` times the number of steps fitted on: A~
+grows with the steps, so this is a fixed, tiny relative regularisation whatever the
+features' offsets and units (on raw features a reading of 10,000 +- 1 shrank the slopes
+from 1 to 0.005); it also sets the weights of actions never logged to 0 (their rows of A
+are empty), as the tabular model does.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ope_cli.models.q_models.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
 ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
-_SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0")
+_SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0", "sx", "sxx")
 
 
 def mean_features(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
@@ -56,7 +60,8 @@ class LinearQ(FoldSums):
             size = self.n_actions * width
             for name in _SUMS:
                 shape = {"a_mat": 2, "c_mat": 2, "s00": 2, "b": 1, "e": 1, "s0": 1}.get(name, 0)
-                setattr(self, name, np.zeros((self.folds, *(size,) * shape)))
+                sizes = (width,) if name in ("sx", "sxx") else (size,) * shape
+                setattr(self, name, np.zeros((self.folds, *sizes)))
         elif width != self.dim:
             raise DataError("observations change size between steps")
 
@@ -91,6 +96,8 @@ class LinearQ(FoldSums):
             q, rk = qs[mine], rs[mine]
             self.c_mat[k] += q.T @ q
             self.e[k] += q.T @ rk
+            self.sx[k] += xs[mine].sum(axis=0)
+            self.sxx[k] += np.einsum("ij,ij->j", xs[mine], xs[mine])
             self.rr[k] += rk @ rk
             self.n[k] += rk.size
             for a in range(actions):
@@ -121,9 +128,11 @@ class LinearQ(FoldSums):
         if steps == 0:
             raise DataError("no steps to fit the linear Q model on")
         ridge = RIDGE_PER_STEP * steps if self.ridge is None else self.ridge
-        a_mat = self._pooled("a_mat", exclude)
+        to_standard = np.kron(np.eye(self.n_actions), self._standardizer(exclude))  # M
+        a_mat = to_standard @ self._pooled("a_mat", exclude) @ to_standard.T
+        b = to_standard @ self._pooled("b", exclude)
         try:
-            w = np.linalg.solve(a_mat + ridge * np.eye(a_mat.shape[0]), self._pooled("b", exclude))
+            w = to_standard.T @ np.linalg.solve(a_mat + ridge * np.eye(a_mat.shape[0]), b)
         except np.linalg.LinAlgError:
             w = np.full(a_mat.shape[0], np.nan)
         if not np.isfinite(w).all():
@@ -133,6 +142,18 @@ class LinearQ(FoldSums):
         self.last = {"ridge": ridge}
         blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1]
         return {"weight": blocks[:, :-1].T.copy(), "bias": blocks[:, -1].copy()}
+
+    def _standardizer(self, exclude: int | None) -> np.ndarray:
+        """[d + 1, d + 1] T: [s, 1] -> [(s - m) / v, 1], m and v the mean and spread of each
+        observation feature over the steps fitted on (a constant feature's spread 1)."""
+        n = float(self._pooled("n", exclude))
+        mean = self._pooled("sx", exclude)[:-1] / n
+        spread = np.sqrt(np.maximum(self._pooled("sxx", exclude)[:-1] / n - mean**2, 0.0))
+        scale = 1.0 / np.where(spread > 1e-12 * np.maximum(np.abs(mean), 1.0), spread, 1.0)
+        transform = np.eye(self.dim)
+        transform[:-1, :-1] = np.diag(scale)
+        transform[:-1, -1] = -mean * scale
+        return transform
 
     @staticmethod
     def flat(arrays: dict[str, np.ndarray]) -> np.ndarray:
