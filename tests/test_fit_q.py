@@ -198,6 +198,42 @@ def test_linear_fits_do_not_depend_on_feature_offsets_and_units(data, tmp_path):
         assert other.dm == pytest.approx(results[0].dm, rel=1e-7)
 
 
+def test_mlp_fits_follow_the_rewards_offset_and_units(tmp_path):
+    """Q of rewards c r + b is c Q + b (one-step episodes). On raw targets, Q_0 = 0 and
+    bounded Adam steps stopped the fit of rewards + 1,000 at 501.6 (truth 1,000.6) and of
+    1,000 r at 256 (truth 605), said converged; targets are now fitted in their own units."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(1)
+    n = 2000
+    u = rng.normal(size=n)
+    action = rng.integers(0, 2, n)
+    reward = np.where(action == 1, u, -u) + 0.1 * rng.normal(size=n)
+    policy = tmp_path / "pi.npz"
+    np.savez(
+        policy, kind=np.array("linear_softmax"), weight=np.array([[0.0, 2.0]]), bias=np.zeros(2)
+    )
+    fits = {}
+    for offset, unit in ((0.0, 1.0), (1000.0, 1.0), (0.0, 1000.0)):
+        table = {
+            "episode_id": np.arange(n),
+            "step": np.zeros(n, np.int64),
+            "observation": pa.array(list(u[:, None]), pa.list_(pa.float64())),
+            "action": action,
+            "reward": offset + unit * reward,
+            "behavior_prob": np.full(n, 0.5),
+        }
+        path = tmp_path / f"logs_{offset}_{unit}.parquet"
+        pq.write_table(pa.table(table), path)
+        out = tmp_path / f"q_{offset}_{unit}.npz"
+        fits[offset, unit] = _fit(path, policy, out, gamma=1.0, model="mlp").dm
+    plain = fits[0.0, 1.0]
+    assert 0.4 < plain < 0.8  # the truth: E[u (2 sigmoid(2u) - 1)] = 0.6055
+    assert fits[1000.0, 1.0] == pytest.approx(1000.0 + plain, abs=0.02)
+    assert fits[0.0, 1000.0] == pytest.approx(1000.0 * plain, rel=0.03)
+
+
 def _rescaled_policy(path: Path, shift: float, unit: float, folder: Path) -> Path:
     """The linear_softmax checkpoint at ``path`` for observations shift + unit * s: the
     same probabilities at the moved observations."""

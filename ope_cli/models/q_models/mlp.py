@@ -19,7 +19,11 @@ spread of V(s') over the next states, which grows with Q, so it favours a Q shru
 0 (on ``ope generate chain`` it rose from 0.53 at the first iteration to 0.86 at the 30th,
 while dm moved from 0.11 to the truth's neighbourhood; stopping on a 2% change alone, after
 18 iterations, left dm 7% short of the truth). Inputs are standardised with the training
-steps' mean and spread, folded into the first layer of the checkpoint.
+steps' mean and spread, folded into the first layer of the checkpoint; each iteration's
+targets likewise (Q = m + s net, m and s the targets' mean and spread, the last layer
+re-expressed in them before it is fitted, folded into it at the end): with raw targets a
+reward offset of 1,000 stopped the fit at half the value (501.6 against 1,000.6), said
+converged, since 100 Adam steps move the output by a bounded amount.
 
 The transitions are held in memory ([N, d] observations and next observations, pi_e at the
 next state), up to ``OPE_FIT_MEMORY_GB``; past it the model refuses with one line.
@@ -165,12 +169,15 @@ class MlpQ:
         inputs = self._inputs(mu, sd)
         program = _iteration_program(self.discrete, STEPS, BATCH, LEARNING_RATE)
         params = _initial(self.seed, mu.shape[0], self._outputs())
+        units = (jnp.asarray(0.0), jnp.asarray(1.0))  # Q = m + s net: Q_0 = 0
         watch = np.flatnonzero(valid if valid.any() else train)  # rows scored each iteration
         args = (jnp.asarray(train), jnp.asarray(watch), self.gamma)
         least = min_iterations(self.gamma, self.longest)
         iterations, calm, rmse = 0, 0, math.nan
         for iteration in range(iteration_limit(least)):  # frozen-target iterations
-            params, rmse, change = program(params, iteration, self.seed, inputs, *args)
+            params, units, rmse, change = program(
+                params, units, iteration, self.seed, inputs, *args
+            )
             iterations += 1
             calm = calm + 1 if float(change) <= TOLERANCE else 0
             if calm >= 2 and iterations >= least:
@@ -183,7 +190,7 @@ class MlpQ:
             "heldout_bellman_rmse": float(rmse) if valid.any() else None,
             "heldout_steps": int(valid.sum()),
         }
-        return _export(params, mu, sd)
+        return _export(params, mu, sd, units)
 
     def _outputs(self) -> int:
         return int(self.data()["p_next"].shape[1]) if self.discrete else 1
@@ -279,9 +286,25 @@ def _initial(seed: int, inputs: int, outputs: int) -> dict[str, np.ndarray]:
     return params
 
 
-def _export(params: dict, mu: np.ndarray, sd: np.ndarray) -> dict[str, np.ndarray]:
-    """Checkpoint arrays over the raw inputs: the standardisation folded into layer 0."""
+def _in_units(params: dict, units: tuple, new_units: tuple, xp=np) -> dict:
+    """``params`` with the last layer re-expressed so that m' + s' net' = m + s net:
+    ``units`` (m, s) the network's output units, ``new_units`` (m', s') the new ones."""
+    (mean, spread), (new_mean, new_spread) = units, new_units
+    last = sum(1 for key in params if key.startswith("weight_")) - 1
+    weight, bias = f"weight_{last}", f"bias_{last}"
+    ratio = spread / new_spread
+    return {
+        **params,
+        weight: params[weight] * ratio,
+        bias: params[bias] * ratio + (mean - new_mean) / new_spread,
+    }
+
+
+def _export(params: dict, mu: np.ndarray, sd: np.ndarray, units: tuple) -> dict[str, np.ndarray]:
+    """Checkpoint arrays over the raw inputs and outputs: the inputs' standardisation folded
+    into layer 0, the output units (m, s) into the last layer."""
     arrays = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    arrays = _in_units(arrays, tuple(float(u) for u in units), (0.0, 1.0))
     w0 = arrays["weight_0"]
     arrays["bias_0"] = arrays["bias_0"] - (mu / sd) @ w0
     arrays["weight_0"] = w0 / sd[:, None]
@@ -296,16 +319,31 @@ def _iteration_program(discrete: bool, steps: int, batch: int, learning_rate: fl
     optax = _optax()
     solver = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
 
-    def program(params, iteration, seed, data, train, watch, gamma):
-        """One frozen-target iteration: (new params, the Bellman RMSE of the new Q and
-        the relative RMS change of Q(s, a), both over the ``watch`` rows)."""
+    def program(params, units, iteration, seed, data, train, watch, gamma):
+        """One frozen-target iteration: (new params, their output units (m, s): Q = m +
+        s net, the Bellman RMSE of the new Q and the relative RMS change of Q(s, a), both
+        over the ``watch`` rows)."""
         x, a, r, done, x_next, p_next = data
-        target = r + gamma * jnp.where(done, 0.0, values(params, x_next, p_next, discrete, jnp))
+        mean, spread = units
+        v_next = mean + spread * values(params, x_next, p_next, discrete, jnp)
+        target = r + gamma * jnp.where(done, 0.0, v_next)
+        share = train / jnp.sum(train)
+        new_mean = share @ target
+        new_spread = jnp.sqrt(share @ (target - new_mean) ** 2)
+        new_spread = jnp.where(new_spread > 1e-12 * (1.0 + jnp.abs(new_mean)), new_spread, 1.0)
+        before = mean + spread * q_sa(params, x[watch], a[watch], discrete, jnp)
+        params = _in_units(params, units, (new_mean, new_spread), jnp)
+        scaled = (target - new_mean) / new_spread
+        # Q_k warm-starts Q_{k+1}, its mean moved to the targets' (Q_0 = 0 was 1,000 of the
+        # units away from targets near 1,000, which bounded Adam steps cross in 100s of steps)
+        last = f"bias_{len(HIDDEN)}"
+        shift = share @ (scaled - q_sa(params, x, a, discrete, jnp))
+        params = {**params, last: params[last] + shift}
         cdf = jnp.cumsum(train) / jnp.sum(train)
         key = jax.random.fold_in(jax.random.key(seed), iteration)
 
         def loss(p, rows):
-            gap = q_sa(p, x[rows], a[rows], discrete, jnp) - target[rows]
+            gap = q_sa(p, x[rows], a[rows], discrete, jnp) - scaled[rows]
             return jnp.mean(gap * gap)
 
         def step(i, carry):
@@ -315,16 +353,19 @@ def _iteration_program(discrete: bool, steps: int, batch: int, learning_rate: fl
             updates, state = solver.update(jax.grad(loss)(p, rows), state, p)
             return optax.apply_updates(p, updates), state
 
-        xw, aw = x[watch], a[watch]
-        before = q_sa(params, xw, aw, discrete, jnp)
         params, _ = jax.lax.fori_loop(0, steps, step, (params, solver.init(params)))
-        after = q_sa(params, xw, aw, discrete, jnp)
-        v_next = values(params, x_next[watch], p_next[watch], discrete, jnp)
+
+        def raw(net):  # Q in the rewards' units
+            return new_mean + new_spread * net
+
+        after = raw(q_sa(params, x[watch], a[watch], discrete, jnp))
+        v_next = raw(values(params, x_next[watch], p_next[watch], discrete, jnp))
         gap = after - (r[watch] + gamma * jnp.where(done[watch], 0.0, v_next))
 
         def rms(values):
             return jnp.sqrt(jnp.mean(values * values))
 
-        return params, rms(gap), rms(after - before) / jnp.maximum(rms(after), 1e-12)
+        change = rms(after - before) / jnp.maximum(rms(after), 1e-12)
+        return params, (new_mean, new_spread), rms(gap), change
 
     return jax.jit(program)
