@@ -194,12 +194,17 @@ def _log_histogram(x: np.ndarray) -> np.ndarray:
 def test_betting_variables_match_their_formulas(width, gamma, horizon):
     """Episodes walked in windows give the per-episode variables written plainly from the
     formulas (the padding walked after an episode's end cancels out)."""
-    from ope_cli.estimation.estimators.reduction import _advance_one, betting_variables, init_carry
+    from ope_cli.estimation.estimators.reduction import (
+        _advance_one,
+        betting_inputs,
+        betting_variables,
+        init_carry,
+    )
 
     rng = np.random.default_rng(7)
     lengths, steps, (a, b) = np.array([1, 4, 6, 6]), 9, (-1.0, 2.0)
     discounted = float(horizon) if gamma == 1.0 else (1 - gamma**horizon) / (1 - gamma)
-    betting_range = jnp.asarray([a, b, discounted, horizon, gamma])
+    betting_range = jnp.asarray(betting_inputs((a, b, discounted), horizon, gamma))
     log_ratio = rng.normal(scale=0.7, size=(4, steps))
     reward = rng.uniform(a, b, size=(4, steps))
     mask = np.arange(steps) < lengths[:, None]
@@ -236,11 +241,16 @@ def test_betting_variables_of_a_weight_past_the_float_range(horizon):
     so every gamma^t W_t is 2: its per-decision variables are kept relative to the largest
     gamma^t W_t and come out right (relative to the largest W_t they were 0), the rest of
     the horizon's steps included in closed form."""
-    from ope_cli.estimation.estimators.reduction import _advance_one, betting_variables, init_carry
+    from ope_cli.estimation.estimators.reduction import (
+        _advance_one,
+        betting_inputs,
+        betting_variables,
+        init_carry,
+    )
 
     steps, gamma, a, b = 1100, 0.5, -1.0, 1.0
     discounted = (1 - gamma**horizon) / (1 - gamma)
-    betting_range = jnp.asarray([a, b, discounted, horizon, gamma])
+    betting_range = jnp.asarray(betting_inputs((a, b, discounted), horizon, gamma))
     carry = init_carry(jnp.zeros(()), (), True)
     t = np.arange(steps)
     window = (
@@ -286,3 +296,36 @@ def test_betting_lower_bound_is_valid_and_sharpens_with_data():
     assert gaps[0] > gaps[1] > gaps[2] > 0
     assert betting_lower_bound(np.zeros_like(_log_histogram(np.ones(1))), 0.025) is None
     assert betting_lower_bound(_log_histogram(np.zeros(50)), 0.025) == 0.0
+
+
+def test_betting_variables_in_float32_with_gamma_near_one():
+    """The rest of the horizon's discount, (gamma^T - gamma^h) / (1 - gamma), took 1 - gamma
+    of gamma rounded to float32: 4.8e-7 for 5e-7 (5% off) at gamma 0.9999995. The kernel's
+    constants now carry log gamma and 1 - gamma, each taken in float64."""
+    from ope_cli.estimation.estimators.reduction import (
+        _advance_one,
+        betting_inputs,
+        betting_variables,
+        init_carry,
+    )
+
+    gamma, steps, horizon, a, b = 0.9999995, 1000, 1_000_000, 0.0, 1.0
+    discounted = (1 - gamma**horizon) / (1 - gamma)
+    rng = np.random.default_rng(2)
+    log_ratio, reward = rng.normal(scale=0.1, size=steps), rng.uniform(a, b, size=steps)
+    got = {}
+    for dtype in (np.float32, np.float64):
+        t = np.arange(steps)
+        window = (
+            jnp.asarray(log_ratio, dtype),
+            jnp.asarray(reward, dtype),
+            (jnp.asarray(gamma**t, dtype), jnp.asarray(t * math.log(gamma), dtype)),
+            jnp.ones(steps, bool),
+            jnp.asarray(t == 0),
+            {},
+        )
+        betting_range = jnp.asarray(betting_inputs((a, b, discounted), horizon, gamma), dtype)
+        carry = init_carry(jnp.zeros((), dtype), (), True)
+        carry, _, _ = _advance_one(carry, window, (), betting_range)
+        got[dtype] = np.asarray(betting_variables(carry.betting, carry.trajectory, betting_range))
+    np.testing.assert_allclose(np.exp(got[np.float32]), np.exp(got[np.float64]), rtol=1e-3)

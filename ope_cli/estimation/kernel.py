@@ -672,7 +672,7 @@ def _join_early(joined: dict, window: tuple[int, StepStatistics], length: int):
 class KernelSettings:
     """What a Kernel computes with besides its policies: the discount, the resampling
     groups, the float dtype, the device mesh (None: one device), the bootstrap replicates
-    and their seed, the betting intervals' constants (a, b, H, h, gamma) of
+    and their seed, the betting intervals' constants (a, b, H, h, log gamma, 1 - gamma) of
     ``estimators.reduction.betting_inputs`` (None: no betting histogram) and the actions
     sampled per V(s) of a Q source over continuous actions."""
 
@@ -708,12 +708,12 @@ class Kernel:
         self.behavior = behavior
         q = None if group.qs is None else q_spec(group.qs[0], group.head, settings.v_samples)
         self.dtype = np.dtype(settings.dtype)
-        self.gamma = _on_device(settings.gamma, self.dtype)
+        self.gamma = _on_device(settings.gamma, np.float64)  # the discounts: float64
         self.seed = _on_device(settings.seed, np.uint32)
         self.num_replicates = settings.num_replicates
-        # (a, b, H, h, gamma) of estimators.reduction.betting_inputs; None: no histogram
+        # (a, b, H, h, log gamma, 1 - gamma) of estimators.reduction.betting_inputs
         self.betting_range = _on_device(
-            (0.0,) * 5 if betting_range is None else betting_range, self.dtype
+            (0.0,) * 6 if betting_range is None else betting_range, self.dtype
         )
         self.mesh = mesh
         self.params = group.stacked_params(self.dtype)
@@ -1063,7 +1063,7 @@ def policy_group_statistics(
     policies = 1 if params is None else jax.tree.leaves(params)[0].shape[0]
     zero = jnp.zeros((policies, batch.shape[0]), static.dtype)
     carry = init_carry(zero, static.estimators, static.betting)
-    betting = jnp.zeros(5, static.dtype) if betting_range is None else betting_range
+    betting = jnp.zeros(6, static.dtype) if betting_range is None else betting_range
     inputs = WindowInputs(params, None, q_params, batch, 0, carry, counts, gamma, seed, betting)
     carry, step, _ = window_statistics(inputs, static)
     scalar, own = finish_statistics(carry, batch.episode_mask, batch.group, counts, betting, static)
