@@ -42,6 +42,7 @@ Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it con
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
 NO_BEST_SET = "could_be_best_undetermined"  # too few replicates for the set's level
+FITTED_Q_INTERVALS = "fitted_q_intervals"  # dm, dr, wdr's intervals leave out the fit's error
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
@@ -332,6 +333,29 @@ def floored_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def fitted_q_warning(result: EvaluationResult) -> Warning | None:
+    """The intervals of the estimators that read a fitted Q-hat (--q fit) leave out the
+    fit's own error (coverage studies on ``ope generate chain``, 100 datasets of 300
+    episodes each: dm's 95% interval covered the truth 2-37% of the time, dr's and wdr's
+    65-85% where heavy weights met a poor fit, 90-96% elsewhere)."""
+    fitted = [p for p in result.results if p.q is not None and p.q.fit is not None]
+    reading = [name for name in result.estimators if name in ("dm", "dr", "wdr")]
+    if not fitted or not reading:
+        return None
+    dm = (
+        " dm's takes Q-hat as exact, so its interval is about a biased value when the fit"
+        " is off (on generated data, 95% intervals covered the truth 2-37% of the time);"
+        if "dm" in reading
+        else ""
+    )
+    return Warning(
+        FITTED_Q_INTERVALS,
+        f"{', '.join(reading)} read a fitted Q-hat (--q fit), and their intervals leave out "
+        f"the fit's own error:{dm} dr's and wdr's correct Q-hat with the logged rewards "
+        "but can cover less often than stated.",
+    )
+
+
 def best_set_warning(result: EvaluationResult) -> Warning | None:
     """The could-be-best sets left undetermined: their Bonferroni-level comparisons need
     more bootstrap replicates than were drawn (``Pairing.replicates_too_few``)."""
@@ -426,6 +450,7 @@ def run_warnings(
         floored_warning(result),
         float32_warning(result),
         asymptotic_warning(result),
+        fitted_q_warning(result),
         best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
