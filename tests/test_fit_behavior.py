@@ -791,3 +791,20 @@ def test_linear_gaussian_refuses_fewer_steps_than_parameters():
     model.add(np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 2.0]]), np.array([0.5, -0.5]), np.zeros(2, int))
     with pytest.raises(DataError, match="2 step.s. for 4 parameters per action dimension"):
         model.fit()
+
+
+@pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
+def test_a_constant_feature_gets_no_weight_from_rounding(name):
+    """3.3 repeated has a computed spread of 4e-15, not 0: dividing by it wrote weights of
+    1e12 that cancel in float64 only (a float32 run then gave IS -14.9 against 0.25)."""
+    from ope_cli.models.behavior_models.softmax import SoftmaxModel
+
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.normal(size=3000), np.full(3000, 3.3)], axis=1)
+    action = (np.stack([np.zeros(3000), 1.5 * x[:, 0]], 1) + rng.gumbel(size=(3000, 2))).argmax(1)
+    model = SoftmaxModel(name)
+    model.add(x, action, np.zeros(3000, np.int64))
+    fitted = model.fit()
+    first = "weight" if name == "linear_softmax" else "weight_0"
+    bias = "bias" if name == "linear_softmax" else "bias_0"
+    assert np.abs(fitted[first]).max() < 100 and np.abs(fitted[bias]).max() < 100

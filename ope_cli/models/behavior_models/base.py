@@ -122,6 +122,13 @@ def features(observation: np.ndarray) -> np.ndarray:
     return values[:, None] if values.ndim == 1 else values
 
 
+def usable_spread(spread: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """Each feature's spread where it is its own, else 1 (a constant feature): a spread
+    within rounding of the feature's size is rounding (3.3 repeated gives 4e-15), and
+    dividing by it made weights of 1e12 that cancel in float64 only."""
+    return np.where(spread > 1e-12 * np.maximum(np.abs(center), 1.0), spread, 1.0)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """log softmax over the last axis, float64."""
     shifted = logits - logits.max(axis=-1, keepdims=True)

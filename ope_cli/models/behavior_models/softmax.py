@@ -20,7 +20,14 @@ import os
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.models.behavior_models.base import Gather, features, largest, log_softmax, summed
+from ope_cli.models.behavior_models.base import (
+    Gather,
+    features,
+    largest,
+    log_softmax,
+    summed,
+    usable_spread,
+)
 
 L2 = 1e-4
 LBFGS_STEPS, LBFGS_TOLERANCE = 500, 1e-9
@@ -134,7 +141,7 @@ def standardizer(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.nda
     total = max(float(weights.sum()), 1.0)
     center = (weights @ x) / total
     spread = np.sqrt((weights @ (x - center) ** 2) / total)
-    return center, np.where(spread > 0, spread, 1.0)
+    return center, usable_spread(spread, center)
 
 
 def raw_coordinates(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ope_cli.errors import DataError
-from ope_cli.models.behavior_models.base import Gather, features, largest, summed
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed, usable_spread
 from ope_cli.models.q_models.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
@@ -149,7 +149,7 @@ class LinearQ(FoldSums):
         n = float(self._pooled("n", exclude))
         mean = self._pooled("sx", exclude)[:-1] / n
         spread = np.sqrt(np.maximum(self._pooled("sxx", exclude)[:-1] / n - mean**2, 0.0))
-        scale = 1.0 / np.where(spread > 1e-12 * np.maximum(np.abs(mean), 1.0), spread, 1.0)
+        scale = 1.0 / usable_spread(spread, mean)
         transform = np.eye(self.dim)
         transform[:-1, :-1] = np.diag(scale)
         transform[:-1, -1] = -mean * scale

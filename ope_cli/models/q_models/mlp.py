@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.models.behavior_models.base import Gather, features, largest, summed
+from ope_cli.models.behavior_models.base import Gather, features, largest, summed, usable_spread
 from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
 from ope_cli.models.q_models.base import Transitions
 
@@ -169,7 +169,8 @@ class MlpQ:
         inputs = self._inputs(mu, sd)
         program = _iteration_program(self.discrete, STEPS, BATCH, LEARNING_RATE)
         params = _initial(self.seed, mu.shape[0], self._outputs())
-        units = (jnp.asarray(0.0), jnp.asarray(1.0))  # Q = m + s net: Q_0 = 0
+        units = (np.float64(0.0), np.float64(1.0))  # Q = m + s net: Q_0 = 0 (not weakly
+        # typed, as the later units are not: one compilation)
         watch = np.flatnonzero(valid if valid.any() else train)  # rows scored each iteration
         args = (jnp.asarray(train), jnp.asarray(watch), self.gamma)
         least = min_iterations(self.gamma, self.longest)
@@ -201,7 +202,7 @@ class MlpQ:
         inputs = d["x"] if self.discrete else np.concatenate([d["x"], d["a"]], axis=1)
         mu = weight @ inputs / weight.sum()
         sd = np.sqrt(weight @ (inputs - mu) ** 2 / weight.sum())
-        return mu, np.where(sd > 1e-8, sd, 1.0)
+        return mu, usable_spread(sd, mu)
 
     def _inputs(self, mu: np.ndarray, sd: np.ndarray) -> tuple:
         """The standardised arrays the JAX program trains on."""
