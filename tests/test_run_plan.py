@@ -149,7 +149,7 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
             dict(behavior="b.npz", behavior_log_prob_col="lp"),
             "--behavior-log-prob-col names a logged behavior column, but --behavior b.npz",
         ),
-        (dict(behavior="estimate", behavior_prob_col="p"), "--behavior-prob-col names a"),
+        (dict(behavior="pkg.mod:pi", behavior_prob_col="p"), "--behavior-prob-col names a"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):
@@ -162,6 +162,8 @@ def test_good_options_pass():
     check_config(config(cross_fit=5, q=("fit:linear",)))
     check_config(config(v_samples=64, q=("q.npz",)))
     check_config(config(estimators=("wis", "dm"), q=("q.npz",)))  # one that reads Q-hat
+    # an estimate is compared with the logged column (README): the column is read
+    check_config(config(behavior="estimate", behavior_prob_col="mypb"))
 
 
 def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():

@@ -109,10 +109,11 @@ def check_config(config: EvaluationConfig) -> None:
         )
         if column is not None
     ]
-    if config.behavior.policy is not None and named:  # the column would not be read
-        raise UsageError(
-            f"{named[0]} names a logged behavior column, but --behavior "
-            f"{config.behavior.policy} gives the behavior probabilities instead; drop one"
+    policy = config.behavior.policy
+    if policy is not None and not is_estimate(policy) and named:  # it would not be read
+        raise UsageError(  # (an estimate is compared with the logged column, so it is read)
+            f"{named[0]} names a logged behavior column, but --behavior {policy} gives the "
+            "behavior probabilities instead; drop one"
         )
 
 
