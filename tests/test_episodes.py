@@ -650,3 +650,35 @@ def test_a_probability_and_its_log_that_agree_are_read_as_before(tmp_path):
     )
     got = flat(read_chunks(path))["log_behavior"]
     np.testing.assert_array_equal(got, np.log(prob))  # the probability column's
+
+
+def test_a_twin_column_that_cannot_be_compared_is_left_alone(tmp_path):
+    """Episode layout, a twin (log-probability) list null or of another length: it stopped
+    every command with "column is null" that --on-invalid drop could not drop; it is now
+    not compared in that batch. Step layout, values that are no probability (-0.1 beside
+    NaN) are the used column's validation's, not a disagreement."""
+    prob = [[0.5, 0.25], [1.0, 0.2]]
+    table = pa.table(
+        {
+            "episode_id": [0, 1],
+            "observation": [[0.0, 0.0], [0.0, 0.0]],
+            "action": [[0, 1], [0, 1]],
+            "reward": [[1.0, 1.0], [1.0, 1.0]],
+            "behavior_prob": prob,
+            "behavior_log_prob": [None, list(np.log(prob[1]))],
+        }
+    )
+    pq.write_table(table, tmp_path / "null.parquet")
+    got = flat(read_chunks(tmp_path / "null.parquet"))["log_behavior"]
+    np.testing.assert_array_equal(got, np.log(np.concatenate(prob)))
+    shorter = table.set_column(5, "behavior_log_prob", pa.array([[-0.7], [0.0, -1.6]]))
+    pq.write_table(shorter, tmp_path / "shorter.parquet")
+    assert len(read_chunks(tmp_path / "shorter.parquet")) == 1
+    rows = {
+        "behavior_prob": np.array([0.5, -0.1]),
+        "behavior_log_prob": np.array([np.log(0.5), np.nan]),
+    }
+    path = write_rows(tmp_path / "invalid.parquet", [0, 0], [0, 1], **rows)
+    with pytest.raises(DataError) as info:
+        read_chunks(path)
+    assert "negative" in str(info.value) and "disagree" not in str(info.value)

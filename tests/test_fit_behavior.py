@@ -808,3 +808,30 @@ def test_a_constant_feature_gets_no_weight_from_rounding(name):
     first = "weight" if name == "linear_softmax" else "weight_0"
     bias = "bias" if name == "linear_softmax" else "bias_0"
     assert np.abs(fitted[first]).max() < 100 and np.abs(fitted[bias]).max() < 100
+
+
+def test_fit_behavior_writes_its_fit_when_the_logged_columns_disagree(tmp_path):
+    """A probability column and its log that disagree: the checkpoint was written, then
+    the run ended with exit 3 and no report; the comparison with the logged column is the
+    report's, so it says why it is missing."""
+    from ope_cli.models.behavior_models.command import FitBehaviorConfig, run_fit_behavior
+
+    rng = np.random.default_rng(4)
+    n = 200
+    prob = np.full(n, 0.5)
+    log = np.log(prob)
+    log[7] = np.log(0.9)
+    table = {
+        "episode_id": np.arange(n) // 4,
+        "step": np.arange(n) % 4,
+        "observation": rng.normal(size=n),
+        "action": rng.integers(0, 2, n),
+        "reward": rng.normal(size=n),
+        "behavior_prob": prob,
+        "behavior_log_prob": log,
+    }
+    pq.write_table(pa.table(table), tmp_path / "logs.parquet")
+    out = tmp_path / "b.npz"
+    result = run_fit_behavior(FitBehaviorConfig(str(tmp_path / "logs.parquet"), str(out)))
+    assert out.exists() and result.logged is None
+    assert "could not be read" in result.logged_note and "disagree" in result.logged_note

@@ -231,7 +231,7 @@ def check_twin(used: np.ndarray, arrays: tuple[pa.Array, pa.Array], roles, at: W
     """DataError at the first row where a cross-checked column disagrees with the one used:
     ``used`` [n] the used column's values as logged, ``arrays`` (used, cross-checked) as
     read, ``roles`` ((role, column) used, (role, column) cross-checked). Rows where either
-    is null are not compared (the used column's nulls are judged as such)."""
+    is null or no probability are not compared (the used column's are judged as such)."""
     (used_role, used_column), (twin_role, twin_column) = roles
     compared = np.asarray(pc.and_(pc.is_valid(arrays[0]), pc.is_valid(arrays[1])))
     twin = np.asarray(pc.fill_null(arrays[1], 0).to_numpy(zero_copy_only=False), np.float64)
@@ -239,7 +239,10 @@ def check_twin(used: np.ndarray, arrays: tuple[pa.Array, pa.Array], roles, at: W
         probability = np.exp(used) if "_log_" in used_role else used
         twin_probability = np.exp(twin) if "_log_" in twin_role else twin
         same = np.isclose(twin_probability, probability, rtol=TWIN_TOLERANCE, atol=0.0)
-    same |= np.isnan(probability) & np.isnan(twin_probability)
+        # values that are no probability (NaN, negative, infinite) are the used column's
+        # own validation's to judge (and --on-invalid drop's to drop), not a disagreement
+        for values in (probability, twin_probability):
+            compared &= np.isfinite(values) & (values >= 0)
     bad = np.flatnonzero(compared & ~same)
     if not bad.size:
         return
@@ -281,9 +284,12 @@ class StepConverter:
         s = self.schema
         steps = self._steps(column_of, at)
         for role, other in s.cross_checked.items():
+            twin = column_of(role)
+            if twin is None:  # its lists could not be compared in this batch
+                continue
             used = steps.log_behavior if role.startswith("behavior") else steps.log_target
             used_role = other_role(role)
-            arrays = (column_of(used_role), column_of(role))
+            arrays = (column_of(used_role), twin)
             check_twin(used, arrays, ((used_role, s.columns[used_role]), (role, other)), at)
         return steps
 

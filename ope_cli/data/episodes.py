@@ -320,7 +320,7 @@ class EpisodeAssembler:
             keys=episode_keys[row_episode],
             ids=episode_ids[row_episode],
             step=step,
-            steps=self.converter.steps(flat.__getitem__, at),
+            steps=self.converter.steps(flat.get, at),
             flags=flags,
         )
         empty = np.flatnonzero(lengths == 0)
@@ -341,7 +341,12 @@ class EpisodeAssembler:
         flat: dict[str, pa.Array] = {}
         lengths = None
         for role in (role for role in EPISODE_ROLES if role in col):
-            values, role_lengths, _ = list_parts(plain(batch.column(col[role])), col[role], at)
+            array = plain(batch.column(col[role]))
+            if role in self.schema.cross_checked and array.null_count:
+                continue  # a twin with null lists is not compared (nor judged) in this batch
+            values, role_lengths, _ = list_parts(array, col[role], at)
+            if role in self.schema.cross_checked and np.any(role_lengths != lengths):
+                continue  # nor one whose lists are not the steps'
             if lengths is None:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:

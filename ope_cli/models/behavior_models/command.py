@@ -22,7 +22,7 @@ from ope_cli.config import ColumnMapping
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
-from ope_cli.errors import UsageError
+from ope_cli.errors import DataError, UsageError, first_line
 from ope_cli.models.behavior_models.base import MODELS, log_softmax
 from ope_cli.models.behavior_models.fitting import (
     checkpoint_arrays,
@@ -163,9 +163,12 @@ def _compare_where_valid(
             yield chunk
 
     schema = opened.schema
-    comparison = compare_with_logged_propensities(
-        arrays, model, counted(opened.reconfigured(on_invalid="drop")), schema
-    )
+    try:
+        comparison = compare_with_logged_propensities(
+            arrays, model, counted(opened.reconfigured(on_invalid="drop")), schema
+        )
+    except DataError as error:  # the checkpoint is written: the comparison is a report's
+        return None, f"the logged column could not be read ({first_line(error)}): not compared"
     if valid[0] == episodes:
         return comparison, None
     role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
