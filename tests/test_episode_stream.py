@@ -233,3 +233,19 @@ def test_rows_without_ids_keep_their_global_numbers_in_every_share(tmp_path, suf
         share = stream.restrict(files)
         ids = np.concatenate([chunk.ids for chunk in share])
         np.testing.assert_array_equal(ids, np.arange(first, 30))
+
+
+def test_a_share_counts_the_rows_before_it_only_when_it_is_read(tmp_path):
+    """inspect re-restricts the files left after a damaged one: counting the rows before
+    them there read the damaged file again, and its error escaped the report."""
+    from datasets import episode_layout_table
+
+    episodes = random_episodes(np.random.default_rng(9), 12, median_length=4, max_length=8)
+    table = episode_layout_table(episodes).drop_columns(["episode_id"])
+    for index in range(3):
+        pq.write_table(table.slice(4 * index, 4), tmp_path / f"part-{index}.parquet")
+    (tmp_path / "part-1.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
+    stream = open_episodes(DataConfig(str(tmp_path)))
+    share = stream.restrict(stream.data.files[2:])  # no reading here
+    with pytest.raises(DataError):
+        share.first_row  # noqa: B018 - the damaged file is read when a count is needed

@@ -70,9 +70,10 @@ class EpisodeStream:
     data: Dataset
     schema: DataSchema
     chunk_checks: ChunkChecks | None = None
-    # the global row number of the first row: an episode-layout row's id where the data
-    # has no id column, the same whichever process's share of the files a stream reads
-    first_row: int = 0
+    # the files before this stream's share of them (a process's): their rows number an
+    # episode-layout row's id where the data has no id column, counted when an assembler
+    # needs them (``first_row``), so that the id does not depend on the share
+    files_before: tuple[str, ...] = ()
     # holds "widths" once read: one dict shared by every stream made from this one (other
     # checks, a process's share), so the data's start is read once, and every process and
     # every --read-rows judges the same rows ragged
@@ -101,6 +102,23 @@ class EpisodeStream:
             self.schema, self.config.on_invalid, self.chunk_checks, self.widths, self.first_row
         )
 
+    @property
+    def first_row(self) -> int:
+        """The global row number of this stream's first row (0 but for a share of the files
+        of episode-layout data without ids): from the files' metadata where the format keeps
+        it, else counted by reading one column; once per share."""
+        if not self.files_before:
+            return 0
+        key = ("rows", self.files_before)
+        if key not in self._cache:
+            data = self.data.restrict(self.files_before)
+            counted = data.count_rows()
+            if counted is None:
+                column = [self.schema.columns["reward"]]
+                counted = sum(part.batch.num_rows for part in data.iter_batches(column, 1 << 16))
+            self._cache[key] = counted
+        return self._cache[key]
+
     def record_batches(self) -> Iterator[SourcedBatch]:
         """The record batches of one pass, file by file, with the role columns only."""
         return iter_batches(self.data, self.schema.read_columns, self.config.read_rows)
@@ -113,23 +131,10 @@ class EpisodeStream:
         """The same stream over a subset of the files (a process's share, the files left),
         with the whole data's vector widths (read here if not yet)."""
         _ = self.widths  # read from the whole data before the share, which keeps them
-        first_row = self.first_row
+        before = self.files_before
         if files and self.schema.layout == "episode" and "episode" not in self.schema.columns:
-            first_row += self._rows_before(files[0])
-        return dataclasses.replace(self, data=self.data.restrict(files), first_row=first_row)
-
-    def _rows_before(self, file: str) -> int:
-        """The rows of this stream's files before ``file``: from their metadata where the
-        format keeps it, else counted by reading one column."""
-        earlier = self.data.files[: self.data.files.index(file)]
-        if not earlier:
-            return 0
-        data = self.data.restrict(earlier)
-        counted = data.count_rows()
-        if counted is not None:
-            return counted
-        column = [self.schema.columns["reward"]]
-        return sum(part.batch.num_rows for part in data.iter_batches(column, 1 << 16))
+            before += self.data.files[: self.data.files.index(files[0])]
+        return dataclasses.replace(self, data=self.data.restrict(files), files_before=before)
 
     def reconfigured(self, **changes) -> EpisodeStream:
         """The same opened data read with other ``DataConfig`` fields (columns re-resolved;
