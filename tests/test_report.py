@@ -285,6 +285,8 @@ def test_intervals_on_a_fitted_q_say_they_leave_out_its_error(result):
     assert "dm's takes Q-hat as exact" in message
     (no_dm,) = found(with_q(QSource("fit", "fit", "linear_q", {}), ("wis", "dr")))
     assert no_dm.startswith("dr read a fitted Q-hat") and "dm's" not in no_dm
+    (dm_alone,) = found(with_q(QSource("fit", "fit", "linear_q", {}), ("wis", "dm")))
+    assert dm_alone.startswith("dm read a fitted Q-hat") and "dr's" not in dm_alone
     assert found(with_q(QSource("q.npz", "checkpoint", "linear_q", None))) == []
     assert found(with_q(None, ("wis",))) == []
 

@@ -48,8 +48,9 @@ def tidy_rows(
     result: EvaluationResult, rank_by: str | None = None
 ) -> tuple[list[str], list[list[Any]]]:
     """(column names, one row per policy x estimator) as Python values: numbers as floats,
-    undefined ones None, could_be_best a bool; the policy's diagnostics, rank and warnings
-    repeat on each of its rows (a warning is "code: message")."""
+    undefined ones None, could_be_best a bool (None: undetermined); the policy's
+    diagnostics, rank and warnings repeat on each of its rows (a warning is "code:
+    message")."""
     rank_by = resolve_rank_by(result, rank_by)
     ranks = rank_policies(result, rank_by)
     warnings = run_warnings(result, ranks, rank_by)

@@ -342,17 +342,22 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
     reading = [name for name in result.estimators if name in ("dm", "dr", "wdr")]
     if not fitted or not reading:
         return None
-    dm = (
-        " dm's takes Q-hat as exact, so its interval is about a biased value when the fit"
-        " is off (on generated data, 95% intervals covered the truth 2-37% of the time);"
-        if "dm" in reading
-        else ""
-    )
+    said = []
+    if "dm" in reading:
+        said.append(
+            "dm's takes Q-hat as exact, so its interval is about a biased value when the fit "
+            "is off (on generated data, 95% intervals covered the truth 2-37% of the time)"
+        )
+    corrected = [f"{name}'s" for name in reading if name != "dm"]
+    if corrected:
+        said.append(
+            f"{' and '.join(corrected)} correct Q-hat with the logged rewards but can cover "
+            "less often than stated"
+        )
     return Warning(
         FITTED_Q_INTERVALS,
         f"{', '.join(reading)} read a fitted Q-hat (--q fit), and their intervals leave out "
-        f"the fit's own error:{dm} dr's and wdr's correct Q-hat with the logged rewards "
-        "but can cover less often than stated.",
+        f"the fit's own error: {'; '.join(said)}.",
     )
 
 
