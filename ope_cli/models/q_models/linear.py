@@ -1,6 +1,7 @@
 """``linear``: LSTDQ, the fixed point of the projected Bellman equation in closed form.
 
-Features phi(s, a): one block of x = [s, 1] per action (dimension D = A (d + 1)), the
+Features phi(s, a): one block of x = [s - p, 1] per action (dimension D = A (d + 1); p the
+pivot, the first steps' mean, so that the sums keep a feature of 1e8 +- 1's spread), the
 block of a holding x; phibar(s') = sum_b pi_e(b|s') phi(s', b), 0 after the last step.
 Per fold of episodes the sums stream in (flat memory, O(folds * D^2)):
 
@@ -52,11 +53,12 @@ class LinearQ(FoldSums):
     def __init__(self, folds: int, gamma: float, n_actions: int, ridge: float | None = None):
         self.folds, self.gamma, self.n_actions, self.ridge = folds, gamma, n_actions, ridge
         self.dim = 0  # d + 1, set by the first steps
+        self.pivot = np.zeros(0)  # [d] the sums' origin: x = [s - pivot, 1]
         self.last: dict = {}  # the last fit's ridge
 
-    def _start(self, width: int) -> None:
+    def _start(self, width: int, pivot: np.ndarray) -> None:
         if self.dim == 0:
-            self.dim = width
+            self.dim, self.pivot = width, pivot
             size = self.n_actions * width
             for name in _SUMS:
                 shape = {"a_mat": 2, "c_mat": 2, "s00": 2, "b": 1, "e": 1, "s0": 1}.get(name, 0)
@@ -66,9 +68,12 @@ class LinearQ(FoldSums):
             raise DataError("observations change size between steps")
 
     def add(self, batch: Transitions) -> None:
-        """Adds the sums of ``batch`` (with ``probs`` [N, A]), in blocks of ROWS steps."""
-        x = with_bias(batch.observation)
-        self._start(x.shape[1])
+        """Adds the sums of ``batch`` (with ``probs`` [N, A]), in blocks of ROWS steps,
+        about the pivot (the first steps' mean): summed raw, a feature of 1e8 +- 1 lost its
+        spread to rounding, and the fit then moved with the files, batches and processes."""
+        observation = features(batch.observation)
+        self._start(observation.shape[1] + 1, observation.mean(axis=0))
+        x = with_bias(observation - self.pivot)
         x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
         for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
             rows = slice(start, start + ROWS)
@@ -113,13 +118,34 @@ class LinearQ(FoldSums):
             self.n0[k] += start.shape[0]
 
     def gather_processes(self, gather: Gather) -> None:
-        """Every process's sums, summed (a process without steps adds zeros)."""
+        """Every process's sums, summed about the first pivot of a process with steps (a
+        process without steps adds zeros)."""
         (width,) = largest(gather, (self.dim,))
         if width == 0:
             return  # no process has a step: fit() says so
-        self._start(width)
+        mine = self.pivot if self.dim else np.full(width - 1, np.nan)
+        pivots = gather(mine[None])  # [processes, d]
+        common = pivots[np.flatnonzero(np.isfinite(pivots).all(axis=1))[0]]
+        self._start(width, common)
+        self._move_pivot(common)
         for name in _SUMS:
             setattr(self, name, summed(gather, getattr(self, name)))
+
+    def _move_pivot(self, pivot: np.ndarray) -> None:
+        """The sums about ``pivot`` instead: x' = P x, P = [[I, old - new], [0, 1]]; every
+        sum is linear or quadratic in the features of each action's block."""
+        shift = self.pivot - pivot
+        move = np.eye(self.dim)
+        move[:-1, -1] = shift
+        blocks = np.kron(np.eye(self.n_actions), move)
+        for name in ("a_mat", "c_mat", "s00"):
+            setattr(self, name, blocks @ getattr(self, name) @ blocks.T)
+        for name in ("b", "e", "s0"):
+            setattr(self, name, getattr(self, name) @ blocks.T)
+        steps = self.sx[:, -1:]  # sum of the bias feature: the steps
+        self.sxx[:, :-1] += 2 * shift * self.sx[:, :-1] + steps * shift**2
+        self.sx = self.sx @ move.T
+        self.pivot = pivot
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
         """{"weight": [d, A], "bias": [A]}: w = (A + ridge I)^-1 b of every fold but
@@ -140,8 +166,14 @@ class LinearQ(FoldSums):
                 f"the LSTDQ system is singular (ridge {ridge:g}); raise --ridge or use --gamma < 1"
             )
         self.last = {"ridge": ridge}
-        blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1]
-        return {"weight": blocks[:, :-1].T.copy(), "bias": blocks[:, -1].copy()}
+        blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1] about the pivot
+        weight = blocks[:, :-1].T.copy()
+        return {"weight": weight, "bias": blocks[:, -1] - self.pivot @ weight}
+
+    def _about_pivot(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """[A (d + 1)] w of linear_q ``arrays`` (raw features) for features about the pivot."""
+        moved = {**arrays, "bias": arrays["bias"] + self.pivot @ arrays["weight"]}
+        return self.flat(moved)
 
     def _standardizer(self, exclude: int | None) -> np.ndarray:
         """[d + 1, d + 1] T: [s, 1] -> [(s - m) / v, 1], m and v the mean and spread of each
@@ -162,14 +194,14 @@ class LinearQ(FoldSums):
 
     def residual(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum over steps of (r - psi^T w)^2, steps) from the sums."""
-        w = self.flat(arrays)
+        w = self._about_pivot(arrays)
         total = self._fold("rr", fold) - 2 * w @ self._fold("e", fold)
         total += w @ self._fold("c_mat", fold) @ w
         return max(float(total), 0.0), int(self._fold("n", fold))
 
     def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum of V(s_0), sum of V(s_0)^2, episodes) with V(s_0) = phibar(s_0)^T w."""
-        w = self.flat(arrays)
+        w = self._about_pivot(arrays)
         return (
             float(self._fold("s0", fold) @ w),
             float(w @ self._fold("s00", fold) @ w),
