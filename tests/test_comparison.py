@@ -29,7 +29,13 @@ from rich.console import Console
 
 import ope_cli
 from ope_cli.api import evaluation_config
-from ope_cli.choosing.comparison import NO_SPREAD, TIED, read_run_truth, resolve_baseline
+from ope_cli.choosing.comparison import (
+    NO_DIFFERENCE,
+    NO_SPREAD,
+    TIED,
+    read_run_truth,
+    resolve_baseline,
+)
 from ope_cli.config import ChoosingConfig, EvaluationConfig, IntervalConfig
 from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
@@ -417,6 +423,27 @@ def test_csv_carries_the_level_and_each_difference_s_note(chain):
         assert row["delta_note"] == notes.get((row["label"], row["estimator"]), ""), row
 
 
+def test_csv_says_what_its_differences_are_measured_against(chain):
+    """The CSV's delta columns named no baseline and gave no value for it (with --baseline
+    behavior there is no baseline row either): each compared row carries both."""
+    folder, _ = chain
+    for baseline in ("behavior", str(folder / "policies" / "eval_1.npz")):
+        evaluation = ope_cli.evaluate(
+            str(folder / "logs.parquet"),
+            policies=str(folder / "policies" / "*.npz"),
+            baseline=baseline,
+            ci="normal",
+        )
+        rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
+        compared = [row for row in rows if row["delta"]]
+        assert compared
+        for row in compared:
+            assert row["baseline"] == baseline
+            value = float(row["value"]) - float(row["delta"])
+            assert float(row["baseline_value"]) == pytest.approx(value, rel=1e-6, abs=1e-9)
+        assert all(row["baseline"] == "" for row in rows if not row["delta"])
+
+
 def test_a_difference_below_rounding_with_a_standard_error_above_it_is_kept(tmp_path):
     """Returns near 1e10: Δ = -0.0086 is below 1e-12 of the estimates' size but its standard
     error (0.017) is not; Δ was printed 0 with that standard error (an interval centred on 0,
@@ -469,3 +496,24 @@ def test_could_be_best_sets_need_replicates_for_their_bonferroni_level(logged):
     assert not [w for w in run_warnings(enough) if w.code == NO_BEST_SET]
     normal = _run(logged, None, interval="normal")  # no replicates to need
     assert all(isinstance(f, bool) for r in normal.results for f in r.could_be_best.values())
+
+
+def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, monkeypatch):
+    """A policy whose every weight is zero has no WIS, so no difference from the baseline:
+    under betting the difference was null without a note, beside an interval (which the
+    two policies' betting intervals still give)."""
+    folder, _ = chain
+    (tmp_path / "ope_test_zero_policy.py").write_text(
+        "import jax.numpy as jnp\n\nn_actions = 3\n\n\n"
+        "def never(observation, action):\n    return jnp.full((), -jnp.inf)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    evaluation = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=("never=ope_test_zero_policy:never", str(folder / "policies" / "eval_0.npz")),
+        baseline="eval_0.npz",
+        ci="betting",
+        estimators=("wis",),
+    )
+    difference = evaluation.results[0].comparison["wis"]
+    assert difference.delta is None and difference.note == NO_DIFFERENCE

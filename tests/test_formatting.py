@@ -64,3 +64,18 @@ def test_level_keeps_its_digits():
         "0.1%",
         "50%",
     ]
+
+
+def test_a_share_is_never_rounded_to_none_or_all():
+    """P(better) 0.9995 printed "100.0%", a zero-weight share of 0.9998 the same as one
+    whose every weight is zero, an ESS share of 0.0002 "0.0%"."""
+    assert f.percent(0.9995) == "> 99.9%" and f.percent(1.0) == "100.0%"
+    assert f.percent(0.0002) == "< 0.1%" and f.percent(0.0) == "0.0%"
+    assert f.percent(0.1234) == "12.3%" and f.percent(0.9994) == "99.9%"
+    assert f.percent(None) == f.MISSING
+
+
+def test_a_discount_is_printed_with_every_digit_it_has():
+    """0.9999999 printed "gamma=1" at 6 significant digits; gamma = 1 has its own meaning."""
+    assert f.discount(0.9999999) == "0.9999999"
+    assert f.discount(1.0) == "1" and f.discount(0.95) == "0.95" and f.discount(0) == "0"

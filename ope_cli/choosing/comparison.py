@@ -251,8 +251,10 @@ class Pairing:
         )
         if delta == 0.0 and stderr == 0.0:
             note = TIED
-        elif note is None and (low is None or high is None):  # a null always says why
-            note = NO_DIFFERENCE if delta is None else NO_SPREAD if stderr is None else None
+        elif note is None and delta is None:  # a null always says why (under betting the
+            note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
+        elif note is None and (low is None or high is None):
+            note = NO_SPREAD if stderr is None else None
         return Comparison(delta, stderr, low, high, improvement, note)
 
     def replicates_too_few(self, name: str, confidence: float) -> int | None:

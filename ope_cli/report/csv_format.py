@@ -7,6 +7,7 @@ import dataclasses
 import io
 from typing import Any
 
+from ope_cli.choosing.selection import BASELINE_BEHAVIOR
 from ope_cli.report.table import rank_policies, resolve_rank_by
 from ope_cli.report.warnings import run_warnings
 from ope_cli.results import EvaluationResult
@@ -35,12 +36,14 @@ EXTRA = (
     "gamma_source",
     "ci_level",
 )
-# --baseline: the row's paired difference from the baseline (empty on the baseline's rows)
-# and its note (why its interval is missing, or what it is: a tie, a percentile fallback);
-# with several policies whether it could be the best by the row's estimator; --truth: the
-# estimator's selection metrics ("selection_" + metric), the same on each of its rows
+# --baseline: the row's paired difference from the baseline (empty on the baseline's rows),
+# the baseline (as given) and its value by the row's estimator (behavior: its mean return),
+# and the difference's note (why its interval is missing, or what it is: a tie, a
+# percentile fallback); with several policies whether it could be the best by the row's
+# estimator; --truth: the estimator's selection metrics ("selection_" + metric), the same on
+# each of its rows
 COMPARISON = ("delta", "delta_stderr", "delta_ci_low", "delta_ci_high", "p_improvement")
-CHOICE = (*COMPARISON, "delta_note", "could_be_best")
+CHOICE = (*COMPARISON, "baseline", "baseline_value", "delta_note", "could_be_best")
 WARNING_SEPARATOR = " | "
 
 
@@ -82,12 +85,25 @@ def tidy_rows(
                     result.gamma_source,
                     _float(result.confidence.level),
                     *(_float(x) for x in compared or (None,) * len(COMPARISON)),
+                    result.baseline if c else None,
+                    _float(_baseline_value(result, name)) if c else None,
                     c.note if c else None,
                     (policy.could_be_best or {}).get(name),
                     *(_float(own.get(metric)) for metric in metrics),
                 ]
             )
     return header, rows
+
+
+def _baseline_value(result: EvaluationResult, name: str) -> float | None:
+    """The baseline's value by estimator ``name``: the differences' reference (a CSV read
+    alone did not say what they are measured against)."""
+    if result.baseline == BASELINE_BEHAVIOR:
+        return result.behavior_value
+    for policy in result.results:
+        if result.baseline in (policy.policy, policy.label, policy.source):
+            return policy.estimates[name].value
+    return None
 
 
 def to_csv(result: EvaluationResult, rank_by: str | None = None) -> str:

@@ -58,8 +58,23 @@ def fixed(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
 
 
 def percent(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
-    """A fraction as a percentage: 0.1234 -> "12.3%"."""
-    return missing if x is None else format(x, f".{decimals}%")
+    """A fraction as a percentage: 0.1234 -> "12.3%"; never rounded to 0% or 100% when it is
+    neither (0.9995 printed "100.0%", as a share that is all): "> 99.9%", "< 0.1%"."""
+    if x is None:
+        return missing
+    step = 10.0 ** -(decimals + 2)  # the last printed digit, as a fraction
+    if 0 < x < step / 2:
+        return f"< {step:.{decimals}%}"
+    if 1 - step / 2 <= x < 1:
+        return f"> {1 - step:.{decimals}%}"
+    return format(x, f".{decimals}%")
+
+
+def discount(gamma: float) -> str:
+    """A discount with every digit it has: 0.9999999 printed "1" at 6 significant digits,
+    and gamma = 1 (undiscounted) has its own meaning and warning."""
+    text = repr(float(gamma))  # the shortest that reads back as gamma
+    return text.removesuffix(".0")
 
 
 def scientific(x: float | None, digits: int = 2, missing: str = MISSING) -> str:

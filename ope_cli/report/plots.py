@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.errors import UsageError
-from ope_cli.report.formatting import estimator_title, level
+from ope_cli.report.formatting import discount, estimator_title, level
 from ope_cli.report.table import resolve_rank_by
 from ope_cli.results import EvaluationResult
 
@@ -170,7 +170,7 @@ def _horizon(plt, result: EvaluationResult):
         mean_weight = np.where(p.mean_weight_t > 0, p.mean_weight_t, np.nan)
         bottom.plot(steps, mean_weight, linewidth=1.5)
     top.set_ylabel("WPDIS up to step t")
-    top.set_title(f"Per-decision estimate over the horizon (gamma = {result.gamma:g})")
+    top.set_title(f"Per-decision estimate over the horizon (gamma = {discount(result.gamma)})")
     top.legend(fontsize="small")
     bottom.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     positive = np.concatenate(

@@ -18,6 +18,7 @@ from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators import names
 from ope_cli.report.formatting import (
     count,
+    discount,
     estimator_title,
     fixed,
     level,
@@ -95,7 +96,7 @@ def _own_value(result: EvaluationResult) -> str:
     """The behavior baseline's own value, the mean discounted return, for its title."""
     if result.baseline != "behavior" or result.behavior_value is None:
         return ""
-    return f", mean return {significant(result.behavior_value)}"
+    return f", mean return {significant(result.behavior_value, 10)}"  # beside full values
 
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
@@ -201,10 +202,10 @@ def title_line(result: EvaluationResult) -> str:
     source = GAMMA_SOURCES.get(result.gamma_source, result.gamma_source)
     declared = replaced_gamma(result)
     if declared is not None:
-        source += f"; the data declares {declared:g}"
+        source += f"; the data declares {discount(declared)}"
     return (
         f"{dataset.source}: {dataset.episodes:,} episodes, {dataset.steps:,} steps "
-        f"({dataset.layout} layout), gamma={result.gamma:g} ({source})"
+        f"({dataset.layout} layout), gamma={discount(result.gamma)} ({source})"
     )
 
 

@@ -12,6 +12,7 @@ import dataclasses
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
 from ope_cli.estimation.run_plan import fewest_replicates
+from ope_cli.report.formatting import discount
 from ope_cli.results import EvaluationResult, PolicyResult
 
 # Thresholds on the trajectory-weight diagnostics.
@@ -299,9 +300,9 @@ def gamma_replaced_warning(result: EvaluationResult) -> Warning | None:
         return None
     return Warning(
         GAMMA_REPLACED,
-        f"gamma is {result.gamma:g} (--gamma), not the {declared:g} the data declares: the "
-        f"estimates are of returns discounted by {result.gamma:g}; leave out --gamma for "
-        "the data's own.",
+        f"gamma is {discount(result.gamma)} (--gamma), not the {discount(declared)} the data "
+        f"declares: the estimates are of returns discounted by {discount(result.gamma)}; leave "
+        "out --gamma for the data's own.",
     )
 
 
