@@ -254,6 +254,20 @@ def _release_compiled_executables():
         jax.clear_caches()
 
 
+def gather_in_two_processes(models) -> None:
+    """Each of two models' ``gather_processes``, run in its own thread as the two processes
+    of a run would (``TwoProcessGather``)."""
+    exchange = TwoProcessGather()
+    threads = [
+        threading.Thread(target=model.gather_processes, args=(exchange.for_process(rank),))
+        for rank, model in enumerate(models)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 class TwoProcessGather:
     """An all-gather between two threads standing for two processes: each passes its
     [n_p, ...] array and both get the concatenation in process order."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
-from conftest import TwoProcessGather, run_ope, xla_flags
+from conftest import gather_in_two_processes, run_ope, xla_flags
 from rendered import shown
 from rich.console import Console
 
@@ -712,15 +711,7 @@ def _gathered_in_two_processes(make, shares):
     for model, (observation, action, fold) in zip(models, shares, strict=True):
         if observation is not None:
             model.add(observation, action, fold)
-    exchange = TwoProcessGather()
-    threads = [
-        threading.Thread(target=model.gather_processes, args=(exchange.for_process(rank),))
-        for rank, model in enumerate(models)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    gather_in_two_processes(models)
     return models
 
 

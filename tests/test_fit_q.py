@@ -7,14 +7,13 @@ and bad inputs."""
 from __future__ import annotations
 
 import functools
-import threading
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TwoProcessGather
+from conftest import gather_in_two_processes
 from rich.console import Console
 
 import ope_cli.envs.generate as gen
@@ -614,15 +613,7 @@ def test_models_gathered_across_processes_equal_one_model(data, model, empty_sec
     models = [make(), make()]
     for q_model, share in zip(models, (chunks[:cut], chunks[cut:]), strict=True):
         collect_q(q_model, share, policy, folds=2, n_actions=N_ACTIONS)
-    exchange = TwoProcessGather()
-    threads = [
-        threading.Thread(target=q_model.gather_processes, args=(exchange.for_process(rank),))
-        for rank, q_model in enumerate(models)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    gather_in_two_processes(models)
     for q_model in models:
         if model == "mlp":  # the same transitions in the same order: the same fit
             for key, value in one.data().items():
@@ -666,15 +657,7 @@ def test_a_huge_offset_gathered_across_processes_fits_as_none_does(data, tmp_pat
     models = [make(far_policy), make(far_policy)]
     for q_model, share in zip(models, (chunks[:half], chunks[half:]), strict=True):
         collect_q(q_model, share, far_policy, folds=1, n_actions=N_ACTIONS)
-    exchange = TwoProcessGather()
-    threads = [
-        threading.Thread(target=q_model.gather_processes, args=(exchange.for_process(rank),))
-        for rank, q_model in enumerate(models)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    gather_in_two_processes(models)
     expected = near.initial(near.fit())  # sum of V(s_0), of its squares, episodes
     for q_model in models:
         got = q_model.initial(q_model.fit())
