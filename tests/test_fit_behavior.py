@@ -135,6 +135,7 @@ def test_linear_gaussian_normal_equations_and_log_likelihood(offset):
     assert model.floored(fitted, None, 0.5) == 0  # densities are not floored
 
 
+@pytest.mark.slow  # a property of fits under offsets and units
 @pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
 def test_softmax_fits_do_not_depend_on_feature_offsets_and_scales(name):
     """A feature of 10,000 +- 50 (an altitude in metres): fitted on raw features, L-BFGS
@@ -784,7 +785,9 @@ def test_linear_gaussian_refuses_fewer_steps_than_parameters():
         model.fit()
 
 
-@pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
+@pytest.mark.parametrize(
+    "name", ["linear_softmax", pytest.param("mlp_softmax", marks=pytest.mark.slow)]
+)
 def test_a_constant_feature_gets_no_weight_from_rounding(name):
     """3.3 repeated has a computed spread of 4e-15, not 0: dividing by it wrote weights of
     1e12 that cancel in float64 only (a float32 run then gave IS -14.9 against 0.25)."""

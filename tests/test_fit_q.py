@@ -174,6 +174,7 @@ def test_linear_equals_a_plain_lstdq_solve(data, ridge):
     assert result.dm_stderr == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
 
 
+@pytest.mark.slow  # a property of fits under offsets and units
 def test_linear_fits_do_not_depend_on_feature_offsets_and_units(data, tmp_path):
     """On raw features the ridge (1e-6 per step) is not small next to a feature of 10,000
     +- 1 or of spread 0.001: the slopes shrank (1 -> 0.005) and dm came out -0.005 or
@@ -197,6 +198,7 @@ def test_linear_fits_do_not_depend_on_feature_offsets_and_units(data, tmp_path):
         assert other.dm == pytest.approx(results[0].dm, rel=1e-7)
 
 
+@pytest.mark.slow  # a property of fits under offsets and units
 def test_mlp_fits_follow_the_rewards_offset_and_units(tmp_path):
     """Q of rewards c r + b is c Q + b (one-step episodes). On raw targets, Q_0 = 0 and
     bounded Adam steps stopped the fit of rewards + 1,000 at 501.6 (truth 1,000.6) and of
