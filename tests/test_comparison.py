@@ -290,6 +290,8 @@ def test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones(tmp_path):
         return [r.could_be_best for r in evaluation.results]
 
     percentile = sets("percentile")
+    # 200 replicates are enough for the sets of 3 policies (80): each flag is determined
+    assert all(isinstance(flag, bool) for flags in percentile for flag in flags.values())
     assert not percentile[2]["is"]
     assert sets("bootstrap-t") == percentile
 
@@ -491,9 +493,7 @@ def test_could_be_best_sets_need_replicates_for_their_bonferroni_level(logged):
     (warning,) = [w for w in run_warnings(few) if w.code == NO_BEST_SET]
     assert "at 0.975 (Bonferroni, 3 policies)" in warning.message
     assert "at least 80 replicates" in warning.message
-    enough = _run(logged, None, interval="percentile", bootstrap_samples=80)
-    assert all(isinstance(flag, bool) for r in enough.results for flag in r.could_be_best.values())
-    assert not [w for w in run_warnings(enough) if w.code == NO_BEST_SET]
+    # with enough (200): test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones
 
 
 def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, monkeypatch):
