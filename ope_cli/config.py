@@ -36,7 +36,8 @@ class ColumnMapping:
         """UsageError for a probability and its log both named: one of the two options was
         dropped without a word."""
         for kind in ("behavior", "target"):
-            if getattr(self, f"{kind}_prob") is not None and getattr(self, f"{kind}_log_prob"):
+            named = (getattr(self, f"{kind}_prob"), getattr(self, f"{kind}_log_prob"))
+            if None not in named:
                 raise UsageError(
                     f"--{kind}-prob-col and --{kind}-log-prob-col name two columns of one "
                     "probability; give one of them"

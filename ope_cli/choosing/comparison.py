@@ -257,16 +257,13 @@ class Pairing:
             note = NO_SPREAD if stderr is None else None
         return Comparison(delta, stderr, low, high, improvement, note)
 
-    def replicates_too_few(self, name: str, confidence: float) -> int | None:
-        """The fewest bootstrap replicates the could-be-best set of ``name`` needs, where
-        the run drew fewer (else None): each of its K - 1 comparisons is at the Bonferroni
-        level, whose quantiles 200 replicates cannot give for K of 7 or more at 95% (with
-        20 policies the set's intervals were guesses from the few extreme replicates)."""
+    def replicates_too_few(self, name: str, confidence: float) -> bool:
+        """Whether the run drew fewer bootstrap replicates than the could-be-best set of
+        ``name`` needs (``best_set_replicates``)."""
         if self.methods[name] not in ("percentile", "bootstrap-t"):
-            return None
-        needed = fewest_replicates(bonferroni_level(confidence, len(self.accumulators)))
+            return False
         drawn = self.accumulators[0].replicate_sums["count"].size
-        return needed if drawn < needed else None
+        return drawn < best_set_replicates(confidence, len(self.accumulators))
 
     def could_be_best(self, name: str, confidence: float) -> list[bool] | None:
         """[P] whether each policy could be the best by ``name`` (Bonferroni over the
@@ -274,7 +271,7 @@ class Pairing:
         its level (``replicates_too_few``). Under bootstrap-t every pair's interval is
         the percentile one: the studentized interval exists only against the baseline, and
         one pair by another method would make the set depend on which policy is it."""
-        if self.replicates_too_few(name, confidence) is not None:
+        if self.replicates_too_few(name, confidence):
             return None
         policies = range(len(self.accumulators))
         estimates = {k: self.value(k, name) for k in policies}
@@ -288,6 +285,14 @@ class Pairing:
 
 
 # --- a run's comparisons, could-be-best sets and selection metrics ---------------------------
+
+
+def best_set_replicates(confidence: float, policies: int) -> int:
+    """The fewest bootstrap replicates a could-be-best set of ``policies`` needs: each of
+    its K - 1 comparisons is at the Bonferroni level, whose quantiles 200 replicates cannot
+    give for K of 7 or more at 95% (with 20 policies the set's intervals were guesses from
+    the few extreme replicates)."""
+    return fewest_replicates(bonferroni_level(confidence, policies))
 
 
 def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ope_cli.choosing.comparison import best_set_replicates
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
+from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
-from ope_cli.estimation.run_plan import fewest_replicates
 from ope_cli.report.formatting import discount
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -340,7 +341,7 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
     episodes each: dm's 95% interval covered the truth 2-37% of the time, dr's and wdr's
     65-85% where heavy weights met a poor fit, 90-96% elsewhere)."""
     fitted = [p for p in result.results if p.q is not None and p.q.fit is not None]
-    reading = [name for name in result.estimators if name in ("dm", "dr", "wdr")]
+    reading = [name for name in result.estimators if get_estimator(name).needs]
     if not fitted or not reading:
         return None
     said = []
@@ -377,7 +378,8 @@ def best_set_warning(result: EvaluationResult) -> Warning | None:
         NO_BEST_SET,
         f"no could-be-best set for {', '.join(undetermined)}: each of its {policies - 1} "
         f"comparisons is at {each:.4g} (Bonferroni, {policies} policies), whose bootstrap "
-        f"quantiles need at least {fewest_replicates(each)} replicates (--bootstrap-samples)",
+        f"quantiles need at least {best_set_replicates(confidence, policies)} replicates "
+        "(--bootstrap-samples)",
     )
 
 

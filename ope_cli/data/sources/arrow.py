@@ -156,15 +156,17 @@ def _family(dtype: pa.DataType) -> str:
     return str(dtype)
 
 
+def _in_hive_folder(path: str, name: str) -> bool:
+    """Whether a folder above the file ``path`` is named ``name=...`` (a hive partition key,
+    a column that lives in the path rather than the file)."""
+    return any(folder.startswith(f"{name}=") for folder in PurePosixPath(path).parts[:-1])
+
+
 def _why_not_opened(error: Exception, paths: list[str]) -> str:
     """What stopped pyarrow opening the files: in words where a hive folder name (key=value)
     also names a column of the files, else pyarrow's first line."""
     found = re.search(r"Field (\S+) has incompatible types", str(error))
-    if found and any(
-        folder.startswith(f"{found.group(1)}=")
-        for path in paths
-        for folder in PurePosixPath(path).parts[:-1]
-    ):
+    if found and any(_in_hive_folder(path, found.group(1)) for path in paths):
         name = found.group(1)
         return (
             f"the folders' names ({name}=...) make a column {name!r} that the files also "
@@ -181,8 +183,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     for name in columns:
         index = physical.get_field_index(name)
         if index < 0:
-            folders = PurePosixPath(fragment.path).parts[:-1]
-            if not any(folder.startswith(f"{name}=") for folder in folders):  # hive's: there
+            if not _in_hive_folder(fragment.path, name):  # a hive partition's lives there
                 raise DataError(
                     f"{file}: has no column {name!r}, which the dataset's first file has "
                     f"(this file's columns: {', '.join(physical.names)}): every file of a "

@@ -122,11 +122,22 @@ def features(observation: np.ndarray) -> np.ndarray:
     return values[:, None] if values.ndim == 1 else values
 
 
-def usable_spread(spread: np.ndarray, center: np.ndarray) -> np.ndarray:
+def usable_spread(spread, center, xp=np):
     """Each feature's spread where it is its own, else 1 (a constant feature): a spread
     within rounding of the feature's size is rounding (3.3 repeated gives 4e-15), and
-    dividing by it made weights of 1e12 that cancel in float64 only."""
-    return np.where(spread > 1e-12 * np.maximum(np.abs(center), 1.0), spread, 1.0)
+    dividing by it made weights of 1e12 that cancel in float64 only. NumPy, or ``xp``."""
+    return xp.where(spread > 1e-12 * xp.maximum(xp.abs(center), 1.0), spread, 1.0)
+
+
+def standardizer(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([d] mean, [d] usable spread) of the features ``x`` [N, d] over the steps fitted on
+    (``weights`` [N]): the fitted models see (x - mean) / spread. On raw features a feature
+    of 10,000 +- 50 (an altitude in metres) left L-BFGS 500 steps short of the optimum and
+    the estimates 56% off, without a word."""
+    total = max(float(weights.sum()), 1.0)
+    center = (weights @ x) / total
+    spread = np.sqrt((weights @ (x - center) ** 2) / total)
+    return center, usable_spread(spread, center)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

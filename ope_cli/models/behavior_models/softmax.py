@@ -25,8 +25,8 @@ from ope_cli.models.behavior_models.base import (
     features,
     largest,
     log_softmax,
+    standardizer,
     summed,
-    usable_spread,
 )
 
 L2 = 1e-4
@@ -131,17 +131,6 @@ class SoftmaxModel:
 
     def floored(self, arrays: dict[str, np.ndarray], fold: int | None, floor: float) -> int:
         return int(np.sum(self._select(arrays, fold) < np.log(floor))) if floor > 0 else 0
-
-
-def standardizer(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([d] mean, [d] standard deviation) of the features ``x`` [N, d] over the steps fitted
-    on (``weights`` [N]), a constant feature's deviation 1. The models are fitted on
-    standardised features: on raw ones, a feature of 10,000 +- 50 (an altitude in metres)
-    left L-BFGS 500 steps short of the optimum and the estimates 56% off, without a word."""
-    total = max(float(weights.sum()), 1.0)
-    center = (weights @ x) / total
-    spread = np.sqrt((weights @ (x - center) ** 2) / total)
-    return center, usable_spread(spread, center)
 
 
 def raw_coordinates(

@@ -37,7 +37,14 @@ import math
 import numpy as np
 
 from ope_cli.errors import DataError, UsageError
-from ope_cli.models.behavior_models.base import Gather, features, largest, summed, usable_spread
+from ope_cli.models.behavior_models.base import (
+    Gather,
+    features,
+    largest,
+    standardizer,
+    summed,
+    usable_spread,
+)
 from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
 from ope_cli.models.q_models.base import Transitions
 
@@ -200,9 +207,7 @@ class MlpQ:
         """Mean and spread ([d] or [d + k]) of the network's inputs over weighted steps."""
         d = self.data()
         inputs = d["x"] if self.discrete else np.concatenate([d["x"], d["a"]], axis=1)
-        mu = weight @ inputs / weight.sum()
-        sd = np.sqrt(weight @ (inputs - mu) ** 2 / weight.sum())
-        return mu, usable_spread(sd, mu)
+        return standardizer(inputs, weight)
 
     def _inputs(self, mu: np.ndarray, sd: np.ndarray) -> tuple:
         """The standardised arrays the JAX program trains on."""
@@ -287,12 +292,17 @@ def _initial(seed: int, inputs: int, outputs: int) -> dict[str, np.ndarray]:
     return params
 
 
+def _last_layer(params: dict) -> tuple[str, str]:
+    """The keys of the network's last layer: (its weight, its bias)."""
+    last = sum(1 for key in params if key.startswith("weight_")) - 1
+    return f"weight_{last}", f"bias_{last}"
+
+
 def _in_units(params: dict, units: tuple, new_units: tuple, xp=np) -> dict:
     """``params`` with the last layer re-expressed so that m' + s' net' = m + s net:
     ``units`` (m, s) the network's output units, ``new_units`` (m', s') the new ones."""
     (mean, spread), (new_mean, new_spread) = units, new_units
-    last = sum(1 for key in params if key.startswith("weight_")) - 1
-    weight, bias = f"weight_{last}", f"bias_{last}"
+    weight, bias = _last_layer(params)
     ratio = spread / new_spread
     return {
         **params,
@@ -331,15 +341,15 @@ def _iteration_program(discrete: bool, steps: int, batch: int, learning_rate: fl
         share = train / jnp.sum(train)
         new_mean = share @ target
         new_spread = jnp.sqrt(share @ (target - new_mean) ** 2)
-        new_spread = jnp.where(new_spread > 1e-12 * (1.0 + jnp.abs(new_mean)), new_spread, 1.0)
+        new_spread = usable_spread(new_spread, new_mean, jnp)
         before = mean + spread * q_sa(params, x[watch], a[watch], discrete, jnp)
         params = _in_units(params, units, (new_mean, new_spread), jnp)
         scaled = (target - new_mean) / new_spread
         # Q_k warm-starts Q_{k+1}, its mean moved to the targets' (Q_0 = 0 was 1,000 of the
         # units away from targets near 1,000, which bounded Adam steps cross in 100s of steps)
-        last = f"bias_{len(HIDDEN)}"
+        _, bias = _last_layer(params)
         shift = share @ (scaled - q_sa(params, x, a, discrete, jnp))
-        params = {**params, last: params[last] + shift}
+        params = {**params, bias: params[bias] + shift}
         cdf = jnp.cumsum(train) / jnp.sum(train)
         key = jax.random.fold_in(jax.random.key(seed), iteration)
 
