@@ -421,6 +421,40 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     assert dropped.note.startswith(NOT_RESOLVED)
 
 
+def test_a_standard_error_noted_zero_is_zero():
+    """The resolution check and the standard error read the same cancelled difference: with
+    terms 1.9e12 + U(0, 1) (a large constant in every reward), sum x^2 / n - (sum x / n)^2
+    could round to 0 where sum x^2 - (sum x)^2 / n did not, and IS printed a standard error
+    of 1134 (the reference 0.0196) noted "0 to float64's precision". Each standard error
+    is now 0 with that note, or null (unresolved), or the reference."""
+    from types import SimpleNamespace
+
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, ZERO_TO_PRECISION
+
+    outcomes = set()
+    for seed in range(40):
+        x = 1.9e12 + np.random.default_rng(seed).uniform(0, 1, size=400)
+        totals = base.Sums(
+            {"is_wg": x.sum(), "is_w2g2": (x * x).sum(), "count": float(x.size)},
+            {"weighted_return": 0.0},
+            {},
+            {},
+            {},
+        )
+        point = estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1, 1))
+        note = point.note or ""
+        if note.startswith(ZERO_TO_PRECISION):
+            assert point.stderr == 0.0, (seed, point)
+            outcomes.add("zero")
+        elif note.startswith(NOT_RESOLVED):
+            assert point.stderr is None, (seed, point)
+            outcomes.add("null")
+        else:
+            reference = x.std(ddof=1) / np.sqrt(x.size)
+            assert point.stderr == pytest.approx(reference, rel=1e-3), (seed, point)
+    assert outcomes == {"zero", "null"}
+
+
 def test_wis_of_one_weighted_episode_has_no_standard_error():
     """Where every other weight is zero, WIS is that episode's return and its delta-method
     standard error is 0 by construction (it printed 0.0 and a zero-width interval): null,

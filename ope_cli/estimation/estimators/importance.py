@@ -100,6 +100,14 @@ def per_decision_values(carry: dict, trajectory: Trajectory) -> dict:
 # --- finalisation (NumPy, float64) ----------------------------------------------------------
 
 
+def centred_squares(total, total_sq, n):
+    """sum (x - mean)^2 = sum x^2 - (sum x)^2 / n of n terms from their sum and sum of
+    squares: the one rounding of it that the standard error and its resolution check
+    (``spread_resolution``) both read (sum x^2 / n - (sum x / n)^2 rounds otherwise: a
+    check that found 0 passed a standard error of rounding alone)."""
+    return total_sq - total * total / n
+
+
 def mean_and_sem(
     total: np.ndarray, total_sq: np.ndarray, n: np.ndarray, log_scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +116,7 @@ def mean_and_sem(
     # Sums of squares of astronomically large returns overflow to inf: the value stays, its
     # standard error becomes null (not a warning on stderr).
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        variance = np.maximum(total_sq - total * total / n, 0.0) / (n - 1)
+        variance = np.maximum(centred_squares(total, total_sq, n), 0.0) / (n - 1)
         stderr = np.where(n > 1, np.sqrt(variance / n), np.nan)
         return scaled_array(total / n, log_scale), scaled_array(stderr, log_scale)
 
@@ -192,7 +200,7 @@ def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | No
     if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
         return None, False
     squares = total_sq / n
-    spread = squares - (total / n) ** 2
+    spread = centred_squares(total, total_sq, n) / n
     if spread <= 0:  # equal terms (a constant return) or a spread below the sums' rounding
         return (
             f"{ZERO_TO_PRECISION}: any spread of the terms is below the rounding of their "
