@@ -160,13 +160,19 @@ class InspectReport:
 
     @property
     def behavior_median(self) -> float | None:
-        """Median behavior probability (or density), from a log-spaced histogram."""
+        """Median behavior probability (or density), from a log-spaced histogram: the
+        middle value's bin, or the mean of the middle two's for an even count."""
         total = int(self.behavior_log10_counts.sum())
         if total == 0:
             return None
-        index = int(np.searchsorted(np.cumsum(self.behavior_log10_counts), (total + 1) // 2))
-        median = 10 ** (_LOG10_MIN + (index + 0.5) / _BINS_PER_DECADE)
-        return float(min(max(median, self.behavior_min), self.behavior_max))
+        middle = [(total + 1) // 2, total // 2 + 1]  # 1-based ranks: twice the same if odd
+        index = np.searchsorted(np.cumsum(self.behavior_log10_counts), middle)
+        values = np.clip(
+            10 ** (_LOG10_MIN + (index + 0.5) / _BINS_PER_DECADE),
+            self.behavior_min,
+            self.behavior_max,
+        )
+        return float(values.mean())
 
     def length_histogram(self) -> list[tuple[int, int, int]]:
         """(shortest, longest, episodes) per power-of-two bin, up to the longest episode."""
