@@ -79,3 +79,17 @@ def test_a_discount_is_printed_with_every_digit_it_has():
     """0.9999999 printed "gamma=1" at 6 significant digits; gamma = 1 has its own meaning."""
     assert f.discount(0.9999999) == "0.9999999"
     assert f.discount(1.0) == "1" and f.discount(0.95) == "0.95" and f.discount(0) == "0"
+
+
+def test_a_number_beside_a_threshold_is_never_rounded_onto_or_across_it():
+    """An ESS share of 0.09996 printed "10.0%" in a warning that it is below 10%, a share of
+    0.5004 "50%" in one that it is above 50%, a mean weight of 0.49996 "0.5, far from 1":
+    with a ``limit``, a number takes the digits that keep it on its own side."""
+    assert f.percent(0.09996, limit=0.1) == "9.996%" and f.percent(0.09996) == "10.0%"
+    assert f.percent(0.5004, 0, limit=0.5) == "50.04%" and f.percent(0.51, 0, limit=0.5) == "51%"
+    assert f.percent(0.1, limit=0.1) == "10.0%" and f.percent(0.0312, limit=0.1) == "3.1%"
+    assert f.significant(0.49996, 3, limit=0.5) == "0.49996"
+    assert f.significant(2.0004, 3, limit=2.0) == "2.0004"
+    assert f.significant(0.25, 3, limit=0.5) == "0.25"
+    assert f.fixed(9.99, 1, limit=10.0) == "9.99" and f.fixed(9.99, 1) == "10.0"
+    assert f.fixed(None, 1, limit=10.0) == f.MISSING

@@ -378,3 +378,18 @@ def test_values_equal_to_rounding_share_a_rank(result):
     assert rank_policies(tied, "wis") == [1, 1]
     apart = _with_estimate(result, 0, "wis", value=value * (1 + 1e-9))
     assert rank_policies(apart, "wis") == ([1, 2] if value > 0 else [2, 1])
+
+
+def test_weight_warnings_never_round_onto_their_thresholds():
+    """The warnings quote the number that crossed the threshold with the digits that show
+    it: "9.996 of 100 episodes (9.996%)", not "10.0 of 100 episodes (10.0%)"."""
+    from ope_cli.estimation.stats import Diagnostics
+    from ope_cli.report.warnings import policy_warnings
+    from ope_cli.results import PolicyResult
+
+    diagnostics = Diagnostics(9.996, 0.09996, 0.49996, 3.0, 0.5004, 0.0)
+    policy = PolicyResult("pi", {}, diagnostics, None)
+    messages = {w.code: w.message for w in policy_warnings(policy, 100)}
+    assert "is 9.996 of 100 episodes (9.996%)" in messages["low_ess"]
+    assert "holds 50.04% of the total weight" in messages["one_episode_dominates"]
+    assert "the mean weight is 0.49996, far from 1" in messages["mean_weight_far_from_one"]

@@ -25,9 +25,29 @@ def json_number(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def significant(x: float | None, digits: int = 4, missing: str = MISSING) -> str:
-    """``digits`` significant digits: 0.123456 -> "0.1235", 1234567 -> "1.235e+06"."""
-    return missing if x is None else format(x, f".{digits}g")
+def beside(x: float, limit: float | None, digits: int, rounded) -> int:
+    """The fewest digits, at least ``digits``, at which ``rounded(x, digits)`` stays on x's
+    side of ``limit`` (a warning's threshold): an ESS share of 0.09996 printed "10.0%" in a
+    warning that it is below 10%. ``digits`` itself without a limit or at it."""
+    if limit is None or x == limit or not math.isfinite(x):
+        return digits
+    below = x < limit
+    for more in range(digits, digits + 17):
+        shown = rounded(x, more)
+        if shown != limit and (shown < limit) == below:
+            return more
+    return digits + 17
+
+
+def significant(
+    x: float | None, digits: int = 4, missing: str = MISSING, limit: float | None = None
+) -> str:
+    """``digits`` significant digits: 0.123456 -> "0.1235", 1234567 -> "1.235e+06"; more
+    where fewer would round onto or across ``limit`` (``beside``)."""
+    if x is None:
+        return missing
+    digits = beside(x, limit, digits, lambda v, d: float(format(v, f".{d}g")))
+    return format(x, f".{digits}g")
 
 
 def resolved(x: float | None, spread: float | None, digits: int = 4, missing: str = MISSING) -> str:
@@ -52,16 +72,26 @@ def level(confidence: float) -> str:
     return f"{float(f'{confidence * 100:.10g}'):g}%"
 
 
-def fixed(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
-    """``decimals`` digits after the point: 12.345 -> "12.3"."""
-    return missing if x is None else format(x, f".{decimals}f")
-
-
-def percent(x: float | None, decimals: int = 1, missing: str = MISSING) -> str:
-    """A fraction as a percentage: 0.1234 -> "12.3%"; never rounded to 0% or 100% when it is
-    neither (0.9995 printed "100.0%", as a share that is all): "> 99.9%", "< 0.1%"."""
+def fixed(
+    x: float | None, decimals: int = 1, missing: str = MISSING, limit: float | None = None
+) -> str:
+    """``decimals`` digits after the point: 12.345 -> "12.3"; more where fewer would round
+    onto or across ``limit`` (``beside``)."""
     if x is None:
         return missing
+    decimals = beside(x, limit, decimals, lambda v, d: float(format(v, f".{d}f")))
+    return format(x, f".{decimals}f")
+
+
+def percent(
+    x: float | None, decimals: int = 1, missing: str = MISSING, limit: float | None = None
+) -> str:
+    """A fraction as a percentage: 0.1234 -> "12.3%"; never rounded to 0% or 100% when it is
+    neither (0.9995 printed "100.0%", as a share that is all): "> 99.9%", "< 0.1%"; nor onto
+    or across ``limit`` (``beside``)."""
+    if x is None:
+        return missing
+    decimals = beside(x, limit, decimals, lambda v, d: float(format(v, f".{d}%")[:-1]) / 100)
     step = 10.0 ** -(decimals + 2)  # the last printed digit, as a fraction
     if 0 < x < step / 2:
         return f"< {step:.{decimals}%}"

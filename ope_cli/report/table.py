@@ -20,7 +20,6 @@ from ope_cli.report.formatting import (
     count,
     discount,
     estimator_title,
-    fixed,
     level,
     percent,
     resolved,
@@ -34,6 +33,8 @@ from ope_cli.report.warnings import (
     MAX_SHARE_WARNING,
     MEAN_WEIGHT_RANGE,
     dropped_line,
+    ess_count,
+    mean_weight,
     policy_warnings,
     replaced_gamma,
     run_warnings,
@@ -352,18 +353,18 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
         d = policy.diagnostics
         diagnostics.add_row(
             policy.shown,
-            fixed(d.ess, 1),
+            ess_count(d.ess, result.dataset.episodes),
             _flag(
-                percent(d.ess_fraction),
+                percent(d.ess_fraction, limit=ESS_FRACTION_WARNING),
                 d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING,
             ),
             _flag(
-                significant(d.mean_weight),
+                mean_weight(d.mean_weight, 4),
                 d.mean_weight is None or not low <= d.mean_weight <= high,
             ),
             significant(d.max_weight),
             _flag(
-                percent(d.max_weight_share),
+                percent(d.max_weight_share, limit=MAX_SHARE_WARNING),
                 d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING,
             ),
             percent(d.zero_weight_fraction),

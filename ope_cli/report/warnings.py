@@ -8,12 +8,13 @@ column, so a script learns what a person reading the table would.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ope_cli.choosing.comparison import best_set_replicates
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
-from ope_cli.report.formatting import discount
+from ope_cli.report.formatting import discount, fixed, percent, significant
 from ope_cli.results import EvaluationResult, PolicyResult
 
 # Thresholds on the trajectory-weight diagnostics.
@@ -68,6 +69,20 @@ class Warning:  # noqa: A001 - the report's word; the builtin is not used here
         return {"code": self.code, "message": self.message, "policy": self.policy}
 
 
+def ess_count(ess: float | None, episodes: int) -> str:
+    """The effective sample size to one decimal, never rounded onto or across the warning's
+    threshold (ESS_FRACTION_WARNING of the episodes)."""
+    return fixed(ess, 1, limit=ESS_FRACTION_WARNING * episodes)
+
+
+def mean_weight(value: float | None, digits: int) -> str:
+    """The mean weight to ``digits`` significant digits, never rounded onto or across the
+    nearer end of MEAN_WEIGHT_RANGE (0.49996 was "0.5, far from 1")."""
+    low, high = MEAN_WEIGHT_RANGE
+    nearer = None if value is None else (low if value < math.sqrt(low * high) else high)
+    return significant(value, digits, limit=nearer)
+
+
 def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
     """Warnings about one policy's trajectory weights, in plain words."""
     d, name = policy.diagnostics, policy.policy
@@ -97,8 +112,9 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
         warnings.append(
             warn(
                 LOW_ESS,
-                f"the effective sample size is {d.ess:,.1f} of {episodes:,} episodes "
-                f"({d.ess_fraction:.1%}): the estimates rest on a few heavily weighted "
+                f"the effective sample size is {ess_count(d.ess, episodes)} of {episodes:,} "
+                f"episodes ({percent(d.ess_fraction, 1, limit=ESS_FRACTION_WARNING)}): the "
+                "estimates rest on a few heavily weighted "
                 "episodes; the policy is probably too far from the behavior policy for "
                 "these logs (expect wide or overconfident intervals).",
             )
@@ -107,7 +123,8 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
         warnings.append(
             warn(
                 ONE_EPISODE_DOMINATES,
-                f"one episode holds {d.max_weight_share:.0%} of the total weight: WIS and "
+                f"one episode holds {percent(d.max_weight_share, 0, limit=MAX_SHARE_WARNING)} "
+                "of the total weight: WIS and "
                 "WPDIS are essentially that single episode's return.",
             )
         )
@@ -260,7 +277,8 @@ def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
     return [
         warn(
             MEAN_WEIGHT_OFF,
-            f"the mean weight is {d.mean_weight:.3g}, far from 1 (its expected value when "
+            f"the mean weight is {mean_weight(d.mean_weight, 3)}, far from 1 (its expected "
+            "value when "
             "the behavior probabilities are right): check that the behavior probabilities "
             "are those of the logged actions (not log-probabilities, not of another action) "
             "and that the policy sees the observations it was trained on; with very "
