@@ -267,6 +267,19 @@ def test_spearman_with_ties_against_hand_values():
     assert spearman(np.array([1.0, 1.0]), np.array([1.0, 2.0])) is None
 
 
+def test_spearman_ties_estimates_equal_to_rounding_as_the_ranks_do():
+    """Two estimates 1.5e-15 apart (a policy as a checkpoint and as an entry point) share a
+    rank and leave the top-1 set undetermined; Spearman's ranks tie them too. It ranked
+    them by the last bit: 1.0 or 0.5 by the truths' order, where the tie gives 0.866."""
+    estimates = np.array([3.088083854490306, 3.0880838544903075, 1.0])
+    expected = math.sqrt(0.75)  # ranks (2.5, 2.5, 1) against (2, 3, 1) or (3, 2, 1)
+    assert average_ranks(estimates).tolist() == [2.5, 2.5, 1.0]
+    assert spearman(estimates, np.array([0.3, 0.5, 0.1])) == pytest.approx(expected)
+    assert spearman(estimates, np.array([0.5, 0.3, 0.1])) == pytest.approx(expected)
+    chained = np.array([1.0, 1.0 + 4e-13, 1.0 + 8e-13, 1.0 + 1.2e-12, 2.0])  # neighbours tie
+    assert average_ranks(chained).tolist() == [2.5, 2.5, 2.5, 2.5, 5.0]
+
+
 def test_one_policy():
     metrics, notes = selection_metrics({"a": 3.0}, {"a": 2.5}, {"a": (2.0, 3.5)}, top_k=(1,))
     assert metrics == {

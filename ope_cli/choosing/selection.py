@@ -255,10 +255,16 @@ def nmse(estimate_k: np.ndarray, true_k: np.ndarray) -> float | None:
 
 
 def average_ranks(x_k: np.ndarray) -> np.ndarray:
-    """[K] ranks 1..K of x_k in increasing order; tied values share their average rank."""
+    """[K] ranks 1..K of x_k in increasing order; tied values share their average rank,
+    ties as the ranks and the top-k sets take them: equal to float64 rounding (``above``),
+    neighbours in order chaining into one run."""
     order = np.argsort(x_k, kind="stable")
     sorted_x = x_k[order]
-    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    with np.errstate(invalid="ignore"):
+        steps_up = sorted_x[1:] - sorted_x[:-1] > RESOLVED * np.maximum(
+            np.abs(sorted_x[1:]), np.abs(sorted_x[:-1])
+        )
+    starts = np.flatnonzero(np.r_[True, steps_up])
     ends = np.r_[starts[1:], x_k.size]  # each run of equal values: [start, end)
     run_rank = (starts + ends + 1) / 2.0  # mean of the 1-based ranks start+1 .. end
     ranks = np.empty(x_k.size)
