@@ -515,3 +515,27 @@ def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, mon
     )
     difference = evaluation.results[0].comparison["wis"]
     assert difference.delta is None and difference.note == NO_DIFFERENCE
+
+
+def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, monkeypatch):
+    """truth.json says the horizon its values are for: against data that declares another,
+    or whose episodes run past it, it is refused (a truth for horizon 5 scored estimates
+    over episodes of up to 97 steps: rmse 2.4, coverage 0, without a word)."""
+    folder, truth = chain
+    monkeypatch.chdir(folder)
+    cut = generate("chain", tmp_path / "cut", episodes=20, seed=3, gamma=0.95, horizon=5)
+    assert truth["horizon"] is None and cut["horizon"] == 5
+    (tmp_path / "h.json").write_text(json.dumps({**truth, "horizon": 5}))
+    with pytest.raises(UsageError) as error:
+        ope_cli.evaluate("logs.parquet", policies="policies/*.npz", truth=tmp_path / "h.json")
+    line = str(error.value)
+    assert "\n" not in line
+    assert "of at most 5 steps (its horizon), but the data holds an episode of" in line
+    # data cut at horizon 5 against the full episodes' truth: refused before the data is read
+    with pytest.raises(UsageError) as error:
+        ope_cli.evaluate(
+            tmp_path / "cut" / "logs.parquet",
+            policies=[folder / "policies" / f"eval_{k}.npz" for k in range(3)],
+            truth=folder / "truth.json",
+        )
+    assert "gives true values for no horizon, but the data declares horizon 5" in str(error.value)

@@ -79,6 +79,44 @@ def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: 
         )
 
 
+def truth_horizon(source: str | Path | Mapping) -> tuple[bool, int | None]:
+    """(whether ``ope generate``'s truth.json says its horizon, that horizon: None for
+    episodes that run to their end); (False, None) for a {policy: value} object."""
+    document, _ = _load_truth(source)
+    if not isinstance(document.get("policies"), list) or "horizon" not in document:
+        return False, None
+    horizon = document["horizon"]
+    return True, horizon if isinstance(horizon, int) and not isinstance(horizon, bool) else None
+
+
+def _horizon_text(horizon: int | None) -> str:
+    return "no horizon" if horizon is None else f"horizon {horizon}"
+
+
+def check_truth_horizon(
+    source: str | Path | Mapping, declared: int | None, longest: int | None = None
+) -> None:
+    """UsageError (one line) when truth.json's values are for episodes cut at another
+    horizon than the data's: the horizon the data declares (``declared``, None: none or not
+    said), or, once the data is read, an episode ``longest`` steps long beyond the truth's
+    horizon. A truth for horizon 5 scored estimates over 97-step episodes without a word."""
+    said, horizon = truth_horizon(source)
+    if not said:
+        return
+    name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
+    if declared is not None and horizon != declared:
+        raise UsageError(
+            f"{name} gives true values for {_horizon_text(horizon)}, but the data declares "
+            f"horizon {declared}: give the truth for horizon {declared}"
+        )
+    if horizon is not None and longest is not None and longest > horizon:
+        raise UsageError(
+            f"{name} gives true values for episodes of at most {horizon} steps (its horizon), "
+            f"but the data holds an episode of {longest:,} steps: give the truth for the "
+            "data's horizon"
+        )
+
+
 def _true_value(name: str, value: object) -> float | None:
     """A true value as a float (None for null); UsageError when it is not a finite number."""
     if value is None:

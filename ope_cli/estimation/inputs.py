@@ -13,7 +13,7 @@ import dataclasses
 import glob
 from collections.abc import Callable, Iterator
 
-from ope_cli.choosing.selection import check_truth_gamma
+from ope_cli.choosing.selection import check_truth_gamma, check_truth_horizon
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
@@ -119,7 +119,8 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     dm_reported = "dm" in reported_estimators(config)
     if dm_reported:
         check_q_policies(qs, policies)
-    plan = plan_intervals(config, episodes.data.declared_bounds())
+    declared = episodes.data.declared_bounds()
+    plan = plan_intervals(config, declared)
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     if dm_reported:
         check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])
@@ -127,6 +128,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         qs = [_with_mismatch(q, p, policies, plan) for q, p in zip(qs, policies, strict=True)]
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
+        check_truth_horizon(config.choosing.truth, declared.horizon)
     files = len(episodes.data.files)
     process_id, num_processes = process
     if num_processes > 1:

@@ -24,7 +24,7 @@ from ope_cli.choosing.comparison import (
     truth_keys,
 )
 from ope_cli.choosing.paired import PairedSums
-from ope_cli.choosing.selection import BASELINE_BEHAVIOR
+from ope_cli.choosing.selection import BASELINE_BEHAVIOR, check_truth_horizon
 from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
 from ope_cli.data.episodes import EpisodeChunk
@@ -393,6 +393,7 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
         results = compare_results(results, pairing, config.intervals.confidence)
     if truth is None:
         return results, None, []
+    check_truth_horizon(config.choosing.truth, None, local.counters.max_length)
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
