@@ -416,6 +416,47 @@ def test_entry_point_q_that_fails_under_jit(tmp_path, softmax_data, monkeypatch)
     assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
 
 
+def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monkeypatch):
+    """A Q entry point that returns one value where the policy has 3 actions was broadcast
+    against pi(.|s) and clamped at Q(s, a): dm -0.11 against 1.55, without a word, also
+    with the action count declared. Its width, and a q(s, a) that is not one number, are
+    refused in one line (exit 4)."""
+    _, _, target_path, data, _ = softmax_data
+    (tmp_path / "narrow_critic.py").write_text(
+        "import jax.numpy as jnp\n"
+        "def q_values(observation):\n"
+        "    return jnp.sum(observation)[None]\n"
+        "class Declared:\n"
+        "    n_actions = 4\n"
+        "    def q_values(self, observation):\n"
+        "        return jnp.sum(observation)[None]\n"
+        "declared = Declared()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("q_values", "declared"):
+        with pytest.raises(PolicyError) as raised:
+            ope_cli.evaluate(data, policies=target_path, q=f"narrow_critic:{name}")
+        assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
+        assert "returns action values of shape (1,) for one observation, but the policy has 4" in (
+            str(raised.value)
+        )
+    import jax
+    import jax.numpy as jnp
+
+    from ope_cli.models.qfunctions import QSpec, step_values
+
+    def wide_q(params, observation, action):  # [2] where Q(s, a) is one number
+        return observation * action
+
+    def sample(params, key, observation):
+        return jnp.zeros(2)
+
+    spec = QSpec("sa", wide_q, None, sample, 2, 1)
+    with pytest.raises(PolicyError, match=re.escape("of shape (2,) for one (observation, act")):
+        step_values(spec, None, None, None, jnp.ones(2), jnp.ones(2), jax.random.key(0))
+
+
 def test_entry_point_q_values(tmp_path, softmax_data, monkeypatch):
     """A JAX entry point scores like the equal linear_q checkpoint."""
     episodes, target, target_path, data, _ = softmax_data

@@ -570,6 +570,11 @@ def step_values(
     jnp = _jnp()
     if spec.kind == "values":
         q_all = spec.function(q_params, observation)
+        if jnp.shape(q_all) != (spec.n_actions,):  # a [1] broadcast and clamped silently
+            raise PolicyError(
+                f"returns action values of shape {jnp.shape(q_all)} for one observation, but "
+                f"the policy has {spec.n_actions} actions (expected shape ({spec.n_actions},))"
+            )
         if log_pi is None:
             log_pi = action_log_probs(log_prob, policy_params, observation, spec.n_actions)
         pi_q = jnp.where(log_pi == -jnp.inf, 0.0, jnp.exp(log_pi) * q_all)
@@ -577,7 +582,13 @@ def step_values(
     keys = jax.random.split(key, spec.v_samples)
     drawn = jax.vmap(spec.sample, in_axes=(None, 0, None))(policy_params, keys, observation)
     q_drawn = jax.vmap(spec.function, in_axes=(None, None, 0))(q_params, observation, drawn)
-    return spec.function(q_params, observation, action), jnp.mean(q_drawn)
+    q_logged = spec.function(q_params, observation, action)
+    if jnp.shape(q_logged) != ():
+        raise PolicyError(
+            f"returns a value of shape {jnp.shape(q_logged)} for one (observation, action), "
+            "not one number"
+        )
+    return q_logged, jnp.mean(q_drawn)
 
 
 def episode_q_fields(
