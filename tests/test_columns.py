@@ -161,6 +161,32 @@ def test_alias_match_is_case_insensitive():
     assert s.columns["behavior_prob"] == "Propensity"
 
 
+@pytest.mark.parametrize(
+    ("extra", "role", "option"),
+    [
+        ({"Reward": F64}, "reward", "--reward-col"),  # after 'reward', it replaced it
+        ({"pscore": F64}, "behavior prob", "--behavior-prob-col"),
+        ({"ACTION": I64}, "action", "--action-col"),
+        ({"obs": pa.list_(F64)}, "observation", "--obs-col"),
+        ({"trajectory_id": I64}, "episode", "--episode-col"),
+    ],
+)
+def test_two_columns_for_one_role_are_refused_unless_one_is_named(extra, role, option):
+    """A column whose name matches a role's beside the one already found (in another case,
+    or another alias) was picked by column order or alias rank, without a word: 'Reward'
+    (zeros) after 'reward' printed every estimate 0.0. Both are named in one line, with the
+    option that chooses; naming one reads that one."""
+    schema = step_schema(**extra)
+    with pytest.raises(DataError) as error:
+        resolve(schema)
+    message = str(error.value)
+    assert f"could each be the {role}; name the one to use with {option}" in message
+    assert "\n" not in message and repr(next(iter(extra))) in message
+    field = option.removeprefix("--").removesuffix("-col").replace("-", "_")
+    field = {"obs": "observation"}.get(field, field)
+    assert resolve(schema, **{field: next(iter(extra))}).columns
+
+
 # ----------------------------------------------------------------------------- layout
 
 

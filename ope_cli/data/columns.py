@@ -147,11 +147,13 @@ def _find_column(role: str, names: list[str], mapping: ColumnMapping) -> str | N
         return override
     if role in NAMED_ONLY:
         return None
-    lower = {name.lower(): name for name in names}
-    for alias in ALIASES[role]:
-        if alias in lower:
-            return lower[alias]
-    return None
+    found = [name for name in names if name.lower() in ALIASES[role]]
+    if len(found) > 1:  # 'reward' beside 'Reward', 'pscore' beside 'action_prob'
+        raise DataError(
+            f"columns {', '.join(map(repr, found))} could each be the "
+            f"{role.replace('_', ' ')}; name the one to use with {OPTION_FOR_ROLE[role]}"
+        )
+    return found[0] if found else None
 
 
 def _missing(role: str, names: list[str], what: str) -> DataError:

@@ -143,10 +143,14 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
         for key in FLAGS:
             if not _one_per_step(key, datasets[key]):
                 raise DataError(f"{path}: dataset {key!r} must be one flag per step [N]")
-        extra = {  # other per-step datasets, under their HDF5 paths
+        extra = {  # other per-step datasets, under their HDF5 paths (not those viewed by a
+            # standard column: 'observations' beside 'observation' would be two candidates)
             key: key
             for key, dataset in datasets.items()
-            if dataset.shape and dataset.shape[0] == rows and _arrow_type(key, dataset) is not None
+            if dataset.shape
+            and dataset.shape[0] == rows
+            and _arrow_type(key, dataset) is not None
+            and key not in STANDARD.values()
         }
         columns = {"episode_id": "", "step": ""}
         columns.update({name: key for name, key in STANDARD.items() if key in datasets})
