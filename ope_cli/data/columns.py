@@ -136,6 +136,15 @@ def _is_number(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype)
 
 
+def role_names(names: list[str]) -> list[str]:
+    """The ``names`` that some role would find without an option (its default name or an
+    alias, in any case)."""
+    known = {
+        alias for role, aliases in ALIASES.items() if role not in NAMED_ONLY for alias in aliases
+    }
+    return [name for name in names if name.lower() in known]
+
+
 def _find_column(role: str, names: list[str], mapping: ColumnMapping) -> str | None:
     override = getattr(mapping, role)
     if override is not None:

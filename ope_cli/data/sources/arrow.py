@@ -15,6 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 import ope_cli.data.sources.remote as remote
+from ope_cli.data.columns import role_names
 from ope_cli.data.sources.base import (
     METADATA_KEY,
     DeclaredBounds,
@@ -196,6 +197,14 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
                 f"{file}: column {name!r} has type {actual} in this file but "
                 f"{expected} in the dataset's first file"
             )
+    first = set(data.schema.names)
+    unseen = [name for name in role_names(physical.names) if name not in first]
+    if unseen:  # roles are found in the first file: a later file's 'step' was never read
+        raise DataError(
+            f"{file}: has column(s) {', '.join(map(repr, unseen))}, which the dataset's first "
+            f"file has not (its columns: {', '.join(data.schema.names)}): every file of a "
+            "dataset names its columns alike"
+        )
     _check_declared(file, declared_bounds(physical, file), data.declared_bounds())
 
 
