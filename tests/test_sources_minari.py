@@ -201,6 +201,38 @@ def test_tuple_observations_flatten_as_gymnasium_does(tmp_path, fmt):
     np.testing.assert_allclose(column(data, "observation"), expected, rtol=0)
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_discrete_spaces_that_start_elsewhere_than_0_read_from_0(tmp_path, fmt):
+    """Discrete(4, start=1) actions and Discrete(5, start=-2) states are stored as 1..4 and
+    -2..2; a tabular policy indexes 0..3 and 0..4. Only a Dict or Tuple member's start was
+    taken away: a top-level space's values were read as stored, so a policy with more
+    entries read the wrong ones without a word."""
+    states, actions = gym.spaces.Discrete(5, start=-2), gym.spaces.Discrete(4, start=1)
+    states.seed(2)
+    actions.seed(3)
+    buffers, expected_states, expected_actions = [], [], []
+    for i, n in enumerate((3, 4)):
+        observed = [int(states.sample()) for _ in range(n + 1)]
+        taken = [int(actions.sample()) for _ in range(n)]
+        expected_states += [o + 2 for o in observed[:n]]
+        expected_actions += [a - 1 for a in taken]
+        buffers.append(
+            EpisodeBuffer(
+                id=i,
+                observations=np.asarray(observed),
+                actions=taken,
+                rewards=[0.0] * n,
+                terminations=[False] * (n - 1) + [True],
+                truncations=[False] * n,
+            )
+        )
+    path = create(tmp_path, f"test/start-{fmt}-v0", buffers, states, actions, fmt)
+    data = open_dataset(str(path))
+    assert column(data, "observation") == expected_states
+    assert column(data, "action") == expected_actions
+    assert min(expected_states) == 0 and min(expected_actions) == 0
+
+
 LAYOUTS = (  # how rewrite() stores a dataset: h5py create_dataset keywords
     {},  # contiguous
     {"chunks": True, "maxshape": (None,)},  # as Minari writes (maxshape fixed below)

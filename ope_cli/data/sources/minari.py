@@ -61,11 +61,14 @@ class Layout:
       columns: {output column name: Column}, in schema order.
       observation: (leaf path, space) of each observation leaf, in flatten order.
       composite: observations are a Dict or Tuple space (flattened to float64 vectors).
+      starts: {output column: the ``start`` of its top-level Discrete space}, where not 0:
+        its values are shifted to 0 .. n - 1, the indices a tabular policy reads.
     """
 
     columns: dict[str, Column]
     observation: tuple[tuple[str, dict], ...]
     composite: bool
+    starts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def schema(self) -> pa.Schema:
@@ -159,7 +162,23 @@ def _storage(data_dir: Path, file_format: str) -> Hdf5Storage | ArrowStorage:
 # ---------------------------------------------------------------------------- layout
 
 
-def describe(storage, first_episode: int, obs_space: dict, where: str) -> Layout:
+def discrete_starts(obs_space: dict, action_space: dict | None) -> dict[str, int]:
+    """{column: start} of the top-level Discrete spaces that start elsewhere than 0
+    (Discrete(4, start=1) stores the actions 1..4; a policy indexes them 0..3)."""
+    starts = {}
+    for columns, space in (
+        (("observation", "next_observation"), obs_space),
+        (("action",), action_space or {}),
+    ):
+        start = int(space.get("start", 0) or 0) if space.get("type") == "Discrete" else 0
+        if start:
+            starts.update(dict.fromkeys(columns, start))
+    return starts
+
+
+def describe(
+    storage, first_episode: int, obs_space: dict, where: str, action_space: dict | None = None
+) -> Layout:
     """The columns of a dataset from its observation space and first episode's leaves."""
     leaves = storage.leaves(first_episode)
     for key in REQUIRED:
@@ -192,7 +211,7 @@ def describe(storage, first_episode: int, obs_space: dict, where: str) -> Layout
             columns[path] = Column("info", (path,), dtype)
         elif composite and path.startswith("observations/"):
             columns[path] = Column("step_leaf", (path,), dtype)
-    return Layout(columns, observation, composite)
+    return Layout(columns, observation, composite, discrete_starts(obs_space, action_space))
 
 
 def _observation_type(
@@ -307,6 +326,10 @@ def group_columns(
             counts = read.counts[path]
             shift = (counts == steps + 1).astype(np.int64) if column.kind == "info" else 0
             out[name] = (read.values[path][_rows(counts, steps, shift)], None)
+    for name, start in layout.starts.items():
+        if name in out:
+            values, valid = out[name]
+            out[name] = (values - np.asarray(start, values.dtype), valid)
     return out
 
 
@@ -472,10 +495,11 @@ def open_source(source: str) -> MinariDataset:
     metadata = _metadata(data_dir)
     storage = _storage(data_dir, metadata["data_format"])
     obs_space = _space(metadata, "observation_space", data_dir / "metadata.json")
+    action_space = _space(metadata, "action_space", data_dir / "metadata.json")
     episodes = storage.episodes()
     if not episodes:
         raise DataError(f"{source}: Minari dataset has no episodes")
-    layout = describe(storage, next(iter(episodes)), obs_space, source)
+    layout = describe(storage, next(iter(episodes)), obs_space, source, action_space)
     files = tuple(dict.fromkeys(episodes.values()))
     total = metadata.get("total_steps")
     return MinariDataset(
