@@ -113,6 +113,20 @@ def test_same_kind_and_shapes_stack(tmp_path):
             },
             "a mlp_softmax checkpoint holds arrays it does not read: temperature",
         ),
+        # an activation was exempt for every kind: relu beside a linear policy went unread
+        (
+            {
+                "kind": "linear_softmax",
+                "weight": np.zeros((3, 2)),
+                "bias": np.zeros(2),
+                "activation": np.array("relu"),
+            },
+            "a linear_softmax checkpoint holds arrays it does not read: activation",
+        ),
+        (
+            {"kind": "tabular", "logits": np.zeros((2, 2)), "activation": np.array("tanh")},
+            "a tabular checkpoint holds arrays it does not read: activation",
+        ),
     ],
 )
 def test_checkpoint_load_errors(content, message, tmp_path):

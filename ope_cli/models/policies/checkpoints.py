@@ -213,9 +213,10 @@ def checkpoint_policy(path: str, arrays: dict[str, np.ndarray]) -> Policy:
 
 def refuse_unread(path: str, kind: str, arrays: dict, read: dict) -> None:
     """A PolicyError when the checkpoint holds arrays its kind does not read (besides
-    ``kind`` and ``activation``): a misspelt 'temprature', or observation statistics the
-    policy was trained with, would leave another policy evaluated than the file describes."""
-    unread = sorted(set(arrays) - set(read) - {"kind", "activation"})
+    ``kind``; an MLP's ``activation`` is taken out as it is read): a misspelt
+    'temprature', observation statistics the policy was trained with, or an activation
+    beside a linear policy would leave another policy evaluated than the file describes."""
+    unread = sorted(set(arrays) - set(read) - {"kind"})
     if unread:
         raise PolicyError(
             f"{path}: a {kind} checkpoint holds arrays it does not read: "
