@@ -447,6 +447,8 @@ def location_of(message: str) -> tuple[str, str]:
         ("behavior_prob", np.nan, "behavior probability"),
         ("observation", np.nan, "observation"),
         ("action", -1, "action is negative"),
+        # read as int64, 2^64 - 1 is -1: it was called "negative" alone
+        ("action", np.uint64(2**64 - 1), "action is negative (or an unsigned one past 2^63 - 1)"),
     ],
 )
 @pytest.mark.parametrize("rows", [2, 1_000_000])

@@ -386,7 +386,12 @@ def _target_checks(target: np.ndarray, schema: DataSchema) -> Iterator[Check]:
 
 def _action_and_state_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
     if schema.action_kind == "discrete":
-        yield Check("action_negative", "action is negative", steps.action < 0)
+        # an unsigned 64-bit integer past 2^63 - 1 reads as a negative int64
+        yield Check(
+            "action_negative",
+            "action is negative (or an unsigned one past 2^63 - 1)",
+            steps.action < 0,
+        )
     else:
         yield Check("action_not_finite", "action is NaN or infinite", ~finite_rows(steps.action))
     observation = steps.observation
@@ -401,8 +406,8 @@ def _action_and_state_checks(steps: Steps, schema: DataSchema) -> Iterator[Check
     elif schema.observation_kind == "index":
         yield Check(
             "state_negative",
-            "observation (state index) is negative (an integer observation is a state "
-            "index; store features as floats)",
+            "observation (state index) is negative or an unsigned one past 2^63 - 1 (an "
+            "integer observation is a state index; store features as floats)",
             observation < 0,
         )
 
