@@ -7,6 +7,7 @@ in Parquet, bad inputs."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import warnings
 
@@ -231,6 +232,24 @@ def test_discrete_spaces_that_start_elsewhere_than_0_read_from_0(tmp_path, fmt):
     assert column(data, "observation") == expected_states
     assert column(data, "action") == expected_actions
     assert min(expected_states) == 0 and min(expected_actions) == 0
+
+
+def test_rewards_stored_one_per_row_in_a_column_read_as_numbers(made, tmp_path):
+    """Rewards (and flags) stored [N, 1] read as [N], as D4RL files' do: they read as lists
+    of one number, and the data was refused as the episode layout with a message about
+    another column."""
+    copy = tmp_path / "copy"
+    shutil.copytree(made["hdf5"], copy)
+    with h5py.File(copy / "data" / "main_data.hdf5", "r+") as file:
+        for episode in file.values():
+            for key in ("rewards", "terminations"):
+                values = episode[key][()]
+                del episode[key]
+                episode[key] = values[:, None]
+    assert open_dataset(str(copy)).schema.field("reward").type == pa.float64()
+    assert column(open_dataset(str(copy)), "reward") == column(
+        open_dataset(str(made["hdf5"])), "reward"
+    )
 
 
 LAYOUTS = (  # how rewrite() stores a dataset: h5py create_dataset keywords

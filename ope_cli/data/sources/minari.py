@@ -196,11 +196,7 @@ def describe(
         "observation": Column("observation", (), obs_type),
         "next_observation": Column("next_observation", (), obs_type),
     }
-    for name, key in (*STEP_LEAVES.items(), *((f, f) for f in FLAG_LEAVES)):
-        dtype = arrow_type(leaves[key]) if key in leaves else None
-        if dtype is None:
-            raise DataError(f"{where}: episode {first_episode}: {key!r} must hold numbers")
-        columns[name] = Column("step_leaf", (key,), dtype)
+    columns.update(_step_leaf_columns(leaves, f"{where}: episode {first_episode}"))
     if BEHAVIOR_KEY in leaves and arrow_type(leaves[BEHAVIOR_KEY]) is not None:
         columns["behavior_log_prob"] = Column("info", (BEHAVIOR_KEY,), pa.float64())
     for path, leaf in leaves.items():
@@ -212,6 +208,20 @@ def describe(
         elif composite and path.startswith("observations/"):
             columns[path] = Column("step_leaf", (path,), dtype)
     return Layout(columns, observation, composite, discrete_starts(obs_space, action_space))
+
+
+def _step_leaf_columns(leaves: dict[str, Leaf], where: str) -> dict[str, Column]:
+    """The action, reward and flag columns; rewards and flags stored [N, 1] read as [N]."""
+    columns = {}
+    for name, key in (*STEP_LEAVES.items(), *((f, f) for f in FLAG_LEAVES)):
+        leaf = leaves.get(key)
+        if leaf is not None and name != "action" and leaf.shape == (1,):
+            leaf = dataclasses.replace(leaf, shape=())
+        dtype = arrow_type(leaf) if leaf is not None else None
+        if dtype is None:
+            raise DataError(f"{where}: {key!r} must hold numbers")
+        columns[name] = Column("step_leaf", (key,), dtype)
+    return columns
 
 
 def _observation_type(
