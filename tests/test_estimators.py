@@ -455,6 +455,31 @@ def test_a_standard_error_noted_zero_is_zero():
     assert outcomes == {"zero", "null"}
 
 
+def test_a_mean_below_float64_s_range_is_noted():
+    """Every trajectory weight about e^-800: IS is not 0 but prints as 0 +- 0, and the
+    zero-width warning blamed the episodes' spread. Its note says the weights underflow;
+    a mean in range has none."""
+    from types import SimpleNamespace
+
+    from ope_cli.estimation.estimators.importance import UNDERFLOW
+
+    x = np.random.default_rng(1).uniform(1, 2, size=30)
+
+    def through_is(log_scale):
+        totals = base.Sums(
+            {"is_wg": x.sum(), "is_w2g2": (x * x).sum(), "count": float(x.size)},
+            {"weighted_return": log_scale},
+            {},
+            {},
+            {},
+        )
+        return estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1, 1))
+
+    below = through_is(-800.0)
+    assert below.value == 0.0 and below.stderr == 0.0 and below.note == UNDERFLOW
+    assert through_is(-600.0).note is None and through_is(-600.0).value > 0
+
+
 def test_wis_of_one_weighted_episode_has_no_standard_error():
     """Where every other weight is zero, WIS is that episode's return and its delta-method
     standard error is 0 by construction (it printed 0.0 and a zero-width interval): null,

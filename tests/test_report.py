@@ -393,3 +393,23 @@ def test_weight_warnings_never_round_onto_their_thresholds():
     assert "is 9.996 of 100 episodes (9.996%)" in messages["low_ess"]
     assert "holds 50.04% of the total weight" in messages["one_episode_dominates"]
     assert "the mean weight is 0.49996, far from 1" in messages["mean_weight_far_from_one"]
+
+
+def test_a_zero_width_interval_from_underflow_says_so():
+    """IS and PDIS of weights that all underflow print 0 +- 0: the warning says the values
+    are below float64's range, not that the episodes show no spread."""
+    from ope_cli.estimation.estimators.importance import UNDERFLOW
+    from ope_cli.estimation.stats import Diagnostics, Estimate
+    from ope_cli.report.warnings import policy_warnings
+    from ope_cli.results import PolicyResult
+
+    estimates = {
+        "is": Estimate(0.0, 0.0, 0.0, 0.0, UNDERFLOW),
+        "wis": Estimate(1.0, 0.0, 1.0, 1.0),
+    }
+    diagnostics = Diagnostics(30.0, 1.0, 1.0, 1.0, 0.1, 0.0)
+    (warning,) = policy_warnings(PolicyResult("pi", estimates, diagnostics, None), 30)
+    assert warning.message.startswith(
+        "pi: is: the interval has no width because the values are below float64's range"
+    )
+    assert "wis: the interval has no width: the standard error is 0, as the 30" in warning.message

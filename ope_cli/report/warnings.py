@@ -13,7 +13,7 @@ import math
 from ope_cli.choosing.comparison import best_set_replicates
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
-from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
+from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
 from ope_cli.report.formatting import discount, fixed, percent, significant
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -229,21 +229,7 @@ def _dm_far_from_dr_warnings(policy: PolicyResult, warn) -> list[Warning]:
     ]
 
 
-def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
-    """Intervals of no width from two episodes or more: every episode gave the same value
-    (all returns 0, a Q-hat of 0 everywhere) or one episode holds all the weight, so the
-    standard error is 0 and the interval states a certainty that a sample cannot give.
-    Where an estimate's standard error is 0 only to float64's precision (its note says
-    so), a constant far above the values' spread may also have hidden that spread."""
-    if episodes < 2:
-        return []
-    names = [
-        name
-        for name, e in policy.estimates.items()
-        if e.ci_low is not None and e.ci_high is not None and e.ci_low == e.ci_high
-    ]
-    if not names:
-        return []
+def _no_spread(policy: PolicyResult, names: list[str], episodes: int) -> str:
     message = (
         f"{', '.join(names)}: the interval has no width: the standard error is 0, as the "
         f"{episodes:,} episodes show no spread in these values (each gives the same value, "
@@ -258,6 +244,37 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
             "share a constant far larger than it (in every reward, say); subtracting it "
             "from the rewards shows whether there is one."
         )
+    return message
+
+
+def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
+    """Intervals of no width from two episodes or more: every episode gave the same value
+    (all returns 0, a Q-hat of 0 everywhere) or one episode holds all the weight, so the
+    standard error is 0 and the interval states a certainty that a sample cannot give.
+    Where an estimate's standard error is 0 only to float64's precision (its note says
+    so), a constant far above the values' spread may also have hidden that spread; where
+    its values are below float64's range (UNDERFLOW), that is the reason, not the spread."""
+    if episodes < 2:
+        return []
+    names = [
+        name
+        for name, e in policy.estimates.items()
+        if e.ci_low is not None and e.ci_high is not None and e.ci_low == e.ci_high
+    ]
+    below = [n for n in names if policy.estimates[n].note == UNDERFLOW]
+    names = [n for n in names if n not in below]
+    parts = []
+    if below:
+        parts.append(
+            f"{', '.join(below)}: the interval has no width because the values are below "
+            "float64's range (every weight underflows): 0 is them to float64's precision, "
+            "not a certainty."
+        )
+    if names:
+        parts.append(_no_spread(policy, names, episodes))
+    if not parts:
+        return []
+    message = " ".join(parts)
     return [warn(ZERO_WIDTH, message)]
 
 

@@ -141,6 +141,16 @@ class MeanOfTerms(NamedTuple):
         s = sums.sums
         return spread_resolution(s[self.total], s[self.square], s["count"])
 
+    def underflows(self, sums: Sums) -> bool:
+        """Whether the mean is not 0 but below float64's normal range (its terms' weights
+        all underflow): it prints as 0 (or a subnormal of few digits)."""
+        s = sums.sums
+        total, n = float(s[self.total]), float(s["count"])
+        log_scale = 0.0 if self.scale is None else float(sums.log_scales[self.scale])
+        if total == 0 or n == 0 or not math.isfinite(total) or not math.isfinite(log_scale):
+            return False
+        return math.log(abs(total) / n) + log_scale < math.log(np.finfo(np.float64).tiny)
+
 
 is_values = MeanOfTerms("is_wg", "is_w2g2", WEIGHTED_RETURN.name)  # (1/n) sum_i W_i G_i
 pdis_values = MeanOfTerms("sum_p", "sum_p2", PER_DECISION.name)  # (1/n) sum_i P_i
@@ -178,6 +188,11 @@ NOT_RESOLVED = "standard error not resolved"
 SUBTRACT = "subtract a constant from the rewards"
 # the note of a spread that cancelled to nothing: equal terms, or a spread below rounding
 ZERO_TO_PRECISION = "standard error 0 to float64's precision"
+# the note of a value whose weights all underflow (it is not 0, but prints so)
+UNDERFLOW = (
+    "below float64's range (1e-308): every weight underflows, so the value and its standard "
+    "error print as 0 (or a subnormal of few digits)"
+)
 
 
 def _resolution(lost: float, ratio: str) -> tuple[str | None, bool]:
@@ -223,7 +238,11 @@ def closed_form(values, undefined):
         if value is None:
             note = undefined if isinstance(undefined, str) else undefined(grouped.totals)
             return Point(None, stderr, note)
-        if stderr is None or not isinstance(values, MeanOfTerms):
+        if not isinstance(values, MeanOfTerms):
+            return Point(value, stderr)
+        if values.underflows(grouped.totals):
+            return Point(value, stderr, UNDERFLOW)
+        if stderr is None:
             return Point(value, stderr)
         note, drop = values.resolution(grouped.totals)
         return Point(value, None if drop else stderr, note)
