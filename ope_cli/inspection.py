@@ -136,6 +136,8 @@ class InspectReport:
         default_factory=lambda: np.zeros(LENGTH_BINS, np.int64)
     )
     behavior_min: float | None = None
+    # its natural log, kept where the smallest underflows float64 (a log column's e^-801)
+    behavior_log_min: float | None = None
     behavior_max: float | None = None
     behavior_log10_counts: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(
@@ -200,7 +202,11 @@ class InspectReport:
     def _add_behavior(self, log_behavior: np.ndarray) -> None:
         """The behavior-probability summary of [N] logged log-probabilities."""
         log10 = log_behavior / math.log(10)
-        low, high = float(np.exp(log_behavior.min())), float(np.exp(log_behavior.max()))
+        log_low = float(log_behavior.min())
+        low, high = math.exp(log_low), float(np.exp(log_behavior.max()))
+        self.behavior_log_min = (
+            log_low if self.behavior_log_min is None else min(self.behavior_log_min, log_low)
+        )
         self.behavior_min = low if self.behavior_min is None else min(self.behavior_min, low)
         self.behavior_max = high if self.behavior_max is None else max(self.behavior_max, high)
         index = np.clip(

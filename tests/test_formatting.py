@@ -93,3 +93,11 @@ def test_a_number_beside_a_threshold_is_never_rounded_onto_or_across_it():
     assert f.significant(0.25, 3, limit=0.5) == "0.25"
     assert f.fixed(9.99, 1, limit=10.0) == "9.99" and f.fixed(9.99, 1) == "10.0"
     assert f.fixed(None, 1, limit=10.0) == f.MISSING
+
+
+def test_a_number_given_by_its_log_is_printed_beyond_float64_s_range():
+    """A log column's smallest probability e^-801 is 0.0 in float64: inspect printed 'min 0',
+    which reads as a step the behavior policy could not take."""
+    assert f.from_log(-801.0) == "1.349e-348" and f.from_log(800.0) == "2.726e+347"
+    assert f.from_log(math.log(0.25)) == "0.25" and f.from_log(-math.inf) == "0"
+    assert f.from_log(None) == f.MISSING

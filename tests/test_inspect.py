@@ -78,6 +78,16 @@ def test_behavior_median_of_an_even_count_is_the_middle_pair_s_mean():
         assert report.behavior_median == pytest.approx(np.median(probs), rel=2e-3), size
 
 
+def test_the_smallest_behavior_probability_keeps_its_log():
+    """A log column's e^-801 is a min of 0.0 in float64; its log is kept for the report."""
+    from ope_cli.inspection import InspectReport
+
+    report = InspectReport("x", "parquet", 1, None, {})
+    report._add_behavior(np.array([-1.0, -801.0]))
+    report._add_behavior(np.array([-2.0]))
+    assert report.behavior_min == 0.0 and report.behavior_log_min == -801.0
+
+
 def test_episode_layout_and_logged_targets(tmp_path):
     """Without --policy, a target column is validated too; observations are optional."""
     rng = np.random.default_rng(1)

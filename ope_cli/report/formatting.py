@@ -100,6 +100,23 @@ def percent(
     return format(x, f".{decimals}%")
 
 
+def from_log(log_x: float | None, digits: int = 4, missing: str = MISSING) -> str:
+    """exp(``log_x``) to ``digits`` significant digits, also where it underflows or
+    overflows float64: -801 -> "1.349e-348" (exp gives 0.0), -inf -> "0"."""
+    if log_x is None:
+        return missing
+    if log_x == -math.inf:
+        return "0"
+    if abs(log_x) < 700:
+        return significant(math.exp(log_x), digits)
+    log10 = log_x / math.log(10)
+    exponent = math.floor(log10)
+    mantissa = float(f"{10 ** (log10 - exponent):.{digits - 1}f}")
+    if mantissa >= 10:  # 9.9996 rounded to 10.000
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.{digits}g}e{exponent:+d}"
+
+
 def discount(gamma: float) -> str:
     """A discount with every digit it has: 0.9999999 printed "1" at 6 significant digits,
     and gamma = 1 (undiscounted) has its own meaning and warning."""

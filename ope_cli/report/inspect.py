@@ -12,7 +12,7 @@ from rich.table import Table
 from ope_cli._version import __version__
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
-from ope_cli.report.formatting import json_number, significant
+from ope_cli.report.formatting import from_log, json_number, significant
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
     from ope_cli.inspection import InspectReport
@@ -44,6 +44,8 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         else {
             "kind": "probability" if s.action_kind == "discrete" else "density",
             "min": json_number(report.behavior_min),
+            # ln of the min: a log column's e^-801 is a min of 0.0 in float64
+            "log_min": json_number(report.behavior_log_min),
             "median": json_number(report.behavior_median),
             "max": json_number(report.behavior_max),
         },
@@ -271,7 +273,7 @@ def render_table(report: InspectReport, console) -> None:
     if doc["behavior_prob"] is not None:
         b = doc["behavior_prob"]
         console.print(
-            f"behavior {b['kind']}: min {significant(b['min'])}, "
+            f"behavior {b['kind']}: min {from_log(b['log_min'])}, "
             f"median {significant(b['median'])}, max {significant(b['max'])}",
             highlight=False,
         )
