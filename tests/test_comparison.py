@@ -357,7 +357,7 @@ def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, monkeypatc
         "logs.parquet", policies="policies/*.npz", truth="partial.json"
     ).to_dict()
     notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
-    assert any("no value for policies/eval_2.npz" in note for note in notes), notes
+    assert any("no value for eval_2.npz;" in note for note in notes), notes  # as shown
     assert document["selection"]["wis"]["rmse"] is not None
 
 
@@ -539,3 +539,23 @@ def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, mon
             truth=folder / "truth.json",
         )
     assert "gives true values for no horizon, but the data declares horizon 5" in str(error.value)
+
+
+def test_selection_notes_name_policies_as_the_results_do(chain, monkeypatch):
+    """With --policy NAME=PATH, the tie and missing-truth notes named the paths while the
+    results and the table called them by NAME."""
+    folder, truth = chain
+    monkeypatch.chdir(folder)
+    (folder / "copy.npz").write_bytes((folder / "policies" / "eval_0.npz").read_bytes())
+    value = truth["policies"][0]["value"]  # eval_0 and its copy tie; eval_2 has no value
+    (folder / "named.json").write_text(
+        json.dumps({"policies/eval_0.npz": value, "copy.npz": value})
+    )
+    given = ["a=policies/eval_0.npz", "b=copy.npz", "c=policies/eval_2.npz"]
+    document = ope_cli.evaluate(
+        "logs.parquet", policies=given, truth="named.json", estimators=("wis",)
+    ).to_dict()
+    notes = " | ".join(w["message"] for w in document["warnings"] if w["code"] == "selection")
+    assert "a, b have equal estimates across the top-1 edge" in notes, notes
+    assert "no value for c;" in notes, notes
+    assert "policies/" not in notes, notes

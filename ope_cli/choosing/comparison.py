@@ -383,14 +383,16 @@ def selection_of(
         for name in estimators
     }
     with_truth = sum(truth.get(key) is not None for key in keys)
+    names = {key: r.shown for key, r in zip(keys, results, strict=True)}  # as the table's
     selection, notes = selection_by_estimator(
         {key: truth.get(key) for key in keys},
         estimates,
         intervals,
         baseline_value=truth.get(baseline_key),
         top_k=top_k_of(top_k, max(with_truth, 1)),
+        names=names,
     )
-    missing = missing_truth_note({key: truth.get(key) for key in [*keys, baseline_key]})
+    missing = missing_truth_note({key: truth.get(key) for key in [*keys, baseline_key]}, names)
     return selection, ([missing] if missing else []) + notes
 
 

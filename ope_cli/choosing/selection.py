@@ -260,11 +260,14 @@ def read_truth(
     return truth
 
 
-def missing_truth_note(truth: Mapping[str, float | None]) -> str | None:
+def missing_truth_note(
+    truth: Mapping[str, float | None], names: Mapping[str, str] | None = None
+) -> str | None:
     """One line on the policies `read_truth` found no value for (None when there are none):
     evaluated policies are left out of the selection metrics; without the baseline
-    ``behavior``'s value there is no sharpe@k."""
-    missing = [name for name, value in truth.items() if value is None]
+    ``behavior``'s value there is no sharpe@k. ``names``: {policy: the name the note gives
+    it} (None: as keyed)."""
+    missing = [(names or {}).get(name, name) for name, value in truth.items() if value is None]
     parts = []
     if [name for name in missing if name != BASELINE_BEHAVIOR]:
         names = ", ".join(name for name in missing if name != BASELINE_BEHAVIOR)
@@ -457,6 +460,7 @@ def selection_metrics(
     *,
     baseline_value: float | None = None,
     top_k: Sequence[int] = DEFAULT_TOP_K,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, float | None], list[str]]:
     """One estimator's selection metrics against the true values (SPEC section 11).
 
@@ -467,6 +471,7 @@ def selection_metrics(
       intervals: {policy: (ci_low, ci_high)}, None where undefined; None: no coverage.
       baseline_value: J_0, the baseline's true value, for ``sharpe@k`` (None: none).
       top_k: the k of the @k metrics, each 1 <= k <= K.
+      names: {policy: the name the notes give it} (the results' shown names; None: as keyed).
 
     Returns:
       (metrics, notes): {"rmse", "nmse", "spearman", "coverage", "regret@k", "nregret@k",
@@ -483,13 +488,16 @@ def selection_metrics(
     top_k = check_top_k(top_k, len(policies))
     true_k = np.array([truth[p] for p in policies], dtype=np.float64)
     notes = []
-    undefined = [p for p in policies if finite(estimates[p]) is None]
+    shown = [(names or {}).get(p, p) for p in policies]
+    undefined = [
+        name for p, name in zip(policies, shown, strict=True) if finite(estimates[p]) is None
+    ]
     estimate_k = None
     if undefined:
         notes.append(f"no estimate for {', '.join(undefined)}; no ranking metrics")
     else:
         estimate_k = np.array([estimates[p] for p in policies], dtype=np.float64)
-    metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, policies)
+    metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, shown)
     notes += tie_notes
     metrics["coverage"] = None
     if intervals is not None:
@@ -511,17 +519,18 @@ def selection_by_estimator(
     *,
     baseline_value: float | None = None,
     top_k: Sequence[int] = DEFAULT_TOP_K,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float | None]], list[str]]:
     """``selection_metrics`` for every estimator: the JSON's ``"selection"`` object.
 
     estimates: {estimator: {policy: Ĵ or None}}; intervals: {estimator: {policy: (low,
-    high)}} (None: no coverage). Returns ({estimator: metrics}, notes prefixed with the
-    estimator's name)."""
+    high)}} (None: no coverage); names: as ``selection_metrics``'. Returns ({estimator:
+    metrics}, notes prefixed with the estimator's name)."""
     selection, notes = {}, []
     for estimator, values in estimates.items():
         chosen = None if intervals is None else intervals.get(estimator, {})
         selection[estimator], own = selection_metrics(
-            truth, values, chosen, baseline_value=baseline_value, top_k=top_k
+            truth, values, chosen, baseline_value=baseline_value, top_k=top_k, names=names
         )
         notes += [f"{estimator}: {note}" for note in own]
     return selection, notes
