@@ -245,6 +245,8 @@ def min_iterations(gamma: float, longest: int) -> int:
     """Iterations before convergence may stop them: enough for gamma^k < HORIZON_SHARE
     (the discounted weight of what lies further ahead) or for the longest episode's
     steps, whichever is fewer. Past LOOKAHEAD_LIMIT, the fit stops there, not converged."""
+    if gamma == 0:  # Q is the reward's regression: one iteration (log 0 has no value)
+        return 1
     horizon = math.ceil(math.log(HORIZON_SHARE) / math.log(gamma)) if gamma < 1 else longest
     return max(1, min(longest, horizon))
 
