@@ -423,10 +423,11 @@ def test_an_mlp_fit_stopped_before_its_look_ahead_is_not_converged(chain, monkey
     assert result.iterations == 3 and result.converged is False
 
 
-def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain):
+def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain, monkeypatch):
     """gamma 0 is a valid discount: the mlp fit took log(0) for its look-ahead and stopped
     with an internal error (exit 1), the only Q fit continuous actions have."""
     assert mlp.min_iterations(0.0, 300) == 1
+    monkeypatch.setattr(mlp, "MAX_ITERATIONS", 2)  # the quick loop's time: 2 are enough
     options = {"model": "mlp", "gamma": 0.0, "overwrite": True}
     out = chain / "gamma0_mlp.npz"
     result = _fit(chain / "logs.parquet", chain / "policies" / "eval_0.npz", out, **options)
