@@ -19,6 +19,7 @@ import numpy as np
 
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
+from ope_cli.estimation.estimators.importance import mean_and_sem, spread_resolution
 from ope_cli.models.behavior_models.fitting import Collected, gathered
 from ope_cli.models.policies import Policy
 from ope_cli.models.q_models.base import (
@@ -155,12 +156,13 @@ def collect_q_all(
 
 def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float]:
     """(mean, sample standard error) of V(s_0) over n episodes from its sum and sum of
-    squares (NaN standard error for one episode)."""
-    mean = total / n
-    if n < 2:
+    squares, as ``evaluate``'s dm takes them (``mean_and_sem``): 0 where float64 finds no
+    spread (equal V(s_0): it printed 8e-10 for evaluate's 0), NaN where it cannot resolve
+    one (``spread_resolution``) and for one episode."""
+    mean, stderr = (float(x) for x in mean_and_sem(total, total_sq, n, 0.0))
+    if n < 2 or spread_resolution(total, total_sq, n)[1]:
         return mean, math.nan
-    variance = max(total_sq - n * mean * mean, 0.0) / (n - 1)
-    return mean, math.sqrt(variance / n)
+    return mean, stderr
 
 
 @dataclasses.dataclass(frozen=True)

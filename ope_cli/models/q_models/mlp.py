@@ -227,8 +227,12 @@ class MlpQ:
         return {k: v[rows] for k, v in d.items() if (k in _START_FIELDS) == bool(prefix)}
 
     def residual(self, arrays: dict[str, np.ndarray], fold: int | None = None):
-        """(sum of squared Bellman residuals of ``arrays``, steps) over one fold's steps."""
+        """(sum of squared Bellman residuals of ``arrays``, steps) over one fold's steps;
+        in-sample (``fold`` None), over the steps fitted on, not the held-out fifth (its
+        own RMSE is reported beside: the in-sample figure blended both)."""
         d = self._select(fold)
+        if fold is None and d["holdout"].any() and not d["holdout"].all():
+            d = {key: value[~d["holdout"]] for key, value in d.items()}
         v_next = values(arrays, d["x_next"], d["p_next"], self.discrete)
         target = d["r"] + self.gamma * np.where(d["done"], 0.0, v_next)
         gap = q_sa(arrays, d["x"], d["a"], self.discrete) - target
