@@ -24,6 +24,7 @@ from ope_cli.models.policies import (
     logged_policy,
     tabular_log_prob,
 )
+from ope_cli.models.q_models.base import check_q_model_fits
 
 
 def _linear_q(rng: np.random.Generator, obs_dim: int = 3, n_actions: int = 4) -> dict:
@@ -293,10 +294,17 @@ def test_fit_model_of_defaults_by_the_data_and_checks_the_choice():
     assert qf.fit_model_of("fit:mlp", "vector", "discrete") == "mlp"
     with pytest.raises(UsageError, match="--q fit:MODEL: unknown Q model 'forest'"):
         qf.fit_model_of("fit:forest", "vector", "discrete")
-    with pytest.raises(UsageError, match="tabular needs integer state"):
+    # the way out is named as evaluate takes it (it said "use --model mlp", fit-q's option)
+    with pytest.raises(UsageError, match="tabular needs integer state") as error:
         qf.fit_model_of("fit:tabular", "vector", "discrete")
-    with pytest.raises(UsageError, match="linear is over discrete actions"):
+    assert "use --q fit:linear or --q fit:mlp" in str(error.value)
+    with pytest.raises(UsageError, match="linear is over discrete actions") as error:
         qf.fit_model_of("fit:linear", "vector", "continuous")
+    assert str(error.value).startswith("--q fit:linear is over") and "use --q fit:mlp" in str(
+        error.value
+    )
+    with pytest.raises(UsageError, match="use --model mlp"):
+        check_q_model_fits("linear", "vector", "continuous")
 
 
 # --- checks against the data and the policy ------------------------------------------------

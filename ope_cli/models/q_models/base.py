@@ -47,17 +47,23 @@ def check_q_model_name(model: str, option: str = "--model") -> None:
 def check_q_model_fits(
     model: str, observation_kind: str | None, action_kind: str, option: str = "--model"
 ) -> None:
-    """A UsageError when ``model`` cannot describe the data's observations and actions."""
+    """A UsageError when ``model`` cannot describe the data's observations and actions;
+    ``option`` names the model as the command takes it (``--model`` or ``--q fit:MODEL``)."""
     check_q_model_name(model, option)
+
+    def chosen(name: str) -> str:
+        return option.replace("MODEL", name) if "MODEL" in option else f"{option} {name}"
+
     if model == "tabular" and observation_kind != "index":
         raise UsageError(
-            f"{option} tabular needs integer state observations, but the data's observations "
-            f"are {observation_kind} values; use --model linear or mlp"
+            f"{chosen('tabular')} needs integer state observations, but the data's "
+            f"observations are {observation_kind} values; use {chosen('linear')} or "
+            f"{chosen('mlp')}"
         )
     if model in ("tabular", "linear") and action_kind != "discrete":
         raise UsageError(
-            f"{option} {model} is over discrete actions, but the data's actions are "
-            "continuous; use --model mlp"
+            f"{chosen(model)} is over discrete actions, but the data's actions are "
+            f"continuous; use {chosen('mlp')}"
         )
 
 

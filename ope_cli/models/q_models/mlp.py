@@ -125,9 +125,10 @@ class MlpQ:
 
     def _over_budget(self) -> UsageError:
         return UsageError(
-            f"--model mlp holds the transitions in memory and needs more than "
+            f"the mlp Q model holds the transitions in memory and needs more than "
             f"{self.budget / 2**30:.3g} GiB for this data ({MEMORY_ENV} raises the budget); "
-            "use --model linear, or fit on a sample of the episodes"
+            "use the linear model (fit-q --model linear, --q fit:linear), or fit on a sample "
+            "of the episodes"
         )
 
     def data(self) -> dict[str, np.ndarray]:
