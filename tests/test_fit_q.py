@@ -421,6 +421,9 @@ def test_an_mlp_fit_stopped_before_its_look_ahead_is_not_converged(chain, monkey
     out = chain / "short_mlp.npz"
     result = _fit(chain / "logs.parquet", chain / "policies" / "eval_0.npz", out, **options)
     assert result.iterations == 3 and result.converged is False
+    # warned in every format, as ope evaluate warns (fit-q said it in its table alone)
+    (warning,) = [w for w in result.warnings if w["code"] == "q_fit_not_converged"]
+    assert "did not converge in 3 iterations" in warning["message"]
 
 
 def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain, monkeypatch):

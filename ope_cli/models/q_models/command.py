@@ -180,24 +180,40 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
-        warnings=fit_warnings(gamma_source, fit.episodes, fit.steps),
+        warnings=fit_warnings(gamma_source, fit.episodes, fit.steps, d),
     )
 
 
-def fit_warnings(gamma_source: str, episodes: int, steps: int) -> tuple[dict[str, str], ...]:
+def fit_warnings(
+    gamma_source: str, episodes: int, steps: int, diagnostics: dict | None = None
+) -> tuple[dict[str, str], ...]:
     """gamma = 1 by default on episodes of more than one step, as ope evaluate warns: the
-    Q-hat of undiscounted returns (fit-q said nothing)."""
-    if gamma_source != "default" or steps <= episodes:
-        return ()
-    return (
-        {
-            "code": "gamma_default",
-            "message": "gamma is 1, the default: neither --gamma nor the data's metadata "
-            "gives a discount, so Q-hat is fitted to undiscounted returns. If the policy "
-            'is meant with a discount, pass --gamma (or declare "gamma" in the data\'s ope '
-            "metadata).",
-        },
-    )
+    Q-hat of undiscounted returns (fit-q said nothing); an mlp fit that stopped before it
+    converged, as ope evaluate warns (``q_fit_not_converged``; fit-q said it in its table
+    alone)."""
+    warnings = []
+    if gamma_source == "default" and steps > episodes:
+        warnings.append(
+            {
+                "code": "gamma_default",
+                "message": "gamma is 1, the default: neither --gamma nor the data's metadata "
+                "gives a discount, so Q-hat is fitted to undiscounted returns. If the policy "
+                'is meant with a discount, pass --gamma (or declare "gamma" in the data\'s '
+                "ope metadata).",
+            }
+        )
+    if (diagnostics or {}).get("converged") is False:
+        warnings.append(
+            {
+                "code": "q_fit_not_converged",
+                "message": f"the fit did not converge in {diagnostics.get('iterations')} "
+                "iterations (each looks one step further ahead; long episodes or a gamma "
+                "near 1 need more): its dm can be far off, by more than its standard error "
+                "says; ope evaluate's dr and wdr stay unbiased with this Q-hat, or fit "
+                "--model linear.",
+            }
+        )
+    return tuple(warnings)
 
 
 def write_q_checkpoint(
