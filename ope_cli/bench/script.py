@@ -102,5 +102,7 @@ def measure_script(directory: Path, config: BenchConfig, progress: Progress) -> 
         "method": "wall time and peak RSS of whole processes as typed, alternated, the "
         f"fastest of {config.rounds} each; ope evaluate on a compilation cache warmed by one "
         "untimed run; the script reads the whole file with pyarrow and computes IS, WIS, "
-        "PDIS and WPDIS on flat float64 step arrays",
+        "PDIS and WPDIS on flat float64 step arrays. As plain code does, it lets pyarrow "
+        "import pandas (0.2-0.3 s on 2 cores), which ope keeps out of its processes: part "
+        "of the margin at 3M steps is that import",
     }

@@ -10,7 +10,7 @@ import numpy as np
 
 from ope_cli.bench.config import SCRIPT_STEPS, BenchConfig
 from ope_cli.bench.measure import ratio
-from ope_cli.data.buckets import Bucketer
+from ope_cli.data.buckets import Bucketer, window_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,10 @@ MEMORY_NOISE = 1.05  # peak RSS ratios within this are the same peak
 
 TARGETS: dict[str, Target] = {
     "kernel_vs_numpy": Target(3.0, False, "steps/s, kernel alone / vectorised NumPy twin"),
-    "kernel_vs_loop": Target(1000.0, False, "steps/s, kernel alone / per-episode Python loop"),
+    # SPEC 6 says "far faster"; the number is the first issue's
+    "kernel_vs_loop": Target(
+        1000.0, False, "steps/s, kernel alone / per-episode Python loop", "earlier issue"
+    ),
     "shapes_per_configuration": Target(4, True, "window shapes ope evaluate used"),
     "first_run_compile_seconds": Target(3.0, True, "s of XLA compilation, empty cache"),
     "first_run_compile_seconds_q": Target(
@@ -95,6 +98,13 @@ TARGETS: dict[str, Target] = {
     ),
 }
 TARGET_LOOP_SPEEDUP = TARGETS["kernel_vs_loop"].limit
+# Where targets are defined: the process ratio on ~5M long-tailed steps (the issue's;
+# judged from 4M), many_policies at K = 100 (SPEC 11); a kernel ratio only counts when the
+# NumPy twin computed the same estimates (to this relative difference)
+PROCESS_STEPS = 5_000_000
+PROCESS_STEPS_JUDGED = 4_000_000
+POLICIES_K = 100
+TWIN_AGREEMENT = 1e-6
 
 
 def relative_difference(a: dict, b: dict) -> float | None:
@@ -120,11 +130,13 @@ def quantiles(lengths: np.ndarray) -> dict:
     }
 
 
-def _judged(name: str, value, note: str | None = None) -> dict:
-    """{"met", "value", "threshold", "source"[, "note"]} of target ``name`` (TARGETS)."""
+def _judged(name: str, value, note: str | None = None, applies: bool = True) -> dict:
+    """{"met", "value", "threshold", "source"[, "note"]} of target ``name`` (TARGETS);
+    ``met`` None (not judged) where the value is missing or was not measured as the target
+    is defined (``applies`` False: another size, another K; the note says which)."""
     target = TARGETS[name]
     entry = {
-        "met": target.met(value),
+        "met": target.met(value) if applies else None,
         "value": value,
         "threshold": target.threshold,
         "source": target.source,
@@ -197,8 +209,9 @@ def _policies(m: dict, k: int) -> dict:
     return policies
 
 
-def _process_targets(processes: dict | None) -> dict:
-    """The targets on whole processes, when measured."""
+def _process_targets(processes: dict | None, steps: int, script: dict | None) -> dict:
+    """The targets on whole processes, when measured (``steps``: the bench data's; the
+    warm script runs of ``script`` are other data too)."""
     names = (
         "first_run_compile_seconds",
         "first_run_compile_seconds_q",
@@ -219,15 +232,36 @@ def _process_targets(processes: dict | None) -> dict:
     if processes["evaluate_over_pyarrow"] is None:
         noise = "within the floors' noise on this little data; measure on more steps (--episodes)"
         notes["process_vs_pyarrow"] = "; ".join(filter(None, [noise, notes["process_vs_pyarrow"]]))
+    sized = steps >= PROCESS_STEPS_JUDGED
+    if not sized:
+        size = (
+            f"not judged: measured on {steps:,} steps, defined on ~{PROCESS_STEPS:,} "
+            "(`ope bench --episodes 60000`); fixed costs weigh more on less data"
+        )
+        notes["process_vs_pyarrow"] = "; ".join(filter(None, [size, notes["process_vs_pyarrow"]]))
+    other = processes["other_lengths_warm_cache"]
+    warm_script = [
+        size["evaluate"]["compilations"] for size in (script or {}).get("sizes", {}).values()
+    ]
+    other_compilations = (
+        other["compilations"] + other.get("bandit_compilations", 0) + sum(warm_script)
+    )
+    notes["other_data_compilations_warm_cache"] = (
+        "other lengths, a bandit log"
+        + (", the NumPy-script data" if warm_script else "")
+        + ", each on the warm cache"
+    )
     values = (
         processes["evaluate_cold_cache"]["compile_seconds"],
         processes["evaluate_cold_cache_q"]["compile_seconds"],
-        processes["other_lengths_warm_cache"]["compilations"],
+        other_compilations,
         processes["evaluate_over_pyarrow"],
         processes["bandit_over_floor_seconds"],
     )
+    applies = dict.fromkeys(names, True) | {"process_vs_pyarrow": sized}
     return {
-        name: _judged(name, value, notes[name]) for name, value in zip(names, values, strict=True)
+        name: _judged(name, value, notes[name], applies[name])
+        for name, value in zip(names, values, strict=True)
     }
 
 
@@ -242,7 +276,7 @@ def _script_targets(config: BenchConfig, script: dict | None) -> dict:
         size = script["sizes"][str(steps)]
         notes = []
         if steps != spec_steps:
-            notes.append(f"measured at {size['steps']:,} steps; SPEC's: {spec_steps:,}")
+            notes.append(f"not judged: measured at {size['steps']:,} steps; SPEC's: {spec_steps:,}")
         value = size["evaluate_over_script"]
         if not size["estimates_agree"]:  # not the same work: no ratio rather than a wrong one
             value = None
@@ -250,31 +284,83 @@ def _script_targets(config: BenchConfig, script: dict | None) -> dict:
                 "void: the script's estimates differ from ope's by "
                 f"{size['estimates_relative_difference']}"
             )
-        judged[name] = _judged(name, value, "; ".join(notes) or None)
+        judged[name] = _judged(name, value, "; ".join(notes) or None, steps == spec_steps)
     return judged
 
 
-def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) -> dict:
+def _paddings(waste: float | None, processes: dict | None, memory: dict | None) -> dict:
+    """{data: padding waste} of the runs that report it: the bench data, the bandit log's
+    whole process (one-step episodes) and the memory runs (one very long episode among
+    them): SPEC 6 asks <= 10% for each."""
+    runs = {"bench data": waste}
+    bandit = (processes or {}).get("bandit_warm_cache")
+    if bandit and bandit.get("padded_steps") is not None:
+        runs["bandit log"] = ratio(
+            bandit["padded_steps"] - bandit["real_steps"], bandit["real_steps"]
+        )
+    for name, run in (memory or {}).items():
+        if isinstance(run, dict) and run.get("padded_steps") is not None:
+            runs[f"memory {name}"] = ratio(run["padded_steps"] - run["steps"], run["steps"])
+    return runs
+
+
+def _padding_target(paddings: dict) -> dict:
+    """The largest padding waste of ``paddings``, naming each."""
+    known = {name: value for name, value in paddings.items() if value is not None}
+    if not known:
+        return _judged("padding_waste", None)
+    worst = max(known, key=known.get)
+    note = ", ".join(f"{name} {value:.1%}" for name, value in known.items())
+    return _judged("padding_waste", known[worst], f"the largest of: {note}")
+
+
+def _kernel_target(ratios: dict, precision: dict) -> dict:
+    """kernel_vs_numpy, void where the twin did not compute the kernel's estimates."""
+    difference = precision["numpy_vs_kernel_max_relative_difference"]
+    if difference is None or difference > TWIN_AGREEMENT:
+        note = f"void: the NumPy twin's estimates differ from the kernel's by {difference}"
+        return _judged("kernel_vs_numpy", None, note)
+    return _judged("kernel_vs_numpy", ratios["kernel_over_numpy"])
+
+
+def _targets(
+    config: BenchConfig,
+    ratios: dict,
+    paddings: dict,
+    result,
+    m: dict,
+    policies: dict,
+    precision: dict,
+) -> dict:
+    memory = m["memory"]
     growth = None if memory is None else memory["growth"]
     many = policies.get("process_cost_ratio")
     many_note = None
     if many is None:
         many_note = "not measured; run `ope bench --policies 100` (with processes)"
-    elif policies["k"] != 100:
-        many_note = f"measured with K = {policies['k']}; `ope bench --policies 100` for the SPEC's"
+    elif policies["k"] < POLICIES_K:
+        many_note = (
+            f"not judged: measured with K = {policies['k']}; `ope bench --policies "
+            f"{POLICIES_K}` for the SPEC's"
+        )
     if many is not None:  # for information: the first run, and the kernel alone
         cold, kernel = policies["process_cost_ratio_cold_cache"], policies.get("cost_ratio")
         extra = [f"first run (compiles) {cold:.2f}x"]
         if kernel is not None:
             extra.append(f"kernel alone {kernel:.1f}x")
         many_note = "; ".join(([many_note] if many_note else []) + extra)
+    catalogue = window_shapes(config.batching)
+    used = len(result.runtime.batch_shapes)
     return {
-        "kernel_vs_numpy": _judged("kernel_vs_numpy", ratios["kernel_over_numpy"]),
+        "kernel_vs_numpy": _kernel_target(ratios, precision),
         "kernel_vs_loop": _judged("kernel_vs_loop", ratios["kernel_over_loop"]),
         "shapes_per_configuration": _judged(
-            "shapes_per_configuration", len(result.runtime.batch_shapes)
+            "shapes_per_configuration",
+            len(catalogue),
+            f"the fixed catalogue every configuration compiles (lanes x width: "
+            f"{', '.join(f'{w.lanes}x{w.width}' for w in catalogue)}); this data used {used}",
         ),
-        "padding_waste": _judged("padding_waste", waste),
+        "padding_waste": _padding_target(paddings),
         "memory_growth": _judged(
             "memory_growth",
             growth,
@@ -285,7 +371,7 @@ def _targets(ratios: dict, waste: float | None, result, memory, policies: dict) 
             None if memory is None else memory["one_episode_ratio"],
             None if memory is not None else "not measured; run `ope bench --memory`",
         ),
-        "many_policies": _judged("many_policies", many, many_note),
+        "many_policies": _judged("many_policies", many, many_note, policies["k"] >= POLICIES_K),
         "behavior_checkpoint_vs_logged": _judged(
             "behavior_checkpoint_vs_logged", ratios["behavior_checkpoint_over_logged"]
         ),
@@ -326,6 +412,9 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
     }
     ratios = _ratios(m)
     policies = _policies(m, config.policies)
+    precision_block = _precisions(m, precision)
+    paddings = _paddings(waste, m.get("processes"), m["memory"])
+    padding["by_data"] = paddings
     return {
         "measurements": {
             "loop": m["loop"],
@@ -342,14 +431,14 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
         "compiles": compiles,
         "padding": padding,
         "policies": policies,
-        "precision": _precisions(m, precision),
+        "precision": precision_block,
         "memory": m["memory"],
         "processes": m.get("processes"),
         "script": m.get("script"),
         "targets": _in_table_order(
             {
-                **_targets(ratios, waste, result, m["memory"], policies),
-                **_process_targets(m.get("processes")),
+                **_targets(config, ratios, paddings, result, m, policies, precision_block),
+                **_process_targets(m.get("processes"), bucketer.real_steps, m.get("script")),
                 **_script_targets(config, m.get("script")),
             }
         ),
