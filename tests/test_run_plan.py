@@ -150,6 +150,13 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
             "--behavior-log-prob-col names a logged behavior column, but --behavior b.npz",
         ),
         (dict(behavior="pkg.mod:pi", behavior_prob_col="p"), "--behavior-prob-col names a"),
+        # the named target column was checked, never read: --policy gives the probabilities
+        (
+            dict(policies=("pi.npz",), target_prob_col="tp"),
+            "--target-prob-col names a logged target column, which serves a run without "
+            "--policy, but --policy gives",
+        ),
+        (dict(policies=("pi.npz",), target_log_prob_col="lp"), "--target-log-prob-col names"),
     ],
 )
 def test_bad_option_values_are_usage_errors(options, message):
@@ -164,6 +171,7 @@ def test_good_options_pass():
     check_config(config(estimators=("wis", "dm"), q=("q.npz",)))  # one that reads Q-hat
     # an estimate is compared with the logged column (README): the column is read
     check_config(config(behavior="estimate", behavior_prob_col="mypb"))
+    check_config(config(target_prob_col="tp"))  # no --policy: the column is the target
 
 
 def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():

@@ -115,6 +115,19 @@ def check_config(config: EvaluationConfig) -> None:
             f"{named[0]} names a logged behavior column, but --behavior {policy} gives the "
             "behavior probabilities instead; drop one"
         )
+    target = [
+        option
+        for option, column in (
+            ("--target-prob-col", config.columns.target_prob),
+            ("--target-log-prob-col", config.columns.target_log_prob),
+        )
+        if column is not None
+    ]
+    if config.policies and target:  # the policies give the target probabilities
+        raise UsageError(
+            f"{target[0]} names a logged target column, which serves a run without --policy, "
+            "but --policy gives the target probabilities; drop one"
+        )
 
 
 def has_q_source(config: EvaluationConfig) -> bool:
