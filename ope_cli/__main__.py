@@ -69,10 +69,14 @@ def main() -> None:
     pyarrow loaded without pandas."""
     for name, value in SINGLE_THREADED_BLAS.items():
         os.environ.setdefault(name, value)
-    keep_freed_memory()
-    load_pyarrow_without_pandas()
-    from ope_cli.cli import main as command_line
-
+    try:  # Ctrl-C while the modules load: one line, as later (it printed a traceback)
+        keep_freed_memory()
+        load_pyarrow_without_pandas()
+        from ope_cli.cli import main as command_line
+    except KeyboardInterrupt:
+        sys.stderr.write("ope: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
     command_line()
 
 

@@ -1617,3 +1617,41 @@ def test_a_probability_and_its_log_both_named_are_refused_by_every_command(
     done = ope_in_process([command, "data.parquet", *out, *both], cwd=world.root)
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.startswith("ope: usage error: --behavior-prob-col and --behavior-log")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(world, ope_in_process, monkeypatch):
+    """typer turns Ctrl-C into exit code 130 and returns it without a word: ope exited 130
+    with an empty stderr (and could end in a segfault tearing down under XLA's threads)."""
+    import ope_cli.cli.evaluate as evaluate_command
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_command, "run_and_report", interrupted)
+    done = ope_in_process(["evaluate", "data.parquet", "-p", "pi.npz"], cwd=world.root)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
+
+
+@pytest.mark.slow  # a real process
+def test_ctrl_c_in_a_real_process_is_one_line(world):
+    """SIGINT while the modules load or the command runs: one line, exit 130 (while they
+    loaded it printed a traceback and ended by the signal)."""
+    import signal
+    import time
+
+    from conftest import ope_command, subprocess_env
+
+    (world.root / "slow_to_import.py").write_text("import time\ntime.sleep(120)\n")
+    for delay in (0.4, 4.0):  # the entry point's import holds the command up
+        child = subprocess.Popen(
+            [*ope_command(), "evaluate", "data.parquet", "-p", "slow_to_import:log_prob"],
+            cwd=world.root,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=60)
+        assert (child.returncode, stdout, stderr) == (130, "", "ope: interrupted\n"), delay

@@ -8,6 +8,7 @@ commands, so ``ope --help`` is instant.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Annotated
@@ -118,8 +119,7 @@ def run(argv: list[str]) -> int:
         say(f"ope: usage error: {usage_message(error)}")
         return UsageError.exit_code
     except KeyboardInterrupt:
-        say("ope: interrupted")
-        return INTERRUPTED_EXIT_CODE
+        code = INTERRUPTED_EXIT_CODE
     except Exception as error:  # noqa: BLE001 - anything else is a bug: say so, exit 1
         if debug:
             traceback.print_exc()
@@ -129,7 +129,19 @@ def run(argv: list[str]) -> int:
             highlight=True,
         )
         return INTERNAL_ERROR_EXIT_CODE
+    if code == INTERRUPTED_EXIT_CODE:  # typer returns Ctrl-C as 130, without a word
+        say("ope: interrupted")
     return code if isinstance(code, int) else 0
+
+
+def exit_with(code: int) -> None:
+    """Ends the process with ``code``; after Ctrl-C without tearing the interpreter down
+    while XLA's threads may still run (that ended in a segfault in 2 of 8 tries)."""
+    if code == INTERRUPTED_EXIT_CODE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main() -> None:
@@ -140,7 +152,7 @@ def main() -> None:
         if not supervisor.is_worker():
             sys.exit(supervisor.supervise(argv))
         supervisor.keep_stdout_for_the_result()
-    sys.exit(run(argv))
+    exit_with(run(argv))
 
 
 __all__ = ["app", "main", "run"]
