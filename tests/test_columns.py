@@ -165,10 +165,10 @@ def test_alias_match_is_case_insensitive():
     ("extra", "role", "option"),
     [
         ({"Reward": F64}, "reward", "--reward-col"),  # after 'reward', it replaced it
-        ({"pscore": F64}, "behavior prob", "--behavior-prob-col"),
+        ({"pscore": F64}, "behavior probability", "--behavior-prob-col"),
         ({"ACTION": I64}, "action", "--action-col"),
         ({"obs": pa.list_(F64)}, "observation", "--obs-col"),
-        ({"trajectory_id": I64}, "episode", "--episode-col"),
+        ({"trajectory_id": I64}, "episode id", "--episode-col"),
     ],
 )
 def test_two_columns_for_one_role_are_refused_unless_one_is_named(extra, role, option):
@@ -185,6 +185,24 @@ def test_two_columns_for_one_role_are_refused_unless_one_is_named(extra, role, o
     field = option.removeprefix("--").removesuffix("-col").replace("-", "_")
     field = {"obs": "observation"}.get(field, field)
     assert resolve(schema, **{field: next(iter(extra))}).columns
+
+
+def test_two_columns_for_a_role_the_run_does_not_read_pass():
+    """Only roles read are refused: behavior columns under --behavior, target columns with
+    --policy, a probability whose log is named (the refusal had no way out: naming the
+    column beside --behavior is refused too)."""
+    both = step_schema(pscore=F64)  # behavior_prob and pscore
+    assert (
+        "behavior_prob"
+        not in resolve_schema(
+            both, ColumnMapping(), logged_target=False, logged_behavior=False
+        ).columns
+    )
+    targets = step_schema(target_prob=F64, target_probs=F64)
+    assert "target_prob" not in resolve(targets).columns
+    with_log = step_schema(pscore=F64, logp=F64)
+    chosen = resolve(with_log, behavior_log_prob="logp")
+    assert chosen.columns["behavior_log_prob"] == "logp" and "behavior_prob" not in chosen.columns
 
 
 # ----------------------------------------------------------------------------- layout

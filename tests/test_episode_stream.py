@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -82,7 +84,8 @@ def test_reconfigured_resolves_the_columns_again(logs):
     stream = open_episodes(DataConfig(str(path), behavior_column="unread"))
     assert not stream.schema.behavior_logged
     again = stream.reconfigured(behavior_column="required")
-    assert again.data is stream.data and again.schema.behavior_logged
+    # the same opened data (its files compared for the roles now read)
+    assert again.data.dataset is stream.data.dataset and again.schema.behavior_logged
 
 
 @pytest.mark.parametrize(
@@ -249,3 +252,34 @@ def test_a_share_counts_the_rows_before_it_only_when_it_is_read(tmp_path):
     share = stream.restrict(stream.data.files[2:])  # no reading here
     with pytest.raises(DataError):
         share.first_row  # noqa: B018 - the damaged file is read when a count is needed
+
+
+@pytest.mark.parametrize(
+    ("extra", "options", "words"),
+    [
+        # a later file's 'step' went unread: its shuffled rows were taken in file order
+        ("step", {}, "part-00001.parquet: its column(s) 'step' could be the step, where the"),
+        # a column no role of the run reads, or a role named by its option: read as before
+        ("target_prob", {}, None),
+        ("rewards", {"columns": ColumnMapping(reward="reward")}, None),
+        ("pscore", {"behavior_column": "unread"}, None),
+    ],
+)
+def test_every_file_gives_the_roles_read_the_first_file_s_columns(tmp_path, extra, options, words):
+    episodes = random_episodes(np.random.default_rng(5), 12, median_length=4, max_length=9)
+    path = write_step_layout(episodes, tmp_path / "logs", n_files=2)
+    files = sorted(path.glob("*.parquet"))
+    first = pq.read_table(files[0])
+    if "step" in first.column_names:
+        pq.write_table(first.drop_columns(["step"]), files[0])
+    later = pq.read_table(files[1])
+    if extra not in later.column_names:
+        values = later.column("step") if extra == "step" else pa.array(np.full(later.num_rows, 0.5))
+        later = later.append_column(extra, values)
+    pq.write_table(later.drop_columns(["step"]) if extra != "step" else later, files[1])
+    stream = open_episodes(DataConfig(str(path), **options))
+    if words is None:
+        assert sum(chunk.num_episodes for chunk in stream) == 12
+        return
+    with pytest.raises(DataError, match=re.escape(words)):
+        list(stream)

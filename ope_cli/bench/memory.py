@@ -50,6 +50,21 @@ def peak_rss_of(command: list[str], env: dict, stdout_path: Path) -> tuple[int, 
     return peak_kib * 1024, time.perf_counter() - started
 
 
+def _peak_run(command: list[str], env: dict, stdout_path: Path) -> dict:
+    """One ``ope evaluate`` child's peak RSS and seconds, with its steps (real, padded) and
+    longest episode from its JSON report."""
+    peak, seconds = peak_rss_of(command, env, stdout_path)
+    reported = json.loads(stdout_path.read_text())
+    return {
+        "steps": reported["dataset"]["steps"],
+        "padded_steps": reported["runtime"]["padded_steps"],
+        "longest": reported["dataset"]["max_length"],
+        "peak_rss_bytes": peak,
+        "peak_rss_mib": peak / 2**20,
+        "seconds": seconds,
+    }
+
+
 def measure_memory(
     directory: Path,
     base_steps: int,
@@ -66,7 +81,6 @@ def measure_memory(
     # a warm compilation cache, as a user's second run has: compiling adds ~55 MiB to every
     # peak, a constant on both sides of the ratios that pulls them towards 1
     env = dict(os.environ, OPE_CACHE_DIR=str(directory / "memory-cache"))
-    warming = False
     big = MEMORY_FACTOR * base_steps
     cases = {  # name: (episodes, seed)
         "1x": (episodes_for_steps(base_steps), seed + 1),
@@ -83,22 +97,12 @@ def measure_memory(
             info = generate_data(path, episodes, data_seed)
         lengths[name] = info["lengths"]
         command = evaluate_command(str(path), checkpoint, batching)
-        if not warming:  # one untimed run fills the cache with the configuration's kernels
+        if not runs:  # one untimed run fills the cache with the configuration's kernels
             progress("memory: one ope evaluate fills the compilation cache")
             peak_rss_of(command, env, directory / f"memory_{name}.json")
-            warming = True
         progress(f"memory: ope evaluate on {info['steps']:,} steps ({name}) in a subprocess")
-        peak, seconds = peak_rss_of(command, env, directory / f"memory_{name}.json")
-        reported = json.loads((directory / f"memory_{name}.json").read_text())
+        runs[name] = _peak_run(command, env, directory / f"memory_{name}.json")
         path.unlink()
-        runs[name] = {
-            "steps": reported["dataset"]["steps"],
-            "padded_steps": reported["runtime"]["padded_steps"],
-            "longest": reported["dataset"]["max_length"],
-            "peak_rss_bytes": peak,
-            "peak_rss_mib": peak / 2**20,
-            "seconds": seconds,
-        }
     many, base = runs[f"{MEMORY_FACTOR}x"]["peak_rss_bytes"], runs["1x"]["peak_rss_bytes"]
     return {
         **runs,

@@ -136,16 +136,40 @@ def _is_number(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype)
 
 
-def role_names(names: list[str]) -> list[str]:
-    """The ``names`` that some role would find without an option (its default name or an
+def role_candidates(role: str, names: list[str]) -> list[str]:
+    """The ``names`` that ``role`` would find without its option (its default name or an
     alias, in any case)."""
-    known = {
-        alias for role, aliases in ALIASES.items() if role not in NAMED_ONLY for alias in aliases
-    }
-    return [name for name in names if name.lower() in known]
+    return [] if role in NAMED_ONLY else [name for name in names if name.lower() in ALIASES[role]]
 
 
-def _find_column(role: str, names: list[str], mapping: ColumnMapping) -> str | None:
+OPTIONAL_ROLES = ("step", "episode")  # read when a column has their name
+
+
+def compared_roles(schema: DataSchema, mapping: ColumnMapping) -> tuple[str, ...]:
+    """The roles every file of a dataset must find alike, by name: those ``schema`` reads
+    that no option names, and the optional ones it found no column for (a later file's
+    'step' would have been read, had the first file had it)."""
+    read = [role for role in schema.read_roles if getattr(mapping, role, None) is None]
+    absent = [
+        role
+        for role in OPTIONAL_ROLES
+        if role not in schema.columns and getattr(mapping, role) is None
+    ]
+    return tuple(dict.fromkeys([*read, *absent]))
+
+
+ROLE_WORDS = {
+    "episode": "episode id",
+    "behavior_prob": "behavior probability",
+    "behavior_log_prob": "behavior log-probability",
+    "target_prob": "target probability",
+    "target_log_prob": "target log-probability",
+}
+
+
+def _candidates(role: str, names: list[str], mapping: ColumnMapping) -> list[str]:
+    """The columns that could play ``role``: the one its option names, else every column
+    whose name is its default or an alias, in any case (several: ``_refuse_ambiguous``)."""
     override = getattr(mapping, role)
     if override is not None:
         if override not in names:
@@ -153,16 +177,22 @@ def _find_column(role: str, names: list[str], mapping: ColumnMapping) -> str | N
                 f"column {override!r} given by {OPTION_FOR_ROLE[role]} is not in the data "
                 f"(columns: {', '.join(names)})"
             )
-        return override
-    if role in NAMED_ONLY:
-        return None
-    found = [name for name in names if name.lower() in ALIASES[role]]
-    if len(found) > 1:  # 'reward' beside 'Reward', 'pscore' beside 'action_prob'
-        raise DataError(
-            f"columns {', '.join(map(repr, found))} could each be the "
-            f"{role.replace('_', ' ')}; name the one to use with {OPTION_FOR_ROLE[role]}"
-        )
-    return found[0] if found else None
+        return [override]
+    return role_candidates(role, names)
+
+
+def _refuse_ambiguous(candidates: dict[str, list[str]], read: dict[str, str]) -> None:
+    """A DataError for a role read (``read``: role -> column) that two columns could play
+    ('reward' beside 'Reward', 'pscore' beside 'action_prob'): one was picked by column
+    order or alias rank, without a word. Roles the run does not read pass."""
+    for role in read:
+        found = candidates.get(role, [])
+        if len(found) > 1:
+            words = ROLE_WORDS.get(role, role.replace("_", " "))
+            raise DataError(
+                f"columns {', '.join(map(repr, found))} could each be the {words}; name the "
+                f"one to use with {OPTION_FOR_ROLE[role]}, or rename or drop the other"
+            )
 
 
 def _missing(role: str, names: list[str], what: str) -> DataError:
@@ -287,8 +317,8 @@ def _select_columns(
 ) -> tuple[dict, dict]:
     """({role: column name} of the roles found, checked for the required ones; {role:
     column name} of the columns read to be compared with their twin: ``_prefer``)."""
-    found = {role: _find_column(role, names, mapping) for role in ALIASES}
-    columns = {role: name for role, name in found.items() if name is not None}
+    candidates = {role: _candidates(role, names, mapping) for role in ALIASES}
+    columns = {role: found[0] for role, found in candidates.items() if found}
     if not logged_target:
         columns.pop("target_prob", None)
         columns.pop("target_log_prob", None)
@@ -322,6 +352,7 @@ def _select_columns(
     )
     if not logged_target and "observation" not in columns:
         raise _missing("observation", names, "observation")
+    _refuse_ambiguous(candidates, {**columns, **cross_checked})
     return columns, cross_checked
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.data.columns import ALIASES, DataSchema, resolve_schema
+from ope_cli.data.columns import ALIASES, DataSchema, compared_roles, resolve_schema
 from ope_cli.data.decode import list_lengths, plain
 from ope_cli.data.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
 from ope_cli.data.sources import Dataset, SourcedBatch, iter_batches, open_dataset
@@ -148,14 +148,25 @@ class EpisodeStream:
             _vector_columns(self.schema),
         )
         cache = self._cache if same else {}
-        return dataclasses.replace(self, config=config, schema=schema, _cache=cache)
+        data = _comparing(self.data, schema, config)
+        return dataclasses.replace(self, config=config, data=data, schema=schema, _cache=cache)
 
 
 def open_episodes(config: DataConfig) -> EpisodeStream:
     """Opens ``config.source`` and resolves its columns; no row is read yet. Raises
     DataError (no such data, unreadable, a required column missing or of the wrong type)."""
     data = open_dataset(config.source)
-    return EpisodeStream(config, data, resolve_columns(data, config))
+    schema = resolve_columns(data, config)
+    return EpisodeStream(config, _comparing(data, schema, config), schema)
+
+
+def _comparing(data: Dataset, schema: DataSchema, config: DataConfig) -> Dataset:
+    """``data``, each file checked to give the roles ``schema`` found by name the same
+    columns as the first file (``columns.compared_roles``), where its format has files
+    that can differ."""
+    if not hasattr(data, "comparing"):
+        return data
+    return data.comparing(compared_roles(schema, config.columns))
 
 
 # the data's first non-null vectors (in file order) whose usual length is every vector's

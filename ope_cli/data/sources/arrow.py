@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 import ope_cli.data.sources.remote as remote
-from ope_cli.data.columns import role_names
+from ope_cli.data.columns import role_candidates
 from ope_cli.data.sources.base import (
     METADATA_KEY,
     DeclaredBounds,
@@ -61,6 +61,15 @@ class ArrowFileDataset:
     partition_base_dir: str | None = None
     filesystem: pafs.FileSystem | None = None
     prefix: str = ""
+    # roles every file must find alike by name (``comparing``; () until columns resolve)
+    compared_roles: tuple[str, ...] = ()
+
+    def comparing(self, roles: tuple[str, ...]) -> ArrowFileDataset:
+        """This dataset, each file's columns checked to give ``roles`` the columns the
+        first file gives them (roles are found in the first file's schema)."""
+        if tuple(roles) == self.compared_roles:
+            return self
+        return dataclasses.replace(self, compared_roles=tuple(roles))
 
     @classmethod
     def open(
@@ -197,14 +206,17 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
                 f"{file}: column {name!r} has type {actual} in this file but "
                 f"{expected} in the dataset's first file"
             )
-    first = set(data.schema.names)
-    unseen = [name for name in role_names(physical.names) if name not in first]
-    if unseen:  # roles are found in the first file: a later file's 'step' was never read
-        raise DataError(
-            f"{file}: has column(s) {', '.join(map(repr, unseen))}, which the dataset's first "
-            f"file has not (its columns: {', '.join(data.schema.names)}): every file of a "
-            "dataset names its columns alike"
-        )
+    for role in data.compared_roles:  # found in the first file: a later 'step' went unread
+        first = role_candidates(role, data.schema.names)
+        own = role_candidates(role, physical.names)
+        own += [name for name in first if _in_hive_folder(fragment.path, name)]
+        if sorted(own) != sorted(first):
+            raise DataError(
+                f"{file}: its column(s) {', '.join(map(repr, own)) or 'none'} could be the "
+                f"{role.replace('_', ' ')}, where the dataset's first file has "
+                f"{', '.join(map(repr, first)) or 'none'}: every file of a dataset names its "
+                "columns alike (rename or drop the column, or name it with its option)"
+            )
     _check_declared(file, declared_bounds(physical, file), data.declared_bounds())
 
 
