@@ -531,14 +531,16 @@ def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, mon
     line = str(error.value)
     assert "\n" not in line
     assert "of at most 5 steps (its horizon), but the data holds an episode of" in line
-    # data cut at horizon 5 against the full episodes' truth: refused before the data is read
+    # data cut at horizon 5 against the full episodes' truth: an episode reached the cut
     with pytest.raises(UsageError) as error:
         ope_cli.evaluate(
             tmp_path / "cut" / "logs.parquet",
             policies=[folder / "policies" / f"eval_{k}.npz" for k in range(3)],
             truth=folder / "truth.json",
         )
-    assert "gives true values for no horizon, but the data declares horizon 5" in str(error.value)
+    assert "gives true values for episodes that run to their end, but the data holds an" in str(
+        error.value
+    )
 
 
 def test_selection_notes_name_policies_as_the_results_do(chain, monkeypatch):

@@ -455,6 +455,17 @@ def test_a_standard_error_noted_zero_is_zero():
     assert outcomes == {"zero", "null"}
 
 
+def test_a_standard_error_of_huge_terms_is_not_noted_zero():
+    """total * total overflowed past 1.3e154: 1000 terms of about 1.5e152 (10% spread) had
+    a standard error of 0, noted "0 to float64's precision" (the true one is 4.6e149)."""
+    from ope_cli.estimation.estimators.importance import mean_and_sem, spread_resolution
+
+    x = 1.5e152 * (1 + 0.1 * np.random.default_rng(2).standard_normal(1000))
+    _, stderr = mean_and_sem(x.sum(), (x * x).sum(), 1000.0, 0.0)
+    assert float(stderr) == pytest.approx(x.std(ddof=1) / np.sqrt(1000), rel=1e-9)
+    assert spread_resolution(x.sum(), (x * x).sum(), 1000.0) == (None, False)
+
+
 def test_a_mean_below_float64_s_range_is_noted():
     """Every trajectory weight about e^-800: IS is not 0 but prints as 0 +- 0, and the
     zero-width warning blamed the episodes' spread. Its note says the weights underflow;

@@ -16,6 +16,7 @@ from ope_cli.choosing.selection import (
     average_ranks,
     bonferroni_level,
     check_truth_gamma,
+    check_truth_horizon,
     could_be_best,
     coverage,
     estimated_best,
@@ -177,6 +178,30 @@ def test_a_truth_for_another_gamma_is_refused_in_one_line(tmp_path):
         assert f"({words})" in line and "--gamma 0.95" in line
 
 
+def test_a_truth_for_another_horizon_is_refused_and_a_looser_bound_is_not():
+    """A declared horizon bounds the episodes, it does not cut them: a truth for episodes
+    that run to their end fits data declaring 500 whose longest episode has 58 steps, and
+    a truth for horizon 1000 fits data declaring 2000 (both were refused). Refused: data
+    whose episodes stop before the truth's horizon, an episode past it, and an episode
+    that reached the declared bound against a truth without one."""
+    full = {"horizon": None, "policies": []}
+    cut = {"horizon": 1000, "policies": []}
+    check_truth_horizon(full, 500)
+    check_truth_horizon(full, 500, longest=58)
+    check_truth_horizon(cut, 2000)
+    check_truth_horizon(cut, 2000, longest=1000)
+    check_truth_horizon({"a.npz": 1.0}, 3, longest=9)  # says no horizon: not checked
+    check_truth_horizon({"policies": []}, 3, longest=9)  # no "horizon" key: the same
+    for truth, declared, longest, words in (
+        (cut, 400, None, "but the data's episodes have at most 400 steps"),
+        (cut, None, 1001, "of at most 1000 steps (its horizon), but the data holds an episode"),
+        (full, 500, 500, "that run to their end, but the data holds an episode of 500 steps"),
+    ):
+        with pytest.raises(UsageError) as error:
+            check_truth_horizon(truth, declared, longest)
+        assert words in one_line(error)
+
+
 def test_unreadable_truth_file_and_ambiguous_file_name(tmp_path):
     with pytest.raises(UsageError) as error:
         read_truth(tmp_path / "absent.json", ["a.npz"])
@@ -278,6 +303,13 @@ def test_spearman_ties_estimates_equal_to_rounding_as_the_ranks_do():
     assert spearman(estimates, np.array([0.5, 0.3, 0.1])) == pytest.approx(expected)
     chained = np.array([1.0, 1.0 + 4e-13, 1.0 + 8e-13, 1.0 + 1.2e-12, 2.0])  # neighbours tie
     assert average_ranks(chained).tolist() == [2.5, 2.5, 2.5, 2.5, 5.0]
+    assert average_ranks(np.array([1.0, np.inf, 2.0])).tolist() == [1.0, 3.0, 2.0]
+
+
+def test_a_policy_called_behavior_without_a_truth_is_said_to_be_left_out():
+    """Its shown name is the baseline's: the note said "no sharpe@k" only."""
+    note = missing_truth_note({"p.npz": None, BASELINE_BEHAVIOR: 1.0}, {"p.npz": "behavior"})
+    assert note == "--truth has no value for behavior; left out of the selection metrics"
 
 
 def test_one_policy():

@@ -89,31 +89,40 @@ def truth_horizon(source: str | Path | Mapping) -> tuple[bool, int | None]:
     return True, horizon if isinstance(horizon, int) and not isinstance(horizon, bool) else None
 
 
-def _horizon_text(horizon: int | None) -> str:
-    return "no horizon" if horizon is None else f"horizon {horizon}"
-
-
 def check_truth_horizon(
     source: str | Path | Mapping, declared: int | None, longest: int | None = None
 ) -> None:
-    """UsageError (one line) when truth.json's values are for episodes cut at another
-    horizon than the data's: the horizon the data declares (``declared``, None: none or not
-    said), or, once the data is read, an episode ``longest`` steps long beyond the truth's
-    horizon. A truth for horizon 5 scored estimates over 97-step episodes without a word."""
+    """UsageError (one line) when truth.json's values are for episodes cut elsewhere than
+    the data's (a truth for horizon 5 scored estimates over 97-step episodes without a
+    word). ``declared``: at most how many steps the data's episodes have (its metadata or
+    --horizon; None: not said), an upper bound, not a cut. Before the data is read
+    (``longest`` None): refused where the data's episodes stop before the truth's horizon.
+    After (``longest``: the longest episode): where one runs past the truth's horizon, or
+    the truth runs episodes to their end but one reached the declared bound (it may have
+    been cut there)."""
     said, horizon = truth_horizon(source)
     if not said:
         return
     name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
-    if declared is not None and horizon != declared:
-        raise UsageError(
-            f"{name} gives true values for {_horizon_text(horizon)}, but the data declares "
-            f"horizon {declared}: give the truth for horizon {declared}"
-        )
-    if horizon is not None and longest is not None and longest > horizon:
+    if longest is None:
+        if declared is not None and horizon is not None and declared < horizon:
+            raise UsageError(
+                f"{name} gives true values for horizon {horizon}, but the data's episodes have "
+                f"at most {declared} steps (its declared horizon): give the truth for horizon "
+                f"{declared}"
+            )
+        return
+    if horizon is not None and longest > horizon:
         raise UsageError(
             f"{name} gives true values for episodes of at most {horizon} steps (its horizon), "
             f"but the data holds an episode of {longest:,} steps: give the truth for the "
             "data's horizon"
+        )
+    if horizon is None and declared is not None and longest >= declared:
+        raise UsageError(
+            f"{name} gives true values for episodes that run to their end, but the data "
+            f"holds an episode of {longest:,} steps, its declared horizon (cut there, it "
+            f"may be): give the truth for horizon {declared}"
         )
 
 
@@ -267,11 +276,13 @@ def missing_truth_note(
     evaluated policies are left out of the selection metrics; without the baseline
     ``behavior``'s value there is no sharpe@k. ``names``: {policy: the name the note gives
     it} (None: as keyed)."""
-    missing = [(names or {}).get(name, name) for name, value in truth.items() if value is None]
+    missing = [key for key, value in truth.items() if value is None]  # the baseline by key
+    policies = [(names or {}).get(key, key) for key in missing if key != BASELINE_BEHAVIOR]
     parts = []
-    if [name for name in missing if name != BASELINE_BEHAVIOR]:
-        names = ", ".join(name for name in missing if name != BASELINE_BEHAVIOR)
-        parts.append(f"--truth has no value for {names}; left out of the selection metrics")
+    if policies:
+        parts.append(
+            f"--truth has no value for {', '.join(policies)}; left out of the selection metrics"
+        )
     if BASELINE_BEHAVIOR in missing:
         parts.append("--truth has no value for behavior; no sharpe@k")
     return "; ".join(parts) or None
@@ -302,9 +313,9 @@ def average_ranks(x_k: np.ndarray) -> np.ndarray:
     order = np.argsort(x_k, kind="stable")
     sorted_x = x_k[order]
     with np.errstate(invalid="ignore"):
-        steps_up = sorted_x[1:] - sorted_x[:-1] > RESOLVED * np.maximum(
-            np.abs(sorted_x[1:]), np.abs(sorted_x[:-1])
-        )
+        step = sorted_x[1:] - sorted_x[:-1]
+        steps_up = step > RESOLVED * np.maximum(np.abs(sorted_x[1:]), np.abs(sorted_x[:-1]))
+        steps_up |= ~np.isfinite(step)  # an infinite or NaN value is its own run
     starts = np.flatnonzero(np.r_[True, steps_up])
     ends = np.r_[starts[1:], x_k.size]  # each run of equal values: [start, end)
     run_rank = (starts + ends + 1) / 2.0  # mean of the 1-based ranks start+1 .. end

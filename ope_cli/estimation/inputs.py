@@ -128,7 +128,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         qs = [_with_mismatch(q, p, policies, plan) for q, p in zip(qs, policies, strict=True)]
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
-        check_truth_horizon(config.choosing.truth, declared.horizon)
+        check_truth_horizon(config.choosing.truth, plan.checked[1])
     files = len(episodes.data.files)
     process_id, num_processes = process
     if num_processes > 1:

@@ -105,7 +105,7 @@ def centred_squares(total, total_sq, n):
     squares: the one rounding of it that the standard error and its resolution check
     (``spread_resolution``) both read (sum x^2 / n - (sum x / n)^2 rounds otherwise: a
     check that found 0 passed a standard error of rounding alone)."""
-    return total_sq - total * total / n
+    return total_sq - total * (total / n)  # (total * total overflows past 1.3e154)
 
 
 def mean_and_sem(
