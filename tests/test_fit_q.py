@@ -423,7 +423,8 @@ def test_an_mlp_fit_stopped_before_its_look_ahead_is_not_converged(chain, monkey
     assert result.iterations == 3 and result.converged is False
     # warned in every format, as ope evaluate warns (fit-q said it in its table alone)
     (warning,) = [w for w in result.warnings if w["code"] == "q_fit_not_converged"]
-    assert "did not converge in 3 iterations" in warning["message"]
+    assert "(mlp) did not converge in 3 iterations" in warning["message"]
+    assert "or --model linear" in warning["message"]  # discrete actions: it fits them
 
 
 def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain, monkeypatch):
@@ -435,6 +436,14 @@ def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain, monkeypatch):
     out = chain / "gamma0_mlp.npz"
     result = _fit(chain / "logs.parquet", chain / "policies" / "eval_0.npz", out, **options)
     assert result.iterations >= 1 and np.isfinite(result.dm) and np.isfinite(result.bellman_rmse)
+
+
+def test_an_unconverged_fit_suggests_the_linear_model_only_where_it_fits():
+    """Over continuous actions --model linear is refused: the warning did suggest it."""
+    from ope_cli.models.q_models.base import unconverged_message
+
+    assert "or --q fit:linear" in unconverged_message("mlp", 100, True, "--q fit:linear")
+    assert "linear" not in unconverged_message("mlp", 100, False, "--q fit:linear")
 
 
 def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):

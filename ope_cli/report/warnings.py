@@ -14,6 +14,7 @@ from ope_cli.choosing.comparison import best_set_replicates
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
+from ope_cli.models.q_models.base import unconverged_message
 from ope_cli.report.formatting import discount, fixed, percent, significant
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -192,15 +193,9 @@ def _unconverged_fit_warnings(policy: PolicyResult, warn) -> list[Warning]:
         return []
     iterations = fit.get("iterations")
     ran = max(iterations) if isinstance(iterations, list) else iterations
-    return [
-        warn(
-            Q_FIT_NOT_CONVERGED,
-            f"the fitted Q-hat ({fit.get('model')}) did not converge in {ran} iterations "
-            "(each looks one step further ahead; long episodes or a gamma near 1 need more): "
-            "dm can be far off, by more than its interval says; prefer dr or wdr, or "
-            "--q fit:linear.",
-        )
-    ]
+    discrete = policy.q.kind != "mlp_q_sa"
+    message = unconverged_message(fit.get("model"), ran, discrete, "--q fit:linear")
+    return [warn(Q_FIT_NOT_CONVERGED, message)]
 
 
 def _dm_far_from_dr_warnings(policy: PolicyResult, warn) -> list[Warning]:

@@ -67,6 +67,18 @@ def check_q_model_fits(
         )
 
 
+def unconverged_message(model: str, iterations, discrete: bool, linear: str) -> str:
+    """What a fit that stopped before it converged means (``q_fit_not_converged``, evaluate's
+    and fit-q's); the linear model (``linear``: how the command asks for it) is suggested
+    for discrete actions only, the ones it fits."""
+    way_out = f", or {linear}" if discrete else ""
+    return (
+        f"the fitted Q-hat ({model}) did not converge in {iterations} iterations (each looks "
+        "one step further ahead; long episodes or a gamma near 1 need more): dm can be far "
+        f"off, by more than its interval says; prefer dr or wdr{way_out}."
+    )
+
+
 def kind_of(model: str, discrete: bool) -> str:
     """The checkpoint kind a model writes: mlp over continuous actions writes mlp_q_sa."""
     return MODELS[model] if discrete or model != "mlp" else "mlp_q_sa"

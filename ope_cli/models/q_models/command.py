@@ -24,7 +24,11 @@ from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
-from ope_cli.models.q_models.base import check_q_model_fits, default_q_model
+from ope_cli.models.q_models.base import (
+    check_q_model_fits,
+    default_q_model,
+    unconverged_message,
+)
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.models.qfunctions import provenance_arrays
 from ope_cli.outputs import refuse_existing
@@ -180,7 +184,9 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
-        warnings=fit_warnings(gamma_source, fit.episodes, fit.steps, d),
+        warnings=fit_warnings(
+            gamma_source, fit.episodes, fit.steps, {**d, "model": fit.model, "kind": fit.kind}
+        ),
     )
 
 
@@ -203,16 +209,10 @@ def fit_warnings(
             }
         )
     if (diagnostics or {}).get("converged") is False:
-        warnings.append(
-            {
-                "code": "q_fit_not_converged",
-                "message": f"the fit did not converge in {diagnostics.get('iterations')} "
-                "iterations (each looks one step further ahead; long episodes or a gamma "
-                "near 1 need more): its dm can be far off, by more than its standard error "
-                "says; ope evaluate's dr and wdr stay unbiased with this Q-hat, or fit "
-                "--model linear.",
-            }
-        )
+        model, iterations = diagnostics.get("model", "mlp"), diagnostics.get("iterations")
+        discrete = diagnostics.get("kind") != "mlp_q_sa"
+        message = unconverged_message(model, iterations, discrete, "--model linear")
+        warnings.append({"code": "q_fit_not_converged", "message": message})
     return tuple(warnings)
 
 
