@@ -438,7 +438,7 @@ def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monke
         with pytest.raises(PolicyError) as raised:
             ope_cli.evaluate(data, policies=target_path, q=f"narrow_critic:{name}")
         assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
-        assert "returns action values of shape (1,) for one observation, but the policy has 4" in (
+        assert "returns action values of shape (1,) for one observation, but V-hat sums over 4" in (
             str(raised.value)
         )
     import jax

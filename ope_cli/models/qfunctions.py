@@ -573,7 +573,8 @@ def step_values(
         if jnp.shape(q_all) != (spec.n_actions,):  # a [1] broadcast and clamped silently
             raise PolicyError(
                 f"returns action values of shape {jnp.shape(q_all)} for one observation, but "
-                f"the policy has {spec.n_actions} actions (expected shape ({spec.n_actions},))"
+                f"V-hat sums over {spec.n_actions} actions (the n_actions the Q or the policy "
+                f"declares): return one value per action, shape ({spec.n_actions},)"
             )
         if log_pi is None:
             log_pi = action_log_probs(log_prob, policy_params, observation, spec.n_actions)
@@ -586,7 +587,7 @@ def step_values(
     if jnp.shape(q_logged) != ():
         raise PolicyError(
             f"returns a value of shape {jnp.shape(q_logged)} for one (observation, action), "
-            "not one number"
+            "not one number: return a scalar (q[0] of a one-value output, say)"
         )
     return q_logged, jnp.mean(q_drawn)
 
