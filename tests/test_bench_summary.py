@@ -373,6 +373,7 @@ def test_script_agreement_is_relative_to_the_largest_estimate():
     [
         (BenchConfig(script_steps=(1000, 4000)), "--script-steps applies to --script only"),
         (BenchConfig(memory_steps=5000), "--memory-steps applies to --memory only"),
+        (BenchConfig(data="x.parquet", episodes=100), "--episodes sizes generated data"),
     ],
 )
 def test_sizes_of_measurements_not_asked_for_are_refused(config, words):
@@ -382,3 +383,13 @@ def test_sizes_of_measurements_not_asked_for_are_refused(config, words):
 
     with pytest.raises(UsageError, match=words):  # before any data is generated
         bench(config)
+
+
+def test_out_naming_a_file_is_a_usage_error(tmp_path):
+    """mkdir's FileExistsError was reported as an internal error (exit 1)."""
+    from ope_cli.bench.run import bench
+    from ope_cli.errors import UsageError
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(UsageError, match="--out .*afile: a file, where a directory is wanted"):
+        bench(BenchConfig(out=str(tmp_path / "afile")))

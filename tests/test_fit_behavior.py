@@ -169,6 +169,19 @@ def test_in_memory_models_refuse_past_their_budget():
     with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:
         model.add(np.zeros((200, 4)), np.zeros(200, np.int64), np.zeros(200, np.int64))
     assert "ope fit-behavior" in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith("the linear_softmax behavior model holds")  # any command
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "0", "-1", "inf"])
+def test_a_memory_budget_that_is_not_a_positive_size_is_a_usage_error(value, monkeypatch):
+    """abc and nan were internal errors (exit 1), 0 and -1 budgets of "-1 GiB"."""
+    from ope_cli.models.behavior_models.softmax import memory_budget
+
+    monkeypatch.setenv("OPE_FIT_MEMORY_GB", value)
+    with pytest.raises(UsageError, match=f"OPE_FIT_MEMORY_GB='{value}': give the memory budget"):
+        memory_budget()
+    monkeypatch.setenv("OPE_FIT_MEMORY_GB", "0.5")
+    assert memory_budget() == 2**29
 
 
 def test_fold_index_is_the_same_in_numpy_and_jax():

@@ -25,6 +25,7 @@ from ope_cli._version import __version__
 from ope_cli.bench.batches import describe_batches, host_batches, open_source
 from ope_cli.bench.config import (
     BENCH_SCHEMA_VERSION,
+    DEFAULT_EPISODES,
     DEFAULT_MEMORY_STEPS,
     SCRIPT_STEPS,
     BenchConfig,
@@ -81,6 +82,8 @@ def _check(config: BenchConfig) -> None:
         raise UsageError("--memory-steps applies to --memory only")
     if tuple(config.script_steps) != SCRIPT_STEPS and not config.script:
         raise UsageError("--script-steps applies to --script only")
+    if config.episodes != DEFAULT_EPISODES and config.data is not None:
+        raise UsageError("--episodes sizes generated data; with --data it changes nothing")
     small, large = config.script_steps
     if not 0 < small < large:
         raise UsageError(f"--script-steps {small} {large}: must be 0 < SMALL < LARGE")
@@ -93,6 +96,8 @@ def _check(config: BenchConfig) -> None:
 def _work_directory(out: str | None) -> Iterator[Path]:
     if out is not None:
         path = Path(out)
+        if path.exists() and not path.is_dir():  # mkdir's FileExistsError was an internal error
+            raise UsageError(f"--out {out}: a file, where a directory is wanted")
         path.mkdir(parents=True, exist_ok=True)
         yield path
     else:

@@ -15,6 +15,7 @@ compiled program.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import numpy as np
@@ -36,8 +37,19 @@ MEMORY_ENV = "OPE_FIT_MEMORY_GB"
 
 
 def memory_budget() -> int:
-    """Bytes the in-memory models may hold (``OPE_FIT_MEMORY_GB``, default 2)."""
-    return int(float(os.environ.get(MEMORY_ENV, "2")) * 2**30)
+    """Bytes the in-memory models may hold (``OPE_FIT_MEMORY_GB``, default 2); a
+    UsageError naming the variable for a value that is not a positive number of GiB (abc
+    and nan were internal errors, 0 and -1 budgets of "-1 GiB")."""
+    text = os.environ.get(MEMORY_ENV, "2")
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise UsageError(
+            f"{MEMORY_ENV}={text!r}: give the memory budget as a positive number of GiB"
+        )
+    return int(gib * 2**30)
 
 
 def _optax():
@@ -93,9 +105,10 @@ class SoftmaxModel:
 
     def _over_budget(self) -> UsageError:
         return UsageError(
-            f"--behavior estimate:{self.name} holds the observations in memory and needs "
+            f"the {self.name} behavior model holds the observations in memory and needs "
             f"more than {self.budget / 2**30:.3g} GiB for this data ({MEMORY_ENV} raises "
-            "the budget); fit on a sample with ope fit-behavior and pass --behavior B.npz"
+            "the budget); fit it on a sample of the episodes (ope fit-behavior) and pass "
+            "--behavior B.npz"
         )
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
