@@ -457,6 +457,15 @@ def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monke
         step_values(spec, None, None, None, jnp.ones(2), jnp.ones(2), jax.random.key(0))
 
 
+def test_v_samples_over_discrete_actions_is_refused(tmp_path, softmax_data):
+    """V-hat over discrete actions sums over every one: --v-samples changed nothing."""
+    _, _, target_path, data, _ = softmax_data
+    q_path = save_checkpoint(tmp_path / "q.npz", _linear_q(np.random.default_rng(2), 3, 4))
+    with pytest.raises(UsageError, match="--v-samples applies to continuous actions") as error:
+        ope_cli.evaluate(data, policies=target_path, q=q_path, v_samples=3)
+    assert error.value.exit_code == 2
+
+
 def test_entry_point_q_values(tmp_path, softmax_data, monkeypatch):
     """A JAX entry point scores like the equal linear_q checkpoint."""
     episodes, target, target_path, data, _ = softmax_data
