@@ -337,7 +337,12 @@ def test_a_name_two_policies_would_share_is_refused(tmp_path, monkeypatch):
         with pytest.raises(UsageError, match="give each policy its own name"):
             load_policies(specs)
     assert [p.label for p in load_policies(["x=a.npz", "y=a.npz", "b.npz"])] == ["x", "y", "b.npz"]
-    assert len(load_policies(["a.npz", "a.npz"])) == 2  # one policy twice, as before
+    # one policy twice (with two --q, say): two rows, told apart (both read "a.npz", tied)
+    assert [p.label for p in load_policies(["a.npz", "a.npz", "a.npz"])] == [
+        "a.npz",
+        "a.npz #2",
+        "a.npz #3",
+    ]
 
 
 def test_a_name_that_cannot_be_one_is_refused_as_such(tmp_path, monkeypatch):

@@ -171,14 +171,18 @@ def suffix_labels(names: Sequence[str]) -> list[str]:
 
 def label_policies(policies: Sequence[Policy]) -> list[Policy]:
     """Each policy with its ``label``: the NAME it was given, else the shortest unambiguous
-    suffix of its path among the policies (a label never equals another policy's)."""
+    suffix of its path among the policies (a label never equals another policy's: the same
+    path given again is labelled "ckpt.npz #2", where both rows read "ckpt.npz")."""
     suffixes = iter(suffix_labels([p.name for p in policies if p.source is None]))
     taken = {p.name for p in policies if p.source is not None}
-    labelled = []
+    labelled, seen = [], {}
     for policy in policies:
         label = policy.name if policy.source is not None else next(suffixes)
         if policy.source is None and label in taken:
             label = policy.name  # a suffix that is another policy's NAME: the full path
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:  # the same policy given again (with another --q, say): two rows
+            label = f"{label} #{seen[label]}"
         labelled.append(dataclasses.replace(policy, label=label))
     return labelled
 
