@@ -425,6 +425,7 @@ def test_an_mlp_fit_stopped_before_its_look_ahead_is_not_converged(chain, monkey
     (warning,) = [w for w in result.warnings if w["code"] == "q_fit_not_converged"]
     assert "(mlp) did not converge in 3 iterations" in warning["message"]
     assert "or --model linear" in warning["message"]  # discrete actions: it fits them
+    assert set(warning) == {"code", "message", "policy"}  # SPEC 12, as every command's
 
 
 def test_an_mlp_fit_at_gamma_0_is_one_reward_regression(chain, monkeypatch):

@@ -77,7 +77,8 @@ class FitQResult:
     heldout_steps: int | None = None
     heldout_bellman_rmse: float | None = None
     gamma_source: str = "option"  # option (--gamma), data (declared) or default
-    # what the fit warns about, as ope evaluate does: {"code", "message"}
+    # what the fit warns about, as ope evaluate does: {"code", "message", "policy"} (None:
+    # the whole run, its one policy)
     warnings: tuple[dict[str, str], ...] = ()
 
 
@@ -184,8 +185,11 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
-        warnings=fit_warnings(
-            gamma_source, fit.episodes, fit.steps, {**d, "model": fit.model, "kind": fit.kind}
+        warnings=tuple(  # {code, message, policy}, as every command's (SPEC 12)
+            {**warning, "policy": None}
+            for warning in fit_warnings(
+                gamma_source, fit.episodes, fit.steps, {**d, "model": fit.model, "kind": fit.kind}
+            )
         ),
     )
 
