@@ -327,9 +327,18 @@ def test_rewards_returns_and_the_logging_policys_value(tmp_path):
 def test_inspect_without_a_declared_gamma_uses_one(tmp_path):
     episodes = _episodes(seed=4, n=20)
     write_step_layout(episodes, tmp_path / "l.parquet")
-    doc = to_json_dict(inspect(InspectConfig(str(tmp_path / "l.parquet"))))
+    report = inspect(InspectConfig(str(tmp_path / "l.parquet")))
+    doc = to_json_dict(report)
     assert (doc["gamma"], doc["gamma_source"]) == (1.0, "default")
     assert doc["return"]["value"] == pytest.approx(_returns(episodes, 1.0).mean(), rel=1e-9)
+    # warned, as evaluate warns, in JSON and the table (returns summed undiscounted)
+    (warning,) = doc["warnings"]
+    assert warning["code"] == "gamma_default" and set(warning) == {"code", "message", "policy"}
+    console = Console(width=300, record=True)
+    render_table(report, console)
+    assert "warning: gamma is 1, the default" in console.export_text()
+    given = to_json_dict(inspect(InspectConfig(str(tmp_path / "l.parquet"), gamma=0.9)))
+    assert given["warnings"] == []
 
 
 def test_data_without_rows_fails_as_evaluate_does(tmp_path, ope_in_process):

@@ -13,6 +13,7 @@ from ope_cli._version import __version__
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import from_log, json_number, significant
+from ope_cli.report.warnings import default_gamma_warning
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
     from ope_cli.inspection import InspectReport
@@ -55,7 +56,17 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         "other_actions": report.other_actions,
         "problems": [_problem_dict(p) for p in report.problems],
         "valid": report.ok,
+        # {code, message, policy} as evaluate's: the default gamma on long episodes
+        "warnings": [w.to_dict() for w in _warnings(report)],
     }
+
+
+def _warnings(report: InspectReport) -> list:
+    """What inspect warns about: returns summed undiscounted by default (evaluate's
+    gamma_default; inspect printed returns and a logging-policy value at gamma 1 without
+    a word)."""
+    warning = default_gamma_warning(report.gamma_source, report.max_length)
+    return [] if warning is None else [warning]
 
 
 def _dataset_dict(report: InspectReport) -> dict[str, Any]:
@@ -281,6 +292,8 @@ def render_table(report: InspectReport, console) -> None:
         console.print(line, highlight=False)
     if report.action_counts is not None:
         console.print(_actions_table(report))
+    for warning in doc["warnings"]:
+        console.print(f"warning: {warning['message']}", style="yellow", markup=False)
     if report.ok:
         console.print("no validation problems found", highlight=False)
         return

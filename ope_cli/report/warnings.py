@@ -302,8 +302,13 @@ def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
 def gamma_warning(result: EvaluationResult) -> Warning | None:
     """gamma = 1 by default (neither --gamma nor the data gave one) on episodes long enough
     for the discount to change their returns."""
-    longest = result.dataset.max_length
-    if result.gamma_source != "default" or longest < GAMMA_MATTERS_FROM_STEPS:
+    return default_gamma_warning(result.gamma_source, result.dataset.max_length)
+
+
+def default_gamma_warning(gamma_source: str, longest: int) -> Warning | None:
+    """``gamma_warning`` of a run whose discount comes from ``gamma_source`` and whose
+    longest episode has ``longest`` steps (evaluate's, inspect's)."""
+    if gamma_source != "default" or longest < GAMMA_MATTERS_FROM_STEPS:
         return None
     return Warning(
         GAMMA_DEFAULT,
