@@ -96,23 +96,23 @@ def _check_options(env: str, options: GenerateOptions) -> None:
     if env not in REGISTRY:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
     if not is_int(episodes) or episodes < 1:
-        raise UsageError(f"episodes must be a positive integer, got {episodes!r}")
+        raise UsageError(f"--episodes must be a positive integer, got {episodes!r}")
     if not is_int(seed) or not 0 <= seed < 2**63:
-        raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
     if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
-        raise UsageError(f"gamma must be in [0, 1], got {gamma!r}")
+        raise UsageError(f"--gamma must be in [0, 1], got {gamma!r}")
     if horizon is not None and (not is_int(horizon) or horizon < 1):
-        raise UsageError(f"horizon must be a positive integer, got {horizon!r}")
+        raise UsageError(f"--horizon must be a positive integer, got {horizon!r}")
     if env == "bandit" and horizon not in (None, 1):
-        raise UsageError(f"bandit episodes have one step, so horizon must be 1, got {horizon}")
+        raise UsageError(f"bandit episodes have one step, so --horizon must be 1, got {horizon}")
     if not isinstance(shift, int | float) or isinstance(shift, bool) or not math.isfinite(shift):
-        raise UsageError(f"shift must be a finite number, got {shift!r}")
+        raise UsageError(f"--shift must be a finite number, got {shift!r}")
     if not is_int(files) or not 1 <= files <= episodes:
         raise UsageError(
-            f"files must be an integer from 1 to the number of episodes ({episodes}), got {files!r}"
+            f"--files must be an integer from 1 to the number of episodes ({episodes}), got {files!r}"
         )
     if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
-        raise UsageError(f"policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
+        raise UsageError(f"--policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
 
 
 def _q_values(
