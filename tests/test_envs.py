@@ -599,7 +599,8 @@ def test_bad_policies_exit_2_from_the_entry_point(tmp_path, ope):
     run = ope(["generate", "chain", "out", "--policies", "0"], cwd=tmp_path)
     assert run.returncode == 2 and run.stdout == "", run
     assert (
-        run.stderr.strip() == "ope: usage error: --policies must be an integer from 1 to 1000, got 0"
+        run.stderr.strip()
+        == "ope: usage error: --policies must be an integer from 1 to 1000, got 0"
     )
 
 

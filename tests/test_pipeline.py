@@ -3,6 +3,7 @@ plain float64 NumPy reference, and its invariance to how the data is cut."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 
@@ -492,6 +493,22 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_p
     assert "evaluating" in first and "evaluating" in warm
     loading = [line for line in warm if line != "evaluating"]
     assert loading and all(line.startswith("loading the compiled kernel") for line in loading)
+    # user code is traced every run, compiled or found in the compilation cache: a warm
+    # run said "compiling" where its JSON counted cache hits and no compilation
+    (tmp_path / "user_policy.py").write_text(
+        "import jax.numpy as jnp\n"
+        "def log_prob(observation, action):\n"
+        "    return -jnp.log(4.0) + 0.0 * jnp.sum(observation)\n"
+        "log_prob.n_actions = 4\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    traced = []
+    user = dataclasses.replace(config, policies=("user_policy:log_prob",))
+    evaluate(user, on_status=traced.append)
+    evaluate(user, on_status=traced.append)
+    lines = [line for line in traced if line != "evaluating"]
+    assert lines and all(line.startswith("tracing the kernel for window shape") for line in lines)
 
 
 def test_progress_names_the_fitting_passes(tmp_path):

@@ -109,10 +109,13 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         raise UsageError(f"--shift must be a finite number, got {shift!r}")
     if not is_int(files) or not 1 <= files <= episodes:
         raise UsageError(
-            f"--files must be an integer from 1 to the number of episodes ({episodes}), got {files!r}"
+            f"--files must be an integer from 1 to the number of episodes ({episodes}), "
+            f"got {files!r}"
         )
     if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
-        raise UsageError(f"--policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}")
+        raise UsageError(
+            f"--policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}"
+        )
 
 
 def _q_values(

@@ -941,6 +941,12 @@ class Kernel:
         _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
         return path is not None and path.is_file()
 
+    def can_keep(self, template: PaddedBatch, lanes: int, width: int) -> bool:
+        """Whether the advance kernel of window shape [lanes, width] can be kept on disk
+        (the package's own code, a compilation cache); else it is traced every run."""
+        _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
+        return path is not None
+
     def compile_catalogue(self, template: PaddedBatch, shapes, on_status=None) -> int:
         """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of
         ``shapes`` (``buckets.WindowShape``) that this configuration has not kept yet, from

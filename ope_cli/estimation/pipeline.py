@@ -577,8 +577,10 @@ def _announce_shape(batches: BatchStream, seen: set, batch, width: int, kernels,
         which = f"window shape {len(seen)} of at most {catalogue}, [{shape[0]}, {shape[1]}]"
         if all(kernel.is_kept(batch, *shape) for kernel in kernels):
             on_status(f"loading the compiled kernel for {which} ...")
-        else:
+        elif all(kernel.can_keep(batch, *shape) for kernel in kernels):
             on_status(f"compiling the kernel for {which} ...")
+        else:  # user code or a fitted model: traced every run, compiled or found cached
+            on_status(f"tracing the kernel for {which} (compiled unless cached) ...")
     return new
 
 
