@@ -70,8 +70,8 @@ PlotDir = Annotated[
     typer.Option(
         metavar="DIR",
         help="Also write PNG figures into DIR: log10 weight histogram, per-step "
-        "WPDIS and mean weight, estimates with intervals, and with several policies their "
-        "ranking (figures already there need --overwrite). Needs matplotlib: "
+        "WPDIS and mean weight, estimates with intervals, and the policies' ranking "
+        "(figures already there need --overwrite). Needs matplotlib: "
         "pip install 'ope-cli\\[plot]'.",  # \[ : not rich markup
     ),
 ]
