@@ -741,6 +741,7 @@ def test_cross_fitting_folds_are_the_kernels_folds():
             assert 0.15 < holdout[fold == k].mean() < 0.25
 
 
+@pytest.mark.slow  # an mlp fit (compiled: 4 s of the quick loop)
 def test_mlp_in_sample_residual_is_over_the_steps_fitted_on(chain, monkeypatch):
     """The mlp's "in-sample" Bellman RMSE blended its held-out fifth in (1.068 where the
     steps fitted on give 0.567 and the held-out ones 1.909): it is the fitted steps'."""
