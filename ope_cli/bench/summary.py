@@ -44,7 +44,9 @@ TARGETS: dict[str, Target] = {
     "kernel_vs_loop": Target(
         1000.0, False, "steps/s, kernel alone / per-episode Python loop", "earlier issue"
     ),
-    "shapes_per_configuration": Target(4, True, "window shapes ope evaluate used"),
+    "shapes_per_configuration": Target(
+        4, True, "window shapes of the fixed catalogue each configuration compiles"
+    ),
     "first_run_compile_seconds": Target(3.0, True, "s of XLA compilation, empty cache"),
     "first_run_compile_seconds_q": Target(
         5.0, True, "s of XLA compilation, empty cache, with a Q checkpoint"
@@ -80,7 +82,7 @@ TARGETS: dict[str, Target] = {
     "memory_one_episode": Target(
         MEMORY_NOISE,
         True,
-        "peak RSS, one long episode among the 1x data's (the 10x data's steps) / 10x",
+        "peak RSS, one long episode among the 1x data's (the 10x data's steps) / 1x",
     ),
     "many_policies": Target(
         3.0,
