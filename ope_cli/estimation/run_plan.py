@@ -101,33 +101,29 @@ def check_config(config: EvaluationConfig) -> None:
         config.behavior.policy, config.behavior.min_propensity, config.behavior.cross_fit
     )
     config.columns.check()
-    named = [
-        option
-        for option, column in (
-            ("--behavior-prob-col", config.columns.behavior_prob),
-            ("--behavior-log-prob-col", config.columns.behavior_log_prob),
-        )
-        if column is not None
-    ]
+    named = _named_probability_columns(config, "behavior")
     policy = config.behavior.policy
     if policy is not None and not is_estimate(policy) and named:  # it would not be read
         raise UsageError(  # (an estimate is compared with the logged column, so it is read)
             f"{named[0]} names a logged behavior column, but --behavior {policy} gives the "
             "behavior probabilities instead; drop one"
         )
-    target = [
-        option
-        for option, column in (
-            ("--target-prob-col", config.columns.target_prob),
-            ("--target-log-prob-col", config.columns.target_log_prob),
-        )
-        if column is not None
-    ]
+    target = _named_probability_columns(config, "target")
     if config.policies and target:  # the policies give the target probabilities
         raise UsageError(
             f"{target[0]} names a logged target column, which serves a run without --policy, "
             "but --policy gives the target probabilities; drop one"
         )
+
+
+def _named_probability_columns(config: EvaluationConfig, kind: str) -> list[str]:
+    """The options that name a ``kind`` (behavior or target) probability column or its log."""
+    columns = config.columns
+    return [
+        f"--{kind}-{option}-col"
+        for option, field in (("prob", f"{kind}_prob"), ("log-prob", f"{kind}_log_prob"))
+        if getattr(columns, field) is not None
+    ]
 
 
 def has_q_source(config: EvaluationConfig) -> bool:
