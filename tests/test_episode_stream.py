@@ -263,6 +263,9 @@ def test_a_share_counts_the_rows_before_it_only_when_it_is_read(tmp_path):
         ("target_prob", {}, None),
         ("rewards", {"columns": ColumnMapping(reward="reward")}, None),
         ("pscore", {"behavior_column": "unread"}, None),
+        # a later file's log beside the probability would have been compared, had the first
+        # file had it: read without a word, a log of another value passed
+        ("behavior_log_prob", {}, "could be the behavior log-probability, where the dataset's"),
     ],
 )
 def test_every_file_gives_the_roles_read_the_first_file_s_columns(tmp_path, extra, options, words):
@@ -283,3 +286,14 @@ def test_every_file_gives_the_roles_read_the_first_file_s_columns(tmp_path, extr
         return
     with pytest.raises(DataError, match=re.escape(words)):
         list(stream)
+
+
+def test_an_ambiguous_behavior_column_is_said_where_it_is_read_if_usable(tmp_path):
+    """fit-behavior reads the logged column where it is usable, to compare with the fit:
+    two candidates dropped the comparison without a word; they are refused as elsewhere."""
+    episodes = random_episodes(np.random.default_rng(6), 8, median_length=4, max_length=9)
+    path = write_step_layout(episodes, tmp_path / "logs.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("pscore", table.column("behavior_prob")), path)
+    with pytest.raises(DataError, match="could each be the behavior probability"):
+        open_episodes(DataConfig(str(path), behavior_column="if_usable"))

@@ -15,6 +15,8 @@ from datasets import random_checkpoint, save_checkpoint, write_flat_steps
 from evaluation_inputs import assert_same_evaluation, data_error, evaluation_inputs, read_episodes
 
 import ope_cli
+from ope_cli.config import ColumnMapping
+from ope_cli.data.columns import resolve_schema
 from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.sources import d4rl, open_dataset, sniff_format
 from ope_cli.errors import DataError
@@ -117,6 +119,10 @@ def test_schema_has_standard_names_and_hdf5_paths(tmp_path):
     assert schema.field("infos/qpos").type == pa.list_(pa.float64(), 2)
     assert schema.field("terminals").type == pa.bool_()
     assert not any(name.startswith("metadata/") for name in schema.names)
+    # the datasets the standard columns read are not listed again under their paths (two
+    # columns for a role), but infos/action_log_probs is, for its option
+    assert {"observations", "actions", "rewards"}.isdisjoint(schema.names)
+    assert "infos/action_log_probs" in schema.names
     (batch,) = read_all(data, ["observation", "next_observations", "behavior_log_prob"], 100)
     observed = np.stack(batch.batch.column("observation").to_numpy(zero_copy_only=False))
     np.testing.assert_array_equal(observed, arrays["observations"])
@@ -130,6 +136,20 @@ def test_without_action_log_probs_there_is_no_behavior_column(tmp_path):
     del arrays["infos/action_log_probs"]
     data = open_dataset(str(write_d4rl(tmp_path / "d.hdf5", arrays)))
     assert "behavior_log_prob" not in data.schema.names
+
+
+def test_a_propensity_dataset_under_its_own_name_is_found(tmp_path):
+    """A top-level action_probs dataset is a column under its path, found as the behavior
+    probability (a first cut of the two-candidates rule had dropped it)."""
+    arrays = d4rl_arrays()
+    del arrays["infos/action_log_probs"]
+    arrays["action_probs"] = np.exp(d4rl_arrays()["infos/action_log_probs"])
+    schema = resolve_schema(
+        open_dataset(str(write_d4rl(tmp_path / "d.hdf5", arrays))).schema,
+        ColumnMapping(),
+        logged_target=False,
+    )
+    assert schema.columns["behavior_prob"] == "action_probs"
 
 
 def test_a_file_ending_on_a_flag_has_no_empty_tail_episode(tmp_path):

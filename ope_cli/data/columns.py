@@ -145,17 +145,29 @@ def role_candidates(role: str, names: list[str]) -> list[str]:
 OPTIONAL_ROLES = ("step", "episode")  # read when a column has their name
 
 
+TWINS = {  # a probability and its log: found together, one is read and the other compared
+    "behavior_prob": "behavior_log_prob",
+    "behavior_log_prob": "behavior_prob",
+    "target_prob": "target_log_prob",
+    "target_log_prob": "target_prob",
+}
+
+
 def compared_roles(schema: DataSchema, mapping: ColumnMapping) -> tuple[str, ...]:
     """The roles every file of a dataset must find alike, by name: those ``schema`` reads
-    that no option names, and the optional ones it found no column for (a later file's
-    'step' would have been read, had the first file had it)."""
+    that no option names, the optional ones it found no column for (a later file's 'step'
+    would have been read, had the first file had it), and the twin of a probability read
+    by name (a later file's log beside it would have been compared)."""
     read = [role for role in schema.read_roles if getattr(mapping, role, None) is None]
     absent = [
         role
         for role in OPTIONAL_ROLES
         if role not in schema.columns and getattr(mapping, role) is None
     ]
-    return tuple(dict.fromkeys([*read, *absent]))
+    twins = [
+        TWINS[role] for role in read if role in TWINS and getattr(mapping, TWINS[role]) is None
+    ]
+    return tuple(dict.fromkeys([*read, *absent, *twins]))
 
 
 ROLE_WORDS = {
@@ -165,6 +177,11 @@ ROLE_WORDS = {
     "target_prob": "target probability",
     "target_log_prob": "target log-probability",
 }
+
+
+def role_words(role: str) -> str:
+    """A role in words, as the README names it ("behavior probability")."""
+    return ROLE_WORDS.get(role, role.replace("_", " "))
 
 
 def _candidates(role: str, names: list[str], mapping: ColumnMapping) -> list[str]:
@@ -181,6 +198,10 @@ def _candidates(role: str, names: list[str], mapping: ColumnMapping) -> list[str
     return role_candidates(role, names)
 
 
+class AmbiguousColumns(DataError):
+    """Two columns could each play a role the run reads (``_refuse_ambiguous``)."""
+
+
 def _refuse_ambiguous(candidates: dict[str, list[str]], read: dict[str, str]) -> None:
     """A DataError for a role read (``read``: role -> column) that two columns could play
     ('reward' beside 'Reward', 'pscore' beside 'action_prob'): one was picked by column
@@ -188,9 +209,9 @@ def _refuse_ambiguous(candidates: dict[str, list[str]], read: dict[str, str]) ->
     for role in read:
         found = candidates.get(role, [])
         if len(found) > 1:
-            words = ROLE_WORDS.get(role, role.replace("_", " "))
-            raise DataError(
-                f"columns {', '.join(map(repr, found))} could each be the {words}; name the "
+            raise AmbiguousColumns(
+                f"columns {', '.join(map(repr, found))} could each be the {role_words(role)}; "
+                "name the "
                 f"one to use with {OPTION_FOR_ROLE[role]}, or rename or drop the other"
             )
 
@@ -231,7 +252,7 @@ def resolve_schema(
     try:
         return _resolve_schema(schema, mapping, logged_target, logged_behavior)
     except DataError as error:
-        raise DataError(f"{source}: {error}") from None
+        raise type(error)(f"{source}: {error}") from None
 
 
 def _resolve_schema(

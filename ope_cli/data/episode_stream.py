@@ -18,7 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ope_cli.config import BatchingConfig, ColumnMapping
-from ope_cli.data.columns import ALIASES, DataSchema, compared_roles, resolve_schema
+from ope_cli.data.columns import (
+    ALIASES,
+    AmbiguousColumns,
+    DataSchema,
+    compared_roles,
+    resolve_schema,
+)
 from ope_cli.data.decode import list_lengths, plain
 from ope_cli.data.episodes import ChunkChecks, EpisodeAssembler, EpisodeChunk
 from ope_cli.data.sources import Dataset, SourcedBatch, iter_batches, open_dataset
@@ -244,6 +250,8 @@ def resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:
         return resolve(behavior)
     try:
         return resolve(True)
+    except AmbiguousColumns:  # usable once an option names one: said, not dropped
+        raise
     except DataError:
         return resolve(False)
 

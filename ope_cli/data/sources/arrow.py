@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 import ope_cli.data.sources.remote as remote
-from ope_cli.data.columns import role_candidates
+from ope_cli.data.columns import OPTION_FOR_ROLE, role_candidates, role_words
 from ope_cli.data.sources.base import (
     METADATA_KEY,
     DeclaredBounds,
@@ -211,11 +211,16 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
         own = role_candidates(role, physical.names)
         own += [name for name in first if _in_hive_folder(fragment.path, name)]
         if sorted(own) != sorted(first):
+            way_out = (
+                f"name the one to read with {OPTION_FOR_ROLE[role]}, or rename or drop the other"
+                if first
+                else "rename or drop the column, or put a file that has it first"
+            )
             raise DataError(
                 f"{file}: its column(s) {', '.join(map(repr, own)) or 'none'} could be the "
-                f"{role.replace('_', ' ')}, where the dataset's first file has "
+                f"{role_words(role)}, where the dataset's first file has "
                 f"{', '.join(map(repr, first)) or 'none'}: every file of a dataset names its "
-                "columns alike (rename or drop the column, or name it with its option)"
+                f"columns alike ({way_out})"
             )
     _check_declared(file, declared_bounds(physical, file), data.declared_bounds())
 

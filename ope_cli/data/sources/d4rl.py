@@ -8,9 +8,9 @@ flag form a final, truncated episode. The file is read in slices of the datasets
 slice becomes a step-layout record batch with the standard column names (``episode_id``
 numbered from the flags, ``step``, ``observation``, ``action``, ``reward`` and, when the
 file has it, ``behavior_log_prob``), plus every other per-step dataset under its HDF5 path (so
-``--behavior-log-prob-col infos/action_log_probs`` names it); ``observations``,
-``actions`` and ``rewards`` are the standard columns only (under their paths too, each
-would be a second column for its role).
+``--behavior-log-prob-col infos/action_log_probs`` names it, and ``action_probs`` is
+found as the behavior probability); ``observations``, ``actions`` and ``rewards`` are the
+standard columns only (under their paths too, each would be a second column for its role).
 h5py is an optional dependency, imported when a file is opened.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ope_cli.data.columns import ALIASES, role_candidates
+from ope_cli.data.columns import role_candidates
 from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch
 from ope_cli.errors import DataError, first_line
 
@@ -146,14 +146,16 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
         for key in FLAGS:
             if not _one_per_step(key, datasets[key]):
                 raise DataError(f"{path}: dataset {key!r} must be one flag per step [N]")
-        extra = {  # other per-step datasets, under their HDF5 paths, but for those whose
-            # path names a role: 'observations' beside 'observation' is two candidates
+        # the roles the standard columns give: a dataset named after one of them
+        # ('observations' beside 'observation') would be a second column for it
+        supplied = ["episode", "step", *(role for role, key in STANDARD.items() if key in datasets)]
+        extra = {  # other per-step datasets, under their HDF5 paths ('action_probs' too)
             key: key
             for key, dataset in datasets.items()
             if dataset.shape
             and dataset.shape[0] == rows
             and _arrow_type(key, dataset) is not None
-            and not any(role_candidates(role, [key]) for role in ALIASES)
+            and not any(role_candidates(role, [key]) for role in supplied)
         }
         columns = {"episode_id": "", "step": ""}
         columns.update({name: key for name, key in STANDARD.items() if key in datasets})
