@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # What every command says of data that has no rows (and so no episode).
 NO_EPISODES = "no episodes (the data has no rows)"
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report SIGINT
 
 
 class OpeError(Exception):

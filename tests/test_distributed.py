@@ -319,3 +319,19 @@ def test_fitted_q_across_processes_matches_one_process(world):
     assert_same_json(reference, result)
     for field in ("episodes", "steps", "folds", "bellman_rmse", "dm"):
         assert fit[field] == pytest.approx(expected[field], rel=1e-9), field
+
+
+def test_ctrl_c_while_joining_is_one_line_and_exit_130(world):
+    """Ctrl-C on a process waiting for its peers: the supervisor printed a Python
+    traceback, and waited out the child's whole join timeout."""
+    import signal
+
+    tmp, _ = world
+    waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120)
+    time.sleep(4)  # imported and joining
+    started = time.monotonic()
+    waiting.send_signal(signal.SIGINT)
+    out, err = waiting.communicate(timeout=60)
+    assert (waiting.returncode, out) == (130, ""), err
+    assert err == "ope: interrupted\n", err
+    assert time.monotonic() - started < 20  # not the join's 120 s

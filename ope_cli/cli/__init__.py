@@ -20,10 +20,9 @@ from ope_cli._version import __version__
 from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
 from ope_cli.cli.helpmap import HelpMapGroup
-from ope_cli.errors import OpeError, UsageError
+from ope_cli.errors import INTERRUPTED_EXIT_CODE, OpeError, UsageError
 from ope_cli.estimation.estimators import names, title
 
-INTERRUPTED_EXIT_CODE = 130
 INTERNAL_ERROR_EXIT_CODE = 1
 
 app = typer.Typer(
@@ -150,7 +149,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if supervisor.wants_cluster(argv):
         if not supervisor.is_worker():
-            sys.exit(supervisor.supervise(argv))
+            exit_with(supervisor.supervise(argv))
         supervisor.keep_stdout_for_the_result()
     exit_with(run(argv))
 

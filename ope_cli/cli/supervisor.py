@@ -3,11 +3,13 @@ distributed runtime, so a runtime abort becomes one clear line and exit code 5."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 from ope_cli.cli.console import say
 from ope_cli.cli.options import CLUSTER_OPTIONS
+from ope_cli.errors import INTERRUPTED_EXIT_CODE
 
 RUNTIME_EXIT_CODE = 5
 WORKER_ENV = "OPE_CLUSTER_WORKER"
@@ -63,10 +65,8 @@ def supervise(argv: list[str]) -> int:
             elif "absl::Status" in line or line.startswith("RPC:"):
                 runtime_log.append(line)
         code = child.wait()
-    except KeyboardInterrupt:
-        child.send_signal(signal.SIGINT)
-        child.wait()
-        raise
+    except KeyboardInterrupt:  # Ctrl-C: the child stops too, and one line says so
+        return _interrupted(child)
     if code < 0 and said:  # the runtime aborted a child that had said what failed
         return RUNTIME_EXIT_CODE
     if code < 0:
@@ -77,6 +77,30 @@ def supervise(argv: list[str]) -> int:
         )
         return RUNTIME_EXIT_CODE
     return code
+
+
+INTERRUPT_GRACE_SECONDS = 5.0  # a child joining a run does not stop before its timeout
+
+
+def _interrupted(child) -> int:
+    """INTERRUPTED_EXIT_CODE after Ctrl-C, with one ``ope: interrupted`` line: the child
+    gets SIGINT (the terminal may have sent it already), its ``ope:`` lines pass on, and
+    past INTERRUPT_GRACE_SECONDS it is killed (it waited out the whole join timeout, and the
+    parent printed a traceback)."""
+    import signal
+    import subprocess
+
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGINT)
+    try:
+        _, stderr = child.communicate(timeout=INTERRUPT_GRACE_SECONDS)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        child.kill()
+        _, stderr = child.communicate()
+    lines = [line for line in (stderr or b"").decode(errors="replace").splitlines()]
+    said = [line for line in lines if line.startswith("ope:")]
+    say(said[-1] if said else "ope: interrupted")
+    return INTERRUPTED_EXIT_CODE
 
 
 def _abort_reason(log: str, argv: list[str]) -> str:
