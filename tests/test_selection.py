@@ -179,26 +179,27 @@ def test_a_truth_for_another_gamma_is_refused_in_one_line(tmp_path):
 
 
 def test_a_truth_for_another_horizon_is_refused_and_a_looser_bound_is_not():
-    """A declared horizon bounds the episodes, it does not cut them: a truth for episodes
-    that run to their end fits data declaring 500 whose longest episode has 58 steps, and
-    a truth for horizon 1000 fits data declaring 2000 (both were refused). Refused: data
-    whose episodes stop before the truth's horizon, an episode past it, and an episode
-    that reached the declared bound against a truth without one."""
+    """A horizon the data declares (or --horizon gives) bounds the episodes, it does not cut
+    them: a truth for episodes that run to their end fits data declaring 500 whose longest
+    episode has 58 steps, and a truth for horizon 1000 fits a bound of 2000 or 500 with
+    70-step episodes (each was refused). Refused: an episode past the truth's horizon, or
+    one that reached the bound where the truth runs further."""
     full = {"horizon": None, "policies": []}
     cut = {"horizon": 1000, "policies": []}
-    check_truth_horizon(full, 500)
-    check_truth_horizon(full, 500, longest=58)
-    check_truth_horizon(cut, 2000)
-    check_truth_horizon(cut, 2000, longest=1000)
-    check_truth_horizon({"a.npz": 1.0}, 3, longest=9)  # says no horizon: not checked
-    check_truth_horizon({"policies": []}, 3, longest=9)  # no "horizon" key: the same
-    for truth, declared, longest, words in (
-        (cut, 400, None, "but the data's episodes have at most 400 steps"),
-        (cut, None, 1001, "of at most 1000 steps (its horizon), but the data holds an episode"),
-        (full, 500, 500, "that run to their end, but the data holds an episode of 500 steps"),
+    check_truth_horizon(full, 500, 58, "declared by the data")
+    check_truth_horizon(cut, 2000, 1000, "declared by the data")
+    check_truth_horizon(cut, 500, 70, "--horizon")
+    check_truth_horizon(cut, 1000, 1000, "--horizon")  # the bound is the truth's horizon
+    check_truth_horizon({"a.npz": 1.0}, 3, 9)  # says no horizon: not checked
+    check_truth_horizon({"policies": []}, 3, 9)  # no "horizon" key: the same
+    for truth, bound, longest, source, words in (
+        (cut, None, 1001, "", "of at most 1000 steps (its horizon), but the data holds an"),
+        (full, 500, 500, "declared by the data", "an episode of 500 steps, the bound the data"),
+        (cut, 400, 400, "declared by the data", "for horizon 1000, but the data holds an"),
+        (full, 70, 70, "--horizon", "or a --horizon above the longest episode"),
     ):
         with pytest.raises(UsageError) as error:
-            check_truth_horizon(truth, declared, longest)
+            check_truth_horizon(truth, bound, longest, source)
         assert words in one_line(error)
 
 

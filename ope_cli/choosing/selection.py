@@ -90,39 +90,36 @@ def truth_horizon(source: str | Path | Mapping) -> tuple[bool, int | None]:
 
 
 def check_truth_horizon(
-    source: str | Path | Mapping, declared: int | None, longest: int | None = None
+    source: str | Path | Mapping, bound: int | None, longest: int, bound_source: str = ""
 ) -> None:
-    """UsageError (one line) when truth.json's values are for episodes cut elsewhere than
-    the data's (a truth for horizon 5 scored estimates over 97-step episodes without a
-    word). ``declared``: at most how many steps the data's episodes have (its metadata or
-    --horizon; None: not said), an upper bound, not a cut. Before the data is read
-    (``longest`` None): refused where the data's episodes stop before the truth's horizon.
-    After (``longest``: the longest episode): where one runs past the truth's horizon, or
-    the truth runs episodes to their end but one reached the declared bound (it may have
-    been cut there)."""
+    """UsageError (one line), once the data is read, when truth.json's values are for
+    episodes cut elsewhere than the data's (a truth for horizon 5 scored estimates over
+    97-step episodes without a word): an episode runs past the truth's horizon, or reached
+    ``bound`` (at most how many steps an episode has: the data's declared horizon or
+    --horizon, as ``bound_source`` says; a bound, not a cut) where the truth runs further
+    (to a larger horizon, or to each episode's end), since it may have been cut there."""
     said, horizon = truth_horizon(source)
     if not said:
         return
     name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
-    if longest is None:
-        if declared is not None and horizon is not None and declared < horizon:
-            raise UsageError(
-                f"{name} gives true values for horizon {horizon}, but the data's episodes have "
-                f"at most {declared} steps (its declared horizon): give the truth for horizon "
-                f"{declared}"
-            )
-        return
     if horizon is not None and longest > horizon:
         raise UsageError(
             f"{name} gives true values for episodes of at most {horizon} steps (its horizon), "
             f"but the data holds an episode of {longest:,} steps: give the truth for the "
             "data's horizon"
         )
-    if horizon is None and declared is not None and longest >= declared:
+    if bound is not None and longest >= bound and (horizon is None or horizon > bound):
+        truth = "episodes that run to their end" if horizon is None else f"horizon {horizon}"
+        given = "--horizon" in bound_source
+        way_out = (
+            f"give the truth for horizon {bound}, or a --horizon above the longest episode"
+            if given
+            else f"give the truth for horizon {bound}"
+        )
         raise UsageError(
-            f"{name} gives true values for episodes that run to their end, but the data "
-            f"holds an episode of {longest:,} steps, its declared horizon (cut there, it "
-            f"may be): give the truth for horizon {declared}"
+            f"{name} gives true values for {truth}, but the data holds an episode of "
+            f"{longest:,} steps, the bound {'--horizon gives' if given else 'the data declares'} "
+            f"(it may have been cut there): {way_out}"
         )
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import glob
 from collections.abc import Callable, Iterator
 
-from ope_cli.choosing.selection import check_truth_gamma, check_truth_horizon
+from ope_cli.choosing.selection import check_truth_gamma
 from ope_cli.config import EvaluationConfig, QConfig
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
@@ -134,7 +134,6 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         qs = [_with_mismatch(q, p, policies, plan) for q, p in zip(qs, policies, strict=True)]
     if config.choosing.truth is not None:
         check_truth_gamma(config.choosing.truth, plan.gamma, plan.gamma_source)
-        check_truth_horizon(config.choosing.truth, plan.checked[1])
     files = len(episodes.data.files)
     process_id, num_processes = process
     if num_processes > 1:

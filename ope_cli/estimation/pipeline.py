@@ -393,7 +393,8 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
         results = compare_results(results, pairing, config.intervals.confidence)
     if truth is None:
         return results, None, []
-    check_truth_horizon(config.choosing.truth, plan.checked[1], local.counters.max_length)
+    _, bound, (_, bound_source) = plan.checked
+    check_truth_horizon(config.choosing.truth, bound, local.counters.max_length, bound_source or "")
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
