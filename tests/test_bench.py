@@ -169,7 +169,8 @@ def test_bench_targets_and_precision(tiny_bench):
             assert target["met"] is None and tiny_bench["memory"] is None
         elif name in ("numpy_script_3m", "numpy_script_10m"):  # --script not asked for
             assert target["met"] is None and tiny_bench["script"] is None
-        elif name in ("process_vs_pyarrow", "many_policies"):  # tiny data, K = 2: not judged
+        elif name in ("process_vs_pyarrow", "many_policies", "padding_waste"):
+            # tiny data, K = 2, no --memory (no very long episode): shown, not judged
             assert target["met"] is None and "not judged" in target["note"], name
         else:
             assert isinstance(target["met"], bool), name
