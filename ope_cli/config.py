@@ -112,6 +112,16 @@ def check_v_samples(v_samples: int) -> None:
         raise UsageError(f"--v-samples must be a positive number, got {v_samples}")
 
 
+def check_v_samples_apply(v_samples: int, action_kind: str) -> None:
+    """UsageError for --v-samples (other than its default) over discrete actions, where
+    V-hat sums over every action and the option changes nothing."""
+    if v_samples != QConfig.v_samples and action_kind == "discrete":
+        raise UsageError(
+            "--v-samples applies to continuous actions; over discrete ones V-hat sums "
+            "pi(a|s) Q(s, a) over every action"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class IntervalConfig:
     """How the intervals are made (``--confidence``, ``--ci`` ... ``--seed``).

@@ -447,6 +447,13 @@ def test_an_unconverged_fit_suggests_the_linear_model_only_where_it_fits():
     assert "linear" not in unconverged_message("mlp", 100, False, "--q fit:linear")
 
 
+def test_v_samples_over_discrete_actions_is_refused_as_evaluate_refuses_it(chain):
+    with pytest.raises(UsageError, match="--v-samples applies to continuous actions"):
+        _fit(
+            chain / "logs.parquet", chain / "policies" / "eval_0.npz", chain / "v.npz", v_samples=32
+        )
+
+
 def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):
     monkeypatch.setenv("OPE_FIT_MEMORY_GB", "1e-6")
     with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:

@@ -14,12 +14,11 @@ import glob
 from collections.abc import Callable, Iterator
 
 from ope_cli.choosing.selection import check_truth_gamma
-from ope_cli.config import EvaluationConfig, QConfig
+from ope_cli.config import EvaluationConfig, check_v_samples_apply
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.sources.remote import is_uri
 from ope_cli.data.validate import Check
-from ope_cli.errors import UsageError
 from ope_cli.estimation.distributed import share_files
 from ope_cli.estimation.run_plan import (
     GAMMA_SOURCES,
@@ -111,11 +110,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
         if policy.kind != "logged":
             check_against_schema(policy, schema)
     columns = config.columns
-    if config.q.v_samples != QConfig.v_samples and schema.action_kind == "discrete":
-        raise UsageError(  # V-hat sums over every discrete action: nothing is drawn
-            "--v-samples applies to continuous actions; over discrete ones V-hat sums "
-            "pi(a|s) Q(s, a) over every action"
-        )
+    check_v_samples_apply(config.q.v_samples, schema.action_kind)
     critic = None if columns.q_value is None else (columns.q_value, columns.v_value)
     qs = load_qs(config.q.sources, policies, critic)
     for q, policy in zip(qs or [], policies if qs else [], strict=True):

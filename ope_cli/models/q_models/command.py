@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ope_cli.config import ColumnMapping, QConfig, check_v_samples
+from ope_cli.config import ColumnMapping, QConfig, check_v_samples, check_v_samples_apply
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
@@ -146,6 +146,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     model = choose_q_model(config.model, schema)
     if config.ridge is not None and model != "linear":  # it would change nothing
         raise UsageError(f"--ridge applies to the linear model only, not to {model}")
+    check_v_samples_apply(config.v_samples, schema.action_kind)
     gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
     policy = load_one_policy(config.policy, "--policy")
     check_against_schema(policy, schema)
