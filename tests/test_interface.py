@@ -343,6 +343,9 @@ def test_a_name_two_policies_would_share_is_refused(tmp_path, monkeypatch):
         "a.npz #2",
         "a.npz #3",
     ]
+    # a NAME cannot hold " #": no copy's label is another policy's NAME
+    with pytest.raises(UsageError, match="cannot be a NAME"):
+        load_policies(["a.npz #2=b.npz", "a.npz", "a.npz"])
 
 
 def test_a_name_that_cannot_be_one_is_refused_as_such(tmp_path, monkeypatch):

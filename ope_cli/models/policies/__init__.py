@@ -180,9 +180,11 @@ def label_policies(policies: Sequence[Policy]) -> list[Policy]:
         label = policy.name if policy.source is not None else next(suffixes)
         if policy.source is None and label in taken:
             label = policy.name  # a suffix that is another policy's NAME: the full path
-        seen[label] = seen.get(label, 0) + 1
-        if seen[label] > 1:  # the same policy given again (with another --q, say): two rows
-            label = f"{label} #{seen[label]}"
+        base, copy = label, 1
+        while label in seen or (copy > 1 and label in taken):  # given again (another --q):
+            copy += 1  # two rows, told apart, and never as another policy's NAME
+            label = f"{base} #{copy}"
+        seen[label] = True
         labelled.append(dataclasses.replace(policy, label=label))
     return labelled
 
