@@ -150,6 +150,14 @@ def test_a_propensity_dataset_under_its_own_name_is_found(tmp_path):
         logged_target=False,
     )
     assert schema.columns["behavior_prob"] == "action_probs"
+    # stored [N, 1] it reads as one number per step; wider, it is no column (the file's
+    # own infos/action_log_probs serves), where both were refused as a list column
+    for shape, found in (((-1, 1), "action_probs"), ((-1, N_ACTIONS), None)):
+        wide = {**d4rl_arrays(), "action_probs": np.ones(arrays["rewards"].size * shape[1])}
+        wide["action_probs"] = wide["action_probs"].reshape(shape) / shape[1]
+        data = open_dataset(str(write_d4rl(tmp_path / f"w{shape[1]}.hdf5", wide)))
+        resolved = resolve_schema(data.schema, ColumnMapping(), logged_target=False)
+        assert resolved.columns.get("behavior_prob") == found, shape
 
 
 def test_a_file_ending_on_a_flag_has_no_empty_tail_episode(tmp_path):

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ope_cli.data.columns import role_candidates
+from ope_cli.data.columns import ALIASES, role_candidates
 from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch
 from ope_cli.errors import DataError, first_line
 
@@ -69,14 +69,21 @@ def _open_file(h5py: Any, path: str) -> Any:
         ) from None
 
 
+def _names_a_role(key: str) -> bool:
+    """Whether a dataset's path is a column role's name (``action_probs``, ``rewards``)."""
+    return any(role_candidates(role, [key]) for role in ALIASES)
+
+
 def _one_per_step(key: str, dataset: Any) -> bool:
     """Whether ``dataset`` holds one number per step: [N], or [N, 1] for the rewards, flags
-    and behavior log-probabilities and for integer (discrete) actions."""
+    and behavior log-probabilities, integer (discrete) actions and any dataset named after
+    a column role (``action_probs``)."""
     if len(dataset.shape) == 1:
         return True
     single = int(np.prod(dataset.shape[1:])) == 1
     discrete = key == "actions" and np.issubdtype(dataset.dtype, np.integer)
-    return single and (key in ONE_PER_STEP or discrete)
+    named = _names_a_role(key) and key not in STANDARD.values()  # not float actions [N, 1]
+    return single and (key in ONE_PER_STEP or discrete or named)
 
 
 def _arrow_type(key: str, dataset: Any) -> pa.DataType | None:
@@ -149,13 +156,15 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
         # the roles the standard columns give: a dataset named after one of them
         # ('observations' beside 'observation') would be a second column for it
         supplied = ["episode", "step", *(role for role, key in STANDARD.items() if key in datasets)]
-        extra = {  # other per-step datasets, under their HDF5 paths ('action_probs' too)
+        extra = {  # other per-step datasets, under their HDF5 paths: one named after a
+            # role ('action_probs') only as one number per step, which that role reads
             key: key
             for key, dataset in datasets.items()
             if dataset.shape
             and dataset.shape[0] == rows
             and _arrow_type(key, dataset) is not None
             and not any(role_candidates(role, [key]) for role in supplied)
+            and (not _names_a_role(key) or _one_per_step(key, dataset))
         }
         columns = {"episode_id": "", "step": ""}
         columns.update({name: key for name, key in STANDARD.items() if key in datasets})
