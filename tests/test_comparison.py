@@ -541,6 +541,14 @@ def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, mon
     assert "gives true values for episodes that run to their end, but the data holds an" in str(
         error.value
     )
+    # a --horizon looser than the data's declared cut does not hide it
+    with pytest.raises(UsageError, match="the bound the data declares"):
+        ope_cli.evaluate(
+            tmp_path / "cut" / "logs.parquet",
+            policies=[folder / "policies" / f"eval_{k}.npz" for k in range(3)],
+            truth=folder / "truth.json",
+            horizon=7,
+        )
 
 
 def test_selection_notes_name_policies_as_the_results_do(chain, monkeypatch):

@@ -393,8 +393,11 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
         results = compare_results(results, pairing, config.intervals.confidence)
     if truth is None:
         return results, None, []
-    _, bound, (_, bound_source) = plan.checked
-    check_truth_horizon(config.choosing.truth, bound, local.counters.max_length, bound_source or "")
+    declared = batches.inputs.episodes.data.declared_bounds().horizon
+    bounds = ((config.intervals.horizon, "--horizon"), (declared, "declared by the data"))
+    for bound, source in [b for b in bounds if b[0] is not None] or [(None, "")]:
+        # each: a --horizon looser than the data's declared cut hid that cut
+        check_truth_horizon(config.choosing.truth, bound, local.counters.max_length, source)
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
