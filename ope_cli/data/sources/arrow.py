@@ -214,7 +214,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
             way_out = (
                 f"name the one to read with {OPTION_FOR_ROLE[role]}, or rename or drop the other"
                 if first
-                else "rename or drop the column, or put a file that has it first"
+                else "rename or drop the column, or give it in every file"
             )
             raise DataError(
                 f"{file}: its column(s) {', '.join(map(repr, own)) or 'none'} could be the "
