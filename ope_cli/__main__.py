@@ -74,9 +74,11 @@ def main() -> None:
         load_pyarrow_without_pandas()
         from ope_cli.cli import main as command_line
     except KeyboardInterrupt:
-        sys.stderr.write("ope: interrupted\n")
+        from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
+
+        sys.stderr.write(f"{INTERRUPTED}\n")
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(INTERRUPTED_EXIT_CODE)
     command_line()
 
 

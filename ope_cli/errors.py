@@ -4,7 +4,9 @@ from __future__ import annotations
 
 # What every command says of data that has no rows (and so no episode).
 NO_EPISODES = "no episodes (the data has no rows)"
-INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report SIGINT
+# Ctrl-C: the exit code shells report for SIGINT, and the one line every path prints
+INTERRUPTED_EXIT_CODE = 130
+INTERRUPTED = "ope: interrupted"
 
 
 class OpeError(Exception):

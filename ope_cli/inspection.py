@@ -135,8 +135,8 @@ class InspectReport:
     length_counts: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(LENGTH_BINS, np.int64)
     )
-    behavior_min: float | None = None
-    # its natural log, kept where the smallest underflows float64 (a log column's e^-801)
+    # the smallest behavior probability's natural log: kept as a log, since a log column's
+    # e^-801 underflows float64 (``behavior_min`` is its exp)
     behavior_log_min: float | None = None
     behavior_max: float | None = None
     behavior_log10_counts: np.ndarray = dataclasses.field(
@@ -159,6 +159,11 @@ class InspectReport:
         """No validation problem and some episode to evaluate (evaluate refuses data
         without rows, so inspect does not pass it)."""
         return not self.problems and self.episodes > 0
+
+    @property
+    def behavior_min(self) -> float | None:
+        """The smallest behavior probability (or density); 0.0 where it underflows."""
+        return None if self.behavior_log_min is None else math.exp(self.behavior_log_min)
 
     @property
     def behavior_median(self) -> float | None:
@@ -202,12 +207,10 @@ class InspectReport:
     def _add_behavior(self, log_behavior: np.ndarray) -> None:
         """The behavior-probability summary of [N] logged log-probabilities."""
         log10 = log_behavior / math.log(10)
-        log_low = float(log_behavior.min())
-        low, high = math.exp(log_low), float(np.exp(log_behavior.max()))
+        log_low, high = float(log_behavior.min()), float(np.exp(log_behavior.max()))
         self.behavior_log_min = (
             log_low if self.behavior_log_min is None else min(self.behavior_log_min, log_low)
         )
-        self.behavior_min = low if self.behavior_min is None else min(self.behavior_min, low)
         self.behavior_max = high if self.behavior_max is None else max(self.behavior_max, high)
         index = np.clip(
             ((log10 - _LOG10_MIN) * _BINS_PER_DECADE).astype(np.int64),

@@ -186,20 +186,20 @@ def test_a_truth_for_another_horizon_is_refused_and_a_looser_bound_is_not():
     one that reached the bound where the truth runs further."""
     full = {"horizon": None, "policies": []}
     cut = {"horizon": 1000, "policies": []}
-    check_truth_horizon(full, 500, 58, "declared by the data")
-    check_truth_horizon(cut, 2000, 1000, "declared by the data")
-    check_truth_horizon(cut, 500, 70, "--horizon")
-    check_truth_horizon(cut, 1000, 1000, "--horizon")  # the bound is the truth's horizon
+    check_truth_horizon(full, 500, 58)
+    check_truth_horizon(cut, 2000, 1000)
+    check_truth_horizon(cut, 500, 70, by_option=True)
+    check_truth_horizon(cut, 1000, 1000, by_option=True)  # the bound is the truth's horizon
     check_truth_horizon({"a.npz": 1.0}, 3, 9)  # says no horizon: not checked
     check_truth_horizon({"policies": []}, 3, 9)  # no "horizon" key: the same
-    for truth, bound, longest, source, words in (
-        (cut, None, 1001, "", "of at most 1000 steps (its horizon), but the data holds an"),
-        (full, 500, 500, "declared by the data", "an episode of 500 steps, the bound the data"),
-        (cut, 400, 400, "declared by the data", "for horizon 1000, but the data holds an"),
-        (full, 70, 70, "--horizon", "or a --horizon above the longest episode"),
+    for truth, bound, longest, by_option, words in (
+        (cut, None, 1001, False, "of at most 1000 steps (its horizon), but the data holds an"),
+        (full, 500, 500, False, "an episode of 500 steps, the bound the data"),
+        (cut, 400, 400, False, "for horizon 1000, but the data holds an"),
+        (full, 70, 70, True, "or a --horizon above the longest episode"),
     ):
         with pytest.raises(UsageError) as error:
-            check_truth_horizon(truth, bound, longest, source)
+            check_truth_horizon(truth, bound, longest, by_option)
         assert words in one_line(error)
 
 

@@ -107,6 +107,17 @@ PROCESS_STEPS = 5_000_000
 PROCESS_STEPS_JUDGED = 4_000_000
 POLICIES_K = 100
 TWIN_AGREEMENT = 1e-6
+LONG_EPISODE_STEPS = 1_000_000  # SPEC 6: "one episode of millions of steps"
+PADDING_RUNS = {  # SPEC 6's length distributions: the run that measures each
+    "bench data": "skewed lengths",
+    "bandit log": "one-step episodes (whole processes)",
+    "memory one_episode": "one very long episode (--memory)",
+}
+
+
+def padding_waste(padded: int, real: int) -> float | None:
+    """(padded - real) / real steps: SPEC 6's padding waste."""
+    return ratio(padded - real, real)
 
 
 def relative_difference(a: dict, b: dict) -> float | None:
@@ -297,22 +308,13 @@ def _paddings(waste: float | None, processes: dict | None, memory: dict | None) 
     runs = {"bench data": waste}
     bandit = (processes or {}).get("bandit_warm_cache")
     if bandit and bandit.get("padded_steps") is not None:
-        runs["bandit log"] = ratio(
-            bandit["padded_steps"] - bandit["real_steps"], bandit["real_steps"]
-        )
+        runs["bandit log"] = padding_waste(bandit["padded_steps"], bandit["real_steps"])
     for name, run in (memory or {}).items():
         if isinstance(run, dict) and run.get("padded_steps") is not None:
             if name == "one_episode" and run.get("longest", 0) < LONG_EPISODE_STEPS:
                 name = "one_episode (not of millions of steps)"  # not SPEC's very long one
-            runs[f"memory {name}"] = ratio(run["padded_steps"] - run["steps"], run["steps"])
+            runs[f"memory {name}"] = padding_waste(run["padded_steps"], run["steps"])
     return runs
-
-
-PADDING_RUNS = {  # SPEC 6's length distributions: the run that measures each
-    "bench data": "skewed lengths",
-    "bandit log": "one-step episodes (whole processes)",
-    "memory one_episode": "one very long episode (--memory)",
-}
 
 
 def _padding_target(paddings: dict) -> dict:
@@ -327,9 +329,6 @@ def _padding_target(paddings: dict) -> dict:
     if missing:
         note = f"not judged: not measured on {', '.join(missing)}; {note}"
     return _judged("padding_waste", known[worst], note, not missing)
-
-
-LONG_EPISODE_STEPS = 1_000_000  # SPEC 6: "one episode of millions of steps"
 
 
 def _one_episode_target(memory: dict | None) -> dict:
@@ -423,7 +422,7 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
     e2e, kernel = m["end_to_end"], m["kernel"]
     for entry in (e2e, kernel):
         entry["compile_seconds"] = max(entry["first_run_seconds"] - entry["seconds"], 0.0)
-    waste = ratio(bucketer.padded_steps - bucketer.real_steps, bucketer.real_steps)
+    waste = padding_waste(bucketer.padded_steps, bucketer.real_steps)
     padding = {
         "real_steps": bucketer.real_steps,
         "padded_steps": bucketer.padded_steps,

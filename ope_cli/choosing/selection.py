@@ -90,14 +90,14 @@ def truth_horizon(source: str | Path | Mapping) -> tuple[bool, int | None]:
 
 
 def check_truth_horizon(
-    source: str | Path | Mapping, bound: int | None, longest: int, bound_source: str = ""
+    source: str | Path | Mapping, bound: int | None, longest: int, by_option: bool = False
 ) -> None:
     """UsageError (one line), once the data is read, when truth.json's values are for
     episodes cut elsewhere than the data's (a truth for horizon 5 scored estimates over
     97-step episodes without a word): an episode runs past the truth's horizon, or reached
-    ``bound`` (at most how many steps an episode has: the data's declared horizon or
-    --horizon, as ``bound_source`` says; a bound, not a cut) where the truth runs further
-    (to a larger horizon, or to each episode's end), since it may have been cut there."""
+    ``bound`` (at most how many steps an episode has: the data's declared horizon, or
+    --horizon where ``by_option``; a bound, not a cut) where the truth runs further (to a
+    larger horizon, or to each episode's end), since it may have been cut there."""
     said, horizon = truth_horizon(source)
     if not said:
         return
@@ -110,16 +110,15 @@ def check_truth_horizon(
         )
     if bound is not None and longest >= bound and (horizon is None or horizon > bound):
         truth = "episodes that run to their end" if horizon is None else f"horizon {horizon}"
-        given = "--horizon" in bound_source
-        way_out = (
-            f"give the truth for horizon {bound}, or a --horizon above the longest episode"
-            if given
-            else f"give the truth for horizon {bound}"
-        )
+        given, way_out = "the data declares", f"give the truth for horizon {bound}"
+        if by_option:
+            given, way_out = (
+                "--horizon gives",
+                f"{way_out}, or a --horizon above the longest episode",
+            )
         raise UsageError(
             f"{name} gives true values for {truth}, but the data holds an episode of "
-            f"{longest:,} steps, the bound {'--horizon gives' if given else 'the data declares'} "
-            f"(it may have been cut there): {way_out}"
+            f"{longest:,} steps, the bound {given} (it may have been cut there): {way_out}"
         )
 
 

@@ -20,7 +20,7 @@ from ope_cli._version import __version__
 from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
 from ope_cli.cli.helpmap import HelpMapGroup
-from ope_cli.errors import INTERRUPTED_EXIT_CODE, OpeError, UsageError
+from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE, OpeError, UsageError
 from ope_cli.estimation.estimators import names, title
 
 INTERNAL_ERROR_EXIT_CODE = 1
@@ -129,7 +129,7 @@ def run(argv: list[str]) -> int:
         )
         return INTERNAL_ERROR_EXIT_CODE
     if code == INTERRUPTED_EXIT_CODE:  # typer returns Ctrl-C as 130, without a word
-        say("ope: interrupted")
+        say(INTERRUPTED)
     return code if isinstance(code, int) else 0
 
 

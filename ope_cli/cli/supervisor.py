@@ -9,7 +9,7 @@ import sys
 
 from ope_cli.cli.console import say
 from ope_cli.cli.options import CLUSTER_OPTIONS
-from ope_cli.errors import INTERRUPTED_EXIT_CODE
+from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
 RUNTIME_EXIT_CODE = 5
 WORKER_ENV = "OPE_CLUSTER_WORKER"
@@ -97,9 +97,9 @@ def _interrupted(child) -> int:
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         child.kill()
         _, stderr = child.communicate()
-    lines = [line for line in (stderr or b"").decode(errors="replace").splitlines()]
+    lines = (stderr or b"").decode(errors="replace").splitlines()
     said = [line for line in lines if line.startswith("ope:")]
-    say(said[-1] if said else "ope: interrupted")
+    say(said[-1] if said else INTERRUPTED)
     return INTERRUPTED_EXIT_CODE
 
 

@@ -120,8 +120,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     dm_reported = "dm" in reported_estimators(config)
     if dm_reported:
         check_q_policies(qs, policies)
-    declared = episodes.data.declared_bounds()
-    plan = plan_intervals(config, declared)
+    plan = plan_intervals(config, episodes.data.declared_bounds())
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     if dm_reported:
         check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -935,17 +936,12 @@ class Kernel:
         path = None if key is None or folder is None else folder / f"{key}.bin"
         return args, key, path
 
-    def is_kept(self, template: PaddedBatch, lanes: int, width: int) -> bool:
-        """Whether the advance kernel of window shape [lanes, width] is kept on disk
-        (``kernel_cache``): a new process loads it rather than compiling."""
+    def kept_path(self, template: PaddedBatch, lanes: int, width: int) -> Path | None:
+        """Where the advance kernel of window shape [lanes, width] is kept on disk
+        (``kernel_cache``): a new process loads it from there once it exists; None where it
+        cannot be kept (user code, no compilation cache), so it is traced every run."""
         _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
-        return path is not None and path.is_file()
-
-    def can_keep(self, template: PaddedBatch, lanes: int, width: int) -> bool:
-        """Whether the advance kernel of window shape [lanes, width] can be kept on disk
-        (the package's own code, a compilation cache); else it is traced every run."""
-        _, _, path = self._empty_call(template, lanes, width, self._lanes_of_carry(lanes))
-        return path is not None
+        return path
 
     def compile_catalogue(self, template: PaddedBatch, shapes, on_status=None) -> int:
         """Compiles and keeps (``kernel_cache``) the advance kernel of every window shape of

@@ -394,10 +394,10 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
     if truth is None:
         return results, None, []
     declared = batches.inputs.episodes.data.declared_bounds().horizon
-    bounds = ((config.intervals.horizon, "--horizon"), (declared, "declared by the data"))
-    for bound, source in [b for b in bounds if b[0] is not None] or [(None, "")]:
+    bounds = ((config.intervals.horizon, True), (declared, False))  # (bound, by option)
+    for bound, by_option in [b for b in bounds if b[0] is not None] or [(None, False)]:
         # each: a --horizon looser than the data's declared cut hid that cut
-        check_truth_horizon(config.choosing.truth, bound, local.counters.max_length, source)
+        check_truth_horizon(config.choosing.truth, bound, local.counters.max_length, by_option)
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
@@ -579,9 +579,10 @@ def _announce_shape(batches: BatchStream, seen: set, batch, width: int, kernels,
     if new:
         catalogue = len(batches.bucketer.window_shapes)
         which = f"window shape {len(seen)} of at most {catalogue}, [{shape[0]}, {shape[1]}]"
-        if all(kernel.is_kept(batch, *shape) for kernel in kernels):
+        paths = [kernel.kept_path(batch, *shape) for kernel in kernels]
+        if all(path is not None and path.is_file() for path in paths):
             on_status(f"loading the compiled kernel for {which} ...")
-        elif all(kernel.can_keep(batch, *shape) for kernel in kernels):
+        elif all(path is not None for path in paths):
             on_status(f"compiling the kernel for {which} ...")
         else:  # user code or a fitted model: traced every run, compiled or found cached
             on_status(f"tracing the kernel for {which} (compiled unless cached) ...")

@@ -69,9 +69,9 @@ def _open_file(h5py: Any, path: str) -> Any:
         ) from None
 
 
-def _names_a_role(key: str) -> bool:
-    """Whether a dataset's path is a column role's name (``action_probs``, ``rewards``)."""
-    return any(role_candidates(role, [key]) for role in ALIASES)
+def _roles_named(key: str) -> set[str]:
+    """The column roles a dataset's path names (``action_probs``: behavior_prob)."""
+    return {role for role in ALIASES if role_candidates(role, [key])}
 
 
 def _one_per_step(key: str, dataset: Any) -> bool:
@@ -82,7 +82,7 @@ def _one_per_step(key: str, dataset: Any) -> bool:
         return True
     single = int(np.prod(dataset.shape[1:])) == 1
     discrete = key == "actions" and np.issubdtype(dataset.dtype, np.integer)
-    named = _names_a_role(key) and key not in STANDARD.values()  # not float actions [N, 1]
+    named = bool(_roles_named(key)) and key not in STANDARD.values()  # not float actions
     return single and (key in ONE_PER_STEP or discrete or named)
 
 
@@ -155,7 +155,7 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
                 raise DataError(f"{path}: dataset {key!r} must be one flag per step [N]")
         # the roles the standard columns give: a dataset named after one of them
         # ('observations' beside 'observation') would be a second column for it
-        supplied = ["episode", "step", *(role for role, key in STANDARD.items() if key in datasets)]
+        supplied = {"episode", "step", *(role for role, key in STANDARD.items() if key in datasets)}
         extra = {  # other per-step datasets, under their HDF5 paths: one named after a
             # role ('action_probs') only as one number per step, which that role reads
             key: key
@@ -163,8 +163,8 @@ def describe_file(h5py: Any, path: str) -> FileLayout:
             if dataset.shape
             and dataset.shape[0] == rows
             and _arrow_type(key, dataset) is not None
-            and not any(role_candidates(role, [key]) for role in supplied)
-            and (not _names_a_role(key) or _one_per_step(key, dataset))
+            and not _roles_named(key) & supplied
+            and (not _roles_named(key) or _one_per_step(key, dataset))
         }
         columns = {"episode_id": "", "step": ""}
         columns.update({name: key for name, key in STANDARD.items() if key in datasets})
