@@ -517,6 +517,44 @@ def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, mon
     assert difference.delta is None and difference.note == NO_DIFFERENCE
 
 
+def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):
+    """Under --ci betting, dm, dr and wdr have no intervals, so no pair of policies does:
+    every policy was marked as could-be-best (nothing excluded one), without a word, where
+    normal intervals call one confidently worse (DR 1.31 +- 0.08 beside 2.98 +- 0.33). The
+    sets are now undetermined (null), and the warning says why; the importance-sampling
+    sets stay as they were."""
+    from ope_cli.report.warnings import NO_BEST_SET, run_warnings
+
+    folder, _ = chain
+    picked = (0, 1, 2)
+    evaluation = ope_cli.evaluate(
+        folder / "logs.parquet",
+        policies=[folder / "policies" / f"eval_{k}.npz" for k in picked],
+        q=[folder / "q" / f"eval_{k}.npz" for k in picked],
+        ci="betting",
+    )
+    for result in evaluation.results:
+        flags = result.could_be_best
+        assert [flags[name] for name in ("dm", "dr", "wdr")] == [None] * 3
+        assert all(isinstance(flags[name], bool) for name in ("is", "wis", "pdis", "wpdis"))
+    (warning,) = [w for w in run_warnings(evaluation) if w.code == NO_BEST_SET]
+    assert warning.message.startswith("no could-be-best set for dm, dr, wdr: betting intervals")
+    assert "replicates" not in warning.message
+    # the table says "n/a" there, and a null interval's reason once, under it (it was
+    # also beside each of the nine values, folding every row into three lines)
+    table = shown(evaluation, "table")
+    assert table.count("betting intervals do not apply to this estimator") == 1
+    assert table.count("n/a (1)") == 9 and re.search(r"DR .* │\s+n/a\s+│", table)
+    auto = ope_cli.evaluate(
+        folder / "logs.parquet",
+        policies=[folder / "policies" / f"eval_{k}.npz" for k in picked],
+        q=[folder / "q" / f"eval_{k}.npz" for k in picked],
+        ci="auto",  # the data declares its reward range: betting, and normal for dm, dr, wdr
+    )
+    assert all(isinstance(r.could_be_best["dr"], bool) for r in auto.results)
+    assert [r.ci_methods["dr"] for r in auto.results] == ["normal"] * 3
+
+
 def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, monkeypatch):
     """truth.json says the horizon its values are for: against data that declares another,
     or whose episodes run past it, it is refused (a truth for horizon 5 scored estimates

@@ -265,13 +265,20 @@ class Pairing:
         drawn = self.accumulators[0].replicate_sums["count"].size
         return drawn < best_set_replicates(confidence, len(self.accumulators))
 
+    def has_intervals(self, name: str) -> bool:
+        """Whether ``name`` has paired intervals by the run's method: not under ``--ci
+        betting`` for an estimator betting does not apply to (dm, dr, wdr)."""
+        return not (self.methods[name] == "betting" and get(name).betting is None)
+
     def could_be_best(self, name: str, confidence: float) -> list[bool] | None:
         """[P] whether each policy could be the best by ``name`` (Bonferroni over the
         comparisons with the estimated best); None where the replicates are too few for
-        its level (``replicates_too_few``). Under bootstrap-t every pair's interval is
-        the percentile one: the studentized interval exists only against the baseline, and
-        one pair by another method would make the set depend on which policy is it."""
-        if self.replicates_too_few(name, confidence):
+        its level (``replicates_too_few``) or there are no paired intervals
+        (``has_intervals``: every policy was marked, as nothing excluded one). Under
+        bootstrap-t every pair's interval is the percentile one: the studentized interval
+        exists only against the baseline, and one pair by another method would make the set
+        depend on which policy is it."""
+        if self.replicates_too_few(name, confidence) or not self.has_intervals(name):
             return None
         policies = range(len(self.accumulators))
         estimates = {k: self.value(k, name) for k in policies}

@@ -172,13 +172,15 @@ def _off_scale(policy: PolicyResult) -> str:
 
 
 def _value_cell(e) -> str:
-    """ "value ± stderr", or the value (or n/a) with the estimate's note."""
+    """ "value ± stderr", or the value (or n/a) with the estimate's note; a note the
+    interval cell refers to (a null interval's, listed under the table) is said there."""
+    said = e.note if e.note and e.ci_low is not None and e.ci_high is not None else None
     if e.value is None:
         return f"n/a ({e.note})" if e.note else "n/a"
     if e.stderr is None:
-        return resolved(e.value, _spread(e)) + (f" ({e.note})" if e.note else "")
+        return resolved(e.value, _spread(e)) + (f" ({said})" if said else "")
     cell = f"{resolved(e.value, e.stderr)} ± {significant(e.stderr)}"
-    return cell + (f" ({e.note})" if e.note else "")
+    return cell + (f" ({said})" if said else "")
 
 
 def _spread(e) -> float | None:

@@ -399,22 +399,44 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
 
 
 def best_set_warning(result: EvaluationResult) -> Warning | None:
-    """The could-be-best sets left undetermined: their Bonferroni-level comparisons need
-    more bootstrap replicates than were drawn (``Pairing.replicates_too_few``)."""
+    """The could-be-best sets left undetermined: under ``--ci betting`` the estimators
+    betting does not apply to have no paired intervals (``Pairing.has_intervals``); else
+    their Bonferroni-level comparisons need more bootstrap replicates than were drawn
+    (``Pairing.replicates_too_few``)."""
     flags = [p.could_be_best or {} for p in result.results]
     undetermined = [
         name for name in result.estimators if any(f.get(name, 0) is None for f in flags)
     ]
     if not undetermined:
         return None
-    policies, confidence = len(result.results), result.confidence.level
-    each = bonferroni_level(confidence, policies)
-    return Warning(
-        NO_BEST_SET,
-        f"no could-be-best set for {', '.join(undetermined)}: each of its {policies - 1} "
-        f"comparisons is at {each:.4g} (Bonferroni, {policies} policies), whose bootstrap "
-        f"quantiles need at least {best_set_replicates(confidence, policies)} replicates "
-        "(--bootstrap-samples)",
+    without = [name for name in undetermined if _without_paired_intervals(result, name)]
+    few = [name for name in undetermined if name not in without]
+    said = []
+    if without:
+        said.append(
+            f"no could-be-best set for {', '.join(without)}: betting intervals do not apply "
+            "to them, so no comparison can exclude a policy (--ci auto gives them normal "
+            "intervals)"
+        )
+    if few:
+        policies, confidence = len(result.results), result.confidence.level
+        each = bonferroni_level(confidence, policies)
+        said.append(
+            f"no could-be-best set for {', '.join(few)}: each of its {policies - 1} "
+            f"comparisons is at {each:.4g} (Bonferroni, {policies} policies), whose bootstrap "
+            f"quantiles need at least {best_set_replicates(confidence, policies)} replicates "
+            "(--bootstrap-samples)"
+        )
+    return Warning(NO_BEST_SET, "; ".join(said))
+
+
+def _without_paired_intervals(result: EvaluationResult, name: str) -> bool:
+    """Whether estimator ``name`` has no interval by the run's method (betting, which does
+    not apply to it, chosen by ``--ci betting`` rather than by ``--ci auto``)."""
+    return (
+        result.confidence.interval == "betting"
+        and get_estimator(name).betting is None
+        and all(p.ci_methods.get(name) is None for p in result.results)
     )
 
 
