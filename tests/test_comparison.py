@@ -555,6 +555,41 @@ def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):
     assert [r.ci_methods["dr"] for r in auto.results] == ["normal"] * 3
 
 
+def test_a_leave_out_without_weight_is_the_reason_a_paired_wis_has_no_spread(tmp_path):
+    """Three episodes in three resampling groups, one holding all the weight (the others
+    e^-10000 below it): leaving its group out leaves no weight in float64, so the paired
+    WIS has no jackknife standard error. The note blamed too few episodes or groups."""
+    import pyarrow as pa
+
+    episode = np.repeat([0, 1, 2], 3)
+    groups = (id_keys(np.array([0, 1, 2])) % np.uint64(RESAMPLING_GROUPS)).astype(int)
+    assert len(set(groups.tolist())) == 3
+    table = pa.table(
+        {
+            "episode_id": episode,
+            "step": np.tile([0, 1, 2], 3),
+            "observation": np.array([2, 3, 3, 1, 0, 3, 3, 1, 0]),
+            "action": np.array([1, 1, 1, 0, 0, 1, 0, 1, 1]),
+            "reward": np.array([1.0, 1, 0, 0, 0, 1, 0, 1, 1]),
+            "behavior_prob": np.full(9, 0.5),
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    logits = np.tile([-1e4, 0.0, -1e4], (4, 1))
+    save_checkpoint(tmp_path / "sure.npz", {"kind": "tabular", "logits": logits})
+    evaluation = ope_cli.evaluate(
+        tmp_path / "logs.parquet",
+        policies=(str(tmp_path / "sure.npz"),),
+        baseline="behavior",
+        estimators=("wis",),
+        gamma=0.9,
+    )
+    difference = evaluation.results[0].comparison["wis"]
+    assert difference.delta == pytest.approx(1.9 - (1.9 + 0.81 + 1.71) / 3)
+    assert difference.stderr is None and difference.note == NO_SPREAD
+    assert "a group left out leaves no weight within float64's range" in NO_SPREAD
+
+
 def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, monkeypatch):
     """truth.json says the horizon its values are for: against data that declares another,
     or whose episodes run past it, it is refused (a truth for horizon 5 scored estimates

@@ -62,8 +62,9 @@ TIED = "the same estimates to float64 rounding (differences below 1e-12 of their
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
 NO_SPREAD = (
-    "no standard error of the difference (fewer than two episodes with finite values, or "
-    "three resampling groups for a self-normalised estimator), so no interval"
+    "no standard error of the difference (fewer than two episodes with finite values; for a "
+    "self-normalised estimator, fewer than three resampling groups, or a group left out "
+    "leaves no weight within float64's range), so no interval"
 )
 
 
