@@ -395,6 +395,32 @@ def test_compiles_once_per_window_shape(tmp_path, monkeypatch):
     assert_same_results(first, checkpoint)
 
 
+def test_float32_observations_call_the_kernels_of_float64_ones(tmp_path):
+    """Observations stored as float32 (as D4RL and Minari store them, and ``ope convert``
+    writes them) were handed to the kernel as they were, so a warm cache compiled a set of
+    kernels of their own (4 on the shipped example's slice): the windows now hold the
+    kernel's dtype, and the numbers are those of the same values stored as float64."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    episodes, _, paths = make_case(tmp_path, "linear_softmax", n_episodes=200, seed=21)
+    table = pq.read_table(write_step_layout(episodes, tmp_path / "logs.parquet"))
+    column = table.schema.get_field_index("observation")
+    narrow = table.set_column(
+        column, "observation", table["observation"].cast(pa.list_(pa.float32()))
+    )
+    rounded = table.set_column(  # the float32 values, stored as float64
+        column, "observation", narrow["observation"].cast(pa.list_(pa.float64()))
+    )
+    pq.write_table(narrow, tmp_path / "narrow.parquet")
+    pq.write_table(rounded, tmp_path / "rounded.parquet")
+    wide = run(tmp_path / "rounded.parquet", paths, batch_steps=1024)
+    assert wide.runtime.compiles > 0
+    narrowed = run(tmp_path / "narrow.parquet", paths, batch_steps=1024)
+    assert narrowed.runtime.compiles == 0
+    assert_same_results(wide, narrowed, rtol=0)
+
+
 def test_logged_target_probabilities(tmp_path):
     from datasets import add_target_probs
 

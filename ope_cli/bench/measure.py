@@ -172,13 +172,9 @@ def device_batches(batches: list[PaddedBatch], widths: list[int], dtype, mesh) -
     """Each batch as (its windows on the device(s), its [B, 0] bootstrap counts): floats
     cast to ``dtype``, episodes split over ``mesh``, walked in windows of its width."""
     sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None
-
-    def cast(x: np.ndarray) -> np.ndarray:
-        return x.astype(dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else x
-
     on_device = []
     for batch, width in zip(batches, widths, strict=True):
-        windows = split_windows(jax.tree.map(cast, batch), width)
+        windows = split_windows(batch, width, dtype)
         windows = [(start, jax.device_put(window, sharding)) for start, window in windows]
         on_device.append((windows, np.zeros((batch.shape[0], 0), np.uint8)))
     jax.block_until_ready(on_device)

@@ -454,9 +454,15 @@ def local_mesh(devices: int | None = None) -> Mesh | None:
     return Mesh(np.array(available[:count]), (BATCH_AXIS,))
 
 
-def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
+def as_float(dtype: np.dtype, floats) -> np.dtype:
+    """``dtype``, or ``floats`` where ``dtype`` is a floating one: what a window holds."""
+    return np.dtype(floats) if np.issubdtype(dtype, np.floating) else dtype
+
+
+def split_windows(batch: PaddedBatch, width: int, floats=None) -> list[tuple[int, PaddedBatch]]:
     """(start, window) of a host ``batch`` [B, T] cut into windows [B, width] (contiguous
-    copies of its columns start:start + width), in order; T must be a multiple of width."""
+    copies of its columns start:start + width, floats in ``floats`` when given), in
+    order; T must be a multiple of width."""
     length = batch.shape[1]
     if length % width:
         raise ValueError(f"a batch of {length} steps is not walked in windows of {width}")
@@ -464,7 +470,11 @@ def split_windows(batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch
     for start in range(0, length, width):
 
         def columns(x, start=start):
-            return np.ascontiguousarray(x[:, start : start + width]) if x.ndim > 1 else x
+            if x.ndim == 1:
+                return x
+            part = x[:, start : start + width]
+            dtype = x.dtype if floats is None else as_float(x.dtype, floats)
+            return part.astype(dtype) if dtype != x.dtype else np.ascontiguousarray(part)
 
         out.append((start, map_arrays(columns, batch)))
     return out
@@ -778,13 +788,6 @@ class Kernel:
             self._calls[signature] = call
         return call(*args)
 
-    def _narrow(self, x: np.ndarray) -> np.ndarray:
-        """Floats wider than the kernel's dtype are narrowed on the host (less to transfer);
-        narrower ones are widened on the device."""
-        if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > self.dtype.itemsize:
-            return x.astype(self.dtype)
-        return x
-
     def initial_carry(self, lanes: int) -> EpisodeCarry:
         """The carry before a batch's first window: [P, L] leaves on the device(s), made
         once per L (the kernel never writes into its inputs)."""
@@ -811,8 +814,10 @@ class Kernel:
         return out
 
     def windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
-        """(start, [B, width] window) of ``batch`` (host arrays, narrowed), in order."""
-        return split_windows(jax.tree.map(self._narrow, batch), width)  # None stays None
+        """(start, [B, width] window) of ``batch`` (host arrays), in order, its floats in the
+        kernel's dtype: float32 observations (as D4RL and Minari store them) then call the
+        kernels float64 ones do, rather than compiling a set of their own."""
+        return split_windows(batch, width, self.dtype)
 
     def device_windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
         """``windows`` for the device(s): with a mesh, put there with the episode axis split
@@ -923,9 +928,10 @@ class Kernel:
 
         def empty(x):
             size = (lanes, width) if x.ndim > 1 else (lanes,)
-            return np.zeros((*size, *x.shape[len(size) :]), x.dtype)
+            dtype = as_float(x.dtype, self.dtype) if x.ndim > 1 else x.dtype
+            return np.zeros((*size, *x.shape[len(size) :]), dtype)
 
-        window = map_arrays(empty, jax.tree.map(self._narrow, template))
+        window = map_arrays(empty, template)
         counts = np.zeros((lanes, self.num_replicates), np.uint8)
         if self._sharding is not None:
             window, counts = jax.device_put((window, counts), self._sharding)
