@@ -106,9 +106,12 @@ class DatasetSummary:
     episodes_dropped: int = 0
     steps_dropped: int = 0
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    # decimal magnitudes (floor log10) of the largest |observation| and |reward| and of 1 /
-    # the smallest non-zero |reward| (-1000: none), for float32's warning; not in the JSON
-    magnitudes: tuple[int, int, int, int] | None = None
+    # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 /
+    # the smallest non-zero |reward|, of the largest critic value and |action| (-1000:
+    # none), and the digits the rewards' and returns' size puts before their spread, for
+    # float32's warning; not in the JSON
+    magnitudes: tuple[int, ...] | None = None
+    spreads: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,7 +113,12 @@ class Counters:
     # smallest non-zero |reward|, and of the largest critic column value (--q-col, --v-col):
     # what float32 must hold (report.warnings)
     magnitudes: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.full(4, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
+        default_factory=lambda: np.full(5, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
+    )
+    # (-lowest, highest) reward and undiscounted episode return: how far apart they are
+    # against their size, what float32 sums must resolve (``value_bounds``)
+    bounds: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.full(4, -np.inf), metadata={"reduce": "max"}
     )
 
 
@@ -192,6 +197,7 @@ class BatchStream:
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
                 np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
+                np.maximum(counts.bounds, value_bounds(chunk), out=counts.bounds)
                 ready = bucketer.add(chunk)
                 del chunk  # the pool frees it once its episodes are in batches
                 yield from ready
@@ -331,9 +337,10 @@ def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) 
 
 
 def magnitudes(chunk) -> np.ndarray:
-    """[4] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
+    """[5] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
     observations only: integers index states) and |reward|, -floor log10 of its smallest
-    non-zero |reward|, and floor log10 of its largest critic |Q-hat| or |V-hat| (columns)."""
+    non-zero |reward|, floor log10 of its largest critic |Q-hat| or |V-hat| (columns) and
+    of its largest |action| (continuous actions only)."""
 
     def decimal(value: float) -> int:
         return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
@@ -341,7 +348,7 @@ def magnitudes(chunk) -> np.ndarray:
     def largest(values: np.ndarray) -> int:  # of |values|, without an array of them
         return decimal(float(max(values.max(), -values.min()))) if values.size else NO_MAGNITUDE
 
-    observation, reward = chunk.observation, chunk.reward
+    observation, reward, action = chunk.observation, chunk.reward, chunk.action
     floats = observation is not None and observation.dtype.kind == "f"
     smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
     columns = (getattr(chunk, name, None) for name in ("q_value", "v_value"))
@@ -352,9 +359,30 @@ def magnitudes(chunk) -> np.ndarray:
             largest(reward),
             -decimal(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
             max(critic, default=NO_MAGNITUDE),
+            largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
         ],
         np.int64,
     )
+
+
+def value_bounds(chunk) -> np.ndarray:
+    """[4] Counters.bounds of one chunk: (-lowest, highest) reward and (-lowest, highest)
+    undiscounted episode return; -inf where there is none."""
+    reward = chunk.reward
+    if reward.size == 0:
+        return np.full(4, -np.inf)
+    returns = np.add.reduceat(reward, chunk.offsets[:-1])
+    return np.array([-reward.min(), reward.max(), -returns.min(), returns.max()], np.float64)
+
+
+def lost_digits(bounds: np.ndarray) -> int:
+    """floor log10 of how many times its size a range (-low, high) is wider than its
+    spread: the digits a sum must keep before the values' differences show; NO_MAGNITUDE
+    for no range, or values that are all equal (nothing to resolve)."""
+    low, high = -float(bounds[0]), float(bounds[1])
+    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+        return NO_MAGNITUDE
+    return int(math.floor(math.log10(max(abs(low), abs(high)) / (high - low))))
 
 
 def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
@@ -373,6 +401,7 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
         magnitudes=tuple(int(m) for m in counts.magnitudes),
+        spreads=(lost_digits(counts.bounds[:2]), lost_digits(counts.bounds[2:])),
     )
 
 

@@ -55,6 +55,11 @@ FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 
 # lose their spread (rewards 1e6 + U(0, 1): WPDIS's standard error 2% off; V-hat 1e4 +
 # N(0, 1): dm's 71%); products of weights and rewards below about 1e-30 underflow to 0
 FLOAT32_VALUE_MAGNITUDE, FLOAT32_SMALL_MAGNITUDE = 4, 30
+# rewards (or episode returns) whose size is this many digits above their spread: float32
+# sums resolve their differences to 1e-4 at best (a QA run: rewards 9000 + N(0, 0.01),
+# 5 digits: WPDIS's standard error 26% off; returns 2.7e8 +- 67, 6 digits: WIS's 19%)
+FLOAT32_SPREAD_DIGITS = 3
+NO_SPREAD_DIGITS = -1_000  # a run that did not measure the spreads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,23 +488,30 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision != "float32" or magnitudes is None:
         return None
-    observation, large, small, critic = magnitudes
+    observation, large, small, critic, action = magnitudes
     found = []
     if observation >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"observations reach 1e{observation} in magnitude")
+    if action >= FLOAT32_VALUE_MAGNITUDE:
+        found.append(f"actions reach 1e{action}")
     if large >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"rewards reach 1e{large}")
     if small >= FLOAT32_SMALL_MAGNITUDE:
         found.append(f"rewards as small as 1e-{small}")
     if critic >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"the critic's Q-hat or V-hat values reach 1e{critic}")
+    spreads = result.dataset.spreads or (NO_SPREAD_DIGITS,) * 2
+    for what, digits in zip(("rewards", "episode returns"), spreads, strict=True):
+        if digits >= FLOAT32_SPREAD_DIGITS:
+            found.append(f"the {what} differ by 1e-{digits} of their size or less")
     if not found:
         return None
     return Warning(
         FLOAT32_RANGE,
         f"float32 (this run's precision) keeps about 7 digits, and {', '.join(found)}: the "
-        "policies' log-probabilities or the weighted rewards can lose their value to rounding "
-        "or leave float32's range; check the estimates with --precision float64.",
+        "policies' log-probabilities, the weighted rewards or their standard errors can lose "
+        "their value to rounding or leave float32's range; check the estimates with "
+        "--precision float64.",
     )
 
 
