@@ -6,6 +6,7 @@ in Parquet, bad inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -249,6 +250,36 @@ def test_rewards_stored_one_per_row_in_a_column_read_as_numbers(made, tmp_path):
     assert open_dataset(str(copy)).schema.field("reward").type == pa.float64()
     assert column(open_dataset(str(copy)), "reward") == column(
         open_dataset(str(made["hdf5"])), "reward"
+    )
+
+
+def test_infos_stored_one_per_row_in_arrow_read_as_numbers(made, tmp_path, policies):
+    """Minari's Arrow storage keeps an info given as an array as [N + 1, 1] (a list of
+    one number per row): --behavior-log-prob-col infos/action_log_probs was refused as
+    "fixed_size_list<item: double>[1], expected numbers". It reads as numbers now, the same
+    as the info given as a list; wider infos stay vectors."""
+    buffers = [
+        dataclasses.replace(
+            buffer,
+            infos={
+                **buffer.infos,
+                "action_log_probs": np.asarray(buffer.infos["action_log_probs"]),
+            },
+        )
+        for buffer in made["dict_buffers"]
+    ]
+    discrete = gym.spaces.Discrete(N_ACTIONS)
+    arrays = create(tmp_path, "test/arrays-arrow-v0", buffers, DICT_SPACE, discrete, "arrow")
+    data = open_dataset(str(arrays))
+    assert data.schema.field("infos/action_log_probs").type == pa.float64()
+    assert data.schema.field("infos/extra/speed").type == pa.list_(pa.float64(), 2)
+    as_lists = open_dataset(str(made["arrow"]))
+    for name in ("behavior_log_prob", "infos/action_log_probs"):
+        assert column(data, name) == column(as_lists, name), name
+    option = {"behavior_log_prob_col": "infos/action_log_probs"}
+    assert_same_evaluation(
+        evaluation_inputs(arrays, policies["dict"], **option),
+        evaluation_inputs(made["arrow"], policies["dict"], **option),
     )
 
 

@@ -197,7 +197,12 @@ def describe(
         "next_observation": Column("next_observation", (), obs_type),
     }
     columns.update(_step_leaf_columns(leaves, f"{where}: episode {first_episode}"))
-    if BEHAVIOR_KEY in leaves and arrow_type(leaves[BEHAVIOR_KEY]) is not None:
+    leaves = {
+        path: _one_per_step(leaf) if path.startswith("infos/") else leaf
+        for path, leaf in leaves.items()
+    }
+    behavior = leaves.get(BEHAVIOR_KEY)
+    if behavior is not None and behavior.shape == () and arrow_type(behavior) is not None:
         columns["behavior_log_prob"] = Column("info", (BEHAVIOR_KEY,), pa.float64())
     for path, leaf in leaves.items():
         dtype = arrow_type(leaf)
@@ -210,13 +215,19 @@ def describe(
     return Layout(columns, observation, composite, discrete_starts(obs_space, action_space))
 
 
+def _one_per_step(leaf: Leaf) -> Leaf:
+    """``leaf``, one number per step where it is stored [N, 1] (as Minari's Arrow storage
+    keeps every info, and some datasets keep rewards and flags): read as [N]."""
+    return dataclasses.replace(leaf, shape=()) if leaf.shape == (1,) else leaf
+
+
 def _step_leaf_columns(leaves: dict[str, Leaf], where: str) -> dict[str, Column]:
     """The action, reward and flag columns; rewards and flags stored [N, 1] read as [N]."""
     columns = {}
     for name, key in (*STEP_LEAVES.items(), *((f, f) for f in FLAG_LEAVES)):
         leaf = leaves.get(key)
-        if leaf is not None and name != "action" and leaf.shape == (1,):
-            leaf = dataclasses.replace(leaf, shape=())
+        if leaf is not None and name != "action":
+            leaf = _one_per_step(leaf)
         dtype = arrow_type(leaf) if leaf is not None else None
         if dtype is None:
             raise DataError(f"{where}: {key!r} must hold numbers")
