@@ -325,6 +325,20 @@ def test_string_and_dictionary_episode_ids_are_accepted():
     assert resolve(step_schema(episode_id=dictionary)).columns["episode"] == "episode_id"
 
 
+def test_dictionary_encoded_numbers_are_read_as_their_values():
+    """Arrow IPC files keep dictionary-encoded columns as such (Parquet hands back their
+    values): a dictionary of integer actions or float rewards was refused as "expected
+    integers, numbers or lists of numbers"."""
+    s = resolve(
+        step_schema(
+            action=pa.dictionary(pa.int32(), pa.int64()),
+            reward=pa.dictionary(pa.int8(), pa.float64()),
+            observation=pa.dictionary(pa.int16(), pa.int64()),
+        )
+    )
+    assert (s.action_kind, s.observation_kind) == ("discrete", "index")
+
+
 def test_string_view_episode_ids_are_accepted():
     """string_view is a string type (Polars writes it to Arrow IPC by default)."""
     assert resolve(step_schema(episode_id=pa.string_view())).columns["episode"] == "episode_id"

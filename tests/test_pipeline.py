@@ -473,6 +473,27 @@ def test_float32_observations_call_the_kernels_of_float64_ones(tmp_path):
     assert_same_results(wide, narrowed, rtol=0)
 
 
+def test_dictionary_encoded_columns_of_an_arrow_file_give_the_plain_columns_numbers(tmp_path):
+    """A Feather file with dictionary-encoded actions and rewards (as Arrow IPC keeps them)
+    was refused; it gives the numbers of the same columns stored plain."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    episodes, _, paths = make_case(tmp_path, "tabular", n_episodes=60, seed=23)
+    table = pq.read_table(write_step_layout(episodes, tmp_path / "logs.parquet"))
+    feather.write_feather(table, tmp_path / "plain.arrow")
+    encoded = table
+    for name in ("action", "reward"):
+        column = encoded.schema.get_field_index(name)
+        encoded = encoded.set_column(column, name, encoded[name].dictionary_encode())
+    feather.write_feather(encoded, tmp_path / "encoded.arrow")
+    assert pa.types.is_dictionary(feather.read_table(tmp_path / "encoded.arrow")["reward"].type)
+    assert_same_results(
+        run(tmp_path / "plain.arrow", paths), run(tmp_path / "encoded.arrow", paths), rtol=0
+    )
+
+
 def test_logged_target_probabilities(tmp_path):
     from datasets import add_target_probs
 

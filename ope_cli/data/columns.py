@@ -264,13 +264,15 @@ def _resolve_schema(
     layout: Layout = "episode" if is_list(schema.field(columns["reward"]).type) else "step"
 
     def value_type(role: str) -> pa.DataType:
-        """The type of one step's value of ``role`` (the list's item in the episode layout)."""
+        """The type of one step's value of ``role`` (the list's item in the episode layout),
+        a dictionary's values' type (Arrow IPC files keep dictionary-encoded columns as
+        such; they are decoded as read)."""
         dtype = schema.field(columns[role]).type
         if layout == "episode":
             if not is_list(dtype):
                 raise _type_error(columns[role], "a list column (episode layout)", dtype, role)
-            return dtype.value_type
-        return dtype
+            dtype = dtype.value_type
+        return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
 
     def wrong_type(role: str, expected: str) -> DataError:
         return _type_error(columns[role], expected, schema.field(columns[role]).type, role)
