@@ -155,6 +155,24 @@ def test_hive_folders_named_after_a_column_of_the_files_are_said_in_words(tmp_pa
     assert "Unable to merge" not in str(info.value)
 
 
+def test_hive_folders_named_after_a_column_of_the_files_of_its_type_are_refused(tmp_path):
+    """A folder key that names a column the files hold, of the same type: pyarrow read the
+    folder's value or the file's by which other columns were read (a file's episode ids 5,
+    5, 6 under episode_id=0/ came back as 0, 0, 0 beside a column only the folders hold)."""
+    for key, (lo, hi) in {"a": (0, 5), "b": (5, 9)}.items():
+        (tmp_path / f"tag={key}").mkdir()
+        files = table(lo, hi).append_column("tag", pa.array([f"own{i}" for i in range(lo, hi)]))
+        pq.write_table(files, tmp_path / f"tag={key}" / "x.parquet")
+    data = open_dataset(str(tmp_path))
+    with pytest.raises(DataError) as info:
+        list(iter_batches(data, ["episode_id", "tag"], 100))
+    message = str(info.value)
+    assert "x.parquet: the folders' names (tag=...) make a column 'tag' that the file also" in (
+        message
+    )
+    assert read_ids(data) == list(range(9))  # a run that does not read it is not refused
+
+
 def test_glob(tmp_path):
     pq.write_table(table(5, 10), tmp_path / "b.parquet")
     pq.write_table(table(0, 5), tmp_path / "a.parquet")

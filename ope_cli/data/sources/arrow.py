@@ -200,6 +200,13 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
                     "dataset names its columns alike"
                 )
             continue
+        if _in_hive_folder(fragment.path, name):
+            # pyarrow reads the file's values or the folder's, by which other columns are read
+            raise DataError(
+                f"{file}: the folders' names ({name}=...) make a column {name!r} that the file "
+                "also holds: rename the folders, or name the files (a glob) rather than their "
+                "directory"
+            )
         actual, expected = physical.field(index).type, data.schema.field(name).type
         if _family(actual) != _family(expected):
             raise DataError(
