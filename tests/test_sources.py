@@ -173,6 +173,21 @@ def test_hive_folders_named_after_a_column_of_the_files_of_its_type_are_refused(
     assert read_ids(data) == list(range(9))  # a run that does not read it is not refused
 
 
+def test_folders_above_the_dataset_are_not_partition_keys(tmp_path):
+    """Only the folders below the dataset's directory are hive keys: a file under
+    ``extra=old/`` (above it) with a column 'extra' was refused as a key and a column at
+    once, whether named as the file, its folder or a glob."""
+    above = tmp_path / "extra=old"
+    above.mkdir()
+    pq.write_table(table(0, 6), above / "logs.parquet")
+    for source in (above / "logs.parquet", above, above / "*.parquet"):
+        data = open_dataset(str(source))
+        extras = [
+            x for b in iter_batches(data, ["extra"], 4) for x in b.batch.column(0).to_pylist()
+        ]
+        assert extras == [2 * i for i in range(6)], source
+
+
 def test_glob(tmp_path):
     pq.write_table(table(5, 10), tmp_path / "b.parquet")
     pq.write_table(table(0, 5), tmp_path / "a.parquet")

@@ -166,10 +166,15 @@ def _family(dtype: pa.DataType) -> str:
     return str(dtype)
 
 
-def _in_hive_folder(path: str, name: str) -> bool:
+def _in_hive_folder(path: str, name: str, base_dir: str | None = None) -> bool:
     """Whether a folder above the file ``path`` is named ``name=...`` (a hive partition key,
-    a column that lives in the path rather than the file)."""
-    return any(folder.startswith(f"{name}=") for folder in PurePosixPath(path).parts[:-1])
+    a column that lives in the path rather than the file); with ``base_dir`` (the folder
+    partitions are relative to), only the folders below it, as pyarrow reads them."""
+    parts = PurePosixPath(path).parts[:-1]
+    if base_dir is not None:
+        base = PurePosixPath(base_dir).parts
+        parts = parts[len(base) :] if parts[: len(base)] == base else ()
+    return any(folder.startswith(f"{name}=") for folder in parts)
 
 
 def _why_not_opened(error: Exception, paths: list[str]) -> str:
@@ -190,17 +195,22 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     """A file whose columns differ from the dataset's (its first file's) would otherwise be
     cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
     physical, file = fragment.physical_schema, data.prefix + fragment.path
+
+    def partition_key(name: str) -> bool:
+        base = data.partition_base_dir
+        return base is not None and _in_hive_folder(fragment.path, name, base)
+
     for name in columns:
         index = physical.get_field_index(name)
         if index < 0:
-            if not _in_hive_folder(fragment.path, name):  # a hive partition's lives there
+            if not partition_key(name):  # a hive partition's lives there
                 raise DataError(
                     f"{file}: has no column {name!r}, which the dataset's first file has "
                     f"(this file's columns: {', '.join(physical.names)}): every file of a "
                     "dataset names its columns alike"
                 )
             continue
-        if _in_hive_folder(fragment.path, name):
+        if partition_key(name):
             # pyarrow reads the file's values or the folder's, by which other columns are read
             raise DataError(
                 f"{file}: the folders' names ({name}=...) make a column {name!r} that the file "
@@ -216,7 +226,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     for role in data.compared_roles:  # found in the first file: a later 'step' went unread
         first = role_candidates(role, data.schema.names)
         own = role_candidates(role, physical.names)
-        own += [name for name in first if _in_hive_folder(fragment.path, name)]
+        own += [name for name in first if partition_key(name)]
         if sorted(own) != sorted(first):
             way_out = (
                 f"name the one to read with {OPTION_FOR_ROLE[role]}, or rename or drop the other"
