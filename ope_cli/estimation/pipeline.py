@@ -371,8 +371,9 @@ def value_bounds(chunk) -> np.ndarray:
     reward = chunk.reward
     if reward.size == 0:
         return np.full(4, -np.inf)
-    returns = np.add.reduceat(reward, chunk.offsets[:-1])
-    return np.array([-reward.min(), reward.max(), -returns.min(), returns.max()], np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # returns past float64: not finite
+        returns = np.add.reduceat(reward, chunk.offsets[:-1])
+        return np.array([-reward.min(), reward.max(), -returns.min(), returns.max()], np.float64)
 
 
 def lost_digits(bounds: np.ndarray) -> int:
