@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # annotations only: the formatters must not pull in JAX throu
     from ope_cli.models.behavior import BehaviorSource
 
 
+NO_MAGNITUDE = -1_000  # the decimal magnitude of no value (DatasetSummary.magnitudes)
+
+
 @dataclasses.dataclass(frozen=True)
 class QSource:
     """Where a policy's Q-hat (dm, dr, wdr) comes from.
@@ -107,11 +110,10 @@ class DatasetSummary:
     steps_dropped: int = 0
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 /
-    # the smallest non-zero |reward|, of the largest critic value and |action| (-1000:
-    # none), and the digits the rewards' and returns' size puts before their spread, for
-    # float32's warning; not in the JSON
+    # the smallest non-zero |reward|, of the largest critic value and |action|, and the
+    # digits the rewards' and returns' size stands above their spread (-1000: none), for
+    # float32's warning (``pipeline.magnitudes``); not in the JSON
     magnitudes: tuple[int, ...] | None = None
-    spreads: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

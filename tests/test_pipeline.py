@@ -191,37 +191,37 @@ def test_magnitudes_of_a_chunk():
     chunk = SimpleNamespace(
         observation=np.array([[0.5, -2e5], [3.0, 1.0]], np.float32),
         reward=np.array([0.0, -3e31, 2e-42]),
+        offsets=np.array([0, 1, 3]),
         action=np.array([[1.0], [-7e5], [0.0]]),
         q_value=np.array([1.0, -5e4, 2.0]),
         v_value=np.array([3e2, 1.0, 2.0]),
     )
-    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5]
-    states = SimpleNamespace(  # observations and actions that are indices
-        observation=np.array([10**6]), reward=np.zeros(1), action=np.array([10**6])
+    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5, 0, 0]
+    states = SimpleNamespace(  # observations and actions that are indices, one reward
+        observation=np.array([10**6]),
+        reward=np.zeros(1),
+        offsets=np.array([0, 1]),
+        action=np.array([10**6]),
     )
-    assert magnitudes(states).tolist() == [NO_MAGNITUDE] * 5
+    assert magnitudes(states).tolist() == [NO_MAGNITUDE] * 7
 
 
-def test_value_bounds_and_the_digits_before_their_spread():
-    from types import SimpleNamespace
+def test_the_digits_a_sum_keeps_before_the_values_differences_show():
+    from ope_cli.estimation.pipeline import NO_MAGNITUDE, lost_digits
 
-    from ope_cli.estimation.pipeline import NO_MAGNITUDE, lost_digits, value_bounds
-
-    chunk = SimpleNamespace(
-        reward=np.array([9000.0, 9000.01, 8999.99, 9000.0]), offsets=np.array([0, 1, 4])
-    )
-    bounds = value_bounds(chunk)
-    assert bounds.tolist() == [-8999.99, 9000.01, -9000.0, 27000.0]
-    assert lost_digits(bounds[:2]) == 5  # 9000.01 / 0.02
-    assert lost_digits(bounds[2:]) == 0  # 27000 / 18000
-    assert lost_digits(np.array([-1.0, 1.0])) == NO_MAGNITUDE  # one value: nothing to resolve
-    assert lost_digits(np.array([-np.inf, -np.inf])) == NO_MAGNITUDE  # no values
+    rng = np.random.default_rng(2)
+    assert lost_digits(9000 + rng.normal(0, 0.01, 1000)) == 5  # 9000 / 0.01 = 10^5.95
+    assert lost_digits(-1000.0 + rng.integers(0, 2, 1000)) == 3  # 1000 / 0.5 = 10^3.3
+    assert lost_digits(np.array([1.0, 0.0, 1.0])) == 0
+    assert lost_digits(np.ones(5)) == NO_MAGNITUDE  # all equal: nothing to resolve
+    assert lost_digits(np.ones(1)) == NO_MAGNITUDE
+    assert lost_digits(np.array([1e308, -1e308, 1e308])) == NO_MAGNITUDE  # no finite spread
 
 
 def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):
     """Rewards 9000 + N(0, 0.01) in one-step episodes: float32's per-step sums cannot
     resolve their differences, and WPDIS's standard error was 26% off (2.5e-5 for 3.2e-5)
-    without a word. The float32 warning now says that the rewards differ by 1e-5 of their
+    without a word. The float32 warning now says that the rewards vary by 1e-5 of their
     size; float64 runs and rewards of ordinary spread say nothing."""
     import pyarrow as pa
 
@@ -246,9 +246,10 @@ def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):
         return [w.message for w in run_warnings(evaluate(config)) if w.code == FLOAT32_RANGE]
 
     (message,) = warned(9000.0, "float32")
-    assert "the rewards differ by 1e-5 of their size or less" in message
-    assert "episode returns" in message  # one-step episodes: their returns are the rewards
+    assert "the rewards vary by 1e-5 of their size or less" in message
+    assert "episode returns" not in message  # one-step episodes: their returns are the rewards
     assert warned(9000.0, "float64") == [] and warned(0.0, "float32") == []
+    assert warned(10.0, "float32") == []  # 10 / 0.01: 3 digits, 4 of float32's 7 left
 
 
 def _values(result):

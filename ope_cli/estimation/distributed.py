@@ -264,13 +264,12 @@ def allgather(values: np.ndarray) -> np.ndarray:
 
 
 def reduce_counters(counters: C) -> C:
-    """Collective: a dataclass of counters (ints, int arrays or float64 arrays) summed over
-    processes, or reduced with ``max`` where the field's metadata says ``{"reduce": "max"}``.
-    Generic over the fields, so a new counter needs no edit here."""
+    """Collective: a dataclass of integer counters (ints or int arrays) summed over processes,
+    or reduced with ``max`` where the field's metadata says ``{"reduce": "max"}``. Generic
+    over the fields, so a new counter needs no edit here."""
     reduced = {}
     for field in dataclasses.fields(counters):
-        value = np.asarray(getattr(counters, field.name))
-        gathered = _gather(value if value.dtype.kind == "f" else value.astype(np.int64))
+        gathered = _gather(np.asarray(getattr(counters, field.name), np.int64))
         total = gathered.max(axis=0) if field.metadata.get("reduce") == "max" else gathered.sum(0)
         reduced[field.name] = int(total) if total.ndim == 0 else total
     return dataclasses.replace(counters, **reduced)

@@ -84,6 +84,7 @@ from ope_cli.models.behavior import (
 from ope_cli.models.policies.checks import faulty_policy_error
 from ope_cli.models.qfunctions import q_source
 from ope_cli.results import (
+    NO_MAGNITUDE,
     ConfidenceSummary,
     DatasetSummary,
     EvaluationResult,
@@ -92,7 +93,6 @@ from ope_cli.results import (
 )
 
 BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
-NO_MAGNITUDE = -1_000  # the decimal magnitude of no value (Counters.magnitudes)
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 
@@ -113,12 +113,7 @@ class Counters:
     # smallest non-zero |reward|, and of the largest critic column value (--q-col, --v-col):
     # what float32 must hold (report.warnings)
     magnitudes: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.full(5, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
-    )
-    # (-lowest, highest) reward and undiscounted episode return: how far apart they are
-    # against their size, what float32 sums must resolve (``value_bounds``)
-    bounds: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.full(4, -np.inf), metadata={"reduce": "max"}
+        default_factory=lambda: np.full(7, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
     )
 
 
@@ -197,7 +192,6 @@ class BatchStream:
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
                 np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
-                np.maximum(counts.bounds, value_bounds(chunk), out=counts.bounds)
                 ready = bucketer.add(chunk)
                 del chunk  # the pool frees it once its episodes are in batches
                 yield from ready
@@ -337,10 +331,11 @@ def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) 
 
 
 def magnitudes(chunk) -> np.ndarray:
-    """[5] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
+    """[7] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
     observations only: integers index states) and |reward|, -floor log10 of its smallest
     non-zero |reward|, floor log10 of its largest critic |Q-hat| or |V-hat| (columns) and
-    of its largest |action| (continuous actions only)."""
+    of its largest |action| (continuous actions only), and the digits its rewards' and its
+    undiscounted episode returns' size stands above their spread (``lost_digits``)."""
 
     def decimal(value: float) -> int:
         return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
@@ -353,6 +348,8 @@ def magnitudes(chunk) -> np.ndarray:
     smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
     columns = (getattr(chunk, name, None) for name in ("q_value", "v_value"))
     critic = [largest(values) for values in columns if values is not None]
+    with np.errstate(over="ignore", invalid="ignore"):  # returns past float64: not finite
+        returns = np.add.reduceat(reward, chunk.offsets[:-1]) if reward.size else reward
     return np.array(
         [
             largest(observation) if floats else NO_MAGNITUDE,
@@ -360,30 +357,25 @@ def magnitudes(chunk) -> np.ndarray:
             -decimal(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
             max(critic, default=NO_MAGNITUDE),
             largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
+            lost_digits(reward),
+            lost_digits(returns),
         ],
         np.int64,
     )
 
 
-def value_bounds(chunk) -> np.ndarray:
-    """[4] Counters.bounds of one chunk: (-lowest, highest) reward and (-lowest, highest)
-    undiscounted episode return; -inf where there is none."""
-    reward = chunk.reward
-    if reward.size == 0:
-        return np.full(4, -np.inf)
-    with np.errstate(over="ignore", invalid="ignore"):  # returns past float64: not finite
-        returns = np.add.reduceat(reward, chunk.offsets[:-1])
-        return np.array([-reward.min(), reward.max(), -returns.min(), returns.max()], np.float64)
-
-
-def lost_digits(bounds: np.ndarray) -> int:
-    """floor log10 of how many times its size a range (-low, high) is wider than its
-    spread: the digits a sum must keep before the values' differences show; NO_MAGNITUDE
-    for no range, or values that are all equal (nothing to resolve)."""
-    low, high = -float(bounds[0]), float(bounds[1])
-    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+def lost_digits(values: np.ndarray) -> int:
+    """floor log10 of the largest |value| over the values' standard deviation: the digits a
+    sum must keep before their differences show (a chunk at a time, so that one outlier
+    elsewhere does not hide a constant offset); NO_MAGNITUDE for fewer than two values,
+    values all equal (nothing to resolve) or not finite."""
+    if values.size < 2:
         return NO_MAGNITUDE
-    return int(math.floor(math.log10(max(abs(low), abs(high)) / (high - low))))
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread, size = float(np.std(values)), float(np.max(np.abs(values)))
+    if not (0 < spread < math.inf and size < math.inf):
+        return NO_MAGNITUDE
+    return int(math.floor(math.log10(size / spread)))
 
 
 def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
@@ -402,7 +394,6 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
         magnitudes=tuple(int(m) for m in counts.magnitudes),
-        spreads=(lost_digits(counts.bounds[:2]), lost_digits(counts.bounds[2:])),
     )
 
 

@@ -16,7 +16,7 @@ from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
 from ope_cli.models.q_models.base import unconverged_message
 from ope_cli.report.formatting import discount, fixed, percent, significant
-from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.results import NO_MAGNITUDE, EvaluationResult, PolicyResult
 
 # Thresholds on the trajectory-weight diagnostics.
 ESS_FRACTION_WARNING = 0.1  # fewer effective episodes than this share of n
@@ -55,11 +55,11 @@ FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 
 # lose their spread (rewards 1e6 + U(0, 1): WPDIS's standard error 2% off; V-hat 1e4 +
 # N(0, 1): dm's 71%); products of weights and rewards below about 1e-30 underflow to 0
 FLOAT32_VALUE_MAGNITUDE, FLOAT32_SMALL_MAGNITUDE = 4, 30
-# rewards (or episode returns) whose size is this many digits above their spread: float32
-# sums resolve their differences to 1e-4 at best (a QA run: rewards 9000 + N(0, 0.01),
-# 5 digits: WPDIS's standard error 26% off; returns 2.7e8 +- 67, 6 digits: WIS's 19%)
-FLOAT32_SPREAD_DIGITS = 3
-NO_SPREAD_DIGITS = -1_000  # a run that did not measure the spreads
+# rewards (or episode returns) whose size is this many digits above their standard
+# deviation: float32 (7 digits) resolves their differences to 1e-3 at best (a QA run:
+# rewards 9000 + N(0, 0.01), 5 digits: WPDIS's standard error 26% off; returns 2.7e8 +- 67,
+# 6 digits: WIS's 19%); integer returns of -1000 +- 0.5 (3 digits) are exact
+FLOAT32_SPREAD_DIGITS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,7 +488,7 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision != "float32" or magnitudes is None:
         return None
-    observation, large, small, critic, action = magnitudes
+    observation, large, small, critic, action, rewards, returns = magnitudes
     found = []
     if observation >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"observations reach 1e{observation} in magnitude")
@@ -500,10 +500,13 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
         found.append(f"rewards as small as 1e-{small}")
     if critic >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"the critic's Q-hat or V-hat values reach 1e{critic}")
-    spreads = result.dataset.spreads or (NO_SPREAD_DIGITS,) * 2
-    for what, digits in zip(("rewards", "episode returns"), spreads, strict=True):
+    one_step = result.dataset.max_length == 1  # its returns are its rewards
+    for what, digits in (
+        ("rewards", rewards),
+        ("episode returns", NO_MAGNITUDE if one_step else returns),
+    ):
         if digits >= FLOAT32_SPREAD_DIGITS:
-            found.append(f"the {what} differ by 1e-{digits} of their size or less")
+            found.append(f"the {what} vary by 1e-{digits} of their size or less")
     if not found:
         return None
     return Warning(
