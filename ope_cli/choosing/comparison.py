@@ -268,8 +268,8 @@ class Pairing:
 
     def has_intervals(self, name: str) -> bool:
         """Whether ``name`` has paired intervals by the run's method: not under ``--ci
-        betting`` for an estimator betting does not apply to (dm, dr, wdr)."""
-        return not (self.methods[name] == "betting" and get(name).betting is None)
+        betting`` for an estimator betting does not apply to (``betting_does_not_apply``)."""
+        return not betting_does_not_apply(self.methods[name], name)
 
     def could_be_best(self, name: str, confidence: float) -> list[bool] | None:
         """[P] whether each policy could be the best by ``name`` (Bonferroni over the
@@ -325,6 +325,12 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
         f"--baseline {baseline}: no --policy is called that; choose one of {given}, "
         f"or {BASELINE_BEHAVIOR} (the logging policy)"
     )
+
+
+def betting_does_not_apply(method: str, name: str) -> bool:
+    """Whether intervals by ``method`` leave estimator ``name`` without one: betting, which
+    does not apply to dm, dr and wdr."""
+    return method == "betting" and get(name).betting is None
 
 
 def interval_methods(estimators: Sequence[str], method: str, interval: str) -> dict[str, str]:

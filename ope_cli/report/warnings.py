@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ope_cli.choosing.comparison import best_set_replicates
+from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_apply
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
@@ -438,10 +438,8 @@ def best_set_warning(result: EvaluationResult) -> Warning | None:
 def _without_paired_intervals(result: EvaluationResult, name: str) -> bool:
     """Whether estimator ``name`` has no interval by the run's method (betting, which does
     not apply to it, chosen by ``--ci betting`` rather than by ``--ci auto``)."""
-    return (
-        result.confidence.interval == "betting"
-        and get_estimator(name).betting is None
-        and all(p.ci_methods.get(name) is None for p in result.results)
+    return betting_does_not_apply(result.confidence.interval, name) and all(
+        p.ci_methods.get(name) is None for p in result.results
     )
 
 
