@@ -576,29 +576,25 @@ def test_a_leave_out_without_weight_is_the_reason_a_paired_wis_has_no_spread(tmp
     )
     pq.write_table(table, tmp_path / "logs.parquet")
     logits = np.tile([-1e4, 0.0, -1e4], (4, 1))
-    save_checkpoint(tmp_path / "sure.npz", {"kind": "tabular", "logits": logits})
-    evaluation = ope_cli.evaluate(
-        tmp_path / "logs.parquet",
-        policies=(str(tmp_path / "sure.npz"),),
-        baseline="behavior",
-        estimators=("wis",),
-        gamma=0.9,
-    )
-    difference = evaluation.results[0].comparison["wis"]
+
+    def against_behavior(name: str, scale: float):
+        path = save_checkpoint(tmp_path / name, {"kind": "tabular", "logits": logits * scale})
+        evaluation = ope_cli.evaluate(
+            tmp_path / "logs.parquet",
+            policies=(str(path),),
+            baseline="behavior",
+            estimators=("wis",),
+            gamma=0.9,
+        )
+        return evaluation.results[0].comparison["wis"]
+
+    difference = against_behavior("sure.npz", 1.0)
     assert difference.delta == pytest.approx(1.9 - (1.9 + 0.81 + 1.71) / 3)
     assert difference.stderr is None and difference.note == NO_SPREAD
     assert "a group left out leaves no weight within float64's range" in NO_SPREAD
     # the same three groups with weights float64 holds: a standard error (so the groups are
     # enough, and what removed it is the weight a group left out leaves)
-    save_checkpoint(tmp_path / "leaning.npz", {"kind": "tabular", "logits": logits / 5e3})
-    leaning = ope_cli.evaluate(
-        tmp_path / "logs.parquet",
-        policies=(str(tmp_path / "leaning.npz"),),
-        baseline="behavior",
-        estimators=("wis",),
-        gamma=0.9,
-    )
-    assert leaning.results[0].comparison["wis"].stderr > 0
+    assert against_behavior("leaning.npz", 1 / 5e3).stderr > 0
 
 
 def test_a_truth_for_another_horizon_is_refused_in_one_line(chain, tmp_path, monkeypatch):
