@@ -216,6 +216,27 @@ def test_warnings_and_ranks_in_json_and_csv(evaluations):
     assert {row["rank_by"] for row in rows} == {"wis"}
 
 
+def test_json_and_csv_runs_say_their_warnings_on_stderr(ope_in_process):
+    """SPEC 1: warnings go to stderr. A JSON or CSV run kept them in the document only, so
+    ``ope evaluate ... | jq .results`` showed a person none (a low ESS, the default gamma);
+    each is now a line on stderr, stdout still the document alone, and --quiet keeps
+    stderr empty. The table says them in its footer, on stdout, as before."""
+    args = ["evaluate", "examples/data/logs.parquet", "-p", "examples/policies/ckpt.npz"]
+    for output in ("json", "csv"):
+        run = ope_in_process([*args, "-f", output])
+        assert run.returncode == 0, run
+        lines = run.stderr.splitlines()
+        assert lines and all(line.startswith("warning: ") for line in lines), run.stderr
+        assert any(line.startswith("warning: gamma is 1, the default") for line in lines)
+        if output == "json":
+            messages = [w["message"] for w in json.loads(run.stdout)["warnings"]]
+            assert lines == [f"warning: {m}" for m in messages]
+        quiet = ope_in_process([*args, "-f", output, "-q"])
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet
+    table = ope_in_process([*args, "-f", "table"])
+    assert table.stderr == "" and "warning: gamma is 1" in " ".join(table.stdout.split())
+
+
 def test_policy_warnings_name_their_policy_in_json():
     """A low effective sample size, in JSON as in the footer, with the policy it concerns."""
     from test_report import EXAMPLES

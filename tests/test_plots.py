@@ -36,7 +36,9 @@ def test_plot_writes_png_figures(tmp_path, ope_in_process):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 10_000, (name, len(data))  # axes, lines and text, not an empty canvas
-    assert "error" not in run.stderr.lower(), run
+    lines = run.stderr.splitlines()  # the figures' line, and the run's warnings
+    assert all(line.startswith(("figures: ", "warning: ")) for line in lines), run
+    assert any(line.startswith("figures: ") for line in lines), run
 
 
 def test_plot_without_matplotlib_is_a_usage_error(tmp_path, ope):

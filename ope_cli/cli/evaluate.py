@@ -181,6 +181,20 @@ def run_and_report(
         if not quiet:
             say(f"figures: {', '.join(str(p) for p in written)}")
     write_result(result, chosen, rank_by)
+    if chosen is not OutputFormat.table and not quiet:
+        say_warnings(result, rank_by)
+
+
+def say_warnings(result: EvaluationResult, rank_by: str | None) -> None:
+    """The run's warnings on stderr, one line each, as the JSON and CSV carry them: a
+    script that reads only the numbers (``ope evaluate ... | jq .results``) still shows a
+    person what they rest on (the table says them in its footer)."""
+    from ope_cli.report.table import rank_policies, resolve_rank_by
+    from ope_cli.report.warnings import run_warnings
+
+    rank_by = resolve_rank_by(result, rank_by)
+    for warning in run_warnings(result, rank_policies(result, rank_by), rank_by):
+        say(f"warning: {warning.message}")
 
 
 def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str | None) -> None:

@@ -194,7 +194,15 @@ EvaluateFormat = Annotated[OutputFormat | None, typer.Option("--format", "-f", h
 InspectFormatOption = Annotated[
     InspectFormat | None, typer.Option("--format", "-f", help=FORMAT_HELP)
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="No progress output on stderr, nor (evaluate --format json|csv) the warnings "
+        "the result carries.",
+    ),
+]
 
 # --- estimation
 Gamma = Annotated[float, typer.Option(help="Discount factor in [0, 1].")]
