@@ -555,6 +555,28 @@ def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):
     assert [r.ci_methods["dr"] for r in auto.results] == ["normal"] * 3
 
 
+def test_betting_differences_are_said_to_be_unpaired(chain):
+    """Under betting, a difference's interval is the two policies' own intervals combined,
+    not paired: the table's title said "paired on the same episodes" beside a difference 16
+    standard errors below 0 whose interval held 0. Its caption (and the could-be-best
+    legend) now say so, and which options give paired ones."""
+    folder, _ = chain
+    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 2)]
+
+    def table(ci: str) -> str:
+        run = ope_cli.evaluate(
+            folder / "logs.parquet", policies=policies, baseline="behavior", ci=ci
+        )
+        return " ".join(shown(run, "table").split())
+
+    betting, normal = table("betting"), table("normal")
+    assert "betting intervals of a difference: each policy's own at 1 - alpha/2" in betting
+    assert "not paired" in betting and "--ci percentile or normal gives paired ones" in betting
+    assert "could be the best (betting, unpaired intervals, Bonferroni)" in betting
+    assert "not paired" not in normal
+    assert "could be the best (paired intervals, Bonferroni)" in normal
+
+
 def test_a_leave_out_without_weight_is_the_reason_a_paired_wis_has_no_spread(tmp_path):
     """Three episodes in three resampling groups, one holding all the weight (the others
     e^-10000 below it): leaving its group out leaves no weight in float64, so the paired

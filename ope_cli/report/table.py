@@ -230,9 +230,10 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     ranks = rank_policies(result, rank_by) if several else [None]
     notes = interval_notes(result)
     sets = all(p.could_be_best is not None for p in result.results) and several
+    paired_or_not = "betting, unpaired" if result.confidence.interval == "betting" else "paired"
     caption = (
         f"rank: by {estimator_title(rank_by)} (underlined), highest first; ★ best"
-        + ("; ◆ could be the best (paired intervals, Bonferroni)" if sets else "")
+        + (f"; ◆ could be the best ({paired_or_not} intervals, Bonferroni)" if sets else "")
         if several
         else None
     )
@@ -270,19 +271,30 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     return table
 
 
+# what a betting interval of a difference is (``choosing.comparison.Pairing.interval``)
+BETTING_DIFFERENCES = (
+    "betting intervals of a difference: each policy's own at 1 - alpha/2, combined (Hoeffding's "
+    "bound for behavior), not paired: valid for any number of episodes, and wide; --ci "
+    "percentile or normal gives paired ones"
+)
+
+
 def _comparison_table(result: EvaluationResult) -> Table:
     """Each policy minus the baseline, per estimator, paired on the same episodes."""
     compared = [p for p in result.results if p.comparison is not None]
     without_replicates = all(
         c.p_improvement is None for p in compared for c in p.comparison.values()
     )
+    captions = []
+    if result.confidence.interval == "betting":  # the differences are paired, not these
+        captions.append(BETTING_DIFFERENCES)
+    if without_replicates:
+        captions.append("P(better): bootstrap replicates, with --ci percentile or bootstrap-t")
     table = Table(
         title=f"against the baseline {result.baseline}{_own_value(result)} (paired on the same "
         "episodes)",
         title_justify="left",
-        caption="P(better): bootstrap replicates, with --ci percentile or bootstrap-t"
-        if without_replicates
-        else None,
+        caption="; ".join(captions) or None,
         caption_justify="left",
     )
     table.add_column("policy", style="bold", overflow="fold")
