@@ -217,8 +217,8 @@ Truth = Annotated[
     typer.Option(
         metavar="FILE",
         help="True values of the policies (truth.json of ope generate, or a JSON object "
-        "{policy: value}): adds rmse, nmse, Spearman, regret@k, precision@k, sharpe@k "
-        "and interval coverage per estimator.",
+        "{policy: value}): adds rmse, nmse, Spearman, regret@k, nregret@k, precision@k, "
+        "sharpe@k and interval coverage per estimator.",
     ),
 ]
 TopK = Annotated[
