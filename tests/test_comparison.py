@@ -311,8 +311,20 @@ def test_table_and_csv_show_the_comparisons_and_the_selection(chain):
     assert "P(better): bootstrap replicates, with --ci percentile or bootstrap-t" in table
     assert "◆ could be the best" in table
     assert "selection against the true values" in table and "regret@3" in table
-    # sharpe@1 is n/a in every run: the table says why
-    assert "sharpe@k: n/a where the top k's true values have no spread" in " ".join(table.split())
+    # sharpe@1 is n/a in every run: the table says why (the baseline's clause only where
+    # there is a baseline: without one it named a baseline the run did not have)
+    words = " ".join(table.split())
+    assert "sharpe@k: n/a where the top k's true values have no spread" in words
+    assert "or the baseline has no true value" in words
+    alone = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=str(folder / "policies" / "*.npz"),
+        truth=str(folder / "truth.json"),
+        ci="normal",
+    )
+    words = " ".join(shown(alone, "table").split())
+    assert "sharpe@k: n/a where the top k's true values have no spread (always for k = 1)" in words
+    assert "baseline" not in words
     rows = list(csv.DictReader(io.StringIO(shown(evaluation, "csv"))))
     by_key = {(r["label"], r["estimator"]): r for r in rows}
     worse = by_key["eval_2.npz", "wis"]

@@ -339,7 +339,7 @@ def _selection_table(result: EvaluationResult) -> Table:
         title_justify="left",
         # sharpe@1 is n/a in every run (one true value has no spread): the table says why
         caption="sharpe@k: n/a where the top k's true values have no spread (always for k = "
-        "1) or the baseline has no true value"
+        "1)" + (" or the baseline has no true value" if result.baseline is not None else "")
         if undefined_sharpe
         else None,
         caption_justify="left",
