@@ -53,7 +53,8 @@ InvalidValues = Annotated[
     typer.Option(
         help="error: stop at the first invalid value; drop: leave out the episodes with "
         "invalid values (NaN/inf, bad probabilities, out-of-range actions or states, "
-        "duplicate or missing steps, nulls) and report how many were dropped, and why."
+        "duplicate or missing steps, nulls) and report how many were dropped, and why; an "
+        "episode id found in two places (a split episode) still stops the run."
     ),
 ]
 RankBy = Annotated[
