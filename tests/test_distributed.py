@@ -140,6 +140,11 @@ def test_processes_agree_with_one_process(world, num_processes, data):
     assert result["runtime"]["processes"] == num_processes
     assert "comparison" in result["results"][1]  # p1 against the baseline p0
     assert_same_json(reference, result)
+    # process 0 says the warnings on stderr, as one process does (its supervisor passed on
+    # only error lines), and no other process says them again
+    said = [f"warning: {w['message']}" for w in result["warnings"]]
+    assert said and outcomes[0][2].splitlines() == said, outcomes[0][2]
+    assert all(err == "" for _, _, err in outcomes[1:])
 
 
 @pytest.mark.parametrize("cross_fit", ["1", "3"])

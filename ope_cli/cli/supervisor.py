@@ -14,6 +14,10 @@ from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
 RUNTIME_EXIT_CODE = 5
 WORKER_ENV = "OPE_CLUSTER_WORKER"
 
+# the child's own lines, passed on (the runtime's logging is not): its one error line, and
+# process 0's warnings and figures of a successful run
+OWN_LINES = ("ope:", "warning: ", "figures: ")
+
 
 def wants_cluster(argv: list[str]) -> bool:
     """Whether the command line asks for a multi-process run."""
@@ -60,7 +64,7 @@ def supervise(argv: list[str]) -> int:
         for raw in child.stderr:
             line = raw.decode(errors="replace")
             said = said or line.startswith("ope:")
-            if debug or line.startswith("ope:"):
+            if debug or line.startswith(OWN_LINES):
                 sys.stderr.write(line)
             elif "absl::Status" in line or line.startswith("RPC:"):
                 runtime_log.append(line)
