@@ -583,9 +583,10 @@ def test_betting_differences_are_said_to_be_unpaired(chain):
 
     betting, normal = table("betting"), table("normal")
     assert "betting intervals of a difference: each policy's own at 1 - alpha/2" in betting
-    assert "not paired" in betting and "--ci percentile or normal gives paired ones" in betting
-    assert "could be the best (betting, unpaired intervals, Bonferroni)" in betting
-    assert "not paired" not in normal
+    assert "not paired" in betting and "percentile, bootstrap-t or normal gives paired" in betting
+    assert "(the differences paired on the same episodes, their betting intervals not)" in (betting)
+    assert "could be the best (paired intervals, Bonferroni; betting's are not paired)" in betting
+    assert "not paired" not in normal and "(paired on the same episodes)" in normal
     assert "could be the best (paired intervals, Bonferroni)" in normal
 
 

@@ -190,11 +190,9 @@ def say_warnings(result: EvaluationResult, rank_by: str | None) -> None:
     """The run's warnings on stderr, one line each, as the JSON and CSV carry them: a
     script that reads only the numbers (``ope evaluate ... | jq .results``) still shows a
     person what they rest on (the table says them in its footer)."""
-    from ope_cli.report.table import rank_policies, resolve_rank_by
-    from ope_cli.report.warnings import run_warnings
+    from ope_cli.report.table import ranked_warnings
 
-    rank_by = resolve_rank_by(result, rank_by)
-    for warning in run_warnings(result, rank_policies(result, rank_by), rank_by):
+    for warning in ranked_warnings(result, rank_by):
         say(f"warning: {warning.message}")
 
 

@@ -199,8 +199,7 @@ Quiet = Annotated[
     typer.Option(
         "--quiet",
         "-q",
-        help="No progress output on stderr, nor (evaluate --format json|csv) the warnings "
-        "the result carries.",
+        help="No progress output on stderr, nor the warnings a JSON or CSV result carries.",
     ),
 ]
 

@@ -230,10 +230,14 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
     ranks = rank_policies(result, rank_by) if several else [None]
     notes = interval_notes(result)
     sets = all(p.could_be_best is not None for p in result.results) and several
-    paired_or_not = "betting, unpaired" if result.confidence.interval == "betting" else "paired"
+    legend = (
+        "paired intervals, Bonferroni; betting's are not paired"
+        if result.confidence.interval == "betting"
+        else "paired intervals, Bonferroni"
+    )
     caption = (
         f"rank: by {estimator_title(rank_by)} (underlined), highest first; ★ best"
-        + (f"; ◆ could be the best ({paired_or_not} intervals, Bonferroni)" if sets else "")
+        + (f"; ◆ could be the best ({legend})" if sets else "")
         if several
         else None
     )
@@ -275,8 +279,14 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
 BETTING_DIFFERENCES = (
     "betting intervals of a difference: each policy's own at 1 - alpha/2, combined (Hoeffding's "
     "bound for behavior), not paired: valid for any number of episodes, and wide; --ci "
-    "percentile or normal gives paired ones"
+    "percentile, bootstrap-t or normal gives paired ones"
 )
+
+
+def ranked_warnings(result: EvaluationResult, rank_by: str | None = None) -> list:
+    """The run's warnings as the JSON and CSV carry them (``rank_by`` resolved as they do)."""
+    rank_by = resolve_rank_by(result, rank_by)
+    return run_warnings(result, rank_policies(result, rank_by), rank_by)
 
 
 def _comparison_table(result: EvaluationResult) -> Table:
@@ -290,9 +300,13 @@ def _comparison_table(result: EvaluationResult) -> Table:
         captions.append(BETTING_DIFFERENCES)
     if without_replicates:
         captions.append("P(better): bootstrap replicates, with --ci percentile or bootstrap-t")
+    paired = (
+        "the differences paired on the same episodes, their betting intervals not"
+        if result.confidence.interval == "betting"
+        else "paired on the same episodes"
+    )
     table = Table(
-        title=f"against the baseline {result.baseline}{_own_value(result)} (paired on the same "
-        "episodes)",
+        title=f"against the baseline {result.baseline}{_own_value(result)} ({paired})",
         title_justify="left",
         caption="; ".join(captions) or None,
         caption_justify="left",
