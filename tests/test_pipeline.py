@@ -196,7 +196,7 @@ def test_magnitudes_of_a_chunk():
         q_value=np.array([1.0, -5e4, 2.0]),
         v_value=np.array([3e2, 1.0, 2.0]),
     )
-    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5, 0, 0]
+    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5, NO_MAGNITUDE, NO_MAGNITUDE]
     states = SimpleNamespace(  # observations and actions that are indices, one reward
         observation=np.array([10**6]),
         reward=np.zeros(1),
@@ -212,10 +212,11 @@ def test_the_digits_a_sum_keeps_before_the_values_differences_show():
     rng = np.random.default_rng(2)
     assert lost_digits(9000 + rng.normal(0, 0.01, 1000)) == 5  # 9000 / 0.01 = 10^5.95
     assert lost_digits(-1000.0 + rng.integers(0, 2, 1000)) == 3  # 1000 / 0.5 = 10^3.3
-    assert lost_digits(np.array([1.0, 0.0, 1.0])) == 0
-    assert lost_digits(np.ones(5)) == NO_MAGNITUDE  # all equal: nothing to resolve
-    assert lost_digits(np.ones(1)) == NO_MAGNITUDE
-    assert lost_digits(np.array([1e308, -1e308, 1e308])) == NO_MAGNITUDE  # no finite spread
+    assert lost_digits(np.tile([1.0, 0.0, 1.0], 10)) == 0
+    assert lost_digits(np.ones(50)) == NO_MAGNITUDE  # all equal: nothing to resolve
+    # too few to say a spread: two close returns of a chunk of two episodes said 1e-6
+    assert lost_digits(np.array([1e5, 1e5 + 0.1])) == NO_MAGNITUDE
+    assert lost_digits(np.tile([1e308, -1e308], 20)) == NO_MAGNITUDE  # no finite spread
 
 
 def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):

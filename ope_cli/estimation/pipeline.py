@@ -110,8 +110,9 @@ class Counters:
         default_factory=lambda: np.zeros((len(REASONS), 2), np.int64)
     )
     # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 / the
-    # smallest non-zero |reward|, and of the largest critic column value (--q-col, --v-col):
-    # what float32 must hold (report.warnings)
+    # smallest non-zero |reward|, of the largest critic column value (--q-col, --v-col) and
+    # |action|, and the digits the rewards' and returns' size stands above their spread:
+    # what float32 must hold (``magnitudes``, report.warnings)
     magnitudes: np.ndarray = dataclasses.field(
         default_factory=lambda: np.full(7, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
     )
@@ -364,12 +365,16 @@ def magnitudes(chunk) -> np.ndarray:
     )
 
 
+SPREAD_VALUES = 30  # the fewest values whose standard deviation says their spread
+
+
 def lost_digits(values: np.ndarray) -> int:
     """floor log10 of the largest |value| over the values' standard deviation: the digits a
     sum must keep before their differences show (a chunk at a time, so that one outlier
-    elsewhere does not hide a constant offset); NO_MAGNITUDE for fewer than two values,
-    values all equal (nothing to resolve) or not finite."""
-    if values.size < 2:
+    elsewhere does not hide a constant offset); NO_MAGNITUDE for fewer than SPREAD_VALUES
+    values (two close returns of a chunk of two episodes said 1e-6), values all equal
+    (nothing to resolve) or not finite."""
+    if values.size < SPREAD_VALUES:
         return NO_MAGNITUDE
     with np.errstate(over="ignore", invalid="ignore"):
         spread, size = float(np.std(values)), float(np.max(np.abs(values)))
