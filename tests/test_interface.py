@@ -237,6 +237,24 @@ def test_json_and_csv_runs_say_their_warnings_on_stderr(ope_in_process):
     assert table.stderr == "" and "warning: gamma is 1" in " ".join(table.stdout.split())
 
 
+def test_inspect_and_fit_q_say_their_json_warnings_on_stderr(ope_in_process, tmp_path):
+    """As evaluate does: inspect's and fit-q's JSON kept their warnings (the default gamma on
+    200-step returns) in the document only. --quiet leaves them there; a table says them in
+    itself; an inspection that finds problems keeps its one error line."""
+    data = "examples/data/logs.parquet"
+    fit = ["fit-q", data, "-p", "examples/policies/ckpt.npz", "-o", tmp_path / "q.npz"]
+    for args in (["inspect", data], [*fit, "--overwrite"]):
+        run = ope_in_process([*args, "-f", "json"])
+        assert run.returncode == 0, run
+        said = [f"warning: {w['message']}" for w in json.loads(run.stdout)["warnings"]]
+        assert said and run.stderr.splitlines() == said, run
+        assert said[0].startswith("warning: gamma is 1, the default")
+        quiet = ope_in_process([*args, "-f", "json", "-q"])
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet
+        table = ope_in_process([*args, "-f", "table"])
+        assert table.stderr == "" and "warning: gamma is 1" in " ".join(table.stdout.split())
+
+
 def test_policy_warnings_name_their_policy_in_json():
     """A low effective sample size, in JSON as in the footer, with the policy it concerns."""
     from test_report import EXAMPLES

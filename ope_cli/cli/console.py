@@ -20,6 +20,14 @@ def say(line: str, highlight: bool = False) -> None:
     stderr_console().print(line, markup=False, highlight=highlight, soft_wrap=True)
 
 
+def say_warnings(messages) -> None:
+    """Each warning a JSON or CSV result carries, a line on stderr ("warning: ..."): SPEC 1
+    puts warnings there, and a script that reads only the numbers would show a person none
+    (the table says them in its footer, on stdout)."""
+    for message in messages:
+        say(f"warning: {message}")
+
+
 def table_console(width: int) -> Console:
     """A console for tables on stdout: the terminal's width on a terminal, else ``width``
     columns (the 80 columns rich assumes in a pipe would fold paths)."""

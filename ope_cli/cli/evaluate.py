@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ope_cli.cli.console import say, stdout_kept_for_the_result, table_console
+from ope_cli.cli.console import say, say_warnings, stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import (
     BATCHING,
     CHOOSING,
@@ -182,18 +182,10 @@ def run_and_report(
         if not quiet:
             say(f"figures: {', '.join(str(p) for p in written)}")
     write_result(result, chosen, rank_by)
-    if chosen is not OutputFormat.table and not quiet:
-        say_warnings(result, rank_by)
+    if chosen is not OutputFormat.table and not quiet:  # the table says them in its footer
+        from ope_cli.report.table import ranked_warnings
 
-
-def say_warnings(result: EvaluationResult, rank_by: str | None) -> None:
-    """The run's warnings on stderr, one line each, as the JSON and CSV carry them: a
-    script that reads only the numbers (``ope evaluate ... | jq .results``) still shows a
-    person what they rest on (the table says them in its footer)."""
-    from ope_cli.report.table import ranked_warnings
-
-    for warning in ranked_warnings(result, rank_by):
-        say(f"warning: {warning.message}")
+        say_warnings(warning.message for warning in ranked_warnings(result, rank_by))
 
 
 def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str | None) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import stdout_kept_for_the_result, table_console
-from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
+from ope_cli.cli.groups import WRITTEN, Written
 from ope_cli.cli.options import (
     Data,
     DeclaredGamma,
@@ -53,7 +53,7 @@ FIT = options_group(
 
 @option_groups(
     fit=FIT,
-    output=TABLE_OR_JSON_QUIET,
+    output=WRITTEN,
     columns=column_group("episode", "step", "observation", "action", "reward"),
 )
 def fit_q(
@@ -70,7 +70,7 @@ def fit_q(
     ],
     fit: dict,  # --model, --gamma, --ridge, --seed
     overwrite: Overwrite = False,
-    output: InspectFormat,  # --format
+    output: Written,  # --format, --quiet
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
@@ -103,7 +103,7 @@ def fit_q(
     _fit_and_print(config, output)
 
 
-def _fit_and_print(config, output: InspectFormat) -> None:
+def _fit_and_print(config, output: Written) -> None:
     """Runs ``ope fit-q``'s fit (in float64) and prints its result as ``output``."""
     from ope_cli import runtime
     from ope_cli.models.q_models.command import run_fit_q
@@ -112,7 +112,8 @@ def _fit_and_print(config, output: InspectFormat) -> None:
     runtime.enable_x64()  # the fits run in float64
     with stdout_kept_for_the_result():
         result = run_fit_q(config)
-    if output is InspectFormat.json:
+    if output.format is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
+        output.say_warnings(warning["message"] for warning in result.warnings)
     else:
         render_table(result, table_console(width=120))

@@ -11,10 +11,11 @@ RuntimeConfig, ``CLUSTER`` -> DistributedConfig.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
+from ope_cli.cli.console import say_warnings
 from ope_cli.cli.options import (
     BatchSteps,
     Behavior,
@@ -87,8 +88,27 @@ def quietly(group: OptionGroup) -> OptionGroup:
     )
 
 
-# inspect, convert, fit-q and fit-behavior: --format table|json, and --quiet
+# convert and fit-behavior: --format table|json, and --quiet
 TABLE_OR_JSON_QUIET = quietly(TABLE_OR_JSON)
+
+
+class Written(NamedTuple):
+    """How inspect and fit-q write their result: the format, and whether --quiet leaves
+    the warnings of a JSON result to the document (else they are said on stderr too)."""
+
+    format: InspectFormat
+    quiet: bool
+
+    def say_warnings(self, messages) -> None:
+        if self.format is InspectFormat.json and not self.quiet:
+            say_warnings(messages)
+
+
+# inspect and fit-q: --format table|json, and --quiet (for their warnings too)
+WRITTEN = OptionGroup(
+    (*TABLE_OR_JSON.options, ("quiet", Quiet, False)),
+    lambda quiet, **values: Written(TABLE_OR_JSON.build(**values), quiet),
+)
 EVALUATE_OUTPUT = _output(EvaluateFormat, OutputFormat)  # -> OutputFormat (table, json, csv)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Annotated
 
 import typer
 
 from ope_cli.cli.console import say, stdout_kept_for_the_result, table_console
-from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
+from ope_cli.cli.groups import WRITTEN, Written
 from ope_cli.cli.options import (
     LOGGED_COLUMNS,
     Data,
@@ -23,7 +24,7 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 INVALID_DATA_EXIT_CODE = 3
 
 
-@option_groups(output=TABLE_OR_JSON_QUIET, columns=column_group(*LOGGED_COLUMNS))
+@option_groups(output=WRITTEN, columns=column_group(*LOGGED_COLUMNS))
 def inspect(
     data: Data,
     *,
@@ -36,7 +37,7 @@ def inspect(
         ),
     ] = None,
     gamma: DeclaredGamma = None,
-    output: InspectFormat,  # --format
+    output: Written,  # --format, --quiet
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
@@ -59,8 +60,11 @@ def inspect(
     )
     with stdout_kept_for_the_result():
         report = run_inspection(config)
-    if output is InspectFormat.json:
-        sys.stdout.write(to_json(report) + "\n")
+    if output.format is InspectFormat.json:
+        document = to_json(report)
+        sys.stdout.write(document + "\n")
+        if report.ok:  # else its one stderr line is the error's
+            output.say_warnings(w["message"] for w in json.loads(document)["warnings"])
     else:
         render_table(report, table_console(width=120))
     if not report.ok:
