@@ -2,7 +2,8 @@
 in ``cli/options.py``) and receives one object in place of the group's options.
 
 ``BATCHING`` (evaluate, bench) -> BatchingConfig; ``TABLE_OR_JSON`` / ``EVALUATE_OUTPUT``
-(every command that writes a result) -> the chosen format; and for ``ope evaluate``:
+(every command that writes a result) -> the chosen format, ``WRITTEN`` (inspect, fit-q) ->
+``Written`` (the format and --quiet, for their warnings); and for ``ope evaluate``:
 ``POLICY_SOURCES`` -> EvaluationConfig keyword arguments (the policies, a BehaviorConfig and
 a QConfig), ``INTERVALS`` -> IntervalConfig, ``CHOOSING`` -> ChoosingConfig, ``RUNTIME`` ->
 RuntimeConfig, ``CLUSTER`` -> DistributedConfig.
@@ -11,6 +12,7 @@ RuntimeConfig, ``CLUSTER`` -> DistributedConfig.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
@@ -79,12 +81,13 @@ def _output(option: Any, formats: type[InspectFormat] | type[OutputFormat]) -> O
 TABLE_OR_JSON = _output(InspectFormatOption, InspectFormat)  # -> InspectFormat
 
 
-def quietly(group: OptionGroup) -> OptionGroup:
-    """``group`` with ``--quiet`` beside it, accepted as every command accepts it (SPEC 1)
-    by a command that writes no progress to quiet."""
+def quietly(group: OptionGroup, keep: Callable | None = None) -> OptionGroup:
+    """``group`` with ``--quiet`` beside it, accepted as every command accepts it (SPEC 1):
+    ``keep(built, quiet)`` is what the command receives (without it, the group's object
+    alone, for a command that writes nothing to quiet)."""
     return OptionGroup(
         (*group.options, ("quiet", Quiet, False)),
-        lambda quiet, **values: group.build(**values),
+        lambda quiet, **values: (keep or (lambda built, _: built))(group.build(**values), quiet),
     )
 
 
@@ -100,15 +103,13 @@ class Written(NamedTuple):
     quiet: bool
 
     def say_warnings(self, messages) -> None:
-        if self.format is InspectFormat.json and not self.quiet:
+        """The JSON result's warnings on stderr, unless --quiet (``console.say_warnings``)."""
+        if not self.quiet:
             say_warnings(messages)
 
 
 # inspect and fit-q: --format table|json, and --quiet (for their warnings too)
-WRITTEN = OptionGroup(
-    (*TABLE_OR_JSON.options, ("quiet", Quiet, False)),
-    lambda quiet, **values: Written(TABLE_OR_JSON.build(**values), quiet),
-)
+WRITTEN = quietly(TABLE_OR_JSON, Written)
 EVALUATE_OUTPUT = _output(EvaluateFormat, OutputFormat)  # -> OutputFormat (table, json, csv)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
@@ -49,7 +48,7 @@ def inspect(
     """
     from ope_cli.inspection import InspectConfig
     from ope_cli.inspection import inspect as run_inspection
-    from ope_cli.report.inspect import NO_EPISODES, render_table, to_json
+    from ope_cli.report.inspect import NO_EPISODES, inspect_warnings, render_table, to_json
 
     config = InspectConfig(
         data=data,
@@ -61,10 +60,9 @@ def inspect(
     with stdout_kept_for_the_result():
         report = run_inspection(config)
     if output.format is InspectFormat.json:
-        document = to_json(report)
-        sys.stdout.write(document + "\n")
+        sys.stdout.write(to_json(report) + "\n")
         if report.ok:  # else its one stderr line is the error's
-            output.say_warnings(w["message"] for w in json.loads(document)["warnings"])
+            output.say_warnings(w.message for w in inspect_warnings(report))
     else:
         render_table(report, table_console(width=120))
     if not report.ok:

@@ -57,11 +57,11 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
         "problems": [_problem_dict(p) for p in report.problems],
         "valid": report.ok,
         # {code, message, policy} as evaluate's: the default gamma on long episodes
-        "warnings": [w.to_dict() for w in _warnings(report)],
+        "warnings": [w.to_dict() for w in inspect_warnings(report)],
     }
 
 
-def _warnings(report: InspectReport) -> list:
+def inspect_warnings(report: InspectReport) -> list:
     """What inspect warns about: returns summed undiscounted by default (evaluate's
     gamma_default; inspect printed returns and a logging-policy value at gamma 1 without
     a word)."""
