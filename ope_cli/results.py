@@ -126,6 +126,7 @@ class ConfidenceSummary:
     method: str
     reward_range: tuple[float, float] | None
     horizon: int | None
+    replicates: int = 0  # bootstrap replicates drawn (0: none)
 
 
 @dataclasses.dataclass(frozen=True)

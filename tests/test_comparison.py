@@ -584,10 +584,30 @@ def test_betting_differences_are_said_to_be_unpaired(chain):
     betting, normal = table("betting"), table("normal")
     assert "betting intervals of a difference: each policy's own at 1 - alpha/2" in betting
     assert "not paired" in betting and "percentile, bootstrap-t or normal gives paired" in betting
-    assert "(the differences paired on the same episodes, their betting intervals not)" in (betting)
+    assert "(the differences paired on the same episodes, their betting intervals not)" in betting
     assert "could be the best (paired intervals, Bonferroni; betting's are not paired)" in betting
     assert "not paired" not in normal and "(paired on the same episodes)" in normal
     assert "could be the best (paired intervals, Bonferroni)" in normal
+
+
+def test_p_better_says_how_many_replicates_it_is_a_share_of(chain):
+    """A bootstrap's P(better) is a share of its replicates: 100.0% read as a certainty where
+    it is every one of 200. The caption counts them (and JSON's confidence.replicates)."""
+    folder, _ = chain
+    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 2)]
+    run = ope_cli.evaluate(
+        folder / "logs.parquet", policies=policies, baseline="behavior", ci="percentile"
+    )
+    drawn = run.confidence.replicates
+    assert drawn > 0 and run.to_dict()["confidence"]["replicates"] == drawn
+    words = " ".join(shown(run, "table").split())
+    assert f"P(better): the share of the {drawn:,} bootstrap replicates in which" in words
+    normal = ope_cli.evaluate(
+        folder / "logs.parquet", policies=policies, baseline="behavior", ci="normal"
+    )
+    assert normal.confidence.replicates == 0
+    words = " ".join(shown(normal, "table").split())
+    assert "P(better): the share" not in words and "P(better): bootstrap replicates" in words
 
 
 def test_a_leave_out_without_weight_is_the_reason_a_paired_wis_has_no_spread(tmp_path):

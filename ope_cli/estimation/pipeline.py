@@ -280,6 +280,9 @@ def evaluate(
             method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
             reward_range=plan.reward_range,
             horizon=plan.horizon,
+            replicates=config.intervals.bootstrap_samples
+            if plan.method in BOOTSTRAP_METHODS
+            else 0,
         ),
         results=results,
         behavior=behavior,

@@ -91,6 +91,7 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
             "method": confidence.method,
             "reward_range": list(confidence.reward_range) if confidence.reward_range else None,
             "horizon": confidence.horizon,
+            "replicates": confidence.replicates,  # bootstrap replicates drawn (0: none)
         },
         "rank_by": rank_by,
         "baseline": result.baseline,  # --baseline: what each "comparison" is against

@@ -300,6 +300,11 @@ def _comparison_table(result: EvaluationResult) -> Table:
         captions.append(BETTING_DIFFERENCES)
     if without_replicates:
         captions.append("P(better): bootstrap replicates, with --ci percentile or bootstrap-t")
+    elif result.confidence.replicates:  # 100% is every replicate, not a certainty
+        captions.append(
+            f"P(better): the share of the {result.confidence.replicates:,} bootstrap "
+            "replicates in which the policy does better"
+        )
     paired = (
         "the differences paired on the same episodes, their betting intervals not"
         if result.confidence.interval == "betting"
