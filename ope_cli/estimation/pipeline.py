@@ -274,16 +274,7 @@ def evaluate(
         gamma_source=plan.gamma_source,
         declared_gamma=plan.declared_gamma,
         estimators=reported,
-        confidence=ConfidenceSummary(
-            level=config.intervals.confidence,
-            interval=plan.method,
-            method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
-            reward_range=plan.reward_range,
-            horizon=plan.horizon,
-            replicates=config.intervals.bootstrap_samples
-            if plan.method in BOOTSTRAP_METHODS
-            else 0,
-        ),
+        confidence=_confidence(config, plan, reported),
         results=results,
         behavior=behavior,
         runtime=_runtime(
@@ -519,6 +510,18 @@ def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | Non
     backend = jax.default_backend()
     precision = config.runtime.precision or ("float64" if backend == "cpu" else "float32")
     return process_id, num_processes, backend, precision, local_mesh(config.runtime.devices)
+
+
+def _confidence(config: EvaluationConfig, plan, reported: tuple[str, ...]) -> ConfidenceSummary:
+    """How the run's intervals were made (the JSON document's "confidence" block)."""
+    return ConfidenceSummary(
+        level=config.intervals.confidence,
+        interval=plan.method,
+        method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
+        reward_range=plan.reward_range,
+        horizon=plan.horizon,
+        replicates=config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0,
+    )
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
