@@ -520,8 +520,14 @@ def _confidence(config: EvaluationConfig, plan, reported: tuple[str, ...]) -> Co
         method=f"{plan.describe(config)}; {describe_standard_errors(reported)}",
         reward_range=plan.reward_range,
         horizon=plan.horizon,
-        replicates=config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0,
+        replicates=drawn_replicates(config, plan),
     )
+
+
+def drawn_replicates(config: EvaluationConfig, plan) -> int:
+    """The bootstrap replicates a run draws: --bootstrap-samples under a bootstrap interval
+    method (BOOTSTRAP_METHODS), else 0."""
+    return config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0
 
 
 def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
@@ -684,7 +690,7 @@ def _local_pass(
     config, plan, policies = batches.config, batches.plan, batches.policies
     dtype = np.float64 if precision == "float64" else np.float32
     devices = 1 if mesh is None else mesh.size
-    replicates = config.intervals.bootstrap_samples if plan.method in BOOTSTRAP_METHODS else 0
+    replicates = drawn_replicates(config, plan)
     pairing = len(policies) > 1 or baseline is not None
     kernels = _kernels(batches, dtype, mesh, replicates, pairing)
     computed = computed_estimators(batches)
