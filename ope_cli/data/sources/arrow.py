@@ -88,7 +88,7 @@ class ArrowFileDataset:
                 filesystem=filesystem,
             )
         except (OSError, pa.ArrowException) as error:
-            raise DataError(f"{source}: {_why_not_opened(error, paths)}") from None
+            raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
         try:  # a damaged footer can decode into names that are not text
             for field in dataset.schema:
                 field.name, str(field.type)
@@ -166,28 +166,31 @@ def _family(dtype: pa.DataType) -> str:
     return str(dtype)
 
 
-def _in_hive_folder(path: str, name: str, base_dir: str | None = None) -> bool:
-    """Whether a folder above the file ``path`` is named ``name=...`` (a hive partition key,
-    a column that lives in the path rather than the file); with ``base_dir`` (the folder
-    partitions are relative to), only the folders below it, as pyarrow reads them."""
-    parts = PurePosixPath(path).parts[:-1]
-    if base_dir is not None:
-        base = PurePosixPath(base_dir).parts
-        parts = parts[len(base) :] if parts[: len(base)] == base else ()
-    return any(folder.startswith(f"{name}=") for folder in parts)
+def _in_hive_folder(path: str, name: str, base_dir: str | None) -> bool:
+    """Whether a folder of the file ``path`` below ``base_dir`` (the folder partitions are
+    relative to; None: no partitions) is named ``name=...``: a hive partition key, a column
+    that lives in the path rather than the file, as pyarrow reads them."""
+    if base_dir is None:
+        return False
+    parts, base = PurePosixPath(path).parts[:-1], PurePosixPath(base_dir).parts
+    below = parts[len(base) :] if parts[: len(base)] == base else ()
+    return any(folder.startswith(f"{name}=") for folder in below)
 
 
-def _why_not_opened(error: Exception, paths: list[str]) -> str:
-    """What stopped pyarrow opening the files: in words where a hive folder name (key=value)
-    also names a column of the files, else pyarrow's first line."""
+def _folder_key_clash(name: str, held: str) -> str:
+    """A hive folder key ``name`` that also names a column the files hold (``held``)."""
+    return (
+        f"the folders' names ({name}=...) make a column {name!r} that {held}: rename the "
+        "folders, or name the files (a glob) rather than their directory"
+    )
+
+
+def _why_not_opened(error: Exception, paths: list[str], base_dir: str | None) -> str:
+    """What stopped pyarrow opening the files: in words where a hive folder name (key=value,
+    below ``base_dir``) also names a column of the files, else pyarrow's first line."""
     found = re.search(r"Field (\S+) has incompatible types", str(error))
-    if found and any(_in_hive_folder(path, found.group(1)) for path in paths):
-        name = found.group(1)
-        return (
-            f"the folders' names ({name}=...) make a column {name!r} that the files also "
-            "hold, with another type: rename the folders, or name the files (a glob) rather "
-            "than their directory"
-        )
+    if found and any(_in_hive_folder(path, found.group(1), base_dir) for path in paths):
+        return _folder_key_clash(found.group(1), "the files also hold, with another type")
     return f"cannot open dataset: {first_line(error)}"
 
 
@@ -197,8 +200,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     physical, file = fragment.physical_schema, data.prefix + fragment.path
 
     def partition_key(name: str) -> bool:
-        base = data.partition_base_dir
-        return base is not None and _in_hive_folder(fragment.path, name, base)
+        return _in_hive_folder(fragment.path, name, data.partition_base_dir)
 
     for name in columns:
         index = physical.get_field_index(name)
@@ -212,11 +214,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
             continue
         if partition_key(name):
             # pyarrow reads the file's values or the folder's, by which other columns are read
-            raise DataError(
-                f"{file}: the folders' names ({name}=...) make a column {name!r} that the file "
-                "also holds: rename the folders, or name the files (a glob) rather than their "
-                "directory"
-            )
+            raise DataError(f"{file}: {_folder_key_clash(name, 'the file also holds')}")
         actual, expected = physical.field(index).type, data.schema.field(name).type
         if _family(actual) != _family(expected):
             raise DataError(
