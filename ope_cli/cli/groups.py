@@ -85,10 +85,12 @@ def quietly(group: OptionGroup, keep: Callable | None = None) -> OptionGroup:
     """``group`` with ``--quiet`` beside it, accepted as every command accepts it (SPEC 1):
     ``keep(built, quiet)`` is what the command receives (without it, the group's object
     alone, for a command that writes nothing to quiet)."""
-    return OptionGroup(
-        (*group.options, ("quiet", Quiet, False)),
-        lambda quiet, **values: (keep or (lambda built, _: built))(group.build(**values), quiet),
-    )
+
+    def build(quiet: bool, **values: Any) -> Any:
+        built = group.build(**values)
+        return built if keep is None else keep(built, quiet)
+
+    return OptionGroup((*group.options, ("quiet", Quiet, False)), build)
 
 
 # convert and fit-behavior: --format table|json, and --quiet

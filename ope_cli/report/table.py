@@ -295,9 +295,8 @@ def _comparison_table(result: EvaluationResult) -> Table:
     without_replicates = all(
         c.p_improvement is None for p in compared for c in p.comparison.values()
     )
-    captions = []
-    if result.confidence.interval == "betting":  # the differences are paired, not these
-        captions.append(BETTING_DIFFERENCES)
+    betting = result.confidence.interval == "betting"  # the differences are paired, not these
+    captions = [BETTING_DIFFERENCES] if betting else []
     if without_replicates:
         captions.append("P(better): bootstrap replicates, with --ci percentile or bootstrap-t")
     elif result.confidence.replicates:  # 100% is every replicate, not a certainty
@@ -307,7 +306,7 @@ def _comparison_table(result: EvaluationResult) -> Table:
         )
     paired = (
         "the differences paired on the same episodes, their betting intervals not"
-        if result.confidence.interval == "betting"
+        if betting
         else "paired on the same episodes"
     )
     table = Table(
