@@ -41,6 +41,7 @@ from ope_cli.models.behavior_models.fitting import estimated_policy
 from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
 from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 from ope_cli.report.fit import render_table as render_fit_table
+from ope_cli.report.warnings import BEHAVIOR_GAP_STANDARD_ERRORS, ESTIMATED_BEHAVIOR_OFF
 
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
@@ -430,7 +431,54 @@ def test_estimate_report(chain_runs):
         weights = both["mean_weight"][result["policy"]]
         assert weights["estimated"] == pytest.approx(result["diagnostics"]["mean_weight"])
         assert weights["logged"] == pytest.approx(truth["diagnostics"]["mean_weight"])
+        # the right model: its estimates stay within their standard errors of the logged
+        # column's, and nothing is said
+        gap = both["logged_gap"][result["policy"]]
+        name = gap["estimator"]
+        assert gap["estimated"]["value"] == result["estimates"][name]["value"]
+        assert gap["logged"]["stderr"] == truth["estimates"][name]["stderr"]
+        assert gap["standard_errors"] < BEHAVIOR_GAP_STANDARD_ERRORS
     assert both["mean_weight_note"] is None
+    assert ESTIMATED_BEHAVIOR_OFF not in {w["code"] for w in chain_runs["both"]["warnings"]}
+
+
+def _hidden_feature_logs(path: Path, episodes: int = 3000) -> Path:
+    """One-step episodes whose behavior takes action 1 with probability 0.95 where |x| > 1
+    and 0.05 elsewhere, logged with the true propensities: a linear softmax in x cannot
+    represent it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=episodes)
+    p_one = np.where(np.abs(x) > 1, 0.95, 0.05)
+    action = (rng.random(episodes) < p_one).astype(np.int64)
+    reward = np.where((action == 1) == (np.abs(x) <= 1), 1.0, 0.0)
+    table = {
+        "episode_id": np.arange(episodes),
+        "step": np.zeros(episodes, np.int64),
+        "observation": x,
+        "action": action,
+        "reward": reward + rng.normal(size=episodes) * 0.1,
+        "behavior_prob": np.where(action == 1, p_one, 1 - p_one),
+    }
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def test_an_estimate_far_from_the_logged_columns_is_warned_of(tmp_path):
+    """A behavior model that cannot see what the behavior depends on: its IS and WIS sat
+    20 standard errors from the logged column's (and the truth, 0.5) with tight intervals,
+    the mean weight 1.00 under both, and nothing said in any format."""
+    data = _hidden_feature_logs(tmp_path / "hidden.parquet")
+    uniform = tmp_path / "uniform.npz"
+    np.savez(uniform, kind="linear_softmax", weight=np.zeros((1, 2)), bias=np.zeros(2))
+    run = _evaluation(data, [uniform], behavior="estimate")
+    document = run.to_dict()
+    gap = document["dataset"]["behavior"]["fit"]["logged_gap"][str(uniform)]
+    assert gap["standard_errors"] > 10
+    assert abs(gap["logged"]["value"] - 0.5) < 4 * gap["logged"]["stderr"]
+    (warning,) = [w for w in document["warnings"] if w["code"] == ESTIMATED_BEHAVIOR_OFF]
+    assert warning["policy"] == str(uniform)
+    assert "with the logged column 'behavior_prob'" in warning["message"]
+    assert "standard errors apart" in " ".join(shown(run, "table").split())
 
 
 def _with_invalid_propensities(data: Path, bad: Path) -> Path:

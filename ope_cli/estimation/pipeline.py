@@ -459,7 +459,8 @@ def _reported_behavior(
     batches: BatchStream, results: list[PolicyResult], episodes: int, precision: str, mesh
 ) -> BehaviorSource | None:
     """Where pi_b came from; for a model estimated on data that also logs propensities,
-    with each policy's mean weight under both, from a second evaluation composed as the
+    with each policy's mean weight and largest gap between estimates under both
+    (``with_logged_comparison``), from a second evaluation composed as the
     first with the data's column as the behavior (in this process, over all the files).
     That comparison needs the run's ``episodes`` (all processes'), no fewer: where the
     column is invalid in some, it is left out with a note (the estimate never reads it)."""
@@ -467,7 +468,7 @@ def _reported_behavior(
     if behavior is None or behavior.fit is None or behavior.fit.logged_column is None:
         return behavior
     from ope_cli.models.behavior_models.fitting import (
-        with_logged_mean_weights,
+        with_logged_comparison,
         without_logged_mean_weights,
     )
 
@@ -490,7 +491,7 @@ def _reported_behavior(
             f"the {episodes:,} episodes",
         )
     logged_results = _policy_results(logged.config, logged.plan, logged, local)
-    return with_logged_mean_weights(behavior, results, logged_results)
+    return with_logged_comparison(behavior, results, logged_results)
 
 
 def _join_runtime(config: EvaluationConfig, distributed: DistributedConfig | None):

@@ -80,6 +80,11 @@ class BehaviorFit:
         estimated and the logged propensities (~1 when right), when the data logs both.
       mean_weight_note: why there is no ``mean_weight`` though the data logs propensities
         (the column is invalid in some of the episodes the estimate covers).
+      logged_gap: {policy: {"estimator", "estimated": {"value", "stderr"}, "logged": {...},
+        "standard_errors"}}: the estimator whose estimate moves furthest between the
+        estimated and the logged propensities, in standard errors (the two estimates'
+        combined, sqrt(se_e^2 + se_l^2)), when the data logs both; None otherwise, and
+        for a policy without two estimates with standard errors.
       cross_fit: K folds of episodes, each evaluated with the model fitted on the others
         (1: in-sample).
     """
@@ -95,6 +100,7 @@ class BehaviorFit:
     mean_weight: dict[str, dict[str, float | None]] | None = None
     cross_fit: int = 1
     mean_weight_note: str | None = None
+    logged_gap: dict[str, dict | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,10 @@ def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
         fit["mean_log_likelihood"] = json_number(fit["mean_log_likelihood"])
         for weights in (fit["mean_weight"] or {}).values():
             weights.update({k: json_number(v) for k, v in weights.items()})
+        for gap in filter(None, (fit["logged_gap"] or {}).values()):
+            gap["standard_errors"] = json_number(gap["standard_errors"])
+            for side in ("estimated", "logged"):
+                gap[side] = {k: json_number(v) for k, v in gap[side].items()}
         entry["fit"] = fit
     return entry
 

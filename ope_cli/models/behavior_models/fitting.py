@@ -224,21 +224,48 @@ def fit_behavior(
     return EstimatedBehavior(policy, fit)
 
 
-def with_logged_mean_weights(
+def with_logged_comparison(
     source: BehaviorSource, estimated: list[PolicyResult], logged: list[PolicyResult]
 ) -> BehaviorSource:
-    """``source`` (an estimated model) with each policy's mean trajectory weight under the
-    estimated and under the logged propensities (``estimated`` and ``logged``: the two
-    evaluations' results, policy by policy)."""
+    """``source`` (an estimated model) with each policy's mean trajectory weight and its
+    largest gap between estimates (``largest_gap``) under the estimated and under the
+    logged propensities (``estimated`` and ``logged``: the two evaluations' results,
+    policy by policy)."""
+    pairs = list(zip(estimated, logged, strict=True))
     weights = {
         mine.policy: {
             "estimated": mine.diagnostics.mean_weight,
             "logged": theirs.diagnostics.mean_weight,
         }
-        for mine, theirs in zip(estimated, logged, strict=True)
+        for mine, theirs in pairs
     }
-    fit = dataclasses.replace(source.fit, mean_weight=weights)
+    gaps = {mine.policy: largest_gap(mine, theirs) for mine, theirs in pairs}
+    fit = dataclasses.replace(source.fit, mean_weight=weights, logged_gap=gaps)
     return dataclasses.replace(source, fit=fit)
+
+
+def largest_gap(estimated: PolicyResult, logged: PolicyResult) -> dict | None:
+    """The estimator whose estimates under the estimated and the logged propensities are
+    furthest apart in standard errors (sqrt(se_e^2 + se_l^2): the two share their episodes,
+    so this overstates the spread of their difference and understates the gap), as
+    ``BehaviorFit.logged_gap`` holds it; None where no estimator has both with a spread."""
+    best = None
+    for name, mine in estimated.estimates.items():
+        theirs = logged.estimates.get(name)
+        if theirs is None or None in (mine.value, mine.stderr, theirs.value, theirs.stderr):
+            continue
+        spread = math.hypot(mine.stderr, theirs.stderr)
+        if not (spread > 0 and math.isfinite(spread)):
+            continue
+        apart = abs(mine.value - theirs.value) / spread
+        if math.isfinite(apart) and (best is None or apart > best["standard_errors"]):
+            best = {
+                "estimator": name,
+                "estimated": {"value": mine.value, "stderr": mine.stderr},
+                "logged": {"value": theirs.value, "stderr": theirs.stderr},
+                "standard_errors": apart,
+            }
+    return best
 
 
 def without_logged_mean_weights(source: BehaviorSource, why: str) -> BehaviorSource:
