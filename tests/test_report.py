@@ -395,6 +395,33 @@ def test_weight_warnings_never_round_onto_their_thresholds():
     assert "the mean weight is 0.49996, far from 1" in messages["mean_weight_far_from_one"]
 
 
+@pytest.mark.parametrize(
+    ("mean", "ess", "warned"),
+    [
+        (1.945, 1994.0, "1.95, 31 standard errors above 1"),  # a fitted model off: inside [0.5, 2]
+        (1.104, 116.0, None),  # the right propensities, heavy weights: 1.1 standard errors
+        (1.04, 3000.0, None),  # 5 standard errors, but within 5% of 1
+        (0.8, 3990.0, None),  # below 1: heavy tails pull the mean down with too small an error
+    ],
+)
+def test_a_mean_weight_many_standard_errors_above_one_is_warned_of(mean, ess, warned):
+    """The mean weight's warning also fires inside [0.5, 2] where the mean is more than 4
+    of its standard errors (from the ESS) and 5% above 1: a behavior model missing the
+    behavior's spread gave 1.945 +- 0.031 and was not warned of."""
+    from ope_cli.estimation.stats import Diagnostics
+    from ope_cli.report.warnings import policy_warnings
+    from ope_cli.results import PolicyResult
+
+    diagnostics = Diagnostics(ess, ess / 4000, mean, 3.0, 0.01, 0.0)
+    codes = {
+        w.code: w.message for w in policy_warnings(PolicyResult("pi", {}, diagnostics, None), 4000)
+    }
+    if warned is None:
+        assert "mean_weight_far_from_one" not in codes
+    else:
+        assert f"the mean weight is {warned}" in codes["mean_weight_far_from_one"]
+
+
 def test_a_zero_width_interval_from_underflow_says_so():
     """IS and PDIS of weights that all underflow print 0 +- 0: the warning says the values
     are below float64's range, not that the episodes show no spread."""

@@ -22,6 +22,12 @@ from ope_cli.results import NO_MAGNITUDE, EvaluationResult, PolicyResult
 ESS_FRACTION_WARNING = 0.1  # fewer effective episodes than this share of n
 MAX_SHARE_WARNING = 0.5  # one episode holds more than this share of the total weight
 MEAN_WEIGHT_RANGE = (0.5, 2.0)  # the mean weight is 1 in expectation when propensities are right
+# ... and a mean weight this many of its standard errors above 1, and 5% or more, says the
+# same: heavy tails pull a sample mean below 1 with a standard error too small, but a mean
+# above 1 comes from large weights, which widen it (right propensities on generated data
+# of every environment: at most 1.4; a fitted model missing the behavior's spread: 1.945,
+# 31, inside MEAN_WEIGHT_RANGE)
+MEAN_WEIGHT_ABOVE = (4.0, 1.05)
 # The discount matters once an episode has a second step: a return then sums rewards at
 # different times, and gamma = 1 weighs the last as much as the first.
 GAMMA_MATTERS_FROM_STEPS = 2
@@ -140,7 +146,7 @@ def policy_warnings(policy: PolicyResult, episodes: int) -> list[Warning]:
                 "WPDIS are essentially that single episode's return.",
             )
         )
-    warnings.extend(_mean_weight_warnings(policy, warn))
+    warnings.extend(_mean_weight_warnings(policy, episodes, warn))
     warnings.extend(_zero_width_warnings(policy, episodes, warn))
     warnings.extend(_outside_warnings(policy, warn))
     warnings.extend(_model_warnings(policy, warn))
@@ -284,7 +290,7 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     return [warn(ZERO_WIDTH, message)]
 
 
-def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
+def _mean_weight_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
     d = policy.diagnostics
     low, high = MEAN_WEIGHT_RANGE
     if d.mean_weight is None:
@@ -295,19 +301,35 @@ def _mean_weight_warnings(policy: PolicyResult, warn) -> list[Warning]:
                 "probabilities disagree by orders of magnitude.",
             )
         ]
+    above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
+    standard_errors, at_least = MEAN_WEIGHT_ABOVE
     if low <= d.mean_weight <= high:
-        return []
+        if above is None or above <= standard_errors or d.mean_weight < at_least:
+            return []
+        how_far = f"{significant(above, 2, limit=standard_errors)} standard errors above 1"
+        also = "."
+    else:
+        how_far = "far from 1"
+        also = "; with very heavy-tailed weights, too few episodes can also cause it."
     return [
         warn(
             MEAN_WEIGHT_OFF,
-            f"the mean weight is {mean_weight(d.mean_weight, 3)}, far from 1 (its expected "
+            f"the mean weight is {mean_weight(d.mean_weight, 3)}, {how_far} (its expected "
             "value when "
             "the behavior probabilities are right): check that the behavior probabilities "
             "are those of the logged actions (not log-probabilities, not of another action) "
-            "and that the policy sees the observations it was trained on; with very "
-            "heavy-tailed weights, too few episodes can also cause it.",
+            f"and that the policy sees the observations it was trained on{also}",
         )
     ]
+
+
+def _standard_errors_above_one(mean: float, ess: float | None, episodes: int) -> float | None:
+    """(mean - 1) over the mean weight's standard error, which the effective sample size
+    gives (sum w^2 / n = mean^2 n / ess); None without one."""
+    if ess is None or not ess > 0 or episodes < 2:
+        return None
+    spread = mean * math.sqrt(max(episodes / ess - 1.0, 0.0) / (episodes - 1))
+    return (mean - 1.0) / spread if spread > 0 else None
 
 
 def gamma_warning(result: EvaluationResult) -> Warning | None:
