@@ -259,6 +259,28 @@ def test_tabular_recovers_the_true_behavior_policy(generated, tmp_path):
     for row in logged.calibration:
         if row.steps >= 100:
             assert row.mean_logged == pytest.approx(row.mean_estimated, abs=0.05)
+    assert report.warnings == ()  # the right model: nothing to say
+
+
+def test_fit_behavior_warns_of_a_model_far_from_the_logged_column(ope_in_process, tmp_path):
+    """A linear softmax in x fitted to a behavior set by |x|: 0.45 nats of log-weight per
+    episode from the logged propensities, in its JSON, its table and on stderr (it printed
+    the log ratios and said nothing)."""
+    data = _hidden_feature_logs(tmp_path / "hidden.parquet")
+    report = _fit(data, tmp_path / "b.npz")
+    (warning,) = report.warnings
+    assert warning["code"] == ESTIMATED_BEHAVIOR_OFF and warning["policy"] is None
+    assert warning["message"].startswith("the estimated model is 0.45 nats of log-weight")
+    console = Console(file=io.StringIO(), width=120)
+    render_fit_table(report, console)
+    assert "warning: the estimated model is 0.45 nats" in console.file.getvalue()
+    args = ["fit-behavior", data, "--out", tmp_path / "c.npz", "-f", "json"]
+    run = ope_in_process(args)
+    assert run.returncode == 0, run
+    (said,) = json.loads(run.stdout)["warnings"]
+    assert run.stderr.splitlines() == [f"warning: {said['message']}"]
+    quiet = ope_in_process([*args, "-q", "--overwrite"])
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet
 
 
 def test_linear_gaussian_recovers_mean_and_spread(generated, tmp_path):

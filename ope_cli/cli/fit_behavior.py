@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ope_cli.cli.console import stdout_kept_for_the_result, table_console
-from ope_cli.cli.groups import TABLE_OR_JSON_QUIET
+from ope_cli.cli.groups import WRITTEN, Written
 from ope_cli.cli.options import (
     BehaviorModelOption,
     Data,
@@ -23,7 +23,7 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 
 
 @option_groups(
-    output=TABLE_OR_JSON_QUIET,
+    output=WRITTEN,
     columns=column_group(
         "episode", "step", "observation", "action", "behavior_prob", "behavior_log_prob"
     ),
@@ -39,7 +39,7 @@ def fit_behavior(
     ],
     model: BehaviorModelOption = None,
     overwrite: Overwrite = False,
-    output: InspectFormat,  # --format
+    output: Written,  # --format, --quiet
     read_rows: ReadRows = BatchingConfig.read_rows,
     columns: ColumnMapping,  # the "Columns" panel
 ) -> None:
@@ -69,7 +69,8 @@ def fit_behavior(
     runtime.enable_x64()  # the iterative models fit in float64
     with stdout_kept_for_the_result():
         result = run_fit_behavior(config)
-    if output is InspectFormat.json:
+    if output.format is InspectFormat.json:
         sys.stdout.write(to_json(result) + "\n")
+        output.say_warnings(warning["message"] for warning in result.warnings)
     else:
         render_table(result, table_console(width=120))

@@ -66,16 +66,22 @@ def render_table(result: FitBehaviorResult, console: Console) -> None:
             f"{significant(logged.max_abs_log_ratio)}"
         )
     )
-    if not logged.calibration:
-        return
+    if logged.calibration:
+        console.print(_calibration_table(logged.calibration))
+    for warning in result.warnings:
+        console.print(f"warning: {warning['message']}", style="yellow", markup=False)
+
+
+def _calibration_table(calibration) -> Table:
+    """Steps by estimated probability, with the mean logged probability of each bin."""
     table = Table(title="calibration (steps by estimated probability)", title_justify="left")
     for name in ("estimated in", "steps", "mean estimated", "mean logged"):
         table.add_column(name, justify="right")
-    for row in logged.calibration:
+    for row in calibration:
         table.add_row(
             f"[{row.low:.1f}, {row.high:.1f})",
             count(row.steps),
             significant(row.mean_estimated),
             significant(row.mean_logged),
         )
-    console.print(table)
+    return table
