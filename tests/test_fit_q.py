@@ -464,7 +464,18 @@ def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):
             model="mlp",
         )
     assert "\n" not in str(error.value)
+    assert "--model linear" in str(error.value)  # discrete actions: the linear model streams
     assert not (chain / "never.npz").exists()
+
+
+def test_the_memory_budget_suggests_no_linear_model_for_continuous_actions():
+    """The linear Q model takes discrete actions only: suggested past the mlp's budget on
+    continuous ones, it was then refused."""
+    from ope_cli.models.q_models.mlp import MlpQ
+
+    message = str(MlpQ(1, 0.9, discrete=False, budget=1)._over_budget())
+    assert "OPE_FIT_MEMORY_GB" in message and "sample of the episodes" in message
+    assert "--model linear" not in message and "fit:linear" not in message
 
 
 @pytest.mark.slow

@@ -124,11 +124,19 @@ class MlpQ:
         self.longest = max(self.longest, int(np.diff(starts, append=batch.size).max()))
 
     def _over_budget(self) -> UsageError:
+        """Past the budget: the linear model streams, but over discrete actions only (for
+        continuous ones it was suggested, and then refused)."""
+        instead = (
+            "use the linear model (fit-q --model linear, --q fit:linear), or fit on a sample "
+            "of the episodes"
+            if self.discrete
+            else "fit on a sample of the episodes (the linear model, which streams, takes "
+            "discrete actions only)"
+        )
         return UsageError(
             f"the mlp Q model holds the transitions in memory and needs more than "
             f"{self.budget / 2**30:.3g} GiB for this data ({MEMORY_ENV} raises the budget); "
-            "use the linear model (fit-q --model linear, --q fit:linear), or fit on a sample "
-            "of the episodes"
+            f"{instead}"
         )
 
     def data(self) -> dict[str, np.ndarray]:
