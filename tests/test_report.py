@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.estimation.pipeline import evaluate
@@ -420,6 +422,68 @@ def test_a_mean_weight_many_standard_errors_above_one_is_warned_of(mean, ess, wa
         assert "mean_weight_far_from_one" not in codes
     else:
         assert f"the mean weight is {warned}" in codes["mean_weight_far_from_one"]
+
+
+def test_the_mean_weight_is_tested_against_its_error_only_for_exact_propensities(result):
+    """Out-of-fold estimated propensities (--behavior-cross-fit) raise the mean weight on
+    their own (a right model on 1,000 bandit episodes: 1.10, 4.5 standard errors above 1):
+    only outside [0.5, 2] is it then warned of. Where it is, the table flags its cell as
+    it flags one outside [0.5, 2] (1.94, 31 standard errors above 1, was not flagged)."""
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.report.table import _diagnostics_table
+
+    off = _with_diagnostics(result, 0, mean_weight=1.945, ess=1994.0)
+    off = dataclasses.replace(off, dataset=dataclasses.replace(off.dataset, episodes=4000))
+
+    def mean_weight_cell(run) -> Text:
+        table = _diagnostics_table(run)
+        (column,) = [c for c in table.columns if c.header == "mean weight"]
+        return list(column.cells)[0]
+
+    assert "31 standard errors above 1" in diagnostic_warnings(off)[0]
+    assert "yellow" in str(mean_weight_cell(off).style)
+    fit = BehaviorFit("linear_softmax", 4000, 4000, -1.0, 1e-3, 0, 1.0, cross_fit=3)
+    folds = dataclasses.replace(
+        off, behavior=BehaviorSource("estimated", "linear_softmax", fit=fit)
+    )
+    assert diagnostic_warnings(folds) == []
+    assert "yellow" not in str(mean_weight_cell(folds).style)
+    in_sample = dataclasses.replace(folds.behavior.fit, cross_fit=1)
+    in_sample = dataclasses.replace(
+        folds, behavior=dataclasses.replace(folds.behavior, fit=in_sample)
+    )
+    assert "31 standard errors above 1" in diagnostic_warnings(in_sample)[0]
+
+
+def test_an_out_of_fold_estimate_far_from_the_logged_one_names_the_folds_noise(result):
+    """The right model on 100 chain episodes, 3 folds, moved an estimate 3.5 standard errors
+    from the logged column's: the warning said the model missed the behavior and pointed to
+    ope fit-behavior, which fits in-sample and found nothing."""
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.report.warnings import estimated_behavior_warnings
+
+    gap = {
+        "estimator": "is",
+        "estimated": {"value": 1.5, "stderr": 0.1},
+        "logged": {"value": 1.0, "stderr": 0.1},
+        "standard_errors": 0.5 / math.hypot(0.1, 0.1),  # 3.5
+    }
+
+    def run(folds: int):
+        fit = BehaviorFit("tabular", 100, 900, -1.0, 1e-3, 0, 1.0, "behavior_prob", None, folds)
+        fit = dataclasses.replace(fit, logged_gap={"pi": gap, "other": None})
+        behavior = BehaviorSource("estimated", "tabular", "tabular", fit)
+        return estimated_behavior_warnings(dataclasses.replace(result, behavior=behavior))
+
+    (in_sample,) = run(1)
+    assert in_sample.policy == "pi" and in_sample.message.startswith("pi: is is 1.5 ")
+    assert "3.5 standard errors apart" in in_sample.message
+    assert "misses what the behavior depends on" in in_sample.message
+    assert "`ope fit-behavior`" in in_sample.message
+    (folds,) = run(3)
+    assert "(--behavior-cross-fit 3) is fitted on the other folds' episodes" in folds.message
+    assert "--behavior-cross-fit 1 shows whether it does" in folds.message
+    assert "`ope fit-behavior`" not in folds.message
 
 
 def test_a_zero_width_interval_from_underflow_says_so():

@@ -31,10 +31,11 @@ from ope_cli.report.warnings import (
     DROPPED,
     ESS_FRACTION_WARNING,
     MAX_SHARE_WARNING,
-    MEAN_WEIGHT_RANGE,
     dropped_line,
     ess_count,
+    exact_propensities,
     mean_weight,
+    mean_weight_off,
     policy_warnings,
     replaced_gamma,
     run_warnings,
@@ -114,10 +115,11 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
 
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
     """Plain-words warnings about weight diagnostics that make an estimate hard to trust."""
+    exact = exact_propensities(result)
     return [
         w.message
         for policy in result.results
-        for w in policy_warnings(policy, result.dataset.episodes)
+        for w in policy_warnings(policy, result.dataset.episodes, exact)
     ]
 
 
@@ -380,7 +382,7 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
         diagnostics.add_column(
             column, justify="left" if column == "policy" else "right", overflow="fold"
         )
-    low, high = MEAN_WEIGHT_RANGE
+    exact = exact_propensities(result)
     for policy in result.results:
         d = policy.diagnostics
         diagnostics.add_row(
@@ -392,7 +394,9 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
             ),
             _flag(
                 mean_weight(d.mean_weight, 4),
-                d.mean_weight is None or not low <= d.mean_weight <= high,
+                # as the warning: outside [0.5, 2], or many standard errors above 1
+                d.mean_weight is None
+                or mean_weight_off(d, result.dataset.episodes, exact) is not None,
             ),
             significant(d.max_weight),
             _flag(
