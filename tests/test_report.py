@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from rich.text import Text
 
 from ope_cli.config import EvaluationConfig
 from ope_cli.estimation.pipeline import evaluate
@@ -424,35 +423,42 @@ def test_a_mean_weight_many_standard_errors_above_one_is_warned_of(mean, ess, wa
         assert f"the mean weight is {warned}" in codes["mean_weight_far_from_one"]
 
 
-def test_the_mean_weight_is_tested_against_its_error_only_for_exact_propensities(result):
+def test_the_mean_weight_above_one_by_where_the_propensities_come_from(result):
     """Out-of-fold estimated propensities (--behavior-cross-fit) raise the mean weight on
     their own (a right model on 1,000 bandit episodes: 1.10, 4.5 standard errors above 1):
-    only outside [0.5, 2] is it then warned of. Where it is, the table flags its cell as
-    it flags one outside [0.5, 2] (1.94, 31 standard errors above 1, was not flagged)."""
+    they get a higher bar (10 standard errors, 20%), which a model missing the behavior's
+    spread still crosses (1.946, 31). The advice names what the run used: the column, or
+    the fitted model (it said to check behavior_prob, which --behavior estimate never
+    reads). The table flags the cell by the same rule (1.94, 31 standard errors above 1,
+    was not flagged)."""
     from ope_cli.models.behavior import BehaviorFit, BehaviorSource
     from ope_cli.report.table import _diagnostics_table
 
-    off = _with_diagnostics(result, 0, mean_weight=1.945, ess=1994.0)
-    off = dataclasses.replace(off, dataset=dataclasses.replace(off.dataset, episodes=4000))
+    def run(mean: float, ess: float, folds: int | None):
+        off = _with_diagnostics(result, 0, mean_weight=mean, ess=ess)
+        off = dataclasses.replace(off, dataset=dataclasses.replace(off.dataset, episodes=4000))
+        if folds is None:
+            return off
+        fit = BehaviorFit("linear_softmax", 4000, 4000, -1.0, 1e-3, 0, 1.0, cross_fit=folds)
+        return dataclasses.replace(off, behavior=BehaviorSource("estimated", "x", fit=fit))
 
-    def mean_weight_cell(run) -> Text:
-        table = _diagnostics_table(run)
-        (column,) = [c for c in table.columns if c.header == "mean weight"]
-        return list(column.cells)[0]
+    def flagged(run_) -> bool:
+        (column,) = [c for c in _diagnostics_table(run_).columns if c.header == "mean weight"]
+        return "yellow" in str(list(column.cells)[0].style)
 
-    assert "31 standard errors above 1" in diagnostic_warnings(off)[0]
-    assert "yellow" in str(mean_weight_cell(off).style)
-    fit = BehaviorFit("linear_softmax", 4000, 4000, -1.0, 1e-3, 0, 1.0, cross_fit=3)
-    folds = dataclasses.replace(
-        off, behavior=BehaviorSource("estimated", "linear_softmax", fit=fit)
-    )
-    assert diagnostic_warnings(folds) == []
-    assert "yellow" not in str(mean_weight_cell(folds).style)
-    in_sample = dataclasses.replace(folds.behavior.fit, cross_fit=1)
-    in_sample = dataclasses.replace(
-        folds, behavior=dataclasses.replace(folds.behavior, fit=in_sample)
-    )
-    assert "31 standard errors above 1" in diagnostic_warnings(in_sample)[0]
+    wrong = run(1.945, 1994.0, None)  # a --behavior checkpoint or the column
+    (message,) = diagnostic_warnings(wrong)
+    assert "31 standard errors above 1" in message and "behavior probabilities are" in message
+    assert flagged(wrong)
+    for folds in (1, 3):  # a fitted model, in-sample or out-of-fold: still warned
+        (message,) = diagnostic_warnings(run(1.945, 1994.0, folds))
+        assert "31 standard errors above 1" in message
+        assert "check the estimated behavior model" in message
+        assert ("--behavior-cross-fit" in message) == (folds == 3)
+    ess = 4000 / (1 + 3999 * (0.1 / (4.5 * 1.10)) ** 2)  # 1.10: 4.5 standard errors above 1
+    assert diagnostic_warnings(run(1.10, ess, None))  # exact propensities: warned
+    assert diagnostic_warnings(run(1.10, ess, 1))  # in-sample: warned
+    assert diagnostic_warnings(run(1.10, ess, 3)) == [] and not flagged(run(1.10, ess, 3))
 
 
 def test_an_out_of_fold_estimate_far_from_the_logged_one_names_the_folds_noise(result):
@@ -484,6 +490,11 @@ def test_an_out_of_fold_estimate_far_from_the_logged_one_names_the_folds_noise(r
     assert "(--behavior-cross-fit 3) is fitted on the other folds' episodes" in folds.message
     assert "--behavior-cross-fit 1 shows whether it does" in folds.message
     assert "`ope fit-behavior`" not in folds.message
+    # far beyond what the folds' noise gives: the model (21 standard errors, cross-fitted)
+    gap.update(estimated={"value": 1.0 + 21 * math.hypot(0.1, 0.1), "stderr": 0.1})
+    gap["standard_errors"] = 21.0
+    (far,) = run(3)
+    assert "21 standard errors apart: the model misses" in far.message
 
 
 def test_a_zero_width_interval_from_underflow_says_so():

@@ -33,10 +33,10 @@ from ope_cli.report.warnings import (
     MAX_SHARE_WARNING,
     dropped_line,
     ess_count,
-    exact_propensities,
     mean_weight,
     mean_weight_off,
     policy_warnings,
+    propensity_source,
     replaced_gamma,
     run_warnings,
 )
@@ -115,11 +115,11 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
 
 def diagnostic_warnings(result: EvaluationResult) -> list[str]:
     """Plain-words warnings about weight diagnostics that make an estimate hard to trust."""
-    exact = exact_propensities(result)
+    propensities = propensity_source(result)
     return [
         w.message
         for policy in result.results
-        for w in policy_warnings(policy, result.dataset.episodes, exact)
+        for w in policy_warnings(policy, result.dataset.episodes, propensities)
     ]
 
 
@@ -382,7 +382,7 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
         diagnostics.add_column(
             column, justify="left" if column == "policy" else "right", overflow="fold"
         )
-    exact = exact_propensities(result)
+    propensities = propensity_source(result)
     for policy in result.results:
         d = policy.diagnostics
         diagnostics.add_row(
@@ -396,7 +396,7 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
                 mean_weight(d.mean_weight, 4),
                 # as the warning: outside [0.5, 2], or many standard errors above 1
                 d.mean_weight is None
-                or mean_weight_off(d, result.dataset.episodes, exact) is not None,
+                or mean_weight_off(d, result.dataset.episodes, propensities) is not None,
             ),
             significant(d.max_weight),
             _flag(

@@ -101,9 +101,11 @@ def mean_weight(value: float | None, digits: int) -> str:
     return significant(value, digits, limit=nearer)
 
 
-def policy_warnings(policy: PolicyResult, episodes: int, exact: bool = True) -> list[Warning]:
-    """Warnings about one policy's trajectory weights, in plain words; ``exact``: whether
-    the propensities are taken as exact (``exact_propensities``)."""
+def policy_warnings(
+    policy: PolicyResult, episodes: int, propensities: str = "given"
+) -> list[Warning]:
+    """Warnings about one policy's trajectory weights, in plain words; ``propensities``:
+    where the behavior probabilities come from (``propensity_source``)."""
     d, name = policy.diagnostics, policy.policy
 
     def warn(code: str, text: str) -> Warning:
@@ -147,7 +149,7 @@ def policy_warnings(policy: PolicyResult, episodes: int, exact: bool = True) -> 
                 "WPDIS are essentially that single episode's return.",
             )
         )
-    warnings.extend(_mean_weight_warnings(policy, episodes, exact, warn))
+    warnings.extend(_mean_weight_warnings(policy, episodes, propensities, warn))
     warnings.extend(_zero_width_warnings(policy, episodes, warn))
     warnings.extend(_outside_warnings(policy, warn))
     warnings.extend(_model_warnings(policy, warn))
@@ -291,32 +293,57 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     return [warn(ZERO_WIDTH, message)]
 
 
-def mean_weight_off(d, episodes: int, exact: bool = True) -> str | None:
-    """How the mean weight of diagnostics ``d`` is off ("far from 1": outside
-    MEAN_WEIGHT_RANGE; "N standard errors above 1": MEAN_WEIGHT_ABOVE, where the
-    propensities are ``exact``), or None. Out-of-fold estimated propensities
-    (--behavior-cross-fit) raise the mean weight on their own (Jensen's inequality: a
-    correct model on 1,000 bandit episodes gave 1.10, 4.5 standard errors above 1)."""
+# MEAN_WEIGHT_ABOVE's bar where the propensities were fitted out-of-fold, which raise the
+# mean weight on their own (Jensen's inequality: the right model on 1,000 bandit episodes,
+# 3 folds, gave 1.10, 4.5 standard errors above 1; one missing the behavior's spread 1.946,
+# 31)
+MEAN_WEIGHT_ABOVE_OUT_OF_FOLD = (10.0, 1.2)
+
+
+def mean_weight_off(d, episodes: int, propensities: str = "given") -> str | None:
+    """How the mean weight of diagnostics ``d`` is off, or None: "far" (outside
+    MEAN_WEIGHT_RANGE), or "above" (MEAN_WEIGHT_ABOVE, or MEAN_WEIGHT_ABOVE_OUT_OF_FOLD for
+    ``propensities`` "out_of_fold": ``propensity_source``)."""
     if d.mean_weight is None:
         return None
     low, high = MEAN_WEIGHT_RANGE
     if not low <= d.mean_weight <= high:
-        return "far from 1"
+        return "far"
     above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
-    standard_errors, at_least = MEAN_WEIGHT_ABOVE
-    if not exact or above is None or above <= standard_errors or d.mean_weight < at_least:
+    bar = MEAN_WEIGHT_ABOVE_OUT_OF_FOLD if propensities == "out_of_fold" else MEAN_WEIGHT_ABOVE
+    if above is None or above <= bar[0] or d.mean_weight < bar[1]:
         return None
-    return f"{significant(above, 2, limit=standard_errors)} standard errors above 1"
+    return "above"
 
 
-def exact_propensities(result: EvaluationResult) -> bool:
-    """Whether the run's propensities are taken as exact: logged, a --behavior policy, or
-    a model fitted in-sample; not one fitted out-of-fold (--behavior-cross-fit K > 1)."""
+def propensity_source(result: EvaluationResult) -> str:
+    """Where the run's propensities come from, as the mean weight's warning reads them:
+    "given" (a logged column, a --behavior policy), "estimated" (--behavior estimate, in
+    sample) or "out_of_fold" (--behavior-cross-fit K > 1)."""
     fit = result.behavior.fit if result.behavior is not None else None
-    return fit is None or fit.cross_fit == 1
+    if fit is None:
+        return "given"
+    return "estimated" if fit.cross_fit == 1 else "out_of_fold"
 
 
-def _mean_weight_warnings(policy: PolicyResult, episodes: int, exact: bool, warn) -> list[Warning]:
+# what to check where the mean weight is off, by where the propensities come from
+_CHECK_PROPENSITIES = {
+    "given": "check that the behavior probabilities are those of the logged actions (not "
+    "log-probabilities, not of another action) and that the policy sees the observations "
+    "it was trained on",
+    "estimated": "check the estimated behavior model (with few episodes it fits their "
+    "noise: a linear softmax on 30 bandit episodes gave 0.16 to 0.31; or it misses what the "
+    "behavior depends on) and that the policy sees the observations it was trained on",
+}
+_CHECK_PROPENSITIES["out_of_fold"] = (
+    _CHECK_PROPENSITIES["estimated"] + " (out-of-fold probabilities, --behavior-cross-fit, "
+    "raise it too, though rarely this far)"
+)
+
+
+def _mean_weight_warnings(
+    policy: PolicyResult, episodes: int, propensities: str, warn
+) -> list[Warning]:
     d = policy.diagnostics
     if d.mean_weight is None:
         return [
@@ -326,22 +353,23 @@ def _mean_weight_warnings(policy: PolicyResult, episodes: int, exact: bool, warn
                 "probabilities disagree by orders of magnitude.",
             )
         ]
-    how_far = mean_weight_off(d, episodes, exact)
-    if how_far is None:
+    off = mean_weight_off(d, episodes, propensities)
+    if off is None:
         return []
-    also = (
-        "."
-        if "above" in how_far
-        else ("; with very heavy-tailed weights, too few episodes can also cause it.")
-    )
+    if off == "above":
+        above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
+        bar = MEAN_WEIGHT_ABOVE_OUT_OF_FOLD if propensities == "out_of_fold" else MEAN_WEIGHT_ABOVE
+        how_far = f"{significant(above, 2, limit=bar[0])} standard errors above 1"
+        also = ""
+    else:  # heavy tails pull a sample mean below 1, or leave one huge weight
+        how_far = "far from 1"
+        also = "; with very heavy-tailed weights, too few episodes can also cause it"
     return [
         warn(
             MEAN_WEIGHT_OFF,
             f"the mean weight is {mean_weight(d.mean_weight, 3)}, {how_far} (its expected "
-            "value when "
-            "the behavior probabilities are right): check that the behavior probabilities "
-            "are those of the logged actions (not log-probabilities, not of another action) "
-            f"and that the policy sees the observations it was trained on{also}",
+            f"value when the behavior probabilities are right): "
+            f"{_CHECK_PROPENSITIES[propensities]}{also}.",
         )
     ]
 
@@ -449,23 +477,29 @@ def estimated_behavior_warnings(result: EvaluationResult) -> list[Warning]:
                 f"({fit.model}) and {significant(theirs['value'], 4)} "
                 f"({significant(theirs['stderr'], 2)}) with the logged column "
                 f"{fit.logged_column!r}, {apart} standard errors apart: "
-                f"{_why_apart(fit.cross_fit)}",
+                f"{_why_apart(fit.cross_fit, gap['standard_errors'])}",
                 policy,
             )
         )
     return warnings
 
 
-def _why_apart(folds: int) -> str:
-    """What an estimate far from the logged column's says, for a model fitted in-sample
-    (folds 1) or out-of-fold: each fold's model is then fitted on fewer episodes, and its
-    own noise moves the estimates (the right model on 100 chain episodes, 3 folds: 3.5
-    standard errors), which neither side's standard error counts."""
+# Gaps of the out-of-fold estimates below this many standard errors may be the folds' own
+# noise (the right model on 100 chain episodes, 3 folds: 3.5); far beyond it, the model
+# (one missing the behavior's spread, cross-fitted: 21 and 14,000)
+FOLD_NOISE_STANDARD_ERRORS = 10.0
+
+
+def _why_apart(folds: int, standard_errors: float) -> str:
+    """What an estimate far from the logged column's says: the model misses what the
+    behavior depends on; or, fitted out-of-fold and a modest gap, possibly the noise of
+    each fold's model, fitted on fewer episodes, which neither side's standard error
+    counts."""
     missing = (
         "the model misses what the behavior depends on (or the column is wrong), and the "
         "intervals, which take the model as exact, do not show it."
     )
-    if folds == 1:
+    if folds == 1 or standard_errors >= FOLD_NOISE_STANDARD_ERRORS:
         return (
             f"{missing} `ope fit-behavior` compares the two step by step; try another model "
             "(--behavior estimate:MODEL), or leave out --behavior if the column is right."
@@ -636,10 +670,10 @@ def run_warnings(
     ]
     warnings = [w for w in run if w is not None]
     warnings.extend(estimated_behavior_warnings(result))
-    exact = exact_propensities(result)
+    propensities = propensity_source(result)
     warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
     for policy in result.results:
-        warnings.extend(policy_warnings(policy, result.dataset.episodes, exact))
+        warnings.extend(policy_warnings(policy, result.dataset.episodes, propensities))
     if ranks is not None and rank_by is not None:
         warnings.extend(ranking_warnings(result, ranks, rank_by))
     return warnings

@@ -111,8 +111,8 @@ def logged_gap_warnings(
 ) -> tuple[dict[str, str | None], ...]:
     """A warning where the estimated model is more than LOGGED_GAP_PER_EPISODE nats of
     log-weight per episode from the logged column (it printed a max |log ratio| of 258 and
-    said nothing). A wrong column lowers the mean log ratio (by its KL divergence from the
-    behavior): this sees a model that misses the behavior, not a wrong column."""
+    said nothing). A wrong column that sums to 1 over the actions lowers the mean log
+    ratio (by its KL divergence from the behavior); one too high raises it."""
     if logged is None or not episodes:
         return ()
     per_episode = logged.mean_log_ratio * steps / episodes
@@ -125,7 +125,9 @@ def logged_gap_warnings(
         f"{logged.mean_log_ratio:.2g} per step, over "
         f"{'1 step' if length == 1 else f'{length:.3g} steps'} per episode; a model that can "
         "represent the behavior gives 0 or less): it misses what the behavior depends on, "
-        "and trajectory weights made with it would be off by a factor of about "
+        "or the column is too high (one that sums to 1 over the actions but is wrong lowers "
+        "this mean instead), and trajectory weights made with it would be off by a factor "
+        "of about "
         f"{math.exp(min(per_episode, 700.0)):.2g}; try another --model."
     )
     return ({"code": ESTIMATED_OFF, "message": message, "policy": None},)
