@@ -316,3 +316,21 @@ def test_an_output_not_named_as_parquet_is_refused(sources, tmp_path):
         assert not (tmp_path / name).exists()
     convert(ConvertConfig(str(sources["episodes"]), str(tmp_path / "out.PQ")))
     assert pq.read_table(tmp_path / "out.PQ").num_rows > 0
+
+
+def test_a_column_of_integers_in_one_file_and_fractions_in_the_next_is_widened(tmp_path):
+    """Integer rewards in the first file, fractions in the second: cast to the first file's
+    int64, 0.25 stopped convert with an internal error, while evaluate reads both. Written
+    as float64, every value is kept, and the estimates are evaluate's on the files."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    pq.write_table(_steps([0, 0, 1], reward=[1, 0, 2]), folder / "a.parquet")
+    pq.write_table(_steps([2, 2], reward=[0.25, -1.5]), folder / "b.parquet")
+    out = tmp_path / "steps.parquet"
+    convert(ConvertConfig(str(folder), str(out)))
+    table = pq.read_table(out)
+    assert table.schema.field("reward").type == pa.float64()
+    assert table.column("reward").to_pylist() == [1.0, 0.0, 2.0, 0.25, -1.5]
+    policy = tmp_path / "pi.npz"
+    np.savez(policy, kind="tabular", logits=np.zeros((1, 2)))
+    assert_identical(folder, out, policy)

@@ -86,15 +86,32 @@ def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
     return chosen
 
 
+def _widest_types(data: Dataset) -> pa.Schema:
+    """The dataset's schema with each column as wide as any of its files holds it: a column
+    of integers in one file and fractions in the next is written as float64 (cast to the
+    first file's int64, 0.25 stopped convert with an internal error; evaluate reads both).
+    Files whose types do not unify keep the first file's, and the read names them."""
+    fragments = getattr(getattr(data, "dataset", None), "get_fragments", None)
+    if fragments is None:  # one schema for every file (Minari, HDF5)
+        return data.schema
+    try:
+        schemas = [fragment.physical_schema for fragment in fragments()]
+        widest = pa.unify_schemas([data.schema, *schemas], promote_options="permissive")
+    except (pa.ArrowException, OSError):
+        return data.schema
+    return pa.schema([widest.field(name) for name in data.schema.names])
+
+
 def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Schema:
     fields = []
+    types = _widest_types(data)
     if layout == "episode":
         if "episode_id" not in columns:
             fields.append(pa.field("episode_id", pa.int64()))
         if "step" not in columns:
             fields.append(pa.field("step", pa.int64()))
     for out, name in columns.items():
-        dtype = data.schema.field(name).type
+        dtype = types.field(name).type
         if layout == "episode" and is_list(dtype):
             dtype = dtype.value_type
         fields.append(pa.field(out, dtype))
