@@ -123,3 +123,23 @@ def test_a_logged_target_log_probability_above_zero_is_invalid_data():
     (check,) = [c for c in value_checks(steps, schema) if c.reason == "target_prob_above_one"]
     np.testing.assert_array_equal(check.rows, [False, True, False, False])
     assert "target_prob_above_one" not in FATAL_REASONS
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_an_infinite_probability_is_one_problem(log):
+    """+inf was counted as both infinite and above 1, -inf as both infinite and negative:
+    inspect's counts by reason then added up to more problems than the data had. Each
+    value of the behavior column, then of the target column, has one reason at most."""
+    values = np.array([np.inf, 0.5, -0.5] if log else [np.inf, -np.inf, 2.0, -0.5, 0.5])
+    n, zeros = values.size, np.zeros(values.size)
+    behavior = DataSchema("step", {}, "index", None, "discrete", False, log, "prob")
+    target = DataSchema("step", {}, "index", None, "discrete", False, False, "prob")
+    if log:
+        target = DataSchema("step", {}, "index", None, "discrete", False, False, "log_prob")
+    integers = np.zeros(n, np.int64)
+    for steps, schema in (
+        (Steps(integers, integers, zeros, values, None), behavior),
+        (Steps(integers, integers, zeros, None, values), target),
+    ):
+        reasons = np.sum([c.rows for c in value_checks(steps, schema)], axis=0)
+        assert reasons.tolist() == [1] * (n - 1) + [0]  # the last value alone is valid

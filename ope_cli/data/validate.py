@@ -342,10 +342,14 @@ def _behavior_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
             yield Check(
                 "behavior_prob_above_one",
                 "behavior log-probability is > 0 (probability > 1) for a discrete action",
-                behavior > PROBABILITY_TOLERANCE,
+                (behavior > PROBABILITY_TOLERANCE) & (behavior != np.inf),
             )
     else:
-        yield Check("behavior_prob_negative", "behavior probability is negative", behavior < 0)
+        # an infinite value is one problem, ``infinite``, not also negative or above 1
+        finite = np.isfinite(behavior)
+        yield Check(
+            "behavior_prob_negative", "behavior probability is negative", finite & (behavior < 0)
+        )
         yield Check(
             "behavior_prob_infinite", "behavior probability is infinite", np.isinf(behavior)
         )
@@ -353,7 +357,7 @@ def _behavior_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
             yield Check(
                 "behavior_prob_above_one",
                 "behavior probability is > 1 for a discrete action",
-                behavior > 1 + PROBABILITY_TOLERANCE,
+                finite & (behavior > 1 + PROBABILITY_TOLERANCE),
             )
 
 
@@ -368,7 +372,7 @@ def _target_checks(target: np.ndarray, schema: DataSchema) -> Iterator[Check]:
             yield Check(
                 "target_prob_above_one",
                 "target log-probability is > 0 (probability > 1) for a discrete action",
-                target > PROBABILITY_TOLERANCE,
+                (target > PROBABILITY_TOLERANCE) & (target != np.inf),
             )
         return
     yield Check(
@@ -380,7 +384,7 @@ def _target_checks(target: np.ndarray, schema: DataSchema) -> Iterator[Check]:
         yield Check(
             "target_prob_above_one",
             "target probability is > 1 for a discrete action",
-            target > 1 + PROBABILITY_TOLERANCE,
+            np.isfinite(target) & (target > 1 + PROBABILITY_TOLERANCE),
         )
 
 
