@@ -334,3 +334,26 @@ def test_a_column_of_integers_in_one_file_and_fractions_in_the_next_is_widened(t
     policy = tmp_path / "pi.npz"
     np.savez(policy, kind="tabular", logits=np.zeros((1, 2)))
     assert_identical(folder, out, policy)
+
+
+def test_ids_steps_and_actions_keep_the_first_files_type(tmp_path):
+    """Only real-valued columns are widened: episode ids (and steps, actions, observations)
+    read as float64 were no longer ids, and evaluate refused the converted file; a later
+    file's value that does not fit the first file's type is a DataError naming the file
+    (it was an internal error)."""
+    folder = tmp_path / "ids"
+    folder.mkdir()
+    pq.write_table(_steps([2**53 + 1, 2**53 + 1, 2]), folder / "a.parquet")
+    pq.write_table(_steps([5.0, 5.0], action=[1.0, 1.0]), folder / "b.parquet")
+    out = tmp_path / "steps.parquet"
+    convert(ConvertConfig(str(folder), str(out)))
+    table = pq.read_table(out)
+    assert table.schema.field("episode_id").type == pa.int64()
+    assert table.schema.field("action").type == pa.int64()
+    assert table.column("episode_id").to_pylist() == [2**53 + 1, 2**53 + 1, 2, 5, 5]
+    policy = tmp_path / "pi.npz"
+    np.savez(policy, kind="tabular", logits=np.zeros((1, 2)))
+    assert_identical(folder, out, policy)
+    pq.write_table(_steps([5.5, 5.5]), folder / "c.parquet")
+    with pytest.raises(DataError, match=r"c\.parquet: column 'episode_id'"):
+        convert(ConvertConfig(str(folder), str(tmp_path / "refused.parquet")))

@@ -86,6 +86,24 @@ def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
     return chosen
 
 
+# The roles whose values are real numbers: a file of integers among files of fractions is
+# widened to float64 there. Ids, steps, actions and observations keep the first file's
+# type (an integer column read as float64 is no longer an id, a step or a discrete value)
+WIDENED = tuple(
+    STANDARD[role]
+    for role in (
+        "reward",
+        "behavior_prob",
+        "behavior_log_prob",
+        "target_prob",
+        "target_log_prob",
+        "q_value",
+        "v_value",
+    )
+    if role in STANDARD
+)
+
+
 def _widest_types(data: Dataset) -> pa.Schema:
     """The dataset's schema with each column as wide as any of its files holds it: a column
     of integers in one file and fractions in the next is written as float64 (cast to the
@@ -102,6 +120,17 @@ def _widest_types(data: Dataset) -> pa.Schema:
     return pa.schema([widest.field(name) for name in data.schema.names])
 
 
+def _value_type(dtype: pa.DataType) -> pa.DataType:
+    """A list column's values' type, else the column's."""
+    return dtype.value_type if is_list(dtype) else dtype
+
+
+def _integers_to_floats(first: pa.DataType, widest: pa.DataType) -> bool:
+    """Whether ``widest`` only turns ``first``'s integers into floats (lists alike)."""
+    first, widest = _value_type(first), _value_type(widest)
+    return pa.types.is_integer(first) and pa.types.is_floating(widest)
+
+
 def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Schema:
     fields = []
     types = _widest_types(data)
@@ -111,7 +140,9 @@ def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Sc
         if "step" not in columns:
             fields.append(pa.field("step", pa.int64()))
     for out, name in columns.items():
-        dtype = types.field(name).type
+        dtype = data.schema.field(name).type
+        if out in WIDENED and _integers_to_floats(dtype, types.field(name).type):
+            dtype = types.field(name).type
         if layout == "episode" and is_list(dtype):
             dtype = dtype.value_type
         fields.append(pa.field(out, dtype))
@@ -198,12 +229,29 @@ def _step_batches(
                 exploded = _explode(batch, schema, out_schema, columns, first_row)
             except DataError as error:
                 raise DataError(f"{sourced.file}: {error}") from None
+            except pa.ArrowInvalid as error:  # values that do not fit the output's types
+                raise DataError(
+                    f"{sourced.file}: a column does not fit the output's type (the first "
+                    f"file's): {first_line(error)}"
+                ) from None
             first_row += batch.num_rows
             yield exploded
         else:
             contiguous.check(sourced.file, batch)
-            arrays = [batch.column(columns[f.name]).cast(f.type) for f in out_schema]
+            arrays = [_cast(batch, columns[f.name], f.type, sourced.file) for f in out_schema]
             yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+def _cast(batch: pa.RecordBatch, name: str, dtype: pa.DataType, file: str) -> pa.Array:
+    """Column ``name`` of ``batch`` as ``dtype``, the output's; a DataError naming the file
+    where its values do not fit (fractions in a column of integer ids: an internal error)."""
+    try:
+        return batch.column(name).cast(dtype)
+    except pa.ArrowInvalid as error:
+        raise DataError(
+            f"{file}: column {name!r} does not fit the output's {dtype} (the type of the "
+            f"first file that holds it): {first_line(error)}"
+        ) from None
 
 
 class _ContiguousEpisodes:
