@@ -27,6 +27,7 @@ from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema, is_list
 from ope_cli.data.decode import episode_ids, plain
 from ope_cli.data.episode_stream import DataConfig, open_episodes
+from ope_cli.data.episodes import EPISODE_ROLES
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
 from ope_cli.errors import NO_EPISODES, DataError, UsageError, first_line, where
@@ -91,16 +92,8 @@ def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
 # type (an integer column read as float64 is no longer an id, a step or a discrete value)
 WIDENED = tuple(
     STANDARD[role]
-    for role in (
-        "reward",
-        "behavior_prob",
-        "behavior_log_prob",
-        "target_prob",
-        "target_log_prob",
-        "q_value",
-        "v_value",
-    )
-    if role in STANDARD
+    for role in EPISODE_ROLES
+    if role not in ("action", "observation", "step") and role in STANDARD
 )
 
 
