@@ -353,3 +353,21 @@ def test_data_without_rows_fails_as_evaluate_does(tmp_path, ope_in_process):
         == f"ope: invalid data: {tmp_path / 'none.parquet'}: no episodes (the data has no rows)\n"
     )
     assert json.loads(run.stdout)["valid"] is False
+
+
+def test_a_null_step_is_located_at_its_row(tmp_path):
+    """Filled to be recorded, a null step sorted first: it was reported at step 0 of its
+    episode, with a made-up missing step beside it. It keeps its row's place."""
+    episodes = _episodes(n=20)
+    long = next(i for i, e in enumerate(episodes) if len(e["reward"]) > 8)
+    table = step_layout_table(episodes)
+    steps = table.column("step").to_pylist()
+    ids = table.column("episode_id").to_pylist()
+    row = [i for i, e in enumerate(ids) if e == episodes[long]["episode_id"]][5]
+    steps[row] = None
+    table = table.set_column(table.schema.get_field_index("step"), "step", pa.array(steps))
+    pq.write_table(table, tmp_path / "logs.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
+    (problem,) = report.problems
+    assert (problem.reason, problem.episode, problem.step) == ("null_step", ids[row], 5)
+    assert report.invalid_episodes == 1

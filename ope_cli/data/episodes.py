@@ -35,7 +35,7 @@ from ope_cli.data.decode import (
 from ope_cli.data.ids import REAPPEARS, SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import SourcedBatch
 from ope_cli.data.steps import Steps, map_arrays, step_field
-from ope_cli.data.validate import Check, OnInvalid, Validation, value_checks
+from ope_cli.data.validate import READ_FLAGS, Check, OnInvalid, Validation, value_checks
 from ope_cli.errors import DataError, InvalidValueError, first_line, where
 
 ChunkChecks = Callable[["EpisodeChunk"], Iterable[Check]]
@@ -420,6 +420,7 @@ class EpisodeAssembler:
             row_mask[starts[reappearing]] = True
             checks.append(Check("episode_reappears", REAPPEARS, row_mask))
         if rows.step is not None:
+            rows = _null_steps_in_place(rows, starts, lengths)
             rows, step_checks = _order_steps(file, rows, starts, lengths, self.policy.keep_going)
             checks.extend(step_checks)
         if rows.flags is not None and rows.flags.any():
@@ -462,6 +463,21 @@ class _LazyEpisodeOfRow:
         if self._array is None:
             self._array = np.repeat(np.arange(self._lengths.size), self._lengths)
         return self._array[rows]
+
+
+def _null_steps_in_place(rows: _Rows, starts: np.ndarray, lengths: np.ndarray) -> _Rows:
+    """Rows whose step is null (recorded in ``flags``, the value filled) with their row's
+    position in its episode as the step: sorted by the fill, a null at step 20 was reported
+    at step 0, with a missing step there besides."""
+    if rows.flags is None:
+        return rows
+    null = (rows.flags & np.uint16(1 << READ_FLAGS.index("null_step"))) != 0
+    if not null.any():
+        return rows
+    position = np.arange(rows.num_rows) - np.repeat(starts, lengths)
+    step = rows.step.copy()
+    step[null] = position[null]
+    return rows._replace(step=step)
 
 
 def _order_steps(
