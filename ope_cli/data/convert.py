@@ -205,7 +205,8 @@ def _explode(
         else:
             arrays[out] = values.take(pa.array(parent))
     return pa.RecordBatch.from_arrays(
-        [arrays[f.name].cast(f.type) for f in out_schema], schema=out_schema
+        [_cast(arrays[f.name], columns.get(f.name, f.name), f.type) for f in out_schema],
+        schema=out_schema,
     )
 
 
@@ -222,28 +223,29 @@ def _step_batches(
                 exploded = _explode(batch, schema, out_schema, columns, first_row)
             except DataError as error:
                 raise DataError(f"{sourced.file}: {error}") from None
-            except pa.ArrowInvalid as error:  # values that do not fit the output's types
-                raise DataError(
-                    f"{sourced.file}: a column does not fit the output's type (the first "
-                    f"file's): {first_line(error)}"
-                ) from None
             first_row += batch.num_rows
             yield exploded
         else:
             contiguous.check(sourced.file, batch)
-            arrays = [_cast(batch, columns[f.name], f.type, sourced.file) for f in out_schema]
+            try:
+                arrays = [
+                    _cast(batch.column(columns[f.name]), columns[f.name], f.type)
+                    for f in out_schema
+                ]
+            except DataError as error:
+                raise DataError(f"{sourced.file}: {error}") from None
             yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
 
-def _cast(batch: pa.RecordBatch, name: str, dtype: pa.DataType, file: str) -> pa.Array:
-    """Column ``name`` of ``batch`` as ``dtype``, the output's; a DataError naming the file
-    where its values do not fit (fractions in a column of integer ids: an internal error)."""
+def _cast(values: pa.Array, name: str, dtype: pa.DataType) -> pa.Array:
+    """``values`` of source column ``name`` as the output's ``dtype``; a DataError where they do not
+    fit it (fractions in a column of integer ids stopped convert with an internal error)."""
     try:
-        return batch.column(name).cast(dtype)
+        return values.cast(dtype)
     except pa.ArrowInvalid as error:
         raise DataError(
-            f"{file}: column {name!r} does not fit the output's {dtype} (the type of the "
-            f"first file that holds it): {first_line(error)}"
+            f"column {name!r} does not fit the output's {dtype} (the type of the first file "
+            f"that holds it): {first_line(error)}"
         ) from None
 
 
