@@ -301,19 +301,20 @@ MEAN_WEIGHT_ABOVE_OUT_OF_FOLD = (10.0, 1.2)
 
 
 def mean_weight_off(d, episodes: int, propensities: str = "given") -> str | None:
-    """How the mean weight of diagnostics ``d`` is off, or None: "far" (outside
-    MEAN_WEIGHT_RANGE), or "above" (MEAN_WEIGHT_ABOVE, or MEAN_WEIGHT_ABOVE_OUT_OF_FOLD for
-    ``propensities`` "out_of_fold": ``propensity_source``)."""
+    """How the mean weight of diagnostics ``d`` is off, in words, or None: "far from 1"
+    (outside MEAN_WEIGHT_RANGE), or "N standard errors above 1" (MEAN_WEIGHT_ABOVE, or
+    MEAN_WEIGHT_ABOVE_OUT_OF_FOLD for ``propensities`` "out_of_fold":
+    ``propensity_source``)."""
     if d.mean_weight is None:
         return None
     low, high = MEAN_WEIGHT_RANGE
     if not low <= d.mean_weight <= high:
-        return "far"
+        return "far from 1"
     above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
     bar = MEAN_WEIGHT_ABOVE_OUT_OF_FOLD if propensities == "out_of_fold" else MEAN_WEIGHT_ABOVE
     if above is None or above <= bar[0] or d.mean_weight < bar[1]:
         return None
-    return "above"
+    return f"{significant(above, 2, limit=bar[0])} standard errors above 1"
 
 
 def propensity_source(result: EvaluationResult) -> str:
@@ -353,16 +354,12 @@ def _mean_weight_warnings(
                 "probabilities disagree by orders of magnitude.",
             )
         ]
-    off = mean_weight_off(d, episodes, propensities)
-    if off is None:
+    how_far = mean_weight_off(d, episodes, propensities)
+    if how_far is None:
         return []
-    if off == "above":
-        above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
-        bar = MEAN_WEIGHT_ABOVE_OUT_OF_FOLD if propensities == "out_of_fold" else MEAN_WEIGHT_ABOVE
-        how_far = f"{significant(above, 2, limit=bar[0])} standard errors above 1"
-        also = ""
-    else:  # heavy tails pull a sample mean below 1, or leave one huge weight
-        how_far = "far from 1"
+    low, high = MEAN_WEIGHT_RANGE
+    also = ""
+    if not low <= d.mean_weight <= high:  # outside the range, heavy tails can also cause it
         also = "; with very heavy-tailed weights, too few episodes can also cause it"
     return [
         warn(
