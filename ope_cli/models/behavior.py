@@ -63,6 +63,11 @@ def check_behavior_option(
         )
 
 
+# The warning that a fitted behavior model is far from the logged propensities: evaluate's
+# (its estimates, ``BehaviorFit.logged_gap``) and fit-behavior's (its log-weight) alike
+ESTIMATED_BEHAVIOR_OFF = "estimated_behavior_far_from_logged"
+
+
 @dataclasses.dataclass(frozen=True)
 class BehaviorFit:
     """What the report says about a behavior model fitted in the run (``--behavior estimate``).

@@ -14,7 +14,12 @@ from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_ap
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
-from ope_cli.models.q_models.base import unconverged_message
+from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
+from ope_cli.models.q_models.base import (
+    DM_TAKES_Q_AS_EXACT,
+    FITTED_Q_INTERVALS,  # dm, dr, wdr's intervals leave out the fit's error
+    unconverged_message,
+)
 from ope_cli.report.formatting import discount, fixed, percent, significant
 from ope_cli.results import NO_MAGNITUDE, EvaluationResult, PolicyResult
 
@@ -45,7 +50,6 @@ WEIGHTS_OVERFLOW = "weights_overflow"
 MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
 ZERO_WIDTH = "zero_width_interval"
 OUTSIDE = "estimate_outside_interval"  # an interval not centred on its estimate excludes it
-ESTIMATED_BEHAVIOR_OFF = "estimated_behavior_far_from_logged"
 # An estimate this many standard errors (combined) from the one the logged propensities
 # give: on generated data of every environment, in-sample fits of the right model moved
 # every estimator by 0.74 at most; models that could not represent the behavior (its
@@ -58,7 +62,6 @@ Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it con
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
 NO_BEST_SET = "could_be_best_undetermined"  # too few replicates for the set's level
-FITTED_Q_INTERVALS = "fitted_q_intervals"  # dm, dr, wdr's intervals leave out the fit's error
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
@@ -520,10 +523,7 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
         return None
     said = []
     if "dm" in reading:
-        said.append(
-            "dm's takes Q-hat as exact, so its interval is about a biased value when the fit "
-            "is off (on generated data, 95% intervals covered the truth 2-37% of the time)"
-        )
+        said.append(f"dm's {DM_TAKES_Q_AS_EXACT}")
     corrected = [f"{name}'s" for name in reading if name != "dm"]
     if corrected:
         said.append(

@@ -23,6 +23,7 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError, first_line
+from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
 from ope_cli.models.behavior_models.base import MODELS, log_softmax
 from ope_cli.models.behavior_models.fitting import (
     checkpoint_arrays,
@@ -103,7 +104,6 @@ class FitBehaviorResult:
 # -0.0001; models blind to what the behavior depends on (its choice, or its spread, set by
 # |x|) 0.45 and 0.78.
 LOGGED_GAP_PER_EPISODE = 0.1
-ESTIMATED_OFF = "estimated_behavior_far_from_logged"
 
 
 def logged_gap_warnings(
@@ -130,7 +130,7 @@ def logged_gap_warnings(
         "of about "
         f"{math.exp(min(per_episode, 700.0)):.2g}; try another --model."
     )
-    return ({"code": ESTIMATED_OFF, "message": message, "policy": None},)
+    return ({"code": ESTIMATED_BEHAVIOR_OFF, "message": message, "policy": None},)
 
 
 def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:

@@ -25,6 +25,8 @@ from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 from ope_cli.models.q_models.base import (
+    DM_TAKES_Q_AS_EXACT,
+    FITTED_Q_INTERVALS,
     check_q_model_fits,
     default_q_model,
     unconverged_message,
@@ -201,7 +203,7 @@ def fit_warnings(
     """gamma = 1 by default on episodes of more than one step, as ope evaluate warns: the
     Q-hat of undiscounted returns (fit-q said nothing); an mlp fit that stopped before it
     converged, as ope evaluate warns (``q_fit_not_converged``; fit-q said it in its table
-    alone); with a dm estimate, that its interval takes Q-hat as exact (DM_TAKES_Q_AS_EXACT)."""
+    alone); with a dm estimate, that its interval takes Q-hat as exact (FIT_Q_DM_NOTE)."""
     warnings = []
     if gamma_source == "default" and steps > episodes:
         warnings.append(
@@ -219,18 +221,17 @@ def fit_warnings(
         message = unconverged_message(model, iterations, discrete, "--model linear")
         warnings.append({"code": "q_fit_not_converged", "message": message})
     if (diagnostics or {}).get("dm") is not None:
-        warnings.append({"code": "fitted_q_intervals", "message": DM_TAKES_Q_AS_EXACT})
+        warnings.append({"code": FITTED_Q_INTERVALS, "message": FIT_Q_DM_NOTE})
     return tuple(warnings)
 
 
-# fit-q's dm, as evaluate's with --q fit (``fitted_q_intervals``): a linear Q-hat on
-# ``ope generate control`` gave dm 9.129 +- 0.0015 where the truth is 6.08, and fit-q said
-# nothing, where evaluate warns that dm is far from dr
-DM_TAKES_Q_AS_EXACT = (
-    "dm's standard error takes Q-hat as exact, so its interval is about a biased value when "
-    "the fit is off (on generated data, 95% intervals covered the truth 2-37% of the time); "
-    "`ope evaluate --q` with this checkpoint also gives dr and wdr, which correct Q-hat with "
-    "the logged rewards, and warns where dm is far from dr."
+# fit-q's dm, as evaluate's with --q fit: a linear Q-hat on ``ope generate control`` gave
+# dm 9.129 +- 0.0015 where the truth is 6.08, and fit-q said nothing, where evaluate warns
+# that dm is far from dr
+FIT_Q_DM_NOTE = (
+    f"dm's standard error {DM_TAKES_Q_AS_EXACT}; `ope evaluate --q` with this checkpoint "
+    "also gives dr and wdr, "
+    "which correct Q-hat with the logged rewards, and warns where dm is far from dr."
 )
 
 
