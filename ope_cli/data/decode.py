@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from ope_cli.data.columns import OPTION_FOR_ROLE, DataSchema
 from ope_cli.data.steps import Steps
-from ope_cli.data.validate import READ_FLAGS, Check
+from ope_cli.data.validate import READ_FLAGS, Check, read_flag
 from ope_cli.errors import DataError, InvalidValueError, where
 
 Locate = Callable[[int], tuple[object, int | None]]  # row -> (episode id, step)
@@ -33,7 +33,7 @@ class Where(NamedTuple):
     flags: np.ndarray | None = None
 
     def mark(self, reason: str, rows: np.ndarray) -> None:
-        self.flags[rows] |= np.uint16(1 << READ_FLAGS.index(reason))
+        self.flags[rows] |= read_flag(reason)
 
 
 def plain(array: pa.Array) -> pa.Array:
@@ -369,8 +369,8 @@ class StepConverter:
 
     def flag_checks(self, flags: np.ndarray) -> Iterator[Check]:
         """The problems marked in ``flags`` ([n] uint16) as checks, in READ_FLAGS order."""
-        for bit, reason in enumerate(READ_FLAGS):
-            bad = (flags & np.uint16(1 << bit)) != 0
+        for reason in READ_FLAGS:
+            bad = (flags & read_flag(reason)) != 0
             if not bad.any():
                 continue
             role = reason.split("_", 1)[1]

@@ -35,7 +35,7 @@ from ope_cli.data.decode import (
 from ope_cli.data.ids import REAPPEARS, SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import SourcedBatch
 from ope_cli.data.steps import Steps, map_arrays, step_field
-from ope_cli.data.validate import READ_FLAGS, Check, OnInvalid, Validation, value_checks
+from ope_cli.data.validate import Check, OnInvalid, Validation, read_flag, value_checks
 from ope_cli.errors import DataError, InvalidValueError, first_line, where
 
 ChunkChecks = Callable[["EpisodeChunk"], Iterable[Check]]
@@ -471,7 +471,7 @@ def _null_steps_in_place(rows: _Rows, starts: np.ndarray, lengths: np.ndarray) -
     at step 0, with a missing step there besides."""
     if rows.flags is None:
         return rows
-    null = (rows.flags & np.uint16(1 << READ_FLAGS.index("null_step"))) != 0
+    null = (rows.flags & read_flag("null_step")) != 0
     if not null.any():
         return rows
     position = np.arange(rows.num_rows) - np.repeat(starts, lengths)

@@ -97,6 +97,13 @@ REGISTRY: tuple[Reason, ...] = (
 REASONS: tuple[str, ...] = tuple(reason.name for reason in REGISTRY)
 FATAL_REASONS = frozenset(reason.name for reason in REGISTRY if reason.fatal)
 READ_FLAGS: tuple[str, ...] = tuple(reason.name for reason in REGISTRY if reason.read_flag)
+
+
+def read_flag(reason: str) -> np.uint16:
+    """The bit of the [n] uint16 read flags that marks rows with ``reason`` (READ_FLAGS)."""
+    return np.uint16(1 << READ_FLAGS.index(reason))
+
+
 REASON_INDEX = {name: index for index, name in enumerate(REASONS)}
 
 
