@@ -59,6 +59,17 @@ def _betting_needs(reward_range: tuple[float, float] | None, available: bool) ->
 DEFAULT_GAMMA = 1.0
 # where a run's discount comes from, and how a message or report says it
 GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
+GAMMA_DEFAULT = "gamma_default"  # the warning that no one gave a discount (every command's)
+
+
+def default_gamma_message(summed: str, meant: str) -> str:
+    """The ``gamma_default`` warning's words: ``summed`` says what is then undiscounted,
+    ``meant`` what the discount would be meant with."""
+    return (
+        "gamma is 1, the default: neither --gamma nor the data's metadata gives a discount, "
+        f"so {summed}. If {meant} meant with a discount, pass --gamma (or declare "
+        '"gamma" in the data\'s ope metadata).'
+    )
 
 
 def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float, str]:

@@ -14,10 +14,12 @@ from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_ap
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
+from ope_cli.estimation.run_plan import GAMMA_DEFAULT, default_gamma_message
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
 from ope_cli.models.q_models.base import (
     DM_TAKES_Q_AS_EXACT,
     FITTED_Q_INTERVALS,  # dm, dr, wdr's intervals leave out the fit's error
+    Q_FIT_NOT_CONVERGED,
     unconverged_message,
 )
 from ope_cli.report.formatting import discount, fixed, percent, significant
@@ -38,7 +40,6 @@ MEAN_WEIGHT_ABOVE = (4.0, 1.05)
 GAMMA_MATTERS_FROM_STEPS = 2
 
 # Codes of run-wide warnings (policy None) and of per-policy ones.
-GAMMA_DEFAULT = "gamma_default"
 GAMMA_REPLACED = "gamma_not_the_data_s"  # --gamma other than the discount the data declares
 ASYMPTOTIC_INTERVALS = "asymptotic_intervals"
 FLOORED_PROPENSITIES = "floored_propensities"
@@ -58,7 +59,6 @@ BEHAVIOR_GAP_STANDARD_ERRORS = 3.0
 DM_FAR_FROM_DR = "dm_far_from_dr"
 # DM further than this many of DR's standard errors from DR: Q-hat is likely biased
 DM_DR_STANDARD_ERRORS = 3.0
-Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # --q fit:mlp stopped before it converged
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
 NO_BEST_SET = "could_be_best_undetermined"  # too few replicates for the set's level
@@ -396,10 +396,9 @@ def default_gamma_warning(gamma_source: str, longest: int) -> Warning | None:
         return None
     return Warning(
         GAMMA_DEFAULT,
-        f"gamma is 1, the default: neither --gamma nor the data's metadata gives a "
-        f"discount, so returns of up to {longest:,} steps are summed undiscounted. "
-        'If the policies are meant with a discount, pass --gamma (or declare "gamma" in '
-        "the data's ope metadata).",
+        default_gamma_message(
+            f"returns of up to {longest:,} steps are summed undiscounted", "the policies are"
+        ),
     )
 
 

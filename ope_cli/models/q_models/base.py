@@ -78,6 +78,9 @@ DM_TAKES_Q_AS_EXACT = (  # of dm's interval, or its standard error
 )
 
 
+Q_FIT_NOT_CONVERGED = "q_fit_not_converged"  # an mlp Q-hat fit stopped before it converged
+
+
 def unconverged_message(model: str, iterations, discrete: bool, linear: str) -> str:
     """What a fit that stopped before it converged means (``q_fit_not_converged``, evaluate's
     and fit-q's); the linear model (``linear``: how the command asks for it) is suggested

@@ -22,11 +22,12 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError
-from ope_cli.estimation.run_plan import resolve_gamma
+from ope_cli.estimation.run_plan import GAMMA_DEFAULT, default_gamma_message, resolve_gamma
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
 from ope_cli.models.q_models.base import (
     DM_TAKES_Q_AS_EXACT,
     FITTED_Q_INTERVALS,
+    Q_FIT_NOT_CONVERGED,
     check_q_model_fits,
     default_q_model,
     unconverged_message,
@@ -206,20 +207,13 @@ def fit_warnings(
     alone); with a dm estimate, that its interval takes Q-hat as exact (FIT_Q_DM_NOTE)."""
     warnings = []
     if gamma_source == "default" and steps > episodes:
-        warnings.append(
-            {
-                "code": "gamma_default",
-                "message": "gamma is 1, the default: neither --gamma nor the data's metadata "
-                "gives a discount, so Q-hat is fitted to undiscounted returns. If the policy "
-                'is meant with a discount, pass --gamma (or declare "gamma" in the data\'s '
-                "ope metadata).",
-            }
-        )
+        message = default_gamma_message("Q-hat is fitted to undiscounted returns", "the policy is")
+        warnings.append({"code": GAMMA_DEFAULT, "message": message})
     if (diagnostics or {}).get("converged") is False:
         model, iterations = diagnostics.get("model", "mlp"), diagnostics.get("iterations")
         discrete = diagnostics.get("kind") != "mlp_q_sa"
         message = unconverged_message(model, iterations, discrete, "--model linear")
-        warnings.append({"code": "q_fit_not_converged", "message": message})
+        warnings.append({"code": Q_FIT_NOT_CONVERGED, "message": message})
     if (diagnostics or {}).get("dm") is not None:
         warnings.append({"code": FITTED_Q_INTERVALS, "message": FIT_Q_DM_NOTE})
     return tuple(warnings)
