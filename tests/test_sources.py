@@ -120,7 +120,11 @@ def test_a_file_of_a_directory_without_a_column_of_the_first_is_named(tmp_path):
     with pytest.raises(DataError) as info:
         list(iter_batches(data, ["episode_id"], 100))
     message = str(info.value)
-    assert "b.parquet: has no column 'episode_id', which the dataset's first file has" in message
+    first = tmp_path / "a.parquet"
+    assert (
+        f"b.parquet: has no column 'episode_id', which the dataset's first file ({first}) has"
+        in message
+    )
     assert "(this file's columns: id," in message
 
 
@@ -425,7 +429,13 @@ def test_prefetched_hands_a_failing_cleanup_to_the_consumer():
         (
             [{"reward_range": [0, 1], "gamma": 0.9}, {"reward_range": [0, 2], "gamma": 0.9}, {}],
             "declares reward_range [0, 2] in its 'ope' metadata, but the dataset's first "
-            "file declares reward_range [0, 1]",
+            "file (p0.parquet) declares reward_range [0, 1]",
+        ),
+        # the values in full: "gamma 0.95 ..., but ... declares gamma 0.95" said nothing
+        (
+            [{"gamma": 0.95}, {"gamma": 0.95000000001}],
+            "declares gamma 0.95000000001 in its 'ope' metadata, but the dataset's first file "
+            "(p0.parquet) declares gamma 0.95:",
         ),
     ],
 )
@@ -443,6 +453,7 @@ def test_files_that_declare_other_bounds_are_refused(tmp_path, declared, words):
     with pytest.raises(DataError) as error:
         list(iter_batches(data, ["episode_id"], 100))
     (line,) = str(error.value).splitlines()
+    words = words.replace("(p0.parquet)", f"({tmp_path / 'p0.parquet'})")
     assert line.startswith(f"{tmp_path / f'p{bad}.parquet'}: {words}"), line
     assert line.endswith("declare the same (rewrite the metadata, or evaluate the files apart)")
 
@@ -469,25 +480,44 @@ def test_a_feather_v1_file_is_refused_with_the_way_to_rewrite_it(tmp_path):
     assert read_ids(open_dataset(str(rewritten))) == list(range(5))  # as the message says
 
 
-@pytest.mark.parametrize("horizon", ["Infinity", "1e999", "0", "2.5", '"10"'])
-def test_a_declared_horizon_that_is_no_step_count_is_refused(tmp_path, horizon):
-    """Python's json writes inf as Infinity: it was an internal error (OverflowError)."""
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        # Python's json writes inf as Infinity: it was an internal error (OverflowError)
+        ('{"horizon": Infinity}', "horizon Infinity, where it takes a whole number of steps"),
+        ('{"horizon": 1e999}', "horizon Infinity, where it takes a whole number of steps"),
+        ('{"horizon": 0}', "horizon 0, where it takes a whole number of steps, at least 1"),
+        ('{"horizon": 2.5}', "horizon 2.5, where it takes a whole number of steps"),
+        ('{"horizon": "10"}', 'horizon "10", where it takes a whole number of steps'),
+        # a JSON object said to be no JSON object: the key and the reason were not named
+        ('{"gamma": 1.5}', "gamma 1.5, where it takes a number in [0, 1]"),
+        ('{"gamma": "0.9"}', 'gamma "0.9", where it takes a number in [0, 1]'),
+        ('{"gamma": true}', "gamma true, where it takes a number in [0, 1]"),
+        ('{"gamma": NaN}', "gamma NaN, where it takes a number in [0, 1]"),
+        ('{"reward_range": [1, 0]}', "reward_range [1, 0], where it takes [low, high]: finite"),
+        ('{"reward_range": ["0", 1]}', 'reward_range ["0", 1], where it takes [low, high]'),
+        # json keeps the last of two keys: {"gamma": 0.9, "gamma": 0.5} declared 0.5
+        ('{"gamma": 0.9, "gamma": 0.5}', "'gamma' twice (json would keep the last silently)"),
+    ],
+)
+def test_a_declared_value_a_key_does_not_take_is_named(tmp_path, declared, said):
     path = tmp_path / "logs.parquet"
-    metadata = {b"ope": f'{{"horizon": {horizon}}}'.encode()}
-    pq.write_table(table(0, 5).replace_schema_metadata(metadata), path)
+    pq.write_table(table(0, 5).replace_schema_metadata({b"ope": declared.encode()}), path)
+    with pytest.raises(DataError) as error:
+        open_dataset(str(path)).declared_bounds()
+    (line,) = str(error.value).splitlines()
+    assert line.startswith(f"{path}: schema metadata 'ope' declares {said}"), line
+
+
+@pytest.mark.parametrize("declared", ["[0.9]", "{gamma: 0.9}", '"gamma"'])
+def test_metadata_that_is_no_json_object_is_refused_as_it_reads(tmp_path, declared):
+    path = tmp_path / "logs.parquet"
+    pq.write_table(table(0, 5).replace_schema_metadata({b"ope": declared.encode()}), path)
     with pytest.raises(DataError) as error:
         open_dataset(str(path)).declared_bounds()
     (line,) = str(error.value).splitlines()
     assert "schema metadata 'ope' must be a JSON object like" in line, line
-
-
-def test_a_declared_key_given_twice_is_refused(tmp_path):
-    """json keeps the last of two keys: {"gamma": 0.9, "gamma": 0.5} declared 0.5."""
-    path = tmp_path / "logs.parquet"
-    metadata = {b"ope": b'{"gamma": 0.9, "gamma": 0.5}'}
-    pq.write_table(table(0, 5).replace_schema_metadata(metadata), path)
-    with pytest.raises(DataError, match="schema metadata 'ope' must be a JSON object like"):
-        open_dataset(str(path)).declared_bounds()
+    assert line.endswith(f", got {declared}"), line  # as written, not a bytes repr (b'...')
 
 
 def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):

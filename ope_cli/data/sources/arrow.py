@@ -198,6 +198,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     """A file whose columns differ from the dataset's (its first file's) would otherwise be
     cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
     physical, file = fragment.physical_schema, data.prefix + fragment.path
+    first_file = f"the dataset's first file ({data.files[0]})"
 
     def partition_key(name: str) -> bool:
         return _in_hive_folder(fragment.path, name, data.partition_base_dir)
@@ -207,7 +208,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
         if index < 0:
             if not partition_key(name):  # a hive partition's lives there
                 raise DataError(
-                    f"{file}: has no column {name!r}, which the dataset's first file has "
+                    f"{file}: has no column {name!r}, which {first_file} has "
                     f"(this file's columns: {', '.join(physical.names)}): every file of a "
                     "dataset names its columns alike"
                 )
@@ -219,7 +220,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
         if _family(actual) != _family(expected):
             raise DataError(
                 f"{file}: column {name!r} has type {actual} in this file but "
-                f"{expected} in the dataset's first file"
+                f"{expected} in {first_file}"
             )
     for role in data.compared_roles:  # found in the first file: a later 'step' went unread
         first = role_candidates(role, data.schema.names)
@@ -233,14 +234,14 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
             )
             raise DataError(
                 f"{file}: its column(s) {', '.join(map(repr, own)) or 'none'} could be the "
-                f"{role_words(role)}, where the dataset's first file has "
+                f"{role_words(role)}, where {first_file} has "
                 f"{', '.join(map(repr, first)) or 'none'}: every file of a dataset names its "
                 f"columns alike ({way_out})"
             )
-    _check_declared(file, declared_bounds(physical, file), data.declared_bounds())
+    _check_declared(file, declared_bounds(physical, file), data.declared_bounds(), first_file)
 
 
-def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds) -> None:
+def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds, first_file: str) -> None:
     """The dataset's declarations are its first file's (pyarrow's dataset schema): a file
     that declares another reward range, horizon or gamma (or none) would otherwise be
     evaluated under the first file's without a word."""
@@ -255,8 +256,8 @@ def _check_declared(file: str, own: DeclaredBounds, first: DeclaredBounds) -> No
             return ", ".join(_declared(name, getattr(bounds, name)) for name in differ)
 
         raise DataError(
-            f"{file}: declares {said(own)} in its {METADATA_KEY!r} metadata, but the "
-            f"dataset's first file declares {said(first)}: the files of one dataset must "
+            f"{file}: declares {said(own)} in its {METADATA_KEY!r} metadata, but "
+            f"{first_file} declares {said(first)}: the files of one dataset must "
             "declare the same (rewrite the metadata, or evaluate the files apart)"
         )
 
@@ -266,5 +267,11 @@ def _declared(name: str, value: object) -> str:
     if value is None:
         return f"no {name}"
     if isinstance(value, tuple):
-        return f"{name} [" + ", ".join(f"{x:g}" for x in value) + "]"
-    return f"{name} {value:g}"
+        return f"{name} [" + ", ".join(_shortest(x) for x in value) + "]"
+    return f"{name} {_shortest(value)}"
+
+
+def _shortest(value: float) -> str:
+    """``value`` in few digits, all it takes to tell it from another (0.95000000001)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))

@@ -46,23 +46,62 @@ class DeclaredBounds:
     gamma: float | None = None
 
 
-def _declared_gamma(value: object) -> float | None:
-    """The declared discount, a number in [0, 1] (ValueError otherwise)."""
-    if value is None:
-        return None
+class _Undeclarable(ValueError):
+    """A metadata key whose value is not what the key takes: what it declares, and why not."""
+
+    @classmethod
+    def value(cls, key: str, value: object, takes: str) -> _Undeclarable:
+        return cls(f"{key} {json.dumps(value)}, where it takes {takes}")
+
+
+def _number(value: object) -> float:
+    """A JSON number (not a boolean, a string or null) as a float; ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError
-    if not 0.0 <= value <= 1.0:
         raise ValueError
     return float(value)
 
 
+def _declared_reward_range(value: object) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    try:
+        low, high = (_number(x) for x in value)
+    except (ValueError, TypeError):
+        low = high = math.nan
+    if not is_reward_range(low, high):
+        raise _Undeclarable.value("reward_range", value, "[low, high]: finite numbers, low < high")
+    return low, high
+
+
+def _declared_horizon(value: object) -> int | None:
+    try:
+        steps = None if value is None else _number(value)
+    except ValueError:
+        steps = math.nan
+    if steps is not None and not (math.isfinite(steps) and steps.is_integer() and steps >= 1):
+        raise _Undeclarable.value("horizon", value, "a whole number of steps, at least 1")
+    return None if steps is None else int(steps)
+
+
+def _declared_gamma(value: object) -> float | None:
+    try:
+        gamma = None if value is None else _number(value)
+    except ValueError:
+        gamma = math.nan
+    if gamma is not None and not 0.0 <= gamma <= 1.0:
+        raise _Undeclarable.value("gamma", value, "a number in [0, 1]")
+    return gamma
+
+
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object's dict; ValueError for a key given twice (json keeps the last
-    silently: {"gamma": 0.9, "gamma": 0.5} declared 0.5)."""
+    """A JSON object's dict; a key given twice is refused (json keeps the last silently:
+    {"gamma": 0.9, "gamma": 0.5} declared 0.5)."""
     keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError
+    for key in keys:
+        if keys.count(key) > 1:
+            raise _Undeclarable(
+                f"{key!r} twice (json would keep the last silently); declare it once"
+            )
     return dict(pairs)
 
 
@@ -75,24 +114,21 @@ def declared_bounds(schema: pa.Schema, source: str) -> DeclaredBounds:
         return DeclaredBounds()
     try:
         declared = json.loads(raw, object_pairs_hook=_unique_keys)
-        reward_range = declared.get("reward_range")
-        horizon = declared.get("horizon")
-        if reward_range is not None:
-            low, high = (float(x) for x in reward_range)
-            if not is_reward_range(low, high):
-                raise ValueError
-            reward_range = (low, high)
-        if horizon is not None and (
-            isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1
-        ):
+        if not isinstance(declared, dict):
             raise ValueError
-        gamma = _declared_gamma(declared.get("gamma"))
-    except (ValueError, TypeError, AttributeError, OverflowError):
+        return DeclaredBounds(
+            _declared_reward_range(declared.get("reward_range")),
+            _declared_horizon(declared.get("horizon")),
+            _declared_gamma(declared.get("gamma")),
+        )
+    except _Undeclarable as bad:
+        raise DataError(f"{source}: schema metadata {METADATA_KEY!r} declares {bad}") from None
+    except ValueError:
+        text = raw[:80].decode("utf-8", "replace")
         raise DataError(
             f"{source}: schema metadata {METADATA_KEY!r} must be a JSON object "
-            f'like {{"reward_range": [0, 1], "horizon": 100, "gamma": 0.99}}, got {raw[:80]!r}'
+            f'like {{"reward_range": [0, 1], "horizon": 100, "gamma": 0.99}}, got {text}'
         ) from None
-    return DeclaredBounds(reward_range, None if horizon is None else int(horizon), gamma)
 
 
 class Dataset(Protocol):
