@@ -293,6 +293,40 @@ def test_a_tabular_policy_on_float_states_says_they_are_floats():
         observation_kind="scalar",
         observation_dim=None,
         columns={"observation": "state", "action": "action"},
+        source=None,
     )
     with pytest.raises(DataError, match="column 'state' holds floating-point numbers"):
         check_against_schema(policy, schema)
+
+
+def test_a_size_the_column_type_fixes_is_refused_naming_the_data():
+    """Observations whose type fixes their size (a fixed-size list, as HDF5 and Minari
+    give them) are checked before any row is read; the message named no data, where a
+    value-level check names the file, episode and step."""
+    import pyarrow as pa
+
+    from ope_cli.config import ColumnMapping
+    from ope_cli.data.columns import resolve_schema
+    from ope_cli.errors import DataError
+    from ope_cli.models.policies import checkpoint_policy
+    from ope_cli.models.policies.checks import check_against_schema
+
+    policy = checkpoint_policy(
+        "lin5.npz", {"kind": "linear_softmax", "weight": np.zeros((5, 2)), "bias": np.zeros(2)}
+    )
+    arrow = pa.schema(
+        [
+            ("episode_id", pa.int64()),
+            ("observation", pa.list_(pa.float32(), 4)),
+            ("action", pa.int64()),
+            ("reward", pa.float64()),
+            ("behavior_prob", pa.float64()),
+        ]
+    )
+    schema = resolve_schema(arrow, ColumnMapping(), logged_target=False, source="logs.hdf5")
+    with pytest.raises(DataError) as error:
+        check_against_schema(policy, schema)
+    assert str(error.value) == (
+        "logs.hdf5: observations in column 'observation' have size 4 (every step: the "
+        "column's type fixes it), but policy lin5.npz expects 5"
+    )

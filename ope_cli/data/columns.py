@@ -98,6 +98,7 @@ class DataSchema:
     target: Literal["prob", "log_prob"] | None
     behavior_logged: bool = True
     cross_checked: dict[str, str] = dataclasses.field(default_factory=dict)
+    source: str | None = None
 
     @property
     def target_role(self) -> str:
@@ -250,9 +251,10 @@ def resolve_schema(
     if source is None:
         return _resolve_schema(schema, mapping, logged_target, logged_behavior)
     try:
-        return _resolve_schema(schema, mapping, logged_target, logged_behavior)
+        resolved = _resolve_schema(schema, mapping, logged_target, logged_behavior)
     except DataError as error:
         raise type(error)(f"{source}: {error}") from None
+    return dataclasses.replace(resolved, source=source)
 
 
 def _resolve_schema(

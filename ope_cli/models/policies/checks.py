@@ -14,7 +14,17 @@ from ope_cli.models.policies.base import Policy
 
 
 def check_against_schema(policy: Policy, schema) -> None:
-    """Type-level compatibility of a policy and the data (before any row is read)."""
+    """Type-level compatibility of a policy and the data (before any row is read); the
+    message names the data (``schema.source``), as a value-level one names its file."""
+    try:
+        _check_types(policy, schema)
+    except DataError as error:
+        if schema.source is None:
+            raise
+        raise DataError(f"{schema.source}: {error}") from None
+
+
+def _check_types(policy: Policy, schema) -> None:
     if policy.discrete is True and schema.action_kind != "discrete":
         raise DataError(
             f"actions in column {schema.columns['action']!r} are not integers, but policy "
@@ -34,7 +44,8 @@ def check_against_schema(policy: Policy, schema) -> None:
     if policy.obs_dim is not None and schema.observation_dim not in (None, policy.obs_dim):
         raise DataError(
             f"observations in column {schema.columns['observation']!r} have size "
-            f"{schema.observation_dim}, but policy {policy.name} expects {policy.obs_dim}"
+            f"{schema.observation_dim} (every step: the column's type fixes it), but policy "
+            f"{policy.name} expects {policy.obs_dim}"
         )
 
 
