@@ -234,3 +234,15 @@ def test_script_mode_times_ope_against_the_numpy_script(tmp_path):
         )
     assert script["sizes"]["4000"]["steps"] > script["sizes"]["1500"]["steps"]
     assert not list(tmp_path.glob("script_*.parquet"))  # generated data removed
+
+
+@pytest.mark.parametrize(
+    "option", ["--episodes", "--policies", "--loop-episodes", "--memory-steps", "--rounds"]
+)
+def test_a_count_below_one_is_one_line_naming_the_option(ope_in_process, tmp_path, option):
+    """As evaluate's options say it; --rounds 0 said pydantic's "Input should be greater
+    than or equal to 1", and the others named three options at once."""
+    extra = ["--memory"] if option == "--memory-steps" else []
+    done = ope_in_process(["bench", option, "0", *extra], cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == f"ope: usage error: {option} must be at least 1, got 0\n", done

@@ -495,6 +495,16 @@ def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
     assert "DM, DR, WDR" in _help(ope_in_process)  # the tool's line names every estimator
 
 
+def test_bench_help_groups_its_own_options_in_panels(ope_in_process):
+    """They all stood under the generic "Options", with a metavar "INT [x>=1]"."""
+    text = _help(ope_in_process, "bench")
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Options", "Data and columns", "Measurements", "Output", "Performance"]
+    options = text[text.index("╭─ Options") : text.index("╭─ Data and columns")]
+    assert re.findall(r"--[a-z-]+", options) == ["--help"], options
+    assert "x>=" not in text
+
+
 def test_ope_alone_prints_the_help_and_succeeds(ope_in_process, ope):
     alone = ope_in_process([])
     assert alone.returncode == 0 and alone.stderr == "", alone

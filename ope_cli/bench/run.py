@@ -73,10 +73,15 @@ def bench(config: BenchConfig, on_progress: Progress | None = None) -> dict:
 
 
 def _check(config: BenchConfig) -> None:
-    if config.episodes < 1 or config.policies < 1 or config.loop_episodes < 1:
-        raise UsageError("--episodes, --policies and --loop-episodes must be >= 1")
-    if config.memory_steps < 1:
-        raise UsageError("--memory-steps must be >= 1")
+    for option, value in (
+        ("--episodes", config.episodes),
+        ("--policies", config.policies),
+        ("--loop-episodes", config.loop_episodes),
+        ("--memory-steps", config.memory_steps),
+        ("--rounds", config.rounds),
+    ):
+        if value < 1:  # as evaluate's options say it (BatchingConfig.check)
+            raise UsageError(f"{option} must be at least 1, got {value}")
     # sizes of measurements not asked for would change nothing
     if config.memory_steps != DEFAULT_MEMORY_STEPS and not config.memory:
         raise UsageError("--memory-steps applies to --memory only")

@@ -84,7 +84,6 @@ Out = Annotated[
 Rounds = Annotated[
     int,
     typer.Option(
-        min=1,
         help="Timed runs of every measurement, in process and of whole warm processes; "
         "the fastest counts (1: quickest, noisiest).",
     ),

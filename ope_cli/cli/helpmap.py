@@ -23,6 +23,7 @@ CHOOSING = "Choosing a policy"
 OUTPUT = "Output"
 PERFORMANCE = "Performance"
 CLUSTER = "Cluster"
+MEASUREMENTS = "Measurements"  # ope bench's
 
 # option -> panel, across commands (an option of one name means one thing everywhere)
 PANELS = {
@@ -61,15 +62,26 @@ PANELS = {
 }
 # where a command's option of a shared name means something else (None: no panel)
 COMMAND_PANELS: dict[str, dict[str, str | None]] = {
-    "bench": {"seed": DATA},
+    "bench": {
+        **dict.fromkeys(("data", "episodes", "seed", "policies"), DATA),
+        **dict.fromkeys(
+            ("memory", "memory_steps", "script", "script_steps", "loop_episodes", "processes"),
+            MEASUREMENTS,
+        ),
+        "rounds": MEASUREMENTS,  # (a line of its own: the tuple above is full)
+        "out": OUTPUT,
+    },
     "generate": dict.fromkeys(
         ("episodes", "seed", "gamma", "horizon", "shift", "files", "policies"), DATA
     ),
     "fit-q": {"model": Q, "ridge": Q, "seed": Q, "out": OUTPUT},
     "fit-behavior": {"model": BEHAVIOR, "out": OUTPUT},
 }
-# panels of ope evaluate, in the order --help shows them
-PANEL_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING, OUTPUT, PERFORMANCE, CLUSTER)
+# every command's panels, in the order --help shows them; ope evaluate has all but bench's
+SHOWN_ORDER = (
+    *(DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING, MEASUREMENTS, OUTPUT, PERFORMANCE, CLUSTER),
+)
+PANEL_ORDER = tuple(panel for panel in SHOWN_ORDER if panel != MEASUREMENTS)  # evaluate's
 
 # a str option's metavar by its name (else TEXT)
 TEXT_METAVARS = {
@@ -133,12 +145,12 @@ def _map_param(param: Any, panels: dict[str, str | None]) -> None:
 
 def _panel_rank(param: Any) -> int:
     panel = getattr(param, "rich_help_panel", None)
-    return PANEL_ORDER.index(panel) if panel in PANEL_ORDER else -1
+    return SHOWN_ORDER.index(panel) if panel in SHOWN_ORDER else -1
 
 
 def map_command(command: Any, name: str | None = None) -> None:
     """Gives the parameters of ``command`` (named ``name`` in the group) their panel and a
-    readable metavar, in place, and has --help show the panels in PANEL_ORDER (``params``
+    readable metavar, in place, and has --help show the panels in SHOWN_ORDER (``params``
     keep their declared order); the one-line description in the command list is the
     first paragraph of its help, unwrapped."""
     panels = {**PANELS, **COMMAND_PANELS.get(name or "", {})}
