@@ -613,13 +613,19 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_p
 
 
 def test_progress_names_the_fitting_passes(tmp_path):
-    """--behavior estimate and --q fit each read the data once before the evaluation: the
-    status lines count the passes."""
+    """--behavior estimate and --q fit each read the data once before the evaluation, and
+    an estimate on data that logs propensities too evaluates again under them after it: the
+    status lines count every pass (that last one ran unannounced, under a full bar)."""
+    import pyarrow.parquet as pq
+
     from ope_cli.envs.generate import generate
 
     generate("chain", tmp_path / "chain", episodes=60, seed=3)
+    logged = tmp_path / "chain" / "logs.parquet"
+    unlogged = tmp_path / "unlogged.parquet"
+    pq.write_table(pq.read_table(logged).drop_columns(["behavior_prob"]), unlogged)
     config = EvaluationConfig(
-        data=str(tmp_path / "chain" / "logs.parquet"),
+        data=str(logged),
         policies=(str(tmp_path / "chain" / "policies" / "eval_0.npz"),),
         gamma=0.9,
         behavior=BehaviorConfig(policy="estimate"),
@@ -628,7 +634,17 @@ def test_progress_names_the_fitting_passes(tmp_path):
     lines = []
     evaluate(config, on_status=lines.append)
     assert lines[:3] == [
+        "fitting the behavior policy (pass 1 of 4) ...",
+        "fitting Q-hat (pass 2 of 4) ...",
+        "evaluating (pass 3 of 4)",
+    ]
+    compare = "evaluating again with the logged propensities, to compare (pass 4 of 4) ..."
+    assert lines.count(compare) == 1 and lines.index(compare) > 2, lines
+    lines.clear()
+    evaluate(dataclasses.replace(config, data=str(unlogged)), on_status=lines.append)
+    assert lines[:3] == [
         "fitting the behavior policy (pass 1 of 3) ...",
         "fitting Q-hat (pass 2 of 3) ...",
         "evaluating (pass 3 of 3)",
     ]
+    assert not any("logged propensities" in line for line in lines), lines

@@ -70,6 +70,7 @@ class EvaluationInputs:
       behavior: the ``--behavior`` policy (or the fitted one); None: the data's column.
       behavior_source: where pi_b comes from, for the report; None: to be estimated.
       qs: one Q function per policy (a ``fit`` one until fitted), or None without a Q source.
+      passes: the run's passes over the data, as ``fit_models`` found them (``data_passes``).
     """
 
     config: EvaluationConfig
@@ -80,6 +81,7 @@ class EvaluationInputs:
     behavior: Policy | None = None
     behavior_source: BehaviorSource | None = None
     qs: list[QFunction] | None = None
+    passes: tuple[str, ...] = ()
 
     def chunk_checks(self, chunk: EpisodeChunk) -> Iterator[Check]:
         """Action and state ranges and bounds, validated with the data."""
@@ -194,19 +196,47 @@ def fit_models(
     policy of ``--behavior estimate`` (a pass over the data), then each policy's Q-hat of
     ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
     check_all), else None. The same inputs when there is nothing to fit."""
+    passes = data_passes(inputs)  # before the fits, which change what it looks at
+    inputs = dataclasses.replace(inputs, passes=passes)
+    say = on_status or (lambda text: None)
+    if FIT_BEHAVIOR in passes:
+        say(pass_status(passes, FIT_BEHAVIOR))
+        inputs = with_estimated_behavior(inputs, collectives)
+    if FIT_Q in passes:
+        say(pass_status(passes, FIT_Q))
+        inputs = with_fitted_qs(inputs, collectives)
+    if len(passes) > 1:
+        say(pass_status(passes, EVALUATE))
+    return inputs
+
+
+# the passes of a run over the data, as its progress names them
+FIT_BEHAVIOR, FIT_Q, EVALUATE = "fitting the behavior policy", "fitting Q-hat", "evaluating"
+COMPARE_LOGGED = "evaluating again with the logged propensities, to compare"
+
+
+def data_passes(inputs: EvaluationInputs) -> tuple[str, ...]:
+    """The run's passes over the data, in order: the fits (``fit_models``), the evaluation,
+    and, for a behavior policy estimated on data that logs propensities too, the evaluation
+    under the logged column (``pipeline._reported_behavior``)."""
+    from ope_cli.models.behavior_models.fitting import logged_propensity_column
+
     estimating = is_estimate(inputs.config.behavior.policy)
     fitting_q = any(q.kind == FIT for q in inputs.qs or ())
-    passes = 1 + estimating + fitting_q  # over the data: the fits, then the evaluation
-    say = on_status or (lambda text: None)
-    if estimating:
-        say(f"fitting the behavior policy (pass 1 of {passes}) ...")
-        inputs = with_estimated_behavior(inputs, collectives)
-    if fitting_q:
-        say(f"fitting Q-hat (pass {passes - 1} of {passes}) ...")
-        inputs = with_fitted_qs(inputs, collectives)
-    if passes > 1:
-        say(f"evaluating (pass {passes} of {passes})")
-    return inputs
+    comparing = estimating and logged_propensity_column(inputs.episodes) is not None
+    return (
+        *((FIT_BEHAVIOR,) if estimating else ()),
+        *((FIT_Q,) if fitting_q else ()),
+        EVALUATE,
+        *((COMPARE_LOGGED,) if comparing else ()),
+    )
+
+
+def pass_status(passes: tuple[str, ...], name: str) -> str:
+    """What the progress says as the pass ``name`` of ``passes`` starts."""
+    return f"{name} (pass {passes.index(name) + 1} of {len(passes)})" + (
+        "" if name == EVALUATE else " ..."
+    )
 
 
 def with_estimated_behavior(

@@ -53,10 +53,12 @@ from ope_cli.estimation.estimators.base import (
 )
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
 from ope_cli.estimation.inputs import (
+    COMPARE_LOGGED,
     EvaluationInputs,
     check_before_jax,
     fit_models,
     open_inputs,
+    pass_status,
 )
 from ope_cli.estimation.replicate_memory import check_replicate_memory
 from ope_cli.estimation.run_plan import (
@@ -267,7 +269,9 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
-    results, selection, notes, behavior = _estimated(config, batches, local, (precision, mesh))
+    results, selection, notes, behavior = _estimated(
+        config, batches, local, (precision, mesh), on_status
+    )
     return EvaluationResult(
         dataset=_dataset(config, batches, counts),
         gamma=config.gamma,
@@ -291,7 +295,9 @@ def evaluate(
     )
 
 
-def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) -> tuple:
+def _estimated(
+    config, batches: BatchStream, local: _LocalPass, devices: tuple, on_status=None
+) -> tuple:
     """(each policy's result, the selection metrics or None, their notes, the reported
     behavior policy) of the pass ``local``; ``devices``: (precision, mesh)."""
     plan = batches.plan
@@ -299,7 +305,9 @@ def _estimated(config, batches: BatchStream, local: _LocalPass, devices: tuple) 
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
     results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
-    behavior = _reported_behavior(batches, results, local.counters.episodes, *devices)
+    behavior = _reported_behavior(
+        batches, results, local.counters.episodes, *devices, on_status=on_status
+    )
     return results, selection, notes, behavior
 
 
@@ -456,7 +464,12 @@ def _evaluate_share(
 
 
 def _reported_behavior(
-    batches: BatchStream, results: list[PolicyResult], episodes: int, precision: str, mesh
+    batches: BatchStream,
+    results: list[PolicyResult],
+    episodes: int,
+    precision: str,
+    mesh,
+    on_status: Callable[[str], None] | None = None,
 ) -> BehaviorSource | None:
     """Where pi_b came from; for a model estimated on data that also logs propensities,
     with each policy's mean weight and largest gap between estimates under both
@@ -479,6 +492,8 @@ def _reported_behavior(
         choosing=ChoosingConfig(),
         on_invalid="drop",
     )
+    if on_status is not None and COMPARE_LOGGED in batches.inputs.passes:  # counted from the start
+        on_status(pass_status(batches.inputs.passes, COMPARE_LOGGED))
     try:
         logged, local = _evaluate_share(logged_config, precision, mesh)
     except DataError as error:
