@@ -70,7 +70,8 @@ class EvaluationInputs:
       behavior: the ``--behavior`` policy (or the fitted one); None: the data's column.
       behavior_source: where pi_b comes from, for the report; None: to be estimated.
       qs: one Q function per policy (a ``fit`` one until fitted), or None without a Q source.
-      passes: the run's passes over the data, as ``fit_models`` found them (``data_passes``).
+      passes: the run's passes over the data, as ``fit_models`` found them (``data_passes``;
+        empty: the evaluation alone).
     """
 
     config: EvaluationConfig
@@ -197,6 +198,8 @@ def fit_models(
     ``--q fit`` (a pass per policy); ``collectives``: a multi-process run's (gather,
     check_all), else None. The same inputs when there is nothing to fit."""
     passes = data_passes(inputs)  # before the fits, which change what it looks at
+    if len(passes) == 1:
+        return inputs
     inputs = dataclasses.replace(inputs, passes=passes)
     say = on_status or (lambda text: None)
     if FIT_BEHAVIOR in passes:
@@ -205,8 +208,7 @@ def fit_models(
     if FIT_Q in passes:
         say(pass_status(passes, FIT_Q))
         inputs = with_fitted_qs(inputs, collectives)
-    if len(passes) > 1:
-        say(pass_status(passes, EVALUATE))
+    say(pass_status(passes, EVALUATE))
     return inputs
 
 
