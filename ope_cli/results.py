@@ -175,6 +175,9 @@ class EvaluationResult:
     truth: dict[str, float | None] | None = None
     selection: dict[str, dict[str, float | None]] | None = None
     selection_notes: tuple[str, ...] = ()
+    # could-be-best sets that may be too large: policies in them whose difference from
+    # the best rounding did not resolve (``comparison.compare_results``)
+    best_set_notes: tuple[str, ...] = ()
 
     @property
     def steps_per_second(self) -> float:

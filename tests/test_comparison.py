@@ -704,3 +704,52 @@ def test_selection_notes_name_policies_as_the_results_do(chain, monkeypatch):
     assert "a, b have equal estimates across the top-1 edge" in notes, notes
     assert "no value for c;" in notes, notes
     assert "policies/" not in notes, notes
+
+
+def _near(folder, checkpoint: str, toward: str, eps: float, out):
+    """A tabular checkpoint ``eps`` of the way from ``checkpoint`` toward ``toward``."""
+    a, b = (np.load(folder / "policies" / name) for name in (checkpoint, toward))
+    logits = a["logits"] + eps * (b["logits"] - a["logits"])
+    np.savez(out, kind=a["kind"], logits=logits)
+    return out
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-8])
+def test_close_checkpoints_could_be_the_best_whatever_the_baseline(chain, tmp_path, eps):
+    """A checkpoint eps of the way from eval_0 toward eval_1 is confidently worse than
+    eval_0 by pdis whatever eps (its difference and the difference's spread both scale
+    with eps). Without --baseline, the pair is read from co-moments kept from the first
+    policy's row (eval_2, far from both): at eps 1e-5 their spread was below the 1e-8 of
+    them that was taken as resolvable, so the set held every policy, where --baseline
+    eval_0 gave it without the checkpoint. At 1e-8 rounding cannot resolve it: the set
+    keeps the checkpoint, and a warning says so and how to resolve it."""
+    folder, _ = chain
+    near = _near(folder, "eval_0.npz", "eval_1.npz", eps, tmp_path / "near.npz")
+    policies = [folder / "policies" / "eval_2.npz", folder / "policies" / "eval_0.npz", near]
+
+    def run(baseline=None):
+        document = ope_cli.evaluate(
+            folder / "logs.parquet", policies=policies, baseline=baseline, ci="normal"
+        ).to_dict()
+        flags = [r["could_be_best"]["pdis"] for r in document["results"]]
+        codes = [w["code"] for w in document["warnings"]]
+        return flags, codes, document["warnings"]
+
+    resolved, codes, _ = run(str(policies[1]))
+    assert resolved == [False, True, False]  # against eval_0, per episode: always resolved
+    assert "could_be_best_unresolved" not in codes
+    flags, codes, warnings = run()
+    if eps == 1e-5:
+        assert flags == resolved and "could_be_best_unresolved" not in codes
+        return
+    assert flags == [False, True, True]
+    (warning,) = [w for w in warnings if "could-be-best set by pdis may" in w["message"]]
+    assert warning["code"] == "could_be_best_unresolved"
+    assert warning["message"].startswith(
+        "the could-be-best set by pdis may be too large: near.npz differs from the best, "
+        "eval_0.npz, by less than float64 resolves"
+    )
+    assert warning["message"].endswith(
+        "--baseline eval_0.npz takes each policy's differences "
+        "from it episode by episode, which resolves them."
+    )

@@ -33,6 +33,7 @@ from ope_cli.choosing.selection import (
     bonferroni_level,
     check_top_k,
     could_be_best,
+    estimated_best,
     grouped_jackknife_difference,
     missing_truth_note,
     p_improvement,
@@ -291,6 +292,25 @@ class Pairing:
         flags = could_be_best(estimates, paired_interval, confidence)
         return [flags[k] for k in policies]
 
+    def unresolved(self, name: str) -> tuple[int | None, list[int]]:
+        """(the estimated best row by ``name``, the rows whose normal-interval difference
+        from it has a value but no standard error: policies so close to it that rounding
+        cannot resolve the spread of their per-episode differences, ``paired.difference``).
+        Nothing excludes them from the could-be-best set, so the set may be too large;
+        against the baseline, the differences are taken per episode and always resolved."""
+        rows = range(len(self.accumulators))
+        best = estimated_best({k: self.value(k, name) for k in rows})
+        if best is None or self.methods[name] != "normal" or get(name).term is None:
+            return best, []
+        if float(self.sums.count) < 2:
+            return best, []  # no spread at all (one episode)
+        unresolved = []
+        for k in rows:
+            delta, stderr = self.difference(best, k, name)
+            if k != best and delta is not None and delta != 0.0 and stderr is None:
+                unresolved.append(k)
+        return best, unresolved
+
 
 # --- a run's comparisons, could-be-best sets and selection metrics ---------------------------
 
@@ -358,13 +378,20 @@ def top_k_of(top_k: Sequence[int] | None, policies: int) -> tuple[int, ...]:
 
 def compare_results(
     results: Sequence[PolicyResult], pairing: Pairing, confidence: float
-) -> list[PolicyResult]:
-    """Each result with its comparison against the baseline (every policy but the
-    baseline, with one) and, with two or more policies, its could-be-best flags."""
+) -> tuple[list[PolicyResult], list[str]]:
+    """(each result with its comparison against the baseline (every policy but the
+    baseline, with one) and, with two or more policies, its could-be-best flags; a note
+    per set that holds policies only because their difference from the best is not
+    resolved, ``Pairing.unresolved``)."""
     estimators = list(results[0].estimates) if results else []
-    sets = {}
+    sets, unresolved = {}, []
     if len(results) > 1:
         sets = {name: pairing.could_be_best(name, confidence) for name in estimators}
+        for name in (name for name in estimators if sets[name] is not None):
+            best, rows = pairing.unresolved(name)
+            if rows:
+                names = [results[k].shown for k in rows]
+                unresolved.append(unresolved_note(name, results[best].shown, names))
     out = []
     for row, result in enumerate(results):
         comparison = None
@@ -372,7 +399,20 @@ def compare_results(
             comparison = {name: pairing.compare(row, name, confidence) for name in estimators}
         flags = {name: None if sets[name] is None else sets[name][row] for name in sets} or None
         out.append(dataclasses.replace(result, comparison=comparison, could_be_best=flags))
-    return out
+    return out, unresolved
+
+
+def unresolved_note(name: str, best: str, policies: list[str]) -> str:
+    """The warning that ``policies`` stand in the could-be-best set by ``name`` only because
+    their difference from ``best`` has no standard error (``Pairing.unresolved``)."""
+    listed = ", ".join(policies[:3]) + (f" and {len(policies) - 3:,} more" if policies[3:] else "")
+    return (
+        f"the could-be-best set by {name} may be too large: {listed} "
+        f"{'differs' if len(policies) == 1 else 'differ'} from the best, "
+        f"{best}, by less than float64 resolves the spread of their per-episode differences "
+        f"(no standard error), so no comparison excluded them; --baseline {best} takes "
+        "each policy's differences from it episode by episode, which resolves them."
+    )
 
 
 def selection_of(

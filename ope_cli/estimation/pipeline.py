@@ -10,6 +10,7 @@ import math
 import operator
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -269,9 +270,7 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
-    results, selection, notes, behavior = _estimated(
-        config, batches, local, (precision, mesh), on_status
-    )
+    chosen, behavior = _estimated(config, batches, local, (precision, mesh), on_status)
     return EvaluationResult(
         dataset=_dataset(config, batches, counts),
         gamma=config.gamma,
@@ -279,7 +278,7 @@ def evaluate(
         declared_gamma=plan.declared_gamma,
         estimators=reported,
         confidence=_confidence(config, plan, reported),
-        results=results,
+        results=chosen.results,
         behavior=behavior,
         runtime=_runtime(
             local,
@@ -290,25 +289,26 @@ def evaluate(
         baseline=config.choosing.baseline,
         behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
         truth=local.truth,
-        selection=selection,
-        selection_notes=tuple(notes),
+        selection=chosen.selection,
+        selection_notes=tuple(chosen.selection_notes),
+        best_set_notes=tuple(chosen.best_set_notes),
     )
 
 
 def _estimated(
     config, batches: BatchStream, local: _LocalPass, devices: tuple, on_status=None
-) -> tuple:
-    """(each policy's result, the selection metrics or None, their notes, the reported
-    behavior policy) of the pass ``local``; ``devices``: (precision, mesh)."""
+) -> tuple[_Chosen, BehaviorSource | None]:
+    """(each policy's result with what choosing between them adds, the reported behavior
+    policy) of the pass ``local``; ``devices``: (precision, mesh)."""
     plan = batches.plan
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
-    results, selection, notes = _choosing(config, plan, batches, local, results, local.truth)
+    chosen = _choosing(config, plan, batches, local, results, local.truth)
     behavior = _reported_behavior(
-        batches, results, local.counters.episodes, *devices, on_status=on_status
+        batches, chosen.results, local.counters.episodes, *devices, on_status=on_status
     )
-    return results, selection, notes, behavior
+    return chosen, behavior
 
 
 def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) -> RuntimeSummary:
@@ -404,9 +404,17 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
     )
 
 
-def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth):
-    """(results with their paired comparisons and could-be-best flags, the selection
-    metrics against ``truth`` or None, their notes)."""
+class _Chosen(NamedTuple):
+    """What choosing between the policies adds to their results (``_choosing``)."""
+
+    results: list[PolicyResult]  # with their paired comparisons and could-be-best flags
+    selection: dict | None  # the selection metrics against --truth
+    selection_notes: list[str]
+    best_set_notes: list[str]  # sets that may be too large (``compare_results``)
+
+
+def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth) -> _Chosen:
+    """The policies' results with what choosing between them adds."""
     row = resolve_baseline(config.choosing.baseline, batches.policies)
     if local.paired is not None:
         pairing = Pairing(
@@ -418,9 +426,11 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
             plan.betting_range,
             row,
         )
-        results = compare_results(results, pairing, config.intervals.confidence)
+        results, unresolved = compare_results(results, pairing, config.intervals.confidence)
+    else:
+        unresolved = []
     if truth is None:
-        return results, None, []
+        return _Chosen(results, None, [], unresolved)
     declared = batches.inputs.episodes.data.declared_bounds().horizon
     bounds = ((config.intervals.horizon, True), (declared, False))  # (bound, by option)
     for bound, by_option in [b for b in bounds if b[0] is not None] or [(None, False)]:
@@ -429,7 +439,7 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
     keys = truth_keys(batches.policies)
     baseline_key = keys[row] if row is not None and row < len(keys) else BASELINE_BEHAVIOR
     selection, notes = selection_of(results, truth, keys, baseline_key, config.choosing.top_k)
-    return results, selection, notes
+    return _Chosen(results, selection, notes, unresolved)
 
 
 def _evaluate_share(

@@ -62,6 +62,7 @@ DM_DR_STANDARD_ERRORS = 3.0
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
 NOT_RANKED = "not_ranked"
 NO_BEST_SET = "could_be_best_undetermined"  # too few replicates for the set's level
+UNRESOLVED_BEST_SET = "could_be_best_unresolved"  # a set held policies nothing could exclude
 SELECTION = "selection"  # a selection metric left out or undefined (--truth)
 DROPPED = "dropped_invalid_episodes"  # --on-invalid drop left episodes out
 FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 1e-4
@@ -667,6 +668,7 @@ def run_warnings(
     warnings = [w for w in run if w is not None]
     warnings.extend(estimated_behavior_warnings(result))
     propensities = propensity_source(result)
+    warnings.extend(Warning(UNRESOLVED_BEST_SET, note) for note in result.best_set_notes)
     warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
     for policy in result.results:
         warnings.extend(policy_warnings(policy, result.dataset.episodes, propensities))
