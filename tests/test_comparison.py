@@ -254,6 +254,8 @@ def test_truth_gives_selection_metrics_and_could_be_best_sets(chain, monkeypatch
     [
         ("nope.npz", None, None, "--baseline nope.npz: no --policy is called that"),
         ("behavior", None, None, "--baseline behavior is ambiguous: a --policy is also"),
+        # it printed no comparison and said nothing
+        ("policies/eval_0.npz", None, None, "--baseline policies/eval_0.npz is the only"),
         (None, None, (1,), "--top-k needs --truth"),
         (None, "truth.json", (9,), "--top-k 9 exceeds the 3 policies"),
     ],
@@ -264,9 +266,8 @@ def test_choosing_options_refuse_in_one_line(chain, monkeypatch, baseline, truth
     folder, _ = chain
     monkeypatch.chdir(folder)
     named = [f"behavior={folder / 'policies' / 'eval_0.npz'}"]  # the logging policy's name
-    policies = load_policies(
-        named if baseline == "behavior" else [str(folder / "policies" / "*.npz")]
-    )
+    given = {"behavior": named, "policies/eval_0.npz": ["policies/eval_0.npz"]}
+    policies = load_policies(given.get(baseline, [str(folder / "policies" / "*.npz")]))
     with pytest.raises(UsageError, match=re.escape(words)) as raised:
         resolve_baseline(baseline, policies)
         read_run_truth(truth, top_k, policies)

@@ -326,7 +326,7 @@ def best_set_replicates(confidence: float, policies: int) -> int:
 def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | None:
     """The ``--baseline`` row: the index of the policy it names (as given: its NAME, path or
     label), ``len(policies)`` for ``behavior``; None without one. UsageError (one line)
-    when it names no evaluated policy."""
+    when it names no evaluated policy, or the only one."""
     if baseline is None:
         return None
     if baseline == BASELINE_BEHAVIOR:
@@ -339,6 +339,12 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
         return len(policies)
     for row, policy in enumerate(policies):
         if baseline in (policy.name, policy.label, policy.source):
+            if len(policies) == 1:  # the run would compare nothing, and say nothing
+                raise UsageError(
+                    f"--baseline {baseline} is the only --policy: there is nothing to "
+                    f"compare with it; add the policies to compare, or --baseline "
+                    f"{BASELINE_BEHAVIOR} (the logging policy)"
+                )
             return row
     given = ", ".join(policy.label or policy.name for policy in policies)
     raise UsageError(
