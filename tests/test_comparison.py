@@ -30,8 +30,8 @@ from rich.console import Console
 import ope_cli
 from ope_cli.api import evaluation_config
 from ope_cli.choosing.comparison import (
-    NO_DIFFERENCE,
     NO_SPREAD,
+    NO_WEIGHT,
     TIED,
     read_run_truth,
     resolve_baseline,
@@ -527,7 +527,33 @@ def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, mon
         estimators=("wis",),
     )
     difference = evaluation.results[0].comparison["wis"]
-    assert difference.delta is None and difference.note == NO_DIFFERENCE
+    assert difference.delta is None and difference.note == NO_WEIGHT
+
+
+def test_a_policy_without_weight_differs_from_nothing(chain, tmp_path, monkeypatch):
+    """Every weight zero: IS and PDIS are 0 +- 0, which says nothing about the policy (its
+    warning says so), yet its difference from the logging policy came out -V_b with an
+    interval that called it confidently worse."""
+    folder, _ = chain
+    (tmp_path / "ope_test_zero_policy.py").write_text(
+        "import jax.numpy as jnp\n\nn_actions = 3\n\n\n"
+        "def never(observation, action):\n    return jnp.full((), -jnp.inf)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    document = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=("never=ope_test_zero_policy:never", str(folder / "policies" / "eval_0.npz")),
+        baseline="behavior",
+        ci="normal",
+    ).to_dict()
+    never, eval_0 = document["results"]
+    assert never["estimates"]["is"]["value"] == 0.0
+    for name in ("is", "wis", "pdis", "wpdis"):
+        difference = never["comparison"][name]
+        assert difference["delta"] is None and difference["ci_low"] is None, difference
+        assert eval_0["comparison"][name]["delta"] is not None  # the other compares as before
+        assert eval_0["could_be_best"][name]  # the best of the ones the logs speak of
+    assert "all_weights_zero" in [w["code"] for w in document["warnings"]]
 
 
 def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):

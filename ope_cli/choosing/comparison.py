@@ -62,6 +62,10 @@ from ope_cli.results import Comparison, PolicyResult
 TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
+NO_WEIGHT = (
+    "every trajectory weight of a policy compared is zero: the logs say nothing about it, "
+    "nor about the difference"
+)
 NO_SPREAD = (
     "no standard error of the difference (fewer than two episodes with finite values; for a "
     "self-normalised estimator, fewer than three resampling groups, or a group left out "
@@ -105,6 +109,24 @@ class Pairing:
         first = self.accumulators[0]
         self.count = first.total("count")
         self.mean_return = mean_return(first)
+        # rows whose every trajectory weight is zero (``all_weights_zero``): their weighted
+        # estimates are 0 +- 0 or undefined, which says nothing about the policy
+        self.weightless = {
+            row
+            for row, acc in enumerate(self.accumulators)
+            if self.count > 0 and acc.total("zero_count") == self.count
+        }
+
+    def candidates(self, name: str) -> dict[int, float | None]:
+        """{row: estimate} of the policies by ``name``, as the best is chosen among them:
+        None where undefined or resting on weights that are all zero (``says_nothing``)."""
+        rows = range(len(self.accumulators))
+        return {k: None if self.says_nothing(k, name) else self.value(k, name) for k in rows}
+
+    def says_nothing(self, row: int, name: str) -> bool:
+        """Whether estimator ``name`` of ``row`` rests on weights that are all zero (a
+        Q-hat's estimators do not rest on the weights alone)."""
+        return row in self.weightless and not get(name).needs
 
     # --- per row ------------------------------------------------------------------------
 
@@ -246,6 +268,8 @@ class Pairing:
     def compare(self, k: int, name: str, level: float) -> Comparison:
         """Row ``k`` against the baseline for one estimator."""
         b = self.baseline
+        if self.says_nothing(k, name) or self.says_nothing(b, name):
+            return Comparison(None, None, None, None, None, NO_WEIGHT)
         delta, stderr = self.difference(k, b, name)
         low, high, note = self.interval(k, b, name, level)
         improvement = p_improvement(
@@ -283,9 +307,11 @@ class Pairing:
         if self.replicates_too_few(name, confidence) or not self.has_intervals(name):
             return None
         policies = range(len(self.accumulators))
-        estimates = {k: self.value(k, name) for k in policies}
+        estimates = self.candidates(name)
 
         def paired_interval(best: int, other: int, level: float):
+            if self.says_nothing(other, name):
+                return None, None  # no comparison excludes it (the set's rule)
             low, high, _ = self.interval(best, other, name, level, studentize=False)
             return low, high
 
@@ -299,15 +325,15 @@ class Pairing:
         Nothing excludes them from the could-be-best set, so the set may be too large;
         against the baseline, the differences are taken per episode and always resolved."""
         rows = range(len(self.accumulators))
-        best = estimated_best({k: self.value(k, name) for k in rows})
+        best = estimated_best(self.candidates(name))
         if best is None or self.methods[name] != "normal" or get(name).term is None:
             return best, []
         if float(self.sums.count) < 2:
             return best, []  # no spread at all (one episode)
         unresolved = []
-        for k in rows:
+        for k in (k for k in rows if k != best and not self.says_nothing(k, name)):
             delta, stderr = self.difference(best, k, name)
-            if k != best and delta is not None and delta != 0.0 and stderr is None:
+            if delta is not None and delta != 0.0 and stderr is None:
                 unresolved.append(k)
         return best, unresolved
 
