@@ -780,3 +780,30 @@ def test_close_checkpoints_could_be_the_best_whatever_the_baseline(chain, tmp_pa
         "--baseline eval_0.npz takes each policy's differences "
         "from it episode by episode, which resolves them."
     )
+
+
+def test_float32_differences_below_the_terms_rounding_are_said_so(chain, tmp_path):
+    """float32 terms are each good to about 1e-7 of themselves: a checkpoint 1e-7 of the way
+    from eval_0 toward eval_1 was called 11 standard errors worse than eval_0 by pdis (its
+    difference, and the difference's spread, were that rounding), where float64 finds it
+    slightly better. Its difference has no interval, with a note, and the set keeps it,
+    with a warning."""
+    folder, _ = chain
+    near = _near(folder, "eval_0.npz", "eval_1.npz", 1e-7, tmp_path / "near.npz")
+    policies = [folder / "policies" / "eval_2.npz", folder / "policies" / "eval_0.npz", near]
+    document = ope_cli.evaluate(
+        folder / "logs.parquet",
+        policies=policies,
+        baseline=str(policies[1]),
+        ci="normal",
+        precision="float32",
+    ).to_dict()
+    difference = document["results"][2]["comparison"]["pdis"]
+    assert difference["stderr"] is None and difference["ci_low"] is None, difference
+    assert "float32 rounding resolves" in difference["note"]
+    assert document["results"][0]["comparison"]["pdis"]["stderr"] is not None  # eval_2: far
+    assert document["results"][2]["could_be_best"]["pdis"]
+    warnings = [
+        w["message"] for w in document["warnings"] if w["code"] == "could_be_best_unresolved"
+    ]
+    assert any("by pdis" in w and "--precision float64" in w for w in warnings), warnings

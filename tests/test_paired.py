@@ -216,3 +216,29 @@ def test_checkpoints_close_to_the_baseline_pair_through_their_differences():
     total = _merged(values, rng, baseline=0)
     expected = paired_mean_difference(values[2], values[1])
     assert paired.difference(total, "is", 2, 1, 0) == pytest.approx(expected, rel=1e-6)
+
+
+def test_differences_below_the_terms_rounding_are_not_resolved():
+    """float32 terms (a float32 kernel) are each good to about 1e-7 of themselves: two
+    checkpoints whose terms differ by 1e-9 get a difference that is that rounding, with a
+    standard error that says nothing of it (a QA run: -6.1e-7 +- 5.5e-8 where float64
+    gives +2.9e-8 +- 1.06e-8). Given the terms' rounding, the pair has no standard error,
+    with the baseline or without; policies far enough apart keep theirs."""
+    rng = np.random.default_rng(23)
+    n = 3_000
+    base = 2.0 + rng.lognormal(0.0, 1.0, size=n)
+    rows = [base, base * (1 + 1e-9 * rng.normal(size=n)), base * (1 + 0.05 * rng.normal(size=n))]
+    exact = np.stack([*rows, rng.normal(size=n)])
+    rounded = exact.astype(np.float32).astype(np.float64)
+    noise = paired.term_noise(float(np.finfo(np.float32).eps), 30)
+    total = _merged(rounded, rng, baseline=0)
+    for k, j in ((1, 0), (0, 1), (1, 2), (2, 1)):
+        close = {k, j} == {0, 1}
+        delta, stderr = paired.difference(total, "is", k, j, 0, noise)
+        assert (stderr is None) == close, (k, j, stderr)
+        if not close:  # resolved: as the exact terms give it, to the terms' rounding
+            expected = paired_mean_difference(exact[k], exact[j])
+            assert delta == pytest.approx(expected[0], rel=1e-4)
+            assert stderr == pytest.approx(expected[1], rel=1e-4)
+    # without the terms' rounding taken into account: a standard error of the rounding
+    assert paired.difference(total, "is", 1, 0, 0)[1] is not None

@@ -489,6 +489,10 @@ def test_a_feather_v1_file_is_refused_with_the_way_to_rewrite_it(tmp_path):
         ('{"horizon": 0}', "horizon 0, where it takes a whole number of steps, at least 1"),
         ('{"horizon": 2.5}', "horizon 2.5, where it takes a whole number of steps"),
         ('{"horizon": "10"}', 'horizon "10", where it takes a whole number of steps'),
+        # an integer beyond float64 was an internal error (OverflowError)
+        ('{"horizon": 1' + "0" * 400 + "}", "horizon 1000"),
+        ('{"gamma": 1' + "0" * 400 + "}", "gamma 1000"),
+        ('{"reward_range": [0, 1' + "0" * 400 + "]}", "reward_range [0, 1000"),
         # a JSON object said to be no JSON object: the key and the reason were not named
         ('{"gamma": 1.5}', "gamma 1.5, where it takes a number in [0, 1]"),
         ('{"gamma": "0.9"}', 'gamma "0.9", where it takes a number in [0, 1]'),

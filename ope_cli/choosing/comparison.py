@@ -62,6 +62,16 @@ from ope_cli.results import Comparison, PolicyResult
 TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
+
+
+def unresolved_in(precision: str) -> str:
+    """The note of a difference whose standard error ``precision`` terms cannot resolve."""
+    return (
+        f"no standard error: the difference is below what the terms' {precision} rounding "
+        "resolves (--precision float64 resolves it), so no interval"
+    )
+
+
 NO_WEIGHT = (
     "every trajectory weight of a policy compared is zero: the logs say nothing about it, "
     "nor about the difference"
@@ -86,6 +96,8 @@ class Pairing:
         bootstrap-t): the run's, or normal where ``--ci auto`` falls back to it.
       betting_range: (a, b, H) of the betting intervals, else None.
       baseline: the baseline's row, or None without ``--baseline``.
+      precision: the kernel's arithmetic ("float64", "float32"), which the per-episode
+        terms are good to (``paired.term_noise``).
     """
 
     def __init__(
@@ -97,6 +109,7 @@ class Pairing:
         methods: dict[str, str],
         betting_range: tuple[float, float, float] | None,
         baseline: int | None,
+        precision: str = "float64",
     ):
         self.accumulators = [extend_replicates(acc, context.max_length) for acc in accumulators]
         self.estimates = list(estimates)
@@ -105,6 +118,12 @@ class Pairing:
         self.methods = methods
         self.betting_range = betting_range
         self.baseline = baseline
+        self.precision = precision
+        self.term_noise = (  # float64 terms: below the co-moments' own rounding
+            0.0
+            if precision == "float64"
+            else paired.term_noise(float(np.finfo(precision).eps), context.max_length)
+        )
         self.behavior = len(self.accumulators)  # the behavior policy's row
         first = self.accumulators[0]
         self.count = first.total("count")
@@ -210,7 +229,8 @@ class Pairing:
 
     def _difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
         if get(name).term is not None:
-            return paired.difference(self.sums, name, k, b, paired.differences_from(self.baseline))
+            rows = paired.differences_from(self.baseline)
+            return paired.difference(self.sums, name, k, b, rows, self.term_noise)
         value_k, value_b = self.value(k, name), self.value(b, name)
         if value_k is None or value_b is None:
             return None, None
@@ -218,6 +238,9 @@ class Pairing:
         stderr = grouped_jackknife_difference(
             self.leave_out(k, name), self.leave_out(b, name), delta
         )
+        size = max(abs(value_k), abs(value_b))
+        if stderr is not None and stderr < paired.TERM_NOISE_MARGIN * self.term_noise * size:
+            stderr = None  # below what the terms' rounding can shift Δ by (paired.difference)
         return delta, stderr
 
     def _replicate_difference(self, k: int, b: int, name: str) -> np.ndarray | None:
@@ -279,8 +302,9 @@ class Pairing:
             note = TIED
         elif note is None and delta is None:  # a null always says why (under betting the
             note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
-        elif note is None and (low is None or high is None):
-            note = NO_SPREAD if stderr is None else None
+        elif note is None and (low is None or high is None) and stderr is None:
+            in_precision = self.term_noise > 0.0 and float(self.sums.count) >= 2
+            note = unresolved_in(self.precision) if in_precision else NO_SPREAD
         return Comparison(delta, stderr, low, high, improvement, note)
 
     def replicates_too_few(self, name: str, confidence: float) -> bool:
@@ -319,14 +343,15 @@ class Pairing:
         return [flags[k] for k in policies]
 
     def unresolved(self, name: str) -> tuple[int | None, list[int]]:
-        """(the estimated best row by ``name``, the rows whose normal-interval difference
-        from it has a value but no standard error: policies so close to it that rounding
-        cannot resolve the spread of their per-episode differences, ``paired.difference``).
-        Nothing excludes them from the could-be-best set, so the set may be too large;
-        against the baseline, the differences are taken per episode and always resolved."""
+        """(the estimated best row by ``name``, the rows whose paired difference from it
+        has a value but no standard error, hence no interval by any method but betting's:
+        policies so close to it that rounding cannot resolve the spread of their
+        per-episode differences, ``paired.difference``). Nothing excludes them from the
+        could-be-best set, so the set may be too large."""
         rows = range(len(self.accumulators))
         best = estimated_best(self.candidates(name))
-        if best is None or self.methods[name] != "normal" or get(name).term is None:
+        paired_only = get(name).term is None and self.term_noise == 0.0  # else other causes
+        if best is None or self.methods[name] == "betting" or paired_only:
             return best, []
         if float(self.sums.count) < 2:
             return best, []  # no spread at all (one episode)
@@ -423,7 +448,8 @@ def compare_results(
             best, rows = pairing.unresolved(name)
             if rows:
                 names = [results[k].shown for k in rows]
-                unresolved.append(unresolved_note(name, results[best].shown, names))
+                best_name = results[best].shown
+                unresolved.append(unresolved_note(name, best_name, names, pairing.precision))
     out = []
     for row, result in enumerate(results):
         comparison = None
@@ -434,16 +460,22 @@ def compare_results(
     return out, unresolved
 
 
-def unresolved_note(name: str, best: str, policies: list[str]) -> str:
+def unresolved_note(name: str, best: str, policies: list[str], precision: str) -> str:
     """The warning that ``policies`` stand in the could-be-best set by ``name`` only because
-    their difference from ``best`` has no standard error (``Pairing.unresolved``)."""
+    their difference from ``best`` has no standard error (``Pairing.unresolved``) in a run
+    of ``precision`` arithmetic."""
     listed = ", ".join(policies[:3]) + (f" and {len(policies) - 3:,} more" if policies[3:] else "")
+    way_out = (
+        f"--baseline {best} takes each policy's differences from it episode by episode, "
+        "which resolves them."
+        if precision == "float64"
+        else f"--precision float64 --baseline {best} resolves them."
+    )
     return (
         f"the could-be-best set by {name} may be too large: {listed} "
-        f"{'differs' if len(policies) == 1 else 'differ'} from the best, "
-        f"{best}, by less than float64 resolves the spread of their per-episode differences "
-        f"(no standard error), so no comparison excluded them; --baseline {best} takes "
-        "each policy's differences from it episode by episode, which resolves them."
+        f"{'differs' if len(policies) == 1 else 'differ'} from the best, {best}, by less "
+        f"than {precision} resolves the spread of their per-episode differences (no "
+        f"standard error), so no comparison excluded them; {way_out}"
     )
 
 

@@ -197,66 +197,99 @@ def _chan(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
 LOST_PRECISION = 1e-11
 
 
+# Where the terms come from arithmetic coarser than float64 (float32 kernels), each is good
+# to about its epsilon per step (a random walk over the steps: sqrt of the longest episode)
+# of itself, and a difference is resolved only where its standard error is this many times
+# what that rounding can shift Δ by (a QA run in float32: checkpoints 1e-7 apart in their
+# logits got -6.1e-7 +- 5.5e-8, where float64 gives +2.9e-8 +- 1.06e-8)
+TERM_NOISE_MARGIN = 3.0
+
+
+def term_noise(epsilon: float, longest: int) -> float:
+    """The relative rounding of a per-episode term computed in arithmetic of machine
+    ``epsilon`` over episodes of at most ``longest`` steps (``difference``'s
+    ``term_noise``)."""
+    return epsilon * math.sqrt(max(longest, 1))
+
+
+class _Route(NamedTuple):
+    """A pair's difference read from one set of co-moments, relative to exp(``pair``)."""
+
+    pair: float  # the log scale
+    delta: float  # Δ
+    spread: float  # C_kk + C_jj - 2 C_kj: the centred sum of squares of the differences
+    own: float  # C_kk + C_jj: what the spread is taken from, hence how much cancels
+    raw: float  # sum_i x_ki^2 + x_ji^2: what the terms' own rounding scales with
+
+
 def difference(
-    paired: PairedSums, name: str, k: int, j: int, baseline: int
+    paired: PairedSums, name: str, k: int, j: int, baseline: int, term_noise: float = 0.0
 ) -> tuple[float | None, float | None]:
     """(Δ, stderr) of V̂(k) - V̂(j) for mean-of-terms estimator ``name``: the mean of the
     per-episode differences and their sample standard deviation / sqrt(n) (None where
     undefined or not finite). ``baseline``: the row whose differences the sums keep
     (``differences_from``); a pair with it reads them, any other pair C_kk + C_jj - 2 C_kj
-    of the terms' or the differences' co-moments, whichever cancels less, and its standard
-    error is None where that spread is below what their rounding resolves
-    (``LOST_PRECISION``), not a wrong number."""
+    of the terms' or the differences' co-moments, whichever cancels less. Its standard
+    error is None where that spread is below what the co-moments' rounding resolves
+    (``LOST_PRECISION``), or where the terms' own rounding (``term_noise`` of each term,
+    ``term_noise``: 0 for float64 terms) could shift Δ by more than the standard error
+    over TERM_NOISE_MARGIN (nonzero differences): not a wrong number."""
     n = float(paired.count)
     if n == 0:
         return None, None
     if k == j:
         return 0.0, 0.0
-    if baseline in (k, j):
-        row, sign = (j, -1.0) if k == baseline else (k, 1.0)
-        pair = paired.pair_log_scales[name][row]
-        delta = sign * paired.diff_means[name][row]
-        spread = paired.diff_comoments[name][row, row]
-        resolved = True
-    else:
-        routes = (
-            _spread(paired.log_scales[name], paired.means[name], paired.comoments[name], k, j),
-            _spread(
-                paired.pair_log_scales[name],
-                paired.diff_means[name],
-                paired.diff_comoments[name],
-                k,
-                j,
-            ),
-        )
-        pair, delta, spread, own = min(routes, key=_cancelled)
-        resolved = spread >= LOST_PRECISION * own
+    terms = _route(paired.log_scales[name], paired.means[name], paired.comoments[name], k, j, n)
+    differences = _route(
+        paired.pair_log_scales[name], paired.diff_means[name], paired.diff_comoments[name], k, j, n
+    )
+    # with the baseline, the differences were taken per episode (d_b = 0): never cancelled
+    route = differences if baseline in (k, j) else min((terms, differences), key=_cancelled)
+    resolved = route.own == 0.0 or (  # own 0: the rows differ by a constant, if at all
+        route.spread >= LOST_PRECISION * route.own and _above_noise(route, terms, n, term_noise)
+    )
     with np.errstate(over="ignore", invalid="ignore"):
-        stderr = math.sqrt(max(spread, 0.0) / (n - 1) / n) if n > 1 and resolved else math.nan
-    pair = pair if np.isfinite(pair) else 0.0
-    return scaled(float(delta), pair), scaled(stderr, pair)
+        spread = max(route.spread, 0.0)
+        stderr = math.sqrt(spread / (n - 1) / n) if n > 1 and resolved else math.nan
+    pair = route.pair if np.isfinite(route.pair) else 0.0
+    return scaled(float(route.delta), pair), scaled(stderr, pair)
 
 
-def _spread(log_scale_p, mean_p, comoment_pq, k: int, j: int) -> tuple[float, ...]:
-    """(log scale, Δ, spread C_kk + C_jj - 2 C_kj, own C_kk + C_jj) of rows k and j of one
-    set of co-moments, both relative to exp(that log scale)."""
+def _route(log_scale_p, mean_p, comoment_pq, k: int, j: int, n: float) -> _Route:
+    """Rows k and j of one set of co-moments (``log_scale_p`` [P+1], ``mean_p`` [P+1],
+    ``comoment_pq`` [P+1, P+1]) of ``n`` episodes, on their larger scale."""
     pair = max(log_scale_p[k], log_scale_p[j])
     fk, fj = _factor(log_scale_p[k], pair), _factor(log_scale_p[j], pair)
     with np.errstate(over="ignore", invalid="ignore"):
         own = comoment_pq[k, k] * fk * fk + comoment_pq[j, j] * fj * fj
         spread = own - 2.0 * comoment_pq[k, j] * fk * fj
-        return pair, mean_p[k] * fk - mean_p[j] * fj, spread, own
+        raw = own + n * ((mean_p[k] * fk) ** 2 + (mean_p[j] * fj) ** 2)
+        return _Route(pair, mean_p[k] * fk - mean_p[j] * fj, spread, own, raw)
 
 
-def _cancelled(route: tuple[float, ...]) -> float:
+def _above_noise(route: _Route, terms: _Route, n: float, term_noise: float) -> bool:
+    """Whether the standard error of ``route`` is TERM_NOISE_MARGIN times what rounding of
+    ``term_noise`` of each term (``terms``: the terms' own route) can shift Δ by, at most
+    term_noise * sqrt(mean of the squared terms): spread / (n (n - 1)) against
+    (margin * term_noise)^2 * raw / n, compared in logs (each on its own scale)."""
+    if term_noise == 0.0:
+        return True
+    if not (route.spread > 0 and terms.raw > 0 and n > 1):
+        return False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        have = math.log(route.spread) + 2.0 * route.pair - math.log(n - 1)
+        need = 2.0 * math.log(TERM_NOISE_MARGIN * term_noise) + math.log(terms.raw)
+        return bool(have >= need + 2.0 * terms.pair)
+
+
+def _cancelled(route: _Route) -> float:
     """log of what a route's spread is taken from (its own moments), on one scale for
     every route: the smaller, the less rounding cancels (NaN routes last)."""
-    pair, _, _, own = route
-    if own == 0:  # rows equal on every episode: nothing to cancel
+    if route.own == 0:  # rows equal on every episode: nothing to cancel
         return -math.inf
-    if not (own > 0 and math.isfinite(own) and math.isfinite(pair)):
+    if not (route.own > 0 and math.isfinite(route.own) and math.isfinite(route.pair)):
         return math.inf
-    return math.log(own) + 2.0 * pair
+    return math.log(route.own) + 2.0 * route.pair
 
 
 def replicate_stderrs(paired: PairedSums, name: str, k: int, baseline: int) -> np.ndarray:

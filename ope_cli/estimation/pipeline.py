@@ -304,7 +304,7 @@ def _estimated(
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
-    chosen = _choosing(config, plan, batches, local, results, local.truth)
+    chosen = _choosing(config, batches, local, results, devices[0])
     behavior = _reported_behavior(
         batches, chosen.results, local.counters.episodes, *devices, on_status=on_status
     )
@@ -413,8 +413,10 @@ class _Chosen(NamedTuple):
     best_set_notes: list[str]  # sets that may be too large (``compare_results``)
 
 
-def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, truth) -> _Chosen:
-    """The policies' results with what choosing between them adds."""
+def _choosing(config, batches: BatchStream, local: _LocalPass, results, precision) -> _Chosen:
+    """The policies' results with what choosing between them adds (``precision``: the
+    kernel's arithmetic, which the differences are resolved to)."""
+    plan, truth = batches.plan, local.truth
     row = resolve_baseline(config.choosing.baseline, batches.policies)
     if local.paired is not None:
         pairing = Pairing(
@@ -425,6 +427,7 @@ def _choosing(config, plan, batches: BatchStream, local: _LocalPass, results, tr
             interval_methods(list(results[0].estimates), plan.method, config.intervals.method),
             plan.betting_range,
             row,
+            precision,
         )
         results, unresolved = compare_results(results, pairing, config.intervals.confidence)
     else:

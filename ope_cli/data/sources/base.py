@@ -58,7 +58,10 @@ def _number(value: object) -> float:
     """A JSON number (not a boolean, a string or null) as a float; ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float64 (JSON has no bound on them)
+        return math.inf
 
 
 def _declared_reward_range(value: object) -> tuple[float, float] | None:
