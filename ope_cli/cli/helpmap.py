@@ -64,11 +64,8 @@ PANELS = {
 COMMAND_PANELS: dict[str, dict[str, str | None]] = {
     "bench": {
         **dict.fromkeys(("data", "episodes", "seed", "policies"), DATA),
-        **dict.fromkeys(
-            ("memory", "memory_steps", "script", "script_steps", "loop_episodes", "processes"),
-            MEASUREMENTS,
-        ),
-        "rounds": MEASUREMENTS,  # (a line of its own: the tuple above is full)
+        **dict.fromkeys(("memory", "memory_steps", "script", "script_steps"), MEASUREMENTS),
+        **dict.fromkeys(("loop_episodes", "processes", "rounds"), MEASUREMENTS),
         "out": OUTPUT,
     },
     "generate": dict.fromkeys(
@@ -78,9 +75,8 @@ COMMAND_PANELS: dict[str, dict[str, str | None]] = {
     "fit-behavior": {"model": BEHAVIOR, "out": OUTPUT},
 }
 # every command's panels, in the order --help shows them; ope evaluate has all but bench's
-SHOWN_ORDER = (
-    *(DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING, MEASUREMENTS, OUTPUT, PERFORMANCE, CLUSTER),
-)
+SHOWN_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING)
+SHOWN_ORDER += (MEASUREMENTS, OUTPUT, PERFORMANCE, CLUSTER)
 PANEL_ORDER = tuple(panel for panel in SHOWN_ORDER if panel != MEASUREMENTS)  # evaluate's
 
 # a str option's metavar by its name (else TEXT)
