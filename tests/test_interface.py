@@ -181,7 +181,11 @@ def test_one_q_for_several_policies_is_a_usage_error(refused):
     assert line.startswith("ope: usage error: --q demo/q/eval_0.npz is one Q-hat for 3 policies")
     assert "once per --policy, in the same order" in line and "--q fit" in line
     line = _error_line(refused["q_glob_count"], 2)  # q/ also holds behavior.npz: 4 for 3
-    assert line.startswith("ope: usage error: --q is given 4 times (globs expanded from 1)")
+    # the files it matched: generate writes q/behavior.npz beside the policies' Q-hats
+    assert line.startswith(
+        "ope: usage error: --q is given 4 times (globs expanded from 1: demo/q/behavior.npz, "
+        "demo/q/eval_0.npz, demo/q/eval_1.npz, demo/q/eval_2.npz) for 3 policies"
+    ), line
 
 
 def test_q_globs_pair_in_order_and_the_pairing_is_printed(evaluations):

@@ -404,7 +404,10 @@ def load_qs(
     if not specs:
         return None
     expanded = expand_qs(specs)
-    globbed = f" (globs expanded from {len(specs)})" if len(expanded) != len(specs) else ""
+    globbed = ""
+    if len(expanded) != len(specs):  # the files, so that one matched by mistake shows
+        shown = ", ".join(expanded[:6]) + (", ..." if expanded[6:] else "")
+        globbed = f" (globs expanded from {len(specs)}: {shown})"
     return [load_q(spec) for spec in pair_qs(expanded, len(policies), globbed)]
 
 
