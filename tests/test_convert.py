@@ -318,14 +318,23 @@ def test_an_output_not_named_as_parquet_is_refused(sources, tmp_path):
     assert pq.read_table(tmp_path / "out.PQ").num_rows > 0
 
 
-def test_a_column_of_integers_in_one_file_and_fractions_in_the_next_is_widened(tmp_path):
+@pytest.mark.parametrize("hive", [False, True])
+def test_a_column_of_integers_in_one_file_and_fractions_in_the_next_is_widened(tmp_path, hive):
     """Integer rewards in the first file, fractions in the second: cast to the first file's
     int64, 0.25 stopped convert with an internal error, while evaluate reads both. Written
-    as float64, every value is kept, and the estimates are evaluate's on the files."""
+    as float64, every value is kept, and the estimates are evaluate's on the files. In hive
+    partitions (whose keys convert reads and writes), the read cast the second file to
+    the first's int64 and refused it (exit 3)."""
     folder = tmp_path / "mixed"
-    folder.mkdir()
-    pq.write_table(_steps([0, 0, 1], reward=[1, 0, 2]), folder / "a.parquet")
-    pq.write_table(_steps([2, 2], reward=[0.25, -1.5]), folder / "b.parquet")
+    first, second = (
+        (folder / "part=a" / "a.parquet", folder / "part=b" / "b.parquet")
+        if hive
+        else (folder / "a.parquet", folder / "b.parquet")
+    )
+    for file in (first, second):
+        file.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(_steps([0, 0, 1], reward=[1, 0, 2]), first)
+    pq.write_table(_steps([2, 2], reward=[0.25, -1.5]), second)
     out = tmp_path / "steps.parquet"
     convert(ConvertConfig(str(folder), str(out)))
     table = pq.read_table(out)

@@ -35,7 +35,15 @@ class FragmentReader:
     def batches(
         self, data: ArrowFileDataset, fragment: ds.Fragment, columns: list[str], rows: int
     ) -> Iterator[pa.RecordBatch]:
-        return fragment.to_batches(schema=data.schema, columns=columns, batch_size=rows)
+        """Each column as this file holds it (cast to the first file's type, a later file's
+        fractions beside its integers stopped the read), hive partition keys as the
+        dataset has them."""
+        physical = fragment.physical_schema
+        own = [
+            physical.field(name) if physical.get_field_index(name) >= 0 else field
+            for name, field in zip(data.schema.names, data.schema, strict=True)
+        ]
+        return fragment.to_batches(schema=pa.schema(own), columns=columns, batch_size=rows)
 
 
 @dataclasses.dataclass(frozen=True)
