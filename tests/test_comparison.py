@@ -509,48 +509,36 @@ def test_could_be_best_sets_need_replicates_for_their_bonferroni_level(logged):
     # with enough (200): test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones
 
 
-def test_an_undefined_difference_says_why_under_betting_too(chain, tmp_path, monkeypatch):
-    """A policy whose every weight is zero has no WIS, so no difference from the baseline:
-    under betting the difference was null without a note, beside an interval (which the
-    two policies' betting intervals still give)."""
-    folder, _ = chain
+@pytest.fixture
+def never(tmp_path, monkeypatch) -> str:
+    """An entry-point policy that gives probability 0 to every action: every weight is 0."""
     (tmp_path / "ope_test_zero_policy.py").write_text(
         "import jax.numpy as jnp\n\nn_actions = 3\n\n\n"
         "def never(observation, action):\n    return jnp.full((), -jnp.inf)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    evaluation = ope_cli.evaluate(
-        str(folder / "logs.parquet"),
-        policies=("never=ope_test_zero_policy:never", str(folder / "policies" / "eval_0.npz")),
-        baseline="eval_0.npz",
-        ci="betting",
-        estimators=("wis",),
-    )
-    difference = evaluation.results[0].comparison["wis"]
-    assert difference.delta is None and difference.note == NO_WEIGHT
+    return "never=ope_test_zero_policy:never"
 
 
-def test_a_policy_without_weight_differs_from_nothing(chain, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ci", ["normal", "betting"])
+def test_a_policy_without_weight_differs_from_nothing(chain, never, ci):
     """Every weight zero: IS and PDIS are 0 +- 0, which says nothing about the policy (its
     warning says so), yet its difference from the logging policy came out -V_b with an
-    interval that called it confidently worse."""
+    interval that called it confidently worse. Each difference is null with the reason
+    (under betting, WIS's was null without a note, beside an interval)."""
     folder, _ = chain
-    (tmp_path / "ope_test_zero_policy.py").write_text(
-        "import jax.numpy as jnp\n\nn_actions = 3\n\n\n"
-        "def never(observation, action):\n    return jnp.full((), -jnp.inf)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
     document = ope_cli.evaluate(
         str(folder / "logs.parquet"),
-        policies=("never=ope_test_zero_policy:never", str(folder / "policies" / "eval_0.npz")),
+        policies=(never, str(folder / "policies" / "eval_0.npz")),
         baseline="behavior",
-        ci="normal",
+        ci=ci,
     ).to_dict()
     never, eval_0 = document["results"]
     assert never["estimates"]["is"]["value"] == 0.0
     for name in ("is", "wis", "pdis", "wpdis"):
         difference = never["comparison"][name]
         assert difference["delta"] is None and difference["ci_low"] is None, difference
+        assert difference["note"] == NO_WEIGHT
         assert eval_0["comparison"][name]["delta"] is not None  # the other compares as before
         assert eval_0["could_be_best"][name]  # the best of the ones the logs speak of
     assert "all_weights_zero" in [w["code"] for w in document["warnings"]]
