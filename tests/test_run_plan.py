@@ -42,6 +42,22 @@ def test_betting_with_estimated_behavior_probabilities_says_what_its_guarantee_a
     assert "guarantee assumes" not in plan_intervals(logged, declared).describe(logged)
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ((1.0, 2.0), "rewards in [1, 2] (--reward-range) widened to [0, 2] to hold 0,"),
+        ((-3.0, -1.0), "rewards in [-3, -1] (--reward-range) widened to [-3, 0] to hold 0,"),
+        ((0.0, 1.0), "rewards in [0, 1] (--reward-range),"),
+    ],
+)
+def test_betting_says_the_reward_range_its_bets_take(given, said):
+    """The bets take the range widened to hold an ended episode's reward 0; the method said
+    the range as given, [1, 2], under an interval computed with [0, 2]."""
+    options = config(gamma=0.9, reward_range=given)
+    described = plan_intervals(options, NOTHING).describe(options)
+    assert said in described, described
+
+
 def test_options_come_before_what_the_data_declares():
     declared = DeclaredBounds(reward_range=(0.0, 1.0), horizon=50)
     plan = plan_intervals(config(gamma=1.0, reward_range=(2.0, 3.0), horizon=7), declared)

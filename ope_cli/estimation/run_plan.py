@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only
 
 INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
     "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
-    "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}), "
+    "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}){widened}, "
     "discounted horizon {horizon:g}; {betting_estimators}",
     "normal": "normal approximation, estimate +- z * standard error",
     "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
@@ -239,9 +239,13 @@ class IntervalPlan:
                 bootstrap_t_estimators=describe_bootstrap_t(estimators),
             ) + ASYMPTOTIC.format(needs=self.betting_needs)
         low, high = self.reward_range
+        a, b, _ = self.betting_range
         described = INTERVAL_METHODS["betting"].format(
             low=low,
             high=high,
+            # the range the bets take: an ended episode's reward 0 lies in it (the JSON's
+            # reward_range is the one given)
+            widened=f" widened to [{a:g}, {b:g}] to hold 0" if (a, b) != (low, high) else "",
             horizon=self.betting_range[2],
             bounds_source=self.bounds_source,
             betting_estimators=describe_betting(estimators),
