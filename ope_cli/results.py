@@ -84,6 +84,9 @@ class PolicyResult:
     comparison: dict[str, Comparison] | None = None
     # with two or more policies: {estimator: whether this policy could be the best}
     could_be_best: dict[str, bool | None] | None = None  # None for an estimator: undetermined
+    # the estimators whose weights are all zero: the logs say nothing of the policy by them
+    # (its value, 0 +- 0 or undefined, ranks and compares with nothing: stats.weightless)
+    weightless: tuple[str, ...] = ()
 
     @property
     def shown(self) -> str:

@@ -13,6 +13,7 @@ import math
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import (
@@ -30,6 +31,7 @@ from rich.console import Console
 import ope_cli
 from ope_cli.api import evaluation_config
 from ope_cli.choosing.comparison import (
+    NO_DIFFERENCE,
     NO_SPREAD,
     NO_WEIGHT,
     TIED,
@@ -795,3 +797,93 @@ def test_float32_differences_below_the_terms_rounding_are_said_so(chain, tmp_pat
         w["message"] for w in document["warnings"] if w["code"] == "could_be_best_unresolved"
     ]
     assert any("by pdis" in w and "--precision float64" in w for w in warnings), warnings
+
+
+def _five_step_logs(path, episodes=60, seed=0):
+    """Five-step episodes, observation = the step, two actions logged at 1/2 each, rewards
+    below 0 (so that a value of 0 would rank first)."""
+    rng = np.random.default_rng(seed)
+    n = episodes * 5
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(episodes), 5),
+            "step": np.tile(np.arange(5), episodes),
+            "observation": np.tile(np.arange(5), episodes),
+            "action": rng.integers(0, 2, n),
+            "reward": -1.0 - rng.random(n),
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture
+def zeroing(tmp_path, monkeypatch) -> str:
+    """Entry points over two actions: ``never`` gives every action probability 0,
+    ``last_zero`` 1/2 each but 0 at the last step (observation 4)."""
+    (tmp_path / "ope_test_zeroing.py").write_text(
+        "import jax.numpy as jnp\n\nn_actions = 2\n\n\n"
+        "def never(observation, action):\n    return jnp.full((), -jnp.inf)\n\n\n"
+        "def last_zero(observation, action):\n"
+        "    return jnp.where(observation >= 4, -jnp.inf, jnp.log(0.5))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "ope_test_zeroing"
+
+
+def test_weights_all_zero_rank_with_nothing_but_later_zeros_keep_per_decision(tmp_path, zeroing):
+    """A policy whose every weight is 0 has IS 0 +- 0: above every other value where the
+    rewards are negative, it was ranked first (★). One whose weights are 0 from the last
+    step on still has every earlier step's per-decision weight: its PDIS is a real value
+    and compares as any other (the whole policy was taken as weightless)."""
+    data = _five_step_logs(tmp_path / "logs.parquet")
+    uniform = tmp_path / "uniform.npz"
+    np.savez(uniform, kind="tabular", logits=np.zeros((5, 2)))
+    document = ope_cli.evaluate(
+        str(data),
+        policies=(f"never={zeroing}:never", f"last={zeroing}:last_zero", str(uniform)),
+        baseline="uniform.npz",
+        gamma=0.9,
+        ci="normal",
+        rank_by="is",
+    ).to_dict()
+    never, last, _ = document["results"]
+    assert never["estimates"]["is"]["value"] == 0.0
+    assert never["rank"] is None and last["rank"] is None  # last's IS: all weights 0 too
+    (note,) = [
+        w["message"]
+        for w in document["warnings"]
+        if w["policy"] == "never" and w["code"] == "not_ranked"
+    ]
+    assert "its every is weight is zero (the logs say nothing about it)" in note
+    for name in ("is", "wis"):
+        assert last["comparison"][name]["delta"] is None
+    for name in ("pdis", "wpdis"):
+        assert never["comparison"][name]["note"] == NO_WEIGHT
+    # pdis of ``last``: the uniform policy's without its last step's discounted reward (< 0)
+    assert last["comparison"]["pdis"]["delta"] > 0
+    assert last["comparison"]["pdis"]["stderr"] is not None
+    assert last["comparison"]["wpdis"]["note"] == NO_DIFFERENCE  # no weight left at step 4
+
+
+def test_a_float32_difference_without_spread_for_another_reason_says_that(tmp_path):
+    """Two episodes: WIS's jackknife has too few groups for a standard error, in float64
+    as in float32; the float32 run blamed its rounding (and said float64 resolves it)."""
+    data = _five_step_logs(tmp_path / "logs.parquet", episodes=2)
+    rng = np.random.default_rng(3)
+    paths = []
+    for k in range(2):
+        paths.append(tmp_path / f"p{k}.npz")
+        np.savez(paths[-1], kind="tabular", logits=rng.normal(size=(5, 2)))
+    document = ope_cli.evaluate(
+        str(data),
+        policies=tuple(str(p) for p in paths),
+        baseline="p0.npz",
+        gamma=0.9,
+        ci="normal",
+        precision="float32",
+    ).to_dict()
+    difference = document["results"][1]["comparison"]["wis"]
+    assert difference["stderr"] is None and difference["note"] == NO_SPREAD, difference
+    assert "could_be_best_unresolved" not in [w["code"] for w in document["warnings"]]

@@ -48,7 +48,6 @@ from ope_cli.estimation.intervals import betting_intervals, bootstrap_interval
 from ope_cli.estimation.run_plan import NO_BETTING, fewest_replicates
 from ope_cli.estimation.stats import (
     Accumulator,
-    Estimate,
     extend_replicates,
     leave_one_out_sums,
     leave_one_out_values,
@@ -73,8 +72,8 @@ def unresolved_in(precision: str) -> str:
 
 
 NO_WEIGHT = (
-    "every trajectory weight of a policy compared is zero: the logs say nothing about it, "
-    "nor about the difference"
+    "a policy compared has weights that are all zero for this estimator: the logs say "
+    "nothing about it, nor about the difference"
 )
 NO_SPREAD = (
     "no standard error of the difference (fewer than two episodes with finite values; for a "
@@ -89,7 +88,8 @@ class Pairing:
 
     Args:
       accumulators: [P] each policy's merged accumulator.
-      estimates: [P] each policy's {estimator: Estimate}.
+      results: [P] each policy's result: its {estimator: Estimate}, and the estimators whose
+        weights are all zero (``PolicyResult.weightless``).
       sums: the run's paired sums (``paired.PairedSums``, P + 1 rows).
       context: the discount and longest episode.
       methods: {estimator: its interval method} (betting, normal, percentile,
@@ -103,7 +103,7 @@ class Pairing:
     def __init__(
         self,
         accumulators: Sequence[Accumulator],
-        estimates: Sequence[dict[str, Estimate]],
+        results: Sequence[PolicyResult],
         sums: paired.PairedSums,
         context: Context,
         methods: dict[str, str],
@@ -112,7 +112,7 @@ class Pairing:
         precision: str = "float64",
     ):
         self.accumulators = [extend_replicates(acc, context.max_length) for acc in accumulators]
-        self.estimates = list(estimates)
+        self.estimates = [result.estimates for result in results]
         self.sums = sums
         self.context = context
         self.methods = methods
@@ -128,13 +128,7 @@ class Pairing:
         first = self.accumulators[0]
         self.count = first.total("count")
         self.mean_return = mean_return(first)
-        # rows whose every trajectory weight is zero (``all_weights_zero``): their weighted
-        # estimates are 0 +- 0 or undefined, which says nothing about the policy
-        self.weightless = {
-            row
-            for row, acc in enumerate(self.accumulators)
-            if self.count > 0 and acc.total("zero_count") == self.count
-        }
+        self.weightless = [result.weightless for result in results]
 
     def candidates(self, name: str) -> dict[int, float | None]:
         """{row: estimate} of the policies by ``name``, as the best is chosen among them:
@@ -143,9 +137,9 @@ class Pairing:
         return {k: None if self.says_nothing(k, name) else self.value(k, name) for k in rows}
 
     def says_nothing(self, row: int, name: str) -> bool:
-        """Whether estimator ``name`` of ``row`` rests on weights that are all zero (a
-        Q-hat's estimators do not rest on the weights alone)."""
-        return row in self.weightless and not get(name).needs
+        """Whether estimator ``name`` of ``row`` rests on weights that are all zero
+        (``PolicyResult.weightless``): it is never the best, and differs from nothing."""
+        return row < len(self.weightless) and name in self.weightless[row]  # behavior: no
 
     # --- per row ------------------------------------------------------------------------
 
@@ -227,10 +221,15 @@ class Pairing:
             return 0.0, None if stderr is None else 0.0
         return delta, stderr
 
-    def _difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
+    def _difference(
+        self, k: int, b: int, name: str, term_noise: float | None = None
+    ) -> tuple[float | None, float | None]:
+        """(Δ, stderr), the standard error None below what rounding of ``term_noise`` of
+        each term resolves (the run's, ``self.term_noise``, by default)."""
+        term_noise = self.term_noise if term_noise is None else term_noise
         if get(name).term is not None:
             rows = paired.differences_from(self.baseline)
-            return paired.difference(self.sums, name, k, b, rows, self.term_noise)
+            return paired.difference(self.sums, name, k, b, rows, term_noise)
         value_k, value_b = self.value(k, name), self.value(b, name)
         if value_k is None or value_b is None:
             return None, None
@@ -238,8 +237,8 @@ class Pairing:
         stderr = grouped_jackknife_difference(
             self.leave_out(k, name), self.leave_out(b, name), delta
         )
-        size = max(abs(value_k), abs(value_b))
-        if stderr is not None and stderr < paired.TERM_NOISE_MARGIN * self.term_noise * size:
+        bound = paired.rounding_bound(max(abs(value_k), abs(value_b)), term_noise)
+        if stderr is not None and stderr < bound:
             stderr = None  # below what the terms' rounding can shift Δ by (paired.difference)
         return delta, stderr
 
@@ -303,8 +302,8 @@ class Pairing:
         elif note is None and delta is None:  # a null always says why (under betting the
             note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
         elif note is None and (low is None or high is None) and stderr is None:
-            in_precision = self.term_noise > 0.0 and float(self.sums.count) >= 2
-            note = unresolved_in(self.precision) if in_precision else NO_SPREAD
+            hidden = self.term_noise > 0.0 and self.rounding_hides(k, b, name)
+            note = unresolved_in(self.precision) if hidden else NO_SPREAD
         return Comparison(delta, stderr, low, high, improvement, note)
 
     def replicates_too_few(self, name: str, confidence: float) -> bool:
@@ -342,6 +341,17 @@ class Pairing:
         flags = could_be_best(estimates, paired_interval, confidence)
         return [flags[k] for k in policies]
 
+    def rounding_hides(self, k: int, b: int, name: str) -> bool:
+        """Whether rounding alone leaves V̂(k) - V̂(b) without a standard error: the
+        co-moments' (a pair without the baseline, ``paired.difference``) or, where the
+        terms are coarser than float64, theirs (without it, one would be had)."""
+        delta, stderr = self.difference(k, b, name)
+        if delta is None or delta == 0.0 or stderr is not None or float(self.sums.count) < 2:
+            return False
+        if get(name).term is not None and b != self.baseline and k != self.baseline:
+            return True  # a spread of two episodes or more, left undefined by rounding
+        return self.term_noise > 0.0 and self._difference(k, b, name, 0.0)[1] is not None
+
     def unresolved(self, name: str) -> tuple[int | None, list[int]]:
         """(the estimated best row by ``name``, the rows whose paired difference from it
         has a value but no standard error, hence no interval by any method but betting's:
@@ -350,16 +360,10 @@ class Pairing:
         could-be-best set, so the set may be too large."""
         rows = range(len(self.accumulators))
         best = estimated_best(self.candidates(name))
-        paired_only = get(name).term is None and self.term_noise == 0.0  # else other causes
-        if best is None or self.methods[name] == "betting" or paired_only:
+        if best is None or self.methods[name] == "betting":
             return best, []
-        if float(self.sums.count) < 2:
-            return best, []  # no spread at all (one episode)
-        unresolved = []
-        for k in (k for k in rows if k != best and not self.says_nothing(k, name)):
-            delta, stderr = self.difference(best, k, name)
-            if delta is not None and delta != 0.0 and stderr is None:
-                unresolved.append(k)
+        rows = [k for k in rows if k != best and not self.says_nothing(k, name)]
+        unresolved = [k for k in rows if self.rounding_hides(best, k, name)]
         return best, unresolved
 
 

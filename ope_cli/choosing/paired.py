@@ -26,8 +26,7 @@ co-moments that cancel least: the differences' (d_k - d_j = x_k - x_j), when bot
 policies are close to the baseline (consecutive checkpoints), else the terms' (when the
 baseline's terms dwarf theirs); a spread that rounding cannot resolve is left undefined.
 ``init -> merge(acc, from_terms(...)) -> difference`` serves batches, devices and processes
-alike. Plain
-NumPy: the host turns each batch's per-episode terms
+alike. Plain NumPy: the host turns each batch's per-episode terms
 (``estimators.reduction.episode_terms``) into these sums.
 """
 
@@ -199,10 +198,18 @@ LOST_PRECISION = 1e-11
 
 # Where the terms come from arithmetic coarser than float64 (float32 kernels), each is good
 # to about its epsilon per step (a random walk over the steps: sqrt of the longest episode)
-# of itself, and a difference is resolved only where its standard error is this many times
-# what that rounding can shift Δ by (a QA run in float32: checkpoints 1e-7 apart in their
-# logits got -6.1e-7 +- 5.5e-8, where float64 gives +2.9e-8 +- 1.06e-8)
-TERM_NOISE_MARGIN = 3.0
+# of itself, and so is an estimate; a difference is resolved only where its standard
+# error is at least this many times what that rounding can shift it by, term_noise times
+# the larger estimate. A bound, not an estimate: a review measured float32's actual shift
+# at 2e-7 on estimates near 2.3 (0.7 epsilon of them; the bound, at 139 steps: 3.2e-6),
+# which called checkpoints 1e-7 apart in their logits 11 standard errors apart
+TERM_NOISE_MARGIN = 1.0
+
+
+def rounding_bound(size: float, term_noise: float) -> float:
+    """What rounding of ``term_noise`` of every term can shift a difference of two
+    estimates of at most ``size`` by: a standard error below it does not resolve it."""
+    return TERM_NOISE_MARGIN * term_noise * size
 
 
 def term_noise(epsilon: float, longest: int) -> float:
@@ -219,7 +226,8 @@ class _Route(NamedTuple):
     delta: float  # Δ
     spread: float  # C_kk + C_jj - 2 C_kj: the centred sum of squares of the differences
     own: float  # C_kk + C_jj: what the spread is taken from, hence how much cancels
-    raw: float  # sum_i x_ki^2 + x_ji^2: what the terms' own rounding scales with
+    mean_k: float  # the rows' means (the estimates, for the terms' route)
+    mean_j: float
 
 
 def difference(
@@ -231,17 +239,17 @@ def difference(
     (``differences_from``); a pair with it reads them, any other pair C_kk + C_jj - 2 C_kj
     of the terms' or the differences' co-moments, whichever cancels less. Its standard
     error is None where that spread is below what the co-moments' rounding resolves
-    (``LOST_PRECISION``), or where the terms' own rounding (``term_noise`` of each term,
-    ``term_noise``: 0 for float64 terms) could shift Δ by more than the standard error
-    over TERM_NOISE_MARGIN (nonzero differences): not a wrong number."""
+    (``LOST_PRECISION``), or where the standard error is below what the terms' own
+    rounding (``term_noise`` of each: 0 for float64 terms) can shift Δ by
+    (``rounding_bound``): not a wrong number."""
     n = float(paired.count)
     if n == 0:
         return None, None
     if k == j:
         return 0.0, 0.0
-    terms = _route(paired.log_scales[name], paired.means[name], paired.comoments[name], k, j, n)
+    terms = _route(paired.log_scales[name], paired.means[name], paired.comoments[name], k, j)
     differences = _route(
-        paired.pair_log_scales[name], paired.diff_means[name], paired.diff_comoments[name], k, j, n
+        paired.pair_log_scales[name], paired.diff_means[name], paired.diff_comoments[name], k, j
     )
     # with the baseline, the differences were taken per episode (d_b = 0): never cancelled
     route = differences if baseline in (k, j) else min((terms, differences), key=_cancelled)
@@ -255,31 +263,31 @@ def difference(
     return scaled(float(route.delta), pair), scaled(stderr, pair)
 
 
-def _route(log_scale_p, mean_p, comoment_pq, k: int, j: int, n: float) -> _Route:
+def _route(log_scale_p, mean_p, comoment_pq, k: int, j: int) -> _Route:
     """Rows k and j of one set of co-moments (``log_scale_p`` [P+1], ``mean_p`` [P+1],
-    ``comoment_pq`` [P+1, P+1]) of ``n`` episodes, on their larger scale."""
+    ``comoment_pq`` [P+1, P+1]), on their larger scale."""
     pair = max(log_scale_p[k], log_scale_p[j])
     fk, fj = _factor(log_scale_p[k], pair), _factor(log_scale_p[j], pair)
     with np.errstate(over="ignore", invalid="ignore"):
         own = comoment_pq[k, k] * fk * fk + comoment_pq[j, j] * fj * fj
         spread = own - 2.0 * comoment_pq[k, j] * fk * fj
-        raw = own + n * ((mean_p[k] * fk) ** 2 + (mean_p[j] * fj) ** 2)
-        return _Route(pair, mean_p[k] * fk - mean_p[j] * fj, spread, own, raw)
+        mean_k, mean_j = mean_p[k] * fk, mean_p[j] * fj
+        return _Route(pair, mean_k - mean_j, spread, own, mean_k, mean_j)
 
 
 def _above_noise(route: _Route, terms: _Route, n: float, term_noise: float) -> bool:
-    """Whether the standard error of ``route`` is TERM_NOISE_MARGIN times what rounding of
-    ``term_noise`` of each term (``terms``: the terms' own route) can shift Δ by, at most
-    term_noise * sqrt(mean of the squared terms): spread / (n (n - 1)) against
-    (margin * term_noise)^2 * raw / n, compared in logs (each on its own scale)."""
+    """Whether the standard error of ``route`` is at least ``rounding_bound`` of the two
+    estimates (``terms``: the terms' own route, whose means they are), compared in logs
+    (each on its own scale: weights far beyond float64 pair too)."""
     if term_noise == 0.0:
         return True
-    if not (route.spread > 0 and terms.raw > 0 and n > 1):
+    size = max(abs(terms.mean_k), abs(terms.mean_j))
+    if not (route.spread > 0 and size > 0 and n > 1):
         return False
     with np.errstate(divide="ignore", invalid="ignore"):
-        have = math.log(route.spread) + 2.0 * route.pair - math.log(n - 1)
-        need = 2.0 * math.log(TERM_NOISE_MARGIN * term_noise) + math.log(terms.raw)
-        return bool(have >= need + 2.0 * terms.pair)
+        log_stderr = 0.5 * (math.log(route.spread) - math.log(n - 1) - math.log(n)) + route.pair
+        log_bound = math.log(rounding_bound(size, term_noise)) + terms.pair
+        return bool(log_stderr >= log_bound)
 
 
 def _cancelled(route: _Route) -> float:

@@ -77,6 +77,7 @@ from ope_cli.estimation.stats import (
     merge,
     profile,
     unstack,
+    weightless,
 )
 from ope_cli.models.behavior import (
     BehaviorSource,
@@ -421,7 +422,7 @@ def _choosing(config, batches: BatchStream, local: _LocalPass, results, precisio
     if local.paired is not None:
         pairing = Pairing(
             local.accumulators,
-            [result.estimates for result in results],
+            results,
             local.paired,
             Context(config.gamma, local.counters.max_length),
             interval_methods(list(results[0].estimates), plan.method, config.intervals.method),
@@ -599,6 +600,7 @@ def _policy_results(
                 profile=profile(accumulator, config.gamma, max_length),
                 actions_checked=policy.actions_checked or not discrete,
                 q=None if q is None else q_source(q),
+                weightless=weightless(accumulator, reported),
             )
         )
     return results

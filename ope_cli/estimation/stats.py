@@ -751,6 +751,25 @@ def diagnostics(acc: Accumulator) -> Diagnostics:
     )
 
 
+def weightless(acc: Accumulator, estimators: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``estimators`` whose weights are all zero, so that the logs say nothing of the
+    policy by them (``all_weights_zero``): the trajectory weights' (is, wis) where every
+    episode's is 0, the per-decision weights' (pdis, wpdis) where every episode's weight at
+    step 0 is (a later step's is then 0 too), as ``Estimator.betting`` names its weights;
+    an estimator read from a Q-hat never."""
+    n = acc.total("count")
+    if n == 0:
+        return ()
+    first_steps = [np.asarray(row)[..., :1] for row in _rows(acc.step_sums.get("w_t", []))]
+    zero = {
+        "trajectory": acc.total("zero_count") == n,
+        "decision": bool(first_steps) and all(not np.any(row) for row in first_steps),
+    }
+    return tuple(
+        name for name in estimators if not get(name).needs and zero.get(get(name).betting, False)
+    )
+
+
 def _held(acc: Accumulator) -> tuple[str, ...]:
     """The registered estimators whose every sum ``acc`` holds."""
     held = set(acc.sums) | set(acc.step_sums)

@@ -102,12 +102,16 @@ def _own_value(result: EvaluationResult) -> str:
 
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
-    """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined.
+    """Each policy's rank, 1 for the highest ``estimator`` value; None where it is undefined
+    or rests on weights that are all zero.
     Values equal to float64 rounding (``selection.above``) share a rank, the next one
     skipping theirs (1, 1, 3): two identical checkpoints were ranked 1 and 2 by their
     command-line order, only the first the best."""
-    values = [
-        p.estimates[estimator].value if estimator in p.estimates else None for p in result.results
+    values = [  # a value of weights that are all zero says nothing (PolicyResult.weightless)
+        p.estimates[estimator].value
+        if estimator in p.estimates and estimator not in p.weightless
+        else None
+        for p in result.results
     ]
     defined = [v for v in values if v is not None]
     return [None if v is None else 1 + sum(selection.above(o, v) for o in defined) for v in values]

@@ -584,7 +584,13 @@ def ranking_warnings(result: EvaluationResult, ranks: list[int | None], rank_by:
     return [
         Warning(
             NOT_RANKED,
-            f"{p.policy}: no {rank_by} value, so it is left out of the ranking",
+            f"{p.policy}: "
+            + (
+                f"its every {rank_by} weight is zero (the logs say nothing about it)"
+                if rank_by in p.weightless
+                else f"no {rank_by} value"
+            )
+            + ", so it is left out of the ranking",
             p.policy,
         )
         for p, rank in zip(result.results, ranks, strict=True)
