@@ -522,18 +522,18 @@ def never(tmp_path, monkeypatch) -> str:
     return "never=ope_test_zero_policy:never"
 
 
-@pytest.mark.parametrize("ci", ["normal", "betting"])
-def test_a_policy_without_weight_differs_from_nothing(chain, never, ci):
+def test_a_policy_without_weight_differs_from_nothing(chain, never):
     """Every weight zero: IS and PDIS are 0 +- 0, which says nothing about the policy (its
     warning says so), yet its difference from the logging policy came out -V_b with an
     interval that called it confidently worse. Each difference is null with the reason
-    (under betting, WIS's was null without a note, beside an interval)."""
+    (under betting, WIS's was null without a note, beside an interval; normal intervals:
+    test_weights_all_zero_rank_with_nothing_but_later_zeros_keep_per_decision)."""
     folder, _ = chain
     document = ope_cli.evaluate(
         str(folder / "logs.parquet"),
         policies=(never, str(folder / "policies" / "eval_0.npz")),
         baseline="behavior",
-        ci=ci,
+        ci="betting",
     ).to_dict()
     never, eval_0 = document["results"]
     assert never["estimates"]["is"]["value"] == 0.0
@@ -859,8 +859,9 @@ def test_weights_all_zero_rank_with_nothing_but_later_zeros_keep_per_decision(tm
     assert "its every is weight is zero (the logs say nothing about it)" in note
     for name in ("is", "wis"):
         assert last["comparison"][name]["delta"] is None
-    for name in ("pdis", "wpdis"):
+    for name in ("is", "wis", "pdis", "wpdis"):
         assert never["comparison"][name]["note"] == NO_WEIGHT
+        assert never["comparison"][name]["ci_low"] is None
     # pdis of ``last``: the uniform policy's without its last step's discounted reward (< 0)
     assert last["comparison"]["pdis"]["delta"] > 0
     assert last["comparison"]["pdis"]["stderr"] is not None
