@@ -23,6 +23,7 @@ import json
 import math
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -252,9 +253,8 @@ def measure_paired(
         )
         for method in covered:
             methods = dict.fromkeys(estimates[0], method)
-            pairing = Pairing(
-                accumulators, estimates, sums, context, methods, plan.betting_range, 1
-            )
+            results = [SimpleNamespace(estimates=e, weightless=()) for e in estimates]
+            pairing = Pairing(accumulators, results, sums, context, methods, plan.betting_range, 1)
             low, high, _ = pairing.interval(0, 1, "pdis", options.confidence)
             if low is not None and low <= exact <= high:
                 covered[method] += 1
