@@ -242,3 +242,20 @@ def test_differences_below_the_terms_rounding_are_not_resolved():
             assert stderr == pytest.approx(expected[1], rel=1e-4)
     # without the terms' rounding taken into account: a standard error of the rounding
     assert paired.difference(total, "is", 1, 0, 0)[1] is not None
+
+
+def test_terms_centred_at_zero_are_judged_by_their_size_not_the_estimate():
+    """Rewards centred at 0: estimates near 0, terms near 1. A bound on float32's rounding
+    scaled by the estimates let a difference that rounding made stand with a standard
+    error (float32 shifted it by 2 of them); scaled by the terms, it has none."""
+    rng = np.random.default_rng(24)
+    n = 3_000
+    base = rng.normal(size=n)
+    base -= base.mean()
+    rows = [base, base + 2e-8 * rng.normal(size=n), rng.normal(size=n)]
+    rounded = np.stack(rows).astype(np.float32).astype(np.float64)
+    noise = paired.term_noise(float(np.finfo(np.float32).eps), 30)
+    total = _merged(rounded, rng, baseline=0)
+    assert abs(rounded[0].mean()) < 1e-6  # the estimate, near 0
+    assert paired.difference(total, "is", 1, 0, 0, noise)[1] is None
+    assert paired.difference(total, "is", 2, 0, 0, noise)[1] is not None  # far apart

@@ -237,10 +237,21 @@ class Pairing:
         stderr = grouped_jackknife_difference(
             self.leave_out(k, name), self.leave_out(b, name), delta
         )
-        bound = paired.rounding_bound(max(abs(value_k), abs(value_b)), term_noise)
-        if stderr is not None and stderr < bound:
-            stderr = None  # below what the terms' rounding can shift Δ by (paired.difference)
+        if stderr is not None and stderr > 0 and term_noise > 0:
+            log_size = self._log_term_size(k, b, name)
+            if paired.below_rounding(math.log(stderr), log_size, term_noise):
+                stderr = None  # below what the terms' rounding can shift Δ by
         return delta, stderr
+
+    def _log_term_size(self, k: int, b: int, name: str) -> float:
+        """log of the root mean square of the terms a self-normalised ``name`` weighs (the
+        mean-of-terms estimator on the same weights, ``Estimator.betting``: is for wis,
+        pdis for wpdis), else of the estimates themselves."""
+        kind = get(name).betting
+        for term in (t for t in self.sums.means if kind is not None and get(t).betting == kind):
+            return paired.log_term_size(self.sums, term, k, b)
+        size = max(abs(self.value(k, name) or 0.0), abs(self.value(b, name) or 0.0))
+        return math.log(size) if size > 0 else -math.inf
 
     def _replicate_difference(self, k: int, b: int, name: str) -> np.ndarray | None:
         rep_k, rep_b = self.replicates(k, name), self.replicates(b, name)
