@@ -891,3 +891,36 @@ def test_a_float32_difference_without_spread_for_another_reason_says_that(tmp_pa
     difference = document["results"][1]["comparison"]["wis"]
     assert difference["stderr"] is None and difference["note"] == NO_SPREAD, difference
     assert "could_be_best_unresolved" not in [w["code"] for w in document["warnings"]]
+
+
+def test_float32_self_normalised_differences_keep_their_standard_errors_at_any_scale(
+    chain, tmp_path
+):
+    """WIS does not change when every weight is multiplied by one constant, but the IS
+    terms do: judged against them, every float32 WIS and WPDIS difference of weights near
+    e^300 (a behavior probability 1e-130 at every first step) lost its standard error,
+    and the could-be-best set held every policy. Against the returns, they keep them."""
+    folder, _ = chain
+    table = pq.read_table(folder / "logs.parquet")
+    first = table.column("step").to_numpy() == 0
+    prob = table.column("behavior_prob").to_numpy() * np.where(first, math.exp(-300), 1.0)
+    scaled = table.set_column(
+        table.schema.get_field_index("behavior_prob"), "behavior_prob", pa.array(prob)
+    )
+    pq.write_table(scaled, tmp_path / "scaled.parquet")
+    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 2)]
+    runs = {
+        precision: ope_cli.evaluate(
+            tmp_path / "scaled.parquet",
+            policies=policies,
+            baseline=str(policies[0]),
+            ci="normal",
+            precision=precision,
+        ).to_dict()
+        for precision in ("float64", "float32")
+    }
+    for name in ("wis", "wpdis"):
+        exact = runs["float64"]["results"][1]["comparison"][name]["stderr"]
+        assert runs["float32"]["results"][1]["comparison"][name]["stderr"] == pytest.approx(
+            exact, rel=1e-3
+        )

@@ -244,12 +244,13 @@ class Pairing:
         return delta, stderr
 
     def _log_term_size(self, k: int, b: int, name: str) -> float:
-        """log of the root mean square of the terms a self-normalised ``name`` weighs (the
-        mean-of-terms estimator on the same weights, ``Estimator.betting``: is for wis,
-        pdis for wpdis), else of the estimates themselves."""
-        kind = get(name).betting
-        for term in (t for t in self.sums.means if kind is not None and get(t).betting == kind):
-            return paired.log_term_size(self.sums, term, k, b)
+        """log of the size that rounding of a self-normalised (or Q-hat) ``name``'s
+        difference scales with: the logged returns' root mean square (a weighted average
+        of returns, whatever the weights' scale: not the estimates, near 0 for rewards
+        centred at 0), else the estimates' own size."""
+        term = next(iter(self.sums.means), None)  # each one's row P holds the returns
+        if term is not None:
+            return paired.log_term_size(self.sums, term, self.behavior, self.behavior)
         size = max(abs(self.value(k, name) or 0.0), abs(self.value(b, name) or 0.0))
         return math.log(size) if size > 0 else -math.inf
 

@@ -279,7 +279,10 @@ def _route(log_scale_p, mean_p, comoment_pq, k: int, j: int, n: float) -> _Route
         squares = max(
             comoment_pq[k, k] * fk * fk / n + mean_k**2, comoment_pq[j, j] * fj * fj / n + mean_j**2
         )
-        log_size = 0.5 * math.log(squares) + pair if squares > 0 else -math.inf
+        if math.isnan(squares):  # beyond float64: nothing is resolved against it
+            log_size = math.inf
+        else:
+            log_size = 0.5 * math.log(squares) + pair if squares > 0 else -math.inf
         return _Route(pair, mean_k - mean_j, spread, own, log_size)
 
 
