@@ -471,10 +471,7 @@ def compare_results(
         comparison = None
         if pairing.baseline is not None and row != pairing.baseline:
             comparison = {name: pairing.compare(row, name, confidence) for name in estimators}
-        flags = {  # none for a policy the logs say nothing about (PolicyResult.weightless)
-            name: None if sets[name] is None or name in result.weightless else sets[name][row]
-            for name in sets
-        } or None
+        flags = {name: None if sets[name] is None else sets[name][row] for name in sets} or None
         out.append(dataclasses.replace(result, comparison=comparison, could_be_best=flags))
     return out, unresolved
 

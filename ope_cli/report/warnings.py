@@ -542,13 +542,9 @@ def best_set_warning(result: EvaluationResult) -> Warning | None:
     betting does not apply to have no paired intervals (``Pairing.has_intervals``); else
     their Bonferroni-level comparisons need more bootstrap replicates than were drawn
     (``Pairing.replicates_too_few``)."""
-    undetermined = [  # (a weightless policy's flag is None for its own reason)
-        name
-        for name in result.estimators
-        if any(
-            (p.could_be_best or {}).get(name, 0) is None and name not in p.weightless
-            for p in result.results
-        )
+    flags = [p.could_be_best or {} for p in result.results]
+    undetermined = [
+        name for name in result.estimators if any(f.get(name, 0) is None for f in flags)
     ]
     if not undetermined:
         return None
