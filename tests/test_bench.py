@@ -169,9 +169,13 @@ def test_bench_targets_and_precision(tiny_bench):
             assert target["met"] is None and tiny_bench["memory"] is None
         elif name in ("numpy_script_3m", "numpy_script_10m"):  # --script not asked for
             assert target["met"] is None and tiny_bench["script"] is None
-        elif name in ("process_vs_pyarrow", "many_policies", "padding_waste"):
-            # tiny data, K = 2, no --memory (no very long episode): shown, not judged
+        elif name in ("process_vs_pyarrow", "many_policies"):
+            # tiny data, K = 2: shown, not judged
             assert target["met"] is None and "not judged" in target["note"], name
+        elif name == "padding_waste":  # no --memory (no very long episode): met only if
+            # over 10% on the runs measured (SPEC 6 asks <= 10% of each), else not judged
+            assert target["met"] is (False if target["value"] > 0.1 else None), target
+            assert "not measured on one very long episode" in target["note"]
         else:
             assert isinstance(target["met"], bool), name
     assert "K = 2" in targets["many_policies"]["note"]

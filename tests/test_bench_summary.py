@@ -53,10 +53,9 @@ def measurements():
 
 def _document(measurements, policies=3, real_steps=1000):
     padded = real_steps * 6 // 5
-    bucketer = SimpleNamespace(
-        real_steps=real_steps, padded_steps=padded, shapes={(8, 64), (4, 128)}
-    )
-    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(8, 64), (4, 128)]))
+    shapes = [(1024, 8), (128, 64)]  # two of the default catalogue's four
+    bucketer = SimpleNamespace(real_steps=real_steps, padded_steps=padded, shapes=set(shapes))
+    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=shapes))
     config = BenchConfig(policies=policies)
     return summary(config, measurements, result, bucketer, "float64")
 
@@ -71,14 +70,15 @@ def test_summary_ratios_and_targets(measurements):
     assert targets["kernel_vs_numpy"]["met"] is True  # 50 >= 3
     assert targets["kernel_vs_numpy"]["threshold"].startswith(">= 3 ")
     assert targets["padding_waste"]["value"] == pytest.approx(0.2)
-    # measured on the skewed bench data alone: shown, not judged (SPEC 6: every distribution)
-    assert targets["padding_waste"]["met"] is None
-    assert "not judged: not measured on one-step episodes" in targets["padding_waste"]["note"]
+    # measured on the skewed bench data alone, and over 10% there: not met, whatever the
+    # other distributions give (SPEC 6 asks it of each; it said "not judged")
+    assert targets["padding_waste"]["met"] is False
+    assert targets["padding_waste"]["note"].startswith("not measured on one-step episodes")
     # the fixed catalogue every configuration compiles, not the shapes this data happened
     # to use (2 of them: "2 <= 4" held whatever the catalogue held)
     assert targets["shapes_per_configuration"]["value"] == 4
     assert targets["shapes_per_configuration"]["met"] is True
-    assert "this data used 2" in targets["shapes_per_configuration"]["note"]
+    assert "this data used 2 of them" in targets["shapes_per_configuration"]["note"]
     # K = 3 is not SPEC 11's K = 100: the ratio is shown, not judged (it said "yes")
     assert targets["many_policies"]["value"] == pytest.approx(3.0)
     assert targets["many_policies"]["met"] is None
@@ -123,6 +123,56 @@ def test_kernel_ratio_counts_only_where_the_twin_agrees(measurements):
     assert target["met"] is None and target["value"] is None and "void" in target["note"]
 
 
+def test_shapes_beyond_the_catalogue_fail_the_target(measurements):
+    """The value was the catalogue's size, a check that could not fail: batches walked in
+    a shape outside it count."""
+    measurements["processes"] = _processes()
+    padded = 1200
+    bucketer = SimpleNamespace(real_steps=1000, padded_steps=padded, shapes={(8, 64)})
+    shapes = [(1024, 8), (8, 64)]
+    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=shapes))
+    document = summary(BenchConfig(policies=3), measurements, result, bucketer, "float64")
+    target = document["targets"]["shapes_per_configuration"]
+    assert target["value"] == 5 and target["met"] is False
+    assert "and 1 beyond it: [(8, 64)]" in target["note"]
+
+
+def test_padding_within_the_threshold_where_measured_is_not_judged(measurements):
+    """Below 10% on the runs measured, with a distribution not measured: no verdict."""
+    document = _document(measurements, real_steps=1000)
+    measurements["kernel"]["padded_steps"] = 1050
+    document = summary(
+        BenchConfig(policies=3),
+        measurements,
+        SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(1024, 8)])),
+        SimpleNamespace(real_steps=1000, padded_steps=1050, shapes={(1024, 8)}),
+        "float64",
+    )
+    target = document["targets"]["padding_waste"]
+    assert target["value"] == pytest.approx(0.05) and target["met"] is None
+    assert target["note"].startswith("not judged: not measured on one-step episodes")
+
+
+def test_memory_growth_is_judged_at_the_target_s_sizes_only(measurements):
+    """From 200,000 steps (the default) the reader's allocator is still warming up; the
+    target is defined from 2M to 20M steps, and the ratio said "not met" without saying
+    it was measured at other sizes."""
+    measurements["memory"] = {
+        "1x": {"steps": 200_000, "padded_steps": 210_000},
+        "one_episode": {"steps": 2_000_000, "padded_steps": 2_100_000, "longest": 1_800_000},
+        "growth": 1.5,
+        "one_episode_ratio": 1.0,
+    }
+    target = _document(measurements)["targets"]["memory_growth"]
+    assert target["met"] is None and target["value"] == pytest.approx(1.5)
+    assert target["note"].startswith("not judged: measured from 200,000 steps")
+    config = BenchConfig(policies=3, memory=True, memory_steps=2_000_000)
+    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(1024, 8)]))
+    bucketer = SimpleNamespace(real_steps=1000, padded_steps=1200, shapes={(1024, 8)})
+    target = summary(config, measurements, result, bucketer, "float64")["targets"]["memory_growth"]
+    assert target["met"] is False
+
+
 def test_padding_is_judged_on_every_run_that_reports_it(measurements):
     """SPEC 6: <= 10% on skewed lengths, one-step bandit logs and one very long episode:
     the largest of the bench data's, the bandit log's and the memory runs' waste."""
@@ -134,10 +184,11 @@ def test_padding_is_judged_on_every_run_that_reports_it(measurements):
         "one_episode_ratio": 1.0,
     }
     document = _document(measurements)
-    # a 900-step "long" episode is not SPEC's millions: neither target is judged on it
+    # a 900-step "long" episode is not SPEC's millions: not measured on one, but the bench
+    # data's 20% is over 10% already (it said "not judged")
     target = document["targets"]["padding_waste"]
-    assert target["value"] == pytest.approx(0.5) and target["met"] is None
-    assert "not judged: not measured on one very long episode" in target["note"]
+    assert target["value"] == pytest.approx(0.5) and target["met"] is False
+    assert target["note"].startswith("not measured on one very long episode")
     one = document["targets"]["memory_one_episode"]
     assert one["met"] is None and "the long episode has 900 steps" in one["note"]
     measurements["memory"]["one_episode"]["longest"] = 1_800_000
@@ -327,7 +378,10 @@ def test_numpy_script_targets(measurements):
     assert targets["numpy_script_3m"]["met"] is True  # 0.9 <= 1: no slower at 3M
     assert targets["numpy_script_10m"]["met"] is False  # 0.6 > 0.5: not twice as fast at 10M
     assert targets["numpy_script_10m"]["value"] == pytest.approx(0.6)
-    assert "note" not in targets["numpy_script_3m"]
+    # the data they are measured on, which is not the issue's fixed horizon of 200
+    assert targets["numpy_script_3m"]["note"] == (
+        "on the bench's long-tailed episode lengths, not a fixed horizon of 200"
+    )
 
 
 def test_numpy_script_targets_at_other_sizes_say_so(measurements):
