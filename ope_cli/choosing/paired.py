@@ -126,9 +126,9 @@ def from_terms(
             base = _factor(log_scale_p[baseline], pair_p)[:, None] * x_pb[baseline][None, :]
             d_pb = own - base
         out.log_scales[name] = log_scale_p
-        out.means[name], out.comoments[name] = _moments(x_pb[:, mask], matrix=True)
+        out.means[name], out.comoments[name] = _moments(x_pb[:, mask])
         out.pair_log_scales[name] = pair_p
-        out.diff_means[name], out.diff_comoments[name] = _moments(d_pb[:, mask], matrix=True)
+        out.diff_means[name], out.diff_comoments[name] = _moments(d_pb[:, mask])
         out.replicate_sums[name] = counts_rb @ d_pb.T
         out.replicate_squares[name] = counts_rb @ (d_pb * d_pb).T
     return out
@@ -163,20 +163,20 @@ def merge(a: PairedSums, b: PairedSums, baseline: int) -> PairedSums:
     return out
 
 
-def _moments(values_pb: np.ndarray, matrix: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(means [P], centred co-moments [P, P] or, without ``matrix``, squares [P]) of the
-    rows of ``values_pb`` [P, B] (zeros for no episode)."""
+def _moments(values_pb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(means [P], centred co-moments [P, P]) of the rows of ``values_pb`` [P, B] (zeros
+    for no episode)."""
     rows, episodes = values_pb.shape
     mean_p = values_pb.mean(axis=1) if episodes else np.zeros(rows)
     with np.errstate(over="ignore", invalid="ignore"):
         centred_pb = values_pb - mean_p[:, None]
-        return mean_p, centred_pb @ centred_pb.T if matrix else np.sum(centred_pb**2, axis=1)
+        return mean_p, centred_pb @ centred_pb.T
 
 
 def _chan(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(means, centred second moments) of the union of two sets of episodes, each (count,
-    means [P], co-moments [P, P] or squares [P]) on the same scale (Chan, Golub and
-    LeVeque's pairwise update)."""
+    """(means, centred co-moments) of the union of two sets of episodes, each (count,
+    means [P], co-moments [P, P]) on the same scale (Chan, Golub and LeVeque's pairwise
+    update)."""
     (count_a, mean_a, moment_a), (count_b, mean_b, moment_b) = a, b
     count = count_a + count_b
     if count == 0:
@@ -184,8 +184,7 @@ def _chan(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore", invalid="ignore"):
         delta = mean_b - mean_a
         mean = mean_a + delta * (count_b / count)
-        spread = np.outer(delta, delta) if np.ndim(moment_a) == 2 else delta * delta
-        return mean, moment_a + moment_b + spread * (count_a * count_b / count)
+        return mean, moment_a + moment_b + np.outer(delta, delta) * (count_a * count_b / count)
 
 
 # A pair's spread below this share of its rows' own co-moments is not resolved. Rounding
