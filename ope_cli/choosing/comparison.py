@@ -210,6 +210,7 @@ class Pairing:
                 sizes.append(float(np.abs(replicates[np.isfinite(replicates)]).max(initial=0)))
         return RESOLVED * max(sizes, default=0.0)
 
+    @functools.cache  # noqa: B019 - one Pairing per run: intervals, sets and notes read it
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
         """(Δ, stderr) of V̂(k) - V̂(b); a tie, (0, 0), where both are rounding
         (``resolution``; a Δ below it with a standard error above it is kept as it is:
@@ -370,13 +371,12 @@ class Pairing:
         policies so close to it that rounding cannot resolve the spread of their
         per-episode differences, ``paired.difference``). Nothing excludes them from the
         could-be-best set, so the set may be too large."""
-        rows = range(len(self.accumulators))
         best = estimated_best(self.candidates(name))
         if best is None or self.methods[name] == "betting":
             return best, []
-        rows = [k for k in rows if k != best and not self.says_nothing(k, name)]
-        unresolved = [k for k in rows if self.rounding_hides(best, k, name)]
-        return best, unresolved
+        others = [k for k in range(len(self.accumulators)) if k != best]
+        others = [k for k in others if not self.says_nothing(k, name)]
+        return best, [k for k in others if self.rounding_hides(best, k, name)]
 
 
 # --- a run's comparisons, could-be-best sets and selection metrics ---------------------------
