@@ -55,9 +55,10 @@ class _Undeclarable(ValueError):
 
 
 def _number(value: object) -> float:
-    """A JSON number (not a boolean, a string or null) as a float; ValueError otherwise."""
+    """A JSON number as a float; NaN for anything else (a boolean, a string, null), which
+    no key takes."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError
+        return math.nan
     try:
         return float(value)
     except OverflowError:  # an integer beyond float64 (JSON has no bound on them)
@@ -69,7 +70,7 @@ def _declared_reward_range(value: object) -> tuple[float, float] | None:
         return None
     try:
         low, high = (_number(x) for x in value)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError):  # not a pair
         low = high = math.nan
     if not is_reward_range(low, high):
         raise _Undeclarable.value("reward_range", value, "[low, high]: finite numbers, low < high")
@@ -77,20 +78,14 @@ def _declared_reward_range(value: object) -> tuple[float, float] | None:
 
 
 def _declared_horizon(value: object) -> int | None:
-    try:
-        steps = None if value is None else _number(value)
-    except ValueError:
-        steps = math.nan
+    steps = None if value is None else _number(value)
     if steps is not None and not (math.isfinite(steps) and steps.is_integer() and steps >= 1):
         raise _Undeclarable.value("horizon", value, "a whole number of steps, at least 1")
     return None if steps is None else int(steps)
 
 
 def _declared_gamma(value: object) -> float | None:
-    try:
-        gamma = None if value is None else _number(value)
-    except ValueError:
-        gamma = math.nan
+    gamma = None if value is None else _number(value)
     if gamma is not None and not 0.0 <= gamma <= 1.0:
         raise _Undeclarable.value("gamma", value, "a number in [0, 1]")
     return gamma
