@@ -464,8 +464,8 @@ def compare_results(
             best, rows = pairing.unresolved(name)
             if rows:
                 names = [results[k].shown for k in rows]
-                way_out = "" if best == pairing.baseline else f" --baseline {results[best].shown}"
-                note = unresolved_note(name, results[best].shown, names, pairing.precision, way_out)
+                option = "" if best == pairing.baseline else f" --baseline {results[best].shown}"
+                note = unresolved_note(name, results[best].shown, names, pairing.precision, option)
                 unresolved.append(note)
     out = []
     for row, result in enumerate(results):
@@ -478,18 +478,18 @@ def compare_results(
 
 
 def unresolved_note(
-    name: str, best: str, policies: list[str], precision: str, baseline: str
+    name: str, best: str, policies: list[str], precision: str, baseline_option: str
 ) -> str:
     """The warning that ``policies`` stand in the could-be-best set by ``name`` only because
     their difference from ``best`` has no standard error (``Pairing.unresolved``) in a run
-    of ``precision`` arithmetic; ``baseline``: the option that makes ``best`` the baseline
-    (" --baseline NAME"), empty where it is."""
+    of ``precision`` arithmetic; ``baseline_option``: the option that makes ``best`` the
+    baseline (" --baseline NAME"), empty where it is."""
     listed = ", ".join(policies[:3]) + (f" and {len(policies) - 3:,} more" if policies[3:] else "")
     way_out = (
         f"--baseline {best} takes each policy's differences from it episode by episode, "
         "which resolves them."
         if precision == "float64"
-        else f"--precision float64{baseline} resolves them."
+        else f"--precision float64{baseline_option} resolves them."
     )
     return (
         f"the could-be-best set by {name} may be too large: {listed} "
