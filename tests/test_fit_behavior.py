@@ -220,6 +220,10 @@ def test_default_model_and_model_checks():
         check_model_fits("tabular", "vector", "discrete", "--behavior estimate:tabular")
     with pytest.raises(UsageError, match="continuous"):
         check_model_fits("linear_softmax", "vector", "continuous", "--model linear_softmax")
+    # tabular on vector observations and continuous actions: the model that fits them
+    # (the discrete ones it would suggest for the observations are refused next)
+    with pytest.raises(UsageError, match="continuous; use linear_gaussian$"):
+        check_model_fits("tabular", "vector", "continuous", "--behavior estimate:tabular")
 
 
 def test_estimated_policy_is_floored_at_min_propensity():

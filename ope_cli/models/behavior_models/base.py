@@ -93,16 +93,17 @@ def check_model_name(model: str, option: str = "--model") -> None:
 def check_model_fits(
     model: str, observation_kind: str | None, action_kind: str, option: str
 ) -> None:
-    """A UsageError when ``model`` cannot describe the data's observations and actions."""
-    if model == "tabular" and observation_kind != "index":
-        raise UsageError(
-            f"{option}: the tabular model needs integer state observations, but the data's "
-            f"observations are {observation_kind} values; use linear_softmax or mlp_softmax"
-        )
+    """A UsageError when ``model`` cannot describe the data's observations and actions
+    (the actions first: the models it suggests for the observations are discrete ones)."""
     if model in DISCRETE_MODELS and action_kind != "discrete":
         raise UsageError(
             f"{option}: the {model} model is over discrete actions, but the data's actions "
             "are continuous; use linear_gaussian"
+        )
+    if model == "tabular" and observation_kind != "index":
+        raise UsageError(
+            f"{option}: the tabular model needs integer state observations, but the data's "
+            f"observations are {observation_kind} values; use linear_softmax or mlp_softmax"
         )
     if model == "linear_gaussian" and action_kind == "discrete":
         raise UsageError(
