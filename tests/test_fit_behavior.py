@@ -600,6 +600,20 @@ def test_min_propensity_floors_and_counts(generated, chain_runs):
     )
 
 
+def test_densities_are_not_floored_and_say_so(generated):
+    """linear_gaussian estimates densities: the report's floor and count are null (they
+    said 0.05 and 0 steps floored, where 193 densities were below 0.05), and an explicit
+    --min-propensity is refused, one line."""
+    out = generated["gaussian"]
+    fit = _evaluate(out / "nob.parquet", _policies(out), behavior="estimate")
+    fit = fit["dataset"]["behavior"]["fit"]
+    assert fit["model"] == "linear_gaussian"
+    assert fit["min_propensity"] is None and fit["floored"] is None
+    with pytest.raises(UsageError, match="densities of continuous ones") as error:
+        _evaluate(out / "nob.parquet", _policies(out), behavior="estimate", min_propensity=0.05)
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     ("behavior", "options", "needle"),
     [

@@ -246,7 +246,7 @@ def with_estimated_behavior(
 ) -> EvaluationInputs:
     """``inputs`` with the behavior policy of ``--behavior estimate[:MODEL]`` fitted on
     the episodes as the evaluation validates them."""
-    from ope_cli.models.behavior_models.base import parse_model
+    from ope_cli.models.behavior_models.base import check_floor_applies, parse_model
     from ope_cli.models.behavior_models.fitting import (
         choose_model,
         fit_behavior,
@@ -256,6 +256,7 @@ def with_estimated_behavior(
     config, episodes = inputs.config, inputs.episodes
     option = f"--behavior {config.behavior.policy}"
     model = choose_model(parse_model(config.behavior.policy), episodes.schema, option)
+    check_floor_applies(model, config.behavior.min_propensity)
     estimated = fit_behavior(
         inputs.checked_episodes(),
         model,

@@ -77,8 +77,10 @@ class BehaviorFit:
       episodes, steps: what it was fitted on.
       mean_log_likelihood: mean log pi_b(a|s) per step (nats; a log-density for continuous
         actions): in-sample, or out-of-fold when cross-fitted.
-      min_propensity: the floor raised to at evaluation time (discrete models).
-      floored: logged steps whose estimated probability was below the floor.
+      min_propensity: the floor raised to at evaluation time; None for a model of
+        continuous actions (densities are not floored).
+      floored: logged steps whose estimated probability was below the floor (None: as
+        ``min_propensity``).
       seconds: wall time of the fitting pass.
       logged_column: the data's propensity column, when it also has one.
       mean_weight: {policy: {"estimated": w, "logged": w}} mean trajectory weights under the
@@ -98,8 +100,8 @@ class BehaviorFit:
     episodes: int
     steps: int
     mean_log_likelihood: float
-    min_propensity: float
-    floored: int
+    min_propensity: float | None
+    floored: int | None
     seconds: float
     logged_column: str | None = None
     mean_weight: dict[str, dict[str, float | None]] | None = None
@@ -147,7 +149,7 @@ def _describe_fit(fit: BehaviorFit) -> str:
         f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
         f"{fit.mean_log_likelihood:.4g} per step ({_fitted_on(fit.cross_fit)})"
     ]
-    if fit.model != "linear_gaussian":
+    if fit.floored is not None:
         lines.append(
             f"{fit.floored:,} estimated probabilities below --min-propensity "
             f"{fit.min_propensity:g} raised to it"

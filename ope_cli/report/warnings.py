@@ -445,7 +445,7 @@ def asymptotic_warning(result: EvaluationResult) -> Warning | None:
 def floored_warning(result: EvaluationResult) -> Warning | None:
     """--behavior estimate raised estimated probabilities to --min-propensity."""
     fit = result.behavior.fit if result.behavior is not None else None
-    if fit is None or fit.model == "linear_gaussian" or not fit.floored:
+    if fit is None or not fit.floored:
         return None
     return Warning(
         FLOORED_PROPENSITIES,

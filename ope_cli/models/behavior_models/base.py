@@ -112,6 +112,16 @@ def check_model_fits(
         )
 
 
+def check_floor_applies(model: str, min_propensity: float) -> None:
+    """A UsageError for a ``--min-propensity`` given with a model of continuous actions: it
+    estimates densities, which are not probabilities and are not floored."""
+    if model not in DISCRETE_MODELS and min_propensity != MIN_PROPENSITY:
+        raise UsageError(
+            f"--min-propensity floors estimated probabilities of discrete actions; the {model} "
+            "model estimates densities of continuous ones, which are not floored: drop it"
+        )
+
+
 def check_min_propensity(value: float) -> None:
     if not (math.isfinite(value) and 0.0 <= value < 1.0):
         raise UsageError(f"--min-propensity must be in [0, 1), got {value}")

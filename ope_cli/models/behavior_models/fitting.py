@@ -22,6 +22,7 @@ from ope_cli.data.ids import episode_folds
 from ope_cli.errors import DataError, OpeError, UsageError
 from ope_cli.models.behavior import BehaviorFit, BehaviorSource
 from ope_cli.models.behavior_models.base import (
+    DISCRETE_MODELS,
     MIN_PROPENSITY,
     MODELS,
     BehaviorModel,
@@ -211,13 +212,14 @@ def fit_behavior(
         policy = estimated_policy(model, arrays, min_propensity)
         total = collected.model.log_likelihood(arrays)[0]
         floored = collected.model.floored(arrays, None, min_propensity)
+    floors = model in DISCRETE_MODELS  # densities of continuous actions are not floored
     fit = BehaviorFit(
         model=model,
         episodes=collected.episodes,
         steps=collected.steps,
         mean_log_likelihood=total / collected.steps,
-        min_propensity=min_propensity,
-        floored=floored,
+        min_propensity=min_propensity if floors else None,
+        floored=floored if floors else None,
         seconds=time.perf_counter() - started,
         cross_fit=folds,
     )
