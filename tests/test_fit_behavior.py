@@ -136,6 +136,39 @@ def test_linear_gaussian_normal_equations_and_log_likelihood(offset):
     assert model.floored(fitted, None, 0.5) == 0  # densities are not floored
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_linear_gaussian_spread_of_actions_that_follow_the_observations_closely(processes):
+    """Actions 1e6 times the observations plus noise of 1e-3: the sums of squares are of
+    residuals about a pilot line, so the noise is not lost to cancellation (it came out
+    as the 1e-12 variance floor, then 3 times too wide at a scale of 1e5)."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    x = 5.0 + rng.normal(size=(n, 2))
+    y = 1e6 * (x[:, :1] - 0.5 * x[:, 1:]) + 7.0 + 1e-3 * rng.normal(size=(n, 1))
+    fold = rng.integers(0, 2, n)
+    shares = [(x[:700], y[:700], fold[:700]), (x[700:], y[700:], fold[700:])]
+    if processes == 1:
+        model = LinearGaussianModel(folds=2)
+        for part in np.array_split(np.arange(n), 5):
+            model.add(x[part], y[part], fold[part])
+    else:
+        model = _gathered_in_two_processes(lambda: LinearGaussianModel(folds=2), shares)[1]
+    fitted = model.fit()
+    features = np.concatenate([x, np.ones((n, 1))], axis=1)
+    solution = np.linalg.lstsq(features, y, rcond=None)[0]
+    residual = y - features @ solution
+    std = np.sqrt(np.mean(residual**2, axis=0))
+    assert np.exp(fitted["log_std"]) == pytest.approx(std, rel=1e-6)
+    z = (y - x @ fitted["weight"] - fitted["bias"]) / np.exp(fitted["log_std"])
+    per_step = -0.5 * z**2 - fitted["log_std"] - 0.5 * math.log(2 * math.pi)
+    assert model.log_likelihood(fitted)[0] == pytest.approx(per_step.sum(), rel=1e-6)
+    held_out = model.fit(exclude=1)  # fitted on fold 0, scored on fold 1
+    z = (y - x @ held_out["weight"] - held_out["bias"]) / np.exp(held_out["log_std"])
+    per_step = -0.5 * z**2 - held_out["log_std"] - 0.5 * math.log(2 * math.pi)
+    expected = per_step[fold == 1].sum()
+    assert model.log_likelihood(held_out, 1)[0] == pytest.approx(expected, rel=1e-6)
+
+
 @pytest.mark.slow  # a property of fits under offsets and units
 @pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
 def test_softmax_fits_do_not_depend_on_feature_offsets_and_scales(name):
