@@ -58,7 +58,7 @@ from ope_cli.estimation.stats import (
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult
 
-TIED = "the same estimates to float64 rounding (differences below 1e-12 of their size are ties)"
+TIED = "the same estimates to rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
 
@@ -68,6 +68,15 @@ def unresolved_in(precision: str) -> str:
     return (
         f"no standard error: the difference is below what the terms' {precision} rounding "
         "resolves (--precision float64 resolves it), so no interval"
+    )
+
+
+def rounding_only_in(precision: str) -> str:
+    """The note of a difference that is itself within what ``precision`` rounding of the
+    terms can shift it by: its sign, value and probability of improvement are rounding."""
+    return (
+        f"no difference: it is within what the terms' {precision} rounding can shift it by "
+        "(--precision float64 resolves it)"
     )
 
 
@@ -310,14 +319,30 @@ class Pairing:
         improvement = p_improvement(
             self.replicates(k, name), self.replicates(b, name), self.resolution(k, b, name)
         )
+        # terms coarser than float64 whose rounding hides the spread: the replicates'
+        # differences are rounding too, and so is Δ where rounding can shift it as far
+        hidden = self.term_noise > 0.0 and self.rounding_hides(k, b, name)
+        if hidden:
+            improvement = None
+            if abs(delta) <= self.rounding_bound(k, b, name):
+                return Comparison(None, None, low, high, None, rounding_only_in(self.precision))
         if delta == 0.0 and stderr == 0.0:
             note = TIED
         elif note is None and delta is None:  # a null always says why (under betting the
             note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
         elif note is None and (low is None or high is None) and stderr is None:
-            hidden = self.term_noise > 0.0 and self.rounding_hides(k, b, name)
             note = unresolved_in(self.precision) if hidden else NO_SPREAD
         return Comparison(delta, stderr, low, high, improvement, note)
+
+    def rounding_bound(self, k: int, b: int, name: str) -> float:
+        """How far rounding of the terms (``term_noise`` of each) can shift V̂(k) - V̂(b):
+        the noise times the terms' root mean square (``paired.log_term_size``), or what
+        ``_log_term_size`` gives for an estimator that is not a mean of terms."""
+        if get(name).term is not None:
+            log_size = paired.log_term_size(self.sums, name, k, b)
+        else:
+            log_size = self._log_term_size(k, b, name)
+        return self.term_noise * math.exp(log_size)
 
     def replicates_too_few(self, name: str, confidence: float) -> bool:
         """Whether the run drew fewer bootstrap replicates than the could-be-best set of
