@@ -147,6 +147,23 @@ def test_processes_agree_with_one_process(world, num_processes, data):
     assert all(err == "" for _, _, err in outcomes[1:])
 
 
+def test_processes_with_different_device_counts_agree_with_one_process(world):
+    """One process with 1 device, the other with 3 (hosts with unequal accelerators): the
+    processes' exchanges gathered over every local device, which needs the same count on
+    each, and ended in an internal error (a reshape of 4 devices into [2, 1])."""
+    tmp, _ = world
+    args = ["five", "-p", "p0.npz", "-p", "p1.npz", "--baseline", "p0.npz", "--format", "json"]
+    reference = single(args, tmp)
+    port = free_port()
+    three = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=3")}
+    processes = [start(args, 0, 2, port, tmp), start(args, 1, 2, port, tmp, extra_env=three)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    outcomes = [(p.returncode, *out) for p, out in zip(processes, outputs, strict=True)]
+    for code, _, err in outcomes:
+        assert code == 0, err
+    assert_same_json(reference, json.loads(outcomes[0][1]))
+
+
 @pytest.mark.parametrize("cross_fit", ["1", "3"])
 def test_behavior_estimated_across_processes_matches_one_process(world, cross_fit):
     """--behavior estimate: each process collects its share, the statistics are gathered,

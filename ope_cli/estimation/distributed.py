@@ -2,7 +2,7 @@
 and the reduction of their partial statistics with JAX collectives.
 
 Every process runs the same pipeline over a disjoint, deterministic share of the files,
-then all of them exchange their accumulators (``process_allgather``) and merge them in
+then all of them exchange their accumulators (gathered over one device of each) and merge them in
 process order, so every process holds the same result and process 0 prints it.
 """
 
@@ -128,9 +128,27 @@ def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> 
 
 
 def _gather(array: np.ndarray) -> np.ndarray:
-    from jax.experimental import multihost_utils
+    """Collective: [processes, ...] ``array`` (the same shape and dtype in every process)
+    of every process, in process order, gathered over one device of each: processes may
+    have different numbers of devices (``multihost_utils.process_allgather`` spans them
+    all, as a [processes, local devices] grid, and ended in an internal error)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    return np.asarray(multihost_utils.process_allgather(array))
+    local = np.asarray(array)[None]
+    if jax.process_count() == 1:
+        return local
+    first: dict[int, jax.Device] = {}
+    for device in sorted(jax.devices(), key=lambda d: d.id):
+        first.setdefault(device.process_index, device)
+    mesh = Mesh(np.array([first[p] for p in sorted(first)]), ("processes",))
+    placed = jax.device_put(local, first[jax.process_index()])
+    stacked = jax.make_array_from_single_device_arrays(
+        (len(first), *local.shape[1:]), NamedSharding(mesh, PartitionSpec("processes")), [placed]
+    )
+    everywhere = NamedSharding(mesh, PartitionSpec())
+    gathered = jax.jit(lambda x: x, out_shardings=everywhere)(stacked)
+    return np.asarray(gathered.addressable_data(0))
 
 
 def _encode(message: str) -> np.ndarray:
