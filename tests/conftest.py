@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -34,6 +35,21 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
 _TEST_FLAG_NAMES = {flag.split("=")[0] for flag in TEST_XLA_FLAGS}
 _SUITE_FLAGS = [f for f in os.environ["XLA_FLAGS"].split() if f.split("=")[0] in _TEST_FLAG_NAMES]
+
+# A module whose every test is slow says so in one line; the quick loop does not import it.
+ALL_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow$", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick loop (``-m "not slow"``) skips the modules whose every test is slow
+    (``pytestmark = pytest.mark.slow``) before importing them: each worker imported them
+    (hypothesis, assertion rewriting) to deselect every test they hold."""
+    if config.getoption("markexpr") != "not slow" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or not ALL_SLOW.search(collection_path.read_text()):
+        return None
+    return True
+
 
 # 64-bit types before any test module is imported (some build JAX arrays at import time);
 # ``ope_cli.runtime`` is the one writer of jax.config, for the tests too.
@@ -246,12 +262,22 @@ def _release_compiled_executables():
     """Drops every compiled executable after a test once the process holds many
     memory mappings. On CPU each executable holds a few dozen; a whole suite in one process
     compiles thousands, and past the kernel's ``vm.max_map_count`` (65,530 by default) XLA
-    segfaults on a failed mmap. Below the threshold, later tests reuse the compilations."""
+    segfaults on a failed mmap. Below the threshold, later tests reuse the compilations.
+    Counted after every tenth test (the kernel writes the whole map out each time: a second
+    and a half per worker in the quick loop, where ten tests add far fewer than the
+    35,000 mappings between the threshold and the limit)."""
     yield
+    _tests_since_count[0] += 1
+    if _tests_since_count[0] < 10:
+        return
+    _tests_since_count[0] = 0
     if _memory_mappings() > 30_000:
         import jax
 
         jax.clear_caches()
+
+
+_tests_since_count = [0]  # tests since the mappings were last counted
 
 
 def gather_in_two_processes(models) -> None:

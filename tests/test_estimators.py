@@ -5,6 +5,7 @@ through the whole pipeline (in process, the table and JSON formatters, several d
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -47,10 +48,23 @@ def one_episode(rng, length, padded, gamma=0.9):
     return log_ratio, reward, gamma ** np.arange(padded), real
 
 
+@functools.cache
+def _jitted_advance_one():
+    """``reduction._advance_one`` jitted once (op by op, each window's few dozen operations
+    each compiled on their own; ``test_jitted_walk_equals_the_eager_one`` checks the two)."""
+    from ope_cli.estimation.estimators.reduction import _advance_one
+
+    return jax.jit(_advance_one, static_argnums=(2, 3))
+
+
+def _walked(carry, steps, names, betting_range):
+    return _jitted_advance_one()(carry, steps, names, betting_range)
+
+
 def walk(name, log_ratio, reward, discount, real, width):
     """(per-episode values, {StepSum: [T]}) of estimator ``name`` (with the core values)
     on one episode, walked through ``reduction._advance_one`` in windows of ``width`` steps."""
-    from ope_cli.estimation.estimators.reduction import _advance_one, init_carry
+    from ope_cli.estimation.estimators.reduction import init_carry
 
     carry = init_carry(jnp.zeros(()), (name,), False)
     step_values = {}
@@ -64,7 +78,7 @@ def walk(name, log_ratio, reward, discount, real, width):
             jnp.asarray(np.arange(start, start + width) == 0),
             {},
         )
-        carry, values, _ = _advance_one(carry, steps, (name,), None)
+        carry, values, _ = _walked(carry, steps, (name,), None)
         for key, value in values.items():
             step_values.setdefault(key, []).append(np.asarray(value))
     values = base.core_values(carry.trajectory)

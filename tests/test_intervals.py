@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -326,6 +327,8 @@ def test_betting_variables_in_float32_with_gamma_near_one():
         )
         betting_range = jnp.asarray(betting_inputs((a, b, discounted), horizon, gamma), dtype)
         carry = init_carry(jnp.zeros((), dtype), (), True)
-        carry, _, _ = _advance_one(carry, window, (), betting_range)
-        got[dtype] = np.asarray(betting_variables(carry.betting, carry.trajectory, betting_range))
+        # jitted: op by op, each of the walk's operations compiles on its own
+        carry, _, _ = jax.jit(_advance_one, static_argnums=2)(carry, window, (), betting_range)
+        variables = jax.jit(betting_variables)(carry.betting, carry.trajectory, betting_range)
+        got[dtype] = np.asarray(variables)
     np.testing.assert_allclose(np.exp(got[np.float32]), np.exp(got[np.float64]), rtol=1e-3)

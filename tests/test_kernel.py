@@ -111,7 +111,8 @@ def test_vmapped_carries_equal_a_per_episode_loop():
         jnp.asarray(group, jnp.int32),
         jnp.zeros((4, 0)),
     )
-    vmapped, _ = advance_window(carry, window, 0.9, K, FOUR)
+    # jitted: op by op, the window's few dozen operations each compile on their own
+    vmapped, _ = jax.jit(advance_window, static_argnums=(3, 4))(carry, window, 0.9, K, FOUR)
     advance_one = jax.jit(_advance_one, static_argnums=(2, 3))  # one compilation, four calls
     for i in range(4):
         one = init_carry(jnp.zeros(()), FOUR, False)

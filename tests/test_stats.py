@@ -166,6 +166,7 @@ def test_random_batches_match_reference(seed, gamma):
     check_against_reference(estimates, diagnostics, episodes, gamma, groups)
 
 
+@pytest.mark.slow  # a property: the merge's invariance to how episodes are batched
 def test_result_does_not_depend_on_the_batching():
     rng = np.random.default_rng(99)
     episodes = random_episodes(rng, 40)
