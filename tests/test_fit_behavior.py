@@ -169,6 +169,31 @@ def test_linear_gaussian_spread_of_actions_that_follow_the_observations_closely(
     assert model.log_likelihood(held_out, 1)[0] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("case", ["still_first_block", "tiny_first_block"])
+def test_linear_gaussian_pilot_of_an_unrepresentative_first_block(case):
+    """A first block whose feature 0 hardly moves (1e-9 a step) on ordinary data gave the
+    pilot a slope of ~1e8 there, which later steps turned into residuals 1e8 times the
+    noise (std 1.3 times too wide): such a slope, far below its standard error, is not
+    kept. A first block of 4 steps for 4 parameters piloted nothing: the pilot waits."""
+    rng = np.random.default_rng(2)
+    n = 3000
+    x = rng.normal(size=(n, 3))
+    if case == "still_first_block":
+        x[:50, 0] = 1.0 + 1e-9 * np.arange(50)
+        y = x @ np.array([[1.0], [2.0], [-1.0]]) + rng.normal(size=(n, 1))
+        first = 50
+    else:
+        y = 1e5 * x @ rng.normal(size=(3, 1)) + 1e-3 * rng.normal(size=(n, 1))
+        first = 4
+    model = LinearGaussianModel(folds=1)
+    model.add(x[:first], y[:first], np.zeros(first, int))
+    model.add(x[first:], y[first:], np.zeros(n - first, int))
+    fitted = model.fit()
+    features = np.concatenate([x, np.ones((n, 1))], axis=1)
+    residual = y - features @ np.linalg.lstsq(features, y, rcond=None)[0]
+    assert np.exp(fitted["log_std"]) == pytest.approx(np.sqrt(np.mean(residual**2, 0)), rel=1e-6)
+
+
 @pytest.mark.slow  # a property of fits under offsets and units
 @pytest.mark.parametrize("name", ["linear_softmax", "mlp_softmax"])
 def test_softmax_fits_do_not_depend_on_feature_offsets_and_scales(name):

@@ -4,11 +4,17 @@ Per fold of episodes, the normal equations are accumulated as steps stream in (x
 X'X [d+1, d+1], X'Y [d+1, k], the per-dimension sums of y^2 [k] and the step count; the
 observations are taken relative to a pivot (the first step's; processes agree on the first
 process's at the gather) so that a large common offset does not swamp the sums, and the
-actions relative to a pilot line fitted to the first steps added (their least squares), so
-that the sums of squares are of residuals: an action that follows the observations far
-more closely than it spreads (a spread 1e5 times its noise) does not lose its noise to
-cancellation (std_j came out 3 times too wide). The fit solves the sums centred on the
-means (least squares of the centred system, minimum-norm where it is singular) and sets
+actions relative to a pilot line fitted to the first steps added (their least squares,
+once there are PILOT_ROWS_PER_PARAMETER times as many as parameters, keeping only the
+slopes at least PILOT_T standard errors from 0), so that the sums of squares are of
+residuals: an action that follows the observations far more closely than it spreads (a
+spread 1e5 times its noise) does not lose its noise to cancellation (std_j came out 3
+times too wide). A slope kept is known to 1/PILOT_T of itself, so along it the residuals
+are smaller than the actions by that much whatever the later observations' spread; one
+not kept leaves the actions as they are (a first block whose observations hardly moved
+gave slopes of 1e8 that later observations turned into residuals 1e8 times the noise).
+The fit solves the sums centred on the means (least squares of the centred system,
+minimum-norm where it is singular) and sets
 std_j = sqrt(RSS_j / n) (maximum likelihood). Memory is flat: O(folds * d * (d + k)),
 whatever the data's size.
 """
@@ -24,6 +30,8 @@ from ope_cli.errors import DataError
 from ope_cli.models.behavior_models.base import Gather, features, largest, summed
 
 MIN_VARIANCE = 1e-12
+PILOT_ROWS_PER_PARAMETER = 16  # steps per parameter the pilot line waits for
+PILOT_T = 1e3  # the pilot keeps a slope this many of its standard errors from 0
 
 
 class LinearGaussianModel:
@@ -39,6 +47,7 @@ class LinearGaussianModel:
         # the pilot line subtracted from every action: pivot_y + (s - pivot) @ slope
         self.pivot_y: np.ndarray | None = None  # [k]
         self.slope: np.ndarray | None = None  # [d, k]
+        self._waiting: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # before a pilot
 
     def add(self, observation: np.ndarray, action: np.ndarray, fold: np.ndarray) -> None:
         """Accumulates steps: observation [N] or [N, d], action [N] or [N, k], fold [N]."""
@@ -46,11 +55,32 @@ class LinearGaussianModel:
         if x.shape[0] == 0:
             return
         y = features(action)
-        if self.pivot is None:
-            self.pivot = np.array(x[0], np.float64)
-            self.pivot_y, self.slope = _pilot(x - self.pivot, y)
-        elif self.slope.shape != (x.shape[1], y.shape[1]):
+        if self.pivot is None:  # the first steps wait for enough of them to pilot the sums
+            self._waiting.append((x, y, np.asarray(fold)))
+            if sum(part[0].shape[0] for part in self._waiting) >= PILOT_ROWS_PER_PARAMETER * (
+                x.shape[1] + 1
+            ):
+                self._start()
+            return
+        if self.slope.shape != (x.shape[1], y.shape[1]):
             raise DataError("observations or actions change size between steps")
+        self._accumulate(x, y, fold)
+
+    def _start(self) -> None:
+        """Pilots the sums with the steps waiting (any number), and adds them."""
+        if not self._waiting:
+            return
+        shapes = {(part[0].shape[1], part[1].shape[1]) for part in self._waiting}
+        if len(shapes) > 1:
+            raise DataError("observations or actions change size between steps")
+        x, y, fold = (np.concatenate(parts) for parts in zip(*self._waiting, strict=True))
+        self._waiting = []
+        self.pivot = np.array(x[0], np.float64)
+        self.pivot_y, self.slope = _pilot(x - self.pivot, y)
+        self._accumulate(x, y, fold)
+
+    def _accumulate(self, x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> None:
+        """Adds steps ([N, d] observations, [N, k] actions) about the pivot and pilot."""
         x = np.concatenate([x - self.pivot, np.ones((x.shape[0], 1))], axis=1)
         y = y - self.pivot_y - x[:, :-1] @ self.slope
         if self.xtx is None:
@@ -68,6 +98,7 @@ class LinearGaussianModel:
 
     def gather_processes(self, gather: Gather) -> None:
         """Every process's normal equations, summed (a process without steps adds zeros)."""
+        self._start()
         shape = (0, 0) if self.xtx is None else (self.xtx.shape[1], self.xty.shape[2])
         d, k = largest(gather, shape)
         if d == 0:
@@ -115,6 +146,7 @@ class LinearGaussianModel:
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
         """{"weight" [d, k], "bias" [k], "log_std" [k]} from every fold but ``exclude``."""
+        self._start()
         if self.xtx is None:
             raise DataError("no steps to fit the linear_gaussian behavior model on")
         xtx, xty, yy, n = self._pooled(exclude)
@@ -140,6 +172,7 @@ class LinearGaussianModel:
         self, arrays: dict[str, np.ndarray], fold: int | None = None
     ) -> tuple[float, int]:
         """Sum of the diagonal Gaussian log-densities over one fold's steps (None: all)."""
+        self._start()
         if fold is None:
             xtx, xty, yy, n = self._pooled(None)
         else:
@@ -170,13 +203,24 @@ class Centred(NamedTuple):
 
 
 def _pilot(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(intercept [k], slope [d, k]) of the least squares of actions ``y`` [N, k] on
-    observations ``x`` [N, d] (about the pivot); a flat line through the first action
+    """(intercept [k], slope [d, k]): the least squares of actions ``y`` [N, k] on
+    observations ``x`` [N, d] (about the pivot), each slope kept only where it is at least
+    PILOT_T of its standard errors from 0 (else 0); a flat line through the actions' mean
     where there are no more steps than parameters."""
-    if x.shape[0] <= x.shape[1] + 1:
-        return np.array(y[0], np.float64), np.zeros((x.shape[1], y.shape[1]))
-    solution = np.linalg.lstsq(np.concatenate([x, np.ones((x.shape[0], 1))], 1), y, rcond=None)
-    return solution[0][-1], solution[0][:-1]
+    n, d = x.shape
+    slope = np.zeros((d, y.shape[1]))
+    if n > d + 1:
+        mean_x, mean_y = x.mean(axis=0), y.mean(axis=0)
+        u, s, vt = np.linalg.svd(x - mean_x, full_matrices=False)
+        kept = s > s.max(initial=0.0) * n * np.finfo(np.float64).eps
+        inverse = vt[kept].T / s[kept]  # [d, r]: the centred design's pseudo-inverse, V S^-1
+        fitted = inverse @ (u[:, kept].T @ (y - mean_y))  # [d, k]
+        residual = (y - mean_y) - (x - mean_x) @ fitted
+        variance = np.sum(residual * residual, axis=0) / (n - d - 1)  # [k]
+        stderr = np.sqrt(np.outer(np.sum(inverse * inverse, axis=1), variance))  # [d, k]
+        slope = np.where(np.abs(fitted) >= PILOT_T * stderr, fitted, 0.0)
+        return mean_y - mean_x @ slope, slope
+    return y.mean(axis=0), slope
 
 
 def _first_of(gather, has_steps: bool, pivot, pivot_y, slope):
