@@ -9,6 +9,7 @@ process order, so every process holds the same result and process 0 prints it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from typing import TypeVar
@@ -146,9 +147,18 @@ def _gather(array: np.ndarray) -> np.ndarray:
     stacked = jax.make_array_from_single_device_arrays(
         (len(first), *local.shape[1:]), NamedSharding(mesh, PartitionSpec("processes")), [placed]
     )
-    everywhere = NamedSharding(mesh, PartitionSpec())
-    gathered = jax.jit(lambda x: x, out_shardings=everywhere)(stacked)
+    gathered = _replicated(mesh)(stacked)
     return np.asarray(gathered.addressable_data(0))
+
+
+@functools.cache
+def _replicated(mesh):
+    """The identity, jitted once per mesh, its output replicated on every device of
+    ``mesh`` (a new function per call would compile every gather again)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def _encode(message: str) -> np.ndarray:
