@@ -361,6 +361,17 @@ def test_missing_step(tmp_path, rows):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 1_000_000])
+def test_a_negative_step_is_named(tmp_path, rows):
+    """Steps -1, 0, 1: the message said "step 0 is missing", where step 0 is there."""
+    path = write_rows(tmp_path / "logs.parquet", [1, 1, 7, 7, 7], [0, 1, 1, -1, 0])
+    with pytest.raises(DataError) as info:
+        read_chunks(path, rows)
+    message = str(info.value)
+    assert "episode 7" in message
+    assert "step -1 is out of range" in message
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 1_000_000])
 def test_non_contiguous_episode_id(tmp_path, rows):
     path = write_rows(tmp_path / "logs.parquet", [5, 5, 6, 6, 5], [0, 1, 0, 1, 2])
     with pytest.raises(DataError) as info:

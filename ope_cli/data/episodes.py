@@ -498,10 +498,13 @@ def _order_steps(
         row = int(bad[0])
         episode = display_id(rows.ids[row])
         bad_episodes = np.unique(episode_of_row[bad]).size
+        step, expected = int(rows.step[row]), int(position[row])
         if row > starts[episode_of_row[row]] and rows.step[row] == rows.step[row - 1]:
-            problem = f"step {int(rows.step[row])} appears more than once"
+            problem = f"step {step} appears more than once"
+        elif step < expected:  # sorted, and every step before it in place: below 0
+            problem = f"step {step} is out of range (steps must be 0, 1, ..., length-1)"
         else:
-            problem = f"step {int(position[row])} is missing (steps must be 0, 1, ..., length-1)"
+            problem = f"step {expected} is missing (steps must be 0, 1, ..., length-1)"
         raise InvalidValueError(
             f"{where(file, episode)}{problem} ({bad_episodes} episode(s) affected)"
         )
