@@ -919,7 +919,12 @@ BAD = [
     Bad("float_actions_discrete_policy", 3, ("action", "integer|discrete"), _float_actions),
     Bad("observation_size", 3, ("observation", r"\b3\b", r"\b4\b"), _obs_size_3),
     Bad("observation_size_fixed_list", 3, ("observation", r"\b3\b", r"\b4\b"), _obs_size_3_fixed),
-    Bad("ragged_observations", 3, (r"{F}\.parquet", *LOC, "observation"), _ragged_obs),
+    Bad(  # the drop that applies to it is named, as for other invalid values
+        "ragged_observations",
+        3,
+        (r"{F}\.parquet", *LOC, "observation", "--on-invalid drop"),
+        _ragged_obs,
+    ),
     # episode structure
     Bad(
         "duplicate_step",

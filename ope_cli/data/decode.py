@@ -192,7 +192,7 @@ def vectors(
         bad = np.flatnonzero(ragged)
         if at.flags is None:
             episode, step = at.locate(int(bad[0]))
-            raise DataError(
+            raise InvalidValueError(  # its episode can be dropped (``ragged_...``)
                 f"{where(at.file, episode, step)}column {column!r} holds a vector of length "
                 f"{int(lengths[bad[0]])}, but the data's vectors have length {dim} "
                 f"({bad.size} ragged row(s) in this batch)"
