@@ -988,3 +988,39 @@ def test_fit_behavior_writes_its_fit_when_the_logged_columns_disagree(tmp_path):
     result = run_fit_behavior(FitBehaviorConfig(str(tmp_path / "logs.parquet"), str(out)))
     assert out.exists() and result.logged is None
     assert "could not be read" in result.logged_note and "disagree" in result.logged_note
+
+
+@pytest.mark.slow  # iterative fits, as the others of this module
+def test_a_linear_softmax_fit_stopped_by_its_cap_is_warned_of(tmp_path):
+    """Forty observation features correlated at 0.999: L-BFGS stops at its cap of steps,
+    its gradient norm far above its tolerance. fit-behavior said nothing (a case 1.8e-5
+    above the optimum's objective, each probability up to 1.7% off); it and
+    --behavior estimate now warn (behavior_fit_not_converged). Ordinary features do not."""
+    from ope_cli.models.behavior_models.base import BEHAVIOR_FIT_NOT_CONVERGED
+    from ope_cli.models.behavior_models.command import FitBehaviorConfig, run_fit_behavior
+
+    rng = np.random.default_rng(0)
+    n, d = 200, 40
+    common = rng.normal(size=(n, 1))
+    collinear = np.sqrt(0.999) * common + np.sqrt(0.001) * rng.normal(size=(n, d))
+    cases = {"collinear": collinear, "ordinary": rng.normal(size=(n, 3))}
+    for name, observation in cases.items():
+        table = {
+            "episode_id": np.arange(n),
+            "step": np.zeros(n, np.int64),
+            "observation": pa.FixedSizeListArray.from_arrays(
+                pa.array(observation.ravel()), observation.shape[1]
+            ),
+            "action": rng.integers(0, 5, n),
+            "reward": rng.normal(size=n),
+        }
+        pq.write_table(pa.table(table), tmp_path / f"{name}.parquet")
+        out = tmp_path / f"{name}.npz"
+        config = FitBehaviorConfig(str(tmp_path / f"{name}.parquet"), str(out), "linear_softmax")
+        codes = [w["code"] for w in run_fit_behavior(config).warnings]
+        assert (BEHAVIOR_FIT_NOT_CONVERGED in codes) is (name == "collinear"), codes
+    policy = str(tmp_path / "collinear.npz")
+    document = _evaluate(tmp_path / "collinear.parquet", [policy], behavior="estimate")
+    assert document["dataset"]["behavior"]["fit"]["stopped_short"] > 1e-9
+    warned = [w for w in document["warnings"] if w["code"] == BEHAVIOR_FIT_NOT_CONVERGED]
+    assert len(warned) == 1 and "cap of 500 steps" in warned[0]["message"], warned

@@ -94,6 +94,8 @@ class BehaviorFit:
         for a policy without two estimates with standard errors.
       cross_fit: K folds of episodes, each evaluated with the model fitted on the others
         (1: in-sample).
+      stopped_short: the largest gradient norm of a fit that its step cap stopped short of
+        its tolerance (``BehaviorModel.stopped_short``); None where every fit converged.
     """
 
     model: str
@@ -108,6 +110,7 @@ class BehaviorFit:
     cross_fit: int = 1
     mean_weight_note: str | None = None
     logged_gap: dict[str, dict | None] | None = None
+    stopped_short: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -454,6 +454,21 @@ def floored_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def behavior_fit_warning(result: EvaluationResult) -> Warning | None:
+    """--behavior estimate's iterative fit stopped by its step cap, short of its optimum."""
+    fit = result.behavior.fit if result.behavior is not None else None
+    if fit is None or fit.stopped_short is None:
+        return None
+    from ope_cli.models.behavior_models.base import (
+        BEHAVIOR_FIT_NOT_CONVERGED,
+        stopped_short_message,
+    )
+    from ope_cli.models.behavior_models.softmax import LBFGS_STEPS, LBFGS_TOLERANCE
+
+    message = stopped_short_message(fit.model, fit.stopped_short, LBFGS_STEPS, LBFGS_TOLERANCE)
+    return Warning(BEHAVIOR_FIT_NOT_CONVERGED, message)
+
+
 def estimated_behavior_warnings(result: EvaluationResult) -> list[Warning]:
     """--behavior estimate on data that also logs propensities, where an estimate moves
     more than BEHAVIOR_GAP_STANDARD_ERRORS from the one the logged column gives: the model
@@ -666,6 +681,7 @@ def run_warnings(
         gamma_replaced_warning(result),
         dropped_warning(result),
         floored_warning(result),
+        behavior_fit_warning(result),
         float32_warning(result),
         asymptotic_warning(result),
         fitted_q_warning(result),

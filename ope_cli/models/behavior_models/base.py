@@ -51,6 +51,9 @@ class BehaviorModel(Protocol):
     """
 
     name: str
+    # the largest gradient norm of a fit stopped by its step cap, not at its tolerance
+    # (iterative models); None where every fit converged or the model is closed-form
+    stopped_short: float | None
 
     def add(self, observation: np.ndarray, action: np.ndarray, fold: np.ndarray) -> None: ...
 
@@ -110,6 +113,22 @@ def check_model_fits(
             f"{option}: the linear_gaussian model is over continuous actions, but the data's "
             "actions are integers; use tabular, linear_softmax or mlp_softmax"
         )
+
+
+# A fitted behavior model stopped by its step cap short of the optimum (evaluate and
+# fit-behavior alike)
+BEHAVIOR_FIT_NOT_CONVERGED = "behavior_fit_not_converged"
+
+
+def stopped_short_message(model: str, gradient: float, steps: int, tolerance: float) -> str:
+    """The warning of a ``model`` fit that ended at its ``steps`` cap with a gradient norm of
+    ``gradient`` (its ``tolerance`` not reached)."""
+    return (
+        f"the {model} behavior fit stopped at its cap of {steps} steps with a gradient norm "
+        f"of {gradient:.2g} (its tolerance is {tolerance:g}): its probabilities, and the "
+        "weights made with them, are not at the maximum-likelihood optimum (nearly collinear "
+        "observation features slow it down: drop or combine them)."
+    )
 
 
 def check_floor_applies(model: str, min_propensity: float) -> None:

@@ -222,6 +222,7 @@ def fit_behavior(
         floored=floored if floors else None,
         seconds=time.perf_counter() - started,
         cross_fit=folds,
+        stopped_short=collected.model.stopped_short,
     )
     return EstimatedBehavior(policy, fit)
 

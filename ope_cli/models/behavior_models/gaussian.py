@@ -38,6 +38,7 @@ class LinearGaussianModel:
     """Normal equations per fold: xtx [K, d+1, d+1], xty [K, d+1, k], yy [K, k], n [K]."""
 
     name = "linear_gaussian"
+    stopped_short = None  # closed form: no iterations to stop short
 
     def __init__(self, folds: int = 1):
         self.folds = folds

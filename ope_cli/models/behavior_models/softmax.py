@@ -71,6 +71,7 @@ class SoftmaxModel:
         self._fold: list[np.ndarray] = []
         self.bytes = 0
         self._data = None
+        self.stopped_short: float | None = None  # BehaviorModel.stopped_short
 
     def add(self, observation: np.ndarray, action: np.ndarray, fold: np.ndarray) -> None:
         x = features(observation)
@@ -120,7 +121,9 @@ class SoftmaxModel:
         center, scale = standardizer(x, weights)
         args = (jnp.asarray((x - center) / scale), jnp.asarray(a), jnp.asarray(weights))
         if self.name == "linear_softmax":
-            params = _jitted(_fit_linear_program)(*args, n_actions=n_actions)
+            params, gradient = _jitted(_fit_linear_program)(*args, n_actions=n_actions)
+            if float(gradient) > LBFGS_TOLERANCE:  # stopped by LBFGS_STEPS
+                self.stopped_short = max(self.stopped_short or 0.0, float(gradient))
         else:
             params = _jitted(_fit_mlp_program)(*args, n_actions=n_actions)
         params = {key: np.asarray(value, np.float64) for key, value in params.items()}
@@ -220,8 +223,8 @@ def _fit_linear_program(x, a, weights, *, n_actions):
         grad = otu.tree_get(state, "grad")
         return (count == 0) | ((count < LBFGS_STEPS) & (otu.tree_norm(grad) > LBFGS_TOLERANCE))
 
-    params, _ = jax.lax.while_loop(going, step, (params, solver.init(params)))
-    return params
+    params, state = jax.lax.while_loop(going, step, (params, solver.init(params)))
+    return params, otu.tree_norm(otu.tree_get(state, "grad"))
 
 
 def _fit_mlp_program(x, a, weights, *, n_actions):

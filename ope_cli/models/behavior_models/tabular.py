@@ -21,6 +21,7 @@ class TabularModel:
     largest state and action seen."""
 
     name = "tabular"
+    stopped_short = None  # closed form: no iterations to stop short
 
     def __init__(self, folds: int = 1, smoothing: float = SMOOTHING):
         self.smoothing = smoothing
