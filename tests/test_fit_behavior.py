@@ -86,6 +86,16 @@ def _evaluate(data: Path, policies: list, **options) -> dict:
 # --- models, closed form
 
 
+def test_tabular_counts_past_the_memory_budget_are_refused(monkeypatch):
+    """Counts up to the largest state id: a sparse id of 2e9 asked for 224 GiB and ended in
+    a MemoryError, reported as a bug; past OPE_FIT_MEMORY_GB it is one usage line."""
+    monkeypatch.setenv("OPE_FIT_MEMORY_GB", "0.001")  # 1 MiB: 100,000 states x 3 x 5 folds
+    model = TabularModel(folds=5)
+    with pytest.raises(UsageError, match="largest state, 100,000: .*OPE_FIT_MEMORY_GB") as error:
+        model.add(np.array([0, 100_000]), np.array([0, 2]), np.array([0, 1]))
+    assert "\n" not in str(error.value)
+
+
 def test_tabular_counts_with_additive_smoothing():
     model = TabularModel(folds=2)
     model.add(np.array([0, 0, 0, 2]), np.array([1, 1, 0, 2]), np.array([0, 0, 1, 1]))

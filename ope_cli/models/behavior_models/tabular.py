@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, UsageError
 from ope_cli.models.behavior_models.base import Gather, largest, summed
+from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
 
 SMOOTHING = 0.5  # pseudo-count per action (Krichevsky-Trofimov / Jeffreys prior)
 
@@ -42,6 +43,15 @@ class TabularModel:
 
     def _grow(self, states: int, actions: int) -> None:
         folds = self.counts.shape[0]
+        needed, budget = 8 * folds * states * actions, memory_budget()
+        if needed > budget:  # a sparse state id of 2e9 was a MemoryError, "a bug"
+            raise UsageError(
+                f"the tabular behavior model counts every action of every state up to the "
+                f"largest state, {states - 1:,}: {folds} fold(s) x {states:,} states x "
+                f"{actions:,} actions need {needed / 2**30:.3g} GiB, more than "
+                f"{budget / 2**30:.3g} GiB ({MEMORY_ENV} raises the budget); number the "
+                "states 0, 1, ... or use linear_softmax"
+            )
         if (states, actions) != self.counts.shape[1:]:
             grown = np.zeros((folds, states, actions), np.int64)
             grown[:, : self.counts.shape[1], : self.counts.shape[2]] = self.counts
