@@ -179,6 +179,15 @@ def test_linear_gaussian_spread_of_actions_that_follow_the_observations_closely(
     assert model.log_likelihood(held_out, 1)[0] == pytest.approx(expected, rel=1e-6)
 
 
+def test_linear_gaussian_refuses_a_size_change_among_its_first_steps_at_once():
+    """The first steps wait for the pilot; a change of size among them is refused where it
+    comes (in a process's pass), not at the gather, where the other processes wait."""
+    model = LinearGaussianModel(folds=1)
+    model.add(np.zeros((10, 3)), np.zeros((10, 1)), np.zeros(10, int))
+    with pytest.raises(DataError, match="change size"):
+        model.add(np.zeros((10, 2)), np.zeros((10, 1)), np.zeros(10, int))
+
+
 @pytest.mark.parametrize("case", ["still_first_block", "tiny_first_block"])
 def test_linear_gaussian_pilot_of_an_unrepresentative_first_block(case):
     """A first block whose feature 0 hardly moves (1e-9 a step) on ordinary data gave the

@@ -57,6 +57,12 @@ class LinearGaussianModel:
             return
         y = features(action)
         if self.pivot is None:  # the first steps wait for enough of them to pilot the sums
+            if (
+                self._waiting
+                and self._waiting[0][0].shape[1:] + self._waiting[0][1].shape[1:]
+                != x.shape[1:] + y.shape[1:]
+            ):  # here, where a process's pass can fail
+                raise DataError("observations or actions change size between steps")
             self._waiting.append((x, y, np.asarray(fold)))
             if sum(part[0].shape[0] for part in self._waiting) >= PILOT_ROWS_PER_PARAMETER * (
                 x.shape[1] + 1
@@ -71,9 +77,6 @@ class LinearGaussianModel:
         """Pilots the sums with the steps waiting (any number), and adds them."""
         if not self._waiting:
             return
-        shapes = {(part[0].shape[1], part[1].shape[1]) for part in self._waiting}
-        if len(shapes) > 1:
-            raise DataError("observations or actions change size between steps")
         x, y, fold = (np.concatenate(parts) for parts in zip(*self._waiting, strict=True))
         self._waiting = []
         self.pivot = np.array(x[0], np.float64)
