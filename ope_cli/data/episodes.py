@@ -517,5 +517,9 @@ def _order_steps(
     missing[first_bad[~repeated]] = True  # the row where the missing step belongs
     return rows, [
         Check("duplicate_step", "a step appears more than once", duplicate),
-        Check("missing_step", "a step is missing (steps must be 0, 1, ..., length-1)", missing),
+        Check(  # a step below 0 leaves one of 0, ..., length-1 without its row, too
+            "missing_step",
+            "a step is missing or out of range (steps must be 0, 1, ..., length-1)",
+            missing,
+        ),
     ]
