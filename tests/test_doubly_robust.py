@@ -457,6 +457,35 @@ def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monke
         step_values(spec, None, None, None, jnp.ones(2), jnp.ones(2), jax.random.key(0))
 
 
+def test_an_entry_point_policy_with_a_wider_q_is_refused(tmp_path, softmax_data, monkeypatch):
+    """An entry-point policy of 4 actions that declares none, with a Q checkpoint of 6: V-hat
+    summed pi(a|s) Q(s, a) over 6 actions, the policy clamping 4 and 5 to its last (dr 919
+    where the truth was 4.5, with only the generic unchecked-actions warning). Its
+    probabilities over the Q's actions are summed on the data's first steps: one line,
+    exit 4. Over the Q's own 4 actions it is evaluated as before."""
+    _, target, _, data, _ = softmax_data
+    np.savez(tmp_path / "target_params.npz", weight=target["weight"], bias=target["bias"])
+    (tmp_path / "clamping_policy.py").write_text(
+        "import jax\n"
+        "import jax.numpy as jnp\n"
+        "import numpy as np\n"
+        "_p = np.load('target_params.npz')\n"
+        "W, b = jnp.asarray(_p['weight']), jnp.asarray(_p['bias'])\n"
+        "def log_prob(observation, action):\n"
+        "    return jax.nn.log_softmax(observation @ W + b)[jnp.minimum(action, 3)]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rng = np.random.default_rng(5)
+    wide = save_checkpoint(tmp_path / "wide.npz", _linear_q(rng, 3, 6))
+    with pytest.raises(PolicyError, match=r"sum to .* not 1") as raised:
+        ope_cli.evaluate(data, policies="clamping_policy:log_prob", q=str(wide), gamma=GAMMA)
+    assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
+    same = save_checkpoint(tmp_path / "same.npz", _linear_q(rng, 3, 4))
+    result = ope_cli.evaluate(data, policies="clamping_policy:log_prob", q=str(same), gamma=GAMMA)
+    assert np.isfinite(result.results[0].estimates["dr"].value)
+
+
 def test_v_samples_over_discrete_actions_is_refused(tmp_path, softmax_data):
     """V-hat over discrete actions sums over every one: --v-samples changed nothing."""
     _, _, target_path, data, _ = softmax_data
