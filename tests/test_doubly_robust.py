@@ -457,6 +457,25 @@ def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monke
         step_values(spec, None, None, None, jnp.ones(2), jnp.ones(2), jax.random.key(0))
 
 
+def _target_entry_point(tmp_path, target, monkeypatch, module: str, action: str) -> str:
+    """``module:log_prob``, the target linear_softmax checkpoint as an entry point that
+    declares no n_actions, indexing its log-probabilities with the expression ``action``;
+    importable from ``tmp_path`` (the working directory) for this test."""
+    np.savez(tmp_path / "target_params.npz", weight=target["weight"], bias=target["bias"])
+    (tmp_path / f"{module}.py").write_text(
+        "import jax\n"
+        "import jax.numpy as jnp\n"
+        "import numpy as np\n"
+        "_p = np.load('target_params.npz')\n"
+        "W, b = jnp.asarray(_p['weight']), jnp.asarray(_p['bias'])\n"
+        "def log_prob(observation, action):\n"
+        f"    return jax.nn.log_softmax(observation @ W + b)[{action}]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{module}:log_prob"
+
+
 def test_an_entry_point_policy_with_a_wider_q_is_refused(tmp_path, softmax_data, monkeypatch):
     """An entry-point policy of 4 actions that declares none, with a Q checkpoint of 6: V-hat
     summed pi(a|s) Q(s, a) over 6 actions, the policy clamping 4 and 5 to its last (dr 919
@@ -464,25 +483,14 @@ def test_an_entry_point_policy_with_a_wider_q_is_refused(tmp_path, softmax_data,
     probabilities over the Q's actions are summed on the data's first steps: one line,
     exit 4. Over the Q's own 4 actions it is evaluated as before."""
     _, target, _, data, _ = softmax_data
-    np.savez(tmp_path / "target_params.npz", weight=target["weight"], bias=target["bias"])
-    (tmp_path / "clamping_policy.py").write_text(
-        "import jax\n"
-        "import jax.numpy as jnp\n"
-        "import numpy as np\n"
-        "_p = np.load('target_params.npz')\n"
-        "W, b = jnp.asarray(_p['weight']), jnp.asarray(_p['bias'])\n"
-        "def log_prob(observation, action):\n"
-        "    return jax.nn.log_softmax(observation @ W + b)[jnp.minimum(action, 3)]\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = _target_entry_point(tmp_path, target, monkeypatch, "clamping", "jnp.minimum(action, 3)")
     rng = np.random.default_rng(5)
     wide = save_checkpoint(tmp_path / "wide.npz", _linear_q(rng, 3, 6))
     with pytest.raises(PolicyError, match=r"sum to .* not 1") as raised:
-        ope_cli.evaluate(data, policies="clamping_policy:log_prob", q=str(wide), gamma=GAMMA)
+        ope_cli.evaluate(data, policies=entry, q=str(wide), gamma=GAMMA)
     assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
     same = save_checkpoint(tmp_path / "same.npz", _linear_q(rng, 3, 4))
-    result = ope_cli.evaluate(data, policies="clamping_policy:log_prob", q=str(same), gamma=GAMMA)
+    result = ope_cli.evaluate(data, policies=entry, q=str(same), gamma=GAMMA)
     assert np.isfinite(result.results[0].estimates["dr"].value)
 
 
@@ -597,22 +605,10 @@ def test_an_entry_point_policy_given_twice_with_two_qs(tmp_path, softmax_data, m
     policy without parameters is never stacked); ``q="fit"`` counts the logged actions of
     an entry point that declares none."""
     _, target, target_path, data, _ = softmax_data
-    np.savez(tmp_path / "target_params.npz", weight=target["weight"], bias=target["bias"])
-    (tmp_path / "same_policy.py").write_text(
-        "import jax\n"
-        "import jax.numpy as jnp\n"
-        "import numpy as np\n"
-        "_p = np.load('target_params.npz')\n"
-        "W, b = jnp.asarray(_p['weight']), jnp.asarray(_p['bias'])\n"
-        "def log_prob(observation, action):\n"
-        "    return jax.nn.log_softmax(observation @ W + b)[action]\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = _target_entry_point(tmp_path, target, monkeypatch, "same_policy", "action")
     rng = np.random.default_rng(11)
     qs = [save_checkpoint(tmp_path / f"q{i}.npz", _linear_q(rng, 3, 4)) for i in range(2)]
     common = {"gamma": GAMMA, "ci": "normal"}
-    entry = "same_policy:log_prob"
     both = ope_cli.evaluate(data, policies=[entry, entry], q=qs, **common).results
     for q, result in zip(qs, both, strict=True):
         alone = _estimates(data, policies=target_path, q=q, **common)
