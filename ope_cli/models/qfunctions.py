@@ -521,18 +521,14 @@ def _check_probabilities_over(q: QFunction, policy: Policy, chunk) -> None:
     policy's (an entry point of 3 actions, which clamps a larger one to its last, with a
     Q of 5: dr 919 where the truth is 4.5, said nowhere). The kernel reports the
     entry point's own errors; here they leave the check undone."""
-    import jax
-    import jax.numpy as jnp
-
     if chunk.observation is None or chunk.action.shape[0] == 0:
         return
-    observation = jnp.asarray(chunk.observation[:PROBED_STEPS])
-    actions = jnp.arange(q.n_actions)
     try:
-        log_pi = jax.vmap(
-            jax.vmap(lambda o, a: policy.log_prob(policy.params, o, a), (None, 0)), (0, None)
-        )(observation, actions)
-        totals = np.asarray(jnp.sum(jnp.exp(log_pi), axis=1), np.float64)
+        try:
+            probe = _probability_sums(policy.log_prob, q.n_actions)
+        except TypeError:  # an entry point that is no hashable function: compiled here
+            probe = _probability_sums.__wrapped__(policy.log_prob, q.n_actions)
+        totals = np.asarray(probe(policy.params, chunk.observation[:PROBED_STEPS]), np.float64)
     except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
         return
     off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
@@ -544,6 +540,20 @@ def _check_probabilities_over(q: QFunction, policy: Policy, chunk) -> None:
             "the Q function has another number of actions than the policy (declare the "
             "policy's n_actions to have them compared)"
         )
+
+
+@functools.cache  # compiled once per policy function and width, not at every chunk
+def _probability_sums(log_prob, n_actions: int) -> Callable:
+    """(params, observations [N, ...]) -> [N] sum of pi(a|s) over actions 0..n_actions-1
+    (``action_log_probs``, as V-hat takes them)."""
+    import jax
+    import jax.numpy as jnp
+
+    def sums(params, observation):
+        every = jax.vmap(lambda o: action_log_probs(log_prob, params, o, n_actions))
+        return jnp.sum(jnp.exp(every(observation)), axis=1)
+
+    return jax.jit(sums)
 
 
 def _size_checks(q: QFunction, chunk, check):
