@@ -459,13 +459,10 @@ def behavior_fit_warning(result: EvaluationResult) -> Warning | None:
     fit = result.behavior.fit if result.behavior is not None else None
     if fit is None or fit.stopped_short is None:
         return None
-    from ope_cli.models.behavior_models.base import (
-        BEHAVIOR_FIT_NOT_CONVERGED,
-        stopped_short_message,
-    )
-    from ope_cli.models.behavior_models.softmax import LBFGS_STEPS, LBFGS_TOLERANCE
+    from ope_cli.models.behavior_models.base import BEHAVIOR_FIT_NOT_CONVERGED
+    from ope_cli.models.behavior_models.softmax import stopped_short_message
 
-    message = stopped_short_message(fit.model, fit.stopped_short, LBFGS_STEPS, LBFGS_TOLERANCE)
+    message = stopped_short_message(fit.model, fit.stopped_short)
     return Warning(BEHAVIOR_FIT_NOT_CONVERGED, message)
 
 

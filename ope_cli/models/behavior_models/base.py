@@ -120,17 +120,6 @@ def check_model_fits(
 BEHAVIOR_FIT_NOT_CONVERGED = "behavior_fit_not_converged"
 
 
-def stopped_short_message(model: str, gradient: float, steps: int, tolerance: float) -> str:
-    """The warning of a ``model`` fit that ended at its ``steps`` cap with a gradient norm of
-    ``gradient`` (its ``tolerance`` not reached)."""
-    return (
-        f"the {model} behavior fit stopped at its cap of {steps} steps with a gradient norm "
-        f"of {gradient:.2g} (its tolerance is {tolerance:g}): its probabilities, and the "
-        "weights made with them, are not at the maximum-likelihood optimum (nearly collinear "
-        "observation features slow it down: drop or combine them)."
-    )
-
-
 def check_floor_applies(model: str, min_propensity: float) -> None:
     """A UsageError for a ``--min-propensity`` given with a model of continuous actions: it
     estimates densities, which are not probabilities and are not floored."""

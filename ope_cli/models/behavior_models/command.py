@@ -24,19 +24,14 @@ from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, UsageError, first_line
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
-from ope_cli.models.behavior_models.base import (
-    BEHAVIOR_FIT_NOT_CONVERGED,
-    MODELS,
-    log_softmax,
-    stopped_short_message,
-)
+from ope_cli.models.behavior_models.base import BEHAVIOR_FIT_NOT_CONVERGED, MODELS, log_softmax
 from ope_cli.models.behavior_models.fitting import (
     checkpoint_arrays,
     choose_model,
     collect_all,
     make_model,
 )
-from ope_cli.models.behavior_models.softmax import LBFGS_STEPS, LBFGS_TOLERANCE, logits_of
+from ope_cli.models.behavior_models.softmax import logits_of, stopped_short_message
 from ope_cli.outputs import refuse_existing
 
 HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out
@@ -117,7 +112,7 @@ def stopped_short_warnings(model: str, gradient: float | None) -> tuple[dict, ..
     objective, each probability up to 1.7% off)."""
     if gradient is None:
         return ()
-    message = stopped_short_message(model, gradient, LBFGS_STEPS, LBFGS_TOLERANCE)
+    message = stopped_short_message(model, gradient)
     return ({"code": BEHAVIOR_FIT_NOT_CONVERGED, "message": message, "policy": None},)
 
 

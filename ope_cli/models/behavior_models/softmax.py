@@ -36,6 +36,17 @@ HIDDEN, MLP_STEPS, MLP_LEARNING_RATE, MLP_SEED, MLP_L2 = 32, 500, 1e-2, 0, 1e-3
 MEMORY_ENV = "OPE_FIT_MEMORY_GB"
 
 
+def stopped_short_message(model: str, gradient: float) -> str:
+    """The warning (``base.BEHAVIOR_FIT_NOT_CONVERGED``) of a ``model`` fit that L-BFGS ended
+    at its cap of LBFGS_STEPS with a gradient norm of ``gradient``, above LBFGS_TOLERANCE."""
+    return (
+        f"the {model} behavior fit stopped at its cap of {LBFGS_STEPS} steps with a gradient "
+        f"norm of {gradient:.2g} (its tolerance is {LBFGS_TOLERANCE:g}): its probabilities, "
+        "and the weights made with them, are not at the maximum-likelihood optimum (nearly "
+        "collinear observation features slow it down: drop or combine them)."
+    )
+
+
 def memory_budget() -> int:
     """Bytes the in-memory models may hold (``OPE_FIT_MEMORY_GB``, default 2); a
     UsageError naming the variable for a value that is not a positive number of GiB (abc
