@@ -254,10 +254,13 @@ class Pairing:
         return delta, stderr
 
     def _log_term_size(self, k: int, b: int, name: str) -> float:
-        """log of the size that rounding of a self-normalised (or Q-hat) ``name``'s
-        difference scales with: the logged returns' root mean square (a weighted average
-        of returns, whatever the weights' scale: not the estimates, near 0 for rewards
-        centred at 0), else the estimates' own size."""
+        """log of the size that rounding of ``name``'s difference scales with: for a mean of
+        terms, their root mean square (``paired.log_term_size``); for a self-normalised
+        (or Q-hat) one, the logged returns' (a weighted average of returns, whatever the
+        weights' scale: not the estimates, near 0 for rewards centred at 0), else the
+        estimates' own size."""
+        if get(name).term is not None:
+            return paired.log_term_size(self.sums, name, k, b)
         term = next(iter(self.sums.means), None)  # each one's row P holds the returns
         if term is not None:
             return paired.log_term_size(self.sums, term, self.behavior, self.behavior)
@@ -336,13 +339,8 @@ class Pairing:
 
     def rounding_bound(self, k: int, b: int, name: str) -> float:
         """How far rounding of the terms (``term_noise`` of each) can shift V̂(k) - V̂(b):
-        the noise times the terms' root mean square (``paired.log_term_size``), or what
-        ``_log_term_size`` gives for an estimator that is not a mean of terms."""
-        if get(name).term is not None:
-            log_size = paired.log_term_size(self.sums, name, k, b)
-        else:
-            log_size = self._log_term_size(k, b, name)
-        return self.term_noise * math.exp(log_size)
+        the noise times the size it scales with (``_log_term_size``)."""
+        return self.term_noise * math.exp(self._log_term_size(k, b, name))
 
     def replicates_too_few(self, name: str, confidence: float) -> bool:
         """Whether the run drew fewer bootstrap replicates than the could-be-best set of
