@@ -305,7 +305,8 @@ def _estimated(
     results = annotate_results(
         _policy_results(config, plan, batches, local), batches.policies, plan, config
     )
-    chosen = _choosing(config, batches, local, results, devices[0])
+    precision, _ = devices
+    chosen = _choosing(config, batches, local, results, precision)
     behavior = _reported_behavior(
         batches, chosen.results, local.counters.episodes, *devices, on_status=on_status
     )
