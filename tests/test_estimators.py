@@ -57,10 +57,6 @@ def _jitted_advance_one():
     return jax.jit(_advance_one, static_argnums=(2, 3))
 
 
-def _walked(carry, steps, names, betting_range):
-    return _jitted_advance_one()(carry, steps, names, betting_range)
-
-
 def walk(name, log_ratio, reward, discount, real, width):
     """(per-episode values, {StepSum: [T]}) of estimator ``name`` (with the core values)
     on one episode, walked through ``reduction._advance_one`` in windows of ``width`` steps."""
@@ -78,7 +74,7 @@ def walk(name, log_ratio, reward, discount, real, width):
             jnp.asarray(np.arange(start, start + width) == 0),
             {},
         )
-        carry, values, _ = _walked(carry, steps, (name,), None)
+        carry, values, _ = _jitted_advance_one()(carry, steps, (name,), None)
         for key, value in values.items():
             step_values.setdefault(key, []).append(np.asarray(value))
     values = base.core_values(carry.trajectory)
