@@ -43,16 +43,16 @@ class TabularModel:
 
     def _grow(self, states: int, actions: int) -> None:
         folds = self.counts.shape[0]
-        needed, budget = 8 * folds * states * actions, memory_budget()
-        if needed > budget:  # a sparse state id of 2e9 was a MemoryError, "a bug"
-            raise UsageError(
-                f"the tabular behavior model counts every action of every state up to the "
-                f"largest state, {states - 1:,}: {folds} fold(s) x {states:,} states x "
-                f"{actions:,} actions need {needed / 2**30:.3g} GiB, more than "
-                f"{budget / 2**30:.3g} GiB ({MEMORY_ENV} raises the budget); number the "
-                "states 0, 1, ... or use linear_softmax"
-            )
-        if (states, actions) != self.counts.shape[1:]:
+        if (states, actions) != self.counts.shape[1:]:  # a table held is within the budget
+            needed, budget = 8 * folds * states * actions, memory_budget()
+            if needed > budget:  # a sparse state id of 2e9 was a MemoryError, "a bug"
+                raise UsageError(
+                    f"the tabular behavior model counts every action of every state up to "
+                    f"the largest state, {states - 1:,}: {folds} fold(s) x {states:,} states "
+                    f"x {actions:,} actions need {needed / 2**30:.3g} GiB, more than "
+                    f"{budget / 2**30:.3g} GiB ({MEMORY_ENV} raises the budget); number the "
+                    "states 0, 1, ... or use linear_softmax"
+                )
             grown = np.zeros((folds, states, actions), np.int64)
             grown[:, : self.counts.shape[1], : self.counts.shape[2]] = self.counts
             self.counts = grown
