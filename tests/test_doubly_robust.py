@@ -416,6 +416,27 @@ def test_entry_point_q_that_fails_under_jit(tmp_path, softmax_data, monkeypatch)
     assert raised.value.exit_code == 4 and "\n" not in str(raised.value)
 
 
+def test_entry_point_q_giving_nan_on_some_states_is_refused(tmp_path, softmax_data, monkeypatch):
+    """A Q entry point that returns NaN on some states printed dr and wdr null, with notes
+    blaming overflow (wdr: "a group holds all the weight"), and exit 0; nothing named the
+    Q function. It is refused in one line that names it (exit 4)."""
+    _, _, target_path, data, _ = softmax_data
+    (tmp_path / "nan_critic.py").write_text(
+        "import jax.numpy as jnp\n"
+        "n_actions = 4\n"
+        "def q_values(observation):\n"
+        "    q = jnp.arange(4.0) + jnp.sum(observation)\n"
+        "    return jnp.where(observation[0] > 0.5, jnp.nan, q)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PolicyError) as raised:
+        ope_cli.evaluate(data, policies=target_path, q="nan_critic:q_values")
+    message = str(raised.value)
+    assert raised.value.exit_code == 4 and "\n" not in message
+    assert message.startswith("Q function nan_critic:q_values gives NaN or infinite values")
+
+
 def test_entry_point_q_of_another_width_is_refused(tmp_path, softmax_data, monkeypatch):
     """A Q entry point that returns one value where the policy has 3 actions was broadcast
     against pi(.|s) and clamped at Q(s, a): dm -0.11 against 1.55, without a word, also

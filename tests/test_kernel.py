@@ -5,6 +5,8 @@ at once, and one compilation per window shape however many episode lengths the d
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -416,3 +418,21 @@ def test_a_long_episode_joins_its_bootstrap_sums_as_its_windows_come(tmp_path):
             got = getattr(windowed, field)[name]
             assert got.shape == expected.shape == (*expected.shape[:-1], 160)
             np.testing.assert_allclose(got, expected, rtol=1e-12, err_msg=name)
+
+
+def test_faulty_q_counts_count_real_steps_per_policy():
+    """Non-finite Q-hat or V-hat is counted per policy on real steps only: a padded cell
+    or a filler row's NaN is not the Q function's fault."""
+    from ope_cli.estimation.kernel import faulty_q_counts
+
+    step_mask = np.array([[True, True, False], [True, False, False], [False, False, False]])
+    batch = SimpleNamespace(step_mask=step_mask, episode_mask=np.array([True, True, False]))
+    q = np.zeros((2, 3, 3))
+    v = np.zeros((2, 3, 3))
+    q[0, 0, 1] = np.nan  # policy 0: a real step
+    v[0, 1, 0] = np.inf  # policy 0: another
+    q[1, 0, 2] = np.nan  # policy 1: padding
+    v[1, 2, 0] = -np.inf  # policy 1: a filler row
+    counts = np.asarray(faulty_q_counts({"q_t": q, "v_t": v}, batch))
+    np.testing.assert_array_equal(counts, [[2, 0]])
+    np.testing.assert_array_equal(np.asarray(faulty_q_counts({}, batch)), [[0]])

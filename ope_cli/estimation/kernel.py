@@ -209,6 +209,18 @@ def faulty_counts(log_pi: jax.Array | None, batch: PaddedBatch) -> jax.Array:
     return jnp.sum(bad, axis=(1, 2), dtype=jnp.int32)[None]
 
 
+def faulty_q_counts(fields: dict, batch: PaddedBatch) -> jax.Array:
+    """[1, P] how many real steps of the window ``batch`` have a Q-hat or V-hat (``fields``
+    {"q_t", "v_t": [P, B, C]}, 0 on padding) that is NaN or infinite: left alone, dr and
+    wdr came out null with a note blaming overflow, and nothing named the Q function.
+    Without a Q source: [1, 1] zeros."""
+    if not fields:
+        return jnp.zeros((1, 1), jnp.int32)
+    finite = jnp.isfinite(fields["q_t"]) & jnp.isfinite(fields["v_t"])
+    real = batch.step_mask & batch.episode_mask[:, None]
+    return jnp.sum(~finite & real[None], axis=(1, 2), dtype=jnp.int32)[None]
+
+
 def _q_fields(static: Static, params, q_params, batch, start, seed, log_pi_all=None):
     """{"q_t", "v_t": [P, B, C]} of every policy of a group (``static.dtype``), or {}
     without a Q source; ``log_pi_all`` [P, B, C, A]: the policies' log-probabilities of
@@ -270,6 +282,15 @@ def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
     return window, zero_probability_steps(log_b, window, start)
 
 
+class Faults(NamedTuple):
+    """What a window found wrong in user-supplied values, [1, P] steps per policy of the
+    group: log-probabilities that are none (``faulty_counts``) and non-finite Q-hat or
+    V-hat (``faulty_q_counts``)."""
+
+    policy: jax.Array
+    q: jax.Array
+
+
 class WindowInputs(NamedTuple):
     """The advance kernel's inputs (a pytree: arrays, or None where there are none): the P
     stacked ``params`` of one policy group, the behavior policy's and the Q functions'
@@ -292,10 +313,9 @@ class WindowInputs(NamedTuple):
 
 
 def window_statistics(inputs: WindowInputs, static: Static):
-    """(carry, StepStatistics [P, ...], (ZeroProbabilitySteps or None, [1, P] faulty_counts))
-    of the next C steps of
-    (this device's share of) a batch (``inputs``) for the P stacked ``params`` of one policy
-    group; not jitted."""
+    """(carry, StepStatistics [P, ...], (ZeroProbabilitySteps or None, Faults [1, P])) of
+    the next C steps of (this device's share of) a batch (``inputs``) for the P stacked
+    ``params`` of one policy group; not jitted."""
     params, q_params, start, seed = inputs.params, inputs.q_params, inputs.start, inputs.seed
     counts, carry = inputs.counts, inputs.carry
     window, zero_behavior = _with_behavior(inputs.window, start, inputs.behavior_params, static)
@@ -325,6 +345,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     # a policy's values; logged target probabilities are the data's, validated as read
     faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
     fields = _q_fields(static, params, q_params, window, start, seed, log_pi_all)
+    faults = Faults(faulty, faulty_q_counts(fields, window))
     betting = inputs.betting_range if static.betting else None
     settings = (static.num_groups, static.estimators, betting, static.own_rows)  # the walk's
 
@@ -345,7 +366,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     own = jax.tree.map(lambda x: x[:, :lanes], carry)
     own, statistics = jax.vmap(per_policy)(own, log_pi, fields)
     carry = jax.tree.map(lambda full, part: full.at[:, :lanes].set(part), carry, own)
-    return carry, statistics, (zero_behavior, faulty)
+    return carry, statistics, (zero_behavior, faults)
 
 
 def finish_statistics(carry: EpisodeCarry, episode_mask, group, counts, betting_range, static):
@@ -386,9 +407,8 @@ def _carry_spec(carry):
 @functools.partial(jax.jit, compiler_options=COMPILER_OPTIONS, static_argnames=("static",))
 def _advance_kernel(*args, static: Static):
     """(carry [P, B], StepStatistics [D, P, ...], (ZeroProbabilitySteps [D] or None,
-    faulty_counts [D, P])) of
-    ``window_statistics`` on ``args`` (a WindowInputs' fields, in order): one row per device of
-    ``static.mesh`` (D = 1 without one).
+    Faults [D, P])) of ``window_statistics`` on ``args`` (a WindowInputs' fields, in
+    order): one row per device of ``static.mesh`` (D = 1 without one).
 
     With a mesh, each device walks its own share of the episodes (every leaf of ``window``,
     ``carry`` and ``counts`` is split along its episode axis) and the per-device partials
@@ -484,7 +504,7 @@ class KernelOutput(NamedTuple):
     """What one batch's kernel calls return (device arrays, dispatched asynchronously):
     each window's (start, StepStatistics [D, P, ...]), the ScalarStatistics [D, P, ...],
     each window's ZeroProbabilitySteps [D] with a ``--behavior`` policy (else None) and
-    faulty_counts [D, P] (``faulty_target``), the
+    Faults [D, P] (``faults``), the
     batch's length T, with ``terms`` each episode's terms {name: [P, L]} (else None)
     with the carry's lanes (host: episode mask [L], bootstrap counts [L, R]), and how far
     each resampling group's episodes run [K] (host: its longest episode, or T where that
@@ -500,7 +520,7 @@ class KernelOutput(NamedTuple):
     lanes: tuple[np.ndarray, np.ndarray] | None = None
     group_lengths: np.ndarray | None = None
     joined: dict[str, dict[str, SideBySide]] | None = None
-    faulty_target: list | None = None
+    faults: list[Faults] | None = None
 
 
 def group_lengths(batch: PaddedBatch, num_groups: int) -> np.ndarray:
@@ -882,17 +902,17 @@ class Kernel:
         carry_lanes = self._lanes_of_carry(lanes)
         carry = self.initial_carry(carry_lanes)
         window_counts = counts if self._sharding is None else jax.device_put(counts, self._sharding)
-        steps, zero_behavior, faulty_target = [], [], []
+        steps, zero_behavior, faults = [], [], []
         length = len(windows) * width
         joined: dict[str, dict[str, SideBySide]] = {}
         early = 0  # the first windows, whose sums not per group are in ``joined``
         with self._user_code_errors():
             for start, window in windows:
                 args = self._advance_args(window, start, carry, window_counts)
-                carry, statistics, (zero, faulty) = self._call(_advance_kernel, args)
+                carry, statistics, (zero, found) = self._call(_advance_kernel, args)
                 steps.append((start, statistics))
                 zero_behavior.append(zero)
-                faulty_target.append(faulty)
+                faults.append(found)
                 if group_lengths is not None and len(steps) > 2:  # two stay in flight
                     on_device = steps[-3]
                     steps[-3] = _few_rows(on_device, group_lengths)
@@ -919,7 +939,7 @@ class Kernel:
             lanes,
             group_lengths,
             joined or None,
-            faulty_target,
+            faults,
         )
 
     def _empty_call(self, template: PaddedBatch, lanes: int, width: int, carry_lanes: int):

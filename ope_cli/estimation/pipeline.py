@@ -86,7 +86,7 @@ from ope_cli.models.behavior import (
     zero_probability_error,
 )
 from ope_cli.models.policies.checks import faulty_policy_error
-from ope_cli.models.qfunctions import q_source
+from ope_cli.models.qfunctions import faulty_q_error, q_source
 from ope_cli.results import (
     NO_MAGNITUDE,
     ConfidenceSummary,
@@ -614,15 +614,21 @@ def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
 
 def _check_policy_values(batches: BatchStream, results) -> None:
     """A PolicyError when an evaluation policy gave a logged action of this batch a value
-    that is no log-probability (``results``: the batch's (kernel, KernelOutput) pairs)."""
+    that is no log-probability, or its Q function a NaN or infinite Q-hat or V-hat
+    (``results``: the batch's (kernel, KernelOutput) pairs)."""
     from ope_cli.estimation.kernel import host_arrays
 
     for kernel, output in results:
-        counts = np.concatenate(host_arrays(output.faulty_target)).sum(axis=0)  # [P]
+        faults = host_arrays(output.faults)
+        counts = np.concatenate([found.policy for found in faults]).sum(axis=0)  # [P]
         if counts.any():  # the second read only on this error path
             row = int(np.flatnonzero(counts)[0])
             policy = batches.policies[kernel.group.indices[row]]
             raise faulty_policy_error(policy, int(counts[row]), batches.reread_chunks())
+        counts = np.concatenate([found.q for found in faults]).sum(axis=0)  # [P]
+        if counts.any():
+            row = int(np.flatnonzero(counts)[0])
+            raise faulty_q_error(kernel.group.qs[row], int(counts[row]))
 
 
 def _check_behavior_support(batches: BatchStream, output) -> None:

@@ -686,6 +686,16 @@ def episode_q_fields(
     return {"q_t": jnp.where(mask, q_bt, 0.0), "v_t": jnp.where(mask, v_bt, 0.0)}
 
 
+def faulty_q_error(q: QFunction, count: int) -> PolicyError:
+    """The PolicyError (exit 4) for a Q function whose Q-hat or V-hat the kernel found NaN
+    or infinite on ``count`` logged steps of a batch (``kernel.faulty_q_counts``)."""
+    return PolicyError(
+        f"Q function {q.name} gives NaN or infinite values (Q-hat or V-hat) on {count} "
+        "logged step(s) of a batch: a fault of its code or parameters, or values past the "
+        "float range; dm, dr and wdr are not defined with it"
+    )
+
+
 def q_source(q: QFunction):
     """The report's record of where ``q`` comes from (results.QSource)."""
     from ope_cli.results import QSource
