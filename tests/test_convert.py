@@ -366,3 +366,70 @@ def test_ids_steps_and_actions_keep_the_first_files_type(tmp_path):
     pq.write_table(_steps([5.5, 5.5]), folder / "c.parquet")
     with pytest.raises(DataError, match=r"c\.parquet: column 'episode_id'"):
         convert(ConvertConfig(str(folder), str(tmp_path / "refused.parquet")))
+
+
+def _with_log_twin(table: pa.Table, column: str, twin: str, factor: float) -> pa.Table:
+    """``table`` with ``twin``, the log of ``column`` times ``factor`` (lists alike)."""
+    values = table.column(column).combine_chunks()
+    if pa.types.is_list(values.type):
+        flat = np.log(values.flatten().to_numpy()) * factor
+        logs = pa.ListArray.from_arrays(values.offsets, pa.array(flat))
+    else:
+        logs = pa.array(np.log(values.to_numpy()) * factor)
+    return table.append_column(twin, logs)
+
+
+@pytest.mark.parametrize("layout", ["step", "episode"])
+def test_a_probability_and_its_log_that_disagree_are_refused(layout, tmp_path):
+    """A probability column beside its log, neither named: evaluate compares them and
+    refuses a disagreement (exit 3), but convert wrote the probability, dropped the log
+    without a word, and the converted file evaluated to a number. It compares them as
+    evaluate does and leaves no file; columns that agree convert, the log reported as not
+    written."""
+    episodes = random_episodes(np.random.default_rng(5), 12, median_length=4, max_length=6)
+    write = write_step_layout if layout == "step" else write_episode_layout
+    source = write(episodes, tmp_path / "source.parquet")
+    table = pq.read_table(source)
+    column = "behavior_prob" if layout == "step" else "action_probs"
+    for factor, name in ((1.0, "agree"), (1.1, "disagree")):
+        pq.write_table(
+            _with_log_twin(table, column, "behavior_log_prob", factor), tmp_path / f"{name}.parquet"
+        )
+    out = tmp_path / "out.parquet"
+    with pytest.raises(DataError, match="disagree") as raised:
+        convert(ConvertConfig(str(tmp_path / "disagree.parquet"), str(out)))
+    message = str(raised.value)
+    assert f"{column!r} and 'behavior_log_prob' disagree" in message and "\n" not in message
+    assert "episode 0, step 0: " in message
+    assert raised.value.exit_code == 3 and not out.exists()
+    assert list(tmp_path.glob("out.parquet*")) == []
+    with pytest.raises(DataError, match="disagree"):
+        ope_cli.evaluate(str(tmp_path / "disagree.parquet"), policies=[], gamma=0.9)
+    result = convert(ConvertConfig(str(tmp_path / "agree.parquet"), str(out)))
+    assert result.dropped == {
+        "behavior_log_prob": "compared with the column used, which is written"
+    }
+    assert "behavior_log_prob" not in pq.read_schema(out).names
+
+
+def test_a_column_whose_name_a_mapped_column_takes_is_reported(sources, tmp_path):
+    """``--obs-col state`` beside a column named ``observation``: the output's observation
+    is ``state``, and the source's ``observation`` was dropped without a word. It is
+    reported as not written; the output's observation is ``state``'s."""
+    episodes = random_episodes(np.random.default_rng(6), 5, median_length=3, max_length=4)
+    source = write_step_layout(episodes, tmp_path / "source.parquet")
+    table = pq.read_table(source)
+    table = table.append_column("state", table.column("observation"))
+    reversed_rows = pa.array(np.arange(table.num_rows)[::-1])
+    table = table.set_column(
+        table.schema.get_field_index("observation"),
+        "observation",
+        table.column("observation").take(reversed_rows),
+    )
+    pq.write_table(table, tmp_path / "collide.parquet")
+    out = tmp_path / "out.parquet"
+    mapping = ColumnMapping(observation="state")
+    result = convert(ConvertConfig(str(tmp_path / "collide.parquet"), str(out), mapping))
+    assert result.columns["observation"] == "state"
+    assert result.dropped == {"observation": "the output's 'observation' is 'state'"}
+    assert pq.read_table(out).column("observation").equals(table.column("state"))

@@ -63,3 +63,5 @@ def convert(
     console.print(f"-> {result.out}: {result.steps:,} steps, step layout", markup=False)
     for name, source in result.columns.items():
         console.print(f"   {name:<24} <- {source}", markup=False)
+    for source, why in result.dropped.items():
+        console.print(f"   not written: {source} ({why})", markup=False)

@@ -4,7 +4,9 @@ record batch (memory stays flat), with ``ope`` metadata in the Parquet schema: t
 where the data came from, and the reward range and horizon when the source declares them.
 
 Columns that play no role keep their names (``terminations``, ``infos/...``), except those
-that would read as a role's alias (``rewards`` beside ``reward``). The episode layout is
+that would read as a role's alias (``rewards`` beside ``reward``), which are reported as not
+written. A probability column found beside its log is compared with it as ``ope evaluate``
+compares them. The episode layout is
 exploded into steps with Arrow's list kernels: list columns are flattened, per-episode
 values repeated, and ``episode_id`` (the row number when absent) and ``step`` added.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +27,14 @@ import ope_cli.data.sources.remote as remote
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema, is_list
-from ope_cli.data.decode import episode_ids, plain
+from ope_cli.data.decode import (
+    Where,
+    check_twin,
+    episode_ids,
+    list_lengths,
+    other_role,
+    plain,
+)
 from ope_cli.data.episode_stream import DataConfig, open_episodes
 from ope_cli.data.episodes import EPISODE_ROLES
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
@@ -56,8 +65,8 @@ class ConvertConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ConvertResult:
-    """What was written: the source's format and layout, steps written, and
-    {output column: source column}."""
+    """What was written: the source's format and layout, steps written,
+    {output column: source column}, and {source column not written: why}."""
 
     source: str
     out: str
@@ -67,24 +76,37 @@ class ConvertResult:
     steps: int
     columns: dict[str, str]
     metadata: dict
+    dropped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _columns(data: Dataset, schema: DataSchema) -> dict[str, str]:
-    """{output name: source column}: the roles under their standard names, then every
-    other column that does not read as a role's alias (a column read only when named, such
-    as ``q_value``, keeps its name: it is data, whether or not this conversion names it)."""
+def _columns(data: Dataset, schema: DataSchema) -> tuple[dict[str, str], dict[str, str]]:
+    """({output name: source column}, {source column not written: why}): the roles under
+    their standard names, then every other column that does not read as a role's alias (a
+    column read only when named, such as ``q_value``, keeps its name: it is data, whether
+    or not this conversion names it). The others are reported, not dropped without a word
+    (``--obs-col state`` beside a column ``observation`` lost that column silently)."""
     chosen = {STANDARD[role]: name for role, name in schema.columns.items()}
     aliases = {
         alias for role, names in ALIASES.items() if role not in NAMED_ONLY for alias in names
     }
     used = set(chosen.values())
+    checked = set(schema.cross_checked.values())
+    dropped = {}
     for name in data.schema.names:
-        if name not in used and name.lower() not in aliases and name not in chosen:
+        if name in used:
+            continue
+        if name in chosen:
+            dropped[name] = f"the output's {name!r} is {chosen[name]!r}"
+        elif name in checked:
+            dropped[name] = "compared with the column used, which is written"
+        elif name.lower() in aliases:
+            dropped[name] = "its name would read as a role's column"
+        else:
             chosen[name] = name
-    return chosen
+    return chosen, dropped
 
 
 # The roles whose values are real numbers: a file of integers among files of fractions is
@@ -210,14 +232,67 @@ def _explode(
     )
 
 
+def _twin_values(
+    batch: pa.RecordBatch, names: tuple[str, str], place: tuple, first_row: int
+) -> tuple[pa.Array, pa.Array, Callable[[int], tuple]]:
+    """(used, cross-checked) values of the columns ``names`` of one record batch as steps,
+    and ``locate(step) -> (episode, step)`` for messages (``place``: the batch's episode
+    ids and steps, None where it has none). In the episode layout only the episodes whose
+    two lists are both there and of one length (as ``ope evaluate`` compares them; the rest
+    are the used column's validation's, or not compared)."""
+    used, twin = (plain(batch.column(name)) for name in names)
+    episode = place[0]
+    if not is_list(used.type):
+
+        def locate_step(row: int) -> tuple:
+            return tuple(None if x is None else display_id(x[row].as_py()) for x in place)
+
+        return used, twin, locate_step
+    lengths = list_lengths(used)
+    compared = np.asarray(pc.and_(used.is_valid(), twin.is_valid()), bool)
+    compared &= lengths == list_lengths(twin)
+    rows = pa.array(np.flatnonzero(compared))
+    parent = np.repeat(np.flatnonzero(compared), lengths[compared])
+    starts = np.repeat(np.cumsum(lengths[compared]) - lengths[compared], lengths[compared])
+
+    def locate_in_list(step: int) -> tuple:
+        row = int(parent[step])
+        shown = first_row + row if episode is None else display_id(episode[row].as_py())
+        return shown, step - int(starts[step])
+
+    flat = (pc.list_flatten(used.take(rows)), pc.list_flatten(twin.take(rows)))
+    return (*flat, locate_in_list)
+
+
+def _check_twins(sourced, schema: DataSchema, columns: dict[str, str], first_row: int) -> None:
+    """``ope evaluate``'s comparison of a probability column with its log found beside it
+    (neither named by its option), on one record batch: a DataError where they disagree.
+    Without it the used one was written and the other dropped without a word, and the
+    converted data evaluated to a number that the source's refusal had stood for."""
+    batch = sourced.batch
+    place = tuple(
+        None if columns.get(name) is None else plain(batch.column(columns[name]))
+        for name in ("episode_id", "step")
+    )
+    for role, twin_column in schema.cross_checked.items():
+        used_role = other_role(role)
+        used_column = schema.columns[used_role]
+        names = (used_column, twin_column)
+        used, twin, locate = _twin_values(batch, names, place, first_row)
+        logged = np.asarray(pc.fill_null(used, 0).to_numpy(zero_copy_only=False), np.float64)
+        roles = ((used_role, used_column), (role, twin_column))
+        check_twin(logged, (used, twin), roles, Where(sourced.file, locate))
+
+
 def _step_batches(
     data: Dataset, schema: DataSchema, out_schema: pa.Schema, columns, rows: int
 ) -> Iterator[pa.RecordBatch]:
-    read = list(dict.fromkeys(columns.values()))
+    read = list(dict.fromkeys([*columns.values(), *schema.cross_checked.values()]))
     first_row = 0
     contiguous = _ContiguousEpisodes(schema.columns["episode"]) if schema.layout == "step" else None
     for sourced in data.iter_batches(read, rows):
         batch = sourced.batch
+        _check_twins(sourced, schema, columns, first_row)
         if contiguous is None:
             try:
                 exploded = _explode(batch, schema, out_schema, columns, first_row)
@@ -331,7 +406,7 @@ def convert(config: ConvertConfig) -> ConvertResult:
         )
     )
     data, schema = episodes.data, episodes.schema
-    columns = _columns(data, schema)
+    columns, dropped = _columns(data, schema)
     metadata = _metadata(config, data, schema, columns)
     out_schema = _output_schema(data, columns, schema.layout).with_metadata(
         {METADATA_KEY: json.dumps(metadata)}
@@ -360,4 +435,5 @@ def convert(config: ConvertConfig) -> ConvertResult:
         steps=steps,
         columns=columns,
         metadata=metadata,
+        dropped=dropped,
     )
