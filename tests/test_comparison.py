@@ -43,7 +43,7 @@ from ope_cli.data.ids import RESAMPLING_GROUPS, id_keys
 from ope_cli.envs.generate import generate
 from ope_cli.errors import UsageError
 from ope_cli.estimation.bootstrap_counts import replicate_counts
-from ope_cli.estimation.pipeline import evaluate
+from ope_cli.estimation.pipeline import WEIGHTLESS, evaluate
 from ope_cli.models.policies import load_policies
 from ope_cli.report.json_format import to_json_dict
 from ope_cli.report.table import _comparison_table
@@ -538,6 +538,10 @@ def test_a_policy_without_weight_differs_from_nothing(chain, never):
     ).to_dict()
     never, eval_0 = document["results"]
     assert never["estimates"]["is"]["value"] == 0.0
+    for name in ("is", "pdis"):  # 0 +- 0 had the interval [0, 0], without a note
+        estimate = never["estimates"][name]
+        assert (estimate["ci_low"], estimate["ci_high"]) == (None, None), estimate
+        assert estimate["note"] == WEIGHTLESS
     for name in ("is", "wis", "pdis", "wpdis"):
         difference = never["comparison"][name]
         assert difference["delta"] is None and difference["ci_low"] is None, difference

@@ -70,6 +70,7 @@ from ope_cli.estimation.run_plan import (
 )
 from ope_cli.estimation.stats import (
     Accumulator,
+    Estimate,
     finalize,
     from_batch,
     init,
@@ -593,18 +594,39 @@ def _policy_results(
             plan.betting_range,
             computed_estimators(batches),
         )
+        without_weight = weightless(accumulator, reported)
         results.append(
             PolicyResult(
                 policy=policy.name,
-                estimates={name: estimates[name] for name in reported},
+                estimates={
+                    name: _weightless(estimates[name])
+                    if name in without_weight
+                    else estimates[name]
+                    for name in reported
+                },
                 diagnostics=diagnostics,
                 profile=profile(accumulator, config.gamma, max_length),
                 actions_checked=policy.actions_checked or not discrete,
                 q=None if q is None else q_source(q),
-                weightless=weightless(accumulator, reported),
+                weightless=without_weight,
             )
         )
     return results
+
+
+WEIGHTLESS = (
+    "every weight is zero: these logs say nothing about this policy (0 is the formula's "
+    "value, not an estimate of the policy's)"
+)
+
+
+def _weightless(estimate: Estimate) -> Estimate:
+    """The estimate of an estimator whose every weight is zero (``stats.weightless``): IS's
+    0 +- 0 had the interval [0, 0] and no note, a certainty the logs do not hold. Its
+    interval is null, and the note says why (a null value, WIS's, has its own note)."""
+    if estimate.value is None:
+        return estimate
+    return dataclasses.replace(estimate, ci_low=None, ci_high=None, note=WEIGHTLESS)
 
 
 def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
