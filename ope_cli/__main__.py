@@ -65,8 +65,11 @@ def load_pyarrow_without_pandas() -> None:
 
 
 def main() -> None:
-    """Runs the ``ope`` command line with single-threaded host BLAS, freed memory kept and
-    pyarrow loaded without pandas."""
+    """Runs the ``ope`` command line with Ctrl-C handled (``interrupts``), single-threaded
+    host BLAS, freed memory kept and pyarrow loaded without pandas."""
+    from ope_cli import interrupts
+
+    interrupts.install()
     for name, value in SINGLE_THREADED_BLAS.items():
         os.environ.setdefault(name, value)
     try:  # Ctrl-C while the modules load: one line, as later (it printed a traceback)

@@ -16,6 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from ope_cli import interrupts
 from ope_cli._version import __version__
 from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
@@ -112,12 +113,14 @@ def run(argv: list[str]) -> int:
         say(f"ope: {error.kind}: {_error_line(error)}")
         return error.exit_code
     except typer.Abort:
+        interrupts.handled()
         say("ope: aborted")
         return INTERRUPTED_EXIT_CODE
     except typer.TyperException as error:  # usage errors from option parsing
         say(f"ope: usage error: {usage_message(error)}")
         return UsageError.exit_code
     except KeyboardInterrupt:
+        interrupts.handled()
         code = INTERRUPTED_EXIT_CODE
     except Exception as error:  # noqa: BLE001 - anything else is a bug: say so, exit 1
         if debug:
@@ -129,6 +132,7 @@ def run(argv: list[str]) -> int:
         )
         return INTERNAL_ERROR_EXIT_CODE
     if code == INTERRUPTED_EXIT_CODE:  # typer returns Ctrl-C as 130, without a word
+        interrupts.handled()
         say(INTERRUPTED)
     return code if isinstance(code, int) else 0
 

@@ -94,6 +94,9 @@ def _interrupted(child) -> int:
     import signal
     import subprocess
 
+    from ope_cli import interrupts
+
+    interrupts.handled()  # this function keeps its own time
     with contextlib.suppress(ProcessLookupError):
         child.send_signal(signal.SIGINT)
     try:

@@ -1,0 +1,107 @@
+"""Ctrl-C handling of the ``ope`` process (ope_cli/interrupts.py): where raising
+KeyboardInterrupt is unsafe, and the timer that ends a process whose interrupt was lost."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ope_cli import interrupts
+
+
+def test_a_plain_frame_is_safe_to_raise_in():
+    assert not interrupts.unsafe_to_raise(sys._getframe())
+    assert not interrupts.unsafe_to_raise(None)
+
+
+def test_an_import_or_a_gc_callback_is_unsafe(tmp_path, monkeypatch):
+    """Raised in a garbage-collector callback, KeyboardInterrupt was printed and ignored
+    (JAX registers one: the command ran on); raised into an import (jaxlib's), it crashed
+    the process."""
+    seen = []
+
+    def callback(phase, info):
+        seen.append(interrupts.unsafe_to_raise(sys._getframe()))
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    assert seen and all(seen)
+    (tmp_path / "ope_test_probe_import.py").write_text(
+        "import sys\nfrom ope_cli import interrupts\n"
+        "UNSAFE = interrupts.unsafe_to_raise(sys._getframe())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ope_test_probe_import
+
+    assert ope_test_probe_import.UNSAFE
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.slow  # real processes
+def test_an_interrupt_lost_on_the_way_ends_the_process_after_the_grace():
+    """An interrupt that something swallows (as Python does in a garbage-collector
+    callback) still ends the process: one line, exit 130, GRACE_SECONDS later."""
+    started = time.monotonic()
+    done = _run(
+        """
+        import os, signal, time
+        from ope_cli import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # lost, as in a callback whose exceptions are ignored
+        time.sleep(60)
+        """
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow  # real processes
+def test_an_interrupt_reported_in_time_disarms_the_timer_and_an_ignored_one_stays_ignored():
+    """Once the command line reports the interrupt, the timer does not end the process
+    (the supervisor keeps its own time for its workers); a process started with SIGINT
+    ignored (a background job) keeps ignoring it, as Python does."""
+    done = _run(
+        """
+        import os, signal, time
+        from ope_cli import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            interrupts.handled()
+        time.sleep(interrupts.GRACE_SECONDS + 1)
+        print("still here")
+        """
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "still here\n", "")
+    done = _run(
+        """
+        import os, signal, time
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from ope_cli import interrupts
+        interrupts.install()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+        """
+    )
+    assert (done.returncode, done.stdout) == (0, "True\n")
