@@ -102,8 +102,9 @@ def data(tmp_path_factory) -> dict:
 
 def _lstdq(episodes: list[dict], pi, gamma: float, ridge: float) -> np.ndarray:
     """w [A, d + 1] (raw features [s, 1]) of the LSTDQ fixed point with the ridge on the
-    standardised features [(s - m) / v, 1] (m, v: the steps' mean and spread), written
-    plainly from the formulas (loops)."""
+    standardised features [(s - m) / v, 1] (m, v: the steps' mean and spread): on every
+    slope, and on the intercepts of actions never logged only; written plainly from the
+    formulas (loops)."""
     width = OBS_DIM + 1
     size = N_ACTIONS * width
     a_mat, b = np.zeros((size, size)), np.zeros(size)
@@ -125,7 +126,11 @@ def _lstdq(episodes: list[dict], pi, gamma: float, ridge: float) -> np.ndarray:
                 after = sum(pi(nxt)[c] * phi(nxt, c) for c in range(N_ACTIONS))
             a_mat += np.outer(here, here - gamma * after)
             b += here * ep["reward"][t]
-    standard = np.linalg.solve(a_mat + ridge * np.eye(size), b).reshape(N_ACTIONS, width)
+    penalty = np.ones(size)
+    for action in range(N_ACTIONS):
+        logged = np.any(a_mat[action * width : (action + 1) * width])
+        penalty[(action + 1) * width - 1] = 0.0 if logged else 1.0
+    standard = np.linalg.solve(a_mat + ridge * np.diag(penalty), b).reshape(N_ACTIONS, width)
     slopes = standard[:, :-1] / spread  # [A, d]: the raw features' weights
     return np.concatenate([slopes, standard[:, -1:] - slopes @ mean[:, None]], axis=1)
 
@@ -172,6 +177,30 @@ def test_linear_equals_a_plain_lstdq_solve(data, ridge):
         v0 = np.sum(data["pi_linear"](starts) * (starts @ q["weight"] + q["bias"]), axis=1)
     assert result.dm == pytest.approx(v0.mean(), abs=1e-10)
     assert result.dm_stderr == pytest.approx(v0.std(ddof=1) / np.sqrt(v0.size), rel=1e-8)
+
+
+def test_a_reward_offset_leaves_the_logged_actions_intercepts_unshrunk(data, tmp_path):
+    """One-step episodes whose rewards are 1e6 + a linear function of the observation: the
+    default ridge penalised each action's intercept too, and dm came out 2.9 below the
+    LSTDQ's (--ridge 0), far beyond any spread of V-hat, without a word. The intercepts of
+    logged actions are not penalised: dm is the unpenalised fit's, and so is Q-hat."""
+    rng = np.random.default_rng(11)
+    episodes = []
+    for i in range(3000):
+        obs = rng.normal(size=(1, OBS_DIM))
+        action = rng.integers(0, N_ACTIONS, 1)
+        reward = 1e6 + 0.1 * obs.sum() + 0.2 * action + rng.normal(0.0, 0.01, 1)
+        episodes.append({"id": i, "obs": obs, "action": action, "reward": reward})
+    path = _write(tmp_path / "offset.parquet", episodes)
+    policy = data["root"] / "linear.npz"
+    fits = {
+        ridge: _fit(path, policy, tmp_path / f"q_{ridge}.npz", gamma=0.9, ridge=ridge)
+        for ridge in (None, 0.0)
+    }
+    assert fits[None].ridge == pytest.approx(1e-6 * 3000)
+    assert fits[None].dm == pytest.approx(fits[0.0].dm, rel=1e-12)
+    with np.load(tmp_path / "q_None.npz") as shrunk, np.load(tmp_path / "q_0.0.npz") as plain:
+        np.testing.assert_allclose(shrunk["bias"], plain["bias"], rtol=1e-12)
 
 
 @pytest.mark.slow  # a property of fits under offsets and units

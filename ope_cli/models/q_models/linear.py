@@ -9,14 +9,16 @@ Per fold of episodes the sums stream in (flat memory, O(folds * D^2)):
   C = sum psi psi^T, e = sum psi r, sum r^2 (psi = phi - gamma phibar': the residuals),
   the sums of phibar(s_0) and phibar(s_0) phibar(s_0)^T over initial states (dm),
 
-and the fit solves (A + ridge I) w = b over every fold but one, in standardised features:
+and the fit solves (A + ridge P) w = b over every fold but one, in standardised features:
 with the steps' mean m and spread v of each observation feature (sums of x and x^2 stream
 in too), x~ = T x = [(s - m) / v, 1], so A~ = M A M^T, b~ = M b (M = I_A (x) T) and w =
 M^T w~. The default ridge is ``RIDGE_PER_STEP`` times the number of steps fitted on: A~
 grows with the steps, so this is a fixed, tiny relative regularisation whatever the
 features' offsets and units (on raw features a reading of 10,000 +- 1 shrank the slopes
-from 1 to 0.005); it also sets the weights of actions never logged to 0 (their rows of A
-are empty), as the tabular model does.
+from 1 to 0.005). P penalises the slopes, not the intercept of a logged action, which a
+reward offset makes large (``_penalized``); the intercepts of actions never logged are
+penalised, which sets their weights to 0 (their rows of A are empty), as the tabular
+model does.
 """
 
 from __future__ import annotations
@@ -155,10 +157,12 @@ class LinearQ(FoldSums):
             raise DataError("no steps to fit the linear Q model on")
         ridge = RIDGE_PER_STEP * steps if self.ridge is None else self.ridge
         to_standard = np.kron(np.eye(self.n_actions), self._standardizer(exclude))  # M
-        a_mat = to_standard @ self._pooled("a_mat", exclude) @ to_standard.T
+        raw = self._pooled("a_mat", exclude)
+        a_mat = to_standard @ raw @ to_standard.T
         b = to_standard @ self._pooled("b", exclude)
+        penalty = self._penalized(raw)
         try:
-            w = to_standard.T @ np.linalg.solve(a_mat + ridge * np.eye(a_mat.shape[0]), b)
+            w = to_standard.T @ np.linalg.solve(a_mat + ridge * np.diag(penalty), b)
         except np.linalg.LinAlgError:
             w = np.full(a_mat.shape[0], np.nan)
         if not np.isfinite(w).all():
@@ -169,6 +173,17 @@ class LinearQ(FoldSums):
         blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1] about the pivot
         weight = blocks[:, :-1].T.copy()
         return {"weight": weight, "bias": blocks[:, -1] - self.pivot @ weight}
+
+    def _penalized(self, a_mat: np.ndarray) -> np.ndarray:
+        """[A (d + 1)] 1 where the ridge applies: every slope, and the intercept of an action
+        never logged (its rows of A are empty: its weights are then 0). Not a logged
+        action's intercept: a reward offset makes it large, and the ridge shrank it (rewards
+        of 1e6 + noise on one-step episodes: dm 3.0 below the LSTDQ's, bellman_rmse 3.0
+        against 0.0098)."""
+        penalty = np.ones(a_mat.shape[0])
+        logged = np.any(a_mat.reshape(self.n_actions, -1) != 0, axis=1)  # [A] rows of a
+        penalty[self.dim - 1 :: self.dim] = ~logged
+        return penalty
 
     def _about_pivot(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """[A (d + 1)] w of linear_q ``arrays`` (raw features) for features about the pivot."""
