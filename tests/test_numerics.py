@@ -39,6 +39,7 @@ from reference import (
     reference_stderr,
 )
 
+import ope_cli
 from ope_cli.config import (
     BatchingConfig,
     ChoosingConfig,
@@ -489,3 +490,28 @@ def test_returns_that_overflow_are_null_with_their_own_reason(tmp_path, recwarn)
     assert notes["wis"] == (None, "not finite in float64: the weighted returns overflow")
     assert notes["pdis"] == (None, "the per-decision weights or the rewards overflow float64")
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_undefined_estimate_and_difference_have_no_standard_error(tmp_path):
+    """Weights of 1e600 (three steps of ratio 1e200) overflow float64: IS was null with a
+    standard error of 0.0, and so was its difference from the logging policy's."""
+    table = pa.table(
+        {
+            "episode_id": [0, 0, 0, 1, 1, 1, 2, 2, 2],
+            "step": [0, 1, 2] * 3,
+            "observation": [0.0] * 9,
+            "action": [0] * 9,
+            "reward": [1.0] * 9,
+            "behavior_prob": [1e-200] * 9,
+            "target_prob": [1.0] * 9,
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    document = ope_cli.evaluate(
+        str(tmp_path / "logs.parquet"), baseline="behavior", ci="percentile"
+    ).to_dict()
+    (result,) = document["results"]
+    undefined = [e for e in result["estimates"].values() if e["value"] is None]
+    assert undefined and all(e["stderr"] is None for e in undefined)
+    differences = [c for c in result["comparison"].values() if c["delta"] is None]
+    assert differences and all(c["stderr"] is None for c in differences)

@@ -318,6 +318,8 @@ class Pairing:
         if self.says_nothing(k, name) or self.says_nothing(b, name):
             return Comparison(None, None, None, None, None, NO_WEIGHT)
         delta, stderr = self.difference(k, b, name)
+        if delta is None:  # an undefined difference has no spread either (it said 0.0)
+            stderr = None
         low, high, note = self.interval(k, b, name, level)
         improvement = p_improvement(
             self.replicates(k, name), self.replicates(b, name), self.resolution(k, b, name)

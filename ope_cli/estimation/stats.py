@@ -451,6 +451,8 @@ def _estimate(
     value: float | None, stderr: float | None, z: float, note: str | None = None
 ) -> Estimate:
     value, stderr = finite(value), finite(stderr)
+    if value is None:  # an undefined estimate has no spread either (overflow said 0.0)
+        stderr = None
     if value is None or stderr is None:
         return Estimate(value, stderr, None, None, note)
     return Estimate(value, stderr, finite(value - z * stderr), finite(value + z * stderr), note)
