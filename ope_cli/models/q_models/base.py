@@ -93,6 +93,21 @@ def unconverged_message(model: str, iterations, discrete: bool, linear: str) -> 
     )
 
 
+Q_UNLOGGED_ACTIONS = "q_unlogged_actions"  # pi_e's mass on actions a fitted Q-hat never saw
+UNLOGGED_SHARE_WARNED = 1e-3  # of pi_e's probability over the logged states
+
+
+def unlogged_message(model: str, share: float) -> str:
+    """What pi_e's probability ``share`` on actions never logged means for a fitted Q-hat
+    (``q_unlogged_actions``, evaluate's and fit-q's)."""
+    return (
+        f"the evaluation policy gives {share:.3g} of its probability at the logged states to "
+        f"actions never logged there, where the fitted Q-hat ({model}) is 0: dm counts them "
+        "as worth 0, and no estimate from these logs sees them (their importance weights "
+        "never occur either)."
+    )
+
+
 def kind_of(model: str, discrete: bool) -> str:
     """The checkpoint kind a model writes: mlp over continuous actions writes mlp_q_sa."""
     return MODELS[model] if discrete or model != "mlp" else "mlp_q_sa"

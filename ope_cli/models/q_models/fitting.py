@@ -233,7 +233,9 @@ def fit_q(
 
 def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: list) -> dict:
     """The Bellman RMSE and the dm estimate, each fold's steps and episodes scored by the
-    fit that excludes them (in-sample for a single fit)."""
+    fit that excludes them (in-sample for a single fit), and for the models whose Q-hat is
+    0 on actions they never saw, pi_e's largest share of probability on those
+    (``unlogged_share``)."""
     squares, steps, total, total_sq, episodes = 0.0, 0, 0.0, 0.0, 0
     for fitted, k in zip(arrays, excluded, strict=True):
         params = {key: value for key, value in fitted.items() if key != "kind"}
@@ -244,6 +246,9 @@ def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: 
     dm, dm_stderr = direct_method(total, total_sq, episodes)
     out = {"bellman_rmse": math.sqrt(squares / steps) if steps else None}
     out |= {"dm": dm, "dm_stderr": dm_stderr}
+    share = getattr(q_model, "unlogged_share", None)  # models whose unseen actions get 0
+    if share is not None:
+        out["unlogged_share"] = max(share(k) for k in excluded)
     for key in per_fold[0]:  # the model's own: ridge (linear), iterations ... (mlp)
         values = [fold[key] for fold in per_fold]
         out[key] = values[0] if len(values) == 1 else values

@@ -31,7 +31,7 @@ from ope_cli.models.q_models.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
 ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
-_SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0", "sx", "sxx")
+_SUMS = ("a_mat", "c_mat", "b", "e", "rr", "n", "s0", "s00", "n0", "sx", "sxx", "taken", "mass")
 
 
 def mean_features(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
@@ -65,6 +65,8 @@ class LinearQ(FoldSums):
             for name in _SUMS:
                 shape = {"a_mat": 2, "c_mat": 2, "s00": 2, "b": 1, "e": 1, "s0": 1}.get(name, 0)
                 sizes = (width,) if name in ("sx", "sxx") else (size,) * shape
+                if name in ("taken", "mass"):  # per action: steps taking it, pi_e's mass
+                    sizes = (self.n_actions,)
                 setattr(self, name, np.zeros((self.folds, *sizes)))
         elif width != self.dim:
             raise DataError("observations change size between steps")
@@ -75,6 +77,13 @@ class LinearQ(FoldSums):
         spread to rounding, and the fit then moved with the files, batches and processes."""
         observation = features(batch.observation)
         self._start(observation.shape[1] + 1, observation.mean(axis=0))
+        per_fold = batch.fold * self.n_actions
+        cells = self.folds * self.n_actions
+        self.taken += np.bincount(per_fold + batch.action, minlength=cells).reshape(
+            -1, self.n_actions
+        )
+        for a in range(self.n_actions):
+            self.mass[:, a] += np.bincount(batch.fold, batch.probs[:, a], self.folds)
         x = with_bias(observation - self.pivot)
         x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
         for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
@@ -184,6 +193,14 @@ class LinearQ(FoldSums):
         logged = np.any(a_mat.reshape(self.n_actions, -1) != 0, axis=1)  # [A] rows of a
         penalty[self.dim - 1 :: self.dim] = ~logged
         return penalty
+
+    def unlogged_share(self, exclude: int | None = None) -> float:
+        """The mean over every step of pi_e's probability of the actions the folds but
+        ``exclude`` never logged: their weights are 0, and so is their Q-hat."""
+        if self.dim == 0:
+            return 0.0
+        unlogged = self._pooled("taken", exclude) == 0
+        return float(self._pooled("mass", None)[unlogged].sum() / max(self.n.sum(), 1.0))
 
     def _about_pivot(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """[A (d + 1)] w of linear_q ``arrays`` (raw features) for features about the pivot."""

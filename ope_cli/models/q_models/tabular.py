@@ -128,6 +128,15 @@ class TabularQ(FoldSums):
             )
         return {"q": rbar + self.gamma * p @ v}
 
+    def unlogged_share(self, exclude: int | None = None) -> float:
+        """The mean over every step's state of pi_e's probability of the actions never
+        logged in that state by the folds but ``exclude``: their Q-hat is 0."""
+        visits = self.trans.sum(axis=3) + self.term  # [K, S, A]
+        trained = visits.sum(axis=0) - (0.0 if exclude is None else visits[exclude])
+        states = visits.sum(axis=(0, 2))  # [S] steps in each state
+        unlogged = np.sum(self.policy() * (trained <= 0), axis=1)  # [S]
+        return float(states @ unlogged / max(states.sum(), 1.0))
+
     def _values(self, q: np.ndarray) -> np.ndarray:
         return np.sum(self.policy() * q, axis=1)
 
