@@ -37,7 +37,10 @@ def render_table(result: FitQResult, console: Console) -> None:
         "dm standard error (over initial states, Q taken as exact)",
         significant(result.dm_stderr),
     )
-    table.add_row("Bellman residual RMSE (in-sample)", significant(result.bellman_rmse))
+    rmse = significant(result.bellman_rmse)
+    if result.bellman_rmse_note:
+        rmse += f" ({result.bellman_rmse_note})"
+    table.add_row("Bellman residual RMSE (in-sample)", rmse)
     if result.ridge is not None:
         table.add_row("ridge", significant(result.ridge))
     if result.iterations is not None:

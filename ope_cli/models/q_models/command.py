@@ -83,6 +83,7 @@ class FitQResult:
     heldout_steps: int | None = None
     heldout_bellman_rmse: float | None = None
     gamma_source: str = "option"  # option (--gamma), data (declared) or default
+    bellman_rmse_note: str | None = None  # why bellman_rmse is null (the sums' rounding)
     # what the fit warns about, as ope evaluate does: {"code", "message", "policy"} (None:
     # the whole run, its one policy)
     warnings: tuple[dict[str, str], ...] = ()
@@ -186,6 +187,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         dm=d["dm"],
         dm_stderr=None if stderr is None or math.isnan(stderr) else stderr,
         bellman_rmse=d["bellman_rmse"],
+        bellman_rmse_note=d.get("bellman_rmse_note"),
         seconds=time.perf_counter() - started,
         ridge=d.get("ridge"),
         iterations=d.get("iterations"),

@@ -142,14 +142,25 @@ class TabularQ(FoldSums):
 
     def residual(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum over steps of (r + gamma V(s') - Q(s, a))^2, steps) from the counts."""
+        steps = self._fold("trans", fold).sum() + self._fold("term", fold).sum()
+        return max(float(sum(self._residual_parts(arrays, fold))), 0.0), int(round(steps))
+
+    def residual_magnitude(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """The size of the parts ``residual`` adds up (``LinearQ.residual_magnitude``)."""
+        return float(sum(abs(part) for part in self._residual_parts(arrays, fold)))
+
+    def _residual_parts(self, arrays, fold) -> tuple[float, float, float]:
+        """sum r^2, the cross terms, the squares of Q - gamma V(s'): their sum is the sum of
+        squared residuals."""
         q = arrays["q"]
         gap = q[:, :, None] - self.gamma * self._values(q)[None, None, :]  # Q - gamma V(s')
         trans, rsum = self._fold("trans", fold), self._fold("rsum", fold)
         term, rterm = self._fold("term", fold), self._fold("rterm", fold)
-        total = self._fold("rr", fold).sum()
-        total -= 2 * (np.sum(rsum * gap) + np.sum(rterm * q))
-        total += np.sum(trans * gap * gap) + np.sum(term * q * q)
-        return max(float(total), 0.0), int(round(trans.sum() + term.sum()))
+        return (
+            float(self._fold("rr", fold).sum()),
+            float(-2 * (np.sum(rsum * gap) + np.sum(rterm * q))),
+            float(np.sum(trans * gap * gap) + np.sum(term * q * q)),
+        )
 
     def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum of V(s_0), sum of V(s_0)^2, episodes) over one fold's episodes."""
