@@ -12,9 +12,11 @@ Two places lose it:
 So in an import or a garbage-collector callback the handler ends the process at once (an
 import has written nothing to clean up); elsewhere it raises KeyboardInterrupt as usual, so
 that partial outputs are removed on the way out, and arms a timer: a process still running
-``GRACE_SECONDS`` later, its interrupt lost, ends then. The command line disarms it once
-the interrupt has reached it (``handled``). Only the console script installs this
-(``install``): code that calls ``ope_cli`` in its own process keeps its own handlers.
+``GRACE_SECONDS`` later, its interrupt lost, ends then. A second Ctrl-C ends it at once
+(raised again, it interrupted the first one's cleanup with a traceback). The command line
+disarms the timer once the interrupt has reached it (``handled``). Only the console script
+installs this (``install``): code that calls ``ope_cli`` in its own process keeps its own
+handlers.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import types
 from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
 GRACE_SECONDS = 3.0
-_armed = [False]
+_armed = [False]  # the timer runs
+_interrupted = [False]  # a first interrupt was raised: a second ends the process at once
 
 
 def exit_interrupted(*_) -> None:
@@ -54,8 +57,9 @@ def unsafe_to_raise(frame: types.FrameType | None) -> bool:
 
 
 def _on_interrupt(signum: int, frame: types.FrameType | None) -> None:
-    if unsafe_to_raise(frame):
+    if _interrupted[0] or unsafe_to_raise(frame):  # a second Ctrl-C: now, not another raise
         exit_interrupted()
+    _interrupted[0] = True
     signal.signal(signal.SIGALRM, exit_interrupted)
     signal.setitimer(signal.ITIMER_REAL, GRACE_SECONDS)
     _armed[0] = True

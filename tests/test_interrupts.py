@@ -105,3 +105,24 @@ def test_an_interrupt_reported_in_time_disarms_the_timer_and_an_ignored_one_stay
         """
     )
     assert (done.returncode, done.stdout) == (0, "True\n")
+
+
+@pytest.mark.slow  # real processes
+def test_a_second_interrupt_ends_the_process_at_once():
+    """A second Ctrl-C during the first one's cleanup was raised again and ended the
+    process with a traceback; it ends it at once, with the one line."""
+    done = _run(
+        """
+        import os, signal, time
+        from ope_cli import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGINT)  # pressed again while cleaning up
+            time.sleep(5)
+        print("not reached")
+        """
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")

@@ -159,7 +159,7 @@ class LinearQ(FoldSums):
         self.pivot = pivot
 
     def fit(self, exclude: int | None = None) -> dict[str, np.ndarray]:
-        """{"weight": [d, A], "bias": [A]}: w = (A + ridge I)^-1 b of every fold but
+        """{"weight": [d, A], "bias": [A]}: w = (A + ridge P)^-1 b of every fold but
         ``exclude``."""
         steps = float(self._pooled("n", exclude)) if self.dim else 0.0
         if steps == 0:
@@ -176,7 +176,8 @@ class LinearQ(FoldSums):
             w = np.full(a_mat.shape[0], np.nan)
         if not np.isfinite(w).all():
             raise DataError(
-                f"the LSTDQ system is singular (ridge {ridge:g}); raise --ridge or use --gamma < 1"
+                f"the LSTDQ system is singular (ridge {ridge:g}, on the slopes: not on a logged "
+                "action's intercept); use --gamma < 1, or raise --ridge"
             )
         self.last = {"ridge": ridge}
         blocks = w.reshape(self.n_actions, self.dim)  # [A, d + 1] about the pivot
