@@ -684,9 +684,15 @@ def test_a_twin_column_that_cannot_be_compared_is_left_alone(tmp_path):
     pq.write_table(table, tmp_path / "null.parquet")
     got = flat(read_chunks(tmp_path / "null.parquet"))["log_behavior"]
     np.testing.assert_array_equal(got, np.log(np.concatenate(prob)))
-    shorter = table.set_column(5, "behavior_log_prob", pa.array([[-0.7], [0.0, -1.6]]))
+    shorter = table.set_column(5, "behavior_log_prob", pa.array([[-0.7], list(np.log(prob[1]))]))
     pq.write_table(shorter, tmp_path / "shorter.parquet")
     assert len(read_chunks(tmp_path / "shorter.parquet")) == 1
+    # the other episodes of the batch are still compared: a null list left them all
+    # uncompared, and a disagreement in episode 1 unseen (``ope convert`` refused it)
+    disagree = table.set_column(5, "behavior_log_prob", pa.array([None, [-0.7, -1.6]]))
+    pq.write_table(disagree, tmp_path / "disagree.parquet")
+    with pytest.raises(DataError, match="episode 1, step 0: columns 'behavior_prob' and"):
+        read_chunks(tmp_path / "disagree.parquet")
     rows = {
         "behavior_prob": np.array([0.5, -0.1]),
         "behavior_log_prob": np.array([np.log(0.5), np.nan]),

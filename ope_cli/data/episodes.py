@@ -54,6 +54,20 @@ EPISODE_ROLES = (
 )
 
 
+def twin_steps(array: pa.Array, lengths: np.ndarray) -> pa.Array:
+    """[n] float64 steps of a cross-checked list column (``DataSchema.cross_checked``), null
+    in the episodes whose list is null or not ``lengths`` [E] long: those are not compared,
+    the others are (one such episode left the whole record batch uncompared, and a
+    disagreement anywhere else in it unseen)."""
+    own = list_lengths(array)
+    usable = np.asarray(array.is_valid(), bool) & (own == lengths)
+    values = pc.list_flatten(array.filter(pa.array(usable)))
+    step_usable = np.repeat(usable, lengths)
+    steps = np.full(step_usable.size, np.nan)
+    steps[step_usable] = np.asarray(values.to_numpy(zero_copy_only=False), np.float64)
+    return pa.array(steps, mask=~step_usable)
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeChunk:
     """Complete episodes from one file, steps in order, as flat arrays.
@@ -342,11 +356,10 @@ class EpisodeAssembler:
         lengths = None
         for role in (role for role in EPISODE_ROLES if role in col):
             array = plain(batch.column(col[role]))
-            if role in self.schema.cross_checked and array.null_count:
-                continue  # a twin with null lists is not compared (nor judged) in this batch
+            if role in self.schema.cross_checked:  # after reward's: ``lengths`` is known
+                flat[role] = twin_steps(array, lengths)
+                continue
             values, role_lengths, _ = list_parts(array, col[role], at)
-            if role in self.schema.cross_checked and np.any(role_lengths != lengths):
-                continue  # nor one whose lists are not the steps'
             if lengths is None:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:
