@@ -36,7 +36,7 @@ from ope_cli.data.decode import (
     plain,
 )
 from ope_cli.data.episode_stream import DataConfig, open_episodes
-from ope_cli.data.episodes import EPISODE_ROLES
+from ope_cli.data.episodes import EPISODE_ROLES, twin_steps
 from ope_cli.data.ids import SeenKeys, display_id, id_keys, run_starts
 from ope_cli.data.sources import METADATA_KEY, Dataset
 from ope_cli.errors import NO_EPISODES, DataError, UsageError, first_line, where
@@ -237,9 +237,8 @@ def _twin_values(
 ) -> tuple[pa.Array, pa.Array, Callable[[int], tuple]]:
     """(used, cross-checked) values of the columns ``names`` of one record batch as steps,
     and ``locate(step) -> (episode, step)`` for messages (``place``: the batch's episode
-    ids and steps, None where it has none). In the episode layout only the episodes whose
-    two lists are both there and of one length (as ``ope evaluate`` compares them; the rest
-    are the used column's validation's, or not compared)."""
+    ids and steps, None where it has none). In the episode layout the cross-checked
+    values are null where ``ope evaluate`` does not compare them (``twin_steps``)."""
     used, twin = (plain(batch.column(name)) for name in names)
     episode = place[0]
     if not is_list(used.type):
@@ -249,19 +248,15 @@ def _twin_values(
 
         return used, twin, locate_step
     lengths = list_lengths(used)
-    compared = np.asarray(pc.and_(used.is_valid(), twin.is_valid()), bool)
-    compared &= lengths == list_lengths(twin)
-    rows = pa.array(np.flatnonzero(compared))
-    parent = np.repeat(np.flatnonzero(compared), lengths[compared])
-    starts = np.repeat(np.cumsum(lengths[compared]) - lengths[compared], lengths[compared])
+    parent = np.repeat(np.arange(lengths.size), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
 
     def locate_in_list(step: int) -> tuple:
         row = int(parent[step])
         shown = first_row + row if episode is None else display_id(episode[row].as_py())
         return shown, step - int(starts[step])
 
-    flat = (pc.list_flatten(used.take(rows)), pc.list_flatten(twin.take(rows)))
-    return (*flat, locate_in_list)
+    return pc.list_flatten(used), twin_steps(twin, lengths), locate_in_list
 
 
 def _check_twins(sourced, schema: DataSchema, columns: dict[str, str], first_row: int) -> None:
