@@ -4,7 +4,6 @@ KeyboardInterrupt is unsafe, and the timer that ends a process whose interrupt w
 from __future__ import annotations
 
 import gc
-import signal
 import subprocess
 import sys
 import textwrap
@@ -51,24 +50,27 @@ def _run(code: str) -> subprocess.CompletedProcess:
     )
 
 
+def _interrupted_once(handling: str, after: str) -> subprocess.CompletedProcess:
+    """A process with the handler installed, interrupted once while it sleeps: ``handling``
+    runs in its ``except KeyboardInterrupt`` block, ``after`` past it."""
+    prelude = (
+        "import os, signal, time\n"
+        "from ope_cli import interrupts\n"
+        "interrupts.install()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+    )
+    return _run(prelude + f"    {handling}\n{after}\n")
+
+
 @pytest.mark.slow  # real processes
 def test_an_interrupt_lost_on_the_way_ends_the_process_after_the_grace():
     """An interrupt that something swallows (as Python does in a garbage-collector
     callback) still ends the process: one line, exit 130, GRACE_SECONDS later."""
     started = time.monotonic()
-    done = _run(
-        """
-        import os, signal, time
-        from ope_cli import interrupts
-        interrupts.install()
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            pass  # lost, as in a callback whose exceptions are ignored
-        time.sleep(60)
-        """
-    )
+    done = _interrupted_once("pass  # lost, as in a callback", "time.sleep(60)")
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
     assert time.monotonic() - started < 30
 
@@ -78,20 +80,8 @@ def test_an_interrupt_reported_in_time_disarms_the_timer_and_an_ignored_one_stay
     """Once the command line reports the interrupt, the timer does not end the process
     (the supervisor keeps its own time for its workers); a process started with SIGINT
     ignored (a background job) keeps ignoring it, as Python does."""
-    done = _run(
-        """
-        import os, signal, time
-        from ope_cli import interrupts
-        interrupts.install()
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            interrupts.handled()
-        time.sleep(interrupts.GRACE_SECONDS + 1)
-        print("still here")
-        """
-    )
+    after = 'time.sleep(interrupts.GRACE_SECONDS + 1)\nprint("still here")'
+    done = _interrupted_once("interrupts.handled()", after)
     assert (done.returncode, done.stdout, done.stderr) == (0, "still here\n", "")
     done = _run(
         """
@@ -111,18 +101,6 @@ def test_an_interrupt_reported_in_time_disarms_the_timer_and_an_ignored_one_stay
 def test_a_second_interrupt_ends_the_process_at_once():
     """A second Ctrl-C during the first one's cleanup was raised again and ended the
     process with a traceback; it ends it at once, with the one line."""
-    done = _run(
-        """
-        import os, signal, time
-        from ope_cli import interrupts
-        interrupts.install()
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            os.kill(os.getpid(), signal.SIGINT)  # pressed again while cleaning up
-            time.sleep(5)
-        print("not reached")
-        """
-    )
+    again = "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)  # pressed again"
+    done = _interrupted_once(again, 'print("not reached")')
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
