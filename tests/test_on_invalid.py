@@ -34,7 +34,7 @@ from rendered import shown
 
 import ope_cli
 from ope_cli.config import BatchingConfig, EvaluationConfig, RuntimeConfig
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, InvalidValueError
 from ope_cli.estimation.pipeline import evaluate
 from ope_cli.report.warnings import DROPPED
 
@@ -233,8 +233,10 @@ def test_drop_in_the_episode_layout(tmp_path):
         long[3]: "reward_not_finite",
         long[4]: "duplicate_step",
         long[5]: "observation_not_finite",
+        long[6]: "null_reward",
     }
     columns["actions"][long[0]] = None
+    columns["rewards"][long[6]] = None  # counted with its other lists' steps (it said 0)
     for name in ("observations", "actions", "rewards", "action_probs", "steps"):
         columns[name][long[1]] = []
     columns["rewards"][long[2]] = columns["rewards"][long[2]][:-1]
@@ -262,6 +264,13 @@ def test_drop_in_the_episode_layout(tmp_path):
     assert result.dataset.steps + result.dataset.steps_dropped == sum(
         steps.get(i, len(e["reward"])) for i, e in enumerate(episodes)
     )
+    # without drop, a null list is an error that --on-invalid drop can leave out, as a
+    # null value is (its line named no --on-invalid)
+    nulls = bad.filter(pa.array([i in (long[0], long[6]) for i in range(len(episodes))]))
+    write_table(nulls, tmp_path / "nulls.parquet")
+    with pytest.raises(InvalidValueError, match="is null") as raised:
+        _run(tmp_path / "nulls.parquet", policy, on_invalid="error")
+    assert raised.value.droppable
 
 
 def test_drop_checks_states_against_a_tabular_policy(tmp_path):

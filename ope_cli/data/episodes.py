@@ -359,7 +359,8 @@ class EpisodeAssembler:
             if role in self.schema.cross_checked:  # after reward's: ``lengths`` is known
                 flat[role] = twin_steps(array, lengths)
                 continue
-            values, role_lengths, _ = list_parts(array, col[role], at)
+            # a null list is droppable, as a null value is (its error named no --on-invalid)
+            values, role_lengths, _ = list_parts(array, col[role], at, null_reason(role))
             if lengths is None:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:
@@ -396,15 +397,19 @@ class EpisodeAssembler:
             )
             for role in roles[1:]
         )
+        # the steps a dropped episode is counted with: its rewards', or where that list is
+        # null its longest list's (they were counted as 0)
+        longest = np.max(np.stack(list(lengths.values())), axis=0)
+        counted = np.where(null["reward"], longest, steps)
         first = self.validation.judge(
             file,
             checks,
-            steps,
+            counted,
             np.arange(steps.size),
             lambda e: (display_id(episode_ids[e]), None),
             per_episode=True,
         )
-        return self.validation.keep(first, steps)
+        return self.validation.keep(first, counted)
 
     def _remember(self, file: str, keys: np.ndarray, ids: np.ndarray) -> None:
         """Records the ids of episodes dropped before _finish (so a reappearance is caught)."""
