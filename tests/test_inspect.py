@@ -209,6 +209,7 @@ def test_cli_exit_codes_and_formats(messy, ope_many_in_process):
     assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("ope: invalid data: "), run
     invalid = doc["counts"]["invalid_episodes"]  # an episode with two problems counts once
     assert f"validation problem, in {invalid:,} episode(s)" in run.stderr, (invalid, run)
+    assert ", and 1 file(s) not read to the end (see the report)" in run.stderr, run
     assert (
         runs["clean_table"].returncode == 0
         and "no validation problems" in runs["clean_table"].stdout

@@ -68,9 +68,13 @@ def inspect(
     if not report.ok:
         sys.stdout.flush()
         # an episode with two problems is one invalid episode, as the report counts it
+        # a file whose reading stopped holds episodes no count includes: say so (the line
+        # said "in 0 episode(s)" of a file of four)
+        stopped = sorted({p.file for p in report.problems if p.reason == "file_error"})
+        unread = f", and {len(stopped)} file(s) not read to the end" if stopped else ""
         problems = (
             f"{len(report.problems)} kind(s) of validation problem, in "
-            f"{report.invalid_episodes:,} episode(s) (see the report)"
+            f"{report.invalid_episodes:,} episode(s){unread} (see the report)"
         )
         say(f"ope: invalid data: {data}: {problems if report.problems else NO_EPISODES}")
         raise typer.Exit(INVALID_DATA_EXIT_CODE)
