@@ -42,6 +42,14 @@ def test_betting_with_estimated_behavior_probabilities_says_what_its_guarantee_a
     assert "guarantee assumes" not in plan_intervals(logged, declared).describe(logged)
 
 
+def test_betting_without_a_betting_estimator_leaves_no_empty_clause():
+    """Only wdr reported under betting intervals: the method line read "discounted horizon
+    20; ; standard errors"."""
+    options = config(gamma=0.95, ci="betting", estimators=("wdr",), q="q.npz")
+    described = plan_intervals(options, DeclaredBounds(reward_range=(0.0, 1.0))).describe(options)
+    assert described.endswith("discounted horizon 20"), described
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

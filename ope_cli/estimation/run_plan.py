@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only
 INTERVAL_METHODS = {  # {estimators...} are filled from the estimator registry
     "betting": "betting: finite-sample intervals, valid for any number of episodes, from the "
     "weights' non-negativity and rewards in [{low:g}, {high:g}] ({bounds_source}){widened}, "
-    "discounted horizon {horizon:g}; {betting_estimators}",
+    "discounted horizon {horizon:g}{betting_estimators}",
     "normal": "normal approximation, estimate +- z * standard error",
     "percentile": "Poisson bootstrap, percentile interval ({samples} replicates, seed {seed})",
     "bootstrap-t": "Poisson bootstrap, {bootstrap_t_estimators} "
@@ -248,7 +248,8 @@ class IntervalPlan:
             widened=f" widened to [{a:g}, {b:g}] to hold 0" if (a, b) != (low, high) else "",
             horizon=self.betting_range[2],
             bounds_source=self.bounds_source,
-            betting_estimators=describe_betting(estimators),
+            # none (only dm, dr, wdr reported): no empty clause ("horizon 20; ; standard")
+            betting_estimators="".join(f"; {d}" for d in [describe_betting(estimators)] if d),
         )
         if is_estimate(config.behavior.policy):  # the weights' mean is 1 only for the true pi_b
             described += ESTIMATED_BEHAVIOR
