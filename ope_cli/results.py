@@ -177,7 +177,7 @@ class EvaluationResult:
     # --truth: {policy name: true value or None}, and {estimator: selection metrics}
     truth: dict[str, float | None] | None = None
     selection: dict[str, dict[str, float | None]] | None = None
-    selection_notes: tuple[str, ...] = ()
+    selection_notes: tuple[tuple[str | None, str], ...] = ()  # (policy or None: run, note)
     # could-be-best sets that may be too large: policies in them whose difference from
     # the best rounding did not resolve (``comparison.compare_results``)
     best_set_notes: tuple[str, ...] = ()

@@ -530,9 +530,10 @@ def selection_of(
     keys: Sequence[str],
     baseline_key: str,
     top_k: Sequence[int] | None,
-) -> tuple[dict, list[str]]:
-    """({estimator: selection metrics}, notes) of the results against ``truth`` (keyed by
-    ``keys``, one per result; ``baseline_key``: whose true value is sharpe@k's J_0)."""
+) -> tuple[dict, list[tuple[str | None, str]]]:
+    """({estimator: selection metrics}, [(policy or None: the run, note)]) of the results
+    against ``truth`` (keyed by ``keys``, one per result; ``baseline_key``: whose true value
+    is sharpe@k's J_0)."""
     estimators = list(results[0].estimates)
     estimates = {
         name: {key: r.estimates[name].value for key, r in zip(keys, results, strict=True)}
@@ -555,8 +556,15 @@ def selection_of(
         top_k=top_k_of(top_k, max(with_truth, 1)),
         names=names,
     )
-    missing = missing_truth_note({key: truth.get(key) for key in [*keys, baseline_key]}, names)
-    return selection, ([missing] if missing else []) + notes
+    # a policy without a true value is that policy's warning (it was the run's, policy null)
+    missing = [
+        (r.policy, f"{r.shown}: --truth has no value for it; left out of the selection metrics")
+        for key, r in zip(keys, results, strict=True)
+        if truth.get(key) is None
+    ]
+    behavior = {} if baseline_key in keys else {baseline_key: truth.get(baseline_key)}
+    run = missing_truth_note(behavior, names)
+    return selection, missing + [(None, note) for note in ([run] if run else []) + notes]
 
 
 def truth_keys(policies: Sequence[Policy]) -> list[str]:

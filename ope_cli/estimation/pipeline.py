@@ -412,7 +412,7 @@ class _Chosen(NamedTuple):
 
     results: list[PolicyResult]  # with their paired comparisons and could-be-best flags
     selection: dict | None  # the selection metrics against --truth
-    selection_notes: list[str]
+    selection_notes: list[tuple[str | None, str]]  # (the policy, or None: the run; note)
     best_set_notes: list[str]  # sets that may be too large (``compare_results``)
 
 

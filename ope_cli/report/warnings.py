@@ -694,7 +694,7 @@ def run_warnings(
     warnings.extend(estimated_behavior_warnings(result))
     propensities = propensity_source(result)
     warnings.extend(Warning(UNRESOLVED_BEST_SET, note) for note in result.best_set_notes)
-    warnings.extend(Warning(SELECTION, note) for note in result.selection_notes)
+    warnings.extend(Warning(SELECTION, note, policy) for policy, note in result.selection_notes)
     for policy in result.results:
         warnings.extend(policy_warnings(policy, result.dataset.episodes, propensities))
     if ranks is not None and rank_by is not None:
