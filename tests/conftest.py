@@ -79,6 +79,17 @@ class OpeRun:
         )
 
 
+def interruptible(command: list[str]) -> list[str]:
+    """``command`` started with SIGINT at its default, as a terminal's process has it: a
+    suite started in the background (``cmd &`` in a script) ignores SIGINT, every process
+    it starts inherits that, and Ctrl-C tests then wait out their timeouts."""
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *command]
+
+
 def ope_command() -> list[str]:
     """The installed console script next to this interpreter, else ``python -m ope_cli``."""
     script = Path(sys.executable).with_name("ope")

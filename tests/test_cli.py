@@ -1646,12 +1646,13 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
     import signal
     import time
 
-    from conftest import ope_command, subprocess_env
+    from conftest import interruptible, ope_command, subprocess_env
 
     (world.root / "slow_to_import.py").write_text("import time\ntime.sleep(120)\n")
+    command = [*interruptible(ope_command()), "evaluate", "data.parquet"]
     for delay in (0.4, 4.0):  # the entry point's import holds the command up
         child = subprocess.Popen(
-            [*ope_command(), "evaluate", "data.parquet", "-p", "slow_to_import:log_prob"],
+            [*command, "-p", "slow_to_import:log_prob"],
             cwd=world.root,
             env=subprocess_env(),
             stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ope_command, run_ope, subprocess_env, xla_flags
+from conftest import interruptible, ope_command, run_ope, subprocess_env, xla_flags
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -37,7 +37,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None):
+def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None, signals=False):
+    """A process of a cluster run (``signals``: with SIGINT at its default, to be sent one)."""
     cluster = [
         "--coordinator",
         f"127.0.0.1:{port}",
@@ -50,8 +51,9 @@ def start(args, process_id, num_processes, port, cwd, timeout=60, extra_env=None
     ]
     # one device each, the suite's compiler settings
     env = subprocess_env({"XLA_FLAGS": xla_flags(), **(extra_env or {})})
+    command = interruptible(ope_command()) if signals else ope_command()
     return subprocess.Popen(
-        [*ope_command(), "evaluate", *args, *cluster],
+        [*command, "evaluate", *args, *cluster],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -349,7 +351,7 @@ def test_ctrl_c_while_joining_is_one_line_and_exit_130(world):
     import signal
 
     tmp, _ = world
-    waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120)
+    waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120, signals=True)
     time.sleep(4)  # imported and joining
     started = time.monotonic()
     waiting.send_signal(signal.SIGINT)

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import interruptible
 
 from ope_cli import interrupts
 
@@ -46,7 +47,10 @@ def test_an_import_or_a_gc_callback_is_unsafe(tmp_path, monkeypatch):
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+        [*interruptible([sys.executable]), "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
