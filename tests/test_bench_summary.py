@@ -193,11 +193,24 @@ def test_padding_is_judged_on_every_run_that_reports_it(measurements):
     assert one["met"] is None and "the long episode has 900 steps" in one["note"]
     measurements["memory"]["one_episode"]["longest"] = 1_800_000
     document = _document(measurements)
-    assert document["targets"]["memory_one_episode"]["met"] is True
+    # beside the default 200,000 steps of 1x data, as memory_growth (it was judged met)
+    one = document["targets"]["memory_one_episode"]
+    assert one["met"] is None and "beside 200,000 steps of 1x data" in one["note"], one
+    config = BenchConfig(policies=3, memory=True, memory_steps=2_000_000)
+    result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=[(1024, 8)]))
+    bucketer = SimpleNamespace(real_steps=1000, padded_steps=1200, shapes={(1024, 8)})
+    judged = summary(config, measurements, result, bucketer, "float64")["targets"]
+    assert judged["memory_one_episode"]["met"] is True
     target = document["targets"]["padding_waste"]
     assert target["value"] == pytest.approx(0.5) and target["met"] is False
     assert "memory one_episode 50.0%" in target["note"] and "bandit log 2.4%" in target["note"]
     assert document["padding"]["by_data"]["bench data"] == pytest.approx(0.2)
+    # the other dataset's (uniform lengths) padding counts too: it was measured, then left out
+    other = measurements["processes"]["other_lengths_warm_cache"]
+    other.update(padded_steps=1328, real_steps=1000)
+    document = _document(measurements)
+    assert document["padding"]["by_data"]["uniform lengths"] == pytest.approx(0.328)
+    assert "uniform lengths 32.8%" in document["targets"]["padding_waste"]["note"]
 
 
 def test_relative_difference_is_none_when_an_estimate_is_missing():

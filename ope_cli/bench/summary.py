@@ -306,12 +306,16 @@ def _script_targets(config: BenchConfig, script: dict | None) -> dict:
 
 def _paddings(waste: float | None, processes: dict | None, memory: dict | None) -> dict:
     """{data: padding waste} of the runs that report it: the bench data, the bandit log's
-    whole process (one-step episodes) and the memory runs (one very long episode among
-    them): SPEC 6 asks <= 10% for each."""
+    whole process (one-step episodes), the other dataset's (uniform lengths 2-119) and the
+    memory runs (one very long episode among them): SPEC 6 asks <= 10% for any."""
     runs = {"bench data": waste}
-    bandit = (processes or {}).get("bandit_warm_cache")
-    if bandit and bandit.get("padded_steps") is not None:
-        runs["bandit log"] = padding_waste(bandit["padded_steps"], bandit["real_steps"])
+    for name, key in (
+        ("bandit log", "bandit_warm_cache"),
+        ("uniform lengths", "other_lengths_warm_cache"),
+    ):
+        run = (processes or {}).get(key)
+        if run and run.get("padded_steps") is not None:  # the uniform lengths' was left out
+            runs[name] = padding_waste(run["padded_steps"], run["real_steps"])
     for name, run in (memory or {}).items():
         if isinstance(run, dict) and run.get("padded_steps") is not None:
             if name == "one_episode" and run.get("longest", 0) < LONG_EPISODE_STEPS:
@@ -364,16 +368,19 @@ def _memory_growth_target(config: BenchConfig, memory: dict | None) -> dict:
     return _judged("memory_growth", memory["growth"], note, False)
 
 
-def _one_episode_target(memory: dict | None) -> dict:
-    """memory_one_episode, judged where the long episode has LONG_EPISODE_STEPS or more."""
+def _one_episode_target(config: BenchConfig, memory: dict | None) -> dict:
+    """memory_one_episode, judged where the long episode has LONG_EPISODE_STEPS or more and
+    the 1x data it is divided by is of the target's size, as memory_growth is (it was
+    judged against a 200,000-step peak that memory_growth does not judge)."""
     if memory is None:
         return _judged("memory_one_episode", None, "not measured; run `ope bench --memory`")
     longest = memory["one_episode"]["longest"]
-    if longest >= LONG_EPISODE_STEPS:
+    if longest >= LONG_EPISODE_STEPS and config.memory_steps >= MEMORY_SPEC_STEPS:
         return _judged("memory_one_episode", memory["one_episode_ratio"])
     note = (
-        f"not judged: the long episode has {longest:,} steps, SPEC's millions (the default "
-        "--memory-steps gives 1.8M)"
+        f"not judged: the long episode has {longest:,} steps beside {config.memory_steps:,} "
+        f"steps of 1x data; the target's: millions of steps beside {MEMORY_SPEC_STEPS:,} "
+        f"(--memory-steps {MEMORY_SPEC_STEPS})"
     )
     return _judged("memory_one_episode", memory["one_episode_ratio"], note, False)
 
@@ -419,7 +426,7 @@ def _targets(
         "shapes_per_configuration": _shapes_target(catalogue, result.runtime.batch_shapes),
         "padding_waste": _padding_target(paddings),
         "memory_growth": _memory_growth_target(config, memory),
-        "memory_one_episode": _one_episode_target(memory),
+        "memory_one_episode": _one_episode_target(config, memory),
         "many_policies": _judged("many_policies", many, many_note, policies["k"] >= POLICIES_K),
         "behavior_checkpoint_vs_logged": _judged(
             "behavior_checkpoint_vs_logged", ratios["behavior_checkpoint_over_logged"]
