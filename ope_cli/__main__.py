@@ -77,11 +77,7 @@ def main() -> None:
         load_pyarrow_without_pandas()
         from ope_cli.cli import main as command_line
     except KeyboardInterrupt:
-        from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
-
-        sys.stderr.write(f"{INTERRUPTED}\n")
-        sys.stderr.flush()
-        os._exit(INTERRUPTED_EXIT_CODE)
+        interrupts.exit_interrupted()
     command_line()
 
 

@@ -120,7 +120,6 @@ def run(argv: list[str]) -> int:
         say(f"ope: usage error: {usage_message(error)}")
         return UsageError.exit_code
     except KeyboardInterrupt:
-        interrupts.handled()
         code = INTERRUPTED_EXIT_CODE
     except Exception as error:  # noqa: BLE001 - anything else is a bug: say so, exit 1
         if debug:
