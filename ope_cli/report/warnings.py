@@ -21,9 +21,8 @@ from ope_cli.models.q_models.base import (
     FITTED_Q_INTERVALS,  # dm, dr, wdr's intervals leave out the fit's error
     Q_FIT_NOT_CONVERGED,
     Q_UNLOGGED_ACTIONS,  # pi_e's mass on actions a fitted Q-hat gives 0
-    UNLOGGED_SHARE_WARNED,
     unconverged_message,
-    unlogged_message,
+    unlogged_warning,
 )
 from ope_cli.report.formatting import discount, fixed, percent, significant
 from ope_cli.results import NO_MAGNITUDE, EvaluationResult, PolicyResult
@@ -202,9 +201,9 @@ def _model_warnings(policy: PolicyResult, warn) -> list[Warning]:
     counts only its sampling spread, so a biased Q-hat gives DM a narrow interval around
     the wrong value."""
     warnings = _unconverged_fit_warnings(policy, warn) + _dm_far_from_dr_warnings(policy, warn)
-    share = ((policy.q.fit if policy.q is not None else None) or {}).get("unlogged_share")
-    if share is not None and share >= UNLOGGED_SHARE_WARNED:
-        warnings.append(warn(Q_UNLOGGED_ACTIONS, unlogged_message(policy.q.fit["model"], share)))
+    unlogged = unlogged_warning(policy.q.fit if policy.q is not None else None)
+    if unlogged is not None:
+        warnings.append(warn(Q_UNLOGGED_ACTIONS, unlogged))
     if policy.q is not None and policy.q.mismatch is not None:
         warnings.append(
             warn(

@@ -97,6 +97,16 @@ Q_UNLOGGED_ACTIONS = "q_unlogged_actions"  # pi_e's mass on actions a fitted Q-h
 UNLOGGED_SHARE_WARNED = 1e-3  # of pi_e's probability over the logged states
 
 
+def unlogged_warning(fit: dict | None) -> str | None:
+    """The message of ``q_unlogged_actions`` (evaluate's and fit-q's) for a fit's
+    diagnostics ``fit`` (with its ``model``), or None where pi_e gives less than
+    UNLOGGED_SHARE_WARNED of its probability to actions the fit never saw."""
+    share = (fit or {}).get("unlogged_share")
+    if share is None or share < UNLOGGED_SHARE_WARNED:
+        return None
+    return unlogged_message(fit.get("model"), share)
+
+
 def unlogged_message(model: str, share: float) -> str:
     """What pi_e's probability ``share`` on actions never logged means for a fitted Q-hat
     (``q_unlogged_actions``, evaluate's and fit-q's)."""

@@ -29,11 +29,10 @@ from ope_cli.models.q_models.base import (
     FITTED_Q_INTERVALS,
     Q_FIT_NOT_CONVERGED,
     Q_UNLOGGED_ACTIONS,
-    UNLOGGED_SHARE_WARNED,
     check_q_model_fits,
     default_q_model,
     unconverged_message,
-    unlogged_message,
+    unlogged_warning,
 )
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.models.qfunctions import provenance_arrays
@@ -219,9 +218,7 @@ def fit_warnings(
         discrete = diagnostics.get("kind") != "mlp_q_sa"
         message = unconverged_message(model, iterations, discrete, "--model linear")
         warnings.append({"code": Q_FIT_NOT_CONVERGED, "message": message})
-    share = (diagnostics or {}).get("unlogged_share") or 0.0
-    if share >= UNLOGGED_SHARE_WARNED:
-        message = unlogged_message(diagnostics.get("model"), share)
+    if (message := unlogged_warning(diagnostics)) is not None:
         warnings.append({"code": Q_UNLOGGED_ACTIONS, "message": message})
     if (diagnostics or {}).get("dm") is not None:
         warnings.append({"code": FITTED_Q_INTERVALS, "message": FIT_Q_DM_NOTE})
