@@ -642,15 +642,23 @@ def _check_policy_values(batches: BatchStream, results) -> None:
 
     for kernel, output in results:
         faults = host_arrays(output.faults)
-        counts = np.concatenate([found.policy for found in faults]).sum(axis=0)  # [P]
-        if counts.any():  # the second read only on this error path
-            row = int(np.flatnonzero(counts)[0])
+        if (first := _first_fault([found.policy for found in faults])) is not None:
+            row, count = first  # the second read only on this error path
             policy = batches.policies[kernel.group.indices[row]]
-            raise faulty_policy_error(policy, int(counts[row]), batches.reread_chunks())
-        counts = np.concatenate([found.q for found in faults]).sum(axis=0)  # [P]
-        if counts.any():
-            row = int(np.flatnonzero(counts)[0])
-            raise faulty_q_error(kernel.group.qs[row], int(counts[row]))
+            raise faulty_policy_error(policy, count, batches.reread_chunks())
+        if (first := _first_fault([found.q for found in faults])) is not None:
+            row, count = first
+            raise faulty_q_error(kernel.group.qs[row], count)
+
+
+def _first_fault(windows: list[np.ndarray]) -> tuple[int, int] | None:
+    """(policy row, steps) of the first policy of a group with faulty steps in a batch's
+    windows ([1, P] or [D, P] counts each), or None."""
+    counts = np.concatenate(windows).sum(axis=0)  # [P]
+    if not counts.any():
+        return None
+    row = int(np.flatnonzero(counts)[0])
+    return row, int(counts[row])
 
 
 def _check_behavior_support(batches: BatchStream, output) -> None:
