@@ -558,7 +558,7 @@ def selection_of(
     )
     # a policy without a true value is that policy's warning (it was the run's, policy null)
     missing = [
-        (r.policy, f"{r.shown}: --truth has no value for it; left out of the selection metrics")
+        (r.policy, missing_truth_note({key: None}, names))
         for key, r in zip(keys, results, strict=True)
         if truth.get(key) is None
     ]
