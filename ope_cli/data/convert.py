@@ -240,7 +240,6 @@ def _twin_values(
     ids and steps, None where it has none). In the episode layout the cross-checked
     values are null where ``ope evaluate`` does not compare them (``twin_steps``)."""
     used, twin = (plain(batch.column(name)) for name in names)
-    episode = place[0]
     if not is_list(used.type):
 
         def locate_step(row: int) -> tuple:
@@ -250,6 +249,7 @@ def _twin_values(
     lengths = list_lengths(used)
     parent = np.repeat(np.arange(lengths.size), lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    episode = place[0]
 
     def locate_in_list(step: int) -> tuple:
         row = int(parent[step])
