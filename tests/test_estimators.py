@@ -554,3 +554,46 @@ def test_the_discounts_are_computed_once_per_context():
     context = base.Context(0.97, 1_000)
     assert context.discount_t is context.discount_t
     np.testing.assert_array_equal(context.discount_t, 0.97 ** np.arange(1_000.0))
+
+
+def test_a_spread_cancelled_in_the_squares_is_not_a_standard_error_of_zero(tmp_path):
+    """Rewards of 1e6 + 0.01 noise (four steps, weights 1): sum x^2 - (sum x)^2 / n
+    cancelled to 0, and IS and PDIS printed a standard error of 0.0 and an interval of no
+    width (the reference 0.0037), while a larger noise (0.1) gave null. The episode-id
+    hash groups' means differ past their rounding, so the spread is lost, not 0: null with
+    the reason. Identical episodes keep their standard error of 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, ZERO_TO_PRECISION
+    from ope_cli.estimation.pipeline import evaluate
+
+    def estimates(rewards_et: np.ndarray) -> dict:
+        episodes, steps = rewards_et.shape
+        table = pa.table(
+            {
+                "episode_id": np.repeat(np.arange(episodes), steps),
+                "step": np.tile(np.arange(steps), episodes),
+                "action": np.zeros(episodes * steps, np.int64),
+                "reward": rewards_et.ravel(),
+                "behavior_prob": np.full(episodes * steps, 0.5),
+                "target_prob": np.full(episodes * steps, 0.5),
+            }
+        )
+        path = tmp_path / "logs.parquet"
+        pq.write_table(table, path)
+        config = EvaluationConfig(data=str(path), gamma=1.0, estimators=("is", "pdis"))
+        return evaluate(config).results[0].estimates
+
+    noisy = 1e6 + 0.01 * np.random.default_rng(7).normal(size=(20, 4))
+    reference = noisy.sum(axis=1).std(ddof=1) / np.sqrt(20)
+    assert reference > 1e-3
+    for name, estimate in estimates(noisy).items():
+        assert estimate.value == pytest.approx(noisy.sum(axis=1).mean(), rel=1e-12), name
+        assert estimate.stderr is None and estimate.ci_low is None, (name, estimate)
+        assert estimate.note.startswith(NOT_RESOLVED), estimate.note
+    identical = np.tile([1e6 + 0.5, 1e6 + 0.25, 1e6, 1e6 + 0.75], (20, 1))
+    for name, estimate in estimates(identical).items():
+        assert estimate.stderr == 0.0, (name, estimate)
+        assert estimate.note is None or estimate.note.startswith(ZERO_TO_PRECISION)

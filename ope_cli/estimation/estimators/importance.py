@@ -245,9 +245,44 @@ def closed_form(values, undefined):
         if stderr is None:
             return Point(value, stderr)
         note, drop = values.resolution(grouped.totals)
+        if (
+            note is not None
+            and note.startswith(ZERO_TO_PRECISION)
+            and _groups_differ(values, grouped)
+        ):
+            note, drop = SPREAD_CANCELLED, True
         return Point(value, None if drop else stderr, note)
 
     return finalize
+
+
+# the note of a spread that cancelled to 0 in the sums of squares of terms that do differ
+SPREAD_CANCELLED = (
+    f"{NOT_RESOLVED} in float64 sums: the terms' squares cancel to no spread, though the "
+    f"episode-id hash groups' means differ ({SUBTRACT})"
+)
+
+
+def _groups_differ(values: MeanOfTerms, grouped: Grouped) -> bool:
+    """Whether the resampling groups show a spread that float64 resolves: their
+    leave-one-group-out means (sums of the other groups, no squares) differ by more than
+    their rounding (``_resolved_spread``). Then the terms differ, and a standard error
+    that cancelled to 0 (rewards of 1e6 + 0.01 noise) is lost, not 0; equal terms give
+    leave-out means equal to their rounding."""
+    groups = getattr(grouped, "groups", None)
+    if groups is None or groups.size < 2:
+        return False
+    if grouped.leave_one_out is not None:
+        leave_out = np.asarray(values(grouped.leave_one_out())[0], np.float64)
+    else:
+        others = [grouped.select(groups[groups != g]) for g in groups]
+        leave_out = np.array([float(values(sums)[0]) for sums in others])
+    if leave_out.size < 2 or not np.isfinite(leave_out).all():
+        return False
+    k = leave_out.size
+    stderr = math.sqrt((k - 1) / k * np.sum((leave_out - leave_out.mean()) ** 2))
+    resolved, _ = _resolved_spread(stderr, float(np.max(np.abs(leave_out))))
+    return resolved is not None and resolved > 0
 
 
 def replicates_of(values):
