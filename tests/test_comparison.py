@@ -936,3 +936,27 @@ def test_float32_self_normalised_differences_keep_their_standard_errors_at_any_s
         assert runs["float32"]["results"][1]["comparison"][name]["stderr"] == pytest.approx(
             exact, rel=1e-3
         )
+
+
+def test_a_policy_without_weight_has_no_estimate_for_the_selection_metrics(chain, never):
+    """Every weight zero: IS is 0, the formula's value and no estimate of the policy (it
+    ranks with nothing), yet IS's rmse, spearman and regret counted that 0 against the
+    policy's true value, beside WIS's "no estimate" for the same policy. Both are now "no
+    estimate for never", and no ranking metric."""
+    folder, truth = chain
+    exact = {entry["policy"]: entry["value"] for entry in truth["policies"]}
+    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 1)]
+    values = {str(path): exact[f"policies/{path.name}"] for path in policies}
+    truth_file = folder / "truth_with_never.json"
+    truth_file.write_text(json.dumps({"never": max(values.values()) + 1.0, **values}))
+    document = ope_cli.evaluate(
+        str(folder / "logs.parquet"),
+        policies=(never, *map(str, policies)),
+        truth=str(truth_file),
+    ).to_dict()
+    assert document["results"][0]["estimates"]["is"]["value"] == 0.0
+    notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
+    for name in ("is", "pdis", "wis", "wpdis"):
+        metrics = document["selection"][name]
+        assert metrics["rmse"] is None and metrics["spearman"] is None, (name, metrics)
+        assert f"{name}: no estimate for never; no ranking metrics" in notes, notes

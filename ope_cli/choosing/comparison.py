@@ -535,8 +535,13 @@ def selection_of(
     against ``truth`` (keyed by ``keys``, one per result; ``baseline_key``: whose true value
     is sharpe@k's J_0)."""
     estimators = list(results[0].estimates)
+    # a value of weights that are all zero is no estimate of the policy: it ranks with
+    # nothing, so no selection metric counts it either (PolicyResult.weightless)
     estimates = {
-        name: {key: r.estimates[name].value for key, r in zip(keys, results, strict=True)}
+        name: {
+            key: None if name in r.weightless else r.estimates[name].value
+            for key, r in zip(keys, results, strict=True)
+        }
         for name in estimators
     }
     intervals = {
