@@ -81,12 +81,50 @@ def test_the_estimates_axis_is_set_by_the_estimates():
         "wis": Estimate(2.0, 0.2, 1.5, 2.5),
         "wdr": Estimate(None, None, None, None, "undefined"),
     }
-    result = SimpleNamespace(results=[SimpleNamespace(estimates=estimates)])
+    result = SimpleNamespace(results=[SimpleNamespace(estimates=estimates, weightless=())])
     low, high = estimate_limits(result)
     assert low == pytest.approx(1.0 - ESTIMATE_MARGIN * 0.2)
     assert high == pytest.approx(2.0 + ESTIMATE_MARGIN * 0.2)
-    nothing = SimpleNamespace(results=[SimpleNamespace(estimates={"wdr": estimates["wdr"]})])
+    nothing = SimpleNamespace(
+        results=[SimpleNamespace(estimates={"wdr": estimates["wdr"]}, weightless=())]
+    )
     assert estimate_limits(nothing) is None
+
+
+def test_a_policy_without_weight_is_no_point_in_the_figures(tmp_path, monkeypatch):
+    """Every weight zero: IS and PDIS are 0, the formula's value, which the table ranks
+    with nothing and notes; the estimates and ranking figures drew them as points at 0,
+    with no interval and no word. They are n/a there now, as WIS's undefined value is."""
+    pytest.importorskip("matplotlib")
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.report import plots
+
+    (tmp_path / "ope_test_plot_never.py").write_text(
+        "import jax.numpy as jnp\n\n\ndef never(observation, action):\n"
+        "    return jnp.full((), -jnp.inf)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = EvaluationConfig(
+        data=str(EXAMPLES / "data" / "logs.parquet"),
+        policies=("never=ope_test_plot_never:never",),
+        gamma=0.9,
+        estimators=("is", "wis", "pdis"),
+    )
+    result = evaluate(config)
+    (policy,) = result.results
+    assert policy.estimates["is"].value == 0.0 and set(policy.weightless) >= {"is", "wis"}
+    drawn = {}
+    monkeypatch.setattr(
+        plots, "_save", lambda plt, figure, out, shown: drawn.setdefault(out.name, figure)
+    )
+    plots.write_plots(result, tmp_path / "figures", rank_by="is")
+    (axes,) = drawn["estimates.png"].axes
+    points = [line for line in axes.get_lines() if line.get_marker() == "o"]
+    assert all(len(line.get_xdata()) == 0 for line in points)  # nothing drawn at 0
+    assert [t.get_text() for t in axes.texts] == ["n/a"] * 3
+    (ranking,) = drawn["ranking.png"].axes
+    assert [t.get_text() for t in ranking.texts] == ["n/a (no estimate)"]
 
 
 def _ranked_rows(count: int, truth: bool = True):

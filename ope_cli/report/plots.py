@@ -105,7 +105,7 @@ def ranked_rows(result: EvaluationResult, estimator: str) -> tuple[list[RankedPo
         rows.append(
             RankedPolicy(
                 policy.shown,
-                e.value,
+                _estimated(policy, estimator),
                 e.ci_low,
                 e.ci_high,
                 truth.get(policy.source or policy.policy),
@@ -189,11 +189,26 @@ def _horizon(plt, result: EvaluationResult):
     return figure
 
 
+def _estimated(policy, estimator: str) -> float | None:
+    """The policy's estimate by ``estimator``, None where there is none: undefined, or the
+    formula's value of weights that are all zero (``PolicyResult.weightless``), which the
+    table ranks with nothing and no figure draws as an estimate."""
+    estimate = policy.estimates.get(estimator)
+    if estimate is None or estimator in policy.weightless:
+        return None
+    return estimate.value
+
+
 def estimate_limits(result: EvaluationResult) -> tuple[float, float] | None:
     """The estimates axis: the values with room for a few standard errors, so one wide
     interval (a betting bound near the largest possible return) does not flatten the rest;
     None without any value."""
-    values = [e.value for p in result.results for e in p.estimates.values() if e.value is not None]
+    values = [
+        value
+        for p in result.results
+        for name in p.estimates
+        if (value := _estimated(p, name)) is not None
+    ]
     if not values:
         return None
     stderrs = [
@@ -216,12 +231,13 @@ def _estimates(plt, result: EvaluationResult):
     bottom, top = limits if limits is not None else (-np.inf, np.inf)
     clipped = False
     for i, policy in enumerate(result.results):
-        xs, values, low, high, cut_low, cut_high = [], [], [], [], [], []
+        xs, values, low, high, cut_low, cut_high, missing = [], [], [], [], [], [], []
         for j, name in enumerate(names):
             e = policy.estimates.get(name)
-            if e is None or e.value is None:
-                continue
             x = j - 0.4 + width * (i + 0.5)
+            if _estimated(policy, name) is None:
+                missing.append(x)
+                continue
             xs.append(x)
             values.append(e.value)
             ci_low = max(e.ci_low, bottom) if e.ci_low is not None else e.value
@@ -239,6 +255,16 @@ def _estimates(plt, result: EvaluationResult):
         axes.plot(cut_low, [bottom] * len(cut_low), "v", color=colour, clip_on=False)
         axes.plot(cut_high, [top] * len(cut_high), "^", color=colour, clip_on=False)
         clipped = clipped or bool(cut_low or cut_high)
+        for x in missing:  # as the table's n/a: no estimate (undefined, or no weight)
+            axes.annotate(
+                "n/a",
+                (x, 0.02),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                color=colour,
+                fontsize="small",
+                rotation=90,
+            )
     if limits is not None:
         axes.set_ylim(*limits)
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
