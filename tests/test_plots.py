@@ -249,3 +249,38 @@ def test_the_ranking_marks_a_baseline_only_when_one_is_chosen():
     compared = ope_cli.evaluate(data, policies=policies, gamma=0.99, baseline=policies[1])
     rows, baseline = ranked_rows(compared, "wis")
     assert baseline == compared.results[1].shown and baseline in [r.name for r in rows]
+
+
+def test_the_horizon_of_one_step_episodes_is_drawn(tmp_path, monkeypatch):
+    """One-step episodes (a bandit log): each per-step curve is one point, which a line
+    without a marker does not draw, so both panels of horizon.png were empty."""
+    pytest.importorskip("matplotlib")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.report import plots
+
+    rng = np.random.default_rng(0)
+    pq.write_table(
+        pa.table(
+            {
+                "episode_id": np.arange(50),
+                "action": rng.integers(0, 2, 50),
+                "reward": rng.uniform(size=50),
+                "behavior_prob": np.full(50, 0.5),
+                "target_prob": rng.uniform(0.2, 0.8, 50),
+            }
+        ),
+        tmp_path / "bandit.parquet",
+    )
+    result = evaluate(EvaluationConfig(data=str(tmp_path / "bandit.parquet"), gamma=0.9))
+    drawn = {}
+    monkeypatch.setattr(
+        plots, "_save", lambda plt, figure, out, shown: drawn.setdefault(out.name, figure)
+    )
+    plots.write_plots(result, tmp_path / "figures")
+    for axes in drawn["horizon.png"].axes:
+        (curve,) = [line for line in axes.get_lines() if line.get_linestyle() != "--"]
+        assert len(curve.get_xdata()) == 1 and curve.get_marker() == "o"

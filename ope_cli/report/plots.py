@@ -166,9 +166,11 @@ def _horizon(plt, result: EvaluationResult):
     for policy in result.results:
         p = policy.profile
         steps = np.arange(p.wpdis_partial_t.size)
-        top.plot(steps, p.wpdis_partial_t, label=_label(policy.shown), linewidth=1.5)
+        # a line of one point (one-step episodes: a bandit log) is not drawn without a marker
+        marker = "o" if steps.size == 1 else ""
+        top.plot(steps, p.wpdis_partial_t, marker, label=_label(policy.shown), linewidth=1.5)
         mean_weight = np.where(p.mean_weight_t > 0, p.mean_weight_t, np.nan)
-        bottom.plot(steps, mean_weight, linewidth=1.5)
+        bottom.plot(steps, mean_weight, marker, linewidth=1.5)
     top.set_ylabel("WPDIS up to step t")
     top.set_title(f"Per-decision estimate over the horizon (gamma = {discount(result.gamma)})")
     top.legend(fontsize="small")
