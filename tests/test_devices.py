@@ -137,3 +137,21 @@ def test_devices_option_limits_the_mesh(case):
     tmp, args, _ = case
     limited = ope_json([*args, "--devices", "2"], 4, tmp)
     assert limited["runtime"]["devices"] == 2
+
+
+def test_one_device_of_several_loads_its_kept_kernels(case, tmp_path):
+    """``--devices 1`` on a machine of four: the second run loaded the first one's kept
+    kernels bound to all four devices and failed at their first call ("expected 4
+    shards"), exit 1, whatever the data."""
+    tmp, args, single = case
+    flags = {
+        "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"),
+        "OPE_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    for run in range(2):
+        done = run_ope(["evaluate", *args, "--devices", "1", "--format", "json"], tmp, flags)
+        assert done.returncode == 0, (run, done)
+        document = json.loads(done.stdout)
+        assert document["runtime"]["devices"] == 1
+        assert document["results"][0]["estimates"] == single["results"][0]["estimates"]
+    assert document["runtime"]["compiles"] == 0  # the kept kernels, loaded

@@ -108,7 +108,7 @@ def test_key_names_code_shapes_and_options(batches):
 def test_nothing_is_kept_without_a_compilation_cache(monkeypatch):
     monkeypatch.setenv("OPE_CACHE_DIR", "off")
     assert kernel_cache.directory() is None
-    assert kernel_cache.load_or_compile(None, "0" * 64) is None
+    assert kernel_cache.load_or_compile(None, "0" * 64, jax.local_devices()) is None
 
 
 def test_source_digest_is_stable():

@@ -801,7 +801,9 @@ class Kernel:
                 None
                 if key is None
                 else kernel_cache.load_or_compile(
-                    functools.partial(_compile_named, function, args, static), key
+                    functools.partial(_compile_named, function, args, static),
+                    key,
+                    kernel_cache.execution_devices(self.static.mesh),
                 )
             )
             call = compiled or functools.partial(function, **static)
@@ -987,7 +989,8 @@ class Kernel:
                 on_status("compiling the kernels of the other window shapes, for the next data")
             static = {"static": self.static}
             compile_named = functools.partial(_compile_named, _advance_kernel, args, static)
-            compiled += kernel_cache.load_or_compile(compile_named, key) is not None
+            devices = kernel_cache.execution_devices(self.static.mesh)
+            compiled += kernel_cache.load_or_compile(compile_named, key, devices) is not None
         return compiled
 
     def _user_code_errors(self):

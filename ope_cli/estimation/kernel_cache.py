@@ -125,8 +125,8 @@ def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequ
     functions = [*_static_functions(static.values()), *estimator_code]
     if jax.process_count() > 1 or not all(_own_code(function) for function in functions):
         return None
+    devices = execution_devices(static.get("mesh"))
     mesh = static.get("mesh")
-    devices = jax.local_devices()[:1] if mesh is None else list(mesh.devices.flat)
     parts = [
         __version__,
         jax.__version__,
@@ -145,6 +145,12 @@ def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequ
         "mesh=None" if mesh is None else f"mesh={dict(mesh.shape)}:{mesh.devices.size}",
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def execution_devices(mesh) -> list:
+    """The devices a kernel of ``mesh`` (None: one device) runs on: the first local
+    device, or the mesh's."""
+    return jax.local_devices()[:1] if mesh is None else list(mesh.devices.flat)
 
 
 def _static_functions(values) -> list[Callable]:
@@ -173,10 +179,14 @@ def directory() -> Path | None:
     return None if cache is None else Path(cache) / "kernels"
 
 
-def load_or_compile(compile_named: Callable[[str], Any], key: str) -> Callable | None:
-    """The compiled kernel of ``key``, loaded from disk, or compiled by
-    ``compile_named(name)`` (a jax ``Compiled``, its module called ``name``) and written
-    there; None when it cannot be (the caller then compiles as usual).
+def load_or_compile(
+    compile_named: Callable[[str], Any], key: str, devices: Sequence[Any]
+) -> Callable | None:
+    """The compiled kernel of ``key``, loaded from disk onto ``devices`` (its
+    ``execution_devices``), or compiled by ``compile_named(name)`` (a jax ``Compiled``, its
+    module called ``name``) and written there; None when it cannot be (the caller then
+    compiles as usual). Loaded without its devices, a kernel is bound to every local device:
+    ``--devices 1`` among four then failed at its first call ("expected 4 shards").
 
     An executable that XLA:CPU loaded from the persistent compilation cache serialises
     incompletely (the copy fails at its first call: "Function ... not found"), so only a
@@ -192,7 +202,9 @@ def load_or_compile(compile_named: Callable[[str], Any], key: str) -> Callable |
     try:
         if path.is_file():
             payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            loaded = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            loaded = serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=list(devices)
+            )
             runtime.count_kernel_load()
             return loaded
         before = runtime.compilation_counts()
