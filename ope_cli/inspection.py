@@ -235,10 +235,6 @@ def inspect(config: InspectConfig) -> InspectReport:
     """Reads the data once. Raises DataError (or PolicyError) only when it cannot be read
     at all (no such path, no usable schema); every other problem is in the report, and a
     file whose reading fails is reported and skipped."""
-    if config.read_rows < 1:
-        from ope_cli.errors import UsageError
-
-        raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
     policies = load_policies(config.policies)
     episodes = open_episodes(
         DataConfig(

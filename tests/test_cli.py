@@ -1663,3 +1663,22 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
         child.send_signal(signal.SIGINT)
         stdout, stderr = child.communicate(timeout=60)
         assert (child.returncode, stdout, stderr) == (130, "", "ope: interrupted\n"), delay
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["evaluate", "data.parquet", "-p", "pi.npz"],
+        ["inspect", "data.parquet"],
+        ["convert", "data.parquet", "rows0.parquet"],
+        ["fit-q", "data.parquet", "-p", "pi.npz", "-o", "rows0_q.npz"],
+        ["fit-behavior", "data.parquet", "-o", "rows0_b.npz"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_read_rows_below_one_is_a_usage_error_in_every_command(world, ope_in_process, command):
+    """fit-q and fit-behavior ended in an internal error (pyarrow's "batch_size must be
+    greater than zero", exit 1); every command reads through one entry that checks it."""
+    done = ope_in_process([*command, "--read-rows", "0"], cwd=world.root)
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == "ope: usage error: --read-rows must be at least 1, got 0\n", done

@@ -389,8 +389,6 @@ class _Target:
 def convert(config: ConvertConfig) -> ConvertResult:
     """Writes ``config.data`` as step-layout Parquet at ``config.out``; raises DataError
     (unreadable or invalid source) or UsageError (bad options, unwritable output)."""
-    if config.read_rows < 1:
-        raise UsageError(f"--read-rows must be positive, got {config.read_rows}")
     episodes = open_episodes(
         DataConfig(
             config.data,

@@ -160,7 +160,9 @@ class EpisodeStream:
 
 def open_episodes(config: DataConfig) -> EpisodeStream:
     """Opens ``config.source`` and resolves its columns; no row is read yet. Raises
-    DataError (no such data, unreadable, a required column missing or of the wrong type)."""
+    DataError (no such data, unreadable, a required column missing or of the wrong type);
+    UsageError for a ``read_rows`` out of its range (every command reads through here)."""
+    BatchingConfig(read_rows=config.read_rows).check()
     data = open_dataset(config.source)
     schema = resolve_columns(data, config)
     return EpisodeStream(config, _comparing(data, schema, config), schema)
