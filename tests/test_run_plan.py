@@ -135,6 +135,10 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         (dict(min_bucket=1), "--min-bucket must be at least 2, got 1"),  # as the help says
         (dict(read_rows=0), "--read-rows must be at least 1, got 0"),
         (dict(batch_steps=-1), "--batch-steps must be at least 1, got -1"),
+        # allocated whatever the data: 1e8 took 6 GB for 1,804 steps; 1e8 steps of a short
+        # window asked for petabytes (an internal error)
+        (dict(batch_steps=10**8), "--batch-steps must be at most 4,194,304, got 100,000,000"),
+        (dict(min_bucket=10**8), "--min-bucket must be at most 4,096, got 100,000,000"),
         (dict(interval="magic"), "--ci must be one of"),
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),
