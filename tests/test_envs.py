@@ -201,6 +201,9 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
     [
         ("maze", {}, "unknown environment"),
         ("chain", {"episodes": 0}, "episodes"),
+        # episode 2^32's key (fold_in keeps 32 bits of the id) repeated episode 0's data
+        ("chain", {"episodes": 2**32 + 1}, "--episodes must be at most 4,294,967,296"),
+        ("chain", {"episodes": 10**23}, "--episodes must be at most"),
         ("chain", {"gamma": 1.5}, "gamma"),
         ("chain", {"horizon": 0}, "horizon"),
         ("bandit", {"horizon": 5}, "horizon"),

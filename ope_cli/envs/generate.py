@@ -60,6 +60,7 @@ from ope_cli.outputs import refuse_existing
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
 # what a run writes into OUT (an earlier run's are replaced only with overwrite)
 OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json")
+MAX_EPISODES = 2**32  # ids 0 .. 2^32 - 1: jax.random.fold_in keeps an id's low 32 bits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,11 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
     if not is_int(episodes) or episodes < 1:
         raise UsageError(f"--episodes must be a positive integer, got {episodes!r}")
+    if episodes > MAX_EPISODES:
+        raise UsageError(
+            f"--episodes must be at most {MAX_EPISODES:,} (each episode's key folds in its "
+            f"32-bit id: episode 2^32 would repeat episode 0), got {episodes:,}"
+        )
     if not is_int(seed) or not 0 <= seed < 2**63:
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
     if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
