@@ -244,3 +244,15 @@ def test_reward_range_without_discount_names_where_gamma_1_comes_from():
     declared = DeclaredBounds(gamma=1.0)
     with pytest.raises(UsageError, match=r"with gamma 1 \(declared by the data\) also"):
         plan_intervals(config(reward_range=(0.0, 1.0)), declared)
+
+
+@pytest.mark.parametrize("method", ["normal", "percentile", "bootstrap-t"])
+def test_reward_range_without_discount_checks_the_rewards_of_other_intervals(method):
+    """--ci normal --reward-range at gamma 1 was refused for want of a --horizon, which
+    only betting intervals need: the range still checks every reward."""
+    samples = {} if method == "normal" else {"bootstrap_samples": 200}
+    options = config(reward_range=(0.0, 1.0), interval=method, **samples)
+    plan = plan_intervals(options, NOTHING)
+    assert plan.method == method and plan.betting_range is None
+    assert plan.checked[0] == (0.0, 1.0)
+    assert "--horizon STEPS" in plan.describe(options)

@@ -300,7 +300,10 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     }
     betting_range = _betting_range(reward_range, horizon, gamma)
     method = config.intervals.method
-    if config.intervals.reward_range is not None and betting_range is None:
+    # a range asked for betting intervals that the discount leaves unbounded; with another
+    # --ci it only checks the rewards, which needs no horizon
+    betting_asked = method in ("auto", "betting")
+    if config.intervals.reward_range is not None and betting_range is None and betting_asked:
         raise UsageError(
             f"--reward-range with gamma 1 ({GAMMA_SOURCES[gamma_source]}) also needs --horizon "
             "STEPS: without discounting, only a horizon bounds the return"
