@@ -92,6 +92,7 @@ def test_from_transitions_writes_files_ope_evaluates(tmp_path):
     _assert_same_estimates(docs[0]["results"][0], docs[1]["results"][0], rel=1e-12)
 
 
+@pytest.mark.slow  # the example runs as a real process, as a user runs it
 def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, monkeypatch):
     checkpoint = tmp_path / "mlp.npz"
     made = _python([EXAMPLES / "jax_policy.py", checkpoint])
@@ -117,8 +118,9 @@ def checkpoints(tmp_path_factory):
     return out, truth
 
 
-# through jq too (the shell's pipeline) with the slow tests; python in the quick loop
-@pytest.mark.parametrize("tool", [pytest.param("jq", marks=pytest.mark.slow), "python"])
+# the script's real ope processes (three of them, through jq or python): slow tests
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["jq", "python"])
 def test_pick_best_picks_the_truly_best_checkpoint(checkpoints, tool):
     if tool == "jq" and shutil.which("jq") is None:
         pytest.skip("jq is not installed")
