@@ -270,15 +270,19 @@ def test_string_arrays_saved_as_bytes_read_as_text(tmp_path):
 
 
 def test_an_option_of_one_policy_takes_a_glob_of_one(tmp_path):
-    """--behavior 'beh/*.npz' matching one file said 'no such checkpoint file'."""
+    """--behavior 'beh/*.npz' matching one file said 'no such checkpoint file'; matching
+    two is the option's misuse (exit 2), as giving it twice is (it was exit 4)."""
+    from ope_cli.errors import UsageError
     from ope_cli.models.policies import load_one_policy
 
     checkpoint = {"kind": "tabular", "logits": np.zeros((2, 2))}
     np.savez(tmp_path / "a.npz", **checkpoint)
     assert load_one_policy(str(tmp_path / "*.npz"), "--behavior").name == str(tmp_path / "a.npz")
     np.savez(tmp_path / "b.npz", **checkpoint)
-    with pytest.raises(PolicyError, match=r"matches 2 checkpoints, and --behavior takes one"):
+    with pytest.raises(UsageError, match=r"matches 2 checkpoints, and --behavior takes one"):
         load_one_policy(str(tmp_path / "*.npz"), "--behavior")
+    with pytest.raises(PolicyError, match=r"no checkpoint matches this pattern"):
+        load_one_policy(str(tmp_path / "none*.npz"), "--behavior")
 
 
 def test_a_tabular_policy_on_float_states_says_they_are_floats():

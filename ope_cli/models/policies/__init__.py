@@ -60,10 +60,11 @@ def load_policy(spec: str) -> Policy:
 def load_one_policy(spec: str, option: str) -> Policy:
     """The one policy of an option that takes one (``--behavior``, fit-q's ``--policy``):
     a quoted glob matching a single checkpoint is that checkpoint (it was 'no such
-    checkpoint file'); matching several is a PolicyError naming the count."""
+    checkpoint file'); matching several is a UsageError naming the count, as the option
+    given twice is (it was a PolicyError, exit 4)."""
     matches = expand(spec) if is_checkpoint(spec) else [spec]
     if len(matches) != 1:
-        raise PolicyError(
+        raise UsageError(
             f"{option} {spec}: matches {len(matches)} checkpoints, and {option} takes one"
         )
     return load_policy(matches[0])
