@@ -120,13 +120,18 @@ def _config(record, data: str, options: Mapping[str, Any]):
             value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
         if name in _fields(record) - set(RECORDS):
-            own[name] = value
-            typed[None, name] = key
+            target = (None, name)
         elif group is not None:
-            grouped.setdefault(group, {})[groups[group][1][name]] = value
-            typed[group, groups[group][1][name]] = key
+            target = (group, groups[group][1][name])
         else:
             raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
+        if target in typed:  # two spellings of one option: the last one won without a word
+            raise UsageError(f"{typed[target]} and {key} are one option: give it once")
+        typed[target] = key
+        if group is None:
+            own[name] = value
+        else:
+            grouped.setdefault(group, {})[target[1]] = value
     for group, values in grouped.items():
         own[group] = groups[group][0](**values)
         _check_types(own[group], {f: k for (g, f), k in typed.items() if g == group})

@@ -166,6 +166,22 @@ def test_unknown_keywords_are_refused_by_name():
         ope_cli.evaluate("logs.parquet", q=["fit"], q_model="mlp")
 
 
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        # each evaluated the last one given, without a word (reward="step" read the step
+        # numbers as rewards: WIS 637.1 against -5.28)
+        (dict(policies=["a.npz"], policy=["b.npz"]), "policies and policy are one option"),
+        (dict(ci="normal", interval="percentile"), "ci and interval are one option"),
+        (dict(estimator="wis", estimators=["is"]), "estimator and estimators are one option"),
+        (dict(reward_col="reward", reward="step"), "reward_col and reward are one option"),
+    ],
+)
+def test_two_spellings_of_one_option_are_refused(options, words):
+    with pytest.raises(ope_cli.UsageError, match=words):
+        ope_cli.evaluate("logs.parquet", **options)
+
+
 def test_inspect_takes_keywords_and_gives_the_json_document():
     data = str(EXAMPLES / "data" / "logs.parquet")
     report = ope_cli.inspect(data, read_rows=1000, obs_col="observation")
