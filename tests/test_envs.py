@@ -616,3 +616,11 @@ def test_the_cli_defaults_are_the_library_s():
         base.DEFAULT_POLICIES,
         base.MAX_POLICIES,
     )
+
+
+def test_an_output_that_cannot_be_written_is_a_usage_error(tmp_path):
+    """Through the API an output under a file raised Python's NotADirectoryError (the
+    command line alone turned it into its usage error line)."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(UsageError, match="cannot write the output"):
+        gen.generate("chain", tmp_path / "afile" / "sub", episodes=10)

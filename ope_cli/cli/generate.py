@@ -10,7 +10,6 @@ import typer
 
 from ope_cli.cli.groups import quietly
 from ope_cli.cli.options import OptionGroup, Overwrite, option_groups
-from ope_cli.errors import UsageError
 
 if TYPE_CHECKING:  # imported with the run (JAX)
     from ope_cli.envs.generate import GenerateOptions
@@ -92,16 +91,6 @@ def generate(
 
     Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
     """
-    sys.stdout.write(json.dumps(_write(env, out, options), indent=2) + "\n")
-
-
-def _write(env: str, out: str, options) -> dict:
-    """``envs.generate.generate``'s truth.json dict; an unwritable output as a UsageError."""
     from ope_cli.envs.generate import generate as write_environment
 
-    try:
-        return write_environment(env, out, options)
-    except OSError as error:  # an output path that cannot be written: say which, no traceback
-        raise UsageError(
-            f"{error.filename or out}: cannot write the output ({error.strerror or error})"
-        ) from None
+    sys.stdout.write(json.dumps(write_environment(env, out, options), indent=2) + "\n")

@@ -213,12 +213,23 @@ def generate(
     caps episode lengths (default: bandit 1, chain none, control 1000, gaussian 5). The logs
     declare ``gamma`` (and the reward range and horizon) in their schema metadata. Raises
     UsageError for an unknown env, option or option value, or when an output of an earlier
-    run exists (``OUTPUTS``) and not ``overwrite``. The options are ``options``
-    (a GenerateOptions, default: its defaults) with ``keywords`` (its fields) replaced.
+    run exists (``OUTPUTS``) and not ``overwrite``, or an output cannot be written (it was
+    Python's OSError through the API). The options are ``options`` (a GenerateOptions,
+    default: its defaults) with ``keywords`` (its fields) replaced.
     """
     options = _with_keywords(options or GenerateOptions(), keywords)
     _check_options(env, options)
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
+    try:
+        return _generate(env, Path(out_dir), options)
+    except OSError as error:  # an output path that cannot be written: say which, no traceback
+        raise UsageError(
+            f"{error.filename or out_dir}: cannot write the output ({error.strerror or error})"
+        ) from None
+
+
+def _generate(env: str, out: Path, options: GenerateOptions) -> dict:
+    """``generate``'s writing, its options checked."""
     episodes, seed, horizon, files, policies = (
         options.episodes,
         options.seed,
@@ -230,7 +241,6 @@ def generate(
     horizon = horizon if horizon is not None else environment.default_horizon
     gamma, shift = float(options.gamma), float(options.shift)
     env_arrays, policy_arrays = environment.build(shift, policies)
-    out = Path(out_dir)
     (out / "policies").mkdir(parents=True, exist_ok=True)
 
     with jax.enable_x64(True):
