@@ -34,6 +34,7 @@ from ope_cli.config import (
     IntervalConfig,
     QConfig,
     RuntimeConfig,
+    estimator_names,
 )
 from ope_cli.errors import UsageError
 from ope_cli.inspection import InspectConfig, InspectReport
@@ -117,7 +118,10 @@ def _config(record, data: str, options: Mapping[str, Any]):
             value = os.fspath(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
+            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else _plain(v) for v in value)
+        value = _plain(value)
+        if name == "estimators":
+            value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
         if name in _fields(record) - set(RECORDS):
             target = (None, name)
@@ -138,6 +142,14 @@ def _config(record, data: str, options: Mapping[str, Any]):
     made = record(data=os.fspath(data), **own)
     _check_types(made, {f: k for (g, f), k in typed.items() if g is None})
     return made
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy number as the Python number it holds (a float32 --confidence left the JSON
+    document unwritable); anything else as it is."""
+    if isinstance(value, Real) and not isinstance(value, int | float) and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def _is_integer(value: object) -> bool:

@@ -44,6 +44,15 @@ class ColumnMapping:
                 )
 
 
+def estimator_names(given) -> tuple[str, ...] | None:
+    """``--estimator``'s values as a run reads them: lower case, each once, in order (None:
+    none given). The command line and the Python API both read them so ("WIS" was unknown
+    to the API, and a repeated name stayed)."""
+    if not given:
+        return None
+    return tuple(dict.fromkeys(name.lower() if isinstance(name, str) else name for name in given))
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchingConfig:
     """How rows are read and episodes are padded into batches walked in windows.

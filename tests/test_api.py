@@ -284,3 +284,21 @@ def test_inspect_lists_only_its_own_keywords():
         ope_cli.inspect("logs.parquet", ci="normal")
     known = str(error.value).split("the options are ")[1].split(", ")
     assert "ci" not in known and "estimator" not in known and "obs_col" in known
+
+
+def test_numbers_and_names_are_read_as_the_command_line_reads_them():
+    """A NumPy float32 --confidence left the JSON document unwritable, and "WIS" was an
+    unknown estimator to the API alone (the command line lower-cases and drops repeats)."""
+    import numpy as np
+
+    from ope_cli.api import evaluation_config
+
+    config = evaluation_config(
+        "logs.parquet",
+        confidence=np.float32(0.9),
+        bootstrap_samples=np.int64(400),
+        estimator=["WIS", "wis", "Is"],
+    )
+    assert type(config.intervals.confidence) is float
+    assert type(config.intervals.bootstrap_samples) is int
+    assert config.estimators == ("wis", "is")

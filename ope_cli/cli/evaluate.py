@@ -35,7 +35,7 @@ from ope_cli.cli.options import (
     options_group,
 )
 from ope_cli.cli.progress import ProgressDisplay
-from ope_cli.config import EvaluationConfig
+from ope_cli.config import EvaluationConfig, estimator_names
 from ope_cli.errors import InvalidValueError
 from ope_cli.estimation.estimators import names
 from ope_cli.estimation.run_plan import reported_estimators
@@ -79,8 +79,7 @@ PlotDir = Annotated[
 
 
 def _scope(gamma: float | None, estimator: list[str] | None) -> ConfigFields:
-    estimators = tuple(dict.fromkeys(e.lower() for e in estimator)) if estimator else None
-    return dict(gamma=gamma, estimators=estimators)
+    return dict(gamma=gamma, estimators=estimator_names(estimator))
 
 
 # ope evaluate's options beyond the shared groups, each run of them one parameter
