@@ -139,6 +139,8 @@ def _config(record, data: str, options: Mapping[str, Any]):
     for group, values in grouped.items():
         own[group] = groups[group][0](**values)
         _check_types(own[group], {f: k for (g, f), k in typed.items() if g == group})
+    if not isinstance(data, str | os.PathLike):  # evaluate(123) was Python's TypeError
+        raise UsageError(f"data must be a path (a string or os.PathLike), got {data!r}")
     made = record(data=os.fspath(data), **own)
     _check_types(made, {f: k for (g, f), k in typed.items() if g is None})
     return made
@@ -169,8 +171,15 @@ _TYPES = {
         "two numbers (low, high)",
         lambda v: isinstance(v, tuple | list) and len(v) == 2 and all(_is_number(x) for x in v),
     ),
-    "tuple[int, ...]": ("integers", lambda v: all(_is_integer(x) for x in v)),
-    "tuple[str, ...]": ("strings or paths", lambda v: all(isinstance(x, str) for x in v)),
+    "tuple[int, ...]": (
+        "integers",
+        lambda v: not isinstance(v, str) and all(_is_integer(x) for x in v),
+    ),
+    # a bare string was read letter by letter ("x.npz": policies "x", ".", "n" ...)
+    "tuple[str, ...]": (
+        "a sequence of strings or paths",
+        lambda v: not isinstance(v, str) and all(isinstance(x, str) for x in v),
+    ),
 }
 
 
@@ -261,6 +270,8 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
         if options:
             raise UsageError("pass options as keywords or in the EvaluationConfig, not both")
         config = data
+        for record in (config, *(getattr(config, group) for group in _groups(config))):
+            _check_types(record, {})  # as the keywords are (gamma="0.9" was a TypeError)
     else:
         config = _config(EvaluationConfig, data, options)
     if rank_by is not None:  # refused before the data is read, as --rank-by is

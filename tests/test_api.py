@@ -302,3 +302,17 @@ def test_numbers_and_names_are_read_as_the_command_line_reads_them():
     assert type(config.intervals.confidence) is float
     assert type(config.intervals.bootstrap_samples) is int
     assert config.estimators == ("wis", "is")
+
+
+def test_a_config_record_and_the_data_are_checked_as_keywords_are():
+    """evaluate(123) and an EvaluationConfig's gamma="0.9" were Python's TypeErrors, and its
+    policies="x.npz" was read letter by letter ("p: expected an .npz checkpoint")."""
+    from ope_cli.config import EvaluationConfig
+
+    data = str(EXAMPLES / "data" / "logs.parquet")
+    with pytest.raises(ope_cli.UsageError, match="data must be a path"):
+        ope_cli.evaluate(123)
+    with pytest.raises(ope_cli.UsageError, match="gamma must be a number, got '0.9'"):
+        ope_cli.evaluate(EvaluationConfig(data=data, gamma="0.9"))
+    with pytest.raises(ope_cli.UsageError, match="policies must be a sequence of strings"):
+        ope_cli.evaluate(EvaluationConfig(data=data, policies="x.npz"))
