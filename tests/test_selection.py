@@ -168,13 +168,17 @@ def test_a_truth_for_another_gamma_is_refused_in_one_line(tmp_path):
     check_truth_gamma(truth, 0.95 * (1 + 1e-14), "option")  # the same float, printed again
     check_truth_gamma({k: v for k, v in truth.items() if k != "gamma"}, 0.5, "option")
     check_truth_gamma({"a.npz": 2.4}, 0.5, "option")  # {policy: value}: no discount said
-    for gamma, source, words in ((0.5, "option", "--gamma"), (1.0, "default", "the default")):
+    cases = (
+        (0.5, "option", "--gamma", "0.5"),
+        (1.0, "default", "the default", "1"),
+        # a float32 0.95 is 0.949999988...: it read "gamma 0.95, but ... gamma 0.95"
+        (float(np.float32(0.95)), "option", "--gamma", "0.949999988079071"),
+    )
+    for gamma, source, words, shown in cases:
         with pytest.raises(UsageError) as error:
             check_truth_gamma(path, gamma, source)
         line = one_line(error)
-        assert (
-            f"gives true values for gamma 0.95, but this run discounts by gamma {gamma:g}" in line
-        )
+        assert f"gives true values for gamma 0.95, but this run discounts by gamma {shown}" in line
         assert f"({words})" in line and "--gamma 0.95" in line
 
 

@@ -72,10 +72,12 @@ def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: 
         return
     if not math.isclose(float(declared), gamma, rel_tol=1e-12, abs_tol=1e-15):
         name = "--truth" if isinstance(source, Mapping) else f"--truth {source}"
+        # every digit (repr): 0.95 against a float32's 0.949999988 read "0.95" and "0.95"
+        truth_gamma, run_gamma = (repr(float(g)).removesuffix(".0") for g in (declared, gamma))
         raise UsageError(
-            f"{name} gives true values for gamma {float(declared):g}, but this run discounts "
-            f"by gamma {gamma:g} ({GAMMA_SOURCES.get(gamma_source, gamma_source)}): evaluate "
-            f"with --gamma {float(declared):g}, or give the truth for gamma {gamma:g}"
+            f"{name} gives true values for gamma {truth_gamma}, but this run discounts "
+            f"by gamma {run_gamma} ({GAMMA_SOURCES.get(gamma_source, gamma_source)}): "
+            f"evaluate with --gamma {truth_gamma}, or give the truth for gamma {run_gamma}"
         )
 
 
