@@ -334,3 +334,27 @@ def test_a_size_the_column_type_fixes_is_refused_naming_the_data():
         "logs.hdf5: observations in column 'observation' have size 4 (every step: the "
         "column's type fixes it), but policy lin5.npz expects 5"
     )
+
+
+def test_every_action_of_many_is_scored_without_an_action_by_action_square():
+    """V-hat scores every action (``action_log_probs``): with more than UNROLLED_ACTIONS
+    actions each one's log-probability was a one-hot sum, so the vmap over actions made
+    an [A, A] array per step (1,000 actions and a Q source asked for 66 GB, an internal
+    error). Each is an index now, with the same values."""
+    from ope_cli.models.policies.functions import action_log_probs, tabular_log_prob
+
+    count = 1000
+    logits = np.random.default_rng(0).normal(size=(3, count))
+    params = {"logits": jnp.asarray(logits)}
+
+    def every_action(observation):
+        return action_log_probs(tabular_log_prob, params, observation, count)
+
+    shapes = {
+        tuple(v.aval.shape)
+        for equation in jax.make_jaxpr(every_action)(1).eqns
+        for v in equation.outvars
+    }
+    assert (count, count) not in shapes, shapes
+    expected = logits[1] - np.log(np.sum(np.exp(logits[1] - logits[1].max()))) - logits[1].max()
+    np.testing.assert_allclose(np.asarray(every_action(1)), expected, rtol=1e-12)

@@ -41,9 +41,10 @@ def log_softmax_at(logits, action):
     jnp = _jnp()
     count = logits.shape[-1]
     if count > UNROLLED_ACTIONS:
+        # an index, not a one-hot sum: vmapped over every action (``action_log_probs``, V-hat)
+        # a one-hot of each made [steps, A, A] (1,000 actions asked for 66 GB)
         shifted = logits - jax.lax.stop_gradient(jnp.max(logits, initial=-jnp.inf))
-        chosen = jnp.sum(jnp.where(jnp.arange(count) == action, shifted, 0.0))
-        return chosen - jnp.log(jnp.sum(jnp.exp(shifted)))
+        return shifted[action] - jnp.log(jnp.sum(jnp.exp(shifted)))
     columns = [logits[i] for i in range(count)]
     top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, columns))
     total = functools.reduce(jnp.add, [jnp.exp(column - top) for column in columns])
