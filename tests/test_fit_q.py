@@ -498,6 +498,21 @@ def test_mlp_refuses_past_the_memory_budget(chain, monkeypatch):
     assert not (chain / "never.npz").exists()
 
 
+def test_linear_refuses_past_the_memory_budget(chain, monkeypatch):
+    """Its [A (d + 1)]^2 sums per fold: 256 features and 1,000 actions asked numpy for
+    492 GiB, an internal error."""
+    monkeypatch.setenv("OPE_FIT_MEMORY_GB", "1e-6")
+    with pytest.raises(UsageError, match="OPE_FIT_MEMORY_GB") as error:
+        _fit(
+            chain / "logs.parquet",
+            chain / "policies" / "eval_0.npz",
+            chain / "never.npz",
+            model="linear",
+        )
+    assert "\n" not in str(error.value) and "--q fit:mlp" in str(error.value)
+    assert not (chain / "never.npz").exists()
+
+
 def test_the_memory_budget_suggests_no_linear_model_for_continuous_actions():
     """The linear Q model takes discrete actions only: suggested past the mlp's budget on
     continuous ones, it was then refused."""

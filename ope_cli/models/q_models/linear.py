@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, UsageError
 from ope_cli.models.behavior_models.base import Gather, features, largest, summed, usable_spread
+from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
 from ope_cli.models.q_models.base import FoldSums, Transitions
 
 RIDGE_PER_STEP = 1e-6
@@ -52,16 +53,33 @@ class LinearQ(FoldSums):
     name = "linear"
     discrete = True
 
-    def __init__(self, folds: int, gamma: float, n_actions: int, ridge: float | None = None):
+    def __init__(
+        self,
+        folds: int,
+        gamma: float,
+        n_actions: int,
+        ridge: float | None = None,
+        budget: int | None = None,
+    ):
         self.folds, self.gamma, self.n_actions, self.ridge = folds, gamma, n_actions, ridge
+        self.budget = memory_budget() if budget is None else budget
         self.dim = 0  # d + 1, set by the first steps
         self.pivot = np.zeros(0)  # [d] the sums' origin: x = [s - pivot, 1]
         self.last: dict = {}  # the last fit's ridge
 
     def _start(self, width: int, pivot: np.ndarray) -> None:
         if self.dim == 0:
-            self.dim, self.pivot = width, pivot
             size = self.n_actions * width
+            # three [D, D] sums per fold, and the solve's copies: 256 features and 1,000
+            # actions asked numpy for 492 GiB (an internal error)
+            if (3 * self.folds + 2) * size * size * 8 > self.budget:
+                raise UsageError(
+                    f"the linear Q model keeps {size:,} x {size:,} sums per fold ({width} "
+                    f"features for each of {self.n_actions} actions), more than "
+                    f"{self.budget / 2**30:.3g} GiB ({MEMORY_ENV} raises the budget); fit the "
+                    "mlp model instead (--q fit:mlp, or ope fit-q --model mlp)"
+                )
+            self.dim, self.pivot = width, pivot
             for name in _SUMS:
                 shape = {"a_mat": 2, "c_mat": 2, "s00": 2, "b": 1, "e": 1, "s0": 1}.get(name, 0)
                 sizes = (width,) if name in ("sx", "sxx") else (size,) * shape
