@@ -358,3 +358,21 @@ def test_every_action_of_many_is_scored_without_an_action_by_action_square():
     assert (count, count) not in shapes, shapes
     expected = logits[1] - np.log(np.sum(np.exp(logits[1] - logits[1].max()))) - logits[1].max()
     np.testing.assert_allclose(np.asarray(every_action(1)), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("returned", ["observation.sum() > 0", "jnp.int32(-1)", "-1.0 + 0j"])
+def test_a_log_prob_of_no_real_float_dtype_is_refused(tmp_path, monkeypatch, returned):
+    """A bool, integer or complex log_prob was cast without a word (a bool's IS came out
+    -7471 against -2.34, an integer's rounded, a complex one's imaginary part dropped)."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    module = f"ope_test_dtype_{abs(hash(returned))}"
+    (tmp_path / f"{module}.py").write_text(
+        f"import jax.numpy as jnp\n\n\ndef log_prob(observation, action):\n    return {returned}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = Path(__file__).resolve().parent.parent / "examples" / "data" / "logs.parquet"
+    config = EvaluationConfig(data=str(data), policies=(f"{module}:log_prob",), gamma=0.9)
+    with pytest.raises(PolicyError, match="must return a real floating-point log-probability"):
+        evaluate(config)

@@ -147,7 +147,17 @@ def _policy_log_probs(
     log_pi = _every_policy_every_step(log_prob, params, observation, action)
     if log_pi.shape[1:] != step_mask.shape:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[3:]}")
-    return log_pi.astype(dtype)
+    return _real(log_pi).astype(dtype)
+
+
+def _real(log_p: jax.Array) -> jax.Array:
+    """``log_p``, a log_prob's output, when its dtype is a real float: a bool, an integer or a
+    complex one was cast without a word (a bool's IS was -7471 against -2.34)."""
+    if not jnp.issubdtype(log_p.dtype, jnp.floating):
+        raise PolicyError(
+            f"log_prob must return a real floating-point log-probability, got dtype {log_p.dtype}"
+        )
+    return log_p
 
 
 def _policy_action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int, dtype):
@@ -158,7 +168,7 @@ def _policy_action_log_probs(log_prob: LogProbFn, params, observation, n_actions
     log_pi = _every_policy_every_step(one_step, params, observation)
     if log_pi.ndim != 4:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[4:]}")
-    return log_pi.astype(dtype)
+    return _real(log_pi).astype(dtype)
 
 
 def behavior_log_probs(
@@ -174,7 +184,7 @@ def behavior_log_probs(
     log_b = per_step(params, observation, action)
     if log_b.shape != action.shape[:2]:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_b.shape[2:]}")
-    return log_b.astype(dtype)
+    return _real(log_b).astype(dtype)
 
 
 def zero_probability_steps(log_b: jax.Array, batch: PaddedBatch, start) -> ZeroProbabilitySteps:
