@@ -70,3 +70,27 @@ def test_a_timeout_alone_asks_for_the_rest_of_a_multi_process_run():
     assert alone.enabled and DistributedConfig().timeout_seconds == 60
     with pytest.raises(UsageError, match="--timeout is for a multi-process run, which needs"):
         initialize(alone)
+
+
+def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monkeypatch):
+    """A stale copy of a checkpoint on one host (the same path, another policy): the
+    processes' sums were merged into one run's numbers (WIS 1.441, where the two policies
+    have 2.453 and 0.885), exit 0. The same arrays saved again are the same option."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpts").mkdir()
+    logits = np.zeros((3, 2))
+    np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits)
+    for config in (
+        EvaluationConfig(data="logs.parquet", policies=("ckpts/p.npz",)),
+        EvaluationConfig(data="logs.parquet", policies=("best=ckpts/p.npz",)),
+        EvaluationConfig(data="logs.parquet", policies=("ckpts/*.npz",)),
+        EvaluationConfig(data="logs.parquet", q=QConfig(sources=("ckpts/p.npz",))),
+    ):
+        before = option_values(config)
+        np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits)
+        assert option_values(config) == before, config  # saved again: other zip bytes
+        np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits + 1)
+        assert option_values(config) != before, config
+        np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits)

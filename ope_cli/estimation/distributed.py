@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import os
+import zipfile
 from typing import TypeVar
 
 import numpy as np
@@ -212,16 +214,48 @@ def option_values(config, prefix: str = "") -> dict[str, str]:
 
 def _as_compared(value):
     """``value`` with every string that names an existing local file or directory (or is
-    ``NAME=PATH`` of one) given by its real path: processes started in other directories
-    name the same file otherwise."""
+    ``NAME=PATH`` of one, or a glob of them) given by its real path, and a file of up to
+    CONTENT_COMPARED_BYTES by its contents too (``_contents``): processes started in other
+    directories name the same file otherwise, and a stale copy of a checkpoint on one host
+    (the same path, another policy) merged two policies' sums into one run's numbers, exit 0."""
     if isinstance(value, str):
         name, path = split_name(value)
+        if glob.has_magic(path) and not os.path.exists(path):
+            return (value, tuple(_as_compared(match) for match in sorted(glob.glob(path))))
         if not os.path.exists(path):
             return value
-        return os.path.realpath(path) if name is None else f"{name}={os.path.realpath(path)}"
+        real = os.path.realpath(path)
+        real += _contents(real)
+        return real if name is None else f"{name}={real}"
     if isinstance(value, tuple):
         return tuple(_as_compared(item) for item in value)
     return value
+
+
+CONTENT_COMPARED_BYTES = 64 << 20  # checkpoints and truth files, not datasets
+
+
+def _contents(path: str) -> str:
+    """The digest (" sha256:HEX") of a file of up to CONTENT_COMPARED_BYTES: an .npz by its
+    arrays (names, dtypes, shapes, values: the same checkpoint saved twice differs in its
+    zip timestamps), another file (or an .npz that does not open) by its bytes; "" for a
+    directory or a larger file."""
+    if not os.path.isfile(path) or os.path.getsize(path) > CONTENT_COMPARED_BYTES:
+        return ""
+    digest = hashlib.sha256()
+    try:
+        if not path.endswith(".npz"):
+            raise ValueError("not an .npz archive")
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: np.ascontiguousarray(archive[key]) for key in sorted(archive.files)}
+        for key, values in arrays.items():
+            digest.update(repr((key, values.dtype.str, values.shape)).encode())
+            digest.update(values.tobytes())
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            digest.update(file.read())
+    return f" sha256:{digest.hexdigest()}"
 
 
 def check_same_options(config) -> None:
@@ -239,7 +273,8 @@ def check_same_options(config) -> None:
         raise UsageError(
             f"the processes were given different options (these settings differ: "
             f"{', '.join(differ)}): give every process the same command line but its "
-            "--process-id (--read-rows, --batch-steps, --min-bucket and --devices may differ)"
+            "--process-id (--read-rows, --batch-steps, --min-bucket and --devices may differ), "
+            "and the same contents in the checkpoint and truth files it names"
         )
 
 
