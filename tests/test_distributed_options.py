@@ -94,3 +94,15 @@ def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monke
         np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits + 1)
         assert option_values(config) != before, config
         np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:abc", ":1234", "host:0", "h:70000"])
+def test_a_coordinator_that_is_no_host_and_port_is_a_usage_error(address):
+    """The runtime took "127.0.0.1" for an internal error ("list index out of range") and
+    "127.0.0.1:abc" for a segfault, each exit 5 blaming another process."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.distributed import DistributedConfig, initialize
+
+    config = DistributedConfig(coordinator=address, num_processes=2, process_id=0)
+    with pytest.raises(UsageError, match="--coordinator must be HOST:PORT"):
+        initialize(config)

@@ -96,6 +96,7 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             raise UsageError(
                 f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
             )
+        check_coordinator(config.coordinator)
     # Like everything here, before anything initialises a JAX backend.
     runtime.enable_cpu_collectives()
     try:
@@ -113,6 +114,17 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             f"reachable?): {first_line(error)}"
         ) from None
     return jax.process_index(), jax.process_count()
+
+
+def check_coordinator(address: str) -> None:
+    """UsageError for a --coordinator that is not HOST:PORT with a port from 1 to 65535: the
+    runtime took "127.0.0.1" for an internal error and "127.0.0.1:abc" for a segfault
+    (exit 5, "another process died")."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(
+            f"--coordinator must be HOST:PORT, a port from 1 to 65535, got {address!r}"
+        )
 
 
 def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> tuple[str, ...]:
