@@ -458,6 +458,24 @@ def test_files_that_declare_other_bounds_are_refused(tmp_path, declared, words):
     assert line.endswith("declare the same (rewrite the metadata, or evaluate the files apart)")
 
 
+def test_a_share_of_the_files_names_the_dataset_s_first_file(tmp_path):
+    """A process's share (``restrict``) reads the dataset's declarations (its first
+    file's) but named its own first file: "p2 declares gamma 0.5 ..., but the dataset's
+    first file (p2) declares gamma 0.95", one file with two discounts."""
+    for k, gamma in enumerate((0.95, 0.95, 0.5, 0.5)):
+        metadata = {"ope": json.dumps({"gamma": gamma})}
+        pq.write_table(
+            table(10 * k, 10 * k + 10).replace_schema_metadata(metadata), tmp_path / f"p{k}.parquet"
+        )
+    data = open_dataset(str(tmp_path))
+    share = data.restrict(data.files[2:])
+    with pytest.raises(DataError) as error:
+        list(iter_batches(share, ["episode_id"], 100))
+    line = str(error.value)
+    assert line.startswith(f"{tmp_path / 'p2.parquet'}: declares gamma 0.5"), line
+    assert f"the dataset's first file ({tmp_path / 'p0.parquet'}) declares gamma 0.95" in line
+
+
 def test_files_that_declare_the_same_bounds_are_read(tmp_path):
     for k in range(3):
         metadata = {"ope": json.dumps({"gamma": 0.9, "horizon": 50})}

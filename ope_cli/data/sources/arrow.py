@@ -71,6 +71,9 @@ class ArrowFileDataset:
     prefix: str = ""
     # roles every file must find alike by name (``comparing``; () until columns resolve)
     compared_roles: tuple[str, ...] = ()
+    # the file the schema (and its declared bounds) comes from: the whole dataset's first,
+    # also in a process's share of it (``restrict``), whose first file may be another
+    schema_file: str | None = None
 
     def comparing(self, roles: tuple[str, ...]) -> ArrowFileDataset:
         """This dataset, each file's columns checked to give ``roles`` the columns the
@@ -105,7 +108,18 @@ class ArrowFileDataset:
                 f"{source}: cannot read the schema (column names or types are damaged: "
                 f"{first_line(error)})"
             ) from None
-        return cls(source, tuple(files), file_format, dataset, reader, base_dir, filesystem, prefix)
+        first = files[0] if files else None
+        return cls(
+            source,
+            tuple(files),
+            file_format,
+            dataset,
+            reader,
+            base_dir,
+            filesystem,
+            prefix,
+            schema_file=first,
+        )
 
     @property
     def schema(self) -> pa.Schema:
@@ -206,7 +220,7 @@ def _check_file_schema(data: ArrowFileDataset, fragment, columns: list[str]) -> 
     """A file whose columns differ from the dataset's (its first file's) would otherwise be
     cast silently (numeric strings to numbers) or read as nulls; name the file and column."""
     physical, file = fragment.physical_schema, data.prefix + fragment.path
-    first_file = f"the dataset's first file ({data.files[0]})"
+    first_file = f"the dataset's first file ({data.schema_file or data.files[0]})"
 
     def partition_key(name: str) -> bool:
         return _in_hive_folder(fragment.path, name, data.partition_base_dir)
