@@ -296,6 +296,27 @@ def test_v_hat_draws_the_same_actions_in_float32_and_float64(gaussian_logs, tmp_
         assert single[name].stderr == pytest.approx(double[name].stderr, rel=1e-4), name
 
 
+@pytest.mark.parametrize("q", ["checkpoint", "fit:mlp"])
+def test_a_sample_of_another_shape_is_the_policy_s_error(gaussian_logs, tmp_path, monkeypatch, q):
+    """An entry point's sample() of 3 numbers where the logged actions have 2: the fit
+    ended in an internal error (numpy's broadcast), and a Q checkpoint's V-hat in Q-hat's
+    shape error, which named no sample."""
+    data, _ = gaussian_logs
+    (tmp_path / "ope_test_bad_sample.py").write_text(
+        "import jax.numpy as jnp\n\n\nclass Policy:\n"
+        "    def log_prob(self, observation, action):\n"
+        "        return -0.5 * jnp.sum(action * action) - jnp.log(2 * jnp.pi)\n\n"
+        "    def sample(self, key, observation):\n        return jnp.zeros(3)\n\n\n"
+        "policy = Policy()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rng = np.random.default_rng(23)
+    q_ckpt = {"kind": "mlp_q_sa", "weight_0": rng.normal(size=(5, 1)), "bias_0": np.array([0.3])}
+    source = str(save_checkpoint(tmp_path / "q.npz", q_ckpt)) if q == "checkpoint" else q
+    with pytest.raises(PolicyError, match=r"sample\(key, observation\) must return one action"):
+        _estimates(data, policies="ope_test_bad_sample:policy", q=source, gamma=GAMMA)
+
+
 @pytest.mark.slow  # an mlp fit
 def test_a_fitted_q_draws_v_samples_actions_as_the_kernel_does(gaussian_logs):
     """--q fit's own dm (its diagnostics) is the run's dm: both draw --v-samples actions

@@ -278,7 +278,14 @@ def policy_samples(policy: Policy, chunk: EpisodeChunk, seed: int, m: int = V_SA
             f"policy {policy.name}: cannot sample actions: {type(error).__name__}: {error}"
         ) from None
     drawn = np.asarray(drawn, np.float64)
-    return drawn[..., None] if drawn.ndim == 2 else drawn
+    drawn = drawn[..., None] if drawn.ndim == 2 else drawn
+    logged = (1,) if chunk.action.ndim == 1 else chunk.action.shape[1:]
+    if drawn.shape[2:] != logged:  # a numpy broadcast error later, an internal error
+        raise PolicyError(
+            f"policy {policy.name}: sample(key, observation) must return one action shaped as "
+            f"the logged ones, {logged}, got shape {drawn.shape[2:]}"
+        )
+    return drawn
 
 
 class FoldSums:
