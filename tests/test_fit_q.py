@@ -626,6 +626,11 @@ def test_model_names_and_defaults():
         check_q_model_fits("tabular", "vector", "discrete")
     with pytest.raises(UsageError, match="continuous"):
         check_q_model_fits("linear", "vector", "continuous")
+    # the linear model, suggested for continuous actions, was then refused
+    with pytest.raises(UsageError, match=r"vector values; use --model mlp$"):
+        check_q_model_fits("tabular", "vector", "continuous")
+    with pytest.raises(UsageError, match=r"use --q fit:linear or --q fit:mlp$"):
+        check_q_model_fits("tabular", "vector", "discrete", "--q fit:MODEL")
 
 
 @pytest.mark.parametrize(

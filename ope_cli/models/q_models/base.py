@@ -55,10 +55,12 @@ def check_q_model_fits(
         return option.replace("MODEL", name) if "MODEL" in option else f"{option} {name}"
 
     if model == "tabular" and observation_kind != "index":
+        # the linear model takes discrete actions only: it was suggested, then refused
+        others = [chosen("linear")] if action_kind == "discrete" else []
         raise UsageError(
             f"{chosen('tabular')} needs integer state observations, but the data's "
-            f"observations are {observation_kind} values; use {chosen('linear')} or "
-            f"{chosen('mlp')}"
+            f"observations are {observation_kind} values; use "
+            f"{' or '.join([*others, chosen('mlp')])}"
         )
     if model in ("tabular", "linear") and action_kind != "discrete":
         raise UsageError(
