@@ -317,6 +317,45 @@ def test_a_sample_of_another_shape_is_the_policy_s_error(gaussian_logs, tmp_path
         _estimates(data, policies="ope_test_bad_sample:policy", q=source, gamma=GAMMA)
 
 
+def test_a_scalar_continuous_action_takes_draws_of_one_number(tmp_path):
+    """Logged actions of one number (a scalar column) and a linear_gaussian policy whose
+    sample() draws shape (1,): the same action, as fitting reads it, not a shape error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    steps = 40
+    observation = rng.normal(size=(steps, 3))
+    pq.write_table(
+        pa.table(
+            {
+                "episode_id": np.repeat(np.arange(10), 4),
+                "step": np.tile(np.arange(4), 10),
+                "observation": list(observation),
+                "action": rng.normal(size=steps),
+                "reward": rng.normal(size=steps),
+                "behavior_log_prob": np.full(steps, -1.0),
+            }
+        ),
+        tmp_path / "scalar.parquet",
+    )
+    policy = save_checkpoint(
+        tmp_path / "p.npz",
+        {
+            "kind": "linear_gaussian",
+            "weight": rng.normal(size=(3, 1)),
+            "bias": np.zeros(1),
+            "log_std": np.zeros(1),
+        },
+    )
+    q = {"kind": "mlp_q_sa", "weight_0": rng.normal(size=(4, 1)), "bias_0": np.array([0.3])}
+    q_path = save_checkpoint(tmp_path / "q.npz", q)
+    estimates = _estimates(
+        tmp_path / "scalar.parquet", policies=policy, q=q_path, gamma=GAMMA, estimators="dm"
+    )
+    assert math.isfinite(estimates["dm"].value)
+
+
 @pytest.mark.slow  # an mlp fit
 def test_a_fitted_q_draws_v_samples_actions_as_the_kernel_does(gaussian_logs):
     """--q fit's own dm (its diagnostics) is the run's dm: both draw --v-samples actions

@@ -632,10 +632,12 @@ def step_values(
         return q_all[action], jnp.sum(pi_q)
     keys = jax.random.split(key, spec.v_samples)
     drawn = jax.vmap(spec.sample, in_axes=(None, 0, None))(policy_params, keys, observation)
-    if jnp.shape(drawn)[1:] != jnp.shape(action):  # Q-hat's own shape error named no sample
+    # a scalar logged action and a draw of one number are one action (as fitting reads them)
+    logged, own = jnp.shape(action) or (1,), jnp.shape(drawn)[1:] or (1,)
+    if own != logged:  # Q-hat's own shape error named no sample
         raise PolicyError(
-            f"sample(key, observation) must return one action shaped as the "
-            f"logged ones, {jnp.shape(action)}, got shape {jnp.shape(drawn)[1:]}"
+            f"sample(key, observation) must return one action shaped as the logged ones, "
+            f"{logged}, got shape {own}"
         )
     q_drawn = jax.vmap(spec.function, in_axes=(None, None, 0))(q_params, observation, drawn)
     q_logged = spec.function(q_params, observation, action)
