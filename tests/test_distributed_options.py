@@ -106,3 +106,23 @@ def test_a_coordinator_that_is_no_host_and_port_is_a_usage_error(address):
     config = DistributedConfig(coordinator=address, num_processes=2, process_id=0)
     with pytest.raises(UsageError, match="--coordinator must be HOST:PORT"):
         initialize(config)
+
+
+def test_the_data_is_compared_by_its_path_and_a_glob_by_its_files(tmp_path, monkeypatch):
+    """The data's files were read whole to be compared (each process reads only its share
+    of them); a relative glob and an absolute one of the same checkpoints differed."""
+    import numpy as np
+
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    (tmp_path / "logs.parquet").write_bytes(b"one")
+    np.savez(tmp_path / "p.npz", kind=np.array("tabular"), logits=np.zeros((2, 2)))
+    config = EvaluationConfig(data="../logs.parquet", policies=("../*.npz",))
+    before = option_values(config)
+    assert "sha256" not in before["data"]
+    (tmp_path / "logs.parquet").write_bytes(b"two")
+    assert option_values(config) == before
+    absolute = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"), policies=(f"{tmp_path}/*.npz",)
+    )
+    assert option_values(absolute) == before

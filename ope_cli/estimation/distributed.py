@@ -220,11 +220,12 @@ def option_values(config, prefix: str = "") -> dict[str, str]:
         if dataclasses.is_dataclass(value):
             values.update(option_values(value, name + "."))
         else:
-            values[name] = repr(_as_compared(value))
+            # the data by its path alone: each process reads its own share of its files
+            values[name] = repr(_as_compared(value, contents=name != "data"))
     return values
 
 
-def _as_compared(value):
+def _as_compared(value, contents: bool = True):
     """``value`` with every string that names an existing local file or directory (or is
     ``NAME=PATH`` of one, or a glob of them) given by its real path, and a file of up to
     CONTENT_COMPARED_BYTES by its contents too (``_contents``): processes started in other
@@ -232,15 +233,16 @@ def _as_compared(value):
     (the same path, another policy) merged two policies' sums into one run's numbers, exit 0."""
     if isinstance(value, str):
         name, path = split_name(value)
-        if glob.has_magic(path) and not os.path.exists(path):
-            return (value, tuple(_as_compared(match) for match in sorted(glob.glob(path))))
+        matches = glob.glob(path) if glob.has_magic(path) and not os.path.exists(path) else []
+        if matches:  # the files it stands for (a relative glob and an absolute one alike)
+            return (name, tuple(_as_compared(match, contents) for match in sorted(matches)))
         if not os.path.exists(path):
             return value
         real = os.path.realpath(path)
-        real += _contents(real)
+        real += _contents(real) if contents else ""
         return real if name is None else f"{name}={real}"
     if isinstance(value, tuple):
-        return tuple(_as_compared(item) for item in value)
+        return tuple(_as_compared(item, contents) for item in value)
     return value
 
 
