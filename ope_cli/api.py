@@ -116,10 +116,10 @@ def _config(record, data: str, options: Mapping[str, Any]):
         name = OPTION_NAMES.get(key, key)
         if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
             value = os.fspath(value)
+        value = _plain(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else _plain(v) for v in value)
-        value = _plain(value)
+            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
         if name == "estimators":
             value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
@@ -147,11 +147,26 @@ def _config(record, data: str, options: Mapping[str, Any]):
 
 
 def _plain(value: Any) -> Any:
-    """A NumPy number as the Python number it holds (a float32 --confidence left the JSON
-    document unwritable); anything else as it is."""
+    """A NumPy number as the Python number it holds, also in a tuple or list (a float32
+    --confidence or --reward-range left the JSON document unwritable); anything else as
+    it is."""
+    if isinstance(value, tuple | list):
+        return type(value)(_plain(item) for item in value)
     if isinstance(value, Real) and not isinstance(value, int | float) and hasattr(value, "item"):
         return value.item()
     return value
+
+
+def _plain_record(record):
+    """``record`` (a config dataclass) with NumPy numbers as Python ones (``_plain``), in
+    its records of options too."""
+    changes = {}
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        plain = _plain_record(value) if dataclasses.is_dataclass(value) else _plain(value)
+        if plain is not value:
+            changes[field.name] = plain
+    return dataclasses.replace(record, **changes) if changes else record
 
 
 def _is_integer(value: object) -> bool:
@@ -269,7 +284,7 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     if isinstance(data, EvaluationConfig):
         if options:
             raise UsageError("pass options as keywords or in the EvaluationConfig, not both")
-        config = data
+        config = _plain_record(data)
         for record in (config, *(getattr(config, group) for group in _groups(config))):
             _check_types(record, {})  # as the keywords are (gamma="0.9" was a TypeError)
     else:

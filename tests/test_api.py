@@ -302,6 +302,11 @@ def test_numbers_and_names_are_read_as_the_command_line_reads_them():
     assert type(config.intervals.confidence) is float
     assert type(config.intervals.bootstrap_samples) is int
     assert config.estimators == ("wis", "is")
+    ranged = evaluation_config(
+        "logs.parquet", reward_range=(np.float32(0), np.float32(1)), top_k=np.int64(1)
+    )
+    assert [type(x) for x in ranged.intervals.reward_range] == [float, float]
+    assert ranged.choosing.top_k == (1,) and type(ranged.choosing.top_k[0]) is int
 
 
 def test_a_config_record_and_the_data_are_checked_as_keywords_are():
@@ -316,3 +321,22 @@ def test_a_config_record_and_the_data_are_checked_as_keywords_are():
         ope_cli.evaluate(EvaluationConfig(data=data, gamma="0.9"))
     with pytest.raises(ope_cli.UsageError, match="policies must be a sequence of strings"):
         ope_cli.evaluate(EvaluationConfig(data=data, policies="x.npz"))
+
+
+def test_numpy_numbers_in_a_config_record_make_a_json_document():
+    """A float32 confidence in an IntervalConfig passed the checks, and the document could
+    not be written (float32 is not JSON serializable)."""
+    import json
+
+    import numpy as np
+
+    from ope_cli.config import EvaluationConfig, IntervalConfig
+
+    config = EvaluationConfig(
+        data=str(EXAMPLES / "data" / "logs.parquet"),
+        policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
+        gamma=np.float64(0.9),
+        intervals=IntervalConfig(confidence=np.float32(0.9)),
+    )
+    document = json.loads(json.dumps(ope_cli.evaluate(config).to_dict()))
+    assert document["confidence"]["level"] == pytest.approx(0.9, rel=1e-7)

@@ -96,7 +96,9 @@ def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monke
         np.savez(tmp_path / "ckpts" / "p.npz", kind=np.array("tabular"), logits=logits)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:abc", ":1234", "host:0", "h:70000"])
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1", "127.0.0.1:abc", ":1234", "host:0", "h:70000", "h:\u00b2"]
+)
 def test_a_coordinator_that_is_no_host_and_port_is_a_usage_error(address):
     """The runtime took "127.0.0.1" for an internal error ("list index out of range") and
     "127.0.0.1:abc" for a segfault, each exit 5 blaming another process."""

@@ -121,7 +121,7 @@ def check_coordinator(address: str) -> None:
     runtime took "127.0.0.1" for an internal error and "127.0.0.1:abc" for a segfault
     (exit 5, "another process died")."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise UsageError(
             f"--coordinator must be HOST:PORT, a port from 1 to 65535, got {address!r}"
         )
