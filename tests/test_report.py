@@ -521,7 +521,9 @@ def test_weights_below_the_float_range_are_not_shown_as_zero(result):
     """Every weight about 1e-4343 (logits of -1e4): the table showed a mean and a largest
     weight of 0 beside "zero weights 0.0%"; they are below float64's range, not zero."""
     underflowed = _with_diagnostics(result, 0, mean_weight=0.0, max_weight=0.0)
-    rows = [line for line in _render(underflowed).splitlines() if "< 5e-324" in line]
-    assert len(rows) == 1 and rows[0].count("< 5e-324") == 2, rows  # mean and largest
+    rendered = _render(underflowed)
+    rows = [line for line in rendered.splitlines() if line.count("< 5e-324") == 2]
+    assert len(rows) == 1, rendered  # the mean and the largest weight
+    assert "the mean weight is < 5e-324, far from 1" in " ".join(rendered.split()), rendered
     zero = _with_diagnostics(result, 0, mean_weight=0.0, max_weight=0.0, zero_weight_fraction=1.0)
     assert "< 5e-324" not in _render(zero)  # every weight zero: 0 is right

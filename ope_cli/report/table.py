@@ -39,6 +39,7 @@ from ope_cli.report.warnings import (
     propensity_source,
     replaced_gamma,
     run_warnings,
+    underflowed,
 )
 from ope_cli.results import EvaluationResult, PolicyResult
 
@@ -397,12 +398,12 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
                 d.ess_fraction is not None and d.ess_fraction < ESS_FRACTION_WARNING,
             ),
             _flag(
-                _underflowed(d, d.mean_weight) or mean_weight(d.mean_weight, 4),
+                underflowed(d, d.mean_weight) or mean_weight(d.mean_weight, 4),
                 # as the warning: outside [0.5, 2], or many standard errors above 1
                 d.mean_weight is None
                 or mean_weight_off(d, result.dataset.episodes, propensities) is not None,
             ),
-            _underflowed(d, d.max_weight) or significant(d.max_weight),
+            underflowed(d, d.max_weight) or significant(d.max_weight),
             _flag(
                 percent(d.max_weight_share, limit=MAX_SHARE_WARNING),
                 d.max_weight_share is not None and d.max_weight_share > MAX_SHARE_WARNING,
@@ -410,14 +411,6 @@ def _diagnostics_table(result: EvaluationResult) -> Table:
             percent(d.zero_weight_fraction),
         )
     return diagnostics
-
-
-def _underflowed(d, weight: float | None) -> str | None:
-    """The cell of a mean or largest weight of 0 beside weights that are not all zero
-    ("< 5e-324"): they underflow float64 (the table showed 0, beside "zero weights 0.0%")."""
-    if weight == 0 and d.zero_weight_fraction is not None and d.zero_weight_fraction < 1:
-        return f"< {np.finfo(np.float64).smallest_subnormal:.0e}"
-    return None
 
 
 def _histogram_table(result: EvaluationResult) -> Table:

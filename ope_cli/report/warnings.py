@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_apply
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
@@ -97,6 +99,14 @@ def ess_count(ess: float | None, episodes: int) -> str:
     """The effective sample size to one decimal, never rounded onto or across the warning's
     threshold (ESS_FRACTION_WARNING of the episodes)."""
     return fixed(ess, 1, limit=ESS_FRACTION_WARNING * episodes)
+
+
+def underflowed(d, weight: float | None) -> str | None:
+    """The cell of a mean or largest weight of 0 beside weights that are not all zero
+    ("< 5e-324"): they underflow float64 (the table showed 0, beside "zero weights 0.0%")."""
+    if weight == 0 and d.zero_weight_fraction is not None and d.zero_weight_fraction < 1:
+        return f"< {np.finfo(np.float64).smallest_subnormal:.0e}"
+    return None
 
 
 def mean_weight(value: float | None, digits: int) -> str:
@@ -373,7 +383,8 @@ def _mean_weight_warnings(
     return [
         warn(
             MEAN_WEIGHT_OFF,
-            f"the mean weight is {mean_weight(d.mean_weight, 3)}, {how_far} (its expected "
+            f"the mean weight is {underflowed(d, d.mean_weight) or mean_weight(d.mean_weight, 3)}, "
+            f"{how_far} (its expected "
             f"value when the behavior probabilities are right): "
             f"{_CHECK_PROPENSITIES[propensities]}{also}.",
         )
