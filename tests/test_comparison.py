@@ -375,6 +375,14 @@ def test_a_truth_without_a_policy_leaves_it_out_with_a_warning(chain, monkeypatc
     notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
     assert any("no value for eval_2.npz;" in note for note in notes), notes  # as shown
     assert document["selection"]["wis"]["rmse"] is not None
+    assert not any("as the baseline" in note for note in notes), notes
+    # the baseline without a value: sharpe@k was null without a word (behavior's said so)
+    document = ope_cli.evaluate(
+        "logs.parquet", policies="policies/*.npz", truth="partial.json", baseline="eval_2.npz"
+    ).to_dict()
+    notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
+    assert any(note.endswith("; as the baseline, no sharpe@k") for note in notes), notes
+    assert document["selection"]["wis"]["sharpe@1"] is None
 
 
 def test_a_truth_of_more_policies_serves_the_ones_given(chain, monkeypatch):

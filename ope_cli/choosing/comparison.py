@@ -563,13 +563,19 @@ def selection_of(
     )
     # a policy without a true value is that policy's warning (it was the run's, policy null)
     missing = [
-        (r.policy, missing_truth_note({key: None}, names))
+        (r.policy, missing_truth_note({key: None}, names) + _no_sharpe(key, baseline_key))
         for key, r in zip(keys, results, strict=True)
         if truth.get(key) is None
     ]
     behavior = {} if baseline_key in keys else {baseline_key: truth.get(baseline_key)}
     run = missing_truth_note(behavior, names)
     return selection, missing + [(None, note) for note in ([run] if run else []) + notes]
+
+
+def _no_sharpe(key: str, baseline_key: str) -> str:
+    """What the baseline policy's missing true value also leaves out: sharpe@k, measured
+    from it (null without a word; the behavior baseline's note said so)."""
+    return "; as the baseline, no sharpe@k" if key == baseline_key else ""
 
 
 def truth_keys(policies: Sequence[Policy]) -> list[str]:
