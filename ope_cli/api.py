@@ -119,7 +119,7 @@ def _config(record, data: str, options: Mapping[str, Any]):
         value = _plain(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
+            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else _plain(v) for v in value)
         if name == "estimators":
             value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)

@@ -307,6 +307,8 @@ def test_numbers_and_names_are_read_as_the_command_line_reads_them():
     )
     assert [type(x) for x in ranged.intervals.reward_range] == [float, float]
     assert ranged.choosing.top_k == (1,) and type(ranged.choosing.top_k[0]) is int
+    array = evaluation_config("logs.parquet", top_k=np.array([1, 3]))
+    assert [type(k) for k in array.choosing.top_k] == [int, int]
 
 
 def test_a_config_record_and_the_data_are_checked_as_keywords_are():

@@ -128,3 +128,16 @@ def test_the_data_is_compared_by_its_path_and_a_glob_by_its_files(tmp_path, monk
         data=str(tmp_path / "logs.parquet"), policies=(f"{tmp_path}/*.npz",)
     )
     assert option_values(absolute) == before
+
+
+def test_a_checkpoint_that_is_no_archive_is_compared_by_its_bytes(tmp_path, monkeypatch):
+    """An .npy array named .npz: np.load gave an array, not an archive, and comparing the
+    options was an internal error on every process (one process says "not a readable
+    .npz checkpoint")."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "arr.npy", np.zeros(3))
+    (tmp_path / "fake.npz").write_bytes((tmp_path / "arr.npy").read_bytes())
+    config = EvaluationConfig(data="logs.parquet", policies=("fake.npz",))
+    assert "sha256:" in option_values(config)["policies"]

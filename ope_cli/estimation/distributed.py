@@ -265,10 +265,13 @@ def _contents(path: str) -> str:
         for key, values in arrays.items():
             digest.update(repr((key, values.dtype.str, values.shape)).encode())
             digest.update(values.tobytes())
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+    except (OSError, ValueError, TypeError, EOFError, zipfile.BadZipFile):  # an .npy: TypeError
         digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            digest.update(file.read())
+        try:
+            with open(path, "rb") as file:
+                digest.update(file.read())
+        except OSError:  # unreadable here: loading it says so, in the process's own words
+            return " unreadable"
     return f" sha256:{digest.hexdigest()}"
 
 
