@@ -33,11 +33,13 @@ class DataError(OpeError):
 class InvalidValueError(DataError):
     """A value or an episode breaks the data contract where ``--on-invalid error`` stops;
     ``droppable``: whether ``--on-invalid drop`` would leave its episode out instead (a
-    bound the run was given, or a size the policy expects, concerns every episode)."""
+    bound the run was given, or a size the policy expects, concerns every episode);
+    ``reason``: the code of the check that found it, if any."""
 
-    def __init__(self, message: str, droppable: bool = True):
+    def __init__(self, message: str, droppable: bool = True, reason: str | None = None):
         super().__init__(message)
         self.droppable = droppable
+        self.reason = reason  # the check's code (``validate.REASONS``), where one found it
 
 
 class PolicyError(OpeError):

@@ -40,6 +40,7 @@ from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import typer
 from datasets import (
@@ -1682,3 +1683,26 @@ def test_read_rows_below_one_is_a_usage_error_in_every_command(world, ope_in_pro
     done = ope_in_process([*command, "--read-rows", "0"], cwd=world.root)
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr == "ope: usage error: --read-rows must be at least 1, got 0\n", done
+
+
+def test_a_nan_in_a_critic_column_sends_no_one_to_inspect(tmp_path, ope_in_process):
+    """ "every problem: ope inspect DATA" followed a NaN in the --q-col, where inspect (which
+    has no --q-col) said the data was valid."""
+    n = 8
+    table = pa.table(
+        {
+            "episode_id": np.arange(n),
+            "action": np.zeros(n, np.int64),
+            "reward": np.ones(n),
+            "behavior_prob": np.full(n, 0.5),
+            "target_prob": np.full(n, 0.5),
+            "q": np.where(np.arange(n) == 3, np.nan, 1.0),
+            "v": np.ones(n),
+        }
+    )
+    pq.write_table(table, tmp_path / "critic.parquet")
+    args = ["evaluate", "critic.parquet", "--q-col", "q", "--v-col", "v", "--gamma", "0.9"]
+    done = ope_in_process(args, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (3, ""), done
+    assert "the --q-col value is NaN or infinite" in done.stderr
+    assert "ope inspect" not in done.stderr and "--on-invalid drop" in done.stderr

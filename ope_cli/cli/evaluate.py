@@ -170,8 +170,8 @@ def run_and_report(
                 config, on_progress=on_progress, distributed=cluster, on_status=on_status
             )
     except InvalidValueError as error:  # the same line, and where to go from there
-        fix = invalid_data_fix(config, error.droppable)
-        raise InvalidValueError(f"{error}; {fix}", error.droppable) from None
+        fix = invalid_data_fix(config, error.droppable, error.reason)
+        raise InvalidValueError(f"{error}; {fix}", error.droppable, error.reason) from None
     if result.runtime.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty
@@ -200,12 +200,17 @@ def write_result(result: EvaluationResult, chosen: OutputFormat, rank_by: str | 
         render_table(result, table_console(max(TABLE_WIDTH, longest + TABLE_MARGIN)), rank_by)
 
 
-def invalid_data_fix(config: EvaluationConfig, droppable: bool = True) -> str:
-    """What to do about invalid data: see every problem, or (where drop applies to it)
-    leave its episodes out."""
-    if config.on_invalid == "drop" or not droppable:
-        return f"every problem: ope inspect {config.data}"
-    return (
-        f"every problem: ope inspect {config.data}; to leave out the invalid episodes and "
-        "report them: --on-invalid drop"
-    )
+# problems ``ope inspect`` does not look for: the critic columns are evaluate's options
+NOT_INSPECTED = ("critic_not_finite",)
+
+
+def invalid_data_fix(
+    config: EvaluationConfig, droppable: bool = True, reason: str | None = None
+) -> str:
+    """What to do about invalid data: see every problem (where ``ope inspect`` looks for
+    the ``reason``'s kind: it sent NaN in a --q-col to an inspect that said "valid"), or
+    (where drop applies to it) leave its episodes out."""
+    ways = [] if reason in NOT_INSPECTED else [f"every problem: ope inspect {config.data}"]
+    if config.on_invalid != "drop" and droppable:
+        ways.append("to leave out the invalid episodes and report them: --on-invalid drop")
+    return "; ".join(ways) or "fix the values"

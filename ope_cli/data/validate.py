@@ -211,6 +211,7 @@ class Validation:
                     f"{where(file, *at)}{check.message} ({rows.size} {unit} affected among "
                     "those read with it)",
                     droppable=check.reason not in FATAL_REASONS,
+                    reason=check.reason,
                 )
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
