@@ -700,3 +700,32 @@ def test_an_entry_point_policy_given_twice_with_two_qs(tmp_path, softmax_data, m
     checkpoint = _estimates(data, policies=target_path, q="fit:linear", **common)
     for name in DR:
         _close(fitted[name].value, checkpoint[name].value, 1e-9)
+
+
+def test_dm_s_unresolved_spread_names_v_hat_s_constant(tmp_path):
+    """V-hat of 1e10 + noise: DM's standard error is not resolved, and its note said
+    "subtract a constant from the rewards", which leaves DM's terms (V-hat) as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 64
+    rng = np.random.default_rng(3)
+    pq.write_table(
+        pa.table(
+            {
+                "episode_id": np.arange(n),
+                "action": np.zeros(n, np.int64),
+                "reward": rng.normal(size=n),
+                "behavior_prob": np.full(n, 0.5),
+                "target_prob": np.full(n, 0.5),
+                "q": 1e10 + rng.normal(size=n),
+                "v": 1e10 + rng.normal(size=n),
+            }
+        ),
+        tmp_path / "offset.parquet",
+    )
+    estimates = _estimates(
+        tmp_path / "offset.parquet", q_col="q", v_col="v", gamma=GAMMA, estimators="dm"
+    )
+    dm = estimates["dm"]
+    assert dm.stderr is None and "subtract a constant from V-hat" in dm.note, dm

@@ -112,7 +112,13 @@ def wdr_advance(carry: dict, window: Window) -> tuple[dict, dict]:
 
 
 DR_OVERFLOW = "the per-decision weights, the rewards or Q-hat overflow float64"
-dm_estimate = MeanOfTerms("dm_v", "dm_v2", None)  # (1/n) sum_i V-hat(s_{i,0})
+# (1/n) sum_i V-hat(s_{i,0}); its terms are V-hat's, whose constant the rewards do not carry
+dm_estimate = MeanOfTerms(
+    "dm_v",
+    "dm_v2",
+    None,
+    "subtract a constant from V-hat (the --v-col values, or the rewards a Q-hat is fitted to)",
+)
 dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D_i
 
 

@@ -126,11 +126,13 @@ class MeanOfTerms(NamedTuple):
     ([...] for any leading axes) of its per-episode terms, from their Sum ``total`` and the
     Sum of their squares ``square``, relative to the scalar scale ``scale`` (None: not
     scaled); ``resolution(sums)`` is (note, drop): where float64 does not resolve that
-    standard error, what it is good to, or that it is dropped (``spread_resolution``)."""
+    standard error, what it is good to, or that it is dropped (``spread_resolution``), with
+    ``remedy``: what removes the constant that hides the spread."""
 
     total: str
     square: str
     scale: str | None
+    remedy: str = "subtract a constant from the rewards"
 
     def __call__(self, sums: Sums) -> tuple[np.ndarray, np.ndarray]:
         s = sums.sums
@@ -139,7 +141,7 @@ class MeanOfTerms(NamedTuple):
 
     def resolution(self, sums: Sums) -> tuple[str | None, bool]:
         s = sums.sums
-        return spread_resolution(s[self.total], s[self.square], s["count"])
+        return spread_resolution(s[self.total], s[self.square], s["count"], self.remedy)
 
     def underflows(self, sums: Sums) -> bool:
         """Whether the mean is not 0 but below float64's normal range (its terms' weights
@@ -185,7 +187,7 @@ RESOLVED = 1e-6  # a standard error that float64 sums resolve worse than this ge
 # about 5e-01"), so the standard error is dropped (null), not noted.
 UNRESOLVED = 1e-3
 NOT_RESOLVED = "standard error not resolved"
-SUBTRACT = "subtract a constant from the rewards"
+SUBTRACT = MeanOfTerms._field_defaults["remedy"]
 # the note of a spread that cancelled to nothing: equal terms, or a spread below rounding
 ZERO_TO_PRECISION = "standard error 0 to float64's precision"
 # the note of a value whose weights all underflow (it is not 0, but prints so)
@@ -195,18 +197,20 @@ UNDERFLOW = (
 )
 
 
-def _resolution(lost: float, ratio: str) -> tuple[str | None, bool]:
+def _resolution(lost: float, ratio: str, remedy: str = SUBTRACT) -> tuple[str | None, bool]:
     """(note, drop) of a standard error whose rounding is ``lost`` of it: nothing up to
     RESOLVED, what it is good to up to UNRESOLVED, beyond it dropped (null) with the reason;
-    ``ratio`` says why (the size of the sums against the spread)."""
+    ``ratio`` says why (the size of the sums against the spread), ``remedy`` what helps."""
     if lost <= RESOLVED:
         return None, False
     if lost > UNRESOLVED:
-        return f"{NOT_RESOLVED} in float64 sums: {ratio} ({SUBTRACT})", True
+        return f"{NOT_RESOLVED} in float64 sums: {ratio} ({remedy})", True
     return f"standard error good to about {lost:.0e} only: {ratio}", False
 
 
-def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | None, bool]:
+def spread_resolution(
+    total: float, total_sq: float, n: float, remedy: str = SUBTRACT
+) -> tuple[str | None, bool]:
     """(note, drop) of a standard error from the sum and sum of squares of n terms
     (``_resolution``): sum x^2 - (sum x)^2 / n cancels when the terms' mean is far above
     their spread (e.g. a large constant in every reward); the relative error of that
@@ -224,7 +228,7 @@ def spread_resolution(total: float, total_sq: float, n: float) -> tuple[str | No
         )
     lost = np.finfo(np.float64).eps * squares / spread
     ratio = f"the terms' mean is {math.sqrt(squares / spread):.0e} times their spread"
-    return _resolution(lost, ratio)
+    return _resolution(lost, ratio, remedy)
 
 
 def closed_form(values, undefined):
@@ -250,17 +254,19 @@ def closed_form(values, undefined):
             and note.startswith(ZERO_TO_PRECISION)
             and _groups_differ(values, grouped)
         ):
-            note, drop = SPREAD_CANCELLED, True
+            note, drop = spread_cancelled(values.remedy), True
         return Point(value, None if drop else stderr, note)
 
     return finalize
 
 
-# the note of a spread that cancelled to 0 in the sums of squares of terms that do differ
-SPREAD_CANCELLED = (
-    f"{NOT_RESOLVED} in float64 sums: the terms' squares cancel to no spread, though the "
-    f"episode-id hash groups' means differ ({SUBTRACT})"
-)
+def spread_cancelled(remedy: str) -> str:
+    """The note of a spread that cancelled to 0 in the sums of squares of terms that do
+    differ."""
+    return (
+        f"{NOT_RESOLVED} in float64 sums: the terms' squares cancel to no spread, though the "
+        f"episode-id hash groups' means differ ({remedy})"
+    )
 
 
 def _groups_differ(values: MeanOfTerms, grouped: Grouped) -> bool:
