@@ -48,6 +48,7 @@ def test_loop_rejects_other_checkpoint_kinds(tmp_path):
         loop.load_policy(str(checkpoint))
 
 
+@pytest.mark.slow  # a real process
 def test_example_script_runs_the_packaged_loop(tmp_path):
     rng = np.random.default_rng(6)
     behavior = random_checkpoint("linear_softmax", rng)

@@ -50,6 +50,7 @@ def test_script_estimates_match_the_reference(logged, gamma):
         assert actual[name] == pytest.approx(expected[name], rel=1e-10), name
 
 
+@pytest.mark.slow  # a real process
 def test_script_runs_as_a_file_and_prints_its_estimates(logged):
     data, checkpoint, episodes, target = logged
     done = subprocess.run(

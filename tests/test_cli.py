@@ -550,6 +550,7 @@ def test_console_script_makes_host_blas_single_threaded_before_numpy(monkeypatch
     assert os.environ["MKL_NUM_THREADS"] == "3"
 
 
+@pytest.mark.slow  # a real process
 def test_console_script_reads_data_without_importing_pandas(world):
     """``ope`` loads pyarrow with pandas hidden (pyarrow's look for pandas costs 0.2 s):
     reading and inspecting data leaves pandas unimported, and pyarrow's pandas functions

@@ -66,6 +66,7 @@ def test_episode_ids_and_steps_from_done_flags():
     assert step.tolist() == [0, 1, 2, 0, 0, 1, 0]
 
 
+@pytest.mark.slow  # a real process
 def test_from_transitions_writes_files_ope_evaluates(tmp_path):
     made = _python([EXAMPLES / "from_transitions.py", tmp_path])
     assert made.returncode == 0, made.stderr

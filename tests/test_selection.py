@@ -555,6 +555,7 @@ def test_p_improvement():
     assert p_improvement(defined, np.zeros(20)) == 1.0  # 95% defined: the share among them
 
 
+@pytest.mark.slow  # a real process
 def test_the_module_imports_no_jax():
     code = "import sys, ope_cli.choosing.selection; assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
