@@ -77,6 +77,8 @@ def test_bench_json_has_every_measurement(tiny_bench):
         assert entry["steps_per_second"] > 0, name
         assert entry["seconds"] > 0, name
     assert result["measurements"]["loop"]["extrapolated"] is True
+    # the loop's WPDIS walks the whole data's longest episode, not the first episodes'
+    assert result["measurements"]["loop"]["wpdis_horizon"] == result["dataset"]["lengths"]["max"]
     # --rounds 1: each measurement timed once, in process and as whole warm processes
     assert result["measurements"]["kernel"]["runs"] == 1
     assert result["runtime"]["timing"] == "each measurement's fastest of 1 interleaved runs"

@@ -41,6 +41,20 @@ def test_loop_matches_reference(tmp_path, kind):
         assert actual[name] == pytest.approx(expected[name], rel=1e-9), name
 
 
+def test_a_longer_wpdis_horizon_walks_more_steps_to_the_same_estimates(tmp_path):
+    """``ope bench`` runs the loop on the first episodes with the whole data's longest
+    episode as WPDIS's horizon, as the run on every episode walks it (to the first
+    episodes' longest, the extrapolated loop came out 20-28% fast): the steps after the
+    end add nothing to the estimates."""
+    rng = np.random.default_rng(6)
+    behavior = random_checkpoint("tabular", rng)
+    episodes = random_episodes(rng, 30, behavior=behavior, median_length=6, max_length=20)
+    checkpoint = save_checkpoint(tmp_path / "target.npz", perturb_checkpoint(behavior, rng, 0.3))
+    table = step_layout_table(episodes)
+    walked = loop.loop_estimates(table, str(checkpoint), 0.9, horizon=500)
+    assert walked == pytest.approx(loop.loop_estimates(table, str(checkpoint), 0.9), rel=1e-12)
+
+
 def test_loop_rejects_other_checkpoint_kinds(tmp_path):
     checkpoint = tmp_path / "mlp.npz"
     np.savez(checkpoint, kind=np.asarray("mlp_softmax"))

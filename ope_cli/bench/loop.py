@@ -64,13 +64,18 @@ def read_episodes(table: pa.Table) -> list[list[tuple]]:
     return episodes
 
 
-def loop_estimates(table_or_path: pa.Table | str, checkpoint_path: str, gamma: float) -> dict:
-    """IS/WIS/PDIS/WPDIS of the checkpoint's policy on step-layout logs (loop version)."""
+def loop_estimates(
+    table_or_path: pa.Table | str, checkpoint_path: str, gamma: float, horizon: int = 0
+) -> dict:
+    """IS/WIS/PDIS/WPDIS of the checkpoint's policy on step-layout logs (loop version).
+    WPDIS's per-step sums run to the longest episode, or to ``horizon`` steps where that is
+    longer: a run on a dataset's first episodes then walks the whole dataset's steps after
+    each episode's end, as the run on all of it does (the estimates are the same)."""
     table = table_or_path if isinstance(table_or_path, pa.Table) else pq.read_table(table_or_path)
     policy = load_policy(checkpoint_path)
     episodes = read_episodes(table)
     n = len(episodes)
-    max_length = max(len(steps) for steps in episodes)
+    max_length = max(max(len(steps) for steps in episodes), horizon)
 
     weighted_returns = weight_sum = pdis_sum = 0.0
     wpdis_num = np.zeros(max_length)  # sum_i W_it r_it

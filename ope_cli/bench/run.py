@@ -172,7 +172,8 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
     batch_count = len(batches)
     del batches
 
-    m.update(_other_measurements(config, directory, source, (checkpoints, q), dataset, progress))
+    written, data = (checkpoints, q), (dataset, max_length)
+    m.update(_other_measurements(config, directory, source, written, data, progress))
     return {
         "schema_version": BENCH_SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},
@@ -197,15 +198,26 @@ def _other_measurements(
     directory: Path,
     source,
     written: tuple[list[str], str],
-    dataset: dict,
+    data: tuple[dict, int],
     progress: Progress,
 ) -> dict:
     """The python loop's, the processes', the memory and the NumPy script measurements (None
-    where not asked for), on the bench's policy checkpoints and Q checkpoint (``written``)."""
+    where not asked for), on the bench's policy checkpoints and Q checkpoint (``written``),
+    of the dataset (``data``: its summary and its longest episode)."""
     checkpoints, q = written
+    dataset, longest = data
     steps = dataset["steps"]
     progress(f"python loop: the first {config.loop_episodes} episodes")
-    m = {"loop": measure_loop(source, checkpoints[0], config.loop_episodes, config.batching, steps)}
+    m = {
+        "loop": measure_loop(
+            source,
+            checkpoints[0],
+            config.loop_episodes,
+            config.batching,
+            steps,
+            longest,
+        )
+    }
     m["processes"] = None
     if config.processes:
         m["processes"] = measure_processes(
