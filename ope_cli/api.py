@@ -35,6 +35,7 @@ from ope_cli.config import (
     QConfig,
     RuntimeConfig,
     estimator_names,
+    plain,
 )
 from ope_cli.errors import UsageError
 from ope_cli.inspection import InspectConfig, InspectReport
@@ -116,10 +117,10 @@ def _config(record, data: str, options: Mapping[str, Any]):
         name = OPTION_NAMES.get(key, key)
         if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
             value = os.fspath(value)
-        value = _plain(value)
+        value = plain(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else _plain(v) for v in value)
+            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else plain(v) for v in value)
         if name == "estimators":
             value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
@@ -129,6 +130,10 @@ def _config(record, data: str, options: Mapping[str, Any]):
             target = (group, groups[group][1][name])
         else:
             raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
+        if value is None and not _takes_none(
+            record if group is None else groups[group][0], target[1]
+        ):
+            continue  # None for an option that takes none: its default, as the command line's
         if target in typed:  # two spellings of one option: the last one won without a word
             raise UsageError(f"{typed[target]} and {key} are one option: give it once")
         typed[target] = key
@@ -146,26 +151,34 @@ def _config(record, data: str, options: Mapping[str, Any]):
     return made
 
 
-def _plain(value: Any) -> Any:
-    """A NumPy number as the Python number it holds, also in a tuple or list (a float32
-    --confidence or --reward-range left the JSON document unwritable); anything else as
-    it is."""
-    if isinstance(value, tuple | list):
-        return type(value)(_plain(item) for item in value)
-    if isinstance(value, Real) and not isinstance(value, int | float) and hasattr(value, "item"):
-        return value.item()
-    return value
+def _takes_none(record, name: str) -> bool:
+    """Whether field ``name`` of the config record (class) ``record`` may be None
+    (read_rows=None and policies=None were Python's TypeErrors)."""
+    field = next(f for f in dataclasses.fields(record) if f.name == name)
+    return "None" in str(field.type)
+
+
+def _checked_record(record):
+    """A config record given whole (EvaluationConfig, InspectConfig), NumPy numbers as
+    Python ones, checked as keywords are: its gamma="0.9" was a TypeError, its data a
+    Path an AttributeError, and its policies="x.npz" read letter by letter."""
+    if not isinstance(record.data, str | os.PathLike):
+        raise UsageError(f"data must be a path (a string or os.PathLike), got {record.data!r}")
+    record = dataclasses.replace(_plain_record(record), data=os.fspath(record.data))
+    for part in (record, *(getattr(record, group) for group in _groups(record))):
+        _check_types(part, {})
+    return record
 
 
 def _plain_record(record):
-    """``record`` (a config dataclass) with NumPy numbers as Python ones (``_plain``), in
+    """``record`` (a config dataclass) with NumPy numbers as Python ones (``plain``), in
     its records of options too."""
     changes = {}
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
-        plain = _plain_record(value) if dataclasses.is_dataclass(value) else _plain(value)
-        if plain is not value:
-            changes[field.name] = plain
+        made = _plain_record(value) if dataclasses.is_dataclass(value) else plain(value)
+        if made is not value:
+            changes[field.name] = made
     return dataclasses.replace(record, **changes) if changes else record
 
 
@@ -284,9 +297,7 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     if isinstance(data, EvaluationConfig):
         if options:
             raise UsageError("pass options as keywords or in the EvaluationConfig, not both")
-        config = _plain_record(data)
-        for record in (config, *(getattr(config, group) for group in _groups(config))):
-            _check_types(record, {})  # as the keywords are (gamma="0.9" was a TypeError)
+        config = _checked_record(data)
     else:
         config = _config(EvaluationConfig, data, options)
     if rank_by is not None:  # refused before the data is read, as --rank-by is
@@ -312,5 +323,5 @@ def inspect(data, /, **options: Any) -> Inspection:
     if isinstance(data, InspectConfig):
         if options:
             raise UsageError("pass options as keywords or in the InspectConfig, not both")
-        return _as(Inspection, run(data))
+        return _as(Inspection, run(_checked_record(data)))
     return _as(Inspection, run(_config(InspectConfig, data, options)))

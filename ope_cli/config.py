@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from numbers import Real
+from typing import Any, Literal
 
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import available
@@ -42,6 +43,16 @@ class ColumnMapping:
                     f"--{kind}-prob-col and --{kind}-log-prob-col name two columns of one "
                     "probability; give one of them"
                 )
+
+
+def plain(value: Any) -> Any:
+    """A NumPy number as the Python number it holds, also in a tuple or list (the JSON
+    document and the checks take Python numbers); anything else as it is."""
+    if isinstance(value, tuple | list):
+        return type(value)(plain(item) for item in value)
+    if isinstance(value, Real) and not isinstance(value, int | float) and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def estimator_names(given) -> tuple[str, ...] | None:

@@ -342,3 +342,20 @@ def test_numpy_numbers_in_a_config_record_make_a_json_document():
     )
     document = json.loads(json.dumps(ope_cli.evaluate(config).to_dict()))
     assert document["confidence"]["level"] == pytest.approx(0.9, rel=1e-7)
+
+
+def test_none_is_an_option_s_default_and_an_inspect_config_is_checked():
+    """read_rows=None and policies=None (the command line's default) were Python's
+    TypeErrors; an InspectConfig given whole skipped the checks evaluate's record gets (a
+    Path as its data was an AttributeError, gamma="0.5" a TypeError)."""
+    from pathlib import Path
+
+    from ope_cli.api import evaluation_config
+
+    data = str(EXAMPLES / "data" / "logs.parquet")
+    config = evaluation_config(data, read_rows=None, policies=None, gamma=0.9)
+    assert config.batching.read_rows == 65_536 and config.policies == ()
+    report = ope_cli.inspect(ope_cli.InspectConfig(data=Path(data)))
+    assert report.to_dict()["dataset"]["source"] == data
+    with pytest.raises(ope_cli.UsageError, match="gamma must be a number, got '0.5'"):
+        ope_cli.inspect(ope_cli.InspectConfig(data=data, gamma="0.5"))

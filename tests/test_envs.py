@@ -211,6 +211,9 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         ("chain", {"episodes": 3, "files": 4}, "files"),
         ("chain", {"seed": -1}, "seed"),
         ("chain", {"episode": 10}, "unknown option 'episode'; the options are episodes, "),
+        # each was Python's TypeError; overwrite="no" was true
+        (["chain"], {}, "unknown environment"),
+        ("chain", {"overwrite": "no"}, "overwrite must be True or False"),
     ],
 )
 def test_bad_options_are_usage_errors(env, options, match, tmp_path):
@@ -218,6 +221,20 @@ def test_bad_options_are_usage_errors(env, options, match, tmp_path):
     with pytest.raises(UsageError, match=match):
         gen.generate(env, tmp_path, **options)
     assert not (tmp_path / "truth.json").exists()
+
+
+def test_generate_s_api_takes_numpy_numbers_and_refuses_what_is_no_option(tmp_path):
+    """An np.int64 --episodes failed in writing truth.json after the logs were written (a
+    folder left half written); an np.float32 gamma was "not in [0, 1]"; a folder of None
+    and options given by position were Python's TypeErrors."""
+    truth = gen.generate(
+        "chain", tmp_path / "np", episodes=np.int64(20), seed=np.int64(1), gamma=np.float32(0.5)
+    )
+    assert (truth["episodes"], truth["gamma"]) == (20, 0.5) and type(truth["episodes"]) is int
+    with pytest.raises(UsageError, match="the output folder must be a path"):
+        gen.generate("chain", None)
+    with pytest.raises(UsageError, match="options must be a GenerateOptions"):
+        gen.generate("chain", tmp_path / "positional", 100)
 
 
 def _chain_monte_carlo(

@@ -42,6 +42,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ope_cli.config import plain
 from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
@@ -79,12 +81,22 @@ class GenerateOptions:
 
 
 def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
-    """``options`` with ``keywords`` (its fields) replaced; an unknown one is a UsageError."""
+    """``options`` with ``keywords`` (its fields) replaced, NumPy numbers as Python ones (an
+    np.int64 --episodes failed in writing truth.json, after the logs); an unknown keyword,
+    or options that are no GenerateOptions (``generate(env, out, 100)``), a UsageError."""
+    if not isinstance(options, GenerateOptions):
+        raise UsageError(
+            f"options must be a GenerateOptions, got {options!r}: give them as keywords "
+            "(episodes=..., seed=...)"
+        )
     known = [field.name for field in dataclasses.fields(GenerateOptions)]
     unknown = sorted(set(keywords) - set(known))
     if unknown:
         raise UsageError(f"unknown option {unknown[0]!r}; the options are {', '.join(known)}")
-    return dataclasses.replace(options, **keywords)
+    changed = dataclasses.replace(options, **keywords)
+    if not isinstance(changed.overwrite, bool):  # overwrite="no" was true
+        raise UsageError(f"overwrite must be True or False, got {changed.overwrite!r}")
+    return dataclasses.replace(changed, **{name: plain(getattr(changed, name)) for name in known})
 
 
 def _check_options(env: str, options: GenerateOptions) -> None:
@@ -94,7 +106,7 @@ def _check_options(env: str, options: GenerateOptions) -> None:
     def is_int(value: Any) -> bool:
         return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
-    if env not in REGISTRY:
+    if not isinstance(env, str) or env not in REGISTRY:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
     if not is_int(episodes) or episodes < 1:
         raise UsageError(f"--episodes must be a positive integer, got {episodes!r}")
@@ -217,8 +229,10 @@ def generate(
     Python's OSError through the API). The options are ``options`` (a GenerateOptions,
     default: its defaults) with ``keywords`` (its fields) replaced.
     """
-    options = _with_keywords(options or GenerateOptions(), keywords)
+    options = _with_keywords(GenerateOptions() if options is None else options, keywords)
     _check_options(env, options)
+    if not isinstance(out_dir, str | os.PathLike):  # generate("chain", None): a TypeError
+        raise UsageError(f"the output folder must be a path, got {out_dir!r}")
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
     try:
         return _generate(env, Path(out_dir), options)
