@@ -537,12 +537,17 @@ def test_a_policy_without_weight_differs_from_nothing(chain, never):
     interval that called it confidently worse. Each difference is null with the reason
     (under betting, WIS's was null without a note, beside an interval; normal intervals:
     test_weights_all_zero_rank_with_nothing_but_later_zeros_keep_per_decision)."""
-    folder, _ = chain
+    folder, truth = chain
+    exact = {entry["policy"]: entry["value"] for entry in truth["policies"]}
+    truth_file = folder / "truth_with_never.json"
+    eval_0_path = str(folder / "policies" / "eval_0.npz")
+    truth_file.write_text(json.dumps({"never": 1.0, eval_0_path: exact["policies/eval_0.npz"]}))
     document = ope_cli.evaluate(
         str(folder / "logs.parquet"),
-        policies=(never, str(folder / "policies" / "eval_0.npz")),
+        policies=(never, eval_0_path),
         baseline="behavior",
         ci="betting",
+        truth=str(truth_file),
     ).to_dict()
     never, eval_0 = document["results"]
     assert never["estimates"]["is"]["value"] == 0.0
@@ -557,6 +562,13 @@ def test_a_policy_without_weight_differs_from_nothing(chain, never):
         assert eval_0["comparison"][name]["delta"] is not None  # the other compares as before
         assert eval_0["could_be_best"][name]  # the best of the ones the logs speak of
     assert "all_weights_zero" in [w["code"] for w in document["warnings"]]
+    # its IS of 0 also counted in IS's rmse, spearman and regret against its true value,
+    # beside WIS's "no estimate" for the same policy: no estimate for any of them now
+    notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
+    for name in ("is", "pdis", "wis", "wpdis"):
+        metrics = document["selection"][name]
+        assert metrics["rmse"] is None and metrics["spearman"] is None, (name, metrics)
+        assert f"{name}: no estimate for never; no ranking metrics" in notes, notes
 
 
 def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):
@@ -944,27 +956,3 @@ def test_float32_self_normalised_differences_keep_their_standard_errors_at_any_s
         assert runs["float32"]["results"][1]["comparison"][name]["stderr"] == pytest.approx(
             exact, rel=1e-3
         )
-
-
-def test_a_policy_without_weight_has_no_estimate_for_the_selection_metrics(chain, never):
-    """Every weight zero: IS is 0, the formula's value and no estimate of the policy (it
-    ranks with nothing), yet IS's rmse, spearman and regret counted that 0 against the
-    policy's true value, beside WIS's "no estimate" for the same policy. Both are now "no
-    estimate for never", and no ranking metric."""
-    folder, truth = chain
-    exact = {entry["policy"]: entry["value"] for entry in truth["policies"]}
-    policies = [folder / "policies" / f"eval_{k}.npz" for k in (0, 1)]
-    values = {str(path): exact[f"policies/{path.name}"] for path in policies}
-    truth_file = folder / "truth_with_never.json"
-    truth_file.write_text(json.dumps({"never": max(values.values()) + 1.0, **values}))
-    document = ope_cli.evaluate(
-        str(folder / "logs.parquet"),
-        policies=(never, *map(str, policies)),
-        truth=str(truth_file),
-    ).to_dict()
-    assert document["results"][0]["estimates"]["is"]["value"] == 0.0
-    notes = [w["message"] for w in document["warnings"] if w["code"] == "selection"]
-    for name in ("is", "pdis", "wis", "wpdis"):
-        metrics = document["selection"][name]
-        assert metrics["rmse"] is None and metrics["spearman"] is None, (name, metrics)
-        assert f"{name}: no estimate for never; no ranking metrics" in notes, notes
