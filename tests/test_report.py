@@ -226,6 +226,11 @@ def test_dm_far_from_dr_is_warned(result):
         "not cover that; prefer dr or wdr, or a better Q model."
     )
     assert warned(6.4) == [] and warned(3.6) == []
+    # never rounded onto the threshold: 3.01 read "dm is 3 of dr's standard errors"
+    (near,) = warned(6.505)
+    assert near.startswith(f"{policy.policy}: dm is 3.01 of dr's standard errors"), near
+    (far,) = warned(5.0 + 0.5 * 1234.4)
+    assert far.startswith(f"{policy.policy}: dm is 1,234 of dr's standard errors"), far
 
     # dr without spread (every return the same): any dm not dr to rounding is far from it
     exact = dataclasses.replace(point, value=1.0, stderr=0.0)
@@ -527,3 +532,23 @@ def test_weights_below_the_float_range_are_not_shown_as_zero(result):
     assert "the mean weight is < 5e-324, far from 1" in " ".join(rendered.split()), rendered
     zero = _with_diagnostics(result, 0, mean_weight=0.0, max_weight=0.0, zero_weight_fraction=1.0)
     assert "< 5e-324" not in _render(zero)  # every weight zero: 0 is right
+
+
+def test_a_mean_weight_above_one_without_spread_is_warned(result):
+    """200 weights of exactly 1.5 (IS = 1.5 x WIS) were warned of by no format, while 1.5
+    +- 0.001 were 7,400 standard errors above 1: with no spread the mean is exact."""
+    from ope_cli.report.warnings import MEAN_WEIGHT_OFF, policy_warnings
+
+    def warned(mean: float) -> list[str]:
+        constant = _with_diagnostics(result, 0, mean_weight=mean, ess=200.0, ess_fraction=1.0)
+        return [
+            w.message
+            for w in policy_warnings(constant.results[0], 200)
+            if w.code == MEAN_WEIGHT_OFF
+        ]
+
+    (message,) = warned(1.5)
+    assert "the mean weight is 1.5, above 1 in every episode alike (the weights have no" in (
+        " ".join(message.split())
+    )
+    assert warned(1.0) == [] and warned(1.01) == []  # 1.01: within the 5% the rule allows

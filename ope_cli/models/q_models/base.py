@@ -106,12 +106,21 @@ def unlogged_warning(fit: dict | None) -> str | None:
     share = (fit or {}).get("unlogged_share")
     if share is None or share < UNLOGGED_SHARE_WARNED:
         return None
-    return unlogged_message(fit.get("model"), share)
+    return unlogged_message(fit.get("model"), share, int(fit.get("folds") or 1))
 
 
-def unlogged_message(model: str, share: float) -> str:
+def unlogged_message(model: str, share: float, folds: int = 1) -> str:
     """What pi_e's probability ``share`` on actions never logged means for a fitted Q-hat
-    (``q_unlogged_actions``, evaluate's and fit-q's)."""
+    (``q_unlogged_actions``, evaluate's and fit-q's); cross-fitted (``folds`` > 1), each
+    episode's Q-hat is fitted on the other folds, whose logs may lack actions its own has
+    (it said "never logged" and "their importance weights never occur" of those)."""
+    if folds > 1:
+        return (
+            f"the evaluation policy gives {share:.3g} of its probability at the logged "
+            f"states to actions that the other folds never logged there, where each "
+            f"episode's cross-fitted Q-hat ({model}, {folds} folds) is 0: dm counts them as "
+            "worth 0 (fewer folds, or more episodes, leave fewer such actions)."
+        )
     return (
         f"the evaluation policy gives {share:.3g} of its probability at the logged states to "
         f"actions never logged there, where the fitted Q-hat ({model}) is 0: dm counts them "
