@@ -94,6 +94,16 @@ class PolicyResult:
         return self.label or self.policy
 
 
+def estimated(policy: PolicyResult, estimator: str) -> float | None:
+    """``policy``'s estimate by ``estimator``, None where there is none: not reported,
+    undefined, or the formula's value of weights that are all zero (``weightless``), which
+    ranks, selects and is drawn as no estimate."""
+    estimate = policy.estimates.get(estimator)
+    if estimate is None or estimator in policy.weightless:
+        return None
+    return estimate.value
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetSummary:
     """What was read: the JSON document's "dataset" block (less the behavior policy)."""

@@ -56,7 +56,7 @@ from ope_cli.estimation.stats import (
     restricted,
 )
 from ope_cli.models.policies.base import Policy
-from ope_cli.results import Comparison, PolicyResult
+from ope_cli.results import Comparison, PolicyResult, estimated
 
 TIED = "the same estimates to rounding (differences below 1e-12 of their size are ties)"
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
@@ -536,12 +536,9 @@ def selection_of(
     is sharpe@k's J_0)."""
     estimators = list(results[0].estimates)
     # a value of weights that are all zero is no estimate of the policy: it ranks with
-    # nothing, so no selection metric counts it either (PolicyResult.weightless)
+    # nothing, so no selection metric counts it either
     estimates = {
-        name: {
-            key: None if name in r.weightless else r.estimates[name].value
-            for key, r in zip(keys, results, strict=True)
-        }
+        name: {key: estimated(r, name) for key, r in zip(keys, results, strict=True)}
         for name in estimators
     }
     intervals = {

@@ -20,7 +20,7 @@ import numpy as np
 from ope_cli.errors import UsageError
 from ope_cli.report.formatting import discount, estimator_title, level
 from ope_cli.report.table import resolve_rank_by
-from ope_cli.results import EvaluationResult
+from ope_cli.results import EvaluationResult, estimated
 
 FIGURES = ("weights.png", "horizon.png", "estimates.png", "ranking.png")
 ESTIMATE_MARGIN = 4.0  # standard errors of room around the estimates on their axis
@@ -105,7 +105,7 @@ def ranked_rows(result: EvaluationResult, estimator: str) -> tuple[list[RankedPo
         rows.append(
             RankedPolicy(
                 policy.shown,
-                _estimated(policy, estimator),
+                estimated(policy, estimator),
                 e.ci_low,
                 e.ci_high,
                 truth.get(policy.source or policy.policy),
@@ -191,16 +191,6 @@ def _horizon(plt, result: EvaluationResult):
     return figure
 
 
-def _estimated(policy, estimator: str) -> float | None:
-    """The policy's estimate by ``estimator``, None where there is none: undefined, or the
-    formula's value of weights that are all zero (``PolicyResult.weightless``), which the
-    table ranks with nothing and no figure draws as an estimate."""
-    estimate = policy.estimates.get(estimator)
-    if estimate is None or estimator in policy.weightless:
-        return None
-    return estimate.value
-
-
 def estimate_limits(result: EvaluationResult) -> tuple[float, float] | None:
     """The estimates axis: the values with room for a few standard errors, so one wide
     interval (a betting bound near the largest possible return) does not flatten the rest;
@@ -209,7 +199,7 @@ def estimate_limits(result: EvaluationResult) -> tuple[float, float] | None:
         value
         for p in result.results
         for name in p.estimates
-        if (value := _estimated(p, name)) is not None
+        if (value := estimated(p, name)) is not None
     ]
     if not values:
         return None
@@ -237,7 +227,7 @@ def _estimates(plt, result: EvaluationResult):
         for j, name in enumerate(names):
             e = policy.estimates.get(name)
             x = j - 0.4 + width * (i + 0.5)
-            if _estimated(policy, name) is None:
+            if estimated(policy, name) is None:
                 missing.append(x)
                 continue
             xs.append(x)

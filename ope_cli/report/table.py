@@ -41,7 +41,7 @@ from ope_cli.report.warnings import (
     run_warnings,
     underflowed,
 )
-from ope_cli.results import EvaluationResult, PolicyResult
+from ope_cli.results import EvaluationResult, PolicyResult, estimated
 
 GAMMA_SOURCES = {  # the title line's word on where gamma comes from
     "option": "--gamma",
@@ -108,12 +108,7 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     Values equal to float64 rounding (``selection.above``) share a rank, the next one
     skipping theirs (1, 1, 3): two identical checkpoints were ranked 1 and 2 by their
     command-line order, only the first the best."""
-    values = [  # a value of weights that are all zero says nothing (PolicyResult.weightless)
-        p.estimates[estimator].value
-        if estimator in p.estimates and estimator not in p.weightless
-        else None
-        for p in result.results
-    ]
+    values = [estimated(p, estimator) for p in result.results]
     defined = [v for v in values if v is not None]
     return [None if v is None else 1 + sum(selection.above(o, v) for o in defined) for v in values]
 
