@@ -24,6 +24,7 @@ from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
 from ope_cli.models.policies import split_name
+from ope_cli.models.policies.base import digest_arrays
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
@@ -261,10 +262,7 @@ def _contents(path: str) -> str:
         if not path.endswith(".npz"):
             raise ValueError("not an .npz archive")
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: np.ascontiguousarray(archive[key]) for key in sorted(archive.files)}
-        for key, values in arrays.items():
-            digest.update(repr((key, values.dtype.str, values.shape)).encode())
-            digest.update(values.tobytes())
+            digest_arrays(digest, {key: archive[key] for key in archive.files})
     except (OSError, ValueError, TypeError, EOFError, zipfile.BadZipFile):  # an .npy: TypeError
         digest = hashlib.sha256()
         try:

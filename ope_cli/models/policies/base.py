@@ -14,6 +14,17 @@ SampleFn = Callable[[Any, Any, Any], Any]  # (params, key, observation) -> one a
 LOGGED = "logged target probabilities"
 
 
+def digest_arrays(digest, arrays) -> Any:
+    """``digest`` (a hashlib object) updated with ``arrays`` {name: array}, by name: each
+    one's name, dtype, shape and values, so that arrays saved twice (a zip archive records
+    when it was written) digest alike; returns ``digest``."""
+    for name, values in sorted(arrays.items()):
+        values = np.ascontiguousarray(values)
+        digest.update(repr((name, values.dtype.str, values.shape)).encode())
+        digest.update(values.tobytes())
+    return digest
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """One evaluation policy.
@@ -66,11 +77,7 @@ class Policy:
         if self.params is None:
             return None
         digest = hashlib.sha256(repr((self.kind, self.static)).encode())
-        for name, values in sorted(self.params.items()):
-            values = np.ascontiguousarray(values)
-            digest.update(repr((name, values.dtype.str, values.shape)).encode())
-            digest.update(values.tobytes())
-        return digest.hexdigest()
+        return digest_arrays(digest, self.params).hexdigest()
 
     @property
     def stack_key(self) -> tuple:
