@@ -39,6 +39,11 @@ from ope_cli.estimation.estimators.reduction import (
 TESTS = Path(__file__).parent
 
 
+def _one_group(totals: base.Sums) -> base.Grouped:
+    """``totals`` as the sums of one resampling group (a finalize's Grouped)."""
+    return base.Grouped(totals, np.zeros(1, np.int64), lambda groups: totals)
+
+
 def one_episode(rng, length, padded, gamma=0.9):
     """(log ratios [padded], rewards, discounts, step mask) of an episode absorbing after
     ``length`` steps, as NumPy arrays."""
@@ -384,7 +389,6 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     added to every reward): the standard error comes with what it is good to, and where
     that is beyond UNRESOLVED (the computed spread may be rounding alone: a standard error
     45x too large was noted "good to about 5e-01") it is dropped, with the reason."""
-    from types import SimpleNamespace
 
     from ope_cli.estimation.estimators.importance import (
         NOT_RESOLVED,
@@ -421,7 +425,7 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
             {},
         )
         context = base.Context(1.0, 1)
-        return estimators.get("is").finalize(SimpleNamespace(totals=totals), context)
+        return estimators.get("is").finalize(_one_group(totals), context)
 
     noted = through_is(1e5 + spread)  # the value and standard error stay, noted
     assert noted.value == pytest.approx(1e5 + spread.mean()) and noted.stderr is not None
@@ -437,7 +441,6 @@ def test_a_standard_error_noted_zero_is_zero():
     could round to 0 where sum x^2 - (sum x)^2 / n did not, and IS printed a standard error
     of 1134 (the reference 0.0196) noted "0 to float64's precision". Each standard error
     is now 0 with that note, or null (unresolved), or the reference."""
-    from types import SimpleNamespace
 
     from ope_cli.estimation.estimators.importance import NOT_RESOLVED, ZERO_TO_PRECISION
 
@@ -451,7 +454,7 @@ def test_a_standard_error_noted_zero_is_zero():
             {},
             {},
         )
-        point = estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1, 1))
+        point = estimators.get("is").finalize(_one_group(totals), base.Context(1, 1))
         note = point.note or ""
         if note.startswith(ZERO_TO_PRECISION):
             assert point.stderr == 0.0, (seed, point)
@@ -480,7 +483,6 @@ def test_a_mean_below_float64_s_range_is_noted():
     """Every trajectory weight about e^-800: IS is not 0 but prints as 0 +- 0, and the
     zero-width warning blamed the episodes' spread. Its note says the weights underflow;
     a mean in range has none."""
-    from types import SimpleNamespace
 
     from ope_cli.estimation.estimators.importance import UNDERFLOW
 
@@ -494,7 +496,7 @@ def test_a_mean_below_float64_s_range_is_noted():
             {},
             {},
         )
-        return estimators.get("is").finalize(SimpleNamespace(totals=totals), base.Context(1, 1))
+        return estimators.get("is").finalize(_one_group(totals), base.Context(1, 1))
 
     below = through_is(-800.0)
     assert below.value == 0.0 and below.stderr == 0.0 and below.note == UNDERFLOW
@@ -505,7 +507,6 @@ def test_wis_of_one_weighted_episode_has_no_standard_error():
     """Where every other weight is zero, WIS is that episode's return and its delta-method
     standard error is 0 by construction (it printed 0.0 and a zero-width interval): null,
     with the reason; two weighted episodes keep theirs."""
-    from types import SimpleNamespace
 
     def wis(count, zero_count, returns, weights):
         w, g = np.asarray(weights, float), np.asarray(returns, float)
@@ -525,7 +526,7 @@ def test_wis_of_one_weighted_episode_has_no_standard_error():
             {},
         )
         context = base.Context(1.0, 1)
-        return estimators.get("wis").finalize(SimpleNamespace(totals=totals), context)
+        return estimators.get("wis").finalize(_one_group(totals), context)
 
     one = wis(3, 2, [2.5, 1.0, 7.0], [1.0, 0.0, 0.0])
     assert one.value == pytest.approx(2.5) and one.stderr is None

@@ -275,20 +275,26 @@ def _groups_differ(values: MeanOfTerms, grouped: Grouped) -> bool:
     their rounding (``_resolved_spread``). Then the terms differ, and a standard error
     that cancelled to 0 (rewards of 1e6 + 0.01 noise) is lost, not 0; equal terms give
     leave-out means equal to their rounding."""
-    groups = getattr(grouped, "groups", None)
-    if groups is None or groups.size < 2:
+    groups = grouped.groups
+    if groups.size < 2:
         return False
     if grouped.leave_one_out is not None:
         leave_out = np.asarray(values(grouped.leave_one_out())[0], np.float64)
     else:
         others = [grouped.select(groups[groups != g]) for g in groups]
         leave_out = np.array([float(values(sums)[0]) for sums in others])
-    if leave_out.size < 2 or not np.isfinite(leave_out).all():
+    if not np.isfinite(leave_out).all():
         return False
-    k = leave_out.size
-    stderr = math.sqrt((k - 1) / k * np.sum((leave_out - leave_out.mean()) ** 2))
-    resolved, _ = _resolved_spread(stderr, float(np.max(np.abs(leave_out))))
+    resolved, _ = _resolved_spread(_jackknife(leave_out), float(np.max(np.abs(leave_out))))
     return resolved is not None and resolved > 0
+
+
+def _jackknife(leave_out_g: np.ndarray) -> float:
+    """The delete-a-group jackknife standard error of [G] leave-one-group-out values:
+    sqrt((G - 1) / G * sum (v_g - mean)^2) (inf where they overflow)."""
+    k = leave_out_g.size
+    with np.errstate(over="ignore", invalid="ignore"):
+        return math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
 
 
 def replicates_of(values):
@@ -346,10 +352,7 @@ def grouped_jackknife(value_of, values_of=None):
                 finite(value), None, "a group holds all the weight at some step; no standard error"
             )
         leave_out_g = np.asarray(leave_out)
-        k = groups.size
-        with np.errstate(over="ignore", invalid="ignore"):
-            stderr = math.sqrt((k - 1) / k * np.sum((leave_out_g - leave_out_g.mean()) ** 2))
-        stderr, note = _resolved_spread(stderr, np.max(np.abs(leave_out_g)))
+        stderr, note = _resolved_spread(_jackknife(leave_out_g), np.max(np.abs(leave_out_g)))
         return Point(finite(value), finite(stderr), note)
 
     return finalize
