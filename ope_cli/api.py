@@ -144,11 +144,17 @@ def _config(record, data: str, options: Mapping[str, Any]):
     for group, values in grouped.items():
         own[group] = groups[group][0](**values)
         _check_types(own[group], {f: k for (g, f), k in typed.items() if g == group})
-    if not isinstance(data, str | os.PathLike):  # evaluate(123) was Python's TypeError
-        raise UsageError(f"data must be a path (a string or os.PathLike), got {data!r}")
-    made = record(data=os.fspath(data), **own)
+    made = record(data=_data_path(data), **own)
     _check_types(made, {f: k for (g, f), k in typed.items() if g is None})
     return made
+
+
+def _data_path(data: Any) -> str:
+    """The data option as a string; a UsageError for anything but a path (evaluate(123)
+    was Python's TypeError, an InspectConfig's Path an AttributeError)."""
+    if not isinstance(data, str | os.PathLike):
+        raise UsageError(f"data must be a path (a string or os.PathLike), got {data!r}")
+    return os.fspath(data)
 
 
 def _takes_none(record, name: str) -> bool:
@@ -162,9 +168,7 @@ def _checked_record(record):
     """A config record given whole (EvaluationConfig, InspectConfig), NumPy numbers as
     Python ones, checked as keywords are: its gamma="0.9" was a TypeError, its data a
     Path an AttributeError, and its policies="x.npz" read letter by letter."""
-    if not isinstance(record.data, str | os.PathLike):
-        raise UsageError(f"data must be a path (a string or os.PathLike), got {record.data!r}")
-    record = dataclasses.replace(_plain_record(record), data=os.fspath(record.data))
+    record = dataclasses.replace(_plain_record(record), data=_data_path(record.data))
     for part in (record, *(getattr(record, group) for group in _groups(record))):
         _check_types(part, {})
     return record

@@ -125,8 +125,8 @@ def kernel_key(args: Sequence[Any], static: dict[str, Any], estimator_code: Sequ
     functions = [*_static_functions(static.values()), *estimator_code]
     if jax.process_count() > 1 or not all(_own_code(function) for function in functions):
         return None
-    devices = execution_devices(static.get("mesh"))
     mesh = static.get("mesh")
+    devices = execution_devices(mesh)
     parts = [
         __version__,
         jax.__version__,
