@@ -35,7 +35,7 @@ from ope_cli.config import (
     QConfig,
     RuntimeConfig,
     estimator_names,
-    plain,
+    python_numbers,
 )
 from ope_cli.errors import UsageError
 from ope_cli.inspection import InspectConfig, InspectReport
@@ -117,10 +117,12 @@ def _config(record, data: str, options: Mapping[str, Any]):
         name = OPTION_NAMES.get(key, key)
         if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
             value = os.fspath(value)
-        value = plain(value)
+        value = python_numbers(value)
         if name in SEQUENCES and value is not None:
             value = (value,) if isinstance(value, str | int) else tuple(value)
-            value = tuple(os.fspath(v) if isinstance(v, os.PathLike) else plain(v) for v in value)
+            value = tuple(
+                os.fspath(v) if isinstance(v, os.PathLike) else python_numbers(v) for v in value
+            )
         if name == "estimators":
             value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
@@ -168,19 +170,21 @@ def _checked_record(record):
     """A config record given whole (EvaluationConfig, InspectConfig), NumPy numbers as
     Python ones, checked as keywords are: its gamma="0.9" was a TypeError, its data a
     Path an AttributeError, and its policies="x.npz" read letter by letter."""
-    record = dataclasses.replace(_plain_record(record), data=_data_path(record.data))
+    record = dataclasses.replace(_python_numbers_in(record), data=_data_path(record.data))
     for part in (record, *(getattr(record, group) for group in _groups(record))):
         _check_types(part, {})
     return record
 
 
-def _plain_record(record):
-    """``record`` (a config dataclass) with NumPy numbers as Python ones (``plain``), in
-    its records of options too."""
+def _python_numbers_in(record):
+    """``record`` (a config dataclass) with NumPy numbers as Python ones
+    (``python_numbers``), in its records of options too."""
     changes = {}
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
-        made = _plain_record(value) if dataclasses.is_dataclass(value) else plain(value)
+        made = (
+            _python_numbers_in(value) if dataclasses.is_dataclass(value) else python_numbers(value)
+        )
         if made is not value:
             changes[field.name] = made
     return dataclasses.replace(record, **changes) if changes else record

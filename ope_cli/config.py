@@ -45,11 +45,11 @@ class ColumnMapping:
                 )
 
 
-def plain(value: Any) -> Any:
+def python_numbers(value: Any) -> Any:
     """A NumPy number as the Python number it holds, also in a tuple or list (the JSON
     document and the checks take Python numbers); anything else as it is."""
     if isinstance(value, tuple | list):
-        return type(value)(plain(item) for item in value)
+        return type(value)(python_numbers(item) for item in value)
     if isinstance(value, Real) and not isinstance(value, int | float) and hasattr(value, "item"):
         return value.item()
     return value

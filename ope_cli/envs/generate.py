@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ope_cli.config import plain
+from ope_cli.config import python_numbers
 from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
 from ope_cli.envs.writer import write_logs, write_npz
@@ -96,7 +96,9 @@ def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
     changed = dataclasses.replace(options, **keywords)
     if not isinstance(changed.overwrite, bool):  # overwrite="no" was true
         raise UsageError(f"overwrite must be True or False, got {changed.overwrite!r}")
-    return dataclasses.replace(changed, **{name: plain(getattr(changed, name)) for name in known})
+    return dataclasses.replace(
+        changed, **{name: python_numbers(getattr(changed, name)) for name in known}
+    )
 
 
 def _check_options(env: str, options: GenerateOptions) -> None:
