@@ -236,6 +236,35 @@ def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
     assert [p.actions_checked for p in result.results] == [False, True]
 
 
+@pytest.mark.parametrize("probability", [0.2, 0.3])
+def test_an_entry_point_whose_probabilities_do_not_sum_to_one_is_refused(entry_module, probability):
+    """An entry point that declares its 4 actions but gives each a log-probability below 0
+    that is not normalised (a log_softmax over some actions, unnormalised logits): every
+    value passed the kernel's check, and IS moved by (4 p)^T without a word. Its
+    probabilities are summed over the declared actions at each chunk's first steps: one
+    line, exit 4. Normalised (p = 1/4), it is evaluated."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    def constant(value):
+        def log_prob(observation, action):
+            return jnp.log(jnp.asarray(value))
+
+        log_prob.n_actions = 4
+        return log_prob
+
+    module = sys.modules[entry_module]
+    module.unnormalised, module.normalised = constant(probability), constant(0.25)
+    data = str(Path(__file__).resolve().parent.parent / "examples" / "data" / "logs.parquet")
+    with pytest.raises(PolicyError, match=rf"4 actions sum to {4 * probability:g} at ep") as error:
+        evaluate(EvaluationConfig(data=data, policies=(f"{entry_module}:unnormalised",)))
+    assert error.value.exit_code == 4 and "\n" not in str(error.value)
+    (result,) = evaluate(
+        EvaluationConfig(data=data, policies=(f"{entry_module}:normalised",))
+    ).results
+    assert np.isfinite(result.estimates["is"].value)
+
+
 @pytest.mark.parametrize("actions", [1, 4, 16, 17, 40])
 def test_log_softmax_at_equals_log_softmax_of_the_action(actions):
     """Action by action (few actions) or as one reduction (many): log softmax(logits)[a]

@@ -33,6 +33,7 @@ from ope_cli.models.policies import (
     is_checkpoint,
     mlp_forward,
     mlp_layers,
+    probability_sum_off,
     read_archive,
     refuse_unread,
     text,
@@ -510,50 +511,21 @@ def chunk_checks(q: QFunction, policy: Policy, chunk):
     yield from _size_checks(q, chunk, Check)
 
 
-PROBED_STEPS = 16  # steps of each chunk whose policy probabilities are summed
-PROBABILITY_SUM_TOLERANCE = 1e-3  # float32 policies sum to 1 far closer than this
-
-
 def _check_probabilities_over(q: QFunction, policy: Policy, chunk) -> None:
     """A PolicyError where a policy that declares no action count gives probabilities that
-    do not sum to 1 over the Q function's actions, at the first PROBED_STEPS steps of
-    ``chunk``: V-hat = sum_a pi(a|s) Q(s, a) is then over other actions than the
-    policy's (an entry point of 3 actions, which clamps a larger one to its last, with a
-    Q of 5: dr 919 where the truth is 4.5, said nowhere). The kernel reports the
-    entry point's own errors; here they leave the check undone."""
-    if chunk.observation is None or chunk.action.shape[0] == 0:
-        return
-    try:
-        try:
-            probe = _probability_sums(policy.log_prob, q.n_actions)
-        except TypeError:  # an entry point that is no hashable function: compiled here
-            probe = _probability_sums.__wrapped__(policy.log_prob, q.n_actions)
-        totals = np.asarray(probe(policy.params, chunk.observation[:PROBED_STEPS]), np.float64)
-    except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
-        return
-    off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
-    if off.size:
-        episode, step = chunk.locate(int(off[0]))
+    do not sum to 1 over the Q function's actions, at the chunk's first steps
+    (``probability_sum_off``): V-hat = sum_a pi(a|s) Q(s, a) is then over other actions
+    than the policy's (an entry point of 3 actions, which clamps a larger one to its last,
+    with a Q of 5: dr 919 where the truth is 4.5, said nowhere)."""
+    off = probability_sum_off(policy, chunk, q.n_actions)
+    if off is not None:
+        (episode, step), total = chunk.locate(off[0]), off[1]
         raise PolicyError(
             f"policy {policy.name}'s probabilities over Q function {q.name}'s {q.n_actions} "
-            f"actions sum to {totals[off[0]]:.6g} at episode {episode}, step {step}, not 1: "
+            f"actions sum to {total:.6g} at episode {episode}, step {step}, not 1: "
             "the Q function has another number of actions than the policy (declare the "
             "policy's n_actions to have them compared)"
         )
-
-
-@functools.cache  # compiled once per policy function and width, not at every chunk
-def _probability_sums(log_prob, n_actions: int) -> Callable:
-    """(params, observations [N, ...]) -> [N] sum of pi(a|s) over actions 0..n_actions-1
-    (``action_log_probs``, as V-hat takes them)."""
-    import jax
-    import jax.numpy as jnp
-
-    def sums(params, observation):
-        every = jax.vmap(lambda o: action_log_probs(log_prob, params, o, n_actions))
-        return jnp.sum(jnp.exp(every(observation)), axis=1)
-
-    return jax.jit(sums)
 
 
 def _size_checks(q: QFunction, chunk, check):

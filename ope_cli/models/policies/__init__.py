@@ -31,7 +31,11 @@ from ope_cli.models.policies.checkpoints import (
     refuse_unread,
     text,
 )
-from ope_cli.models.policies.checks import check_against_schema, chunk_checks
+from ope_cli.models.policies.checks import (
+    check_against_schema,
+    chunk_checks,
+    probability_sum_off,
+)
 from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
 from ope_cli.models.policies.functions import (
     _mlp_log_prob as _mlp_log_prob,  # one function per activation (tests/test_kernel_cache.py)
@@ -201,6 +205,7 @@ __all__ = [
     "checked_array",
     "checkpoint_policy",
     "chunk_checks",
+    "probability_sum_off",
     "expand",
     "import_entry_point",
     "is_checkpoint",

@@ -3,7 +3,8 @@ value-level per chunk as validation checks (``chunk_checks``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -11,6 +12,10 @@ from ope_cli.data.columns import observations_held
 from ope_cli.data.validate import LOG_PROBABILITY_TOLERANCE, Check
 from ope_cli.errors import DataError, PolicyError, where
 from ope_cli.models.policies.base import Policy
+from ope_cli.models.policies.functions import action_log_probs
+
+PROBED_STEPS = 16  # steps of each chunk whose policy probabilities are summed
+PROBABILITY_SUM_TOLERANCE = 1e-3  # float32 policies sum to 1 far closer than this
 
 
 def check_against_schema(policy: Policy, schema) -> None:
@@ -52,8 +57,12 @@ def _check_types(policy: Policy, schema) -> None:
 def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
     """Value-level compatibility of one chunk with the policy, as validate.value_checks does
     it: yields Check(reason, problem, [N] bool rows). Action and state ranges can be dropped
-    (``--on-invalid drop``); a size mismatch concerns every row and never is."""
+    (``--on-invalid drop``); a size mismatch concerns every row and never is. An entry
+    point that declares ``n_actions`` has its probabilities summed over them at the
+    chunk's first steps (``probability_sum_off``): a PolicyError where they are not 1."""
     if policy.n_actions is not None:
+        if policy.kind == "entry_point" and chunk.action.ndim == 1:
+            _check_normalised(policy, chunk)
         yield Check(
             "action_out_of_range",
             f"action is outside policy {policy.name}'s {policy.n_actions} actions "
@@ -130,3 +139,50 @@ def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyE
         f"policy {policy.name} gives {count} logged action(s) a value that is no "
         "log-probability (NaN, +inf, or a probability above 1)"
     )
+
+
+def _check_normalised(policy: Policy, chunk) -> None:
+    """A PolicyError where an entry point's probabilities over its declared actions do not
+    sum to 1 at the chunk's first steps: a log_prob of unnormalised logits (or of a
+    softmax over some of the actions) gives weights without a word where every value is
+    a log-probability below 0 (checkpoints are normalised by construction)."""
+    off = probability_sum_off(policy, chunk, policy.n_actions)
+    if off is not None:
+        (episode, step), total = chunk.locate(off[0]), off[1]
+        raise PolicyError(
+            f"policy {policy.name}'s probabilities over its {policy.n_actions} actions sum to "
+            f"{total:.6g} at episode {episode}, step {step}, not 1: log_prob must return "
+            "normalised log-probabilities (jax.nn.log_softmax of the logits, over every action)"
+        )
+
+
+def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, float] | None:
+    """(step row, sum) of the first of the chunk's first PROBED_STEPS steps where the sum
+    over actions 0..n_actions-1 of pi(a|s) (as V-hat takes them, ``action_log_probs``) is
+    not 1 within PROBABILITY_SUM_TOLERANCE; None where every one is, where the chunk has no
+    observations, or where the policy's code fails here (the kernel reports its errors)."""
+    if chunk.observation is None or chunk.action.shape[0] == 0:
+        return None
+    try:
+        try:
+            probe = _probability_sums(policy.log_prob, n_actions)
+        except TypeError:  # an entry point that is no hashable function: compiled here
+            probe = _probability_sums.__wrapped__(policy.log_prob, n_actions)
+        totals = np.asarray(probe(policy.params, chunk.observation[:PROBED_STEPS]), np.float64)
+    except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
+        return None
+    off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
+    return (int(off[0]), float(totals[off[0]])) if off.size else None
+
+
+@functools.cache  # compiled once per policy function and width, not at every chunk
+def _probability_sums(log_prob, n_actions: int) -> Callable:
+    """(params, observations [N, ...]) -> [N] sum of pi(a|s) over actions 0..n_actions-1."""
+    import jax
+    import jax.numpy as jnp
+
+    def sums(params, observation):
+        every = jax.vmap(lambda o: action_log_probs(log_prob, params, o, n_actions))
+        return jnp.sum(jnp.exp(every(observation)), axis=1)
+
+    return jax.jit(sums)
