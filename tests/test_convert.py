@@ -368,6 +368,38 @@ def test_ids_steps_and_actions_keep_the_first_files_type(tmp_path):
         convert(ConvertConfig(str(folder), str(tmp_path / "refused.parquet")))
 
 
+def test_floats_wider_in_a_later_file_are_written_as_wide(tmp_path):
+    """float32 rewards, probabilities and observations in the first file, float64 in the
+    next: written as float32, a reward of 16777217 became 16777216 and 0.1 0.10000000149
+    (IS 4194304.775 against evaluate's 4194305.025 on the files), without a word. Written
+    as float64 (lists alike), every value is kept and the estimates are evaluate's."""
+    folder = tmp_path / "widths"
+    folder.mkdir()
+    for name, floats, rewards in (
+        ("a.parquet", pa.float32(), [1.0, 0.5, 2.0]),
+        ("b.parquet", pa.float64(), [16777217.0, 0.1]),
+    ):
+        ids = [0, 0, 1] if name == "a.parquet" else [2, 2]
+        steps = _steps(ids).drop_columns(["observation", "reward", "behavior_prob"])
+        n = len(ids)
+        observation = pa.array([[0.25 * i, 0.1] for i in range(n)], pa.list_(floats))
+        steps = steps.append_column("observation", observation)
+        steps = steps.append_column("reward", pa.array(rewards, floats))
+        steps = steps.append_column("behavior_prob", pa.array([0.5] * n, floats))
+        pq.write_table(steps, folder / name)
+    out = tmp_path / "steps.parquet"
+    convert(ConvertConfig(str(folder), str(out)))
+    table = pq.read_table(out)
+    assert table.schema.field("reward").type == pa.float64()
+    assert table.schema.field("behavior_prob").type == pa.float64()
+    assert table.schema.field("observation").type == pa.list_(pa.float64())
+    assert table.column("reward").to_pylist() == [1.0, 0.5, 2.0, 16777217.0, 0.1]
+    assert table.column("observation").to_pylist()[-1] == [0.25, 0.1]
+    policy = tmp_path / "pi.npz"
+    np.savez(policy, kind="linear_softmax", weight=np.ones((2, 2)), bias=np.zeros(2))
+    assert_identical(folder, out, policy)
+
+
 def _with_log_twin(table: pa.Table, column: str, twin: str, factor: float) -> pa.Table:
     """``table`` with ``twin``, the log of ``column`` times ``factor`` (lists alike)."""
     values = table.column(column).combine_chunks()

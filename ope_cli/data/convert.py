@@ -111,7 +111,8 @@ def _columns(data: Dataset, schema: DataSchema) -> tuple[dict[str, str], dict[st
 
 # The roles whose values are real numbers: a file of integers among files of fractions is
 # widened to float64 there. Ids, steps, actions and observations keep the first file's
-# type (an integer column read as float64 is no longer an id, a step or a discrete value)
+# kind (an integer column read as float64 is no longer an id, a step or a discrete value);
+# floats of any column are written as wide as any file holds them
 WIDENED = tuple(
     STANDARD[role]
     for role in EPISODE_ROLES
@@ -146,6 +147,28 @@ def _integers_to_floats(first: pa.DataType, widest: pa.DataType) -> bool:
     return pa.types.is_integer(first) and pa.types.is_floating(widest)
 
 
+def _wider_floats(first: pa.DataType, widest: pa.DataType) -> bool:
+    """Whether ``widest`` holds ``first``'s floats wider (float32 in the first file, float64
+    in a later one; lists alike): written as the first file's, the later values were
+    rounded without a word (a reward of 16777217 became 16777216)."""
+    first, widest = _value_type(first), _value_type(widest)
+    return (
+        pa.types.is_floating(first)
+        and pa.types.is_floating(widest)
+        and widest.bit_width > first.bit_width
+    )
+
+
+def _with_values_of(first: pa.DataType, widest: pa.DataType) -> pa.DataType:
+    """``first`` with ``widest``'s value type: a list column stays the kind of list it is."""
+    if not is_list(first):
+        return _value_type(widest)
+    values = _value_type(widest)
+    if pa.types.is_fixed_size_list(first):
+        return pa.list_(values, first.list_size)
+    return pa.large_list(values) if pa.types.is_large_list(first) else pa.list_(values)
+
+
 def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Schema:
     fields = []
     types = _widest_types(data)
@@ -155,9 +178,9 @@ def _output_schema(data: Dataset, columns: dict[str, str], layout: str) -> pa.Sc
         if "step" not in columns:
             fields.append(pa.field("step", pa.int64()))
     for out, name in columns.items():
-        dtype = data.schema.field(name).type
-        if out in WIDENED and _integers_to_floats(dtype, types.field(name).type):
-            dtype = types.field(name).type
+        dtype, widest = data.schema.field(name).type, types.field(name).type
+        if _wider_floats(dtype, widest) or (out in WIDENED and _integers_to_floats(dtype, widest)):
+            dtype = _with_values_of(dtype, widest)
         if layout == "episode" and is_list(dtype):
             dtype = dtype.value_type
         fields.append(pa.field(out, dtype))
