@@ -697,8 +697,14 @@ CASES = [
     Case(
         "episode_layout_empty_episode",
         3,
-        (FILE, r"\bepisode {E}\b", "no steps"),
+        (FILE, r"\bepisode {E}\b", "no steps", *DROPPABLE),
         _table(_empty_episode),
+    ),
+    Case(
+        "episode_layout_lists_disagree",
+        3,
+        (FILE, r"\bepisode {E}\b", "'actions' has 1 entries", *DROPPABLE),
+        _table(_episode_list_edit("actions", lambda a: a[:1])),
     ),
     Case(
         "episode_layout_null_list",

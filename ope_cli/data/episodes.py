@@ -339,9 +339,10 @@ class EpisodeAssembler:
         )
         empty = np.flatnonzero(lengths == 0)
         if empty.size:
-            raise DataError(
+            raise InvalidValueError(  # --on-invalid drop leaves it out (screened before)
                 f"{where(file, display_id(episode_ids[int(empty[0])]))}episode has no steps "
-                f"({empty.size} empty episode(s) in this batch)"
+                f"({empty.size} empty episode(s) in this batch)",
+                reason="empty_episode",
             )
         return self._finish(file, rows, episode_start, lengths)
 
@@ -365,10 +366,11 @@ class EpisodeAssembler:
                 lengths = role_lengths
             elif (mismatch := np.flatnonzero(role_lengths != lengths)).size:
                 e = int(mismatch[0])
-                raise DataError(
+                raise InvalidValueError(  # --on-invalid drop leaves it out (screened before)
                     f"{where(file, display_id(episode_ids[e]))}list column {col[role]!r} has "
                     f"{int(role_lengths[e])} entries but {col['reward']!r} has {int(lengths[e])} "
-                    f"({mismatch.size} episode(s) disagree)"
+                    f"({mismatch.size} episode(s) disagree)",
+                    reason="lists_disagree",
                 )
             flat[role] = values
         return flat, lengths
