@@ -758,6 +758,12 @@ def test_mlp_softmax_fits_and_evaluates(bandit, tmp_path):
     by_estimate = _evaluate(bandit / "nob.parquet", policy, behavior="estimate:mlp_softmax")
     by_checkpoint = _evaluate(bandit / "nob.parquet", policy, behavior=str(tmp_path / "m.npz"))
     assert_same_estimates(by_estimate, by_checkpoint, rtol=1e-6)
+    # evaluate scores its in-sample mlp fit on the same held-out fifth as fit-behavior
+    fit = by_estimate["dataset"]["behavior"]["fit"]
+    assert fit["heldout_mean_log_likelihood"] == mlp.heldout_mean_log_likelihood
+    assert fit["mean_log_likelihood"] == pytest.approx(mlp.mean_log_likelihood, rel=1e-12)
+    linear_fit = _evaluate(bandit / "nob.parquet", policy, behavior="estimate")
+    assert linear_fit["dataset"]["behavior"]["fit"]["heldout_mean_log_likelihood"] is None
 
 
 @pytest.mark.slow

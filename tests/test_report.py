@@ -20,6 +20,7 @@ from ope_cli.report import (
     rank_policies,
     render_table,
     resolve_rank_by,
+    to_csv,
     to_json,
     weight_sparklines,
 )
@@ -500,6 +501,34 @@ def test_an_out_of_fold_estimate_far_from_the_logged_one_names_the_folds_noise(r
     gap["standard_errors"] = 21.0
     (far,) = run(3)
     assert "21 standard errors apart: the model misses" in far.message
+
+
+def test_an_in_sample_behavior_fit_that_overfits_is_warned_of_in_every_format(result):
+    """--behavior estimate:mlp_softmax on 600 bandit episodes scored -1.72 nats per step in
+    sample and -2.96 on held-out episodes: every IS interval missed the truth (28% low),
+    with nothing said, where ope fit-behavior warned of the same fit. The run's warnings
+    (JSON, CSV, the table's footer) say so; a held-out score close to the in-sample one,
+    or none (another model, a cross-fit), says nothing."""
+    from ope_cli.models.behavior import BehaviorFit, BehaviorSource
+    from ope_cli.report.warnings import run_warnings
+
+    def warned(heldout: float | None) -> list:
+        fit = BehaviorFit("mlp_softmax", 600, 600, -1.7177, 1e-3, 0, 2.0)
+        fit = dataclasses.replace(fit, heldout_mean_log_likelihood=heldout)
+        behavior = BehaviorSource("estimated", "mlp_softmax", "mlp_softmax", fit)
+        run = dataclasses.replace(result, behavior=behavior)
+        return [w for w in run_warnings(run) if w.code == "behavior_fit_overfits"], run
+
+    (warning,), run = warned(-2.9607)
+    assert warning.message.startswith(
+        "the model scores -2.96 nats per step on the held-out fifth of the episodes against "
+        "-1.72 on the episodes it was fitted on: it overfits them"
+    )
+    codes = [w["code"] for w in json.loads(to_json(run))["warnings"]]
+    assert "behavior_fit_overfits" in codes
+    assert "behavior_fit_overfits: the model scores -2.96" in to_csv(run)
+    assert "the model scores -2.96 nats per step" in " ".join(_render(run).split())
+    assert warned(-1.9)[0] == [] and warned(None)[0] == []
 
 
 def test_a_zero_width_interval_from_underflow_says_so():

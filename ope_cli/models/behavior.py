@@ -96,6 +96,9 @@ class BehaviorFit:
         (1: in-sample).
       stopped_short: the largest gradient norm of a fit that its step cap stopped short of
         its tolerance (``BehaviorModel.stopped_short``); None where every fit converged.
+      heldout_mean_log_likelihood: an in-sample mlp_softmax fit's mean log-likelihood per
+        step on a fifth of the episodes (by id hash) under a fit on the rest, as
+        ``ope fit-behavior`` scores it; None for the other models and for cross-fits.
     """
 
     model: str
@@ -111,6 +114,7 @@ class BehaviorFit:
     mean_weight_note: str | None = None
     logged_gap: dict[str, dict | None] | None = None
     stopped_short: float | None = None
+    heldout_mean_log_likelihood: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

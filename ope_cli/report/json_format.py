@@ -65,7 +65,8 @@ def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
     entry = dataclasses.asdict(result.behavior)
     fit = entry.pop("fit")
     if fit is not None:
-        fit["mean_log_likelihood"] = json_number(fit["mean_log_likelihood"])
+        for name in ("mean_log_likelihood", "heldout_mean_log_likelihood"):
+            fit[name] = json_number(fit[name])
         for weights in (fit["mean_weight"] or {}).values():
             weights.update({k: json_number(v) for k, v in weights.items()})
         for gap in filter(None, (fit["logged_gap"] or {}).values()):

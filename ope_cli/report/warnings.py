@@ -494,6 +494,19 @@ def behavior_fit_warning(result: EvaluationResult) -> Warning | None:
     return Warning(BEHAVIOR_FIT_NOT_CONVERGED, message)
 
 
+def behavior_overfit_warning(result: EvaluationResult) -> Warning | None:
+    """--behavior estimate:mlp_softmax fitted in sample scores far worse on held-out
+    episodes than on those it was fitted on (600 bandit episodes: every IS interval 28%
+    low, with nothing said; ``ope fit-behavior`` warned of the same fit)."""
+    fit = result.behavior.fit if result.behavior is not None else None
+    if fit is None or fit.heldout_mean_log_likelihood is None:
+        return None
+    from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_message
+
+    message = overfit_message(fit.mean_log_likelihood, fit.heldout_mean_log_likelihood)
+    return None if message is None else Warning(BEHAVIOR_FIT_OVERFITS, message)
+
+
 def estimated_behavior_warnings(result: EvaluationResult) -> list[Warning]:
     """--behavior estimate on data that also logs propensities, where an estimate moves
     more than BEHAVIOR_GAP_STANDARD_ERRORS from the one the logged column gives: the model
@@ -707,6 +720,7 @@ def run_warnings(
         dropped_warning(result),
         floored_warning(result),
         behavior_fit_warning(result),
+        behavior_overfit_warning(result),
         float32_warning(result),
         asymptotic_warning(result),
         fitted_q_warning(result),

@@ -26,15 +26,16 @@ from ope_cli.errors import DataError, UsageError, first_line
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
 from ope_cli.models.behavior_models.base import BEHAVIOR_FIT_NOT_CONVERGED, MODELS, log_softmax
 from ope_cli.models.behavior_models.fitting import (
+    HOLDOUT_FOLDS,
     checkpoint_arrays,
     choose_model,
     collect_all,
+    heldout_log_likelihood,
     make_model,
 )
 from ope_cli.models.behavior_models.softmax import logits_of, stopped_short_message
 from ope_cli.outputs import refuse_existing
 
-HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out
 CALIBRATION_BINS = 10
 
 
@@ -114,17 +115,24 @@ OVERFIT_NATS_PER_STEP = 0.5
 BEHAVIOR_FIT_OVERFITS = "behavior_fit_overfits"
 
 
-def overfit_warnings(in_sample: float, heldout: float | None) -> tuple[dict, ...]:
-    """A warning where the held-out mean log-likelihood is more than OVERFIT_NATS_PER_STEP
-    below the in-sample one."""
+def overfit_message(in_sample: float, heldout: float | None) -> str | None:
+    """What to say where the held-out mean log-likelihood is more than
+    OVERFIT_NATS_PER_STEP below the in-sample one; None otherwise."""
     if heldout is None or not in_sample - heldout > OVERFIT_NATS_PER_STEP:
-        return ()
-    message = (
+        return None
+    return (
         f"the model scores {heldout:.3g} nats per step on the held-out fifth of the episodes "
         f"against {in_sample:.3g} on the episodes it was fitted on: it overfits them, its "
         "probabilities of the logged actions are too high there, and weights made with it "
         "would be off; prefer a simpler model (tabular, linear_softmax) or more episodes."
     )
+
+
+def overfit_warnings(in_sample: float, heldout: float | None) -> tuple[dict, ...]:
+    """A warning where the model overfits (``overfit_message``)."""
+    message = overfit_message(in_sample, heldout)
+    if message is None:
+        return ()
     return ({"code": BEHAVIOR_FIT_OVERFITS, "message": message, "policy": None},)
 
 
@@ -196,9 +204,7 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     arrays = fitted.fit()
     stopped_short = fitted.stopped_short  # the written fit's, before the held-out one's
     total, steps = fitted.log_likelihood(arrays)
-    heldout_total, heldout_steps = 0.0, 0
-    if 0 < collected.fold_episodes[0] < collected.episodes:  # else nothing to fit or score
-        heldout_total, heldout_steps = fitted.log_likelihood(fitted.fit(exclude=0), 0)
+    heldout_total, heldout_steps = heldout_log_likelihood(collected)
     write_checkpoint(config.out, model, arrays)
     heldout = heldout_total / heldout_steps if heldout_steps else None
     logged, logged_note = None, None

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from ope_cli.results import PolicyResult
 
 
+HOLDOUT_FOLDS = 5  # fold 0 of 5 (about 20% of the episodes) is held out
+# the models whose in-sample fits evaluate also scores on held-out episodes: the flexible
+# one (mlp_softmax on 600 bandit episodes: every IS interval 28% low, without a word)
+HELD_OUT_MODELS = ("mlp_softmax",)
+
+
 def make_model(name: str, folds: int = 1) -> BehaviorModel:
     """An empty model of ``name`` over ``folds`` folds of episodes."""
     if name == "tabular":
@@ -204,7 +210,12 @@ def fit_behavior(
     fold of episodes (by id hash) gets the model fitted on the others. ``collectives``:
     the (gather, check_all) of a multi-process run, None in one process. Raises OpeError."""
     started = time.perf_counter()
-    collected = collect_all(make_model(model, folds), episodes, folds, collectives)
+    # an in-sample mlp fit is also scored on held-out episodes (its fit on every step does
+    # not depend on the folds the steps are in): it can overfit them without a word
+    held_out = folds == 1 and model in HELD_OUT_MODELS
+    kept = HOLDOUT_FOLDS if held_out else folds
+    collected = collect_all(make_model(model, kept), episodes, kept, collectives)
+    heldout = None
     if folds > 1:
         policy, total, floored = cross_fitted_policy(model, collected, folds, min_propensity)
     else:
@@ -212,6 +223,9 @@ def fit_behavior(
         policy = estimated_policy(model, arrays, min_propensity)
         total = collected.model.log_likelihood(arrays)[0]
         floored = collected.model.floored(arrays, None, min_propensity)
+        if held_out:
+            heldout_total, heldout_steps = heldout_log_likelihood(collected)
+            heldout = heldout_total / heldout_steps if heldout_steps else None
     floors = model in DISCRETE_MODELS  # densities of continuous actions are not floored
     fit = BehaviorFit(
         model=model,
@@ -223,8 +237,17 @@ def fit_behavior(
         seconds=time.perf_counter() - started,
         cross_fit=folds,
         stopped_short=collected.model.stopped_short,
+        heldout_mean_log_likelihood=heldout,
     )
     return EstimatedBehavior(policy, fit)
+
+
+def heldout_log_likelihood(collected: Collected) -> tuple[float, int]:
+    """(log-likelihood, steps) of fold 0's steps under the model fitted on the other folds;
+    (0, 0) where fold 0 or the rest has no episode."""
+    if not 0 < collected.fold_episodes[0] < collected.episodes:
+        return 0.0, 0
+    return collected.model.log_likelihood(collected.model.fit(exclude=0), 0)
 
 
 def with_logged_comparison(
