@@ -408,13 +408,19 @@ def test_weight_warnings_never_round_onto_their_thresholds():
         (1.945, 1994.0, "1.95, 31 standard errors above 1"),  # a fitted model off: inside [0.5, 2]
         (1.104, 116.0, None),  # the right propensities, heavy weights: 1.1 standard errors
         (1.04, 3000.0, None),  # 5 standard errors, but within 5% of 1
-        (0.8, 3990.0, None),  # below 1: heavy tails pull the mean down with too small an error
+        # below 1 with light tails (ESS 99.75%): probability where the logs have none
+        (0.8, 3990.0, "0.8, 320 standard errors below 1 (its expected value when the beh"),
+        (0.8, 400.0, None),  # below 1, heavy tails (ESS 10%) pull the mean down: 5.3 errors
+        (0.97, 3990.0, None),  # 47 standard errors below 1, but within 5% of 1
     ],
 )
-def test_a_mean_weight_many_standard_errors_above_one_is_warned_of(mean, ess, warned):
+def test_a_mean_weight_many_standard_errors_off_one_is_warned_of(mean, ess, warned):
     """The mean weight's warning also fires inside [0.5, 2] where the mean is more than 4
     of its standard errors (from the ESS) and 5% above 1: a behavior model missing the
-    behavior's spread gave 1.945 +- 0.031 and was not warned of."""
+    behavior's spread gave 1.945 +- 0.031 and was not warned of. Below 1 too where the
+    weights are light-tailed (an ESS of half the episodes or more), so that heavy tails
+    cannot be what pulls the mean down: a policy putting 60% on an action never logged in
+    a state gave IS 0.283 +- 0.005 (truth 0.59), mean weight 0.69, ESS 97%, unwarned."""
     from ope_cli.estimation.stats import Diagnostics
     from ope_cli.report.warnings import policy_warnings
     from ope_cli.results import PolicyResult
@@ -427,6 +433,12 @@ def test_a_mean_weight_many_standard_errors_above_one_is_warned_of(mean, ess, wa
         assert "mean_weight_far_from_one" not in codes
     else:
         assert f"the mean weight is {warned}" in codes["mean_weight_far_from_one"]
+        below = "light-tailed (an effective sample size of 99.8% of the episodes), which rul"
+        assert (below in codes["mean_weight_far_from_one"]) == (mean < 1)
+        assert (
+            "may put about 20% of its probability where the logs have (almost) none"
+            in (codes["mean_weight_far_from_one"])
+        ) == (mean < 1)
 
 
 def test_the_mean_weight_above_one_by_where_the_propensities_come_from(result):
@@ -581,3 +593,5 @@ def test_a_mean_weight_above_one_without_spread_is_warned(result):
         " ".join(message.split())
     )
     assert warned(1.0) == [] and warned(1.01) == []  # 1.01: within the 5% the rule allows
+    (below,) = warned(0.8)  # every weight 0.8: probability where the logs have none
+    assert "the mean weight is 0.8, below 1 in every episode alike" in " ".join(below.split())

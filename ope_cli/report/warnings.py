@@ -39,6 +39,12 @@ MEAN_WEIGHT_RANGE = (0.5, 2.0)  # the mean weight is 1 in expectation when prope
 # of every environment: at most 1.4; a fitted model missing the behavior's spread: 1.945,
 # 31, inside MEAN_WEIGHT_RANGE)
 MEAN_WEIGHT_ABOVE = (4.0, 1.05)
+# ... or this many standard errors below 1, and 5% or more, with light tails (an effective
+# sample size of at least this share of the episodes, where heavy tails cannot be what
+# pulls it down): the policy puts probability where the logs have (almost) none, whose
+# value no importance weight sees (an action never logged in a state: IS 0.283 +- 0.005,
+# mean weight 0.69, ESS 97%, where the truth is 0.59, with nothing said)
+MEAN_WEIGHT_BELOW = (4.0, 0.95, 0.5)
 # The discount matters once an episode has a second step: a return then sums rewards at
 # different times, and gamma = 1 weighs the last as much as the first.
 GAMMA_MATTERS_FROM_STEPS = 2
@@ -336,12 +342,35 @@ def mean_weight_off(d, episodes: int, propensities: str = "given") -> str | None
     if not low <= d.mean_weight <= high:
         return "far from 1"
     above = _standard_errors_above_one(d.mean_weight, d.ess, episodes)
+    if above is None:
+        return None
+    if above < 0:
+        return _below_one(d, -above)
     bar = MEAN_WEIGHT_ABOVE_OUT_OF_FOLD if propensities == "out_of_fold" else MEAN_WEIGHT_ABOVE
-    if above is None or above <= bar[0] or d.mean_weight < bar[1]:
+    if above <= bar[0] or d.mean_weight < bar[1]:
         return None
     if math.isinf(above):
         return "above 1 in every episode alike (the weights have no spread)"
-    return f"{significant(above, 2, limit=bar[0])} standard errors above 1"
+    return f"{_errors(above, bar[0])} standard errors above 1"
+
+
+def _errors(count: float, limit: float) -> str:
+    """A count of standard errors to 2 significant digits, never rounded onto ``limit``,
+    written out from 100 on (320 and 7,400, not 3.2e+02 and 7.4e+03)."""
+    if float(format(count, ".2g")) < 100:
+        return significant(count, 2, limit=limit)
+    return f"{round(count, 1 - math.floor(math.log10(count))):,.0f}"
+
+
+def _below_one(d, below: float) -> str | None:
+    """How a mean weight ``below`` of its standard errors under 1 is off, where MEAN_WEIGHT_BELOW
+    says so (light tails), else None."""
+    bar, at_most, light = MEAN_WEIGHT_BELOW
+    if below <= bar or d.mean_weight > at_most or not (d.ess_fraction or 0.0) >= light:
+        return None
+    if math.isinf(below):
+        return "below 1 in every episode alike (the weights have no spread)"
+    return f"{_errors(below, bar)} standard errors below 1"
 
 
 def propensity_source(result: EvaluationResult) -> str:
@@ -388,6 +417,15 @@ def _mean_weight_warnings(
     also = ""
     if not low <= d.mean_weight <= high:  # outside the range, heavy tails can also cause it
         also = "; with very heavy-tailed weights, too few episodes can also cause it"
+    elif d.mean_weight < 1.0:  # below 1 with light tails (``_below_one``)
+        also = (
+            f"; the weights are light-tailed (an effective sample size of "
+            f"{significant(100 * d.ess_fraction, 3)}% of the episodes), which rules out heavy "
+            f"tails as the cause, and the policy may put about "
+            f"{significant(100 * (1.0 - d.mean_weight), 2)}% of its probability where the "
+            "logs have (almost) none (actions the behavior never or rarely takes there), "
+            "whose value no importance-weighted estimate sees"
+        )
     return [
         warn(
             MEAN_WEIGHT_OFF,
@@ -407,9 +445,9 @@ def _standard_errors_above_one(mean: float, ess: float | None, episodes: int) ->
     spread = mean * math.sqrt(max(episodes / ess - 1.0, 0.0) / (episodes - 1))
     if spread > 0:
         return (mean - 1.0) / spread
-    # every weight the same: a mean above 1 is exact, not noise (200 weights of 1.5 were
+    # every weight the same: a mean off 1 is exact, not noise (200 weights of 1.5 were
     # not warned of, where 1.5 +- 0.001 were: 7,400 standard errors above 1)
-    return math.inf if mean > 1.0 else None
+    return math.inf if mean > 1.0 else -math.inf if mean < 1.0 else None
 
 
 def gamma_warning(result: EvaluationResult) -> Warning | None:
