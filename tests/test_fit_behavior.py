@@ -41,7 +41,11 @@ from ope_cli.models.behavior_models.fitting import estimated_policy
 from ope_cli.models.behavior_models.gaussian import LinearGaussianModel
 from ope_cli.models.behavior_models.tabular import SMOOTHING, TabularModel
 from ope_cli.report.fit import render_table as render_fit_table
-from ope_cli.report.warnings import BEHAVIOR_GAP_STANDARD_ERRORS, ESTIMATED_BEHAVIOR_OFF
+from ope_cli.report.warnings import (
+    BEHAVIOR_GAP_STANDARD_ERRORS,
+    BETTING_FITTED_BEHAVIOR,
+    ESTIMATED_BEHAVIOR_OFF,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 # one bucket for every chain episode: every run of this module compiles a handful of shapes
@@ -658,6 +662,24 @@ def test_estimate_table_footer(chain_runs):
     assert "mean log-likelihood" in text
     assert "raised to it" in text
     assert "mean trajectory weight of" in text and "with the logged column 'behavior_prob'" in text
+
+
+def test_betting_on_an_estimated_behavior_says_so_in_every_format(generated):
+    """Betting intervals on fitted behavior probabilities hold only as far as the fit
+    does: the table's intervals line said so, while JSON had it only in
+    confidence.method and CSV nowhere (normal intervals are warned of in every format).
+    It is a warning of the run now, once in the table (its intervals line)."""
+    out = generated["chain"]
+    run = _evaluation(
+        out / "nob.parquet", _policies(out), behavior="estimate", ci="betting", gamma=0.9
+    )
+    (warning,) = [w for w in run.to_dict()["warnings"] if w["code"] == BETTING_FITTED_BEHAVIOR]
+    assert warning["message"].startswith(
+        "betting intervals: their finite-sample guarantee assumes the true behavior "
+        "probabilities; --behavior estimate fitted them (tabular)"
+    )
+    assert f"{BETTING_FITTED_BEHAVIOR}: betting intervals: their finite" in shown(run, "csv")
+    assert " ".join(shown(run, "table").split()).count("holds only as far as the fit") == 1
 
 
 def test_min_propensity_floors_and_counts(generated, chain_runs):

@@ -28,6 +28,7 @@ from ope_cli.report.formatting import (
 )
 from ope_cli.report.warnings import (
     ASYMPTOTIC_INTERVALS,
+    BETTING_FITTED_BEHAVIOR,
     DROPPED,
     ESS_FRACTION_WARNING,
     MAX_SHARE_WARNING,
@@ -434,6 +435,8 @@ def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]
     labels = {p.policy: p.shown for p in result.results}
     for warning in run_warnings(result, ranks, rank_by):
         if warning.code == ASYMPTOTIC_INTERVALS and result.confidence.interval != "betting":
+            continue  # the "intervals:" line says it
+        if warning.code == BETTING_FITTED_BEHAVIOR:
             continue  # the "intervals:" line says it
         if warning.code == DROPPED:
             continue  # the line under the tables says it

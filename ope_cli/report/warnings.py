@@ -52,6 +52,7 @@ GAMMA_MATTERS_FROM_STEPS = 2
 # Codes of run-wide warnings (policy None) and of per-policy ones.
 GAMMA_REPLACED = "gamma_not_the_data_s"  # --gamma other than the discount the data declares
 ASYMPTOTIC_INTERVALS = "asymptotic_intervals"
+BETTING_FITTED_BEHAVIOR = "betting_with_estimated_behavior"
 FLOORED_PROPENSITIES = "floored_propensities"
 NO_WEIGHT = "all_weights_zero"
 ACTIONS_UNCHECKED = "actions_unchecked"
@@ -508,6 +509,21 @@ def asymptotic_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def fitted_betting_warning(result: EvaluationResult) -> Warning | None:
+    """Betting intervals on behavior probabilities fitted in the run: their finite-sample
+    guarantee assumes the true ones (the table's intervals line said so; JSON and CSV
+    only in ``confidence.method``, where normal intervals are warned of in every format)."""
+    fit = result.behavior.fit if result.behavior is not None else None
+    if fit is None or result.confidence.interval != "betting":
+        return None
+    return Warning(
+        BETTING_FITTED_BEHAVIOR,
+        "betting intervals: their finite-sample guarantee assumes the true behavior "
+        f"probabilities; --behavior estimate fitted them ({fit.model}), so it holds only as "
+        "far as the fit does.",
+    )
+
+
 def floored_warning(result: EvaluationResult) -> Warning | None:
     """--behavior estimate raised estimated probabilities to --min-propensity."""
     fit = result.behavior.fit if result.behavior is not None else None
@@ -761,6 +777,7 @@ def run_warnings(
         behavior_overfit_warning(result),
         float32_warning(result),
         asymptotic_warning(result),
+        fitted_betting_warning(result),
         fitted_q_warning(result),
         best_set_warning(result),
     ]
