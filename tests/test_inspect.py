@@ -4,6 +4,7 @@ and the same verdict per episode, as ``ope evaluate --on-invalid drop``."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tracemalloc
@@ -25,6 +26,7 @@ from datasets import (
 from rich.console import Console
 
 from ope_cli.config import ColumnMapping
+from ope_cli.data.validate import REASONS
 from ope_cli.errors import DataError
 from ope_cli.inspection import InspectConfig, inspect
 from ope_cli.report.inspect import render_table, to_json, to_json_dict
@@ -170,6 +172,23 @@ def test_every_problem_is_listed_with_counts(messy):
     for problem in report.problems:
         if problem.reason != "file_error":
             assert problem.file.endswith(".parquet") and problem.episode is not None
+
+
+def test_problems_are_listed_in_one_order_for_any_batch_size(messy):
+    """The problems came in the order they were found, which follows the batch cuts:
+    --read-rows 3 listed the same problems in another order than the default. They are
+    listed in the order of the checks, as are their counts and first places."""
+    root, _, policy, _ = messy
+
+    def listed(rows: int) -> list:
+        config = InspectConfig(str(root / "logs"), policies=(str(policy),), read_rows=rows)
+        return [dataclasses.astuple(p) for p in inspect(config).problems]
+
+    default = listed(1 << 20)
+    assert len(default) > 3
+    assert [p[0] for p in default] == sorted((p[0] for p in default), key=REASONS.index)
+    for rows in (3, 16):
+        assert listed(rows) == default
 
 
 def test_inspect_and_drop_agree(messy):
