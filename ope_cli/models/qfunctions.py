@@ -26,6 +26,7 @@ from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.models.policies import (
     Policy,
     action_log_probs,
+    check_probability_sums,
     check_size,
     checked_array,
     expand,
@@ -33,7 +34,6 @@ from ope_cli.models.policies import (
     is_checkpoint,
     mlp_forward,
     mlp_layers,
-    probability_sum_off,
     read_archive,
     refuse_unread,
     text,
@@ -517,15 +517,14 @@ def _check_probabilities_over(q: QFunction, policy: Policy, chunk) -> None:
     (``probability_sum_off``): V-hat = sum_a pi(a|s) Q(s, a) is then over other actions
     than the policy's (an entry point of 3 actions, which clamps a larger one to its last,
     with a Q of 5: dr 919 where the truth is 4.5, said nowhere)."""
-    off = probability_sum_off(policy, chunk, q.n_actions)
-    if off is not None:
-        (episode, step), total = chunk.locate(off[0]), off[1]
-        raise PolicyError(
-            f"policy {policy.name}'s probabilities over Q function {q.name}'s {q.n_actions} "
-            f"actions sum to {total:.6g} at episode {episode}, step {step}, not 1: "
-            "the Q function has another number of actions than the policy (declare the "
-            "policy's n_actions to have them compared)"
-        )
+    check_probability_sums(
+        policy,
+        chunk,
+        q.n_actions,
+        f"Q function {q.name}'s {q.n_actions} actions",
+        "the Q function has another number of actions than the policy (declare the "
+        "policy's n_actions to have them compared)",
+    )
 
 
 def _size_checks(q: QFunction, chunk, check):

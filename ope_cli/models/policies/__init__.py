@@ -33,8 +33,8 @@ from ope_cli.models.policies.checkpoints import (
 )
 from ope_cli.models.policies.checks import (
     check_against_schema,
+    check_probability_sums,
     chunk_checks,
-    probability_sum_off,
 )
 from ope_cli.models.policies.entry_points import import_entry_point, load_entry_point
 from ope_cli.models.policies.functions import (
@@ -205,7 +205,7 @@ __all__ = [
     "checked_array",
     "checkpoint_policy",
     "chunk_checks",
-    "probability_sum_off",
+    "check_probability_sums",
     "expand",
     "import_entry_point",
     "is_checkpoint",

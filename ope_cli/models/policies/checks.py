@@ -146,13 +146,25 @@ def _check_normalised(policy: Policy, chunk) -> None:
     sum to 1 at the chunk's first steps: a log_prob of unnormalised logits (or of a
     softmax over some of the actions) gives weights without a word where every value is
     a log-probability below 0 (checkpoints are normalised by construction)."""
-    off = probability_sum_off(policy, chunk, policy.n_actions)
+    check_probability_sums(
+        policy,
+        chunk,
+        policy.n_actions,
+        f"its {policy.n_actions} actions",
+        "log_prob must return normalised log-probabilities (jax.nn.log_softmax of the "
+        "logits, over every action)",
+    )
+
+
+def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why: str) -> None:
+    """A PolicyError, saying ``why``, where the policy's probabilities over actions
+    0..n_actions-1 (``over``, in words) do not sum to 1 (``probability_sum_off``)."""
+    off = probability_sum_off(policy, chunk, n_actions)
     if off is not None:
         (episode, step), total = chunk.locate(off[0]), off[1]
         raise PolicyError(
-            f"policy {policy.name}'s probabilities over its {policy.n_actions} actions sum to "
-            f"{total:.6g} at episode {episode}, step {step}, not 1: log_prob must return "
-            "normalised log-probabilities (jax.nn.log_softmax of the logits, over every action)"
+            f"policy {policy.name}'s probabilities over {over} sum to {total:.6g} at episode "
+            f"{episode}, step {step}, not 1: {why}"
         )
 
 
