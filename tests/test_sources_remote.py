@@ -88,6 +88,54 @@ def test_files_directories_and_globs_resolve_as_locally(s3, local):
     assert len(everything) == 1 + 4 + 2
 
 
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "many/part-0000[!2].parquet",  # read as a regular expression: "! or 2"
+        "many/part-0000[^2].parquet",  # in a glob, ^ is itself
+        "many/*",  # not the hidden .part-0.crc (read on S3), the _SUCCESS file yes
+        "many/.*",  # hidden files where the glob names them
+        "**/*.parquet",
+        "many/part-0000[0-1].parquet",
+    ],
+)
+def test_globs_match_the_files_they_match_locally(s3, local, pattern):
+    """A glob picks the same files at s3:// as on disk, as Python's glob reads it: with
+    [!2] S3 read one file where the disk gave three (WIS 1.4635 against 1.4757, exit 0),
+    and *.parquet read a hidden file's episodes too."""
+    remote_files, _ = resolve_files(f"s3://{BUCKET}/{pattern}")
+    local_files, _ = resolve_files(f"{local}/{pattern}")
+    assert [f.split(f"s3://{BUCKET}/", 1)[1] for f in remote_files] == [
+        os.path.relpath(f, local) for f in local_files
+    ]
+
+
+def test_truth_checks_a_checkpoint_at_a_uri_and_reads_a_truth_at_one(s3, local, tmp_path):
+    """--truth matched an s3:// checkpoint by file name without comparing its sha256 (it
+    compared local files only): another dataset's truth scored it, exit 0. A truth.json
+    at an s3:// URI was read as a mangled local path ("s3:/logs/...")."""
+    import hashlib
+    import json
+
+    from ope_cli.choosing.selection import read_truth
+
+    policy = f"s3://{BUCKET}/pi.npz"
+    digest = hashlib.sha256((local / "pi.npz").read_bytes()).hexdigest()
+
+    def truth(sha: str) -> dict:
+        return {"policies": [{"policy": "policies/pi.npz", "value": 1.5, "sha256": sha}]}
+
+    with pytest.raises(UsageError, match="records another sha256"):
+        read_truth(truth("0" * 64), [policy])
+    assert read_truth(truth(digest), [policy]) == {policy: 1.5}
+    filesystem = pafs.S3FileSystem(endpoint_override=s3, region="us-east-1")
+    with filesystem.open_output_stream(f"{BUCKET}/truth.json") as out:
+        out.write(json.dumps(truth(digest)).encode())
+    assert read_truth(f"s3://{BUCKET}/truth.json", [policy]) == {policy: 1.5}
+    with pytest.raises(UsageError, match=f"--truth s3://{BUCKET}/none.json: "):
+        read_truth(f"s3://{BUCKET}/none.json", [policy])
+
+
 def test_shares_balance_by_the_stored_sizes(s3, local):
     files, _ = resolve_files(f"s3://{BUCKET}/many")
     local_files, _ = resolve_files(str(local / "many"))

@@ -29,6 +29,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+import ope_cli.data.sources.remote as remote
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators.logspace import finite
 from ope_cli.estimation.intervals import MIN_VALID_REPLICATES
@@ -49,16 +50,22 @@ def _load_truth(source: str | Path | Mapping) -> tuple[Mapping, Path | None]:
     """The truth document and the folder its relative paths start from (None: a mapping)."""
     if isinstance(source, Mapping):
         return source, None
-    path = Path(source)
+    text = str(source)
+    local = remote.local_path(text) if remote.is_uri(text) else text
+    path = None if local is None else Path(local)
     try:
-        document = json.loads(path.read_text())
+        raw = remote.read_bytes(text, UsageError) if path is None else path.read_bytes()
+        document = json.loads(raw.decode())
     except OSError as error:
-        raise UsageError(f"--truth {path}: cannot read it ({error.strerror or error})") from None
+        raise UsageError(f"--truth {text}: cannot read it ({error.strerror or error})") from None
+    except UsageError as error:  # at a URI: "URI: no such file", "URI: cannot read: ..."
+        raise UsageError(f"--truth {error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"--truth {path}: not valid JSON ({error})") from None
+        raise UsageError(f"--truth {text}: not valid JSON ({error})") from None
     if not isinstance(document, Mapping):
-        raise UsageError(f"--truth {path}: expected a JSON object, got {type(document).__name__}")
-    return document, path.parent
+        raise UsageError(f"--truth {text}: expected a JSON object, got {type(document).__name__}")
+    # a truth.json at a URI names its policies by file name (or as given), not by path
+    return document, None if path is None else path.parent
 
 
 def check_truth_gamma(source: str | Path | Mapping, gamma: float, gamma_source: str) -> None:
@@ -196,14 +203,29 @@ def _match(
     return found[0] if found else None
 
 
+def _checkpoint_bytes(policy: str) -> bytes | None:
+    """The file a --policy names, at a path or a URI (an s3:// checkpoint was not
+    compared, and another dataset's truth scored it without a word); None where it names
+    no file (an entry point)."""
+    local = remote.local_path(policy) if remote.is_uri(policy) else policy
+    if local is not None:
+        path = Path(local)
+        return path.read_bytes() if path.is_file() else None
+    try:
+        return remote.read_bytes(policy, UsageError)
+    except UsageError:
+        return None  # the policy's own loading says why it cannot be read
+
+
 def _check_checkpoint(entry: Mapping, policy: str) -> None:
     """UsageError when truth.json's entry records the sha256 of its checkpoint and the
     matched --policy file is another one (a truth.json of another ``ope generate`` run,
     matched by file name, would give every policy a wrong true value without a word)."""
-    digest, path = entry.get("sha256"), Path(policy)
-    if not isinstance(digest, str) or not path.is_file():
+    digest = entry.get("sha256")
+    content = _checkpoint_bytes(policy) if isinstance(digest, str) else None
+    if content is None:
         return
-    if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+    if hashlib.sha256(content).hexdigest() != digest:
         raise UsageError(
             f"--truth gives the value of another checkpoint than {policy} (its entry "
             f"{entry['policy']!r} records another sha256): the truth.json of another dataset?"

@@ -120,7 +120,10 @@ def locate(uri: str, error: type[OpeError] = DataError) -> Location:
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
-    """A glob (``*`` and ``?`` within one path segment, ``**`` across segments)."""
+    """A glob as Python's ``glob`` reads it on local files: ``*`` and ``?`` within one path
+    segment, ``**`` across segments, ``[...]`` a set of characters (``[!...]`` its
+    complement; ``^`` and ``\\`` in it are themselves), never ``/`` (``[!2]`` read as
+    a regular expression's "! or 2" picked other files on S3 than on disk)."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
@@ -136,17 +139,33 @@ def _glob_regex(pattern: str) -> re.Pattern:
             out.append("[^/]")
             i += 1
         elif pattern[i] == "[":
-            end = pattern.find("]", i + 1)
+            start = i + 1 + pattern.startswith("!", i + 1)
+            end = pattern.find("]", start + 1)  # a "]" first in the set is itself
             if end < 0:
                 out.append(re.escape("["))
                 i += 1
             else:
-                out.append(pattern[i : end + 1])
+                chars = pattern[start:end].replace("\\", "\\\\").replace("^", "\\^")
+                negated = pattern[i + 1] == "!"
+                out.append(f"[^/{chars}]" if negated else f"(?!/)[{chars}]")
                 i = end + 1
         else:
             out.append(re.escape(pattern[i]))
             i += 1
     return re.compile("".join(out) + r"\Z")
+
+
+def _hidden_shown(pattern: str) -> bool:
+    """Whether a glob names hidden entries itself (a segment starting with ``.``), as
+    Python's ``glob`` requires to match them."""
+    return any(part.startswith(".") for part in pattern.split("/"))
+
+
+def _not_hidden(path: str, base: str) -> bool:
+    """Whether no entry below ``base`` on ``path`` is hidden (starts with ``.``): a glob's
+    ``*`` skips them on local files (``*.parquet`` read ``.a.parquet`` too on S3)."""
+    relative = path[len(base) :].lstrip("/")
+    return not any(part.startswith(".") for part in relative.split("/"))
 
 
 def _visible(path: str, base: str) -> bool:
@@ -173,8 +192,13 @@ def resolve(source: str) -> tuple[list[str], str | None]:
             infos = _listing(location, base)
         except _ERRORS as failure:
             raise DataError(f"{source}: cannot list: {first_line(failure)}") from None
+        shown = _hidden_shown(source[len(static) + 1 :])
         files = sorted(
-            i.path for i in infos if i.type == pafs.FileType.File and pattern.match(i.path)
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.File
+            and pattern.match(i.path)
+            and (shown or _not_hidden(i.path, base))
         )
         if not files:
             raise DataError(f"{source}: no files match this pattern")
