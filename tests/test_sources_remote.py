@@ -171,6 +171,30 @@ def test_convert_reads_and_writes_object_storage(s3, local):
     assert_same_evaluation(first, second)
 
 
+def test_convert_to_object_storage_keeps_an_existing_file_and_leaves_no_partial_one(s3, local):
+    """At an s3:// output, convert replaced an existing file without --overwrite, and a
+    failed conversion left a truncated file that read as valid data (1,237 episodes of a
+    larger source): as locally, the file is refused, and a failure leaves nothing."""
+    filesystem = pafs.S3FileSystem(endpoint_override=s3, region="us-east-1")
+    out = f"s3://{BUCKET}/kept/steps.parquet"
+    convert(ConvertConfig(f"s3://{BUCKET}/many", out))
+    before = remote.read_bytes(out)
+    with pytest.raises(UsageError, match="already exists"):
+        convert(ConvertConfig(f"s3://{BUCKET}/one", out))
+    assert remote.read_bytes(out) == before
+    for name in ("a", "b"):  # the same episodes twice: refused when the second file comes
+        pafs.copy_files(
+            str(local / "one" / "steps.parquet"),
+            f"{BUCKET}/twice/{name}.parquet",
+            destination_filesystem=filesystem,
+        )
+    with pytest.raises(ope_cli.errors.DataError):
+        convert(ConvertConfig(f"s3://{BUCKET}/twice", out, overwrite=True, read_rows=4))
+    assert remote.read_bytes(out) == before
+    listed = filesystem.get_file_info(pafs.FileSelector(f"{BUCKET}/kept"))
+    assert [info.base_name for info in listed] == ["steps.parquet"]  # no partial file
+
+
 def test_file_uris_are_local_paths(local):
     inspection = ope_cli.inspect(f"file://{local / 'many'}")
     assert inspection.ok  # ope inspect exits 0

@@ -13,6 +13,7 @@ values repeated, and ``episode_id`` (the row number when absent) and ``step`` ad
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import ope_cli.data.sources.remote as remote
@@ -369,8 +371,10 @@ PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 class _Target:
-    """Where the Parquet file is written: a temporary name beside a local ``out``, renamed
-    when complete (so a failed conversion leaves no partial file), or a URI."""
+    """Where the Parquet file is written: a temporary name beside ``out`` (a local path or
+    a URI), moved to ``out`` when complete, so a failed conversion leaves no partial file
+    (at an s3:// URI it left a truncated, valid file, and replaced one without
+    --overwrite)."""
 
     def __init__(self, out: str, overwrite: bool):
         self.out = out
@@ -379,7 +383,16 @@ class _Target:
             raise UsageError(f"{out}: name a Parquet file ({', '.join(PARQUET_SUFFIXES)})")
         if remote.is_uri(out) and remote.local_path(out) is None:
             location = remote.locate(out, UsageError)
-            self.filesystem, self.path = location.filesystem, location.path
+            self.filesystem, self.final = location.filesystem, location.path
+            self.path = f"{self.final}.partial-{os.getpid()}"
+            try:
+                found = self.filesystem.get_file_info(self.final).type
+            except (OSError, pa.ArrowException) as error:
+                raise UsageError(f"{out}: cannot write: {first_line(error)}") from None
+            if found == pafs.FileType.Directory:
+                raise UsageError(f"{out}: is a directory; name the Parquet file to write")
+            if found == pafs.FileType.File and not overwrite:
+                raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
         else:
             out = remote.local_path(out) or out
             self.final = out
@@ -403,10 +416,20 @@ class _Target:
     def commit(self) -> None:
         if self.filesystem is None:
             os.replace(self.path, self.final)
+            return
+        try:
+            self.filesystem.move(self.path, self.final)
+        except (OSError, pa.ArrowException) as error:
+            self.abandon()
+            raise UsageError(f"{self.out}: cannot write: {first_line(error)}") from None
 
     def abandon(self) -> None:
-        if self.filesystem is None and os.path.exists(self.path):
-            os.remove(self.path)
+        if self.filesystem is None:
+            if os.path.exists(self.path):
+                os.remove(self.path)
+            return
+        with contextlib.suppress(OSError, pa.ArrowException):  # nothing written yet
+            self.filesystem.delete_file(self.path)
 
 
 def convert(config: ConvertConfig) -> ConvertResult:
