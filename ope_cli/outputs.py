@@ -18,3 +18,18 @@ def refuse_existing(paths: Iterable[str | Path], overwrite: bool) -> None:
         if found.exists() or found.is_symlink():
             kind = " (a directory)" if found.is_dir() else ""
             raise UsageError(f"{path}: already exists{kind} (pass --overwrite to replace it)")
+
+
+def check_checkpoint_out(out: str, overwrite: bool) -> None:
+    """UsageErrors for a checkpoint ``--out``: an ``.npz`` file in an existing local
+    directory (a URI was "no such directory"), not already there unless ``overwrite``."""
+    if not out.endswith(".npz"):
+        raise UsageError(f"--out must name an .npz file, got {out!r}")
+    if "://" in out:
+        raise UsageError(
+            f"--out {out}: checkpoints are written to a local path (copy it to object "
+            "storage after)"
+        )
+    if not Path(out).resolve().parent.is_dir():
+        raise UsageError(f"--out {out}: no such directory")
+    refuse_existing([out], overwrite)

@@ -386,6 +386,8 @@ def test_fit_behavior_bad_options_exit_2_with_one_line(ope_in_process, generated
     cases = [
         (["--out", tmp_path / "b.txt"], ".npz"),
         (["--out", tmp_path / "missing" / "b.npz"], "no such directory"),
+        # a URI said "no such directory"
+        (["--out", "s3://models/b.npz"], "checkpoints are written to a local path"),
         (["--out", tmp_path / "b.npz", "--model", "forest"], "unknown behavior model"),
     ]
     for extra, needle in cases:

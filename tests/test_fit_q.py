@@ -631,6 +631,8 @@ def test_model_names_and_defaults():
         # a repeated --policy kept the last one without a word
         (["-p", "other.npz"], 2, "--policy is given 2 times: ope fit-q fits one policy's Q"),
         (["--v-samples", "0"], 2, "--v-samples must be a positive number, got 0"),
+        # the last --out wins; a URI said "no such directory"
+        (["--out", "s3://models/q.npz"], 2, "checkpoints are written to a local path"),
     ],
 )
 def test_bad_options_in_process(data, ope_in_process, args, code, words):

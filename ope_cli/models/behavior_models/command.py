@@ -14,7 +14,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from ope_cli.models.behavior_models.fitting import (
     make_model,
 )
 from ope_cli.models.behavior_models.softmax import logits_of, stopped_short_message
-from ope_cli.outputs import refuse_existing
+from ope_cli.outputs import check_checkpoint_out
 
 CALIBRATION_BINS = 10
 
@@ -185,11 +184,7 @@ def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> No
 def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     """Fits, writes and measures the behavior model of ``config``. Raises OpeError."""
     started = time.perf_counter()
-    if not config.out.endswith(".npz"):
-        raise UsageError(f"--out must name an .npz file, got {config.out!r}")
-    if not Path(config.out).resolve().parent.is_dir():
-        raise UsageError(f"--out {config.out}: no such directory")
-    refuse_existing([config.out], config.overwrite)
+    check_checkpoint_out(config.out, config.overwrite)
     opened = open_episodes(
         # the propensity column, when the data has a usable one, to compare with
         DataConfig(config.data, config.columns, config.read_rows, behavior_column="if_usable")

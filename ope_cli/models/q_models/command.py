@@ -13,7 +13,6 @@ import functools
 import math
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from ope_cli.models.q_models.base import (
 )
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.models.qfunctions import provenance_arrays
-from ope_cli.outputs import refuse_existing
+from ope_cli.outputs import check_checkpoint_out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +89,7 @@ class FitQResult:
 
 def check_options(config: FitQConfig) -> None:
     """UsageErrors for values no data can make valid."""
-    if not config.out.endswith(".npz"):
-        raise UsageError(f"--out must name an .npz file, got {config.out!r}")
-    if not Path(config.out).resolve().parent.is_dir():
-        raise UsageError(f"--out {config.out}: no such directory")
-    refuse_existing([config.out], config.overwrite)
+    check_checkpoint_out(config.out, config.overwrite)
     if config.gamma is not None and not (
         math.isfinite(config.gamma) and 0.0 <= config.gamma <= 1.0
     ):
