@@ -25,6 +25,8 @@ def check_checkpoint_out(out: str, overwrite: bool) -> None:
     directory (a URI was "no such directory"), not already there unless ``overwrite``."""
     if not out.endswith(".npz"):
         raise UsageError(f"--out must name an .npz file, got {out!r}")
+    if out.lower().startswith("file://"):
+        raise UsageError(f"--out {out}: give the local path itself (without file://)")
     if "://" in out:
         raise UsageError(
             f"--out {out}: checkpoints are written to a local path (copy it to object "

@@ -265,6 +265,34 @@ def test_an_entry_point_whose_probabilities_do_not_sum_to_one_is_refused(entry_m
     assert np.isfinite(result.estimates["is"].value)
 
 
+def test_the_probability_sums_skip_invalid_observations(entry_module, tmp_path):
+    """A NaN observation in the first steps made the sum NaN, and the entry point was
+    refused (exit 4) where --on-invalid drop left the episode out before the check came."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    def log_prob(observation, action):
+        return jnp.log(jnp.asarray(0.25)) + 0.0 * observation[0]
+
+    log_prob.n_actions = 4
+    sys.modules[entry_module].quarter = log_prob
+    table = pq.read_table(Path(__file__).resolve().parent.parent / "examples/data/logs.parquet")
+    observations = table.column("observation").to_pylist()
+    observations[1] = [float("nan")] * len(observations[1])  # episode 0, step 1
+    column = table.schema.get_field_index("observation")
+    data = tmp_path / "nan.parquet"
+    pq.write_table(table.set_column(column, "observation", pa.array(observations)), data)
+    config = EvaluationConfig(
+        data=str(data), policies=(f"{entry_module}:quarter",), on_invalid="drop"
+    )
+    result = evaluate(config)
+    assert result.dataset.episodes_dropped == 1
+    assert np.isfinite(result.results[0].estimates["is"].value)
+
+
 @pytest.mark.parametrize("actions", [1, 4, 16, 17, 40])
 def test_log_softmax_at_equals_log_softmax_of_the_action(actions):
     """Action by action (few actions) or as one reduction (many): log softmax(logits)[a]

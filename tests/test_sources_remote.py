@@ -110,6 +110,25 @@ def test_globs_match_the_files_they_match_locally(s3, local, pattern):
     ]
 
 
+@pytest.mark.parametrize(
+    ("pattern", "names"),
+    [
+        ("b/[!]]x", ["b/a]x", "b/ax", "b/]x"]),  # "]" first in a set is itself
+        ("b/[]a]x", ["b/]x", "b/ax", "b/bx"]),
+        ("b/[^2]", ["b/^", "b/2", "b/3"]),
+        ("b/[a-c\\]", ["b/b", "b/d", "b/\\"]),
+        ("b/[!a]?", ["b/ab", "b/bb"]),  # (fnmatch lets ? match "/"; glob, per segment, not)
+    ],
+)
+def test_glob_sets_read_as_fnmatch_reads_them(pattern, names):
+    """Character sets of a glob at a URI as Python's glob (fnmatch) reads them."""
+    import fnmatch
+
+    regex = remote._glob_regex(pattern)
+    for name in names:
+        assert bool(regex.match(name)) == fnmatch.fnmatchcase(name, pattern), name
+
+
 def test_truth_checks_a_checkpoint_at_a_uri_and_reads_a_truth_at_one(s3, local, tmp_path):
     """--truth matched an s3:// checkpoint by file name without comparing its sha256 (it
     compared local files only): another dataset's truth scored it, exit 0. A truth.json

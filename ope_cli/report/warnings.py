@@ -446,12 +446,12 @@ def _mean_weight_warnings(
         also = "; with very heavy-tailed weights, too few episodes can also cause it"
     elif d.mean_weight < 1.0:  # below 1 with light tails (``_below_one``)
         also = (
-            f"; the weights are light-tailed (an effective sample size of "
-            f"{significant(100 * d.ess_fraction, 3)}% of the episodes), which rules out heavy "
-            f"tails as the cause, and the policy may put about "
+            f"; or, as the weights seen are light-tailed (an effective sample size of "
+            f"{significant(100 * d.ess_fraction, 3)}% of the episodes), the policy puts about "
             f"{significant(100 * (1.0 - d.mean_weight), 2)}% of its probability where the "
-            "logs have (almost) none (actions the behavior never or rarely takes there), "
-            "whose value no importance-weighted estimate sees"
+            "logs have (almost) none (actions the behavior never or rarely takes there, "
+            "whose large weights these episodes do not show), whose value no "
+            "importance-weighted estimate sees"
         )
     return [
         warn(

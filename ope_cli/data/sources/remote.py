@@ -145,7 +145,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
                 out.append(re.escape("["))
                 i += 1
             else:
-                chars = pattern[start:end].replace("\\", "\\\\").replace("^", "\\^")
+                chars = "".join(f"\\{c}" if c in "\\]^[" else c for c in pattern[start:end])
                 negated = pattern[i + 1] == "!"
                 out.append(f"[^/{chars}]" if negated else f"(?!/)[{chars}]")
                 i = end + 1

@@ -173,18 +173,35 @@ def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, flo
     over actions 0..n_actions-1 of pi(a|s) (as V-hat takes them, ``action_log_probs``) is
     not 1 within PROBABILITY_SUM_TOLERANCE; None where every one is, where the chunk has no
     observations, or where the policy's code fails here (the kernel reports its errors)."""
-    if chunk.observation is None or chunk.action.shape[0] == 0:
+    rows = _probed_rows(chunk)
+    if rows.size == 0:
         return None
+    # as many rows as the first chunk's, whatever is left out: one compilation
+    padded = np.concatenate([rows, np.repeat(rows[:1], PROBED_STEPS - rows.size)])
     try:
         try:
             probe = _probability_sums(policy.log_prob, n_actions)
         except TypeError:  # an entry point that is no hashable function: compiled here
             probe = _probability_sums.__wrapped__(policy.log_prob, n_actions)
-        totals = np.asarray(probe(policy.params, chunk.observation[:PROBED_STEPS]), np.float64)
+        totals = np.asarray(probe(policy.params, chunk.observation[padded]), np.float64)
     except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
         return None
+    totals = totals[: rows.size]
     off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
-    return (int(off[0]), float(totals[off[0]])) if off.size else None
+    return (int(rows[off[0]]), float(totals[off[0]])) if off.size else None
+
+
+def _probed_rows(chunk) -> np.ndarray:
+    """The chunk's first PROBED_STEPS steps with finite observations (a NaN observation is
+    invalid data, which --on-invalid drop leaves out and inspect lists: its probabilities'
+    sum of NaN refused the policy instead); none without observations."""
+    observation = chunk.observation
+    if observation is None or chunk.action.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    finite = np.ones(observation.shape[0], bool)
+    if observation.dtype.kind == "f":
+        finite = np.isfinite(observation.reshape(observation.shape[0], -1)).all(axis=1)
+    return np.flatnonzero(finite)[:PROBED_STEPS]
 
 
 @functools.cache  # compiled once per policy function and width, not at every chunk
