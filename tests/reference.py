@@ -21,7 +21,6 @@ DIAGNOSTICS = (
     "max_weight",
     "max_weight_share",
     "zero_weight_fraction",
-    "tail_index",
 )
 
 Episode = Mapping[str, np.ndarray]  # "log_target", "log_behavior", "reward" (+ "q", "v") [T]
@@ -162,8 +161,7 @@ def reference_estimates(episodes: Sequence[Episode], gamma: float) -> dict[str, 
 
     episodes: one mapping per episode with float64 "log_target", "log_behavior",
     "reward", each [T_i]. Returns {"is", "wis", "pdis", "wpdis", "ess", "ess_fraction",
-    "mean_weight", "max_weight", "max_weight_share", "zero_weight_fraction",
-    "tail_index"}; a value
+    "mean_weight", "max_weight", "max_weight_share", "zero_weight_fraction"}; a value
     that is not a finite float64 (overflow, 0/0) is None. A weight counts as zero when
     its log is -inf (a target probability of exactly 0), not when it merely underflows.
     """
@@ -192,20 +190,7 @@ def reference_estimates(episodes: Sequence[Episode], gamma: float) -> dict[str, 
     out["max_weight"] = _scaled(float(w.max()), m)
     out["max_weight_share"] = _ratio(float(w.max()), w_sum)
     out["zero_weight_fraction"] = float(np.mean(log_final == -np.inf))
-    out["tail_index"] = _hill(log_final + np.log(np.abs(ret)))
     return out
-
-
-def _hill(log_terms: np.ndarray) -> float | None:
-    """Hill's estimate of the tail index of the terms exp(log_terms) [n]: the mean log
-    excess of the M = min(n / 5, 3 sqrt(n), 255) largest over the (M + 1)-th; None where
-    M < 10 or fewer than M + 1 terms are non-zero."""
-    n = log_terms.size
-    m = int(min(n / 5, 3 * math.sqrt(n), 255))
-    largest = np.sort(log_terms)[::-1][: m + 1]
-    if m < 10 or not np.all(np.isfinite(largest)):
-        return None
-    return float(np.mean(largest[:m] - largest[m]))
 
 
 def _scaled_sem(values: np.ndarray, log_scale: float) -> float | None:

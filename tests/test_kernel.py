@@ -231,7 +231,7 @@ def test_assemble_lays_windows_side_by_side_and_shifts_lag_sums():
             replicate_step_sums={},
         )
 
-    scalar = ScalarStatistics({}, {}, {}, {}, np.zeros(1), np.zeros(1), np.zeros(1))
+    scalar = ScalarStatistics({}, {}, {}, {}, np.zeros(1), np.zeros(1))
     windows = [window(start) for start in range(0, length, width)]
     out = assemble(KernelOutput(windows, scalar, None, length))
 

@@ -543,31 +543,6 @@ def test_an_in_sample_behavior_fit_that_overfits_is_warned_of_in_every_format(re
     assert warned(-1.9)[0] == [] and warned(None)[0] == []
 
 
-def test_heavy_tailed_importance_weighted_returns_are_warned_of():
-    """On ope generate control (Pareto episode lengths), 200 episodes: IS 18.2 +- 2.9
-    where the truth is 30.9, an ESS of 88%, and no word but the interval method's; the
-    normal intervals covered about half the time. The IS terms' tail index (0.88 > 0.7)
-    says the sample mean and its standard error are unreliable; 0.6 says nothing."""
-    from ope_cli.estimation.stats import Diagnostics
-    from ope_cli.report.warnings import HEAVY_TAILED_TERMS, policy_warnings
-    from ope_cli.results import PolicyResult
-
-    def warned(index):
-        diagnostics = Diagnostics(175.4, 0.877, 0.985, 2.77, 0.014, 0.0, index)
-        found = policy_warnings(PolicyResult("pi", {}, diagnostics, None), 200)
-        return [w.message for w in found if w.code == HEAVY_TAILED_TERMS]
-
-    (message,) = warned(0.8782)
-    assert message.startswith(
-        "pi: the importance-weighted returns W G are heavy-tailed (tail index 0.88 over the "
-        "largest 40 of 200 episodes; above 0.7 a sample mean and its standard error are "
-        "unreliable)"
-    )
-    assert warned(0.6) == [] and warned(None) == []
-    (close,) = warned(0.7004)  # never rounded onto the threshold
-    assert "(tail index 0.7004 over" in close
-
-
 def test_a_zero_width_interval_from_underflow_says_so():
     """IS and PDIS of weights that all underflow print 0 +- 0: the warning says the values
     are below float64's range, not that the episodes show no spread."""

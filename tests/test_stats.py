@@ -685,37 +685,3 @@ def test_replicate_steps_merge_in_blocks_as_if_lengthened_first(monkeypatch, len
         got = {**merged.replicate_step_log_scales, **merged.replicate_step_sums}[name]
         assert got.shape[-1] == longest
         np.testing.assert_array_equal(got, expected, err_msg=name)
-
-
-# ------------------------------------------------------------------ tail index
-
-
-@pytest.mark.parametrize(("index", "low", "high"), [(0.25, 0.1, 0.4), (0.9, 0.7, 1.1)])
-def test_tail_index_of_pareto_terms(index, low, high):
-    """Hill's estimate over the largest 3 sqrt(n) of n = 2,000 Pareto terms (tail index
-    1 / alpha) lands near the index, from the kept largest logs alone; none for too few
-    episodes or non-zero terms."""
-    rng = np.random.default_rng(11)
-    terms = rng.uniform(size=2000) ** -index  # P(T > t) = t^(-1 / index)
-    largest = np.sort(np.log(terms))[::-1][: stats.TAIL_TERMS]
-    assert low < stats.tail_index(largest, 2000) < high
-    assert stats.tail_terms(2000) == 134
-    assert stats.tail_index(largest, 40) is None  # M = 8 < 10
-    zeros = np.concatenate([largest[:50], np.full(stats.TAIL_TERMS - 50, -np.inf)])
-    assert stats.tail_index(zeros, 2000) is None  # fewer than M + 1 non-zero terms
-
-
-def test_the_largest_terms_merge_in_any_order():
-    """The kept largest terms of a union are the largest of each part's, whatever the
-    order of the merges (batches, devices, processes)."""
-    rng = np.random.default_rng(12)
-    parts = [np.log(rng.pareto(1.0, size=n)) for n in (300, 5, 700)]
-
-    def kept(values):
-        padded = np.concatenate([values, np.full(stats.TAIL_TERMS, -np.inf)])
-        return np.sort(padded)[::-1][: stats.TAIL_TERMS]
-
-    a, b, c = (kept(p) for p in parts)
-    every = kept(np.concatenate(parts))
-    np.testing.assert_array_equal(stats._largest(stats._largest(a, b), c), every)
-    np.testing.assert_array_equal(stats._largest(c, stats._largest(b, a)), every)

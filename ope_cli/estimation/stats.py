@@ -27,7 +27,6 @@ from ope_cli.estimation.estimators.base import (
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
     STEP_BLOCK_CELLS,
-    TAIL_TERMS,
     BatchStatistics,
     Context,
     Grouped,
@@ -127,7 +126,6 @@ def init(
         replicate_step_sums={s.name: np.zeros((num_replicates, 0)) for s in steps},
         log_weight_histogram=np.zeros(HISTOGRAM_BINS + 2),
         betting_histogram=np.zeros((len(BETTING_VARIABLES), BETTING_BINS + 1 if betting else 0)),
-        largest_log_terms=np.full(TAIL_TERMS, -math.inf),
     )
 
 
@@ -420,15 +418,7 @@ def merge(a: Accumulator, b: Accumulator) -> Accumulator:
         replicate_step_sums=replicate_step[1],
         log_weight_histogram=a.log_weight_histogram + b.log_weight_histogram,
         betting_histogram=a.betting_histogram + b.betting_histogram,
-        largest_log_terms=_largest(a.largest_log_terms, b.largest_log_terms),
     )
-
-
-def _largest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The TAIL_TERMS largest of two descending [..., TAIL_TERMS] arrays, descending (the
-    same values in any order of merging)."""
-    both = np.concatenate([a, b], axis=-1)
-    return -np.sort(-both, axis=-1)[..., : a.shape[-1]]
 
 
 # --- final estimates ---------------------------------------------------------------------
@@ -455,7 +445,6 @@ class Diagnostics:
     max_weight: float | None
     max_weight_share: float | None
     zero_weight_fraction: float | None
-    tail_index: float | None = None
 
 
 def _estimate(
@@ -761,34 +750,7 @@ def diagnostics(acc: Accumulator) -> Diagnostics:
         max_weight=scaled(1.0, log_scale) if sum_w > 0 else 0.0,
         max_weight_share=finite(1.0 / sum_w) if sum_w > 0 else None,
         zero_weight_fraction=float(acc.total("zero_count") / n),
-        tail_index=tail_index(acc.largest_log_terms, int(n)),
     )
-
-
-# The tail index above which a sample mean of the terms and its standard error cannot be
-# trusted: above 1/2 their variance is infinite, and from 0.7 on the mean converges too
-# slowly for any sample size to help (Vehtari et al., "Pareto smoothed importance
-# sampling", whose k-hat this is, estimated here by Hill's estimator)
-TAIL_INDEX_WARNING = 0.7
-TAIL_MIN_TERMS = 10  # fewer of the largest terms than this: no estimate
-
-
-def tail_terms(episodes: int) -> int:
-    """M, the largest terms the tail index reads of ``episodes``: min(n / 5, 3 sqrt(n),
-    TAIL_TERMS - 1) (the tail PSIS fits, as far as the kept terms reach)."""
-    return int(min(episodes / 5, 3 * math.sqrt(episodes), TAIL_TERMS - 1))
-
-
-def tail_index(largest_log_terms: np.ndarray, episodes: int) -> float | None:
-    """Hill's estimate of the Pareto tail index of the IS terms |W G| from their largest
-    logs (descending, -inf past the non-zero ones) among ``episodes``: the mean of
-    log(t_i / t_M) over the M largest (``tail_terms``); None where fewer than
-    TAIL_MIN_TERMS + 1 terms are non-zero."""
-    m = tail_terms(episodes)
-    logs = np.asarray(largest_log_terms, np.float64)[: m + 1]
-    if m < TAIL_MIN_TERMS or not np.all(np.isfinite(logs)):
-        return None
-    return float(np.mean(logs[:m] - logs[m]))
 
 
 def weightless(acc: Accumulator, estimators: tuple[str, ...]) -> tuple[str, ...]:

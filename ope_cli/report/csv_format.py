@@ -35,7 +35,6 @@ EXTRA = (
     "gamma",
     "gamma_source",
     "ci_level",
-    "tail_index",
 )
 # --baseline: the row's paired difference from the baseline (empty on the baseline's rows),
 # the baseline (as given) and its value by the row's estimator (behavior: its mean return),
@@ -85,7 +84,6 @@ def tidy_rows(
                     _float(result.gamma),
                     result.gamma_source,
                     _float(result.confidence.level),
-                    _float(diagnostics["tail_index"]),
                     *(_float(x) for x in compared or (None,) * len(COMPARISON)),
                     result.baseline if c else None,
                     _float(_baseline_value(result, name)) if c else None,

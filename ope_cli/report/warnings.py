@@ -60,7 +60,6 @@ LOW_ESS = "low_ess"
 ONE_EPISODE_DOMINATES = "one_episode_dominates"
 WEIGHTS_OVERFLOW = "weights_overflow"
 MEAN_WEIGHT_OFF = "mean_weight_far_from_one"
-HEAVY_TAILED_TERMS = "heavy_tailed_terms"
 ZERO_WIDTH = "zero_width_interval"
 OUTSIDE = "estimate_outside_interval"  # an interval not centred on its estimate excludes it
 # An estimate this many standard errors (combined) from the one the logged propensities
@@ -174,35 +173,10 @@ def policy_warnings(
             )
         )
     warnings.extend(_mean_weight_warnings(policy, episodes, propensities, warn))
-    warnings.extend(_tail_warnings(policy, episodes, warn))
     warnings.extend(_zero_width_warnings(policy, episodes, warn))
     warnings.extend(_outside_warnings(policy, warn))
     warnings.extend(_model_warnings(policy, warn))
     return warnings
-
-
-def _tail_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warning]:
-    """The IS terms W G heavy-tailed (``stats.tail_index`` above TAIL_INDEX_WARNING): a few
-    episodes carry the sample means, whose standard errors understate their spread. On
-    ``ope generate control`` (episode lengths of a Pareto law) the 95% normal intervals of
-    IS covered the truth about half the time, with an ESS of 85% and nothing said."""
-    from ope_cli.estimation.stats import TAIL_INDEX_WARNING, tail_terms
-
-    d = policy.diagnostics
-    if d.tail_index is None or not d.tail_index > TAIL_INDEX_WARNING:
-        return []
-    index = significant(d.tail_index, 2, limit=TAIL_INDEX_WARNING)
-    return [
-        warn(
-            HEAVY_TAILED_TERMS,
-            f"the importance-weighted returns W G are heavy-tailed (tail index {index} over "
-            f"the largest {tail_terms(episodes)} of {episodes:,} episodes; above "
-            f"{TAIL_INDEX_WARNING:g} a sample mean and its standard error are unreliable): "
-            "a few episodes carry is, wis and their standard errors, and normal, percentile "
-            "and bootstrap intervals cover the value less often than stated, whatever the "
-            "effective sample size; betting intervals (--reward-range) stay valid.",
-        )
-    ]
 
 
 def _outside_warnings(policy: PolicyResult, warn) -> list[Warning]:

@@ -494,10 +494,6 @@ def sums_of(estimators: tuple[str, ...]) -> tuple[Sum | StepSum, ...]:
     return tuple(specs.values())
 
 
-# The largest IS terms each set of episodes keeps (mergeable: the largest of two sets' are
-# among their largest): enough for the tail index over 3 sqrt(n) of n = 7,000 episodes
-TAIL_TERMS = 256
-
 # The fields of BatchStatistics whose per-step sums are kept per resampling group: on the
 # host, a list of K rows, each as long as its group's episodes need.
 GROUP_STEP_FIELDS = ("step_log_scales", "step_sums")
@@ -529,10 +525,6 @@ class BatchStatistics(NamedTuple):
     replicate_step_sums: dict[str, Array]  # StepSum -> [R, T]
     log_weight_histogram: Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
     betting_histogram: Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
-    # [TAIL_TERMS] the largest log|W G| (the IS terms) of the episodes, descending, -inf
-    # past the episodes: the upper tail of the terms, whose index says whether their sample
-    # mean and its standard error can be trusted (``stats.tail_index``)
-    largest_log_terms: Array
 
     def total(self, name: str) -> float:
         """A scalar sum over every group (moment 0 of a centred one); host arrays."""

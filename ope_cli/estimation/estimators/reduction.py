@@ -27,7 +27,6 @@ from ope_cli.estimation.estimators.base import (
     HISTOGRAM_BINS,
     HISTOGRAM_LOG10_RANGE,
     STEP,
-    TAIL_TERMS,
     BatchStatistics,
     Scale,
     StepSum,
@@ -65,7 +64,6 @@ class ScalarStatistics(NamedTuple):
     replicate_sums: dict[str, jax.Array]  # Sum -> [R] (or [R, m + 1]) bootstrap-weighted
     log_weight_histogram: jax.Array  # [HISTOGRAM_BINS + 2] episodes per log10-weight bin
     betting_histogram: jax.Array  # [4, BETTING_BINS + 1] episodes per log bin ([4, 0] if off)
-    largest_log_terms: jax.Array  # [TAIL_TERMS] the largest log|W G|, descending (-inf: none)
 
 
 class EpisodeCarry(NamedTuple):
@@ -113,18 +111,6 @@ def one_hot(index_b: jax.Array, size: int, dtype) -> jax.Array:
     """[B, size] 1 at each row's index: a batch's sums per group (once per batch, in the
     finish) become matrix products, which XLA compiles far faster than scatters."""
     return (index_b[:, None] == jnp.arange(size)[None, :]).astype(dtype)
-
-
-def largest_log_terms(trajectory: Trajectory, include_b: jax.Array) -> jax.Array:
-    """[TAIL_TERMS] the largest log|W G| of the batch's episodes (``include_b`` [B]), in log
-    space (W G over- or underflows where its log does not), descending; -inf past them
-    (a zero term's too, and a NaN's)."""
-    log_term_b = trajectory.log_w + jnp.log(jnp.abs(trajectory.return_))
-    log_term_b = jnp.where(include_b & ~jnp.isnan(log_term_b), log_term_b, -jnp.inf)
-    lanes = log_term_b.shape[0]
-    if lanes < TAIL_TERMS:  # top_k takes at most B
-        log_term_b = jnp.concatenate([log_term_b, jnp.full(TAIL_TERMS - lanes, -jnp.inf)])
-    return jax.lax.top_k(log_term_b, TAIL_TERMS)[0]
 
 
 def _log10_histogram(log_w_b: jax.Array, include_b: jax.Array, dtype) -> jax.Array:
@@ -629,7 +615,6 @@ def finish_batch(
         replicate_sums=replicate_sums,
         log_weight_histogram=_log10_histogram(trajectory.log_w, nonzero_b, dtype),
         betting_histogram=betting_histogram,
-        largest_log_terms=largest_log_terms(trajectory, episode_mask_b),
     )
 
 
