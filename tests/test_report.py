@@ -543,6 +543,29 @@ def test_an_in_sample_behavior_fit_that_overfits_is_warned_of_in_every_format(re
     assert warned(-1.9)[0] == [] and warned(None)[0] == []
 
 
+def test_drops_for_one_policy_s_range_say_they_apply_to_every_policy(result):
+    """Episodes outside one candidate's state range were dropped for every policy (so that
+    the comparisons stay paired), moving another policy's WPDIS from 2.392 to 2.025, and
+    the drop warning named no policy. It says so where a policy's range dropped them."""
+    from ope_cli.report.warnings import dropped_line
+
+    def line(reason: str, results=None) -> str:
+        dataset = dataclasses.replace(
+            result.dataset,
+            episodes_dropped=21,
+            steps_dropped=210,
+            dropped={reason: {"episodes": 21, "steps": 210}},
+        )
+        return dropped_line(
+            dataclasses.replace(result, dataset=dataset, results=results or result.results)
+        )
+
+    said = "left out for every policy, so that their comparisons stay paired"
+    assert said in line("state_out_of_range") and said in line("action_out_of_range")
+    assert said not in line("reward_not_finite")
+    assert said not in line("state_out_of_range", result.results[:1])  # one policy
+
+
 def test_a_zero_width_interval_from_underflow_says_so():
     """IS and PDIS of weights that all underflow print 0 +- 0: the warning says the values
     are below float64's range, not that the episodes show no spread."""
