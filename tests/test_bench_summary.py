@@ -105,11 +105,15 @@ def test_summary_ratios_and_targets(measurements):
 
 
 def test_many_policies_is_judged_on_whole_processes_at_k_100(measurements):
-    target = _document(measurements, policies=100)["targets"]["many_policies"]
+    default = 505_193  # the default data's steps
+    target = _document(measurements, 100, default)["targets"]["many_policies"]
     assert target["value"] == pytest.approx(3.0) and target["met"] is True
     measurements["many_processes"]["warm_cache_ratio"] = 3.5  # the kernel alone stays 3x
-    target = _document(measurements, policies=100)["targets"]["many_policies"]
+    target = _document(measurements, 100, default)["targets"]["many_policies"]
     assert target["value"] == pytest.approx(3.5) and target["met"] is False
+    # on little data a process is mostly its start-up: 2.5x was "met" where one pass cost 34x
+    target = _document(measurements, 100, 20_000)["targets"]["many_policies"]
+    assert target["met"] is None and "not judged: measured on 20,000 steps" in target["note"]
     measurements["many_processes"] = None  # --no-processes
     target = _document(measurements)["targets"]["many_policies"]
     assert target["value"] is None and target["met"] is None
@@ -471,3 +475,25 @@ def test_out_naming_a_file_is_a_usage_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(UsageError, match="--out .*afile: a file, where a directory is wanted"):
         bench(BenchConfig(out=str(tmp_path / "afile")))
+
+
+def test_a_q_fit_that_could_not_run_is_not_judged_and_says_why(measurements):
+    """--data of one episode cannot be cross-fitted: the bench stopped with a usage error
+    from its own --q fit:linear run, which no option of it can change. It is left out."""
+    why = "not measured: cross-fitting over 2 folds: every one of the 1 episode(s) falls in"
+    measurements["end_to_end_q_fit"] = {"seconds": None, "note": why}
+    target = _document(measurements)["targets"]["q_fit_vs_logged"]
+    assert target["met"] is None and target["value"] is None and target["note"] == why
+    assert "q fit vs logged" in _rendered(measurements)
+
+
+def test_the_empty_cache_runs_start_from_an_empty_cache(tmp_path):
+    """A second bench with the same --out found the first one's kernels in its "empty"
+    caches: 0 compilations, 0.0 s, judged met. Each cache is emptied before its run."""
+    from ope_cli.bench.processes import emptied
+
+    cache = tmp_path / "process-cache"
+    (cache / "kernels").mkdir(parents=True)
+    (cache / "kernels" / "kept.bin").write_bytes(b"x")
+    assert emptied(cache) == str(cache) and not cache.exists()
+    assert emptied(cache) == str(cache)  # nothing there: nothing to do

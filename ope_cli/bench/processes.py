@@ -8,6 +8,7 @@ policies beside one (``measure_many_policies``)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -97,6 +98,13 @@ def write_bytecode(directory: Path, seed: int, batching: BatchingConfig) -> None
     data.unlink()
 
 
+def emptied(cache: Path) -> str:
+    """``cache`` as an empty compilation cache: a --out directory of an earlier bench holds
+    its kernels, and the "empty cache" runs then compiled nothing (0.0 s, judged met)."""
+    shutil.rmtree(cache, ignore_errors=True)
+    return str(cache)
+
+
 def measure_processes(
     directory: Path,
     data: str,
@@ -111,12 +119,12 @@ def measure_processes(
     (``_interleaved``). ``checkpoints``: (a policy, a Q checkpoint for it)."""
     checkpoint, q = checkpoints
     batching, python = config.batching, sys.executable
-    env = process_environment(directory, OPE_CACHE_DIR=str(directory / "process-cache"))
+    env = process_environment(directory, OPE_CACHE_DIR=emptied(directory / "process-cache"))
     progress("whole processes: their modules' bytecode, then ope evaluate with an empty cache")
     write_bytecode(directory, config.seed, batching)
     cold = _evaluate(data, checkpoint, batching, env)
     progress("whole processes: ope evaluate --q CKPT with another empty cache")
-    q_env = dict(env, OPE_CACHE_DIR=str(directory / "process-cache-q"))
+    q_env = dict(env, OPE_CACHE_DIR=emptied(directory / "process-cache-q"))
     cold_q = _evaluate(data, checkpoint, batching, q_env, "--q", q)
     other, (bandit_path, bandit_checkpoint) = measure_other_data(directory, config, env, progress)
     progress("whole processes, in turn: the floors, the pyarrow read, ope evaluate (warm)")
@@ -203,7 +211,7 @@ def measure_many_policies(
     compiles), then warm, alternating, the fastest of ``config.rounds`` each."""
     k, batching = len(checkpoints), config.batching
     runs = {1: checkpoints[:1], k: checkpoints}
-    caches = {n: directory / f"process-cache-{n}-policies" for n in runs}
+    caches = {n: emptied(directory / f"process-cache-{n}-policies") for n in runs}
 
     def evaluate(n: int) -> dict:
         env = process_environment(directory, OPE_CACHE_DIR=str(caches[n]))
