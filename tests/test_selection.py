@@ -72,6 +72,26 @@ def test_truth_json_matches_by_path_then_file_name_and_behavior(tmp_path):
     assert list(truth) == [by_path, by_name, "behavior"]
 
 
+def test_file_uri_policies_match_by_path(tmp_path):
+    """A file:// policy was matched by file name only: two policies named pi.npz in two
+    folders were "several policies" for one entry, where their plain paths matched."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "truth.json").write_text(
+        json.dumps(
+            {
+                "policies": [
+                    {"policy": "a/pi.npz", "value": 1.0},
+                    {"policy": "b/pi.npz", "value": 2.0},
+                ]
+            }
+        )
+    )
+    a, b = (f"file://{folder / name / 'pi.npz'}" for name in ("a", "b"))
+    assert read_truth(str(folder / "truth.json"), [a, b]) == {a: 1.0, b: 2.0}
+    assert read_truth(f"file://{folder / 'truth.json'}", [a, b]) == {a: 1.0, b: 2.0}
+
+
 def test_truth_json_written_by_generate(tmp_path, monkeypatch):
     from ope_cli.envs.generate import generate
 

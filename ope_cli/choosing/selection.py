@@ -170,7 +170,10 @@ def _same_path(entry: str, policy: str, base: Path | None) -> bool:
     (relative entry paths start from the truth file's folder, or from the working folder)."""
     if entry == policy:
         return True
-    target = Path(policy).resolve()
+    local = remote.local_path(policy) if remote.is_uri(policy) else policy
+    if local is None:  # s3://, gs://: by its name only
+        return False
+    target = Path(local).resolve()  # a file:// policy is its path (it matched by name only)
     starts = [Path.cwd()] if base is None else [base, Path.cwd()]
     return any((start / entry).resolve() == target for start in starts)
 

@@ -371,10 +371,11 @@ PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 class _Target:
-    """Where the Parquet file is written: a temporary name beside ``out`` (a local path or
-    a URI), moved to ``out`` when complete, so a failed conversion leaves no partial file
-    (at an s3:// URI it left a truncated, valid file, and replaced one without
-    --overwrite)."""
+    """Where the Parquet file is written: a temporary name beside a local ``out``, renamed
+    when complete, or the object at a URI itself (a multipart upload: any size, where a
+    move is one copy of at most 5 GiB on S3), deleted when the conversion fails. Either
+    way a failed conversion leaves no partial file (at an s3:// URI it left a truncated,
+    valid one), and an existing one needs --overwrite (at a URI it was replaced)."""
 
     def __init__(self, out: str, overwrite: bool):
         self.out = out
@@ -384,7 +385,7 @@ class _Target:
         if remote.is_uri(out) and remote.local_path(out) is None:
             location = remote.locate(out, UsageError)
             self.filesystem, self.final = location.filesystem, location.path
-            self.path = f"{self.final}.partial-{os.getpid()}"
+            self.path = self.final
             try:
                 found = self.filesystem.get_file_info(self.final).type
             except (OSError, pa.ArrowException) as error:
@@ -416,12 +417,6 @@ class _Target:
     def commit(self) -> None:
         if self.filesystem is None:
             os.replace(self.path, self.final)
-            return
-        try:
-            self.filesystem.move(self.path, self.final)
-        except (OSError, pa.ArrowException) as error:
-            self.abandon()
-            raise UsageError(f"{self.out}: cannot write: {first_line(error)}") from None
 
     def abandon(self) -> None:
         if self.filesystem is None:

@@ -147,7 +147,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
             else:
                 chars = "".join(f"\\{c}" if c in "\\]^[" else c for c in pattern[start:end])
                 negated = pattern[i + 1] == "!"
-                out.append(f"[^/{chars}]" if negated else f"(?!/)[{chars}]")
+                out.append(f"(?!/)[^{chars}]" if negated else f"(?!/)[{chars}]")
                 i = end + 1
         else:
             out.append(re.escape(pattern[i]))
