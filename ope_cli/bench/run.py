@@ -279,16 +279,7 @@ def _time_trials(
             path, one, precision, config.batching, behavior=option
         )
     progress("end to end with --q fit:linear (fits Q, compiles)")
-    unmeasured = {}
-    try:
-        trials["end_to_end_q_fit"], _ = prepare_end_to_end(
-            path, one, precision, config.batching, q="fit:linear"
-        )
-    except OpeError as error:  # --data of one episode cannot be cross-fitted: the rest can
-        if config.data is None:  # the bench's own data: a failure of the tool, not of data
-            raise
-        note = f"not measured: ope evaluate --q fit:linear cannot fit this data ({error})"
-        unmeasured["end_to_end_q_fit"] = {"seconds": None, "note": note}
+    unmeasured = _q_fit_trial(trials, config, path, one, precision)
     progress("putting the padded batches on the device")
     widths = [bucketer.width_of(batch) for batch in batches]
     on_device = {
@@ -318,6 +309,22 @@ def _time_trials(
         m["kernel"]["padded_steps"], m["kernel"]["seconds"]
     )
     return m, result
+
+
+def _q_fit_trial(trials: dict, config: BenchConfig, path: str, one: list, precision) -> dict:
+    """Adds the ``--q fit:linear`` end-to-end trial to ``trials``; returns {} or, where
+    ``--data`` cannot be fitted (one episode cannot be cross-fitted), its measurement as
+    not measured, with the reason: the other measurements go on."""
+    try:
+        trials["end_to_end_q_fit"], _ = prepare_end_to_end(
+            path, one, precision, config.batching, q="fit:linear"
+        )
+    except OpeError as error:
+        if config.data is None:  # the bench's own data: a failure of the tool, not of data
+            raise
+        note = f"not measured: ope evaluate --q fit:linear cannot fit this data ({error})"
+        return {"end_to_end_q_fit": {"seconds": None, "note": note}}
+    return {}
 
 
 def _dataset(config: BenchConfig, directory: Path, progress: Progress):

@@ -488,6 +488,8 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
     precision_block = _precisions(m, precision)
     paddings = _paddings(waste, m.get("processes"), m["memory"])
     padding["by_data"] = paddings
+    steps = bucketer.real_steps
+    targets = _targets(config, ratios, paddings, result, m, policies, precision_block, steps)
     return {
         "measurements": {
             "loop": m["loop"],
@@ -510,17 +512,8 @@ def summary(config: BenchConfig, m: dict, result, bucketer: Bucketer, precision:
         "script": m.get("script"),
         "targets": _in_table_order(
             {
-                **_targets(
-                    config,
-                    ratios,
-                    paddings,
-                    result,
-                    m,
-                    policies,
-                    precision_block,
-                    bucketer.real_steps,
-                ),
-                **_process_targets(m.get("processes"), bucketer.real_steps, m.get("script")),
+                **targets,
+                **_process_targets(m.get("processes"), steps, m.get("script")),
                 **_script_targets(config, m.get("script")),
             }
         ),
