@@ -24,7 +24,7 @@ from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.data.sources import DeclaredBounds
-from ope_cli.data.validate import REASONS, Check, Problem, bounds_checks
+from ope_cli.data.validate import REASON_INDEX, Check, Problem, bounds_checks
 from ope_cli.errors import DataError
 from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import check_against_schema, chunk_checks, load_policies
@@ -319,7 +319,7 @@ def _read_every_file(episodes: EpisodeStream, report: InspectReport) -> None:
     report.invalid_steps = validation.steps_dropped
     # in the order of the checks, not of their discovery, which follows the batch cuts
     # (--read-rows 3 listed the same four problems in another order than the default)
-    report.problems = sorted(validation.problems.values(), key=lambda p: REASONS.index(p.reason))
+    report.problems = sorted(validation.problems.values(), key=lambda p: REASON_INDEX[p.reason])
 
 
 def _failed_file(message: str, files: list[str]) -> str | None:

@@ -51,7 +51,7 @@ def _load_truth(source: str | Path | Mapping) -> tuple[Mapping, Path | None]:
     if isinstance(source, Mapping):
         return source, None
     text = str(source)
-    local = remote.local_path(text) if remote.is_uri(text) else text
+    local = remote.on_disk(text)
     path = None if local is None else Path(local)
     try:
         raw = remote.read_bytes(text, UsageError) if path is None else path.read_bytes()
@@ -170,7 +170,7 @@ def _same_path(entry: str, policy: str, base: Path | None) -> bool:
     (relative entry paths start from the truth file's folder, or from the working folder)."""
     if entry == policy:
         return True
-    local = remote.local_path(policy) if remote.is_uri(policy) else policy
+    local = remote.on_disk(policy)
     if local is None:  # s3://, gs://: by its name only
         return False
     target = Path(local).resolve()  # a file:// policy is its path (it matched by name only)
@@ -210,7 +210,7 @@ def _checkpoint_bytes(policy: str) -> bytes | None:
     """The file a --policy names, at a path or a URI (an s3:// checkpoint was not
     compared, and another dataset's truth scored it without a word); None where it names
     no file (an entry point)."""
-    local = remote.local_path(policy) if remote.is_uri(policy) else policy
+    local = remote.on_disk(policy)
     if local is not None:
         path = Path(local)
         return path.read_bytes() if path.is_file() else None

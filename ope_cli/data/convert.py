@@ -382,12 +382,12 @@ class _Target:
         self.filesystem = None
         if not out.lower().endswith(PARQUET_SUFFIXES):  # out.csv held Parquet, without a word
             raise UsageError(f"{out}: name a Parquet file ({', '.join(PARQUET_SUFFIXES)})")
-        if remote.is_uri(out) and remote.local_path(out) is None:
+        local = remote.on_disk(out)
+        if local is None:
             location = remote.locate(out, UsageError)
-            self.filesystem, self.final = location.filesystem, location.path
-            self.path = self.final
+            self.filesystem, self.path = location.filesystem, location.path
             try:
-                found = self.filesystem.get_file_info(self.final).type
+                found = self.filesystem.get_file_info(self.path).type
             except (OSError, pa.ArrowException) as error:
                 raise UsageError(f"{out}: cannot write: {first_line(error)}") from None
             if found == pafs.FileType.Directory:
@@ -395,7 +395,7 @@ class _Target:
             if found == pafs.FileType.File and not overwrite:
                 raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
         else:
-            out = remote.local_path(out) or out
+            out = local
             self.final = out
             self.path = f"{out}.partial-{os.getpid()}"
             if os.path.isdir(out):
@@ -423,7 +423,7 @@ class _Target:
             if os.path.exists(self.path):
                 os.remove(self.path)
             return
-        with contextlib.suppress(OSError, pa.ArrowException):  # nothing written yet
+        with contextlib.suppress(OSError, pa.ArrowException):  # none, if none was written
             self.filesystem.delete_file(self.path)
 
 

@@ -106,7 +106,7 @@ def _check_options(env: str, options: GenerateOptions) -> None:
     shift, files, policies = options.shift, options.files, options.policies
 
     def is_int(value: Any) -> bool:
-        return isinstance(value, int | np.integer) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool)  # NumPy's: converted
 
     if not isinstance(env, str) or env not in REGISTRY:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")

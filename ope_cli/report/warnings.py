@@ -705,6 +705,10 @@ def ranking_warnings(result: EvaluationResult, ranks: list[int | None], rank_by:
     ]
 
 
+# the checks of a policy's (or a Q function's) ranges: one policy's drops every policy's episode
+POLICY_RANGES = ("action_out_of_range", "state_out_of_range")
+
+
 def dropped_line(result: EvaluationResult) -> str:
     """One line saying how many invalid episodes --on-invalid drop left out, and why."""
     if not result.dataset.episodes_dropped:
@@ -726,10 +730,6 @@ def dropped_line(result: EvaluationResult) -> str:
             "that policy on its own to keep the other policies' episodes"
         )
     return line
-
-
-# the checks of a policy's (or a Q function's) ranges: one policy's drops every policy's episode
-POLICY_RANGES = ("action_out_of_range", "state_out_of_range")
 
 
 def dropped_warning(result: EvaluationResult) -> Warning | None:

@@ -25,11 +25,10 @@ def resolve_files(source: str) -> tuple[list[str], str | None]:
     """(sorted data files, the directory hive partitions are relative to or None) of a
     file, a directory or a glob; raises DataError (UsageError for an unknown URI scheme).
     Files in object storage are URIs (``s3://bucket/key``); ``file://`` URIs are local."""
-    if remote.is_uri(source):
-        local = remote.local_path(source)
-        if local is None:
-            return remote.resolve(source)
-        source = local
+    local = remote.on_disk(source)
+    if local is None:
+        return remote.resolve(source)
+    source = local  # a file:// URI's path
     path = Path(source)
     if path.is_dir():
         files = data_files_in(path)

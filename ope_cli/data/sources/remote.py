@@ -46,6 +46,12 @@ def local_path(uri: str) -> str | None:
     return urllib.parse.unquote(uri[len("file://") :])
 
 
+def on_disk(text: str) -> str | None:
+    """The local path that ``text`` names: itself when it is no URI, a ``file://`` URI's
+    path; None for another scheme (``s3://``, ``gs://``)."""
+    return local_path(text) if is_uri(text) else text
+
+
 @dataclasses.dataclass(frozen=True)
 class Location:
     """Where a URI points: its filesystem, the path within it, and the text that precedes
@@ -161,17 +167,13 @@ def _hidden_shown(pattern: str) -> bool:
     return any(part.startswith(".") for part in pattern.split("/"))
 
 
-def _not_hidden(path: str, base: str) -> bool:
-    """Whether no entry below ``base`` on ``path`` is hidden (starts with ``.``): a glob's
-    ``*`` skips them on local files (``*.parquet`` read ``.a.parquet`` too on S3)."""
+def _visible(path: str, base: str, hidden: tuple[str, ...] = (".", "_")) -> bool:
+    """Whether no entry below ``base`` on ``path`` starts with one of ``hidden``: hidden and
+    underscore-prefixed entries of a directory are metadata (as in pyarrow); a glob's ``*``
+    skips hidden ones only (``hidden=(".",)``), as on local files (``*.parquet`` read
+    ``.a.parquet`` too on S3)."""
     relative = path[len(base) :].lstrip("/")
-    return not any(part.startswith(".") for part in relative.split("/"))
-
-
-def _visible(path: str, base: str) -> bool:
-    """Hidden and underscore-prefixed entries below ``base`` are metadata (as in pyarrow)."""
-    relative = path[len(base) :].lstrip("/")
-    return not any(part.startswith((".", "_")) for part in relative.split("/"))
+    return not any(part.startswith(hidden) for part in relative.split("/"))
 
 
 def _listing(location: Location, base: str) -> list[pafs.FileInfo]:
@@ -198,7 +200,7 @@ def resolve(source: str) -> tuple[list[str], str | None]:
             for i in infos
             if i.type == pafs.FileType.File
             and pattern.match(i.path)
-            and (shown or _not_hidden(i.path, base))
+            and (shown or _visible(i.path, base, hidden=(".",)))
         )
         if not files:
             raise DataError(f"{source}: no files match this pattern")
