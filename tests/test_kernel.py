@@ -436,3 +436,35 @@ def test_faulty_q_counts_count_real_steps_per_policy():
     counts = np.asarray(faulty_q_counts({"q_t": q, "v_t": v}, batch))
     np.testing.assert_array_equal(counts, [[2, 0]])
     np.testing.assert_array_equal(np.asarray(faulty_q_counts({}, batch)), [[0]])
+
+
+@pytest.mark.parametrize("q_actions", [4, 5])
+def test_v_hat_takes_the_probabilities_from_the_policies_logits(q_actions):
+    """With the policies' logits (softmax checkpoints), every action's log-probability is
+    the one log_prob gives, bit for bit, and its probability exp of it within rounding,
+    from the same exponentials; a Q source over more actions than the logits (its own
+    n_actions) takes log_prob's path instead."""
+    from ope_cli.estimation.kernel import _policy_action_probs
+    from ope_cli.models.policies import checkpoint_policy
+
+    rng = np.random.default_rng(8)
+    policies = [
+        checkpoint_policy("p.npz", random_checkpoint("linear_softmax", rng, obs_dim=3, n_actions=4))
+        for _ in range(2)
+    ]
+    params = {
+        key: jnp.asarray(np.stack([p.params[key] for p in policies])) for key in policies[0].params
+    }
+    observation = jnp.asarray(rng.normal(size=(5, 6, 3)))
+    head = policies[0]
+    q = SimpleNamespace(n_actions=q_actions)
+    shared = SimpleNamespace(q=q, logits=head.logits, log_prob=head.log_prob)
+    alone = SimpleNamespace(q=q, logits=None, log_prob=head.log_prob)
+    log_pi, pi = _policy_action_probs(shared, params, observation, np.float64)
+    expected_log_pi, expected_pi = _policy_action_probs(alone, params, observation, np.float64)
+    assert log_pi.shape == (2, 5, 6, q_actions)
+    np.testing.assert_array_equal(log_pi, expected_log_pi)
+    if q_actions == 4:
+        np.testing.assert_allclose(pi, expected_pi, rtol=1e-15, atol=0)
+    else:
+        np.testing.assert_array_equal(pi, expected_pi)

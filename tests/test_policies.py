@@ -59,6 +59,45 @@ def test_each_checkpoint_kind_matches_the_numpy_formula(kind, tmp_path):
     assert policy.discrete is (kind != "linear_gaussian")
 
 
+@pytest.mark.parametrize("kind", ["tabular", "linear_softmax", "mlp_softmax"])
+def test_softmax_checkpoints_share_their_logits(kind, tmp_path):
+    """A softmax checkpoint's logits give (``softmax_all``) its log_prob of every action bit
+    for bit, and probabilities that are exp of those within rounding: V-hat takes them
+    rather than A more exponentials a step."""
+    from ope_cli.models.policies.functions import softmax_all
+
+    rng = np.random.default_rng(2)
+    ckpt = random_checkpoint(kind, rng, **CASES[kind])
+    policy = load_checkpoint(str(save_checkpoint(tmp_path / f"{kind}.npz", ckpt)))
+    count = CASES[kind]["n_actions"]
+    observation = rng.integers(0, 7, size=9) if kind == "tabular" else rng.normal(size=(9, 3))
+    params = jax.tree.map(jnp.asarray, policy.params)
+    log_p, p = jax.vmap(lambda o: softmax_all(policy.logits(params, o)))(jnp.asarray(observation))
+    for action in range(count):
+        actions = jnp.full(9, action)
+        np.testing.assert_array_equal(
+            log_p[:, action], policy_log_probs(policy, observation, actions)
+        )
+    np.testing.assert_allclose(p, np.exp(np.asarray(log_p)), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(np.sum(p, axis=1), 1.0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("count", [3, 40])  # action by action, and as one array
+def test_softmax_all_of_impossible_and_huge_logits(count):
+    """An action of logit -inf has probability 0 and log-probability -inf; logits near the
+    float limit are max-shifted, not exponentiated raw."""
+    from ope_cli.models.policies.functions import log_softmax_at, softmax_all
+
+    logits = np.random.default_rng(3).normal(size=count) + 700.0
+    logits[1] = -np.inf
+    log_p, p = softmax_all(jnp.asarray(logits))
+    assert float(p[1]) == 0.0 and float(log_p[1]) == -np.inf
+    expected = np.exp(logits - logits.max()) / np.sum(np.exp(logits - logits.max()))
+    np.testing.assert_allclose(p, expected, rtol=1e-14)
+    chosen = [float(log_softmax_at(jnp.asarray(logits), a)) for a in range(count)]
+    np.testing.assert_array_equal(log_p, chosen)
+
+
 def test_mlp_default_activation_is_tanh(tmp_path):
     rng = np.random.default_rng(2)
     ckpt = random_checkpoint("mlp_softmax", rng, obs_dim=2, n_actions=3)

@@ -528,9 +528,10 @@ def test_episode_fields_score_real_steps_and_zero_the_padding(jit):
     np.testing.assert_allclose(got["v_t"], np.where(real, v, 0.0), rtol=1e-12, atol=1e-15)
 
 
-def test_fields_from_the_kernels_action_log_probabilities_are_the_same():
-    """The kernel hands over the log-probabilities of every action it already computed
-    ([B, C, A]); V-hat from them equals V-hat computed here, to the last bit."""
+def test_fields_from_the_kernels_action_probabilities_are_the_same():
+    """The kernel hands over the probabilities of every action it already computed
+    ([B, C, A]); V-hat from exp of the log-probabilities equals V-hat computed here, to
+    the last bit."""
     from ope_cli.models.policies.functions import action_log_probs as all_actions
 
     rng = np.random.default_rng(18)
@@ -545,7 +546,7 @@ def test_fields_from_the_kernels_action_log_probabilities_are_the_same():
     )
     batch = window
     given = qf.episode_q_fields(
-        spec, policy.log_prob, policy.params, q.params, batch, 0, 0, log_pi_all
+        spec, policy.log_prob, policy.params, q.params, batch, 0, 0, jnp.exp(log_pi_all)
     )
     computed = _fields(spec, policy, q.params, window, jit=False)
     for name in ("q_t", "v_t"):

@@ -51,9 +51,9 @@ from ope_cli.estimation.estimators.reduction import (
 )
 from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
-from ope_cli.models.policies import LogProbFn, Policy
+from ope_cli.models.policies import LogitsFn, LogProbFn, Policy
 from ope_cli.models.policies.checks import not_log_probabilities
-from ope_cli.models.policies.functions import action_log_probs
+from ope_cli.models.policies.functions import action_log_probs, softmax_all
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -122,9 +122,10 @@ def group_policies(
     return list(groups.values())
 
 
-def _every_policy_every_step(one_step, params, *per_step_inputs) -> jax.Array:
+def _every_policy_every_step(one_step, params, *per_step_inputs):
     """[P, B, C, ...] ``one_step(params, *inputs)`` of every policy of a group (P = 1
-    without params) at every step of ``per_step_inputs`` ([B, C, ...] each).
+    without params) at every step of ``per_step_inputs`` ([B, C, ...] each); a tuple of
+    such arrays where ``one_step`` returns a tuple.
 
     The policies are the innermost vmap: each step's features meet the P stacked
     parameters in one product ([B C, d] x [d, P ...]) whose output is already in [B, C, P]
@@ -132,10 +133,11 @@ def _every_policy_every_step(one_step, params, *per_step_inputs) -> jax.Array:
     over_steps = (None,) + (0,) * len(per_step_inputs)
     if params is None:
         per_step = jax.vmap(jax.vmap(one_step, in_axes=over_steps), in_axes=over_steps)
-        return per_step(None, *per_step_inputs)[None]
+        return jax.tree.map(lambda x: x[None], per_step(None, *per_step_inputs))
     policies = jax.vmap(one_step, in_axes=(0,) + (None,) * len(per_step_inputs))  # -> [P, ...]
     per_step = jax.vmap(jax.vmap(policies, in_axes=over_steps), in_axes=over_steps)
-    return jnp.moveaxis(per_step(params, *per_step_inputs), 2, 0)  # [B, C, P, ...] first
+    # [B, C, P, ...] -> [P, B, C, ...]
+    return jax.tree.map(lambda x: jnp.moveaxis(x, 2, 0), per_step(params, *per_step_inputs))
 
 
 def _policy_log_probs(
@@ -162,13 +164,32 @@ def _real(log_p: jax.Array) -> jax.Array:
 
 def _policy_action_log_probs(log_prob: LogProbFn, params, observation, n_actions: int, dtype):
     """[P, B, C, A] log pi_e(a | s_t) of every discrete action a, for every policy of a
-    group (P = 1 without params): what a Q source's V-hat needs, and the logged actions'
-    log-probabilities are taken from it rather than computed a second time."""
+    group (P = 1 without params)."""
     one_step = functools.partial(action_log_probs, log_prob, n_actions=n_actions)
     log_pi = _every_policy_every_step(one_step, params, observation)
     if log_pi.ndim != 4:
         raise PolicyError(f"log_prob must return a scalar per step, got shape {log_pi.shape[4:]}")
     return _real(log_pi).astype(dtype)
+
+
+def _policy_action_probs(static: Static, params, observation, dtype):
+    """([P, B, C, A] log pi_e(a | s_t), [P, B, C, A] pi_e(a | s_t)) of every discrete
+    action a (A = the Q source's ``n_actions``), for every policy of a group (P = 1
+    without params): what a Q source's V-hat needs, and the logged actions'
+    log-probabilities are taken from them rather than computed a second time. With the
+    policies' logits (softmax checkpoints of A actions) the probabilities share the
+    log-probabilities' exponentials; else they are exp of them (A more a step)."""
+    n_actions = static.q.n_actions
+    if static.logits is not None:
+
+        def one_step(policy_params, observation):
+            return softmax_all(static.logits(policy_params, observation))
+
+        log_pi, pi = _every_policy_every_step(one_step, params, observation)
+        if log_pi.shape[-1] == n_actions:
+            return log_pi.astype(dtype), pi.astype(dtype)
+    log_pi = _policy_action_log_probs(static.log_prob, params, observation, n_actions, dtype)
+    return log_pi, jnp.exp(log_pi)
 
 
 def behavior_log_probs(
@@ -231,25 +252,25 @@ def faulty_q_counts(fields: dict, batch: PaddedBatch) -> jax.Array:
     return jnp.sum(~finite & real[None], axis=(1, 2), dtype=jnp.int32)[None]
 
 
-def _q_fields(static: Static, params, q_params, batch, start, seed, log_pi_all=None):
+def _q_fields(static: Static, params, q_params, batch, start, seed, pi_all=None):
     """{"q_t", "v_t": [P, B, C]} of every policy of a group (``static.dtype``), or {}
-    without a Q source; ``log_pi_all`` [P, B, C, A]: the policies' log-probabilities of
-    every discrete action (``_policy_action_log_probs``), or None."""
+    without a Q source; ``pi_all`` [P, B, C, A]: the policies' probabilities of every
+    discrete action (``_policy_action_probs``), or None."""
     spec, log_prob = static.q, static.log_prob
     if spec is None:
         return {}
 
-    def one_policy(policy_params, q_params_p, log_pi_p):
+    def one_policy(policy_params, q_params_p, pi_p):
         fields = episode_q_fields(
-            spec, log_prob, policy_params, q_params_p, batch, seed, start, log_pi_p
+            spec, log_prob, policy_params, q_params_p, batch, seed, start, pi_p
         )
         return {name: values.astype(static.dtype) for name, values in fields.items()}
 
     if params is None and q_params is None:
-        own = None if log_pi_all is None else log_pi_all[0]
+        own = None if pi_all is None else pi_all[0]
         return jax.tree.map(lambda x: x[None], one_policy(None, None, own))
-    in_axes = (None if params is None else 0, 0, None if log_pi_all is None else 0)
-    return jax.vmap(one_policy, in_axes=in_axes)(params, q_params, log_pi_all)
+    in_axes = (None if params is None else 0, 0, None if pi_all is None else 0)
+    return jax.vmap(one_policy, in_axes=in_axes)(params, q_params, pi_all)
 
 
 class Static(NamedTuple):
@@ -269,6 +290,7 @@ class Static(NamedTuple):
     # a one-lane window's per-group sums are its group's row alone (``reduction.Groups``):
     # the Kernel's walk without a mesh, whose host code places it (``window_groups``)
     own_rows: bool = False
+    logits: LogitsFn | None = None  # the policies' (``Policy.logits``), for V-hat
 
 
 def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
@@ -333,11 +355,9 @@ def window_statistics(inputs: WindowInputs, static: Static):
     steps = jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, window.steps
     )
-    log_pi_all = None
+    log_pi_all = pi_all = None
     if static.log_prob is not None and static.q is not None and static.q.kind == "values":
-        log_pi_all = _policy_action_log_probs(
-            static.log_prob, params, steps.observation, static.q.n_actions, dtype
-        )
+        log_pi_all, pi_all = _policy_action_probs(static, params, steps.observation, dtype)
         # the logged action's entry; one beyond the range clamps, as log_prob's indexing does
         logged = steps.action[None, ..., None]
         log_pi = jnp.take_along_axis(log_pi_all, logged, axis=-1, mode="clip")[..., 0]
@@ -354,7 +374,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     window = window._replace(steps=steps)
     # a policy's values; logged target probabilities are the data's, validated as read
     faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
-    fields = _q_fields(static, params, q_params, window, start, seed, log_pi_all)
+    fields = _q_fields(static, params, q_params, window, start, seed, pi_all)
     faults = Faults(faulty, faulty_q_counts(fields, window))
     betting = inputs.betting_range if static.betting else None
     settings = (static.num_groups, static.estimators, betting, static.own_rows)  # the walk's
@@ -777,6 +797,7 @@ class Kernel:
             betting=betting_range is not None,
             terms=terms,
             own_rows=mesh is None,
+            logits=group.head.logits,
         )
         self._sharding = (
             NamedSharding(mesh, PartitionSpec(BATCH_AXIS)) if mesh is not None else None

@@ -581,11 +581,11 @@ def q_spec(q: QFunction, policy: Policy, v_samples: int) -> QSpec:
 
 
 def step_values(
-    spec: QSpec, log_prob, policy_params, q_params, observation, action, key, log_pi=None
+    spec: QSpec, log_prob, policy_params, q_params, observation, action, key, probs=None
 ):
     """(Q-hat(s, a), V-hat(s)) of one step: ``key`` draws the actions of a continuous V-hat;
-    ``log_pi`` [n_actions]: the policy's log-probabilities of every discrete action, when
-    the caller has them (else computed here)."""
+    ``probs`` [n_actions]: the policy's probabilities of every discrete action, when the
+    caller has them (else computed here)."""
     import jax
 
     jnp = _jnp()
@@ -597,9 +597,9 @@ def step_values(
                 f"V-hat sums over {spec.n_actions} actions (the n_actions the Q or the policy "
                 f"declares): return one value per action, shape ({spec.n_actions},)"
             )
-        if log_pi is None:
-            log_pi = action_log_probs(log_prob, policy_params, observation, spec.n_actions)
-        pi_q = jnp.where(log_pi == -jnp.inf, 0.0, jnp.exp(log_pi) * q_all)
+        if probs is None:
+            probs = jnp.exp(action_log_probs(log_prob, policy_params, observation, spec.n_actions))
+        pi_q = jnp.where(probs == 0, 0.0, probs * q_all)  # inf * 0 would be NaN
         return q_all[action], jnp.sum(pi_q)
     keys = jax.random.split(key, spec.v_samples)
     drawn = jax.vmap(spec.sample, in_axes=(None, 0, None))(policy_params, keys, observation)
@@ -620,14 +620,12 @@ def step_values(
     return q_logged, jnp.mean(q_drawn)
 
 
-def episode_q_fields(
-    spec, log_prob, policy_params, q_params, batch, seed, start=0, log_pi_all=None
-):
+def episode_q_fields(spec, log_prob, policy_params, q_params, batch, seed, start=0, pi_all=None):
     """{"q_t": [B, C], "v_t": [B, C]} of one policy over a window of a padded batch whose
     column 0 is step ``start``, 0 on padding (the absorbing convention: Q = V = 0 after an
     episode ends), in Q-hat's dtype. The draws of a continuous V-hat are keyed by the
-    episode and the step. ``log_pi_all`` [B, C, n_actions]: the policy's log-probabilities
-    of every discrete action, when the kernel already has them (else computed here)."""
+    episode and the step. ``pi_all`` [B, C, n_actions]: the policy's probabilities of every
+    discrete action, when the kernel already has them (else computed here)."""
     import jax
 
     from ope_cli.data.ids import fold_index
@@ -640,18 +638,18 @@ def episode_q_fields(
         steps = batch.steps
         length = mask.shape[1]
 
-        def one_episode(q_params_e, observation_t, action_t, hi, lo, log_pi_t):
+        def one_episode(q_params_e, observation_t, action_t, hi, lo, pi_t):
             base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), hi), lo)
             keys = jax.vmap(lambda t: jax.random.fold_in(base, t))(start + jnp.arange(length))
             per_step = jax.vmap(
                 lambda o, a, k, lp: step_values(
                     spec, log_prob, policy_params, q_params_e, o, a, k, lp
                 ),
-                in_axes=(0, 0, 0, None if log_pi_t is None else 0),
+                in_axes=(0, 0, 0, None if pi_t is None else 0),
             )
-            return per_step(observation_t, action_t, keys, log_pi_t)
+            return per_step(observation_t, action_t, keys, pi_t)
 
-        by_episode = None if log_pi_all is None else 0
+        by_episode = None if pi_all is None else 0
         if spec.folds > 1:
             fold = fold_index(batch.key_hi, batch.key_lo, spec.folds, jnp)
             q_params_b = jax.tree.map(lambda p: p[fold], q_params)
@@ -659,7 +657,7 @@ def episode_q_fields(
         else:
             q_params_b, in_axes = q_params, (None, 0, 0, 0, 0, by_episode)
         q_bt, v_bt = jax.vmap(one_episode, in_axes=in_axes)(
-            q_params_b, steps.observation, steps.action, batch.key_hi, batch.key_lo, log_pi_all
+            q_params_b, steps.observation, steps.action, batch.key_hi, batch.key_lo, pi_all
         )
     return {"q_t": jnp.where(mask, q_bt, 0.0), "v_t": jnp.where(mask, v_bt, 0.0)}
 

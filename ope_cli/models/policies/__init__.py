@@ -20,7 +20,14 @@ from pathlib import Path
 
 import ope_cli.data.sources.remote as remote
 from ope_cli.errors import PolicyError, UsageError
-from ope_cli.models.policies.base import LOGGED, LogProbFn, Policy, SampleFn, logged_policy
+from ope_cli.models.policies.base import (
+    LOGGED,
+    LogitsFn,
+    LogProbFn,
+    Policy,
+    SampleFn,
+    logged_policy,
+)
 from ope_cli.models.policies.checkpoints import (
     check_size,
     checked_array,
@@ -197,6 +204,7 @@ def label_policies(policies: Sequence[Policy]) -> list[Policy]:
 __all__ = [
     "LOGGED",
     "LogProbFn",
+    "LogitsFn",
     "Policy",
     "SampleFn",
     "action_log_probs",

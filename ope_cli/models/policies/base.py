@@ -11,6 +11,7 @@ import numpy as np
 
 LogProbFn = Callable[[Any, Any, Any], Any]
 SampleFn = Callable[[Any, Any, Any], Any]  # (params, key, observation) -> one action
+LogitsFn = Callable[[Any, Any], Any]  # (params, observation) -> [n_actions] logits
 LOGGED = "logged target probabilities"
 
 
@@ -45,6 +46,9 @@ class Policy:
       sample: per-step ``(params, key, observation) -> action`` drawing from the policy
         (continuous policies that can sample: ``linear_gaussian``, entry points with a
         ``sample(key, observation)`` method); None when it cannot.
+      logits: per-step ``(params, observation) -> [n_actions]`` logits whose log-softmax is
+        ``log_prob`` (the softmax checkpoints), so that pi(a|s) of every action (V-hat's)
+        shares the log-probabilities' exponentials; None for the other policies.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Policy:
     # leading [folds] axis, and an episode uses the fold ids.fold_index gives its key
     folds: int = 1
     sample: SampleFn | None = None
+    logits: LogitsFn | None = None
     # what tables and figures call it: NAME of --policy NAME=PATH, else the shortest
     # unambiguous suffix of its path among the run's policies (policies.label_policies)
     label: str | None = None

@@ -14,10 +14,13 @@ from ope_cli.errors import PolicyError
 from ope_cli.models.policies.base import Policy
 from ope_cli.models.policies.functions import (
     _mlp_log_prob,
+    _mlp_logits,
     linear_gaussian_log_prob,
     linear_gaussian_sample,
     linear_softmax_log_prob,
+    linear_softmax_logits,
     tabular_log_prob,
+    tabular_logits,
 )
 
 
@@ -88,6 +91,7 @@ def _tabular(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
         discrete=True,
         n_states=logits.shape[0],
         n_actions=logits.shape[1],
+        logits=tabular_logits,
     )
 
 
@@ -109,6 +113,7 @@ def _linear_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Poli
         discrete=True,
         obs_dim=weight.shape[0],
         n_actions=weight.shape[1],
+        logits=linear_softmax_logits,
     )
 
 
@@ -151,6 +156,7 @@ def _mlp_softmax(path: str, kind: str, arrays: dict[str, np.ndarray]) -> Policy:
         discrete=True,
         obs_dim=params["weight_0"].shape[0],
         n_actions=params[f"bias_{len(params) // 2 - 1}"].shape[0],
+        logits=_mlp_logits(activation),
     )
 
 

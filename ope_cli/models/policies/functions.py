@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ope_cli.models.policies.base import LogProbFn
+from ope_cli.models.policies.base import LogitsFn, LogProbFn
 
 
 def _jnp():
@@ -22,47 +22,82 @@ def _vector(observation):
     return jnp.atleast_1d(observation)
 
 
-UNROLLED_ACTIONS = 16  # up to this many actions, log_softmax_at works action by action
+UNROLLED_ACTIONS = 16  # up to this many actions, the softmax works action by action
 
 
-def log_softmax_at(logits, action):
-    """log softmax(logits)[action] for ONE step ([A] logits, an int action), max-shifted as
-    ``jax.nn.log_softmax`` is (equal to it within rounding), but for the one action:
-    vmapped over many steps and policies, no [..., A] array of every action's
-    log-probability is written.
-
-    With few actions, the max, the sum of exponentials and the choice of the action's entry
-    are written action by action: vmapped, a reduction over a minor axis of 4 ran about 3x
-    slower on XLA's CPU backend than the same arithmetic on [steps, policies] slabs, and an
-    index (``shifted[action]``) is a gather per step and policy, slower than the rest of
-    the kernel together. The data's actions are checked to be in range before the kernel."""
+def _columns(logits):
+    """([A] columns of ONE step's logits, their max, the sum of exp(column - max)): the
+    softmax's parts, max-shifted as ``jax.nn.log_softmax`` is. With few actions they are
+    written action by action: vmapped, a reduction over a minor axis of 4 ran about 3x
+    slower on XLA's CPU backend than the same arithmetic on [steps, policies] slabs."""
     import jax
 
     jnp = _jnp()
-    count = logits.shape[-1]
-    if count > UNROLLED_ACTIONS:
+    columns = [logits[i] for i in range(logits.shape[-1])]
+    top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, columns))
+    exps = [jnp.exp(column - top) for column in columns]
+    return columns, top, exps, functools.reduce(jnp.add, exps)
+
+
+def log_softmax_at(logits, action):
+    """log softmax(logits)[action] for ONE step ([A] logits, an int action), equal to
+    ``jax.nn.log_softmax`` within rounding, but for the one action: vmapped over many steps
+    and policies, no [..., A] array of every action's log-probability is written. With
+    few actions, the action's entry is chosen action by action: an index
+    (``shifted[action]``) is a gather per step and policy, slower than the rest of the
+    kernel together. The data's actions are checked to be in range before the kernel."""
+    import jax
+
+    jnp = _jnp()
+    if logits.shape[-1] > UNROLLED_ACTIONS:
         # an index, not a one-hot sum: vmapped over every action (``action_log_probs``, V-hat)
         # a one-hot of each made [steps, A, A] (1,000 actions asked for 66 GB)
         shifted = logits - jax.lax.stop_gradient(jnp.max(logits, initial=-jnp.inf))
         return shifted[action] - jnp.log(jnp.sum(jnp.exp(shifted)))
-    columns = [logits[i] for i in range(count)]
-    top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, columns))
-    total = functools.reduce(jnp.add, [jnp.exp(column - top) for column in columns])
+    columns, top, _, total = _columns(logits)
     chosen = columns[0] - top
     for i, column in enumerate(columns[1:], start=1):
         chosen = jnp.where(action == i, column - top, chosen)
     return chosen - jnp.log(total)
 
 
+def softmax_all(logits):
+    """([A] log softmax, [A] softmax) of ONE step's [A] logits, sharing their exponentials:
+    pi(a|s) of every action (V-hat's) at the cost of log_softmax alone, where exp of each
+    log-probability costs A more exponentials a step. The log-probabilities are
+    ``log_softmax_at``'s, bit for bit."""
+    import jax
+
+    jnp = _jnp()
+    if logits.shape[-1] > UNROLLED_ACTIONS:
+        shifted = logits - jax.lax.stop_gradient(jnp.max(logits, initial=-jnp.inf))
+        exps = jnp.exp(shifted)
+        total = jnp.sum(exps)
+        return shifted - jnp.log(total), exps / total
+    columns, top, exps, total = _columns(logits)
+    log_total = jnp.log(total)
+    log_p = jnp.stack([column - top - log_total for column in columns])
+    return log_p, jnp.stack([e / total for e in exps])
+
+
+def tabular_logits(params, observation):
+    """[A] logits of integer state ``observation``."""
+    return params["logits"][observation]
+
+
 def tabular_log_prob(params, observation, action):
     """log softmax(logits[s])[a]; observation is an integer state."""
-    return log_softmax_at(params["logits"][observation], action)
+    return log_softmax_at(tabular_logits(params, observation), action)
+
+
+def linear_softmax_logits(params, observation):
+    """[A] (s @ W + b) / temperature."""
+    return (_vector(observation) @ params["weight"] + params["bias"]) / params["temperature"]
 
 
 def linear_softmax_log_prob(params, observation, action):
     """log softmax((s @ W + b) / temperature)[a]."""
-    logits = (_vector(observation) @ params["weight"] + params["bias"]) / params["temperature"]
-    return log_softmax_at(logits, action)
+    return log_softmax_at(linear_softmax_logits(params, observation), action)
 
 
 def mlp_forward(params, inputs, activation: str):
@@ -81,11 +116,22 @@ def mlp_forward(params, inputs, activation: str):
 
 
 @functools.cache  # one function object per activation, so the jit cache recognises it
+def _mlp_logits(activation: str) -> LogitsFn:
+    def mlp_softmax_logits(params, observation):
+        """[A] MLP(s) with ``activation`` between layers."""
+        return mlp_forward(params, _vector(observation), activation)
+
+    return mlp_softmax_logits
+
+
+@functools.cache
 def _mlp_log_prob(activation: str) -> LogProbFn:
+    logits = _mlp_logits(activation)
+
     def mlp_softmax_log_prob(params, observation, action):
         """log softmax(MLP(s))[a] with ``activation`` between layers."""
 
-        return log_softmax_at(mlp_forward(params, _vector(observation), activation), action)
+        return log_softmax_at(logits(params, observation), action)
 
     return mlp_softmax_log_prob
 
