@@ -618,3 +618,22 @@ def test_a_mean_weight_above_one_without_spread_is_warned(result):
     assert warned(1.0) == [] and warned(1.01) == []  # 1.01: within the 5% the rule allows
     (below,) = warned(0.8)  # every weight 0.8: probability where the logs have none
     assert "the mean weight is 0.8, below 1 in every episode alike" in " ".join(below.split())
+
+
+def test_one_dominating_episode_names_each_self_normalised_estimate():
+    """One episode holding most of the weight is all of every estimate that divides by the
+    weights: WDR too when the run reports it, not WIS and WPDIS alone."""
+    from ope_cli.estimation.stats import Diagnostics, Estimate
+    from ope_cli.report.warnings import policy_warnings
+    from ope_cli.results import PolicyResult
+
+    diagnostics = Diagnostics(1.2, 0.012, 1.0, 3.0, 0.9, 0.0)
+    names = ("is", "wis", "pdis", "wpdis", "dm", "dr", "wdr")
+    estimates = {name: Estimate(1.0, 0.1, 0.8, 1.2) for name in names}
+    policy = PolicyResult("pi", estimates, diagnostics, None)
+    message = {w.code: w.message for w in policy_warnings(policy, 100)}["one_episode_dominates"]
+    assert "WIS, WPDIS and WDR are essentially that single episode's own value" in message
+    estimates = {name: Estimate(1.0, 0.1, 0.8, 1.2) for name in ("is", "wis")}
+    policy = PolicyResult("pi", estimates, diagnostics, None)
+    message = {w.code: w.message for w in policy_warnings(policy, 100)}["one_episode_dominates"]
+    assert "WIS is essentially that single episode's own value" in message

@@ -15,6 +15,7 @@ import numpy as np
 from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_apply
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
+from ope_cli.estimation.estimators.base import and_list, title
 from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
 from ope_cli.estimation.run_plan import GAMMA_DEFAULT, default_gamma_message
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
@@ -168,8 +169,8 @@ def policy_warnings(
             warn(
                 ONE_EPISODE_DOMINATES,
                 f"one episode holds {percent(d.max_weight_share, 0, limit=MAX_SHARE_WARNING)} "
-                "of the total weight: WIS and "
-                "WPDIS are essentially that single episode's return.",
+                f"of the total weight: {_self_normalised(policy)} essentially that single "
+                "episode's own value.",
             )
         )
     warnings.extend(_mean_weight_warnings(policy, episodes, propensities, warn))
@@ -397,6 +398,18 @@ _CHECK_PROPENSITIES["out_of_fold"] = (
     _CHECK_PROPENSITIES["estimated"] + " (out-of-fold probabilities, --behavior-cross-fit, "
     "raise it too, though rarely this far)"
 )
+
+
+# the estimators that divide by the sum of the weights: one heavy episode is all of them
+SELF_NORMALISED = ("wis", "wpdis", "wdr")
+
+
+def _self_normalised(policy: PolicyResult) -> str:
+    """'WIS and WPDIS are' (those of SELF_NORMALISED that ``policy`` reports; all of them
+    but WDR when it reports none)."""
+    names = [name for name in SELF_NORMALISED if name in policy.estimates] or ["wis", "wpdis"]
+    titles = [title(name) for name in names]
+    return f"{and_list(titles)} {'is' if len(titles) == 1 else 'are'}"
 
 
 def _mean_weight_warnings(

@@ -443,7 +443,7 @@ def title(name: str) -> str:
     return _REGISTRY[name].title if name in _REGISTRY else name
 
 
-def _and(items: list[str]) -> str:
+def and_list(items: list[str]) -> str:
     """'a', 'a and b', 'a, b and c'."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -465,7 +465,7 @@ def describe_betting(estimators: tuple[str, ...]) -> str:
     for kind, words in kinds.items():
         members = [name for name in estimators if get(name).betting == kind]
         if members:
-            parts.append(f"{words} for {_and(members)}")
+            parts.append(f"{words} for {and_list(members)}")
     return ", ".join(parts)
 
 
@@ -477,7 +477,7 @@ def describe_bootstrap_t(estimators: tuple[str, ...]) -> str:
     if studentized:
         parts.append(f"studentized (bootstrap-t) interval for {', '.join(studentized)}")
     if percentile:
-        parts.append(f"percentile for {_and(percentile)}")
+        parts.append(f"percentile for {and_list(percentile)}")
     return " and ".join(parts)
 
 
