@@ -14,9 +14,13 @@ import has written nothing to clean up); elsewhere it raises KeyboardInterrupt a
 that partial outputs are removed on the way out, and arms a timer: a process still running
 ``GRACE_SECONDS`` later, its interrupt lost, ends then. A second Ctrl-C ends it at once
 (raised again, it interrupted the first one's cleanup with a traceback). The command line
-disarms the timer once the interrupt has reached it (``handled``). Only the console script
-installs this (``install``): code that calls ``ope_cli`` in its own process keeps its own
-handlers.
+disarms the timer once the interrupt has reached it (``handled``). SIGTERM (a batch
+scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated`` and exit code 143
+(128 + 15, a shell's for it): partial outputs go, where the default action left them. Once
+the command has written its result, the signals are ignored (``finished``): the process
+then ends with the result's own exit code, not killed by the signal in its teardown after a
+complete document. Only the console script installs this (``install``): code that calls
+``ope_cli`` in its own process keeps its own handlers.
 """
 
 from __future__ import annotations
@@ -30,15 +34,31 @@ import types
 from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
 GRACE_SECONDS = 3.0
+TERMINATED = "ope: terminated"
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+HANDLED = (signal.SIGINT, signal.SIGTERM)
 _armed = [False]  # the timer runs
 _interrupted = [False]  # a first interrupt was raised: a second ends the process at once
+_terminated = [False]  # the signal was SIGTERM
+
+
+def exit_code() -> int:
+    """The exit code of an interrupted run: 143 after SIGTERM, else 130."""
+    return TERMINATED_EXIT_CODE if _terminated[0] else INTERRUPTED_EXIT_CODE
+
+
+def message() -> str:
+    """The one line of an interrupted run: ``ope: terminated`` after SIGTERM, else
+    ``ope: interrupted``."""
+    return TERMINATED if _terminated[0] else INTERRUPTED
 
 
 def exit_interrupted(*_) -> None:
-    """Says ``ope: interrupted`` and ends the process with exit code 130 at once."""
-    sys.stderr.write(f"{INTERRUPTED}\n")
+    """Says ``ope: interrupted`` (``ope: terminated``) and ends the process with exit code
+    130 (143) at once."""
+    sys.stderr.write(f"{message()}\n")
     sys.stderr.flush()
-    os._exit(INTERRUPTED_EXIT_CODE)
+    os._exit(exit_code())
 
 
 def unsafe_to_raise(frame: types.FrameType | None) -> bool:
@@ -57,6 +77,8 @@ def unsafe_to_raise(frame: types.FrameType | None) -> bool:
 
 
 def _on_interrupt(signum: int, frame: types.FrameType | None) -> None:
+    if not _interrupted[0]:
+        _terminated[0] = signum == signal.SIGTERM
     if _interrupted[0] or unsafe_to_raise(frame):  # a second Ctrl-C: now, not another raise
         exit_interrupted()
     _interrupted[0] = True
@@ -67,11 +89,20 @@ def _on_interrupt(signum: int, frame: types.FrameType | None) -> None:
 
 
 def install() -> None:
-    """Handles SIGINT as the module says, unless it is ignored (a job started in the
-    background keeps ignoring it, as Python itself does)."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return
-    signal.signal(signal.SIGINT, _on_interrupt)
+    """Handles SIGINT and SIGTERM as the module says, each unless it is ignored (a job
+    started in the background keeps ignoring SIGINT, as Python itself does)."""
+    for number in HANDLED:
+        if signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, _on_interrupt)
+
+
+def finished() -> None:
+    """The command wrote its result: SIGINT and SIGTERM are ignored from now on, where this
+    module handles them (a signal in the interpreter's teardown killed the process after a
+    complete document, and a shell saw 130)."""
+    for number in HANDLED:
+        if signal.getsignal(number) is _on_interrupt:
+            signal.signal(number, signal.SIG_IGN)
 
 
 def handled() -> None:

@@ -1644,7 +1644,8 @@ def test_ctrl_c_is_one_line_and_exit_130(world, ope_in_process, monkeypatch):
 @pytest.mark.slow  # a real process
 def test_ctrl_c_in_a_real_process_is_one_line(world):
     """SIGINT while the modules load or the command runs: one line, exit 130 (while they
-    loaded it printed a traceback and ended by the signal)."""
+    loaded it printed a traceback and ended by the signal); SIGTERM (a scheduler's): one
+    line, exit 143 (it ended by the signal without a word, leaving partial outputs)."""
     import signal
     import time
 
@@ -1652,7 +1653,10 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
 
     (world.root / "slow_to_import.py").write_text("import time\ntime.sleep(120)\n")
     command = [*interruptible(ope_command()), "evaluate", "data.parquet"]
-    for delay in (0.4, 4.0):  # the entry point's import holds the command up
+    interrupted, terminated = (130, "", "ope: interrupted\n"), (143, "", "ope: terminated\n")
+    cases = ((0.4, signal.SIGINT, interrupted), (4.0, signal.SIGINT, interrupted))
+    for delay, number, expected in (*cases, (4.0, signal.SIGTERM, terminated)):
+        # the entry point's import holds the command up
         child = subprocess.Popen(
             [*command, "-p", "slow_to_import:log_prob"],
             cwd=world.root,
@@ -1662,9 +1666,9 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
             text=True,
         )
         time.sleep(delay)
-        child.send_signal(signal.SIGINT)
+        child.send_signal(number)
         stdout, stderr = child.communicate(timeout=60)
-        assert (child.returncode, stdout, stderr) == (130, "", "ope: interrupted\n"), delay
+        assert (child.returncode, stdout, stderr) == expected, (delay, number)
 
 
 @pytest.mark.parametrize(

@@ -108,3 +108,37 @@ def test_a_second_interrupt_ends_the_process_at_once():
     again = "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)  # pressed again"
     done = _interrupted_once(again, 'print("not reached")')
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
+
+
+@pytest.mark.slow  # real processes
+def test_signals_after_the_result_are_ignored_and_sigterm_before_is_one_line():
+    """Once the result is written (``finished``), SIGINT and SIGTERM no longer end the
+    process: one in the teardown killed it after a complete document, and a shell saw 130.
+    Before that, SIGTERM is raised as Ctrl-C is, and says so with exit code 143."""
+    done = _run(
+        """
+        import os, signal, time
+        from ope_cli import interrupts
+        interrupts.install()
+        interrupts.finished()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("done")
+        """
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    done = _run(
+        """
+        import os, signal, sys, time
+        from ope_cli import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            interrupts.handled()
+            print(interrupts.message(), interrupts.exit_code())
+        """
+    )
+    assert (done.returncode, done.stdout) == (0, "ope: terminated 143\n")

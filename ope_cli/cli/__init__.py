@@ -21,7 +21,7 @@ from ope_cli._version import __version__
 from ope_cli.cli import bench, convert, evaluate, fit_behavior, fit_q, generate, inspect, supervisor
 from ope_cli.cli.console import say
 from ope_cli.cli.helpmap import HelpMapGroup
-from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE, OpeError, UsageError
+from ope_cli.errors import INTERRUPTED_EXIT_CODE, OpeError, UsageError
 from ope_cli.estimation.estimators import names, title
 
 INTERNAL_ERROR_EXIT_CODE = 1
@@ -132,17 +132,20 @@ def run(argv: list[str]) -> int:
         return INTERNAL_ERROR_EXIT_CODE
     if code == INTERRUPTED_EXIT_CODE:  # typer returns Ctrl-C as 130, without a word
         interrupts.handled()
-        say(INTERRUPTED)
+        say(interrupts.message())
+        return interrupts.exit_code()
     return code if isinstance(code, int) else 0
 
 
 def exit_with(code: int) -> None:
-    """Ends the process with ``code``; after Ctrl-C without tearing the interpreter down
-    while XLA's threads may still run (that ended in a segfault in 2 of 8 tries)."""
-    if code == INTERRUPTED_EXIT_CODE:
+    """Ends the process with ``code``; after Ctrl-C (SIGTERM) without tearing the
+    interpreter down while XLA's threads may still run (that ended in a segfault in 2 of 8
+    tries); else with the signals ignored (``interrupts.finished``): the result is out."""
+    if code in (INTERRUPTED_EXIT_CODE, interrupts.TERMINATED_EXIT_CODE):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    interrupts.finished()
     sys.exit(code)
 
 
