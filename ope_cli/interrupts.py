@@ -25,11 +25,13 @@ complete document. Only the console script installs this (``install``): code tha
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
 import sys
 import types
+from collections.abc import Iterator
 
 from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
@@ -110,3 +112,18 @@ def handled() -> None:
     if _armed[0]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _armed[0] = False
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A context in which SIGINT and SIGTERM wait (blocked in this thread) and are
+    delivered when it ends: for a step that must not stop half done, such as replacing an
+    earlier run's files with a new run's (renames: a moment)."""
+    if not hasattr(signal, "pthread_sigmask"):  # not on this platform: as it is
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

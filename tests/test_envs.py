@@ -578,6 +578,45 @@ def test_fewer_policies_over_more_leave_no_stale_files(tmp_path):
     assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["behavior.npz", *expected]
 
 
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("files", [1, 3])
+def test_an_interrupted_overwrite_leaves_the_earlier_run_as_it_was(files, tmp_path, monkeypatch):
+    """Interrupted after the logs were written, an --overwrite left the new logs beside the
+    old truth.json and policies (evaluate --truth took them without a word); the new run
+    writes into a hidden folder and replaces the earlier files only once it is done."""
+    gen.generate("chain", tmp_path, episodes=20, files=files)
+    before = _snapshot(tmp_path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen, "_write_policies", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gen.generate("chain", tmp_path, episodes=30, seed=1, files=files, overwrite=True)
+    assert _snapshot(tmp_path) == before
+    assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))
+
+
+def test_an_interrupted_first_run_leaves_no_folder_to_refuse_the_next(tmp_path, monkeypatch):
+    """An interrupted run left OUT and OUT/policies behind, and the same command then
+    refused them (they "already exist"); the folder it made goes with it."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen, "_write_policies", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gen.generate("chain", tmp_path / "out", episodes=5)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    truth = gen.generate("chain", tmp_path / "out", episodes=5)
+    assert truth["episodes"] == 5 and (tmp_path / "out" / "truth.json").is_file()
+    assert not list((tmp_path / "out").glob(".*"))
+
+
 def test_chain_truth_of_a_new_policy_matches_monte_carlo(tmp_path):
     """eval_3 of 5 (scale -1/4, not one of the default's) against rollouts of it."""
     truth = gen.generate("chain", tmp_path, episodes=5, gamma=0.95, policies=5)

@@ -142,3 +142,27 @@ def test_signals_after_the_result_are_ignored_and_sigterm_before_is_one_line():
         """
     )
     assert (done.returncode, done.stdout) == (0, "ope: terminated 143\n")
+
+
+@pytest.mark.slow  # a real process
+def test_a_held_step_finishes_before_the_interrupt():
+    """``held``: a Ctrl-C during a step that must not stop half done (generate replacing an
+    earlier run's files) is raised once the step is over."""
+    done = _run(
+        """
+        import os, signal, time
+        from ope_cli import interrupts
+        interrupts.install()
+        seen = []
+        try:
+            with interrupts.held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                seen.append("done")
+            time.sleep(5)
+        except KeyboardInterrupt:
+            interrupts.handled()
+            print(seen)
+        """
+    )
+    assert (done.returncode, done.stdout) == (0, "['done']\n")

@@ -38,11 +38,14 @@ which the value of a capped episode depends on time). They live outside ``polici
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ope_cli import interrupts
 from ope_cli.config import python_numbers
 from ope_cli.envs.base import DEFAULT_POLICIES, MAX_POLICIES, Environment
 from ope_cli.envs.registry import ENVIRONMENTS as REGISTRY
@@ -62,6 +66,7 @@ from ope_cli.outputs import refuse_existing
 ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
 # what a run writes into OUT (an earlier run's are replaced only with overwrite)
 OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json")
+STAGING_PREFIX = ".ope-generate-"  # the hidden folder in OUT that a run writes into first
 MAX_EPISODES = 2**32  # ids 0 .. 2^32 - 1: jax.random.fold_in keeps an id's low 32 bits
 
 
@@ -158,28 +163,15 @@ def policy_paths(count: int) -> list[str]:
     return [f"policies/eval_{k:0{width}d}.npz" for k in range(count)]
 
 
-def _remove_stale_policies(out: Path, paths: list[str]) -> None:
-    """Removes an earlier run's policies/eval_*.npz and q/eval_*.npz that this run does not
-    write (it had more, or names of another width), so that 'policies/*.npz' matches this
-    run's policies only."""
-    kept = {Path(path).name for path in paths}
-    for folder in ("policies", "q"):
-        for stale in (out / folder).glob("eval_*.npz"):
-            if stale.name not in kept:
-                stale.unlink()
-
-
 def _write_q(
     out: Path, paths: list[str], q_values: list[np.ndarray | None], gamma: float
 ) -> list[str | None]:
     """Writes q/<policy name>.npz (``tabular_q``, with the ``gamma`` it is exact for) per
-    exact Q, removing an earlier run's file where there is none now; returns the relative
-    paths (None where no Q)."""
+    exact Q; returns the relative paths (None where no Q)."""
     q_paths: list[str | None] = []
     for path, q in zip(paths, q_values, strict=True):
         q_path = f"q/{Path(path).name}"
         if q is None:
-            (out / q_path).unlink(missing_ok=True)
             q_paths.append(None)
             continue
         (out / "q").mkdir(exist_ok=True)
@@ -197,7 +189,6 @@ def _write_policies(
     (each policy's (value, stderr, method), each one's exact Q or None, the discount)."""
     truths, q_values, gamma = known
     paths = ["behavior.npz", *policy_paths(policies)]
-    _remove_stale_policies(out, paths)
     for path, policy in zip(paths, policy_arrays, strict=True):
         write_npz(out / path, environment.kind, policy)
     q_paths = _write_q(out, paths, q_values, gamma)
@@ -237,11 +228,55 @@ def generate(
         raise UsageError(f"the output folder must be a path, got {out_dir!r}")
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
     try:
-        return _generate(env, Path(out_dir), options)
+        return _generate_in_place(env, Path(out_dir), options)
     except OSError as error:  # an output path that cannot be written: say which, no traceback
         raise UsageError(
             f"{error.filename or out_dir}: cannot write the output ({error.strerror or error})"
         ) from None
+
+
+def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
+    """``_generate`` into a hidden folder in ``out`` whose files then replace an earlier
+    run's (``_commit``). Interrupted or failed, it leaves an earlier run's outputs as they
+    were and no new folder: an interrupted --overwrite left some new part files beside the
+    old truth.json, which ``evaluate --truth`` then took without a word, and an
+    interrupted first run left folders that refused the same command again."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        truth = _generate(env, staging, options)
+        _commit(staging, out)
+        return truth
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:  # a failed run's own folder, empty again
+            with contextlib.suppress(OSError):
+                out.rmdir()
+
+
+def earlier_outputs(out: Path) -> list[Path]:
+    """The files of an earlier run in ``out`` that a new run replaces (a user's own files
+    in its folders stay)."""
+    found = [out / "logs.parquet", out / "behavior.npz", out / "truth.json"]
+    found += [*(out / "logs").glob("part-*.parquet"), out / "q" / "behavior.npz"]
+    found += [*(out / "policies").glob("eval_*.npz"), *(out / "q").glob("eval_*.npz")]
+    return [path for path in found if path.is_file() or path.is_symlink()]
+
+
+def _commit(staging: Path, out: Path) -> None:
+    """Replaces an earlier run's files in ``out`` (``earlier_outputs``) with those written
+    in ``staging``, with SIGINT and SIGTERM held until it is done (renames within one file
+    system: a moment), so that it never stops half done."""
+    with interrupts.held():
+        for stale in earlier_outputs(out):
+            stale.unlink()
+        for path in sorted(staging.rglob("*")):  # a folder before its files
+            target = out / path.relative_to(staging)
+            if path.is_dir():
+                target.mkdir(exist_ok=True)
+            else:
+                os.replace(path, target)
 
 
 def _generate(env: str, out: Path, options: GenerateOptions) -> dict:

@@ -48,8 +48,6 @@ def write_logs(
 ) -> tuple[int, int]:
     """Simulates and writes the episodes, whole ones per file; returns (steps, longest episode).
     ``gamma``: the discount of the true values, declared in the metadata (None: not declared)."""
-    for stale in [out / "logs.parquet", *(out / "logs").glob("part-*.parquet")]:  # an earlier run's
-        stale.unlink(missing_ok=True)
     if files == 1:
         paths = [out / "logs.parquet"]
     else:
