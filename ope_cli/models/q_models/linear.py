@@ -90,61 +90,57 @@ class LinearQ(FoldSums):
             raise DataError("observations change size between steps")
 
     def add(self, batch: Transitions) -> None:
-        """Adds the sums of ``batch`` (with ``probs`` [N, A]), in blocks of ROWS steps,
-        about the pivot (the first steps' mean): summed raw, a feature of 1e8 +- 1 lost its
-        spread to rounding, and the fit then moved with the files, batches and processes."""
+        """Adds the sums of ``batch`` (with ``probs`` [N, A]) about the pivot (the first
+        steps' mean: summed raw, a feature of 1e8 +- 1 lost its spread to rounding, and the
+        fit then moved with the files, batches and processes). The steps go in (fold,
+        action) order: a fold's steps are one slice, and phi(s, a) is x in the block of a,
+        so A's and b's rows of a are sums over a's steps of x [d + 1] (a quarter of a
+        [D, D] product with four actions)."""
         observation = features(batch.observation)
-        self._start(observation.shape[1] + 1, observation.mean(axis=0))
-        per_fold = batch.fold * self.n_actions
-        cells = self.folds * self.n_actions
-        self.taken += np.bincount(per_fold + batch.action, minlength=cells).reshape(
-            -1, self.n_actions
-        )
-        for a in range(self.n_actions):
+        width = observation.shape[1] + 1
+        self._start(width, observation.mean(axis=0) if self.dim == 0 else self.pivot)
+        actions = self.n_actions
+        key = batch.fold * actions + batch.action
+        groups = np.bincount(key, minlength=self.folds * actions)
+        self.taken += groups.reshape(-1, actions)
+        for a in range(actions):
             self.mass[:, a] += np.bincount(batch.fold, batch.probs[:, a], self.folds)
         x = with_bias(observation - self.pivot)
         x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
-        for start in range(0, batch.size, ROWS):  # blocks of steps, not steps
-            rows = slice(start, start + ROWS)
-            psi = mean_features(x_next[rows], probs_next[rows])
-            psi *= -self.gamma
-            # + phi(s, a): x in the action's block, without a [ROWS, D] phi of zeros
-            blocks = psi.reshape(psi.shape[0], self.n_actions, self.dim)  # a view
-            blocks[np.arange(psi.shape[0]), batch.action[rows]] += x[rows]
-            self._accumulate(batch, rows, psi, x)
-
-    def _accumulate(self, batch, rows: slice, psi, x) -> None:
-        """The sums of the steps ``rows``, ``psi`` [n, D] their residual features. The
-        steps go in (fold, action) order: phi(s, a) is x in the block of a, so A's and b's
-        rows of a are sums over a's steps of x [d + 1] (a quarter of a [D, D] product with
-        four actions), and a fold's steps are one slice."""
-        r, fold, first = batch.reward[rows], batch.fold[rows], batch.first[rows]
-        actions = self.n_actions
-        key = fold * actions + batch.action[rows]
         order = np.argsort(key, kind="stable")
-        bounds = np.searchsorted(key[order], np.arange(self.folds * actions + 1))
-        xs, qs, rs = x[rows][order], psi[order], r[order]
-        fold_bounds = bounds[::actions]  # [folds + 1]: each fold's steps, one slice
-        for k in np.flatnonzero(np.diff(fold_bounds)):  # the folds with steps here
-            mine = slice(fold_bounds[k], fold_bounds[k + 1])
-            q, rk = qs[mine], rs[mine]
-            self.c_mat[k] += q.T @ q
-            self.e[k] += q.T @ rk
-            self.sx[k] += xs[mine].sum(axis=0)
-            self.sxx[k] += np.einsum("ij,ij->j", xs[mine], xs[mine])
-            self.rr[k] += rk @ rk
-            self.n[k] += rk.size
-            for a in range(actions):
-                taken = slice(bounds[k * actions + a], bounds[k * actions + a + 1])
-                block = slice(a * self.dim, (a + 1) * self.dim)
-                self.a_mat[k][block] += xs[taken].T @ qs[taken]
-                self.b[k][block] += xs[taken].T @ rs[taken]
+        x, x_next, probs_next = x[order], x_next[order], probs_next[order]
+        reward, first = batch.reward[order], batch.first[order]
+        bounds = np.concatenate([[0], np.cumsum(groups)])  # [folds * A + 1]
+        for group in np.flatnonzero(groups):  # the (fold, action) pairs with steps here
+            k, a = divmod(int(group), actions)
+            for start in range(bounds[group], bounds[group + 1], ROWS):  # blocks, not steps
+                rows = slice(start, min(start + ROWS, bounds[group + 1]))
+                self._add_block(k, a, x[rows], x_next[rows], probs_next[rows], reward[rows])
+        for k in range(self.folds):
+            mine = slice(bounds[k * actions], bounds[(k + 1) * actions])
+            xs, rs = x[mine], reward[mine]
+            self.sx[k] += xs.sum(axis=0)
+            self.sxx[k] += np.einsum("ij,ij->j", xs, xs)
+            self.rr[k] += rs @ rs
+            self.n[k] += rs.size
             # phibar(s_0) of the fold's initial states only
-            starts = rows.start + np.flatnonzero(first & (fold == k))
-            start = mean_features(x[starts], batch.probs[starts])
+            starts = mine.start + np.flatnonzero(first[mine])
+            start = mean_features(x[starts], batch.probs[order[starts]])
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
             self.n0[k] += start.shape[0]
+
+    def _add_block(self, k: int, a: int, x, x_next, probs_next, reward) -> None:
+        """The sums of fold ``k``'s steps ``x`` [n, d + 1] that took action ``a``: psi =
+        phi(s, a) - gamma phibar(s') [n, D] their residual features."""
+        psi = mean_features(x_next, probs_next)
+        psi *= -self.gamma
+        block = slice(a * self.dim, (a + 1) * self.dim)
+        psi[:, block] += x  # + phi(s, a): x in the action's block, no [n, D] of zeros
+        self.c_mat[k] += psi.T @ psi
+        self.e[k] += psi.T @ reward
+        self.a_mat[k][block] += x.T @ psi
+        self.b[k][block] += x.T @ reward
 
     def gather_processes(self, gather: Gather) -> None:
         """Every process's sums, summed about the first pivot of a process with steps (a
