@@ -958,3 +958,29 @@ def test_cross_fitted_unlogged_actions_are_the_other_folds_ones():
     two = unlogged_warning({**fit, "folds": 2})
     assert "actions that the other folds never logged there" in two
     assert "never occur" not in two and "(tabular, 2 folds)" in two
+
+
+@pytest.mark.parametrize("kind", ["tabular", "linear_softmax", "mlp_softmax"])
+def test_policy_probs_of_a_softmax_checkpoint_come_from_its_logits(kind, tmp_path):
+    """pi_e over the actions, as the fits take it, is the softmax of the checkpoint's logits
+    (no exp of log-probabilities): equal to the NumPy softmax within rounding, and to the
+    log_prob path the other policies take."""
+    import dataclasses
+
+    from datasets import random_checkpoint, save_checkpoint
+
+    from ope_cli.models.q_models.base import policy_probs
+
+    rng = np.random.default_rng(3)
+    sizes = {"tabular": dict(n_states=N_STATES), "mlp_softmax": dict(hidden=(4,))}
+    ckpt = random_checkpoint(kind, rng, n_actions=N_ACTIONS, obs_dim=OBS_DIM, **sizes.get(kind, {}))
+    policy = load_policy(str(save_checkpoint(tmp_path / "p.npz", ckpt)))
+    observation = (
+        rng.integers(0, N_STATES, size=20) if kind == "tabular" else rng.normal(size=(20, 2))
+    )
+    probs = policy_probs(policy, observation, N_ACTIONS)
+    without = policy_probs(dataclasses.replace(policy, logits=None), observation, N_ACTIONS)
+    np.testing.assert_allclose(probs, without, rtol=1e-15, atol=0)
+    if kind == "tabular":
+        np.testing.assert_allclose(probs, _softmax(ckpt["logits"][observation]), rtol=1e-14)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-15)

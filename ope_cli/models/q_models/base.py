@@ -21,6 +21,7 @@ from ope_cli.data.ids import episode_folds
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.models.behavior_models.base import Gather
 from ope_cli.models.policies import Policy, action_log_probs
+from ope_cli.models.policies.functions import softmax_all
 
 # model name -> the checkpoint kind it writes (discrete actions; mlp on continuous actions
 # writes mlp_q_sa)
@@ -212,12 +213,16 @@ def step_keys(chunk: EpisodeChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # --- pi_e over the actions, in JAX ---------------------------------------------------------
 
 
-@functools.cache  # one jitted program per (log_prob, n_actions): its compilations are reused
-def _probs_program(log_prob, n_actions: int):
+@functools.cache  # one jitted program per (log_prob, logits, n_actions): compiled once
+def _probs_program(log_prob, logits, n_actions: int):
     import jax
     import jax.numpy as jnp
 
     def probs(params, observation):
+        if logits is not None:  # a softmax checkpoint's: exp of no log-probability
+            values = logits(params, observation)
+            if values.shape == (n_actions,):
+                return softmax_all(values)[1]
         return jnp.exp(action_log_probs(log_prob, params, observation, n_actions))
 
     return jax.jit(jax.vmap(probs, in_axes=(None, 0)))
@@ -251,7 +256,7 @@ def _blocks(program, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
 
 def policy_probs(policy: Policy, observation: np.ndarray, n_actions: int) -> np.ndarray:
     """[N, n_actions] pi_e(a|s) of every action at each observation ([N] or [N, d])."""
-    program = _probs_program(policy.log_prob, n_actions)
+    program = _probs_program(policy.log_prob, policy.logits, n_actions)
     try:
         probs = _blocks(lambda obs: program(policy.params, obs), (observation,))
     except Exception as error:  # noqa: BLE001 - user code under jit: a policy error
