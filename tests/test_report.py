@@ -622,7 +622,8 @@ def test_a_mean_weight_above_one_without_spread_is_warned(result):
 
 def test_one_dominating_episode_names_each_self_normalised_estimate():
     """One episode holding most of the weight is all of every estimate that divides by the
-    weights: WDR too when the run reports it, not WIS and WPDIS alone."""
+    weights, and of WDR's weighted correction (its direct-method part is every episode's)
+    when the run reports it, which the warning left out."""
     from ope_cli.estimation.stats import Diagnostics, Estimate
     from ope_cli.report.warnings import policy_warnings
     from ope_cli.results import PolicyResult
@@ -632,8 +633,11 @@ def test_one_dominating_episode_names_each_self_normalised_estimate():
     estimates = {name: Estimate(1.0, 0.1, 0.8, 1.2) for name in names}
     policy = PolicyResult("pi", estimates, diagnostics, None)
     message = {w.code: w.message for w in policy_warnings(policy, 100)}["one_episode_dominates"]
-    assert "WIS, WPDIS and WDR are essentially that single episode's own value" in message
+    assert message.endswith(
+        "WIS and WPDIS are essentially that single episode's return, and WDR's correction "
+        "to the Q-hat estimate is that episode's."
+    )
     estimates = {name: Estimate(1.0, 0.1, 0.8, 1.2) for name in ("is", "wis")}
     policy = PolicyResult("pi", estimates, diagnostics, None)
     message = {w.code: w.message for w in policy_warnings(policy, 100)}["one_episode_dominates"]
-    assert "WIS is essentially that single episode's own value" in message
+    assert message.endswith("WIS is essentially that single episode's return.")

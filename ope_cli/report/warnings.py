@@ -169,8 +169,7 @@ def policy_warnings(
             warn(
                 ONE_EPISODE_DOMINATES,
                 f"one episode holds {percent(d.max_weight_share, 0, limit=MAX_SHARE_WARNING)} "
-                f"of the total weight: {_self_normalised(policy)} essentially that single "
-                "episode's own value.",
+                f"of the total weight: {_dominated(policy)}",
             )
         )
     warnings.extend(_mean_weight_warnings(policy, episodes, propensities, warn))
@@ -400,16 +399,21 @@ _CHECK_PROPENSITIES["out_of_fold"] = (
 )
 
 
-# the estimators that divide by the sum of the weights: one heavy episode is all of them
-SELF_NORMALISED = ("wis", "wpdis", "wdr")
-
-
-def _self_normalised(policy: PolicyResult) -> str:
-    """'WIS and WPDIS are' (those of SELF_NORMALISED that ``policy`` reports; all of them
-    but WDR when it reports none)."""
-    names = [name for name in SELF_NORMALISED if name in policy.estimates] or ["wis", "wpdis"]
-    titles = [title(name) for name in names]
-    return f"{and_list(titles)} {'is' if len(titles) == 1 else 'are'}"
+def _dominated(policy: PolicyResult) -> str:
+    """What one dominating episode is all of, among the estimates ``policy`` reports: WIS
+    and WPDIS divide by the sum of the weights, so they are its return; WDR is the
+    direct method's average over every episode plus weighted corrections, so only its
+    correction is that episode's."""
+    titles = [title(name) for name in ("wis", "wpdis") if name in policy.estimates]
+    said = (
+        f"{and_list(titles)} {'is' if len(titles) == 1 else 'are'} essentially that single "
+        "episode's return"
+        if titles
+        else "the self-normalised estimates are essentially that single episode's return"
+    )
+    if "wdr" in policy.estimates:
+        said += f", and {title('wdr')}'s correction to the Q-hat estimate is that episode's"
+    return said + "."
 
 
 def _mean_weight_warnings(
