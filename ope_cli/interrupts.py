@@ -17,9 +17,9 @@ that partial outputs are removed on the way out, and arms a timer: a process sti
 disarms the timer once the interrupt has reached it (``handled``). SIGTERM (a batch
 scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated`` and exit code 143
 (128 + 15, a shell's for it): partial outputs go, where the default action left them. Once
-the command has written its result, the signals are ignored (``finished``): the process
-then ends with the result's own exit code, not killed by the signal in its teardown after a
-complete document. Only the console script installs this (``install``): code that calls
+the command has written its result, either signal ends the process at once with the
+result's own exit code (``finished``), not killed by it in the teardown after a complete
+document. Only the console script installs this (``install``): code that calls
 ``ope_cli`` in its own process keeps its own handlers.
 """
 
@@ -30,6 +30,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import types
 from collections.abc import Iterator
 
@@ -98,13 +99,21 @@ def install() -> None:
             signal.signal(number, _on_interrupt)
 
 
-def finished() -> None:
-    """The command wrote its result: SIGINT and SIGTERM are ignored from now on, where this
-    module handles them (a signal in the interpreter's teardown killed the process after a
-    complete document, and a shell saw 130)."""
+def finished(code: int) -> None:
+    """The command wrote its result, whose exit code is ``code``: from now on SIGINT and
+    SIGTERM end the process at once with that code, where this module handles them. A
+    signal in the interpreter's teardown killed the process after a complete document
+    (a shell saw 130), and ignored, one could not stop a teardown that waits (a cluster's
+    shutdown)."""
+
+    def end(*_) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(code)
+
     for number in HANDLED:
         if signal.getsignal(number) is _on_interrupt:
-            signal.signal(number, signal.SIG_IGN)
+            signal.signal(number, end)
 
 
 def handled() -> None:
@@ -116,14 +125,25 @@ def handled() -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A context in which SIGINT and SIGTERM wait (blocked in this thread) and are
-    delivered when it ends: for a step that must not stop half done, such as replacing an
-    earlier run's files with a new run's (renames: a moment)."""
-    if not hasattr(signal, "pthread_sigmask"):  # not on this platform: as it is
+    """A context in which SIGINT and SIGTERM wait and are raised again (to the handlers
+    they had) when it ends: for a step that must not stop half done, such as replacing an
+    earlier run's files with a new run's. A signal mask would not do: it holds the calling
+    thread only, and with JAX loaded another thread takes the signal while Python still
+    runs the handler in the main thread. Outside the main thread (where Python runs no
+    handler and none can be set) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    pending: list[int] = []
+    before = {number: signal.getsignal(number) for number in HANDLED}
+    for number, handler in before.items():
+        if handler not in (None, signal.SIG_IGN):  # None: set outside Python, left alone
+            signal.signal(number, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for number, handler in before.items():
+            if handler not in (None, signal.SIG_IGN):
+                signal.signal(number, handler)
+        if pending:
+            signal.raise_signal(pending[0])

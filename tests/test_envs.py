@@ -600,6 +600,27 @@ def test_an_interrupted_overwrite_leaves_the_earlier_run_as_it_was(files, tmp_pa
     assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))
 
 
+def test_a_commit_that_fails_half_way_leaves_no_truth_beside_mixed_files(tmp_path, monkeypatch):
+    """The earlier truth.json goes before any file is replaced and the new one comes last:
+    a disk that fills half way through leaves files of two runs but no truth.json to
+    score them against, and the error names the file's place, not the hidden folder."""
+    gen.generate("chain", tmp_path, episodes=20)
+    move = gen.shutil.move
+
+    def full_disk(source, target):
+        if Path(source).name == "eval_1.npz":
+            raise OSError(28, "No space left on device", str(source))
+        return move(source, target)
+
+    monkeypatch.setattr(gen.shutil, "move", full_disk)
+    with pytest.raises(UsageError) as raised:
+        gen.generate("chain", tmp_path, episodes=30, seed=1, overwrite=True)
+    expected = f"{tmp_path / 'policies' / 'eval_1.npz'}: cannot write the output (No space"
+    assert str(raised.value).startswith(expected), raised.value
+    assert not (tmp_path / "truth.json").exists()
+    assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))
+
+
 def test_an_interrupted_first_run_leaves_no_folder_to_refuse_the_next(tmp_path, monkeypatch):
     """An interrupted run left OUT and OUT/policies behind, and the same command then
     refused them (they "already exist"); the folder it made goes with it."""

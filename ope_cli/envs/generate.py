@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -230,9 +231,8 @@ def generate(
     try:
         return _generate_in_place(env, Path(out_dir), options)
     except OSError as error:  # an output path that cannot be written: say which, no traceback
-        raise UsageError(
-            f"{error.filename or out_dir}: cannot write the output ({error.strerror or error})"
-        ) from None
+        where = _public(os.fsdecode(error.filename)) if error.filename else out_dir
+        raise UsageError(f"{where}: cannot write the output ({error.strerror or error})") from None
 
 
 def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
@@ -265,18 +265,31 @@ def earlier_outputs(out: Path) -> list[Path]:
 
 
 def _commit(staging: Path, out: Path) -> None:
-    """Replaces an earlier run's files in ``out`` (``earlier_outputs``) with those written
-    in ``staging``, with SIGINT and SIGTERM held until it is done (renames within one file
-    system: a moment), so that it never stops half done."""
+    """Moves the files written in ``staging`` to their places in ``out``, then removes an
+    earlier run's files that none replaced (``earlier_outputs``), with SIGINT and SIGTERM
+    held until it is done (``interrupts.held``). An earlier truth.json goes first and the
+    new one comes last: a commit that fails half way (a full disk) leaves no truth.json
+    beside files of two runs."""
     with interrupts.held():
-        for stale in earlier_outputs(out):
-            stale.unlink()
-        for path in sorted(staging.rglob("*")):  # a folder before its files
+        (out / "truth.json").unlink(missing_ok=True)
+        new = [path for path in sorted(staging.rglob("*")) if not path.is_dir()]
+        placed = {out / path.relative_to(staging) for path in new}
+        for path in sorted(new, key=lambda path: path.name == "truth.json"):
             target = out / path.relative_to(staging)
-            if path.is_dir():
-                target.mkdir(exist_ok=True)
-            else:
-                os.replace(path, target)
+            target.parent.mkdir(exist_ok=True)
+            shutil.move(path, target)  # a rename, or a copy onto another file system
+        for stale in earlier_outputs(out):
+            if stale not in placed:
+                stale.unlink()
+
+
+def _public(path: str | None) -> str | None:
+    """``path`` with a run's hidden folder taken out: where the file was going."""
+    if path is None:
+        return None
+    return re.sub(
+        rf"{re.escape(os.sep)}{re.escape(STAGING_PREFIX)}[^{re.escape(os.sep)}]+", "", path
+    )
 
 
 def _generate(env: str, out: Path, options: GenerateOptions) -> dict:
