@@ -360,3 +360,25 @@ def test_ctrl_c_while_joining_is_one_line_and_exit_130(world):
     assert (waiting.returncode, out) == (130, ""), err
     assert err == "ope: interrupted\n", err
     assert time.monotonic() - started < 20  # not the join's 120 s
+
+
+def test_the_supervisor_passes_on_a_signal_that_came_before_its_child():
+    """SIGTERM (SIGHUP) reaching the supervisor before its worker exists is sent to the
+    worker once it runs (it escaped as a traceback); later ones go straight to it."""
+    import signal
+
+    from ope_cli.cli.supervisor import Forward
+
+    class Child:
+        def __init__(self):
+            self.received = []
+
+        def send_signal(self, number):
+            self.received.append(number)
+
+    forward, child = Forward(), Child()
+    forward(signal.SIGTERM)
+    assert child.received == []
+    forward.started(child)
+    forward(signal.SIGHUP)
+    assert child.received == [signal.SIGTERM, signal.SIGHUP]

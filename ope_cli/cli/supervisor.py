@@ -35,6 +35,28 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+class Forward:
+    """The supervisor's SIGTERM and SIGHUP handler: the signal passed on to the child, one
+    that comes before the child exists sent once it does (before, a SIGTERM then escaped
+    as a traceback)."""
+
+    def __init__(self) -> None:
+        self.child = None
+        self.pending: list[int] = []
+
+    def __call__(self, number: int, frame=None) -> None:
+        if self.child is None:
+            self.pending.append(number)
+        else:
+            self.child.send_signal(number)
+
+    def started(self, child) -> None:
+        """``child`` now runs: the signals that came before go to it."""
+        self.child = child
+        for number in self.pending:
+            child.send_signal(number)
+
+
 def supervise(argv: list[str]) -> int:
     """Runs this command in a child process and reports how it ended.
 
@@ -48,15 +70,21 @@ def supervise(argv: list[str]) -> int:
     import subprocess
 
     env = {**os.environ, WORKER_ENV: "1", "PYTHONUNBUFFERED": "1"}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "ope_cli", *argv],
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-        preexec_fn=_die_with_parent,
-    )
+    forward = Forward()
     for forwarded in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(forwarded, lambda number, frame: child.send_signal(number))
+        signal.signal(forwarded, forward)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "ope_cli", *argv],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+    except KeyboardInterrupt:  # Ctrl-C before there is a child: nothing else to stop
+        say(INTERRUPTED)
+        return INTERRUPTED_EXIT_CODE
+    forward.started(child)
     debug = "--debug" in argv
     runtime_log = []  # the runtime's own fatal-error lines, to say what went wrong
     said = False  # whether the child already gave its one ``ope:`` line
