@@ -460,8 +460,12 @@ def test_v_hat_takes_the_probabilities_from_the_policies_logits(q_actions):
     q = SimpleNamespace(n_actions=q_actions)
     shared = SimpleNamespace(q=q, logits=head.logits, log_prob=head.log_prob)
     alone = SimpleNamespace(q=q, logits=None, log_prob=head.log_prob)
-    log_pi, pi = _policy_action_probs(shared, params, observation, np.float64)
-    expected_log_pi, expected_pi = _policy_action_probs(alone, params, observation, np.float64)
+
+    def probs(static):  # jitted, as the kernel runs it (eager, each op dispatched: seconds)
+        return jax.jit(lambda p, o: _policy_action_probs(static, p, o, np.float64))
+
+    log_pi, pi = probs(shared)(params, observation)
+    expected_log_pi, expected_pi = probs(alone)(params, observation)
     assert log_pi.shape == (2, 5, 6, q_actions)
     np.testing.assert_array_equal(log_pi, expected_log_pi)
     if q_actions == 4:
