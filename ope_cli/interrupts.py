@@ -30,7 +30,6 @@ import gc
 import os
 import signal
 import sys
-import threading
 import types
 from collections.abc import Iterator
 
@@ -43,6 +42,8 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 _armed = [False]  # the timer runs
 _interrupted = [False]  # a first interrupt was raised: a second ends the process at once
 _terminated = [False]  # the signal was SIGTERM
+_holding = [0]  # ``held`` contexts open: a signal waits in _held
+_held: list[int] = []
 
 
 def exit_code() -> int:
@@ -80,6 +81,9 @@ def unsafe_to_raise(frame: types.FrameType | None) -> bool:
 
 
 def _on_interrupt(signum: int, frame: types.FrameType | None) -> None:
+    if _holding[0]:  # raised when the step is done (``held``)
+        _held.append(signum)
+        return
     if not _interrupted[0]:
         _terminated[0] = signum == signal.SIGTERM
     if _interrupted[0] or unsafe_to_raise(frame):  # a second Ctrl-C: now, not another raise
@@ -125,25 +129,18 @@ def handled() -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A context in which SIGINT and SIGTERM wait and are raised again (to the handlers
-    they had) when it ends: for a step that must not stop half done, such as replacing an
-    earlier run's files with a new run's. A signal mask would not do: it holds the calling
-    thread only, and with JAX loaded another thread takes the signal while Python still
-    runs the handler in the main thread. Outside the main thread (where Python runs no
-    handler and none can be set) it holds nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    before = {number: signal.getsignal(number) for number in HANDLED}
-    for number, handler in before.items():
-        if handler not in (None, signal.SIG_IGN):  # None: set outside Python, left alone
-            signal.signal(number, lambda signum, frame: pending.append(signum))
+    """A context in which SIGINT and SIGTERM, where this module handles them (``install``),
+    wait and are raised when it ends (the first of them): for a step that must not stop
+    half done, such as replacing an earlier run's files with a new run's. A signal mask
+    would not do: it holds the calling thread only, and with JAX loaded another thread
+    took the signal while Python still ran the handler in the main thread; swapping the
+    handlers raced with the signals it held. Nested, the outermost one raises."""
+    _holding[0] += 1
     try:
         yield
     finally:
-        for number, handler in before.items():
-            if handler not in (None, signal.SIG_IGN):
-                signal.signal(number, handler)
-        if pending:
-            signal.raise_signal(pending[0])
+        _holding[0] -= 1
+        if not _holding[0] and _held:
+            number = _held[0]
+            _held.clear()
+            _on_interrupt(number, sys._getframe())

@@ -362,6 +362,29 @@ def test_ctrl_c_while_joining_is_one_line_and_exit_130(world):
     assert time.monotonic() - started < 20  # not the join's 120 s
 
 
+@pytest.mark.slow  # real processes
+def test_a_hangup_or_a_killed_worker_is_said_as_such(world):
+    """A worker ended by a signal its supervisor passed on (SIGHUP: it has no handler for
+    it) was "stopped by the JAX runtime", exit 5; and a worker killed outright (out of
+    memory, kill -9) blamed "another process"."""
+    import signal
+
+    tmp, _ = world
+    for stop in ("hangup", "kill"):
+        waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120, signals=True)
+        time.sleep(4)  # imported and joining
+        if stop == "hangup":
+            waiting.send_signal(signal.SIGHUP)
+        else:
+            subprocess.run(["pkill", "-KILL", "-P", str(waiting.pid)], check=True)
+        out, err = waiting.communicate(timeout=60)
+        if stop == "hangup":
+            assert (waiting.returncode, out, err) == (129, "", "ope: terminated\n")
+        else:
+            assert (waiting.returncode, out) == (5, ""), err
+            assert err.startswith("ope: distributed run failed: this process's worker was killed")
+
+
 def test_the_supervisor_passes_on_a_signal_that_came_before_its_child():
     """SIGTERM (SIGHUP) reaching the supervisor before its worker exists is sent to the
     worker once it runs (it escaped as a traceback); later ones go straight to it."""
@@ -382,3 +405,4 @@ def test_the_supervisor_passes_on_a_signal_that_came_before_its_child():
     forward.started(child)
     forward(signal.SIGHUP)
     assert child.received == [signal.SIGTERM, signal.SIGHUP]
+    assert forward.received == {signal.SIGTERM, signal.SIGHUP}

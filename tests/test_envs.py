@@ -605,20 +605,31 @@ def test_a_commit_that_fails_half_way_leaves_no_truth_beside_mixed_files(tmp_pat
     a disk that fills half way through leaves files of two runs but no truth.json to
     score them against, and the error names the file's place, not the hidden folder."""
     gen.generate("chain", tmp_path, episodes=20)
-    move = gen.shutil.move
+    replace = gen.os.replace
 
     def full_disk(source, target):
         if Path(source).name == "eval_1.npz":
             raise OSError(28, "No space left on device", str(source))
-        return move(source, target)
+        return replace(source, target)
 
-    monkeypatch.setattr(gen.shutil, "move", full_disk)
+    monkeypatch.setattr(gen.os, "replace", full_disk)
     with pytest.raises(UsageError) as raised:
         gen.generate("chain", tmp_path, episodes=30, seed=1, overwrite=True)
     expected = f"{tmp_path / 'policies' / 'eval_1.npz'}: cannot write the output (No space"
     assert str(raised.value).startswith(expected), raised.value
     assert not (tmp_path / "truth.json").exists()
     assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))
+
+
+def test_a_folder_where_a_file_goes_is_an_error_and_stays_as_it_is(tmp_path):
+    """OUT/logs.parquet a folder of the user's: --overwrite said it replaced the logs and
+    put them inside it, beside the user's files; it is an error, and the folder stays."""
+    (tmp_path / "logs.parquet").mkdir()
+    (tmp_path / "logs.parquet" / "mine.txt").write_text("kept")
+    with pytest.raises(UsageError, match=r"logs\.parquet: cannot write the output"):
+        gen.generate("chain", tmp_path, episodes=5, overwrite=True)
+    assert [p.name for p in (tmp_path / "logs.parquet").iterdir()] == ["mine.txt"]
+    assert not (tmp_path / "truth.json").exists()
 
 
 def test_an_interrupted_first_run_leaves_no_folder_to_refuse_the_next(tmp_path, monkeypatch):

@@ -961,16 +961,25 @@ def test_cross_fitted_unlogged_actions_are_the_other_folds_ones():
 
 
 @pytest.mark.parametrize("kind", ["tabular", "linear_softmax", "mlp_softmax"])
-def test_policy_probs_of_a_softmax_checkpoint_come_from_its_logits(kind, tmp_path):
+def test_policy_probs_of_a_softmax_checkpoint_come_from_its_logits(kind, tmp_path, monkeypatch):
     """pi_e over the actions, as the fits take it, is the softmax of the checkpoint's logits
-    (no exp of log-probabilities): equal to the NumPy softmax within rounding, and to the
-    log_prob path the other policies take."""
+    (no exp of log-probabilities): equal to the NumPy reference within rounding, and to
+    the log_prob path the other policies take."""
     import dataclasses
 
     from datasets import random_checkpoint, save_checkpoint
+    from reference import reference_log_prob
 
-    from ope_cli.models.q_models.base import policy_probs
+    from ope_cli.models.q_models import base
 
+    taken, original = [], base.softmax_all
+
+    def softmax_all(logits):  # traced once per program: the logits path was taken
+        taken.append(logits.shape)
+        return original(logits)
+
+    monkeypatch.setattr(base, "softmax_all", softmax_all)
+    base._probs_program.cache_clear()
     rng = np.random.default_rng(3)
     sizes = {"tabular": dict(n_states=N_STATES), "mlp_softmax": dict(hidden=(4,))}
     ckpt = random_checkpoint(kind, rng, n_actions=N_ACTIONS, obs_dim=OBS_DIM, **sizes.get(kind, {}))
@@ -978,9 +987,13 @@ def test_policy_probs_of_a_softmax_checkpoint_come_from_its_logits(kind, tmp_pat
     observation = (
         rng.integers(0, N_STATES, size=20) if kind == "tabular" else rng.normal(size=(20, 2))
     )
-    probs = policy_probs(policy, observation, N_ACTIONS)
-    without = policy_probs(dataclasses.replace(policy, logits=None), observation, N_ACTIONS)
+    probs = base.policy_probs(policy, observation, N_ACTIONS)
+    assert taken == [(N_ACTIONS,)]
+    expected = np.exp(
+        [reference_log_prob(ckpt, observation, np.full(20, a)) for a in range(N_ACTIONS)]
+    ).T
+    np.testing.assert_allclose(probs, expected, rtol=1e-13)
+    without = base.policy_probs(dataclasses.replace(policy, logits=None), observation, N_ACTIONS)
     np.testing.assert_allclose(probs, without, rtol=1e-15, atol=0)
-    if kind == "tabular":
-        np.testing.assert_allclose(probs, _softmax(ckpt["logits"][observation]), rtol=1e-14)
-    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-15)
+    assert taken == [(N_ACTIONS,)]  # the log_prob path: no softmax of logits
+    base._probs_program.cache_clear()

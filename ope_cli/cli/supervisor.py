@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 
+from ope_cli import interrupts
 from ope_cli.cli.console import say
 from ope_cli.cli.options import CLUSTER_OPTIONS
 from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
@@ -43,8 +44,10 @@ class Forward:
     def __init__(self) -> None:
         self.child = None
         self.pending: list[int] = []
+        self.received: set[int] = set()  # every signal passed on (or to be)
 
     def __call__(self, number: int, frame=None) -> None:
+        self.received.add(number)
         if self.child is None:
             self.pending.append(number)
         else:
@@ -99,7 +102,16 @@ def supervise(argv: list[str]) -> int:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C: the child stops too, and one line says so
         return _interrupted(child)
+    if code < 0 and -code in forward.received:  # ended by the signal this process passed on
+        say(interrupts.TERMINATED)  # (one that came before it handled signals)
+        return 128 - code
     if code < 0 and said:  # the runtime aborted a child that had said what failed
+        return RUNTIME_EXIT_CODE
+    if code == -signal.SIGKILL:  # not the runtime's (it aborts): the system's, or kill -9
+        say(
+            "ope: distributed run failed: this process's worker was killed (SIGKILL: out "
+            "of memory, or kill -9); its peers stop too"
+        )
         return RUNTIME_EXIT_CODE
     if code < 0:
         reason = _abort_reason("".join(runtime_log), argv)
@@ -121,8 +133,6 @@ def _interrupted(child) -> int:
     parent printed a traceback)."""
     import signal
     import subprocess
-
-    from ope_cli import interrupts
 
     interrupts.handled()  # this function keeps its own time
     with contextlib.suppress(ProcessLookupError):

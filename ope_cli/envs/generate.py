@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -265,7 +266,7 @@ def earlier_outputs(out: Path) -> list[Path]:
 
 
 def _commit(staging: Path, out: Path) -> None:
-    """Moves the files written in ``staging`` to their places in ``out``, then removes an
+    """Moves the files written in ``staging`` to their places in ``out`` and removes an
     earlier run's files that none replaced (``earlier_outputs``), with SIGINT and SIGTERM
     held until it is done (``interrupts.held``). An earlier truth.json goes first and the
     new one comes last: a commit that fails half way (a full disk) leaves no truth.json
@@ -274,13 +275,27 @@ def _commit(staging: Path, out: Path) -> None:
         (out / "truth.json").unlink(missing_ok=True)
         new = [path for path in sorted(staging.rglob("*")) if not path.is_dir()]
         placed = {out / path.relative_to(staging) for path in new}
-        for path in sorted(new, key=lambda path: path.name == "truth.json"):
-            target = out / path.relative_to(staging)
-            target.parent.mkdir(exist_ok=True)
-            shutil.move(path, target)  # a rename, or a copy onto another file system
+        truth = staging / "truth.json"
+        for path in new:
+            if path != truth:
+                _place(path, out / path.relative_to(staging))
         for stale in earlier_outputs(out):
             if stale not in placed:
                 stale.unlink()
+        _place(truth, out / "truth.json")
+
+
+def _place(path: Path, target: Path) -> None:
+    """Moves the file ``path`` to ``target`` (a file's path, replaced: a folder there is an
+    error), copying it onto another file system (a symlinked folder's)."""
+    target.parent.mkdir(exist_ok=True)
+    try:
+        os.replace(path, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(path, target)
+        path.unlink()
 
 
 def _public(path: str | None) -> str | None:

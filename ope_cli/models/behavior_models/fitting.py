@@ -128,6 +128,7 @@ def estimated_policy(model: str, arrays: dict[str, np.ndarray], min_propensity: 
         policy,
         params={**policy.params, "log_floor": np.float64(log_floor)},
         log_prob=floored_log_prob(policy.log_prob),
+        logits=None,  # floored, log_prob is no longer their log-softmax
     )
 
 
