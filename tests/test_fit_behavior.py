@@ -316,6 +316,8 @@ def test_estimated_policy_is_floored_at_min_propensity():
     assert np.exp(np.asarray(log_p)) == pytest.approx([1e-3, 0.4995, 0.5])
     unfloored = estimated_policy("tabular", {"logits": logits}, 0.0)
     assert float(np.exp(unfloored.log_prob(unfloored.params, 0, 0))) == pytest.approx(0.0005)
+    # floored, log_prob is no log-softmax of the logits: a softmax of them would not be it
+    assert policy.logits is None and unfloored.logits is None
 
 
 # --- ope fit-behavior on ope generate data
