@@ -102,6 +102,14 @@ def supervise(argv: list[str]) -> int:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C: the child stops too, and one line says so
         return _interrupted(child)
+    return _ended(code, said, runtime_log, forward, argv)
+
+
+def _ended(code: int, said: bool, runtime_log: list[str], forward: Forward, argv) -> int:
+    """The exit code (and, unless the child said it, the one line) of a child that ended
+    with ``code``, its ``ope:`` line already passed on when ``said``."""
+    import signal
+
     if code < 0 and -code in forward.received:  # ended by the signal this process passed on
         say(interrupts.TERMINATED)  # (one that came before it handled signals)
         return 128 - code
