@@ -17,10 +17,10 @@ that partial outputs are removed on the way out, and arms a timer: a process sti
 disarms the timer once the interrupt has reached it (``handled``). SIGTERM (a batch
 scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated`` and exit code 143
 (128 + 15, a shell's for it): partial outputs go, where the default action left them. Once
-the command has written its result, either signal ends the process at once with the
-result's own exit code (``finished``), not killed by it in the teardown after a complete
-document. Only the console script installs this (``install``): code that calls
-``ope_cli`` in its own process keeps its own handlers.
+the command has written its result, the signals are ignored (``finished``), so the exit
+code is the result's, not the signal's after a complete document. Only the console script
+installs this (``install``): code that calls ``ope_cli`` in its own process keeps its own
+handlers.
 """
 
 from __future__ import annotations
@@ -103,12 +103,13 @@ def install() -> None:
             signal.signal(number, _on_interrupt)
 
 
-def finished(code: int) -> None:
+def finished(code: int, teardown_waits: bool = False) -> None:
     """The command wrote its result, whose exit code is ``code``: from now on SIGINT and
-    SIGTERM end the process at once with that code, where this module handles them. A
-    signal in the interpreter's teardown killed the process after a complete document
-    (a shell saw 130), and ignored, one could not stop a teardown that waits (a cluster's
-    shutdown)."""
+    SIGTERM, where this module handles them, are ignored (a signal in the interpreter's
+    teardown killed the process after a complete document, and a shell saw 130; Python
+    puts a handler of its own back before that teardown, an ignored signal stays
+    ignored). Where the teardown may wait (``teardown_waits``: a cluster worker's shutdown
+    waits on its peers), either ends the process at once with ``code`` instead."""
 
     def end(*_) -> None:
         with contextlib.suppress(Exception):
@@ -117,7 +118,7 @@ def finished(code: int) -> None:
 
     for number in HANDLED:
         if signal.getsignal(number) is _on_interrupt:
-            signal.signal(number, end)
+            signal.signal(number, end if teardown_waits else signal.SIG_IGN)
 
 
 def handled() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -712,3 +714,20 @@ def test_an_output_that_cannot_be_written_is_a_usage_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(UsageError, match="cannot write the output"):
         gen.generate("chain", tmp_path / "afile" / "sub", episodes=10)
+
+
+def test_an_abandoned_hidden_folder_goes_with_the_next_run(tmp_path):
+    """A run killed outright (or by a signal while JAX imported a module, with no cleaning
+    up) left its hidden folder for good; the next run removes the folders of processes
+    that are gone, and an earlier run's emptied logs/ and q/ folders (which refused the
+    next run without --overwrite)."""
+    gen.generate("chain", tmp_path, episodes=5, files=3)
+    child = subprocess.Popen(["true"])  # a process that is gone
+    child.wait()
+    abandoned = tmp_path / f"{gen.STAGING_PREFIX}{child.pid}-x1y2"
+    (abandoned / "policies").mkdir(parents=True)
+    running = tmp_path / f"{gen.STAGING_PREFIX}{os.getpid()}-x3y4"  # a live process's
+    running.mkdir()
+    gen.generate("bandit", tmp_path, episodes=5, overwrite=True)
+    assert not abandoned.exists() and running.exists()
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "q").exists()

@@ -140,13 +140,13 @@ def run(argv: list[str]) -> int:
 def exit_with(code: int) -> None:
     """Ends the process with ``code``; after Ctrl-C (SIGTERM) without tearing the
     interpreter down while XLA's threads may still run (that ended in a segfault in 2 of 8
-    tries); else a signal from now on ends it with ``code`` (``interrupts.finished``): the
-    result is out."""
+    tries); else with the signals ignored from now on, or in a cluster worker ending it at
+    once with ``code`` (``interrupts.finished``): the result is out."""
     if code in (INTERRUPTED_EXIT_CODE, interrupts.TERMINATED_EXIT_CODE):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    interrupts.finished(code)
+    interrupts.finished(code, teardown_waits=supervisor.is_worker())
     sys.exit(code)
 
 

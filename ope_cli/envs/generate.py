@@ -244,7 +244,8 @@ def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
     interrupted first run left folders that refused the same command again."""
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    _remove_abandoned(out)
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
     try:
         truth = _generate(env, staging, options)
         _commit(staging, out)
@@ -254,6 +255,26 @@ def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
         if created:  # a failed run's own folder, empty again
             with contextlib.suppress(OSError):
                 out.rmdir()
+
+
+def _remove_abandoned(out: Path) -> None:
+    """Removes the hidden folders in ``out`` of runs whose process is gone (killed
+    outright, or by a signal that came while JAX imported a module, where there is no
+    cleaning up): their pid is in the name."""
+    for folder in out.glob(f"{STAGING_PREFIX}*-*"):
+        pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def earlier_outputs(out: Path) -> list[Path]:
@@ -282,6 +303,9 @@ def _commit(staging: Path, out: Path) -> None:
         for stale in earlier_outputs(out):
             if stale not in placed:
                 stale.unlink()
+        for folder in (out / "logs", out / "q"):  # emptied: an earlier run's, now refused
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         _place(truth, out / "truth.json")
 
 
