@@ -90,6 +90,22 @@ def interruptible(command: list[str]) -> list[str]:
     return [sys.executable, "-c", reset, *command]
 
 
+def wait_until_started(child, timeout: float = 30.0) -> None:
+    """Waits until an ``interruptible`` command has replaced its wrapper (so SIGINT is at
+    its default): under load a Ctrl-C sent a fixed time after the start reached the
+    wrapper while it still ignored SIGINT, as a background suite's processes do, and the
+    command then ran on."""
+    deadline = time.monotonic() + timeout
+    cmdline = Path(f"/proc/{child.pid}/cmdline")
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if b"signal.SIG_DFL" not in cmdline.read_bytes():
+                return
+        except OSError:  # no /proc: as before, a fixed wait
+            return
+        time.sleep(0.01)
+
+
 def ope_command() -> list[str]:
     """The installed console script next to this interpreter, else ``python -m ope_cli``."""
     script = Path(sys.executable).with_name("ope")

@@ -1649,7 +1649,7 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
     import signal
     import time
 
-    from conftest import interruptible, ope_command, subprocess_env
+    from conftest import interruptible, ope_command, subprocess_env, wait_until_started
 
     (world.root / "slow_to_import.py").write_text("import time\ntime.sleep(120)\n")
     command = [*interruptible(ope_command()), "evaluate", "data.parquet"]
@@ -1665,6 +1665,7 @@ def test_ctrl_c_in_a_real_process_is_one_line(world):
             stderr=subprocess.PIPE,
             text=True,
         )
+        wait_until_started(child)
         time.sleep(delay)
         child.send_signal(number)
         stdout, stderr = child.communicate(timeout=60)

@@ -10,7 +10,14 @@ import time
 
 import numpy as np
 import pytest
-from conftest import interruptible, ope_command, run_ope, subprocess_env, xla_flags
+from conftest import (
+    interruptible,
+    ope_command,
+    run_ope,
+    subprocess_env,
+    wait_until_started,
+    xla_flags,
+)
 from datasets import (
     perturb_checkpoint,
     random_checkpoint,
@@ -353,6 +360,7 @@ def test_ctrl_c_while_joining_is_one_line_and_exit_130(world):
 
     tmp, _ = world
     waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120, signals=True)
+    wait_until_started(waiting)
     time.sleep(4)  # imported and joining
     started = time.monotonic()
     waiting.send_signal(signal.SIGINT)
@@ -372,6 +380,7 @@ def test_a_hangup_or_a_killed_worker_is_said_as_such(world):
     tmp, _ = world
     for stop in ("hangup", "kill"):
         waiting = start(["five", "-p", "p0.npz"], 0, 2, free_port(), tmp, timeout=120, signals=True)
+        wait_until_started(waiting)
         time.sleep(4)  # imported and joining
         if stop == "hangup":
             waiting.send_signal(signal.SIGHUP)
