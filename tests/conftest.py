@@ -80,21 +80,22 @@ class OpeRun:
 
 
 def interruptible(command: list[str]) -> list[str]:
-    """``command`` started with SIGINT at its default, as a terminal's process has it: a
-    suite started in the background (``cmd &`` in a script) ignores SIGINT, every process
-    it starts inherits that, and Ctrl-C tests then wait out their timeouts."""
+    """``command`` started with SIGINT and SIGTERM at their defaults, as a terminal's
+    process has them: a suite started in the background (``cmd &`` in a script) ignores
+    SIGINT, every process it starts inherits that, and Ctrl-C tests then wait out their
+    timeouts (an ignored SIGTERM likewise)."""
     reset = (
         "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-        "os.execv(sys.argv[1], sys.argv[1:])"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
     )
     return [sys.executable, "-c", reset, *command]
 
 
 def wait_until_started(child, timeout: float = 30.0) -> None:
     """Waits until an ``interruptible`` command has replaced its wrapper (so SIGINT is at
-    its default): under load a Ctrl-C sent a fixed time after the start reached the
-    wrapper while it still ignored SIGINT, as a background suite's processes do, and the
-    command then ran on."""
+    its default): under load a Ctrl-C sent a fixed time after the start can reach the
+    wrapper while it still ignores SIGINT, as a background suite's processes do, and the
+    command then runs on."""
     deadline = time.monotonic() + timeout
     cmdline = Path(f"/proc/{child.pid}/cmdline")
     while time.monotonic() < deadline and child.poll() is None:

@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -543,8 +544,13 @@ def test_console_script_makes_host_blas_single_threaded_before_numpy(monkeypatch
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")
     monkeypatch.setattr(sys, "argv", ["ope", "--version"])
-    with pytest.raises(SystemExit) as exited:
-        main()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main()
+    finally:  # main() handles the signals, then ignores them: this process's children
+        for number, handler in handlers.items():  # inherited an ignored SIGTERM
+            signal.signal(number, handler)
     assert exited.value.code == 0
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
     assert os.environ["MKL_NUM_THREADS"] == "3"
