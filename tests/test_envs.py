@@ -718,16 +718,26 @@ def test_an_output_that_cannot_be_written_is_a_usage_error(tmp_path):
 
 def test_an_abandoned_hidden_folder_goes_with_the_next_run(tmp_path):
     """A run killed outright (or by a signal while JAX imported a module, with no cleaning
-    up) left its hidden folder for good; the next run removes the folders of processes
-    that are gone, and an earlier run's emptied logs/ and q/ folders (which refused the
-    next run without --overwrite)."""
+    up) left its hidden folder for good; the next run removes the folders of this
+    machine's processes that are gone (not a live one's, nor another machine's, whose
+    processes it cannot see, nor an odd name's), and an earlier run's emptied logs/ and
+    q/ folders (which refused the next run without --overwrite)."""
+    import socket
+
     gen.generate("chain", tmp_path, episodes=5, files=3)
     child = subprocess.Popen(["true"])  # a process that is gone
     child.wait()
-    abandoned = tmp_path / f"{gen.STAGING_PREFIX}{child.pid}-x1y2"
+    host = socket.gethostname()
+    abandoned = tmp_path / f"{gen.STAGING_PREFIX}{child.pid}@{host}@x1y2"
     (abandoned / "policies").mkdir(parents=True)
-    running = tmp_path / f"{gen.STAGING_PREFIX}{os.getpid()}-x3y4"  # a live process's
-    running.mkdir()
+    kept = [
+        tmp_path / f"{gen.STAGING_PREFIX}{os.getpid()}@{host}@x3y4",  # a live process's
+        tmp_path / f"{gen.STAGING_PREFIX}{child.pid}@{host}-2@x5y6",  # another machine's
+        tmp_path / f"{gen.STAGING_PREFIX}99999999999999999999@{host}@x7",  # no pid
+        tmp_path / f"{gen.STAGING_PREFIX}\u00b2@{host}@x8",  # a digit int() refuses
+    ]
+    for folder in kept:
+        folder.mkdir()
     gen.generate("bandit", tmp_path, episodes=5, overwrite=True)
-    assert not abandoned.exists() and running.exists()
+    assert not abandoned.exists() and all(folder.exists() for folder in kept)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "q").exists()

@@ -47,6 +47,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -245,7 +246,7 @@ def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(out)
-    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_owner()}@", dir=out))
     try:
         truth = _generate(env, staging, options)
         _commit(staging, out)
@@ -257,13 +258,23 @@ def _generate_in_place(env: str, out: Path, options: GenerateOptions) -> dict:
                 out.rmdir()
 
 
+def _owner() -> str:
+    """``PID@HOST`` of this process: which run a hidden folder is (OUT may be on storage
+    that other machines write too)."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
 def _remove_abandoned(out: Path) -> None:
-    """Removes the hidden folders in ``out`` of runs whose process is gone (killed
-    outright, or by a signal that came while JAX imported a module, where there is no
-    cleaning up): their pid is in the name."""
-    for folder in out.glob(f"{STAGING_PREFIX}*-*"):
-        pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+    """Removes the hidden folders in ``out`` of this machine's runs whose process is gone
+    (killed outright, or by a signal that came while JAX imported a module, where there is
+    no cleaning up): their ``PID@HOST@`` is in the name. Another machine's are left alone:
+    its processes cannot be seen from here."""
+    host = socket.gethostname()
+    for folder in out.glob(f"{STAGING_PREFIX}*"):
+        pid, _, rest = folder.name[len(STAGING_PREFIX) :].partition("@")
+        if rest.partition("@")[0] != host or not pid.isascii() or not pid.isdigit():
+            continue
+        if not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -272,7 +283,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # another user's: alive
+    except (OSError, OverflowError):  # another user's (alive), or no pid at all
         return True
     return True
 
