@@ -970,15 +970,16 @@ def test_policy_probs_of_a_softmax_checkpoint_come_from_its_logits(kind, tmp_pat
     from datasets import random_checkpoint, save_checkpoint
     from reference import reference_log_prob
 
+    from ope_cli.models.policies import functions
     from ope_cli.models.q_models import base
 
-    taken, original = [], base.softmax_all
+    taken, original = [], functions.softmax_all
 
     def softmax_all(logits):  # traced once per program: the logits path was taken
         taken.append(logits.shape)
         return original(logits)
 
-    monkeypatch.setattr(base, "softmax_all", softmax_all)
+    monkeypatch.setattr(functions, "softmax_all", softmax_all)
     base._probs_program.cache_clear()
     rng = np.random.default_rng(3)
     sizes = {"tabular": dict(n_states=N_STATES), "mlp_softmax": dict(hidden=(4,))}

@@ -53,7 +53,7 @@ from ope_cli.estimation.kernel_cache import COMPILER_OPTIONS
 from ope_cli.models.behavior import ZeroProbabilitySteps
 from ope_cli.models.policies import LogitsFn, LogProbFn, Policy
 from ope_cli.models.policies.checks import not_log_probabilities
-from ope_cli.models.policies.functions import action_log_probs, softmax_all
+from ope_cli.models.policies.functions import action_log_probs, logit_probs
 from ope_cli.models.qfunctions import QFunction, QSpec, episode_q_fields, q_spec
 
 BATCH_AXIS = "batch"
@@ -180,14 +180,10 @@ def _policy_action_probs(static: Static, params, observation, dtype):
     policies' logits (softmax checkpoints of A actions) the probabilities share the
     log-probabilities' exponentials; else they are exp of them (A more a step)."""
     n_actions = static.q.n_actions
-    if static.logits is not None:
-
-        def one_step(policy_params, observation):
-            return softmax_all(static.logits(policy_params, observation))
-
-        log_pi, pi = _every_policy_every_step(one_step, params, observation)
-        if log_pi.shape[-1] == n_actions:
-            return log_pi.astype(dtype), pi.astype(dtype)
+    one_step = functools.partial(logit_probs, static.logits, n_actions=n_actions)
+    shared = _every_policy_every_step(one_step, params, observation)
+    if shared is not None:
+        return tuple(x.astype(dtype) for x in shared)
     log_pi = _policy_action_log_probs(static.log_prob, params, observation, n_actions, dtype)
     return log_pi, jnp.exp(log_pi)
 

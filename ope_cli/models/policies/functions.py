@@ -80,6 +80,16 @@ def softmax_all(logits):
     return log_p, jnp.stack([e / total for e in exps])
 
 
+def logit_probs(logits: LogitsFn | None, params, observation, n_actions: int):
+    """``softmax_all`` of ONE step's logits (a softmax policy's ``Policy.logits``) where the
+    policy has them for ``n_actions`` actions, else None: the caller then takes exp of
+    ``action_log_probs``."""
+    if logits is None:
+        return None
+    values = logits(params, observation)
+    return softmax_all(values) if values.shape == (n_actions,) else None
+
+
 def tabular_logits(params, observation):
     """[A] logits of integer state ``observation``."""
     return params["logits"][observation]

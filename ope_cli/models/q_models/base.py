@@ -21,7 +21,7 @@ from ope_cli.data.ids import episode_folds
 from ope_cli.errors import PolicyError, UsageError, summary
 from ope_cli.models.behavior_models.base import Gather
 from ope_cli.models.policies import Policy, action_log_probs
-from ope_cli.models.policies.functions import softmax_all
+from ope_cli.models.policies.functions import logit_probs
 
 # model name -> the checkpoint kind it writes (discrete actions; mlp on continuous actions
 # writes mlp_q_sa)
@@ -219,10 +219,9 @@ def _probs_program(log_prob, logits, n_actions: int):
     import jax.numpy as jnp
 
     def probs(params, observation):
-        if logits is not None:  # a softmax checkpoint's: exp of no log-probability
-            values = logits(params, observation)
-            if values.shape == (n_actions,):
-                return softmax_all(values)[1]
+        shared = logit_probs(logits, params, observation, n_actions)
+        if shared is not None:  # a softmax checkpoint's: exp of no log-probability
+            return shared[1]
         return jnp.exp(action_log_probs(log_prob, params, observation, n_actions))
 
     return jax.jit(jax.vmap(probs, in_axes=(None, 0)))
