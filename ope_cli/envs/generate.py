@@ -333,13 +333,10 @@ def _place(path: Path, target: Path) -> None:
         path.unlink()
 
 
-def _public(path: str | None) -> str | None:
+def _public(path: str) -> str:
     """``path`` with a run's hidden folder taken out: where the file was going."""
-    if path is None:
-        return None
-    return re.sub(
-        rf"{re.escape(os.sep)}{re.escape(STAGING_PREFIX)}[^{re.escape(os.sep)}]+", "", path
-    )
+    sep = re.escape(os.sep)
+    return re.sub(rf"{sep}{re.escape(STAGING_PREFIX)}[^{sep}]+", "", path)
 
 
 def _generate(env: str, out: Path, options: GenerateOptions) -> dict:
