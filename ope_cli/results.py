@@ -124,8 +124,8 @@ class DatasetSummary:
     dropped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 /
     # the smallest non-zero |reward|, of the largest critic value and |action|, and the
-    # digits the rewards' and returns' size stands above their spread (-1000: none), for
-    # float32's warning (``pipeline.magnitudes``); not in the JSON
+    # digits the rewards', returns' and observations' size stands above their spread
+    # (-1000: none), for float32's warning (``pipeline.magnitudes``); not in the JSON
     magnitudes: tuple[int, ...] | None = None
 
 

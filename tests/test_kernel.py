@@ -438,6 +438,21 @@ def test_faulty_q_counts_count_real_steps_per_policy():
     np.testing.assert_array_equal(np.asarray(faulty_q_counts({}, batch)), [[0]])
 
 
+def test_q_sizes_are_the_largest_finite_values_of_real_steps():
+    """The largest |Q-hat| or |V-hat| per policy, over real steps only, not-finite values
+    left to ``faulty_q_counts``: float32 must hold it (the float32_range warning)."""
+    from ope_cli.estimation.kernel import q_sizes
+
+    step_mask = np.array([[True, True, False], [True, False, False], [False, False, False]])
+    batch = SimpleNamespace(step_mask=step_mask, episode_mask=np.array([True, True, False]))
+    q = np.zeros((2, 3, 3))
+    v = np.zeros((2, 3, 3))
+    q[0, 0, 1], v[0, 1, 0], q[0, 0, 0] = -3e6, 2e6, np.inf  # policy 0: real steps
+    v[1, 0, 0], q[1, 0, 2], v[1, 2, 0] = 5.0, -1e9, 1e9  # policy 1: padding, a filler row
+    np.testing.assert_array_equal(np.asarray(q_sizes({"q_t": q, "v_t": v}, batch)), [[3e6, 5]])
+    np.testing.assert_array_equal(np.asarray(q_sizes({}, batch)), [[0]])
+
+
 @pytest.mark.parametrize("q_actions", [4, 5])
 def test_v_hat_takes_the_probabilities_from_the_policies_logits(q_actions):
     """With the policies' logits (softmax checkpoints), every action's log-probability is

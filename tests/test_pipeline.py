@@ -137,6 +137,14 @@ def test_float32_warns_about_data_it_cannot_hold(tmp_path):
         "magnitude:"
     )
     assert warned(far_data, "float64") == [] and warned(data, "float32") == []
+    # below 1e4, but 1e-4 of their size or less apart: a linear Q fit's dm was 57 standard
+    # errors off in float32 on observations 5000 + U(0, 1), without a word
+    close = [dict(e, observation=5000 + e["observation"] / 10) for e in episodes]
+    (message,) = warned(write_step_layout(close, tmp_path / "close.parquet"), "float32")
+    assert "observations reach" not in message
+    assert "the observations vary by 1e-4 of their size or less" in message
+    spread = [dict(e, observation=1000 + e["observation"]) for e in episodes]  # 3 digits
+    assert warned(write_step_layout(spread, tmp_path / "spread.parquet"), "float32") == []
 
 
 def test_float32_sums_over_episodes_keep_the_spread_of_large_values(tmp_path):
@@ -196,14 +204,14 @@ def test_magnitudes_of_a_chunk():
         q_value=np.array([1.0, -5e4, 2.0]),
         v_value=np.array([3e2, 1.0, 2.0]),
     )
-    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5, NO_MAGNITUDE, NO_MAGNITUDE]
+    assert magnitudes(chunk).tolist() == [5, 31, 42, 4, 5] + [NO_MAGNITUDE] * 3
     states = SimpleNamespace(  # observations and actions that are indices, one reward
         observation=np.array([10**6]),
         reward=np.zeros(1),
         offsets=np.array([0, 1]),
         action=np.array([10**6]),
     )
-    assert magnitudes(states).tolist() == [NO_MAGNITUDE] * 7
+    assert magnitudes(states).tolist() == [NO_MAGNITUDE] * 8
 
 
 def test_the_digits_a_sum_keeps_before_the_values_differences_show():
@@ -217,6 +225,10 @@ def test_the_digits_a_sum_keeps_before_the_values_differences_show():
     # too few to say a spread: two close returns of a chunk of two episodes said 1e-6
     assert lost_digits(np.array([1e5, 1e5 + 0.1])) == NO_MAGNITUDE
     assert lost_digits(np.tile([1e308, -1e308], 20)) == NO_MAGNITUDE  # no finite spread
+    # [N, d] observations: the feature that keeps most digits above its spread (a constant
+    # feature has none to resolve)
+    features = np.column_stack([rng.normal(0, 1, 100), 5000 + rng.uniform(0, 1, 100)])
+    assert lost_digits(np.column_stack([features, np.ones(100)]).astype(np.float32)) == 4
 
 
 def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):

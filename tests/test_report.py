@@ -202,6 +202,11 @@ def test_a_zero_width_interval_from_a_spread_float64_lost_says_so(result):
         "larger than it (in every reward, say); subtracting it from the rewards shows "
         "whether there is one."
     )
+    # a float32 run's note names float32, and so does the warning (it named float64)
+    single = message(dataclasses.replace(point, note=note.replace("float64", "float32")))
+    assert single.endswith(
+        hidden.split("For is, ")[0] + "For is, float32 may" + hidden.split("float64 may")[1]
+    )
     plain = message(dataclasses.replace(point, note=None))
     assert "show no spread in these values (each gives the same value, or one" in plain
     assert "constant" not in plain

@@ -248,6 +248,18 @@ def faulty_q_counts(fields: dict, batch: PaddedBatch) -> jax.Array:
     return jnp.sum(~finite & real[None], axis=(1, 2), dtype=jnp.int32)[None]
 
 
+def q_sizes(fields: dict, batch: PaddedBatch) -> jax.Array:
+    """[1, P] the largest finite |Q-hat| or |V-hat| (``fields`` {"q_t", "v_t": [P, B, C]})
+    of each policy on the window ``batch``'s real steps: a Q checkpoint's or fit's values,
+    which the data's magnitudes do not show (float32 lost dr's value to a Q-hat of 1e7
+    without a word). Without a Q source: [1, 1] zeros."""
+    if not fields:
+        return jnp.zeros((1, 1))
+    size = jnp.maximum(jnp.abs(fields["q_t"]), jnp.abs(fields["v_t"]))
+    real = batch.step_mask & batch.episode_mask[:, None]
+    return jnp.max(jnp.where(real[None] & jnp.isfinite(size), size, 0), axis=(1, 2))[None]
+
+
 def _q_fields(static: Static, params, q_params, batch, start, seed, pi_all=None):
     """{"q_t", "v_t": [P, B, C]} of every policy of a group (``static.dtype``), or {}
     without a Q source; ``pi_all`` [P, B, C, A]: the policies' probabilities of every
@@ -313,10 +325,12 @@ def _with_behavior(window: PaddedBatch, start, behavior_params, static: Static):
 class Faults(NamedTuple):
     """What a window found wrong in user-supplied values, [1, P] steps per policy of the
     group: log-probabilities that are none (``faulty_counts``) and non-finite Q-hat or
-    V-hat (``faulty_q_counts``)."""
+    V-hat (``faulty_q_counts``); and the largest |Q-hat| or |V-hat| (``q_sizes``), which
+    float32 may not hold."""
 
     policy: jax.Array
     q: jax.Array
+    q_size: jax.Array
 
 
 class WindowInputs(NamedTuple):
@@ -371,7 +385,7 @@ def window_statistics(inputs: WindowInputs, static: Static):
     # a policy's values; logged target probabilities are the data's, validated as read
     faulty = faulty_counts(log_pi if static.log_prob is not None else None, window)
     fields = _q_fields(static, params, q_params, window, start, seed, pi_all)
-    faults = Faults(faulty, faulty_q_counts(fields, window))
+    faults = Faults(faulty, faulty_q_counts(fields, window), q_sizes(fields, window))
     betting = inputs.betting_range if static.betting else None
     settings = (static.num_groups, static.estimators, betting, static.own_rows)  # the walk's
 

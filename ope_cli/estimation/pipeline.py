@@ -116,10 +116,10 @@ class Counters:
     )
     # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 / the
     # smallest non-zero |reward|, of the largest critic column value (--q-col, --v-col) and
-    # |action|, and the digits the rewards' and returns' size stands above their spread:
-    # what float32 must hold (``magnitudes``, report.warnings)
+    # |action|, and the digits the rewards', returns' and observations' size stands above
+    # their spread: what float32 must hold (``magnitudes``, report.warnings)
     magnitudes: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.full(7, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
+        default_factory=lambda: np.full(8, NO_MAGNITUDE, np.int64), metadata={"reduce": "max"}
     )
 
 
@@ -302,11 +302,10 @@ def _estimated(
 ) -> tuple[_Chosen, BehaviorSource | None]:
     """(each policy's result with what choosing between them adds, the reported behavior
     policy) of the pass ``local``; ``devices``: (precision, mesh)."""
-    plan = batches.plan
+    plan, (precision, _) = batches.plan, devices
     results = annotate_results(
-        _policy_results(config, plan, batches, local), batches.policies, plan, config
+        _policy_results(config, plan, batches, local, precision), batches.policies, plan, config
     )
-    precision, _ = devices
     chosen = _choosing(config, batches, local, results, precision)
     behavior = _reported_behavior(
         batches, chosen.results, local.counters.episodes, *devices, on_status=on_status
@@ -336,18 +335,25 @@ def _runtime(local: _LocalPass, joined: tuple, compiled: tuple, seconds: float) 
     )
 
 
-def magnitudes(chunk) -> np.ndarray:
-    """[7] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
-    observations only: integers index states) and |reward|, -floor log10 of its smallest
-    non-zero |reward|, floor log10 of its largest critic |Q-hat| or |V-hat| (columns) and
-    of its largest |action| (continuous actions only), and the digits its rewards' and its
-    undiscounted episode returns' size stands above their spread (``lost_digits``)."""
+CRITIC_MAGNITUDE = 3  # Counters.magnitudes' entry of the critic's largest |Q-hat| or |V-hat|
 
-    def decimal(value: float) -> int:
-        return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
+
+def decimal_magnitude(value: float) -> int:
+    """floor log10 of ``value`` (> 0, finite), else NO_MAGNITUDE."""
+    return int(math.floor(math.log10(value))) if 0 < value < math.inf else NO_MAGNITUDE
+
+
+def magnitudes(chunk) -> np.ndarray:
+    """[8] Counters.magnitudes of one chunk: floor log10 of its largest |observation| (float
+    observations only: integers index states) and |reward|, -floor log10 of its smallest
+    non-zero |reward|, floor log10 of its largest critic |Q-hat| or |V-hat| (columns; the
+    pass adds a Q source's, ``_note_q_sizes``) and of its largest |action| (continuous
+    actions only), and the digits its rewards', its undiscounted episode returns' and its
+    (float) observations' size stands above their spread (``lost_digits``)."""
 
     def largest(values: np.ndarray) -> int:  # of |values|, without an array of them
-        return decimal(float(max(values.max(), -values.min()))) if values.size else NO_MAGNITUDE
+        value = float(max(values.max(), -values.min())) if values.size else 0.0
+        return decimal_magnitude(value)
 
     observation, reward, action = chunk.observation, chunk.reward, chunk.action
     floats = observation is not None and observation.dtype.kind == "f"
@@ -360,11 +366,12 @@ def magnitudes(chunk) -> np.ndarray:
         [
             largest(observation) if floats else NO_MAGNITUDE,
             largest(reward),
-            -decimal(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
+            -decimal_magnitude(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
             max(critic, default=NO_MAGNITUDE),
             largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
             lost_digits(reward),
             lost_digits(returns),
+            lost_digits(observation) if floats else NO_MAGNITUDE,
         ],
         np.int64,
     )
@@ -376,16 +383,21 @@ SPREAD_VALUES = 30  # the fewest values whose standard deviation says their spre
 def lost_digits(values: np.ndarray) -> int:
     """floor log10 of the largest |value| over the values' standard deviation: the digits a
     sum must keep before their differences show (a chunk at a time, so that one outlier
-    elsewhere does not hide a constant offset); NO_MAGNITUDE for fewer than SPREAD_VALUES
-    values (two close returns of a chunk of two episodes said 1e-6), values all equal
-    (nothing to resolve) or not finite."""
-    if values.size < SPREAD_VALUES:
+    elsewhere does not hide a constant offset); of [N, ...] values, the most of any
+    feature's. NO_MAGNITUDE for fewer than SPREAD_VALUES values (two close returns of a
+    chunk of two episodes said 1e-6), values all equal (nothing to resolve) or not
+    finite."""
+    if values.shape[0] < SPREAD_VALUES:
         return NO_MAGNITUDE
-    with np.errstate(over="ignore", invalid="ignore"):
-        spread, size = float(np.std(values)), float(np.max(np.abs(values)))
-    if not (0 < spread < math.inf and size < math.inf):
+    features = values.reshape(values.shape[0], -1)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        spread = np.std(features, axis=0, dtype=np.float64)
+        size = np.max(np.abs(features), axis=0).astype(np.float64)
+        ratio = size / spread
+    resolved = (spread > 0) & (spread < math.inf) & (size < math.inf)
+    if not resolved.any():
         return NO_MAGNITUDE
-    return int(math.floor(math.log10(size / spread)))
+    return int(math.floor(math.log10(float(np.max(ratio[resolved])))))
 
 
 def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:
@@ -426,7 +438,7 @@ def _choosing(config, batches: BatchStream, local: _LocalPass, results, precisio
             local.accumulators,
             results,
             local.paired,
-            Context(config.gamma, local.counters.max_length),
+            Context(config.gamma, local.counters.max_length, precision),
             interval_methods(list(results[0].estimates), plan.method, config.intervals.method),
             plan.betting_range,
             row,
@@ -521,7 +533,7 @@ def _reported_behavior(
             f"the logged column {behavior.fit.logged_column!r} is invalid in {left_out:,} of "
             f"the {episodes:,} episodes",
         )
-    logged_results = _policy_results(logged.config, logged.plan, logged, local)
+    logged_results = _policy_results(logged.config, logged.plan, logged, local, precision)
     return with_logged_comparison(behavior, results, logged_results)
 
 
@@ -576,9 +588,14 @@ def _check_some_episodes(config: EvaluationConfig, counts: Counters) -> None:
 
 
 def _policy_results(
-    config: EvaluationConfig, plan: IntervalPlan, batches: BatchStream, local: _LocalPass
+    config: EvaluationConfig,
+    plan: IntervalPlan,
+    batches: BatchStream,
+    local: _LocalPass,
+    precision: str,
 ) -> list[PolicyResult]:
-    """Each policy's estimates, diagnostics and profile from its accumulator."""
+    """Each policy's estimates, diagnostics and profile from its accumulator (``precision``:
+    the kernel's arithmetic, which rounded the per-episode terms)."""
     discrete = batches.schema.action_kind == "discrete"
     max_length = local.counters.max_length
     reported = reported_estimators(config)
@@ -593,6 +610,7 @@ def _policy_results(
             plan.method,
             plan.betting_range,
             computed_estimators(batches),
+            precision,
         )
         without_weight = weightless(accumulator, reported)
         results.append(
@@ -649,6 +667,29 @@ def _check_policy_values(batches: BatchStream, results) -> None:
         if (first := _first_fault([found.q for found in faults])) is not None:
             row, count = first
             raise faulty_q_error(kernel.group.qs[row], count)
+
+
+def _read_faults(batches: BatchStream, results) -> None:
+    """What a batch's windows found in user-supplied values (``results``: its (kernel,
+    KernelOutput) pairs): an error where the behavior or an evaluation policy or a Q
+    function gave a value that is none, else the largest Q-hat noted."""
+    _check_behavior_support(batches, results[0][1])
+    _check_policy_values(batches, results)
+    _note_q_sizes(batches.counters, results)
+
+
+def _note_q_sizes(counters: Counters, results) -> None:
+    """Adds the largest |Q-hat| or |V-hat| of a batch's windows (``results``: its (kernel,
+    KernelOutput) pairs) to the critic's magnitude (``Counters.magnitudes``): float32 must
+    hold a Q checkpoint's or fit's values as it must hold critic columns."""
+    from ope_cli.estimation.kernel import host_arrays
+
+    for _, output in results:
+        sizes = [float(np.max(found.q_size)) for found in host_arrays(output.faults)]
+        magnitude = decimal_magnitude(max(sizes, default=0.0))
+        counters.magnitudes[CRITIC_MAGNITUDE] = max(
+            counters.magnitudes[CRITIC_MAGNITUDE], magnitude
+        )
 
 
 def _first_fault(windows: list[np.ndarray]) -> tuple[int, int] | None:
@@ -777,8 +818,7 @@ def _local_pass(
     def absorb(pending) -> None:
         length, results = pending
         partials = by_length.setdefault(length, [None] * len(kernels))
-        _check_behavior_support(batches, results[0][1])
-        _check_policy_values(batches, results)
+        _read_faults(batches, results)
         _merge_batch(partials, results, devices)
         if pairs:
             pairs[0] = paired.merge(pairs[0], _paired_batch(results, baseline_row), baseline_row)

@@ -786,15 +786,17 @@ def finalize(
     interval: str = "normal",
     betting_range: tuple[float, float, float] | None = None,
     estimators: tuple[str, ...] | None = None,
+    precision: str = "float64",
 ) -> tuple[dict[str, Estimate], Diagnostics]:
     """The estimates of ``estimators`` (None: every registered one whose sums ``acc``
     holds, in registration order)
     with intervals at ``confidence`` (method ``interval``, one of INTERVALS), and the
-    diagnostics. ``betting`` needs ``betting_range`` = (a, b, H) of
+    diagnostics; ``precision``: the kernel's arithmetic, which rounded the terms.
+    ``betting`` needs ``betting_range`` = (a, b, H) of
     estimators.reduction.betting_variables and an accumulator that holds their histogram."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     acc = extend_replicates(acc, max_length)  # the groups' rows: by ``grouped_sums``
-    context = Context(gamma, max_length)
+    context = Context(gamma, max_length, precision)
     grouped = grouped_sums(acc, max_length)
     estimates = {}
     for name in _held(acc) if estimators is None else estimators:

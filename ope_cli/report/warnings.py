@@ -16,7 +16,7 @@ from ope_cli.choosing.comparison import best_set_replicates, betting_does_not_ap
 from ope_cli.choosing.selection import bonferroni_level, equal_to_rounding
 from ope_cli.estimation.estimators import get as get_estimator
 from ope_cli.estimation.estimators.base import and_list, title
-from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_TO_PRECISION
+from ope_cli.estimation.estimators.importance import UNDERFLOW, ZERO_NOTES
 from ope_cli.estimation.run_plan import GAMMA_DEFAULT, default_gamma_message
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
 from ope_cli.models.q_models.base import (
@@ -83,10 +83,12 @@ FLOAT32_RANGE = "float32_range"  # float32 arithmetic on data it cannot hold to 
 # lose their spread (rewards 1e6 + U(0, 1): WPDIS's standard error 2% off; V-hat 1e4 +
 # N(0, 1): dm's 71%); products of weights and rewards below about 1e-30 underflow to 0
 FLOAT32_VALUE_MAGNITUDE, FLOAT32_SMALL_MAGNITUDE = 4, 30
-# rewards (or episode returns) whose size is this many digits above their standard
-# deviation: float32 (7 digits) resolves their differences to 1e-3 at best (a QA run:
-# rewards 9000 + N(0, 0.01), 5 digits: WPDIS's standard error 26% off; returns 2.7e8 +- 67,
-# 6 digits: WIS's 19%); integer returns of -1000 +- 0.5 (3 digits) are exact
+# rewards (or episode returns, or an observation's feature) whose size is this many digits
+# above their standard deviation: float32 (7 digits) resolves their differences to 1e-3 at
+# best (a QA run: rewards 9000 + N(0, 0.01), 5 digits: WPDIS's standard error 26% off;
+# returns 2.7e8 +- 67, 6 digits: WIS's 19%; observations 5000 + U(0, 1), 4 digits: a
+# linear Q fit's dm 57 standard errors off, at 1000 + U(0, 1) 0.1); integer returns of
+# -1000 +- 0.5 (3 digits) are exact
 FLOAT32_SPREAD_DIGITS = 4
 
 
@@ -284,10 +286,12 @@ def _no_spread(policy: PolicyResult, names: list[str], episodes: int) -> str:
         "(or --horizon STEPS, for betting intervals where they apply) give an honest "
         "interval."
     )
-    lost = [n for n in names if (policy.estimates[n].note or "").startswith(ZERO_TO_PRECISION)]
+    notes = {n: policy.estimates[n].note or "" for n in names}
+    lost = [n for n in names if notes[n].startswith(tuple(ZERO_NOTES))]
     if lost:
+        precision = next(p for note, p in ZERO_NOTES.items() if notes[lost[0]].startswith(note))
         message += (
-            f" For {', '.join(lost)}, float64 may also have lost a spread: their values "
+            f" For {', '.join(lost)}, {precision} may also have lost a spread: their values "
             "share a constant far larger than it (in every reward, say); subtracting it "
             "from the rewards shows whether there is one."
         )
@@ -298,7 +302,7 @@ def _zero_width_warnings(policy: PolicyResult, episodes: int, warn) -> list[Warn
     """Intervals of no width from two episodes or more: every episode gave the same value
     (all returns 0, a Q-hat of 0 everywhere) or one episode holds all the weight, so the
     standard error is 0 and the interval states a certainty that a sample cannot give.
-    Where an estimate's standard error is 0 only to float64's precision (its note says
+    Where an estimate's standard error is 0 only to the run's precision (its note says
     so), a constant far above the values' spread may also have hidden that spread; where
     its values are below float64's range (UNDERFLOW), that is the reason, not the spread."""
     if episodes < 2:
@@ -763,7 +767,7 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision != "float32" or magnitudes is None:
         return None
-    observation, large, small, critic, action, rewards, returns = magnitudes
+    observation, large, small, critic, action, rewards, returns, features = magnitudes
     found = []
     if observation >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"observations reach 1e{observation} in magnitude")
@@ -779,6 +783,8 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     for what, digits in (
         ("rewards", rewards),
         ("episode returns", NO_MAGNITUDE if one_step else returns),
+        # observations of 1e4 and more are said so above: their spread is then lost too
+        ("observations", NO_MAGNITUDE if observation >= FLOAT32_VALUE_MAGNITUDE else features),
     ):
         if digits >= FLOAT32_SPREAD_DIGITS:
             found.append(f"the {what} vary by 1e-{digits} of their size or less")

@@ -232,6 +232,7 @@ class Context:
 
     gamma: float
     max_length: int  # longest episode; per-step sums are extended to it
+    precision: str = "float64"  # the kernel's arithmetic, which rounded the terms
 
     @functools.cached_property
     def discount_t(self) -> np.ndarray:
