@@ -52,8 +52,6 @@ def enable_compilation_cache() -> str | None:
     environment at each call), so compilations carry across processes. Returns the
     directory used, or None when disabled or not creatable (a read-only home must not
     stop an evaluation)."""
-    import jax
-
     directory = cache_directory()
     if directory is None:
         return None
@@ -61,9 +59,18 @@ def enable_compilation_cache() -> str | None:
         Path(directory).mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
+    persist_compilations(directory)
+    return directory
+
+
+def persist_compilations(directory: str) -> None:
+    """Keeps every XLA compilation, however quick, in JAX's persistent compilation cache
+    in ``directory`` (which exists). The kernels ``kernel_cache`` keeps follow
+    ``cache_directory()`` alone."""
+    import jax
+
     use_compilation_cache_directory(directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    return directory
 
 
 def compilation_cache_directory() -> str | None:

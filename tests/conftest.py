@@ -238,10 +238,10 @@ def ope_many():
 @pytest.fixture(scope="session", autouse=True)
 def _private_compilation_cache(tmp_path_factory):
     """The ``ope`` subprocesses of this session share one persistent compilation cache,
-    outside the user's home cache (``run_ope`` hands it to them). The test process itself
-    keeps its compilations in memory only: jaxlib 0.10's CPU executable serialisation has
-    crashed (SIGSEGV in ``put_executable_and_time``) after a few hundred in-process
-    compilations, and one process gains nothing from a disk cache it never rereads."""
+    outside the user's home cache (``run_ope`` hands it to them). In the test process
+    ``OPE_CACHE_DIR`` is off, so no kernel is kept (``kernel_cache``) and no catalogue of
+    window shapes is compiled ahead; its XLA compilations are kept across runs of the suite
+    by ``_jax_runtime``."""
     global _SUBPROCESS_CACHE
     previous = os.environ.get("OPE_CACHE_DIR")
     _SUBPROCESS_CACHE = str(tmp_path_factory.mktemp("xla-cache"))
@@ -255,12 +255,33 @@ def _private_compilation_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _jax_runtime(_private_compilation_cache):
-    """x64 and the session's compilation cache for every in-process test, as the ``ope``
-    commands set them (``ope_cli.runtime`` is the one place that writes jax.config)."""
+def _jax_runtime(_private_compilation_cache, pytestconfig):
+    """x64 for every in-process test, as the ``ope`` commands set it (``ope_cli.runtime``
+    is the one place that writes jax.config), and JAX's persistent compilation cache in
+    pytest's cache folder (``in_process_cache``)."""
     from ope_cli import runtime
 
     runtime.configure()
+    folder = in_process_cache(pytestconfig)
+    if folder is not None:
+        runtime.persist_compilations(folder)
+
+
+IN_PROCESS_CACHE_ENV = "OPE_TEST_XLA_CACHE"  # "off": the test process compiles everything
+
+
+def in_process_cache(config: pytest.Config) -> str | None:
+    """``.pytest_cache/d/ope-xla``: the test processes' XLA compilations, kept across runs
+    of the suite (most of the quick loop's time is compiling), keyed by JAX on each program
+    and the XLA flags, so an edit recompiles what it changed only; about 30 MiB a state of
+    the code, emptied by ``pytest --cache-clear``. None with ``OPE_TEST_XLA_CACHE=off`` or
+    ``-p no:cacheprovider``. An earlier segfault while serialising an executable came with
+    thousands of executables in one process (``_release_compiled_executables``)."""
+    if os.environ.get(IN_PROCESS_CACHE_ENV, "").lower() in runtime.CACHE_OFF:
+        return None
+    if getattr(config, "cache", None) is None:
+        return None
+    return str(config.cache.mkdir("ope-xla"))
 
 
 @pytest.fixture(scope="module")
