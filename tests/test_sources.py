@@ -128,6 +128,29 @@ def test_a_file_of_a_directory_without_a_column_of_the_first_is_named(tmp_path):
     assert "(this file's columns: id," in message
 
 
+def test_a_column_missing_from_the_first_of_several_files_names_that_file(tmp_path):
+    """Only the second file has target_prob: the run, without --policy, said "the data has
+    no target_prob or target_log_prob column", of data that has one. The refusal now names
+    the first file, whose columns the dataset's are."""
+    from ope_cli.data.episode_stream import DataConfig, resolve_columns
+
+    logged = {"action": np.zeros(4, np.int64), "behavior_prob": np.full(4, 0.5)}
+    pq.write_table(pa.table({**table(0, 4).to_pydict(), **logged}), tmp_path / "a.parquet")
+    later = {**table(4, 8).to_pydict(), **logged, "target_prob": np.full(4, 0.5)}
+    pq.write_table(pa.table(later), tmp_path / "b.parquet")
+    config = DataConfig(str(tmp_path), target_column="required")
+    with pytest.raises(DataError) as info:
+        resolve_columns(open_dataset(str(tmp_path)), config)
+    assert "has no target_prob or target_log_prob column" in str(info.value)
+    assert str(info.value).endswith(
+        f"(the columns of a dataset of several files are its first file's: "
+        f"{tmp_path / 'a.parquet'}; every file names them alike)"
+    )
+    with pytest.raises(DataError) as one:  # one file: as it was
+        resolve_columns(open_dataset(str(tmp_path / "a.parquet")), config)
+    assert "first file" not in str(one.value)
+
+
 def test_a_later_file_whose_columns_give_a_role_otherwise_is_named(tmp_path):
     """Roles are found in the first file: a later file's 'step' column (its rows shuffled
     within episodes, which 'step' sorts) was never read, and PDIS came out -1.21 for

@@ -235,7 +235,24 @@ def _vector_columns(schema: DataSchema) -> dict[str, str]:
 
 
 def resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:
-    """The roles of ``data``'s columns as ``config`` asks; DataErrors name the source."""
+    """The roles of ``data``'s columns as ``config`` asks; DataErrors name the source, and
+    in a dataset of several files, the file whose columns they are (a missing target
+    column said "the data has none" where a later file had one)."""
+    try:
+        return _resolve_columns(data, config)
+    except AmbiguousColumns:
+        raise
+    except DataError as error:
+        if len(data.files) < 2:
+            raise
+        first = getattr(data, "schema_file", None) or data.files[0]
+        raise type(error)(
+            f"{error} (the columns of a dataset of several files are its first file's: "
+            f"{first}; every file names them alike)"
+        ) from None
+
+
+def _resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:
     target = _reads(data, config, "target", config.target_column)
     behavior = _reads(data, config, "behavior", config.behavior_column)
 
