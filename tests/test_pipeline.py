@@ -215,7 +215,7 @@ def test_magnitudes_of_a_chunk():
 
 
 def test_the_digits_a_sum_keeps_before_the_values_differences_show():
-    from ope_cli.estimation.pipeline import NO_MAGNITUDE, lost_digits
+    from ope_cli.estimation.pipeline import NO_MAGNITUDE, SPREAD_BLOCK, _spread, lost_digits
 
     rng = np.random.default_rng(2)
     assert lost_digits(9000 + rng.normal(0, 0.01, 1000)) == 5  # 9000 / 0.01 = 10^5.95
@@ -229,6 +229,13 @@ def test_the_digits_a_sum_keeps_before_the_values_differences_show():
     # feature has none to resolve)
     features = np.column_stack([rng.normal(0, 1, 100), 5000 + rng.uniform(0, 1, 100)])
     assert lost_digits(np.column_stack([features, np.ones(100)]).astype(np.float32)) == 4
+    # a float64 constant's standard deviation is not 0 but rounding (0.1's: 1e-17), which
+    # warned of observations varying by 1e-13 of their size
+    assert lost_digits(np.full(100, 0.1)) == NO_MAGNITUDE
+    assert lost_digits(np.column_stack([np.full(100, 0.1), rng.normal(0, 1, 100)])) == 0
+    # in blocks of rows, shifted: as np.std, of many rows and of an offset far above them
+    many = 1e8 + rng.normal(0, 1, (3 * SPREAD_BLOCK + 7, 2))
+    np.testing.assert_allclose(_spread(many), np.std(many - 1e8, axis=0), rtol=1e-6)
 
 
 def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):

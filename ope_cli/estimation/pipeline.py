@@ -378,6 +378,10 @@ def magnitudes(chunk) -> np.ndarray:
 
 
 SPREAD_VALUES = 30  # the fewest values whose standard deviation says their spread
+SPREAD_BLOCK = 4096  # rows whose float64 copy the spread of [N, d] values takes at a time
+# a standard deviation within this many float64 roundings of the values' size is rounding
+# (a constant 0.1 column's came out 1e-17, and warned of a spread 1e-13 of its size)
+SPREAD_ROUNDINGS = 16
 
 
 def lost_digits(values: np.ndarray) -> int:
@@ -385,19 +389,36 @@ def lost_digits(values: np.ndarray) -> int:
     sum must keep before their differences show (a chunk at a time, so that one outlier
     elsewhere does not hide a constant offset); of [N, ...] values, the most of any
     feature's. NO_MAGNITUDE for fewer than SPREAD_VALUES values (two close returns of a
-    chunk of two episodes said 1e-6), values all equal (nothing to resolve) or not
-    finite."""
+    chunk of two episodes said 1e-6), values all equal to float64's rounding (nothing to
+    resolve) or not finite."""
     if values.shape[0] < SPREAD_VALUES:
         return NO_MAGNITUDE
     features = values.reshape(values.shape[0], -1)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        spread = np.std(features, axis=0, dtype=np.float64)
-        size = np.max(np.abs(features), axis=0).astype(np.float64)
+        size = np.maximum(features.max(axis=0), -features.min(axis=0)).astype(np.float64)
+        spread = _spread(features)
         ratio = size / spread
-    resolved = (spread > 0) & (spread < math.inf) & (size < math.inf)
+    rounding = SPREAD_ROUNDINGS * np.finfo(np.float64).eps * size
+    resolved = (spread > rounding) & (spread < math.inf) & (size < math.inf)
     if not resolved.any():
         return NO_MAGNITUDE
     return int(math.floor(math.log10(float(np.max(ratio[resolved])))))
+
+
+def _spread(features: np.ndarray) -> np.ndarray:
+    """[d] standard deviation of each column of [N, d] ``features``, in float64 from
+    sums over blocks of SPREAD_BLOCK rows (a float64 copy of a whole chunk of wide float32
+    observations doubled its memory), shifted by the first row so that an offset far
+    above the spread does not cancel it."""
+    shift = features[0].astype(np.float64)
+    total = np.zeros(features.shape[1])
+    squares = np.zeros(features.shape[1])
+    for start in range(0, features.shape[0], SPREAD_BLOCK):
+        block = features[start : start + SPREAD_BLOCK].astype(np.float64) - shift
+        total += block.sum(axis=0)
+        squares += np.einsum("ij,ij->j", block, block)
+    mean = total / features.shape[0]
+    return np.sqrt(np.maximum(squares / features.shape[0] - mean * mean, 0.0))
 
 
 def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetSummary:

@@ -207,15 +207,21 @@ UNDERFLOW = (
 )
 
 
-def _resolution(lost: float, ratio: str, remedy: str = SUBTRACT) -> tuple[str | None, bool]:
+def _resolution(
+    lost: float, ratio: str, remedy: str = SUBTRACT, where: str = "float64 sums"
+) -> tuple[str | None, bool]:
     """(note, drop) of a standard error whose rounding is ``lost`` of it: nothing up to
     RESOLVED, what it is good to up to UNRESOLVED, beyond it dropped (null) with the reason;
-    ``ratio`` says why (the size of the sums against the spread), ``remedy`` what helps."""
+    ``ratio`` says why (the size of the sums against the spread), ``remedy`` what helps,
+    ``where`` which rounding loses it."""
     if lost <= RESOLVED:
         return None, False
     if lost > UNRESOLVED:
-        return f"{NOT_RESOLVED} in float64 sums: {ratio} ({remedy})", True
-    return f"standard error good to about {lost:.0e} only: {ratio}", False
+        return f"{NOT_RESOLVED} in {where}: {ratio} ({remedy})", True
+    # float32 terms: what rounding them costs, not what their float32 inputs (Q-hat from
+    # far-off observations, say) lost before, which the float32_range warning names
+    source = "" if where == "float64 sums" else f" from rounding its {where}"
+    return f"standard error good to about {lost:.0e} only{source}: {ratio}", False
 
 
 def spread_resolution(
@@ -225,7 +231,10 @@ def spread_resolution(
     (``_resolution``): sum x^2 - (sum x)^2 / n cancels when the terms' mean is far above
     their spread (e.g. a large constant in every reward); the relative error of that
     difference is about eps * mean(x^2) / spread. Terms computed in ``precision``
-    "float32" also carry its rounding, about eps32 * |x| each (``_term_resolution``)."""
+    "float32" were each rounded by about eps32 * |x| too, which adds (eps32 * |x|)^2 / 12
+    to their variance: the standard error's share of it is about (eps32 * size /
+    spread)^2 (measured: V-hat 1e4 + N(0, 1), 1.4e-6 by this: 4e-6 off; 1e5, 1.4e-4: 4e-5;
+    a Q checkpoint of 1e6, 1.4e-2, dropped: dm 4.7% off)."""
     total, total_sq, n = (float(np.asarray(x)) for x in (total, total_sq, n))
     if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
         return None, False
@@ -240,31 +249,10 @@ def spread_resolution(
         )
     size = math.sqrt(squares / spread)  # the terms' root mean square over their spread
     ratio = f"the terms' mean is {size:.0e} times their spread"
-    sums = _resolution(np.finfo(np.float64).eps * size * size, ratio, remedy)
-    if precision == "float64":
-        return sums
-    terms = _term_resolution(np.finfo(precision).eps * size, ratio, remedy, precision)
-    return terms if terms is not None and (terms[1] or not sums[1]) else sums
-
-
-# Terms computed in float32 are rounded to eps32 of their size at least: their spread is
-# good to eps32 * size / spread at best (measured: V-hat 1e4 + N(0, 1), 1e-3: dm's
-# standard error within 1e-3; 1e6 + N(0, 1), 0.17: 4.7% off; a Q-hat fit on observations
-# of 5000, 2e-3: 47% off, the float32_range warning's case). A standard error is noted past
-# UNRESOLVED of that, dropped past this.
-TERMS_UNRESOLVED = 0.1
-
-
-def _term_resolution(
-    lost: float, ratio: str, remedy: str, precision: str
-) -> tuple[str, bool] | None:
-    """(note, drop) of a standard error whose terms' ``precision`` rounding is ``lost`` of
-    their spread, or None where it is below UNRESOLVED."""
-    if lost <= UNRESOLVED:
-        return None
-    if lost > TERMS_UNRESOLVED:
-        return f"{NOT_RESOLVED} in {precision} terms: {ratio} ({remedy})", True
-    return f"standard error good to {lost:.0e} at best ({precision} terms): {ratio}", False
+    in_sums = np.finfo(np.float64).eps * size * size
+    in_terms = (np.finfo(precision).eps * size) ** 2
+    where = "float64 sums" if in_sums >= in_terms else f"{precision} terms"
+    return _resolution(max(in_sums, in_terms), ratio, remedy, where)
 
 
 def closed_form(values, undefined):
