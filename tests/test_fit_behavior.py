@@ -660,6 +660,26 @@ def test_fit_behavior_fits_where_the_logged_column_is_invalid(generated, tmp_pat
     assert "invalid in 2 of the 400 episodes: not compared" in shown.getvalue()
 
 
+def test_fit_behavior_fits_where_the_logged_column_is_invalid_everywhere(generated, tmp_path):
+    """A behavior_prob column that is NaN in every episode (the commonest reason to fit a
+    behavior model) ended fit-behavior with an internal error (a division by no steps),
+    after writing the checkpoint. The fit is reported, and the comparison left out."""
+    out = generated["chain"]
+    table = pq.read_table(out / "logs.parquet")
+    column = table.schema.get_field_index("behavior_prob")
+    missing = pa.array(np.full(table.num_rows, np.nan))
+    pq.write_table(table.set_column(column, "behavior_prob", missing), tmp_path / "nan.parquet")
+    report = _fit(tmp_path / "nan.parquet", tmp_path / "nan.npz")
+    clean = _fit(out / "logs.parquet", tmp_path / "clean.npz")
+    assert report.logged is None and clean.logged is not None
+    assert (report.episodes, report.steps) == (clean.episodes, clean.steps)
+    assert report.logged_note == (
+        "the logged column 'behavior_prob' is invalid in 400 of the 400 episodes: not compared"
+    )
+    with np.load(tmp_path / "nan.npz") as fitted, np.load(tmp_path / "clean.npz") as expected:
+        np.testing.assert_array_equal(fitted["logits"], expected["logits"])
+
+
 def test_estimate_table_footer(chain_runs):
     text = " ".join(chain_runs["both_table"].split())
     assert "behavior probabilities: estimated (tabular)" in text

@@ -247,7 +247,7 @@ def _compare_where_valid(
         )
     except DataError as error:  # the checkpoint is written: the comparison is a report's
         return None, f"the logged column could not be read ({first_line(error)}): not compared"
-    if valid[0] == episodes:
+    if valid[0] == episodes and comparison is not None:
         return comparison, None
     role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
     return None, (
@@ -274,9 +274,10 @@ def step_log_probs(
 
 def compare_with_logged_propensities(
     arrays, model: str, chunks: Iterable[EpisodeChunk], schema: DataSchema
-) -> LoggedComparison:
+) -> LoggedComparison | None:
     """Streams the data again: log(logged / estimated) per step, and (discrete actions) the
-    calibration of the estimated probabilities against the logged ones."""
+    calibration of the estimated probabilities against the logged ones; None where
+    ``chunks`` hold no step (the column invalid in every episode)."""
     steps, total, total_abs, largest = 0, 0.0, 0.0, 0.0
     counts = np.zeros(CALIBRATION_BINS, np.int64)
     sum_estimated, sum_logged = np.zeros(CALIBRATION_BINS), np.zeros(CALIBRATION_BINS)
@@ -304,6 +305,8 @@ def compare_with_logged_propensities(
         for k in range(CALIBRATION_BINS)
         if model != "linear_gaussian" and counts[k]
     ]
+    if steps == 0:
+        return None
     role = "behavior_log_prob" if schema.behavior_is_log else "behavior_prob"
     return LoggedComparison(
         column=schema.columns[role],
