@@ -415,16 +415,16 @@ def test_a_standard_error_float64_sums_cannot_resolve_gets_a_note():
     )
     assert spread_resolution(1.0, 1.0, 1.0) == (None, False)
     assert (RESOLVED, UNRESOLVED) == (1e-6, 1e-3)
-    # terms computed in float32 were each rounded by eps32 of their size: that adds about
-    # (eps32 * size / spread)^2 to the standard error (a V-hat of 1e6 + N(0, 1) left dm's
-    # 4.7% off, noted "good to about 4e-04" from the float64 sums alone)
+    # terms computed in float32 were each rounded by eps32 of their size: that moves the
+    # standard error by about e / sqrt(12 n) + e^2 / 24, e = eps32 * size / spread (a Q-hat
+    # of 1e6 + N(0, 1) left dm's 4.7% off, noted "good to about 4e-04" from the sums alone)
     single = {}
     for offset in (0.0, 1e3, 1e5, 1e6, 1e7):
         x = offset + spread
         single[offset] = spread_resolution(x.sum(), (x * x).sum(), x.size, precision="float32")
     assert single[0.0] == single[1e3] == (None, False)
     assert single[1e5] == (
-        "standard error good to about 1e-04 only from rounding its float32 terms: the terms' "
+        "standard error good to about 8e-05 only from rounding its float32 terms: the terms' "
         "mean is 1e+05 times their spread",
         False,
     )

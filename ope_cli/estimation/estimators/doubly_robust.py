@@ -117,7 +117,8 @@ dm_estimate = MeanOfTerms(
     "dm_v",
     "dm_v2",
     None,
-    "subtract a constant from V-hat (the --v-col values, or the rewards a Q-hat is fitted to)",
+    "subtract a constant from V-hat (the --v-col values, a Q checkpoint's values, or the "
+    "rewards a Q-hat is fitted to)",
 )
 dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D_i
 
