@@ -680,6 +680,51 @@ def test_fit_behavior_fits_where_the_logged_column_is_invalid_everywhere(generat
         np.testing.assert_array_equal(fitted["logits"], expected["logits"])
 
 
+def test_fit_behavior_reads_no_rewards(generated, tmp_path):
+    """The fit is to the logged actions: a log without rewards was refused ("name it with
+    --reward-col", an option fit-behavior does not have), and a NaN reward stopped it
+    (exit 3). Without rewards, in either layout, and with a NaN reward, the fit is the one
+    of the whole logs."""
+    out = generated["chain"]
+    logs = pq.read_table(out / "logs.parquet")
+    without = logs.drop_columns(["reward"])
+    pq.write_table(without, tmp_path / "actions.parquet")
+    rewards = logs.column("reward").to_numpy().copy()
+    rewards[5] = np.nan
+    index = logs.schema.get_field_index("reward")
+    pq.write_table(logs.set_column(index, "reward", pa.array(rewards)), tmp_path / "nan.parquet")
+    by_episode = without.group_by("episode_id", use_threads=False).aggregate(
+        [(name, "list") for name in ("step", "observation", "action", "behavior_prob")]
+    )
+    lists = by_episode.rename_columns([n.removesuffix("_list") for n in by_episode.column_names])
+    pq.write_table(lists, tmp_path / "episodes.parquet")
+    expected = _fit(out / "logs.parquet", tmp_path / "logs.npz")
+    with np.load(tmp_path / "logs.npz") as fitted:
+        logits = fitted["logits"]
+    for name in ("actions", "nan", "episodes"):
+        report = _fit(tmp_path / f"{name}.parquet", tmp_path / f"{name}.npz")
+        assert (report.episodes, report.steps) == (expected.episodes, expected.steps), name
+        assert report.logged is not None, name
+        with np.load(tmp_path / f"{name}.npz") as fitted:
+            np.testing.assert_allclose(fitted["logits"], logits, rtol=1e-12, err_msg=name)
+
+
+def test_a_log_of_vector_actions_alone_has_no_telling_layout(tmp_path):
+    """Lists of numbers in the action column, without a reward, step or probability column:
+    vector actions a step, or an episode's actions a row. Refused in one line, not
+    guessed."""
+    table = pa.table(
+        {
+            "episode_id": np.arange(4),
+            "observation": np.zeros(4),
+            "action": pa.array([[0.1, 0.2]] * 4, pa.list_(pa.float64())),
+        }
+    )
+    pq.write_table(table, tmp_path / "ambiguous.parquet")
+    with pytest.raises(DataError, match="without a reward, step or probability column"):
+        _fit(tmp_path / "ambiguous.parquet", tmp_path / "b.npz")
+
+
 def test_estimate_table_footer(chain_runs):
     text = " ".join(chain_runs["both_table"].split())
     assert "behavior probabilities: estimated (tabular)" in text

@@ -239,6 +239,7 @@ def resolve_schema(
     logged_target: bool,
     source: str | None = None,
     logged_behavior: bool = True,
+    reads_reward: bool = True,
 ) -> DataSchema:
     """Detects the layout and column roles of ``schema``; raises DataError naming the column
     (and ``source``, the data's path, when given).
@@ -246,24 +247,29 @@ def resolve_schema(
     With ``logged_target`` the evaluation policy's probabilities come from the data
     (no ``--policy``), so a target column is required and observations are not;
     otherwise observations are required and target columns are not read. Without
-    ``logged_behavior`` (a ``--behavior`` policy) no behavior column is read.
+    ``logged_behavior`` (a ``--behavior`` policy) no behavior column is read; without
+    ``reads_reward`` (a fit to the logged actions) no reward column is.
     """
     if source is None:
-        return _resolve_schema(schema, mapping, logged_target, logged_behavior)
+        return _resolve_schema(schema, mapping, logged_target, logged_behavior, reads_reward)
     try:
-        resolved = _resolve_schema(schema, mapping, logged_target, logged_behavior)
+        resolved = _resolve_schema(schema, mapping, logged_target, logged_behavior, reads_reward)
     except DataError as error:
         raise type(error)(f"{source}: {error}") from None
     return dataclasses.replace(resolved, source=source)
 
 
 def _resolve_schema(
-    schema: pa.Schema, mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
+    schema: pa.Schema,
+    mapping: ColumnMapping,
+    logged_target: bool,
+    logged_behavior: bool = True,
+    reads_reward: bool = True,
 ) -> DataSchema:
     columns, cross_checked = _select_columns(
-        list(schema.names), mapping, logged_target, logged_behavior
+        list(schema.names), mapping, logged_target, logged_behavior, reads_reward
     )
-    layout: Layout = "episode" if is_list(schema.field(columns["reward"]).type) else "step"
+    layout = _layout(schema, mapping, columns["action"])
 
     def value_type(role: str) -> pa.DataType:
         """The type of one step's value of ``role`` (the list's item in the episode layout),
@@ -279,8 +285,7 @@ def _resolve_schema(
     def wrong_type(role: str, expected: str) -> DataError:
         return _type_error(columns[role], expected, schema.field(columns[role]).type, role)
 
-    numeric = ("reward", "behavior_prob", "behavior_log_prob", "target_prob", "target_log_prob")
-    for role in (*numeric, "q_value", "v_value"):
+    for role in NUMERIC_ROLES:
         if role in columns and not _is_number(value_type(role)):
             raise wrong_type(role, "numbers")
     _check_episode_ids(schema, columns, layout, list(schema.names))
@@ -337,8 +342,43 @@ def _prefer(
     return {} if log_option is not None or plain_option is not None else {other: name}
 
 
+# Columns whose values must be numbers
+NUMERIC_ROLES = (
+    *("reward", "behavior_prob", "behavior_log_prob", "target_prob", "target_log_prob"),
+    *("q_value", "v_value"),
+)
+# Columns of one value a step, read or not: scalars in the step layout, lists in the episode
+# layout (an action may be a vector a step, a list in either)
+LAYOUT_ROLES = ("reward", "step", "behavior_prob", "behavior_log_prob", "target_prob")
+
+
+def _layout(schema: pa.Schema, mapping: ColumnMapping, action: str) -> Layout:
+    """The data's layout: "episode" where the first column of LAYOUT_ROLES it has holds
+    lists. Without one (a log of actions alone, for ``ope fit-behavior``), the action
+    column's type tells where it can: lists of lists (vectors a step) or no lists; lists
+    of numbers (a vector a step, or a number a step of an episode) are a DataError."""
+    names = list(schema.names)
+    for role in LAYOUT_ROLES:
+        if found := _candidates(role, names, mapping):
+            return "episode" if is_list(schema.field(found[0]).type) else "step"
+    dtype = schema.field(action).type
+    if not is_list(dtype):
+        return "step"
+    if is_list(dtype.value_type):
+        return "episode"
+    raise DataError(
+        f"column {action!r} holds lists of numbers, and without a reward, step or "
+        "probability column that can be vector actions (one row a step) or an episode's "
+        "actions (one row an episode): add a step column, or a reward column"
+    )
+
+
 def _select_columns(
-    names: list[str], mapping: ColumnMapping, logged_target: bool, logged_behavior: bool = True
+    names: list[str],
+    mapping: ColumnMapping,
+    logged_target: bool,
+    logged_behavior: bool = True,
+    reads_reward: bool = True,
 ) -> tuple[dict, dict]:
     """({role: column name} of the roles found, checked for the required ones; {role:
     column name} of the columns read to be compared with their twin: ``_prefer``)."""
@@ -352,8 +392,10 @@ def _select_columns(
             "no --policy given and the data has no target_prob or target_log_prob column; "
             "pass --policy CKPT.npz or name the column with --target-prob-col"
         )
+    if not reads_reward:
+        columns.pop("reward", None)
     for role, what in (("reward", "reward"), ("action", "action")):
-        if role not in columns:
+        if role not in columns and (role != "reward" or reads_reward):
             raise _missing(role, names, what)
     if not logged_behavior:  # --behavior computes them: the column is not read
         columns.pop("behavior_prob", None)

@@ -302,7 +302,9 @@ class StepConverter:
             action=self._action(column_of("action"), at),
             reward=numbers(
                 column_of("reward"), self.column("reward"), np.float64, at, "null_reward"
-            ),
+            )
+            if "reward" in s.columns
+            else None,
             log_behavior=numbers(
                 column_of(self.behavior_role),
                 self.column(self.behavior_role),

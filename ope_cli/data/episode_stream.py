@@ -52,6 +52,8 @@ class DataConfig:
       on_invalid: ``validate.ON_INVALID``: error, drop or collect.
       target_column, behavior_column: whether the logged target (evaluation policy) and
         behavior probabilities are read (``ColumnUse``).
+      reward_column: "unread" for a fit to the logged actions (``ope fit-behavior``): no
+        reward column is needed, and the chunks' rewards are None.
     """
 
     source: str
@@ -60,6 +62,7 @@ class DataConfig:
     on_invalid: str = "error"
     target_column: ColumnUse = "unread"
     behavior_column: ColumnUse = "required"
+    reward_column: ColumnUse = "required"  # "unread": a fit to the logged actions only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,7 @@ class EpisodeStream:
             data = self.data.restrict(self.files_before)
             counted = data.count_rows()
             if counted is None:
-                column = [self.schema.columns["reward"]]
+                column = [self.schema.columns.get("reward") or self.schema.columns["action"]]
                 counted = sum(part.batch.num_rows for part in data.iter_batches(column, 1 << 16))
             self._cache[key] = counted
         return self._cache[key]
@@ -263,6 +266,7 @@ def _resolve_columns(data: Dataset, config: DataConfig) -> DataSchema:
             logged_target=target,
             source=config.source,
             logged_behavior=logged_behavior,
+            reads_reward=config.reward_column != "unread",
         )
 
     if config.behavior_column != "if_usable":

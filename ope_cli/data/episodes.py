@@ -94,7 +94,7 @@ class EpisodeChunk:
 
     @property
     def num_steps(self) -> int:
-        return int(self.steps.reward.shape[0])
+        return int(self.steps.action.shape[0])
 
     @property
     def offsets(self) -> np.ndarray:
@@ -355,7 +355,9 @@ class EpisodeAssembler:
         at = Where(file, lambda e: (display_id(episode_ids[e]), None))
         flat: dict[str, pa.Array] = {}
         lengths = None
-        for role in (role for role in EPISODE_ROLES if role in col):
+        roles = [role for role in EPISODE_ROLES if role in col]
+        anchor = col[roles[0]]  # the rewards' lists, or where none are read the actions'
+        for role in roles:
             array = plain(batch.column(col[role]))
             if role in self.schema.cross_checked:  # after reward's: ``lengths`` is known
                 flat[role] = twin_steps(array, lengths)
@@ -368,7 +370,7 @@ class EpisodeAssembler:
                 e = int(mismatch[0])
                 raise InvalidValueError(  # --on-invalid drop leaves it out (screened before)
                     f"{where(file, display_id(episode_ids[e]))}list column {col[role]!r} has "
-                    f"{int(role_lengths[e])} entries but {col['reward']!r} has {int(lengths[e])} "
+                    f"{int(role_lengths[e])} entries but {anchor!r} has {int(lengths[e])} "
                     f"({mismatch.size} episode(s) disagree)",
                     reason="lists_disagree",
                 )
@@ -386,23 +388,22 @@ class EpisodeAssembler:
         arrays = {role: plain(batch.column(col[role])) for role in roles}
         null = {role: np.asarray(pc.is_null(arrays[role]), bool) for role in roles}
         lengths = {role: list_lengths(arrays[role]) for role in roles}
-        steps = lengths["reward"]
+        anchor = roles[0]  # reward, or where no reward is read, action
+        steps = lengths[anchor]
         checks = [Check(null_reason(role), null_message(col[role]), null[role]) for role in roles]
-        checks.append(
-            Check("empty_episode", "episode has no steps", (steps == 0) & ~null["reward"])
-        )
+        checks.append(Check("empty_episode", "episode has no steps", (steps == 0) & ~null[anchor]))
         checks.extend(
             Check(
                 "lists_disagree",
-                f"list column {col[role]!r} and {col['reward']!r} have different lengths",
-                (lengths[role] != steps) & ~null[role] & ~null["reward"],
+                f"list column {col[role]!r} and {col[anchor]!r} have different lengths",
+                (lengths[role] != steps) & ~null[role] & ~null[anchor],
             )
             for role in roles[1:]
         )
         # the steps a dropped episode is counted with: its rewards', or where that list is
         # null its longest list's (they were counted as 0)
         longest = np.max(np.stack(list(lengths.values())), axis=0)
-        counted = np.where(null["reward"], longest, steps)
+        counted = np.where(null[anchor], longest, steps)
         first = self.validation.judge(
             file,
             checks,

@@ -17,7 +17,7 @@ class Steps(NamedTuple):
 
       observation: (index or scalar) or [..., obs_dim]; None when not read.
       action: int64 (discrete), float64 (scalar continuous) or [..., act_dim] float64.
-      reward: float64.
+      reward: float64; None when not read (``ope fit-behavior``, which fits actions only).
       log_behavior: float64 logged log pi_b(a|s), or None with a ``--behavior`` policy
         (the kernel computes it).
       log_target: float64 logged log pi_e(a|s), or None.
@@ -28,7 +28,7 @@ class Steps(NamedTuple):
 
     observation: np.ndarray | None
     action: np.ndarray
-    reward: np.ndarray
+    reward: np.ndarray | None
     log_behavior: np.ndarray | None
     log_target: np.ndarray | None
     q_value: np.ndarray | None = None

@@ -281,7 +281,7 @@ def bounds_checks(
     good as it. A reward that is not
     finite is ``reward_not_finite``'s (droppable), not outside the range."""
     reward_source, horizon_source = sources
-    if reward_range is not None:
+    if reward_range is not None and steps.reward is not None:
         low, high = reward_range
         reward = steps.reward
         yield Check(
@@ -291,7 +291,7 @@ def bounds_checks(
         )
     if horizon is not None:
         starts = np.cumsum(lengths) - lengths
-        position = np.arange(steps.reward.shape[0]) - np.repeat(starts, lengths)
+        position = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
         yield Check(
             "episode_too_long",
             f"episode is longer than the horizon of {horizon} steps ({horizon_source})",
@@ -302,7 +302,8 @@ def bounds_checks(
 def value_checks(steps: Steps, schema: DataSchema) -> Iterator[Check]:
     """The spec's 'bad values' checks of flat [N] steps (probabilities still as logged),
     vectorised, in order; each flags the rows that have its problem."""
-    yield Check("reward_not_finite", "reward is NaN or infinite", ~np.isfinite(steps.reward))
+    if steps.reward is not None:
+        yield Check("reward_not_finite", "reward is NaN or infinite", ~np.isfinite(steps.reward))
     for critic, option in ((steps.q_value, "--q-col"), (steps.v_value, "--v-col")):
         if critic is not None:
             yield Check(

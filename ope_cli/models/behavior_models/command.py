@@ -186,8 +186,16 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
     started = time.perf_counter()
     check_checkpoint_out(config.out, config.overwrite)
     opened = open_episodes(
-        # the propensity column, when the data has a usable one, to compare with
-        DataConfig(config.data, config.columns, config.read_rows, behavior_column="if_usable")
+        # the propensity column, when the data has a usable one, to compare with; no
+        # rewards: the fit is to the logged actions (a log of actions alone fits, and a NaN
+        # reward does not stop it)
+        DataConfig(
+            config.data,
+            config.columns,
+            config.read_rows,
+            behavior_column="if_usable",
+            reward_column="unread",
+        )
     )
     schema = opened.schema
     # the fit reads no propensities: a logged column with zeros or NaNs (often the reason to
