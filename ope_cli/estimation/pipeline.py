@@ -673,14 +673,11 @@ def computed_estimators(batches: BatchStream) -> tuple[str, ...]:
     return available_estimators(Q_FIELDS if batches.qs is not None else ())
 
 
-def _check_policy_values(batches: BatchStream, results) -> None:
+def _check_policy_values(batches: BatchStream, found_faults) -> None:
     """A PolicyError when an evaluation policy gave a logged action of this batch a value
     that is no log-probability, or its Q function a NaN or infinite Q-hat or V-hat
-    (``results``: the batch's (kernel, KernelOutput) pairs)."""
-    from ope_cli.estimation.kernel import host_arrays
-
-    for kernel, output in results:
-        faults = host_arrays(output.faults)
+    (``found_faults``: each kernel of the batch with its windows' Faults, on the host)."""
+    for kernel, faults in found_faults:
         if (first := _first_fault([found.policy for found in faults])) is not None:
             row, count = first  # the second read only on this error path
             policy = batches.policies[kernel.group.indices[row]]
@@ -692,21 +689,24 @@ def _check_policy_values(batches: BatchStream, results) -> None:
 
 def _read_faults(batches: BatchStream, results) -> None:
     """What a batch's windows found in user-supplied values (``results``: its (kernel,
-    KernelOutput) pairs): an error where the behavior or an evaluation policy or a Q
-    function gave a value that is none, else the largest Q-hat noted."""
-    _check_behavior_support(batches, results[0][1])
-    _check_policy_values(batches, results)
-    _note_q_sizes(batches.counters, results)
-
-
-def _note_q_sizes(counters: Counters, results) -> None:
-    """Adds the largest |Q-hat| or |V-hat| of a batch's windows (``results``: its (kernel,
-    KernelOutput) pairs) to the critic's magnitude (``Counters.magnitudes``): float32 must
-    hold a Q checkpoint's or fit's values as it must hold critic columns."""
+    KernelOutput) pairs), brought to the host once: an error where the behavior or an
+    evaluation policy or a Q function gave a value that is none, else the largest Q-hat
+    noted."""
     from ope_cli.estimation.kernel import host_arrays
 
-    for _, output in results:
-        sizes = [float(np.max(found.q_size)) for found in host_arrays(output.faults)]
+    _check_behavior_support(batches, results[0][1])
+    found_faults = [(kernel, host_arrays(output.faults)) for kernel, output in results]
+    _check_policy_values(batches, found_faults)
+    _note_q_sizes(batches.counters, found_faults)
+
+
+def _note_q_sizes(counters: Counters, found_faults) -> None:
+    """Adds the largest |Q-hat| or |V-hat| of a batch's windows (``found_faults``: each
+    kernel with its windows' Faults, on the host) to the critic's magnitude
+    (``Counters.magnitudes``): float32 must hold a Q checkpoint's or fit's values as it
+    must hold critic columns."""
+    for _, faults in found_faults:
+        sizes = [float(np.max(found.q_size)) for found in faults]
         magnitude = decimal_magnitude(max(sizes, default=0.0))
         counters.magnitudes[CRITIC_MAGNITUDE] = max(
             counters.magnitudes[CRITIC_MAGNITUDE], magnitude
