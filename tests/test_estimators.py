@@ -461,7 +461,7 @@ def test_a_standard_error_noted_zero_is_zero():
     of 1134 (the reference 0.0196) noted "0 to float64's precision". Each standard error
     is now 0 with that note, or null (unresolved), or the reference."""
 
-    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, ZERO_TO_PRECISION
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, zero_to_precision
 
     outcomes = set()
     for seed in range(40):
@@ -475,7 +475,7 @@ def test_a_standard_error_noted_zero_is_zero():
         )
         point = estimators.get("is").finalize(_one_group(totals), base.Context(1, 1))
         note = point.note or ""
-        if note.startswith(ZERO_TO_PRECISION):
+        if note.startswith(zero_to_precision()):
             assert point.stderr == 0.0, (seed, point)
             outcomes.add("zero")
         elif note.startswith(NOT_RESOLVED):
@@ -586,7 +586,7 @@ def test_a_spread_cancelled_in_the_squares_is_not_a_standard_error_of_zero(tmp_p
     import pyarrow.parquet as pq
 
     from ope_cli.config import EvaluationConfig
-    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, ZERO_TO_PRECISION
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED, zero_to_precision
     from ope_cli.estimation.pipeline import evaluate
 
     def estimates(rewards_et: np.ndarray) -> dict:
@@ -616,4 +616,4 @@ def test_a_spread_cancelled_in_the_squares_is_not_a_standard_error_of_zero(tmp_p
     identical = np.tile([1e6 + 0.5, 1e6 + 0.25, 1e6, 1e6 + 0.75], (20, 1))
     for name, estimate in estimates(identical).items():
         assert estimate.stderr == 0.0, (name, estimate)
-        assert estimate.note is None or estimate.note.startswith(ZERO_TO_PRECISION)
+        assert estimate.note is None or estimate.note.startswith(zero_to_precision())

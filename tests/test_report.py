@@ -183,11 +183,11 @@ def test_a_zero_width_interval_from_a_spread_float64_lost_says_so(result):
     estimate's note says so). The warning then names the constant that can hide a spread,
     not only episodes that show none; an interval of no width without that note keeps the
     plain message."""
-    from ope_cli.estimation.estimators.importance import ZERO_TO_PRECISION
+    from ope_cli.estimation.estimators.importance import zero_to_precision
     from ope_cli.report.warnings import ZERO_WIDTH, policy_warnings
 
     policy = result.results[0]
-    note = f"{ZERO_TO_PRECISION}: any spread of the terms is below the rounding of their ..."
+    note = f"{zero_to_precision()}: any spread of the terms is below the rounding of their ..."
     point = dataclasses.replace(policy.estimates["is"], value=1e12, stderr=0.0)
     point = dataclasses.replace(point, ci_low=1e12, ci_high=1e12)
 

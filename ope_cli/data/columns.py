@@ -394,9 +394,9 @@ def _select_columns(
         )
     if not reads_reward:
         columns.pop("reward", None)
-    for role, what in (("reward", "reward"), ("action", "action")):
-        if role not in columns and (role != "reward" or reads_reward):
-            raise _missing(role, names, what)
+    for role in ("reward", "action") if reads_reward else ("action",):
+        if role not in columns:
+            raise _missing(role, names, role)
     if not logged_behavior:  # --behavior computes them: the column is not read
         columns.pop("behavior_prob", None)
         columns.pop("behavior_log_prob", None)

@@ -197,7 +197,6 @@ def zero_to_precision(precision: str = "float64") -> str:
     return f"standard error 0 to {precision}'s precision"
 
 
-ZERO_TO_PRECISION = zero_to_precision()
 # every precision's note of a spread that cancelled, and the precision it names
 ZERO_NOTES = {zero_to_precision(p): p for p in ("float64", "float32")}
 # the note of a value whose weights all underflow (it is not 0, but prints so)
