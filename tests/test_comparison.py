@@ -277,6 +277,28 @@ def test_choosing_options_refuse_in_one_line(chain, monkeypatch, baseline, truth
     assert "\n" not in str(raised.value)
 
 
+def test_a_baseline_path_may_be_spelled_another_way(chain, monkeypatch):
+    """./policies/eval_1.npz or its absolute path names the policy given as
+    policies/eval_1.npz (it was refused: "no --policy is called that"); a path that two
+    --policy values load is refused as ambiguous."""
+    folder, _ = chain
+    monkeypatch.chdir(folder)
+    policies = load_policies(["policies/eval_0.npz", "policies/eval_1.npz"])
+    for spelling in (
+        "policies/eval_1.npz",
+        "./policies/eval_1.npz",
+        "policies/../policies/eval_1.npz",
+    ):
+        assert resolve_baseline(spelling, policies) == 1
+    assert resolve_baseline(str(folder / "policies" / "eval_0.npz"), policies) == 0
+    twice = load_policies(
+        ["policies/eval_0.npz", "again=policies/eval_0.npz", "policies/eval_1.npz"]
+    )
+    with pytest.raises(UsageError, match=re.escape("--baseline ./policies/eval_0.npz names 2")):
+        resolve_baseline("./policies/eval_0.npz", twice)
+    assert resolve_baseline("again", twice) == 1
+
+
 def test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones(tmp_path):
     """The sets use percentile intervals for every pair, the baseline's included (on this
     data a studentized interval against the baseline kept eval_2 in the IS set)."""

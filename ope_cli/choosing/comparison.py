@@ -38,6 +38,7 @@ from ope_cli.choosing.selection import (
     missing_truth_note,
     p_improvement,
     read_truth,
+    same_path,
     selection_by_estimator,
 )
 from ope_cli.errors import UsageError
@@ -429,16 +430,29 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
                 "is the logging policy)"
             )
         return len(policies)
-    for row, policy in enumerate(policies):
-        if baseline in (policy.name, policy.label, policy.source):
-            if len(policies) == 1:  # the run would compare nothing, and say nothing
-                raise UsageError(
-                    f"--baseline {baseline} is the only --policy: there is nothing to "
-                    f"compare with it; add the policies to compare, or --baseline "
-                    f"{BASELINE_BEHAVIOR} (the logging policy)"
-                )
-            return row
+    rows = [
+        row
+        for row, policy in enumerate(policies)
+        if baseline in (policy.name, policy.label, policy.source)
+    ] or [  # another spelling of a policy's path (./a.npz, an absolute path)
+        row
+        for row, policy in enumerate(policies)
+        if same_path(baseline, policy.source or policy.name)
+    ]
     given = ", ".join(policy.label or policy.name for policy in policies)
+    if len(rows) > 1:
+        raise UsageError(
+            f"--baseline {baseline} names {len(rows)} --policy values; name it by its label, "
+            f"one of {given}"
+        )
+    if rows and len(policies) == 1:  # the run would compare nothing, and say nothing
+        raise UsageError(
+            f"--baseline {baseline} is the only --policy: there is nothing to compare with "
+            f"it; add the policies to compare, or --baseline {BASELINE_BEHAVIOR} (the "
+            "logging policy)"
+        )
+    if rows:
+        return rows[0]
     raise UsageError(
         f"--baseline {baseline}: no --policy is called that; choose one of {given}, "
         f"or {BASELINE_BEHAVIOR} (the logging policy)"

@@ -165,9 +165,10 @@ def _truth_entries(
     return entries, [], behavior[0] if behavior else None
 
 
-def _same_path(entry: str, policy: str, base: Path | None) -> bool:
-    """Whether truth entry `entry` names `policy` by path: the same string, or the same file
-    (relative entry paths start from the truth file's folder, or from the working folder)."""
+def same_path(entry: str, policy: str, base: Path | None = None) -> bool:
+    """Whether `entry` (a truth entry, a --baseline) names `policy` by path: the same string,
+    or the same file (relative entry paths start from the truth file's folder, or from the
+    working folder)."""
     if entry == policy:
         return True
     local = remote.on_disk(policy)
@@ -186,7 +187,7 @@ def _find(
 ) -> list[str]:
     """The given policies that truth entry `entry` names: by path, else by a NAME of
     ``--policy NAME=PATH`` (`labels`: NAME -> its policy name), else by file name."""
-    by_path = [p for p in policy_names if _same_path(entry, p, base)]
+    by_path = [p for p in policy_names if same_path(entry, p, base)]
     if not by_path and labels and entry in labels:
         return [labels[entry]]
     return by_path or [p for p in policy_names if Path(p).name == Path(entry).name]
