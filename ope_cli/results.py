@@ -26,7 +26,8 @@ class QSource:
     checkpoint kind (or the fitted model's); ``fit``: the fitted Q evaluation's statistics
     (model, episodes, steps, folds, Bellman residuals, seconds), else None; ``mismatch``:
     why a checkpoint is not its policy's Q for the run's gamma, where only dr and wdr use it
-    (a run that reports dm refuses such a Q), else None.
+    (a run that reports dm refuses such a Q), else None; ``exact``: the checkpoint says it
+    holds the policy's exact Q (``ope generate``'s).
     """
 
     source: str
@@ -34,6 +35,7 @@ class QSource:
     kind: str | None = None
     fit: dict | None = None
     mismatch: str | None = None
+    exact: bool = False
 
     def describe(self) -> str:
         if self.source == "columns":
@@ -43,7 +45,7 @@ class QSource:
             folds = fit.get("folds", 1)
             crossed = f", cross-fitted over {folds} folds" if folds > 1 else ", in-sample"
             return f"Q-hat fitted in this run (fitted Q evaluation, {self.kind}{crossed})"
-        return f"Q-hat from {self.name} ({self.kind})"
+        return f"Q-hat from {self.name} ({self.kind}{', exact' if self.exact else ''})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ and bad inputs."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -604,6 +605,32 @@ def test_evaluate_refuses_a_q_fitted_for_another_gamma(data, ope_in_process, eva
         source = "the default" if evaluate_gamma is None else "--gamma"
         assert "is a Q for gamma 0.9, but this run discounts by gamma" in done.stderr
         assert f"({source}): evaluate with --gamma 0.9, or refit" in done.stderr
+
+
+def test_dm_from_a_checkpoint_says_its_interval_takes_q_hat_as_exact(data, ope_in_process):
+    """dm's interval counts only the spread of V-hat over the start states: from a fit-q
+    checkpoint it was 9.268 in [9.257, 9.278] on control data whose truth is 6.08, with no
+    word. Every format now says so; without dm there is nothing to say; an exact Q
+    (``ope generate``'s, marked ``exact``) is not warned of."""
+    policy, out = data["root"] / "tabular.npz", data["root"] / "q_dm_exact.npz"
+    _fit(data["states_path"], policy, out, gamma=0.9, overwrite=True)
+    args = ["evaluate", data["states_path"], "-p", policy, "--q", out, "--gamma", "0.9"]
+    codes = {}
+    for name, more in {"dm": ["-e", "dm"], "dr": ["-e", "dr", "-e", "wdr"]}.items():
+        done = ope_in_process([*args, *more, "-f", "json"])
+        assert done.returncode == 0, done
+        codes[name] = [w["code"] for w in json.loads(done.stdout)["warnings"]]
+    assert "dm_takes_q_as_exact" in codes["dm"] and "dm_takes_q_as_exact" not in codes["dr"]
+    for output in ("csv", "table"):
+        done = ope_in_process([*args, "-e", "dm", "-f", output])
+        assert "dm's interval takes Q-hat (" in " ".join(done.stdout.split()), output
+    with np.load(out) as archive:
+        exact = {**dict(archive), "exact": np.array(True)}
+    np.savez(data["root"] / "q_marked_exact.npz", **exact)
+    marked = [*args[:-3], data["root"] / "q_marked_exact.npz", "--gamma", "0.9", "-e", "dm"]
+    done = ope_in_process([*marked, "-f", "table"])
+    shown = " ".join(done.stdout.split())
+    assert "takes Q-hat" not in shown and "q_marked_exact.npz (tabular_q, exact)" in shown
 
 
 def test_model_names_and_defaults():

@@ -159,6 +159,10 @@ def test_bad_q_checkpoints_are_policy_errors():
             {"kind": "tabular_q", "q": np.zeros((2, 2)), "policy_fingerprint": np.float64(1.0)},
             "array 'policy_fingerprint' must be the sha256 (64 hex digits)",
         ),
+        "exact a number": (  # a 1.0 is no claim: only a boolean marks a Q exact
+            {"kind": "tabular_q", "q": np.zeros((2, 2)), "exact": np.float64(1.0)},
+            "array 'exact' must be one boolean (whether the Q is its policy's exact Q), got 1.0",
+        ),
     }
     for name, (arrays, words) in cases.items():
         with pytest.raises(PolicyError, match="^bad.npz: ") as error:

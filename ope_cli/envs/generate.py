@@ -179,7 +179,9 @@ def _write_q(
             continue
         (out / "q").mkdir(exist_ok=True)
         policy = load_checkpoint(str(out / path)).fingerprint()  # the policy as read back
-        write_npz(out / q_path, "tabular_q", {"q": q, **provenance_arrays(gamma, policy)})
+        write_npz(
+            out / q_path, "tabular_q", {"q": q, **provenance_arrays(gamma, policy, exact=True)}
+        )
         q_paths.append(q_path)
     return q_paths
 

@@ -75,11 +75,11 @@ def write_logs(
 
 def write_npz(path: Path, kind: str, arrays: Params) -> None:
     """Like np.savez, with a fixed date in the archive so equal arrays give equal bytes;
-    numbers as float64, text as it is."""
+    numbers as float64, text and booleans as they are."""
     entries = {"kind": np.array(kind)}
     for name, value in arrays.items():
         value = np.asarray(value)
-        entries[name] = value if value.dtype.kind in "US" else value.astype(np.float64)
+        entries[name] = value if value.dtype.kind in "USb" else value.astype(np.float64)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
         for name, value in entries.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))

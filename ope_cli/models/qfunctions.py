@@ -48,6 +48,9 @@ Q_KINDS = ("tabular_q", "linear_q", "mlp_q", "mlp_q_sa")
 GAMMA_KEY = "gamma"  # a Q checkpoint's optional discount it was fitted for (ope fit-q's)
 # a Q checkpoint's optional fingerprint of the policy it is the Q of (Policy.fingerprint)
 POLICY_KEY = "policy_fingerprint"
+# a Q checkpoint's optional mark that it holds its policy's exact Q (``ope generate``'s):
+# dm's interval, which takes Q-hat as exact, is then honest
+EXACT_KEY = "exact"
 
 
 def _jnp():
@@ -112,6 +115,7 @@ class QFunction:
         which ``ope fit-q`` writes), None when unknown.
       policy_fingerprint: ``Policy.fingerprint`` of the policy it is the Q of (a
         checkpoint's optional ``policy_fingerprint``), None when unknown.
+      exact: the checkpoint says it holds the exact Q (``EXACT_KEY``: ``ope generate``'s).
     """
 
     name: str
@@ -129,6 +133,7 @@ class QFunction:
     fit: Any = None
     gamma: float | None = None
     policy_fingerprint: str | None = None
+    exact: bool = False
     mismatch: str | None = None  # why it is not its policy's Q for the run's gamma (dr, wdr)
 
     @property
@@ -207,18 +212,38 @@ def q_checkpoint(path: str, arrays: dict[str, np.ndarray]) -> QFunction:
         raise PolicyError(f"{path}: not a Q checkpoint ({found}; expected {', '.join(Q_KINDS)})")
     gamma = _fitted_gamma(path, arrays.pop(GAMMA_KEY, None))
     policy = _policy_fingerprint(path, arrays.pop(POLICY_KEY, None))
+    exact = _exact(path, arrays.pop(EXACT_KEY, None))
     q = _CHECKPOINT_KINDS[kind](path, arrays)
     refuse_unread(path, kind, arrays, q.params)
-    return dataclasses.replace(q, gamma=gamma, policy_fingerprint=policy)
+    return dataclasses.replace(q, gamma=gamma, policy_fingerprint=policy, exact=exact)
 
 
-def provenance_arrays(gamma: float, policy_fingerprint: str | None) -> dict[str, np.ndarray]:
+def provenance_arrays(
+    gamma: float, policy_fingerprint: str | None, exact: bool = False
+) -> dict[str, np.ndarray]:
     """What a Q checkpoint records of the Q-hat it holds, as ``q_checkpoint`` reads it: the
-    discount it is for and, where known (not an entry point's), its policy's fingerprint."""
+    discount it is for, where known (not an entry point's) its policy's fingerprint, and
+    whether it is that policy's exact Q (``ope generate``'s; a fit is not)."""
     arrays = {GAMMA_KEY: np.float64(gamma)}
     if policy_fingerprint is not None:
         arrays[POLICY_KEY] = np.array(policy_fingerprint)
+    if exact:
+        arrays[EXACT_KEY] = np.array(True)
     return arrays
+
+
+def _exact(path: str, value: np.ndarray | None) -> bool:
+    """A Q checkpoint's optional ``exact`` mark (a boolean) as a bool; PolicyError for
+    anything else."""
+    if value is None:
+        return False
+    value = np.asarray(value)
+    if value.shape != () or value.dtype.kind != "b":
+        raise PolicyError(
+            f"{path}: array {EXACT_KEY!r} must be one boolean (whether the Q is its policy's "
+            f"exact Q), got {_shown(value)}"
+        )
+    return bool(value)
 
 
 def _policy_fingerprint(path: str, value: np.ndarray | None) -> str | None:
@@ -681,4 +706,4 @@ def q_source(q: QFunction):
     if q.fit is not None:
         return QSource("fit", FIT, q.fit.get("kind"), q.fit)
     source = "entry_point" if q.kind == "entry_point" else "checkpoint"
-    return QSource(source, q.name, q.kind, mismatch=q.mismatch)
+    return QSource(source, q.name, q.kind, mismatch=q.mismatch, exact=q.exact)

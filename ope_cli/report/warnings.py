@@ -69,6 +69,9 @@ OUTSIDE = "estimate_outside_interval"  # an interval not centred on its estimate
 # choice, or its spread, driven by |x|) by 3.5 to 21
 BEHAVIOR_GAP_STANDARD_ERRORS = 3.0
 DM_FAR_FROM_DR = "dm_far_from_dr"
+# dm's interval from a Q-hat not known to be exact (a checkpoint, an entry point, critic
+# columns): it takes Q-hat as exact (--q fit's case is FITTED_Q_INTERVALS)
+DM_Q_AS_EXACT = "dm_takes_q_as_exact"
 # DM further than this many of DR's standard errors from DR: Q-hat is likely biased
 DM_DR_STANDARD_ERRORS = 3.0
 Q_MISMATCH = "q_mismatch"  # dr, wdr given a Q of another policy or discount
@@ -665,6 +668,30 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def dm_q_as_exact_warning(result: EvaluationResult) -> Warning | None:
+    """dm's interval from a Q-hat that is not fitted in the run (whose warning is
+    FITTED_Q_INTERVALS) and not marked exact (``ope generate``'s checkpoints are): it
+    counts the spread of V-hat over the logged start states alone (a control log with a
+    checkpoint of ``ope fit-q``: dm 9.268 in [9.257, 9.278], truth 6.08, nothing said)."""
+    if "dm" not in result.estimators:
+        return None
+    taken = [
+        p.q.name
+        for p in result.results
+        if p.q is not None and p.q.source != "fit" and not p.q.exact
+    ]
+    if not taken:
+        return None
+    named = and_list(sorted(set(taken))) if len(set(taken)) <= 3 else f"{len(taken)} Q sources"
+    return Warning(
+        DM_Q_AS_EXACT,
+        f"dm's interval takes Q-hat ({named}) as exact: it counts only the spread of V-hat "
+        "over the logged start states, not Q-hat's own error, so it can be narrow around a "
+        "biased value; dr and wdr correct Q-hat with the logged rewards (with them, a dm far "
+        "from dr is warned of).",
+    )
+
+
 def best_set_warning(result: EvaluationResult) -> Warning | None:
     """The could-be-best sets left undetermined: under ``--ci betting`` the estimators
     betting does not apply to have no paired intervals (``Pairing.has_intervals``); else
@@ -815,6 +842,7 @@ def run_warnings(
         asymptotic_warning(result),
         fitted_betting_warning(result),
         fitted_q_warning(result),
+        dm_q_as_exact_warning(result),
         best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
