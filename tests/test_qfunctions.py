@@ -365,6 +365,13 @@ def test_check_q_refuses_what_does_not_fit():
             "neither it nor policy ep declares n_actions",
         ),
         (sa, _entry_point_policy(None), _schema("continuous"), PolicyError, "cannot sample"),
+        (  # another state space: it was a data error, whose --on-invalid drop dropped 199/200
+            qf.q_checkpoint("t3.npz", {"kind": "tabular_q", "q": np.zeros((3, 4))}),
+            checkpoint_policy("t.npz", random_checkpoint("tabular", rng, n_actions=4)),
+            _schema(observation_kind="index", obs_dim=None),
+            PolicyError,
+            "Q function t3.npz has 3 states, but policy t.npz has 10 states",
+        ),
     ]
     for q, policy, schema, error, words in cases:
         with pytest.raises(error) as raised:

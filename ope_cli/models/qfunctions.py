@@ -467,6 +467,13 @@ def check_q(q: QFunction, policy: Policy, schema) -> None:
         fit_model_of(q.name, schema.observation_kind, schema.action_kind)
         return
     _check_q_types(q, f"Q function {q.name} (for policy {policy.name})", schema)
+    if q.n_states is not None and policy.n_states not in (None, q.n_states):
+        # a Q of another state space: its states past the policy's (or the policy's past its)
+        # were data errors, and --on-invalid drop, which they suggested, dropped 199 of 200
+        raise PolicyError(
+            f"Q function {q.name} has {q.n_states} states, but policy {policy.name} has "
+            f"{policy.n_states} states"
+        )
     if schema.action_kind == "discrete":
         width = q.n_actions
         if width is not None and policy.n_actions is not None and width != policy.n_actions:
