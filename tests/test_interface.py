@@ -26,6 +26,7 @@ import typer.main
 from rendered import shown
 
 from ope_cli.cli import helpmap
+from ope_cli.cli import run as run_ope
 from ope_cli.data.sources import METADATA_KEY
 from ope_cli.errors import UsageError
 from ope_cli.models.policies import split_name, suffix_labels
@@ -554,7 +555,7 @@ def test_errors_carry_the_fix(root, ope_many_in_process):
         {name: {"args": ["evaluate", *args], "cwd": root} for name, args in calls.items()}
     )
     line = _error_line(runs["glob"], 2)
-    assert "unexpected extra argument" in line and "quote the pattern" in line
+    assert "unexpected extra argument" in line and "quote a glob pattern" in line
     assert "repeat --policy" in line
     line = _error_line(runs["directory"], 4)
     assert "demo/policies: a directory" in line and "'demo/policies/*.npz'" in line
@@ -611,3 +612,33 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
         assert run.returncode == 0, run
         doc = json.loads(run.stdout)
         assert (doc["gamma"], doc["gamma_source"]) == named
+
+
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [
+        (
+            ["evaluate", "d.parquet", "-p", "a.npz", "b.npz"],
+            "--policy takes one value at a time: repeat --policy",
+        ),
+        (
+            ["evaluate", "d.parquet", "-p", "a.npz", "--q", "a.npz", "b.npz"],
+            "--q takes one value at a time: repeat --q",
+        ),
+        (
+            ["--debug", "evaluate", "d.parquet", "e.parquet"],
+            "quote a glob pattern ('logs/*.parquet')",
+        ),
+        (
+            ["fit-q", "d.parquet", "-p", "a.npz", "--out", "q.npz", "r.npz"],
+            "--out takes one value: quote",
+        ),
+    ],
+)
+def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):
+    """An unquoted glob after --q was told to "repeat --policy before each value", and so
+    was one after DATA or --out: the fix names the option (or the path) the values ran into."""
+    assert run_ope(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "Got unexpected extra argument" in captured.err and fix in captured.err

@@ -79,18 +79,57 @@ LIBRARY_PREFIXES = ("Value error, ", "Assertion failed, ")
 EXTRA_ARGUMENTS = "Got unexpected extra argument"
 
 
-def usage_message(error: typer.TyperException) -> str:
+def usage_message(error: typer.TyperException, argv: list[str] | None = None) -> str:
     """One line for an option-parsing error, with no library prefix, and the fix where
-    one is known: extra arguments are mostly an unquoted glob the shell expanded."""
+    one is known: extra arguments are mostly an unquoted glob the shell expanded, into the
+    values of the option before them (``argv``), or of the command's positional argument."""
     message = _error_line(error.format_message())
     for prefix in LIBRARY_PREFIXES:
         message = message.replace(prefix, "")
     if message.startswith(EXTRA_ARGUMENTS):
-        message += (
-            ": an unquoted glob expands into several arguments; quote the pattern "
-            "(--policy 'ckpts/*.npz') or repeat --policy before each value"
-        )
+        message += f": {_extra_arguments_fix(message, argv or [])}"
     return message
+
+
+def _extra_arguments_fix(message: str, argv: list[str]) -> str:
+    """What to do about the extra arguments ``message`` names (click: "... (a b)"): repeat
+    the option whose values ran into them where it is repeatable, or quote the glob the
+    shell expanded (an unquoted glob is the common cause)."""
+
+    def glob(option: str, example: str) -> str:
+        return (
+            f"quote a glob pattern ({option}'{example}'), which the shell expands into several "
+            "arguments"
+        )
+
+    param = _option_before(message[message.rfind("(") + 1 :].rstrip(")").split(" ")[0], argv)
+    if param is None:
+        return f"{glob('--policy ', 'ckpts/*.npz')}, or repeat --policy before each value"
+    if param.param_type_name == "argument":  # the command's paths
+        return glob("", "logs/*.parquet")
+    name = max(param.opts, key=len)
+    if not param.multiple:
+        return f"{name} takes one value: {glob(name + ' ', '...')}, or drop the extra ones"
+    return (
+        f"{name} takes one value at a time: repeat {name} before each value, or "
+        f"{glob(name + ' ', 'dir/*')}"
+    )
+
+
+def _option_before(extra: str, argv: list[str]):
+    """The click parameter whose values run into the extra argument ``extra`` of ``argv``:
+    the nearest option before it, else the command's first positional argument; None when
+    the command or the argument is not found."""
+    words = [word for word in argv if word != "--debug"]
+    command = typer.main.get_command(app)
+    command = command.commands.get(words[0]) if words and hasattr(command, "commands") else None
+    if command is None or extra not in words[1:]:
+        return None
+    for token in reversed(words[1 : words.index(extra, 1)]):
+        if token.startswith("-") and len(token) > 1:
+            flag = token.split("=")[0]
+            return next((p for p in command.params if flag in p.opts), None)
+    return next((p for p in command.params if p.param_type_name == "argument"), None)
 
 
 def run(argv: list[str]) -> int:
@@ -117,7 +156,7 @@ def run(argv: list[str]) -> int:
         say("ope: aborted")
         return INTERRUPTED_EXIT_CODE
     except typer.TyperException as error:  # usage errors from option parsing
-        say(f"ope: usage error: {usage_message(error)}")
+        say(f"ope: usage error: {usage_message(error, list(argv))}")
         return UsageError.exit_code
     except KeyboardInterrupt:
         code = INTERRUPTED_EXIT_CODE
