@@ -413,6 +413,19 @@ def chain(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_gamma_other_than_the_declared_one_is_warned_of(chain, tmp_path):
+    """fit-q --gamma 0.5 on data that declares 0.9 fits another return, as documented, and
+    now says so, as evaluate does (it said nothing)."""
+    args = (str(chain / "logs.parquet"), str(chain / "policies" / "eval_0.npz"))
+    given = run_fit_q(FitQConfig(*args, str(tmp_path / "half.npz"), gamma=0.5))
+    (warning,) = [w for w in given.warnings if w["code"] == "gamma_not_the_data_s"]
+    assert warning["message"].startswith("gamma is 0.5 (--gamma), not the 0.9 the data")
+    assert warning["policy"] is None
+    for gamma in (None, 0.9):
+        same = run_fit_q(FitQConfig(*args, str(tmp_path / f"same{gamma}.npz"), gamma=gamma))
+        assert "gamma_not_the_data_s" not in [w["code"] for w in same.warnings]
+
+
 @pytest.mark.slow
 def test_mlp_is_deterministic_and_reports_the_heldout_bellman_error(chain):
     runs = []

@@ -326,6 +326,9 @@ def test_rewards_returns_and_the_logging_policys_value(tmp_path):
         used = 0.8 if gamma is None else gamma
         assert (doc["gamma"], doc["gamma_source"]) == (used, source)
         assert doc["dataset"]["declared"]["gamma"] == 0.8
+        # --gamma replacing the declared one is warned of, as evaluate warns (it was not)
+        codes = [w["code"] for w in doc["warnings"]]
+        assert codes == ([] if gamma is None else ["gamma_not_the_data_s"])
         reward = doc["reward"]
         assert reward["mean"] == pytest.approx(rewards.mean(), rel=1e-9)
         assert reward["std"] == pytest.approx(rewards.std(), rel=1e-6)
@@ -342,6 +345,7 @@ def test_rewards_returns_and_the_logging_policys_value(tmp_path):
     assert "reward per step: mean" in text and "discounted return (gamma=0.5, --gamma)" in text
     assert "logging policy's value (mean discounted return)" in text
     assert "declared in the metadata: gamma 0.8" in text
+    assert "warning: gamma is 0.5 (--gamma), not the 0.8 the data declares" in text
 
 
 def test_inspect_without_a_declared_gamma_uses_one(tmp_path):

@@ -13,7 +13,7 @@ from ope_cli._version import __version__
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import from_log, json_number, significant
-from ope_cli.report.warnings import default_gamma_warning
+from ope_cli.report.warnings import default_gamma_warning, replaced_gamma_warning
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
     from ope_cli.inspection import InspectReport
@@ -64,9 +64,17 @@ def to_json_dict(report: InspectReport) -> dict[str, Any]:
 def inspect_warnings(report: InspectReport) -> list:
     """What inspect warns about: returns summed undiscounted by default (evaluate's
     gamma_default; inspect printed returns and a logging-policy value at gamma 1 without
-    a word)."""
-    warning = default_gamma_warning(report.gamma_source, report.max_length)
-    return [] if warning is None else [warning]
+    a word), or discounted by a --gamma that is not the data's declared one."""
+    warnings = [
+        default_gamma_warning(report.gamma_source, report.max_length),
+        replaced_gamma_warning(
+            report.gamma,
+            report.gamma_source,
+            report.declared.gamma,
+            "the returns and the logging policy's value shown are",
+        ),
+    ]
+    return [w for w in warnings if w is not None]
 
 
 def _dataset_dict(report: InspectReport) -> dict[str, Any]:

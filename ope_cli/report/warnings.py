@@ -496,8 +496,11 @@ def default_gamma_warning(gamma_source: str, longest: int) -> Warning | None:
 
 def replaced_gamma(result: EvaluationResult) -> float | None:
     """The discount the data declares where --gamma gave another, else None."""
-    declared = result.declared_gamma
-    if result.gamma_source != "option" or declared is None or declared == result.gamma:
+    return _replaced(result.gamma, result.gamma_source, result.declared_gamma)
+
+
+def _replaced(gamma: float, gamma_source: str, declared: float | None) -> float | None:
+    if gamma_source != "option" or declared is None or declared == gamma:
         return None
     return declared
 
@@ -506,14 +509,24 @@ def gamma_replaced_warning(result: EvaluationResult) -> Warning | None:
     """--gamma other than the discount the data declares: the option wins, as documented,
     and every format says which one the numbers are for (the title line alone named
     --gamma, not the 0.95 it replaced)."""
-    declared = replaced_gamma(result)
-    if declared is None:
+    return replaced_gamma_warning(
+        result.gamma, result.gamma_source, result.declared_gamma, "the estimates are of returns"
+    )
+
+
+def replaced_gamma_warning(
+    gamma: float, gamma_source: str, declared: float | None, numbers: str
+) -> Warning | None:
+    """GAMMA_REPLACED of any command whose ``numbers`` (what they are of) are discounted by
+    ``gamma``, from ``gamma_source``, where the data declares ``declared`` (fit-q and inspect
+    said nothing of a --gamma that replaced it, evaluate did)."""
+    if _replaced(gamma, gamma_source, declared) is None:
         return None
     return Warning(
         GAMMA_REPLACED,
-        f"gamma is {discount(result.gamma)} (--gamma), not the {discount(declared)} the data "
-        f"declares: the estimates are of returns discounted by {discount(result.gamma)}; leave "
-        "out --gamma for the data's own.",
+        f"gamma is {discount(gamma)} (--gamma), not the {discount(declared)} the data "
+        f"declares: {numbers} discounted by {discount(gamma)}; leave out --gamma for the "
+        "data's own.",
     )
 
 

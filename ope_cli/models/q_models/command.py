@@ -36,6 +36,7 @@ from ope_cli.models.q_models.base import (
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.models.qfunctions import provenance_arrays
 from ope_cli.outputs import check_checkpoint_out
+from ope_cli.report.warnings import replaced_gamma_warning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +194,8 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
             for warning in fit_warnings(
                 gamma_source, fit.episodes, fit.steps, {**d, "model": fit.model, "kind": fit.kind}
             )
-        ),
+        )
+        + _replaced_gamma(gamma, gamma_source, episodes.data.declared_bounds().gamma),
     )
 
 
@@ -218,6 +220,12 @@ def fit_warnings(
     if (diagnostics or {}).get("dm") is not None:
         warnings.append({"code": FITTED_Q_INTERVALS, "message": FIT_Q_DM_NOTE})
     return tuple(warnings)
+
+
+def _replaced_gamma(gamma: float, source: str, declared: float | None) -> tuple[dict, ...]:
+    """evaluate's GAMMA_REPLACED warning, of the Q-hat fit-q fitted (it said nothing)."""
+    warning = replaced_gamma_warning(gamma, source, declared, "Q-hat and its dm are of returns")
+    return () if warning is None else (warning.to_dict(),)
 
 
 # fit-q's dm, as evaluate's with --q fit: a linear Q-hat on ``ope generate control`` gave
