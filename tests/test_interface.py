@@ -642,3 +642,22 @@ def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert "Got unexpected extra argument" in captured.err and fix in captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["evaluate", "d.parquet", "--gamma", "abc"], "--gamma takes a number, got 'abc'"),
+        (["evaluate", "d.parquet", "--gamma=x"], "--gamma takes a number, got 'x'"),
+        (
+            ["generate", "chain", "out", "--episodes", "1e3"],
+            "--episodes takes a whole number (an integer), got '1e3'",
+        ),
+    ],
+)
+def test_a_number_that_does_not_parse_is_named_with_its_value(args, line, capsys):
+    """The validation library's "Input should be a valid number, unable to parse string as
+    a number" reached the user, without the value it could not parse."""
+    assert run_ope(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"ope: usage error: {line}\n"

@@ -9,6 +9,7 @@ commands, so ``ope --help`` is instant.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from typing import Annotated
@@ -88,7 +89,30 @@ def usage_message(error: typer.TyperException, argv: list[str] | None = None) ->
         message = message.replace(prefix, "")
     if message.startswith(EXTRA_ARGUMENTS):
         message += f": {_extra_arguments_fix(message, argv or [])}"
-    return message
+    return _parse_failure(message, argv or [])
+
+
+# a number option's value that did not parse, in the validation library's words
+_NOT_PARSED = re.compile(
+    r"^Invalid value for '(?P<option>[^']+)'(?: / '[^']+')*: Input should be a valid "
+    r"(?P<kind>number|integer)\b.*$"
+)
+
+
+def _parse_failure(message: str, argv: list[str]) -> str:
+    """ "Invalid value for '--gamma': Input should be a valid number, unable to parse
+    string as a number" (the validation library's words, without the value) as "--gamma
+    takes a number, got 'abc'"."""
+    found = _NOT_PARSED.match(message)
+    if found is None:
+        return message
+    option, kind = found["option"], found["kind"]
+    values = [word.split("=", 1)[1] for word in argv if word.startswith(f"{option}=")] + [
+        argv[i + 1] for i, word in enumerate(argv[:-1]) if word == option
+    ]
+    got = f", got {values[-1]!r}" if values else ""
+    what = "a number" if kind == "number" else "a whole number (an integer)"
+    return f"{option} takes {what}{got}"
 
 
 def _extra_arguments_fix(message: str, argv: list[str]) -> str:
