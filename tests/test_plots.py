@@ -125,6 +125,12 @@ def test_a_policy_without_weight_is_no_point_in_the_figures(tmp_path, monkeypatc
     assert [t.get_text() for t in axes.texts] == ["n/a"] * 3
     (ranking,) = drawn["ranking.png"].axes
     assert [t.get_text() for t in ranking.texts] == ["n/a (no estimate)"]
+    # every figure says the discount and its source, and the run's warnings (a figure shown
+    # alone said neither)
+    for name in plots.FIGURES:
+        caption = drawn[name].get_supxlabel()
+        assert caption.startswith("gamma = 0.9 (--gamma); warnings: "), name
+        assert "all_weights_zero" in caption and "asymptotic_intervals" in caption, name
 
 
 def _ranked_rows(count: int, truth: bool = True):
