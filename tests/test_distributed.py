@@ -219,7 +219,11 @@ def test_an_episode_id_in_two_processes_is_an_error(world):
     write_table(step_layout_table(episodes[5:15]), tmp / "dup" / "b.parquet")  # ids 5..9 twice
     outcomes = run_cluster(["dup", "-p", "p0.npz", "--format", "json"], 2, tmp)
     assert [code for code, _, _ in outcomes] == [3, 3], outcomes
-    assert "more than one process" in outcomes[0][2]
+    # where: both files, each process's (it said how many, not where)
+    where = "the first is in dup/a.parquet (process 0) and dup/b.parquet (process 1)"
+    for _, out, err in outcomes:
+        assert "5 episode id(s) appear in the files of more than one process" in err
+        assert where in err and out == "" and len(err.strip().splitlines()) == 1
 
 
 def test_unreachable_coordinator_ends_with_a_clear_error(world):

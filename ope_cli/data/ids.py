@@ -148,7 +148,7 @@ class SeenKeys:
                 seen = np.isin(keys, ordered[found])
             if raise_error:
                 first = int(np.argmax(seen))
-                self._fail(file, ids[first], self._first_file(keys[first]))
+                self._fail(file, ids[first], self.first_file(keys[first]))
             repeated = seen if repeated is None else repeated | seen
             ordered = ordered[~found]  # each key once: all_keys() counts processes per key
         index = self._files.setdefault(file, len(self._files))
@@ -165,7 +165,7 @@ class SeenKeys:
         """[E] sorted uint64 keys of every episode seen."""
         return np.sort(np.concatenate([self._sorted, self._recent]), kind="stable")
 
-    def _first_file(self, key: np.uint64) -> str:
+    def first_file(self, key: np.uint64) -> str:
         """The file where ``key`` (seen before) was first seen."""
         names = list(self._files)
         for keys, files in ((self._sorted, self._sorted_file), (self._recent, self._recent_file)):

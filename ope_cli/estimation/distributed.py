@@ -14,6 +14,7 @@ import glob
 import hashlib
 import os
 import zipfile
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -323,16 +324,26 @@ def allgather_ragged(values: np.ndarray) -> np.ndarray:
     return np.concatenate([gathered[p, : counts[p]] for p in range(len(counts))])
 
 
-def check_disjoint_episodes(keys: np.ndarray) -> None:
-    """Collective: an episode id read by two processes is an error, not a double count."""
-    everything = allgather_ragged(np.asarray(keys, np.uint64))
+def check_disjoint_episodes(
+    keys: np.ndarray, file_of: Callable[[np.uint64], str] | None = None
+) -> None:
+    """Collective: an episode id read by two processes is an error, not a double count. The
+    error names the files of the first such episode (``file_of``: a local key's file)."""
+    keys = np.asarray(keys, np.uint64)
+    everything = allgather_ragged(keys)
     unique, occurrences = np.unique(everything, return_counts=True)
-    shared = int((occurrences > 1).sum())
-    if shared:
-        raise DataError(
-            f"{shared} episode id(s) appear in the files of more than one process "
-            "(an episode must not span files)"
-        )
+    shared = unique[occurrences > 1]
+    if not shared.size:
+        return
+    first = shared[0]
+    mine = file_of(first) if file_of is not None and np.isin(first, keys) else ""
+    files = [bytes(name).rstrip(b"\0").decode(errors="replace") for name in _gather(_encode(mine))]
+    where = [f"{name} (process {p})" for p, name in enumerate(files) if name]
+    raise DataError(
+        f"{shared.size} episode id(s) appear in the files of more than one process; the "
+        f"first is in {' and '.join(where) or 'several processes'}: an episode must not span "
+        "files (keep each episode's rows in one file)"
+    )
 
 
 def allgather(values: np.ndarray) -> np.ndarray:

@@ -130,6 +130,7 @@ class _LocalPass:
     accumulators: list[Accumulator]
     counters: Counters = dataclasses.field(default_factory=Counters)
     keys: np.ndarray | None = None
+    file_of: Callable[[np.uint64], str] | None = None  # the file of a key of ``keys``
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
     paired: PairedSums | None = None  # with two or more policies, or a baseline
     baseline: int = 0  # the row the paired sums' replicate differences are taken from
@@ -137,7 +138,7 @@ class _LocalPass:
 
     def reduce_across_processes(self) -> None:
         """Collective: every process ends with the totals of all of them."""
-        check_disjoint_episodes(self.keys)
+        check_disjoint_episodes(self.keys, self.file_of)
         self.counters = reduce_counters(self.counters)
         self.accumulators = reduce_accumulators(self.accumulators)
         if self.paired is not None:
@@ -862,7 +863,13 @@ def _local_pass(
     for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
         kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes, on_status)  # need
     totals = _totals(kernels, by_length, no_episodes())
-    local = _LocalPass(totals, batches.counters, batches.seen_keys(), set(batches.shapes))
+    local = _LocalPass(
+        totals,
+        batches.counters,
+        batches.seen_keys(),
+        batches.assembler.file_of,
+        set(batches.shapes),
+    )
     if pairs:
         local.paired, local.baseline = pairs[0], baseline_row
     return local
