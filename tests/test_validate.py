@@ -60,12 +60,21 @@ def lengths_and_checks():
 
 
 def test_judge_raises_at_the_first_problem_under_error():
+    """The earliest row with a problem, whichever check finds it (it named the first
+    check's: a null reward at episode 20 where episode 14's NaN came first); on one row,
+    the first check's."""
     lengths, checks = lengths_and_checks()
-    validation = Validation("error")
-    with pytest.raises(DataError, match=r"f.parquet: episode 1, step 1: reward is NaN \(1 row"):
-        validation.judge(
-            "f.parquet", checks, lengths, np.repeat(np.arange(3), lengths), lambda r: (1, 1)
-        )
+    episode_of_row = np.repeat(np.arange(3), lengths)
+    starts = np.r_[0, np.cumsum(lengths)]
+
+    def locate(row: int) -> tuple[int, int]:
+        return int(episode_of_row[row]), int(row - starts[episode_of_row[row]])
+
+    with pytest.raises(DataError, match=r"f.parquet: episode 1, step 0: behavior is NaN \(2 row"):
+        Validation("error").judge("f.parquet", checks, lengths, episode_of_row, locate)
+    checks.insert(1, Check("observation_not_finite", "observation is NaN", np.isin(range(6), [2])))
+    with pytest.raises(DataError, match=r"episode 1, step 0: observation is NaN \(1 row"):
+        Validation("error").judge("f.parquet", checks, lengths, episode_of_row, locate)
 
 
 def test_judge_gives_each_episode_its_first_reason_and_keep_counts_drops():

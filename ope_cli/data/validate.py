@@ -196,23 +196,23 @@ class Validation:
     ) -> np.ndarray | None:
         """Runs ``checks`` in order. A problem the policy raises for is a DataError as
         ``file: episode E, step T: problem (N row(s) affected among those read with it)``
-        (the rows of the episodes judged together, not the whole data's). Otherwise each problem is
-        recorded; returns [E] int16, the index in REASONS of each episode's first problem or
-        -1 (None when nothing was found). ``episode_of_row[rows]`` maps rows to episodes."""
-        first = None
+        (the rows of the episodes judged together, not the whole data's), of the earliest
+        row among those problems (the checks after a fatal one, which drop mode never runs
+        either, are not run). Otherwise each problem is recorded; returns [E] int16, the
+        index in REASONS of each episode's first problem or -1 (None when nothing was
+        found). ``episode_of_row[rows]`` maps rows to episodes."""
+        first, raised = None, None
         for check in checks:
             rows = np.flatnonzero(check.rows)
             if not rows.size:
                 continue
-            at = locate(int(rows[0]))
             if self.policy.raises(check.reason):
-                unit = "episode(s)" if per_episode else "row(s)"
-                raise InvalidValueError(
-                    f"{where(file, *at)}{check.message} ({rows.size} {unit} affected among "
-                    "those read with it)",
-                    droppable=check.reason not in FATAL_REASONS,
-                    reason=check.reason,
-                )
+                if raised is None or rows[0] < raised[1][0]:  # the first row in the file
+                    raised = (check, rows)
+                if check.reason in FATAL_REASONS:
+                    break
+                continue
+            at = locate(int(rows[0]))
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
             self.found(check, file, at, (episodes.size, steps))
@@ -220,6 +220,15 @@ class Validation:
                 first = np.full(lengths.size, -1, np.int16)
             fresh = episodes[first[episodes] < 0]
             first[fresh] = REASON_INDEX[check.reason]
+        if raised is not None:
+            check, rows = raised
+            unit = "episode(s)" if per_episode else "row(s)"
+            raise InvalidValueError(
+                f"{where(file, *locate(int(rows[0])))}{check.message} ({rows.size} {unit} "
+                "affected among those read with it)",
+                droppable=check.reason not in FATAL_REASONS,
+                reason=check.reason,
+            )
         return first
 
     def keep(self, first: np.ndarray | None, lengths: np.ndarray) -> np.ndarray:
