@@ -297,6 +297,30 @@ def test_a_baseline_path_may_be_spelled_another_way(chain, monkeypatch):
     with pytest.raises(UsageError, match=re.escape("--baseline ./policies/eval_0.npz names 2")):
         resolve_baseline("./policies/eval_0.npz", twice)
     assert resolve_baseline("again", twice) == 1
+    # however the other is spelled: it named the first quietly when spelled as it was given
+    spelled = load_policies(["policies/eval_0.npz", "./policies/eval_0.npz"])
+    with pytest.raises(UsageError, match=re.escape("--baseline policies/eval_0.npz names 2")):
+        resolve_baseline("policies/eval_0.npz", spelled)
+
+
+def test_a_baseline_spelled_another_way_is_the_policy_s_in_every_format(
+    chain, monkeypatch, ope_in_process
+):
+    """The report names the baseline as results[i].policy: given as ./policies/eval_1.npz,
+    the CSV's baseline_value was empty and the ranking figure drew no baseline."""
+    folder, _ = chain
+    monkeypatch.chdir(folder)
+    args = ["evaluate", "logs.parquet", "-p", "policies/eval_0.npz", "-p", "policies/eval_1.npz"]
+    args += ["-e", "is", "--baseline", "./policies/eval_1.npz"]
+    document = json.loads(ope_in_process([*args, "-f", "json"], cwd=folder).stdout)
+    assert document["baseline"] == "policies/eval_1.npz" == document["results"][1]["policy"]
+    rows = list(
+        csv.DictReader(io.StringIO(ope_in_process([*args, "-f", "csv"], cwd=folder).stdout))
+    )
+    (compared,) = [row for row in rows if row["delta"]]
+    second = document["results"][1]["estimates"]["is"]["value"]
+    assert compared["baseline"] == "policies/eval_1.npz"
+    assert float(compared["baseline_value"]) == pytest.approx(second, rel=1e-12)
 
 
 def test_could_be_best_sets_under_bootstrap_t_are_the_percentile_ones(tmp_path):

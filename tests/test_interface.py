@@ -195,9 +195,10 @@ def test_q_globs_pair_in_order_and_the_pairing_is_printed(evaluations):
         assert result["policy"] == f"demo/policies/eval_{k}.npz"
         assert result["diagnostics"]["q"]["name"] == f"demo/q/eval_{k}.npz"
         assert result["diagnostics"]["q"]["source"] == "checkpoint"
+        assert result["diagnostics"]["q"]["exact"] is True  # ope generate's exact Q
     footer = " ".join(shown(evaluations["declared"], "table").split())
     for k in range(3):
-        assert f"eval_{k}.npz: Q-hat from demo/q/eval_{k}.npz (tabular_q)" in footer
+        assert f"eval_{k}.npz: Q-hat from demo/q/eval_{k}.npz (tabular_q, exact)" in footer
 
 
 # --- warnings travel with the numbers; every result carries its rank
@@ -633,6 +634,11 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
             ["fit-q", "d.parquet", "-p", "a.npz", "--out", "q.npz", "r.npz"],
             "--out takes one value: quote",
         ),
+        # after a flag, or after DATA with the options first: DATA's glob, not the option's
+        (["evaluate", "d.parquet", "-p", "a.npz", "-q", "x"], "quote a glob pattern ('logs/*"),
+        (["evaluate", "-p", "a.npz", "d.parquet", "e.parquet"], "quote a glob pattern ('logs/*"),
+        (["evaluate", "--gamma", "0.9", "d.parquet", "e"], "quote a glob pattern ('logs/*"),
+        (["evaluate", "d.parquet", "--policy=a.npz", "b.npz"], "repeat --policy before each"),
     ],
 )
 def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):
@@ -653,6 +659,12 @@ def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):
             ["generate", "chain", "out", "--episodes", "1e3"],
             "--episodes takes a whole number (an integer), got '1e3'",
         ),
+        # the value rejected: a repeatable option's first bad one, a one-value option's last
+        (
+            ["evaluate", "d", "--top-k", "x", "--top-k", "1"],
+            "--top-k takes a whole number (an integer), got 'x'",
+        ),
+        (["evaluate", "d", "--gamma", "xyz", "--gamma=abc"], "--gamma takes a number, got 'abc'"),
     ],
 )
 def test_a_number_that_does_not_parse_is_named_with_its_value(args, line, capsys):

@@ -430,14 +430,11 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
                 "is the logging policy)"
             )
         return len(policies)
-    rows = [
+    rows = [  # its NAME, label or path, or another spelling of the path (./a.npz)
         row
         for row, policy in enumerate(policies)
         if baseline in (policy.name, policy.label, policy.source)
-    ] or [  # another spelling of a policy's path (./a.npz, an absolute path)
-        row
-        for row, policy in enumerate(policies)
-        if same_path(baseline, policy.source or policy.name)
+        or same_path(baseline, policy.source or policy.name)
     ]
     given = ", ".join(policy.label or policy.name for policy in policies)
     if len(rows) > 1:
@@ -457,6 +454,16 @@ def resolve_baseline(baseline: str | None, policies: Sequence[Policy]) -> int | 
         f"--baseline {baseline}: no --policy is called that; choose one of {given}, "
         f"or {BASELINE_BEHAVIOR} (the logging policy)"
     )
+
+
+def baseline_name(baseline: str | None, policies: Sequence[Policy]) -> str | None:
+    """The baseline as the report names it: ``behavior``, or the name of the policy
+    ``--baseline`` names (``results[i].policy``), however it was spelled (a CSV and the
+    ranking figure lost a baseline given as ./a.npz for a.npz); None without one."""
+    row = resolve_baseline(baseline, policies)
+    if row is None or row == len(policies):
+        return None if row is None else BASELINE_BEHAVIOR
+    return policies[row].name
 
 
 def betting_does_not_apply(method: str, name: str) -> bool:

@@ -102,17 +102,31 @@ _NOT_PARSED = re.compile(
 def _parse_failure(message: str, argv: list[str]) -> str:
     """ "Invalid value for '--gamma': Input should be a valid number, unable to parse
     string as a number" (the validation library's words, without the value) as "--gamma
-    takes a number, got 'abc'"."""
+    takes a number, got 'abc'": the value it rejected, the last given of a one-value
+    option, the first that does not parse of a repeatable one."""
     found = _NOT_PARSED.match(message)
     if found is None:
         return message
     option, kind = found["option"], found["kind"]
-    values = [word.split("=", 1)[1] for word in argv if word.startswith(f"{option}=")] + [
-        argv[i + 1] for i, word in enumerate(argv[:-1]) if word == option
-    ]
-    got = f", got {values[-1]!r}" if values else ""
+    parse = float if kind == "number" else int
+    values = [(word, owner) for word, owner in _words(argv)[1] if _is_option(owner, option)]
+    bad = [word for word, _ in values if not _parses(parse, word)]
+    repeatable = bool(values) and values[0][1].multiple
+    got = (bad[0] if repeatable else values[-1][0]) if bad else None
     what = "a number" if kind == "number" else "a whole number (an integer)"
-    return f"{option} takes {what}{got}"
+    return f"{option} takes {what}" + (f", got {got!r}" if got is not None else "")
+
+
+def _parses(parse, word: str) -> bool:
+    try:
+        parse(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_option(owner, name: str) -> bool:
+    return owner not in (None, POSITIONAL, FLAG) and name in owner.opts
 
 
 def _extra_arguments_fix(message: str, argv: list[str]) -> str:
@@ -126,13 +140,16 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
             "arguments"
         )
 
-    param = _option_before(message[message.rfind("(") + 1 :].rstrip(")").split(" ")[0], argv)
-    if param is None:
+    extra = message[message.rfind("(") + 1 :].rstrip(")").split(" ")[0]
+    command, words = _words(argv)
+    if command is None:
         return f"{glob('--policy ', 'ckpts/*.npz')}, or repeat --policy before each value"
-    if param.param_type_name == "argument":  # the command's paths
+    at = next((i for i, (w, owner) in enumerate(words) if w == extra and owner is POSITIONAL), 0)
+    before = words[at - 1][1] if at > 0 else POSITIONAL
+    if before in (POSITIONAL, FLAG):  # after the command's own paths
         return glob("", "logs/*.parquet")
-    name = max(param.opts, key=len)
-    if not param.multiple:
+    name = max(before.opts, key=len)
+    if not before.multiple:
         return f"{name} takes one value: {glob(name + ' ', '...')}, or drop the extra ones"
     return (
         f"{name} takes one value at a time: repeat {name} before each value, or "
@@ -140,20 +157,39 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     )
 
 
-def _option_before(extra: str, argv: list[str]):
-    """The click parameter whose values run into the extra argument ``extra`` of ``argv``:
-    the nearest option before it, else the command's first positional argument; None when
-    the command or the argument is not found."""
+POSITIONAL, FLAG = "positional", "flag"  # what a command-line word is, beside an option's value
+
+
+def _words(argv: list[str]) -> tuple[object | None, list[tuple[str, object]]]:
+    """(the click command of ``argv``, [(word, what it is)] of the words after the command
+    name): the click option whose value the word is, POSITIONAL, or FLAG (an option name,
+    or an option with its value as --name=value); (None, []) for an unknown command."""
     words = [word for word in argv if word != "--debug"]
-    command = typer.main.get_command(app)
-    command = command.commands.get(words[0]) if words and hasattr(command, "commands") else None
-    if command is None or extra not in words[1:]:
-        return None
-    for token in reversed(words[1 : words.index(extra, 1)]):
-        if token.startswith("-") and len(token) > 1:
-            flag = token.split("=")[0]
-            return next((p for p in command.params if flag in p.opts), None)
-    return next((p for p in command.params if p.param_type_name == "argument"), None)
+    group = typer.main.get_command(app)
+    command = group.commands.get(words[0]) if words and hasattr(group, "commands") else None
+    if command is None:
+        return None, []
+    options = {name: p for p in command.params if p.param_type_name == "option" for name in p.opts}
+    read, owner, only_positional = [], None, False
+    for word in words[1:]:
+        if owner is not None:
+            read.append((word, owner))
+            owner = None
+        elif only_positional or not word.startswith("-") or word == "-":
+            read.append((word, POSITIONAL))
+        elif word == "--":
+            only_positional = True
+            read.append((word, FLAG))
+        else:
+            name, inline, value = word.partition("=")
+            option = options.get(name)
+            takes_value = option is not None and not option.is_flag and option.nargs == 1
+            if takes_value and inline:
+                read.append((value, option))
+            else:
+                read.append((word, FLAG))
+                owner = option if takes_value else None
+    return command, read
 
 
 def run(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 from ope_cli.choosing import paired
 from ope_cli.choosing.comparison import (
     Pairing,
+    baseline_name,
     compare_results,
     interval_methods,
     read_run_truth,
@@ -289,7 +290,7 @@ def evaluate(
             (trace_count() - traces_before, compiled),
             time.perf_counter() - started,
         ),
-        baseline=config.choosing.baseline,
+        baseline=baseline_name(config.choosing.baseline, batches.policies),
         behavior_value=None if local.paired is None else mean_return(local.accumulators[0]),
         truth=local.truth,
         selection=chosen.selection,

@@ -19,8 +19,7 @@ import numpy as np
 
 from ope_cli.errors import UsageError
 from ope_cli.report.formatting import discount, estimator_title, level
-from ope_cli.report.table import resolve_rank_by
-from ope_cli.report.warnings import run_warnings
+from ope_cli.report.table import ranked_warnings, resolve_rank_by
 from ope_cli.results import EvaluationResult, estimated
 
 FIGURES = ("weights.png", "horizon.png", "estimates.png", "ranking.png")
@@ -82,7 +81,7 @@ def write_plots(
     paths."""
     plt = _pyplot()
     out = _create(directory)
-    caption = run_caption(result)
+    caption = run_caption(result, rank_by)
     drawn = zip(FIGURES, (_weights, _horizon, _estimates), strict=False)
     written = []
     for name, draw in drawn:
@@ -105,12 +104,12 @@ def write_plots(
 GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
 
 
-def run_caption(result: EvaluationResult) -> str:
+def run_caption(result: EvaluationResult, rank_by: str | None = None) -> str:
     """What every figure of a run says below it: the discount and where it comes from, and
-    the codes of the run's warnings (a figure shown alone hid both: a WIS interval on an
-    effective sample size of 1.5% was drawn as tight, with no word)."""
+    the codes of the run's warnings, as JSON lists them (a figure shown alone hid both: a
+    WIS interval on an effective sample size of 1.5% was drawn as tight, with no word)."""
     words = f"gamma = {discount(result.gamma)} ({GAMMA_SOURCES.get(result.gamma_source, '')})"
-    codes = list(dict.fromkeys(w.code for w in run_warnings(result)))
+    codes = list(dict.fromkeys(w.code for w in ranked_warnings(result, rank_by)))
     if codes:
         words += f"; warnings: {', '.join(codes)} (the report says what each means)"
     return words
