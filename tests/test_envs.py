@@ -676,7 +676,7 @@ def test_bad_policies_raise_value_error(policies, tmp_path):
     [
         ("0", "policies must be an integer from 1 to 1000, got 0"),
         ("-1", "policies must be an integer from 1 to 1000, got -1"),
-        ("x", "Invalid value for '--policies'"),
+        ("x", "--policies takes a whole number (an integer), got 'x'"),
     ],
 )
 def test_bad_policies_are_a_usage_error(value, message, tmp_path, ope_in_process):

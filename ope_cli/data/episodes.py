@@ -233,9 +233,10 @@ class EpisodeAssembler:
         """[E] sorted uint64 keys of every episode assembled so far."""
         return self._seen.all_keys()
 
-    def file_of(self, key: np.uint64) -> str:
-        """The file an episode of key ``key`` (among ``seen_keys``) was read from."""
-        return self._seen.first_file(key)
+    @property
+    def seen(self) -> SeenKeys:
+        """The keys of every episode assembled so far, with the file each was read from."""
+        return self._seen
 
     def _new_flags(self, rows: int) -> np.ndarray | None:
         """[rows] uint16 read flags when problems are recorded rather than raised."""

@@ -30,7 +30,7 @@ from ope_cli.choosing.selection import BASELINE_BEHAVIOR, check_truth_horizon
 from ope_cli.config import ChoosingConfig, EvaluationConfig
 from ope_cli.data.buckets import Bucketer, PaddedBatch
 from ope_cli.data.episodes import EpisodeChunk
-from ope_cli.data.ids import RESAMPLING_GROUPS
+from ope_cli.data.ids import RESAMPLING_GROUPS, SeenKeys
 from ope_cli.data.sources import prefetched
 from ope_cli.data.validate import REASONS, dropped_by_reason
 from ope_cli.errors import NO_EPISODES, DataError, OpeError
@@ -130,8 +130,7 @@ class _LocalPass:
 
     accumulators: list[Accumulator]
     counters: Counters = dataclasses.field(default_factory=Counters)
-    keys: np.ndarray | None = None
-    file_of: Callable[[np.uint64], str] | None = None  # the file of a key of ``keys``
+    seen: SeenKeys | None = None  # the episodes read, with their files
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # [B, T] emitted
     paired: PairedSums | None = None  # with two or more policies, or a baseline
     baseline: int = 0  # the row the paired sums' replicate differences are taken from
@@ -139,7 +138,7 @@ class _LocalPass:
 
     def reduce_across_processes(self) -> None:
         """Collective: every process ends with the totals of all of them."""
-        check_disjoint_episodes(self.keys, self.file_of)
+        check_disjoint_episodes(self.seen.all_keys(), self.seen.first_file)
         self.counters = reduce_counters(self.counters)
         self.accumulators = reduce_accumulators(self.accumulators)
         if self.paired is not None:
@@ -864,13 +863,7 @@ def _local_pass(
     for kernel in kernels if last_batch is not None else ():  # the shapes the next data may
         kernel.compile_catalogue(last_batch, batches.bucketer.window_shapes, on_status)  # need
     totals = _totals(kernels, by_length, no_episodes())
-    local = _LocalPass(
-        totals,
-        batches.counters,
-        batches.seen_keys(),
-        batches.assembler.file_of,
-        set(batches.shapes),
-    )
+    local = _LocalPass(totals, batches.counters, batches.assembler.seen, set(batches.shapes))
     if pairs:
         local.paired, local.baseline = pairs[0], baseline_row
     return local
