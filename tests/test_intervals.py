@@ -332,3 +332,18 @@ def test_betting_variables_in_float32_with_gamma_near_one():
         variables = jax.jit(betting_variables)(carry.betting, carry.trajectory, betting_range)
         got[dtype] = np.asarray(variables)
     np.testing.assert_allclose(np.exp(got[np.float32]), np.exp(got[np.float64]), rtol=1e-3)
+
+
+def test_crossed_betting_bounds_say_chance_comes_first():
+    """Lower variables of mean 0.9 and upper ones of mean 0.9 (their true means sum to 1,
+    so these cannot both be): no value is consistent; the note named only faults (rewards
+    out of range, missing actions), where on generated chain data it was chance."""
+    from ope_cli.estimation.intervals import betting_intervals
+
+    high_both = _log_histogram(np.full(400, 0.9))
+    histogram = np.stack([high_both, high_both, high_both, high_both])
+    intervals = betting_intervals(histogram, (0.0, 1.0, 1.0), 0.9)
+    for low, high, note in intervals.values():
+        assert low is None and high is None
+        assert note.startswith("the lower betting bound exceeds the upper one")
+        assert "by chance in at most 10% of datasets" in note
