@@ -275,6 +275,41 @@ def test_evaluate_says_which_policies_had_their_actions_checked(entry_module):
     assert [p.actions_checked for p in result.results] == [False, True]
 
 
+def test_a_behavior_entry_point_without_n_actions_is_warned_of(entry_module, monkeypatch):
+    """Its log pi_b of a logged action past its range is its last action's, as an
+    evaluation entry point's is: that one was warned of, the --behavior one was not (a
+    logged action 7 of a 3-action policy gave is 3.735, nothing said)."""
+    from ope_cli.config import BehaviorConfig, EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.report.json_format import to_json_dict
+    from ope_cli.report.warnings import run_warnings
+
+    def quarter(observation, action):  # the examples' 4 actions, uniformly
+        return jnp.log(jnp.asarray(0.25))
+
+    def declared_quarter(observation, action):
+        return jnp.log(jnp.asarray(0.25))
+
+    declared_quarter.n_actions = 4
+    monkeypatch.setattr(sys.modules[entry_module], "quarter", quarter, raising=False)
+    monkeypatch.setattr(sys.modules[entry_module], "declared", declared_quarter)
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    codes = {}
+    for name in ("quarter", "declared"):
+        result = evaluate(
+            EvaluationConfig(
+                data=str(examples / "data" / "logs.parquet"),
+                policies=(str(examples / "policies" / "ckpt.npz"),),
+                behavior=BehaviorConfig(f"{entry_module}:{name}"),
+            )
+        )
+        codes[name] = [(w.code, w.policy) for w in run_warnings(result)]
+        checked = to_json_dict(result)["dataset"]["behavior"]["actions_checked"]
+        assert checked is (name == "declared")
+    assert ("actions_unchecked", None) in codes["quarter"]
+    assert "actions_unchecked" not in [code for code, _ in codes["declared"]]
+
+
 @pytest.mark.parametrize("probability", [0.2, 0.3])
 def test_an_entry_point_whose_probabilities_do_not_sum_to_one_is_refused(entry_module, probability):
     """An entry point that declares its 4 actions but gives each a log-probability below 0

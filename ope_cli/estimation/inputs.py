@@ -136,7 +136,7 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     if num_processes > 1:
         episodes = episodes.restrict(share_files(episodes.data.files, process_id, num_processes))
     source = (
-        policy_source(behavior)
+        policy_source(behavior, schema.action_kind == "discrete")
         if behavior is not None
         else column_source(schema)
         if schema.behavior_logged

@@ -127,12 +127,15 @@ class BehaviorSource:
       name: the column name, checkpoint path, entry point or model.
       kind: the checkpoint kind (tabular, ...); None for a column or an entry point.
       fit: for an estimated model, what the fit found; else None.
+      actions_checked: False for an entry point that declares no n_actions, over discrete
+        actions: nothing bounds the logged actions it is given (as ``Policy``'s).
     """
 
     source: str
     name: str
     kind: str | None = None
     fit: BehaviorFit | None = None
+    actions_checked: bool = True
 
     def describe(self) -> str:
         """The report's footer: one line, two or three for an estimated model."""
@@ -178,9 +181,11 @@ def column_source(schema: DataSchema) -> BehaviorSource:
     return BehaviorSource("column", schema.columns[role])
 
 
-def policy_source(policy: Policy) -> BehaviorSource:
+def policy_source(policy: Policy, discrete: bool = True) -> BehaviorSource:
+    """A --behavior policy's BehaviorSource (``discrete``: the data's actions are)."""
     if policy.kind == "entry_point":
-        return BehaviorSource("entry_point", policy.name)
+        checked = policy.actions_checked or not discrete
+        return BehaviorSource("entry_point", policy.name, actions_checked=checked)
     return BehaviorSource("checkpoint", policy.name, policy.kind)
 
 
