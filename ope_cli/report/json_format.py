@@ -63,6 +63,7 @@ def _behavior_dict(result: EvaluationResult) -> dict[str, Any] | None:
     if result.behavior is None:
         return None
     entry = dataclasses.asdict(result.behavior)
+    entry.pop("actions_checked")  # said by the warning actions_unchecked where it is False
     fit = entry.pop("fit")
     if fit is not None:
         for name in ("mean_log_likelihood", "heldout_mean_log_likelihood"):
