@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from numbers import Integral, Real
 from typing import Any
 
@@ -119,7 +119,9 @@ def _config(record, data: str, options: Mapping[str, Any]):
             value = os.fspath(value)
         value = python_numbers(value)
         if name in SEQUENCES and value is not None:
-            value = (value,) if isinstance(value, str | int) else tuple(value)
+            # one value alone (a number, a string, anything not iterable) is one value given
+            single = isinstance(value, str | bytes) or not isinstance(value, Iterable)
+            value = (value,) if single else tuple(value)
             value = tuple(
                 os.fspath(v) if isinstance(v, os.PathLike) else python_numbers(v) for v in value
             )

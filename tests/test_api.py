@@ -231,6 +231,9 @@ def test_keywords_are_gathered_into_the_config_records():
         (dict(gamma="0.9"), "gamma must be a number, got '0.9'"),
         (dict(reward_range=(0, 1, 2)), "reward_range must be two numbers (low, high)"),
         (dict(top_k=[1.5]), "top_k must be integers, got (1.5,)"),
+        # one number alone, not in a list, was Python's TypeError (not iterable)
+        (dict(top_k=2.0), "top_k must be integers, got (2.0,)"),
+        (dict(q=1.5), "q must be a sequence of strings or paths, got (1.5,)"),
         # named as typed, not by the record's field (behavior's is "policy", ci's "method")
         (dict(behavior=3), "behavior must be a string, got 3"),
         (dict(ci=2), "ci must be a string, got 2"),

@@ -216,6 +216,10 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         # each was Python's TypeError; overwrite="no" was true
         (["chain"], {}, "unknown environment"),
         ("chain", {"overwrite": "no"}, "overwrite must be True or False"),
+        # a NaN true value was written (exit 0); a huge horizon crashed (exit 1) or hung
+        ("gaussian", {"shift": 2500.0, "episodes": 5}, "--shift 2500 is too large for gaussian"),
+        ("chain", {"horizon": 10**20}, "--horizon must be a positive integer of at most 10,000"),
+        ("gaussian", {"horizon": 10**7 + 1}, "of at most 10,000,000 steps"),
     ],
 )
 def test_bad_options_are_usage_errors(env, options, match, tmp_path):
@@ -223,6 +227,14 @@ def test_bad_options_are_usage_errors(env, options, match, tmp_path):
     with pytest.raises(UsageError, match=match):
         gen.generate(env, tmp_path, **options)
     assert not (tmp_path / "truth.json").exists()
+
+
+def test_an_empty_output_folder_is_refused(tmp_path, monkeypatch):
+    """generate("chain", "") wrote into the working folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="the output folder must be a path, got ''"):
+        gen.generate("chain", "", episodes=5)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_generate_s_api_takes_numpy_numbers_and_refuses_what_is_no_option(tmp_path):

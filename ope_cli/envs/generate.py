@@ -71,6 +71,9 @@ ENVIRONMENTS: tuple[str, ...] = tuple(REGISTRY)
 OUTPUTS = ("logs.parquet", "logs", "behavior.npz", "policies", "q", "truth.json")
 STAGING_PREFIX = ".ope-generate-"  # the hidden folder in OUT that a run writes into first
 MAX_EPISODES = 2**32  # ids 0 .. 2^32 - 1: jax.random.fold_in keeps an id's low 32 bits
+# an episode of a million steps serves the memory studies; past ten times that, the exact
+# values' loops ran for hours (gaussian) or overflowed (chain, control: exit 1)
+MAX_HORIZON = 10_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +132,11 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
     if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
         raise UsageError(f"--gamma must be in [0, 1], got {gamma!r}")
-    if horizon is not None and (not is_int(horizon) or horizon < 1):
-        raise UsageError(f"--horizon must be a positive integer, got {horizon!r}")
+    if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= MAX_HORIZON):
+        raise UsageError(
+            f"--horizon must be a positive integer of at most {MAX_HORIZON:,} steps, "
+            f"got {horizon!r}"
+        )
     if env == "bandit" and horizon not in (None, 1):
         raise UsageError(f"bandit episodes have one step, so --horizon must be 1, got {horizon}")
     if not isinstance(shift, int | float) or isinstance(shift, bool) or not math.isfinite(shift):
@@ -143,6 +149,17 @@ def _check_options(env: str, options: GenerateOptions) -> None:
     if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
         raise UsageError(
             f"--policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}"
+        )
+
+
+def _check_finite(env: str, shift: float, truths: list, q_values: list) -> None:
+    """UsageError where an exact value is not a finite float64: a --shift so large that the
+    policies' values overflow (gaussian at --shift 2500 wrote a NaN into truth.json, exit 0)."""
+    values = [value for value, *_ in truths] + [q for q in q_values if q is not None]
+    if not all(np.all(np.isfinite(value)) for value in values):
+        raise UsageError(
+            f"--shift {shift:g} is too large for {env}: its policies' exact values leave "
+            "float64's range; give a smaller --shift"
         )
 
 
@@ -229,7 +246,8 @@ def generate(
     """
     options = _with_keywords(GenerateOptions() if options is None else options, keywords)
     _check_options(env, options)
-    if not isinstance(out_dir, str | os.PathLike):  # generate("chain", None): a TypeError
+    if not isinstance(out_dir, str | os.PathLike) or not os.fspath(out_dir):
+        # generate("chain", None) was a TypeError; "" wrote into the working folder
         raise UsageError(f"the output folder must be a path, got {out_dir!r}")
     refuse_existing((Path(out_dir) / name for name in OUTPUTS), options.overwrite)
     try:
@@ -359,6 +377,7 @@ def _generate(env: str, out: Path, options: GenerateOptions) -> dict:
     with jax.enable_x64(True):
         truths = environment.truth(env_arrays, policy_arrays, gamma, horizon)
         q_values = _q_values(environment, env_arrays, policy_arrays, gamma, horizon)
+        _check_finite(env, shift, truths, q_values)
         params = jax.tree.map(jnp.asarray, {**env_arrays, "behavior": policy_arrays[0]})
         steps, longest = write_logs(
             environment, params, jax.random.key(seed), episodes, horizon, files, out, gamma
