@@ -212,6 +212,9 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         ("chain", {"shift": float("nan")}, "shift"),
         ("chain", {"episodes": 3, "files": 4}, "files"),
         ("chain", {"seed": -1}, "seed"),
+        # the limit named (2^64 - 1 is a non-negative integer), and a type not called a range
+        ("chain", {"seed": 2**64 - 1}, r"--seed must be an integer from 0 to 2\^63 - 1"),
+        ("chain", {"gamma": "0.9"}, r"--gamma must be a number in \[0, 1\], got '0.9'"),
         ("chain", {"episode": 10}, "unknown option 'episode'; the options are episodes, "),
         # each was Python's TypeError; overwrite="no" was true
         (["chain"], {}, "unknown environment"),

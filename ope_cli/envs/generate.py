@@ -129,9 +129,11 @@ def _check_options(env: str, options: GenerateOptions) -> None:
             f"32-bit id: episode 2^32 would repeat episode 0), got {episodes:,}"
         )
     if not is_int(seed) or not 0 <= seed < 2**63:
-        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
-    if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
-        raise UsageError(f"--gamma must be in [0, 1], got {gamma!r}")
+        raise UsageError(f"--seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
+    number = isinstance(gamma, int | float) and not isinstance(gamma, bool)
+    if not (number and 0.0 <= gamma <= 1.0):
+        kind = "in" if number else "a number in"  # "0.9" is no number out of range
+        raise UsageError(f"--gamma must be {kind} [0, 1], got {gamma!r}")
     if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= MAX_HORIZON):
         raise UsageError(
             f"--horizon must be a positive integer of at most {MAX_HORIZON:,} steps, "
