@@ -117,6 +117,8 @@ def _config(record, data: str, options: Mapping[str, Any]):
         name = OPTION_NAMES.get(key, key)
         if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
             value = os.fspath(value)
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d array
+            value = value.item()
         value = python_numbers(value)
         if name in SEQUENCES and value is not None:
             # one value alone (a number, a string, anything not iterable) is one value given

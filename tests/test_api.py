@@ -234,6 +234,7 @@ def test_keywords_are_gathered_into_the_config_records():
         # one number alone, not in a list, was Python's TypeError (not iterable)
         (dict(top_k=2.0), "top_k must be integers, got (2.0,)"),
         (dict(q=1.5), "q must be a sequence of strings or paths, got (1.5,)"),
+        (dict(top_k=np.array(1.5)), "top_k must be integers, got (1.5,)"),  # a 0-d array
         # named as typed, not by the record's field (behavior's is "policy", ci's "method")
         (dict(behavior=3), "behavior must be a string, got 3"),
         (dict(ci=2), "ci must be a string, got 2"),

@@ -220,7 +220,11 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         (["chain"], {}, "unknown environment"),
         ("chain", {"overwrite": "no"}, "overwrite must be True or False"),
         # a NaN true value was written (exit 0); a huge horizon crashed (exit 1) or hung
-        ("gaussian", {"shift": 2500.0, "episodes": 5}, "--shift 2500 is too large for gaussian"),
+        (
+            "gaussian",
+            {"shift": 2500.0, "episodes": 5},
+            "--shift 2500 moves gaussian's policies too",
+        ),
         ("chain", {"horizon": 10**20}, "--horizon must be a positive integer of at most 10,000"),
         ("gaussian", {"horizon": 10**7 + 1}, "of at most 10,000,000 steps"),
     ],

@@ -347,3 +347,5 @@ def test_crossed_betting_bounds_say_chance_comes_first():
         assert low is None and high is None
         assert note.startswith("the lower betting bound exceeds the upper one")
         assert "by chance in at most 10% of datasets" in note
+    (_, _, note), _ = betting_intervals(histogram, (0.0, 1.0, 1.0), 0.999).values()
+    assert "in at most 0.1% of datasets" in note  # not "0%"

@@ -365,7 +365,24 @@ def test_the_probability_sums_probe_every_state_and_spread_over_the_chunk():
     chunk = types.SimpleNamespace(observation=vectors, action=np.zeros(2_000, np.int64))
     row, total = probability_sum_off(spread, chunk, 3)
     assert 1_000 <= row < 1_100 and total == pytest.approx(0.6)
-    assert PROBE_CALLS * PROBED_STEPS >= 64
+    assert PROBE_CALLS * PROBED_STEPS < 2_000  # a sample: the rare rows are found by spread
+
+    def nan_in_state_8(params, observation, action):  # the kernel names the file and step
+        return jnp.where(observation == 8, jnp.nan, jnp.log(1.0 / 3.0))
+
+    faulty = Policy("nan", "entry_point", None, (), nan_in_state_8, n_actions=3)
+    chunk = types.SimpleNamespace(observation=states, action=np.zeros(2_000, np.int64))
+    assert probability_sum_off(faulty, chunk, 3) is None  # not "sums to nan ... normalised"
+    states[7] = -1  # invalid data, which --on-invalid drop leaves out: no probe
+    negative = Policy(
+        "neg",
+        "entry_point",
+        None,
+        (),
+        lambda p, o, a: jnp.where(o < 0, -9.0, jnp.log(1.0 / 3.0)),
+        n_actions=3,
+    )
+    assert probability_sum_off(negative, chunk, 3) is None
 
 
 def test_the_probability_sums_skip_invalid_observations(entry_module, tmp_path):

@@ -20,7 +20,7 @@ from ope_cli.data.validate import (
     on_invalid_policy,
     value_checks,
 )
-from ope_cli.errors import DataError
+from ope_cli.errors import DataError, PolicyError
 
 
 def test_the_registry_is_the_one_source_of_reasons():
@@ -75,6 +75,29 @@ def test_judge_raises_at_the_first_problem_under_error():
     checks.insert(1, Check("observation_not_finite", "observation is NaN", np.isin(range(6), [2])))
     with pytest.raises(DataError, match=r"episode 1, step 0: observation is NaN \(1 row"):
         Validation("error").judge("f.parquet", checks, lengths, episode_of_row, locate)
+
+
+def test_a_policy_check_that_fails_after_a_data_problem_leaves_the_data_problem_first():
+    """A policy's checks raise their PolicyError as they are made: once a data problem is
+    found, that ends the checks and the data problem is reported (exit 3, as before the
+    earliest row was sought), not the policy's (exit 4)."""
+    lengths, checks = lengths_and_checks()
+
+    def then_the_policy():
+        yield from checks
+        raise PolicyError("policy p's probabilities sum to 0.6")
+
+    with pytest.raises(DataError, match="behavior is NaN"):
+        Validation("error").judge(
+            "f", then_the_policy(), lengths, np.repeat(range(3), lengths), lambda r: (r, 0)
+        )
+    with pytest.raises(PolicyError, match="sum to 0.6"):  # with no data problem before it
+        Validation("error").judge("f", then_the_policy_alone(), lengths, None, lambda r: (r, 0))
+
+
+def then_the_policy_alone():
+    raise PolicyError("policy p's probabilities sum to 0.6")
+    yield
 
 
 def test_judge_gives_each_episode_its_first_reason_and_keep_counts_drops():

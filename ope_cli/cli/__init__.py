@@ -111,8 +111,13 @@ def _parse_failure(message: str, argv: list[str]) -> str:
     parse = float if kind == "number" else int
     values = [(word, owner) for word, owner in _words(argv)[1] if _is_option(owner, option)]
     bad = [word for word, _ in values if not _parses(parse, word)]
-    repeatable = bool(values) and values[0][1].multiple
-    got = (bad[0] if repeatable else values[-1][0]) if bad else None
+    option_of = values[0][1] if values else None
+    if not bad:
+        got = None
+    elif option_of.multiple:  # each value converted in turn: the first bad one failed
+        got = bad[0]
+    else:  # the last given is the one used (of two values, the last bad one)
+        got = bad[-1] if option_of.nargs > 1 else values[-1][0]
     what = "a number" if kind == "number" else "a whole number (an integer)"
     return f"{option} takes {what}" + (f", got {got!r}" if got is not None else "")
 
@@ -149,6 +154,8 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     if before in (POSITIONAL, FLAG):  # after the command's own paths
         return glob("", "logs/*.parquet")
     name = max(before.opts, key=len)
+    if before.nargs > 1:
+        return f"{name} takes {before.nargs} values: drop the extra ones"
     if not before.multiple:
         return f"{name} takes one value: {glob(name + ' ', '...')}, or drop the extra ones"
     return (
@@ -170,26 +177,36 @@ def _words(argv: list[str]) -> tuple[object | None, list[tuple[str, object]]]:
     if command is None:
         return None, []
     options = {name: p for p in command.params if p.param_type_name == "option" for name in p.opts}
-    read, owner, only_positional = [], None, False
+    read, owner, owed, only_positional = [], None, 0, False
     for word in words[1:]:
-        if owner is not None:
+        if owed:  # a value of the option before (--reward-range takes two)
             read.append((word, owner))
-            owner = None
+            owed -= 1
         elif only_positional or not word.startswith("-") or word == "-":
             read.append((word, POSITIONAL))
         elif word == "--":
             only_positional = True
             read.append((word, FLAG))
         else:
-            name, inline, value = word.partition("=")
-            option = options.get(name)
-            takes_value = option is not None and not option.is_flag and option.nargs == 1
-            if takes_value and inline:
+            option, value = _option_word(word, options)
+            owner, owed = option, 0 if option is None or option.is_flag else option.nargs
+            if owed and value is not None:  # --name=value, or -nVALUE
                 read.append((value, option))
+                owed -= 1
             else:
                 read.append((word, FLAG))
-                owner = option if takes_value else None
     return command, read
+
+
+def _option_word(word: str, options: dict) -> tuple[object | None, str | None]:
+    """(the click option that ``word`` names, its value in the same word or None):
+    --name, --name=value, -n or -nVALUE; (None, None) for no option of the command."""
+    name, inline, value = word.partition("=")
+    if name in options:
+        return options[name], value if inline else None
+    if not word.startswith("--") and word[:2] in options:  # a short option, value attached
+        return options[word[:2]], word[2:]
+    return None, None
 
 
 def run(argv: list[str]) -> int:

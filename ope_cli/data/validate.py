@@ -18,7 +18,7 @@ import numpy as np
 
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.steps import Steps
-from ope_cli.errors import InvalidValueError, where
+from ope_cli.errors import InvalidValueError, OpeError, where
 
 PROBABILITY_TOLERANCE = 1e-6  # float32-logged probabilities of 1 may read as 1 + 1 ulp
 LOG_PROBABILITY_TOLERANCE = math.log1p(PROBABILITY_TOLERANCE)  # its log-probability bound
@@ -201,8 +201,8 @@ class Validation:
         either, are not run). Otherwise each problem is recorded; returns [E] int16, the
         index in REASONS of each episode's first problem or -1 (None when nothing was
         found). ``episode_of_row[rows]`` maps rows to episodes."""
-        first, raised = None, None
-        for check in checks:
+        first, raised, remaining = None, None, iter(checks)
+        while (check := _next_check(remaining, raised is not None)) is not None:
             rows = np.flatnonzero(check.rows)
             if not rows.size:
                 continue
@@ -274,6 +274,20 @@ def dropped_by_reason(counts: np.ndarray) -> dict[str, dict[str, int]]:
 
 
 # --- checks of values ---------------------------------------------------------------------
+
+
+def _next_check(checks: Iterator[Check], found: bool) -> Check | None:
+    """The next of ``checks`` (None after the last). Where making it fails (a policy check
+    raises its PolicyError as it is made) once a data problem is ``found``, None: that
+    problem is reported first, as it was when the first problem ended the checks."""
+    try:
+        return next(checks)
+    except StopIteration:
+        return None
+    except OpeError:
+        if found:
+            return None
+        raise
 
 
 def bounds_checks(

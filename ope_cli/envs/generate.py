@@ -160,8 +160,8 @@ def _check_finite(env: str, shift: float, truths: list, q_values: list) -> None:
     values = [value for value, *_ in truths] + [q for q in q_values if q is not None]
     if not all(np.all(np.isfinite(value)) for value in values):
         raise UsageError(
-            f"--shift {shift:g} is too large for {env}: its policies' exact values leave "
-            "float64's range; give a smaller --shift"
+            f"--shift {shift:g} moves {env}'s policies too far: their exact values leave "
+            "float64's range; give a --shift nearer 0"
         )
 
 

@@ -92,13 +92,18 @@ def betting_lower_bound(counts: np.ndarray, alpha: float) -> float | None:
 BETTING_ROWS = {"trajectory": 0, "decision": 2}  # rows of base.BETTING_VARIABLES (low, high)
 
 
+def _percent(share: float) -> str:
+    """A share in percent to 3 significant digits: 0.001 is 0.1%, not 0%."""
+    return f"{100.0 * share:.3g}%"
+
+
 def crossed_bounds_note(confidence: float) -> str:
     """Why a betting interval is empty (its lower bound above its upper one): chance, at
     most 1 - confidence of datasets, before any fault (it named only faults, and on
     generated chain data with exact propensities and rewards in range, it was chance)."""
     return (
         "the lower betting bound exceeds the upper one: no value is consistent with these "
-        f"episodes at this level, which happens by chance in at most {1.0 - confidence:.0%} "
+        f"episodes at this level, which happens by chance in at most {_percent(1.0 - confidence)} "
         "of datasets, and more often when the propensities are off (the weights' mean is "
         "not 1) or rewards leave the range"
     )

@@ -172,8 +172,9 @@ def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why
 def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, float] | None:
     """(step row, sum) of the first of the chunk's probed steps (``_probed_rows``) where the
     sum over actions 0..n_actions-1 of pi(a|s) (as V-hat takes them, ``action_log_probs``)
-    is not 1 within PROBABILITY_SUM_TOLERANCE; None where every one is, where the chunk has
-    no observations, or where the policy's code fails here (the kernel reports its errors)."""
+    is not 1 within PROBABILITY_SUM_TOLERANCE; None where every one is (or is not finite),
+    where the chunk has no observations, or where the policy's code fails here (the kernel
+    reports its errors)."""
     rows = _probed_rows(chunk)
     if rows.size == 0:
         return None
@@ -187,7 +188,12 @@ def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, flo
             # always PROBED_STEPS rows, whatever is left out: one compilation
             padded = np.concatenate([block, np.repeat(block[:1], PROBED_STEPS - block.size)])
             totals = np.asarray(probe(policy.params, chunk.observation[padded]), np.float64)
-            off = np.flatnonzero(~(np.abs(totals[: block.size] - 1.0) <= PROBABILITY_SUM_TOLERANCE))
+            totals = totals[: block.size]
+            # a NaN or inf is the kernel's to report (a log-probability that is none, with
+            # the file and step): only a finite sum off 1 is an unnormalised policy
+            off = np.flatnonzero(
+                np.isfinite(totals) & (np.abs(totals - 1.0) > PROBABILITY_SUM_TOLERANCE)
+            )
             if off.size:
                 return int(block[off[0]]), float(totals[off[0]])
     except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
@@ -210,6 +216,7 @@ def _probed_rows(chunk) -> np.ndarray:
         finite = np.isfinite(observation.reshape(observation.shape[0], -1)).all(axis=1)
     rows = np.flatnonzero(finite)
     if observation.ndim == 1 and observation.dtype.kind in "iu":  # a state per step
+        rows = rows[observation[rows] >= 0]  # a negative state is invalid data, not a probe
         rows = np.sort(rows[np.unique(observation[rows], return_index=True)[1]])
     most = PROBE_CALLS * PROBED_STEPS
     if rows.size > most:
