@@ -640,6 +640,8 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
         (["evaluate", "--gamma", "0.9", "d.parquet", "e"], "quote a glob pattern ('logs/*"),
         (["evaluate", "d.parquet", "--policy=a.npz", "b.npz"], "repeat --policy before each"),
         (["evaluate", "d.parquet", "-pa.npz", "b.npz"], "repeat --policy before each"),
+        (["evaluate", "d.parquet", "-qp", "a.npz", "b.npz"], "repeat --policy before each"),
+        (["evaluate", "d.parquet", "-p", "a(1).npz", "b(2).npz"], "repeat --policy before each"),
         (["evaluate", "d", "--reward-range", "0", "1", "2"], "--reward-range takes 2 values"),
     ],
 )
@@ -671,6 +673,7 @@ def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):
             ["evaluate", "d", "--reward-range", "abc", "1"],
             "--reward-range takes a number, got 'abc'",
         ),
+        (["evaluate", "d", "--reward-range", "a", "b"], "--reward-range takes a number, got 'a'"),
     ],
 )
 def test_a_number_that_does_not_parse_is_named_with_its_value(args, line, capsys):

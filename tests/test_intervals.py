@@ -349,3 +349,5 @@ def test_crossed_betting_bounds_say_chance_comes_first():
         assert "by chance in at most 10% of datasets" in note
     (_, _, note), _ = betting_intervals(histogram, (0.0, 1.0, 1.0), 0.999).values()
     assert "in at most 0.1% of datasets" in note  # not "0%"
+    (_, _, note), _ = betting_intervals(histogram, (0.0, 1.0, 1.0), 0.99999999).values()
+    assert "in at most 0.000001% of datasets" in note  # not "1e-06%"

@@ -345,7 +345,12 @@ def test_the_probability_sums_probe_every_state_and_spread_over_the_chunk():
     first 16, which were all that was summed) moved dr 2.420 to 1.996 without a word: the
     sums now probe the first step of each integer state, or steps spread over the chunk."""
     from ope_cli.models.policies.base import Policy
-    from ope_cli.models.policies.checks import PROBE_CALLS, PROBED_STEPS, probability_sum_off
+    from ope_cli.models.policies.checks import (
+        PROBE_CALLS,
+        PROBED_STEPS,
+        check_probability_sums,
+        probability_sum_off,
+    )
 
     def log_prob(params, observation, action):  # 3 actions; in states 7 and up they sum to 0.6
         return jnp.log(jnp.where(observation >= 7, 0.2, 1.0 / 3.0))
@@ -371,8 +376,21 @@ def test_the_probability_sums_probe_every_state_and_spread_over_the_chunk():
         return jnp.where(observation == 8, jnp.nan, jnp.log(1.0 / 3.0))
 
     faulty = Policy("nan", "entry_point", None, (), nan_in_state_8, n_actions=3)
-    chunk = types.SimpleNamespace(observation=states, action=np.zeros(2_000, np.int64))
-    assert probability_sum_off(faulty, chunk, 3) is None  # not "sums to nan ... normalised"
+    chunk = types.SimpleNamespace(
+        observation=states,
+        action=np.zeros(2_000, np.int64),
+        file="f.parquet",
+        locate=lambda row: (row // 100, row % 100),
+    )
+    assert probability_sum_off(faulty, chunk, 3)[0] == 1_500
+    # a fault of the policy's code, at its place; not "sums to nan ... normalised" (inspect
+    # runs no kernel to say it)
+    with pytest.raises(
+        PolicyError,
+        match=r"^f.parquet: episode 15, step 0: policy nan's probabilities over its 3 actions "
+        r"are not finite \(they sum to nan\)",
+    ):
+        check_probability_sums(faulty, chunk, 3, "its 3 actions", "")
     states[7] = -1  # invalid data, which --on-invalid drop leaves out: no probe
     negative = Policy(
         "neg",

@@ -116,8 +116,9 @@ def _parse_failure(message: str, argv: list[str]) -> str:
         got = None
     elif option_of.multiple:  # each value converted in turn: the first bad one failed
         got = bad[0]
-    else:  # the last given is the one used (of two values, the last bad one)
-        got = bad[-1] if option_of.nargs > 1 else values[-1][0]
+    else:  # the last given is the one used; of two values, its first bad one
+        last = [word for word, _ in values[-option_of.nargs :]]
+        got = next((word for word in last if not _parses(parse, word)), last[-1])
     what = "a number" if kind == "number" else "a whole number (an integer)"
     return f"{option} takes {what}" + (f", got {got!r}" if got is not None else "")
 
@@ -145,11 +146,13 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
             "arguments"
         )
 
-    extra = message[message.rfind("(") + 1 :].rstrip(")").split(" ")[0]
     command, words = _words(argv)
     if command is None:
         return f"{glob('--policy ', 'ckpts/*.npz')}, or repeat --policy before each value"
-    at = next((i for i, (w, owner) in enumerate(words) if w == extra and owner is POSITIONAL), 0)
+    # the first positional word past the command's own arguments (DATA; SOURCE OUT)
+    taken = sum(p.nargs for p in command.params if p.param_type_name == "argument")
+    positions = [i for i, (_, owner) in enumerate(words) if owner is POSITIONAL]
+    at = positions[taken] if len(positions) > taken else 0
     before = words[at - 1][1] if at > 0 else POSITIONAL
     if before in (POSITIONAL, FLAG):  # after the command's own paths
         return glob("", "logs/*.parquet")
@@ -204,8 +207,13 @@ def _option_word(word: str, options: dict) -> tuple[object | None, str | None]:
     name, inline, value = word.partition("=")
     if name in options:
         return options[name], value if inline else None
-    if not word.startswith("--") and word[:2] in options:  # a short option, value attached
-        return options[word[:2]], word[2:]
+    if word.startswith("--"):
+        return None, None
+    for at in range(1, len(word)):  # -qp: flags, then one option whose value follows
+        option = options.get("-" + word[at])
+        if option is None or not option.is_flag:
+            rest = word[at + 1 :]
+            return option, rest or None
     return None, None
 
 

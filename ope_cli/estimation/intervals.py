@@ -93,8 +93,9 @@ BETTING_ROWS = {"trajectory": 0, "decision": 2}  # rows of base.BETTING_VARIABLE
 
 
 def _percent(share: float) -> str:
-    """A share in percent to 3 significant digits: 0.001 is 0.1%, not 0%."""
-    return f"{100.0 * share:.3g}%"
+    """A share in percent to 3 significant digits: 0.001 is 0.1%, not 0%, nor 1e-06%."""
+    shown = np.format_float_positional(100.0 * share, 3, unique=False, fractional=False, trim="-")
+    return f"{shown}%"
 
 
 def crossed_bounds_note(confidence: float) -> str:

@@ -4,6 +4,7 @@ value-level per chunk as validation checks (``chunk_checks``)."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -161,6 +162,12 @@ def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why
     """A PolicyError, saying ``why``, where the policy's probabilities over actions
     0..n_actions-1 (``over``, in words) do not sum to 1 (``probability_sum_off``)."""
     off = probability_sum_off(policy, chunk, n_actions)
+    if off is not None and not math.isfinite(off[1]):  # no unnormalised policy: a fault
+        raise PolicyError(
+            f"{where(chunk.file, *chunk.locate(off[0]))}policy {policy.name}'s probabilities "
+            f"over {over} are not finite (they sum to {off[1]:g}): log_prob gives NaN or "
+            "+inf, a fault of its code or parameters"
+        )
     if off is not None:
         (episode, step), total = chunk.locate(off[0]), off[1]
         raise PolicyError(
@@ -172,9 +179,9 @@ def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why
 def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, float] | None:
     """(step row, sum) of the first of the chunk's probed steps (``_probed_rows``) where the
     sum over actions 0..n_actions-1 of pi(a|s) (as V-hat takes them, ``action_log_probs``)
-    is not 1 within PROBABILITY_SUM_TOLERANCE; None where every one is (or is not finite),
-    where the chunk has no observations, or where the policy's code fails here (the kernel
-    reports its errors)."""
+    is not 1 within PROBABILITY_SUM_TOLERANCE (NaN included); None where every one is, where
+    the chunk has no observations, or where the policy's code fails here (the kernel reports
+    its errors)."""
     rows = _probed_rows(chunk)
     if rows.size == 0:
         return None
@@ -189,11 +196,7 @@ def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, flo
             padded = np.concatenate([block, np.repeat(block[:1], PROBED_STEPS - block.size)])
             totals = np.asarray(probe(policy.params, chunk.observation[padded]), np.float64)
             totals = totals[: block.size]
-            # a NaN or inf is the kernel's to report (a log-probability that is none, with
-            # the file and step): only a finite sum off 1 is an unnormalised policy
-            off = np.flatnonzero(
-                np.isfinite(totals) & (np.abs(totals - 1.0) > PROBABILITY_SUM_TOLERANCE)
-            )
+            off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
             if off.size:
                 return int(block[off[0]]), float(totals[off[0]])
     except Exception:  # noqa: BLE001 - the kernel says what is wrong with the policy's code
