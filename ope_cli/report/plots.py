@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ope_cli.errors import UsageError
+from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import discount, estimator_title, level
 from ope_cli.report.table import ranked_warnings, resolve_rank_by
 from ope_cli.results import EvaluationResult, estimated
@@ -99,9 +100,6 @@ def write_plots(
         caption=caption,
     )
     return [*written, ranking]
-
-
-GAMMA_SOURCES = {"option": "--gamma", "data": "declared by the data", "default": "the default"}
 
 
 def run_caption(result: EvaluationResult, rank_by: str | None = None) -> str:

@@ -701,14 +701,16 @@ def dm_q_as_exact_warning(result: EvaluationResult) -> Warning | None:
     checkpoint of ``ope fit-q``: dm 9.268 in [9.257, 9.278], truth 6.08, nothing said)."""
     if "dm" not in result.estimators:
         return None
-    taken = [
-        p.q.name
-        for p in result.results
-        if p.q is not None and p.q.source != "fit" and not p.q.exact
-    ]
+    taken = sorted(
+        {
+            p.q.name
+            for p in result.results
+            if p.q is not None and p.q.source != "fit" and not p.q.exact
+        }
+    )
     if not taken:
         return None
-    named = and_list(sorted(set(taken))) if len(set(taken)) <= 3 else f"{len(taken)} Q sources"
+    named = and_list(taken) if len(taken) <= 3 else f"{len(taken)} Q sources"
     return Warning(
         DM_Q_AS_EXACT,
         f"dm's interval takes Q-hat ({named}) as exact: it counts only the spread of V-hat "

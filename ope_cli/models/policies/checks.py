@@ -162,18 +162,19 @@ def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why
     """A PolicyError, saying ``why``, where the policy's probabilities over actions
     0..n_actions-1 (``over``, in words) do not sum to 1 (``probability_sum_off``)."""
     off = probability_sum_off(policy, chunk, n_actions)
-    if off is not None and not math.isfinite(off[1]):  # no unnormalised policy: a fault
+    if off is None:
+        return
+    (episode, step), total = chunk.locate(off[0]), off[1]
+    if not math.isfinite(total):  # no unnormalised policy: a fault
         raise PolicyError(
-            f"{where(chunk.file, *chunk.locate(off[0]))}policy {policy.name}'s probabilities "
-            f"over {over} are not finite (they sum to {off[1]:g}): log_prob gives NaN or "
-            "+inf, a fault of its code or parameters"
+            f"{where(chunk.file, episode, step)}policy {policy.name}'s probabilities over "
+            f"{over} are not finite (they sum to {total:g}): log_prob gives NaN or +inf, a "
+            "fault of its code or parameters"
         )
-    if off is not None:
-        (episode, step), total = chunk.locate(off[0]), off[1]
-        raise PolicyError(
-            f"policy {policy.name}'s probabilities over {over} sum to {total:.6g} at episode "
-            f"{episode}, step {step}, not 1: {why}"
-        )
+    raise PolicyError(
+        f"policy {policy.name}'s probabilities over {over} sum to {total:.6g} at episode "
+        f"{episode}, step {step}, not 1: {why}"
+    )
 
 
 def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, float] | None:
