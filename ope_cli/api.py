@@ -180,15 +180,25 @@ def _checked_record(record):
     return record
 
 
+def _path_as_string(value):
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _plain(value):
+    """``value`` with paths as strings and NumPy numbers as Python ones, alone or in a
+    tuple (``policies=(Path("a.npz"),)``)."""
+    if isinstance(value, tuple):
+        value = tuple(_path_as_string(v) for v in value)
+    return python_numbers(_path_as_string(value))
+
+
 def _python_numbers_in(record):
     """``record`` (a config dataclass) with NumPy numbers as Python ones
-    (``python_numbers``), in its records of options too."""
+    (``python_numbers``) and paths as strings, in its records of options too."""
     changes = {}
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
-        made = (
-            _python_numbers_in(value) if dataclasses.is_dataclass(value) else python_numbers(value)
-        )
+        made = _python_numbers_in(value) if dataclasses.is_dataclass(value) else _plain(value)
         if made is not value:
             changes[field.name] = made
     return dataclasses.replace(record, **changes) if changes else record

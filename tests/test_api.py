@@ -363,3 +363,20 @@ def test_none_is_an_option_s_default_and_an_inspect_config_is_checked():
     assert report.to_dict()["dataset"]["source"] == data
     with pytest.raises(ope_cli.UsageError, match="gamma must be a number, got '0.5'"):
         ope_cli.inspect(ope_cli.InspectConfig(data=data, gamma="0.5"))
+
+
+def test_paths_in_a_config_given_whole_are_read_as_strings():
+    """An EvaluationConfig built by hand with Paths in its policies (and as --behavior) was
+    refused with "policies must be a sequence of strings or paths", a Path being one; the
+    keyword API took them. Now both do, with the same numbers."""
+    from ope_cli.config import BehaviorConfig, EvaluationConfig
+
+    data, policy = EXAMPLES / "data" / "logs.parquet", EXAMPLES / "policies" / "ckpt.npz"
+    behavior = EXAMPLES / "policies" / "other.npz"
+    config = EvaluationConfig(
+        data=data, policies=(policy,), behavior=BehaviorConfig(policy=behavior)
+    )
+    whole = ope_cli.evaluate(config).to_dict()
+    keywords = ope_cli.evaluate(str(data), policies=[str(policy)], behavior=str(behavior))
+    assert whole["results"] == keywords.to_dict()["results"]
+    assert whole["results"][0]["policy"] == str(policy)

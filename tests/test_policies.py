@@ -340,6 +340,27 @@ def test_an_entry_point_whose_probabilities_do_not_sum_to_one_is_refused(entry_m
     assert np.isfinite(result.estimates["is"].value)
 
 
+def test_an_unnormalised_behavior_entry_point_is_named_as_the_behavior_policy(entry_module):
+    """The sum check of a --behavior entry point said "policy mod:fn's probabilities ...":
+    read as one of the --policy values. It is said to be --behavior's, exit 4."""
+    from ope_cli.config import BehaviorConfig, EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    def log_prob(observation, action):
+        return jnp.log(jnp.asarray(0.2))
+
+    log_prob.n_actions = 4
+    sys.modules[entry_module].unnormalised_behavior = log_prob
+    data = str(Path(__file__).resolve().parent.parent / "examples" / "data" / "logs.parquet")
+    checkpoint = str(Path(data).parent.parent / "policies" / "ckpt.npz")
+    behavior = BehaviorConfig(policy=f"{entry_module}:unnormalised_behavior")
+    config = EvaluationConfig(data=data, policies=(checkpoint,), behavior=behavior)
+    refused = r"^--behavior: policy .*4 actions sum to 0.8 at"
+    with pytest.raises(PolicyError, match=refused) as error:
+        evaluate(config)
+    assert error.value.exit_code == 4 and "\n" not in str(error.value)
+
+
 def test_the_probability_sums_probe_every_state_and_spread_over_the_chunk():
     """A policy unnormalised in a few states only (3% of the steps, none among a chunk's
     first 16, which were all that was summed) moved dr 2.420 to 1.996 without a word: the

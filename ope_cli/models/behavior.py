@@ -211,8 +211,13 @@ def load_behavior(spec: str, schema: DataSchema) -> Policy:
 def check_behavior_against_chunk(policy: Policy, chunk) -> None:
     """Action and state ranges and sizes of one chunk against the behavior policy (the
     checks ``--policy`` gets); a PolicyError (exit 4) at the first problem: a behavior
-    policy that does not fit the data is never a reason to drop episodes."""
-    for _, problem, bad in chunk_checks(policy, chunk):
+    policy that does not fit the data is never a reason to drop episodes. Its own faults
+    (probabilities that do not sum to 1) are said to be the --behavior policy's."""
+    try:
+        checks = list(chunk_checks(policy, chunk))
+    except PolicyError as error:
+        raise PolicyError(f"--behavior: {error}") from None
+    for _, problem, bad in checks:
         rows = np.flatnonzero(bad)
         if rows.size:
             episode, step = chunk.locate(int(rows[0]))
