@@ -100,3 +100,23 @@ def test_runs_of_string_ids_start_where_the_ids_change_even_when_their_keys_coll
     assert run_starts(keys, ids).tolist() == [0, 2]
     integers = np.array([5, 5, 7, 7, 5])
     assert run_starts(id_keys(integers), integers).tolist() == [0, 2, 4]
+
+
+def test_an_id_and_its_64_bit_twin_of_the_other_signedness_are_said_to_be_one():
+    """-1 in an int64 column and 2**64 - 1 in a uint64 one are one 64-bit key: they were
+    refused as one episode's rows in two places, with no word of why two different ids
+    were one. The message says it."""
+    seen = SeenKeys()
+    signed = np.array([-1, 5], np.int64)
+    seen.add("a.parquet", id_keys(signed), signed)
+    unsigned = np.array([2**64 - 1], np.uint64)
+    with pytest.raises(DataError) as error:
+        seen.add("b.parquet", id_keys(unsigned), unsigned)
+    assert str(error.value).endswith(
+        "seen first in a.parquet (ids are compared as 64-bit integers: 18446744073709551615 "
+        "and -1 are one id)"
+    )
+    # the same id again in a column of the same kind, or an id both kinds hold: as before
+    for ids in (signed[:1], signed[1:], np.array([5], np.uint64)):
+        with pytest.raises(DataError, match=r"seen first in a.parquet$"):
+            seen.add("c.parquet", id_keys(ids), ids)

@@ -123,6 +123,7 @@ class SeenKeys:
         self._sorted, self._sorted_file = _no_keys()
         self._recent, self._recent_file = _no_keys()
         self._files: dict[str, int] = {}  # file -> its index in the *_file arrays
+        self._kinds: dict[str, str] = {}  # file -> its ids' dtype kind (signed, unsigned ...)
 
     def add(
         self, file: str, keys: np.ndarray, ids: np.ndarray, raise_error: bool = True
@@ -148,10 +149,13 @@ class SeenKeys:
                 seen = np.isin(keys, ordered[found])
             if raise_error:
                 first = int(np.argmax(seen))
-                self._fail(file, ids[first], self.first_file(keys[first]))
+                first_file = self.first_file(keys[first])
+                twin = self._kinds.get(first_file) not in (None, np.asarray(ids).dtype.kind)
+                self._fail(file, ids[first], first_file, twin)
             repeated = seen if repeated is None else repeated | seen
             ordered = ordered[~found]  # each key once: all_keys() counts processes per key
         index = self._files.setdefault(file, len(self._files))
+        self._kinds.setdefault(file, np.asarray(ids).dtype.kind)
         added = (ordered, np.full(ordered.size, index, np.uint32))
         self._recent, self._recent_file = _merged((self._recent, self._recent_file), added)
         if self._recent.size > max(4096, math.isqrt(self._sorted.size * ordered.size)):
@@ -175,11 +179,27 @@ class SeenKeys:
         raise AssertionError("a key reported as seen is not among the seen keys")
 
     @staticmethod
-    def _fail(file: str, episode_id: object, first_file: str) -> None:
+    def _fail(file: str, episode_id: object, first_file: str, twin: bool = False) -> None:
+        """``twin``: the first file's ids are of another kind (int64, uint64)."""
         where_first = "earlier in this file" if first_file == file else f"first in {first_file}"
+        note = _twin_note(episode_id) if twin else ""
         raise InvalidValueError(
-            f"{where(file, display_id(episode_id))}{REAPPEARS}; seen {where_first}", False
+            f"{where(file, display_id(episode_id))}{REAPPEARS}; seen {where_first}{note}",
+            False,
         )
+
+
+def _twin_note(episode_id: object) -> str:
+    """For an integer id whose 64-bit twin of the other signedness is another id (-1 in an
+    int64 column, 2**64 - 1 in a uint64 one: one key), the words that say they were taken
+    as one."""
+    if not isinstance(episode_id, int | np.integer):
+        return ""
+    value = int(episode_id)
+    if 0 <= value < 2**63:
+        return ""
+    twin = value + 2**64 if value < 0 else value - 2**64
+    return f" (ids are compared as 64-bit integers: {value} and {twin} are one id)"
 
 
 def _no_keys() -> tuple[np.ndarray, np.ndarray]:
