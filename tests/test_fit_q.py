@@ -644,6 +644,15 @@ def test_dm_from_a_checkpoint_says_its_interval_takes_q_hat_as_exact(data, ope_i
     done = ope_in_process([*marked, "-f", "table"])
     shown = " ".join(done.stdout.split())
     assert "takes Q-hat" not in shown and "q_marked_exact.npz (tabular_q, exact)" in shown
+    # one policy's Q exact, the other's not: the warning is the other's, not the run's (a
+    # run-wide one sat on the exact one's rows in CSV)
+    twin = data["root"] / "tabular_twin.npz"
+    twin.write_bytes(policy.read_bytes())
+    both = [*args[:4], "-p", twin, "--q", out, "--q", data["root"] / "q_marked_exact.npz"]
+    done = ope_in_process([*both, "--gamma", "0.9", "-e", "dm", "-f", "json"])
+    assert done.returncode == 0, done
+    warned = [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "dm_takes_q_as_exact"]
+    assert [w["policy"] for w in warned] == [str(policy)], done
 
 
 def test_model_names_and_defaults():

@@ -694,29 +694,33 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
-def dm_q_as_exact_warning(result: EvaluationResult) -> Warning | None:
+def dm_q_as_exact_warnings(result: EvaluationResult) -> list[Warning]:
     """dm's interval from a Q-hat that is not fitted in the run (whose warning is
     FITTED_Q_INTERVALS) and not marked exact (``ope generate``'s checkpoints are): it
     counts the spread of V-hat over the logged start states alone (a control log with a
-    checkpoint of ``ope fit-q``: dm 9.268 in [9.257, 9.278], truth 6.08, nothing said)."""
+    checkpoint of ``ope fit-q``: dm 9.268 in [9.257, 9.278], truth 6.08, nothing said).
+    One warning for the run where every policy reads such a Q, else one per policy that
+    does (a run-wide one sat on the rows of a policy whose Q is exact)."""
     if "dm" not in result.estimators:
-        return None
-    taken = sorted(
-        {
-            p.q.name
-            for p in result.results
-            if p.q is not None and p.q.source != "fit" and not p.q.exact
-        }
-    )
-    if not taken:
-        return None
+        return []
+    taking = [
+        p for p in result.results if p.q is not None and p.q.source != "fit" and not p.q.exact
+    ]
+    if taking and len(taking) == len(result.results):
+        return [_dm_q_as_exact(sorted({p.q.name for p in taking}))]
+    return [_dm_q_as_exact([p.q.name], p.policy) for p in taking]
+
+
+def _dm_q_as_exact(taken: list[str], policy: str | None = None) -> Warning:
     named = and_list(taken) if len(taken) <= 3 else f"{len(taken)} Q sources"
     return Warning(
         DM_Q_AS_EXACT,
-        f"dm's interval takes Q-hat ({named}) as exact: it counts only the spread of V-hat "
+        ("" if policy is None else f"{policy}: ")
+        + f"dm's interval takes Q-hat ({named}) as exact: it counts only the spread of V-hat "
         "over the logged start states, not Q-hat's own error, so it can be narrow around a "
         "biased value; dr and wdr correct Q-hat with the logged rewards (with them, a dm far "
         "from dr is warned of).",
+        policy,
     )
 
 
@@ -871,7 +875,7 @@ def run_warnings(
         asymptotic_warning(result),
         fitted_betting_warning(result),
         fitted_q_warning(result),
-        dm_q_as_exact_warning(result),
+        *dm_q_as_exact_warnings(result),
         best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
