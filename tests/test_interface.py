@@ -643,6 +643,8 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
         (["evaluate", "d.parquet", "-qp", "a.npz", "b.npz"], "repeat --policy before each"),
         (["evaluate", "d.parquet", "-p", "a(1).npz", "b(2).npz"], "repeat --policy before each"),
         (["evaluate", "d", "--reward-range", "0", "1", "2"], "--reward-range takes 2 values"),
+        # -p's glob before DATA: its second file was taken as DATA (same suffix), not DATA's
+        (["evaluate", "-p", "a.npz", "b.npz", "c.npz", "d.parquet"], "repeat --policy before"),
     ],
 )
 def test_extra_arguments_name_the_option_they_ran_into(args, fix, capsys):

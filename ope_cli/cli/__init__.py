@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import traceback
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -154,6 +155,9 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     positions = [i for i, (_, owner) in enumerate(words) if owner is POSITIONAL]
     at = positions[taken] if len(positions) > taken else 0
     before = words[at - 1][1] if at > 0 else POSITIONAL
+    ran_on = _glob_ran_into_arguments(words, positions)
+    if ran_on is not None:
+        before = ran_on
     if before in (POSITIONAL, FLAG):  # after the command's own paths
         return glob("", "logs/*.parquet")
     name = max(before.opts, key=len)
@@ -165,6 +169,20 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
         f"{name} takes one value at a time: repeat {name} before each value, or "
         f"{glob(name + ' ', 'dir/*')}"
     )
+
+
+def _glob_ran_into_arguments(words: list[tuple[str, object]], positions: list[int]):
+    """The repeatable option whose unquoted glob ran on into the command's own arguments
+    (``-p ckpts/*.npz logs.parquet``: the second file was taken as DATA), or None: the
+    first positional word follows its value and has the same suffix (a.npz, b.npz)."""
+    first = positions[0] if positions else 0
+    if first == 0:
+        return None
+    value, owner = words[first - 1]
+    if owner in (POSITIONAL, FLAG) or not owner.multiple:
+        return None
+    suffix = Path(value).suffix
+    return owner if suffix and Path(words[first][0]).suffix == suffix else None
 
 
 POSITIONAL, FLAG = "positional", "flag"  # what a command-line word is, beside an option's value
