@@ -494,11 +494,25 @@ def test_evaluate_help_is_grouped_in_panels_with_choices(ope_in_process):
     text = _help(ope_in_process, "evaluate")
     panels = re.findall(r"╭─ (.+?) ─", text)
     assert panels == ["Arguments", "Options", *helpmap.PANEL_ORDER], panels
-    assert "|".join(names()) in text  # --estimator and --rank-by: the registry's names
-    assert "|".join(("auto", *INTERVALS)) in text  # --ci
-    assert "table|json|csv" in text and "FLOAT" in text and "INT" in text
+    words = " ".join(text.replace("│", " ").split())
+    for choices in (names(), ("auto", *INTERVALS)):  # --estimator, --rank-by; --ci
+        assert all(f" {name} |" in words or f"| {name} " in words for name in choices)
+    assert "table | json | csv" in text and "FLOAT" in text and "INT" in text
     assert "Usage: ope evaluate [OPTIONS] DATA" in text
     assert "DM, DR, WDR" in _help(ope_in_process)  # the tool's line names every estimator
+
+
+def test_choices_wrap_between_words_in_a_narrow_help(ope_in_process):
+    """At 80 columns the help folded metavars mid-word ("mlp_s / oftmax",
+    "package.module:n / ame"): every option's alternatives are spaced, so they wrap between
+    them (an argument's stay joined: the usage line reads them as one word)."""
+    from ope_cli.cli import app
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in (p for p in command.params if p.param_type_name == "option"):
+            assert re.search(r"\S\|\S", param.metavar or "") is None, (name, param.metavar)
+    run = ope_in_process(["fit-behavior", "--help"], env={"COLUMNS": "80"})
+    assert "mlp_softmax |" in run.stdout and "mlp_s\n" not in run.stdout
 
 
 def test_bench_help_groups_its_own_options_in_panels(ope_in_process):

@@ -19,6 +19,7 @@ from ope_cli.cli.groups import (
     RUNTIME,
     ConfigFields,
 )
+from ope_cli.cli.helpmap import one_of
 from ope_cli.cli.options import (
     COLUMN_OPTIONS,
     Data,
@@ -60,7 +61,7 @@ InvalidValues = Annotated[
 RankBy = Annotated[
     str | None,
     typer.Option(
-        metavar="|".join(names()),
+        metavar=one_of(*names()),
         help="Estimator that ranks several policies, highest first (the table's rank "
         "column and each JSON result's rank); the best is highlighted. Default: wis, or the "
         "first reported estimator without it. dm, dr and wdr need a Q source (--q).",

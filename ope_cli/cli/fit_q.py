@@ -10,6 +10,7 @@ import typer
 
 from ope_cli.cli.console import stdout_kept_for_the_result, table_console
 from ope_cli.cli.groups import WRITTEN, Written
+from ope_cli.cli.helpmap import one_of
 from ope_cli.cli.options import (
     Data,
     DeclaredGamma,
@@ -30,7 +31,7 @@ QModel = Annotated[
     typer.Option(
         "--model",
         "-m",
-        metavar="|".join(Q_MODELS),
+        metavar=one_of(*Q_MODELS),
         help="Q model: tabular (the empirical MDP solved exactly), linear (LSTDQ) or mlp. "
         "Default: tabular for integer states, linear for other observations, mlp for "
         "continuous actions.",

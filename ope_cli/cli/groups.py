@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 import typer
 
 from ope_cli.cli.console import say_warnings
+from ope_cli.cli.helpmap import one_of
 from ope_cli.cli.options import (
     BatchSteps,
     Behavior,
@@ -121,7 +122,7 @@ PolicyOption = Annotated[
     typer.Option(
         "--policy",
         "-p",
-        metavar="[NAME=]CKPT|package.module:name",
+        metavar=one_of("[NAME=]CKPT", "package.module:name"),
         help="Checkpoint .npz or entry point package.module:name; repeat for several "
         "policies (one pass), or give a quoted glob ('ckpts/*.npz'). NAME=CKPT names the "
         "policy in the output; otherwise the shortest distinct end of its path labels it. "
@@ -166,7 +167,7 @@ IntervalMethod = Annotated[
     str,
     typer.Option(
         "--ci",
-        metavar="|".join(("auto", *INTERVALS)),
+        metavar=one_of("auto", *INTERVALS),
         help="Interval method: betting (finite-sample, needs bounded rewards), normal, "
         "percentile (Poisson bootstrap) or bootstrap-t (studentized Poisson bootstrap). auto: "
         "per estimator, betting where it applies and the reward range is known "
@@ -228,7 +229,7 @@ INTERVALS = OptionGroup(
 Baseline = Annotated[
     str | None,
     typer.Option(
-        metavar="NAME|behavior",
+        metavar=one_of("NAME", "behavior"),
         help="Compare every other policy with this one on the same episodes: the paired "
         "difference per estimator, its standard error, interval (--ci's method) and the "
         "share of bootstrap replicates where it is better. NAME: a --policy value (or "

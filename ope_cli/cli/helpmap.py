@@ -79,13 +79,20 @@ SHOWN_ORDER = (DATA, POLICIES, BEHAVIOR, Q, INTERVALS, CHOOSING)
 SHOWN_ORDER += (MEASUREMENTS, OUTPUT, PERFORMANCE, CLUSTER)
 PANEL_ORDER = tuple(panel for panel in SHOWN_ORDER if panel != MEASUREMENTS)  # evaluate's
 
+
+def one_of(*choices: str) -> str:
+    """A metavar of alternatives, spaced so that a narrow help wraps it between them (it
+    folds a word without spaces mid-word: "mlp_s / oftmax")."""
+    return " | ".join(choices)
+
+
 # a str option's metavar by its name (else TEXT)
 TEXT_METAVARS = {
     "data": "DATA",
     "out": "PATH",
     "env": "ENV",
     "coordinator": "HOST:PORT",
-    "policy": "CKPT|package.module:name",
+    "policy": one_of("CKPT", "package.module:name"),
 }
 SCALARS = {int: "INT", float: "FLOAT", bool: "BOOL"}
 
@@ -107,7 +114,7 @@ def _plain(annotation: Any) -> Any:
 
 
 def metavar(param: Any) -> str:
-    """What a person reads for ``param``'s value: INT, FLOAT, a choice list a|b|c, PATH,
+    """What a person reads for ``param``'s value: INT, FLOAT, a choice list a | b | c, PATH,
     COLUMN, ... ("" for a flag, which takes no value)."""
     if getattr(param, "is_flag", False):
         return ""
@@ -115,7 +122,7 @@ def metavar(param: Any) -> str:
     annotation = _plain(getattr(descriptor, "annotation", str))
     choices = _choices(annotation)
     if choices:
-        return "|".join(choices)
+        return one_of(*choices)
     if annotation in SCALARS:
         return SCALARS[annotation]
     name = param.name or ""

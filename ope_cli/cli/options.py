@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ope_cli.cli.helpmap import one_of
 from ope_cli.config import ESTIMATORS, ColumnMapping
 from ope_cli.estimation.estimators import names
 from ope_cli.models.behavior_models.base import MODELS as BEHAVIOR_MODELS
@@ -80,7 +81,7 @@ Behavior = Annotated[
     typer.Option(
         "--behavior",
         "-b",
-        metavar="CKPT|package.module:name|estimate[:MODEL]",
+        metavar=one_of("CKPT", "package.module:name", "estimate[:MODEL]"),
         help="Behavior policy (checkpoint .npz or entry point, as for --policy) whose "
         "probabilities of the logged actions replace the data's propensity column, which "
         "is then not read; or estimate[:MODEL] to fit it to the logged actions first "
@@ -108,7 +109,7 @@ BehaviorModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
-        metavar="|".join(BEHAVIOR_MODELS),
+        metavar=one_of(*BEHAVIOR_MODELS),
         help="Behavior model: tabular, linear_softmax, mlp_softmax or linear_gaussian. "
         "Default: tabular for integer states and discrete actions, linear_softmax for other "
         "observations, linear_gaussian for continuous actions.",
@@ -120,7 +121,7 @@ QOption = Annotated[
     list[str] | None,
     typer.Option(
         "--q",
-        metavar="Q.npz|package.module:name|fit[:MODEL]",
+        metavar=one_of("Q.npz", "package.module:name", "fit[:MODEL]"),
         help="Q-hat of the evaluation policy, for the doubly robust estimators dm, dr and "
         "wdr: a checkpoint (tabular_q, linear_q, mlp_q, mlp_q_sa), an entry point, or fit "
         "to fit it in this run (fitted Q evaluation; MODEL: tabular, linear, mlp). Once per "
@@ -179,7 +180,7 @@ BehaviorLogProbCol = Annotated[
 ]
 TargetProbCol = Annotated[
     str | None,
-    _column("logged evaluation-policy probabilities, used without --policy (default target_prob)"),
+    _column("logged evaluation-policy probabilities (default target_prob)"),
 ]
 TargetLogProbCol = Annotated[
     str | None, _column("logged evaluation-policy log-probabilities (default target_log_prob)")
@@ -199,7 +200,8 @@ Quiet = Annotated[
     typer.Option(
         "--quiet",
         "-q",
-        help="No progress output on stderr, nor the warnings a JSON or CSV result carries.",
+        help="No progress or warning lines on stderr (errors still print); the output "
+        "itself, and any warnings it lists, are unchanged.",
     ),
 ]
 
@@ -220,7 +222,7 @@ Estimators = Annotated[
     typer.Option(
         "--estimator",
         "-e",
-        metavar="|".join(names()),
+        metavar=one_of(*names()),
         help=f"Estimator to report; repeatable. Default: all that the inputs allow "
         f"({', '.join(ESTIMATORS)}; with a Q source also "
         f"{', '.join(n for n in names() if n not in ESTIMATORS)}).",
