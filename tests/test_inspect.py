@@ -379,6 +379,25 @@ def test_data_without_rows_fails_as_evaluate_does(tmp_path, ope_in_process):
     assert json.loads(run.stdout)["valid"] is False
 
 
+def test_the_error_line_counts_kinds_of_problem_not_rows(tmp_path, ope_in_process):
+    """An episode-layout row whose rewards list is one longer than its three other lists is
+    three report rows of one kind (lists_disagree): the line said "3 kind(s)"."""
+    table = {
+        "episode_id": [10, 11],
+        "observations": [[0.1, 0.2], [0.3, 0.4]],
+        "actions": [[0, 1], [1, 0]],
+        "rewards": [[1.0, 2.0], [1.0, 2.0, 3.0]],
+        "action_probs": [[0.5, 0.5], [0.5, 0.5]],
+    }
+    pq.write_table(pa.table(table), tmp_path / "lists.parquet")
+    run = ope_in_process(["inspect", tmp_path / "lists.parquet", "--format", "json"])
+    assert run.returncode == 3, run
+    assert [p["reason"] for p in json.loads(run.stdout)["problems"]] == ["lists_disagree"] * 3
+    assert "1 kind(s) of validation problem (3 row(s) in the report), in 1 episode(s)" in (
+        run.stderr
+    )
+
+
 def test_a_null_step_is_located_at_its_row(tmp_path):
     """Filled to be recorded, a null step sorted first: it was reported at step 0 of its
     episode, with a made-up missing step beside it. It keeps its row's place."""

@@ -72,8 +72,13 @@ def inspect(
         # said "in 0 episode(s)" of a file of four)
         stopped = sorted({p.file for p in report.problems if p.reason == "file_error"})
         unread = f", and {len(stopped)} file(s) not read to the end" if stopped else ""
+        # the report's rows: one per (reason, message): three list columns that disagree
+        # with the rewards are three rows of one kind
+        kinds = len({p.reason for p in report.problems})
+        rows = len(report.problems)
+        listed = f" ({rows} row(s) in the report)" if rows != kinds else ""
         problems = (
-            f"{len(report.problems)} kind(s) of validation problem, in "
+            f"{kinds} kind(s) of validation problem{listed}, in "
             f"{report.invalid_episodes:,} episode(s){unread} (see the report)"
         )
         say(f"ope: invalid data: {data}: {problems if report.problems else NO_EPISODES}")
