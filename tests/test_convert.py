@@ -196,11 +196,16 @@ def test_a_failed_conversion_leaves_no_file(sources, tmp_path):
     table = pq.read_table(sources["episodes"])
     rewards = table.column("rewards").to_pylist()
     rewards[3] = rewards[3] + [0.0]  # one reward more than the episode's actions
+    table = table.set_column(table.schema.get_field_index("rewards"), "rewards", pa.array(rewards))
+    ids = pa.compute.add(table.column("episode_id"), 100)
     pq.write_table(
-        table.set_column(table.schema.get_field_index("rewards"), "rewards", pa.array(rewards)), bad
+        table.set_column(table.schema.get_field_index("episode_id"), "episode_id", ids), bad
     )
     out = tmp_path / "out.parquet"
-    with pytest.raises(DataError, match="episode row 3"):
+    # the episode's id, in evaluate's words (it said "episode row 3", its row in the file)
+    with pytest.raises(
+        DataError, match=r"episode 103: list column '\w+' has \d+ entries but 'rewards'"
+    ):
         convert(ConvertConfig(str(bad), str(out), read_rows=2))
     assert list(tmp_path.glob("out.parquet*")) == []
 

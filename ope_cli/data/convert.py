@@ -220,11 +220,7 @@ def _explode(
     if (lengths == 0).any():  # no steps to write: a silent drop, where evaluate refuses it
         row = int(np.flatnonzero(lengths == 0)[0])
         null = not reward.is_valid()[row].as_py() if reward.null_count else False
-        episode = (
-            batch.column(columns["episode_id"])[row].as_py()
-            if "episode_id" in columns
-            else first_row + row
-        )
+        episode = _episode_of_row(batch, columns, first_row + row, row)
         problem = (
             f"column {schema.columns['reward']!r} is null; every step needs a value"
             if null
@@ -244,9 +240,10 @@ def _explode(
             own = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
             if not np.array_equal(own, lengths):
                 row = int(np.flatnonzero(own != lengths)[0])
-                raise DataError(
-                    f"episode row {first_row + row}: list column {name!r} has {own[row]} "
-                    f"values, but {schema.columns['reward']!r} has {lengths[row]}"
+                episode = _episode_of_row(batch, columns, first_row + row, row)
+                raise DataError(  # in evaluate's words
+                    f"{where(None, episode)}list column {name!r} has {own[row]} entries but "
+                    f"{schema.columns['reward']!r} has {lengths[row]}"
                 )
             arrays[out] = pc.list_flatten(values)
         else:
@@ -255,6 +252,12 @@ def _explode(
         [_cast(arrays[f.name], columns.get(f.name, f.name), f.type) for f in out_schema],
         schema=out_schema,
     )
+
+
+def _episode_of_row(batch: pa.RecordBatch, columns, number: int, row: int) -> object:
+    """The episode id of ``row`` of an episode-layout batch, or without an id column its
+    number in the file (``number``), as the converted file numbers it."""
+    return batch.column(columns["episode_id"])[row].as_py() if "episode_id" in columns else number
 
 
 def _twin_values(
