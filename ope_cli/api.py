@@ -115,18 +115,13 @@ def _config(record, data: str, options: Mapping[str, Any]):
     groups = _groups(record)
     for key, value in options.items():
         name = OPTION_NAMES.get(key, key)
-        if isinstance(value, os.PathLike):  # a path, alone or in a sequence, as a string
-            value = os.fspath(value)
         if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d array
             value = value.item()
-        value = python_numbers(value)
+        value = _plain(value)
         if name in SEQUENCES and value is not None:
             # one value alone (a number, a string, anything not iterable) is one value given
             single = isinstance(value, str | bytes) or not isinstance(value, Iterable)
-            value = (value,) if single else tuple(value)
-            value = tuple(
-                os.fspath(v) if isinstance(v, os.PathLike) else python_numbers(v) for v in value
-            )
+            value = (value,) if single else tuple(_plain(v) for v in value)
         if name == "estimators":
             value = estimator_names(value)
         group = next((g for g, (_, names) in groups.items() if name in names), None)
@@ -180,16 +175,12 @@ def _checked_record(record):
     return record
 
 
-def _path_as_string(value):
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
 def _plain(value):
     """``value`` with paths as strings and NumPy numbers as Python ones, alone or in a
-    tuple (``policies=(Path("a.npz"),)``)."""
-    if isinstance(value, tuple):
-        value = tuple(_path_as_string(v) for v in value)
-    return python_numbers(_path_as_string(value))
+    tuple or list (``policies=[Path("a.npz")]``), as options are read."""
+    if isinstance(value, tuple | list):
+        return type(value)(_plain(item) for item in value)
+    return python_numbers(os.fspath(value) if isinstance(value, os.PathLike) else value)
 
 
 def _python_numbers_in(record):

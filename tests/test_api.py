@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -373,10 +374,10 @@ def test_paths_in_a_config_given_whole_are_read_as_strings():
 
     data, policy = EXAMPLES / "data" / "logs.parquet", EXAMPLES / "policies" / "ckpt.npz"
     behavior = EXAMPLES / "policies" / "other.npz"
-    config = EvaluationConfig(
-        data=data, policies=(policy,), behavior=BehaviorConfig(policy=behavior)
-    )
+    config = EvaluationConfig(data=data, policies=(policy,), behavior=BehaviorConfig(behavior))
     whole = ope_cli.evaluate(config).to_dict()
+    as_list = dataclasses.replace(config, policies=[policy])  # a list, as keywords take
+    assert ope_cli.evaluate(as_list).to_dict()["results"] == whole["results"]
     keywords = ope_cli.evaluate(str(data), policies=[str(policy)], behavior=str(behavior))
     assert whole["results"] == keywords.to_dict()["results"]
     assert whole["results"][0]["policy"] == str(policy)

@@ -470,3 +470,22 @@ def test_a_column_whose_name_a_mapped_column_takes_is_reported(sources, tmp_path
     assert result.columns["observation"] == "state"
     assert result.dropped == {"observation": "the output's 'observation' is 'state'"}
     assert pq.read_table(out).column("observation").equals(table.column("state"))
+
+
+def test_an_id_and_its_64_bit_twin_are_said_to_be_one_in_convert_too(tmp_path):
+    """convert checked ids as the strings it shows, so -1 (int64) and 2**64 - 1 (uint64)
+    were refused as one episode in two places without the reason evaluate gives."""
+    for name, ids, kind in (("a", [-1, 5], pa.int64()), ("b", [2**64 - 1], pa.uint64())):
+        steps = [i for i in ids for _ in range(2)]
+        table = {
+            "episode_id": pa.array(steps, kind),
+            "step": [0, 1] * len(ids),
+            "observation": [0.0] * len(steps),
+            "action": [0] * len(steps),
+            "reward": [1.0] * len(steps),
+            "behavior_prob": [0.5] * len(steps),
+        }
+        pq.write_table(pa.table(table), tmp_path / f"{name}.parquet")
+    twin = r"seen first in .*a.parquet \(ids are compared as 64-bit integers: 1844\d+ and -1 are"
+    with pytest.raises(DataError, match=twin):
+        convert(ConvertConfig(str(tmp_path / "*.parquet"), str(tmp_path / "out.parquet")))

@@ -646,13 +646,20 @@ def test_dm_from_a_checkpoint_says_its_interval_takes_q_hat_as_exact(data, ope_i
     assert "takes Q-hat" not in shown and "q_marked_exact.npz (tabular_q, exact)" in shown
     # one policy's Q exact, the other's not: the warning is the other's, not the run's (a
     # run-wide one sat on the exact one's rows in CSV)
-    twin = data["root"] / "tabular_twin.npz"
+    twin, third = data["root"] / "tabular_twin.npz", data["root"] / "tabular_third.npz"
     twin.write_bytes(policy.read_bytes())
-    both = [*args[:4], "-p", twin, "--q", out, "--q", data["root"] / "q_marked_exact.npz"]
-    done = ope_in_process([*both, "--gamma", "0.9", "-e", "dm", "-f", "json"])
+    third.write_bytes(policy.read_bytes())
+    exact = data["root"] / "q_marked_exact.npz"
+    both = [*args[:4], "-p", twin, "-p", third, "--q", out, "--q", exact, "--q", exact]
+    # three policies, few replicates: a run-wide could_be_best_undetermined too
+    few = ["--ci", "percentile", "--bootstrap-samples", "50"]
+    done = ope_in_process([*both, "--gamma", "0.9", "-e", "dm", *few, "-f", "json"])
     assert done.returncode == 0, done
     warned = [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "dm_takes_q_as_exact"]
     assert [w["policy"] for w in warned] == [str(policy)], done
+    listed = json.loads(done.stdout)["warnings"]  # the run's warnings first, then each policy's
+    run_wide = [i for i, w in enumerate(listed) if w["policy"] is None]
+    assert run_wide and max(run_wide) < listed.index(warned[0]), listed
 
 
 def test_model_names_and_defaults():

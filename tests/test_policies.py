@@ -355,7 +355,7 @@ def test_an_unnormalised_behavior_entry_point_is_named_as_the_behavior_policy(en
     checkpoint = str(Path(data).parent.parent / "policies" / "ckpt.npz")
     behavior = BehaviorConfig(policy=f"{entry_module}:unnormalised_behavior")
     config = EvaluationConfig(data=data, policies=(checkpoint,), behavior=behavior)
-    refused = r"^--behavior: policy .*4 actions sum to 0.8 at"
+    refused = rf"^--behavior {entry_module}:unnormalised_behavior's .*4 actions sum to 0.8 at"
     with pytest.raises(PolicyError, match=refused) as error:
         evaluate(config)
     assert error.value.exit_code == 4 and "\n" not in str(error.value)

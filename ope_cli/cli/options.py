@@ -200,7 +200,7 @@ Quiet = Annotated[
     typer.Option(
         "--quiet",
         "-q",
-        help="No progress or warning lines on stderr (errors still print); the output "
+        help="No progress, status or warning lines on stderr (errors still print); the output "
         "itself, and any warnings it lists, are unchanged.",
     ),
 ]

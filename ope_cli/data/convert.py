@@ -220,7 +220,7 @@ def _explode(
     if (lengths == 0).any():  # no steps to write: a silent drop, where evaluate refuses it
         row = int(np.flatnonzero(lengths == 0)[0])
         null = not reward.is_valid()[row].as_py() if reward.null_count else False
-        episode = _episode_of_row(batch, columns, first_row + row, row)
+        episode = _episode_of_row(_ids(batch, columns), first_row, row)
         problem = (
             f"column {schema.columns['reward']!r} is null; every step needs a value"
             if null
@@ -240,7 +240,7 @@ def _explode(
             own = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
             if not np.array_equal(own, lengths):
                 row = int(np.flatnonzero(own != lengths)[0])
-                episode = _episode_of_row(batch, columns, first_row + row, row)
+                episode = _episode_of_row(_ids(batch, columns), first_row, row)
                 raise DataError(  # in evaluate's words
                     f"{where(None, episode)}list column {name!r} has {own[row]} entries but "
                     f"{schema.columns['reward']!r} has {lengths[row]}"
@@ -254,10 +254,15 @@ def _explode(
     )
 
 
-def _episode_of_row(batch: pa.RecordBatch, columns, number: int, row: int) -> object:
-    """The episode id of ``row`` of an episode-layout batch, or without an id column its
-    number in the file (``number``), as the converted file numbers it."""
-    return batch.column(columns["episode_id"])[row].as_py() if "episode_id" in columns else number
+def _ids(batch: pa.RecordBatch, columns) -> pa.Array | None:
+    return batch.column(columns["episode_id"]) if "episode_id" in columns else None
+
+
+def _episode_of_row(ids: pa.Array | None, first_row: int, row: int) -> object:
+    """How messages name the episode of ``row`` of an episode-layout batch whose first row
+    is the file's ``first_row``: its id, or without ``ids`` its number in the file, as the
+    converted file numbers it."""
+    return first_row + row if ids is None else display_id(ids[row].as_py())
 
 
 def _twin_values(
@@ -281,8 +286,7 @@ def _twin_values(
 
     def locate_in_list(step: int) -> tuple:
         row = int(parent[step])
-        shown = first_row + row if episode is None else display_id(episode[row].as_py())
-        return shown, step - int(starts[step])
+        return _episode_of_row(episode, first_row, row), step - int(starts[step])
 
     return pc.list_flatten(used), twin_steps(twin, lengths), locate_in_list
 
@@ -365,8 +369,11 @@ class _ContiguousEpisodes:
         starts = run_starts(keys, values)
         if self.last == (file, keys[0], values[0]):  # the previous batch's last episode goes on
             starts = starts[1:]
-        shown = ids.take(pa.array(starts)).to_pylist()
-        self.seen.add(file, keys[starts], np.array([display_id(x) for x in shown], object))
+        if values.dtype.kind in "iu":  # as they are: their type tells -1 from 2**64 - 1
+            shown = values[starts]
+        else:
+            shown = np.array([display_id(x) for x in ids.take(pa.array(starts)).to_pylist()])
+        self.seen.add(file, keys[starts], shown)
         self.last = (file, int(keys[-1]), values[-1])
 
 

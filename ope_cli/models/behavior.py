@@ -213,11 +213,7 @@ def check_behavior_against_chunk(policy: Policy, chunk) -> None:
     checks ``--policy`` gets); a PolicyError (exit 4) at the first problem: a behavior
     policy that does not fit the data is never a reason to drop episodes. Its own faults
     (probabilities that do not sum to 1) are said to be the --behavior policy's."""
-    try:
-        checks = list(chunk_checks(policy, chunk))
-    except PolicyError as error:
-        raise PolicyError(f"--behavior: {error}") from None
-    for _, problem, bad in checks:
+    for _, problem, bad in chunk_checks(policy, chunk, f"--behavior {policy.name}"):
         rows = np.flatnonzero(bad)
         if rows.size:
             episode, step = chunk.locate(int(rows[0]))

@@ -863,6 +863,7 @@ def run_warnings(
 ) -> list[Warning]:
     """Every warning of the run: run-wide ones first, then each policy's, in order.
     ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
+    dm_q = dm_q_as_exact_warnings(result)  # the run's, or some policies' own
     run = [
         gamma_warning(result),
         gamma_replaced_warning(result),
@@ -875,7 +876,7 @@ def run_warnings(
         asymptotic_warning(result),
         fitted_betting_warning(result),
         fitted_q_warning(result),
-        *dm_q_as_exact_warnings(result),
+        *(w for w in dm_q if w.policy is None),
         best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
@@ -885,6 +886,7 @@ def run_warnings(
     warnings.extend(Warning(SELECTION, note, policy) for policy, note in result.selection_notes)
     for policy in result.results:
         warnings.extend(policy_warnings(policy, result.dataset.episodes, propensities))
+        warnings.extend(w for w in dm_q if w.policy == policy.policy)
     if ranks is not None and rank_by is not None:
         warnings.extend(ranking_warnings(result, ranks, rank_by))
     return warnings

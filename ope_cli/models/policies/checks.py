@@ -56,15 +56,16 @@ def _check_types(policy: Policy, schema) -> None:
         )
 
 
-def chunk_checks(policy: Policy, chunk) -> Iterator[Check]:
+def chunk_checks(policy: Policy, chunk, who: str | None = None) -> Iterator[Check]:
     """Value-level compatibility of one chunk with the policy, as validate.value_checks does
     it: yields Check(reason, problem, [N] bool rows). Action and state ranges can be dropped
     (``--on-invalid drop``); a size mismatch concerns every row and never is. An entry
     point that declares ``n_actions`` has its probabilities summed over them at the
-    chunk's first steps (``probability_sum_off``): a PolicyError where they are not 1."""
+    chunk's first steps (``probability_sum_off``): a PolicyError where they are not 1,
+    naming the policy as ``who`` says (default "policy NAME")."""
     if policy.n_actions is not None:
         if policy.kind == "entry_point" and chunk.action.ndim == 1:
-            _check_normalised(policy, chunk)
+            _check_normalised(policy, chunk, who)
         yield Check(
             "action_out_of_range",
             f"action is outside policy {policy.name}'s {policy.n_actions} actions "
@@ -143,7 +144,7 @@ def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyE
     )
 
 
-def _check_normalised(policy: Policy, chunk) -> None:
+def _check_normalised(policy: Policy, chunk, who: str | None) -> None:
     """A PolicyError where an entry point's probabilities over its declared actions do not
     sum to 1 at the chunk's first steps: a log_prob of unnormalised logits (or of a
     softmax over some of the actions) gives weights without a word where every value is
@@ -155,24 +156,29 @@ def _check_normalised(policy: Policy, chunk) -> None:
         f"its {policy.n_actions} actions",
         "log_prob must return normalised log-probabilities (jax.nn.log_softmax of the "
         "logits, over every action)",
+        who,
     )
 
 
-def check_probability_sums(policy: Policy, chunk, n_actions: int, over: str, why: str) -> None:
+def check_probability_sums(
+    policy: Policy, chunk, n_actions: int, over: str, why: str, who: str | None = None
+) -> None:
     """A PolicyError, saying ``why``, where the policy's probabilities over actions
-    0..n_actions-1 (``over``, in words) do not sum to 1 (``probability_sum_off``)."""
+    0..n_actions-1 (``over``, in words) do not sum to 1 (``probability_sum_off``);
+    ``who``: the policy in words (default "policy NAME"; "--behavior NAME")."""
+    who = f"policy {policy.name}" if who is None else who
     off = probability_sum_off(policy, chunk, n_actions)
     if off is None:
         return
     (episode, step), total = chunk.locate(off[0]), off[1]
     if not math.isfinite(total):  # no unnormalised policy: a fault
         raise PolicyError(
-            f"{where(chunk.file, episode, step)}policy {policy.name}'s probabilities over "
+            f"{where(chunk.file, episode, step)}{who}'s probabilities over "
             f"{over} are not finite (they sum to {total:g}): log_prob gives NaN or +inf, a "
             "fault of its code or parameters"
         )
     raise PolicyError(
-        f"policy {policy.name}'s probabilities over {over} sum to {total:.6g} at episode "
+        f"{who}'s probabilities over {over} sum to {total:.6g} at episode "
         f"{episode}, step {step}, not 1: {why}"
     )
 
