@@ -68,6 +68,11 @@ def test_summary_ratios_and_targets(measurements):
     assert ratios["end_to_end_over_io_floor"] == pytest.approx(2.0)
     assert targets["kernel_vs_loop"]["met"] is (ratios["kernel_over_loop"] >= TARGET_LOOP_SPEEDUP)
     assert targets["kernel_vs_numpy"]["met"] is True  # 50 >= 3
+    assert "note" not in targets["kernel_vs_loop"]
+    # data the loop cannot read (no step column): not measured, and the target says why
+    measurements["loop"] = {"steps_per_second": None, "note": "the loop needs step and ..."}
+    loop = _document(measurements)["targets"]["kernel_vs_loop"]
+    assert loop["met"] is None and loop["note"] == "not measured: the loop needs step and ..."
     assert targets["kernel_vs_numpy"]["threshold"].startswith(">= 3 ")
     assert targets["padding_waste"]["value"] == pytest.approx(0.2)
     # measured on the skewed bench data alone, and over 10% there: not met, whatever the
@@ -193,6 +198,11 @@ def test_padding_is_judged_on_every_run_that_reports_it(measurements):
     target = document["targets"]["padding_waste"]
     assert target["value"] == pytest.approx(0.5) and target["met"] is False
     assert target["note"].startswith("not measured on one very long episode")
+    # --memory was given, its episode too short: the note says that, not "(--memory)"
+    assert (
+        "(the --memory run's has under 1,000,000 steps: --memory-steps 100,000 or more)"
+        in (target["note"])
+    )
     one = document["targets"]["memory_one_episode"]
     assert one["met"] is None and "the long episode has 900 steps" in one["note"]
     measurements["memory"]["one_episode"]["longest"] = 1_800_000
@@ -497,3 +507,16 @@ def test_the_empty_cache_runs_start_from_an_empty_cache(tmp_path):
     (cache / "kernels" / "kept.bin").write_bytes(b"x")
     assert emptied(cache) == str(cache) and not cache.exists()
     assert emptied(cache) == str(cache)  # nothing there: nothing to do
+
+
+def test_a_target_value_is_never_rounded_onto_its_threshold(measurements):
+    """The table showed values to 3 significant digits: 999.6 as "1e+03" beside ">= 1000
+    ... no", 3.0004 as "3" beside "<= 3 ... no". The loop that ran on every episode shows
+    its own time, not "-" (it is not extrapolated)."""
+    measurements["kernel"]["steps_per_second"] = 9_996.0  # / the loop's 10 steps/s: 999.6
+    text = " ".join(_rendered(measurements).split())
+    assert "kernel vs loop │ 999.6 │ >= 1000" in text, text
+    measurements["loop"].update(extrapolated=False, extrapolated_seconds=None, seconds=0.21)
+    assert "python loop (studies/is_loop.py) │ 10 │ 0.210 s │" in " ".join(
+        _rendered(measurements).split()
+    )

@@ -269,16 +269,19 @@ def measure_loop(
         warnings.simplefilter("ignore")
         seconds, _ = timed(lambda: loop_estimates(table, checkpoint, GAMMA, longest))
     steps_per_second = rate(table.num_rows, seconds)
+    extrapolated = table.num_rows < total_steps
     return {
         "seconds": seconds,
         "steps": table.num_rows,
         "episodes": ran,
         "wpdis_horizon": longest or None,
         "steps_per_second": steps_per_second,
-        "extrapolated": True,
-        "extrapolated_seconds": total_steps / steps_per_second if steps_per_second else None,
+        "extrapolated": extrapolated,
+        "extrapolated_seconds": total_steps / steps_per_second
+        if steps_per_second and extrapolated
+        else None,
         "note": f"run on the first {ran} episodes "
         f"({table.num_rows:,} steps), extrapolated to all {total_steps:,} steps"
-        if table.num_rows < total_steps
+        if extrapolated
         else "run on every episode",
     }

@@ -79,7 +79,9 @@ LoopEpisodes = Annotated[
 ]
 Out = Annotated[
     str | None,
-    typer.Option(help="Keep generated files in this directory. Default: a temporary one."),
+    typer.Option(
+        help="Keep generated files in this directory (made if missing; files of the names bench writes there, bench.parquet and its checkpoints, are replaced). Default: a temporary one."
+    ),
 ]
 Rounds = Annotated[
     int,

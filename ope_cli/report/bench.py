@@ -11,6 +11,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
+from ope_cli.bench.summary import TARGETS
 from ope_cli.report import formatting
 
 
@@ -48,11 +49,10 @@ def _measurements_table(result: dict) -> Table:
     table.add_column("time", justify="right")
     table.add_column("notes")
     loop, kernel, e2e = m["loop"], m["kernel"], m["end_to_end"]
-    loop_time = (
-        f"{_seconds(loop.get('extrapolated_seconds'))} (extrapolated)"
-        if loop.get("extrapolated_seconds")
-        else "-"
-    )
+    if loop.get("extrapolated_seconds"):
+        loop_time = f"{_seconds(loop['extrapolated_seconds'])} (extrapolated)"
+    else:  # run on every episode: its own time
+        loop_time = _seconds(loop["seconds"]) if loop.get("seconds") is not None else "-"
     rows = [
         ("python loop (studies/is_loop.py)", loop, loop_time, loop.get("note", "")),
         (
@@ -96,9 +96,10 @@ def _targets_table(targets_by_name: dict) -> Table:
     ):
         targets.add_column(column, justify=justify)
     for name, target in targets_by_name.items():
-        value = target["value"]
+        value, limit = target["value"], TARGETS[name].limit if name in TARGETS else None
+        # never rounded onto or across the threshold: 999.6 read "1e+03" beside ">= 1000: no"
         shown = (
-            "-" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.3g}"
+            f"{value:,}" if isinstance(value, int) else formatting.significant(value, 3, "-", limit)
         )
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[target["met"]]
         targets.add_row(
