@@ -1148,8 +1148,8 @@ def test_a_model_that_scores_far_worse_on_held_out_episodes_is_called_overfitted
     linear_softmax on the same log lost 0.17."""
     from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_warnings
 
-    (warning,) = overfit_warnings(-1.2206, -3.4920)
+    (warning,) = overfit_warnings("mlp_softmax", -1.2206, -3.4920)
     assert warning["code"] == BEHAVIOR_FIT_OVERFITS and warning["policy"] is None
     assert "scores -3.49 nats per step on the held-out fifth" in warning["message"]
-    assert overfit_warnings(-2.1213, -2.2957) == ()
-    assert overfit_warnings(-1.0, None) == ()  # no held-out episode
+    assert overfit_warnings("mlp_softmax", -2.1213, -2.2957) == ()
+    assert overfit_warnings("mlp_softmax", -1.0, None) == ()  # no held-out episode

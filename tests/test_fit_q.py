@@ -598,6 +598,11 @@ def test_fit_q_warns_in_json_about_the_default_gamma_and_refuses_an_idle_ridge(d
         UsageError, match="--ridge applies to the linear model only, not to tabular"
     ):
         run_fit_q(FitQConfig(*args, str(data["root"] / "w3.npz"), ridge=0.1))
+    # a --seed for a model with nothing random was ignored without a word too
+    with pytest.raises(UsageError, match="--seed applies to the mlp model .* not to the tabular"):
+        run_fit_q(FitQConfig(*args, str(data["root"] / "w3.npz"), seed=3))
+    seeded = run_fit_q(FitQConfig(*args, str(data["root"] / "w4.npz"), model="mlp", seed=3))
+    assert seeded.model == "mlp"
 
 
 @pytest.mark.parametrize(

@@ -529,23 +529,29 @@ def test_an_in_sample_behavior_fit_that_overfits_is_warned_of_in_every_format(re
     from ope_cli.models.behavior import BehaviorFit, BehaviorSource
     from ope_cli.report.warnings import run_warnings
 
-    def warned(heldout: float | None) -> list:
-        fit = BehaviorFit("mlp_softmax", 600, 600, -1.7177, 1e-3, 0, 2.0)
+    def warned(heldout: float | None, model: str = "mlp_softmax") -> list:
+        fit = BehaviorFit(model, 600, 600, -1.7177, 1e-3, 0, 2.0)
         fit = dataclasses.replace(fit, heldout_mean_log_likelihood=heldout)
-        behavior = BehaviorSource("estimated", "mlp_softmax", "mlp_softmax", fit)
+        behavior = BehaviorSource("estimated", model, model, fit)
         run = dataclasses.replace(result, behavior=behavior)
         return [w for w in run_warnings(run) if w.code == "behavior_fit_overfits"], run
 
     (warning,), run = warned(-2.9607)
     assert warning.message.startswith(
-        "the model scores -2.96 nats per step on the held-out fifth of the episodes against "
-        "-1.72 on the episodes it was fitted on: it overfits them"
+        "the mlp_softmax model scores -2.96 nats per step on the held-out fifth of the "
+        "episodes against -1.72 on the episodes it was fitted on: it overfits them"
+    )
+    assert warning.message.endswith(
+        "prefer a simpler model (linear_softmax, or tabular for integer states) or more episodes."
     )
     codes = [w["code"] for w in json.loads(to_json(run))["warnings"]]
     assert "behavior_fit_overfits" in codes
-    assert "behavior_fit_overfits: the model scores -2.96" in to_csv(run)
-    assert "the model scores -2.96 nats per step" in " ".join(_render(run).split())
+    assert "behavior_fit_overfits: the mlp_softmax model scores -2.96" in to_csv(run)
+    assert "the mlp_softmax model scores -2.96 nats per step" in " ".join(_render(run).split())
     assert warned(-1.9)[0] == [] and warned(None)[0] == []
+    # linear_softmax overfitting 3 episodes was told to prefer "(tabular, linear_softmax)"
+    (linear,), _ = warned(-2.9607, "linear_softmax")
+    assert linear.message.endswith("would be off; prefer more episodes.")
 
 
 def test_drops_for_one_policy_s_range_say_they_apply_to_every_policy(result):

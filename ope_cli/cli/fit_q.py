@@ -41,13 +41,16 @@ Ridge = Annotated[
     float | None,
     typer.Option(help="Ridge of the linear model. Default: 1e-6 x the number of steps."),
 ]
-FitSeed = Annotated[int, typer.Option(help="Seed of the mlp model (and of sampled actions).")]
+FitSeed = Annotated[
+    int | None,
+    typer.Option(help="Seed of the mlp model (and of sampled actions). Default: 0."),
+]
 # the fit's own options: FitQConfig's model, gamma, ridge, seed and v_samples
 FIT = options_group(
     ("model", QModel, None),
     ("gamma", DeclaredGamma, None),
     ("ridge", Ridge, None),
-    ("seed", FitSeed, 0),
+    ("seed", FitSeed, None),
     ("v_samples", VSamples, QConfig.v_samples),
 )
 

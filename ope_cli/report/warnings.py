@@ -607,7 +607,7 @@ def behavior_overfit_warning(result: EvaluationResult) -> Warning | None:
         return None
     from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_message
 
-    message = overfit_message(fit.mean_log_likelihood, fit.heldout_mean_log_likelihood)
+    message = overfit_message(fit.model, fit.mean_log_likelihood, fit.heldout_mean_log_likelihood)
     return None if message is None else Warning(BEHAVIOR_FIT_OVERFITS, message)
 
 

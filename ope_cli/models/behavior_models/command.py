@@ -114,22 +114,27 @@ OVERFIT_NATS_PER_STEP = 0.5
 BEHAVIOR_FIT_OVERFITS = "behavior_fit_overfits"
 
 
-def overfit_message(in_sample: float, heldout: float | None) -> str | None:
-    """What to say where the held-out mean log-likelihood is more than
+# what to prefer to a model that overfits: only the network has a simpler one to offer
+SIMPLER_MODELS = {"mlp_softmax": "a simpler model (linear_softmax, or tabular for integer states)"}
+
+
+def overfit_message(model: str, in_sample: float, heldout: float | None) -> str | None:
+    """What to say where ``model``'s held-out mean log-likelihood is more than
     OVERFIT_NATS_PER_STEP below the in-sample one; None otherwise."""
     if heldout is None or not in_sample - heldout > OVERFIT_NATS_PER_STEP:
         return None
+    simpler = f"{SIMPLER_MODELS[model]} or " if model in SIMPLER_MODELS else ""
     return (
-        f"the model scores {heldout:.3g} nats per step on the held-out fifth of the episodes "
-        f"against {in_sample:.3g} on the episodes it was fitted on: it overfits them, its "
-        "probabilities of the logged actions are too high there, and weights made with it "
-        "would be off; prefer a simpler model (tabular, linear_softmax) or more episodes."
+        f"the {model} model scores {heldout:.3g} nats per step on the held-out fifth of the "
+        f"episodes against {in_sample:.3g} on the episodes it was fitted on: it overfits "
+        "them, its probabilities of the logged actions are too high there, and weights made "
+        f"with it would be off; prefer {simpler}more episodes."
     )
 
 
-def overfit_warnings(in_sample: float, heldout: float | None) -> tuple[dict, ...]:
+def overfit_warnings(model: str, in_sample: float, heldout: float | None) -> tuple[dict, ...]:
     """A warning where the model overfits (``overfit_message``)."""
-    message = overfit_message(in_sample, heldout)
+    message = overfit_message(model, in_sample, heldout)
     if message is None:
         return ()
     return ({"code": BEHAVIOR_FIT_OVERFITS, "message": message, "policy": None},)
@@ -229,7 +234,7 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
         logged_note=logged_note,
         warnings=(
             *stopped_short_warnings(model, stopped_short),
-            *overfit_warnings(total / steps, heldout),
+            *overfit_warnings(model, total / steps, heldout),
             *logged_gap_warnings(logged, collected.episodes, collected.steps),
         ),
     )

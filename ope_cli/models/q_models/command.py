@@ -49,7 +49,7 @@ class FitQConfig:
     model: str | None = None  # None: the default for the data's types (SPEC section 9)
     gamma: float | None = None  # None: the data's declared gamma, else 1.0
     ridge: float | None = None  # None: linear.RIDGE_PER_STEP * steps
-    seed: int = 0
+    seed: int | None = None  # None: 0; only the mlp model and sampled actions use it
     v_samples: int = QConfig.v_samples  # continuous actions: draws from pi_e per V-hat(s)
     columns: ColumnMapping = ColumnMapping()
     read_rows: int = 65_536
@@ -97,7 +97,7 @@ def check_options(config: FitQConfig) -> None:
         raise UsageError(f"--gamma must be in [0, 1], got {config.gamma}")
     if config.ridge is not None and not (math.isfinite(config.ridge) and config.ridge >= 0):
         raise UsageError(f"--ridge must be a number >= 0, got {config.ridge}")
-    if config.seed < 0:
+    if config.seed is not None and config.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {config.seed}")
     check_v_samples(config.v_samples)
 
@@ -148,6 +148,11 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     model = choose_q_model(config.model, schema)
     if config.ridge is not None and model != "linear":  # it would change nothing
         raise UsageError(f"--ridge applies to the linear model only, not to {model}")
+    if config.seed is not None and model != "mlp" and schema.action_kind == "discrete":
+        raise UsageError(  # nothing random to seed: it was ignored without a word
+            f"--seed applies to the mlp model and to continuous actions (sampled for V-hat), "
+            f"not to the {model} model over discrete actions"
+        )
     check_v_samples_apply(config.v_samples, schema.action_kind)
     gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
     policy = load_one_policy(config.policy, "--policy")
@@ -160,7 +165,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
             model,
             gamma,
             ridge=config.ridge,
-            seed=config.seed,
+            seed=config.seed or 0,
             n_actions=n_actions,
             v_samples=config.v_samples,
             discrete=schema.action_kind == "discrete",
