@@ -698,3 +698,28 @@ def test_a_number_that_does_not_parse_is_named_with_its_value(args, line, capsys
     assert run_ope(args) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == f"ope: usage error: {line}\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("fit-q", ["-p", "demo/policies/eval_0.npz", "--out", "{tmp}/q.npz"]),
+        ("fit-behavior", ["--out", "{tmp}/b.npz"]),
+        ("convert", ["{tmp}/c.parquet"]),
+        ("inspect", []),
+    ],
+)
+def test_every_json_document_starts_with_the_schema_version_and_the_tool(
+    root, ope_in_process, tmp_path, command, args
+):
+    """fit-q's, fit-behavior's and convert's JSON had neither schema_version nor tool,
+    which inspect's and evaluate's start with: a script could not tell their versions."""
+    from ope_cli import __version__
+
+    given = [arg.format(tmp=tmp_path) for arg in args]
+    run = ope_in_process([command, "demo/logs.parquet", *given, "-f", "json"], cwd=root)
+    assert run.returncode == 0, run
+    document = json.loads(run.stdout)
+    assert list(document)[:3] == ["schema_version", "tool", "command"]
+    assert document["schema_version"] == 1 and document["command"] == command
+    assert document["tool"] == {"name": "ope", "version": __version__}

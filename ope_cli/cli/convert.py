@@ -20,6 +20,7 @@ from ope_cli.cli.options import (
     option_groups,
 )
 from ope_cli.config import BatchingConfig, ColumnMapping
+from ope_cli.report.formatting import document_header
 
 
 @option_groups(output=TABLE_OR_JSON_QUIET, columns=column_group(*LOGGED_COLUMNS))
@@ -56,7 +57,8 @@ def convert(
         )
     )
     if output is InspectFormat.json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        document = {**document_header("convert"), **result.to_dict()}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     console = table_console(width=120)
     console.print(f"{result.source} ({result.format}, {result.source_layout} layout)", markup=False)

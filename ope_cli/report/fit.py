@@ -10,14 +10,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ope_cli.report.formatting import count, json_number, significant
+from ope_cli.report.formatting import count, document_header, json_number, significant
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
     from ope_cli.models.behavior_models.command import FitBehaviorResult
 
 
-def to_json_dict(result: FitBehaviorResult) -> dict[str, Any]:
-    """The result as plain JSON values (non-finite numbers as null)."""
+def to_json_dict(result: FitBehaviorResult, command: str = "fit-behavior") -> dict[str, Any]:
+    """The result of ``command`` (fit-behavior, fit-q) as plain JSON values (non-finite
+    numbers as null), after the header every document has."""
 
     def clean(value: Any) -> Any:
         if isinstance(value, float):
@@ -28,7 +29,7 @@ def to_json_dict(result: FitBehaviorResult) -> dict[str, Any]:
             return [clean(v) for v in value]
         return value
 
-    return clean(dataclasses.asdict(result))
+    return {**document_header(command), **clean(dataclasses.asdict(result))}
 
 
 def to_json(result: FitBehaviorResult) -> str:

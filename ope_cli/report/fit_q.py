@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
 
 def to_json(result: FitQResult) -> str:
     """The result as one JSON document (non-finite numbers as null)."""
-    return json.dumps(to_json_dict(result), indent=2, allow_nan=False)
+    return json.dumps(to_json_dict(result, "fit-q"), indent=2, allow_nan=False)
 
 
 def render_table(result: FitQResult, console: Console) -> None:

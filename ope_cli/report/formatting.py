@@ -8,10 +8,27 @@ inf into None, which JSON writes as null (the spec forbids NaN in the output).
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from ope_cli._version import __version__
 from ope_cli.estimation.estimators import title
 
 MISSING = "n/a"
+SCHEMA_VERSION = 1  # of every JSON document but bench's (which has its own)
+
+
+def document_header(command: str | None = None) -> dict[str, Any]:
+    """The keys every JSON document starts with: schema_version and tool (SPEC 5) and, but
+    in evaluate's (SPEC 5's document has none), the command that wrote it."""
+    header: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ope", "version": __version__},
+    }
+    if command is not None:
+        header["command"] = command
+    return header
+
+
 _SI_PREFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 

@@ -9,24 +9,19 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from ope_cli._version import __version__
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
-from ope_cli.report.formatting import from_log, json_number, significant
+from ope_cli.report.formatting import document_header, from_log, json_number, significant
 from ope_cli.report.warnings import default_gamma_warning, replaced_gamma_warning
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
     from ope_cli.inspection import InspectReport
 
-SCHEMA_VERSION = 1
-
 
 def to_json_dict(report: InspectReport) -> dict[str, Any]:
     s = report.schema
     return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "ope", "version": __version__},
-        "command": "inspect",
+        **document_header("inspect"),
         "dataset": _dataset_dict(report),
         "gamma": report.gamma,
         "gamma_source": report.gamma_source,  # option (--gamma), data (declared) or default

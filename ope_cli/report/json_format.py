@@ -6,13 +6,12 @@ import dataclasses
 import json
 from typing import Any
 
-from ope_cli._version import __version__
-from ope_cli.report.formatting import json_number
+from ope_cli.report.formatting import SCHEMA_VERSION, document_header, json_number
 from ope_cli.report.table import rank_policies, resolve_rank_by
 from ope_cli.report.warnings import run_warnings
 from ope_cli.results import EvaluationResult, PolicyResult
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "to_json", "to_json_dict"]
 ESTIMATE_FIELDS = ("value", "stderr", "ci_low", "ci_high")
 COMPARISON_FIELDS = ("delta", "stderr", "ci_low", "ci_high", "p_improvement")
 
@@ -85,8 +84,7 @@ def to_json_dict(result: EvaluationResult, rank_by: str | None = None) -> dict[s
     ranks = rank_policies(result, rank_by)
     confidence, runtime = result.confidence, result.runtime
     return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "ope", "version": __version__},
+        **document_header(),
         "dataset": _dataset_dict(result),
         "gamma": result.gamma,
         "gamma_source": result.gamma_source,  # option (--gamma), data (declared) or default
