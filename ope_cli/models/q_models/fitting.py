@@ -237,7 +237,7 @@ def fit_q(
 RESIDUAL_RESOLUTION = 1e3
 RESIDUAL_UNRESOLVED = (
     "not resolved: the residuals are below the rounding of the sums they come from (rewards "
-    "far from 0 beside a small spread)"
+    "or Q-hat far from 0 beside a small spread)"
 )
 
 
