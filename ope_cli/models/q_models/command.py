@@ -102,6 +102,19 @@ def check_options(config: FitQConfig) -> None:
     check_v_samples(config.v_samples)
 
 
+def check_options_apply(config: FitQConfig, model: str, action_kind: str) -> None:
+    """UsageErrors for options that would change nothing with ``model`` on these actions
+    (they were ignored without a word)."""
+    if config.ridge is not None and model != "linear":
+        raise UsageError(f"--ridge applies to the linear model only, not to {model}")
+    if config.seed is not None and model != "mlp" and action_kind == "discrete":
+        raise UsageError(
+            f"--seed applies to the mlp model and to continuous actions (sampled for V-hat), "
+            f"not to the {model} model over discrete actions"
+        )
+    check_v_samples_apply(config.v_samples, action_kind)
+
+
 def choose_q_model(model: str | None, schema: DataSchema) -> str:
     """The model asked for (or the data's default), checked against the data's types."""
     if "observation" not in schema.columns:
@@ -146,14 +159,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     )
     schema = episodes.schema
     model = choose_q_model(config.model, schema)
-    if config.ridge is not None and model != "linear":  # it would change nothing
-        raise UsageError(f"--ridge applies to the linear model only, not to {model}")
-    if config.seed is not None and model != "mlp" and schema.action_kind == "discrete":
-        raise UsageError(  # nothing random to seed: it was ignored without a word
-            f"--seed applies to the mlp model and to continuous actions (sampled for V-hat), "
-            f"not to the {model} model over discrete actions"
-        )
-    check_v_samples_apply(config.v_samples, schema.action_kind)
+    check_options_apply(config, model, schema.action_kind)
     gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
     policy = load_one_policy(config.policy, "--policy")
     check_against_schema(policy, schema)
