@@ -264,7 +264,7 @@ def test_processes_given_different_options_are_refused(world):
             "ope: usage error: the processes were given different options (these settings "
             "differ: gamma): give every process the same command line but its --process-id "
             "(--read-rows, --batch-steps, --min-bucket and --devices may differ), and the "
-            "same contents in the checkpoint and truth files it names\n"
+            "same contents in the checkpoint and truth files and entry-point modules it names\n"
         )
 
 

@@ -141,3 +141,27 @@ def test_a_checkpoint_that_is_no_archive_is_compared_by_its_bytes(tmp_path, monk
     (tmp_path / "fake.npz").write_bytes((tmp_path / "arr.npy").read_bytes())
     config = EvaluationConfig(data="logs.parquet", policies=("fake.npz",))
     assert "sha256:" in option_values(config)["policies"]
+
+
+def test_an_entry_point_is_compared_by_its_module_s_file_too(tmp_path, monkeypatch):
+    """Two processes importing other code under one name (PYTHONPATH to another version)
+    merged their sums into one printed number, exit 0: an entry point's module file is
+    compared by its contents, wherever it is found (in the working directory, as loading
+    finds it), and a name that is no module stays a name."""
+    import sys
+
+    for folder, probability in (("good", "1 / 3"), ("other", "0.8")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "qa_entry_mod.py").write_text(
+            f"import jax.numpy as jnp\ndef log_prob(o, a):\n    return jnp.log({probability})\n"
+        )
+    config = EvaluationConfig(data="logs.parquet", policies=("named=qa_entry_mod:log_prob",))
+    seen, path = [], list(sys.path)
+    for folder in ("good", "other", "good"):
+        monkeypatch.chdir(tmp_path / folder)  # found in the working directory, as loading does
+        monkeypatch.setattr(sys, "path", list(path))
+        seen.append(option_values(config)["policies"])
+    assert seen[0] != seen[1] and seen[0] == seen[2], seen
+    assert "module sha256:" in seen[0]
+    missing = EvaluationConfig(data="logs.parquet", policies=("no_such_mod_here:f",))
+    assert option_values(missing)["policies"] == repr(("no_such_mod_here:f",))

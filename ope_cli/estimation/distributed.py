@@ -26,6 +26,7 @@ from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
 from ope_cli.models.policies import split_name
 from ope_cli.models.policies.base import digest_arrays
+from ope_cli.models.policies.entry_points import entry_point_file
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
@@ -239,7 +240,10 @@ def _as_compared(value, contents: bool = True):
         if matches:  # the files it stands for (a relative glob and an absolute one alike)
             return (name, tuple(_as_compared(match, contents) for match in sorted(matches)))
         if not os.path.exists(path):
-            return value
+            # an entry point by its module's file too: processes that import other code
+            # under one name (another version on another host) merged their sums, exit 0
+            source = entry_point_file(path) if contents else None
+            return value if source is None else f"{value} module{_contents(source)}"
         real = os.path.realpath(path)
         real += _contents(real) if contents else ""
         return real if name is None else f"{name}={real}"
@@ -290,7 +294,8 @@ def check_same_options(config) -> None:
             f"the processes were given different options (these settings differ: "
             f"{', '.join(differ)}): give every process the same command line but its "
             "--process-id (--read-rows, --batch-steps, --min-bucket and --devices may differ), "
-            "and the same contents in the checkpoint and truth files it names"
+            "and the same contents in the checkpoint and truth files and entry-point modules it "
+            "names"
         )
 
 

@@ -5,7 +5,9 @@ per object so that loading it twice reuses its compiled kernels."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import re
 import sys
 from typing import Any
 
@@ -15,6 +17,28 @@ from ope_cli.errors import PolicyError
 from ope_cli.models.policies.base import LogProbFn, Policy, SampleFn
 from ope_cli.models.policies.functions import _jnp
 
+_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _with_working_directory_importable() -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules import
+
+
+def entry_point_file(spec: str) -> str | None:
+    """The file that defines the module of entry point ``spec`` (``package.module:name``),
+    found as importing it would find it, without running it; None for what is no entry
+    point or whose module is not found."""
+    if _SPEC.match(spec) is None:
+        return None
+    _with_working_directory_importable()
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):  # its parent package failed, or no such module
+        return None
+    origin = getattr(found, "origin", None)
+    return origin if origin and os.path.isfile(origin) else None
+
 
 def import_entry_point(spec: str, expected: str = "an .npz checkpoint") -> Any:
     """The object named by ``package.module:name`` (modules in the working directory import,
@@ -23,8 +47,7 @@ def import_entry_point(spec: str, expected: str = "an .npz checkpoint") -> Any:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise PolicyError(f"{spec}: expected {expected} or an entry point 'package.module:name'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules import
+    _with_working_directory_importable()
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - any import failure of user code is a policy error
