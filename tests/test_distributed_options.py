@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ope_cli.config import BatchingConfig, EvaluationConfig, QConfig
+from ope_cli.config import BatchingConfig, BehaviorConfig, EvaluationConfig, QConfig
 from ope_cli.estimation.distributed import option_values
 
 
@@ -165,3 +165,19 @@ def test_an_entry_point_is_compared_by_its_module_s_file_too(tmp_path, monkeypat
     assert "module sha256:" in seen[0]
     missing = EvaluationConfig(data="logs.parquet", policies=("no_such_mod_here:f",))
     assert option_values(missing)["policies"] == repr(("no_such_mod_here:f",))
+    # the tool's own words of that form name no module, even where one of that name is
+    # found; a package whose __init__ fails is left to loading to report (exit 4, not 1)
+    (tmp_path / "good" / "fit.py").write_text("")
+    (tmp_path / "good" / "broken_pkg").mkdir()
+    (tmp_path / "good" / "broken_pkg" / "__init__.py").write_text("raise RuntimeError('no')\n")
+    monkeypatch.chdir(tmp_path / "good")
+    own = EvaluationConfig(
+        data="logs.parquet",
+        policies=("broken_pkg.mod:f",),
+        behavior=BehaviorConfig("estimate:tabular"),
+        q=QConfig(sources=("fit:linear",)),
+    )
+    values = option_values(own)
+    assert values["q.sources"] == repr(("fit:linear",)), values
+    assert values["behavior.policy"] == repr("estimate:tabular")
+    assert values["policies"] == repr(("broken_pkg.mod:f",))

@@ -402,8 +402,11 @@ def _one_episode_target(config: BenchConfig, memory: dict | None) -> dict:
 def _loop_target(ratios: dict, loop: dict) -> dict:
     """kernel_vs_loop, with the loop's reason where it did not run (data without the
     columns it reads): a null with no word said nowhere why."""
-    value = ratios["kernel_over_loop"]
-    note = None if value is not None else f"not measured: {loop.get('note', 'no loop run')}"
+    value, note = ratios["kernel_over_loop"], None
+    if value is None and loop.get("steps_per_second") is None:
+        note = f"not measured: {loop.get('note', 'no loop run')}"
+    elif value is None:
+        note = "not measured: the kernel's steps/s is unknown"
     return _judged("kernel_vs_loop", value, note)
 
 

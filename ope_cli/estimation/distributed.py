@@ -24,9 +24,11 @@ from ope_cli.choosing import paired
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
+from ope_cli.models.behavior import ESTIMATE
 from ope_cli.models.policies import split_name
 from ope_cli.models.policies.base import digest_arrays
 from ope_cli.models.policies.entry_points import entry_point_file
+from ope_cli.models.qfunctions import FIT
 
 MESSAGE_BYTES = 2048
 # How long a process that finished its share waits for the slowest peer. Peers may still be
@@ -211,6 +213,10 @@ def wait_for_peers(name: str) -> None:
 # Options a process may set as its own: how it reads and batches its share of the files, and
 # its local devices; they change how the numbers are computed, not which numbers.
 OWN_OPTIONS = ("batching", "runtime.devices")
+# Options that may name an entry point (package.module:name), and their values that are
+# the tool's own words of that form, not modules (--q fit:MODEL, --behavior estimate:MODEL)
+ENTRY_POINT_OPTIONS = ("policies", "behavior.policy", "q.sources")
+BUILT_IN = (FIT, ESTIMATE)
 
 
 def option_values(config, prefix: str = "") -> dict[str, str]:
@@ -224,16 +230,18 @@ def option_values(config, prefix: str = "") -> dict[str, str]:
             values.update(option_values(value, name + "."))
         else:
             # the data by its path alone: each process reads its own share of its files
-            values[name] = repr(_as_compared(value, contents=name != "data"))
+            compared = _as_compared(value, name != "data", name in ENTRY_POINT_OPTIONS)
+            values[name] = repr(compared)
     return values
 
 
-def _as_compared(value, contents: bool = True):
+def _as_compared(value, contents: bool = True, entry_points: bool = False):
     """``value`` with every string that names an existing local file or directory (or is
     ``NAME=PATH`` of one, or a glob of them) given by its real path, and a file of up to
     CONTENT_COMPARED_BYTES by its contents too (``_contents``): processes started in other
     directories name the same file otherwise, and a stale copy of a checkpoint on one host
-    (the same path, another policy) merged two policies' sums into one run's numbers, exit 0."""
+    (the same path, another policy) merged two policies' sums into one run's numbers, exit 0.
+    With ``entry_points``, a ``package.module:name`` by its module's file too."""
     if isinstance(value, str):
         name, path = split_name(value)
         matches = glob.glob(path) if glob.has_magic(path) and not os.path.exists(path) else []
@@ -242,13 +250,14 @@ def _as_compared(value, contents: bool = True):
         if not os.path.exists(path):
             # an entry point by its module's file too: processes that import other code
             # under one name (another version on another host) merged their sums, exit 0
-            source = entry_point_file(path) if contents else None
+            own = entry_points and path.partition(":")[0] not in BUILT_IN
+            source = entry_point_file(path) if own else None
             return value if source is None else f"{value} module{_contents(source)}"
         real = os.path.realpath(path)
         real += _contents(real) if contents else ""
         return real if name is None else f"{name}={real}"
     if isinstance(value, tuple):
-        return tuple(_as_compared(item, contents) for item in value)
+        return tuple(_as_compared(item, contents, entry_points) for item in value)
     return value
 
 

@@ -14,12 +14,14 @@ from ope_cli._version import __version__
 from ope_cli.estimation.estimators import title
 
 MISSING = "n/a"
-SCHEMA_VERSION = 1  # of every JSON document but bench's (which has its own)
+SCHEMA_VERSION = 1  # of the commands' JSON reports (bench's has its own)
 
 
 def document_header(command: str | None = None) -> dict[str, Any]:
-    """The keys every JSON document starts with: schema_version and tool (SPEC 5) and, but
-    in evaluate's (SPEC 5's document has none), the command that wrote it."""
+    """The keys the JSON report of evaluate, inspect, convert, fit-q and fit-behavior starts
+    with: schema_version and tool (SPEC 5) and, but in evaluate's (SPEC 5's document has
+    none), the command that wrote it. (bench's has a schema_version of its own; generate
+    prints its truth.json.)"""
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ope", "version": __version__},

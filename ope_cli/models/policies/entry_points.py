@@ -34,7 +34,7 @@ def entry_point_file(spec: str) -> str | None:
     _with_working_directory_importable()
     try:
         found = importlib.util.find_spec(spec.partition(":")[0])
-    except (ImportError, ValueError):  # its parent package failed, or no such module
+    except Exception:  # noqa: BLE001 - its parent package failed: loading it says how
         return None
     origin = getattr(found, "origin", None)
     return origin if origin and os.path.isfile(origin) else None
