@@ -73,6 +73,10 @@ def test_summary_ratios_and_targets(measurements):
     measurements["loop"] = {"steps_per_second": None, "note": "the loop needs step and ..."}
     loop = _document(measurements)["targets"]["kernel_vs_loop"]
     assert loop["met"] is None and loop["note"] == "not measured: the loop needs step and ..."
+    measurements["loop"] = {"steps_per_second": 10.0, "note": "run on every episode"}
+    measurements["kernel"]["steps_per_second"] = None  # the loop ran: its note is no reason
+    loop = _document(measurements)["targets"]["kernel_vs_loop"]
+    assert loop["note"] == "not measured: the kernel's steps/s is unknown"
     assert targets["kernel_vs_numpy"]["threshold"].startswith(">= 3 ")
     assert targets["padding_waste"]["value"] == pytest.approx(0.2)
     # measured on the skewed bench data alone, and over 10% there: not met, whatever the
