@@ -60,6 +60,11 @@ def log_prob(observation: jax.Array, action: jax.Array) -> jax.Array:
     return jax.nn.log_softmax(logits)[action]
 
 
+# its actions, declared: ope then checks each logged action is one of them and that the
+# probabilities sum to 1 over them (without it: an actions_unchecked warning)
+log_prob.n_actions = N_ACTIONS
+
+
 def save_checkpoint(path: str) -> None:
     """The same network as an ``mlp_softmax`` checkpoint (.npz), to cross-check the entry
     point against ``ope``'s built-in MLP: both must give the same estimates."""

@@ -105,6 +105,8 @@ def test_jax_policy_entry_point_equals_the_mlp_checkpoint(tmp_path, monkeypatch)
     ).to_dict()
     entry, saved = doc["results"]
     assert entry["policy"] == "examples.jax_policy:log_prob"
+    # it declares its actions, as the README asks of a complete entry point
+    assert "actions_unchecked" not in [w["code"] for w in doc["warnings"]]
     assert all(entry["estimates"][e]["value"] is not None for e in entry["estimates"])
     _assert_same_estimates(entry, saved, rel=1e-9)
 
