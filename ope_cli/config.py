@@ -89,15 +89,14 @@ class BatchingConfig:
         ):
             if value < least:
                 raise UsageError(f"{option} must be at least {least}, got {value}")
+        allocated = "allocated whatever the data"
         for option, value, most, why in (
-            ("--batch-steps", self.batch_steps, MAX_BATCH_STEPS, "cells of each window"),
-            ("--min-bucket", self.min_bucket, MAX_MIN_BUCKET, "steps of every short window"),
+            ("--read-rows", self.read_rows, MAX_READ_ROWS, "each record batch is read whole"),
+            ("--batch-steps", self.batch_steps, MAX_BATCH_STEPS, f"window cells are {allocated}"),
+            ("--min-bucket", self.min_bucket, MAX_MIN_BUCKET, f"short windows are {allocated}"),
         ):
             if value > most:
-                raise UsageError(
-                    f"{option} must be at most {most:,}, got {value:,}: the {why} are "
-                    "allocated whatever the data"
-                )
+                raise UsageError(f"{option} must be at most {most:,}, got {value:,}: {why}")
 
 
 # A window's cells are allocated (and padded) whatever the data: 1e8 cells took 6 GB and 72 s
@@ -105,6 +104,9 @@ class BatchingConfig:
 # Past these, a longer episode is walked alone in one-lane windows anyway.
 MAX_BATCH_STEPS = 1 << 22
 MAX_MIN_BUCKET = 4096
+# pyarrow takes a batch size below 2**63 (above: an OverflowError, exit 1); a batch of 2**31
+# rows is already tens of GB
+MAX_READ_ROWS = 1 << 31
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,6 +139,8 @@ def test_the_asymptotic_note_names_what_gives_betting_intervals():
         # window asked for petabytes (an internal error)
         (dict(batch_steps=10**8), "--batch-steps must be at most 4,194,304, got 100,000,000"),
         (dict(min_bucket=10**8), "--min-bucket must be at most 4,096, got 100,000,000"),
+        # past 2**63 pyarrow's OverflowError was an internal error (exit 1)
+        (dict(read_rows=2**70), "--read-rows must be at most 2,147,483,648, got 1,180,591"),
         (dict(interval="magic"), "--ci must be one of"),
         (dict(reward_range=(1.0, 0.0)), "--reward-range"),
         (dict(horizon=0), "--horizon"),
