@@ -652,3 +652,21 @@ def test_one_dominating_episode_names_each_self_normalised_estimate():
     policy = PolicyResult("pi", estimates, diagnostics, None)
     message = {w.code: w.message for w in policy_warnings(policy, 100)}["one_episode_dominates"]
     assert message.endswith("WIS is essentially that single episode's return.")
+
+
+def test_no_number_is_folded_in_a_narrow_terminal(result):
+    """At 80 columns and less the tables folded numbers over two lines ("0.00255" over "6")
+    and cut names ("eval_0.np" over "z", "precis…"): every number of the diagnostics table,
+    as JSON has it (4 significant digits), is on one line at 50 columns."""
+    out = io.StringIO()
+    render_table(result, Console(file=out, width=50, force_terminal=False))
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("weight diagnostics"))
+    rows = [line for line in lines[start:] if line.startswith("│")]
+    for policy in result.results:
+        label = policy.policy.rsplit("/", 1)[-1]
+        row = next((line for line in rows if label in line), None)
+        assert row is not None, (label, rows)  # the label whole, on its row
+        ess = f"{policy.diagnostics.ess:.1f}"
+        assert ess in row, (ess, row)
+    assert "…" not in out.getvalue()

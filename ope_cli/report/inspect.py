@@ -12,6 +12,7 @@ from rich.table import Table
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.formatting import document_header, from_log, json_number, significant
+from ope_cli.report.layout import print_whole
 from ope_cli.report.warnings import default_gamma_warning, replaced_gamma_warning
 
 if TYPE_CHECKING:  # the report's type only: formatters do not import the data path
@@ -278,12 +279,12 @@ def render_table(report: InspectReport, console) -> None:
         f"{report.schema.layout} layout, {counts['rows_read']:,} rows read",
         highlight=False,
     )
-    console.print(_columns_table(report))
+    print_whole(console, _columns_table(report))
     lines = _schema_lines(report, counts)
     for line in lines:
         console.print(line, highlight=False)
     if report.episodes:
-        console.print(_lengths_table(report))
+        print_whole(console, _lengths_table(report))
     if doc["behavior_prob"] is not None:
         b = doc["behavior_prob"]
         console.print(
@@ -294,7 +295,7 @@ def render_table(report: InspectReport, console) -> None:
     for line in _reward_lines(doc):
         console.print(line, highlight=False)
     if report.action_counts is not None:
-        console.print(_actions_table(report))
+        print_whole(console, _actions_table(report))
     for warning in doc["warnings"]:
         console.print(f"warning: {warning['message']}", style="yellow", markup=False)
     if report.ok:
@@ -303,4 +304,4 @@ def render_table(report: InspectReport, console) -> None:
     if not report.problems:
         console.print(NO_EPISODES, highlight=False)
         return
-    console.print(_problems_table(report))
+    print_whole(console, _problems_table(report))

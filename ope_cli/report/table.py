@@ -26,6 +26,7 @@ from ope_cli.report.formatting import (
     significant,
     weight_label,
 )
+from ope_cli.report.layout import print_whole
 from ope_cli.report.warnings import (
     ASYMPTOTIC_INTERVALS,
     BETTING_FITTED_BEHAVIOR,
@@ -466,14 +467,14 @@ def render_table(result: EvaluationResult, console: Console, rank_by: str | None
     plain words, the reasons of null intervals, and where every input comes from."""
     rank_by = resolve_rank_by(result, rank_by)
     console.print(Text(title_line(result), style="italic"), soft_wrap=True)  # never folded
-    console.print(_estimates_table(result, rank_by))
+    print_whole(console, _estimates_table(result, rank_by))
     if any(p.comparison is not None for p in result.results):
-        console.print(_comparison_table(result))
+        print_whole(console, _comparison_table(result))
     if result.selection:
-        console.print(_selection_table(result))
+        print_whole(console, _selection_table(result))
     if result.dataset.on_invalid == "drop":
         console.print(dropped_line(result), markup=False, highlight=False, soft_wrap=True)
-    console.print(_diagnostics_table(result))
-    console.print(_histogram_table(result))
+    print_whole(console, _diagnostics_table(result))
+    print_whole(console, _histogram_table(result))
     for text, style in footer_lines(result, rank_by):
         console.print(Text(text, style=style))
