@@ -290,3 +290,48 @@ def test_the_horizon_of_one_step_episodes_is_drawn(tmp_path, monkeypatch):
     for axes in drawn["horizon.png"].axes:
         (curve,) = [line for line in axes.get_lines() if line.get_linestyle() != "--"]
         assert len(curve.get_xdata()) == 1 and curve.get_marker() == "o"
+
+
+def test_many_policies_get_their_own_colours_and_a_missing_interval_is_hollow(
+    tmp_path, monkeypatch
+):
+    """With 20 policies the estimates figure gave eval_00 and eval_10 one colour (the
+    default cycle of 10) and its legend covered the estimates; an estimate without an
+    interval was a bare dot, as a zero-width interval is drawn."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+
+    from matplotlib.colors import to_hex
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.report import plots
+
+    config = EvaluationConfig(
+        data=str(EXAMPLES / "data" / "logs.parquet"),
+        policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
+        gamma=0.9,
+    )
+    one = evaluate(config)
+    (base,) = one.results
+    bare = {
+        name: dataclasses.replace(e, ci_low=None, ci_high=None)
+        for name, e in base.estimates.items()
+    }
+    results = [dataclasses.replace(base, policy=f"p{i:02d}", label=None) for i in range(20)]
+    results[3] = dataclasses.replace(results[3], estimates=bare)
+    result = dataclasses.replace(one, results=results)
+    drawn = {}
+    monkeypatch.setattr(
+        plots, "_save", lambda plt, figure, out, shown: drawn.setdefault(out.name, figure)
+    )
+    plots.write_plots(result, tmp_path / "figures")
+    (axes,) = drawn["estimates.png"].axes
+    legend = axes.get_legend()
+    colours = {to_hex(bars.lines[0].get_color()) for bars in axes.containers}
+    assert len(colours) == 20
+    drawn["estimates.png"].canvas.draw()  # beside the axes, not over the estimates
+    assert legend.get_window_extent().x0 >= axes.get_window_extent().x1
+    hollow = [line for line in axes.get_lines() if line.get_markerfacecolor() == "none"]
+    assert len(hollow) == 1 and len(hollow[0].get_xdata()) == len(result.estimators)
+    assert "hollow: no interval" in axes.get_title()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,6 +83,14 @@ def write_plots(
     paths."""
     plt = _pyplot()
     out = _create(directory)
+    with warnings.catch_warnings():
+        # the plotting library's own lines (a glyph missing from its font: a box in the
+        # figure) reached stderr, --quiet or not
+        warnings.simplefilter("ignore")
+        return _write_all(plt, result, out, directory, rank_by)
+
+
+def _write_all(plt, result: EvaluationResult, out: Path, directory, rank_by) -> list[Path]:
     caption = run_caption(result, rank_by)
     drawn = zip(FIGURES, (_weights, _horizon, _estimates), strict=False)
     written = []
@@ -242,16 +251,22 @@ def _estimates(plt, result: EvaluationResult):
     names = list(result.estimators)
     count = len(result.results)
     width = 0.8 / max(count, 1)
+    colours = policy_colours(plt, count)
+    bare = False
     limits = estimate_limits(result)
     bottom, top = limits if limits is not None else (-np.inf, np.inf)
     clipped = False
     for i, policy in enumerate(result.results):
         xs, values, low, high, cut_low, cut_high, missing = [], [], [], [], [], [], []
+        no_interval = []
         for j, name in enumerate(names):
             e = policy.estimates.get(name)
             x = j - 0.4 + width * (i + 0.5)
             if estimated(policy, name) is None:
                 missing.append(x)
+                continue
+            if e.ci_low is None and e.ci_high is None:  # hollow: not a zero-width interval
+                no_interval.append((x, e.value))
                 continue
             xs.append(x)
             values.append(e.value)
@@ -263,10 +278,19 @@ def _estimates(plt, result: EvaluationResult):
                 cut_low.append(x)
             if e.ci_high is not None and e.ci_high > top:
                 cut_high.append(x)
-        bars = axes.errorbar(
-            xs, values, yerr=[low, high], fmt="o", capsize=4, label=_label(policy.shown)
+        colour = colours[i]
+        axes.errorbar(
+            xs,
+            values,
+            yerr=[low, high],
+            fmt="o",
+            capsize=4,
+            color=colour,
+            label=_label(policy.shown),
         )
-        colour = bars[0].get_color()
+        if no_interval:
+            bare = True
+            axes.plot(*zip(*no_interval, strict=True), "o", mfc="none", color=colour)
         axes.plot(cut_low, [bottom] * len(cut_low), "v", color=colour, clip_on=False)
         axes.plot(cut_high, [top] * len(cut_high), "^", color=colour, clip_on=False)
         clipped = clipped or bool(cut_low or cut_high)
@@ -285,14 +309,34 @@ def _estimates(plt, result: EvaluationResult):
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
     episodes = result.dataset.episodes
-    title = f"Estimates with {level(result.confidence.level)} intervals ({episodes:,} episodes)"
-    axes.set_title(
-        title + ("\n(triangles: an interval goes on beyond the axis)" if clipped else "")
+    title = (
+        f"Estimates with {level(result.confidence.level)} intervals ({episodes:,} "
+        f"episode{'' if episodes == 1 else 's'})"
     )
+    notes = [
+        *(["triangles: an interval goes on beyond the axis"] if clipped else []),
+        *(["hollow: no interval"] if bare else []),
+    ]
+    axes.set_title(title + (f"\n({'; '.join(notes)})" if notes else ""))
     axes.grid(axis="y", alpha=0.3)
-    if count:
+    if count > LEGEND_INSIDE:  # beside the axes: over them it hid the estimates
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif count:
         axes.legend(fontsize="small")
     return figure
+
+
+LEGEND_INSIDE = 5  # policies whose legend the estimates figure keeps over its axes
+
+
+def policy_colours(plt, count: int) -> list:
+    """One colour per policy, ``count`` of them all different: the default cycle repeats
+    after 10 (eval_00 and eval_10 were one colour)."""
+    if count <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(count)]
+    if count <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(count)]
+    return [plt.get_cmap("turbo")(x) for x in np.linspace(0.0, 1.0, count)]
 
 
 @dataclasses.dataclass(frozen=True)
