@@ -96,7 +96,7 @@ def split_name(spec: str) -> tuple[str | None, str]:
         name, _, path = spec.partition("=")
         if name and path and Path(path).is_file():
             raise UsageError(
-                f"{spec}: {name!r} cannot be a NAME of NAME=PATH (letters, digits and _.+- "
+                f"{spec}: {name!r} cannot be a NAME of NAME=PATH (ASCII letters, digits and _.+- "
                 "only, first a letter, digit or _)"
             )
         return None, spec
