@@ -335,3 +335,17 @@ def test_many_policies_get_their_own_colours_and_a_missing_interval_is_hollow(
     hollow = [line for line in axes.get_lines() if line.get_markerfacecolor() == "none"]
     assert len(hollow) == 1 and len(hollow[0].get_xdata()) == len(result.estimators)
     assert "hollow: no interval" in axes.get_title()
+
+
+def test_a_plot_directory_that_is_a_file_is_refused_before_the_run(tmp_path):
+    """--plot FILE ran the whole evaluation, then said "cannot create the directory: File
+    exists"."""
+    from ope_cli.errors import UsageError
+    from ope_cli.report.plots import check_plot_directory
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match=r"--plot .*afile: a file, where a directory is wanted"):
+        check_plot_directory(blocker)
+    check_plot_directory(tmp_path)  # a directory, or
+    check_plot_directory(tmp_path / "new")  # one to be made: fine

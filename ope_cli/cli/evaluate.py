@@ -160,9 +160,10 @@ def run_and_report(
         rank_by = check_rank_by(rank_by, reported_estimators(config))
     if plot is not None:
         from ope_cli.outputs import refuse_existing
-        from ope_cli.report.plots import FIGURES, require_matplotlib
+        from ope_cli.report.plots import FIGURES, check_plot_directory, require_matplotlib
 
         require_matplotlib()  # before the run, not after it
+        check_plot_directory(plot)
         refuse_existing((Path(plot) / name for name in FIGURES), overwrite)
     # pipeline.evaluate configures the runtime (ope_cli.runtime), around joining a cluster.
     try:

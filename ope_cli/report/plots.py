@@ -51,6 +51,13 @@ def _pyplot():
     return plt
 
 
+def check_plot_directory(directory: str | Path) -> None:
+    """A usage error where ``directory`` is an existing file: said before the run (after it,
+    as "cannot create the directory: File exists")."""
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise UsageError(f"--plot {directory}: a file, where a directory is wanted")
+
+
 def _create(directory: str | Path) -> Path:
     """``directory``, created with its parents if needed (a usage error if it cannot be)."""
     out = Path(directory)
