@@ -50,3 +50,15 @@ def test_a_long_path_folds_and_does_not_widen_the_table():
     assert max(len(line.rstrip()) for line in lines) <= 60
     assert "".join(line.split("│")[1].strip() for line in lines if line.count("│") == 3) == path
     assert len(path) > FOLDED_WORDS
+
+
+def test_columns_that_cut_or_never_wrap_keep_their_longest_word():
+    """The 16-character allowance is for columns that fold: a histogram's bars (no_wrap)
+    were cut to "56…" at 40 columns, and a column name past 16 characters (ellipsis) too."""
+    table = Table()
+    table.add_column("name")  # rich's default: an ellipsis for a word too long
+    table.add_column("bars", no_wrap=True)
+    name, bars = "trajectory_identifier_column", "▁▂▃▄▅▆▇█" * 4
+    table.add_row(name, bars)
+    text = "\n".join(_lines(table, 30))
+    assert name in text and bars in text and "…" not in text

@@ -349,3 +349,42 @@ def test_a_plot_directory_that_is_a_file_is_refused_before_the_run(tmp_path):
         check_plot_directory(blocker)
     check_plot_directory(tmp_path)  # a directory, or
     check_plot_directory(tmp_path / "new")  # one to be made: fine
+
+
+def test_a_figure_of_many_policies_names_them_elsewhere_rather_than_breaking(tmp_path):
+    """With 100 policies each figure's legend ran off it, cut, and collapsed its axes (the
+    plotting library's warning said so on stderr, then was silenced): past 20 a line says
+    ranking.png names each, and no figure warns."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+    import warnings
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+    from ope_cli.report import plots
+
+    config = EvaluationConfig(
+        data=str(EXAMPLES / "data" / "logs.parquet"),
+        policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
+        gamma=0.9,
+    )
+    one = evaluate(config)
+    many = [dataclasses.replace(one.results[0], policy=f"p{i:03d}") for i in range(100)]
+    result = dataclasses.replace(one, results=many)
+    drawn = {}
+
+    def keep(plt, figure, out, shown):
+        figure.canvas.draw()  # lays it out, as saving does
+        drawn[out.name] = figure
+        return out
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patch.setattr(plots, "_save", keep)
+        plots.write_plots(result, tmp_path / "figures")
+    assert [str(w.message) for w in caught] == []
+    for name in ("weights.png", "horizon.png", "estimates.png"):
+        axes = drawn[name].axes[0]
+        assert axes.get_legend() is None, name
+        assert "100 policies: ranking.png names each" in [t.get_text() for t in axes.texts]
+        assert axes.get_position().width > 0.5, name  # not collapsed by a legend beside it

@@ -15,22 +15,23 @@ from rich.table import Table
 WIDEST = 10_000  # columns: wider than any table's longest line
 
 
-# A word of a left-aligned column (a name, a path) longer than this may fold: a path over
-# two lines is still read right; numbers (right-aligned) and shorter words never fold
+# A word longer than this in a column that folds its words (a name, a path) may fold: a path
+# over two lines is still read right; numbers (right-aligned), shorter words and columns
+# that cut or never wrap (a histogram's bars, an ellipsis) are kept whole
 FOLDED_WORDS = 16
 
 
 def column_widths(console: Console, table: Table, available: int) -> list[int]:
     """Each column's width with its padding: its natural width, the widest narrowed first
     (one column at a time) until the table fits ``available`` columns of cells, never below
-    its longest word (at most FOLDED_WORDS of a left-aligned column's)."""
+    its longest word (at most FOLDED_WORDS of a left-aligned column that folds)."""
     options = console.options.update(width=WIDEST, max_width=WIDEST)
     ranges = [table._measure_column(console, options, column) for column in table.columns]
     widths = [r.maximum for r in ranges]
     floors = [
-        r.minimum
-        if column.justify == "right"
-        else min(r.minimum, FOLDED_WORDS + table._get_padding_width(column._index))
+        min(r.minimum, FOLDED_WORDS + table._get_padding_width(column._index))
+        if folds(column)
+        else r.minimum
         for r, column in zip(ranges, table.columns, strict=True)
     ]
     while sum(widths) > available:
@@ -40,6 +41,12 @@ def column_widths(console: Console, table: Table, available: int) -> list[int]:
         widest = max(above, key=lambda i: widths[i])
         widths[widest] -= 1
     return widths
+
+
+def folds(column) -> bool:
+    """Whether a column may fold its long words over lines without a reader misreading
+    them: a left-aligned one that folds (names, paths), not numbers, bars or ellipses."""
+    return column.justify != "right" and column.overflow == "fold" and not column.no_wrap
 
 
 def print_whole(console: Console, table: Table) -> None:

@@ -91,9 +91,9 @@ def write_plots(
     plt = _pyplot()
     out = _create(directory)
     with warnings.catch_warnings():
-        # the plotting library's own lines (a glyph missing from its font: a box in the
+        # the plotting library's line for a glyph missing from its font (a box in the
         # figure) reached stderr, --quiet or not
-        warnings.simplefilter("ignore")
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
         return _write_all(plt, result, out, directory, rank_by)
 
 
@@ -170,7 +170,8 @@ def _weights(plt, result: EvaluationResult):
     """The distribution of log10 trajectory weights, one outline per policy."""
     figure, axes = plt.subplots(figsize=(8, 4.5), layout="constrained")
     occupied = []
-    for policy in result.results:
+    colours = policy_colours(plt, len(result.results))
+    for colour, policy in zip(colours, result.results, strict=True):
         p = policy.profile
         inside = p.histogram_counts[1:-1]
         if inside.any():
@@ -185,7 +186,11 @@ def _weights(plt, result: EvaluationResult):
             extra.append(f"{p.zero_weights} zero")
         label = _label(policy.shown) + (f" ({', '.join(extra)})" if extra else "")
         axes.stairs(
-            inside / max(result.dataset.episodes, 1), p.histogram_edges, label=label, linewidth=1.5
+            inside / max(result.dataset.episodes, 1),
+            p.histogram_edges,
+            label=label,
+            linewidth=1.5,
+            color=colour,
         )
     low, high = (min(occupied), max(occupied)) if occupied else (-1.0, 1.0)
     axes.set_xlim(min(low, -0.5) - 0.25, max(high, 0.5) + 0.25)
@@ -195,24 +200,26 @@ def _weights(plt, result: EvaluationResult):
     axes.set_xlabel("log10 trajectory weight  W = prod_t pi_e / pi_b")
     axes.set_ylabel("share of episodes")
     axes.set_title("Trajectory importance weights")
-    axes.legend(fontsize="small")
+    policy_legend(axes, len(result.results))
     return figure
 
 
 def _horizon(plt, result: EvaluationResult):
     """The WPDIS estimate summed up to each step, and the mean weight per step."""
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, layout="constrained")
-    for policy in result.results:
+    colours = policy_colours(plt, len(result.results))
+    for colour, policy in zip(colours, result.results, strict=True):
         p = policy.profile
         steps = np.arange(p.wpdis_partial_t.size)
         # a line of one point (one-step episodes: a bandit log) is not drawn without a marker
         marker = "o" if steps.size == 1 else ""
-        top.plot(steps, p.wpdis_partial_t, marker, label=_label(policy.shown), linewidth=1.5)
+        label = _label(policy.shown)
+        top.plot(steps, p.wpdis_partial_t, marker, label=label, linewidth=1.5, color=colour)
         mean_weight = np.where(p.mean_weight_t > 0, p.mean_weight_t, np.nan)
-        bottom.plot(steps, mean_weight, marker, linewidth=1.5)
+        bottom.plot(steps, mean_weight, marker, linewidth=1.5, color=colour)
     top.set_ylabel("WPDIS up to step t")
     top.set_title(f"Per-decision estimate over the horizon (gamma = {discount(result.gamma)})")
-    top.legend(fontsize="small")
+    policy_legend(top, len(result.results))
     bottom.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     positive = np.concatenate(
         [
@@ -315,6 +322,18 @@ def _estimates(plt, result: EvaluationResult):
         axes.set_ylim(*limits)
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
+    _title_and_legend(axes, result, clipped, bare)
+    return figure
+
+
+LEGEND_INSIDE = 5  # policies whose legend the estimates figure keeps over its axes
+LEGEND_MOST = 20  # policies the estimates figure's legend names
+
+
+def _title_and_legend(axes, result: EvaluationResult, clipped: bool, bare: bool) -> None:
+    """The estimates figure's title (with what its triangles and hollow points mean) and its
+    legend (``policy_legend``)."""
+    count = len(result.results)
     episodes = result.dataset.episodes
     title = (
         f"Estimates with {level(result.confidence.level)} intervals ({episodes:,} "
@@ -326,14 +345,26 @@ def _estimates(plt, result: EvaluationResult):
     ]
     axes.set_title(title + (f"\n({'; '.join(notes)})" if notes else ""))
     axes.grid(axis="y", alpha=0.3)
-    if count > LEGEND_INSIDE:  # beside the axes: over them it hid the estimates
+    policy_legend(axes, count)
+
+
+def policy_legend(axes, count: int) -> None:
+    """The legend of ``count`` policies' colours: over the axes for a few, beside them for
+    more (over them it hid the data), and past LEGEND_MOST a line saying where the names
+    are (a legend of 100 ran off the figure, cut, and collapsed the axes)."""
+    if count > LEGEND_MOST:
+        axes.text(
+            1.01,
+            1.0,
+            f"{count} policies: ranking.png names each",
+            transform=axes.transAxes,
+            va="top",
+            fontsize="small",
+        )
+    elif count > LEGEND_INSIDE:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     elif count:
         axes.legend(fontsize="small")
-    return figure
-
-
-LEGEND_INSIDE = 5  # policies whose legend the estimates figure keeps over its axes
 
 
 def policy_colours(plt, count: int) -> list:
