@@ -24,7 +24,7 @@ FOLDED_WORDS = 16
 def column_widths(console: Console, table: Table, available: int) -> list[int]:
     """Each column's width with its padding: its natural width, the widest narrowed first
     (one column at a time) until the table fits ``available`` columns of cells, never below
-    its longest word (at most FOLDED_WORDS of a left-aligned column that folds)."""
+    its longest word (at most FOLDED_WORDS of a column that ``folds``)."""
     options = console.options.update(width=WIDEST, max_width=WIDEST)
     ranges = [table._measure_column(console, options, column) for column in table.columns]
     widths = [r.maximum for r in ranges]
@@ -45,7 +45,7 @@ def column_widths(console: Console, table: Table, available: int) -> list[int]:
 
 def folds(column) -> bool:
     """Whether a column may fold its long words over lines without a reader misreading
-    them: a left-aligned one that folds (names, paths), not numbers, bars or ellipses."""
+    them: one of names or paths that folds, not right-aligned numbers, bars or ellipses."""
     return column.justify != "right" and column.overflow == "fold" and not column.no_wrap
 
 

@@ -93,7 +93,7 @@ def write_plots(
     with warnings.catch_warnings():
         # the plotting library's line for a glyph missing from its font (a box in the
         # figure) reached stderr, --quiet or not
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")
         return _write_all(plt, result, out, directory, rank_by)
 
 
@@ -266,68 +266,71 @@ def _estimates(plt, result: EvaluationResult):
     count = len(result.results)
     width = 0.8 / max(count, 1)
     colours = policy_colours(plt, count)
-    bare = False
     limits = estimate_limits(result)
-    bottom, top = limits if limits is not None else (-np.inf, np.inf)
-    clipped = False
-    for i, policy in enumerate(result.results):
-        xs, values, low, high, cut_low, cut_high, missing = [], [], [], [], [], [], []
-        no_interval = []
-        for j, name in enumerate(names):
-            e = policy.estimates.get(name)
-            x = j - 0.4 + width * (i + 0.5)
-            if estimated(policy, name) is None:
-                missing.append(x)
-                continue
-            if e.ci_low is None and e.ci_high is None:  # hollow: not a zero-width interval
-                no_interval.append((x, e.value))
-                continue
-            xs.append(x)
-            values.append(e.value)
-            ci_low = max(e.ci_low, bottom) if e.ci_low is not None else e.value
-            ci_high = min(e.ci_high, top) if e.ci_high is not None else e.value
-            low.append(e.value - ci_low)
-            high.append(ci_high - e.value)
-            if e.ci_low is not None and e.ci_low < bottom:
-                cut_low.append(x)
-            if e.ci_high is not None and e.ci_high > top:
-                cut_high.append(x)
-        colour = colours[i]
-        axes.errorbar(
-            xs,
-            values,
-            yerr=[low, high],
-            fmt="o",
-            capsize=4,
-            color=colour,
-            label=_label(policy.shown),
+    drawn = [
+        _policy_estimates(
+            axes,
+            policy,
+            dict(zip(names, (j - 0.4 + width * (i + 0.5) for j in range(len(names))), strict=True)),
+            colours[i],
+            limits,
         )
-        if no_interval:
-            bare = True
-            axes.plot(*zip(*no_interval, strict=True), "o", mfc="none", color=colour)
-        axes.plot(cut_low, [bottom] * len(cut_low), "v", color=colour, clip_on=False)
-        axes.plot(cut_high, [top] * len(cut_high), "^", color=colour, clip_on=False)
-        clipped = clipped or bool(cut_low or cut_high)
-        for x in missing:  # as the table's n/a: no estimate (undefined, or no weight)
-            axes.annotate(
-                "n/a",
-                (x, 0.02),
-                xycoords=("data", "axes fraction"),
-                ha="center",
-                color=colour,
-                fontsize="small",
-                rotation=90,
-            )
+        for i, policy in enumerate(result.results)
+    ]
     if limits is not None:
         axes.set_ylim(*limits)
     axes.set_xticks(range(len(names)), [estimator_title(n) for n in names])
     axes.set_ylabel("estimated value")
+    clipped, bare = (any(flags) for flags in zip(*drawn, strict=True)) if drawn else (False, False)
     _title_and_legend(axes, result, clipped, bare)
     return figure
 
 
-LEGEND_INSIDE = 5  # policies whose legend the estimates figure keeps over its axes
-LEGEND_MOST = 20  # policies the estimates figure's legend names
+def _policy_estimates(axes, policy, positions, colour, limits) -> tuple[bool, bool]:
+    """One policy's estimates at x ``positions`` ({estimator: x} of the run's): points with
+    their intervals, cut at the axis ``limits`` (triangles), hollow without an interval,
+    "n/a" without an estimate. Returns (an interval was cut, a point is hollow)."""
+    bottom, top = limits if limits is not None else (-np.inf, np.inf)
+    xs, values, low, high, cut_low, cut_high, missing, no_interval = ([] for _ in range(8))
+    for name, x in positions.items():
+        e = policy.estimates.get(name)
+        if estimated(policy, name) is None:
+            missing.append(x)
+            continue
+        if e.ci_low is None and e.ci_high is None:  # hollow: not a zero-width interval
+            no_interval.append((x, e.value))
+            continue
+        xs.append(x)
+        values.append(e.value)
+        ci_low = max(e.ci_low, bottom) if e.ci_low is not None else e.value
+        ci_high = min(e.ci_high, top) if e.ci_high is not None else e.value
+        low.append(e.value - ci_low)
+        high.append(ci_high - e.value)
+        if e.ci_low is not None and e.ci_low < bottom:
+            cut_low.append(x)
+        if e.ci_high is not None and e.ci_high > top:
+            cut_high.append(x)
+    label = _label(policy.shown)
+    axes.errorbar(xs, values, yerr=[low, high], fmt="o", capsize=4, color=colour, label=label)
+    if no_interval:
+        axes.plot(*zip(*no_interval, strict=True), "o", mfc="none", color=colour)
+    axes.plot(cut_low, [bottom] * len(cut_low), "v", color=colour, clip_on=False)
+    axes.plot(cut_high, [top] * len(cut_high), "^", color=colour, clip_on=False)
+    for x in missing:  # as the table's n/a: no estimate (undefined, or no weight)
+        axes.annotate(
+            "n/a",
+            (x, 0.02),
+            xycoords=("data", "axes fraction"),
+            ha="center",
+            color=colour,
+            fontsize="small",
+            rotation=90,
+        )
+    return bool(cut_low or cut_high), bool(no_interval)
+
+
+LEGEND_INSIDE = 5  # policies whose legend a figure keeps over its axes
+LEGEND_MOST = 20  # policies a figure's legend names
 
 
 def _title_and_legend(axes, result: EvaluationResult, clipped: bool, bare: bool) -> None:
@@ -350,16 +353,13 @@ def _title_and_legend(axes, result: EvaluationResult, clipped: bool, bare: bool)
 
 def policy_legend(axes, count: int) -> None:
     """The legend of ``count`` policies' colours: over the axes for a few, beside them for
-    more (over them it hid the data), and past LEGEND_MOST a line saying where the names
-    are (a legend of 100 ran off the figure, cut, and collapsed the axes)."""
+    more (over them it hid the data), and past LEGEND_MOST a line under the title instead,
+    which takes no width (a legend of 100 ran off the figure, cut, and collapsed the axes;
+    so many colours cannot be told apart anyway)."""
     if count > LEGEND_MOST:
-        axes.text(
-            1.01,
-            1.0,
-            f"{count} policies: ranking.png names each",
-            transform=axes.transAxes,
-            va="top",
-            fontsize="small",
+        axes.set_title(
+            f"{axes.get_title()}\n({count} policies, too many to name by colour: ranking.png "
+            "lists each)"
         )
     elif count > LEGEND_INSIDE:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
