@@ -53,12 +53,15 @@ def test_a_long_path_folds_and_does_not_widen_the_table():
 
 
 def test_columns_that_cut_or_never_wrap_keep_their_longest_word():
-    """The 16-character allowance is for columns that fold: a histogram's bars (no_wrap)
-    were cut to "56…" at 40 columns, and a column name past 16 characters (ellipsis) too."""
+    """The allowance to fold is for columns that fold: a histogram's bars (no_wrap) were
+    cut to "56…" at 40 columns, and a column name past 16 characters (ellipsis) too. A
+    validation reason of inspect's (up to 23 characters) in a column that folds stays whole
+    ("reward_not_finit" over "e" at 80 columns)."""
     table = Table()
     table.add_column("name")  # rich's default: an ellipsis for a word too long
     table.add_column("bars", no_wrap=True)
-    name, bars = "trajectory_identifier_column", "▁▂▃▄▅▆▇█" * 4
-    table.add_row(name, bars)
+    table.add_column("reason", overflow="fold")
+    name, bars, reason = "trajectory_identifier_column", "▁▂▃▄▅▆▇█" * 4, "behavior_prob_above_one"
+    table.add_row(name, bars, reason)
     text = "\n".join(_lines(table, 30))
-    assert name in text and bars in text and "…" not in text
+    assert name in text and bars in text and reason in text and "…" not in text

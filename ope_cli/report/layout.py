@@ -18,7 +18,7 @@ WIDEST = 10_000  # columns: wider than any table's longest line
 # A word longer than this in a column that folds its words (a name, a path) may fold: a path
 # over two lines is still read right; numbers (right-aligned), shorter words and columns
 # that cut or never wrap (a histogram's bars, an ellipsis) are kept whole
-FOLDED_WORDS = 16
+FOLDED_WORDS = 24  # the longest validation reason (23) stays whole
 
 
 def column_widths(console: Console, table: Table, available: int) -> list[int]:
