@@ -292,8 +292,23 @@ def test_the_horizon_of_one_step_episodes_is_drawn(tmp_path, monkeypatch):
         assert len(curve.get_xdata()) == 1 and curve.get_marker() == "o"
 
 
+@pytest.fixture(scope="module")
+def one_policy():
+    """The shipped example evaluated for one policy (gamma 0.9): copied into many."""
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.pipeline import evaluate
+
+    return evaluate(
+        EvaluationConfig(
+            data=str(EXAMPLES / "data" / "logs.parquet"),
+            policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
+            gamma=0.9,
+        )
+    )
+
+
 def test_many_policies_get_their_own_colours_and_a_missing_interval_is_hollow(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, one_policy
 ):
     """With 20 policies the estimates figure gave eval_00 and eval_10 one colour (the
     default cycle of 10) and its legend covered the estimates; an estimate without an
@@ -303,16 +318,9 @@ def test_many_policies_get_their_own_colours_and_a_missing_interval_is_hollow(
 
     from matplotlib.colors import to_hex
 
-    from ope_cli.config import EvaluationConfig
-    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import plots
 
-    config = EvaluationConfig(
-        data=str(EXAMPLES / "data" / "logs.parquet"),
-        policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
-        gamma=0.9,
-    )
-    one = evaluate(config)
+    one = one_policy
     (base,) = one.results
     bare = {
         name: dataclasses.replace(e, ci_low=None, ci_high=None)
@@ -351,7 +359,7 @@ def test_a_plot_directory_that_is_a_file_is_refused_before_the_run(tmp_path):
     check_plot_directory(tmp_path / "new")  # one to be made: fine
 
 
-def test_a_figure_of_many_policies_names_them_elsewhere_rather_than_breaking(tmp_path):
+def test_a_figure_of_many_policies_names_them_elsewhere_rather_than_breaking(tmp_path, one_policy):
     """With 100 policies each figure's legend ran off it, cut, and collapsed its axes (the
     plotting library's warning said so on stderr, then was silenced): past 20 a line says
     ranking.png names each, and no figure warns."""
@@ -359,18 +367,10 @@ def test_a_figure_of_many_policies_names_them_elsewhere_rather_than_breaking(tmp
     import dataclasses
     import warnings
 
-    from ope_cli.config import EvaluationConfig
-    from ope_cli.estimation.pipeline import evaluate
     from ope_cli.report import plots
 
-    config = EvaluationConfig(
-        data=str(EXAMPLES / "data" / "logs.parquet"),
-        policies=(str(EXAMPLES / "policies" / "ckpt.npz"),),
-        gamma=0.9,
-    )
-    one = evaluate(config)
-    many = [dataclasses.replace(one.results[0], policy=f"p{i:03d}") for i in range(100)]
-    result = dataclasses.replace(one, results=many)
+    many = [dataclasses.replace(one_policy.results[0], policy=f"p{i:03d}") for i in range(100)]
+    result = dataclasses.replace(one_policy, results=many)
     drawn = {}
 
     def keep(plt, figure, out, shown):
