@@ -15,6 +15,7 @@ like ``evaluate``'s: per record batch, plus fixed-size histograms and 32 bytes p
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 
 import numpy as np
@@ -29,7 +30,7 @@ from ope_cli.errors import DataError
 from ope_cli.estimation.run_plan import resolve_gamma
 from ope_cli.models.policies import check_against_schema, chunk_checks, load_policies
 
-MAX_DISTINCT_ACTIONS = 1000  # counted one by one; further distinct actions count as "other"
+MAX_DISTINCT_ACTIONS = 1000  # the smallest are counted one by one; the rest as "other"
 _LOG10_MIN, _LOG10_MAX, _BINS_PER_DECADE = -40.0, 10.0, 1000  # median to ~0.12% relative
 LENGTH_BINS = 64  # episode lengths 1, 2-3, 4-7, ... (powers of two)
 
@@ -146,6 +147,8 @@ class InspectReport:
     )
     action_counts: dict[int, int] | None = None
     other_actions: int = 0
+    # the counted actions, negated: a heap whose top is the largest (evicted for a smaller)
+    _counted: list[int] = dataclasses.field(default_factory=list, repr=False)
     declared: DeclaredBounds = DeclaredBounds()  # bounds in the schema metadata (checked)
     problems: list[Problem] = dataclasses.field(default_factory=list)
     gamma: float = 1.0  # the discount of the returns, from ``gamma_source``
@@ -220,12 +223,21 @@ class InspectReport:
         self.behavior_log10_counts += np.bincount(index, minlength=self.behavior_log10_counts.size)
 
     def _add_actions(self, action: np.ndarray) -> None:
-        """Counts of [N] discrete actions (the first MAX_DISTINCT_ACTIONS distinct ones)."""
+        """Counts of [N] discrete actions: the MAX_DISTINCT_ACTIONS smallest distinct ones of
+        all the data, whatever its batches (the first ones met depended on them), the rest
+        in ``other_actions``."""
         counts = self.action_counts if self.action_counts is not None else {}
         for value, count in zip(*np.unique(action, return_counts=True), strict=True):
             value, count = int(value), int(count)
-            if value in counts or len(counts) < MAX_DISTINCT_ACTIONS:
-                counts[value] = counts.get(value, 0) + count
+            if value in counts:
+                counts[value] += count
+            elif len(counts) < MAX_DISTINCT_ACTIONS:
+                counts[value] = count
+                heapq.heappush(self._counted, -value)
+            elif value < -self._counted[0]:  # it displaces the largest counted one
+                largest = -heapq.heapreplace(self._counted, -value)
+                self.other_actions += counts.pop(largest)
+                counts[value] = count
             else:
                 self.other_actions += count
         self.action_counts = counts

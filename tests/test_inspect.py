@@ -414,3 +414,28 @@ def test_a_null_step_is_located_at_its_row(tmp_path):
     (problem,) = report.problems
     assert (problem.reason, problem.episode, problem.step) == ("null_step", ids[row], 5)
     assert report.invalid_episodes == 1
+
+
+def test_the_actions_counted_one_by_one_do_not_depend_on_the_batches(tmp_path):
+    """Past 1,000 distinct actions, the ones counted one by one were the first met, so
+    --read-rows 100 listed 223 other actions than the default: the 1,000 smallest are."""
+    rng = np.random.default_rng(3)
+    steps = 3_000
+    table = {
+        "episode_id": np.arange(steps) // 10,
+        "step": np.arange(steps) % 10,
+        "observation": rng.normal(size=steps),
+        "action": rng.integers(0, 1_500, steps),
+        "reward": np.ones(steps),
+        "behavior_prob": np.full(steps, 0.5),
+    }
+    pq.write_table(pa.table(table), tmp_path / "many.parquet")
+    reports = [
+        inspect(InspectConfig(str(tmp_path / "many.parquet"), read_rows=rows))
+        for rows in (65_536, 100, 7)
+    ]
+    counted = sorted(set(table["action"].tolist()))[:1_000]
+    for report in reports:
+        assert sorted(report.action_counts) == counted
+        assert sum(report.action_counts.values()) + report.other_actions == steps
+        assert report.action_counts == reports[0].action_counts
