@@ -169,6 +169,12 @@ def _checked_record(record):
     """A config record given whole (EvaluationConfig, InspectConfig), NumPy numbers as
     Python ones, checked as keywords are: its gamma="0.9" was a TypeError, its data a
     Path an AttributeError, and its policies="x.npz" read letter by letter."""
+    for group, (kind, _) in _groups(record).items():  # behavior="b.npz": a TypeError
+        if not isinstance(getattr(record, group), kind):
+            raise UsageError(
+                f"{type(record).__name__}'s {group} must be a {kind.__name__}, got "
+                f"{getattr(record, group)!r}"
+            )
     record = dataclasses.replace(_python_numbers_in(record), data=_data_path(record.data))
     for part in (record, *(getattr(record, group) for group in _groups(record))):
         _check_types(part, {})

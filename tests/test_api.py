@@ -381,3 +381,19 @@ def test_paths_in_a_config_given_whole_are_read_as_strings():
     keywords = ope_cli.evaluate(str(data), policies=[str(policy)], behavior=str(behavior))
     assert whole["results"] == keywords.to_dict()["results"]
     assert whole["results"][0]["policy"] == str(policy)
+
+
+def test_a_value_of_the_wrong_kind_for_a_record_or_rank_by_is_a_usage_error():
+    """rank_by=3 was an AttributeError, and a config given a string where its record of
+    options belongs (behavior="b.npz", as the keyword takes it) a TypeError."""
+    from ope_cli.config import EvaluationConfig
+
+    data, policy = str(EXAMPLES / "data" / "logs.parquet"), str(EXAMPLES / "policies" / "ckpt.npz")
+    with pytest.raises(ope_cli.UsageError, match="--rank-by must be one of .*, got 3"):
+        ope_cli.evaluate(data, policies=[policy], rank_by=3)
+    whole = EvaluationConfig(data=data, policies=(policy,), behavior="b.npz")
+    with pytest.raises(
+        ope_cli.UsageError,
+        match="EvaluationConfig's behavior must be a BehaviorConfig, got 'b.npz'",
+    ):
+        ope_cli.evaluate(whole)
