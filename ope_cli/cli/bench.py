@@ -80,7 +80,9 @@ LoopEpisodes = Annotated[
 Out = Annotated[
     str | None,
     typer.Option(
-        help="Keep generated files in this directory (made if missing; files of the names bench writes there, bench.parquet and its checkpoints, are replaced). Default: a temporary one."
+        help="Keep generated files in this directory (made if missing; files of the names "
+        "bench writes there, bench.parquet and its checkpoints, are replaced). Default: a "
+        "temporary one."
     ),
 ]
 Rounds = Annotated[

@@ -81,9 +81,8 @@ def resolve_rank_by(result: EvaluationResult, rank_by: str | None = None) -> str
 def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
     """A given --rank-by as an estimator the run reports (an explicit --rank-by wis with
     -e is ranked by is without a word: the default's fallback, ``resolve_rank_by``)."""
-    if not isinstance(rank_by, str):  # the API's rank_by=3 was an AttributeError
-        raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
-    rank_by = rank_by.lower()
+    if isinstance(rank_by, str):  # else (the API's rank_by=3) no name: refused below
+        rank_by = rank_by.lower()
     if rank_by not in names():
         raise UsageError(f"--rank-by must be one of {', '.join(names())}, got {rank_by!r}")
     if rank_by in estimators:

@@ -160,7 +160,8 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
     schema = episodes.schema
     model = choose_q_model(config.model, schema)
     check_options_apply(config, model, schema.action_kind)
-    gamma, gamma_source = resolve_gamma(config.gamma, episodes.data.declared_bounds())
+    declared = episodes.data.declared_bounds()
+    gamma, gamma_source = resolve_gamma(config.gamma, declared)
     policy = load_one_policy(config.policy, "--policy")
     check_against_schema(policy, schema)
     n_actions = _n_actions(policy, episodes)
@@ -206,7 +207,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
                 gamma_source, fit.episodes, fit.steps, {**d, "model": fit.model, "kind": fit.kind}
             )
         )
-        + _replaced_gamma(gamma, gamma_source, episodes.data.declared_bounds().gamma),
+        + _replaced_gamma(gamma, gamma_source, declared.gamma),
     )
 
 
