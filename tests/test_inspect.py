@@ -439,3 +439,24 @@ def test_the_actions_counted_one_by_one_do_not_depend_on_the_batches(tmp_path):
         assert sorted(report.action_counts) == counted
         assert sum(report.action_counts.values()) + report.other_actions == steps
         assert report.action_counts == reports[0].action_counts
+
+
+@pytest.mark.parametrize("read_rows", [1, 3, 100])
+def test_a_split_episode_is_one_problem_not_a_missing_step_too(tmp_path, read_rows):
+    """Episode 0's rows in two stretches: its later part is invalid as a reappearance;
+    that its steps start at 2 there is no second problem (the file holds steps 0 and 1)."""
+    n = 6
+    table = pa.table(
+        {
+            "episode_id": [0, 0, 1, 1, 0, 0],
+            "step": [0, 1, 0, 1, 2, 3],
+            "observation": np.zeros(n),
+            "action": np.zeros(n, np.int64),
+            "reward": np.ones(n),
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows))
+    assert [problem.reason for problem in report.problems] == ["episode_reappears"]
+    assert (report.invalid_episodes, report.invalid_steps) == (1, 2)

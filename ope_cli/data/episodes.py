@@ -448,6 +448,11 @@ class EpisodeAssembler:
         if rows.step is not None:
             rows = _null_steps_in_place(rows, starts, lengths)
             rows, step_checks = _order_steps(file, rows, starts, lengths, self.policy.keep_going)
+            if reappearing is not None:  # a later part's steps do not start at 0: no news
+                later_part = np.repeat(np.isin(np.arange(starts.size), reappearing), lengths)
+                step_checks = [
+                    check._replace(rows=check.rows & ~later_part) for check in step_checks
+                ]
             checks.extend(step_checks)
         if rows.flags is not None and rows.flags.any():
             checks = [*self.converter.flag_checks(rows.flags), *checks]
