@@ -460,3 +460,20 @@ def test_a_split_episode_is_one_problem_not_a_missing_step_too(tmp_path, read_ro
     report = inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows))
     assert [problem.reason for problem in report.problems] == ["episode_reappears"]
     assert (report.invalid_episodes, report.invalid_steps) == (1, 2)
+
+
+def test_without_valid_episodes_every_length_is_null(tmp_path):
+    table = pa.table(
+        {
+            "episode_id": [0, 0],
+            "step": [0, 1],
+            "observation": [0.0, 0.0],
+            "action": [0, 0],
+            "reward": [1.0, float("nan")],
+            "behavior_prob": [0.5, 0.5],
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    counts = to_json_dict(inspect(InspectConfig(str(tmp_path / "logs.parquet"))))["counts"]
+    assert counts["valid_episodes"] == 0
+    assert counts["min_length"] is counts["max_length"] is counts["mean_length"] is None

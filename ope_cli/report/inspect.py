@@ -107,7 +107,7 @@ def _counts_dict(report: InspectReport) -> dict[str, Any]:
         "invalid_episodes": report.invalid_episodes,
         "invalid_steps": report.invalid_steps,
         "min_length": report.min_length,
-        "max_length": report.max_length,
+        "max_length": report.max_length if report.min_length is not None else None,
         "mean_length": report.steps / report.episodes if report.episodes else None,
     }
 
