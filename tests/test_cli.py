@@ -1718,3 +1718,13 @@ def test_a_nan_in_a_critic_column_sends_no_one_to_inspect(tmp_path, ope_in_proce
     assert (done.returncode, done.stdout) == (3, ""), done
     assert "the --q-col value is NaN or infinite" in done.stderr
     assert "ope inspect" not in done.stderr and "--on-invalid drop" in done.stderr
+
+
+def test_a_seed_that_draws_nothing_is_refused_before_the_run(world, ope_in_process):
+    """--seed with normal intervals, no fitted MLP and discrete actions changed nothing."""
+    args = ["evaluate", "data.parquet", "-p", "a.npz", "--seed", "3"]
+    done = ope_in_process([*args, "-f", "json"], cwd=world.root)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("ope: usage error: --seed applies to --ci percentile")
+    done = ope_in_process([*args, "--ci", "percentile", "-f", "json"], cwd=world.root)
+    assert done.returncode == 0, done.stderr

@@ -12,7 +12,7 @@ from ope_cli.api import evaluation_config
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds
 from ope_cli.errors import UsageError
-from ope_cli.estimation.run_plan import check_config, plan_intervals
+from ope_cli.estimation.run_plan import check_config, check_seed_applies, plan_intervals
 
 NOTHING = DeclaredBounds()
 
@@ -258,3 +258,31 @@ def test_reward_range_without_discount_checks_the_rewards_of_other_intervals(met
     assert plan.method == method and plan.betting_range is None
     assert plan.checked[0] == (0.0, 1.0)
     assert "--horizon STEPS" in plan.describe(options)
+
+
+@pytest.mark.parametrize(
+    ("options", "method", "fit_models", "action_kind"),
+    [
+        (dict(interval="percentile"), "percentile", [], "discrete"),
+        (dict(interval="bootstrap-t"), "bootstrap-t", [], "discrete"),
+        (dict(q=["fit:mlp"]), "normal", ["mlp"], "discrete"),
+        (dict(q=["q.npz"]), "normal", [], "continuous"),  # V-hat's actions are drawn
+    ],
+)
+def test_a_seed_is_taken_where_something_is_drawn(options, method, fit_models, action_kind):
+    check_seed_applies(config(seed=3, **options), method, fit_models, action_kind)
+
+
+@pytest.mark.parametrize(
+    ("options", "method", "fit_models"),
+    [
+        ({}, "normal", []),
+        (dict(reward_range=(0.0, 1.0)), "betting", []),
+        (dict(q=["fit:linear"]), "normal", ["linear"]),  # nothing random in a linear fit
+        (dict(q=["q.npz"]), "normal", []),  # over discrete actions V-hat is a sum
+    ],
+)
+def test_a_seed_that_would_change_nothing_is_refused(options, method, fit_models):
+    with pytest.raises(UsageError, match=f"--seed applies to .*none of them [(]{method}"):
+        check_seed_applies(config(seed=3, **options), method, fit_models, "discrete")
+    check_seed_applies(config(**options), method, fit_models, "discrete")  # the default

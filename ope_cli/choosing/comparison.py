@@ -45,7 +45,7 @@ from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import get
 from ope_cli.estimation.estimators.base import Context
 from ope_cli.estimation.estimators.logspace import finite
-from ope_cli.estimation.intervals import betting_intervals, bootstrap_interval
+from ope_cli.estimation.intervals import BOOTSTRAP_METHODS, betting_intervals, bootstrap_interval
 from ope_cli.estimation.run_plan import NO_BETTING, fewest_replicates
 from ope_cli.estimation.stats import (
     Accumulator,
@@ -348,7 +348,7 @@ class Pairing:
     def replicates_too_few(self, name: str, confidence: float) -> bool:
         """Whether the run drew fewer bootstrap replicates than the could-be-best set of
         ``name`` needs (``best_set_replicates``)."""
-        if self.methods[name] not in ("percentile", "bootstrap-t"):
+        if self.methods[name] not in BOOTSTRAP_METHODS:
             return False
         drawn = self.accumulators[0].replicate_sums["count"].size
         return drawn < best_set_replicates(confidence, len(self.accumulators))
@@ -481,7 +481,7 @@ def interval_methods(estimators: Sequence[str], method: str, interval: str) -> d
         own = method
         if method == "betting" and estimator.betting is None and interval == "auto":
             own = "normal"
-        elif method in ("percentile", "bootstrap-t") and estimator.replicates is None:
+        elif method in BOOTSTRAP_METHODS and estimator.replicates is None:
             own = "normal"
         methods[name] = own
     return methods

@@ -23,6 +23,7 @@ from ope_cli.estimation.distributed import share_files
 from ope_cli.estimation.run_plan import (
     GAMMA_SOURCES,
     IntervalPlan,
+    check_seed_applies,
     plan_intervals,
     reported_estimators,
 )
@@ -48,6 +49,7 @@ from ope_cli.models.qfunctions import (
     check_q,
     check_q_gamma,
     check_q_policies,
+    fit_model_of,
     load_qs,
     q_for_another_gamma,
     q_of_another_policy,
@@ -124,6 +126,12 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     if dm_reported:
         check_q_policies(qs, policies)
     plan = plan_intervals(config, episodes.data.declared_bounds())
+    fit_models = [
+        fit_model_of(q.name, schema.observation_kind, schema.action_kind)
+        for q in qs or ()
+        if q.kind == FIT
+    ]
+    check_seed_applies(config, plan.method, fit_models, schema.action_kind)
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     if dm_reported:
         check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])

@@ -12,6 +12,7 @@ from ope_cli.estimation.estimators.base import BETTING_BIN_WIDTH, BETTING_BINS, 
 from ope_cli.estimation.estimators.logspace import finite
 
 INTERVALS = ("betting", "normal", "percentile", "bootstrap-t")
+BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # the methods that draw replicates
 MIN_VALID_REPLICATES = 0.9  # below this share of defined replicates, no bootstrap interval
 TOO_MANY_UNDEFINED = "too many bootstrap replicates are undefined"
 

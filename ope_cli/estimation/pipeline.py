@@ -62,6 +62,7 @@ from ope_cli.estimation.inputs import (
     open_inputs,
     pass_status,
 )
+from ope_cli.estimation.intervals import BOOTSTRAP_METHODS
 from ope_cli.estimation.replicate_memory import check_replicate_memory
 from ope_cli.estimation.run_plan import (
     IntervalPlan,
@@ -98,7 +99,6 @@ from ope_cli.results import (
     RuntimeSummary,
 )
 
-BOOTSTRAP_METHODS = ("percentile", "bootstrap-t")  # interval methods that draw replicates
 MAX_BATCHES_IN_FLIGHT = 2  # dispatch ahead so host work overlaps the kernel, bounded memory
 
 

@@ -19,6 +19,7 @@ from ope_cli.estimation.estimators import get as estimator_get
 from ope_cli.estimation.estimators import names as estimator_names
 from ope_cli.estimation.estimators.base import describe_betting, describe_bootstrap_t
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
+from ope_cli.estimation.intervals import BOOTSTRAP_METHODS
 from ope_cli.models.behavior import check_behavior_option, is_estimate
 
 if TYPE_CHECKING:  # annotations only
@@ -189,7 +190,7 @@ def _check_interval_options(config: EvaluationConfig) -> None:
     if intervals.horizon is not None and intervals.horizon < 1:
         raise UsageError(f"--horizon must be a positive number of steps, got {intervals.horizon}")
     needed = fewest_replicates(intervals.confidence)
-    bootstrap = intervals.method in ("percentile", "bootstrap-t")
+    bootstrap = intervals.method in BOOTSTRAP_METHODS
     if intervals.bootstrap_samples != IntervalConfig.bootstrap_samples and not bootstrap:
         raise UsageError(  # it changed nothing (-3 was accepted too)
             "--bootstrap-samples applies to --ci percentile and bootstrap-t only (their "
@@ -206,6 +207,20 @@ def _check_interval_options(config: EvaluationConfig) -> None:
         raise UsageError(f"--precision must be float32 or float64, got {config.runtime.precision}")
     if config.on_invalid not in ("error", "drop"):
         raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
+
+
+def check_seed_applies(config: EvaluationConfig, method: str, fit_models, action_kind: str):
+    """UsageError for a ``--seed`` (other than its default) that would change nothing: no
+    bootstrap (``method``), no fitted MLP Q (``fit_models``: the --q fit sources' models)
+    and no V-hat drawn (a Q source over continuous actions)."""
+    if config.intervals.seed == IntervalConfig.seed or method in BOOTSTRAP_METHODS:
+        return
+    if "mlp" in fit_models or (config.q.sources and action_kind != "discrete"):
+        return
+    raise UsageError(
+        "--seed applies to --ci percentile and bootstrap-t, --q fit:mlp and a --q over "
+        f"continuous actions (V-hat's draws); this run has none of them ({method} intervals)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
