@@ -7,14 +7,17 @@ Two places lose it:
 - inside an import: raised while ``jaxlib`` loaded, it ended in a segfault (3 of 48
   tries, Ctrl-C within a second of the start, 2 busy cores);
 - inside a callback whose exceptions Python prints and ignores (JAX's garbage-collector
-  callback): the command ran on as if nothing had been pressed (5 of 48 tries).
+  callback, a weak reference's): the command ran on as if nothing had been pressed (5 of
+  48 tries), or finished within the grace below and exited 0 (4 of 35).
 
-So in an import or a garbage-collector callback the handler ends the process at once (an
-import has written nothing to clean up); elsewhere it raises KeyboardInterrupt as usual, so
+So in an import or such a callback the handler ends the process at once (an import has
+written nothing to clean up); elsewhere it raises KeyboardInterrupt as usual, so
 that partial outputs are removed on the way out, and arms a timer: a process still running
 ``GRACE_SECONDS`` later, its interrupt lost, ends then. A second Ctrl-C ends it at once
 (raised again, it interrupted the first one's cleanup with a traceback). The command line
-disarms the timer once the interrupt has reached it (``handled``). SIGTERM (a batch
+disarms the timer once the interrupt has reached it (``handled``); an interrupt lost in a
+callback no frame shows (``lost``) is raised again before a result is written, and ends the
+run as interrupted where one was written first. SIGTERM (a batch
 scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated`` and exit code 143
 (128 + 15, a shell's for it): partial outputs go, where the default action left them. Once
 the command has written its result, the signals are ignored (``finished``), so the exit
@@ -31,6 +34,7 @@ import os
 import signal
 import sys
 import types
+import weakref
 from collections.abc import Iterator
 
 from ope_cli.errors import INTERRUPTED, INTERRUPTED_EXIT_CODE
@@ -44,6 +48,9 @@ _interrupted = [False]  # a first interrupt was raised: a second ends the proces
 _terminated = [False]  # the signal was SIGTERM
 _holding = [0]  # ``held`` contexts open: a signal waits in _held
 _held: list[int] = []
+# the files of weak references' callbacks (weakref.py, _weakrefset.py): Python ignores
+# their exceptions
+_CALLBACK_FILES = frozenset({weakref.__file__, weakref.WeakSet.add.__code__.co_filename})
 
 
 def exit_code() -> int:
@@ -66,15 +73,16 @@ def exit_interrupted(*_) -> None:
 
 
 def unsafe_to_raise(frame: types.FrameType | None) -> bool:
-    """Whether a KeyboardInterrupt raised in ``frame`` would be lost or harmful: the frame is
-    a garbage-collector callback's (its exception is printed and ignored), or an import is
-    running below it (raised into a C extension's loading, it crashed the process)."""
-    if frame is not None and any(
-        getattr(callback, "__code__", None) is frame.f_code for callback in gc.callbacks
-    ):
-        return True
+    """Whether a KeyboardInterrupt raised in ``frame`` would be lost or harmful: a
+    garbage-collector callback or the weak references' code (whose callbacks' exceptions
+    are printed and ignored) is running at or below it, or an import is (raised into a C
+    extension's loading, it crashed the process)."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        code = frame.f_code
+        if code in callbacks or code.co_filename in _CALLBACK_FILES:
+            return True
+        if code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -119,6 +127,19 @@ def finished(code: int, teardown_waits: bool = False) -> None:
     for number in HANDLED:
         if signal.getsignal(number) is _on_interrupt:
             signal.signal(number, end if teardown_waits else signal.SIG_IGN)
+
+
+def lost() -> bool:
+    """Whether an interrupt was raised and has not reached the code that reports it: lost
+    in a callback whose exceptions Python ignores, where no frame showed it."""
+    return _armed[0]
+
+
+def raise_if_lost() -> None:
+    """KeyboardInterrupt where an interrupt was ``lost``: before a result is written, so
+    that a run interrupted in time does not print one."""
+    if _armed[0]:
+        raise KeyboardInterrupt
 
 
 def handled() -> None:

@@ -177,3 +177,31 @@ def test_a_held_step_finishes_before_the_interrupt():
         """
     )
     assert (done.returncode, done.stdout) == (0, "['done']\n")
+
+
+def test_a_weak_reference_callback_is_unsafe():
+    """Raised in a weak reference's callback (a WeakKeyDictionary's entry going, a
+    finalizer), KeyboardInterrupt was printed and ignored: the command ran on and exited 0."""
+    import weakref
+
+    class Owner:
+        pass
+
+    seen = []
+    owner = Owner()
+    weakref.finalize(owner, lambda: seen.append(interrupts.unsafe_to_raise(sys._getframe())))
+    del owner
+    gc.collect()
+    assert seen == [True]
+
+
+def test_an_interrupt_lost_in_a_callback_leaves_no_result(tmp_path, monkeypatch, ope_in_process):
+    """One that no frame showed (raised and ignored in a callback, ``interrupts.lost``):
+    the command writes no result and exits 130 with the one line."""
+    data = tmp_path / "g"
+    assert ope_in_process(["generate", "bandit", str(data), "--episodes", "20"]).returncode == 0
+    evaluate = ["evaluate", str(data / "logs.parquet"), "-p", str(data / "policies/eval_0.npz")]
+    monkeypatch.setattr(interrupts, "_armed", [True])  # raised, never reported
+    done = ope_in_process([*evaluate, "-f", "json"])
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "ope: interrupted\n")
+    assert not interrupts.lost()

@@ -272,7 +272,9 @@ def run(argv: list[str]) -> int:
             highlight=True,
         )
         return INTERNAL_ERROR_EXIT_CODE
-    if code == INTERRUPTED_EXIT_CODE:  # typer returns Ctrl-C as 130, without a word
+    # typer returns Ctrl-C as 130, without a word; an interrupt lost in a callback (Python
+    # printed and ignored it) ends the run as interrupted, even where its result is out
+    if code == INTERRUPTED_EXIT_CODE or interrupts.lost():
         interrupts.handled()
         say(interrupts.message())
         return interrupts.exit_code()

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 from rich.console import Console
 
+from ope_cli import interrupts
+
 
 def stderr_console() -> Console:
     """A console on the current stderr: progress, warnings, errors (people, not data)."""
@@ -39,6 +41,8 @@ def table_console(width: int) -> Console:
 def stdout_kept_for_the_result() -> Iterator[None]:
     """While a command runs user code (an entry point's module on import, its function when
     traced): what Python prints to stdout goes to stderr, so that stdout holds the result
-    alone (``| jq`` reads it). The command writes its result after the block."""
+    alone (``| jq`` reads it). The command writes its result after the block; an interrupt
+    lost on the way (``interrupts.lost``) is raised at its end, before any result."""
     with contextlib.redirect_stdout(sys.stderr):
         yield
+    interrupts.raise_if_lost()  # Ctrl-C during the run: no result
