@@ -95,6 +95,31 @@ def _build_corpus(root: Path) -> Corpus:
 
         def returns_string(observation, action):
             return "log-prob"
+
+
+        class _NegativeProb:
+            def prob(self, observation, action):
+                return jnp.float64(-0.25) + 0 * action
+
+
+        negative_prob = _NegativeProb()
+
+
+        class _DoubleProb:
+            n_actions = 4
+
+            def prob(self, observation, action):
+                return jnp.float64(0.5) + 0 * action  # they sum to 2 over the 4 actions
+
+
+        double_prob = _DoubleProb()
+
+
+        def complex_log_prob(observation, action):
+            return jnp.complex64(-1.386) + 0 * action
+
+
+        complex_log_prob.n_actions = 4
         """)
     )
     (root / "ope_corpus_syntax.py").write_text("def log_prob(observation, action)\n    return 0\n")
@@ -820,6 +845,12 @@ CASES = [
         (r"{F}\.npz", "'weight'", "nan"),
         _checkpoint(lambda c: {**c, "weight": np.full_like(c["weight"], np.nan)}),
     ),
+    Case(  # no actions: it was "action is outside policy's 0 actions (0..-1)", exit 3
+        "checkpoint_without_actions",
+        4,
+        (r"{F}\.npz", "'weight'", "no entries"),
+        _checkpoint(lambda c: {**c, "weight": c["weight"][:, :0], "bias": c["bias"][:0]}),
+    ),
     Case(
         "checkpoint_string_weight",
         4,
@@ -878,8 +909,26 @@ CASES = [
     Case(
         "entry_point_raises",
         4,
-        (f"{ENTRY_MODULE}:raises", "ValueError", "refuses"),
+        (f"{ENTRY_MODULE}:raises", "failed while traced", "ValueError", "refuses"),
         _args("data.parquet", "-p", f"{ENTRY_MODULE}:raises"),
+    ),
+    Case(  # an object's prob: its error speaks of probabilities, not log_prob's NaN
+        "entry_point_prob_below_zero",
+        4,
+        (f"{ENTRY_MODULE}:negative_prob", "probability below 0 or NaN", "prob method"),
+        _args("data.parquet", "-p", f"{ENTRY_MODULE}:negative_prob"),
+    ),
+    Case(
+        "entry_point_prob_not_normalised",
+        4,
+        (f"{ENTRY_MODULE}:double_prob", "sum to 2", "prob must return normalised probabilities"),
+        _args("data.parquet", "-p", f"{ENTRY_MODULE}:double_prob"),
+    ),
+    Case(  # one line: NumPy's ComplexWarning came first
+        "entry_point_returns_complex",
+        4,
+        (f"{ENTRY_MODULE}:complex_log_prob", "complex64"),
+        _args("data.parquet", "-p", f"{ENTRY_MODULE}:complex_log_prob"),
     ),
     Case(
         "entry_point_wrong_signature",

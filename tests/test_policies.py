@@ -424,6 +424,25 @@ def test_the_probability_sums_probe_every_state_and_spread_over_the_chunk():
     assert probability_sum_off(negative, chunk, 3) is None
 
 
+def test_the_probability_sums_of_a_complex_log_prob_warn_nothing():
+    """Cast to float64, a complex64 result put NumPy's ComplexWarning on stderr ahead of the
+    one error line (the kernel names the dtype)."""
+    import warnings
+
+    from ope_cli.models.policies.base import Policy
+    from ope_cli.models.policies.checks import probability_sum_off
+
+    def log_prob(params, observation, action):
+        return jnp.complex64(jnp.log(1.0 / 3.0)) + 0 * action
+
+    policy = Policy("complex", "entry_point", None, (), log_prob, n_actions=3)
+    chunk = types.SimpleNamespace(observation=np.zeros((20, 2)), action=np.zeros(20, np.int64))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert probability_sum_off(policy, chunk, 3) is None
+    assert [str(w.message) for w in caught] == []
+
+
 def test_the_probability_sums_skip_invalid_observations(entry_module, tmp_path):
     """A NaN observation in the first steps made the sum NaN, and the entry point was
     refused (exit 4) where --on-invalid drop left the episode out before the check came."""

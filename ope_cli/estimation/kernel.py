@@ -1048,6 +1048,17 @@ class Kernel:
         return _UserCode(" / ".join(user_code) if user_code else None)
 
 
+# what JAX raises where code cannot be traced (Python control flow or NumPy on a tracer)
+TRACING_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.NonConcreteBooleanIndexError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
+
+
 class _UserCode:
     """Turns an exception raised while user code (``names``) is traced into a PolicyError."""
 
@@ -1062,9 +1073,14 @@ class _UserCode:
             return False
         if isinstance(error, PolicyError):
             raise PolicyError(f"{self.names}: {error}") from None
+        if isinstance(error, TRACING_ERRORS):
+            raise PolicyError(
+                f"{self.names} cannot be evaluated under jax.jit/vmap "
+                f"(is it JAX-traceable?): {summary(error)}"
+            ) from None
+        # an error of its own (a ValueError it raises): not a question of tracing
         raise PolicyError(
-            f"{self.names} cannot be evaluated under jax.jit/vmap "
-            f"(is it JAX-traceable?): {summary(error)}"
+            f"{self.names} failed while traced under jax.jit/vmap: {summary(error)}"
         ) from None
 
 

@@ -22,7 +22,7 @@ from ope_cli.data.ids import locate_key
 from ope_cli.errors import DataError, PolicyError, UsageError, where
 from ope_cli.models.behavior_models.base import MIN_PROPENSITY
 from ope_cli.models.policies import Policy, check_against_schema, chunk_checks, load_one_policy
-from ope_cli.models.policies.checks import no_log_probability
+from ope_cli.models.policies.checks import no_log_probability, returns_probabilities
 
 ESTIMATE = "estimate"
 
@@ -262,7 +262,9 @@ def zero_probability_error(
     key, step, value, count = first
     location = locate_key(key, step, chunks)
     if value != -np.inf:
-        return no_log_probability(f"{location}behavior policy {policy.name}", value, count)
+        return no_log_probability(
+            f"{location}behavior policy {policy.name}", value, count, returns_probabilities(policy)
+        )
     return DataError(
         f"{location}behavior policy {policy.name} gives the logged action probability 0 "
         "(log-probability -inf): the data cannot come from this behavior policy "

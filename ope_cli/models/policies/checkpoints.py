@@ -36,6 +36,8 @@ def checked_array(arrays: dict[str, np.ndarray], key: str, ndim: int, path: str)
         raise PolicyError(
             f"{path}: array {key!r} has shape {value.shape}, expected {ndim} dimension(s)"
         )
+    if 0 in value.shape:  # no actions, states or features: nothing to evaluate with
+        raise PolicyError(f"{path}: array {key!r} has shape {value.shape}, with no entries")
     if not np.isfinite(value).all():
         raise PolicyError(f"{path}: array {key!r} holds NaN or infinite values")
     return value.astype(np.float64)

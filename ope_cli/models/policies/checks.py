@@ -107,9 +107,25 @@ def not_log_probabilities(log_pi, discrete: bool, xp=np):
     return ~(log_pi < xp.inf)
 
 
-def no_log_probability(who: str, value: float, count: int) -> PolicyError:
+def returns_probabilities(policy: Policy) -> bool:
+    """Whether the policy's code returns probabilities (an entry point object with a
+    ``prob`` method, whose log ``log_prob`` takes), not log-probabilities."""
+    return getattr(policy.log_prob, "returns", None) == "prob"
+
+
+def no_log_probability(
+    who: str, value: float, count: int, probabilities: bool = False
+) -> PolicyError:
     """The PolicyError of a policy (``who``: where, and which) giving a logged action
-    ``value``, which is no log-probability, on ``count`` steps of a batch."""
+    ``value``, which is no log-probability, on ``count`` steps of a batch; in the words of
+    probabilities where its code returns those (``probabilities``)."""
+    if probabilities:
+        what = "below 0 or NaN" if np.isnan(value) else f"of {np.exp(value):g}, above 1"
+        return PolicyError(
+            f"{who} gives the logged action a probability {what}, which is no probability "
+            f"(a fault of its prob method or parameters; {count} step(s) so affected in a "
+            "batch)"
+        )
     what = "NaN" if np.isnan(value) else f"{value:g}"
     return PolicyError(
         f"{who} gives the logged action a log-probability of {what}, which is no "
@@ -136,7 +152,10 @@ def faulty_policy_error(policy: Policy, count: int, chunks: Iterable) -> PolicyE
         if bad.size:
             location = where(chunk.file, *chunk.locate(int(bad[0])))
             return no_log_probability(
-                f"{location}policy {policy.name}", float(log_pi[bad[0]]), count
+                f"{location}policy {policy.name}",
+                float(log_pi[bad[0]]),
+                count,
+                returns_probabilities(policy),
             )
     return PolicyError(
         f"policy {policy.name} gives {count} logged action(s) a value that is no "
@@ -154,7 +173,10 @@ def _check_normalised(policy: Policy, chunk, who: str | None) -> None:
         chunk,
         policy.n_actions,
         f"its {policy.n_actions} actions",
-        "log_prob must return normalised log-probabilities (jax.nn.log_softmax of the "
+        "prob must return normalised probabilities (jax.nn.softmax of the logits, over every "
+        "action)"
+        if returns_probabilities(policy)
+        else "log_prob must return normalised log-probabilities (jax.nn.log_softmax of the "
         "logits, over every action)",
         who,
     )
@@ -201,8 +223,10 @@ def probability_sum_off(policy: Policy, chunk, n_actions: int) -> tuple[int, flo
             block = rows[start : start + PROBED_STEPS]
             # always PROBED_STEPS rows, whatever is left out: one compilation
             padded = np.concatenate([block, np.repeat(block[:1], PROBED_STEPS - block.size)])
-            totals = np.asarray(probe(policy.params, chunk.observation[padded]), np.float64)
-            totals = totals[: block.size]
+            totals = np.asarray(probe(policy.params, chunk.observation[padded]))
+            if totals.dtype.kind != "f":  # complex, say: the kernel names the dtype
+                return None
+            totals = totals[: block.size].astype(np.float64)
             off = np.flatnonzero(~(np.abs(totals - 1.0) <= PROBABILITY_SUM_TOLERANCE))
             if off.size:
                 return int(block[off[0]]), float(totals[off[0]])

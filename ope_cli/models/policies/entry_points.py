@@ -127,6 +127,8 @@ def _entry_point_log_prob(spec: str, attribute: str, target: Any) -> LogProbFn:
 
         def log_prob(params, observation, action):
             return _jnp().log(method(observation, action))
+
+        log_prob.returns = "prob"  # what the user wrote returns: errors speak of it
     elif callable(target):
 
         def log_prob(params, observation, action):
