@@ -228,6 +228,37 @@ def test_auto_falls_back_to_normal_and_says_why_an_interval_is_missing():
     assert (dr.ci_low, dr.ci_high) == pytest.approx((0.5 - 0.196, 0.5 + 0.196), abs=1e-3)
 
 
+@pytest.mark.parametrize("method", ["percentile", "bootstrap-t"])
+def test_one_episode_names_its_bootstrap_method_with_the_reason_of_its_null(method):
+    """One episode under --ci percentile: ci_method was null (the table's method column
+    blank) where normal's named its method beside the same null interval."""
+    from ope_cli.estimation.run_plan import NO_INTERVAL, complete_intervals
+    from ope_cli.estimation.stats import Estimate
+    from ope_cli.results import PolicyResult
+
+    options = config(interval=method)
+    plan = plan_intervals(options, NOTHING)
+    one = Estimate(value=0.5, stderr=None, ci_low=None, ci_high=None)
+    result = PolicyResult("pi", {"is": one, "wis": one}, None, None)
+    completed = complete_intervals(result, plan, options)
+    assert completed.ci_methods == {"is": method, "wis": method}
+    assert {e.note for e in completed.estimates.values()} == {NO_INTERVAL}
+
+
+def test_a_betting_interval_beside_no_standard_error_says_why_there_is_none():
+    from ope_cli.estimation.run_plan import NO_STDERR, complete_intervals
+    from ope_cli.estimation.stats import Estimate
+    from ope_cli.results import PolicyResult
+
+    options = config(gamma=0.9, reward_range=(0.0, 1.0))
+    plan = plan_intervals(options, NOTHING)
+    one = Estimate(value=0.5, stderr=None, ci_low=0.1, ci_high=0.9)
+    completed = complete_intervals(PolicyResult("pi", {"is": one}, None, None), plan, options)
+    assert completed.ci_methods == {"is": "betting"}
+    assert completed.estimates["is"].note == NO_STDERR
+    assert (completed.estimates["is"].ci_low, completed.estimates["is"].ci_high) == (0.1, 0.9)
+
+
 def test_auto_without_an_estimator_that_bets_is_normal_and_says_what_would():
     """-e dr alone on bounded data: the run's interval said "betting" (with an empty
     clause of betting estimators) while every interval was a normal one."""

@@ -357,17 +357,17 @@ NO_INTERVAL = (
     "or squares of the terms beyond float64's range)"
 )
 NO_BETTING = "betting intervals do not apply to this estimator"
+# beside an interval that needs none (betting's)
+NO_STDERR = "no standard error: too few episodes (or terms beyond float64)"
 
 
-def _interval_method(name: str, estimate, method: str) -> str | None:
+def _interval_method(name: str, method: str) -> str | None:
     """The method a finished interval of estimator ``name`` comes from, under ``method``."""
     estimator = estimator_get(name)
     if method == "betting":
         return "betting" if estimator.betting else None
     if method == "normal" or estimator.replicates is None:
         return "normal"
-    if estimate.value is None or estimate.stderr is None:
-        return None
     return "bootstrap-t" if method == "bootstrap-t" and estimator.studentized else "percentile"
 
 
@@ -380,7 +380,7 @@ def complete_intervals(
     z = NormalDist().inv_cdf(0.5 + config.intervals.confidence / 2)
     estimates, methods = {}, {}
     for name, estimate in result.estimates.items():
-        method = _interval_method(name, estimate, plan.method)
+        method = _interval_method(name, plan.method)
         fallback = config.intervals.method == "auto" and method is None and plan.method == "betting"
         if fallback:  # normal, with an interval where there is a standard error
             method = "normal"
@@ -399,6 +399,8 @@ def complete_intervals(
                 else NO_INTERVAL
             )
             estimate = dataclasses.replace(estimate, ci_low=None, ci_high=None, note=note)
+        elif estimate.stderr is None and estimate.note is None:
+            estimate = dataclasses.replace(estimate, note=NO_STDERR)
         estimates[name], methods[name] = estimate, method
     return dataclasses.replace(result, estimates=estimates, ci_methods=methods)
 
