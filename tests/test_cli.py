@@ -1426,6 +1426,12 @@ def test_progress_counts_reading_time_alone_and_no_full_bar_while_work_remains(m
         assert (task.description, task.total, task.fields["eta"]) == (progress.ALL_READ, None, "")
         on_status("evaluating")  # a new shape's kernel, after the last rows
         assert task.description == progress.ALL_READ and task.total is None
+        on_status("evaluating again with the logged propensities, to compare (pass 4 of 4)")
+        clock[0] += 5.0  # not reading
+        on_progress(0, 1000)  # a new pass: its own count, rate and bar
+        clock[0] += 1.0
+        on_progress(250, 1000)
+        assert (task.completed, task.total, task.fields["rate"]) == (250, 1000, "250 rows/s")
 
 
 def test_the_result_stays_on_stdout_after_progress_was_shown():

@@ -650,8 +650,12 @@ def test_progress_names_the_fitting_passes(tmp_path):
         behavior=BehaviorConfig(policy="estimate"),
         q=QConfig(sources=("fit",)),
     )
-    lines = []
-    evaluate(config, on_status=lines.append)
+    lines, rows = [], []
+    evaluate(config, on_status=lines.append, on_progress=lambda read, total: rows.append(read))
+    # the comparison's rows are counted from 0 again: the display stood at every row read
+    total = pq.ParquetFile(logged).metadata.num_rows
+    assert rows.count(0) == 2 and rows.index(total) < len(rows) - rows[::-1].index(0) - 1, rows
+    assert rows[-1] == total
     assert lines[:3] == [
         "fitting the behavior policy (pass 1 of 4) ...",
         "fitting Q-hat (pass 2 of 4) ...",

@@ -91,7 +91,10 @@ class ProgressDisplay:
         return f"eta {int(left) // 60}:{int(left) % 60:02d}"
 
     def update(self, rows: int, total: int | None) -> None:
-        """Rows read so far, of ``total`` (None when unknown)."""
+        """Rows read so far, of ``total`` (None when unknown); fewer than before: a new pass
+        over the data, with its own rate."""
+        if rows < self._rows:
+            self._row_seconds, self._phase_since = 0.0, None
         if self._phase_since is None:
             self._phase_since = time.monotonic()
         seconds = self._seconds_in_row_phases()

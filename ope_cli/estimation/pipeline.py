@@ -273,7 +273,8 @@ def evaluate(
     counts = local.counters
     _check_some_episodes(config, counts)
     plan, reported = batches.plan, reported_estimators(config)
-    chosen, behavior = _estimated(config, batches, local, (precision, mesh), on_status)
+    reporters = (on_progress, on_status)
+    chosen, behavior = _estimated(config, batches, local, (precision, mesh), reporters)
     return EvaluationResult(
         dataset=_dataset(config, batches, counts),
         gamma=config.gamma,
@@ -299,17 +300,18 @@ def evaluate(
 
 
 def _estimated(
-    config, batches: BatchStream, local: _LocalPass, devices: tuple, on_status=None
+    config, batches: BatchStream, local: _LocalPass, devices: tuple, reporters=(None, None)
 ) -> tuple[_Chosen, BehaviorSource | None]:
     """(each policy's result with what choosing between them adds, the reported behavior
-    policy) of the pass ``local``; ``devices``: (precision, mesh)."""
+    policy) of the pass ``local``; ``devices``: (precision, mesh); ``reporters``:
+    (on_progress, on_status)."""
     plan, (precision, _) = batches.plan, devices
     results = annotate_results(
         _policy_results(config, plan, batches, local, precision), batches.policies, plan, config
     )
     chosen = _choosing(config, batches, local, results, precision)
     behavior = _reported_behavior(
-        batches, chosen.results, local.counters.episodes, *devices, on_status=on_status
+        batches, chosen.results, local.counters.episodes, *devices, *reporters
     )
     return chosen, behavior
 
@@ -519,6 +521,7 @@ def _reported_behavior(
     episodes: int,
     precision: str,
     mesh,
+    on_progress: Callable[[int, int | None], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> BehaviorSource | None:
     """Where pi_b came from; for a model estimated on data that also logs propensities,
@@ -545,7 +548,8 @@ def _reported_behavior(
     if on_status is not None and COMPARE_LOGGED in batches.inputs.passes:  # counted from the start
         on_status(pass_status(batches.inputs.passes, COMPARE_LOGGED))
     try:
-        logged, local = _evaluate_share(logged_config, precision, mesh)
+        # its rows counted from 0 again (the display showed every row read throughout)
+        logged, local = _evaluate_share(logged_config, precision, mesh, on_progress=on_progress)
     except DataError as error:
         return without_logged_mean_weights(behavior, f"the logged column cannot be read: {error}")
     left_out = episodes - local.counters.episodes
