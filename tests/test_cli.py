@@ -1434,6 +1434,28 @@ def test_progress_counts_reading_time_alone_and_no_full_bar_while_work_remains(m
         assert (task.completed, task.total, task.fields["rate"]) == (250, 1000, "250 rows/s")
 
 
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_progress_keeps_its_numbers_whole_on_a_narrow_terminal(monkeypatch, width):
+    """At 100 columns the line was cut at its end: a rate of 619,000 rows/s read "6,19"."""
+    from rich.console import Console
+
+    from ope_cli.cli import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    display = progress.ProgressDisplay(quiet=False, console=console, delay=3600.0)
+    with display as (on_progress, on_status):
+        on_progress(0, 20_283)
+        clock[0] += 0.05
+        on_progress(10_000, 20_283)
+        on_status("tracing the kernel for window shape [128, 64] (compiled unless cached) ...")
+        console.print(display._progress.get_renderable())
+    line = console.file.getvalue().splitlines()[-1]
+    assert "10,000/20,283 rows 200,000 rows/s" in line, line
+    assert len(line.rstrip()) <= width
+
+
 def test_the_result_stays_on_stdout_after_progress_was_shown():
     """Progress started inside the block that sends user code's prints to stderr swapped
     sys.stdout itself and, stopped after it, put stderr back as stdout: a long run's JSON

@@ -12,6 +12,7 @@ from ope_cli.cli.console import stderr_console
 ROW_PHASES = ("reading", "evaluating")  # statuses during which the rows measure the work
 # once every row is read, what remains (the last batches) has no rows to count
 ALL_READ = "evaluating the last batches (every row read)"
+WIDE = 140  # columns from which the status line has room for every part of it whole
 
 
 class ProgressDisplay:
@@ -52,16 +53,23 @@ class ProgressDisplay:
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.table import Column
 
+        # on a narrow terminal the status and the bar give way (the status ends in "…"), so
+        # that the numbers keep their place whole: cut at the line's end, a rate of
+        # 619,000 rows/s read "6,19"
+        narrow = self.console.width < WIDE
+        status, bar = (Column(ratio=3, no_wrap=True, overflow="ellipsis"), Column(ratio=1))
         self._progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[rows]}"),
-            TextColumn("{task.fields[rate]}", style="cyan"),
+            TextColumn("{task.description}", table_column=status if narrow else None),
+            BarColumn(bar_width=None if narrow else 40, table_column=bar if narrow else None),
+            TextColumn("{task.fields[rows]}", table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[rate]}", style="cyan", table_column=Column(no_wrap=True)),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[eta]}"),
+            TextColumn("{task.fields[eta]}", table_column=Column(no_wrap=True)),
             console=self.console,
+            expand=narrow,
             transient=True,
             # stdout is the result's: the command routes it (``stdout_kept_for_the_result``)
             # and rich's swap of sys.stdout, undone after that block, left it on stderr
