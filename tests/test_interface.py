@@ -149,6 +149,18 @@ def test_csv_rows_say_which_gamma(evaluations):
     assert rows and {(row["gamma"], row["gamma_source"]) for row in rows} == {(repr(GAMMA), "data")}
 
 
+def test_csv_rows_say_which_q_and_which_behavior_probabilities(evaluations):
+    """The pairing of policies and Q sources (SPEC 12) was in the table and JSON only."""
+    result = evaluations["declared"]
+    rows = list(csv.DictReader(io.StringIO(shown(result, "csv"))))
+    table = shown(result, "table")
+    for policy in result.results:
+        sources = {row["q_source"] for row in rows if row["policy"] == policy.policy}
+        assert sources == {policy.q.describe()} and policy.q.describe() in table
+    (behavior,) = {row["behavior_source"] for row in rows}
+    assert behavior.startswith("behavior probabilities: logged") and behavior in table
+
+
 def test_a_truth_for_another_gamma_is_a_usage_error(refused):
     """truth.json holds values for the gamma it was generated with: compared with estimates
     at another gamma (given, or the default where the data declares none) they would give

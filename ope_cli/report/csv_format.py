@@ -24,7 +24,9 @@ HEADER = ("policy", "estimator", "value", "stderr", "ci_low", "ci_high", *DIAGNO
 # added after the spec's columns: the interval's method and the reason of a null one, the
 # policy's label, rank and the estimator it ranks by, the warnings that concern the row's
 # policy or the whole run, the run's discount with where it comes from (SPEC 12: every
-# output says which), and the intervals' confidence level (of the differences' too)
+# output says which), the intervals' confidence level (of the differences' too), and where
+# the behavior probabilities and the row's policy's Q-hat come from (the table's footer
+# lines: a CSV read alone did not say which Q dm, dr and wdr were computed with)
 EXTRA = (
     "ci_method",
     "note",
@@ -35,6 +37,8 @@ EXTRA = (
     "gamma",
     "gamma_source",
     "ci_level",
+    "behavior_source",
+    "q_source",
 )
 # --baseline: the row's paired difference from the baseline (empty on the baseline's rows),
 # the baseline (as given) and its value by the row's estimator (behavior: its mean return),
@@ -84,6 +88,8 @@ def tidy_rows(
                     _float(result.gamma),
                     result.gamma_source,
                     _float(result.confidence.level),
+                    _behavior_line(result),
+                    None if policy.q is None else policy.q.describe(),
                     *(_float(x) for x in compared or (None,) * len(COMPARISON)),
                     result.baseline if c else None,
                     _float(_baseline_value(result, name)) if c else None,
@@ -93,6 +99,13 @@ def tidy_rows(
                 ]
             )
     return header, rows
+
+
+def _behavior_line(result: EvaluationResult) -> str | None:
+    """Where the behavior probabilities come from: the table footer's first line about them."""
+    if result.behavior is None:
+        return None
+    return result.behavior.describe().splitlines()[0]
 
 
 def _baseline_value(result: EvaluationResult, name: str) -> float | None:
