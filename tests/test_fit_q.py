@@ -950,6 +950,7 @@ def test_policy_mass_on_actions_never_logged_is_warned_of(data, tmp_path, model)
     expected = probs[:, -1].mean()
     (warning,) = [w for w in result.warnings if w["code"] == "q_unlogged_actions"]
     assert f"gives {expected:.3g} of its probability" in warning["message"]
+    assert result.unlogged_share == pytest.approx(expected, rel=1e-9)  # its JSON's number
     for folds in (1, 2):  # fit-q fits on every episode, as --cross-fit 1 does
         document = ope_cli.evaluate(
             str(path), policies=str(policy), q=f"fit:{model}", gamma=0.9, cross_fit=folds
@@ -957,6 +958,8 @@ def test_policy_mass_on_actions_never_logged_is_warned_of(data, tmp_path, model)
         (warned,) = [w for w in document["warnings"] if w["code"] == "q_unlogged_actions"]
         if folds == 1:
             assert warned["message"].endswith(warning["message"])
+            fitted = document["results"][0]["diagnostics"]["q"]["fit"]
+            assert fitted["unlogged_share"] == pytest.approx(result.unlogged_share, rel=1e-12)
         else:  # each fold's Q-hat: fitted on the other fold's episodes
             assert f"gives {expected:.3g} of its probability" in warned["message"]
             assert "actions that the other folds never logged there" in warned["message"]

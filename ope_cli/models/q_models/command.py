@@ -83,6 +83,9 @@ class FitQResult:
     heldout_bellman_rmse: float | None = None
     gamma_source: str = "option"  # option (--gamma), data (declared) or default
     bellman_rmse_note: str | None = None  # why bellman_rmse is null (the sums' rounding)
+    # pi_e's probability at the logged states on actions never logged there, where Q-hat is
+    # 0 (tabular and linear; as evaluate's diagnostics.q.fit.unlogged_share); else None
+    unlogged_share: float | None = None
     # what the fit warns about, as ope evaluate does: {"code", "message", "policy"} (None:
     # the whole run, its one policy)
     warnings: tuple[dict[str, str], ...] = ()
@@ -201,6 +204,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         converged=d.get("converged"),
         heldout_steps=d.get("heldout_steps"),
         heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
+        unlogged_share=d.get("unlogged_share"),
         warnings=tuple(  # {code, message, policy}, as every command's (SPEC 12)
             {**warning, "policy": None}
             for warning in fit_warnings(
