@@ -132,7 +132,7 @@ class InspectReport:
     invalid_episodes: int = 0
     invalid_steps: int = 0
     min_length: int | None = None
-    max_length: int = 0
+    max_length: int | None = None
     length_counts: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(LENGTH_BINS, np.int64)
     )
@@ -196,7 +196,8 @@ class InspectReport:
         lengths = chunk.lengths
         self.episodes += chunk.num_episodes
         self.steps += chunk.num_steps
-        self.max_length = max(self.max_length, int(lengths.max()))
+        longest = int(lengths.max())
+        self.max_length = longest if self.max_length is None else max(self.max_length, longest)
         shortest = int(lengths.min())
         self.min_length = shortest if self.min_length is None else min(self.min_length, shortest)
         bins = np.minimum(np.floor(np.log2(lengths)).astype(np.int64), LENGTH_BINS - 1)

@@ -16,10 +16,11 @@ that partial outputs are removed on the way out, and arms a timer: a process sti
 ``GRACE_SECONDS`` later, its interrupt lost, ends then. A second Ctrl-C ends it at once
 (raised again, it interrupted the first one's cleanup with a traceback). The command line
 disarms the timer once the interrupt has reached it (``handled``); an interrupt lost in a
-callback no frame shows (``lost``) is raised again before a result is written, and ends the
-run as interrupted where one was written first. SIGTERM (a batch
-scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated`` and exit code 143
-(128 + 15, a shell's for it): partial outputs go, where the default action left them. Once
+callback no frame shows (``lost``) is raised again before a result or a file is written (a
+``held`` step does not start), and ends the run as interrupted where one was written first.
+SIGTERM (a batch scheduler's, ``kill``'s) is handled the same way, with ``ope: terminated``
+and exit code 143 (128 + 15, a shell's for it): partial outputs go, where the default action
+left them. Once
 the command has written its result, the signals are ignored (``finished``), so the exit
 code is the result's, not the signal's after a complete document. Only the console script
 installs this (``install``): code that calls ``ope_cli`` in its own process keeps its own
@@ -48,9 +49,20 @@ _interrupted = [False]  # a first interrupt was raised: a second ends the proces
 _terminated = [False]  # the signal was SIGTERM
 _holding = [0]  # ``held`` contexts open: a signal waits in _held
 _held: list[int] = []
-# the files of weak references' callbacks (weakref.py, _weakrefset.py): Python ignores
-# their exceptions
-_CALLBACK_FILES = frozenset({weakref.__file__, weakref.WeakSet.add.__code__.co_filename})
+
+
+def _weakref_callbacks() -> frozenset[types.CodeType]:
+    """The code of the weak references' callbacks in the standard library (the weak
+    dictionaries' and sets' ``remove``, ``finalize.__call__``): Python ignores their
+    exceptions. Their other code (``setdefault``, ``finalize.__init__``) runs in plain
+    calls, JAX's tracing among them, and is safe to raise in."""
+    codes = {weakref.finalize.__call__.__code__}
+    for owner in (weakref.WeakValueDictionary, weakref.WeakKeyDictionary, weakref.WeakSet):
+        codes.update(c for c in owner.__init__.__code__.co_consts if isinstance(c, types.CodeType))
+    return frozenset(codes)
+
+
+_CALLBACKS = _weakref_callbacks()
 
 
 def exit_code() -> int:
@@ -74,13 +86,14 @@ def exit_interrupted(*_) -> None:
 
 def unsafe_to_raise(frame: types.FrameType | None) -> bool:
     """Whether a KeyboardInterrupt raised in ``frame`` would be lost or harmful: a
-    garbage-collector callback or the weak references' code (whose callbacks' exceptions
-    are printed and ignored) is running at or below it, or an import is (raised into a C
-    extension's loading, it crashed the process)."""
-    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    garbage-collector callback or a weak reference's (whose exceptions Python prints and
+    ignores) is running at or below it, or an import is (raised into a C extension's
+    loading, it crashed the process). A callback of the user's own weak reference is not
+    known: ``lost`` catches what it swallows."""
+    callbacks = _CALLBACKS | {getattr(c, "__code__", None) for c in gc.callbacks}
     while frame is not None:
         code = frame.f_code
-        if code in callbacks or code.co_filename in _CALLBACK_FILES:
+        if code in callbacks:
             return True
         if code.co_filename.startswith("<frozen importlib"):
             return True
@@ -157,6 +170,7 @@ def held() -> Iterator[None]:
     would not do: it holds the calling thread only, and with JAX loaded another thread
     took the signal while Python still ran the handler in the main thread; swapping the
     handlers raced with the signals it held. Nested, the outermost one raises."""
+    raise_if_lost()  # an interrupt lost before the step: it does not start
     _holding[0] += 1
     try:
         yield

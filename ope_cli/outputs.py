@@ -3,9 +3,13 @@ usage error unless ``--overwrite`` is given, checked before any work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
+from ope_cli import interrupts
 from ope_cli.errors import UsageError
 
 
@@ -35,3 +39,19 @@ def check_checkpoint_out(out: str, overwrite: bool) -> None:
     if not Path(out).resolve().parent.is_dir():
         raise UsageError(f"--out {out}: no such directory")
     refuse_existing([out], overwrite)
+
+
+def write_whole(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Writes ``path`` through ``write`` into a file beside it, renamed into place with
+    Ctrl-C held (``interrupts.held``): an interrupt (one lost on the way included) or an
+    error leaves the earlier file, or none, never half of one. OSError as ``open`` raises
+    it."""
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(partial, "wb") as handle:
+            write(handle)
+        with interrupts.held():
+            os.replace(partial, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)

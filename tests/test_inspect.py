@@ -474,6 +474,8 @@ def test_without_valid_episodes_every_length_is_null(tmp_path):
         }
     )
     pq.write_table(table, tmp_path / "logs.parquet")
-    counts = to_json_dict(inspect(InspectConfig(str(tmp_path / "logs.parquet"))))["counts"]
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
+    assert report.min_length is report.max_length is None  # the API's, as the JSON's
+    counts = to_json_dict(report)["counts"]
     assert counts["valid_episodes"] == 0
     assert counts["min_length"] is counts["max_length"] is counts["mean_length"] is None

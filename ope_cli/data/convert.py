@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import ope_cli.data.sources.remote as remote
+from ope_cli import interrupts
 from ope_cli._version import __version__
 from ope_cli.config import BatchingConfig, ColumnMapping
 from ope_cli.data.columns import ALIASES, NAMED_ONLY, DataSchema, is_list
@@ -465,7 +466,8 @@ def convert(config: ConvertConfig) -> ConvertResult:
         if steps == 0:  # as evaluate refuses it, rather than an empty file that it refuses
             raise DataError(f"{config.data}: {NO_EPISODES}")
         writer.close()
-        target.commit()
+        with interrupts.held():  # a rename, whole or not at all; an interrupt lost before it
+            target.commit()
     except BaseException:
         writer.close()
         target.abandon()

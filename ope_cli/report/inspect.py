@@ -62,7 +62,7 @@ def inspect_warnings(report: InspectReport) -> list:
     gamma_default; inspect printed returns and a logging-policy value at gamma 1 without
     a word), or discounted by a --gamma that is not the data's declared one."""
     warnings = [
-        default_gamma_warning(report.gamma_source, report.max_length),
+        default_gamma_warning(report.gamma_source, report.max_length or 0),
         replaced_gamma_warning(
             report.gamma,
             report.gamma_source,
@@ -107,7 +107,7 @@ def _counts_dict(report: InspectReport) -> dict[str, Any]:
         "invalid_episodes": report.invalid_episodes,
         "invalid_steps": report.invalid_steps,
         "min_length": report.min_length,
-        "max_length": report.max_length if report.min_length is not None else None,
+        "max_length": report.max_length,
         "mean_length": report.steps / report.episodes if report.episodes else None,
     }
 

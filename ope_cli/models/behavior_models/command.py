@@ -33,7 +33,7 @@ from ope_cli.models.behavior_models.fitting import (
     make_model,
 )
 from ope_cli.models.behavior_models.softmax import logits_of, stopped_short_message
-from ope_cli.outputs import check_checkpoint_out
+from ope_cli.outputs import check_checkpoint_out, write_whole
 
 CALIBRATION_BINS = 10
 
@@ -180,8 +180,7 @@ def logged_gap_warnings(
 def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:
     """The fitted model as an ``.npz`` policy checkpoint of SPEC section 3."""
     try:
-        with open(path, "wb") as handle:
-            np.savez(handle, **checkpoint_arrays(model, arrays))
+        write_whole(path, lambda handle: np.savez(handle, **checkpoint_arrays(model, arrays)))
     except OSError as error:
         raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
 
