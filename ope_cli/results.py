@@ -27,7 +27,7 @@ class QSource:
     (model, episodes, steps, folds, Bellman residuals, seconds), else None; ``mismatch``:
     why a checkpoint is not its policy's Q for the run's gamma, where only dr and wdr use it
     (a run that reports dm refuses such a Q), else None; ``exact``: the checkpoint says it
-    holds the policy's exact Q (``ope generate``'s).
+    holds the policy's exact Q (``ope generate``'s), and it is this run's (no ``mismatch``).
     """
 
     source: str

@@ -366,10 +366,13 @@ def test_exact_qs_given_in_another_order_than_their_policies_are_refused(chain_q
     assert "dr and wdr stay unbiased with any Q-hat" in warned[0]["message"]
     mismatch = document["results"][0]["diagnostics"]["q"]["mismatch"]
     assert mismatch.startswith(f"--q {out / 'q/eval_1.npz'} is the Q of another policy")
+    # generate's Q is exact for its own policy and gamma, not for this run's (it said exact)
+    assert document["results"][0]["diagnostics"]["q"]["exact"] is False
     own = ["-e", "dr", "--gamma", "0.95", "-f", "json"]  # its own Q, its own gamma: no word
     ordered = ["--q", out / "q/eval_0.npz", "--q", out / "q/eval_1.npz"]
     done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *ordered, *own])
     assert not [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "q_mismatch"]
+    assert json.loads(done.stdout)["results"][0]["diagnostics"]["q"]["exact"] is True
     other_gamma = ["-e", "dr", "--gamma", "0.5", "-f", "json"]  # its own Q, for 0.95
     done = ope_in_process(["evaluate", out / "logs.parquet", *policies, *ordered, *other_gamma])
     warned = [w for w in json.loads(done.stdout)["warnings"] if w["code"] == "q_mismatch"]

@@ -713,4 +713,6 @@ def q_source(q: QFunction):
     if q.fit is not None:
         return QSource("fit", FIT, q.fit.get("kind"), q.fit)
     source = "entry_point" if q.kind == "entry_point" else "checkpoint"
-    return QSource(source, q.name, q.kind, mismatch=q.mismatch, exact=q.exact)
+    # exact is of its own policy and discount: not this run's Q where they differ (dr, wdr)
+    exact = q.exact and q.mismatch is None
+    return QSource(source, q.name, q.kind, mismatch=q.mismatch, exact=exact)
