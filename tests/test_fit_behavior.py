@@ -633,6 +633,7 @@ def test_a_logged_column_invalid_in_some_episodes_is_not_compared(generated, tmp
         "no mean weights under the logged propensities: the logged column 'behavior_prob' is "
         "invalid in 2 of the 400 episodes"
     )
+    assert fit.mean_weight_note in result.behavior.describe()  # the table's lines, as JSON's
     assert result.dataset.episodes == 400 and not result.dataset.dropped
     for mine, theirs in zip(result.results, clean.results, strict=True):
         assert mine.estimates["is"].value == pytest.approx(theirs.estimates["is"].value, rel=1e-12)

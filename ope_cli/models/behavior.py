@@ -173,6 +173,8 @@ def _describe_fit(fit: BehaviorFit) -> str:
             f"logged column {fit.logged_column!r} (about 1 when the behavior probabilities "
             "are right)"
         )
+    if fit.mean_weight_note is not None:  # the data logs propensities, not compared
+        lines.append(fit.mean_weight_note)
     return "\n".join(lines)
 
 
