@@ -48,7 +48,9 @@ class TabularModel:
             if needed > budget:  # a sparse state id of 2e9 was a MemoryError, "a bug"
                 raise UsageError(
                     f"the tabular behavior model counts every action of every state up to "
-                    f"the largest state, {states - 1:,}: {folds} fold(s) x {states:,} states "
+                    f"the largest state, {states - 1:,}: {folds} table(s), one per fold of "
+                    "episodes (fit-behavior's five, for its held-out fifth; "
+                    f"--behavior-cross-fit's) x {states:,} states "
                     f"x {actions:,} actions need {needed / 2**30:.3g} GiB, more than "
                     f"{budget / 2**30:.3g} GiB ({MEMORY_ENV} raises the budget); number the "
                     "states 0, 1, ... or use linear_softmax"
