@@ -111,11 +111,14 @@ def test_an_explicit_method_is_kept_and_described():
 
 def test_the_asymptotic_note_names_what_gives_betting_intervals():
     """An asymptotic method's note says what would give betting intervals, for the data at
-    hand: the reward range; with it and gamma 1, a horizon; with both (or gamma < 1), just
-    asking for them."""
+    hand: the reward range (and at gamma 1 a horizon); with the range and gamma 1, a
+    horizon; with both (or gamma < 1), just asking for them."""
     bounded = DeclaredBounds(reward_range=(0.0, 1.0))
     cases = [
         (config(gamma=0.9, interval="normal"), NOTHING, "--reward-range LOW HIGH gives"),
+        # gamma 1 without a horizon: the range alone is refused ("also needs --horizon")
+        (config(interval="normal"), NOTHING, "--reward-range LOW HIGH with --horizon STEPS gives"),
+        (config(horizon=9, interval="normal"), NOTHING, "--reward-range LOW HIGH gives"),
         (config(gamma=1.0, interval="normal"), bounded, "--horizon STEPS (or --gamma < 1) gives"),
         (config(gamma=0.9, interval="normal"), bounded, "--ci betting (or auto) gives"),
         (config(gamma=1.0, horizon=9, interval="normal"), bounded, "--ci betting (or auto) gives"),

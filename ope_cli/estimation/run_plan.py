@@ -47,14 +47,20 @@ ASYMPTOTIC = (
 )
 
 
-def _betting_needs(reward_range: tuple[float, float] | None, available: bool) -> str:
-    """What gives betting intervals: the reward range, else (known reward range, gamma 1,
-    no horizon) a horizon; where the bounds already allow them, asking for them."""
-    if available:
-        return "--ci betting (or auto)"
+def _missing_bounds(reward_range, horizon: int | None, gamma: float) -> str:
+    """The options that would bound every episode's return, for betting intervals: the
+    reward range, and at gamma 1 a horizon too (the one the footer named alone was then
+    refused: "--reward-range with gamma 1 also needs --horizon")."""
+    unbounded = gamma >= 1.0 and horizon is None
     if reward_range is None:
-        return "--reward-range LOW HIGH"
+        return "--reward-range LOW HIGH" + (" with --horizon STEPS" if unbounded else "")
     return "--horizon STEPS (or --gamma < 1)"
+
+
+def _betting_needs(reward_range, horizon: int | None, gamma: float, available: bool) -> str:
+    """What gives betting intervals (``_missing_bounds``); where the bounds already allow
+    them, asking for them."""
+    return "--ci betting (or auto)" if available else _missing_bounds(reward_range, horizon, gamma)
 
 
 DEFAULT_GAMMA = 1.0
@@ -330,16 +336,14 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
     if method == "auto":
         method = "betting" if betting_range is not None and reported_betting else "normal"
     if method != "betting":
-        needs = _betting_needs(reward_range, betting_range is not None)
+        needs = _betting_needs(reward_range, horizon, gamma, betting_range is not None)
         if betting_range is not None and not reported_betting:
             needs = f"--estimator {'|'.join(betting)}"
         return IntervalPlan(method, **shared, betting_needs=needs)
     if betting_range is None:
-        missing = (
-            "--reward-range LOW HIGH"
-            if reward_range is None
-            else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
-        )
+        missing = _missing_bounds(reward_range, horizon, gamma)
+        if reward_range is not None:
+            missing = "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
         raise UsageError(
             f"--ci betting needs bounds on every episode's return: pass {missing}, or "
             "declare it in the data's schema metadata (see the README)"
