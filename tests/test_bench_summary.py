@@ -489,6 +489,9 @@ def test_out_naming_a_file_is_a_usage_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(UsageError, match="--out .*afile: a file, where a directory is wanted"):
         bench(BenchConfig(out=str(tmp_path / "afile")))
+    # a directory under a file: NotADirectoryError was an internal error too
+    with pytest.raises(UsageError, match="--out .*afile/sub: cannot make the directory"):
+        bench(BenchConfig(out=str(tmp_path / "afile" / "sub")))
 
 
 def test_a_q_fit_that_could_not_run_is_not_judged_and_says_why(measurements):

@@ -103,7 +103,10 @@ def _work_directory(out: str | None) -> Iterator[Path]:
         path = Path(out)
         if path.exists() and not path.is_dir():  # mkdir's FileExistsError was an internal error
             raise UsageError(f"--out {out}: a file, where a directory is wanted")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # under a file, or where nothing may be made: not a bug
+            raise UsageError(f"--out {out}: cannot make the directory ({error.strerror})") from None
         yield path
     else:
         with tempfile.TemporaryDirectory(prefix="ope-bench-") as name:
