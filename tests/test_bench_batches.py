@@ -50,3 +50,21 @@ def test_open_source_rejects_what_bench_cannot_measure(tmp_path):
     path = write_episode_layout(episodes, tmp_path / "episodes.parquet")
     with pytest.raises(UsageError, match="step-layout"):
         batches.open_source(str(path))
+
+
+def test_open_source_points_to_convert_for_other_column_names(logged, tmp_path):
+    """The fix a missing column's error names (--reward-col) is no bench option."""
+    import pyarrow.parquet as pq
+
+    from ope_cli.errors import DataError
+
+    _, path = logged
+    table = pq.read_table(path)
+    renamed = tmp_path / "renamed.parquet"
+    pq.write_table(
+        table.rename_columns(["r" if c == "reward" else c for c in table.column_names]), renamed
+    )
+    with pytest.raises(
+        DataError, match=r"--reward-col \(ope bench takes no column options: `ope convert"
+    ):
+        batches.open_source(str(renamed))

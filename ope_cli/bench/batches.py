@@ -37,7 +37,13 @@ LOOP_COLUMNS = {
 def open_source(source: str) -> EpisodeStream:
     """Opens ``source`` and checks it is what bench measures: step layout, vector
     observations, integer actions (as ``ope bench`` generates)."""
-    episodes = open_episodes(DataConfig(source))
+    try:
+        episodes = open_episodes(DataConfig(source))
+    except DataError as error:  # its fix may name column options, which bench does not take
+        raise DataError(
+            f"{error} (ope bench takes no column options: `ope convert DATA OUT.parquet` with "
+            "them writes the default names, then pass --data OUT.parquet)"
+        ) from None
     schema = episodes.schema
     if (
         schema.layout != "step"
