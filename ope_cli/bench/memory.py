@@ -89,9 +89,10 @@ def measure_memory(
     }
     for name, (episodes, data_seed) in cases.items():
         path = directory / f"memory_{name}.parquet"
-        if episodes is None:  # the long episode, then the 1x data's episodes
-            short = lengths["1x"]
-            long = np.concatenate([[max(big - int(short.sum()), 1)], short])
+        if episodes is None:  # the long episode, then the 1x data's episodes: as many
+            # steps as the 10x data has (generated sizes only approach what is asked)
+            short, many = lengths["1x"], int(lengths[f"{MEMORY_FACTOR}x"].sum())
+            long = np.concatenate([[max(many - int(short.sum()), 1)], short])
             info = generate_data(path, long.size, data_seed, long)
         else:
             info = generate_data(path, episodes, data_seed)
@@ -110,7 +111,7 @@ def measure_memory(
         # against 1x, as the growth is (against the 10x data it hid the growth that run
         # already had: 1.20 where 1x gives 1.66)
         "one_episode_ratio": ratio(runs["one_episode"]["peak_rss_bytes"], base),
-        "factor": MEMORY_FACTOR,
+        "factor": MEMORY_FACTOR,  # asked; the steps generated: each run's "steps"
         "method": "VmHWM of each ope evaluate child, read while it runs; one compilation "
         "cache, warmed by an untimed run first; one_episode_ratio: one long episode among the "
         "1x data's, as many steps as the 10x data / the 1x data",

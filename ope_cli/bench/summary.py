@@ -119,6 +119,9 @@ PADDING_RUNS = {  # SPEC 6's length distributions: the run that measures each
     "memory one_episode": "one very long episode (--memory)",
 }
 SHORT_LONG_EPISODE = "memory one_episode (not of millions of steps)"
+# the --memory-steps whose long episode (the 10x data's steps less the 1x data's, about 9
+# times them) reaches LONG_EPISODE_STEPS, with room for the generated sizes' spread
+LONG_EPISODE_MEMORY_STEPS = math.ceil(LONG_EPISODE_STEPS / (MEMORY_FACTOR - 1) / 1e4) * 10_000
 
 
 def padding_waste(padded: int, real: int) -> float | None:
@@ -343,7 +346,7 @@ def _padding_target(paddings: dict) -> dict:
     if SHORT_LONG_EPISODE in known:  # --memory was given, at a size too small for it
         missing = [
             f"one very long episode (the --memory run's has under {LONG_EPISODE_STEPS:,} "
-            f"steps: --memory-steps {LONG_EPISODE_STEPS // MEMORY_FACTOR:,} or more)"
+            f"steps: --memory-steps {LONG_EPISODE_MEMORY_STEPS:,} or more)"
             if what == PADDING_RUNS["memory one_episode"]
             else what
             for what in missing
@@ -376,7 +379,7 @@ def _memory_growth_target(config: BenchConfig, memory: dict | None) -> dict:
     if config.memory_steps >= MEMORY_SPEC_STEPS:
         return _judged("memory_growth", memory["growth"])
     note = (
-        f"not judged: measured from {config.memory_steps:,} steps; the target's from "
+        f"not judged: measured from {memory['1x']['steps']:,} steps; the target's from "
         f"{MEMORY_SPEC_STEPS:,} (--memory-steps {MEMORY_SPEC_STEPS})"
     )
     return _judged("memory_growth", memory["growth"], note, False)
@@ -392,8 +395,9 @@ def _one_episode_target(config: BenchConfig, memory: dict | None) -> dict:
     if longest >= LONG_EPISODE_STEPS and config.memory_steps >= MEMORY_SPEC_STEPS:
         return _judged("memory_one_episode", memory["one_episode_ratio"])
     note = (
-        f"not judged: the long episode has {longest:,} steps beside {config.memory_steps:,} "
-        f"steps of 1x data; the target's: millions of steps beside {MEMORY_SPEC_STEPS:,} "
+        f"not judged: the long episode has {longest:,} steps beside "
+        f"{memory['1x']['steps']:,} steps of 1x data; the target's: millions of steps beside "
+        f"{MEMORY_SPEC_STEPS:,} "
         f"(--memory-steps {MEMORY_SPEC_STEPS})"
     )
     return _judged("memory_one_episode", memory["one_episode_ratio"], note, False)
