@@ -188,7 +188,8 @@ def _bench(config: BenchConfig, directory: Path, progress: Progress) -> dict:
             "jax": jax.__version__,
             "cpus": os.cpu_count(),
             "load_average": {"start": load_before, "end": _load_average()},
-            "timing": f"each measurement's fastest of {config.rounds} interleaved runs",
+            "timing": f"each measurement's fastest of {config.rounds} interleaved runs (the "
+            "Python loop's: one run)",
             "bench_seconds": time.perf_counter() - started,
         },
         "batching": _batching(config.batching, batch_count, bucketer),
