@@ -81,7 +81,9 @@ def test_bench_json_has_every_measurement(tiny_bench):
     assert result["measurements"]["loop"]["wpdis_horizon"] == result["dataset"]["lengths"]["max"]
     # --rounds 1: each measurement timed once, in process and as whole warm processes
     assert result["measurements"]["kernel"]["runs"] == 1
-    assert result["runtime"]["timing"] == "each measurement's fastest of 1 interleaved runs"
+    assert result["runtime"]["timing"] == (
+        "each measurement's fastest of 1 interleaved runs (the Python loop's: one run)"
+    )
     assert "warm: fastest of 1," in result["policies"]["processes"]["method"]
     assert result["dataset"]["episodes"] == 40 and result["dataset"]["generated"] is False
     assert (result["dataset"]["obs_dim"], result["dataset"]["n_actions"]) == (4, 3)
