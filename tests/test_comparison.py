@@ -614,7 +614,9 @@ def test_a_policy_without_weight_differs_from_nothing(chain, never):
     for name in ("is", "pdis", "wis", "wpdis"):
         metrics = document["selection"][name]
         assert metrics["rmse"] is None and metrics["spearman"] is None, (name, metrics)
-        assert f"{name}: no estimate for never; no ranking metrics" in notes, notes
+        assert f"{name}: no estimate for never; no rmse, nmse, spearman or @k metrics" in notes, (
+            notes
+        )
 
 
 def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):

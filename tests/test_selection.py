@@ -400,7 +400,21 @@ def test_an_undefined_estimate_makes_the_ranking_metrics_null_with_a_note():
     )
     assert all(metrics[name] is None for name in metrics if name != "coverage")
     assert metrics["coverage"] == 0.5
-    assert notes == ["no estimate for a; no ranking metrics"]
+    assert notes == ["no estimate for a; no rmse, nmse, spearman or @k metrics"]
+
+
+def test_a_spearman_left_null_says_which_side_is_constant():
+    """Every true value equal: spearman was null with no word (SPEC 11 names K < 2 only)."""
+    metrics, notes = selection_metrics(
+        {"a": 0.3, "b": 0.3, "c": 0.3}, {"a": 1.0, "b": 2.0, "c": 3.0}
+    )
+    assert metrics["spearman"] is None
+    assert "the true values are all equal: no ranking for spearman to correlate" in notes
+    metrics, notes = selection_metrics({"a": 1.0, "b": 2.0}, {"a": 5.0, "b": 5.0}, top_k=(2,))
+    assert metrics["spearman"] is None
+    assert "the estimates are all equal: no ranking for spearman to correlate" in notes
+    metrics, notes = selection_metrics({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 3.0}, top_k=(1,))
+    assert metrics["spearman"] == 1.0 and notes == []
 
 
 def test_selection_by_estimator_keys_the_metrics_by_estimator():
@@ -417,7 +431,7 @@ def test_selection_by_estimator_keys_the_metrics_by_estimator():
     assert selection["pdis"]["coverage"] == 0.25  # errors 0.5, -1, 1, -1: only a within 0.6
     assert selection["wis"]["rmse"] is None
     assert notes == [
-        "wis: no estimate for b; no ranking metrics",
+        "wis: no estimate for b; no rmse, nmse, spearman or @k metrics",
         "wis: coverage over 0 of 4 policies; 4 without an interval left out",
     ]
 

@@ -471,6 +471,9 @@ def _ranking_metrics(
         "spearman": spearman(estimate_k, true_k),
     }
     notes = []
+    if metrics["spearman"] is None and true_k.size >= 2:  # one of the two is constant
+        constant = "true values" if np.all(true_k == true_k[0]) else "estimates"
+        notes.append(f"the {constant} are all equal: no ranking for spearman to correlate")
     for k in top_k:
         tied = tied_at_edge(estimate_k, k)
         if tied.size:
@@ -529,7 +532,9 @@ def selection_metrics(
     ]
     estimate_k = None
     if undefined:
-        notes.append(f"no estimate for {', '.join(undefined)}; no ranking metrics")
+        notes.append(
+            f"no estimate for {', '.join(undefined)}; no rmse, nmse, spearman or @k metrics"
+        )
     else:
         estimate_k = np.array([estimates[p] for p in policies], dtype=np.float64)
     metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, shown)
