@@ -732,6 +732,9 @@ def test_estimate_table_footer(chain_runs):
     assert "mean log-likelihood" in text
     assert "raised to it" in text
     assert "mean trajectory weight of" in text and "with the logged column 'behavior_prob'" in text
+    # the policy as the tables call it (its label), not its path
+    shown = chain_runs["both"]["results"][0]["label"]
+    assert f"mean trajectory weight of {shown}:" in text, text
 
 
 def test_betting_on_an_estimated_behavior_says_so_in_every_format(generated):

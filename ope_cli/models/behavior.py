@@ -137,12 +137,14 @@ class BehaviorSource:
     fit: BehaviorFit | None = None
     actions_checked: bool = True
 
-    def describe(self) -> str:
-        """The report's footer: one line, two or three for an estimated model."""
+    def describe(self, labels: dict[str, str] | None = None) -> str:
+        """The report's footer: one line, two or three for an estimated model; ``labels``:
+        {policy: the name the tables give it}, for the lines of an estimated model's mean
+        weights."""
         if self.source == "column":
             return f"behavior probabilities: logged, column {self.name!r}"
         if self.fit is not None:
-            return _describe_fit(self.fit)
+            return _describe_fit(self.fit, labels or {})
         what = f"checkpoint {self.name} ({self.kind})" if self.kind else f"entry point {self.name}"
         return f"behavior probabilities: computed from {what} (--behavior)"
 
@@ -153,7 +155,7 @@ def _fitted_on(folds: int) -> str:
     return f"out-of-fold: {folds} folds of episodes, each with the model fitted on the others"
 
 
-def _describe_fit(fit: BehaviorFit) -> str:
+def _describe_fit(fit: BehaviorFit, labels: dict[str, str]) -> str:
     lines = [
         f"behavior probabilities: estimated ({fit.model}) from {fit.steps:,} logged actions "
         f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
@@ -169,7 +171,8 @@ def _describe_fit(fit: BehaviorFit) -> str:
             "-" if weights[k] is None else f"{weights[k]:.4g}" for k in ("estimated", "logged")
         )
         lines.append(
-            f"mean trajectory weight of {policy}: {estimated} estimated, {logged} with the "
+            f"mean trajectory weight of {labels.get(policy, policy)}: {estimated} estimated, "
+            f"{logged} with the "
             f"logged column {fit.logged_column!r} (about 1 when the behavior probabilities "
             "are right)"
         )

@@ -448,7 +448,7 @@ def footer_lines(result: EvaluationResult, rank_by: str) -> list[tuple[str, str]
         lines.append((f"warning: {message}", "yellow"))
     lines.append((f"intervals: {result.confidence.method}", "dim"))
     if result.behavior is not None:
-        lines.append((result.behavior.describe(), "dim"))
+        lines.append((result.behavior.describe(labels), "dim"))
     several = len(result.results) > 1
     for policy in result.results:
         if policy.q is not None:
