@@ -1,13 +1,15 @@
 """Outputs a command writes are never replaced silently (SPEC 12): an existing one is a
-usage error unless ``--overwrite`` is given, checked before any work."""
+usage error unless ``--overwrite`` is given, checked before any work; a checkpoint is
+written whole or not at all (``write_checkpoint_file``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+
+import numpy as np
 
 from ope_cli import interrupts
 from ope_cli.errors import UsageError
@@ -41,17 +43,20 @@ def check_checkpoint_out(out: str, overwrite: bool) -> None:
     refuse_existing([out], overwrite)
 
 
-def write_whole(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Writes ``path`` through ``write`` into a file beside it, renamed into place with
-    Ctrl-C held (``interrupts.held``): an interrupt (one lost on the way included) or an
-    error leaves the earlier file, or none, never half of one. OSError as ``open`` raises
-    it."""
-    partial = f"{path}.{os.getpid()}.partial"
+def write_checkpoint_file(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` of ``arrays`` at ``path`` (a command's ``--out``) with Ctrl-C held
+    (``interrupts.held``): an interrupt, one lost on the way included, comes before the file
+    is opened or once it is whole, never halfway; a file the run created is then removed.
+    Written in place (through a symlink, in a folder that only lets the file be written);
+    a UsageError naming ``--out`` where it cannot be."""
+    existed = os.path.lexists(path)
     try:
-        with open(partial, "wb") as handle:
-            write(handle)
-        with interrupts.held():
-            os.replace(partial, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(partial)
+        with interrupts.held(), open(path, "wb") as handle:
+            np.savez(handle, **arrays)
+    except OSError as error:
+        raise UsageError(f"--out {path}: cannot write the checkpoint ({error.strerror})") from None
+    except KeyboardInterrupt:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise

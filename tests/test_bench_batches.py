@@ -68,3 +68,11 @@ def test_open_source_points_to_convert_for_other_column_names(logged, tmp_path):
         DataError, match=r"--reward-col \(ope bench takes no column options: `ope convert"
     ):
         batches.open_source(str(renamed))
+
+
+def test_open_source_adds_no_convert_hint_where_no_column_option_is_named(tmp_path):
+    from ope_cli.errors import DataError
+
+    with pytest.raises(DataError) as raised:
+        batches.open_source(str(tmp_path / "missing.parquet"))
+    assert "ope convert" not in str(raised.value)

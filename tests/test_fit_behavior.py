@@ -98,6 +98,8 @@ def test_tabular_counts_past_the_memory_budget_are_refused(monkeypatch):
     with pytest.raises(UsageError, match="largest state, 100,000: .*OPE_FIT_MEMORY_GB") as error:
         model.add(np.array([0, 100_000]), np.array([0, 2]), np.array([0, 1]))
     assert "\n" not in str(error.value)
+    # fit-behavior has no fold option: the message says what its five folds are
+    assert "5 table(s), one per fold of episodes (fit-behavior's five" in str(error.value)
 
 
 def test_tabular_counts_with_additive_smoothing():

@@ -27,3 +27,26 @@ def test_a_dangling_link_counts_as_existing(tmp_path):
     link.symlink_to(tmp_path / "missing")
     with pytest.raises(UsageError, match="out.npz: already exists"):
         refuse_existing([link], overwrite=False)
+
+
+def test_a_checkpoint_is_written_in_place_and_never_half(tmp_path, monkeypatch):
+    """Through a symlink (an --overwrite replaced the link, leaving its file stale), with
+    Ctrl-C held; an interrupt lost before it leaves no file the run created."""
+    import numpy as np
+
+    from ope_cli import interrupts
+    from ope_cli.outputs import write_checkpoint_file
+
+    target = tmp_path / "real.npz"
+    target.write_bytes(b"old")
+    (tmp_path / "link.npz").symlink_to(target)
+    write_checkpoint_file(str(tmp_path / "link.npz"), {"q": np.ones(3)})
+    assert (tmp_path / "link.npz").is_symlink()
+    assert np.load(target)["q"].tolist() == [1.0, 1.0, 1.0]
+    monkeypatch.setattr(interrupts, "_armed", [True])  # raised in a callback, never reported
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint_file(str(tmp_path / "new.npz"), {"q": np.ones(3)})
+    assert not (tmp_path / "new.npz").exists()
+    monkeypatch.setattr(interrupts, "_armed", [False])
+    with pytest.raises(UsageError, match=r"^--out .*/nowhere/q\.npz: cannot write the checkpoint"):
+        write_checkpoint_file(str(tmp_path / "nowhere" / "q.npz"), {"q": np.ones(3)})

@@ -96,8 +96,11 @@ def test_given_or_declared_bounds_are_checked_whatever_the_method(interval):
 
 
 def test_betting_without_bounds_names_what_is_missing():
-    with pytest.raises(UsageError, match="--reward-range LOW HIGH"):
+    with pytest.raises(UsageError, match="pass --reward-range LOW HIGH, or declare"):
         plan_intervals(config(interval="betting", gamma=0.9), NOTHING)
+    # at gamma 1 the range alone is refused too: the refusal names both
+    with pytest.raises(UsageError, match="pass --reward-range LOW HIGH with --horizon STEPS, or"):
+        plan_intervals(config(interval="betting"), NOTHING)
     with pytest.raises(UsageError, match="--horizon"):
         plan_intervals(config(gamma=1.0, reward_range=(0.0, 1.0)), NOTHING)
 

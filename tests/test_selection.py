@@ -413,6 +413,10 @@ def test_a_spearman_left_null_says_which_side_is_constant():
     metrics, notes = selection_metrics({"a": 1.0, "b": 2.0}, {"a": 5.0, "b": 5.0}, top_k=(2,))
     assert metrics["spearman"] is None
     assert "the estimates are all equal: no ranking for spearman to correlate" in notes
+    # equal to rounding (0.1 + 0.2 against 0.3) is equal, as spearman's ranks take it
+    truth = {"a": 0.1 + 0.2, "b": 0.3, "c": 0.3}
+    metrics, notes = selection_metrics(truth, {"a": 1.0, "b": 2.0, "c": 3.0})
+    assert "the true values are all equal: no ranking for spearman to correlate" in notes
     metrics, notes = selection_metrics({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 3.0}, top_k=(1,))
     assert metrics["spearman"] == 1.0 and notes == []
 

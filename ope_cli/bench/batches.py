@@ -8,6 +8,7 @@ action count) comes from those padded batches, not from another pass.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +40,10 @@ def open_source(source: str) -> EpisodeStream:
     observations, integer actions (as ``ope bench`` generates)."""
     try:
         episodes = open_episodes(DataConfig(source))
-    except DataError as error:  # its fix may name column options, which bench does not take
+    except DataError as error:
+        if not re.search(r"--[a-z-]+-col\b", str(error)):
+            raise
+        # its fix names a column option, which bench does not take
         raise DataError(
             f"{error} (ope bench takes no column options: `ope convert DATA OUT.parquet` with "
             "them writes the default names, then pass --data OUT.parquet)"

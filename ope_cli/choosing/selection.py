@@ -472,7 +472,8 @@ def _ranking_metrics(
     }
     notes = []
     if metrics["spearman"] is None and true_k.size >= 2:  # one of the two is constant
-        constant = "true values" if np.all(true_k == true_k[0]) else "estimates"
+        ranks = average_ranks(true_k)  # tied to rounding, as spearman's ranks are
+        constant = "true values" if np.all(ranks == ranks[0]) else "estimates"
         notes.append(f"the {constant} are all equal: no ranking for spearman to correlate")
     for k in top_k:
         tied = tied_at_edge(estimate_k, k)

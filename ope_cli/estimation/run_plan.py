@@ -341,9 +341,11 @@ def plan_intervals(config: EvaluationConfig, declared: DeclaredBounds) -> Interv
             needs = f"--estimator {'|'.join(betting)}"
         return IntervalPlan(method, **shared, betting_needs=needs)
     if betting_range is None:
-        missing = _missing_bounds(reward_range, horizon, gamma)
-        if reward_range is not None:
-            missing = "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
+        missing = (
+            _missing_bounds(reward_range, horizon, gamma)
+            if reward_range is None
+            else "--horizon STEPS (with --gamma 1 the return is bounded only by a horizon)"
+        )
         raise UsageError(
             f"--ci betting needs bounds on every episode's return: pass {missing}, or "
             "declare it in the data's schema metadata (see the README)"

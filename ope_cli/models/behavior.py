@@ -137,14 +137,14 @@ class BehaviorSource:
     fit: BehaviorFit | None = None
     actions_checked: bool = True
 
-    def describe(self, labels: dict[str, str] | None = None) -> str:
+    def describe(self, labels: dict[str, str] | None = None, timed: bool = True) -> str:
         """The report's footer: one line, two or three for an estimated model; ``labels``:
         {policy: the name the tables give it}, for the lines of an estimated model's mean
-        weights."""
+        weights; without ``timed``, not the fit's seconds (CSV: equal runs, equal files)."""
         if self.source == "column":
             return f"behavior probabilities: logged, column {self.name!r}"
         if self.fit is not None:
-            return _describe_fit(self.fit, labels or {})
+            return _describe_fit(self.fit, labels or {}, timed)
         what = f"checkpoint {self.name} ({self.kind})" if self.kind else f"entry point {self.name}"
         return f"behavior probabilities: computed from {what} (--behavior)"
 
@@ -155,10 +155,11 @@ def _fitted_on(folds: int) -> str:
     return f"out-of-fold: {folds} folds of episodes, each with the model fitted on the others"
 
 
-def _describe_fit(fit: BehaviorFit, labels: dict[str, str]) -> str:
+def _describe_fit(fit: BehaviorFit, labels: dict[str, str], timed: bool) -> str:
+    seconds = f" in {fit.seconds:.2f} s" if timed else ""
     lines = [
         f"behavior probabilities: estimated ({fit.model}) from {fit.steps:,} logged actions "
-        f"of {fit.episodes:,} episodes in {fit.seconds:.2f} s; mean log-likelihood "
+        f"of {fit.episodes:,} episodes{seconds}; mean log-likelihood "
         f"{fit.mean_log_likelihood:.4g} per step ({_fitted_on(fit.cross_fit)})"
     ]
     if fit.floored is not None:

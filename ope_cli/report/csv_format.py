@@ -105,7 +105,7 @@ def _behavior_line(result: EvaluationResult) -> str | None:
     """Where the behavior probabilities come from: the table footer's first line about them."""
     if result.behavior is None:
         return None
-    return result.behavior.describe().splitlines()[0]
+    return result.behavior.describe(timed=False).splitlines()[0]
 
 
 def _baseline_value(result: EvaluationResult, name: str) -> float | None:

@@ -21,7 +21,7 @@ from ope_cli.config import ColumnMapping
 from ope_cli.data.columns import DataSchema
 from ope_cli.data.episode_stream import DataConfig, EpisodeStream, open_episodes
 from ope_cli.data.episodes import EpisodeChunk
-from ope_cli.errors import DataError, UsageError, first_line
+from ope_cli.errors import DataError, first_line
 from ope_cli.models.behavior import ESTIMATED_BEHAVIOR_OFF
 from ope_cli.models.behavior_models.base import BEHAVIOR_FIT_NOT_CONVERGED, MODELS, log_softmax
 from ope_cli.models.behavior_models.fitting import (
@@ -33,7 +33,7 @@ from ope_cli.models.behavior_models.fitting import (
     make_model,
 )
 from ope_cli.models.behavior_models.softmax import logits_of, stopped_short_message
-from ope_cli.outputs import check_checkpoint_out, write_whole
+from ope_cli.outputs import check_checkpoint_out, write_checkpoint_file
 
 CALIBRATION_BINS = 10
 
@@ -179,10 +179,7 @@ def logged_gap_warnings(
 
 def write_checkpoint(path: str, model: str, arrays: dict[str, np.ndarray]) -> None:
     """The fitted model as an ``.npz`` policy checkpoint of SPEC section 3."""
-    try:
-        write_whole(path, lambda handle: np.savez(handle, **checkpoint_arrays(model, arrays)))
-    except OSError as error:
-        raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
+    write_checkpoint_file(path, checkpoint_arrays(model, arrays))
 
 
 def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:

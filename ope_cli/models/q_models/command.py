@@ -35,7 +35,7 @@ from ope_cli.models.q_models.base import (
 )
 from ope_cli.models.q_models.fitting import FitSettings, fit_q
 from ope_cli.models.qfunctions import provenance_arrays
-from ope_cli.outputs import check_checkpoint_out, write_whole
+from ope_cli.outputs import check_checkpoint_out, write_checkpoint_file
 from ope_cli.report.warnings import replaced_gamma_warning
 
 
@@ -260,9 +260,4 @@ def write_q_checkpoint(
     """A Q checkpoint ``.npz``: ``kind``, the fitted arrays, the discount ``gamma`` they
     were fitted for and the fingerprint of the ``policy`` they are the Q of (None: an entry
     point's, which has none); ``ope evaluate`` refuses it for another of either."""
-    try:
-        write_whole(
-            path, lambda handle: np.savez(handle, **arrays, **provenance_arrays(gamma, policy))
-        )
-    except OSError as error:
-        raise UsageError(f"--out {path}: cannot write the checkpoint ({error})") from None
+    write_checkpoint_file(path, {**arrays, **provenance_arrays(gamma, policy)})
