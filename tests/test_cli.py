@@ -1234,6 +1234,20 @@ def test_every_command_and_option_has_help_and_an_example():
             assert _shown(param.help) == param.help.replace("\\[", "["), (name, param.name)
 
 
+def test_every_help_example_fits_an_80_column_terminal():
+    """Examples longer than the help's 78 columns wrapped mid-command ("--behavior" over
+    "estimate"): a line copied from the help was then an incomplete command."""
+    import typer.main
+
+    from ope_cli.cli import app
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for paragraph in command.help.split("\n\n"):
+            example = paragraph.strip().removeprefix("Example: ")
+            if example.startswith("ope "):
+                assert len(example) <= 77, (name, example)
+
+
 def _shown(markup: str) -> str:
     from rich.text import Text
 

@@ -42,7 +42,11 @@ def convert(
     as one step-layout Parquet file with the standard column names and ope metadata,
     streamed batch by batch. Prints what was written.
 
-    Example: ope convert minari:my-team/pick-place-v0 pick.parquet --behavior-log-prob-col infos/action_log_probs
+    Examples:
+
+      ope convert minari:my-team/pick-place-v0 pick.parquet
+
+      ope convert hopper-medium-v2.hdf5 hopper.parquet
     """
     from ope_cli.data.convert import ConvertConfig
     from ope_cli.data.convert import convert as write_parquet

@@ -123,17 +123,17 @@ def evaluate(
 
       ope evaluate logs.parquet --policy ckpt.npz --gamma 0.99
 
-      ope evaluate logs/ -p a.npz -p b.npz --format json | jq '.results[0].estimates.wis.value'
+      ope evaluate logs/ -p a.npz -p b.npz -f json | jq '.results[].estimates.wis'
 
-      ope evaluate episodes.parquet --policy mypkg.models:policy --obs-col state --behavior-prob-col pscore
+      ope evaluate logs.parquet -p mypkg.models:policy --obs-col features
 
       ope evaluate minari_logs/ --policy ckpt.npz --behavior behavior.npz
 
-      ope evaluate logs_without_propensities.parquet --policy ckpt.npz --behavior estimate
+      ope evaluate logs.parquet --policy ckpt.npz --behavior estimate
 
       ope evaluate logs.parquet --policy ckpt.npz --q fit
 
-      ope evaluate logs.parquet --policy 'ckpts/*.npz' --baseline behavior --truth truth.json
+      ope evaluate logs.parquet -p 'ckpts/*.npz' --baseline behavior
     """
     shown = dict(run_options)
     on_invalid = shown.pop("on_invalid")

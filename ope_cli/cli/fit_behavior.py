@@ -48,7 +48,11 @@ def fit_behavior(
     Maximum likelihood; prints the mean log-likelihood in-sample and of held-out episodes
     and, where the data also logs propensities, how far the estimate is from them.
 
-    Example: ope fit-behavior logs.parquet --out behavior.npz && ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
+    Examples (the second uses the first's checkpoint):
+
+      ope fit-behavior logs.parquet --out behavior.npz
+
+      ope evaluate logs.parquet -p ckpt.npz --behavior behavior.npz
     """
     from ope_cli.models.behavior_models.base import check_model_name
     from ope_cli.models.behavior_models.command import FitBehaviorConfig, run_fit_behavior

@@ -89,7 +89,11 @@ def generate(
     policy's true value) and, for chain without --horizon, OUT/q/*.npz (each policy's exact
     Q, a tabular_q checkpoint).
 
-    Example: ope generate chain demo --episodes 5000 --gamma 0.99 && ope evaluate demo/logs.parquet -p demo/policies/eval_0.npz --gamma 0.99
+    Examples (evaluate reads the gamma that generate declares in the data):
+
+      ope generate chain demo --episodes 5000 --gamma 0.99
+
+      ope evaluate demo/logs.parquet -p 'demo/policies/*' --truth demo/truth.json
     """
     from ope_cli.envs.generate import generate as write_environment
 
