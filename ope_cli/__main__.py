@@ -3,7 +3,6 @@ process-wide settings that only a command line may make for its process."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
@@ -22,7 +21,10 @@ KEEP_FREED_MEMORY = {-3: 64 << 20, -1: 256 << 20, -2: 64 << 20}  # MMAP_, TRIM_,
 
 
 def keep_freed_memory() -> bool:
-    """Sets KEEP_FREED_MEMORY with glibc's ``mallopt``; False where there is none."""
+    """Sets KEEP_FREED_MEMORY with glibc's ``mallopt``; False where there is none. (ctypes
+    loads here, once Ctrl-C is handled: imported above, a signal in it was a traceback.)"""
+    import ctypes
+
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError, TypeError):  # not glibc, or no C library to open

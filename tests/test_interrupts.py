@@ -234,3 +234,15 @@ def test_an_interrupt_lost_in_a_callback_leaves_no_result(tmp_path, monkeypatch,
         if output is not None:
             assert not output.exists(), name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # nothing half written
+
+
+def test_the_entry_module_imports_nothing_before_ctrl_c_is_handled():
+    """``ope`` loads ope_cli.__main__ before its handler is installed: a module imported
+    there (ctypes was) met a Ctrl-C of the first milliseconds with a traceback."""
+    code = "import sys, ope_cli.__main__; print(sorted(set(sys.modules) - BEFORE))"
+    before = "import sys; BEFORE = set(sys.modules); "
+    done = subprocess.run(
+        [sys.executable, "-c", before + code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['ope_cli', 'ope_cli.__main__', 'ope_cli._version']"

@@ -390,3 +390,31 @@ def test_a_figure_of_many_policies_names_them_elsewhere_rather_than_breaking(tmp
             axes.get_title()
         ), name
         assert axes.get_position().width > 0.5, name  # not collapsed by a legend beside it
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_interrupted_plot_leaves_no_figure(tmp_path, monkeypatch, one_policy, existed):
+    """Ctrl-C while the figures were written left one to three of them, one cut short
+    (and the next run refused them as existing): they go, and a directory made for them."""
+    pytest.importorskip("matplotlib")
+    from ope_cli.report import plots
+
+    save = plots._save
+    saved = []
+
+    def interrupted_at_the_third(plt, figure, path, shown):
+        if len(saved) == 2:
+            path.write_bytes(b"\x89PNG cut short")
+            raise KeyboardInterrupt
+        saved.append(save(plt, figure, path, shown))
+        return saved[-1]
+
+    monkeypatch.setattr(plots, "_save", interrupted_at_the_third)
+    out = tmp_path / "figures"
+    if existed:
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        plots.write_plots(one_policy, out)
+    assert len(saved) == 2
+    assert (sorted(p.name for p in out.iterdir()) == ["notes.txt"]) if existed else not out.exists()

@@ -10,6 +10,7 @@ policies that could be the best where they are known (SPEC section 11).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -87,14 +88,24 @@ def write_plots(
 ) -> list[Path]:
     """Writes weights.png, horizon.png, estimates.png and ranking.png (by ``rank_by``, the
     table's ranking estimator) into ``directory`` (created if needed) and returns their
-    paths."""
+    paths. Interrupted or failed part way, it removes the four (a Ctrl-C left one to three
+    figures, one of them cut short) and the directory it created."""
     plt = _pyplot()
+    existed = Path(directory).is_dir()
     out = _create(directory)
-    with warnings.catch_warnings():
-        # the plotting library's line for a glyph missing from its font (a box in the
-        # figure) reached stderr, --quiet or not
-        warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        return _write_all(plt, result, out, directory, rank_by)
+    try:
+        with warnings.catch_warnings():
+            # the plotting library's line for a glyph missing from its font (a box in the
+            # figure) reached stderr, --quiet or not
+            warnings.filterwarnings("ignore", message="Glyph .* missing from")
+            return _write_all(plt, result, out, directory, rank_by)
+    except BaseException:
+        for name in FIGURES:
+            (out / name).unlink(missing_ok=True)
+        if not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
 
 
 def _write_all(plt, result: EvaluationResult, out: Path, directory, rank_by) -> list[Path]:
