@@ -124,6 +124,15 @@ def install() -> None:
             signal.signal(number, _on_interrupt)
 
 
+def reclaim() -> None:
+    """Installs this module's handlers again where it had installed them (``install``):
+    code that sets its own at the C level takes a signal without Python knowing (JAX's
+    distributed runtime does so for SIGTERM, its preemption notice)."""
+    for number in HANDLED:
+        if signal.getsignal(number) is _on_interrupt:
+            signal.signal(number, _on_interrupt)
+
+
 def finished(code: int, teardown_waits: bool = False) -> None:
     """The command wrote its result, whose exit code is ``code``: from now on SIGINT and
     SIGTERM, where this module handles them, are ignored (a signal in the interpreter's

@@ -70,6 +70,11 @@ def test_a_timeout_alone_asks_for_the_rest_of_a_multi_process_run():
     assert alone.enabled and DistributedConfig().timeout_seconds == 60
     with pytest.raises(UsageError, match="--timeout is for a multi-process run, which needs"):
         initialize(alone)
+    # 0 (or below): the runtime waited for ever, and ignored SIGTERM and Ctrl-C
+    for seconds in (0, -5):
+        config = DistributedConfig("127.0.0.1:1234", 2, 1, timeout=seconds)
+        with pytest.raises(UsageError, match=f"--timeout must be at least 1 second, got {seconds}"):
+            initialize(config)
 
 
 def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monkeypatch):

@@ -246,3 +246,30 @@ def test_the_entry_module_imports_nothing_before_ctrl_c_is_handled():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['ope_cli', 'ope_cli.__main__', 'ope_cli._version']"
+
+
+@pytest.mark.slow  # a real process joining a one-process run
+def test_sigterm_still_ends_a_process_that_joined_a_run():
+    """JAX's distributed runtime takes SIGTERM for its preemption notice: a scheduler's
+    SIGTERM mid-run printed "SIGTERM caught" and the run went on to exit 0."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = _run(
+        f"""
+        import os, signal, time
+        from ope_cli import interrupts
+        from ope_cli.estimation.distributed import DistributedConfig, initialize
+        interrupts.install()
+        initialize(DistributedConfig("127.0.0.1:{port}", 1, 0, timeout=30))
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+            print("ran on")
+        except KeyboardInterrupt:
+            print(interrupts.message(), interrupts.exit_code())
+        """
+    )
+    assert done.stdout == "ope: terminated 143\n", done

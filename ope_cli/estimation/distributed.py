@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ope_cli import runtime
+from ope_cli import interrupts, runtime
 from ope_cli.choosing import paired
 from ope_cli.choosing.paired import PairedSums
 from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
@@ -102,6 +102,8 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
                 f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
             )
         check_coordinator(config.coordinator)
+    if config.timeout is not None and config.timeout < 1:  # 0 waited for ever
+        raise UsageError(f"--timeout must be at least 1 second, got {config.timeout}")
     # Like everything here, before anything initialises a JAX backend.
     runtime.enable_cpu_collectives()
     try:
@@ -118,6 +120,9 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             f"{config.timeout_seconds}s (are all processes started, and is the address "
             f"reachable?): {first_line(error)}"
         ) from None
+    # the runtime takes SIGTERM for its preemption notice ("SIGTERM caught", and the run
+    # went on to its end): a scheduler's SIGTERM ends the run, as Ctrl-C does
+    interrupts.reclaim()
     return jax.process_index(), jax.process_count()
 
 
