@@ -186,3 +186,25 @@ def test_an_entry_point_is_compared_by_its_module_s_file_too(tmp_path, monkeypat
     assert values["q.sources"] == repr(("fit:linear",)), values
     assert values["behavior.policy"] == repr("estimate:tabular")
     assert values["policies"] == repr(("broken_pkg.mod:f",))
+
+
+def test_a_peer_lost_in_a_gather_is_a_distributed_error(monkeypatch):
+    """A peer stopped by Ctrl-C closed its connection mid-gather: the collectives' runtime
+    error was "internal error (a bug)", exit 1, where the run's word for it is exit 5."""
+    import jax
+    import numpy as np
+
+    from ope_cli.estimation import distributed
+    from ope_cli.estimation.distributed import DistributedError
+
+    def lost(mesh):
+        def gather(x):
+            raise RuntimeError("UNKNOWN: Gloo AllGather failed: Connection closed by peer")
+
+        return gather
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "_replicated", lost)
+    with pytest.raises(DistributedError, match="another process stopped while this one") as error:
+        distributed.allgather(np.zeros(3))
+    assert error.value.exit_code == 5 and "Connection closed by peer" in str(error.value)

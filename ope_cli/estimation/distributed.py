@@ -171,8 +171,16 @@ def _gather(array: np.ndarray) -> np.ndarray:
     stacked = jax.make_array_from_single_device_arrays(
         (len(first), *local.shape[1:]), NamedSharding(mesh, PartitionSpec("processes")), [placed]
     )
-    gathered = _replicated(mesh)(stacked)
-    return np.asarray(gathered.addressable_data(0))
+    try:
+        gathered = _replicated(mesh)(stacked)
+        return np.asarray(gathered.addressable_data(0))
+    except Exception as error:  # noqa: BLE001 - the collectives' error for a lost peer
+        # a peer that stopped mid-run (Ctrl-C, a kill) closed its connection: that was
+        # "internal error (a bug)", exit 1
+        raise DistributedError(
+            "another process stopped while this one exchanged its sums with it (that "
+            f"process's own line says why): {summary(error)[:300]}"
+        ) from None
 
 
 @functools.cache
