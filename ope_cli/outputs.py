@@ -44,19 +44,34 @@ def check_checkpoint_out(out: str, overwrite: bool) -> None:
 
 
 def write_checkpoint_file(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """``np.savez`` of ``arrays`` at ``path`` (a command's ``--out``) with Ctrl-C held
-    (``interrupts.held``): an interrupt, one lost on the way included, comes before the file
-    is opened or once it is whole, never halfway; a file the run created is then removed.
-    Written in place (through a symlink, in a folder that only lets the file be written);
-    a UsageError naming ``--out`` where it cannot be."""
+    """``np.savez`` of ``arrays`` at ``path`` (a command's ``--out``), whole or not at all:
+    into a file beside the target (through a symlink, its file's), renamed into place with
+    Ctrl-C held (``interrupts.held``), so an error (a full disk) keeps the earlier file; in
+    place where the folder lets only the file be written. After an interrupt, one lost on
+    the way included, a file the run created is removed. A UsageError naming ``--out``
+    where it cannot be written."""
     existed = os.path.lexists(path)
+    target = os.path.realpath(path)
+    partial = f"{target}.{os.getpid()}.partial"
     try:
-        with interrupts.held(), open(path, "wb") as handle:
-            np.savez(handle, **arrays)
-    except OSError as error:
-        raise UsageError(f"--out {path}: cannot write the checkpoint ({error.strerror})") from None
-    except KeyboardInterrupt:
-        if not existed:
-            with contextlib.suppress(OSError):
-                os.remove(path)
+        with interrupts.held():
+            try:
+                handle = open(partial, "wb")
+            except PermissionError:  # a folder that lets only the file itself be written
+                handle, partial = open(target, "wb"), None
+            with handle:
+                np.savez(handle, **arrays)
+            if partial is not None:
+                os.replace(partial, target)
+    except BaseException as error:
+        if not existed or partial is None and not isinstance(error, KeyboardInterrupt):
+            with contextlib.suppress(OSError):  # no half a checkpoint where there was none
+                os.remove(target)
+        if isinstance(error, OSError):
+            reason = error.strerror or error
+            raise UsageError(f"--out {path}: cannot write the checkpoint ({reason})") from None
         raise
+    finally:
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.remove(partial)

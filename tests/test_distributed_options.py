@@ -197,14 +197,26 @@ def test_a_peer_lost_in_a_gather_is_a_distributed_error(monkeypatch):
     from ope_cli.estimation import distributed
     from ope_cli.estimation.distributed import DistributedError
 
-    def lost(mesh):
-        def gather(x):
-            raise RuntimeError("UNKNOWN: Gloo AllGather failed: Connection closed by peer")
+    def failing(message, kind):
+        def replicated(mesh):
+            def gather(x):
+                raise kind(message)
 
-        return gather
+            return gather
 
+        return replicated
+
+    lost = "UNKNOWN: Gloo AllGather failed: Connection closed by peer"
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(distributed, "_replicated", lost)
+    monkeypatch.setattr(distributed, "_replicated", failing(lost, jax.errors.JaxRuntimeError))
     with pytest.raises(DistributedError, match="another process stopped while this one") as error:
         distributed.allgather(np.zeros(3))
     assert error.value.exit_code == 5 and "Connection closed by peer" in str(error.value)
+    # an error of this process's own (a bug, a shape) is not put down to a peer
+    monkeypatch.setattr(distributed, "_replicated", failing("our own bug", TypeError))
+    with pytest.raises(TypeError, match="our own bug"):
+        distributed.allgather(np.zeros(3))
+    other = failing("RESOURCE_EXHAUSTED: out of memory", jax.errors.JaxRuntimeError)
+    monkeypatch.setattr(distributed, "_replicated", other)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        distributed.allgather(np.zeros(3))

@@ -50,3 +50,27 @@ def test_a_checkpoint_is_written_in_place_and_never_half(tmp_path, monkeypatch):
     monkeypatch.setattr(interrupts, "_armed", [False])
     with pytest.raises(UsageError, match=r"^--out .*/nowhere/q\.npz: cannot write the checkpoint"):
         write_checkpoint_file(str(tmp_path / "nowhere" / "q.npz"), {"q": np.ones(3)})
+
+
+def test_a_checkpoint_write_that_fails_keeps_the_earlier_file(tmp_path, monkeypatch):
+    """A full disk mid-write truncated the earlier checkpoint (--overwrite) or left a
+    half file that the next run refused as existing."""
+    import errno
+
+    import numpy as np
+
+    from ope_cli.outputs import write_checkpoint_file
+
+    def full_disk(handle, **arrays):
+        handle.write(b"PK\x03\x04 half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    earlier = tmp_path / "q.npz"
+    write_checkpoint_file(str(earlier), {"q": np.ones(2)})
+    monkeypatch.setattr(np, "savez", full_disk)
+    for path in (earlier, tmp_path / "new.npz"):
+        with pytest.raises(UsageError, match=r"cannot write the checkpoint \(No space left"):
+            write_checkpoint_file(str(path), {"q": np.zeros(2)})
+    monkeypatch.undo()
+    assert np.load(earlier)["q"].tolist() == [1.0, 1.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.npz"]  # no half, no .partial

@@ -418,3 +418,25 @@ def test_an_interrupted_plot_leaves_no_figure(tmp_path, monkeypatch, one_policy,
         plots.write_plots(one_policy, out)
     assert len(saved) == 2
     assert (sorted(p.name for p in out.iterdir()) == ["notes.txt"]) if existed else not out.exists()
+
+
+def test_a_cleanup_that_fails_leaves_the_error_that_stopped_the_plots(
+    tmp_path, monkeypatch, one_policy
+):
+    """A figure that could not be written (a usage error) in a folder whose older figures
+    cannot be removed either ended as an internal error, the cleanup's."""
+    pytest.importorskip("matplotlib")
+    from ope_cli.errors import UsageError
+    from ope_cli.report import plots
+
+    def unwritable(plt, figure, path, shown):
+        plt.close(figure)
+        raise UsageError(f"--plot {shown}: cannot write {path.name}: Permission denied")
+
+    def refused(self, missing_ok=False):
+        raise PermissionError("Permission denied")
+
+    monkeypatch.setattr(plots, "_save", unwritable)
+    monkeypatch.setattr(plots.Path, "unlink", refused)
+    with pytest.raises(UsageError, match="cannot write weights.png"):
+        plots.write_plots(one_policy, tmp_path / "figures")

@@ -152,6 +152,10 @@ def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> 
     return tuple(f for f, o in zip(files, owner, strict=True) if o == process_id)
 
 
+# the collectives' words for a peer that is gone
+LOST_PEER = ("Connection closed", "Connection reset", "UNAVAILABLE", "DEADLINE_EXCEEDED", "Gloo")
+
+
 def _gather(array: np.ndarray) -> np.ndarray:
     """Collective: [processes, ...] ``array`` (the same shape and dtype in every process)
     of every process, in process order, gathered over one device of each: processes may
@@ -174,9 +178,11 @@ def _gather(array: np.ndarray) -> np.ndarray:
     try:
         gathered = _replicated(mesh)(stacked)
         return np.asarray(gathered.addressable_data(0))
-    except Exception as error:  # noqa: BLE001 - the collectives' error for a lost peer
+    except jax.errors.JaxRuntimeError as error:
         # a peer that stopped mid-run (Ctrl-C, a kill) closed its connection: that was
-        # "internal error (a bug)", exit 1
+        # "internal error (a bug)", exit 1; any other error stays what it is
+        if not any(sign in str(error) for sign in LOST_PEER):
+            raise
         raise DistributedError(
             "another process stopped while this one exchanged its sums with it (that "
             f"process's own line says why): {summary(error)[:300]}"

@@ -101,7 +101,8 @@ def write_plots(
             return _write_all(plt, result, out, directory, rank_by)
     except BaseException:
         for name in FIGURES:
-            (out / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the error that stopped it is the one to say
+                (out / name).unlink()
         if not existed:
             with contextlib.suppress(OSError):
                 out.rmdir()
