@@ -297,29 +297,30 @@ def test_reward_range_without_discount_checks_the_rewards_of_other_intervals(met
     assert "--horizon STEPS" in plan.describe(options)
 
 
-@pytest.mark.parametrize(
-    ("options", "method", "fit_models", "action_kind"),
+@pytest.mark.parametrize(  # q_models: each --q source's fitted model, None for a checkpoint
+    ("options", "method", "q_models", "action_kind"),
     [
         (dict(interval="percentile"), "percentile", [], "discrete"),
         (dict(interval="bootstrap-t"), "bootstrap-t", [], "discrete"),
         (dict(q=["fit:mlp"]), "normal", ["mlp"], "discrete"),
-        (dict(q=["q.npz"]), "normal", [], "continuous"),  # V-hat's actions are drawn
+        (dict(q=["q.npz"]), "normal", [None], "continuous"),  # V-hat's actions are drawn
     ],
 )
-def test_a_seed_is_taken_where_something_is_drawn(options, method, fit_models, action_kind):
-    check_seed_applies(config(seed=3, **options), method, fit_models, action_kind)
+def test_a_seed_is_taken_where_something_is_drawn(options, method, q_models, action_kind):
+    check_seed_applies(config(seed=3, **options), method, q_models, action_kind)
 
 
 @pytest.mark.parametrize(
-    ("options", "method", "fit_models"),
+    ("options", "method", "q_models", "action_kind"),
     [
-        ({}, "normal", []),
-        (dict(reward_range=(0.0, 1.0)), "betting", []),
-        (dict(q=["fit:linear"]), "normal", ["linear"]),  # nothing random in a linear fit
-        (dict(q=["q.npz"]), "normal", []),  # over discrete actions V-hat is a sum
+        ({}, "normal", [], "discrete"),
+        (dict(reward_range=(0.0, 1.0)), "betting", [], "discrete"),
+        (dict(q=["fit:linear"]), "normal", ["linear"], "discrete"),  # nothing random in it
+        (dict(q=["q.npz"]), "normal", [None], "discrete"),  # over discrete actions V-hat is a sum
+        ({}, "normal", [], "continuous"),  # critic columns (no --q source) draw nothing
     ],
 )
-def test_a_seed_that_would_change_nothing_is_refused(options, method, fit_models):
+def test_a_seed_that_would_change_nothing_is_refused(options, method, q_models, action_kind):
     with pytest.raises(UsageError, match=f"--seed applies to .*none of them [(]{method}"):
-        check_seed_applies(config(seed=3, **options), method, fit_models, "discrete")
-    check_seed_applies(config(**options), method, fit_models, "discrete")  # the default
+        check_seed_applies(config(seed=3, **options), method, q_models, action_kind)
+    check_seed_applies(config(**options), method, q_models, action_kind)  # the default

@@ -44,6 +44,7 @@ from ope_cli.models.policies import (
     split_name,
 )
 from ope_cli.models.qfunctions import (
+    COLUMNS,
     FIT,
     QFunction,
     check_q,
@@ -126,12 +127,12 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     if dm_reported:
         check_q_policies(qs, policies)
     plan = plan_intervals(config, episodes.data.declared_bounds())
-    fit_models = [
-        fit_model_of(q.name, schema.observation_kind, schema.action_kind)
+    q_models = [  # the --q sources' (critic columns draw nothing)
+        fit_model_of(q.name, schema.observation_kind, schema.action_kind) if q.kind == FIT else None
         for q in qs or ()
-        if q.kind == FIT
+        if q.kind != COLUMNS
     ]
-    check_seed_applies(config, plan.method, fit_models, schema.action_kind)
+    check_seed_applies(config, plan.method, q_models, schema.action_kind)
     config = dataclasses.replace(config, gamma=plan.gamma)  # --gamma, declared, or 1.0
     if dm_reported:
         check_q_gamma(qs, plan.gamma, GAMMA_SOURCES[plan.gamma_source])

@@ -21,6 +21,7 @@ from ope_cli.estimation.estimators.base import describe_betting, describe_bootst
 from ope_cli.estimation.estimators.doubly_robust import Q_FIELDS
 from ope_cli.estimation.intervals import BOOTSTRAP_METHODS
 from ope_cli.models.behavior import check_behavior_option, is_estimate
+from ope_cli.models.q_models.base import draws_with_seed
 
 if TYPE_CHECKING:  # annotations only
     from ope_cli.models.policies import Policy
@@ -215,13 +216,13 @@ def _check_interval_options(config: EvaluationConfig) -> None:
         raise UsageError(f"--on-invalid must be error or drop, got {config.on_invalid!r}")
 
 
-def check_seed_applies(config: EvaluationConfig, method: str, fit_models, action_kind: str):
+def check_seed_applies(config: EvaluationConfig, method: str, q_models, action_kind: str):
     """UsageError for a ``--seed`` (other than its default) that would change nothing: no
-    bootstrap (``method``), no fitted MLP Q (``fit_models``: the --q fit sources' models)
-    and no V-hat drawn (a Q source over continuous actions)."""
+    bootstrap (``method``) and no --q source that draws from it (``draws_with_seed``;
+    ``q_models``: each --q source's fitted model, None for one given whole)."""
     if config.intervals.seed == IntervalConfig.seed or method in BOOTSTRAP_METHODS:
         return
-    if "mlp" in fit_models or (config.q.sources and action_kind != "discrete"):
+    if any(draws_with_seed(model, action_kind) for model in q_models):
         return
     raise UsageError(
         "--seed applies to --ci percentile and bootstrap-t, --q fit:mlp and a --q over "

@@ -39,6 +39,13 @@ def default_q_model(observation_kind: str | None, action_kind: str) -> str:
     return "tabular" if observation_kind == "index" else "linear"
 
 
+def draws_with_seed(model: str | None, action_kind: str) -> bool:
+    """Whether a Q source draws from ``--seed``: the mlp fit's initial weights, or V-hat's
+    actions drawn from pi_e over continuous actions; ``model``: the fitted model (None: a
+    Q given whole, a checkpoint or an entry point)."""
+    return model == "mlp" or action_kind != "discrete"
+
+
 def check_q_model_name(model: str, option: str = "--model") -> None:
     """A UsageError naming ``option`` for a model that is not one of MODELS."""
     if model not in MODELS:

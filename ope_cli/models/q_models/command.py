@@ -30,6 +30,7 @@ from ope_cli.models.q_models.base import (
     Q_UNLOGGED_ACTIONS,
     check_q_model_fits,
     default_q_model,
+    draws_with_seed,
     unconverged_message,
     unlogged_warning,
 )
@@ -110,7 +111,7 @@ def check_options_apply(config: FitQConfig, model: str, action_kind: str) -> Non
     (they were ignored without a word)."""
     if config.ridge is not None and model != "linear":
         raise UsageError(f"--ridge applies to the linear model only, not to {model}")
-    if config.seed is not None and model != "mlp" and action_kind == "discrete":
+    if config.seed is not None and not draws_with_seed(model, action_kind):
         raise UsageError(
             f"--seed applies to the mlp model and to continuous actions (sampled for V-hat), "
             f"not to the {model} model over discrete actions"
