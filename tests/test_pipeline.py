@@ -215,7 +215,12 @@ def test_magnitudes_of_a_chunk():
 
 
 def test_the_digits_a_sum_keeps_before_the_values_differences_show():
-    from ope_cli.estimation.pipeline import NO_MAGNITUDE, SPREAD_BLOCK, _spread, lost_digits
+    from ope_cli.estimation.pipeline import (
+        NO_MAGNITUDE,
+        SPREAD_BLOCK,
+        _size_and_spread,
+        lost_digits,
+    )
 
     rng = np.random.default_rng(2)
     assert lost_digits(9000 + rng.normal(0, 0.01, 1000)) == 5  # 9000 / 0.01 = 10^5.95
@@ -235,7 +240,10 @@ def test_the_digits_a_sum_keeps_before_the_values_differences_show():
     assert lost_digits(np.column_stack([np.full(100, 0.1), rng.normal(0, 1, 100)])) == 0
     # in blocks of rows, shifted: as np.std, of many rows and of an offset far above them
     many = 1e8 + rng.normal(0, 1, (3 * SPREAD_BLOCK + 7, 2))
-    np.testing.assert_allclose(_spread(many), np.std(many - 1e8, axis=0), rtol=1e-6)
+    many[2 * SPREAD_BLOCK + 3] = (-2e8, 3e8)  # the largest |value|s, in a later block
+    size, spread = _size_and_spread(many)
+    np.testing.assert_allclose(spread, np.std(many - 1e8, axis=0), rtol=1e-6)
+    np.testing.assert_array_equal(size, [2e8, 3e8])
 
 
 def test_float32_warns_about_rewards_it_cannot_tell_apart(tmp_path):
