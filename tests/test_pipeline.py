@@ -239,8 +239,8 @@ def test_the_digits_a_sum_keeps_before_the_values_differences_show():
     assert lost_digits(np.full(100, 0.1)) == NO_MAGNITUDE
     assert lost_digits(np.column_stack([np.full(100, 0.1), rng.normal(0, 1, 100)])) == 0
     # in blocks of rows, shifted: as np.std, of many rows and of an offset far above them
-    many = 1e8 + rng.normal(0, 1, (3 * SPREAD_BLOCK + 7, 2))
-    many[2 * SPREAD_BLOCK + 3] = (-2e8, 3e8)  # the largest |value|s, in a later block
+    many = 1e8 + rng.normal(0, 1, (3 * SPREAD_BLOCK // 2 + 7, 2))  # four blocks of rows
+    many[SPREAD_BLOCK + 3] = (-2e8, 3e8)  # the largest |value|s, in a later block
     size, spread = _size_and_spread(many)
     np.testing.assert_allclose(spread, np.std(many - 1e8, axis=0), rtol=1e-6)
     np.testing.assert_array_equal(size, [2e8, 3e8])

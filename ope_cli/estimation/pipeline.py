@@ -381,7 +381,7 @@ def magnitudes(chunk) -> np.ndarray:
 
 
 SPREAD_VALUES = 30  # the fewest values whose standard deviation says their spread
-SPREAD_BLOCK = 4096  # rows whose float64 copy the spread of [N, d] values takes at a time
+SPREAD_BLOCK = 32768  # values whose float64 copy the spread of [N, d] values takes at a time
 # a standard deviation within this many float64 roundings of the values' size is rounding
 # (a constant 0.1 column's came out 1e-17, and warned of a spread 1e-13 of its size)
 SPREAD_ROUNDINGS = 16
@@ -408,7 +408,7 @@ def lost_digits(values: np.ndarray) -> int:
 
 def _size_and_spread(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([d] largest |value|, [d] standard deviation) of each column of [N, d] ``features``,
-    in float64, over blocks of SPREAD_BLOCK rows (a float64 copy of a whole chunk of wide
+    in float64, over blocks of SPREAD_BLOCK values (a float64 copy of a whole chunk of wide
     float32 observations doubled its memory), shifted by the first row so that an offset
     far above the spread does not cancel it. Each block is transposed first: NumPy
     reduces a row-major [N, 8] array along its rows six times slower than its [8, N]
@@ -417,8 +417,9 @@ def _size_and_spread(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     largest = np.zeros(features.shape[1])
     total = np.zeros(features.shape[1])
     squares = np.zeros(features.shape[1])
-    for start in range(0, features.shape[0], SPREAD_BLOCK):
-        block_dn = np.ascontiguousarray(features[start : start + SPREAD_BLOCK].T)
+    rows = max(1, SPREAD_BLOCK // max(1, features.shape[1]))
+    for start in range(0, features.shape[0], rows):
+        block_dn = np.ascontiguousarray(features[start : start + rows].T)
         size = np.maximum(block_dn.max(axis=1), -block_dn.min(axis=1)).astype(np.float64)
         np.maximum(largest, size, out=largest)
         shifted = np.subtract(block_dn, shift, dtype=np.float64)
