@@ -189,6 +189,9 @@ def test_float32_sums_over_episodes_keep_the_spread_of_large_values(tmp_path):
     (warning,) = [w for w in run_warnings(results["float32"]) if w.code == FLOAT32_RANGE]
     assert "the critic's Q-hat or V-hat values reach 1e4" in warning.message
     assert not [w for w in run_warnings(results["float64"]) if w.code == FLOAT32_RANGE]
+    # what float32 must hold is measured by float32 runs alone (a tenth of a float64 run)
+    assert results["float64"].dataset.magnitudes is None
+    assert results["float32"].dataset.magnitudes[1] == 3  # the rewards reach 1e3
 
 
 def test_magnitudes_of_a_chunk():

@@ -70,7 +70,7 @@ def host_batches(
     config = EvaluationConfig(data=source.source, batching=batching)
     episodes = source.reconfigured(read_rows=batching.read_rows)
     inputs = EvaluationInputs(config, episodes, len(source.data.files), [], IntervalPlan("normal"))
-    stream = BatchStream(inputs, devices)
+    stream = BatchStream(inputs, devices, magnitudes=False)
     batches = list(stream)
     return batches, stream.bucketer, stream.counters.max_length
 

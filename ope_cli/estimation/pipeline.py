@@ -155,7 +155,9 @@ class BatchStream:
     What consumers need besides the batches is the ``inputs`` (also as ``config``,
     ``schema``, ``policies``, ``plan``, ``files``, ``behavior``, ``behavior_source`` and
     ``qs``); and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops),
-    ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``.
+    ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``. ``magnitudes``: whether
+    the counters measure what float32 must hold (``Counters.magnitudes``), which only a
+    float32 run reads (on a float64 one, measuring it took a tenth of a warm run).
     """
 
     def __init__(
@@ -163,8 +165,10 @@ class BatchStream:
         inputs: EvaluationInputs,
         multiple_of: int = 1,
         on_progress: Callable[[int, int | None], None] | None = None,
+        magnitudes: bool = True,
     ):
         self.inputs = inputs
+        self.magnitudes = magnitudes
         self.config, self.schema = inputs.config, inputs.episodes.schema
         self.policies, self.plan, self.files = inputs.policies, inputs.plan, inputs.files
         self.behavior, self.behavior_source = inputs.behavior, inputs.behavior_source
@@ -198,7 +202,8 @@ class BatchStream:
                     self._check_replicate_memory(counts.max_length)
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
-                np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
+                if self.magnitudes:
+                    np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
                 ready = bucketer.add(chunk)
                 del chunk  # the pool frees it once its episodes are in batches
                 yield from ready
@@ -230,15 +235,17 @@ def stream(
     on_progress: Callable[[int, int | None], None] | None = None,
     process: tuple[int, int] = (0, 1),
     on_status: Callable[[str], None] | None = None,
+    precision: str = "float32",
 ) -> BatchStream:
     """Opens the data of ``config`` (and its policies), fits what the run fits first, and
     returns one pass of padded batches, with episodes per batch a multiple of
     ``multiple_of`` (the devices they are sharded over). ``process`` = (process id, number
-    of processes): this process reads its share of the files. Raises OpeError subclasses
-    (the data is read as the stream is iterated)."""
+    of processes): this process reads its share of the files; ``precision``: the kernel's
+    (a float32 run measures what float32 must hold). Raises OpeError subclasses (the data
+    is read as the stream is iterated)."""
     collectives = (allgather_ragged, check_all_succeeded) if process[1] > 1 else None
     inputs = fit_models(open_inputs(config, process), collectives, on_status)
-    return BatchStream(inputs, multiple_of, on_progress)
+    return BatchStream(inputs, multiple_of, on_progress, magnitudes=precision == "float32")
 
 
 def evaluate(
@@ -444,7 +451,7 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
-        magnitudes=tuple(int(m) for m in counts.magnitudes),
+        magnitudes=tuple(int(m) for m in counts.magnitudes) if batches.magnitudes else None,
     )
 
 
@@ -503,7 +510,7 @@ def _evaluate_share(
     devices = 1 if mesh is None else mesh.size
     error: OpeError | None = None
     try:
-        batches = stream(config, devices, on_progress, process, on_status)
+        batches = stream(config, devices, on_progress, process, on_status, precision)
         baseline = resolve_baseline(config.choosing.baseline, batches.policies)
         truth = read_run_truth(
             config.choosing.truth, config.choosing.top_k, batches.policies
