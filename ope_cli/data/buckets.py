@@ -113,13 +113,29 @@ def batch_length(shape: WindowShape, longest: int) -> int:
     return _round_up(max(1, longest), shape.width)
 
 
-def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.zeros with 64-byte alignment, so handing the array to XLA on CPU needs no copy."""
+def _aligned(shape: tuple[int, ...], dtype, allocate=np.zeros) -> np.ndarray:
+    """``allocate`` (np.zeros or np.empty) with 64-byte alignment: XLA on CPU takes such an
+    array as it is, and copies any other (NumPy aligns large arrays to 16 bytes)."""
     dtype = np.dtype(dtype)
     size = int(np.prod(shape)) * dtype.itemsize
-    raw = np.zeros(size + 64, np.uint8)
+    raw = allocate(size + 64, np.uint8)
     start = -raw.ctypes.data % 64
     return raw[start : start + size].view(dtype).reshape(shape)
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    return _aligned(shape, dtype)
+
+
+def aligned_copy(values: np.ndarray, dtype=None) -> np.ndarray:
+    """``values`` (in ``dtype``, default its own) as a C-contiguous array on a 64-byte
+    boundary: itself where it is one, else a copy."""
+    dtype = values.dtype if dtype is None else np.dtype(dtype)
+    if dtype == values.dtype and values.flags.c_contiguous and values.ctypes.data % 64 == 0:
+        return values
+    copy = _aligned(values.shape, dtype, np.empty)
+    np.copyto(copy, values, casting="unsafe")
+    return copy
 
 
 def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
@@ -195,15 +211,7 @@ def row_range(batch: PaddedBatch, start: int, stop: int) -> PaddedBatch:
     """Rows ``start:stop`` of ``batch`` as views (copied where a view would not start on a
     64-byte boundary, so that handing it to XLA on CPU needs no copy there)."""
 
-    def rows(values: np.ndarray) -> np.ndarray:
-        part = values[start:stop]
-        if part.ctypes.data % 64 == 0:
-            return part
-        aligned = _zeros(part.shape, part.dtype)
-        aligned[...] = part
-        return aligned
-
-    return map_arrays(rows, batch)
+    return map_arrays(lambda values: aligned_copy(values[start:stop]), batch)
 
 
 def pad(
