@@ -124,6 +124,7 @@ def _aligned(shape: tuple[int, ...], dtype, allocate=np.zeros) -> np.ndarray:
 
 
 def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.zeros on a 64-byte boundary (``_aligned``)."""
     return _aligned(shape, dtype)
 
 

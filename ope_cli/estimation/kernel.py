@@ -522,9 +522,9 @@ def as_float(dtype: np.dtype, floats) -> np.dtype:
 def split_windows(batch: PaddedBatch, width: int, floats=None) -> list[tuple[int, PaddedBatch]]:
     """(start, window) of a host ``batch`` [B, T] cut into windows [B, width] (its columns
     start:start + width, floats in ``floats`` when given), in order; T must be a multiple
-    of width. Each is C-contiguous on a 64-byte boundary (``aligned_copy``), so the
-    compiled call takes it without copying it again (60% of the windows were copied
-    twice)."""
+    of width. Each per-step array is C-contiguous on a 64-byte boundary (``aligned_copy``),
+    so the compiled call takes it without copying it again (60% of the windows' arrays
+    were copied twice); the per-episode [B] arrays are the batch's own."""
     length = batch.shape[1]
     if length % width:
         raise ValueError(f"a batch of {length} steps is not walked in windows of {width}")
@@ -885,8 +885,9 @@ class Kernel:
 
     def device_windows(self, batch: PaddedBatch, width: int) -> list[tuple[int, PaddedBatch]]:
         """``windows`` for the device(s): with a mesh, put there with the episode axis split
-        over it; on one device, host arrays, which the compiled call copies in for a
-        quarter of what a ``device_put`` per window costs."""
+        over it; on one device, host arrays, which the compiled call takes as they are
+        (``split_windows`` aligns them: on the CPU, XLA copies an unaligned array in, for a
+        quarter of what a ``device_put`` per window costs)."""
         windows = self.windows(batch, width)
         if self._sharding is None:
             return windows

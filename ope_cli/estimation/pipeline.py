@@ -389,6 +389,7 @@ def magnitudes(chunk) -> np.ndarray:
 
 SPREAD_VALUES = 30  # the fewest values whose standard deviation says their spread
 SPREAD_BLOCK = 32768  # values whose float64 copy the spread of [N, d] values takes at a time
+SPREAD_ROWS = 16  # and the fewest rows (wide observations: a loop over rows is slow)
 # a standard deviation within this many float64 roundings of the values' size is rounding
 # (a constant 0.1 column's came out 1e-17, and warned of a spread 1e-13 of its size)
 SPREAD_ROUNDINGS = 16
@@ -415,16 +416,17 @@ def lost_digits(values: np.ndarray) -> int:
 
 def _size_and_spread(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([d] largest |value|, [d] standard deviation) of each column of [N, d] ``features``,
-    in float64, over blocks of SPREAD_BLOCK values (a float64 copy of a whole chunk of wide
-    float32 observations doubled its memory), shifted by the first row so that an offset
-    far above the spread does not cancel it. Each block is transposed first: NumPy
+    in float64, over blocks of SPREAD_BLOCK values, SPREAD_ROWS rows at least (a float64
+    copy of a whole chunk of wide float32 observations doubled its memory), shifted by
+    the first row so that an offset far above the spread does not cancel it. Each block
+    is transposed first: NumPy
     reduces a row-major [N, 8] array along its rows six times slower than its [8, N]
     copy along the columns (a fifth of a warm run over 5M steps went there)."""
     shift = features[0].astype(np.float64)[:, None]
     largest = np.zeros(features.shape[1])
     total = np.zeros(features.shape[1])
     squares = np.zeros(features.shape[1])
-    rows = max(1, SPREAD_BLOCK // max(1, features.shape[1]))
+    rows = max(SPREAD_ROWS, SPREAD_BLOCK // max(1, features.shape[1]))
     for start in range(0, features.shape[0], rows):
         block_dn = np.ascontiguousarray(features[start : start + rows].T)
         size = np.maximum(block_dn.max(axis=1), -block_dn.min(axis=1)).astype(np.float64)
