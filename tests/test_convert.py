@@ -278,6 +278,41 @@ def test_episodes_that_are_not_contiguous_rows_of_one_file_are_refused(tmp_path)
     assert result.steps == 8
 
 
+@pytest.mark.parametrize("twin", [1, 3])
+def test_two_episode_rows_of_one_id_are_refused(tmp_path, twin):
+    """In the episode layout each row is an episode: two rows of one id (next to each
+    other, or apart and in another record batch) were written one after the other, as one
+    episode of that id whose steps restart, and convert exited 0 where ope evaluate
+    refuses the source (and --on-invalid drop then counted one episode dropped for two).
+    A row without an id was written too."""
+    ids = [5, 6, 7, 8]
+    ids[twin] = 5  # [5, 5, 7, 8] or [5, 6, 7, 5]
+    lists = [[0, 1], [1], [0, 0, 1], [1, 0]]
+
+    def refused(ids) -> str:
+        source = tmp_path / "episodes.parquet"
+        table = pa.table(
+            {
+                "episode_id": pa.array(ids, pa.int64()),
+                "observations": lists,
+                "actions": lists,
+                "rewards": [[1.0] * len(x) for x in lists],
+                "action_probs": [[0.5] * len(x) for x in lists],
+            }
+        )
+        pq.write_table(table, source)
+        with pytest.raises(DataError) as error:
+            convert(ConvertConfig(str(source), str(tmp_path / "out.parquet"), read_rows=2))
+        assert not list(tmp_path.glob("out.parquet*"))
+        return str(error.value).removeprefix(f"{source}: ")
+
+    assert refused(ids) == (
+        "episode 5: episode id appears in more than one place (its rows "
+        "must be contiguous within one file); seen earlier in this file"
+    )
+    assert refused([5, None, 7, 8]).startswith("column 'episode_id' is null")
+
+
 @pytest.mark.parametrize(("rewards", "words"), [([], "episode has no steps"), (None, "is null")])
 def test_an_episode_without_steps_is_refused(tmp_path, rewards, words):
     """The episode layout's empty (or null) episode has no step to write: dropping it would

@@ -317,11 +317,15 @@ def _step_batches(
 ) -> Iterator[pa.RecordBatch]:
     read = list(dict.fromkeys([*columns.values(), *schema.cross_checked.values()]))
     first_row = 0
-    contiguous = _ContiguousEpisodes(schema.columns["episode"]) if schema.layout == "step" else None
+    episode_layout = schema.layout == "episode"
+    column = schema.columns.get("episode")  # episode rows without ids are numbered: unique
+    unique = None if column is None else _UniqueEpisodes(column, every_row=episode_layout)
     for sourced in data.iter_batches(read, rows):
         batch = sourced.batch
         _check_twins(sourced, schema, columns, first_row)
-        if contiguous is None:
+        if unique is not None:
+            unique.check(sourced.file, batch)
+        if episode_layout:
             try:
                 exploded = _explode(batch, schema, out_schema, columns, first_row)
             except DataError as error:
@@ -329,7 +333,6 @@ def _step_batches(
             first_row += batch.num_rows
             yield exploded
         else:
-            contiguous.check(sourced.file, batch)
             try:
                 arrays = [
                     _cast(batch.column(columns[f.name]), columns[f.name], f.type)
@@ -352,13 +355,16 @@ def _cast(values: pa.Array, name: str, dtype: pa.DataType) -> pa.Array:
         ) from None
 
 
-class _ContiguousEpisodes:
-    """The step layout's episodes must be contiguous rows of one file (as ``ope evaluate``
-    requires): written one after the other, an episode split over files or rows would be
-    joined into one without a word. A DataError (evaluate's) names the first that is not."""
+class _UniqueEpisodes:
+    """Each episode id must name one episode (as ``ope evaluate`` requires): the step
+    layout's episodes are contiguous rows of one file, and in the episode layout
+    (``every_row``: each row is an episode) no two rows share an id. Written one after the
+    other, an episode split over files or rows, or two rows of one id, would be joined
+    into one without a word. A DataError (evaluate's) names the first that is not."""
 
-    def __init__(self, column: str):
+    def __init__(self, column: str, every_row: bool = False):
         self.column = column
+        self.every_row = every_row
         self.seen = SeenKeys()
         self.last: tuple | None = None  # (file, key, id) the previous batch ended in
 
@@ -367,9 +373,12 @@ class _ContiguousEpisodes:
         if not len(ids):
             return
         keys, values = id_keys(ids), ids.to_numpy(zero_copy_only=False)
-        starts = run_starts(keys, values)
-        if self.last == (file, keys[0], values[0]):  # the previous batch's last episode goes on
-            starts = starts[1:]
+        if self.every_row:
+            starts = np.arange(len(ids))
+        else:
+            starts = run_starts(keys, values)
+            if self.last == (file, keys[0], values[0]):  # the last batch's last episode goes on
+                starts = starts[1:]
         if values.dtype.kind in "iu":  # as they are: their type tells -1 from 2**64 - 1
             shown = values[starts]
         else:
