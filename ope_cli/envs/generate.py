@@ -326,9 +326,10 @@ def _commit(staging: Path, out: Path) -> None:
     new one comes last: a commit that fails half way (a full disk) leaves no truth.json
     beside files of two runs."""
     with interrupts.held():
-        (out / "truth.json").unlink(missing_ok=True)
         new = [path for path in sorted(staging.rglob("*")) if not path.is_dir()]
         placed = {out / path.relative_to(staging) for path in new}
+        _check_places(placed)
+        (out / "truth.json").unlink(missing_ok=True)
         truth = staging / "truth.json"
         for path in new:
             if path != truth:
@@ -340,6 +341,17 @@ def _commit(staging: Path, out: Path) -> None:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         _place(truth, out / "truth.json")
+
+
+def _check_places(targets: set[Path]) -> None:
+    """The OSError a move would meet half way, raised before anything moves: a file where a
+    folder goes (OUT/q a file), or a folder where a file goes (OUT/logs.parquet a folder).
+    Met half way, the earlier run's truth.json and some of its files were gone already."""
+    for target in sorted(targets):
+        if target.parent.exists() and not target.parent.is_dir():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target.parent))
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
 
 
 def _place(path: Path, target: Path) -> None:
