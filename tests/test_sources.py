@@ -237,6 +237,17 @@ def test_nonexistent_path(tmp_path):
     assert "no such file" in str(info.value)
 
 
+def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory(monkeypatch, tmp_path):
+    """Path("") is "."; an empty DATA (an unset shell variable) read the working folder's
+    files, and failed on the first that was not data (./LICENSE: not a Parquet file)."""
+    (tmp_path / "LICENSE").write_text("not data")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        DataError, match=r'^the data path is empty \(the working directory is "\."\)$'
+    ):
+        open_dataset("")
+
+
 def test_empty_directory(tmp_path):
     with pytest.raises(DataError, match="no data files"):
         open_dataset(str(tmp_path))
