@@ -21,7 +21,7 @@ fi
 data=$1
 dir=$2
 estimator=${3:-wis}
-estimator=${estimator,,}  # as ope reads it: WIS is wis (and so is its JSON key)
+estimator=$(printf '%s' "$estimator" | tr '[:upper:]' '[:lower:]')  # as ope reads it: WIS is wis
 ope=${OPE:-ope}  # the ope command, e.g. OPE=.venv/bin/ope
 
 shopt -s nullglob

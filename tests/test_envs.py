@@ -648,21 +648,24 @@ def test_a_commit_that_fails_half_way_leaves_no_truth_beside_mixed_files(tmp_pat
     assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))
 
 
-@pytest.mark.parametrize("in_the_way", ["q", "logs.parquet"])
+@pytest.mark.parametrize("in_the_way", ["q", "q-dangling", "logs.parquet"])
 def test_a_path_in_the_way_stops_an_overwrite_before_it_replaces_anything(tmp_path, in_the_way):
-    """A file where a folder goes (OUT/q) or a folder where a file goes: the commit met it
-    half way, after the earlier truth.json was gone and the new logs in place (exit 2, the
-    earlier run destroyed); it is checked before anything is moved."""
+    """A file (or a link to nothing) where a folder goes (OUT/q), or a folder where a file
+    goes: the commit met it half way, after the earlier truth.json was gone and the new
+    logs in place (exit 2, the earlier run destroyed); it is checked before anything moves."""
     gen.generate("chain", tmp_path, episodes=20)
-    target = tmp_path / in_the_way
+    target = tmp_path / in_the_way.removesuffix("-dangling")
     if in_the_way == "q":
         shutil.rmtree(target)
         target.touch()
+    elif in_the_way == "q-dangling":
+        shutil.rmtree(target)
+        target.symlink_to(tmp_path / "nowhere")
     else:
         target.unlink()
         target.mkdir()
     before = _snapshot(tmp_path)
-    with pytest.raises(UsageError, match=rf"{in_the_way}: cannot write the output"):
+    with pytest.raises(UsageError, match=rf"{target.name}: cannot write the output"):
         gen.generate("chain", tmp_path, episodes=30, seed=1, overwrite=True)
     assert _snapshot(tmp_path) == before
     assert not list(tmp_path.glob(f"{gen.STAGING_PREFIX}*"))

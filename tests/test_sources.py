@@ -242,10 +242,11 @@ def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory(monk
     files, and failed on the first that was not data (./LICENSE: not a Parquet file)."""
     (tmp_path / "LICENSE").write_text("not data")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(
-        DataError, match=r'^the data path is empty \(the working directory is "\."\)$'
-    ):
-        open_dataset("")
+    for empty in ("", "file://"):
+        with pytest.raises(
+            DataError, match=r'^the data path is empty \(the working directory is "\."\)$'
+        ):
+            open_dataset(empty)
 
 
 def test_empty_directory(tmp_path):

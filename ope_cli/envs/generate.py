@@ -348,7 +348,7 @@ def _check_places(targets: set[Path]) -> None:
     folder goes (OUT/q a file), or a folder where a file goes (OUT/logs.parquet a folder).
     Met half way, the earlier run's truth.json and some of its files were gone already."""
     for target in sorted(targets):
-        if target.parent.exists() and not target.parent.is_dir():
+        if os.path.lexists(target.parent) and not target.parent.is_dir():  # a dangling link too
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target.parent))
         if target.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))

@@ -25,11 +25,11 @@ def resolve_files(source: str) -> tuple[list[str], str | None]:
     """(sorted data files, the directory hive partitions are relative to or None) of a
     file, a directory or a glob; raises DataError (UsageError for an unknown URI scheme).
     Files in object storage are URIs (``s3://bucket/key``); ``file://`` URIs are local."""
-    if not source:  # Path("") is the working directory: "" read ./LICENSE as a data file
-        raise DataError('the data path is empty (the working directory is ".")')
     local = remote.on_disk(source)
     if local is None:
         return remote.resolve(source)
+    if not local:  # Path("") is the working directory: "" read ./LICENSE as a data file
+        raise DataError('the data path is empty (the working directory is ".")')
     source = local  # a file:// URI's path
     path = Path(source)
     if path.is_dir():
