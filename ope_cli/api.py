@@ -178,6 +178,8 @@ def _checked_record(record):
     record = dataclasses.replace(_python_numbers_in(record), data=_data_path(record.data))
     for part in (record, *(getattr(record, group) for group in _groups(record))):
         _check_types(part, {})
+    if getattr(record, "estimators", None):  # as the keyword reads them: "WIS" was unknown
+        record = dataclasses.replace(record, estimators=estimator_names(record.estimators))
     return record
 
 

@@ -328,6 +328,15 @@ def test_a_config_record_and_the_data_are_checked_as_keywords_are():
         ope_cli.evaluate(EvaluationConfig(data=data, gamma="0.9"))
     with pytest.raises(ope_cli.UsageError, match="policies must be a sequence of strings"):
         ope_cli.evaluate(EvaluationConfig(data=data, policies="x.npz"))
+    # estimators as the keyword reads them: EvaluationConfig's "WIS" was an unknown estimator
+    policy = (str(EXAMPLES / "policies" / "ckpt.npz"),)
+    record = EvaluationConfig(data=data, policies=policy, gamma=0.9, estimators=("WIS", "wis"))
+    run = ope_cli.evaluate(record)
+    assert list(run.results[0].estimates) == ["wis"]
+    assert run.to_dict() == {
+        **ope_cli.evaluate(data, policies=policy, gamma=0.9, estimators="wis").to_dict(),
+        "runtime": run.to_dict()["runtime"],
+    }
 
 
 def test_numpy_numbers_in_a_config_record_make_a_json_document():
