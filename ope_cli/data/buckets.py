@@ -197,11 +197,7 @@ def widened(batch: PaddedBatch, chunk: EpisodeChunk) -> PaddedBatch:
 
     def wider(padded: np.ndarray, values: np.ndarray | None) -> np.ndarray:
         dtype = padded.dtype if values is None else np.result_type(padded.dtype, values.dtype)
-        if dtype == padded.dtype:
-            return padded
-        copy = _zeros(padded.shape, dtype)
-        copy[...] = padded
-        return copy
+        return padded if dtype == padded.dtype else aligned_copy(padded, dtype)
 
     steps = map_arrays(wider, batch.steps, chunk.steps)
     changed = any(a is not b for a, b in zip(steps, batch.steps, strict=True))

@@ -419,9 +419,9 @@ def _size_and_spread(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     in float64, over blocks of SPREAD_BLOCK values, SPREAD_ROWS rows at least (a float64
     copy of a whole chunk of wide float32 observations doubled its memory), shifted by
     the first row so that an offset far above the spread does not cancel it. Each block
-    is transposed first: NumPy
-    reduces a row-major [N, 8] array along its rows six times slower than its [8, N]
-    copy along the columns (a fifth of a warm run over 5M steps went there)."""
+    is transposed first: NumPy reduces a row-major [N, 8] array along its rows six times
+    slower than its [8, N] copy along the columns (a fifth of a warm run over 5M steps
+    went there)."""
     shift = features[0].astype(np.float64)[:, None]
     largest = np.zeros(features.shape[1])
     total = np.zeros(features.shape[1])
