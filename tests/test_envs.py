@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ope_cli.envs.generate as gen
+import ope_cli.envs.writer as writer
 from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
 from ope_cli.errors import UsageError
@@ -197,6 +198,26 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         all(ids) and sum(map(len, ids)) == len(set().union(*ids)) == 100
     )  # no episode spans files
     assert pa.concat_tables(pq.read_table(p) for p in parts).equals(single)
+
+
+def test_a_horizon_bounds_the_steps_simulated_at_a_time_and_not_the_data(tmp_path, monkeypatch):
+    # 300 episodes of a 10M-step horizon were simulated as one block: 24 GB, then more
+    gen.generate("gaussian", tmp_path / "whole", episodes=40, seed=3, horizon=20)
+    blocks = []
+    simulate = writer.simulate
+
+    def recorded(*args):
+        blocks.append(args[4])  # n_episodes
+        return simulate(*args)
+
+    monkeypatch.setattr(writer, "simulate", recorded)
+    monkeypatch.setattr(writer, "BLOCK_STEPS", 100)
+    gen.generate("gaussian", tmp_path / "blocks", episodes=40, seed=3, horizon=20)
+    assert blocks == [5] * 8
+    assert writer.block_episodes(None) == writer.BLOCK_EPISODES
+    assert writer.block_episodes(10**7) == 1
+    logs = [pq.read_table(tmp_path / run / "logs.parquet") for run in ("whole", "blocks")]
+    assert logs[0].num_rows == 800 and logs[1].equals(logs[0])
 
 
 @pytest.mark.parametrize(

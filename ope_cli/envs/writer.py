@@ -17,6 +17,9 @@ from ope_cli.envs.base import Environment, Params
 from ope_cli.envs.rollout import simulate
 
 BLOCK_EPISODES = 1 << 17  # episodes simulated and written at a time (bounds memory)
+# ... and at most this many steps' worth under a horizon: a block is held whole while it
+# is simulated (300 episodes of 10M steps asked for 24 GB, then more, instead of streaming)
+BLOCK_STEPS = 1 << 22
 ROW_GROUP_ROWS = 1 << 17
 
 
@@ -34,6 +37,15 @@ def _table(data: dict[str, np.ndarray], declared: dict) -> pa.Table:
     names = ("episode_id", "step", "observation", "action", "reward", "behavior_prob")
     table = pa.table({name: _column(data[name]) for name in names})
     return table.replace_schema_metadata({METADATA_KEY: json.dumps(declared)})
+
+
+def block_episodes(horizon: int | None) -> int:
+    """Episodes simulated and written at a time: BLOCK_EPISODES, fewer where ``horizon``
+    lets them reach BLOCK_STEPS steps (never fewer than one). The data does not depend on
+    it: an episode's steps depend only on the seed and its id."""
+    if horizon is None:
+        return BLOCK_EPISODES
+    return max(1, min(BLOCK_EPISODES, BLOCK_STEPS // horizon))
 
 
 def write_logs(
@@ -58,12 +70,11 @@ def write_logs(
     if gamma is not None:
         declared["gamma"] = gamma
     steps = longest = 0
+    block = block_episodes(horizon)
     for path, first, last in zip(paths, bounds[:-1], bounds[1:], strict=True):
         writer = None
-        for start in range(first, last, BLOCK_EPISODES):
-            data = simulate(
-                environment, params, data_key, start, min(BLOCK_EPISODES, last - start), horizon
-            )
+        for start in range(first, last, block):
+            data = simulate(environment, params, data_key, start, min(block, last - start), horizon)
             table = _table(data, declared)
             writer = writer or pq.ParquetWriter(path, table.schema, compression="snappy")
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
