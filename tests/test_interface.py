@@ -735,3 +735,29 @@ def test_every_json_document_starts_with_the_schema_version_and_the_tool(
     assert list(document)[:3] == ["schema_version", "tool", "command"]
     assert document["schema_version"] == 1 and document["command"] == command
     assert document["tool"] == {"name": "ope", "version": __version__}
+
+
+@pytest.mark.parametrize(
+    ("option", "code", "line"),
+    [
+        # each was read as the working directory: --policy and --q then proposed the glob
+        # '/*.npz' (the root's checkpoints), --plot wrote its figures there, --truth could
+        # not read "" (Is a directory)
+        ("--policy", 4, "invalid policy: an empty path names no checkpoint"),
+        ("--q", 4, "invalid policy: an empty path names no Q checkpoint"),
+        ("--plot", 2, "usage error: --plot needs a directory; an empty path names none"),
+        ("--truth", 2, "usage error: --truth needs a truth.json; an empty path names none"),
+    ],
+)
+def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory(
+    option, code, line, tmp_path, monkeypatch, capsys
+):
+    from test_report import EXAMPLES
+
+    monkeypatch.chdir(tmp_path)
+    policy = [] if option == "--policy" else ["--policy", str(EXAMPLES / "policies" / "ckpt.npz")]
+    args = ["evaluate", str(EXAMPLES / "data" / "logs.parquet"), *policy, option, ""]
+    assert run_ope(args) == code
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"ope: {line}\n"
+    assert list(tmp_path.iterdir()) == []

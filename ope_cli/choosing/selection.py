@@ -51,6 +51,8 @@ def _load_truth(source: str | Path | Mapping) -> tuple[Mapping, Path | None]:
     if isinstance(source, Mapping):
         return source, None
     text = str(source)
+    if not text:
+        raise UsageError("--truth needs a truth.json; an empty path names none")
     local = remote.on_disk(text)
     path = None if local is None else Path(local)
     try:

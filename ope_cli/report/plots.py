@@ -55,6 +55,8 @@ def _pyplot():
 def check_plot_directory(directory: str | Path) -> None:
     """A usage error where ``directory`` is an existing file: said before the run (after it,
     as "cannot create the directory: File exists")."""
+    if not str(directory):  # the working directory, which "--plot ." names plainly
+        raise UsageError("--plot needs a directory; an empty path names none")
     if Path(directory).exists() and not Path(directory).is_dir():
         raise UsageError(f"--plot {directory}: a file, where a directory is wanted")
 

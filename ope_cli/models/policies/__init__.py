@@ -107,6 +107,8 @@ def expand(spec: str, error: type[Exception] = PolicyError, what: str = "checkpo
     """A ``--policy`` (or ``--q``) value as the values it stands for: a glob such as
     'ckpts/*.npz' (quoted, so the shell leaves it alone) for its matching files, sorted;
     a directory is refused with the glob that would name its checkpoints."""
+    if not spec:  # the working directory, refused as one with the glob '/*.npz'
+        raise error(f"an empty path names no {what}")
     if glob.has_magic(spec) and remote.is_uri(spec):
         return list(remote.glob_files(spec, error))
     if glob.has_magic(spec) and not Path(spec).exists():
