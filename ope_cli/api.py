@@ -185,9 +185,12 @@ def _checked_record(record):
 
 def _plain(value):
     """``value`` with paths as strings and NumPy numbers as Python ones, alone or in a
-    tuple or list (``policies=[Path("a.npz")]``), as options are read."""
+    tuple or list (``policies=[Path("a.npz")]``), a 1-d array as a tuple of them, as
+    options are read."""
     if isinstance(value, tuple | list):
         return type(value)(_plain(item) for item in value)
+    if getattr(value, "ndim", None) == 1 and hasattr(value, "tolist"):  # reward_range=array
+        return tuple(value.tolist())
     return python_numbers(os.fspath(value) if isinstance(value, os.PathLike) else value)
 
 
@@ -267,7 +270,12 @@ def _known(record) -> list[str]:
         for cli, name in OPTION_NAMES.items()
         if name in accepted and name not in _fields(BatchingConfig)
     }
-    return sorted(fields | spelled)
+    return sorted(fields | spelled | EXTRA_KEYWORDS.get(record, set()))
+
+
+# keywords a function takes beside its record's (``evaluate``'s own; they were missing from
+# the list of options an unknown one is told)
+EXTRA_KEYWORDS = {EvaluationConfig: {"rank_by", "on_progress", "on_status", "distributed"}}
 
 
 def _as(subclass, record):

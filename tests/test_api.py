@@ -157,8 +157,9 @@ def test_to_pandas_is_the_csv_as_a_table():
 
 
 def test_unknown_keywords_are_refused_by_name():
-    with pytest.raises(ope_cli.UsageError, match="unknown option 'gama'"):
+    with pytest.raises(ope_cli.UsageError, match="unknown option 'gama'") as error:
         ope_cli.evaluate("logs.parquet", gama=0.9)
+    assert ", rank_by, " in str(error.value)  # evaluate's own keywords are options too
     with pytest.raises(ope_cli.UsageError, match="unknown option 'batch_steps'"):
         ope_cli.inspect("logs.parquet", batch_steps=4096)
     # the fit-q model is named in the source (q=["fit:mlp"]); a keyword that nothing read
@@ -314,6 +315,12 @@ def test_numbers_and_names_are_read_as_the_command_line_reads_them():
     assert ranged.choosing.top_k == (1,) and type(ranged.choosing.top_k[0]) is int
     array = evaluation_config("logs.parquet", top_k=np.array([1, 3]))
     assert [type(k) for k in array.choosing.top_k] == [int, int]
+    # an array of two numbers was "reward_range must be two numbers (low, high)"
+    bounded = evaluation_config("logs.parquet", reward_range=np.array([0.0, 1.0]))
+    assert bounded.intervals.reward_range == (0.0, 1.0)
+    assert [type(x) for x in bounded.intervals.reward_range] == [float, float]
+    listed = evaluation_config("logs.parquet", policies=np.array(["a.npz", "b.npz"]))
+    assert listed.policies == ("a.npz", "b.npz") and type(listed.policies[0]) is str
 
 
 def test_a_config_record_and_the_data_are_checked_as_keywords_are():
