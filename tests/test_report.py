@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -105,6 +106,31 @@ def test_weight_histogram_in_the_table(result):
     assert "trajectory weights (log scale)" in text
     for line in lines:
         assert line.strip() in text
+
+
+def test_weight_axis_labels_never_run_together(result):
+    """With weights up to 16, the label "1" was printed against the right end's "17.8",
+    which then read "117.8"."""
+    from ope_cli.report.table import weight_label
+
+    profile = result.results[0].profile
+    edges, bins = profile.histogram_edges, len(profile.histogram_counts) - 2
+    ends = set()
+    for low in range(bins):
+        for high in range(low, bins):
+            counts = np.zeros(bins + 2, np.int64)
+            counts[[low + 1, high + 1]] = 1
+            policy = dataclasses.replace(
+                result.results[0],
+                profile=dataclasses.replace(profile, histogram_counts=counts.tolist()),
+            )
+            _, ticks, labels = weight_sparklines(dataclasses.replace(result, results=[policy]))
+            words = labels.split()
+            shown = {weight_label(edge) for edge in edges} | {"1"}
+            assert set(words) <= shown, labels
+            assert "1" not in words or labels[ticks.index("┬")] == "1"
+            ends.add(len(words))
+    assert ends == {2, 3}  # both ends, with "1" where it has room
 
 
 def test_warnings_in_plain_words(result):

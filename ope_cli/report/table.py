@@ -155,9 +155,15 @@ def weight_sparklines(result: EvaluationResult) -> tuple[list[str], str, str]:
     left = weight_label(edges[low])
     right = weight_label(edges[min(low + width * group, bins)])
     labels = [" "] * width
-    for text, start in ((left, 0), ("1", at_one), (right, width - len(right))):
+    # the ends first; each label a space apart from the others ("1" beside "17.8" read
+    # "117.8"), or left out (the ┬ still marks weight 1)
+    for text, start in ((left, 0), (right, width - len(right)), ("1", at_one)):
         end = start + len(text)
-        if start >= 0 and end <= width and all(c == " " for c in labels[start:end]):
+        if (
+            start >= 0
+            and end <= width
+            and all(c == " " for c in labels[max(start - 1, 0) : end + 1])
+        ):
             labels[start:end] = text
     return lines, ticks, "".join(labels)
 
