@@ -1448,6 +1448,34 @@ def test_progress_counts_reading_time_alone_and_no_full_bar_while_work_remains(m
         assert (task.completed, task.total, task.fields["rate"]) == (250, 1000, "250 rows/s")
 
 
+def test_progress_keeps_saying_which_pass_it_is_in(monkeypatch):
+    """The rows' "reading" and "evaluating the last batches" replaced "evaluating (pass 3 of
+    4)" at once: a file read in one batch never showed the passes it was read in."""
+    from rich.console import Console
+
+    from ope_cli.cli import progress
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=140)
+    display = progress.ProgressDisplay(quiet=False, console=console, delay=3600.0)
+    with display as (on_progress, on_status):
+        task = display._progress.tasks[0]
+        on_status("fitting Q-hat (pass 1 of 3) ...")
+        on_progress(400, 1000)
+        assert task.description == "fitting Q-hat (pass 1 of 3)"
+        on_progress(1000, 1000)
+        assert task.description == "fitting Q-hat (pass 1 of 3), every row read"
+        on_status("evaluating (pass 2 of 3)")
+        on_progress(1000, 1000)  # one record batch: every row at once
+        assert task.description == "evaluating (pass 2 of 3), every row read"
+        on_status("compiling the kernel for window shape 2 of at most 4, [128, 64] ...")
+        on_status("evaluating")
+        assert task.description == "evaluating (pass 2 of 3), every row read"
+        compare = "evaluating again with the logged propensities, to compare (pass 3 of 3)"
+        on_status(compare)
+        on_progress(10, 1000)
+        assert task.description == compare
+
+
 @pytest.mark.parametrize("width", [80, 100, 160])
 def test_progress_keeps_its_numbers_whole_on_a_narrow_terminal(monkeypatch, width):
     """At 100 columns the line was cut at its end: a rate of 619,000 rows/s read "6,19"."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -12,6 +13,7 @@ from ope_cli.cli.console import stderr_console
 ROW_PHASES = ("reading", "evaluating")  # statuses during which the rows measure the work
 # once every row is read, what remains (the last batches) has no rows to count
 ALL_READ = "evaluating the last batches (every row read)"
+PASS = re.compile(r"\(pass \d+ of \d+\)")  # a status that starts a pass over the data
 WIDE = 140  # columns from which the status line has room for every part of it whole
 
 
@@ -42,6 +44,9 @@ class ProgressDisplay:
         # for a read of 1 s, and a stale rate while compiling)
         self._row_seconds = 0.0
         self._phase_since: float | None = None
+        # the pass over the data under way ("evaluating (pass 3 of 4)"), which the rows'
+        # phases keep saying: "reading" and ALL_READ replaced it at once
+        self._pass = ""
 
     def __enter__(self):
         if not self.enabled:
@@ -112,15 +117,14 @@ class ProgressDisplay:
         counted = f"{rows:,}" + (f"/{total:,}" if total else "") + " rows"
         if total and rows >= total:  # the last batches remain: no bar to fill, no ETA
             self._pulse()
-            self._progress.update(
-                self._task, completed=rows, description=ALL_READ, rows=counted, rate=rate, eta=""
-            )
+            said = {"description": self._all_read(), "rows": counted, "rate": rate, "eta": ""}
+            self._progress.update(self._task, completed=rows, **said)
             return
         self._progress.update(
             self._task,
             completed=rows,
             total=total,
-            description="reading",
+            description=self._pass or "reading",
             rows=counted,
             rate=rate,
             eta=self._eta(rows, total, seconds),
@@ -132,11 +136,14 @@ class ProgressDisplay:
         While such a step runs, the bar pulses and shows no ETA: rows all read do not
         mean that the work is done."""
         task = self._progress.tasks[0] if self._progress.tasks else None
+        if PASS.search(text):
+            self._pass = text.removesuffix(" ...")
         if text in ROW_PHASES or task is None:
             if self._phase_since is None:
                 self._phase_since = time.monotonic()
+            text = self._pass or text
             if self._total is not None and self._rows >= self._total:
-                text = ALL_READ  # every row read: still no bar to fill
+                text = self._all_read()  # every row read: still no bar to fill
             elif task is not None and self._total is not None:
                 eta = self._eta(self._rows, self._total, self._seconds_in_row_phases())
                 self._progress.update(self._task, total=self._total, eta=eta)
@@ -147,6 +154,11 @@ class ProgressDisplay:
             self._phase_since = None
         self._pulse()
         self._progress.update(self._task, description=text, eta="")
+
+    def _all_read(self) -> str:
+        """What the display says once every row is read (the last batches, or a fit's
+        iterations, remain)."""
+        return f"{self._pass}, every row read" if self._pass else ALL_READ
 
     def _pulse(self) -> None:
         """The bar pulses (no total): rich's ``update(total=None)`` keeps the total, and the
