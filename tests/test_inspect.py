@@ -265,6 +265,8 @@ def test_table_rendering(messy):
         "action_out_of_range",
     ):
         assert word in text, word
+    # the summaries cover the valid episodes, as the tables beside them say
+    assert "behavior probability (valid episodes): min" in text
 
 
 def test_unusable_data_is_one_error(tmp_path):
@@ -342,7 +344,10 @@ def test_rewards_returns_and_the_logging_policys_value(tmp_path):
     console = Console(width=160, record=True)
     render_table(report, console)
     text = console.export_text()
-    assert "reward per step: mean" in text and "discounted return (gamma=0.5, --gamma)" in text
+    assert (
+        "reward per step (valid episodes): mean" in text
+        and "discounted return (gamma=0.5, --gamma)" in text
+    )
     assert "logging policy's value (mean discounted return)" in text
     assert "declared in the metadata: gamma 0.8" in text
     assert "warning: gamma is 0.5 (--gamma), not the 0.8 the data declares" in text

@@ -149,7 +149,7 @@ def _reward_lines(doc: dict[str, Any]) -> list[str]:
         return []
     source = GAMMA_SOURCES.get(doc["gamma_source"], doc["gamma_source"])
     lines = [
-        f"reward per step: mean {significant(reward['mean'])}, std "
+        f"reward per step (valid episodes): mean {significant(reward['mean'])}, std "
         f"{significant(reward['std'])}, min {significant(reward['min'])}, max "
         f"{significant(reward['max'])}",
         f"discounted return (gamma={doc['gamma']:g}, {source}): "
@@ -288,7 +288,7 @@ def render_table(report: InspectReport, console) -> None:
     if doc["behavior_prob"] is not None:
         b = doc["behavior_prob"]
         console.print(
-            f"behavior {b['kind']}: min {from_log(b['log_min'])}, "
+            f"behavior {b['kind']} (valid episodes): min {from_log(b['log_min'])}, "
             f"median {significant(b['median'])}, max {significant(b['max'])}",
             highlight=False,
         )
