@@ -361,6 +361,21 @@ def test_missing_step(tmp_path, rows):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 1_000_000])
+def test_an_episode_that_starts_past_step_0_is_said_to_have_its_first_rows_elsewhere(
+    tmp_path, rows
+):
+    """An episode's later rows in the file of another process (its first rows in a file
+    the other process read) said "step 0 is missing", and a multi-process run pointed at
+    --on-invalid drop, which could not help."""
+    path = write_rows(tmp_path / "logs.parquet", [1, 1, 2, 2, 2], [0, 1, 3, 4, 5])
+    with pytest.raises(DataError) as info:
+        read_chunks(path, rows)
+    message = str(info.value)
+    assert "episode 2: step 0 is missing: its first step is 3" in message
+    assert "an episode's rows must all be in one file" in message
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 1_000_000])
 def test_a_negative_step_is_named(tmp_path, rows):
     """Steps -1, 0, 1: the message said "step 0 is missing", where step 0 is there."""
     path = write_rows(tmp_path / "logs.parquet", [1, 1, 7, 7, 7], [0, 1, 1, -1, 0])

@@ -534,6 +534,11 @@ def _order_steps(
             problem = f"step {step} appears more than once"
         elif step < expected:  # sorted, and every step before it in place: below 0
             problem = f"step {step} is out of range (steps must be 0, 1, ..., length-1)"
+        elif expected == 0:  # its first rows are elsewhere: in another file, or process's
+            problem = (
+                f"step 0 is missing: its first step is {step} (steps must be 0, 1, ..., "
+                "length-1; an episode's rows must all be in one file)"
+            )
         else:
             problem = f"step {expected} is missing (steps must be 0, 1, ..., length-1)"
         raise InvalidValueError(
