@@ -268,6 +268,24 @@ def test_processes_given_different_options_are_refused(world):
         )
 
 
+def test_a_process_given_another_num_processes_than_the_coordinator_is_refused(world):
+    """Process 1 told --num-processes 3 joined process 0's run of 2 and ran on, exit 0,
+    without a word: every process now refuses, as for any option given differently."""
+    tmp, _ = world
+    port = free_port()
+    args = ["five", "-p", "p0.npz", "--format", "json"]
+    processes = [start(args, 0, 2, port, tmp), start(args, 1, 3, port, tmp)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert (process.returncode, out) == (2, ""), err
+        assert err.startswith(
+            "ope: usage error: the processes were given different options (these settings "
+            "differ: num_processes): give every process the same command line but its "
+            "--process-id"
+        )
+        assert len(err.splitlines()) == 1
+
+
 SLOW_POLICY = """
 import os
 import time
@@ -396,6 +414,43 @@ def test_a_hangup_or_a_killed_worker_is_said_as_such(world):
         else:
             assert (waiting.returncode, out) == (5, ""), err
             assert err.startswith("ope: distributed run failed: this process's worker was killed")
+
+
+@pytest.mark.parametrize(
+    ("ends", "code", "said"),
+    [
+        # a worker whose result was out ends with its code at SIGINT (interrupts.finished),
+        # its own lines passed on, not the runtime's
+        ("os._exit(0)", 0, "warning: low ess\nope: x\n"),
+        ("os._exit(3)", 3, "warning: low ess\nope: x\n"),
+        # one that the interrupt stopped: one line, exit 130
+        ("os._exit(130)", 130, "ope: x\n"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", 130, "ope: x\n"),
+    ],
+)
+def test_ctrl_c_after_the_worker_wrote_its_result_keeps_the_result_s_exit_code(
+    ends, code, said, capsys
+):
+    """Ctrl-C to the process group of process 0 once its worker had printed the whole
+    result: the worker ended with the result's code, but the supervisor said "ope:
+    interrupted" and exited 130."""
+    import sys
+
+    from ope_cli.cli import supervisor
+
+    script = f"""import os, signal, sys, time
+signal.signal(signal.SIGINT, lambda *_: {ends})
+sys.stderr.write("warning: low ess\\nruntime noise\\nope: x\\n")
+sys.stderr.flush()
+print("ready", flush=True)
+time.sleep(60)
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert child.stdout.readline() == b"ready\n"
+    assert supervisor._interrupted(child) == code
+    assert capsys.readouterr().err == said
 
 
 def test_the_supervisor_passes_on_a_signal_that_came_before_its_child():

@@ -212,6 +212,17 @@ def test_a_peer_lost_in_a_gather_is_a_distributed_error(monkeypatch):
     with pytest.raises(DistributedError, match="another process stopped while this one") as error:
         distributed.allgather(np.zeros(3))
     assert error.value.exit_code == 5 and "Connection closed by peer" in str(error.value)
+    # the CPU collectives raise the same as a ValueError too (it was an internal error)
+    monkeypatch.setattr(distributed, "_replicated", failing(lost, ValueError))
+    with pytest.raises(DistributedError, match="another process stopped while this one"):
+        distributed.allgather(np.zeros(3))
+    # a long runtime message is cut at a word, not mid-word ("to debug fu")
+    long = lost + " Check the task logs for an earlier error" * 20
+    monkeypatch.setattr(distributed, "_replicated", failing(long, ValueError))
+    with pytest.raises(DistributedError) as error:
+        distributed.allgather(np.zeros(3))
+    said = str(error.value)
+    assert said.endswith(" ...") and said.split()[-2] in long.split() and len(said) < 500
     # an error of this process's own (a bug, a shape) is not put down to a peer
     monkeypatch.setattr(distributed, "_replicated", failing("our own bug", TypeError))
     with pytest.raises(TypeError, match="our own bug"):

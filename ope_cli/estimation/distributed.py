@@ -178,15 +178,24 @@ def _gather(array: np.ndarray) -> np.ndarray:
     try:
         gathered = _replicated(mesh)(stacked)
         return np.asarray(gathered.addressable_data(0))
-    except jax.errors.JaxRuntimeError as error:
+    except (jax.errors.JaxRuntimeError, ValueError) as error:
         # a peer that stopped mid-run (Ctrl-C, a kill) closed its connection: that was
-        # "internal error (a bug)", exit 1; any other error stays what it is
+        # "internal error (a bug)", exit 1 (the CPU collectives raise it as a ValueError
+        # too: "UNKNOWN: Gloo AllGather failed"); any other error stays what it is
         if not any(sign in str(error) for sign in LOST_PEER):
             raise
         raise DistributedError(
             "another process stopped while this one exchanged its sums with it (that "
-            f"process's own line says why): {summary(error)[:300]}"
+            f"process's own line says why): {_clipped(summary(error))}"
         ) from None
+
+
+def _clipped(text: str, limit: int = 300) -> str:
+    """``text`` cut to about ``limit`` characters at a space, with "..." where it was cut
+    (a runtime's message cut at 300 characters ended mid-word)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 @functools.cache
@@ -209,11 +218,12 @@ def _encode(message: str) -> np.ndarray:
 _barriers = 0  # barriers passed so far: every process passes the same ones, in order
 
 
-def wait_for_peers(name: str) -> None:
+def wait_for_peers(name: str, waiting_for: str) -> None:
     """Blocks until every process reaches barrier ``name`` (the coordination service's own
     barrier, not a collective). A process with little or no data reaches the first
     collective long before the others; the CPU collectives give up after a fixed, short
-    timeout, so the processes meet here first."""
+    timeout, so the processes meet here first. ``waiting_for``: what the error of a peer
+    lost meanwhile says this process waited for, in words."""
     from jax._src import distributed as jax_distributed
 
     global _barriers
@@ -224,8 +234,8 @@ def wait_for_peers(name: str) -> None:
             client.wait_at_barrier(f"ope:{name}:{_barriers}", PEER_WAIT_MS)
         except Exception as error:  # noqa: BLE001 - the runtime's error for a lost peer
             raise DistributedError(
-                "another process died or stopped answering while this one waited for it "
-                f"({name}): {summary(error)[:300]}"
+                f"another process died or stopped answering while this one waited for "
+                f"{waiting_for}: {_clipped(summary(error))}"
             ) from None
 
 
@@ -306,12 +316,15 @@ def _contents(path: str) -> str:
     return f" sha256:{digest.hexdigest()}"
 
 
-def check_same_options(config) -> None:
+def check_same_options(config, joined: DistributedConfig | None = None) -> None:
     """Collective, right after joining: a UsageError on every process when the processes
-    were given different options (OWN_OPTIONS aside). Each process estimates its share with
-    its own; with another --gamma or checkpoint in one of them, the merged numbers were
-    those of no run, printed without a word."""
+    were given different options (OWN_OPTIONS aside), ``joined``'s --num-processes among
+    them. Each process estimates its share with its own; with another --gamma or
+    checkpoint in one of them, the merged numbers were those of no run, printed without a
+    word (and a process given another --num-processes joined the coordinator's run)."""
     values = option_values(config)
+    if joined is not None and not joined.auto:
+        values["num_processes"] = repr(joined.num_processes)
     digests = np.array(
         [int(hashlib.sha256(v.encode()).hexdigest()[:15], 16) for v in values.values()], np.int64
     )
@@ -330,7 +343,7 @@ def check_same_options(config) -> None:
 def check_all_succeeded(error: OpeError | None) -> None:
     """Collective: every process says whether its share succeeded; if any failed, every
     process raises (the failing one its own error, the others one that names it)."""
-    wait_for_peers("local-pass-done")
+    wait_for_peers("local-pass-done", "every process to finish its share of the data")
     status = np.array([0 if error is None else error.exit_code], np.int64)
     codes = _gather(status)[:, 0]
     messages = _gather(_encode("" if error is None else f"{error.kind}: {error}"))

@@ -268,7 +268,7 @@ def evaluate(
         check_before_jax(config)
     process_id, num_processes, backend, precision, mesh = _join_runtime(config, distributed)
     if num_processes > 1:
-        check_same_options(config)
+        check_same_options(config, distributed)
     from ope_cli import runtime
     from ope_cli.estimation.kernel import trace_count  # after joining a cluster, as every JAX use
 
