@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ope_cli.envs.generate as gen
+import ope_cli.envs.rollout as rollout
 import ope_cli.envs.writer as writer
 from ope_cli.envs.base import policy_scales
 from ope_cli.envs.registry import ENVIRONMENTS
@@ -198,6 +199,36 @@ def test_files_split_whole_episodes_and_same_data(tmp_path):
         all(ids) and sum(map(len, ids)) == len(set().union(*ids)) == 100
     )  # no episode spans files
     assert pa.concat_tables(pq.read_table(p) for p in parts).equals(single)
+
+
+@pytest.mark.parametrize(
+    ("env", "episodes", "horizon"), [("gaussian", 3, 700), ("control", 300, 600)]
+)
+def test_the_long_tail_runs_in_long_scans_with_the_same_data(
+    env, episodes, horizon, tmp_path, monkeypatch
+):
+    """The last few episodes alive ran alone in 1024 lanes, 32 steps a call (a 1M-step
+    episode took minutes): they now run in FEW_LANES lanes, LONG_CHUNKS draws a call, and
+    every step's data stays what it was (control's rewards, an exp compiled for fewer
+    lanes, to rounding)."""
+    lengths = []
+    run_chunk = rollout._run_chunk
+
+    def recorded(*args):
+        lengths.append(args[2])
+        return run_chunk(*args)
+
+    monkeypatch.setattr(rollout, "_run_chunk", recorded)
+    gen.generate(env, tmp_path / "long", episodes=episodes, seed=2, horizon=horizon)
+    long = rollout.CHUNK_STEPS * rollout.LONG_CHUNKS
+    assert rollout.CHUNK_STEPS in lengths and long in lengths  # both, in that order
+    assert lengths.index(long) > 0 and set(lengths[lengths.index(long) :]) == {long}
+    monkeypatch.setattr(rollout, "FEW_LANES", 0)  # never: 32 steps a call throughout
+    gen.generate(env, tmp_path / "short", episodes=episodes, seed=2, horizon=horizon)
+    logs = [pq.read_table(tmp_path / run / "logs.parquet") for run in ("long", "short")]
+    assert logs[0].drop_columns("reward").equals(logs[1].drop_columns("reward"))
+    rewards = [log["reward"].to_numpy() for log in logs]
+    np.testing.assert_allclose(rewards[0], rewards[1], rtol=1e-14, atol=1e-15)
 
 
 def test_a_horizon_bounds_the_steps_simulated_at_a_time_and_not_the_data(tmp_path, monkeypatch):

@@ -9,8 +9,10 @@ one truth, which is what a coverage study of confidence intervals needs.
 Rollouts are pure JAX, in float64: every episode has its own key ``fold_in(key(seed), id)``,
 draws its random numbers a chunk of time steps at a time, and runs under ``jax.vmap`` over
 episodes and ``jax.lax.scan`` over time. Between chunks, finished episodes leave the batch, so
-skewed lengths cost their real steps. An episode's data depends only on ``seed`` and its id,
-not on ``episodes`` or ``files``.
+skewed lengths cost their real steps; the last few episodes alive run in a few lanes, long
+scans at a time. An episode's data depends only on ``seed`` and its id, not on ``episodes``
+or ``files`` (a reward computed with ``exp``, as control's, to rounding: the few lanes'
+compiled scan may round it in another last bit).
 
 Environments (one module each under ``ope_cli/envs/``): ``bandit``, ``chain``, ``control``,
 ``gaussian``.

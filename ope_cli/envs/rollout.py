@@ -1,8 +1,10 @@
 """The rollout engine: episodes under the behavior policy, vmapped over episodes and scanned
 over time, in chunks of time steps between which finished episodes leave the batch.
 
-Every episode has its own key ``fold_in(key(seed), id)``, so its data depends only on the seed
-and its id, not on how many episodes are rolled out together.
+Every episode has its own key ``fold_in(key(seed), id)`` and a draw per CHUNK_STEPS steps, so
+its data depends only on the seed and its id, not on how many episodes are rolled out
+together (but for the rounding of a value computed with ``exp``: the few lanes' scan is
+another compiled program).
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ import numpy as np
 
 from ope_cli.envs.base import Environment, Params, Record, State, draw
 
-CHUNK_STEPS = 32  # time steps per jitted scan
+CHUNK_STEPS = 32  # time steps per random draw (and per jitted scan of LANES episodes)
 LANES = 1024  # episodes per jitted scan
+# Once at most FEW_LANES episodes are alive, they run FEW_LANES at a time for LONG_CHUNKS
+# draws' worth of steps per scan: a long episode ran alone in 1024 lanes, 32 steps a call
+# (a 1M-step episode took about 3 minutes); its draws, hence its data, stay the same
+FEW_LANES = 8
+LONG_CHUNKS = 32
 NO_HORIZON = np.iinfo(np.int64).max
 
 
@@ -52,9 +59,7 @@ def _run_chunk(
     Returns the next state, alive [lanes], records [lanes, length, ...] and valid [lanes, length].
     """
     keys = jax.random.wrap_key_data(state["key"])
-    uniform, normal = jax.vmap(lambda key: draw(jax.random.fold_in(key, t0 + 1), length, noise))(
-        keys
-    )
+    uniform, normal = jax.vmap(partial(_draws, noise=noise, t0=t0, length=length))(keys)
 
     def scan_step(carry, inputs):
         env_state, lanes_alive = carry
@@ -75,6 +80,20 @@ def _run_chunk(
     )
 
 
+def _draws(key: jax.Array, noise: tuple[int, int], t0: jax.Array, length: int):
+    """One lane's uniforms [length, U] and normals [length, N] of steps t0 .. t0 + length -
+    1: a draw per CHUNK_STEPS steps from ``fold_in(key, its first step + 1)``, so a step's
+    numbers do not depend on how many steps a scan runs (one draw where ``length`` is
+    less: a horizon under CHUNK_STEPS)."""
+    if length <= CHUNK_STEPS:
+        return draw(jax.random.fold_in(key, t0 + 1), length, noise)
+    starts = t0 + 1 + CHUNK_STEPS * jnp.arange(length // CHUNK_STEPS)
+    uniform, normal = jax.vmap(
+        lambda start: draw(jax.random.fold_in(key, start), CHUNK_STEPS, noise)
+    )(starts)
+    return uniform.reshape(length, -1), normal.reshape(length, -1)
+
+
 def simulate(
     environment: Environment,
     params: Params,
@@ -85,10 +104,12 @@ def simulate(
 ) -> dict[str, np.ndarray]:
     """Rolls out episodes first_episode .. first_episode + n_episodes - 1 under params["behavior"].
 
-    The episodes run in groups of LANES (one compiled chunk for every batch size); between
-    chunks the state lives in NumPy and the live episodes are packed into as few groups as hold
-    them. Returns step arrays in (episode_id, step) order: episode_id, step [N] int64,
-    observation [N] or [N, d], action [N] or [N, k], reward and behavior_prob [N] float64.
+    The episodes run in groups of LANES (one compiled chunk for every batch size), and the
+    last FEW_LANES alive in one group of that many, LONG_CHUNKS draws' worth of steps a
+    scan; between chunks the state lives in NumPy and the live episodes are packed into as
+    few groups as hold them. Returns step arrays in (episode_id, step) order: episode_id,
+    step [N] int64, observation [N] or [N, d], action [N] or [N, k], reward and
+    behavior_prob [N] float64.
     """
     n_groups = -(-n_episodes // LANES)
     ids = np.arange(first_episode, first_episode + n_groups * LANES, dtype=np.int64)
@@ -123,10 +144,13 @@ def simulate(
         state = {k: np.concatenate([np.asarray(output[0][k]) for output in outputs]) for k in state}
         alive, t0 = np.concatenate([np.asarray(output[1]) for output in outputs]), t0 + length
         live = np.flatnonzero(alive)
-        if 0 < len(live) <= (len(groups) - 1) * LANES:  # pack the live episodes into fewer groups
-            groups = groups[: -(-len(live) // LANES)]
-            # the padding repeats live lanes, marked dead
-            keep = np.resize(live, len(groups) * LANES)
+        lanes = groups[0].stop  # the groups' width
+        if 0 < len(live) <= FEW_LANES and length == CHUNK_STEPS:  # the long tail: long scans
+            lanes, length = FEW_LANES, CHUNK_STEPS * LONG_CHUNKS
+        if 0 < len(live) <= (len(groups) - 1) * lanes or lanes != groups[0].stop:
+            # pack the live episodes into as few groups of ``lanes`` as hold them
+            groups = [slice(g * lanes, (g + 1) * lanes) for g in range(-(-len(live) // lanes))]
+            keep = np.resize(live, len(groups) * lanes)  # the padding repeats live lanes, dead
             state = {k: v[keep] for k, v in state.items()}
             ids, alive = ids[keep], np.arange(len(keep)) < len(live)
     return _in_episode_order(pieces)
