@@ -106,9 +106,10 @@ def _groups(record) -> dict[str, tuple[type, dict[str, str]]]:
     return groups
 
 
-def _config(record, data: str, options: Mapping[str, Any]):
+def _config(record, data: str, options: Mapping[str, Any], also: tuple[str, ...] = ()):
     """``record`` (EvaluationConfig or InspectConfig) of ``data`` and keyword ``options``,
-    each group of options (batching, columns, intervals ...) gathered into its record."""
+    each group of options (batching, columns, intervals ...) gathered into its record;
+    ``also``: the caller's own keywords, which an unknown one is told of too."""
     own: dict[str, Any] = {}
     grouped: dict[str, dict[str, Any]] = {}
     typed: dict[tuple[str | None, str], str] = {}  # (group, field) -> the keyword given
@@ -130,7 +131,8 @@ def _config(record, data: str, options: Mapping[str, Any]):
         elif group is not None:
             target = (group, groups[group][1][name])
         else:
-            raise UsageError(f"unknown option {key!r}; the options are {', '.join(_known(record))}")
+            known = ", ".join(sorted({*_known(record), *also}))
+            raise UsageError(f"unknown option {key!r}; the options are {known}")
         if value is None and not _takes_none(
             record if group is None else groups[group][0], target[1]
         ):
@@ -270,12 +272,14 @@ def _known(record) -> list[str]:
         for cli, name in OPTION_NAMES.items()
         if name in accepted and name not in _fields(BatchingConfig)
     }
-    return sorted(fields | spelled | EXTRA_KEYWORDS.get(record, set()))
+    return sorted(fields | spelled)
 
 
-# keywords a function takes beside its record's (``evaluate``'s own; they were missing from
-# the list of options an unknown one is told)
-EXTRA_KEYWORDS = {EvaluationConfig: {"rank_by", "on_progress", "on_status", "distributed"}}
+# ``evaluate``'s keywords beside its EvaluationConfig's: pipeline.evaluate's hooks, and the
+# default ranking of ``to_dict`` and ``to_pandas`` (an unknown keyword was told the options
+# without them)
+HOOKS = ("on_progress", "on_status", "distributed")
+RANK_BY = "rank_by"
 
 
 def _as(subclass, record):
@@ -321,14 +325,14 @@ def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:
     from ope_cli.estimation.run_plan import reported_estimators
     from ope_cli.report.table import check_rank_by
 
-    hooks = {k: options.pop(k) for k in ("on_progress", "on_status", "distributed") if k in options}
-    rank_by = options.pop("rank_by", None)
+    hooks = {k: options.pop(k) for k in HOOKS if k in options}
+    rank_by = options.pop(RANK_BY, None)
     if isinstance(data, EvaluationConfig):
         if options:
             raise UsageError("pass options as keywords or in the EvaluationConfig, not both")
         config = _checked_record(data)
     else:
-        config = _config(EvaluationConfig, data, options)
+        config = _config(EvaluationConfig, data, options, also=(*HOOKS, RANK_BY))
     if rank_by is not None:  # refused before the data is read, as --rank-by is
         rank_by = check_rank_by(rank_by, reported_estimators(config))
     return dataclasses.replace(_as(Evaluation, run(config, **hooks)), rank_by=rank_by)

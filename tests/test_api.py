@@ -160,6 +160,9 @@ def test_unknown_keywords_are_refused_by_name():
     with pytest.raises(ope_cli.UsageError, match="unknown option 'gama'") as error:
         ope_cli.evaluate("logs.parquet", gama=0.9)
     assert ", rank_by, " in str(error.value)  # evaluate's own keywords are options too
+    with pytest.raises(ope_cli.UsageError, match="unknown option 'rank_by'") as error:
+        ope_cli.api.evaluation_config("logs.parquet", rank_by="wis")  # not the record's
+    assert "rank_by" not in str(error.value).split("the options are ")[1].split(", ")
     with pytest.raises(ope_cli.UsageError, match="unknown option 'batch_steps'"):
         ope_cli.inspect("logs.parquet", batch_steps=4096)
     # the fit-q model is named in the source (q=["fit:mlp"]); a keyword that nothing read

@@ -498,6 +498,9 @@ def test_out_naming_a_file_is_a_usage_error(tmp_path):
     # a directory under a file: NotADirectoryError was an internal error too
     with pytest.raises(UsageError, match="--out .*afile/sub: cannot make the directory"):
         bench(BenchConfig(out=str(tmp_path / "afile" / "sub")))
+    # "" wrote the generated data and caches into the working directory
+    with pytest.raises(UsageError, match="--out needs a directory; an empty path names none"):
+        bench(BenchConfig(out=""))
 
 
 def test_a_q_fit_that_could_not_run_is_not_judged_and_says_why(measurements):

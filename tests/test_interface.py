@@ -761,3 +761,16 @@ def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory(
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == f"ope: {line}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_q_refuses_an_empty_policy_as_evaluate_does(tmp_path, capsys):
+    """fit-q --policy "" said ": expected an .npz checkpoint or an entry point"."""
+    from test_report import EXAMPLES
+
+    data = str(EXAMPLES / "data" / "logs.parquet")
+    assert run_ope(["fit-q", data, "--policy", "", "--out", str(tmp_path / "q.npz")]) == 4
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "",
+        "ope: invalid policy: an empty path names no checkpoint\n",
+    )

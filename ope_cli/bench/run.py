@@ -99,6 +99,8 @@ def _check(config: BenchConfig) -> None:
 
 @contextlib.contextmanager
 def _work_directory(out: str | None) -> Iterator[Path]:
+    if out == "":  # the working directory, which ``--out .`` names plainly
+        raise UsageError("--out needs a directory; an empty path names none")
     if out is not None:
         path = Path(out)
         if path.exists() and not path.is_dir():  # mkdir's FileExistsError was an internal error

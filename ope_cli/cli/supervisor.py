@@ -131,8 +131,6 @@ def _ended(code: int, said: bool, runtime_log: list[str], forward: Forward, argv
     return code
 
 
-# the codes of a worker that the interrupt stopped (130, or 143 after SIGTERM)
-INTERRUPTED_CODES = (INTERRUPTED_EXIT_CODE, interrupts.TERMINATED_EXIT_CODE)
 INTERRUPT_GRACE_SECONDS = 5.0  # a child joining a run does not stop before its timeout
 
 
@@ -140,9 +138,10 @@ def _interrupted(child) -> int:
     """INTERRUPTED_EXIT_CODE after Ctrl-C, with one ``ope: interrupted`` line: the child
     gets SIGINT (the terminal may have sent it already), its ``ope:`` lines pass on, and
     past INTERRUPT_GRACE_SECONDS it is killed (it waited out the whole join timeout, and the
-    parent printed a traceback). A child that had written its result ends with the result's
-    code (``interrupts.finished``), and so does this process, with the child's own lines:
-    the whole document on stdout was followed by "ope: interrupted" and exit 130."""
+    parent printed a traceback). A child that had written its result ends with exit 0
+    (``interrupts.finished``), and so does this process, with the child's own lines: the
+    whole document on stdout was followed by "ope: interrupted" and exit 130. (Any other
+    end is the interrupt's: a child that stopped on a peer's interrupt, exit 5, too.)"""
     import signal
     import subprocess
 
@@ -155,13 +154,11 @@ def _interrupted(child) -> int:
         child.kill()
         _, stderr = child.communicate()
     lines = (stderr or b"").decode(errors="replace").splitlines()
-    code = child.returncode
-    if code is not None and code >= 0 and code not in INTERRUPTED_CODES:
-        # its own end, not a signal's: its result was out, and the run's outcome stands
+    if child.returncode == 0:  # it ended with its result out (``interrupts.finished``)
         for line in lines:
             if line.startswith(OWN_LINES):
                 sys.stderr.write(line + "\n")
-        return code
+        return 0
     said = [line for line in lines if line.startswith("ope:")]
     say(said[-1] if said else INTERRUPTED)
     return INTERRUPTED_EXIT_CODE

@@ -537,7 +537,8 @@ def _order_steps(
         elif expected == 0:  # its first rows are elsewhere: in another file, or process's
             problem = (
                 f"step 0 is missing: its first step is {step} (steps must be 0, 1, ..., "
-                "length-1; an episode's rows must all be in one file)"
+                "length-1; are its first rows in another file? an episode's rows must all "
+                "be in one file)"
             )
         else:
             problem = f"step {expected} is missing (steps must be 0, 1, ..., length-1)"

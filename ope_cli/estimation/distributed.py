@@ -323,8 +323,8 @@ def check_same_options(config, joined: DistributedConfig | None = None) -> None:
     checkpoint in one of them, the merged numbers were those of no run, printed without a
     word (and a process given another --num-processes joined the coordinator's run)."""
     values = option_values(config)
-    if joined is not None and not joined.auto:
-        values["num_processes"] = repr(joined.num_processes)
+    # in every process, also where it was detected (None): the lists must match in length
+    values["num_processes"] = repr(None if joined is None else joined.num_processes)
     digests = np.array(
         [int(hashlib.sha256(v.encode()).hexdigest()[:15], 16) for v in values.values()], np.int64
     )

@@ -73,7 +73,7 @@ def load_one_policy(spec: str, option: str) -> Policy:
     a quoted glob matching a single checkpoint is that checkpoint (it was 'no such
     checkpoint file'); matching several is a UsageError naming the count, as the option
     given twice is (it was a PolicyError, exit 4)."""
-    matches = expand(spec) if is_checkpoint(spec) else [spec]
+    matches = expand(spec) if is_checkpoint(spec) or not spec else [spec]
     if len(matches) != 1:
         raise UsageError(
             f"{option} {spec}: matches {len(matches)} checkpoints, and {option} takes one"
