@@ -231,6 +231,31 @@ def test_the_long_tail_runs_in_long_scans_with_the_same_data(
     np.testing.assert_allclose(rewards[0], rewards[1], rtol=1e-14, atol=1e-15)
 
 
+def test_control_truth_holds_a_running_sum_not_every_chunk(monkeypatch):
+    """Every 64-step chunk's rewards past the first were kept until the end: 1.3 GB at a
+    horizon of 100,000, and far more at the 10,000,000 the option takes."""
+    import weakref
+
+    import jax
+
+    from ope_cli.envs import control
+
+    kept, alive = [], []
+    chunk = control._truth_chunk
+
+    def watched(*args):
+        obs, rewards = chunk(*args)
+        alive.append(sum(ref() is not None for ref in kept))
+        kept.append(weakref.ref(rewards))
+        return obs, rewards
+
+    monkeypatch.setattr(control, "_truth_chunk", watched)
+    with jax.enable_x64(True):
+        env, policies = control.build(0.5, 1)
+        control.truth(env, policies, 0.9, 40 * control.CONTROL_TRUTH_SPLIT_STEP)
+    assert len(alive) > 40 and max(alive) <= 10, alive  # every one: 46
+
+
 def test_a_horizon_bounds_the_steps_simulated_at_a_time_and_not_the_data(tmp_path, monkeypatch):
     # 300 episodes of a 10M-step horizon were simulated as one block: 24 GB, then more
     gen.generate("gaussian", tmp_path / "whole", episodes=40, seed=3, horizon=20)
