@@ -123,11 +123,6 @@ def _aligned(shape: tuple[int, ...], dtype, allocate=np.zeros) -> np.ndarray:
     return raw[start : start + size].view(dtype).reshape(shape)
 
 
-def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.zeros on a 64-byte boundary (``_aligned``)."""
-    return _aligned(shape, dtype)
-
-
 def aligned_copy(values: np.ndarray, dtype=None) -> np.ndarray:
     """``values`` (in ``dtype``, default its own) as a C-contiguous array on a 64-byte
     boundary: itself where it is one, else a copy."""
@@ -144,9 +139,9 @@ def empty_batch(chunk: EpisodeChunk, length: int, batch: int) -> PaddedBatch:
     ``chunk``'s arrays, ready for ``place_episodes``."""
     return PaddedBatch(
         steps=map_arrays(
-            lambda values: _zeros((batch, length, *values.shape[1:]), values.dtype), chunk.steps
+            lambda values: _aligned((batch, length, *values.shape[1:]), values.dtype), chunk.steps
         ),
-        step_mask=_zeros((batch, length), bool),
+        step_mask=_aligned((batch, length), bool),
         episode_mask=np.zeros(batch, bool),
         group=np.zeros(batch, np.int32),
         key_hi=np.zeros(batch, np.uint32),
