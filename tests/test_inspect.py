@@ -449,7 +449,9 @@ def test_the_actions_counted_one_by_one_do_not_depend_on_the_batches(tmp_path):
 @pytest.mark.parametrize("read_rows", [1, 3, 100])
 def test_a_split_episode_is_one_problem_not_a_missing_step_too(tmp_path, read_rows):
     """Episode 0's rows in two stretches: its later part is invalid as a reappearance;
-    that its steps start at 2 there is no second problem (the file holds steps 0 and 1)."""
+    that its steps start at 2 there is no second problem (the file holds steps 0 and 1).
+    The problem counts the later part's rows and is located at its first step (it said
+    one row, at step 0)."""
     n = 6
     table = pa.table(
         {
@@ -463,8 +465,10 @@ def test_a_split_episode_is_one_problem_not_a_missing_step_too(tmp_path, read_ro
     )
     pq.write_table(table, tmp_path / "logs.parquet")
     report = inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows))
-    assert [problem.reason for problem in report.problems] == ["episode_reappears"]
+    (problem,) = report.problems
+    assert problem.reason == "episode_reappears"
     assert (report.invalid_episodes, report.invalid_steps) == (1, 2)
+    assert (problem.episodes, problem.steps, problem.episode, problem.step) == (1, 2, 0, 2)
 
 
 def test_without_valid_episodes_every_length_is_null(tmp_path):
@@ -484,3 +488,23 @@ def test_without_valid_episodes_every_length_is_null(tmp_path):
     counts = to_json_dict(report)["counts"]
     assert counts["valid_episodes"] == 0
     assert counts["min_length"] is counts["max_length"] is counts["mean_length"] is None
+
+
+def test_a_problem_after_a_missing_step_is_located_at_its_own_step(tmp_path):
+    """In an episode without step 2, a NaN reward at step 4 was located at step 3 (its
+    place in the episode); it is at the step its row says."""
+    n = 6
+    table = pa.table(
+        {
+            "episode_id": [0, 0, 0, 0, 1, 1],
+            "step": [0, 1, 3, 4, 0, 1],
+            "observation": np.zeros(n),
+            "action": np.zeros(n, np.int64),
+            "reward": [1.0, 1.0, 1.0, float("nan"), 1.0, 1.0],
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
+    located = {problem.reason: (problem.episode, problem.step) for problem in report.problems}
+    assert located["reward_not_finite"] == (0, 4)

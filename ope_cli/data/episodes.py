@@ -441,15 +441,13 @@ class EpisodeAssembler:
             file, rows.keys[starts], rows.ids[starts], raise_error=self.policy.fatal_errors
         )
         checks: list[Check] = []
-        if reappearing is not None:
-            row_mask = np.zeros(rows.num_rows, bool)
-            row_mask[starts[reappearing]] = True
-            checks.append(Check("episode_reappears", REAPPEARS, row_mask))
+        if reappearing is not None:  # every row of a later part (the rows it invalidates)
+            later_part = np.repeat(np.isin(np.arange(starts.size), reappearing), lengths)
+            checks.append(Check("episode_reappears", REAPPEARS, later_part))
         if rows.step is not None:
             rows = _null_steps_in_place(rows, starts, lengths)
             rows, step_checks = _order_steps(file, rows, starts, lengths, self.policy.keep_going)
             if reappearing is not None:  # a later part's steps do not start at 0: no news
-                later_part = np.repeat(np.isin(np.arange(starts.size), reappearing), lengths)
                 step_checks = [
                     check._replace(rows=check.rows & ~later_part) for check in step_checks
                 ]
@@ -476,11 +474,26 @@ class EpisodeAssembler:
             self.chunk_checks(chunk) if self.chunk_checks else (),
         )
         episode_of_row = _LazyEpisodeOfRow(chunk.lengths)
-        first = self.validation.judge(file, all_checks, chunk.lengths, episode_of_row, chunk.locate)
+        first = self.validation.judge(
+            file, all_checks, chunk.lengths, episode_of_row, _locate(chunk, rows.step)
+        )
         if first is not None and (first >= 0).any():
             keep = self.validation.keep(first, chunk.lengths)
             chunk = take_episodes(chunk, np.flatnonzero(keep))
         return dataclasses.replace(chunk, steps=self.converter.logs(chunk.steps))
+
+
+def _locate(chunk: EpisodeChunk, step: np.ndarray | None):
+    """(episode id, step) of a flat row of ``chunk``: the row's own step where the data
+    has a step column (a later part of a split episode, or an episode missing a step,
+    does not count its steps from 0), else its place in its episode."""
+    if step is None:
+        return chunk.locate
+
+    def locate(row: int) -> tuple[object, int]:
+        return chunk.locate(row)[0], int(step[row])
+
+    return locate
 
 
 class _LazyEpisodeOfRow:
