@@ -26,6 +26,7 @@ import ope_cli.envs.generate as gen
 from ope_cli.api import evaluation_config
 from ope_cli.errors import DataError, PolicyError, UsageError
 from ope_cli.estimation import pipeline
+from ope_cli.estimation.inputs import open_inputs
 from ope_cli.estimation.run_plan import check_config
 from ope_cli.models.behavior import (
     BehaviorSource,
@@ -215,7 +216,7 @@ def test_behavior_estimate_with_a_model_that_cannot_fit_is_a_usage_error(
 @pytest.mark.parametrize(
     ("env", "behavior", "needle"),
     [
-        ("chain", "bandit", "observation has size 1"),  # a vector policy on integer states
+        ("chain", "vector", "observation has size 1"),  # a vector policy on integer states
         ("bandit", "chain", "tabular"),  # a tabular policy on vector observations
         ("chain", "gaussian", "continuous"),  # continuous actions on integer actions
         ("chain", "missing", "no such checkpoint"),
@@ -225,9 +226,13 @@ def test_behavior_that_does_not_fit_the_data_is_a_policy_error(
     generated, tmp_path, env, behavior, needle
 ):
     out = generated[env]
-    checkpoint = (
-        tmp_path / "missing.npz" if behavior == "missing" else generated[behavior] / "behavior.npz"
-    )
+    if behavior == "vector":  # over the policy's 3 actions, on 5 numbers a step
+        vector = {"kind": "linear_softmax", "weight": np.zeros((5, 3)), "bias": np.zeros(3)}
+        checkpoint = save_checkpoint(tmp_path / "vector.npz", vector)
+    else:
+        checkpoint = tmp_path / "missing.npz"
+        if behavior != "missing":
+            checkpoint = generated[behavior] / "behavior.npz"
     with pytest.raises(PolicyError) as error:
         _read_before_the_kernel(
             out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=str(checkpoint)
@@ -235,9 +240,15 @@ def test_behavior_that_does_not_fit_the_data_is_a_policy_error(
     _one_line(error, "--behavior", needle)
 
 
-@pytest.mark.parametrize(("n_states", "n_actions", "needle"), [(4, 3, "state"), (10, 2, "action")])
+@pytest.mark.parametrize(
+    ("n_states", "n_actions", "needles"),
+    [
+        (4, 3, ("episode", "step", "state")),  # found in the rows
+        (10, 2, ("2 actions", "eval_0.npz", "over 3")),  # before any row: the policy's 3
+    ],
+)
 def test_tabular_behavior_with_too_few_states_or_actions_is_a_policy_error(
-    generated, tmp_path, n_states, n_actions, needle
+    generated, tmp_path, n_states, n_actions, needles
 ):
     out = generated["chain"]
     small = save_checkpoint(
@@ -247,7 +258,30 @@ def test_tabular_behavior_with_too_few_states_or_actions_is_a_policy_error(
         _read_before_the_kernel(
             out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=str(small)
         )
-    _one_line(error, "--behavior", "episode", "step", needle)
+    _one_line(error, "--behavior", *needles)
+
+
+@pytest.mark.parametrize("n_actions", [2, 4])
+def test_behavior_over_other_actions_than_the_policy_is_a_policy_error(
+    generated, tmp_path, n_actions
+):
+    """A behavior checkpoint over 4 actions, with a policy over 3 and logs that never show
+    the fourth, was read without a word: its fourth action took probability from the
+    logged ones, and IS moved from 2.3 to 86 (a narrower one failed on the logged actions
+    only once the rows were read)."""
+    out = generated["chain"]
+    other = save_checkpoint(
+        tmp_path / "other.npz", {"kind": "tabular", "logits": np.zeros((10, n_actions))}
+    )
+    with pytest.raises(PolicyError) as error:
+        open_inputs(
+            evaluation_config(
+                str(out / "nob.parquet"),
+                policies=[str(out / "policies" / "eval_0.npz")],
+                behavior=str(other),
+            )
+        )
+    _one_line(error, "--behavior", f"{n_actions} actions", "eval_0.npz", "3")
 
 
 def test_zero_behavior_probability_names_the_episode_and_step(generated, tmp_path):

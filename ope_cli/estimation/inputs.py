@@ -29,6 +29,7 @@ from ope_cli.estimation.run_plan import (
 )
 from ope_cli.models.behavior import (
     BehaviorSource,
+    check_behavior_actions,
     column_source,
     is_estimate,
     load_behavior,
@@ -115,6 +116,8 @@ def open_inputs(config: EvaluationConfig, process: tuple[int, int] = (0, 1)) -> 
     for policy in policies:
         if policy.kind != "logged":
             check_against_schema(policy, schema)
+    if behavior is not None:
+        check_behavior_actions(behavior, policies)
     columns = config.columns
     check_v_samples_apply(config.q.v_samples, schema.action_kind)
     critic = None if columns.q_value is None else (columns.q_value, columns.v_value)

@@ -214,6 +214,22 @@ def load_behavior(spec: str, schema: DataSchema) -> Policy:
     return policy
 
 
+def check_behavior_actions(behavior: Policy, policies: list[Policy]) -> None:
+    """A PolicyError (exit 4) when the behavior policy and an evaluation policy declare
+    different numbers of discrete actions: one of them is not over the data's actions (a
+    behavior's extra action takes probability from the logged ones, and every weight moves
+    with it)."""
+    for policy in policies:
+        if None not in (behavior.n_actions, policy.n_actions) and (
+            behavior.n_actions != policy.n_actions
+        ):
+            raise PolicyError(
+                f"--behavior {behavior.name} is over {behavior.n_actions} actions, but policy "
+                f"{policy.name} is over {policy.n_actions}: both must be over the data's "
+                "actions"
+            )
+
+
 def check_behavior_against_chunk(policy: Policy, chunk) -> None:
     """Action and state ranges and sizes of one chunk against the behavior policy (the
     checks ``--policy`` gets); a PolicyError (exit 4) at the first problem: a behavior
