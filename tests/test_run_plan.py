@@ -12,7 +12,12 @@ from ope_cli.api import evaluation_config
 from ope_cli.config import EvaluationConfig
 from ope_cli.data.sources import DeclaredBounds
 from ope_cli.errors import UsageError
-from ope_cli.estimation.run_plan import check_config, check_seed_applies, plan_intervals
+from ope_cli.estimation.run_plan import (
+    check_config,
+    check_seed_applies,
+    plan_intervals,
+    resolve_gamma,
+)
 
 NOTHING = DeclaredBounds()
 
@@ -324,3 +329,12 @@ def test_a_seed_that_would_change_nothing_is_refused(options, method, q_models, 
     with pytest.raises(UsageError, match=f"--seed applies to .*none of them [(]{method}"):
         check_seed_applies(config(seed=3, **options), method, q_models, action_kind)
     check_seed_applies(config(**options), method, q_models, action_kind)  # the default
+
+
+@pytest.mark.parametrize(
+    ("option", "declared", "source"), [(-0.0, None, "option"), (None, -0.0, "data")]
+)
+def test_a_discount_of_minus_zero_is_zero(option, declared, source):
+    """``--gamma -0`` printed "-0" in every format (and "gamma=-0" in the table)."""
+    gamma, given = resolve_gamma(option, DeclaredBounds(gamma=declared))
+    assert (str(gamma), given) == ("0.0", source)

@@ -82,11 +82,11 @@ def default_gamma_message(summed: str, meant: str) -> str:
 
 def resolve_gamma(gamma: float | None, declared: DeclaredBounds) -> tuple[float, str]:
     """(the discount, where it comes from): ``--gamma`` wins, else what the data declares,
-    else DEFAULT_GAMMA."""
+    else DEFAULT_GAMMA. A discount of -0.0 is 0.0 (every output printed "-0")."""
     if gamma is not None:
-        return float(gamma), "option"
+        return float(gamma) + 0.0, "option"
     if declared.gamma is not None:
-        return declared.gamma, "data"
+        return declared.gamma + 0.0, "data"
     return DEFAULT_GAMMA, "default"
 
 
