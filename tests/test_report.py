@@ -327,6 +327,16 @@ def test_intervals_on_a_fitted_q_say_they_leave_out_its_error(result):
     assert dm_alone.startswith("dm read a fitted Q-hat") and "dr's" not in dm_alone
     assert found(with_q(QSource("q.npz", "checkpoint", "linear_q", None))) == []
     assert found(with_q(None, ("wis",))) == []
+    # one policy's Q-hat fitted, the other's a checkpoint: the warning is the first's own
+    # (run-wide, CSV put it on the rows of the policy whose Q-hat is exact)
+    fit = with_q(QSource("fit", "fit", "linear_q", {}))
+    given = dataclasses.replace(
+        fit.results[0], policy="other.npz", q=QSource("q.npz", "checkpoint", "linear_q", None)
+    )
+    mixed = dataclasses.replace(fit, results=[fit.results[0], given])
+    (own,) = [w for w in run_warnings(mixed) if w.code == FITTED_Q_INTERVALS]
+    assert own.policy == fit.results[0].policy != "other.npz"
+    assert own.message.startswith(f"{own.policy}: dm, dr read a fitted Q-hat")
 
 
 def _with_estimate(result, index: int, name: str, **fields):

@@ -669,15 +669,23 @@ def _why_apart(folds: int, standard_errors: float) -> str:
     )
 
 
-def fitted_q_warning(result: EvaluationResult) -> Warning | None:
+def fitted_q_warnings(result: EvaluationResult) -> list[Warning]:
     """The intervals of the estimators that read a fitted Q-hat (--q fit) leave out the
     fit's own error (coverage studies on ``ope generate chain``, 100 datasets of 300
     episodes each: dm's 95% interval covered the truth 2-37% of the time, dr's and wdr's
-    65-85% where heavy weights met a poor fit, 90-96% elsewhere)."""
+    65-85% where heavy weights met a poor fit, 90-96% elsewhere). One warning for the run
+    where every policy's Q-hat is fitted, else one per policy whose Q-hat is (a run-wide
+    one sat on the rows of a policy given an exact checkpoint)."""
     fitted = [p for p in result.results if p.q is not None and p.q.fit is not None]
     reading = [name for name in result.estimators if get_estimator(name).needs]
     if not fitted or not reading:
-        return None
+        return []
+    if len(fitted) == len(result.results):
+        return [_fitted_q(reading)]
+    return [_fitted_q(reading, p.policy) for p in fitted]
+
+
+def _fitted_q(reading: list[str], policy: str | None = None) -> Warning:
     said = []
     if "dm" in reading:
         said.append(f"dm's {DM_TAKES_Q_AS_EXACT}")
@@ -689,8 +697,10 @@ def fitted_q_warning(result: EvaluationResult) -> Warning | None:
         )
     return Warning(
         FITTED_Q_INTERVALS,
-        f"{', '.join(reading)} read a fitted Q-hat (--q fit), and their intervals leave out "
-        f"the fit's own error: {'; '.join(said)}.",
+        ("" if policy is None else f"{policy}: ")
+        + f"{', '.join(reading)} read a fitted Q-hat (--q fit), and their intervals leave "
+        f"out the fit's own error: {'; '.join(said)}.",
+        policy,
     )
 
 
@@ -863,7 +873,8 @@ def run_warnings(
 ) -> list[Warning]:
     """Every warning of the run: run-wide ones first, then each policy's, in order.
     ``ranks`` (rank_policies by ``rank_by``) adds the policies left out of the ranking."""
-    dm_q = dm_q_as_exact_warnings(result)  # the run's, or some policies' own
+    # about Q-hat's error: the run's, or some policies' own
+    q_error = [*fitted_q_warnings(result), *dm_q_as_exact_warnings(result)]
     run = [
         gamma_warning(result),
         gamma_replaced_warning(result),
@@ -875,8 +886,7 @@ def run_warnings(
         float32_warning(result),
         asymptotic_warning(result),
         fitted_betting_warning(result),
-        fitted_q_warning(result),
-        *(w for w in dm_q if w.policy is None),
+        *(w for w in q_error if w.policy is None),
         best_set_warning(result),
     ]
     warnings = [w for w in run if w is not None]
@@ -886,7 +896,7 @@ def run_warnings(
     warnings.extend(Warning(SELECTION, note, policy) for policy, note in result.selection_notes)
     for policy in result.results:
         warnings.extend(policy_warnings(policy, result.dataset.episodes, propensities))
-        warnings.extend(w for w in dm_q if w.policy == policy.policy)
+        warnings.extend(w for w in q_error if w.policy == policy.policy)
     if ranks is not None and rank_by is not None:
         warnings.extend(ranking_warnings(result, ranks, rank_by))
     return warnings
