@@ -18,13 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 from behavior_logs import assert_same_estimates, drop_propensities
 from conftest import gather_in_two_processes, run_ope, xla_flags
+from datasets import random_checkpoint, random_episodes, write_step_layout
 from rendered import shown
 from rich.console import Console
 
 import ope_cli
 import ope_cli.envs.generate as gen
 from ope_cli.api import evaluation_config
-from ope_cli.data.ids import episode_folds
+from ope_cli.data.ids import episode_folds, id_keys
 from ope_cli.errors import DataError, UsageError
 from ope_cli.estimation.run_plan import check_config
 from ope_cli.models.behavior_models.base import (
@@ -1152,10 +1153,32 @@ def test_a_model_that_scores_far_worse_on_held_out_episodes_is_called_overfitted
     """mlp_softmax on a 300-episode bandit log: -1.22 nats per step in sample, -3.49 held
     out (below a uniform guess over its 10 actions, -2.30), and fit-behavior said nothing.
     linear_softmax on the same log lost 0.17."""
-    from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_warnings
+    from ope_cli.models.behavior_models.command import (
+        BEHAVIOR_FIT_OVERFITS,
+        BEHAVIOR_FIT_UNCHECKED,
+        overfit_warnings,
+    )
 
-    (warning,) = overfit_warnings("mlp_softmax", -1.2206, -3.4920)
+    (warning,) = overfit_warnings("mlp_softmax", -1.2206, -3.4920, 300)
     assert warning["code"] == BEHAVIOR_FIT_OVERFITS and warning["policy"] is None
     assert "scores -3.49 nats per step on the held-out fifth" in warning["message"]
-    assert overfit_warnings("mlp_softmax", -2.1213, -2.2957) == ()
-    assert overfit_warnings("mlp_softmax", -1.0, None) == ()  # no held-out episode
+    assert overfit_warnings("mlp_softmax", -2.1213, -2.2957, 300) == ()
+    # no held-out episode (one episode): exit 0 and a null score said nothing
+    (unchecked,) = overfit_warnings("mlp_softmax", -1.0, None, 1)
+    assert unchecked["code"] == BEHAVIOR_FIT_UNCHECKED
+    assert "none of the 1 episode(s) fell in the held-out fifth" in unchecked["message"]
+
+
+def test_fit_behavior_on_one_episode_says_nothing_scored_it(tmp_path):
+    """The whole command on one episode: the held-out score is null, and said to be."""
+    from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_UNCHECKED
+
+    rng = np.random.default_rng(0)
+    behavior = random_checkpoint("linear_softmax", rng, obs_dim=2, n_actions=3)
+    (episode,) = random_episodes(rng, 1, behavior=behavior, median_length=30, max_length=30)
+    ids = np.arange(10)  # an id outside the held-out fold: the fit has its episode
+    episode["episode_id"] = int(ids[episode_folds(id_keys(ids), 5) > 0][0])
+    data = write_step_layout([episode], tmp_path / "one.parquet")
+    report = run_fit_behavior(FitBehaviorConfig(str(data), str(tmp_path / "b.npz")))
+    assert report.heldout_mean_log_likelihood is None
+    assert [w["code"] for w in report.warnings] == [BEHAVIOR_FIT_UNCHECKED]

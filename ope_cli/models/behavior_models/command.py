@@ -112,6 +112,7 @@ LOGGED_GAP_PER_EPISODE = 0.1
 # (-1.22 in sample, -3.49 held out, below a uniform guess's -2.30) and said nothing
 OVERFIT_NATS_PER_STEP = 0.5
 BEHAVIOR_FIT_OVERFITS = "behavior_fit_overfits"
+BEHAVIOR_FIT_UNCHECKED = "behavior_fit_unchecked"  # no held-out episode to score it on
 
 
 # what to prefer to a model that overfits: only the network has a simpler one to offer
@@ -132,8 +133,18 @@ def overfit_message(model: str, in_sample: float, heldout: float | None) -> str 
     )
 
 
-def overfit_warnings(model: str, in_sample: float, heldout: float | None) -> tuple[dict, ...]:
-    """A warning where the model overfits (``overfit_message``)."""
+def overfit_warnings(
+    model: str, in_sample: float, heldout: float | None, episodes: int
+) -> tuple[dict, ...]:
+    """A warning where the model overfits (``overfit_message``), or where no episode fell
+    in the held-out fifth, so that nothing could say whether it does (1 episode: exit 0
+    with a null held-out score and no word)."""
+    if heldout is None:
+        message = (
+            f"none of the {episodes:,} episode(s) fell in the held-out fifth (by id hash): "
+            f"whether the {model} model overfits them was not checked; fit on more episodes."
+        )
+        return ({"code": BEHAVIOR_FIT_UNCHECKED, "message": message, "policy": None},)
     message = overfit_message(model, in_sample, heldout)
     if message is None:
         return ()
@@ -230,7 +241,7 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
         logged_note=logged_note,
         warnings=(
             *stopped_short_warnings(model, stopped_short),
-            *overfit_warnings(model, total / steps, heldout),
+            *overfit_warnings(model, total / steps, heldout, collected.episodes),
             *logged_gap_warnings(logged, collected.episodes, collected.steps),
         ),
     )
