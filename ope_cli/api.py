@@ -302,7 +302,8 @@ class Evaluation(EvaluationResult):
 
     def to_pandas(self, rank_by: str | None = None):
         """A pandas DataFrame with ``--format csv``'s columns, one row per policy x
-        estimator (undefined numbers NaN). Needs pandas."""
+        estimator (undefined numbers NaN; a column empty on every row is float64 NaN, as
+        ``pandas.read_csv`` reads the CSV's). Needs pandas."""
         try:
             import pandas
         except ImportError:
@@ -310,7 +311,9 @@ class Evaluation(EvaluationResult):
         from ope_cli.report.csv_format import tidy_rows
 
         header, rows = tidy_rows(self, rank_by or self.rank_by)
-        return pandas.DataFrame(rows, columns=header)
+        frame = pandas.DataFrame(rows, columns=header)
+        empty = [name for name in header if frame[name].isna().all()]
+        return frame.astype(dict.fromkeys(empty, "float64"))
 
 
 def evaluate(data: str | EvaluationConfig, /, **options: Any) -> Evaluation:

@@ -154,6 +154,33 @@ def test_to_pandas_is_the_csv_as_a_table():
     assert list(frame.columns) == list(expected.columns)
     assert len(frame) == 4 and list(frame["estimator"]) == ["is", "wis", "pdis", "wpdis"]
     assert frame["value"].tolist() == pytest.approx(expected["value"].tolist(), rel=1e-15)
+    # a column empty on every row (no --baseline: delta) is float64 NaN, as read_csv reads
+    # it (it was object None: delta.sum() gave 0)
+    assert frame["delta"].isna().all() and frame["delta"].dtype == expected["delta"].dtype
+    assert dict(frame.dtypes) == dict(expected.dtypes)
+
+
+def test_to_dict_gives_a_document_of_its_own(tmp_path):
+    """Editing the dict ``to_dict`` returned changed the result's next documents (its
+    ``dropped`` block was the result's own), the drop warning's numbers with it."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(EXAMPLES / "data" / "logs.parquet")
+    rewards = table.column("reward").to_pylist()
+    rewards[3] = float("nan")
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", [rewards])
+    pq.write_table(table, tmp_path / "logs.parquet")
+    run = ope_cli.evaluate(
+        str(tmp_path / "logs.parquet"),
+        policies=[str(EXAMPLES / "policies" / "ckpt.npz")],
+        on_invalid="drop",
+    )
+    first = run.to_dict()
+    assert first["dataset"]["dropped"]
+    for counts in first["dataset"]["dropped"].values():
+        counts["steps"] = -999
+    assert run.to_dict() == run.to_dict() != first
+    assert all(c["steps"] > 0 for c in run.to_dict()["dataset"]["dropped"].values())
 
 
 def test_unknown_keywords_are_refused_by_name():

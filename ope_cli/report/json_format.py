@@ -145,7 +145,7 @@ def _dataset_dict(result: EvaluationResult) -> dict[str, Any]:
         "steps_used": dataset.steps,
         "steps_dropped": dataset.steps_dropped,
         "episodes_dropped": dataset.episodes_dropped,
-        "dropped": dataset.dropped,
+        "dropped": {reason: dict(counts) for reason, counts in dataset.dropped.items()},
         # {"source": "column" | "checkpoint" | "entry_point" | "estimated", "name": ...,
         #  "kind": ...}, and "fit" for an estimated model
         "behavior": _behavior_dict(result),
