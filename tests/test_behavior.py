@@ -240,15 +240,9 @@ def test_behavior_that_does_not_fit_the_data_is_a_policy_error(
     _one_line(error, "--behavior", needle)
 
 
-@pytest.mark.parametrize(
-    ("n_states", "n_actions", "needles"),
-    [
-        (4, 3, ("episode", "step", "state")),  # found in the rows
-        (10, 2, ("2 actions", "eval_0.npz", "over 3")),  # before any row: the policy's 3
-    ],
-)
+@pytest.mark.parametrize(("n_states", "n_actions", "needle"), [(4, 3, "state"), (10, 2, "action")])
 def test_tabular_behavior_with_too_few_states_or_actions_is_a_policy_error(
-    generated, tmp_path, n_states, n_actions, needles
+    generated, tmp_path, n_states, n_actions, needle
 ):
     out = generated["chain"]
     small = save_checkpoint(
@@ -258,30 +252,31 @@ def test_tabular_behavior_with_too_few_states_or_actions_is_a_policy_error(
         _read_before_the_kernel(
             out / "nob.parquet", out / "policies" / "eval_0.npz", behavior=str(small)
         )
-    _one_line(error, "--behavior", *needles)
+    _one_line(error, "--behavior", "episode", "step", needle)
 
 
-@pytest.mark.parametrize("n_actions", [2, 4])
-def test_behavior_over_other_actions_than_the_policy_is_a_policy_error(
-    generated, tmp_path, n_actions
-):
+def test_behavior_over_more_actions_than_the_policy_is_a_policy_error(generated, tmp_path):
     """A behavior checkpoint over 4 actions, with a policy over 3 and logs that never show
     the fourth, was read without a word: its fourth action took probability from the
-    logged ones, and IS moved from 2.3 to 86 (a narrower one failed on the logged actions
-    only once the rows were read)."""
+    logged ones, and IS moved from 2.3 to 86. Refused before any row is read; one over
+    fewer actions is not (``ope fit-behavior`` sizes its model by the largest logged
+    action, and a logged action beyond it is refused where it is read)."""
     out = generated["chain"]
-    other = save_checkpoint(
-        tmp_path / "other.npz", {"kind": "tabular", "logits": np.zeros((10, n_actions))}
-    )
-    with pytest.raises(PolicyError) as error:
-        open_inputs(
-            evaluation_config(
-                str(out / "nob.parquet"),
-                policies=[str(out / "policies" / "eval_0.npz")],
-                behavior=str(other),
-            )
+
+    def behavior_over(n_actions: int) -> str:
+        logits = {"kind": "tabular", "logits": np.zeros((10, n_actions))}
+        return str(save_checkpoint(tmp_path / f"over_{n_actions}.npz", logits))
+
+    def opened(behavior: str):
+        policy = str(out / "policies" / "eval_0.npz")
+        return open_inputs(
+            evaluation_config(str(out / "nob.parquet"), policies=[policy], behavior=behavior)
         )
-    _one_line(error, "--behavior", f"{n_actions} actions", "eval_0.npz", "3")
+
+    with pytest.raises(PolicyError) as error:
+        opened(behavior_over(4))
+    _one_line(error, "--behavior", "over 4 actions", "eval_0.npz", "over 3")
+    assert opened(behavior_over(2)).behavior.n_actions == 2
 
 
 def test_zero_behavior_probability_names_the_episode_and_step(generated, tmp_path):

@@ -215,18 +215,19 @@ def load_behavior(spec: str, schema: DataSchema) -> Policy:
 
 
 def check_behavior_actions(behavior: Policy, policies: list[Policy]) -> None:
-    """A PolicyError (exit 4) when the behavior policy and an evaluation policy declare
-    different numbers of discrete actions: one of them is not over the data's actions (a
-    behavior's extra action takes probability from the logged ones, and every weight moves
-    with it)."""
+    """A PolicyError (exit 4) when the behavior policy declares more discrete actions than
+    an evaluation policy: an action no policy of the run can take, whose probability the
+    behavior takes from the logged ones, so that every weight moves with it. Fewer is
+    accepted: ``ope fit-behavior`` sizes its model by the largest logged action, and a
+    logged action beyond a behavior's range is refused where it is read."""
     for policy in policies:
         if None not in (behavior.n_actions, policy.n_actions) and (
-            behavior.n_actions != policy.n_actions
+            behavior.n_actions > policy.n_actions
         ):
             raise PolicyError(
                 f"--behavior {behavior.name} is over {behavior.n_actions} actions, but policy "
-                f"{policy.name} is over {policy.n_actions}: both must be over the data's "
-                "actions"
+                f"{policy.name} is over {policy.n_actions}: the behavior's extra actions would "
+                "take probability from the logged ones"
             )
 
 
