@@ -1153,32 +1153,30 @@ def test_a_model_that_scores_far_worse_on_held_out_episodes_is_called_overfitted
     """mlp_softmax on a 300-episode bandit log: -1.22 nats per step in sample, -3.49 held
     out (below a uniform guess over its 10 actions, -2.30), and fit-behavior said nothing.
     linear_softmax on the same log lost 0.17."""
-    from ope_cli.models.behavior_models.command import (
-        BEHAVIOR_FIT_OVERFITS,
-        BEHAVIOR_FIT_UNCHECKED,
-        overfit_warnings,
-    )
+    from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_warnings
 
-    (warning,) = overfit_warnings("mlp_softmax", -1.2206, -3.4920, 300)
+    (warning,) = overfit_warnings("mlp_softmax", -1.2206, -3.4920, 300, 60)
     assert warning["code"] == BEHAVIOR_FIT_OVERFITS and warning["policy"] is None
     assert "scores -3.49 nats per step on the held-out fifth" in warning["message"]
-    assert overfit_warnings("mlp_softmax", -2.1213, -2.2957, 300) == ()
-    # no held-out episode (one episode): exit 0 and a null score said nothing
-    (unchecked,) = overfit_warnings("mlp_softmax", -1.0, None, 1)
-    assert unchecked["code"] == BEHAVIOR_FIT_UNCHECKED
-    assert "none of the 1 episode(s) fell in the held-out fifth" in unchecked["message"]
+    assert overfit_warnings("mlp_softmax", -2.1213, -2.2957, 300, 60) == ()
 
 
-def test_fit_behavior_on_one_episode_says_nothing_scored_it(tmp_path):
-    """The whole command on one episode: the held-out score is null, and said to be."""
+@pytest.mark.parametrize("held_out", [False, True])
+def test_fit_behavior_on_one_episode_says_nothing_scored_it(tmp_path, held_out):
+    """The whole command on one episode: the held-out score is null (no episode in the
+    held-out fifth, or none left to fit on there), and said to be (it said nothing)."""
     from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_UNCHECKED
 
     rng = np.random.default_rng(0)
     behavior = random_checkpoint("linear_softmax", rng, obs_dim=2, n_actions=3)
     (episode,) = random_episodes(rng, 1, behavior=behavior, median_length=30, max_length=30)
-    ids = np.arange(10)  # an id outside the held-out fold: the fit has its episode
-    episode["episode_id"] = int(ids[episode_folds(id_keys(ids), 5) > 0][0])
+    ids = np.arange(20)  # an id in the held-out fold or outside it
+    episode["episode_id"] = int(ids[(episode_folds(id_keys(ids), 5) == 0) == held_out][0])
     data = write_step_layout([episode], tmp_path / "one.parquet")
     report = run_fit_behavior(FitBehaviorConfig(str(data), str(tmp_path / "b.npz")))
     assert report.heldout_mean_log_likelihood is None
-    assert [w["code"] for w in report.warnings] == [BEHAVIOR_FIT_UNCHECKED]
+    assert report.heldout_episodes == int(held_out)
+    (warning,) = report.warnings
+    assert warning["code"] == BEHAVIOR_FIT_UNCHECKED
+    fell = "every one" if held_out else "none"
+    assert warning["message"].startswith(f"{fell} of the 1 episode(s) fell in the held-out")

@@ -134,15 +134,17 @@ def overfit_message(model: str, in_sample: float, heldout: float | None) -> str 
 
 
 def overfit_warnings(
-    model: str, in_sample: float, heldout: float | None, episodes: int
+    model: str, in_sample: float, heldout: float | None, episodes: int, held_out: int
 ) -> tuple[dict, ...]:
-    """A warning where the model overfits (``overfit_message``), or where no episode fell
-    in the held-out fifth, so that nothing could say whether it does (1 episode: exit 0
-    with a null held-out score and no word)."""
+    """A warning where the model overfits (``overfit_message``), or where the held-out
+    fifth (``held_out`` of ``episodes``) or the rest has no episode, so that nothing could
+    say whether it does (1 episode: exit 0 with a null held-out score and no word)."""
     if heldout is None:
+        fell = "none" if held_out == 0 else "every one"
         message = (
-            f"none of the {episodes:,} episode(s) fell in the held-out fifth (by id hash): "
-            f"whether the {model} model overfits them was not checked; fit on more episodes."
+            f"{fell} of the {episodes:,} episode(s) fell in the held-out fifth (by id hash), "
+            f"so whether the {model} model overfits them was not checked; fit on more "
+            "episodes."
         )
         return ({"code": BEHAVIOR_FIT_UNCHECKED, "message": message, "policy": None},)
     message = overfit_message(model, in_sample, heldout)
@@ -241,7 +243,9 @@ def run_fit_behavior(config: FitBehaviorConfig) -> FitBehaviorResult:
         logged_note=logged_note,
         warnings=(
             *stopped_short_warnings(model, stopped_short),
-            *overfit_warnings(model, total / steps, heldout, collected.episodes),
+            *overfit_warnings(
+                model, total / steps, heldout, collected.episodes, int(collected.fold_episodes[0])
+            ),
             *logged_gap_warnings(logged, collected.episodes, collected.steps),
         ),
     )
