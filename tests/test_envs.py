@@ -866,3 +866,11 @@ def test_an_abandoned_hidden_folder_goes_with_the_next_run(tmp_path):
     gen.generate("bandit", tmp_path, episodes=5, overwrite=True)
     assert not abandoned.exists() and all(folder.exists() for folder in kept)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "q").exists()
+
+
+def test_a_discount_of_minus_zero_is_written_as_zero(tmp_path):
+    """``--gamma -0`` wrote -0.0 into truth.json and the logs' metadata ("declares -0")."""
+    truth = gen.generate("bandit", tmp_path, episodes=20, gamma=-0.0)
+    declared = json.loads(pq.read_schema(tmp_path / "logs.parquet").metadata[b"ope"])
+    written = json.loads((tmp_path / "truth.json").read_text())
+    assert [str(x) for x in (truth["gamma"], declared["gamma"], written["gamma"])] == ["0.0"] * 3

@@ -588,3 +588,10 @@ def test_an_arrow_ipc_stream_is_refused_with_the_way_to_rewrite_it(tmp_path):
     rewritten = tmp_path / "logs.arrow"
     feather.write_feather(pa.ipc.open_stream(str(path)).read_all(), str(rewritten))
     assert read_ids(open_dataset(str(rewritten))) == list(range(5))  # as the message says
+
+
+def test_a_declared_discount_of_minus_zero_is_zero(tmp_path):
+    """Metadata gamma -0.0 (``ope generate --gamma -0`` wrote it) printed "declares -0"."""
+    metadata = {"ope": json.dumps({"gamma": -0.0})}
+    pq.write_table(table(0, 10).replace_schema_metadata(metadata), tmp_path / "p.parquet")
+    assert str(open_dataset(str(tmp_path)).declared_bounds().gamma) == "0.0"

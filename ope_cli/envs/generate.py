@@ -250,6 +250,7 @@ def generate(
     """
     options = _with_keywords(GenerateOptions() if options is None else options, keywords)
     _check_options(env, options)
+    options = dataclasses.replace(options, gamma=options.gamma + 0.0)  # -0.0 printed "-0"
     if not isinstance(out_dir, str | os.PathLike) or not os.fspath(out_dir):
         # generate("chain", None) was a TypeError; "" wrote into the working folder
         raise UsageError(f"the output folder must be a path, got {out_dir!r}")

@@ -85,10 +85,11 @@ def _declared_horizon(value: object) -> int | None:
 
 
 def _declared_gamma(value: object) -> float | None:
+    """The declared discount in [0, 1] (-0.0 read as 0.0, which every output prints as 0)."""
     gamma = None if value is None else _number(value)
     if gamma is not None and not 0.0 <= gamma <= 1.0:
         raise _Undeclarable.value("gamma", value, "a number in [0, 1]")
-    return gamma
+    return None if gamma is None else gamma + 0.0
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
