@@ -836,7 +836,7 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision != "float32" or magnitudes is None:
         return None
-    observation, large, small, critic, action, rewards, returns, features = magnitudes
+    observation, large, small, critic, action, rewards, returns, features, cancel = magnitudes
     found = []
     if observation >= FLOAT32_VALUE_MAGNITUDE:
         found.append(f"observations reach 1e{observation} in magnitude")
@@ -857,6 +857,11 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     ):
         if digits >= FLOAT32_SPREAD_DIGITS:
             found.append(f"the {what} vary by 1e-{digits} of their size or less")
+    if not one_step and cancel >= FLOAT32_SPREAD_DIGITS and returns < FLOAT32_SPREAD_DIGITS:
+        found.append(
+            f"the episode returns vary by 1e-{cancel} of the rewards' size or less (the "
+            "rewards cancel in them)"
+        )
     if not found:
         return None
     return Warning(
