@@ -54,12 +54,15 @@ RETURN_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 class RewardSummary:
     """Per-step rewards and per-episode discounted returns of the valid episodes. Each
     episode's sums are kept (three floats per episode) and added up at the end, in episode
-    order, so the report does not depend on how the data was batched."""
+    order, so the report does not depend on how the data was batched. The reward sums are
+    of r - ``pivot`` (the first reward): raw sums of r^2 lost the spread of rewards on a
+    large offset (1e8 + N(0, 1) reported std 0)."""
 
     steps: int = 0
     reward_min: float | None = None
     reward_max: float | None = None
-    sums: list[np.ndarray] = dataclasses.field(default_factory=list)  # [E, 2] r, r^2
+    pivot: float | None = None
+    sums: list[np.ndarray] = dataclasses.field(default_factory=list)  # [E, 2] r - p, (r - p)^2
     returns: list[np.ndarray] = dataclasses.field(default_factory=list)  # [E]
 
     def add(self, reward: np.ndarray, lengths: np.ndarray, gamma: float) -> None:
@@ -68,9 +71,11 @@ class RewardSummary:
         low, high = float(reward.min()), float(reward.max())
         self.reward_min = low if self.reward_min is None else min(self.reward_min, low)
         self.reward_max = high if self.reward_max is None else max(self.reward_max, high)
+        self.pivot = float(reward[0]) if self.pivot is None else self.pivot
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         t = np.arange(reward.size) - np.repeat(starts, lengths)  # [N] step in its episode
-        both = np.stack([reward, np.square(reward)], axis=1)  # [N, 2]
+        shifted = reward - self.pivot
+        both = np.stack([shifted, np.square(shifted)], axis=1)  # [N, 2]
         self.sums.append(np.add.reduceat(both, starts, axis=0))
         self.returns.append(np.add.reduceat(reward * np.power(gamma, t), starts))
 
@@ -79,10 +84,10 @@ class RewardSummary:
         if not self.steps:
             return {"mean": None, "std": None, "min": None, "max": None}
         total, total_sq = np.concatenate(self.sums).sum(axis=0)
-        mean = float(total) / self.steps
-        variance = max(float(total_sq) / self.steps - mean * mean, 0.0)
+        shift = float(total) / self.steps
+        variance = max(float(total_sq) / self.steps - shift * shift, 0.0)
         return {
-            "mean": mean,
+            "mean": self.pivot + shift,
             "std": math.sqrt(variance),
             "min": self.reward_min,
             "max": self.reward_max,

@@ -508,3 +508,33 @@ def test_a_problem_after_a_missing_step_is_located_at_its_own_step(tmp_path):
     report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
     located = {problem.reason: (problem.episode, problem.step) for problem in report.problems}
     assert located["reward_not_finite"] == (0, 4)
+
+
+def test_rewards_on_a_large_offset_keep_their_spread(tmp_path):
+    """Rewards of 1e8 + N(0, 1): the std came from raw sums of r^2 and was 0, and the
+    table read "mean 1e+08, std 0, min 1e+08, max 1e+08", a constant."""
+    rng = np.random.default_rng(5)
+    n = 1000
+    reward = 1e8 + rng.normal(size=n)
+    table = pa.table(
+        {
+            "episode_id": np.arange(n),
+            "step": np.zeros(n, np.int64),
+            "observation": np.zeros(n),
+            "action": np.zeros(n, np.int64),
+            "reward": reward,
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, tmp_path / "offset.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "offset.parquet")))
+    stats = to_json_dict(report)["reward"]
+    assert stats["std"] == pytest.approx(reward.std(), rel=1e-6)
+    assert stats["mean"] == pytest.approx(reward.mean(), rel=1e-15)
+    console = Console(file=io.StringIO(), width=200)
+    render_table(report, console)
+    (line,) = [x for x in console.file.getvalue().splitlines() if "reward per step" in x]
+    shown = dict(part.split(" ")[-2:] for part in line.split(": ", 1)[1].split(", "))
+    assert float(shown["min"]) == pytest.approx(reward.min(), abs=0.1)
+    assert float(shown["max"]) == pytest.approx(reward.max(), abs=0.1)
+    assert float(shown["std"]) == pytest.approx(reward.std(), rel=1e-3)

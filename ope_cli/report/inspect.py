@@ -11,7 +11,13 @@ from rich.table import Table
 
 from ope_cli.errors import NO_EPISODES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
-from ope_cli.report.formatting import document_header, from_log, json_number, significant
+from ope_cli.report.formatting import (
+    document_header,
+    from_log,
+    json_number,
+    resolved,
+    significant,
+)
 from ope_cli.report.layout import print_whole
 from ope_cli.report.warnings import default_gamma_warning, replaced_gamma_warning
 
@@ -148,21 +154,25 @@ def _reward_lines(doc: dict[str, Any]) -> list[str]:
     if reward["mean"] is None:
         return []
     source = GAMMA_SOURCES.get(doc["gamma_source"], doc["gamma_source"])
+    # each to its spread's second digit (``resolved``): rewards of 1e8 + N(0, 1) read
+    # "mean 1e+08, min 1e+08, max 1e+08", a constant
+    spread, spread_g = reward["std"], returns["std"]
     lines = [
-        f"reward per step (valid episodes): mean {significant(reward['mean'])}, std "
-        f"{significant(reward['std'])}, min {significant(reward['min'])}, max "
-        f"{significant(reward['max'])}",
+        f"reward per step (valid episodes): mean {resolved(reward['mean'], spread)}, std "
+        f"{significant(reward['std'])}, min {resolved(reward['min'], spread)}, max "
+        f"{resolved(reward['max'], spread)}",
         f"discounted return (gamma={doc['gamma']:g}, {source}): "
         + ", ".join(
-            f"{k} {significant(v)}"
+            f"{k} {resolved(v, spread_g)}"
             for k, v in (
                 ("min", returns["min"]),
                 *returns["quantiles"].items(),
                 ("max", returns["max"]),
             )
         ),
-        f"logging policy's value (mean discounted return): {significant(returns['value'])} "
-        f"± {significant(returns['stderr'])} (standard error)",
+        "logging policy's value (mean discounted return): "
+        f"{resolved(returns['value'], returns['stderr'])} ± {significant(returns['stderr'])} "
+        "(standard error)",
     ]
     return lines
 
