@@ -891,10 +891,44 @@ def test_fit_q_dm_standard_error_of_equal_values_is_0_or_none():
 
     for value in (0.7, 1e3 / 3, 12.345678):
         terms = np.full(200, value)
-        mean, stderr = direct_method(float(terms.sum()), float(terms @ terms), 200)
+        mean, stderr, _ = direct_method(float(terms.sum()), float(terms @ terms), 200)
         assert mean == pytest.approx(value) and (stderr == 0.0 or np.isnan(stderr))
-    mean, stderr = direct_method(3.0, 5.0, 2)  # V = 1, 2
-    assert (mean, stderr) == (1.5, pytest.approx(0.5))
+    mean, stderr, note = direct_method(3.0, 5.0, 2)  # V = 1, 2
+    assert (mean, stderr, note) == (1.5, pytest.approx(0.5), None)
+
+
+def test_fit_q_says_what_float64_resolves_of_the_dm_standard_error(tmp_path, ope_in_process):
+    """V-hat of 1e8 + 0.1 s (spread 0.3): the table said "dm standard error 0" with no
+    word, and the dm estimate "1e+08"; evaluate --q fit said the error was not resolved.
+    The note is fit-q's too (JSON and table), and dm is shown to 10 digits."""
+    from datasets import save_checkpoint
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    state = rng.integers(0, 10, n)
+    pq.write_table(
+        pa.table(
+            {
+                "episode_id": np.arange(n),
+                "step": np.zeros(n, np.int64),
+                "observation": state,
+                "action": rng.integers(0, 2, n),
+                "reward": 1e8 + 0.1 * state + 0.01 * rng.normal(size=n),
+                "behavior_prob": np.full(n, 0.5),
+            }
+        ),
+        tmp_path / "offset.parquet",
+    )
+    save_checkpoint(tmp_path / "pi.npz", {"kind": "tabular", "logits": np.zeros((10, 2))})
+    base = ["fit-q", str(tmp_path / "offset.parquet"), "-p", str(tmp_path / "pi.npz")]
+    run = ope_in_process([*base, "--out", str(tmp_path / "q.npz"), "--format", "json"])
+    document = json.loads(run.stdout)
+    assert "below the rounding" in document["dm_stderr_note"]
+    run = ope_in_process([*base, "--out", str(tmp_path / "q2.npz"), "--format", "table"])
+    (line,) = [x for x in run.stdout.splitlines() if "dm standard error" in x]
+    assert "0 to float64's precision" in line  # the note, wrapped in its cell
+    (line,) = [x for x in run.stdout.splitlines() if "dm estimate" in x]
+    assert f"{document['dm']:.10g}" in line
 
 
 @pytest.mark.slow

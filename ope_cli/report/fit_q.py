@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
 from ope_cli.report.fit import to_json_dict
-from ope_cli.report.formatting import count, significant
+from ope_cli.report.formatting import count, resolved, significant
 
 if TYPE_CHECKING:  # annotations only: formatters do not import the fitting code
     from ope_cli.models.q_models.command import FitQResult
@@ -32,11 +32,13 @@ def render_table(result: FitQResult, console: Console) -> None:
     table.add_column("", justify="right")
     table.add_row("fitted on", f"{count(result.episodes)} episodes, {count(result.steps)} steps")
     table.add_row("gamma", f"{significant(result.gamma)} ({GAMMA_SOURCES[result.gamma_source]})")
-    table.add_row("dm estimate (mean V of the initial states)", significant(result.dm))
-    table.add_row(
-        "dm standard error (over initial states, Q taken as exact)",
-        significant(result.dm_stderr),
-    )
+    stderr = significant(result.dm_stderr)
+    if result.dm_stderr_note:
+        stderr += f" ({result.dm_stderr_note})"
+    # to its standard error; without one, to 10 digits (V-hat of 1e8 + 0.1 s read 1e+08)
+    dm = resolved(result.dm, result.dm_stderr) if result.dm_stderr else significant(result.dm, 10)
+    table.add_row("dm estimate (mean V of the initial states)", dm)
+    table.add_row("dm standard error (over initial states, Q taken as exact)", stderr)
     rmse = significant(result.bellman_rmse)
     if result.bellman_rmse_note:
         rmse += f" ({result.bellman_rmse_note})"

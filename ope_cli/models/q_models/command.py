@@ -84,6 +84,7 @@ class FitQResult:
     heldout_bellman_rmse: float | None = None
     gamma_source: str = "option"  # option (--gamma), data (declared) or default
     bellman_rmse_note: str | None = None  # why bellman_rmse is null (the sums' rounding)
+    dm_stderr_note: str | None = None  # what float64 resolves of dm_stderr (as evaluate's)
     # pi_e's probability at the logged states on actions never logged there, where Q-hat is
     # 0 (tabular and linear; as evaluate's diagnostics.q.fit.unlogged_share); else None
     unlogged_share: float | None = None
@@ -199,6 +200,7 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         dm_stderr=None if stderr is None or math.isnan(stderr) else stderr,
         bellman_rmse=d["bellman_rmse"],
         bellman_rmse_note=d.get("bellman_rmse_note"),
+        dm_stderr_note=d.get("dm_stderr_note"),
         seconds=time.perf_counter() - started,
         ridge=d.get("ridge"),
         iterations=d.get("iterations"),

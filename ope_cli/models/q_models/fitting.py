@@ -154,15 +154,17 @@ def collect_q_all(
     return collected
 
 
-def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float]:
-    """(mean, sample standard error) of V(s_0) over n episodes from its sum and sum of
-    squares, as ``evaluate``'s dm takes them (``mean_and_sem``): 0 where float64 finds no
-    spread (equal V(s_0): it printed 8e-10 for evaluate's 0), NaN where it cannot resolve
-    one (``spread_resolution``) and for one episode."""
+def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float, str | None]:
+    """(mean, sample standard error, what float64 resolves of it) of V(s_0) over n episodes
+    from its sum and sum of squares, as ``evaluate``'s dm takes them (``mean_and_sem``,
+    ``spread_resolution``): 0 where float64 finds no spread (equal V(s_0): it printed
+    8e-10 for evaluate's 0, and V-hat of 1e8 + 0.1 s gave 0 where it is 0.009, said in the
+    note), NaN where it cannot resolve one and for one episode."""
     mean, stderr = (float(x) for x in mean_and_sem(total, total_sq, n, 0.0))
-    if n < 2 or spread_resolution(total, total_sq, n)[1]:
-        return mean, math.nan
-    return mean, stderr
+    if n < 2:
+        return mean, math.nan, None
+    note, drop = spread_resolution(total, total_sq, n)
+    return mean, math.nan if drop else stderr, note
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,11 +258,13 @@ def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: 
             magnitude += q_model.residual_magnitude(params, k)
         v, v2, e = q_model.initial(params, k)
         total, total_sq, episodes = total + v, total_sq + v2, episodes + e
-    dm, dm_stderr = direct_method(total, total_sq, episodes)
+    dm, dm_stderr, dm_note = direct_method(total, total_sq, episodes)
     out = {"bellman_rmse": math.sqrt(squares / steps) if steps else None}
     if squares < RESIDUAL_RESOLUTION * np.finfo(np.float64).eps * magnitude:
         out = {"bellman_rmse": None, "bellman_rmse_note": RESIDUAL_UNRESOLVED}
     out |= {"dm": dm, "dm_stderr": dm_stderr}
+    if dm_note is not None:
+        out["dm_stderr_note"] = dm_note
     share = getattr(q_model, "unlogged_share", None)  # models whose unseen actions get 0
     if share is not None:
         out["unlogged_share"] = max(share(k) for k in excluded)
