@@ -706,3 +706,21 @@ def test_no_number_is_folded_in_a_narrow_terminal(result):
         ess = f"{policy.diagnostics.ess:.1f}"
         assert ess in row, (ess, row)
     assert "…" not in out.getvalue()
+
+
+def test_values_without_a_spread_are_shown_to_their_row_s_finest(result):
+    """Rewards of 1e8 + N(0, 1): a dm whose standard error float64 did not resolve read
+    "1e+08" beside a WIS of 100000000.4645 +- 0.009214, as if 0.46 apart; and the behavior
+    baseline's title read "mean return 100000000" beside rows of 100000000.032 and their
+    difference -0.0008 (subtracted, the wrong sign)."""
+    offset = _with_estimate(result, 0, "wis", value=100000000.4645, stderr=0.009214)
+    unresolved = {"stderr": None, "ci_low": None, "ci_high": None, "note": "not resolved"}
+    offset = _with_estimate(offset, 0, "is", value=100000000.46487, **unresolved)
+    offset = _with_estimate(offset, 0, "pdis", value=1e8 + 0.51234, stderr=None, ci_low=None)
+    rows = _render(offset)
+    assert "100000000.4649" in rows and "1e+08" not in rows  # is, to wis's 0.0092
+    assert "100000000.5123" in rows  # pdis: neither a standard error nor an interval
+    from ope_cli.report.table import _own_value  # the comparison table's title
+
+    behavior = dataclasses.replace(offset, baseline="behavior", behavior_value=100000000.0328)
+    assert _own_value(behavior) == ", mean return 100000000.0328"  # to wis's 0.0092

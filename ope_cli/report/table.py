@@ -99,10 +99,14 @@ def check_rank_by(rank_by: str, estimators: tuple[str, ...]) -> str:
 
 
 def _own_value(result: EvaluationResult) -> str:
-    """The behavior baseline's own value, the mean discounted return, for its title."""
+    """The behavior baseline's own value, the mean discounted return, for its title: to the
+    finest standard error of the rows beside it, and to 10 digits at least (on rewards of
+    1e8 + N(0, 1) it read "mean return 100000000" beside a WIS of 100000000.032 and a
+    difference of -0.0008: subtracted, the wrong sign)."""
     if result.baseline != "behavior" or result.behavior_value is None:
         return ""
-    return f", mean return {significant(result.behavior_value, 10)}"  # beside full values
+    finest = _finest_spread(e for p in result.results for e in p.estimates.values())
+    return f", mean return {resolved(result.behavior_value, finest, 10)}"
 
 
 def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
@@ -182,16 +186,24 @@ def _off_scale(policy: PolicyResult) -> str:
     return ", ".join(parts)
 
 
-def _value_cell(e) -> str:
+def _value_cell(e, beside: float | None = None) -> str:
     """ "value ± stderr", or the value (or n/a) with the estimate's note; a note the
-    interval cell refers to (a null interval's, listed under the table) is said there."""
+    interval cell refers to (a null interval's, listed under the table) is said there. A
+    value without a spread of its own is shown to ``beside`` (its row's finest: a dm whose
+    standard error float64 did not resolve read "1e+08" beside a WIS of 100000000.4645)."""
     said = e.note if e.note and e.ci_low is not None and e.ci_high is not None else None
     if e.value is None:
         return f"n/a ({e.note})" if e.note else "n/a"
     if e.stderr is None:
-        return resolved(e.value, _spread(e)) + (f" ({said})" if said else "")
+        return resolved(e.value, _spread(e) or beside) + (f" ({said})" if said else "")
     cell = f"{resolved(e.value, e.stderr)} ± {significant(e.stderr)}"
     return cell + (f" ({said})" if said else "")
+
+
+def _finest_spread(estimates) -> float | None:
+    """The smallest positive finite ``_spread`` of ``estimates``; None if none has one."""
+    spreads = (_spread(e) for e in estimates)
+    return min((s for s in spreads if s and math.isfinite(s) and s > 0), default=None)
 
 
 def _spread(e) -> float | None:
@@ -264,6 +276,7 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
         table.add_column("best?", justify="center", overflow="fold")
     for i, policy in enumerate(result.results):
         best = several and ranks[i] == 1
+        finest = _finest_spread(policy.estimates.values())
         for j, (name, e) in enumerate(policy.estimates.items()):
             ranking = several and name == rank_by
             label = Text(estimator_title(name), style="underline" if ranking else "")
@@ -271,7 +284,7 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
             cells = [
                 policy.shown if j == 0 else "",
                 label,
-                _value_cell(e),
+                _value_cell(e, finest),
                 _interval_cell(e, notes),
                 method,
             ]
