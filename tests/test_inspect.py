@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import tracemalloc
 
 import numpy as np
@@ -446,23 +447,29 @@ def test_the_actions_counted_one_by_one_do_not_depend_on_the_batches(tmp_path):
         assert report.action_counts == reports[0].action_counts
 
 
+def _logged(episode_id: list, step: list, reward: list | None = None) -> pa.Table:
+    """Steps of the given ids and step numbers: observation 0, action 0, probability 0.5,
+    reward 1 (or ``reward``)."""
+    n = len(step)
+    return pa.table(
+        {
+            "episode_id": episode_id,
+            "step": step,
+            "observation": np.zeros(n),
+            "action": np.zeros(n, np.int64),
+            "reward": np.ones(n) if reward is None else reward,
+            "behavior_prob": np.full(n, 0.5),
+        }
+    )
+
+
 @pytest.mark.parametrize("read_rows", [1, 3, 100])
 def test_a_split_episode_is_one_problem_not_a_missing_step_too(tmp_path, read_rows):
     """Episode 0's rows in two stretches: its later part is invalid as a reappearance;
     that its steps start at 2 there is no second problem (the file holds steps 0 and 1).
     The problem counts the later part's rows and is located at its first step (it said
     one row, at step 0)."""
-    n = 6
-    table = pa.table(
-        {
-            "episode_id": [0, 0, 1, 1, 0, 0],
-            "step": [0, 1, 0, 1, 2, 3],
-            "observation": np.zeros(n),
-            "action": np.zeros(n, np.int64),
-            "reward": np.ones(n),
-            "behavior_prob": np.full(n, 0.5),
-        }
-    )
+    table = _logged([0, 0, 1, 1, 0, 0], [0, 1, 0, 1, 2, 3])
     pq.write_table(table, tmp_path / "logs.parquet")
     report = inspect(InspectConfig(str(tmp_path / "logs.parquet"), read_rows=read_rows))
     (problem,) = report.problems
@@ -493,17 +500,7 @@ def test_without_valid_episodes_every_length_is_null(tmp_path):
 def test_a_problem_after_a_missing_step_is_located_at_its_own_step(tmp_path):
     """In an episode without step 2, a NaN reward at step 4 was located at step 3 (its
     place in the episode); it is at the step its row says."""
-    n = 6
-    table = pa.table(
-        {
-            "episode_id": [0, 0, 0, 0, 1, 1],
-            "step": [0, 1, 3, 4, 0, 1],
-            "observation": np.zeros(n),
-            "action": np.zeros(n, np.int64),
-            "reward": [1.0, 1.0, 1.0, float("nan"), 1.0, 1.0],
-            "behavior_prob": np.full(n, 0.5),
-        }
-    )
+    table = _logged([0, 0, 0, 0, 1, 1], [0, 1, 3, 4, 0, 1], [1.0, 1.0, 1.0, math.nan, 1.0, 1.0])
     pq.write_table(table, tmp_path / "logs.parquet")
     report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
     located = {problem.reason: (problem.episode, problem.step) for problem in report.problems}
