@@ -720,6 +720,16 @@ def test_values_without_a_spread_are_shown_to_their_row_s_finest(result):
     rows = _render(offset)
     assert "100000000.4649" in rows and "1e+08" not in rows  # is, to wis's 0.0092
     assert "100000000.5123" in rows  # pdis: neither a standard error nor an interval
+    # a standard error of 0 (float64 resolved no spread) and a zero-width interval
+    zero = {"stderr": 0.0, "ci_low": 100000000.46487, "ci_high": 100000000.46487}
+    rows = _render(_with_estimate(offset, 0, "is", value=100000000.46487, **zero))
+    assert "100000000.4649 ± 0" in rows and "[100000000.4649, 100000000.4649]" in rows
+    # a row where nothing has a spread: the whole part at least
+    bare = {"stderr": None, "ci_low": None, "ci_high": None}
+    alone = offset
+    for name in result.results[1].estimates:
+        alone = _with_estimate(alone, 1, name, value=2.00000000115e8, **bare)
+    assert "200000000 " in _render(alone) and "2e+08" not in _render(alone)
     from ope_cli.report.table import _own_value  # the comparison table's title
 
     behavior = dataclasses.replace(offset, baseline="behavior", behavior_value=100000000.0328)

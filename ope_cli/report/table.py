@@ -194,10 +194,19 @@ def _value_cell(e, beside: float | None = None) -> str:
     said = e.note if e.note and e.ci_low is not None and e.ci_high is not None else None
     if e.value is None:
         return f"n/a ({e.note})" if e.note else "n/a"
+    value = _shown(e.value, _spread(e) or beside)
     if e.stderr is None:
-        return resolved(e.value, _spread(e) or beside) + (f" ({said})" if said else "")
-    cell = f"{resolved(e.value, e.stderr)} ± {significant(e.stderr)}"
-    return cell + (f" ({said})" if said else "")
+        return value + (f" ({said})" if said else "")
+    return f"{value} ± {significant(e.stderr)}" + (f" ({said})" if said else "")
+
+
+def _shown(x: float | None, spread: float | None) -> str:
+    """``x`` to ``spread`` (``resolved``); without one, to the digits of its whole part (4
+    at least): a value with nothing to go by keeps its units (2.00000000115e8 read
+    "2e+08" beside a WIS of 200000000.115 +- 0.046)."""
+    if spread or x is None or not math.isfinite(x) or x == 0:
+        return resolved(x, spread)
+    return resolved(x, None, min(17, max(4, math.floor(math.log10(abs(x))) + 1)))
 
 
 def _finest_spread(estimates) -> float | None:
@@ -216,10 +225,10 @@ def _spread(e) -> float | None:
     return None
 
 
-def _interval(e) -> str:
-    """ "[low, high]" to the estimate's spread (``resolved``)."""
-    spread = _spread(e)
-    return f"[{resolved(e.ci_low, spread)}, {resolved(e.ci_high, spread)}]"
+def _interval(e, beside: float | None = None) -> str:
+    """ "[low, high]" to the estimate's spread (``resolved``), else to ``beside``."""
+    spread = _spread(e) or beside
+    return f"[{_shown(e.ci_low, spread)}, {_shown(e.ci_high, spread)}]"
 
 
 def title_line(result: EvaluationResult) -> str:
@@ -242,9 +251,9 @@ def interval_notes(result: EvaluationResult) -> list[str]:
     return list(dict.fromkeys(note for note in notes if note))
 
 
-def _interval_cell(e, notes: list[str]) -> str:
+def _interval_cell(e, notes: list[str], beside: float | None = None) -> str:
     if e.ci_low is not None and e.ci_high is not None:
-        return _interval(e)
+        return _interval(e, beside)
     return f"n/a ({notes.index(e.note) + 1})" if e.note in notes else "n/a"
 
 
@@ -285,7 +294,7 @@ def _estimates_table(result: EvaluationResult, rank_by: str) -> Table:
                 policy.shown if j == 0 else "",
                 label,
                 _value_cell(e, finest),
-                _interval_cell(e, notes),
+                _interval_cell(e, notes, finest),
                 method,
             ]
             if several:
