@@ -155,6 +155,19 @@ def _n_actions(policy: Policy, episodes: EpisodeStream) -> int | None:
     return action_count(largest_logged_action(episodes))
 
 
+# FitQResult's fields that some fits' diagnostics have (None where a fit has none)
+FIT_DETAILS = (
+    "bellman_rmse_note",
+    "dm_stderr_note",
+    "ridge",
+    "iterations",
+    "converged",
+    "heldout_steps",
+    "heldout_bellman_rmse",
+    "unlogged_share",
+)
+
+
 def run_fit_q(config: FitQConfig) -> FitQResult:
     """Fits, writes and measures pi_e's Q of ``config``. Raises OpeError."""
     started = time.perf_counter()
@@ -199,15 +212,8 @@ def run_fit_q(config: FitQConfig) -> FitQResult:
         dm=d["dm"],
         dm_stderr=None if stderr is None or math.isnan(stderr) else stderr,
         bellman_rmse=d["bellman_rmse"],
-        bellman_rmse_note=d.get("bellman_rmse_note"),
-        dm_stderr_note=d.get("dm_stderr_note"),
         seconds=time.perf_counter() - started,
-        ridge=d.get("ridge"),
-        iterations=d.get("iterations"),
-        converged=d.get("converged"),
-        heldout_steps=d.get("heldout_steps"),
-        heldout_bellman_rmse=d.get("heldout_bellman_rmse"),
-        unlogged_share=d.get("unlogged_share"),
+        **{name: d.get(name) for name in FIT_DETAILS},
         warnings=tuple(  # {code, message, policy}, as every command's (SPEC 12)
             {**warning, "policy": None}
             for warning in fit_warnings(
