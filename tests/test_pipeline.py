@@ -148,9 +148,10 @@ def test_float32_warns_about_data_it_cannot_hold(tmp_path):
 
 
 def test_float32_warns_of_rewards_that_cancel_in_the_returns(tmp_path):
-    """Rewards of +1000 and -1000 + U(0, 0.001): the returns cancel to 0.0025 +- 3e-4, and
-    float32, which rounds each reward by 6e-5, gave a WPDIS 2.8% off with no warning (each
-    reward and each return has a spread far above 1e-4 of its own size)."""
+    """Rewards of +1000 and -1000 + U(0, 0.001) cancel in the returns (a QA run: 0.0025 +-
+    3e-4), and float32, which rounds each reward by 6e-5, gave a WPDIS 2.8% off with no
+    warning: each reward and each return has a spread far above 1e-4 of its own size.
+    Here 20-step episodes, returns 0.005 +- 9e-4."""
     import pyarrow as pa
 
     from ope_cli.report.warnings import FLOAT32_RANGE, run_warnings
@@ -722,3 +723,17 @@ def test_progress_names_the_fitting_passes(tmp_path):
         "evaluating (pass 3 of 3)",
     ]
     assert not any("logged propensities" in line for line in lines), lines
+
+
+def test_rewards_that_cancel_exactly_are_no_spread_to_resolve():
+    """10,000-step episodes whose rewards +-1000 cancel exactly: their returns differ only
+    by float64's rounding of the sum (1e-14 of the rewards' size), which said "the episode
+    returns vary by 1e-14 of the rewards' size"; those roundings are no spread."""
+    from ope_cli.estimation.pipeline import NO_MAGNITUDE, lost_digits
+
+    rng = np.random.default_rng(2)
+    rewards = rng.uniform(-1000, 1000, (40, 5_000))
+    returns = np.concatenate([rewards, -rewards[:, ::-1]], axis=1).sum(axis=1)  # [40] ~0
+    assert np.abs(returns).max() > 0  # float64's rounding, not 0
+    assert lost_digits(returns, 1000.0, 10_000) == NO_MAGNITUDE
+    assert lost_digits(returns + rng.normal(0, 1e-3, 40), 1000.0, 10_000) == 5  # / 1.06e-3

@@ -391,7 +391,7 @@ def magnitudes(chunk) -> np.ndarray:
             lost_digits(reward),
             lost_digits(returns),
             lost_digits(observation) if floats else NO_MAGNITUDE,
-            lost_digits(returns, size=float(largest_reward)),
+            lost_digits(returns, float(largest_reward), int(np.diff(chunk.offsets).max())),
         ],
         np.int64,
     )
@@ -405,20 +405,22 @@ SPREAD_ROWS = 16  # and the fewest rows (wide observations: a loop over rows is 
 SPREAD_ROUNDINGS = 16
 
 
-def lost_digits(values: np.ndarray, size: float | None = None) -> int:
-    """floor log10 of the largest |value| (or of ``size``: the terms the values were summed
-    from) over the values' standard deviation: the digits a sum must keep before their
-    differences show (a chunk at a time, so that one outlier elsewhere does not hide a
-    constant offset); of [N, ...] values, the most of any feature's. NO_MAGNITUDE for fewer
-    than SPREAD_VALUES values (two close returns of a chunk of two episodes said 1e-6),
-    values all equal to float64's rounding (nothing to resolve) or not finite."""
+def lost_digits(values: np.ndarray, size: float | None = None, terms: int = 1) -> int:
+    """floor log10 of the largest |value| (or of ``size``: that of the at most ``terms``
+    terms each value was summed from) over the values' standard deviation: the digits a
+    sum must keep before their differences show (a chunk at a time, so that one outlier
+    elsewhere does not hide a constant offset); of [N, ...] values, the most of any
+    feature's. NO_MAGNITUDE for fewer than SPREAD_VALUES values (two close returns of a
+    chunk of two episodes said 1e-6), values all equal to float64's rounding (nothing to
+    resolve; of ``terms`` roundings: 10,000 rewards that cancel exactly left returns 1e-14
+    of their size apart) or not finite."""
     if values.shape[0] < SPREAD_VALUES:
         return NO_MAGNITUDE
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         largest, spread = _size_and_spread(values.reshape(values.shape[0], -1))
         size = largest if size is None else np.maximum(largest, size)
         ratio = size / spread
-    rounding = SPREAD_ROUNDINGS * np.finfo(np.float64).eps * size
+    rounding = SPREAD_ROUNDINGS * np.finfo(np.float64).eps * size * terms
     resolved = (spread > rounding) & (spread < math.inf) & (size < math.inf)
     if not resolved.any():
         return NO_MAGNITUDE
