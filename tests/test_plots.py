@@ -41,6 +41,7 @@ def test_plot_writes_png_figures(tmp_path, ope_in_process):
     assert any(line.startswith("figures: ") for line in lines), run
 
 
+@pytest.mark.slow  # a process start: imports and JAX
 def test_plot_without_matplotlib_is_a_usage_error(tmp_path, ope):
     """A stub ``matplotlib`` that fails to import, first on the path, stands in for a
     missing install: exit 2, one line naming the extra, nothing on stdout, no run."""

@@ -268,6 +268,7 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # a process start: imports and JAX
 def test_refused_connection_ends_quickly(ope):
     env = {**ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
     started = time.perf_counter()
