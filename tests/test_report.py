@@ -585,6 +585,14 @@ def test_an_in_sample_behavior_fit_that_overfits_is_warned_of_in_every_format(re
     assert "behavior_fit_overfits: the mlp_softmax model scores -2.96" in to_csv(run)
     assert "the mlp_softmax model scores -2.96 nats per step" in " ".join(_render(run).split())
     assert warned(-1.9)[0] == [] and warned(None)[0] == []
+    # no held-out score where one was to be made (a fold held no episode): said, not silent
+    (unchecked,) = [w for w in run_warnings(warned(None)[1]) if w.code == "behavior_fit_unchecked"]
+    assert unchecked.message.startswith("none, or every one, of the 600 episode(s) fell")
+    assert [w for w in run_warnings(warned(None, "tabular")[1]) if "unchecked" in w.code] == []
+    _, run = warned(None)
+    fit = dataclasses.replace(run.behavior.fit, cross_fit=2)  # out-of-fold: nothing to score
+    cross = dataclasses.replace(run, behavior=dataclasses.replace(run.behavior, fit=fit))
+    assert [w for w in run_warnings(cross) if "unchecked" in w.code] == []
     # linear_softmax overfitting 3 episodes was told to prefer "(tabular, linear_softmax)"
     (linear,), _ = warned(-2.9607, "linear_softmax")
     assert linear.message.endswith("would be off; prefer more episodes.")

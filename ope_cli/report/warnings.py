@@ -601,12 +601,23 @@ def behavior_fit_warning(result: EvaluationResult) -> Warning | None:
 def behavior_overfit_warning(result: EvaluationResult) -> Warning | None:
     """--behavior estimate:mlp_softmax fitted in sample scores far worse on held-out
     episodes than on those it was fitted on (600 bandit episodes: every IS interval 28%
-    low, with nothing said; ``ope fit-behavior`` warned of the same fit)."""
+    low, with nothing said; ``ope fit-behavior`` warned of the same fit), or could not be
+    scored so (the held-out fifth or the rest had no episode: it said nothing)."""
     fit = result.behavior.fit if result.behavior is not None else None
-    if fit is None or fit.heldout_mean_log_likelihood is None:
+    if fit is None:
         return None
-    from ope_cli.models.behavior_models.command import BEHAVIOR_FIT_OVERFITS, overfit_message
+    from ope_cli.models.behavior_models.command import (
+        BEHAVIOR_FIT_OVERFITS,
+        BEHAVIOR_FIT_UNCHECKED,
+        overfit_message,
+        unchecked_message,
+    )
+    from ope_cli.models.behavior_models.fitting import HELD_OUT_MODELS
 
+    if fit.heldout_mean_log_likelihood is None:  # scored only in sample: a fold held none
+        scored = fit.model in HELD_OUT_MODELS and fit.cross_fit == 1
+        message = unchecked_message(fit.model, fit.episodes, None) if scored else None
+        return None if message is None else Warning(BEHAVIOR_FIT_UNCHECKED, message)
     message = overfit_message(fit.model, fit.mean_log_likelihood, fit.heldout_mean_log_likelihood)
     return None if message is None else Warning(BEHAVIOR_FIT_OVERFITS, message)
 

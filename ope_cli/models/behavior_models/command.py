@@ -133,6 +133,16 @@ def overfit_message(model: str, in_sample: float, heldout: float | None) -> str 
     )
 
 
+def unchecked_message(model: str, episodes: int, held_out: int | None) -> str:
+    """What to say where no held-out score was made: ``held_out`` of the ``episodes`` fell
+    in the held-out fifth (0 or all; None: not known which)."""
+    fell = {0: "none", None: "none, or every one,"}.get(held_out, "every one")
+    return (
+        f"{fell} of the {episodes:,} episode(s) fell in the held-out fifth (by id hash), so "
+        f"whether the {model} model overfits them was not checked; fit on more episodes."
+    )
+
+
 def overfit_warnings(
     model: str, in_sample: float, heldout: float | None, episodes: int, held_out: int
 ) -> tuple[dict, ...]:
@@ -140,12 +150,7 @@ def overfit_warnings(
     fifth (``held_out`` of ``episodes``) or the rest has no episode, so that nothing could
     say whether it does (1 episode: exit 0 with a null held-out score and no word)."""
     if heldout is None:
-        fell = "none" if held_out == 0 else "every one"
-        message = (
-            f"{fell} of the {episodes:,} episode(s) fell in the held-out fifth (by id hash), "
-            f"so whether the {model} model overfits them was not checked; fit on more "
-            "episodes."
-        )
+        message = unchecked_message(model, episodes, held_out)
         return ({"code": BEHAVIOR_FIT_UNCHECKED, "message": message, "policy": None},)
     message = overfit_message(model, in_sample, heldout)
     if message is None:
