@@ -689,11 +689,18 @@ def fitted_q_warnings(result: EvaluationResult) -> list[Warning]:
     one sat on the rows of a policy given an exact checkpoint)."""
     fitted = [p for p in result.results if p.q is not None and p.q.fit is not None]
     reading = [name for name in result.estimators if get_estimator(name).needs]
-    if not fitted or not reading:
+    if not reading:
         return []
-    if len(fitted) == len(result.results):
-        return [_fitted_q(reading)]
-    return [_fitted_q(reading, p.policy) for p in fitted]
+    return _run_or_each(result, fitted, lambda _, policy: _fitted_q(reading, policy))
+
+
+def _run_or_each(result: EvaluationResult, concerned: list, warning) -> list[Warning]:
+    """``warning(policies, policy name or None)`` once for the run where every policy is
+    ``concerned``, else once per concerned policy: a run-wide warning sits on every
+    policy's rows (CSV), those of policies it does not concern too."""
+    if concerned and len(concerned) == len(result.results):
+        return [warning(concerned, None)]
+    return [warning([p], p.policy) for p in concerned]
 
 
 def _fitted_q(reading: list[str], policy: str | None = None) -> Warning:
@@ -727,9 +734,9 @@ def dm_q_as_exact_warnings(result: EvaluationResult) -> list[Warning]:
     taking = [
         p for p in result.results if p.q is not None and p.q.source != "fit" and not p.q.exact
     ]
-    if taking and len(taking) == len(result.results):
-        return [_dm_q_as_exact(sorted({p.q.name for p in taking}))]
-    return [_dm_q_as_exact([p.q.name], p.policy) for p in taking]
+    return _run_or_each(
+        result, taking, lambda ps, policy: _dm_q_as_exact(sorted({p.q.name for p in ps}), policy)
+    )
 
 
 def _dm_q_as_exact(taken: list[str], policy: str | None = None) -> Warning:
