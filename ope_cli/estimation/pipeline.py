@@ -369,9 +369,11 @@ def magnitudes(chunk) -> np.ndarray:
     (rewards of +-1000 whose returns cancel to 0.0025 +- 3e-4: float32 rounds each reward
     by 6e-5, and WPDIS came out 2.8% off, without a word)."""
 
-    def largest(values: np.ndarray) -> int:  # of |values|, without an array of them
-        value = float(max(values.max(), -values.min())) if values.size else 0.0
-        return decimal_magnitude(value)
+    def size(values: np.ndarray) -> float:  # the largest |value|, without an array of them
+        return float(max(values.max(), -values.min())) if values.size else 0.0
+
+    def largest(values: np.ndarray) -> int:
+        return decimal_magnitude(size(values))
 
     observation, reward, action = chunk.observation, chunk.reward, chunk.action
     floats = observation is not None and observation.dtype.kind == "f"
@@ -380,18 +382,18 @@ def magnitudes(chunk) -> np.ndarray:
     critic = [largest(values) for values in columns if values is not None]
     with np.errstate(over="ignore", invalid="ignore"):  # returns past float64: not finite
         returns = np.add.reduceat(reward, chunk.offsets[:-1]) if reward.size else reward
-    largest_reward = max(reward.max(), -reward.min()) if reward.size else 0.0
+    reward_size = size(reward)
     return np.array(
         [
             largest(observation) if floats else NO_MAGNITUDE,
-            largest(reward),
+            decimal_magnitude(reward_size),
             -decimal_magnitude(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
             max(critic, default=NO_MAGNITUDE),
             largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
             lost_digits(reward),
             lost_digits(returns),
             lost_digits(observation) if floats else NO_MAGNITUDE,
-            lost_digits(returns, float(largest_reward), int(np.diff(chunk.offsets).max())),
+            lost_digits(returns, reward_size, int(np.diff(chunk.offsets).max())),
         ],
         np.int64,
     )
