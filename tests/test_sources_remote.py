@@ -247,12 +247,22 @@ def test_missing_bucket_and_key(s3):
     message = data_error(open_dataset, "s3://no-such-bucket/x.parquet")
     assert "bucket 'no-such-bucket' does not exist" in message, message
     assert "no such" in data_error(open_dataset, f"s3://{BUCKET}/nothing.parquet")
-    assert "no-such" in data_error(open_dataset, "s3://no-such-bucket/*.parquet")
+    glob = data_error(open_dataset, "s3://no-such-bucket/*.parquet")
+    assert "bucket 'no-such-bucket' does not exist" in glob, glob
+
+
+def test_a_uri_without_a_bucket_is_refused_not_listed(s3):
+    """``s3://`` alone would list every bucket the credentials see, recursively."""
+    for uri in ("s3://", "s3:///", "s3://*.parquet"):
+        message = data_error(open_dataset, uri)
+        assert "names no bucket" in message, (uri, message)
 
 
 def test_missing_checkpoint_is_a_policy_error(s3):
     with pytest.raises(PolicyError, match=r"missing\.npz"):  # ope exits 4
         load_policies([f"s3://{BUCKET}/missing.npz"])
+    with pytest.raises(PolicyError, match=r"bucket 'no-such-bucket' does not exist"):
+        load_policies(["s3://no-such-bucket/pi.npz"])
 
 
 def test_unknown_scheme_is_a_usage_error():

@@ -98,10 +98,16 @@ def _bounded(filesystem: pafs.FileSystem) -> pafs.FileSystem:
     return pafs.S3FileSystem(**options)
 
 
+_BUCKETED = ("s3", "gs", "gcs")  # object storage: a URI's first path part is its bucket
+
+
 def locate(uri: str, error: type[OpeError] = DataError) -> Location:
-    """The filesystem and path of ``uri``. An unknown scheme is a UsageError (exit 2); a
-    filesystem that cannot be made raises ``error``."""
+    """The filesystem and path of ``uri``. An unknown scheme is a UsageError (exit 2); an
+    object-storage URI without a bucket (which would list every bucket) or a filesystem
+    that cannot be made raises ``error``."""
     scheme = uri.split("://", 1)[0]
+    if scheme.lower() in _BUCKETED and not uri.split("://", 1)[1].split("?", 1)[0].strip("/"):
+        raise error(f"{uri}: names no bucket (write {scheme}://BUCKET/PATH)")
     try:
         filesystem, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as failure:
@@ -187,12 +193,15 @@ def resolve(source: str) -> tuple[list[str], str | None]:
     magic = _MAGIC.search(source, source.find("://") + 3)
     if magic:  # the URI parser rejects glob characters: open the part before them
         static = source[: magic.start()].rsplit("/", 1)[0]
+        if static.endswith(":/"):  # the glob is in the bucket's name
+            locate(source[: len(static) + 1])  # refuses it
         location = locate(static)
         base = location.path.rstrip("/")
         pattern = _glob_regex(f"{base}/{source[len(static) + 1 :]}")
         try:
             infos = _listing(location, base)
         except _ERRORS as failure:
+            _refuse_missing_bucket(source, location)
             raise DataError(f"{source}: cannot list: {first_line(failure)}") from None
         shown = _hidden_shown(source[len(static) + 1 :])
         files = sorted(
@@ -203,6 +212,7 @@ def resolve(source: str) -> tuple[list[str], str | None]:
             and (shown or _visible(i.path, base, hidden=(".",)))
         )
         if not files:
+            _refuse_missing_bucket(source, location)
             raise DataError(f"{source}: no files match this pattern")
         return [location.uri(f) for f in files], None
     location = locate(source)
@@ -220,23 +230,24 @@ def resolve(source: str) -> tuple[list[str], str | None]:
             if not files:
                 raise DataError(f"{source}: directory holds no data files")
             return [location.uri(f) for f in files], location.uri(base)
-        missing = _missing_bucket(location)
     except _ERRORS as failure:
         raise DataError(f"{source}: cannot read: {first_line(failure)}") from None
-    if missing:
-        raise DataError(
-            f"{source}: bucket {missing!r} does not exist (or these credentials cannot see it)"
-        )
+    _refuse_missing_bucket(source, location)
     raise DataError(f"{source}: no such file or directory")
 
 
-def _missing_bucket(location: Location) -> str | None:
-    """The bucket of an object-storage path when the bucket itself does not exist."""
+def _refuse_missing_bucket(uri: str, location: Location, error: type[OpeError] = DataError):
+    """Raises ``error`` naming the bucket when ``location`` is in object storage and its
+    bucket itself does not exist (or cannot be seen); returns otherwise."""
     if not isinstance(location.filesystem, (pafs.S3FileSystem, pafs.GcsFileSystem)):
-        return None
+        return
     bucket = location.path.split("/", 1)[0]
-    info = location.filesystem.get_file_info(bucket)
-    return bucket if info.type == pafs.FileType.NotFound else None
+    try:
+        missing = location.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound
+    except _ERRORS as failure:
+        raise error(f"{uri}: cannot read: {first_line(failure)}") from None
+    if missing:
+        raise error(f"{uri}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
 
 
 def split(uris: Sequence[str]) -> tuple[pafs.FileSystem, str, list[str]]:
@@ -263,6 +274,7 @@ def read_bytes(uri: str, error: type[OpeError] = DataError) -> bytes:
         with location.filesystem.open_input_file(location.path) as handle:
             return handle.read()
     except FileNotFoundError:
+        _refuse_missing_bucket(uri, location, error)
         raise error(f"{uri}: no such file") from None
     except _ERRORS as failure:
         raise error(f"{uri}: cannot read: {first_line(failure)}") from None
