@@ -1674,6 +1674,21 @@ def test_the_supervisor_knows_process_0_from_the_command_line_or_the_launcher(mo
     assert _process_id(["evaluate", "d", "--process-id", "2"]) == 2  # the option wins
 
 
+def test_a_lonely_coordinator_names_the_processes_it_waited_for(monkeypatch):
+    """Process 0 started with a larger --num-processes than were started waits out its
+    timeout: its one line says how many it waited for."""
+    from ope_cli.cli.supervisor import RANK_VARIABLES, SIZE_VARIABLES, _abort_reason
+
+    for name in RANK_VARIABLES + SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    log = "RegisterTask: Deadline Exceeded"
+    argv = ["evaluate", "d", "--process-id", "0", "--num-processes", "3"]
+    assert "not all 3 processes joined the run in time" in _abort_reason(log, argv)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert "not all 4 processes joined" in _abort_reason(log, ["evaluate", "d", "--distributed"])
+
+
 def test_float32_beyond_its_range_warns_and_stderr_stays_quiet(tmp_path, ope_in_process):
     """Rewards of 1e39 overflow float32: the JSON warns float32_range, and no NumPy
     RuntimeWarning line reaches stderr (the narrowing cast and the merges printed them)."""

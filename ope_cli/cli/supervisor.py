@@ -168,8 +168,10 @@ def _abort_reason(log: str, argv: list[str]) -> str:
     """Why the JAX runtime aborted a worker, from its fatal-error lines ``log``."""
     joining = "RegisterTask" in log or "Deadline" in log and "heartbeat" not in log
     if joining and _process_id(argv) == 0:  # the coordinator itself: its peers are late
+        expected = _num_processes(argv)
+        which = "every process" if expected is None else f"all {expected} processes"
         return (
-            "not every process joined the run in time (were they all started with this "
+            f"not {which} joined the run in time (were they all started with this "
             "--coordinator? one that stopped before joining said why on its own stderr)"
         )
     if joining:
@@ -184,16 +186,30 @@ def _abort_reason(log: str, argv: list[str]) -> str:
 RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 
-def _process_id(argv: list[str]) -> int | None:
-    """The --process-id of a command line, else the launcher's rank (None: neither, or
-    not a number)."""
-    value = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), None)
+# and the number of processes
+SIZE_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+def _int_option(argv: list[str], option: str, variables: tuple[str, ...]) -> int | None:
+    """The value of ``option`` on a command line, else of the first of the environment
+    ``variables`` set (None: neither, or not a number)."""
+    value = next((os.environ[name] for name in variables if name in os.environ), None)
     for index, argument in enumerate(argv):
-        if argument == "--process-id" and index + 1 < len(argv):
+        if argument == option and index + 1 < len(argv):
             value = argv[index + 1]
-        elif argument.startswith("--process-id="):
+        elif argument.startswith(f"{option}="):
             value = argument.partition("=")[2]
     return int(value) if value is not None and value.isdigit() else None
+
+
+def _process_id(argv: list[str]) -> int | None:
+    """The --process-id of a command line, else the launcher's rank."""
+    return _int_option(argv, "--process-id", RANK_VARIABLES)
+
+
+def _num_processes(argv: list[str]) -> int | None:
+    """The --num-processes of a command line, else the launcher's count of processes."""
+    return _int_option(argv, "--num-processes", SIZE_VARIABLES)
 
 
 def is_worker() -> bool:
