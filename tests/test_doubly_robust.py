@@ -729,14 +729,49 @@ def test_an_entry_point_policy_given_twice_with_two_qs(tmp_path, softmax_data, m
         _close(fitted[name].value, checkpoint[name].value, 1e-9)
 
 
-def test_dm_s_unresolved_spread_names_v_hat_s_constant(tmp_path):
-    """V-hat of 1e10 + noise: DM's standard error is not resolved, and its note said
-    "subtract a constant from the rewards", which leaves DM's terms (V-hat) as they are."""
+def test_dm_s_float32_terms_keep_their_rounding_note_about_a_pivot(tmp_path):
+    """Centred sums cancel nothing, but float32 terms were each rounded at their own size:
+    V-hat of 1e5 + N(0, 1) on 2,000 episodes is still noted (about 8e-5; measured 1.3e-5
+    off), and 1e6 is still dropped (dm had been 4.7% off)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED
+
+    n = 2000
+    rng = np.random.default_rng(0)
+    notes = {}
+    for offset in (1e5, 1e6):
+        v = offset + rng.normal(size=n)
+        columns = {"episode_id": np.arange(n), "action": np.zeros(n, np.int64)}
+        columns |= {"reward": rng.normal(size=n), "behavior_prob": np.full(n, 0.5)}
+        columns |= {"target_prob": np.full(n, 0.5), "q": v, "v": v}
+        path = tmp_path / f"v{offset:g}.parquet"
+        pq.write_table(pa.table(columns), path)
+        options = dict(q_col="q", v_col="v", gamma=GAMMA, estimators="dm", precision="float32")
+        dm = _estimates(path, **options)["dm"]
+        notes[offset] = dm.note
+        if offset == 1e5:
+            reference = np.std(v - v[0], ddof=1) / np.sqrt(n)
+            assert dm.stderr == pytest.approx(reference, rel=1e-4), dm
+    assert notes[1e5].startswith("standard error good to about 8e-05 only from rounding")
+    assert notes[1e6].startswith(f"{NOT_RESOLVED} in float32 terms")
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e10, 1e12])
+@pytest.mark.parametrize("spread", [0.1, 1.0, 10.0])
+def test_dm_s_standard_error_is_read_about_a_pivot(tmp_path, offset, spread):
+    """V-hat of 1e12 + N(0, 1): DM's terms and their squares cancelled, and its standard
+    error came out 0 (with a warning that the episodes show no spread) or null, where the
+    reference is 0.126; a Q checkpoint's constant is no rarer than a reward's. Its moments
+    are now taken about one episode's V-hat, so the standard error is the reference's to
+    float64 precision, without a note, whatever the constant, and so is the mean."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     n = 64
     rng = np.random.default_rng(3)
+    v = offset + spread * rng.normal(size=n)
     pq.write_table(
         pa.table(
             {
@@ -745,14 +780,17 @@ def test_dm_s_unresolved_spread_names_v_hat_s_constant(tmp_path):
                 "reward": rng.normal(size=n),
                 "behavior_prob": np.full(n, 0.5),
                 "target_prob": np.full(n, 0.5),
-                "q": 1e10 + rng.normal(size=n),
-                "v": 1e10 + rng.normal(size=n),
+                "q": v,
+                "v": v,
             }
         ),
         tmp_path / "offset.parquet",
     )
-    estimates = _estimates(
+    result = _result(
         tmp_path / "offset.parquet", q_col="q", v_col="v", gamma=GAMMA, estimators="dm"
     )
-    dm = estimates["dm"]
-    assert dm.stderr is None and "subtract a constant from V-hat" in dm.note, dm
+    dm = result.estimates["dm"]
+    reference = np.std(v - v[0], ddof=1) / np.sqrt(n)  # exact differences: Sterbenz
+    assert dm.stderr == pytest.approx(reference, rel=1e-9) and dm.note is None, dm
+    rounding = n * np.finfo(np.float64).eps * spread  # of the deviations' sum
+    assert dm.value == pytest.approx(v[0] + np.mean(v - v[0]), rel=1e-15, abs=rounding)

@@ -367,11 +367,11 @@ def test_replicates_sum_their_steps_in_blocks(monkeypatch, name):
     sums = base.Sums(
         {
             "dm_v": np.ones(replicates),
-            "dm_v2": np.ones(replicates),
+            "dm_dev": np.tile([4.0, 1.0, 1.0], (replicates, 1)),  # about the pivot 0
             "count": np.full(replicates, 4.0),
         },
         {},
-        {},
+        {"dm_terms": 0.0},
         step_sums,
         {"step": np.zeros(length)},
     )
@@ -617,6 +617,39 @@ def test_a_spread_cancelled_in_the_squares_is_not_a_standard_error_of_zero(tmp_p
     for name, estimate in estimates(identical).items():
         assert estimate.stderr == 0.0, (name, estimate)
         assert estimate.note is None or estimate.note.startswith(zero_to_precision())
+
+
+@pytest.mark.parametrize("spread", [0.1, 1.0, 10.0])
+def test_a_spread_float64_resolves_only_roughly_is_not_a_standard_error_of_zero(tmp_path, spread):
+    """Rewards of 1e12 + N(0, 1) on 40 one-step episodes (weights 1): the squares cancelled
+    to 0, and the hash groups' check asked their leave-out means to resolve the spread to
+    1e-3 before it believed the terms differ, so IS and PDIS printed 0.0 and warned that
+    the episodes show no spread (the reference 0.126). A spread beyond the leave-out
+    means' rounding is enough: null, with the reason."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ope_cli.config import EvaluationConfig
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED
+    from ope_cli.estimation.pipeline import evaluate
+
+    n = 40
+    rewards = 1e12 + spread * np.random.default_rng(0).normal(size=n)
+    table = pa.table(
+        {
+            "episode_id": np.arange(n),
+            "action": np.zeros(n, np.int64),
+            "reward": rewards,
+            "behavior_prob": np.full(n, 0.5),
+            "target_prob": np.full(n, 0.5),
+        }
+    )
+    pq.write_table(table, tmp_path / "logs.parquet")
+    config = EvaluationConfig(data=str(tmp_path / "logs.parquet"), gamma=1.0)
+    estimates = evaluate(config).results[0].estimates
+    for name in ("is", "pdis"):
+        estimate = estimates[name]
+        assert estimate.stderr is None and estimate.note.startswith(NOT_RESOLVED), estimate
 
 
 def test_the_discounts_are_computed_once_per_run_and_cannot_be_written():

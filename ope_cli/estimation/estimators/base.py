@@ -130,8 +130,9 @@ class Scale:
     ``log_scale`` reads a Trajectory and gives [] (a scalar kind: an episode's own scale;
     the reducer rescales every episode to the batch's largest, the running max), or, when
     ``per_step``, reads a Window and gives [C] (a scale per resampling group and step). A
-    scalar kind may have a ``pivot(trajectory) -> []``: the pivot of a batch is that of
-    the episode with the largest log scale, and ``Sum.moments`` are centred on it.
+    scalar kind may have a ``pivot(trajectory) -> []``, or name the ``finish()`` value that
+    is an episode's pivot: the pivot of a batch is that of the episode with the largest log
+    scale, and ``Sum.moments`` are centred on it.
 
     A scalar kind may instead be an estimator's own: ``own`` names the ``finish()`` value
     that is an episode's log scale (``log_scale`` None), one that its carry keeps.
@@ -147,7 +148,7 @@ class Scale:
     name: str
     log_scale: Callable[[Any], Array] | None
     per_step: bool = False
-    pivot: Callable[[Trajectory], Array] | None = None
+    pivot: Callable[[Trajectory], Array] | str | None = None
     magnitude: str | None = None
     own: str | None = None  # the finish() value that is an episode's log scale, if not read
 

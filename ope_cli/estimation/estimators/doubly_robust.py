@@ -53,6 +53,9 @@ Q_FIELDS = ("q_t", "v_t")
 # dr's own scale (``dr_init``), and as a batch's scale that of its largest term D
 # (``Scale.magnitude``), not of its largest weight.
 DOUBLY_ROBUST = Scale("doubly_robust", None, magnitude="sum_dr", own="dr_scale")
+# DM's terms V-hat(s_0), unweighted, about the pivot of one episode's V-hat(s_0)
+DM_TERMS = Scale("dm_terms", None, own="dm_log_scale", pivot="dm_v")
+DM_SUMS = (Sum("dm_v"), Sum("dm_dev", DM_TERMS, moments=2))
 
 
 # --- per-episode carry and values (JAX, one episode) -----------------------------------------
@@ -69,11 +72,12 @@ def dm_advance(carry: dict, window: Window) -> tuple[dict, dict]:
 
 
 def dm_values(carry: dict, trajectory: Trajectory) -> dict:
-    """V-hat(s_0) and its square (not scaled: no weight), squared in float64 whatever the
-    kernel's precision: a float32 square of 1e4 + N(0, 1) loses the spread the standard
-    error is made of."""
+    """V-hat(s_0) (not scaled: no weight), in float64 whatever the kernel's precision, and
+    what its moments about a pivot V-hat(s_0) (``DM_TERMS``) read: a value of 1 and a log
+    scale of 0. Raw squares of V-hat of 1e12 + N(0, 1) cancelled to a standard error of 0
+    (float32 squares lost a spread 1e4 below the mean)."""
     v_0 = carry["v_0"].astype("float64")
-    return {"dm_v": v_0, "dm_v2": v_0 * v_0}
+    return {"dm_v": v_0, "dm_dev": jnp().ones_like(v_0), "dm_log_scale": jnp().zeros_like(v_0)}
 
 
 def dr_init(zero) -> dict:
@@ -115,10 +119,11 @@ DR_OVERFLOW = "the per-decision weights, the rewards or Q-hat overflow float64"
 # (1/n) sum_i V-hat(s_{i,0}); its terms are V-hat's, whose constant the rewards do not carry
 dm_estimate = MeanOfTerms(
     "dm_v",
-    "dm_v2",
+    "dm_dev",
     None,
     "subtract a constant from V-hat (the --v-col values, a Q checkpoint's values, or the "
     "rewards a Q-hat is fitted to)",
+    centred=True,
 )
 dr_estimate = MeanOfTerms("sum_dr", "sum_dr2", "doubly_robust")  # (1/n) sum_i D_i
 
@@ -158,7 +163,7 @@ DM = register(
         name="dm",
         title="DM",
         stderr_method="sample standard error",
-        sums=(Sum("dm_v"), Sum("dm_v2")),
+        sums=DM_SUMS,
         init=dm_init,
         advance=dm_advance,
         finish=dm_values,
@@ -193,8 +198,7 @@ WDR = register(
         # wdr = dm + ...: it reads dm's sums too, which every run with Q-hat computes (both
         # need the same inputs), so they are declared here as well
         sums=(
-            Sum("dm_v"),
-            Sum("dm_v2"),
+            *DM_SUMS,
             StepSum("wr_t", STEP, after_end="zero"),
             StepSum("w_t", STEP, after_end="hold"),
             StepSum("wq_t", STEP, after_end="zero"),

@@ -32,6 +32,7 @@ from ope_cli.estimation.estimators.base import (
     relative,
     rescaled,
     sum_over_steps,
+    sum_spec,
 )
 from ope_cli.estimation.estimators.logspace import finite, scaled_array
 
@@ -127,22 +128,43 @@ class MeanOfTerms(NamedTuple):
     Sum of their squares ``square``, relative to the scalar scale ``scale`` (None: not
     scaled); ``resolution(sums)`` is (note, drop): where float64 does not resolve that
     standard error, what it is good to, or that it is dropped (``spread_resolution``), with
-    ``remedy``: what removes the constant that hides the spread."""
+    ``remedy``: what removes the constant that hides the spread. With ``centred``, the
+    terms are not scaled and ``square`` names a Sum of moments [..., 3] of the terms about
+    the pivot of its scale (one episode's term): the mean and the spread are read from
+    them, so a constant in every term cancels nowhere."""
 
     total: str
     square: str
     scale: str | None
     remedy: str = "subtract a constant from the rewards"
+    centred: bool = False
+
+    def _spread_sums(self, sums: Sums) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sum, sum of squares, count) that the spread is read from: of the terms, or of
+        their deviations from the pivot."""
+        s = sums.sums
+        if self.centred:
+            moments = s[self.square]
+            return moments[..., 1], moments[..., 2], moments[..., 0]
+        return s[self.total], s[self.square], s["count"]
 
     def __call__(self, sums: Sums) -> tuple[np.ndarray, np.ndarray]:
         s = sums.sums
         log_scale = 0.0 if self.scale is None else sums.log_scales[self.scale]
-        return mean_and_sem(s[self.total], s[self.square], s["count"], log_scale)
+        if not self.centred:
+            return mean_and_sem(s[self.total], s[self.square], s["count"], log_scale)
+        deviation, stderr = mean_and_sem(*self._spread_sums(sums), 0.0)
+        pivot = self._pivot(sums)
+        with np.errstate(invalid="ignore", over="ignore"):  # V-hat beyond float64: not finite
+            return pivot + deviation, stderr
 
     def resolution(self, sums: Sums, precision: str = "float64") -> tuple[str | None, bool]:
-        s = sums.sums
-        total, square, count = s[self.total], s[self.square], s["count"]
-        return spread_resolution(total, square, count, self.remedy, precision)
+        total, square, count = self._spread_sums(sums)
+        offset = self._pivot(sums) if self.centred else 0.0
+        return spread_resolution(total, square, count, self.remedy, precision, offset)
+
+    def _pivot(self, sums: Sums) -> float | np.ndarray:
+        return sums.pivots[sum_spec(self.square).scale.name]
 
     def underflows(self, sums: Sums) -> bool:
         """Whether the mean is not 0 but below float64's normal range (its terms' weights
@@ -224,7 +246,12 @@ def _resolution(
 
 
 def spread_resolution(
-    total: float, total_sq: float, n: float, remedy: str = SUBTRACT, precision: str = "float64"
+    total: float,
+    total_sq: float,
+    n: float,
+    remedy: str = SUBTRACT,
+    precision: str = "float64",
+    offset: float = 0.0,
 ) -> tuple[str | None, bool]:
     """(note, drop) of a standard error from the sum and sum of squares of n terms
     (``_resolution``): sum x^2 - (sum x)^2 / n cancels when the terms' mean is far above
@@ -233,8 +260,11 @@ def spread_resolution(
     "float32" were each rounded by up to eps32 * |x| / 2 too, which moves their standard
     deviation by about e / sqrt(12 n) + e^2 / 24 of itself, e = eps32 * size / spread
     (measured: V-hat 1e4 + N(0, 1) on 5,000 episodes, 4.9e-6 by this: 3.2e-6 off; 1e5 on
-    2,000, 8e-5: 4e-5; a Q checkpoint of 1e6 on 2,000, 1.4e-3, dropped: dm 4.7% off)."""
+    2,000, 8e-5: 4e-5; a Q checkpoint of 1e6 on 2,000, 1.4e-3, dropped: dm 4.7% off).
+    With ``offset`` c, the sums are of the terms' deviations x - c from a pivot (centred
+    moments): their sums cancel little, and the terms' size c + x rounds them."""
     total, total_sq, n = (float(np.asarray(x)) for x in (total, total_sq, n))
+    offset = float(np.asarray(offset))
     if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
         return None, False
     squares = total_sq / n
@@ -246,10 +276,16 @@ def spread_resolution(
             f"of {below}",
             False,
         )
-    size = math.sqrt(squares / spread)  # the terms' root mean square over their spread
-    ratio = f"the terms' mean is {size:.0e} times their spread"
+    size = math.sqrt(squares / spread)  # what the sums hold: root mean square over spread
     in_sums = np.finfo(np.float64).eps * size * size
-    rounding = np.finfo(precision).eps * size  # each term's, over the terms' spread
+    if offset:  # the terms' own root mean square over their spread
+        with np.errstate(over="ignore"):
+            size = math.sqrt(
+                max(offset * offset + 2 * offset * (total / n) + squares, 0.0) / spread
+            )
+    ratio = f"the terms' mean is {size:.0e} times their spread"
+    # float64 terms are the data's or their model's, not rounded by the kernel
+    rounding = 0.0 if precision == "float64" else np.finfo(precision).eps * size
     in_terms = rounding / math.sqrt(12 * n) + rounding * rounding / 24
     where = "float64 sums" if in_sums >= in_terms else f"{precision} terms"
     return _resolution(max(in_sums, in_terms), ratio, remedy, where)
@@ -291,11 +327,12 @@ def spread_cancelled(remedy: str) -> str:
 
 
 def _groups_differ(values: MeanOfTerms, grouped: Grouped) -> bool:
-    """Whether the resampling groups show a spread that float64 resolves: their
-    leave-one-group-out means (sums of the other groups, no squares) differ by more than
-    their rounding (``_resolved_spread``). Then the terms differ, and a standard error
-    that cancelled to 0 (rewards of 1e6 + 0.01 noise) is lost, not 0; equal terms give
-    leave-out means equal to their rounding."""
+    """Whether the resampling groups show a spread beyond float64's rounding: their
+    leave-one-group-out means (sums of the other groups, no squares) spread by more than
+    JACKKNIFE_ROUNDINGS roundings of their size. Then the terms differ, and a standard
+    error that cancelled to 0 (rewards of 1e6 + 0.01 noise) is lost, not 0; equal terms
+    give leave-out means equal to their rounding. (A spread that float64 resolves only
+    roughly still shows that the terms differ: rewards of 1e12 + N(0, 1) printed 0.)"""
     groups = grouped.groups
     if groups.size < 2:
         return False
@@ -306,8 +343,8 @@ def _groups_differ(values: MeanOfTerms, grouped: Grouped) -> bool:
         leave_out = np.array([float(values(sums)[0]) for sums in others])
     if not np.isfinite(leave_out).all():
         return False
-    resolved, _ = _resolved_spread(_jackknife(leave_out), float(np.max(np.abs(leave_out))))
-    return resolved is not None and resolved > 0
+    spread, size = _jackknife(leave_out), float(np.max(np.abs(leave_out)))
+    return math.isfinite(spread) and spread > JACKKNIFE_ROUNDINGS * np.finfo(np.float64).eps * size
 
 
 def _jackknife(leave_out_g: np.ndarray) -> float:

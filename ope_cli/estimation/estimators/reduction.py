@@ -505,7 +505,10 @@ def _batch_scales(specs, trajectory: Trajectory, real_b, values_b: dict):
         own_b[name] = jnp.where(real_b, episode_log_scales(scale, trajectory, values_b), -jnp.inf)
         log_scales[name] = jnp.max(own_b[name])
         if scale.pivot is not None:
-            pivot_b = jnp.where(real_b, jax.vmap(scale.pivot)(trajectory), 0.0)
+            if isinstance(scale.pivot, str):  # a finish() value
+                pivot_b = jnp.where(real_b, values_b[scale.pivot], 0.0)
+            else:
+                pivot_b = jnp.where(real_b, jax.vmap(scale.pivot)(trajectory), 0.0)
             pivots[name] = pivot_b[jnp.argmax(own_b[name])]
             deviations_b[name] = pivot_b - pivots[name]
     return own_b, log_scales, pivots, deviations_b
