@@ -487,3 +487,15 @@ def test_v_hat_takes_the_probabilities_from_the_policies_logits(q_actions):
         np.testing.assert_allclose(pi, expected_pi, rtol=1e-15, atol=0)
     else:
         np.testing.assert_array_equal(pi, expected_pi)
+
+
+def test_devices_below_one_says_so():
+    """--devices 0 said "this process has 1 device(s)", as if the count were too large."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.kernel import local_mesh
+
+    for count in (0, -2):
+        with pytest.raises(UsageError, match=f"--devices must be at least 1, got {count}"):
+            local_mesh(count)
+    with pytest.raises(UsageError, match="--devices 99: this process has"):
+        local_mesh(99)

@@ -507,7 +507,9 @@ def local_mesh(devices: int | None = None) -> Mesh | None:
     """A 1-D mesh over the first ``devices`` local devices (all by default); None for one."""
     available = jax.local_devices()
     count = len(available) if devices is None else devices
-    if not 1 <= count <= len(available):
+    if count < 1:
+        raise UsageError(f"--devices must be at least 1, got {count}")
+    if count > len(available):
         raise UsageError(f"--devices {count}: this process has {len(available)} device(s)")
     if count == 1:
         return None
