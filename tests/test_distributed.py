@@ -208,6 +208,8 @@ def test_a_data_error_in_one_process_stops_all(world):
     assert codes == [3, 3], outcomes
     assert "reward is NaN" in outcomes[1][2]
     assert outcomes[0][2].startswith("ope: ") and "process 1 failed" in outcomes[0][2]
+    for _, _, err in outcomes:  # process 0 too says where to go from there
+        assert "ope inspect bad" in err and "--on-invalid drop" in err, err
     for _, out, err in outcomes:
         assert out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
 

@@ -173,7 +173,9 @@ def run_and_report(
             )
     except InvalidValueError as error:  # the same line, and where to go from there
         fix = invalid_data_fix(config, error.droppable, error.reason)
-        raise InvalidValueError(f"{error}; {fix}", error.droppable, error.reason) from None
+        fixed = InvalidValueError(f"{error}; {fix}", error.droppable, error.reason)
+        fixed.kind = error.kind  # another process's: "error in another process"
+        raise fixed from None
     if result.runtime.process_id != 0:
         return  # every process holds the reduced result; process 0 prints it
     if plot is not None:  # before the result: a figure that cannot be written leaves stdout empty

@@ -22,7 +22,15 @@ import numpy as np
 from ope_cli import interrupts, runtime
 from ope_cli.choosing import paired
 from ope_cli.choosing.paired import PairedSums
-from ope_cli.errors import DataError, OpeError, UsageError, first_line, summary
+from ope_cli.data.validate import REASONS
+from ope_cli.errors import (
+    DataError,
+    InvalidValueError,
+    OpeError,
+    UsageError,
+    first_line,
+    summary,
+)
 from ope_cli.estimation.stats import Accumulator, extend, from_batch, merge, row_lengths
 from ope_cli.models.behavior import ESTIMATE
 from ope_cli.models.policies import split_name
@@ -344,19 +352,36 @@ def check_all_succeeded(error: OpeError | None) -> None:
     """Collective: every process says whether its share succeeded; if any failed, every
     process raises (the failing one its own error, the others one that names it)."""
     wait_for_peers("local-pass-done", "every process to finish its share of the data")
-    status = np.array([0 if error is None else error.exit_code], np.int64)
-    codes = _gather(status)[:, 0]
+    everyone = _gather(_status(error))  # [processes, 3]
     messages = _gather(_encode("" if error is None else f"{error.kind}: {error}"))
-    failed = np.flatnonzero(codes)
+    failed = np.flatnonzero(everyone[:, 0])
     if error is not None:
         raise error
     if failed.size:
         first = int(failed[0])
         text = bytes(messages[first]).rstrip(b"\0").decode(errors="replace")
-        failure = OpeError(f"process {first} failed: {text}")
-        failure.exit_code = int(codes[first])
+        code, invalid, reason = (int(x) for x in everyone[first])
+        if invalid:  # invalid values: the command line adds where to go from there
+            failure = InvalidValueError(
+                f"process {first} failed: {text}",
+                invalid == 2,
+                REASONS[reason - 1] if reason else None,
+            )
+        else:
+            failure = OpeError(f"process {first} failed: {text}")
+        failure.exit_code = code
         failure.kind = "error in another process"
         raise failure
+
+
+def _status(error: OpeError | None) -> np.ndarray:
+    """[3] what the others need of this process's error: its exit code (0: none); 0, or 1
+    for invalid values (2 where --on-invalid drop would leave them out); and 0, or 1 + the
+    index of their reason (``validate.REASONS``)."""
+    if not isinstance(error, InvalidValueError):
+        return np.array([0 if error is None else error.exit_code, 0, 0], np.int64)
+    reason = 0 if error.reason is None else 1 + REASONS.index(error.reason)
+    return np.array([error.exit_code, 1 + error.droppable, reason], np.int64)
 
 
 def allgather_ragged(values: np.ndarray) -> np.ndarray:
