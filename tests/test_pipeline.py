@@ -683,7 +683,7 @@ def test_progress_names_compiling_on_a_first_run_and_loading_on_a_warm_one(tmp_p
     assert lines and all(line.startswith("tracing the kernel for window shape") for line in lines)
 
 
-def test_progress_names_the_fitting_passes(tmp_path):
+def test_progress_names_the_fitting_passes(tmp_path, monkeypatch):
     """--behavior estimate and --q fit each read the data once before the evaluation, and
     an estimate on data that logs propensities too evaluates again under them after it: the
     status lines count every pass (that last one ran unannounced, under a full bar)."""
@@ -702,8 +702,20 @@ def test_progress_names_the_fitting_passes(tmp_path):
         behavior=BehaviorConfig(policy="estimate"),
         q=QConfig(sources=("fit",)),
     )
+    import ope_cli.models.fitted_q as fitted_q
+
+    fits = []
+    fit_q_function = fitted_q.fit_q_function
+
+    def counted_fit(*args, **kwargs):
+        fits.append(args[2])
+        return fit_q_function(*args, **kwargs)
+
+    monkeypatch.setattr(fitted_q, "fit_q_function", counted_fit)
     lines, rows = [], []
     evaluate(config, on_status=lines.append, on_progress=lambda read, total: rows.append(read))
+    # the comparison reads Q-hat as the run fitted it: fitting it again was a silent pass
+    assert fits == ["fit"], fits
     # the comparison's rows are counted from 0 again: the display stood at every row read
     total = pq.ParquetFile(logged).metadata.num_rows
     assert rows.count(0) == 2 and rows.index(total) < len(rows) - rows[::-1].index(0) - 1, rows
@@ -715,6 +727,9 @@ def test_progress_names_the_fitting_passes(tmp_path):
     ]
     compare = "evaluating again with the logged propensities, to compare (pass 4 of 4) ..."
     assert lines.count(compare) == 1 and lines.index(compare) > 2, lines
+    after = lines[lines.index(compare) + 1 :]  # its kernels load or compile, and say so
+    announced = [line for line in after if "the kernel for window shape" in line]
+    assert announced and set(after) - set(announced) == {"evaluating"}, lines
     lines.clear()
     evaluate(dataclasses.replace(config, data=str(unlogged)), on_status=lines.append)
     assert lines[:3] == [

@@ -238,15 +238,20 @@ def stream(
     process: tuple[int, int] = (0, 1),
     on_status: Callable[[str], None] | None = None,
     precision: str = "float32",
+    fitted_qs: list | None = None,
 ) -> BatchStream:
     """Opens the data of ``config`` (and its policies), fits what the run fits first, and
     returns one pass of padded batches, with episodes per batch a multiple of
     ``multiple_of`` (the devices they are sharded over). ``process`` = (process id, number
     of processes): this process reads its share of the files; ``precision``: the kernel's
-    (a float32 run measures what float32 must hold). Raises OpeError subclasses (the data
-    is read as the stream is iterated)."""
+    (a float32 run measures what float32 must hold); ``fitted_qs``: Q functions an earlier
+    pass fitted for these policies, used rather than fitting them again. Raises OpeError
+    subclasses (the data is read as the stream is iterated)."""
     collectives = (allgather_ragged, check_all_succeeded) if process[1] > 1 else None
-    inputs = fit_models(open_inputs(config, process), collectives, on_status)
+    inputs = open_inputs(config, process)
+    if fitted_qs is not None:
+        inputs = dataclasses.replace(inputs, qs=fitted_qs)
+    inputs = fit_models(inputs, collectives, on_status)
     return BatchStream(inputs, multiple_of, on_progress, magnitudes=precision == "float32")
 
 
@@ -520,14 +525,16 @@ def _evaluate_share(
     process: tuple[int, int] = (0, 1),
     on_progress: Callable[[int, int | None], None] | None = None,
     on_status: Callable[[str], None] | None = None,
+    fitted_qs: list | None = None,
 ) -> tuple[BatchStream, _LocalPass]:
-    """This process's stream (the data opened, its models fitted) and its one evaluation
-    pass; in a multi-process run (``process`` = (id, count)), reduced across every process,
-    where a failure in one stops them all."""
+    """This process's stream (the data opened, its models fitted, or its Q functions the
+    ``fitted_qs`` of an earlier pass) and its one evaluation pass; in a multi-process run
+    (``process`` = (id, count)), reduced across every process, where a failure in one
+    stops them all."""
     devices = 1 if mesh is None else mesh.size
     error: OpeError | None = None
     try:
-        batches = stream(config, devices, on_progress, process, on_status, precision)
+        batches = stream(config, devices, on_progress, process, on_status, precision, fitted_qs)
         baseline = resolve_baseline(config.choosing.baseline, batches.policies)
         truth = read_run_truth(
             config.choosing.truth, config.choosing.top_k, batches.policies
@@ -577,8 +584,17 @@ def _reported_behavior(
     if on_status is not None and COMPARE_LOGGED in batches.inputs.passes:  # counted from the start
         on_status(pass_status(batches.inputs.passes, COMPARE_LOGGED))
     try:
-        # its rows counted from 0 again (the display showed every row read throughout)
-        logged, local = _evaluate_share(logged_config, precision, mesh, on_progress=on_progress)
+        # its rows counted from 0 again (the display showed every row read throughout); the
+        # policies' Q-hat as fitted (fitting --q fit again took a silent pass per policy),
+        # and its kernels' compilations said as the first pass's are
+        logged, local = _evaluate_share(
+            logged_config,
+            precision,
+            mesh,
+            on_progress=on_progress,
+            on_status=on_status,
+            fitted_qs=batches.inputs.qs,
+        )
     except DataError as error:
         return without_logged_mean_weights(behavior, f"the logged column cannot be read: {error}")
     left_out = episodes - local.counters.episodes
