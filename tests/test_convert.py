@@ -210,6 +210,18 @@ def test_a_failed_conversion_leaves_no_file(sources, tmp_path):
     assert list(tmp_path.glob("out.parquet*")) == []
 
 
+def test_an_unread_list_column_of_other_lengths_says_what_to_do(sources, tmp_path):
+    """A list column no role reads, one entry longer than each episode (a Minari-style
+    next observation): evaluate ignores it, and convert, which writes every column, stopped
+    with "has 54 entries but 'rewards' has 53" and no way out."""
+    table = pq.read_table(sources["episodes"])
+    longer = [r + [0.0] for r in table.column("rewards").to_pylist()]
+    pq.write_table(table.append_column("extra", pa.array(longer)), tmp_path / "extra.parquet")
+    with pytest.raises(DataError, match=r"does not read 'extra'.*drop_columns\(\['extra'\]\)"):
+        convert(ConvertConfig(str(tmp_path / "extra.parquet"), str(tmp_path / "out.parquet")))
+    assert list(tmp_path.glob("out.parquet*")) == []
+
+
 def test_data_without_rows_is_refused_and_leaves_no_file(sources, tmp_path):
     """Data without rows is refused as evaluate refuses it (it wrote an empty file, which
     evaluate then refused)."""

@@ -278,6 +278,29 @@ def test_episode_layout_string_ids(tmp_path, episodes):
     assert_same(flat(read_chunks(episode, 3)), flat(read_chunks(step)))
 
 
+def test_a_final_observation_in_every_episode_is_named_as_such(tmp_path):
+    """Observations that list one entry more than each episode's steps (a final
+    observation, as Minari stores one): the error said only that the lengths disagree and
+    offered --on-invalid drop, which leaves out every episode; it says what the extra entry
+    looks like and what to do. One episode longer by one among others is not that."""
+    path = tmp_path / "logs.parquet"
+    columns = {
+        "episode_id": [10, 11],
+        "observations": [[0.1, 0.2, 0.9], [0.3, 0.4, 0.5, 0.9]],
+        "actions": [[0, 1], [1, 0, 1]],
+        "rewards": [[1.0, 2.0], [1.0, 2.0, 3.0]],
+        "action_probs": [[0.5, 0.5], [0.5, 0.5, 0.5]],
+    }
+    pq.write_table(pa.table(columns), path)
+    with pytest.raises(DataError, match=r"one entry more than its steps.*drop the last entry"):
+        read_chunks(path)
+    columns["observations"][0] = [0.1, 0.2]  # episode 10 as its steps: one odd episode
+    pq.write_table(pa.table(columns), path)
+    with pytest.raises(DataError) as info:
+        read_chunks(path)
+    assert "episode 11" in str(info.value) and "one entry more" not in str(info.value)
+
+
 def test_episode_layout_list_length_mismatch(tmp_path):
     path = tmp_path / "logs.parquet"
     pq.write_table(

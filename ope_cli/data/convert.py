@@ -242,9 +242,10 @@ def _explode(
             if not np.array_equal(own, lengths):
                 row = int(np.flatnonzero(own != lengths)[0])
                 episode = _episode_of_row(_ids(batch, columns), first_row, row)
+                unread = "" if name in schema.columns.values() else _unread_list(name)
                 raise DataError(  # in evaluate's words
                     f"{where(None, episode)}list column {name!r} has {own[row]} entries but "
-                    f"{schema.columns['reward']!r} has {lengths[row]}"
+                    f"{schema.columns['reward']!r} has {lengths[row]}{unread}"
                 )
             arrays[out] = pc.list_flatten(values)
         else:
@@ -252,6 +253,16 @@ def _explode(
     return pa.RecordBatch.from_arrays(
         [_cast(arrays[f.name], columns.get(f.name, f.name), f.type) for f in out_schema],
         schema=out_schema,
+    )
+
+
+def _unread_list(name: str) -> str:
+    """Why a list column that no role reads stops a conversion (evaluate ignores it), and
+    what to do: a column of a final observation, say, has no value for every step."""
+    return (
+        f" (ope evaluate does not read {name!r}, but a step-layout file holds one value of "
+        f"each column per step: write the data without it, e.g. pyarrow's "
+        f"table.drop_columns([{name!r}]))"
     )
 
 

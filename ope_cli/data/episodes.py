@@ -378,7 +378,7 @@ class EpisodeAssembler:
                 raise InvalidValueError(  # --on-invalid drop leaves it out (screened before)
                     f"{where(file, display_id(episode_ids[e]))}list column {col[role]!r} has "
                     f"{int(role_lengths[e])} entries but {anchor!r} has {int(lengths[e])} "
-                    f"({mismatch.size} episode(s) disagree)",
+                    f"({mismatch.size} episode(s) disagree{_final_entry(role_lengths, lengths)})",
                     reason="lists_disagree",
                 )
             flat[role] = values
@@ -575,3 +575,14 @@ def _order_steps(
             missing,
         ),
     ]
+
+
+def _final_entry(role_lengths: np.ndarray, lengths: np.ndarray) -> str:
+    """What to say where every episode (of a batch) lists exactly one entry more than it
+    has steps: a final observation, as Minari stores one, which no step reads."""
+    if not np.array_equal(role_lengths, lengths + 1):
+        return ""
+    return (
+        "; each lists one entry more than its steps, as a final observation would: drop the "
+        "last entry of each list"
+    )
