@@ -419,3 +419,23 @@ def test_both_target_columns_prefer_probability_unless_option():
     chosen = resolve(schema, logged_target=True, target_log_prob="target_log_prob")
     assert chosen.target == "log_prob"
     assert "target_prob" not in chosen.columns
+
+
+def test_a_list_column_in_step_layout_names_the_column_that_decided_the_layout():
+    """Scalar rewards beside list actions and propensities: the data reads as step layout,
+    and the error said only that 'action_probs' has a list type, not why lists were wrong
+    there; it names the reward column that decided. The other way round likewise."""
+    fields = {
+        "episode_id": pa.int64(),
+        "observations": pa.list_(pa.float64()),
+        "actions": pa.list_(pa.int64()),
+        "rewards": pa.float64(),
+        "action_probs": pa.list_(pa.float64()),
+    }
+    with pytest.raises(
+        DataError, match=r"step layout, one row a step, as 'rewards' holds no lists"
+    ):
+        resolve_schema(pa.schema(fields), ColumnMapping(), logged_target=False)
+    fields |= {"rewards": pa.list_(pa.float64()), "action_probs": pa.float64()}
+    with pytest.raises(DataError, match=r"episode layout, as 'rewards' holds lists"):
+        resolve_schema(pa.schema(fields), ColumnMapping(), logged_target=False)

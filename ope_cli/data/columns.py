@@ -269,7 +269,7 @@ def _resolve_schema(
     columns, cross_checked = _select_columns(
         list(schema.names), mapping, logged_target, logged_behavior, reads_reward
     )
-    layout = _layout(schema, mapping, columns["action"])
+    layout, decided_by = _layout(schema, mapping, columns["action"])
 
     def value_type(role: str) -> pa.DataType:
         """The type of one step's value of ``role`` (the list's item in the episode layout),
@@ -278,12 +278,16 @@ def _resolve_schema(
         dtype = schema.field(columns[role]).type
         if layout == "episode":
             if not is_list(dtype):
-                raise _type_error(columns[role], "a list column (episode layout)", dtype, role)
+                expected = f"a list column (episode layout{_why(decided_by, 'holds lists')})"
+                raise _type_error(columns[role], expected, dtype, role)
             dtype = dtype.value_type
         return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
 
     def wrong_type(role: str, expected: str) -> DataError:
-        return _type_error(columns[role], expected, schema.field(columns[role]).type, role)
+        dtype = schema.field(columns[role]).type
+        if layout == "step" and is_list(dtype) and decided_by is not None:  # an episode's?
+            expected += f" (step layout, one row a step{_why(decided_by, 'holds no lists')})"
+        return _type_error(columns[role], expected, dtype, role)
 
     for role in NUMERIC_ROLES:
         if role in columns and not _is_number(value_type(role)):
@@ -352,20 +356,26 @@ NUMERIC_ROLES = (
 LAYOUT_ROLES = ("reward", "step", "behavior_prob", "behavior_log_prob", "target_prob")
 
 
-def _layout(schema: pa.Schema, mapping: ColumnMapping, action: str) -> Layout:
-    """The data's layout: "episode" where the first column of LAYOUT_ROLES it has holds
-    lists. Without one (a log of actions alone, for ``ope fit-behavior``), the action
-    column's type tells where it can: lists of lists (vectors a step) or no lists; lists
-    of numbers (a vector a step, or a number a step of an episode) are a DataError."""
+def _why(column: str | None, holds: str) -> str:
+    """", as COLUMN HOLDS": why the data reads as its layout (nothing without a column)."""
+    return "" if column is None else f", as {column!r} {holds}"
+
+
+def _layout(schema: pa.Schema, mapping: ColumnMapping, action: str) -> tuple[Layout, str | None]:
+    """(the data's layout, the column that decided it): "episode" where the first column
+    of LAYOUT_ROLES it has holds lists. Without one (a log of actions alone, for ``ope
+    fit-behavior``), the action column's type tells where it can: lists of lists (vectors a
+    step) or no lists; lists of numbers (a vector a step, or a number a step of an
+    episode) are a DataError."""
     names = list(schema.names)
     for role in LAYOUT_ROLES:
         if found := _candidates(role, names, mapping):
-            return "episode" if is_list(schema.field(found[0]).type) else "step"
+            return "episode" if is_list(schema.field(found[0]).type) else "step", found[0]
     dtype = schema.field(action).type
     if not is_list(dtype):
-        return "step"
+        return "step", None
     if is_list(dtype.value_type):
-        return "episode"
+        return "episode", action
     raise DataError(
         f"column {action!r} holds lists of numbers, and without a reward, step or "
         "probability column that can be vector actions (one row a step) or an episode's "
