@@ -732,7 +732,8 @@ def test_an_entry_point_policy_given_twice_with_two_qs(tmp_path, softmax_data, m
 def test_dm_s_float32_terms_keep_their_rounding_note_about_a_pivot(tmp_path):
     """Centred sums cancel nothing, but float32 terms were each rounded at their own size:
     V-hat of 1e5 + N(0, 1) on 2,000 episodes is still noted (about 8e-5; measured 1.3e-5
-    off), and 1e6 is still dropped (dm had been 4.7% off)."""
+    off), 1e6 is still dropped (dm had been 4.7% off), and a spread float32 rounds away
+    is a standard error of 0 to float32's precision."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -741,8 +742,8 @@ def test_dm_s_float32_terms_keep_their_rounding_note_about_a_pivot(tmp_path):
     n = 2000
     rng = np.random.default_rng(0)
     notes = {}
-    for offset in (1e5, 1e6):
-        v = offset + rng.normal(size=n)
+    for offset, spread in ((1e5, 1.0), (1e6, 1.0), (1e3, 1e-6)):
+        v = offset + spread * rng.normal(size=n)
         columns = {"episode_id": np.arange(n), "action": np.zeros(n, np.int64)}
         columns |= {"reward": rng.normal(size=n), "behavior_prob": np.full(n, 0.5)}
         columns |= {"target_prob": np.full(n, 0.5), "q": v, "v": v}
@@ -756,6 +757,9 @@ def test_dm_s_float32_terms_keep_their_rounding_note_about_a_pivot(tmp_path):
             assert dm.stderr == pytest.approx(reference, rel=1e-4), dm
     assert notes[1e5].startswith("standard error good to about 8e-05 only from rounding")
     assert notes[1e6].startswith(f"{NOT_RESOLVED} in float32 terms")
+    # 1000 + 1e-6 N(0, 1) is one float32 value: the centred sums are 0, and so is the
+    # standard error, noted (it printed 0 +- 0 without a word, 1.9 standard errors off)
+    assert notes[1e3].startswith("standard error 0 to float32's precision"), notes[1e3]
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e10, 1e12])

@@ -886,21 +886,35 @@ def test_mlp_in_sample_residual_is_over_the_steps_fitted_on(chain, monkeypatch):
 
 def test_fit_q_dm_standard_error_of_equal_values_is_0_or_none():
     """Every episode's V(s_0) equal: n mean^2 cancelled against sum V^2 to 8e-10 where
-    evaluate's dm says 0; the same rule as evaluate's now gives 0 or, unresolved, none."""
+    evaluate's dm says 0. About a pivot (mlp, tabular) equal values are 0 exactly; from raw
+    sums (linear) 0 where V(s_0) is one value, and where it varies but cancelled, none with
+    the reason (rewards of 1e12 + noise gave 0 where evaluate's dm gave 0.0099)."""
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED
+    from ope_cli.models.q_models.base import InitialValues, centred
     from ope_cli.models.q_models.fitting import direct_method
 
-    for value in (0.7, 1e3 / 3, 12.345678):
+    for value in (0.7, 1e3 / 3, 12.345678, 1e12 + 0.3):
         terms = np.full(200, value)
-        mean, stderr, _ = direct_method(float(terms.sum()), float(terms @ terms), 200)
+        assert direct_method(centred(terms)) == (pytest.approx(value, rel=1e-15), 0.0, None)
+        raw = InitialValues(0.0, float(terms.sum()), float(terms @ terms), 200, False)
+        mean, stderr, _ = direct_method(raw)
         assert mean == pytest.approx(value) and (stderr == 0.0 or np.isnan(stderr))
-    mean, stderr, note = direct_method(3.0, 5.0, 2)  # V = 1, 2
+    mean, stderr, note = direct_method(centred(np.array([1.0, 2.0])))  # V = 1, 2
     assert (mean, stderr, note) == (1.5, pytest.approx(0.5), None)
+    v = 1e12 + 10 * np.random.default_rng(0).normal(size=400)
+    mean, stderr, note = direct_method(centred(v))
+    assert stderr == pytest.approx(np.std(v - v[0], ddof=1) / 20, rel=1e-9) and note is None
+    cancelled = [InitialValues(0.0, float(x.sum()), float(x @ x), 400, True) for x in (v, v[::-1])]
+    outcomes = [direct_method(raw) for raw in cancelled]
+    for _, stderr, note in outcomes:  # never a standard error of 0
+        assert np.isnan(stderr) and note.startswith(NOT_RESOLVED) or stderr > 0, (stderr, note)
 
 
-def test_fit_q_says_what_float64_resolves_of_the_dm_standard_error(tmp_path, ope_in_process):
+def test_fit_q_s_dm_standard_error_is_read_about_a_pivot(tmp_path, ope_in_process):
     """V-hat of 1e8 + 0.1 s (spread 0.3): the table said "dm standard error 0" with no
-    word, and the dm estimate "1e+08"; evaluate --q fit said the error was not resolved.
-    The note is fit-q's too (JSON and table), and dm is shown to 10 digits."""
+    word, and the dm estimate "1e+08"; then the sums' note said it was 0 to float64's
+    precision. About one episode's V(s_0), as evaluate's dm, it is the reference's (JSON
+    and table), and dm is shown to 10 digits."""
     from datasets import save_checkpoint
 
     rng = np.random.default_rng(3)
@@ -923,10 +937,15 @@ def test_fit_q_says_what_float64_resolves_of_the_dm_standard_error(tmp_path, ope
     base = ["fit-q", str(tmp_path / "offset.parquet"), "-p", str(tmp_path / "pi.npz")]
     run = ope_in_process([*base, "--out", str(tmp_path / "q.npz"), "--format", "json"])
     document = json.loads(run.stdout)
-    assert "below the rounding" in document["dm_stderr_note"]
+    with np.load(tmp_path / "q.npz") as fitted:
+        v_s = fitted["q"].mean(axis=1)  # V(s) under the uniform policy
+    v = v_s[state]
+    reference = np.std(v - v[0], ddof=1) / np.sqrt(n)
+    assert reference > 1e-3 and document.get("dm_stderr_note") is None, document
+    assert document["dm_stderr"] == pytest.approx(reference, rel=1e-6)
     run = ope_in_process([*base, "--out", str(tmp_path / "q2.npz"), "--format", "table"])
     (line,) = [x for x in run.stdout.splitlines() if "dm standard error" in x]
-    assert "0 to float64's precision" in line  # the note, wrapped in its cell
+    assert f"{document['dm_stderr']:.2g}"[:3] in line and "precision" not in line, line
     (line,) = [x for x in run.stdout.splitlines() if "dm estimate" in x]
     assert f"{document['dm']:.10g}" in line
 

@@ -357,7 +357,7 @@ LAYOUT_ROLES = ("reward", "step", "behavior_prob", "behavior_log_prob", "target_
 
 
 def _why(column: str | None, holds: str) -> str:
-    """", as COLUMN HOLDS": why the data reads as its layout (nothing without a column)."""
+    """ ", as COLUMN HOLDS": why the data reads as its layout (nothing without a column)."""
     return "" if column is None else f", as {column!r} {holds}"
 
 

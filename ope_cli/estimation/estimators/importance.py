@@ -265,6 +265,14 @@ def spread_resolution(
     moments): their sums cancel little, and the terms' size c + x rounds them."""
     total, total_sq, n = (float(np.asarray(x)) for x in (total, total_sq, n))
     offset = float(np.asarray(offset))
+    if offset and total_sq == 0 and n > 1 and precision != "float64":
+        # equal terms about the pivot, each rounded to ``precision`` at its size: a spread
+        # below that rounding is gone (V-hat of 1000 + 1e-6 N(0, 1) in float32: 0 +- 0)
+        return (
+            f"{zero_to_precision(precision)}: any spread of the terms is below their "
+            f"{precision} rounding",
+            False,
+        )
     if not (n > 1 and math.isfinite(total) and math.isfinite(total_sq) and total_sq > 0):
         return None, False
     squares = total_sq / n
@@ -317,12 +325,12 @@ def closed_form(values, undefined):
     return finalize
 
 
-def spread_cancelled(remedy: str) -> str:
+def spread_cancelled(remedy: str, evidence: str = "the episode-id hash groups' means") -> str:
     """The note of a spread that cancelled to 0 in the sums of squares of terms that do
-    differ."""
+    differ, as ``evidence`` shows."""
     return (
-        f"{NOT_RESOLVED} in float64 sums: the terms' squares cancel to no spread, though the "
-        f"episode-id hash groups' means differ ({remedy})"
+        f"{NOT_RESOLVED} in float64 sums: the terms' squares cancel to no spread, though "
+        f"{evidence} differ ({remedy})"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -323,6 +323,28 @@ class FoldSums:
         return self._pooled(name, None) if fold is None else getattr(self, name)[fold]
 
 
+class InitialValues(NamedTuple):
+    """V(s_0) over some episodes, as dm reads it: ``count`` episodes, the sum and the sum of
+    squares of V(s_0) - ``pivot`` (one episode's V(s_0): no constant cancels); a model
+    that keeps sums of raw values (linear) has the pivot 0, and says whether V(s_0) was
+    one value (``varies`` False: every phibar(s_0) equal) or not (None: not known)."""
+
+    pivot: float
+    total: float
+    total_sq: float
+    count: int
+    varies: bool | None = None
+
+    def about(self, pivot: float) -> InitialValues:
+        """The same values' sums about ``pivot``."""
+        shift = self.pivot - pivot
+        if shift == 0 or self.count == 0:
+            return self._replace(pivot=pivot)
+        total = self.total + self.count * shift
+        total_sq = self.total_sq + 2 * shift * self.total + self.count * shift * shift
+        return self._replace(pivot=pivot, total=total, total_sq=total_sq)
+
+
 class QModel(Protocol):
     """A Q model's statistics over folds of episodes.
 
@@ -348,4 +370,25 @@ class QModel(Protocol):
         self, arrays: dict[str, np.ndarray], fold: int | None = None
     ) -> tuple[float, float, int]: ...
 
+    def initial_centred(
+        self, arrays: dict[str, np.ndarray], fold: int | None = None
+    ) -> InitialValues: ...
+
     def gather_processes(self, gather: Gather) -> None: ...
+
+
+def centred(v: np.ndarray, counts: np.ndarray | None = None) -> InitialValues:
+    """InitialValues of values ``v`` [n] (each ``counts`` [n] times; None: once), about
+    the first counted one."""
+    counts = np.ones(v.shape) if counts is None else np.asarray(counts, np.float64)
+    counted = np.flatnonzero(counts > 0)
+    if counted.size == 0:
+        return InitialValues(0.0, 0.0, 0.0, 0)
+    pivot = float(v[counted[0]])
+    deviation = np.where(counts > 0, v - pivot, 0.0)
+    return InitialValues(
+        pivot,
+        float(counts @ deviation),
+        float(counts @ (deviation * deviation)),
+        int(round(counts.sum())),
+    )

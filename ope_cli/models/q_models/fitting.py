@@ -19,11 +19,18 @@ import numpy as np
 
 from ope_cli.data.episodes import EpisodeChunk
 from ope_cli.errors import DataError, OpeError, UsageError
-from ope_cli.estimation.estimators.importance import mean_and_sem, spread_resolution
+from ope_cli.estimation.estimators.doubly_robust import dm_estimate
+from ope_cli.estimation.estimators.importance import (
+    mean_and_sem,
+    spread_cancelled,
+    spread_resolution,
+    zero_to_precision,
+)
 from ope_cli.models.behavior_models.fitting import Collected, gathered
 from ope_cli.models.policies import Policy
 from ope_cli.models.q_models.base import (
     V_SAMPLES,
+    InitialValues,
     QModel,
     check_q_model_name,
     kind_of,
@@ -154,16 +161,25 @@ def collect_q_all(
     return collected
 
 
-def direct_method(total: float, total_sq: float, n: int) -> tuple[float, float, str | None]:
-    """(mean, sample standard error, what float64 resolves of it) of V(s_0) over n episodes
-    from its sum and sum of squares, as ``evaluate``'s dm takes them (``mean_and_sem``,
-    ``spread_resolution``): 0 where float64 finds no spread (equal V(s_0): it printed
-    8e-10 for evaluate's 0, and V-hat of 1e8 + 0.1 s gave 0 where it is 0.009, said in the
-    note), NaN where it cannot resolve one and for one episode."""
-    mean, stderr = (float(x) for x in mean_and_sem(total, total_sq, n, 0.0))
+DM_REMEDY = dm_estimate.remedy
+
+
+def direct_method(initial: InitialValues) -> tuple[float, float, str | None]:
+    """(mean, sample standard error, what float64 resolves of it) of V(s_0) over the
+    episodes of ``initial``, as ``evaluate``'s dm takes them: about one episode's V(s_0)
+    (``mean_and_sem``, ``spread_resolution``), so that a constant in V-hat cancels nowhere
+    (rewards of 1e12 + noise gave 0, where evaluate's dm gave 0.0099); NaN for one episode.
+    From raw sums (pivot 0: the linear model's) 0 where float64 finds no spread and V(s_0)
+    is one value, NaN with the reason where it cancelled though V(s_0) varies."""
+    pivot, total, total_sq, n, varies = initial
+    deviation, stderr = (float(x) for x in mean_and_sem(total, total_sq, n, 0.0))
+    mean = pivot + deviation
     if n < 2:
         return mean, math.nan, None
-    note, drop = spread_resolution(total, total_sq, n)
+    note, drop = spread_resolution(total, total_sq, n, DM_REMEDY, offset=pivot)
+    cancelled = note is not None and note.startswith(zero_to_precision())
+    if cancelled and varies:  # raw sums (the linear model's) of V(s_0) that is not one value
+        return mean, math.nan, spread_cancelled(DM_REMEDY, "the episodes' initial states")
     return mean, math.nan if drop else stderr, note
 
 
@@ -233,6 +249,17 @@ def fit_q(
     return QFit(model, kind, arrays, collected.episodes, collected.steps, diagnostics)
 
 
+def _joined(a: InitialValues, b: InitialValues) -> InitialValues:
+    """The InitialValues of both sets of episodes, about ``a``'s pivot (of one with any)."""
+    if 0 in (a.count, b.count):
+        return b if a.count == 0 else a
+    b = b.about(a.pivot)
+    varies = None if None in (a.varies, b.varies) else a.varies or b.varies
+    return InitialValues(
+        a.pivot, a.total + b.total, a.total_sq + b.total_sq, a.count + b.count, varies
+    )
+
+
 # The sum of squared residuals is kept where it is at least this many times float64's
 # epsilon times the parts it is summed from: their rounding then moves the RMSE by 1% at
 # most (rewards of 1e4 + noise: 0.02% off, kept; of 1e6: 0.0 or 1.9x the direct value)
@@ -248,7 +275,7 @@ def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: 
     fit that excludes them (in-sample for a single fit), and for the models whose Q-hat is
     0 on actions they never saw, pi_e's largest share of probability on those
     (``unlogged_share``)."""
-    squares, steps, total, total_sq, episodes = 0.0, 0, 0.0, 0.0, 0
+    squares, steps, initial = 0.0, 0, None
     magnitude = 0.0  # of the parts the squares are summed from (models of sums)
     for fitted, k in zip(arrays, excluded, strict=True):
         params = {key: value for key, value in fitted.items() if key != "kind"}
@@ -256,9 +283,9 @@ def _diagnostics(q_model: QModel, arrays: list[dict], excluded: list, per_fold: 
         squares, steps = squares + s, steps + n
         if hasattr(q_model, "residual_magnitude"):
             magnitude += q_model.residual_magnitude(params, k)
-        v, v2, e = q_model.initial(params, k)
-        total, total_sq, episodes = total + v, total_sq + v2, episodes + e
-    dm, dm_stderr, dm_note = direct_method(total, total_sq, episodes)
+        fold_values = q_model.initial_centred(params, k)
+        initial = fold_values if initial is None else _joined(initial, fold_values)
+    dm, dm_stderr, dm_note = direct_method(initial)
     out = {"bellman_rmse": math.sqrt(squares / steps) if steps else None}
     if squares < RESIDUAL_RESOLUTION * np.finfo(np.float64).eps * magnitude:
         out = {"bellman_rmse": None, "bellman_rmse_note": RESIDUAL_UNRESOLVED}

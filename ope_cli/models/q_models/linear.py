@@ -28,7 +28,7 @@ import numpy as np
 from ope_cli.errors import DataError, UsageError
 from ope_cli.models.behavior_models.base import Gather, features, largest, summed, usable_spread
 from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
-from ope_cli.models.q_models.base import FoldSums, Transitions
+from ope_cli.models.q_models.base import FoldSums, InitialValues, Transitions
 
 RIDGE_PER_STEP = 1e-6
 ROWS = 2048  # steps per block of the feature matrices ([ROWS, D] each)
@@ -66,6 +66,10 @@ class LinearQ(FoldSums):
         self.dim = 0  # d + 1, set by the first steps
         self.pivot = np.zeros(0)  # [d] the sums' origin: x = [s - pivot, 1]
         self.last: dict = {}  # the last fit's ridge
+        # the first episode's phibar(s_0) [D] (None: none yet), and whether another's differs:
+        # V(s_0) is then not one value, whatever its sums of squares cancel to
+        self.first_start: np.ndarray | None = None
+        self.starts_vary = False
 
     def _start(self, width: int, pivot: np.ndarray) -> None:
         if self.dim == 0:
@@ -127,9 +131,18 @@ class LinearQ(FoldSums):
             # phibar(s_0) of the fold's initial states only
             starts = mine.start + np.flatnonzero(first[mine])
             start = mean_features(x[starts], np.take(batch.probs, order[starts], axis=0))
+            self._note_starts(start)
             self.s0[k] += start.sum(axis=0)
             self.s00[k] += start.T @ start
             self.n0[k] += start.shape[0]
+
+    def _note_starts(self, start: np.ndarray) -> None:
+        """Keeps the first phibar(s_0) of ``start`` [m, D] and whether any other differs."""
+        if start.shape[0] == 0:
+            return
+        if self.first_start is None:
+            self.first_start = start[0].copy()
+        self.starts_vary = self.starts_vary or bool((start != self.first_start).any())
 
     def _add_block(self, k: int, a: int, x, x_next, probs_next, reward) -> None:
         """The sums of fold ``k``'s steps ``x`` [n, d + 1] that took action ``a``: psi =
@@ -156,6 +169,15 @@ class LinearQ(FoldSums):
         self._move_pivot(common)
         for name in _SUMS:
             setattr(self, name, summed(gather, getattr(self, name)))
+        # every process's first phibar(s_0), moved to the common pivot: V(s_0) is one value
+        # only where none varies and they agree (rounding of the move counts as a difference)
+        size = self.n_actions * width
+        first = self.first_start if self.first_start is not None else np.full(size, np.nan)
+        firsts = gather(first[None])  # [processes, D]
+        firsts = firsts[np.isfinite(firsts).all(axis=1)]
+        varies = gather(np.array([[int(self.starts_vary)]], np.int64))
+        self.starts_vary = bool(varies.any()) or bool((firsts != firsts[:1]).any())
+        self.first_start = firsts[0] if firsts.shape[0] else None
 
     def _move_pivot(self, pivot: np.ndarray) -> None:
         """The sums about ``pivot`` instead: x' = P x, P = [[I, old - new], [0, 1]]; every
@@ -168,6 +190,8 @@ class LinearQ(FoldSums):
             setattr(self, name, blocks @ getattr(self, name) @ blocks.T)
         for name in ("b", "e", "s0"):
             setattr(self, name, getattr(self, name) @ blocks.T)
+        if self.first_start is not None:
+            self.first_start = blocks @ self.first_start
         steps = self.sx[:, -1:]  # sum of the bias feature: the steps
         self.sxx[:, :-1] += 2 * shift * self.sx[:, :-1] + steps * shift**2
         self.sx = self.sx @ move.T
@@ -258,6 +282,12 @@ class LinearQ(FoldSums):
             float(-2 * w @ self._fold("e", fold)),
             float(w @ self._fold("c_mat", fold) @ w),
         )
+
+    def initial_centred(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """InitialValues of raw sums (pivot 0: the sums keep phibar(s_0) phibar(s_0)^T, not
+        V(s_0) itself), saying whether V(s_0) varies."""
+        total, total_sq, count = self.initial(arrays, fold)
+        return InitialValues(0.0, total, total_sq, count, self.starts_vary)
 
     def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum of V(s_0), sum of V(s_0)^2, episodes) with V(s_0) = phibar(s_0)^T w."""

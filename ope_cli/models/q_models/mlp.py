@@ -46,7 +46,7 @@ from ope_cli.models.behavior_models.base import (
     usable_spread,
 )
 from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
-from ope_cli.models.q_models.base import Transitions
+from ope_cli.models.q_models.base import Transitions, centred
 
 HIDDEN = (64, 64)
 MAX_ITERATIONS, STEPS, BATCH, LEARNING_RATE, TOLERANCE = 100, 100, 256, 3e-3, 2e-2
@@ -249,9 +249,16 @@ class MlpQ:
 
     def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """(sum of V(s_0), sum of V(s_0)^2, episodes) over one fold's episodes."""
-        d = self._select(fold, prefix="0")
-        v = values(arrays, d["x0"], d["p0"], self.discrete)
+        v = self._initial_values(arrays, fold)
         return float(v.sum()), float(v @ v), int(v.size)
+
+    def initial_centred(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """InitialValues of one fold's episodes, about the first one's V(s_0)."""
+        return centred(self._initial_values(arrays, fold))
+
+    def _initial_values(self, arrays: dict[str, np.ndarray], fold: int | None) -> np.ndarray:
+        d = self._select(fold, prefix="0")
+        return np.asarray(values(arrays, d["x0"], d["p0"], self.discrete), np.float64)
 
 
 def min_iterations(gamma: float, longest: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from ope_cli.errors import DataError, UsageError
 from ope_cli.models.behavior_models.base import Gather, largest, summed
 from ope_cli.models.behavior_models.softmax import MEMORY_ENV, memory_budget
-from ope_cli.models.q_models.base import FoldSums, Transitions
+from ope_cli.models.q_models.base import FoldSums, Transitions, centred
 
 StateProbs = Callable[[int, int], np.ndarray]  # (n_states, n_actions) -> [S, A] pi_e(a|s)
 
@@ -166,3 +166,9 @@ class TabularQ(FoldSums):
         """(sum of V(s_0), sum of V(s_0)^2, episodes) over one fold's episodes."""
         v, init = self._values(arrays["q"]), self._fold("init", fold)
         return float(init @ v), float(init @ (v * v)), int(round(init.sum()))
+
+    def initial_centred(self, arrays: dict[str, np.ndarray], fold: int | None = None):
+        """InitialValues of one fold's episodes (counts of initial states), about the V of
+        the first initial state."""
+        v, init = self._values(arrays["q"]), self._fold("init", fold)
+        return centred(v, init)
