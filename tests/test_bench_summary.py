@@ -51,13 +51,13 @@ def measurements():
     }
 
 
-def _document(measurements, policies=3, real_steps=1000):
+def _document(measurements, policies=3, real_steps=1000, precision="float64"):
     padded = real_steps * 6 // 5
     shapes = [(1024, 8), (128, 64)]  # two of the default catalogue's four
     bucketer = SimpleNamespace(real_steps=real_steps, padded_steps=padded, shapes=set(shapes))
     result = SimpleNamespace(runtime=SimpleNamespace(compiles=2, batch_shapes=shapes))
     config = BenchConfig(policies=policies)
-    return summary(config, measurements, result, bucketer, "float64")
+    return summary(config, measurements, result, bucketer, precision)
 
 
 def test_summary_ratios_and_targets(measurements):
@@ -381,6 +381,16 @@ def _rendered(measurements) -> str:
     return console.export_text()
 
 
+def test_the_targets_table_says_which_targets_are_an_earlier_issue_s(measurements):
+    """The table was titled "targets (SPEC section 6)" and dropped the JSON's source, so
+    kernel vs loop >= 1000 read as a SPEC target."""
+    lines = _rendered(measurements).splitlines()
+    (loop,) = [line for line in lines if "kernel vs loop" in line]
+    assert "(earlier issue)" in loop
+    (numpy,) = [line for line in lines if "kernel vs numpy" in line]
+    assert "earlier issue" not in numpy
+
+
 def test_render_shows_processes(measurements):
     measurements["processes"] = _processes()
     text = _rendered(measurements)
@@ -531,8 +541,21 @@ def test_a_target_value_is_never_rounded_onto_its_threshold(measurements):
     its own time, not "-" (it is not extrapolated)."""
     measurements["kernel"]["steps_per_second"] = 9_996.0  # / the loop's 10 steps/s: 999.6
     text = " ".join(_rendered(measurements).split())
-    assert "kernel vs loop │ 999.6 │ >= 1000" in text, text
+    assert "kernel vs loop (earlier issue) │ 999.6 │ >= 1000" in text, text
     measurements["loop"].update(extrapolated=False, extrapolated_seconds=None, seconds=0.21)
     assert "python loop (studies/is_loop.py) │ 10 │ 0.210 s │" in " ".join(
         _rendered(measurements).split()
     )
+
+
+def test_a_float32_kernel_against_the_float64_twin_says_so(measurements):
+    """Under --precision float32 (the accelerators' default) kernel_vs_numpy timed a
+    float32 kernel against the float64 twin, with no word; the note says so and gives the
+    float64 kernel's ratio."""
+    assert "note" not in _document(measurements)["targets"]["kernel_vs_numpy"]
+    measurements["kernel"]["precision"] = "float32"
+    float32 = measurements.pop("kernel_float32")
+    measurements["kernel_float64"] = _timing(0.1, estimates=float32["estimates"])
+    target = _document(measurements, precision="float32")["targets"]["kernel_vs_numpy"]
+    assert target["note"].startswith("a float32 kernel against the float64 twin")
+    assert target["note"].endswith("the float64 kernel: 5"), target

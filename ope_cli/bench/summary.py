@@ -414,13 +414,19 @@ def _loop_target(ratios: dict, loop: dict) -> dict:
     return _judged("kernel_vs_loop", value, note)
 
 
-def _kernel_target(ratios: dict, precision: dict) -> dict:
-    """kernel_vs_numpy, void where the twin did not compute the kernel's estimates."""
+def _kernel_target(ratios: dict, precision: dict, m: dict) -> dict:
+    """kernel_vs_numpy, void where the twin did not compute the kernel's estimates; a
+    float32 kernel's against the float64 twin says so, with the float64 kernel's ratio."""
     difference = precision["numpy_vs_kernel_max_relative_difference"]
     if difference is None or difference > TWIN_AGREEMENT:
         note = f"void: the NumPy twin's estimates differ from the kernel's by {difference}"
         return _judged("kernel_vs_numpy", None, note)
-    return _judged("kernel_vs_numpy", ratios["kernel_over_numpy"])
+    note = None
+    if m["kernel"].get("precision") == "float32":
+        same = ratio(precision["float64"]["steps_per_second"], m["numpy"]["steps_per_second"])
+        shown = "-" if same is None else f"{same:.3g}"
+        note = f"a float32 kernel against the float64 twin; the float64 kernel: {shown}"
+    return _judged("kernel_vs_numpy", ratios["kernel_over_numpy"], note)
 
 
 def _targets(
@@ -456,7 +462,7 @@ def _targets(
         many_note = "; ".join(([many_note] if many_note else []) + extra)
     catalogue = window_shapes(config.batching)
     return {
-        "kernel_vs_numpy": _kernel_target(ratios, precision),
+        "kernel_vs_numpy": _kernel_target(ratios, precision, m),
         "kernel_vs_loop": _loop_target(ratios, m["loop"]),
         "shapes_per_configuration": _shapes_target(catalogue, result.runtime.batch_shapes),
         "padding_waste": _padding_target(paddings),

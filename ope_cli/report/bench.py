@@ -87,7 +87,10 @@ def _measurements_table(result: dict) -> Table:
 
 
 def _targets_table(targets_by_name: dict) -> Table:
-    targets = Table(title="targets (SPEC section 6)", title_justify="left")
+    targets = Table(
+        title="targets (SPEC section 6; an earlier issue's where the target says so)",
+        title_justify="left",
+    )
     for column, justify in (
         ("target", "left"),
         ("value", "right"),
@@ -102,8 +105,9 @@ def _targets_table(targets_by_name: dict) -> Table:
             f"{value:,}" if isinstance(value, int) else formatting.significant(value, 3, "-", limit)
         )
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[target["met"]]
+        source = target.get("source", "SPEC section 6")
         targets.add_row(
-            name.replace("_", " "),
+            name.replace("_", " ") + ("" if source.startswith("SPEC") else f" ({source})"),
             shown,
             target["threshold"] + (f" ({target['note']})" if target.get("note") else ""),
             met,
