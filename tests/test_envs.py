@@ -874,3 +874,13 @@ def test_a_discount_of_minus_zero_is_written_as_zero(tmp_path):
     declared = json.loads(pq.read_schema(tmp_path / "logs.parquet").metadata[b"ope"])
     written = json.loads((tmp_path / "truth.json").read_text())
     assert [str(x) for x in (truth["gamma"], declared["gamma"], written["gamma"])] == ["0.0"] * 3
+
+
+def test_none_for_an_option_that_takes_none_is_its_default(tmp_path):
+    """generate(seed=None) was refused ("--seed must be an integer ..., got None") where
+    evaluate's keywords read None as the option's default."""
+    given = gen.generate("bandit", tmp_path / "a", episodes=20, seed=None, gamma=None)
+    default = gen.generate("bandit", tmp_path / "b", episodes=20)
+    assert given == default and given["seed"] == gen.GenerateOptions().seed
+    with pytest.raises(UsageError, match="episodes"):
+        gen.generate("bandit", tmp_path / "c", episodes=0)

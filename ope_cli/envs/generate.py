@@ -102,10 +102,18 @@ def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
             f"options must be a GenerateOptions, got {options!r}: give them as keywords "
             "(episodes=..., seed=...)"
         )
-    known = [field.name for field in dataclasses.fields(GenerateOptions)]
+    fields = {field.name: field for field in dataclasses.fields(GenerateOptions)}
+    known = list(fields)
     unknown = sorted(set(keywords) - set(known))
     if unknown:
         raise UsageError(f"unknown option {unknown[0]!r}; the options are {', '.join(known)}")
+    # None for an option that takes none is its default, as evaluate's keywords read it
+    # (seed=None was refused: "--seed must be an integer")
+    keywords = {
+        name: value
+        for name, value in keywords.items()
+        if value is not None or "None" in str(fields[name].type)
+    }
     changed = dataclasses.replace(options, **keywords)
     if not isinstance(changed.overwrite, bool):  # overwrite="no" was true
         raise UsageError(f"overwrite must be True or False, got {changed.overwrite!r}")
