@@ -259,6 +259,38 @@ def resolve_schema(
     return dataclasses.replace(resolved, source=source)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ColumnTypes:
+    """The types of the chosen ``columns`` of ``schema`` as ``layout`` reads them, and the
+    error of one of the wrong kind, naming the column that decided the layout
+    (``decided_by``, or None)."""
+
+    schema: pa.Schema
+    columns: dict[str, str]
+    layout: Layout
+    decided_by: str | None
+
+    def value_type(self, role: str) -> pa.DataType:
+        """The type of one step's value of ``role`` (the list's item in the episode layout),
+        a dictionary's values' type (Arrow IPC files keep dictionary-encoded columns as
+        such; they are decoded as read)."""
+        dtype = self.schema.field(self.columns[role]).type
+        if self.layout == "episode":
+            if not is_list(dtype):
+                why = _why(self.decided_by, "holds lists")
+                raise _type_error(
+                    self.columns[role], f"a list column (episode layout{why})", dtype, role
+                )
+            dtype = dtype.value_type
+        return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
+
+    def wrong_type(self, role: str, expected: str) -> DataError:
+        dtype = self.schema.field(self.columns[role]).type
+        if self.layout == "step" and is_list(dtype) and self.decided_by is not None:
+            expected += f" (step layout, one row a step{_why(self.decided_by, 'holds no lists')})"
+        return _type_error(self.columns[role], expected, dtype, role)
+
+
 def _resolve_schema(
     schema: pa.Schema,
     mapping: ColumnMapping,
@@ -270,24 +302,8 @@ def _resolve_schema(
         list(schema.names), mapping, logged_target, logged_behavior, reads_reward
     )
     layout, decided_by = _layout(schema, mapping, columns["action"])
-
-    def value_type(role: str) -> pa.DataType:
-        """The type of one step's value of ``role`` (the list's item in the episode layout),
-        a dictionary's values' type (Arrow IPC files keep dictionary-encoded columns as
-        such; they are decoded as read)."""
-        dtype = schema.field(columns[role]).type
-        if layout == "episode":
-            if not is_list(dtype):
-                expected = f"a list column (episode layout{_why(decided_by, 'holds lists')})"
-                raise _type_error(columns[role], expected, dtype, role)
-            dtype = dtype.value_type
-        return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
-
-    def wrong_type(role: str, expected: str) -> DataError:
-        dtype = schema.field(columns[role]).type
-        if layout == "step" and is_list(dtype) and decided_by is not None:  # an episode's?
-            expected += f" (step layout, one row a step{_why(decided_by, 'holds no lists')})"
-        return _type_error(columns[role], expected, dtype, role)
+    types = _ColumnTypes(schema, columns, layout, decided_by)
+    value_type, wrong_type = types.value_type, types.wrong_type
 
     for role in NUMERIC_ROLES:
         if role in columns and not _is_number(value_type(role)):
