@@ -904,10 +904,37 @@ def test_fit_q_dm_standard_error_of_equal_values_is_0_or_none():
     v = 1e12 + 10 * np.random.default_rng(0).normal(size=400)
     mean, stderr, note = direct_method(centred(v))
     assert stderr == pytest.approx(np.std(v - v[0], ddof=1) / 20, rel=1e-9) and note is None
+    # one fit whose phibar(s_0) are all equal: V(s_0) is one value, its standard error 0
+    # (raw sums of control's one initial state said "not resolved ... 3e+07 times")
+    one = InitialValues(0.0, 200 * 0.7, 200 * 0.7 * 0.7 * (1 + 1e-12), 200, False)
+    assert direct_method(one) == (pytest.approx(0.7), 0.0, None)
     cancelled = [InitialValues(0.0, float(x.sum()), float(x @ x), 400, True) for x in (v, v[::-1])]
     outcomes = [direct_method(raw) for raw in cancelled]
     for _, stderr, note in outcomes:  # never a standard error of 0
         assert np.isnan(stderr) and note.startswith(NOT_RESOLVED) or stderr > 0, (stderr, note)
+
+
+def test_cross_fitted_raw_sums_of_equal_initial_states_are_not_one_value():
+    """Two folds' linear fits, each of one initial state (phibar(s_0) all equal) but their
+    own Q-hat: V(s_0) takes two values, and a standard error of 0 (rewards + 1e12, noted
+    "0 to float64's precision", where evaluate's dm gave 0.0031) was wrong."""
+    from ope_cli.estimation.estimators.importance import NOT_RESOLVED
+    from ope_cli.models.q_models.base import InitialValues
+    from ope_cli.models.q_models.fitting import _joined, direct_method
+
+    def raw(value: float, n: int = 200) -> InitialValues:
+        x = np.full(n, value)
+        return InitialValues(0.0, float(x.sum()), float(x @ x), n, False)
+
+    v = np.concatenate([np.full(200, 1e12 + 0.25), np.full(200, 1e12 + 0.5)])
+    reference = np.std(v - v[0], ddof=1) / np.sqrt(v.size)
+    joined = _joined(raw(1e12 + 0.25), raw(1e12 + 0.5))
+    assert joined.varies is True
+    _, stderr, note = direct_method(joined)
+    assert (np.isnan(stderr) and note.startswith(NOT_RESOLVED)) or stderr == pytest.approx(
+        reference, rel=1e-3
+    ), (stderr, note)
+    assert _joined(raw(0.7), raw(0.7)).varies is False  # one value in both folds
 
 
 def test_fit_q_s_dm_standard_error_is_read_about_a_pivot(tmp_path, ope_in_process):

@@ -252,10 +252,14 @@ def test_missing_bucket_and_key(s3):
 
 
 def test_a_uri_without_a_bucket_is_refused_not_listed(s3):
-    """``s3://`` alone would list every bucket the credentials see, recursively."""
-    for uri in ("s3://", "s3:///", "s3://*.parquet"):
+    """``s3://`` alone would list every bucket the credentials see, recursively; a glob in
+    the bucket's name is not supported (it said "s3://: names no bucket")."""
+    for uri in ("s3://", "s3:///"):
         message = data_error(open_dataset, uri)
         assert "names no bucket" in message, (uri, message)
+    for uri in ("s3://*.parquet", f"s3://{BUCKET[:2]}*/one/steps.parquet"):
+        message = data_error(open_dataset, uri)
+        assert message.startswith(f"{uri}: a glob in the bucket's name is not supported"), message
 
 
 def test_missing_checkpoint_is_a_policy_error(s3):

@@ -193,8 +193,10 @@ def resolve(source: str) -> tuple[list[str], str | None]:
     magic = _MAGIC.search(source, source.find("://") + 3)
     if magic:  # the URI parser rejects glob characters: open the part before them
         static = source[: magic.start()].rsplit("/", 1)[0]
-        if static.endswith(":/"):  # the glob is in the bucket's name
-            locate(source[: len(static) + 1])  # refuses it
+        if static.endswith(":/"):  # the glob is in the bucket's (or host's) name
+            raise DataError(
+                f"{source}: a glob in the bucket's name is not supported; name the bucket"
+            )
         location = locate(static)
         base = location.path.rstrip("/")
         pattern = _glob_regex(f"{base}/{source[len(static) + 1 :]}")

@@ -326,8 +326,9 @@ class FoldSums:
 class InitialValues(NamedTuple):
     """V(s_0) over some episodes, as dm reads it: ``count`` episodes, the sum and the sum of
     squares of V(s_0) - ``pivot`` (one episode's V(s_0): no constant cancels); a model
-    that keeps sums of raw values (linear) has the pivot 0, and says whether V(s_0) was
-    one value (``varies`` False: every phibar(s_0) equal) or not (None: not known)."""
+    that keeps sums of raw values (linear) has the pivot 0, and says whether V(s_0) may
+    differ between episodes (``varies``; False: every phibar(s_0) equal under one fit, or
+    folds whose means are equal too; None: sums about a pivot, which need not know)."""
 
     pivot: float
     total: float

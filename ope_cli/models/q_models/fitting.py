@@ -177,9 +177,11 @@ def direct_method(initial: InitialValues) -> tuple[float, float, str | None]:
     if n < 2:
         return mean, math.nan, None
     note, drop = spread_resolution(total, total_sq, n, DM_REMEDY, offset=pivot)
+    if varies is False:  # raw sums of V(s_0) that is one value (equal phibar(s_0), one fit)
+        return mean, 0.0, None
     cancelled = note is not None and note.startswith(zero_to_precision())
     if cancelled and varies:  # raw sums (the linear model's) of V(s_0) that is not one value
-        return mean, math.nan, spread_cancelled(DM_REMEDY, "the episodes' initial states")
+        return mean, math.nan, spread_cancelled(DM_REMEDY, "V-hat(s_0)'s values")
     return mean, math.nan if drop else stderr, note
 
 
@@ -254,7 +256,9 @@ def _joined(a: InitialValues, b: InitialValues) -> InitialValues:
     if 0 in (a.count, b.count):
         return b if a.count == 0 else a
     b = b.about(a.pivot)
-    varies = None if None in (a.varies, b.varies) else a.varies or b.varies
+    varies = None
+    if None not in (a.varies, b.varies):  # raw sums: the folds' Q-hats differ, and so may V
+        varies = a.varies or b.varies or a.total / a.count != b.total / b.count
     return InitialValues(
         a.pivot, a.total + b.total, a.total_sq + b.total_sq, a.count + b.count, varies
     )
