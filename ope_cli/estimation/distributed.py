@@ -380,7 +380,7 @@ def _status(error: OpeError | None) -> np.ndarray:
     index of their reason (``validate.REASONS``)."""
     if not isinstance(error, InvalidValueError):
         return np.array([0 if error is None else error.exit_code, 0, 0], np.int64)
-    reason = 0 if error.reason is None else 1 + REASONS.index(error.reason)
+    reason = 1 + REASONS.index(error.reason) if error.reason in REASONS else 0
     return np.array([error.exit_code, 1 + error.droppable, reason], np.int64)
 
 
