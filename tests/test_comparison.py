@@ -1004,3 +1004,43 @@ def test_float32_self_normalised_differences_keep_their_standard_errors_at_any_s
         assert runs["float32"]["results"][1]["comparison"][name]["stderr"] == pytest.approx(
             exact, rel=1e-3
         )
+
+
+def test_dm_differences_of_large_q_values_are_not_ties_below_a_twelfth_digit(logged, tmp_path):
+    """Two policies' linear Q checkpoints of 1e12: their dm differed by about 0.4 with a
+    paired standard error of about 1e-3, and the 1e-12 tie rule (1.0 at this size, for
+    terms that round over every step) called it 0 +- 0, "the same estimates to rounding",
+    and ranked them equal. dm's terms are one V-hat each: its ties are below 1e-14."""
+    from ope_cli.choosing.comparison import tied
+    from ope_cli.report.table import rank_policies
+
+    data, _, checkpoints, paths = logged
+    rng = np.random.default_rng(3)
+    d, n = checkpoints[0]["weight"].shape
+    qs = []
+    for k in range(2):
+        weight, bias = 0.1 * rng.normal(size=(d, n)), 1e12 + 0.2 * k + rng.normal(size=n) * 0.01
+        qs.append(
+            save_checkpoint(
+                tmp_path / f"q{k}.npz", {"kind": "linear_q", "weight": weight, "bias": bias}
+            )
+        )
+    config = evaluation_config(
+        str(data),
+        policies=(str(paths[0]), str(paths[1])),
+        gamma=GAMMA,
+        baseline=str(paths[0]),
+        estimators=("dm",),
+        q=tuple(str(q) for q in qs),
+    )
+    result = evaluate(config)
+    first, second = (r.estimates["dm"].value for r in result.results)
+    comparison = result.results[1].comparison["dm"]
+    assert 1e-2 < abs(second - first) < 1.0  # a tie under 1e-12 of 1e12, not under 1e-14
+    assert comparison.delta == pytest.approx(second - first, abs=1e-3)
+    assert 0 < comparison.stderr < abs(comparison.delta) / 10 and comparison.note is None
+    assert sorted(rank_policies(result, "dm")) == [1, 2]
+    assert (
+        tied(1e-14)
+        == "the same estimates to rounding (differences below 1e-14 of their size are ties)"
+    )

@@ -59,9 +59,21 @@ from ope_cli.estimation.stats import (
 from ope_cli.models.policies.base import Policy
 from ope_cli.results import Comparison, PolicyResult, estimated
 
-TIED = "the same estimates to rounding (differences below 1e-12 of their size are ties)"
+
+def tied(share: float = RESOLVED) -> str:
+    """The note of a tie: differences below ``share`` of the estimates' size."""
+    return f"the same estimates to rounding (differences below {share:.0e} of their size are ties)"
+
+
+TIED = tied()
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
+
+
+def _tie_share(name: str) -> float:
+    """The share of the estimates' size below which ``name``'s differences are ties."""
+    share = get(name).tie_share
+    return RESOLVED if share is None else share
 
 
 def unresolved_in(precision: str) -> str:
@@ -211,14 +223,15 @@ class Pairing:
     # --- per pair -----------------------------------------------------------------------
 
     def resolution(self, k: int, b: int, name: str) -> float:
-        """The smallest difference of rows k and b that is not rounding: ``RESOLVED`` times
-        the size of their estimates and bootstrap replicates."""
+        """The smallest difference of rows k and b that is not rounding: the estimator's
+        ``tie_share`` (``RESOLVED`` by default) times the size of their estimates and
+        bootstrap replicates."""
         sizes = [abs(v) for v in (self.value(k, name), self.value(b, name)) if v is not None]
         for row in (k, b):
             replicates = self.replicates(row, name)
             if replicates is not None:
                 sizes.append(float(np.abs(replicates[np.isfinite(replicates)]).max(initial=0)))
-        return RESOLVED * max(sizes, default=0.0)
+        return _tie_share(name) * max(sizes, default=0.0)
 
     @functools.cache  # noqa: B019 - one Pairing per run: intervals, sets and notes read it
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
@@ -333,7 +346,7 @@ class Pairing:
             if abs(delta) <= self.rounding_bound(k, b, name):
                 return Comparison(None, None, low, high, None, rounding_only_in(self.precision))
         if delta == 0.0 and stderr == 0.0:
-            note = TIED
+            note = tied(_tie_share(name))
         elif note is None and delta is None:  # a null always says why (under betting the
             note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
         elif note is None and (low is None or high is None) and stderr is None:

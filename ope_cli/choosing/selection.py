@@ -432,9 +432,10 @@ def check_top_k(top_k: Sequence[int], n_policies: int) -> tuple[int, ...]:
 RESOLVED = 1e-12
 
 
-def above(a: float, b: float) -> bool:
-    """Whether estimate ``a`` is larger than ``b`` beyond float64 rounding (``RESOLVED``)."""
-    return a - b > RESOLVED * max(abs(a), abs(b))
+def above(a: float, b: float, share: float | None = None) -> bool:
+    """Whether estimate ``a`` is larger than ``b`` beyond float64 rounding: ``share`` of
+    their size (None: ``RESOLVED``; an estimator's own: ``tie_share``)."""
+    return a - b > (RESOLVED if share is None else share) * max(abs(a), abs(b))
 
 
 def equal_to_rounding(a: float, b: float) -> bool:

@@ -353,6 +353,9 @@ class Estimator:
         their mean (is, pdis, dm, dr): paired differences between two policies are then the
         mean of per-episode differences (``paired``). None: a self-normalised ratio, whose
         paired differences are resampled by the grouped jackknife.
+      tie_share: differences of two policies' estimates below this share of their size
+        are float64 rounding, ties (ranks, ``--baseline``); None: the default, which
+        allows for terms that round over every step of an episode (``choosing``).
     """
 
     name: str
@@ -368,6 +371,7 @@ class Estimator:
     betting: Literal["trajectory", "decision"] | None = None
     needs: tuple[str, ...] = ()
     term: str | None = None
+    tie_share: float | None = None
 
 
 # --- registry ------------------------------------------------------------------------------
