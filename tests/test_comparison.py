@@ -1012,6 +1012,7 @@ def test_dm_differences_of_large_q_values_are_not_ties_below_a_twelfth_digit(log
     terms that round over every step) called it 0 +- 0, "the same estimates to rounding",
     and ranked them equal. dm's terms are one V-hat each: its ties are below 1e-14."""
     from ope_cli.choosing.comparison import tied
+    from ope_cli.choosing.selection import selection_by_estimator
     from ope_cli.report.table import rank_policies
 
     data, _, checkpoints, paths = logged
@@ -1040,6 +1041,15 @@ def test_dm_differences_of_large_q_values_are_not_ties_below_a_twelfth_digit(log
     assert comparison.delta == pytest.approx(second - first, abs=1e-3)
     assert 0 < comparison.stderr < abs(comparison.delta) / 10 and comparison.note is None
     assert sorted(rank_policies(result, "dm")) == [1, 2]
+    # the selection metrics against known values tie as the ranks do (they said "the
+    # estimates are all equal" beside ranks 1 and 2)
+    truth = {str(paths[0]): 0.0, str(paths[1]): 1.0}
+    names = {str(paths[0]): "first", str(paths[1]): "second"}
+    metrics, notes = selection_by_estimator(
+        truth, {"dm": {str(paths[0]): first, str(paths[1]): second}}, top_k=(1,), names=names
+    )
+    assert metrics["dm"]["spearman"] == (1.0 if second > first else -1.0) and not notes, notes
+    assert metrics["dm"]["precision@1"] == (1.0 if second > first else 0.0)
     assert (
         tied(1e-14)
         == "the same estimates to rounding (differences below 1e-14 of their size are ties)"

@@ -332,15 +332,16 @@ def nmse(estimate_k: np.ndarray, true_k: np.ndarray) -> float | None:
         return finite(float(np.mean((estimate_k - true_k) ** 2)) / scale)
 
 
-def average_ranks(x_k: np.ndarray) -> np.ndarray:
+def average_ranks(x_k: np.ndarray, share: float | None = None) -> np.ndarray:
     """[K] ranks 1..K of x_k in increasing order; tied values share their average rank,
-    ties as the ranks and the top-k sets take them: equal to float64 rounding (``above``),
-    neighbours in order chaining into one run."""
+    ties as the ranks and the top-k sets take them: equal to float64 rounding (``above``,
+    with ``share``), neighbours in order chaining into one run."""
     order = np.argsort(x_k, kind="stable")
     sorted_x = x_k[order]
     with np.errstate(invalid="ignore"):
         step = sorted_x[1:] - sorted_x[:-1]
-        steps_up = step > RESOLVED * np.maximum(np.abs(sorted_x[1:]), np.abs(sorted_x[:-1]))
+        tie = RESOLVED if share is None else share
+        steps_up = step > tie * np.maximum(np.abs(sorted_x[1:]), np.abs(sorted_x[:-1]))
         steps_up |= ~np.isfinite(step)  # an infinite or NaN value is its own run
     starts = np.flatnonzero(np.r_[True, steps_up])
     ends = np.r_[starts[1:], x_k.size]  # each run of equal values: [start, end)
@@ -350,12 +351,15 @@ def average_ranks(x_k: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def spearman(estimate_k: np.ndarray, true_k: np.ndarray) -> float | None:
-    """Spearman's rank correlation of Ĵ and J: Pearson's correlation of their average ranks.
-    None for K < 2 or when either is constant (no ranking to correlate). [K] each."""
+def spearman(
+    estimate_k: np.ndarray, true_k: np.ndarray, share: float | None = None
+) -> float | None:
+    """Spearman's rank correlation of Ĵ and J: Pearson's correlation of their average ranks
+    (the estimates' ties at ``share``). None for K < 2 or when either is constant (no
+    ranking to correlate). [K] each."""
     if estimate_k.size < 2:
         return None
-    rank_e = average_ranks(estimate_k) - (estimate_k.size + 1) / 2
+    rank_e = average_ranks(estimate_k, share) - (estimate_k.size + 1) / 2
     rank_t = average_ranks(true_k) - (true_k.size + 1) / 2
     scale = math.sqrt(float(np.sum(rank_e**2)) * float(np.sum(rank_t**2)))
     if scale == 0.0:
@@ -438,20 +442,20 @@ def above(a: float, b: float, share: float | None = None) -> bool:
     return a - b > (RESOLVED if share is None else share) * max(abs(a), abs(b))
 
 
-def equal_to_rounding(a: float, b: float) -> bool:
+def equal_to_rounding(a: float, b: float, share: float | None = None) -> bool:
     """Whether estimates ``a`` and ``b`` are equal to float64 rounding (neither ``above``)."""
-    return not above(a, b) and not above(b, a)
+    return not above(a, b, share) and not above(b, a, share)
 
 
-def tied_at_edge(estimate_k: np.ndarray, k: int) -> np.ndarray:
+def tied_at_edge(estimate_k: np.ndarray, k: int, share: float | None = None) -> np.ndarray:
     """[m] indices of the policies whose estimate equals the k-th largest (to rounding:
     ``above``), where the (k+1)-th largest equals it too (the top-k set is then not
     determined); [0] else."""
     ordered = np.sort(estimate_k)[::-1]
-    if k >= ordered.size or above(ordered[k - 1], ordered[k]):
+    if k >= ordered.size or above(ordered[k - 1], ordered[k], share):
         return np.zeros(0, np.int64)
     edge = ordered[k - 1]
-    return np.flatnonzero([equal_to_rounding(edge, x) for x in estimate_k])
+    return np.flatnonzero([equal_to_rounding(edge, x, share) for x in estimate_k])
 
 
 def _ranking_metrics(
@@ -460,9 +464,11 @@ def _ranking_metrics(
     top_k: tuple[int, ...],
     baseline_value: float | None,
     policies: Sequence[str],
+    share: float | None = None,
 ) -> tuple[dict[str, float | None], list[str]]:
     """(rmse, nmse, spearman and the @k metrics, notes); all None when an estimate is
-    undefined, the @k ones where ties straddle the top-k set's edge (``tied_at_edge``)."""
+    undefined, the @k ones where ties straddle the top-k set's edge (``tied_at_edge``);
+    the estimates tie at ``share`` of their size (None: ``RESOLVED``)."""
     names = ["rmse", "nmse", "spearman"]
     at_k = ("regret", "nregret", "precision", "sharpe")
     names += [f"{m}@{k}" for k in top_k for m in at_k]
@@ -471,7 +477,7 @@ def _ranking_metrics(
     metrics = {
         "rmse": rmse(estimate_k, true_k),
         "nmse": nmse(estimate_k, true_k),
-        "spearman": spearman(estimate_k, true_k),
+        "spearman": spearman(estimate_k, true_k, share),
     }
     notes = []
     if metrics["spearman"] is None and true_k.size >= 2:  # one of the two is constant
@@ -479,7 +485,7 @@ def _ranking_metrics(
         constant = "true values" if np.all(ranks == ranks[0]) else "estimates"
         notes.append(f"the {constant} are all equal: no ranking for spearman to correlate")
     for k in top_k:
-        tied = tied_at_edge(estimate_k, k)
+        tied = tied_at_edge(estimate_k, k, share)
         if tied.size:
             metrics.update({f"{m}@{k}": None for m in at_k})
             names_tied = ", ".join(policies[i] for i in tied)
@@ -503,6 +509,7 @@ def selection_metrics(
     baseline_value: float | None = None,
     top_k: Sequence[int] = DEFAULT_TOP_K,
     names: Mapping[str, str] | None = None,
+    tie_share: float | None = None,
 ) -> tuple[dict[str, float | None], list[str]]:
     """One estimator's selection metrics against the true values (SPEC section 11).
 
@@ -514,6 +521,8 @@ def selection_metrics(
       baseline_value: J_0, the baseline's true value, for ``sharpe@k`` (None: none).
       top_k: the k of the @k metrics, each 1 <= k <= K.
       names: {policy: the name the notes give it} (the results' shown names; None: as keyed).
+      tie_share: estimates closer than this share of their size tie (the estimator's
+        ``tie_share``; None: ``RESOLVED``).
 
     Returns:
       (metrics, notes): {"rmse", "nmse", "spearman", "coverage", "regret@k", "nregret@k",
@@ -541,7 +550,9 @@ def selection_metrics(
         )
     else:
         estimate_k = np.array([estimates[p] for p in policies], dtype=np.float64)
-    metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, shown)
+    metrics, tie_notes = _ranking_metrics(
+        estimate_k, true_k, top_k, baseline_value, shown, tie_share
+    )
     notes += tie_notes
     metrics["coverage"] = None
     if intervals is not None:
@@ -574,10 +585,26 @@ def selection_by_estimator(
     for estimator, values in estimates.items():
         chosen = None if intervals is None else intervals.get(estimator, {})
         selection[estimator], own = selection_metrics(
-            truth, values, chosen, baseline_value=baseline_value, top_k=top_k, names=names
+            truth,
+            values,
+            chosen,
+            baseline_value=baseline_value,
+            top_k=top_k,
+            names=names,
+            tie_share=_tie_share(estimator),
         )
         notes += [f"{estimator}: {note}" for note in own]
     return selection, notes
+
+
+def _tie_share(estimator: str) -> float | None:
+    """A registered estimator's ``tie_share`` (None: the default, or not registered)."""
+    from ope_cli.estimation.estimators import base
+
+    try:
+        return base.get(estimator).tie_share
+    except KeyError:
+        return None
 
 
 # --------------------------------------------------------------------- could-be-best sets
