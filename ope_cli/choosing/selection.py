@@ -554,17 +554,27 @@ def selection_metrics(
         estimate_k, true_k, top_k, baseline_value, shown, tie_share
     )
     notes += tie_notes
-    metrics["coverage"] = None
-    if intervals is not None:
-        pairs = [intervals.get(p, (None, None)) for p in policies]
-        metrics["coverage"], n_undefined = coverage(pairs, true_k)
-        if n_undefined:
-            notes.append(
-                f"coverage over {len(policies) - n_undefined} of {len(policies)} policies; "
-                f"{n_undefined} without an interval left out"
-            )
+    metrics["coverage"], coverage_notes = _coverage(intervals, policies, true_k)
+    notes += coverage_notes
     order = ["rmse", "nmse", "spearman", "coverage"]
     return {name: metrics[name] for name in order + [m for m in metrics if m not in order]}, notes
+
+
+def _coverage(
+    intervals: Mapping[str, Interval] | None, policies: list[str], true_k: np.ndarray
+) -> tuple[float | None, list[str]]:
+    """(coverage of ``true_k`` by the ``policies``' intervals, its note); None without
+    intervals."""
+    if intervals is None:
+        return None, []
+    pairs = [intervals.get(p, (None, None)) for p in policies]
+    share, n_undefined = coverage(pairs, true_k)
+    if not n_undefined:
+        return share, []
+    return share, [
+        f"coverage over {len(policies) - n_undefined} of {len(policies)} policies; "
+        f"{n_undefined} without an interval left out"
+    ]
 
 
 def selection_by_estimator(
