@@ -40,6 +40,7 @@ from ope_cli.choosing.selection import (
     read_truth,
     same_path,
     selection_by_estimator,
+    tie_share,
 )
 from ope_cli.errors import UsageError
 from ope_cli.estimation.estimators import get
@@ -68,12 +69,6 @@ def tied(share: float = RESOLVED) -> str:
 TIED = tied()
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
-
-
-def _tie_share(name: str) -> float:
-    """The share of the estimates' size below which ``name``'s differences are ties."""
-    share = get(name).tie_share
-    return RESOLVED if share is None else share
 
 
 def unresolved_in(precision: str) -> str:
@@ -231,7 +226,7 @@ class Pairing:
             replicates = self.replicates(row, name)
             if replicates is not None:
                 sizes.append(float(np.abs(replicates[np.isfinite(replicates)]).max(initial=0)))
-        return _tie_share(name) * max(sizes, default=0.0)
+        return tie_share(name) * max(sizes, default=0.0)
 
     @functools.cache  # noqa: B019 - one Pairing per run: intervals, sets and notes read it
     def difference(self, k: int, b: int, name: str) -> tuple[float | None, float | None]:
@@ -346,7 +341,7 @@ class Pairing:
             if abs(delta) <= self.rounding_bound(k, b, name):
                 return Comparison(None, None, low, high, None, rounding_only_in(self.precision))
         if delta == 0.0 and stderr == 0.0:
-            note = tied(_tie_share(name))
+            note = tied(tie_share(name))
         elif note is None and delta is None:  # a null always says why (under betting the
             note = NO_DIFFERENCE  # interval of an undefined difference can still be had)
         elif note is None and (low is None or high is None) and stderr is None:

@@ -31,6 +31,7 @@ import numpy as np
 
 import ope_cli.data.sources.remote as remote
 from ope_cli.errors import UsageError
+from ope_cli.estimation.estimators import get, names
 from ope_cli.estimation.estimators.logspace import finite
 from ope_cli.estimation.intervals import MIN_VALID_REPLICATES
 from ope_cli.estimation.run_plan import GAMMA_SOURCES
@@ -332,7 +333,12 @@ def nmse(estimate_k: np.ndarray, true_k: np.ndarray) -> float | None:
         return finite(float(np.mean((estimate_k - true_k) ** 2)) / scale)
 
 
-def average_ranks(x_k: np.ndarray, share: float | None = None) -> np.ndarray:
+# Estimates closer than this share of their size are equal to float64 rounding: ties (a
+# policy against its own copy, or as an entry point and as a checkpoint, differs by ~1e-15).
+RESOLVED = 1e-12
+
+
+def average_ranks(x_k: np.ndarray, share: float = RESOLVED) -> np.ndarray:
     """[K] ranks 1..K of x_k in increasing order; tied values share their average rank,
     ties as the ranks and the top-k sets take them: equal to float64 rounding (``above``,
     with ``share``), neighbours in order chaining into one run."""
@@ -340,8 +346,7 @@ def average_ranks(x_k: np.ndarray, share: float | None = None) -> np.ndarray:
     sorted_x = x_k[order]
     with np.errstate(invalid="ignore"):
         step = sorted_x[1:] - sorted_x[:-1]
-        tie = RESOLVED if share is None else share
-        steps_up = step > tie * np.maximum(np.abs(sorted_x[1:]), np.abs(sorted_x[:-1]))
+        steps_up = step > share * np.maximum(np.abs(sorted_x[1:]), np.abs(sorted_x[:-1]))
         steps_up |= ~np.isfinite(step)  # an infinite or NaN value is its own run
     starts = np.flatnonzero(np.r_[True, steps_up])
     ends = np.r_[starts[1:], x_k.size]  # each run of equal values: [start, end)
@@ -351,9 +356,7 @@ def average_ranks(x_k: np.ndarray, share: float | None = None) -> np.ndarray:
     return ranks
 
 
-def spearman(
-    estimate_k: np.ndarray, true_k: np.ndarray, share: float | None = None
-) -> float | None:
+def spearman(estimate_k: np.ndarray, true_k: np.ndarray, share: float = RESOLVED) -> float | None:
     """Spearman's rank correlation of Ĵ and J: Pearson's correlation of their average ranks
     (the estimates' ties at ``share``). None for K < 2 or when either is constant (no
     ranking to correlate). [K] each."""
@@ -431,23 +434,25 @@ def check_top_k(top_k: Sequence[int], n_policies: int) -> tuple[int, ...]:
     return tuple(checked)
 
 
-# Estimates closer than this share of their size are equal to float64 rounding: ties (a
-# policy against its own copy, or as an entry point and as a checkpoint, differs by ~1e-15).
-RESOLVED = 1e-12
-
-
-def above(a: float, b: float, share: float | None = None) -> bool:
+def above(a: float, b: float, share: float = RESOLVED) -> bool:
     """Whether estimate ``a`` is larger than ``b`` beyond float64 rounding: ``share`` of
-    their size (None: ``RESOLVED``; an estimator's own: ``tie_share``)."""
-    return a - b > (RESOLVED if share is None else share) * max(abs(a), abs(b))
+    their size (an estimator's own: ``tie_share``)."""
+    return a - b > share * max(abs(a), abs(b))
 
 
-def equal_to_rounding(a: float, b: float, share: float | None = None) -> bool:
+def tie_share(estimator: str) -> float:
+    """The share of ``estimator``'s estimates' size below which they tie: its own
+    ``tie_share``, else (or where it is not registered) ``RESOLVED``."""
+    own = get(estimator).tie_share if estimator in names() else None
+    return RESOLVED if own is None else own
+
+
+def equal_to_rounding(a: float, b: float, share: float = RESOLVED) -> bool:
     """Whether estimates ``a`` and ``b`` are equal to float64 rounding (neither ``above``)."""
     return not above(a, b, share) and not above(b, a, share)
 
 
-def tied_at_edge(estimate_k: np.ndarray, k: int, share: float | None = None) -> np.ndarray:
+def tied_at_edge(estimate_k: np.ndarray, k: int, share: float = RESOLVED) -> np.ndarray:
     """[m] indices of the policies whose estimate equals the k-th largest (to rounding:
     ``above``), where the (k+1)-th largest equals it too (the top-k set is then not
     determined); [0] else."""
@@ -464,11 +469,11 @@ def _ranking_metrics(
     top_k: tuple[int, ...],
     baseline_value: float | None,
     policies: Sequence[str],
-    share: float | None = None,
+    share: float = RESOLVED,
 ) -> tuple[dict[str, float | None], list[str]]:
     """(rmse, nmse, spearman and the @k metrics, notes); all None when an estimate is
     undefined, the @k ones where ties straddle the top-k set's edge (``tied_at_edge``);
-    the estimates tie at ``share`` of their size (None: ``RESOLVED``)."""
+    the estimates tie at ``share`` of their size."""
     names = ["rmse", "nmse", "spearman"]
     at_k = ("regret", "nregret", "precision", "sharpe")
     names += [f"{m}@{k}" for k in top_k for m in at_k]
@@ -509,7 +514,7 @@ def selection_metrics(
     baseline_value: float | None = None,
     top_k: Sequence[int] = DEFAULT_TOP_K,
     names: Mapping[str, str] | None = None,
-    tie_share: float | None = None,
+    share: float = RESOLVED,
 ) -> tuple[dict[str, float | None], list[str]]:
     """One estimator's selection metrics against the true values (SPEC section 11).
 
@@ -521,8 +526,8 @@ def selection_metrics(
       baseline_value: J_0, the baseline's true value, for ``sharpe@k`` (None: none).
       top_k: the k of the @k metrics, each 1 <= k <= K.
       names: {policy: the name the notes give it} (the results' shown names; None: as keyed).
-      tie_share: estimates closer than this share of their size tie (the estimator's
-        ``tie_share``; None: ``RESOLVED``).
+      share: estimates closer than this share of their size tie (the estimator's
+        ``tie_share``).
 
     Returns:
       (metrics, notes): {"rmse", "nmse", "spearman", "coverage", "regret@k", "nregret@k",
@@ -550,9 +555,7 @@ def selection_metrics(
         )
     else:
         estimate_k = np.array([estimates[p] for p in policies], dtype=np.float64)
-    metrics, tie_notes = _ranking_metrics(
-        estimate_k, true_k, top_k, baseline_value, shown, tie_share
-    )
+    metrics, tie_notes = _ranking_metrics(estimate_k, true_k, top_k, baseline_value, shown, share)
     notes += tie_notes
     metrics["coverage"], coverage_notes = _coverage(intervals, policies, true_k)
     notes += coverage_notes
@@ -601,20 +604,10 @@ def selection_by_estimator(
             baseline_value=baseline_value,
             top_k=top_k,
             names=names,
-            tie_share=_tie_share(estimator),
+            share=tie_share(estimator),
         )
         notes += [f"{estimator}: {note}" for note in own]
     return selection, notes
-
-
-def _tie_share(estimator: str) -> float | None:
-    """A registered estimator's ``tie_share`` (None: the default, or not registered)."""
-    from ope_cli.estimation.estimators import base
-
-    try:
-        return base.get(estimator).tie_share
-    except KeyError:
-        return None
 
 
 # --------------------------------------------------------------------- could-be-best sets

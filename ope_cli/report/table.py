@@ -117,7 +117,7 @@ def rank_policies(result: EvaluationResult, estimator: str) -> list[int | None]:
     command-line order, only the first the best."""
     values = [estimated(p, estimator) for p in result.results]
     defined = [v for v in values if v is not None]
-    share = get_estimator(estimator).tie_share
+    share = selection.tie_share(estimator)
     return [
         None if v is None else 1 + sum(selection.above(o, v, share) for o in defined)
         for v in values
