@@ -352,8 +352,8 @@ class QModel(Protocol):
     ``add`` streams transitions in; ``fit(exclude)`` returns checkpoint arrays (without
     ``kind``) fitted on every fold but ``exclude`` (None: all); ``residual(arrays, fold)``
     is (sum of squared Bellman residuals r + gamma V(s') - Q(s, a), steps) over one
-    fold's steps (None: all); ``initial(arrays, fold)`` is (sum of V(s_0), sum of V(s_0)^2,
-    episodes) over one fold's episodes, for the dm estimate.
+    fold's steps (None: all); ``initial_centred(arrays, fold)`` is the InitialValues of one
+    fold's episodes, for the dm estimate.
     """
 
     name: str
@@ -366,10 +366,6 @@ class QModel(Protocol):
     def residual(
         self, arrays: dict[str, np.ndarray], fold: int | None = None
     ) -> tuple[float, int]: ...
-
-    def initial(
-        self, arrays: dict[str, np.ndarray], fold: int | None = None
-    ) -> tuple[float, float, int]: ...
 
     def initial_centred(
         self, arrays: dict[str, np.ndarray], fold: int | None = None

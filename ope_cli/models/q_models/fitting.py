@@ -176,9 +176,9 @@ def direct_method(initial: InitialValues) -> tuple[float, float, str | None]:
     mean = pivot + deviation
     if n < 2:
         return mean, math.nan, None
-    note, drop = spread_resolution(total, total_sq, n, DM_REMEDY, offset=pivot)
     if varies is False:  # raw sums of V(s_0) that is one value (equal phibar(s_0), one fit)
         return mean, 0.0, None
+    note, drop = spread_resolution(total, total_sq, n, DM_REMEDY, offset=pivot)
     cancelled = note is not None and note.startswith(zero_to_precision())
     if cancelled and varies:  # raw sums (the linear model's) of V(s_0) that is not one value
         return mean, math.nan, spread_cancelled(DM_REMEDY, "V-hat(s_0)'s values")

@@ -247,18 +247,10 @@ class MlpQ:
         gap = q_sa(arrays, d["x"], d["a"], self.discrete) - target
         return float(gap @ gap), int(gap.size)
 
-    def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
-        """(sum of V(s_0), sum of V(s_0)^2, episodes) over one fold's episodes."""
-        v = self._initial_values(arrays, fold)
-        return float(v.sum()), float(v @ v), int(v.size)
-
     def initial_centred(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """InitialValues of one fold's episodes, about the first one's V(s_0)."""
-        return centred(self._initial_values(arrays, fold))
-
-    def _initial_values(self, arrays: dict[str, np.ndarray], fold: int | None) -> np.ndarray:
         d = self._select(fold, prefix="0")
-        return np.asarray(values(arrays, d["x0"], d["p0"], self.discrete), np.float64)
+        return centred(np.asarray(values(arrays, d["x0"], d["p0"], self.discrete), np.float64))
 
 
 def min_iterations(gamma: float, longest: int) -> int:

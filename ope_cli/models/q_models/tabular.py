@@ -162,11 +162,6 @@ class TabularQ(FoldSums):
             float(np.sum(trans * gap * gap) + np.sum(term * q * q)),
         )
 
-    def initial(self, arrays: dict[str, np.ndarray], fold: int | None = None):
-        """(sum of V(s_0), sum of V(s_0)^2, episodes) over one fold's episodes."""
-        v, init = self._values(arrays["q"]), self._fold("init", fold)
-        return float(init @ v), float(init @ (v * v)), int(round(init.sum()))
-
     def initial_centred(self, arrays: dict[str, np.ndarray], fold: int | None = None):
         """InitialValues of one fold's episodes (counts of initial states), about the V of
         the first initial state."""
