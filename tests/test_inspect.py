@@ -535,3 +535,18 @@ def test_rewards_on_a_large_offset_keep_their_spread(tmp_path):
     assert float(shown["min"]) == pytest.approx(reward.min(), abs=0.1)
     assert float(shown["max"]) == pytest.approx(reward.max(), abs=0.1)
     assert float(shown["std"]) == pytest.approx(reward.std(), rel=1e-3)
+
+
+def test_a_damaged_first_file_is_reported_and_skipped(messy, tmp_path):
+    """README: a file that fails while it is read is reported and skipped. A damaged FIRST
+    file stopped inspect with pyarrow's words, as the schema is read from it."""
+    root, episodes, policy, plan = messy
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    whole = (root / "logs" / "part-0.parquet").read_bytes()
+    (logs / "part-0.parquet").write_bytes(whole[: len(whole) // 2])
+    (logs / "part-1.parquet").write_bytes((root / "logs" / "part-1.parquet").read_bytes())
+    report = inspect(InspectConfig(str(logs), policies=(str(policy),)))
+    (damaged,) = [p for p in report.problems if p.reason == "file_error"]
+    assert damaged.file == str(logs / "part-0.parquet")
+    assert report.episodes > 0

@@ -595,3 +595,30 @@ def test_a_declared_discount_of_minus_zero_is_zero(tmp_path):
     metadata = {"ope": json.dumps({"gamma": -0.0})}
     pq.write_table(table(0, 10).replace_schema_metadata(metadata), tmp_path / "p.parquet")
     assert str(open_dataset(str(tmp_path)).declared_bounds().gamma) == "0.0"
+
+
+def test_truncated_first_file_is_named_and_the_others_open(tmp_path):
+    """The dataset's schema comes from its first file: a truncated first file stopped the
+    open with pyarrow's "Error creating dataset" and no file name of its own. The dataset
+    now opens on the first readable file's schema, and reading the damaged one fails
+    naming it, as a damaged later file does."""
+    pq.write_table(table(0, 10), tmp_path / "a.parquet")
+    pq.write_table(table(10, 20), tmp_path / "b.parquet")
+    damaged = tmp_path / "a.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:60])
+    data = open_dataset(str(tmp_path))
+    assert data.schema_file == str(tmp_path / "b.parquet")
+    with pytest.raises(DataError) as info:
+        list(iter_batches(data, ["episode_id"], 10))
+    assert str(info.value).startswith(f"{damaged}: cannot read: ")
+    assert "Error creating dataset" not in str(info.value)
+
+
+def test_no_readable_file_names_the_first(tmp_path):
+    for name in ("a.parquet", "b.parquet"):
+        pq.write_table(table(0, 10), tmp_path / name)
+        (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:60])
+    with pytest.raises(DataError) as info:
+        open_dataset(str(tmp_path))
+    assert str(info.value).startswith(f"{tmp_path / 'a.parquet'}: cannot read: ")
+    assert "Error creating dataset" not in str(info.value)

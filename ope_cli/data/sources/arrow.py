@@ -90,16 +90,7 @@ class ArrowFileDataset:
         if files and remote.is_uri(files[0]):
             filesystem, prefix, paths = remote.split(files)
             base_dir = base_dir[len(prefix) :] if base_dir else None
-        try:
-            dataset = ds.dataset(
-                paths,
-                format=file_format,
-                partitioning="hive" if base_dir else None,
-                partition_base_dir=base_dir,
-                filesystem=filesystem,
-            )
-        except (OSError, pa.ArrowException) as error:
-            raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
+        dataset, first = _opened(source, files, paths, file_format, filesystem, base_dir)
         try:  # a damaged footer can decode into names that are not text
             for field in dataset.schema:
                 field.name, str(field.type)
@@ -108,7 +99,6 @@ class ArrowFileDataset:
                 f"{source}: cannot read the schema (column names or types are damaged: "
                 f"{first_line(error)})"
             ) from None
-        first = files[0] if files else None
         return cls(
             source,
             tuple(files),
@@ -205,6 +195,47 @@ def _folder_key_clash(name: str, held: str) -> str:
         f"the folders' names ({name}=...) make a column {name!r} that {held}: rename the "
         "folders, or name the files (a glob) rather than their directory"
     )
+
+
+def _opened(source: str, files: list[str], paths: list[str], file_format, filesystem, base_dir):
+    """(pyarrow dataset of ``paths``, the file its schema comes from): the first file's, or,
+    where that one cannot be read (truncated, damaged), the first readable file's; reading
+    a damaged file then fails naming it (``iter_batches``), as a damaged later file does.
+    Raises DataError where no file can be read or the files disagree."""
+    options = dict(
+        format=file_format,
+        partitioning="hive" if base_dir else None,
+        partition_base_dir=base_dir,
+        filesystem=filesystem,
+    )
+    try:
+        return ds.dataset(paths, **options), (files[0] if files else None)
+    except (OSError, pa.ArrowException) as error:
+        readable, why = _first_readable(paths, file_format, filesystem)
+        if readable is None:
+            raise DataError(f"{files[0]}: cannot read: {why}") from None
+        if readable == 0:  # the files disagree (e.g. a hive key that is also a column)
+            raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
+    try:
+        schema = ds.dataset(paths[readable], **options).schema
+        return ds.dataset(paths, schema=schema, **options), files[readable]
+    except (OSError, pa.ArrowException) as error:
+        raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
+
+
+def _first_readable(paths: list[str], file_format: str, filesystem) -> tuple[int | None, str]:
+    """(the index of the first of ``paths`` whose own schema can be read, None if none can;
+    the first line of what stopped the first file)."""
+    why, local = "", filesystem or pafs.LocalFileSystem()
+    reader = ds.ParquetFileFormat() if file_format == "parquet" else ds.IpcFileFormat()
+    for index, path in enumerate(paths):
+        try:
+            reader.inspect(path, filesystem=local)
+        except (OSError, pa.ArrowException) as error:
+            why = why or first_line(error)
+            continue
+        return index, why
+    return None, why
 
 
 def _why_not_opened(error: Exception, paths: list[str], base_dir: str | None) -> str:
