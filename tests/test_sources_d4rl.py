@@ -326,3 +326,51 @@ def test_missing_h5py_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py raises ImportError
     with pytest.raises(DataError, match=r"pip install 'ope-cli\[hdf5\]'"):
         open_dataset(str(path))
+
+
+def test_files_whose_numbers_differ_in_float_width_read_widened(tmp_path):
+    """Parquet files that store rewards as float32 in one and float64 in another evaluate
+    together; such HDF5 files were refused as "of another kind". Each float dataset now
+    reads as the widest any file stores (exact), and the values are each file's own."""
+    first = d4rl_arrays(seed=1)  # float32 rewards and observations
+    second = d4rl_arrays(((2, "terminal"), (2, None)), seed=2)
+    second["rewards"] = second["rewards"].astype(np.float64) + 1e-12
+    second["observations"] = second["observations"].astype(np.float64)
+    write_d4rl(tmp_path / "a.hdf5", first)
+    write_d4rl(tmp_path / "b.hdf5", second)
+    data = open_dataset(str(tmp_path / "*.hdf5"))
+    assert data.schema.field("reward").type == pa.float64()
+    assert data.schema.field("observation").type == pa.list_(pa.float64(), OBS_DIM)
+    batches = read_all(data, ["reward", "observation"], 3)
+    rewards = np.concatenate([b.batch.column(0).to_numpy() for b in batches])
+    np.testing.assert_array_equal(rewards, np.concatenate([first["rewards"], second["rewards"]]))
+
+
+@pytest.mark.parametrize(
+    ("key", "values", "says"),
+    [
+        ("observations", lambda a: np.zeros((a["rewards"].size, OBS_DIM + 1)), "list<item: float"),
+        ("actions", lambda a: a["actions"].astype(np.float64), "int64"),
+    ],
+)
+def test_files_whose_datasets_differ_otherwise_name_the_dataset(tmp_path, key, values, says):
+    first = d4rl_arrays(seed=1)
+    second = d4rl_arrays(seed=2)
+    second[key] = values(second)
+    write_d4rl(tmp_path / "a.hdf5", first)
+    write_d4rl(tmp_path / "b.hdf5", second)
+    message = data_error(open_dataset, str(tmp_path / "*.hdf5"))
+    assert message.startswith(f"{tmp_path / 'b.hdf5'}: dataset {key!r} ")
+    assert says in message and str(tmp_path / "a.hdf5") in message
+
+
+def test_files_with_other_datasets_name_one(tmp_path):
+    first, second = d4rl_arrays(seed=1), d4rl_arrays(seed=2)
+    del second["infos/qpos"]
+    write_d4rl(tmp_path / "a.hdf5", first)
+    write_d4rl(tmp_path / "b.hdf5", second)
+    message = data_error(open_dataset, str(tmp_path / "*.hdf5"))
+    assert message == (
+        f"{tmp_path / 'b.hdf5'}: it has no dataset 'infos/qpos', which {tmp_path / 'a.hdf5'} "
+        "has; read files with the same datasets together"
+    )

@@ -198,8 +198,10 @@ def _to_arrow(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     """[n, ...] values -> n Arrow values of ``dtype`` (fixed-size lists of flattened rows)."""
     if pa.types.is_fixed_size_list(dtype):
         flat = np.ascontiguousarray(values).reshape(-1)
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat), dtype.list_size)
-    return pa.array(np.ascontiguousarray(values).reshape(len(values)))
+        return pa.FixedSizeListArray.from_arrays(
+            pa.array(flat, type=dtype.value_type), dtype.list_size
+        )
+    return pa.array(np.ascontiguousarray(values).reshape(len(values)), type=dtype)
 
 
 @dataclasses.dataclass
@@ -235,17 +237,15 @@ class D4rlDataset:
       files: HDF5 files in read order.
       layouts: {file: FileLayout}.
       first_episode: {file: id of its first episode}.
+      schema: the columns of every file, each float as wide as the widest file's.
     """
 
     source: str
     files: tuple[str, ...]
     layouts: dict[str, FileLayout]
     first_episode: dict[str, int]
+    schema: pa.Schema
     format: str = NAME
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self.layouts[self.files[0]].schema
 
     def declared_bounds(self) -> DeclaredBounds:
         return DeclaredBounds()
@@ -307,16 +307,53 @@ def open_files(source: str, files: list[str], base_dir: str | None) -> D4rlDatas
     several files, to number their episodes); raises DataError."""
     h5py = _h5py()
     layouts = {f: describe_file(h5py, f) for f in files}
-    first = layouts[files[0]].schema
-    for file in files[1:]:
-        if not layouts[file].schema.equals(first):
-            raise DataError(
-                f"{file}: its datasets differ from those of {files[0]} (names, types or "
-                "shapes); read files of one kind together"
-            )
     first_episode, count = {}, 0
     for file in files:
         first_episode[file] = count
         if len(files) > 1:
             count += _episode_count(h5py, file, layouts[file].rows)
-    return D4rlDataset(source, tuple(files), layouts, first_episode)
+    return D4rlDataset(source, tuple(files), layouts, first_episode, _common_schema(layouts))
+
+
+def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
+    """The first file's schema, each float column as wide as any file stores it (files
+    may store rewards as float32 in one and float64 in another, as Parquet files may);
+    raises DataError naming the first dataset that differs in any other way."""
+    (first, layout), *others = layouts.items()
+    fields = list(layout.schema)
+    for file, other in others:
+        mine, theirs = set(layout.columns.values()), set(other.columns.values())
+        if mine != theirs:
+            lacks, also = sorted(mine - theirs), sorted(theirs - mine)
+            differs = (
+                f"no dataset {lacks[0]!r}, which {first} has"
+                if lacks
+                else f"a dataset {also[0]!r} that {first} has not"
+            )
+            raise DataError(f"{file}: it has {differs}; read files with the same datasets together")
+        keys = layout.columns
+        for index, mine in enumerate(fields):
+            theirs = other.schema.field(mine.name)
+            wider = _wider_float(mine.type, theirs.type)
+            if wider is None:
+                raise DataError(
+                    f"{file}: dataset {keys[mine.name]!r} holds {theirs.type}, but "
+                    f"{mine.type} in {first}; read files that store it alike together"
+                )
+            fields[index] = mine.with_type(wider)
+    return pa.schema(fields)
+
+
+def _wider_float(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The wider of two float types (or fixed-size lists of floats of one size); ``a``
+    where they are equal; None where they differ otherwise."""
+    if a.equals(b):
+        return a
+    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+        if a.list_size != b.list_size:
+            return None
+        value = _wider_float(a.value_type, b.value_type)
+        return None if value is None else pa.list_(value, a.list_size)
+    if pa.types.is_floating(a) and pa.types.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    return None
