@@ -492,6 +492,34 @@ def test_returns_that_overflow_are_null_with_their_own_reason(tmp_path, recwarn)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
+@pytest.mark.parametrize("others", [[1e308, 1.0], [1e308, 1.0, 1.0, 1.0]])
+def test_an_overflowing_return_beside_a_term_near_float64s_largest_is_not_left_out(
+    tmp_path, others
+):
+    """An episode whose return overflows (1e308 twice) beside one whose term is about 1e308:
+    the overflowing term's factor to the batch's scale, e^-709, is subnormal, which XLA on
+    CPU flushes to zero, and the term was dropped: IS and PDIS printed the other episodes'
+    mean, 5e307 or 3.3e307, with no word. They are null, and say why."""
+    rewards = [1e308, 1e308, *others]
+    lengths = [2] + [2] * (len(others) // 2)
+    table = pa.table(
+        {
+            "episode_id": np.repeat(np.arange(len(lengths)), lengths),
+            "step": np.concatenate([np.arange(n) for n in lengths]),
+            "observation": [0.0] * len(rewards),
+            "action": [0] * len(rewards),
+            "reward": rewards,
+            "behavior_prob": [0.5] * len(rewards),
+            "target_prob": [0.5] * len(rewards),
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    (result,) = _run(tmp_path / "logs.parquet").results
+    notes = {name: (e.value, e.note) for name, e in result.estimates.items()}
+    assert notes["is"] == (None, "the trajectory weights or the returns overflow float64")
+    assert notes["pdis"] == (None, "the per-decision weights or the rewards overflow float64")
+
+
 def test_an_undefined_estimate_and_difference_have_no_standard_error(tmp_path):
     """Weights of 1e600 (three steps of ratio 1e200) overflow float64: IS was null with a
     standard error of 0.0, and so was its difference from the logging policy's."""

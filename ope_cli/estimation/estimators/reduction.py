@@ -528,7 +528,10 @@ def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups
             name = spec.scale.name
             log_factor_b = own_b[name] - safe_log_scale(log_scales[name])
             factor_b = jnp.exp(spec.power * log_factor_b.astype(dtype))
-            value_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
+            # a term that overflowed stays as it is (its sums then say so), also where its
+            # factor underflowed: e^-709 is subnormal, which XLA on CPU flushes to zero
+            scaled_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
+            value_b = jnp.where(jnp.isfinite(value_b), scaled_b, value_b)
         if spec.moments is None:
             layout.append((spec.name, 1))
             columns.append(value_b)
