@@ -520,6 +520,29 @@ def test_an_overflowing_return_beside_a_term_near_float64s_largest_is_not_left_o
     assert notes["pdis"] == (None, "the per-decision weights or the rewards overflow float64")
 
 
+@pytest.mark.parametrize("target", [0.0, 1e-300])
+def test_an_overflowing_return_of_a_negligible_weight_counts_as_zero(tmp_path, target):
+    """Weight 0 (or 1e-600) times a return that overflows: the term is 0 (or 8e-292), and IS
+    and WIS keep their values, as PDIS and WPDIS do (they went null when overflowing terms
+    were first kept whatever their factor)."""
+    table = pa.table(
+        {
+            "episode_id": [0, 0, 1, 1, 2, 2],
+            "step": [0, 1] * 3,
+            "observation": [0.0] * 6,
+            "action": [0] * 6,
+            "reward": [1e308, 1e308, 1.0, 2.0, 3.0, 1.0],
+            "behavior_prob": [0.5] * 6,
+            "target_prob": [target, target if target else 0.5, 0.5, 0.5, 0.5, 0.5],
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    (result,) = _run(tmp_path / "logs.parquet").results
+    values = {name: e.value for name, e in result.estimates.items()}
+    assert values["is"] == pytest.approx(7 / 3, rel=1e-12)
+    assert values["wis"] == pytest.approx(3.5, rel=1e-12)
+
+
 def test_an_undefined_estimate_and_difference_have_no_standard_error(tmp_path):
     """Weights of 1e600 (three steps of ratio 1e200) overflow float64: IS was null with a
     standard error of 0.0, and so was its difference from the logging policy's."""

@@ -514,6 +514,12 @@ def _batch_scales(specs, trajectory: Trajectory, real_b, values_b: dict):
     return own_b, log_scales, pivots, deviations_b
 
 
+# An episode term that overflowed (|t| < e^(709.8 + log T): T steps of at most float64's
+# largest) and whose weight lies this far below the batch's scale is below float64's
+# resolution of the largest term (e^-37) even for episodes of e^50 steps: it counts as 0
+NEGLIGIBLE_LOG_FACTOR = -(709.8 + 50.0 + 37.0)
+
+
 def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups, dtype):
     """(sums [K, ...], replicate_sums [R, ...]) of the scalar ``specs``: each episode's value
     rescaled from its own log scale to the batch's, with moments times (pivot - batch
@@ -529,9 +535,11 @@ def _scalar_sums(specs, values_b, scales, real_b, group_b, counts_rb, num_groups
             log_factor_b = own_b[name] - safe_log_scale(log_scales[name])
             factor_b = jnp.exp(spec.power * log_factor_b.astype(dtype))
             # a term that overflowed stays as it is (its sums then say so), also where its
-            # factor underflowed: e^-709 is subnormal, which XLA on CPU flushes to zero
+            # factor underflowed (e^-709 is subnormal, which XLA on CPU flushes to zero),
+            # unless its weight is so small that it cannot count (0 * inf: weight 0)
             scaled_b = jnp.where(factor_b > 0, value_b * factor_b, 0.0)
-            value_b = jnp.where(jnp.isfinite(value_b), scaled_b, value_b)
+            kept_b = jnp.isfinite(value_b) | (log_factor_b < NEGLIGIBLE_LOG_FACTOR)
+            value_b = jnp.where(kept_b, scaled_b, value_b)
         if spec.moments is None:
             layout.append((spec.name, 1))
             columns.append(value_b)
