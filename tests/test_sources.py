@@ -622,3 +622,18 @@ def test_no_readable_file_names_the_first(tmp_path):
         open_dataset(str(tmp_path))
     assert str(info.value).startswith(f"{tmp_path / 'a.parquet'}: cannot read: ")
     assert "Error creating dataset" not in str(info.value)
+
+
+def test_a_damaged_first_file_in_hive_folders_types_the_keys_from_every_other_folder(tmp_path):
+    """The partition key's type came from the first readable file's folder alone (int32 for
+    seed=2), and seed=99999999999 then stopped the open with "error parsing ... int32"."""
+    for seed, (lo, hi) in {"1": (0, 5), "2": (5, 9), "99999999999": (9, 12)}.items():
+        (tmp_path / f"seed={seed}").mkdir()
+        pq.write_table(table(lo, hi), tmp_path / f"seed={seed}" / "x.parquet")
+    whole = open_dataset(str(tmp_path)).schema.field("seed").type
+    damaged = tmp_path / "seed=1" / "x.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:60])
+    data = open_dataset(str(tmp_path))
+    assert data.schema.field("seed").type == whole
+    with pytest.raises(DataError, match="cannot read"):
+        list(iter_batches(data, ["episode_id"], 10))

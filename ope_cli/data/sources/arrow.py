@@ -217,7 +217,8 @@ def _opened(source: str, files: list[str], paths: list[str], file_format, filesy
         if readable == 0:  # the files disagree (e.g. a hive key that is also a column)
             raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
     try:
-        schema = ds.dataset(paths[readable], **options).schema
+        # the partition keys typed from every readable file's folders, not one of them
+        schema = ds.dataset(paths[readable:], **options).schema
         return ds.dataset(paths, schema=schema, **options), files[readable]
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{source}: {_why_not_opened(error, paths, base_dir)}") from None
