@@ -127,8 +127,8 @@ class DatasetSummary:
     # decimal magnitudes (floor log10) of the largest |observation| and |reward|, of 1 /
     # the smallest non-zero |reward|, of the largest critic value and |action|, and the
     # digits the rewards', returns' and observations' size stands above their spread
-    # (-1000: none), for float32's warning (``pipeline.magnitudes``), None where a
-    # float64 run did not measure them; not in the JSON
+    # (-1000: none), for float32's warning (``pipeline.magnitudes``; a float64 run
+    # measures the rewards' and critic's sizes alone, for float64's); not in the JSON
     magnitudes: tuple[int, ...] | None = None
 
 

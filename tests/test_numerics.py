@@ -543,6 +543,76 @@ def test_an_overflowing_return_of_a_negligible_weight_counts_as_zero(tmp_path, t
     assert values["wis"] == pytest.approx(3.5, rel=1e-12)
 
 
+def _log_prob_table(episodes) -> pa.Table:
+    """A step table of (rewards, behavior log-probabilities, target log-probabilities)
+    per episode."""
+    columns = {name: [] for name in ("episode_id", "step", "reward")}
+    columns.update(behavior_log_prob=[], target_log_prob=[])
+    for episode, (rewards, log_b, log_pi) in enumerate(episodes):
+        columns["episode_id"] += [episode] * len(rewards)
+        columns["step"] += list(range(len(rewards)))
+        columns["reward"] += list(rewards)
+        columns["behavior_log_prob"] += list(log_b)
+        columns["target_log_prob"] += list(log_pi)
+    n = len(columns["reward"])
+    return pa.table({**columns, "observation": [0.0] * n, "action": [0] * n})
+
+
+def _float64_range(result) -> list[str]:
+    from ope_cli.report.warnings import FLOAT64_RANGE, run_warnings
+
+    return [w.message for w in run_warnings(result) if w.code == FLOAT64_RANGE]
+
+
+FLOAT64_EDGES = {
+    # WIS: a weight e^-709.5 below the largest times a return of 1e308 (1.0 printed, 1.738)
+    "weight": ([([1.0], [-709.5], [0.0]), ([1e308], [0.0], [0.0]), ([3.0], [0.0], [0.0])], 1.0),
+    # gamma^t below 2.2e-308 times rewards of 1e300 (3.4e-301 printed, 3.4e-21)
+    "discount": (
+        [
+            ([0.0] * 160 + [1e300] * 40, [0.0] * 200, [0.0] * 200),
+            ([0.0] * 200, [0.0] * 200, [0.0] * 200),
+            ([1e-300] * 200, [0.0] * 200, [0.0] * 200),
+        ],
+        0.01,
+    ),
+    # rewards below float64's normal range, which the kernel takes as 0 (0 +- 0 printed)
+    "subnormal": ([([1e-308], [0.0], [0.0]), ([5e-324], [0.0], [0.0])], 1.0),
+}
+
+
+@pytest.mark.parametrize("case", FLOAT64_EDGES)
+def test_values_at_float64s_edges_are_warned_of(tmp_path, case):
+    """XLA on CPU flushes values below 2.2e-308 to zero: a weight or a discount that small
+    times a reward near float64's largest lost its term (finite numbers 40% off and more,
+    without a word), and subnormal rewards counted as 0. The float64_range warning says so,
+    with the bound of what can be lost."""
+    episodes, gamma = FLOAT64_EDGES[case]
+    write_table(_log_prob_table(episodes), tmp_path / "logs.parquet")
+    (message,) = _float64_range(_run(tmp_path / "logs.parquet", gamma=gamma))
+    assert "2.2e-308" in message
+    exposed = {
+        "weight": "rewards reach 1e308: each estimate can lose up to 2.2e+01",
+        "discount": "rewards reach 1e300: each estimate can lose up to 4.5e-05",
+        "subnormal": "rewards as small as 1e-324 (below 2.2e-308 the kernel takes them as 0)",
+    }[case]
+    assert exposed in message
+    if case != "subnormal":  # the IS of "weight" overflows: null, and said so
+        named = "wis and wpdis" if case == "weight" else "is, wis, pdis and wpdis"
+        assert f"more than 1e-9 of {named};" in message
+
+
+def test_ordinary_and_large_values_are_not_warned_of(tmp_path):
+    """Rewards of 1e20 with weights e^+-700: what can be lost is far below the estimates."""
+    episodes = [
+        ([1e20, 1.0], [0.0, 0.0], [0.0, -700.0]),
+        ([2e20], [0.0], [0.0]),
+        ([0.0], [0.0], [0.0]),
+    ]
+    write_table(_log_prob_table(episodes), tmp_path / "logs.parquet")
+    assert _float64_range(_run(tmp_path / "logs.parquet", gamma=0.01)) == []
+
+
 def test_an_undefined_estimate_and_difference_have_no_standard_error(tmp_path):
     """Weights of 1e600 (three steps of ratio 1e200) overflow float64: IS was null with a
     standard error of 0.0, and so was its difference from the logging policy's."""

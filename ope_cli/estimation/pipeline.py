@@ -159,7 +159,8 @@ class BatchStream:
     ``qs``); and, as the stream is consumed, ``counters`` (episodes, steps, rows, drops),
     ``shapes`` (the [B, T] shapes emitted) and ``seen_keys()``. ``magnitudes``: whether
     the counters measure what float32 must hold (``Counters.magnitudes``), which only a
-    float32 run reads (on a float64 one, measuring it took a tenth of a warm run).
+    float32 run reads (on a float64 one, measuring it took a tenth of a warm run); else
+    only the values' sizes (``value_magnitudes``).
     """
 
     def __init__(
@@ -204,8 +205,8 @@ class BatchStream:
                     self._check_replicate_memory(counts.max_length)
                 if self.behavior is not None:
                     check_behavior_against_chunk(self.behavior, chunk)
-                if self.magnitudes:
-                    np.maximum(counts.magnitudes, magnitudes(chunk), out=counts.magnitudes)
+                measured = magnitudes(chunk) if self.magnitudes else value_magnitudes(chunk)
+                np.maximum(counts.magnitudes, measured, out=counts.magnitudes)
                 ready = bucketer.add(chunk)
                 del chunk  # the pool frees it once its episodes are in batches
                 yield from ready
@@ -363,6 +364,35 @@ def decimal_magnitude(value: float) -> int:
 MAGNITUDES = 9  # the entries of Counters.magnitudes
 
 
+FLOAT64_MAGNITUDES = 4  # Counters.magnitudes' entries a float64 run measures too
+
+
+def _size(values: np.ndarray) -> float:
+    """The largest |value|, without an array of them."""
+    return float(max(values.max(), -values.min())) if values.size else 0.0
+
+
+def _largest(values: np.ndarray) -> int:
+    return decimal_magnitude(_size(values))
+
+
+def value_magnitudes(chunk) -> np.ndarray:
+    """[MAGNITUDES] Counters.magnitudes of one chunk that a float64 run measures (what
+    reaches float64's edges, ``float64_range``): the largest |reward|, 1 / the smallest
+    non-zero |reward| and the critic columns' largest |value|; NO_MAGNITUDE elsewhere."""
+    reward = chunk.reward
+    smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
+    columns = (getattr(chunk, name, None) for name in ("q_value", "v_value"))
+    critic = [_largest(values) for values in columns if values is not None]
+    found = np.full(MAGNITUDES, NO_MAGNITUDE, np.int64)
+    found[1:FLOAT64_MAGNITUDES] = (
+        _largest(reward),
+        -decimal_magnitude(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
+        max(critic, default=NO_MAGNITUDE),
+    )
+    return found
+
+
 def magnitudes(chunk) -> np.ndarray:
     """[MAGNITUDES] Counters.magnitudes of one chunk: floor log10 of its largest
     |observation| (float observations only: integers index states) and |reward|, -floor
@@ -374,27 +404,17 @@ def magnitudes(chunk) -> np.ndarray:
     (rewards of +-1000 whose returns cancel to 0.0025 +- 3e-4: float32 rounds each reward
     by 6e-5, and WPDIS came out 2.8% off, without a word)."""
 
-    def size(values: np.ndarray) -> float:  # the largest |value|, without an array of them
-        return float(max(values.max(), -values.min())) if values.size else 0.0
-
-    def largest(values: np.ndarray) -> int:
-        return decimal_magnitude(size(values))
-
     observation, reward, action = chunk.observation, chunk.reward, chunk.action
     floats = observation is not None and observation.dtype.kind == "f"
-    smallest = np.min(np.abs(reward), where=reward != 0, initial=math.inf)
-    columns = (getattr(chunk, name, None) for name in ("q_value", "v_value"))
-    critic = [largest(values) for values in columns if values is not None]
     with np.errstate(over="ignore", invalid="ignore"):  # returns past float64: not finite
         returns = np.add.reduceat(reward, chunk.offsets[:-1]) if reward.size else reward
-    reward_size = size(reward)
+    reward_size = _size(reward)
+    values = value_magnitudes(chunk)
     return np.array(
         [
-            largest(observation) if floats else NO_MAGNITUDE,
-            decimal_magnitude(reward_size),
-            -decimal_magnitude(float(smallest)) if smallest < math.inf else NO_MAGNITUDE,
-            max(critic, default=NO_MAGNITUDE),
-            largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
+            _largest(observation) if floats else NO_MAGNITUDE,
+            *values[1:FLOAT64_MAGNITUDES],
+            _largest(action) if action is not None and action.dtype.kind == "f" else NO_MAGNITUDE,
             lost_digits(reward),
             lost_digits(returns),
             lost_digits(observation) if floats else NO_MAGNITUDE,
@@ -473,7 +493,7 @@ def _dataset(config: EvaluationConfig, batches: BatchStream, counts) -> DatasetS
         episodes_dropped=int(counts.dropped[:, 0].sum()),
         steps_dropped=int(counts.dropped[:, 1].sum()),
         dropped=dropped_by_reason(counts.dropped),
-        magnitudes=tuple(int(m) for m in counts.magnitudes) if batches.magnitudes else None,
+        magnitudes=tuple(int(m) for m in counts.magnitudes),
     )
 
 

@@ -93,6 +93,15 @@ FLOAT32_VALUE_MAGNITUDE, FLOAT32_SMALL_MAGNITUDE = 4, 30
 # linear Q fit's dm 57 standard errors off, at 1000 + U(0, 1) 0.1); integer returns of
 # -1000 +- 0.5 (3 digits) are exact
 FLOAT32_SPREAD_DIGITS = 4
+FLOAT64_RANGE = "float64_range"  # values at float64's edges, which the kernel can lose
+# XLA on CPU flushes values below float64's smallest normal number to zero: a weight (far
+# below the batch's largest) or a discount gamma^t that small times a reward, return or
+# Q-hat near float64's largest loses its term (a QA run: WIS 1.0 for 1.738, IS 3.4e-301
+# for 3.4e-21), and subnormal rewards count as 0
+FLOAT64_SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)  # 2.2e-308
+# what an estimate can lose is said where it exceeds this share of the estimate (or of its
+# standard error) and this much in all: far below any value a reader tells from 0
+FLOAT64_LOSS_SHARE, FLOAT64_LOSS_FLOOR = 1e-9, 1e-290
 
 
 @dataclasses.dataclass(frozen=True)
@@ -891,6 +900,49 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
     )
 
 
+def float64_warning(result: EvaluationResult) -> Warning | None:
+    """Values at float64's edges (``FLOAT64_RANGE``): subnormal rewards, or rewards and
+    critic values so large that the terms the kernel flushes to zero (below 2.2e-308 of
+    them, at most ``max_length`` per episode) can exceed FLOAT64_LOSS_SHARE of an
+    estimate."""
+    magnitudes = result.dataset.magnitudes
+    if result.runtime.precision == "float32" or magnitudes is None:
+        return None
+    _, large, small, critic, *_ = magnitudes
+    found = []
+    if small > -math.log10(FLOAT64_SMALLEST_NORMAL):
+        found.append(f"rewards as small as 1e-{small} (below 2.2e-308 the kernel takes them as 0)")
+    size = max(large, critic)
+    steps = max(1, result.dataset.max_length)
+    loss = math.exp(math.log(FLOAT64_SMALLEST_NORMAL * steps) + (size + 1) * math.log(10))
+    exposed = []
+    if size > NO_MAGNITUDE and loss >= FLOAT64_LOSS_FLOOR:
+        for policy in result.results:
+            names = [
+                name
+                for name, e in policy.estimates.items()
+                if e.value is not None
+                and loss > FLOAT64_LOSS_SHARE * max(abs(e.value), e.stderr or 0.0)
+            ]
+            if names:
+                who = f" ({policy.policy})" if len(result.results) > 1 else ""
+                exposed.append(and_list(names) + who)
+    if exposed:
+        what = "rewards" if large >= critic else "Q-hat or V-hat values"
+        found.append(
+            f"{what} reach 1e{size}: each estimate can lose up to {loss:.1e} (2.2e-308 of "
+            f"them per step), more than 1e-9 of {'; '.join(exposed)}"
+        )
+    if not found:
+        return None
+    return Warning(
+        FLOAT64_RANGE,
+        "float64 holds values down to 2.2e-308, below which the kernel counts a product "
+        "(a weight far below the largest, or a discount gamma^t, times a value) as 0, and "
+        f"{', and '.join(found)}; treat these estimates as approximate.",
+    )
+
+
 def run_warnings(
     result: EvaluationResult, ranks: list[int | None] | None = None, rank_by: str | None = None
 ) -> list[Warning]:
@@ -907,6 +959,7 @@ def run_warnings(
         behavior_fit_warning(result),
         behavior_overfit_warning(result),
         float32_warning(result),
+        float64_warning(result),
         asymptotic_warning(result),
         fitted_betting_warning(result),
         *(w for w in q_error if w.policy is None),
