@@ -939,7 +939,8 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
         FLOAT64_RANGE,
         "float64 holds values down to 2.2e-308, below which the kernel counts a product "
         "(a weight far below the largest, or a discount gamma^t, times a value) as 0, and "
-        f"{', and '.join(found)}; treat these estimates as approximate.",
+        f"{', and '.join(found)}; treat these estimates, and differences between them, as "
+        "approximate.",
     )
 
 
