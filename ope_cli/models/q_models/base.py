@@ -98,8 +98,10 @@ def unconverged_message(model: str, iterations, discrete: bool, linear: str) -> 
     way_out = f", or {linear}" if discrete else ""
     return (
         f"the fitted Q-hat ({model}) did not converge in {iterations} iterations (each looks "
-        "one step further ahead; long episodes or a gamma near 1 need more): dm can be far "
-        f"off, by more than its interval says; prefer dr or wdr{way_out}."
+        "one step further ahead, and then its held-out values must change by less than 2% "
+        "twice: long episodes or a gamma near 1 need more iterations, and noisy values, as "
+        "on one-step episodes, may never settle): dm can be far off, by more than its "
+        f"interval says; prefer dr or wdr{way_out}."
     )
 
 
