@@ -507,6 +507,16 @@ def test_a_problem_after_a_missing_step_is_located_at_its_own_step(tmp_path):
     assert located["reward_not_finite"] == (0, 4)
 
 
+def test_a_missing_step_is_located_at_the_step_that_is_missing(tmp_path):
+    """Without step 2, inspect said "first at episode 0, step 3", a step that is there (as
+    evaluate says, "step 2 is missing")."""
+    table = _logged([0, 0, 0, 0, 1, 1], [0, 1, 3, 4, 0, 1], [1.0] * 6)
+    pq.write_table(table, tmp_path / "logs.parquet")
+    report = inspect(InspectConfig(str(tmp_path / "logs.parquet")))
+    located = {problem.reason: (problem.episode, problem.step) for problem in report.problems}
+    assert located == {"missing_step": (0, 2)}
+
+
 def test_rewards_on_a_large_offset_keep_their_spread(tmp_path):
     """Rewards of 1e8 + N(0, 1): the std came from raw sums of r^2 and was 0, and the
     table read "mean 1e+08, std 0, min 1e+08, max 1e+08", a constant."""

@@ -573,6 +573,8 @@ def _order_steps(
             "missing_step",
             "a step is missing or out of range (steps must be 0, 1, ..., length-1)",
             missing,
+            # located at the step missing there, or at the step below 0
+            np.where(rows.step > position, position, rows.step),
         ),
     ]
 

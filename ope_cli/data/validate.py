@@ -113,6 +113,9 @@ class Check(NamedTuple):
     reason: str  # a name in REGISTRY
     message: str
     rows: np.ndarray
+    # [N] the step a row's problem is located at, where it is not the row's own (the step
+    # missing before it); None: the row's own
+    steps: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +216,8 @@ class Validation:
                     break
                 continue
             at = locate(int(rows[0]))
+            if check.steps is not None:
+                at = (at[0], int(check.steps[rows[0]]))
             episodes = rows if per_episode else np.unique(episode_of_row[rows])
             steps = int(lengths[rows].sum()) if per_episode else rows.size
             self.found(check, file, at, (episodes.size, steps))
