@@ -374,3 +374,21 @@ def test_files_with_other_datasets_name_one(tmp_path):
         f"{tmp_path / 'b.hdf5'}: it has no dataset 'infos/qpos', which {tmp_path / 'a.hdf5'} "
         "has; read files with the same datasets together"
     )
+
+
+def test_files_whose_integers_or_numbers_differ_in_width_read_widened(tmp_path):
+    """int32 actions in one file and int64 in another, integer rewards in one and float32
+    in another: read together as int64 and float64 (Parquet files read so)."""
+    first, second = d4rl_arrays(seed=1), d4rl_arrays(((2, "terminal"), (2, None)), seed=2)
+    first["actions"] = first["actions"].astype(np.int32)
+    first["rewards"] = np.arange(first["rewards"].size, dtype=np.int64)
+    write_d4rl(tmp_path / "a.hdf5", first)
+    write_d4rl(tmp_path / "b.hdf5", second)
+    data = open_dataset(str(tmp_path / "*.hdf5"))
+    assert data.schema.field("action").type == pa.int64()
+    assert data.schema.field("reward").type == pa.float64()
+    batches = read_all(data, ["action", "reward"], 4)
+    actions = np.concatenate([b.batch.column(0).to_numpy() for b in batches])
+    rewards = np.concatenate([b.batch.column(1).to_numpy() for b in batches])
+    np.testing.assert_array_equal(actions, np.concatenate([first["actions"], second["actions"]]))
+    np.testing.assert_array_equal(rewards, np.concatenate([first["rewards"], second["rewards"]]))

@@ -237,7 +237,7 @@ class D4rlDataset:
       files: HDF5 files in read order.
       layouts: {file: FileLayout}.
       first_episode: {file: id of its first episode}.
-      schema: the columns of every file, each float as wide as the widest file's.
+      schema: the columns of every file, each number as wide as the widest file's.
     """
 
     source: str
@@ -316,9 +316,10 @@ def open_files(source: str, files: list[str], base_dir: str | None) -> D4rlDatas
 
 
 def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
-    """The first file's schema, each float column as wide as any file stores it (files
-    may store rewards as float32 in one and float64 in another, as Parquet files may);
-    raises DataError naming the first dataset that differs in any other way."""
+    """The first file's schema, each number column as wide as any file stores it (files
+    may store rewards as float32 in one and float64 in another, actions as int32 and
+    int64, as Parquet files may); raises DataError naming the first dataset that differs
+    in any other way."""
     (first, layout), *others = layouts.items()
     fields = list(layout.schema)
     for file, other in others:
@@ -334,7 +335,9 @@ def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
         keys = layout.columns
         for index, mine in enumerate(fields):
             theirs = other.schema.field(mine.name)
-            wider = _wider_float(mine.type, theirs.type)
+            wider = _wider(mine.type, theirs.type)
+            if mine.name == "action" and _kind(mine.type) != _kind(theirs.type):
+                wider = None  # integers are discrete actions, floats continuous ones
             if wider is None:
                 raise DataError(
                     f"{file}: dataset {keys[mine.name]!r} holds {theirs.type}, but "
@@ -344,16 +347,30 @@ def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _wider_float(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """The wider of two float types (or fixed-size lists of floats of one size); ``a``
-    where they are equal; None where they differ otherwise."""
+def _kind(dtype: pa.DataType) -> str:
+    """ "i" for integers, "f" for floats (of a fixed-size list: its values'), else "?"."""
+    if pa.types.is_fixed_size_list(dtype):
+        dtype = dtype.value_type
+    return "i" if pa.types.is_integer(dtype) else "f" if pa.types.is_floating(dtype) else "?"
+
+
+def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type that holds both number types exactly as NumPy promotes them (int32 and
+    int64: int64; float32 and float64: float64; an integer and a float: the float, wide
+    enough), or fixed-size lists of them of one size; ``a`` where they are equal; None
+    where they differ otherwise (booleans and numbers; uint64 and int64, which no integer
+    holds)."""
     if a.equals(b):
         return a
     if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
         if a.list_size != b.list_size:
             return None
-        value = _wider_float(a.value_type, b.value_type)
+        value = _wider(a.value_type, b.value_type)
         return None if value is None else pa.list_(value, a.list_size)
-    if pa.types.is_floating(a) and pa.types.is_floating(b):
-        return a if a.bit_width >= b.bit_width else b
-    return None
+    lists = pa.types.is_fixed_size_list(a) or pa.types.is_fixed_size_list(b)
+    if lists or _kind(a) == "?" or _kind(b) == "?":
+        return None
+    wider = np.result_type(a.to_pandas_dtype(), b.to_pandas_dtype())
+    if pa.types.is_integer(a) and pa.types.is_integer(b) and wider.kind == "f":
+        return None
+    return pa.from_numpy_dtype(wider)
