@@ -591,15 +591,86 @@ def test_values_at_float64s_edges_are_warned_of(tmp_path, case):
     write_table(_log_prob_table(episodes), tmp_path / "logs.parquet")
     (message,) = _float64_range(_run(tmp_path / "logs.parquet", gamma=gamma))
     assert "2.2e-308" in message
-    exposed = {
-        "weight": "rewards reach 1e308: each estimate can lose up to 2.2e+01",
-        "discount": "rewards reach 1e300: each estimate can lose up to 4.5e-05",
+    exposed = {  # 2.2e-308 x episodes x steps x 10^(1 + the rewards' decimal magnitude)
+        "weight": "rewards reach 1e308: the terms counted as 0 can add up to 6.7e+01",
+        "discount": "rewards reach 1e300: the terms counted as 0 can add up to 1.3e-04",
         "subnormal": "rewards as small as 1e-324 (below 2.2e-308 the kernel takes them as 0)",
     }[case]
     assert exposed in message
     if case != "subnormal":  # the IS of "weight" overflows: null, and said so
         named = "wis and wpdis" if case == "weight" else "is, wis, pdis and wpdis"
         assert f"more than 1e-9 of {named};" in message
+
+
+def test_what_weighted_estimates_lose_over_many_episodes_is_warned_of(tmp_path, recwarn):
+    """WIS loses every episode whose weight is below 2.2e-308 of the largest: 40,000 of
+    them, returns of 9.9e299 at weight e^-708.5 against e^-710 ... printed 1000.00063
+    where WIS is 1000.00079 (1.6e-7), and one episode's bound did not warn."""
+    lifted = [([9.9e299], [-1.5], [0.0])] * 40_000
+    write_table(_log_prob_table([([1000.0], [-710.0], [0.0]), *lifted]), tmp_path / "logs.parquet")
+    (message,) = _float64_range(_run(tmp_path / "logs.parquet"))
+    assert "more than 1e-9 of wis and wpdis;" in message
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_differences_that_can_lose_their_size_are_warned_of(tmp_path):
+    """Two policies apart only on the one episode of weight e^710: WIS's difference is
+    7.9e-4 and printed 9.6e-4, and only the estimates were compared with the bound."""
+    n = 40_000
+    table = pa.table(
+        {
+            "episode_id": np.arange(n + 1),
+            "step": np.zeros(n + 1, np.int64),
+            "observation": [0] + [1] * n,
+            "action": np.zeros(n + 1, np.int64),
+            "reward": [1000.0] + [9.9e299] * n,
+            "behavior_log_prob": [-710.0] + [-1.5] * n,
+        }
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    logits = {"p1": [[0.0, -800.0], [0.0, -800.0]], "p2": [[0.0, 0.0], [0.0, -800.0]]}
+    for name, values in logits.items():
+        np.savez(tmp_path / f"{name}.npz", kind=np.array("tabular"), logits=np.array(values))
+    config = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        policies=tuple(f"{name}={tmp_path / name}.npz" for name in logits),
+        gamma=1.0,
+        estimators=("wis",),
+        choosing=ChoosingConfig(baseline="p1"),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    (message,) = _float64_range(evaluate(config))
+    assert "the difference in wis (p2)" in message
+
+
+def test_critic_values_name_the_estimators_that_read_them(tmp_path):
+    """Q-hat and V-hat columns of 2e300: dm, dr and wdr, not the IS family, which never
+    reads them."""
+    n = 200
+    table = _log_prob_table([([0.0] * n, [0.0] * n, [0.0] * n)] * 5)
+    q = np.where(np.arange(n) >= 160, 2e300, 0.0)
+    table = table.append_column("q", pa.array(np.tile(q, 5))).append_column(
+        "v", pa.array(np.tile(q / 2, 5))
+    )
+    write_table(table, tmp_path / "logs.parquet")
+    config = EvaluationConfig(
+        data=str(tmp_path / "logs.parquet"),
+        gamma=0.01,
+        columns=ColumnMapping(q_value="q", v_value="v"),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    (message,) = _float64_range(evaluate(config))
+    assert "Q-hat or V-hat values reach 1e300" in message
+    assert "more than 1e-9 of dr and wdr;" in message
+
+
+def test_estimates_of_exactly_zero_are_not_warned_of(tmp_path):
+    """Rewards of 1e20 on episodes the policy never takes: every estimate is exactly 0, and
+    no lost term can make one (the warning named all four)."""
+    never = ([1e20, 5e19], [math.log(0.5)] * 2, [-math.inf] * 2)
+    nothing = ([0.0, 0.0], [math.log(0.5)] * 2, [0.0, 0.0])
+    write_table(_log_prob_table([never] * 50 + [nothing] * 50), tmp_path / "logs.parquet")
+    assert _float64_range(_run(tmp_path / "logs.parquet", gamma=0.9)) == []
 
 
 def test_ordinary_and_large_values_are_not_warned_of(tmp_path):

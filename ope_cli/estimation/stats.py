@@ -261,7 +261,8 @@ def _merge_scalar(a: Accumulator, b: Accumulator):
             if spec.moments is not None:
                 da, db = deltas[spec.scale.name]
                 xa, xb = _shift_moments(xa, da), _shift_moments(xb, db)
-            out[name] = xa * _per_row(fa, xa) + xb * _per_row(fb, xb)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf sums: NaN, noted later
+                out[name] = xa * _per_row(fa, xa) + xb * _per_row(fb, xb)
         return out
 
     return log_scales, pivots, merged(a.sums, b.sums), merged(a.replicate_sums, b.replicate_sums)

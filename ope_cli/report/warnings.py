@@ -901,10 +901,9 @@ def float32_warning(result: EvaluationResult) -> Warning | None:
 
 
 def float64_warning(result: EvaluationResult) -> Warning | None:
-    """Values at float64's edges (``FLOAT64_RANGE``): subnormal rewards, or rewards and
-    critic values so large that the terms the kernel flushes to zero (below 2.2e-308 of
-    them, at most ``max_length`` per episode) can exceed FLOAT64_LOSS_SHARE of an
-    estimate."""
+    """Values at float64's edges (``FLOAT64_RANGE``): subnormal rewards, or rewards or
+    critic values so large that what the kernel can flush to zero (``float64_loss``)
+    exceeds FLOAT64_LOSS_SHARE of an estimate or of a difference between two."""
     magnitudes = result.dataset.magnitudes
     if result.runtime.precision == "float32" or magnitudes is None:
         return None
@@ -912,36 +911,65 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
     found = []
     if small > -math.log10(FLOAT64_SMALLEST_NORMAL):
         found.append(f"rewards as small as 1e-{small} (below 2.2e-308 the kernel takes them as 0)")
-    size = max(large, critic)
-    steps = max(1, result.dataset.max_length)
-    loss = math.exp(math.log(FLOAT64_SMALLEST_NORMAL * steps) + (size + 1) * math.log(10))
-    exposed = []
-    if size > NO_MAGNITUDE and loss >= FLOAT64_LOSS_FLOOR:
-        for policy in result.results:
-            names = [
-                name
-                for name, e in policy.estimates.items()
-                if e.value is not None
-                and loss > FLOAT64_LOSS_SHARE * max(abs(e.value), e.stderr or 0.0)
-            ]
-            if names:
-                who = f" ({policy.policy})" if len(result.results) > 1 else ""
-                exposed.append(and_list(names) + who)
-    if exposed:
-        what = "rewards" if large >= critic else "Q-hat or V-hat values"
-        found.append(
-            f"{what} reach 1e{size}: each estimate can lose up to {loss:.1e} (2.2e-308 of "
-            f"them per step), more than 1e-9 of {'; '.join(exposed)}"
-        )
+    for what, size, critics in (("rewards", large, False), ("Q-hat or V-hat values", critic, True)):
+        loss = float64_loss(result, size)
+        if loss < FLOAT64_LOSS_FLOOR:
+            continue
+        exposed = [_float64_exposed(policy, loss, critics) for policy in result.results]
+        named = [
+            names + (f" ({policy.policy})" if len(result.results) > 1 else "")
+            for policy, names in zip(result.results, exposed, strict=True)
+            if names
+        ]
+        if named:
+            found.append(
+                f"{what} reach 1e{size}: the terms counted as 0 can add up to {loss:.1e}, more "
+                f"than 1e-9 of {'; '.join(named)}"
+            )
     if not found:
         return None
     return Warning(
         FLOAT64_RANGE,
         "float64 holds values down to 2.2e-308, below which the kernel counts a product "
         "(a weight far below the largest, or a discount gamma^t, times a value) as 0, and "
-        f"{', and '.join(found)}; treat these estimates, and differences between them, as "
-        "approximate.",
+        f"{', and '.join(found)}; treat these as approximate.",
     )
+
+
+def float64_loss(result: EvaluationResult, size: int) -> float:
+    """What an estimate can lose to products the kernel flushes to zero, for values below
+    10^(``size`` + 1): below 2.2e-308 of them for each step of each episode (an upper
+    bound: a weighted estimate's lost terms add up over the episodes); 0 for no values."""
+    if size <= NO_MAGNITUDE:
+        return 0.0
+    cells = max(1, result.dataset.episodes) * max(1, result.dataset.max_length)
+    return math.exp(math.log(FLOAT64_SMALLEST_NORMAL * cells) + (size + 1) * math.log(10))
+
+
+def _float64_exposed(policy: PolicyResult, loss: float, critics: bool) -> str:
+    """The estimates of ``policy`` (those that read Q-hat or V-hat, with ``critics``), and
+    its differences from the baseline (each can lose twice ``loss``), that ``loss`` can
+    move by more than FLOAT64_LOSS_SHARE of their size or standard error ("" if none). An
+    estimate of exactly 0 with no spread is left out: no lost term can make one."""
+
+    def exposed(value: float | None, stderr: float | None, lost: float) -> bool:
+        if value is None or (value == 0 and not stderr):
+            return False
+        return lost > FLOAT64_LOSS_SHARE * max(abs(value), stderr or 0.0)
+
+    reads = [n for n in policy.estimates if not critics or get_estimator(n).needs]
+    names = [
+        n for n in reads if exposed(policy.estimates[n].value, policy.estimates[n].stderr, loss)
+    ]
+    differences = [
+        n
+        for n in reads
+        if n in (policy.comparison or {})
+        and exposed(policy.comparison[n].delta, policy.comparison[n].stderr, 2 * loss)
+    ]
+    if differences:
+        names.append(f"the difference in {and_list(differences)}")
+    return and_list(names) if names else ""
 
 
 def run_warnings(
