@@ -3,6 +3,9 @@ cut, long paths folded rather than widening the table."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -65,3 +68,26 @@ def test_columns_that_cut_or_never_wrap_keep_their_longest_word():
     table.add_row(name, bars, reason)
     text = "\n".join(_lines(table, 30))
     assert name in text and bars in text and reason in text and "…" not in text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_dumb_terminal_takes_its_columns_and_keeps_numbers_whole(monkeypatch):
+    """rich gives a dumb terminal (TERM=dumb: Emacs' shell, some CI logs) 80 x 25 whatever
+    COLUMNS says, and ignores a width set later unless a height is set too: a table wider
+    than 80 folded 0.08388 into "0.0838" over "8"."""
+    from ope_cli.cli.console import table_console
+
+    monkeypatch.setenv("TERM", "dumb")
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "stdout", _Terminal())
+    console = table_console(100)
+    assert console.is_dumb_terminal and console.width == 200
+    monkeypatch.setenv("COLUMNS", "40")
+    console = table_console(100)
+    print_whole(console, _selection_like())
+    row = next(line for line in sys.stdout.getvalue().splitlines() if "precision@3" in line)
+    assert row.count("0.002556") == 3 and row.count("5.063e-05") == 3

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 from collections.abc import Iterator
 
@@ -32,9 +33,16 @@ def say_warnings(messages) -> None:
 
 def table_console(width: int) -> Console:
     """A console for tables on stdout: the terminal's width on a terminal, else ``width``
-    columns (the 80 columns rich assumes in a pipe would fold paths)."""
+    columns (the 80 columns rich assumes in a pipe would fold paths). A dumb terminal
+    (TERM=dumb) gets its size from COLUMNS and LINES or the terminal, with both fixed: rich
+    takes one as 80 x 25, and ignores a width set later (``print_whole``) without a height."""
     console = Console(emoji=False)
-    return console if console.is_terminal else Console(width=width, emoji=False)
+    if not console.is_terminal:
+        return Console(width=width, emoji=False)
+    if console.is_dumb_terminal:
+        columns, lines = shutil.get_terminal_size()
+        return Console(width=columns, height=lines, emoji=False)
+    return console
 
 
 @contextlib.contextmanager
