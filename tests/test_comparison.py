@@ -31,6 +31,7 @@ from rich.console import Console
 import ope_cli
 from ope_cli.api import evaluation_config
 from ope_cli.choosing.comparison import (
+    CROSSED_BETTING,
     NO_DIFFERENCE,
     NO_SPREAD,
     NO_WEIGHT,
@@ -617,6 +618,31 @@ def test_a_policy_without_weight_differs_from_nothing(chain, never):
         assert f"{name}: no estimate for never; no rmse, nmse, spearman or @k metrics" in notes, (
             notes
         )
+
+
+def test_a_difference_without_betting_interval_says_why(chain, tmp_path):
+    """Logged actions all 0 under the data's propensities: a policy's own betting bounds
+    cross (its note says so), and its difference from the baseline showed a bare n/a."""
+    folder, _ = chain
+    table = pq.read_table(folder / "logs.parquet")
+    zero = pa.array(np.zeros(table.num_rows, np.int64))
+    table = table.set_column(table.schema.get_field_index("action"), "action", zero)
+    pq.write_table(table, tmp_path / "zero.parquet")
+    paths = []
+    for name, first in (("ok", 1.0), ("small", -2.0)):
+        logits = np.zeros((10, 3))
+        logits[:, 0] = first
+        np.savez(tmp_path / f"{name}.npz", kind=np.array("tabular"), logits=logits)
+        paths.append(str(tmp_path / f"{name}.npz"))
+    document = ope_cli.evaluate(
+        str(tmp_path / "zero.parquet"), policies=paths, baseline=paths[1], ci="betting"
+    ).to_dict()
+    ok = document["results"][0]
+    crossed = [n for n, e in ok["estimates"].items() if e["ci_low"] is None]
+    assert crossed and all("betting bound" in ok["estimates"][n]["note"] for n in crossed)
+    for name in crossed:
+        difference = ok["comparison"][name]
+        assert difference["ci_low"] is None and difference["note"] == CROSSED_BETTING
 
 
 def test_no_could_be_best_set_where_betting_gives_no_intervals(chain):

@@ -69,6 +69,9 @@ def tied(share: float = RESOLVED) -> str:
 TIED = tied()
 PERCENTILE_FALLBACK = "bootstrap-t needs replicate standard errors; percentile interval"
 NO_DIFFERENCE = "an estimate is undefined, and so is the difference"
+# a policy's own betting interval is missing (its bounds cross: its estimate's note says
+# why), and a difference's betting interval is made of the two policies' own
+CROSSED_BETTING = "no interval: a betting interval it is made of is missing (see the estimates)"
 
 
 def unresolved_in(precision: str) -> str:
@@ -297,7 +300,7 @@ class Pairing:
             low_k, high_k = self.betting(k, name, outer)
             low_b, high_b = self.betting(b, name, outer)
             if None in (low_k, high_k, low_b, high_b):
-                return None, None, NO_BETTING if get(name).betting is None else None
+                return None, None, NO_BETTING if get(name).betting is None else CROSSED_BETTING
             return finite(low_k - high_b), finite(high_k - low_b), None
         if delta is None or stderr is None:
             return None, None, None
