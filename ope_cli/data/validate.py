@@ -1,10 +1,11 @@
 """Validation: typed checks, the one registry of reasons, and the on-invalid policy.
 
 A check is a ``Check(reason, message, rows)``: the [N] bool rows (or [E] episodes) that
-have one problem. ``Validation.judge`` runs checks in order and, by the ``OnInvalid``
-policy, raises a DataError at the first problem (``error``), or records every problem and
-gives each episode the first reason that fails it (``drop``, ``collect``); ``keep`` then
-counts the dropped episodes by reason. Checks are vectorised; no loop over rows.
+have one problem (and ``steps``, where a row's problem is not at its own step).
+``Validation.judge`` runs checks in order and, by the ``OnInvalid`` policy, raises a
+DataError at the first problem (``error``), or records every problem and gives each
+episode the first reason that fails it (``drop``, ``collect``); ``keep`` then counts the
+dropped episodes by reason. Checks are vectorised; no loop over rows.
 """
 
 from __future__ import annotations

@@ -236,8 +236,8 @@ def check_behavior_against_chunk(policy: Policy, chunk) -> None:
     checks ``--policy`` gets); a PolicyError (exit 4) at the first problem: a behavior
     policy that does not fit the data is never a reason to drop episodes. Its own faults
     (probabilities that do not sum to 1) are said to be the --behavior policy's."""
-    for _, problem, bad in chunk_checks(policy, chunk, f"--behavior {policy.name}"):
-        rows = np.flatnonzero(bad)
+    for check in chunk_checks(policy, chunk, f"--behavior {policy.name}"):
+        problem, rows = check.message, np.flatnonzero(check.rows)
         if rows.size:
             episode, step = chunk.locate(int(rows[0]))
             raise PolicyError(
