@@ -231,7 +231,7 @@ def test_entry_point_declaring_n_actions_has_its_actions_checked(entry_module):
     policy = load_entry_point(f"{entry_module}:declared")
     assert policy.n_actions == 3 and policy.discrete and policy.actions_checked
     (check,) = list(chunk_checks(policy, Chunk([0, 2, 3, 1, 5])))
-    reason, message, bad = check
+    reason, message, bad = check.reason, check.message, check.rows
     assert reason == "action_out_of_range" and "3 actions" in message
     np.testing.assert_array_equal(bad, [False, False, True, False, True])
     method = load_entry_point(f"{entry_module}:with_method")
