@@ -644,8 +644,8 @@ def test_differences_that_can_lose_their_size_are_warned_of(tmp_path):
 
 
 def test_critic_values_name_the_estimators_that_read_them(tmp_path):
-    """Q-hat and V-hat columns of 2e300: dm, dr and wdr, not the IS family, which never
-    reads them."""
+    """Q-hat and V-hat columns of 2e300: dm, dr and wdr (dm exactly 0: its terms are too),
+    not the IS family, which never reads them."""
     n = 200
     table = _log_prob_table([([0.0] * n, [0.0] * n, [0.0] * n)] * 5)
     q = np.where(np.arange(n) >= 160, 2e300, 0.0)
@@ -661,7 +661,18 @@ def test_critic_values_name_the_estimators_that_read_them(tmp_path):
     )
     (message,) = _float64_range(evaluate(config))
     assert "Q-hat or V-hat values reach 1e300" in message
-    assert "more than 1e-9 of dr and wdr;" in message
+    assert "more than 1e-9 of dm, dr and wdr;" in message
+
+
+def test_estimates_of_exactly_zero_are_warned_of_where_every_term_can_be_lost(tmp_path):
+    """Rewards of 1e300 at step 155 only, gamma 0.01: gamma^155 = 1e-310 is flushed, so
+    IS and WIS were 0.0 +- 0 where they are 1e-10, and the warning left exact zeros out."""
+    late = ([0.0] * 155 + [1e300], [math.log(0.5)] * 156, [math.log(0.5)] * 156)
+    write_table(_log_prob_table([late] * 50), tmp_path / "logs.parquet")
+    result = _run(tmp_path / "logs.parquet", gamma=0.01)
+    assert result.results[0].estimates["is"].value == 0.0
+    (message,) = _float64_range(result)
+    assert "more than 1e-9 of is, wis, pdis and wpdis;" in message
 
 
 def test_estimates_of_exactly_zero_are_not_warned_of(tmp_path):

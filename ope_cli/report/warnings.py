@@ -102,6 +102,10 @@ FLOAT64_SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)  # 2.2e-308
 # what an estimate can lose is said where it exceeds this share of the estimate (or of its
 # standard error) and this much in all: far below any value a reader tells from 0
 FLOAT64_LOSS_SHARE, FLOAT64_LOSS_FLOOR = 1e-9, 1e-290
+# an estimate of exactly 0 with no spread is named where the lost terms can add up to this:
+# every term flushed (rewards of 1e300 where 0.01^t < 1e-308: IS 0.0 for 1e-10), not every
+# weight 0 (rewards of 1e20 on episodes the policy never takes: a bound of 4e-285)
+FLOAT64_ZERO_LOSS = 1e-100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -949,12 +953,14 @@ def float64_loss(result: EvaluationResult, size: int) -> float:
 def _float64_exposed(policy: PolicyResult, loss: float, critics: bool) -> str:
     """The estimates of ``policy`` (those that read Q-hat or V-hat, with ``critics``), and
     its differences from the baseline (each can lose twice ``loss``), that ``loss`` can
-    move by more than FLOAT64_LOSS_SHARE of their size or standard error ("" if none). An
-    estimate of exactly 0 with no spread is left out: no lost term can make one."""
+    move by more than FLOAT64_LOSS_SHARE of their size or standard error, or from exactly 0
+    by FLOAT64_ZERO_LOSS ("" if none)."""
 
     def exposed(value: float | None, stderr: float | None, lost: float) -> bool:
-        if value is None or (value == 0 and not stderr):
+        if value is None:
             return False
+        if value == 0 and not stderr:
+            return lost >= FLOAT64_ZERO_LOSS
         return lost > FLOAT64_LOSS_SHARE * max(abs(value), stderr or 0.0)
 
     reads = [n for n in policy.estimates if not critics or get_estimator(n).needs]
