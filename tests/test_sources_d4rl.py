@@ -351,6 +351,8 @@ def test_files_whose_numbers_differ_in_float_width_read_widened(tmp_path):
     [
         ("observations", lambda a: np.zeros((a["rewards"].size, OBS_DIM + 1)), "list<item: float"),
         ("actions", lambda a: a["actions"].astype(np.float64), "int64"),
+        # integer observations are state indices, floats features: not widened
+        ("observations", lambda a: np.zeros((a["rewards"].size, OBS_DIM), np.int64), "float"),
     ],
 )
 def test_files_whose_datasets_differ_otherwise_name_the_dataset(tmp_path, key, values, says):
@@ -392,3 +394,14 @@ def test_files_whose_integers_or_numbers_differ_in_width_read_widened(tmp_path):
     rewards = np.concatenate([b.batch.column(1).to_numpy() for b in batches])
     np.testing.assert_array_equal(actions, np.concatenate([first["actions"], second["actions"]]))
     np.testing.assert_array_equal(rewards, np.concatenate([first["rewards"], second["rewards"]]))
+
+
+def test_a_third_file_is_told_the_first_files_own_type(tmp_path):
+    """uint8, int8, then float32 actions: the message said "int16 in a.hdf5", the type the
+    first two widen to, which no file stores."""
+    for name, dtype in (("a", np.uint8), ("b", np.int8), ("c", np.float32)):
+        arrays = d4rl_arrays(seed=1)
+        arrays["actions"] = arrays["actions"].astype(dtype)
+        write_d4rl(tmp_path / f"{name}.hdf5", arrays)
+    message = data_error(open_dataset, str(tmp_path / "*.hdf5"))
+    assert f"holds float, but uint8 in {tmp_path / 'a.hdf5'}" in message

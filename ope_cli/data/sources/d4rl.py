@@ -318,8 +318,8 @@ def open_files(source: str, files: list[str], base_dir: str | None) -> D4rlDatas
 def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
     """The first file's schema, each number column as wide as any file stores it (files
     may store rewards as float32 in one and float64 in another, actions as int32 and
-    int64, as Parquet files may); raises DataError naming the first dataset that differs
-    in any other way."""
+    int64, as Parquet files may; KIND_DECIDES columns keep integers or floats); raises
+    DataError naming the first dataset that differs in any other way."""
     (first, layout), *others = layouts.items()
     fields = list(layout.schema)
     for file, other in others:
@@ -334,17 +334,22 @@ def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
             raise DataError(f"{file}: it has {differs}; read files with the same datasets together")
         keys = layout.columns
         for index, mine in enumerate(fields):
-            theirs = other.schema.field(mine.name)
+            theirs, own = other.schema.field(mine.name), layout.schema.field(mine.name)
             wider = _wider(mine.type, theirs.type)
-            if mine.name == "action" and _kind(mine.type) != _kind(theirs.type):
-                wider = None  # integers are discrete actions, floats continuous ones
+            if mine.name in KIND_DECIDES and _kind(mine.type) != _kind(theirs.type):
+                wider = None
             if wider is None:
                 raise DataError(
                     f"{file}: dataset {keys[mine.name]!r} holds {theirs.type}, but "
-                    f"{mine.type} in {first}; read files that store it alike together"
+                    f"{own.type} in {first}; read files that store it alike together"
                 )
             fields[index] = mine.with_type(wider)
     return pa.schema(fields)
+
+
+# Columns whose integers and floats mean different things (discrete and continuous
+# actions; state indices and features): files must agree on their kind, not only widen
+KIND_DECIDES = ("action", "observation")
 
 
 def _kind(dtype: pa.DataType) -> str:
