@@ -673,6 +673,16 @@ def test_estimates_of_exactly_zero_are_warned_of_where_every_term_can_be_lost(tm
     assert result.results[0].estimates["is"].value == 0.0
     (message,) = _float64_range(result)
     assert "more than 1e-9 of is, wis, pdis and wpdis;" in message
+    config = EvaluationConfig(  # the logging policy's value is such a mean return too
+        data=str(tmp_path / "logs.parquet"),
+        gamma=0.01,
+        choosing=ChoosingConfig(baseline="behavior"),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    result = evaluate(config)
+    assert result.behavior_value == 0.0
+    (message,) = _float64_range(result)
+    assert "the logging policy's value (its mean discounted return)" in message
 
 
 def test_estimates_of_exactly_zero_are_not_warned_of(tmp_path):

@@ -925,6 +925,8 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
             for policy, names in zip(result.results, exposed, strict=True)
             if names
         ]
+        if not critics and _float64_moves(result.behavior_value, None, loss):
+            named.append("the logging policy's value (its mean discounted return)")
         if named:
             found.append(
                 f"{what} reach 1e{size}: the terms counted as 0 can add up to {loss:.1e}, more "
@@ -950,28 +952,32 @@ def float64_loss(result: EvaluationResult, size: int) -> float:
     return math.exp(math.log(FLOAT64_SMALLEST_NORMAL * cells) + (size + 1) * math.log(10))
 
 
+def _float64_moves(value: float | None, stderr: float | None, lost: float) -> bool:
+    """Whether ``lost`` can move ``value`` by more than FLOAT64_LOSS_SHARE of its size or
+    standard error, or from exactly 0 (no spread) by FLOAT64_ZERO_LOSS."""
+    if value is None:
+        return False
+    if value == 0 and not stderr:
+        return lost >= FLOAT64_ZERO_LOSS
+    return lost > FLOAT64_LOSS_SHARE * max(abs(value), stderr or 0.0)
+
+
 def _float64_exposed(policy: PolicyResult, loss: float, critics: bool) -> str:
     """The estimates of ``policy`` (those that read Q-hat or V-hat, with ``critics``), and
     its differences from the baseline (each can lose twice ``loss``), that ``loss`` can
     move by more than FLOAT64_LOSS_SHARE of their size or standard error, or from exactly 0
     by FLOAT64_ZERO_LOSS ("" if none)."""
-
-    def exposed(value: float | None, stderr: float | None, lost: float) -> bool:
-        if value is None:
-            return False
-        if value == 0 and not stderr:
-            return lost >= FLOAT64_ZERO_LOSS
-        return lost > FLOAT64_LOSS_SHARE * max(abs(value), stderr or 0.0)
-
     reads = [n for n in policy.estimates if not critics or get_estimator(n).needs]
     names = [
-        n for n in reads if exposed(policy.estimates[n].value, policy.estimates[n].stderr, loss)
+        n
+        for n in reads
+        if _float64_moves(policy.estimates[n].value, policy.estimates[n].stderr, loss)
     ]
     differences = [
         n
         for n in reads
         if n in (policy.comparison or {})
-        and exposed(policy.comparison[n].delta, policy.comparison[n].stderr, 2 * loss)
+        and _float64_moves(policy.comparison[n].delta, policy.comparison[n].stderr, 2 * loss)
     ]
     if differences:
         names.append(f"the difference in {and_list(differences)}")
