@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -494,6 +495,23 @@ def test_sizes_of_measurements_not_asked_for_are_refused(config, words):
     from ope_cli.errors import UsageError
 
     with pytest.raises(UsageError, match=words):  # before any data is generated
+        bench(config)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (BenchConfig(seed=-1), "--seed must be an integer from 0 to 2^63 - 1, got -1"),
+        (BenchConfig(episodes=10**20), "--episodes must be at most 4,294,967,296"),
+    ],
+)
+def test_seeds_and_episodes_out_of_range_are_usage_errors(config, words):
+    """NumPy's "expected non-negative integer" and "Maximum allowed dimension exceeded"
+    came out as internal errors (exit 1); generate refuses the same values."""
+    from ope_cli.bench.run import bench
+    from ope_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(words)):
         bench(config)
 
 

@@ -56,6 +56,7 @@ from ope_cli.bench.summary import quantiles, summary
 from ope_cli.config import BatchingConfig
 from ope_cli.data.buckets import Bucketer
 from ope_cli.data.episode_stream import EpisodeStream
+from ope_cli.envs.generate import check_seed_and_episodes
 from ope_cli.errors import OpeError, UsageError
 from ope_cli.estimation.kernel import local_mesh
 
@@ -82,6 +83,7 @@ def _check(config: BenchConfig) -> None:
     ):
         if value < 1:  # as evaluate's options say it (BatchingConfig.check)
             raise UsageError(f"{option} must be at least 1, got {value}")
+    check_seed_and_episodes(config.seed, config.episodes)  # as generate refuses them
     # sizes of measurements not asked for would change nothing
     if config.memory_steps != DEFAULT_MEMORY_STEPS and not config.memory:
         raise UsageError("--memory-steps applies to --memory only")

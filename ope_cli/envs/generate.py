@@ -122,6 +122,18 @@ def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
     )
 
 
+def check_seed_and_episodes(seed: Any, episodes: int) -> None:
+    """A UsageError for a --seed outside 0 .. 2^63 - 1 or more than MAX_EPISODES
+    --episodes (generate's and bench's)."""
+    if episodes > MAX_EPISODES:
+        raise UsageError(
+            f"--episodes must be at most {MAX_EPISODES:,} (each episode's key folds in its "
+            f"32-bit id: episode 2^32 would repeat episode 0), got {episodes:,}"
+        )
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
+
+
 def _check_options(env: str, options: GenerateOptions) -> None:
     episodes, seed, gamma, horizon = options.episodes, options.seed, options.gamma, options.horizon
     shift, files, policies = options.shift, options.files, options.policies
@@ -133,13 +145,7 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
     if not is_int(episodes) or episodes < 1:
         raise UsageError(f"--episodes must be a positive integer, got {episodes!r}")
-    if episodes > MAX_EPISODES:
-        raise UsageError(
-            f"--episodes must be at most {MAX_EPISODES:,} (each episode's key folds in its "
-            f"32-bit id: episode 2^32 would repeat episode 0), got {episodes:,}"
-        )
-    if not is_int(seed) or not 0 <= seed < 2**63:
-        raise UsageError(f"--seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
+    check_seed_and_episodes(seed, episodes)
     number = isinstance(gamma, int | float) and not isinstance(gamma, bool)
     if not (number and 0.0 <= gamma <= 1.0):
         kind = "in" if number else "a number in"  # "0.9" is no number out of range
