@@ -191,6 +191,19 @@ def test_existing_output_needs_overwrite(sources, ope_in_process, tmp_path):
     assert pq.read_table(out).num_rows == 20
 
 
+def test_an_unquoted_glob_of_two_files_is_told_to_quote_it(sources, tmp_path):
+    """`ope convert logs/*.parquet` (OUT forgotten): the shell makes the second file OUT,
+    and "pass --overwrite" would replace it with a copy of the first."""
+    for name in ("part-0.parquet", "part-1.parquet"):
+        pq.write_table(pq.read_table(sources["episodes"]), tmp_path / name)
+    with pytest.raises(UsageError) as error:
+        convert(ConvertConfig(str(tmp_path / "part-0.parquet"), str(tmp_path / "part-1.parquet")))
+    message = str(error.value)
+    assert "if the shell expanded an unquoted glob into both, quote it" in message
+    assert f"('{tmp_path}/*.parquet')" in message
+    assert message.index("quote it") < message.index("--overwrite")
+
+
 def test_a_failed_conversion_leaves_no_file(sources, tmp_path):
     bad = tmp_path / "bad.parquet"
     table = pq.read_table(sources["episodes"])

@@ -401,6 +401,24 @@ class _UniqueEpisodes:
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
+def _exists(out: str, data: str) -> str:
+    """The refusal of an existing local ``out``; where DATA is a file beside it of the
+    same suffix, as an unquoted glob of two files gives (the shell makes the second OUT,
+    which --overwrite would replace with a copy of the first), the glob comes first."""
+    beside = os.path.isfile(data) and os.path.dirname(os.path.abspath(data)) == (
+        os.path.dirname(os.path.abspath(out))
+    )
+    suffix = os.path.splitext(out)[1]
+    if beside and os.path.splitext(data)[1] == suffix:
+        folder = os.path.dirname(data) or "."
+        return (
+            f"{out}: already exists, beside DATA {data}: if the shell expanded an unquoted "
+            f"glob into both, quote it ('{folder}/*{suffix}') and name OUT after it; to "
+            "replace this file, pass --overwrite"
+        )
+    return f"{out}: already exists (pass --overwrite to replace it)"
+
+
 class _Target:
     """Where the Parquet file is written: a temporary name beside a local ``out``, renamed
     when complete, or the object at a URI itself (a multipart upload: any size, where a
@@ -408,7 +426,7 @@ class _Target:
     way a failed conversion leaves no partial file (at an s3:// URI it left a truncated,
     valid one), and an existing one needs --overwrite (at a URI it was replaced)."""
 
-    def __init__(self, out: str, overwrite: bool):
+    def __init__(self, out: str, overwrite: bool, data: str = ""):
         self.out = out
         self.filesystem = None
         if not out.lower().endswith(PARQUET_SUFFIXES):  # out.csv held Parquet, without a word
@@ -435,7 +453,7 @@ class _Target:
             if not os.path.isdir(parent):
                 raise UsageError(f"{out}: cannot write: directory {parent} does not exist")
             if os.path.exists(out) and not overwrite:
-                raise UsageError(f"{out}: already exists (pass --overwrite to replace it)")
+                raise UsageError(_exists(out, data))
 
     def writer(self, schema: pa.Schema) -> pq.ParquetWriter:
         try:
@@ -476,7 +494,7 @@ def convert(config: ConvertConfig) -> ConvertResult:
     out_schema = _output_schema(data, columns, schema.layout).with_metadata(
         {METADATA_KEY: json.dumps(metadata)}
     )
-    target = _Target(config.out, config.overwrite)
+    target = _Target(config.out, config.overwrite, config.data)
     steps = 0
     writer = target.writer(out_schema)
     try:
