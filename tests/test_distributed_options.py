@@ -77,6 +77,20 @@ def test_a_timeout_alone_asks_for_the_rest_of_a_multi_process_run():
             initialize(config)
 
 
+def test_distributed_without_a_launcher_is_a_usage_error(monkeypatch):
+    """--distributed outside srun or mpirun was exit 5, "could not join the run ... within
+    60s: coordinator_address should be defined" (JAX's words, at once)."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.distributed import DistributedConfig, cluster_detected, initialize
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "TPU_", "KUBERNETES_")):
+            monkeypatch.delenv(name)
+    assert cluster_detected() is False
+    with pytest.raises(UsageError, match="--distributed found no launcher it detects"):
+        initialize(DistributedConfig(auto=True))
+
+
 def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monkeypatch):
     """A stale copy of a checkpoint on one host (the same path, another policy): the
     processes' sums were merged into one run's numbers (WIS 1.441, where the two policies

@@ -112,6 +112,12 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
         check_coordinator(config.coordinator)
     if config.timeout is not None and config.timeout < 1:  # 0 waited for ever
         raise UsageError(f"--timeout must be at least 1 second, got {config.timeout}")
+    if config.auto and config.coordinator is None and cluster_detected() is False:
+        raise UsageError(  # it was exit 5, "could not join ... within 60s" in JAX's words
+            "--distributed found no launcher it detects (SLURM's srun, Open MPI's mpirun, "
+            "Cloud TPU, Kubernetes) in this process's environment: start ope under one, or "
+            "give --coordinator, --num-processes and --process-id"
+        )
     # Like everything here, before anything initialises a JAX backend.
     runtime.enable_cpu_collectives()
     try:
@@ -132,6 +138,17 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
     # went on to its end): a scheduler's SIGTERM ends the run, as Ctrl-C does
     interrupts.reclaim()
     return jax.process_index(), jax.process_count()
+
+
+def cluster_detected() -> bool | None:
+    """Whether JAX detects a cluster launcher in this process's environment (None where
+    its detection cannot be asked: the run then tries to join, as before)."""
+    try:
+        from jax._src.clusters import ClusterEnv  # no public name; guarded
+
+        return any(cluster.is_env_present() for cluster in ClusterEnv._cluster_types)
+    except Exception:  # noqa: BLE001 - another JAX: let jax.distributed decide
+        return None
 
 
 def check_coordinator(address: str) -> None:
