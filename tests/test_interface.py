@@ -669,6 +669,10 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
         (["evaluate", "d.parquet", "-qp", "a.npz", "b.npz"], "repeat --policy before each"),
         (["evaluate", "d.parquet", "-p", "a(1).npz", "b(2).npz"], "repeat --policy before each"),
         (["evaluate", "d", "--reward-range", "0", "1", "2"], "--reward-range takes 2 values"),
+        # a number's option, and a command without arguments: no glob to quote
+        (["bench", "--rounds", "1", "extra"], "--rounds takes one number: drop the extra"),
+        (["bench", "extra"], "ope bench takes no arguments but its options: drop the extra"),
+        (["bench", "--data", "a.parquet", "b.parquet"], "--data takes one value: quote a glob"),
         # -p's glob before DATA: its second file was taken as DATA (same suffix), not DATA's
         (["evaluate", "-p", "a.npz", "b.npz", "c.npz", "d.parquet"], "repeat --policy before"),
     ],

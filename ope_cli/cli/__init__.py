@@ -158,17 +158,30 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     ran_on = _glob_ran_into_arguments(words, positions)
     if ran_on is not None:
         before = ran_on
+    if before in (POSITIONAL, FLAG) and taken == 0:  # bench: no DATA (--data names it)
+        return f"ope {command.name} takes no arguments but its options: drop the extra ones"
     if before in (POSITIONAL, FLAG):  # after the command's own paths
         return glob("", "logs/*.parquet")
     name = max(before.opts, key=len)
     if before.nargs > 1:
         return f"{name} takes {before.nargs} values: drop the extra ones"
+    if _takes_a_number(before):
+        return f"{name} takes one number: drop the extra ones"  # no glob expands into it
     if not before.multiple:
         return f"{name} takes one value: {glob(name + ' ', '...')}, or drop the extra ones"
     return (
         f"{name} takes one value at a time: repeat {name} before each value, or "
         f"{glob(name + ' ', 'dir/*')}"
     )
+
+
+def _takes_a_number(option) -> bool:
+    """Whether ``option`` (a command's parameter) takes an int or a float: no glob expands
+    into it."""
+    annotation = getattr(getattr(option, "type_descriptor", None), "annotation", None)
+    if annotation is not None:  # typer's own parameters
+        return annotation in (int, float)
+    return getattr(getattr(option, "type", None), "name", "").startswith(("integer", "float"))
 
 
 def _glob_ran_into_arguments(words: list[tuple[str, object]], positions: list[int]):
