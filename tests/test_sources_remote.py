@@ -312,3 +312,21 @@ def test_denied_access(s3):
     finally:
         set_moto_auth(s3, "inf")
     assert f"s3://{BUCKET}/many" in message, message
+
+
+def test_minari_datasets_in_object_storage_are_said_to_be_local_only(s3, monkeypatch):
+    """A Minari dataset directory at a URI was "data/metadata.json: not a Parquet, Arrow
+    IPC/Feather or HDF5 file", and MINARI_DATASETS_PATH=s3://... "no Minari dataset ...
+    under s3:/logs/minari" (a slash lost): Minari datasets are read from a local disk."""
+    filesystem = pafs.S3FileSystem(endpoint_override=s3, region="us-east-1")
+    for name in ("data/metadata.json", "data/main_data.hdf5"):
+        with filesystem.open_output_stream(f"{BUCKET}/minari/qa/ds-v0/{name}") as out:
+            out.write(b"{}")
+    message = data_error(open_dataset, f"s3://{BUCKET}/minari/qa/ds-v0")
+    assert message == (
+        f"s3://{BUCKET}/minari/qa/ds-v0: Minari datasets are read from a local disk only; "
+        "copy it first"
+    )
+    monkeypatch.setenv("MINARI_DATASETS_PATH", f"s3://{BUCKET}/minari")
+    message = data_error(open_dataset, "minari:qa/ds-v0")
+    assert message.startswith(f"MINARI_DATASETS_PATH s3://{BUCKET}/minari: a local directory")

@@ -6,6 +6,7 @@ optionally ``unsupported(head)``: why a file it recognises but cannot read is re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -57,12 +58,18 @@ def sniff_format(path: str) -> ModuleType:
     raise DataError(f"{path}: not a Parquet, Arrow IPC/Feather or HDF5 file (unrecognised header)")
 
 
+# a Minari dataset's own file, in its data folder (Arrow storage: in each episode's too)
+MINARI_METADATA = re.compile(r"/data/(?:[^/]+/)?metadata\.json$")
+
+
 def open_dataset(source: str) -> Dataset:
     """Resolves a file, directory or glob into an ordered dataset; raises DataError."""
     for module in DATASET_FORMATS:
         if module.claims(source):
             return module.open_source(source)
     files, base_dir = resolve_files(source)
+    if is_uri(source) and any(MINARI_METADATA.search(f) for f in files):
+        raise DataError(f"{source}: Minari datasets are read from a local disk only; copy it first")
     formats = {sniff_format(f) for f in files}
     if len(formats) > 1:
         names = ", ".join(sorted(m.NAME for m in formats))

@@ -81,6 +81,11 @@ class Layout:
 def root() -> Path:
     """The local Minari root: MINARI_DATASETS_PATH, else ~/.minari/datasets."""
     configured = os.environ.get("MINARI_DATASETS_PATH")
+    if configured and "://" in configured:
+        raise DataError(
+            f"MINARI_DATASETS_PATH {configured}: a local directory is needed (Minari datasets "
+            "are read from a local disk only; copy it first)"
+        )
     return Path(configured) if configured else Path.home() / ".minari" / "datasets"
 
 
