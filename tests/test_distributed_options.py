@@ -86,9 +86,16 @@ def test_distributed_without_a_launcher_is_a_usage_error(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "TPU_", "KUBERNETES_")):
             monkeypatch.delenv(name)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
     assert cluster_detected() is False
     with pytest.raises(UsageError, match="--distributed found no launcher it detects"):
         initialize(DistributedConfig(auto=True))
+    # only what is missing is asked for: the address may come from JAX's own variable
+    with pytest.raises(UsageError, match=r"or give --num-processes, --process-id$"):
+        initialize(DistributedConfig(coordinator="127.0.0.1:1234", auto=True))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    with pytest.raises(UsageError, match=r"or give --process-id$"):
+        initialize(DistributedConfig(num_processes=2, auto=True))
 
 
 def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monkeypatch):

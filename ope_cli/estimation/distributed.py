@@ -112,12 +112,19 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
         check_coordinator(config.coordinator)
     if config.timeout is not None and config.timeout < 1:  # 0 waited for ever
         raise UsageError(f"--timeout must be at least 1 second, got {config.timeout}")
-    if config.auto and config.coordinator is None and cluster_detected() is False:
-        raise UsageError(  # it was exit 5, "could not join ... within 60s" in JAX's words
-            "--distributed found no launcher it detects (SLURM's srun, Open MPI's mpirun, "
-            "Cloud TPU, Kubernetes) in this process's environment: start ope under one, or "
-            "give --coordinator, --num-processes and --process-id"
+    if config.auto and cluster_detected() is False:
+        given = (  # what JAX takes without a launcher (the address also from its variable)
+            ("--coordinator", config.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")),
+            ("--num-processes", config.num_processes),
+            ("--process-id", config.process_id),
         )
+        missing = [name for name, value in given if value is None]
+        if missing:  # it was exit 5, "could not join ... within 60s" in JAX's words
+            raise UsageError(
+                "--distributed found no launcher it detects (SLURM's srun, Open MPI's "
+                "mpirun, Cloud TPU, Kubernetes) in this process's environment: start ope "
+                f"under one, or give {', '.join(missing)}"
+            )
     # Like everything here, before anything initialises a JAX backend.
     runtime.enable_cpu_collectives()
     try:
@@ -146,7 +153,8 @@ def cluster_detected() -> bool | None:
     try:
         from jax._src.clusters import ClusterEnv  # no public name; guarded
 
-        return any(cluster.is_env_present() for cluster in ClusterEnv._cluster_types)
+        clusters = ClusterEnv._cluster_types
+        return any(c.is_env_present() for c in clusters if not c.opt_in_only_method)
     except Exception:  # noqa: BLE001 - another JAX: let jax.distributed decide
         return None
 
