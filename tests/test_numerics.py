@@ -14,6 +14,7 @@ exists - a null with a note saying why, never NaN or inf in the JSON document:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -692,6 +693,31 @@ def test_estimates_of_exactly_zero_are_not_warned_of(tmp_path):
     nothing = ([0.0, 0.0], [math.log(0.5)] * 2, [0.0, 0.0])
     write_table(_log_prob_table([never] * 50 + [nothing] * 50), tmp_path / "logs.parquet")
     assert _float64_range(_run(tmp_path / "logs.parquet", gamma=0.9)) == []
+
+
+def test_zeros_that_no_flush_makes_are_not_warned_of(tmp_path):
+    """Weights all 0 (IS exactly 0), and a logging policy's value of 0 from returns of
+    +-1e300 with gamma 1 (nothing is discounted below 2.2e-308): both were named."""
+    zero = [([1e250], [math.log(0.5)], [-math.inf])] * 20
+    write_table(_log_prob_table(zero), tmp_path / "zero.parquet")
+    config = EvaluationConfig(
+        data=str(tmp_path / "zero.parquet"),
+        gamma=1.0,
+        estimators=("is",),
+        runtime=RuntimeConfig(precision="float64"),
+    )
+    assert _float64_range(evaluate(config)) == []
+    signs = [([1e300], [0.0], [0.0]), ([-1e300], [0.0], [0.0])] + [([0.0], [0.0], [0.0])] * 8
+    write_table(_log_prob_table(signs), tmp_path / "signs.parquet")
+    config = dataclasses.replace(
+        config,
+        data=str(tmp_path / "signs.parquet"),
+        estimators=None,
+        choosing=ChoosingConfig(baseline="behavior"),
+    )
+    result = evaluate(config)
+    assert result.behavior_value == 0.0
+    assert "logging policy" not in "".join(_float64_range(result))
 
 
 def test_ordinary_and_large_values_are_not_warned_of(tmp_path):

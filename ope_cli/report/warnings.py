@@ -925,7 +925,11 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
             for policy, names in zip(result.results, exposed, strict=True)
             if names
         ]
-        if not critics and _float64_moves(result.behavior_value, None, loss):
+        if (
+            not critics
+            and _discount_flushes(result)
+            and _float64_moves(result.behavior_value, None, loss)
+        ):  # returns lose only the steps where gamma^t is below 2.2e-308
             named.append("the logging policy's value (its mean discounted return)")
         if named:
             found.append(
@@ -952,6 +956,14 @@ def float64_loss(result: EvaluationResult, size: int) -> float:
     return math.exp(math.log(FLOAT64_SMALLEST_NORMAL * cells) + (size + 1) * math.log(10))
 
 
+def _discount_flushes(result: EvaluationResult) -> bool:
+    """Whether gamma^t falls below 2.2e-308 within the longest episode."""
+    steps, gamma = result.dataset.max_length, result.gamma
+    if not 0 < gamma < 1:  # 0^t is exactly 0 past step 0, 1^t exactly 1
+        return False
+    return (steps - 1) * math.log(gamma) < math.log(FLOAT64_SMALLEST_NORMAL)
+
+
 def _float64_moves(value: float | None, stderr: float | None, lost: float) -> bool:
     """Whether ``lost`` can move ``value`` by more than FLOAT64_LOSS_SHARE of its size or
     standard error, or from exactly 0 (no spread) by FLOAT64_ZERO_LOSS."""
@@ -968,6 +980,8 @@ def _float64_exposed(policy: PolicyResult, loss: float, critics: bool) -> str:
     move by more than FLOAT64_LOSS_SHARE of their size or standard error, or from exactly 0
     by FLOAT64_ZERO_LOSS ("" if none)."""
     reads = [n for n in policy.estimates if not critics or get_estimator(n).needs]
+    if policy.diagnostics.zero_weight_fraction == 1:  # W G = 0 exactly: 0 is no flush
+        reads = [n for n in reads if policy.estimates[n].value != 0 or critics]
     names = [
         n
         for n in reads
