@@ -202,6 +202,9 @@ def test_an_unquoted_glob_of_two_files_is_told_to_quote_it(sources, tmp_path):
     assert "if the shell expanded an unquoted glob into both, quote it" in message
     assert f"('{tmp_path}/*.parquet')" in message
     assert message.index("quote it") < message.index("--overwrite")
+    with pytest.raises(UsageError) as error:  # OUT is DATA: no glob gives a name twice
+        convert(ConvertConfig(str(tmp_path / "part-0.parquet"), str(tmp_path / "part-0.parquet")))
+    assert "quote it" not in str(error.value) and "--overwrite" in str(error.value)
 
 
 def test_a_failed_conversion_leaves_no_file(sources, tmp_path):

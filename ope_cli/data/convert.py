@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -409,12 +410,12 @@ def _exists(out: str, data: str) -> str:
         os.path.dirname(os.path.abspath(out))
     )
     suffix = os.path.splitext(out)[1]
-    if beside and os.path.splitext(data)[1] == suffix:
-        folder = os.path.dirname(data) or "."
+    if beside and os.path.splitext(data)[1] == suffix and not os.path.samefile(data, out):
+        pattern = shlex.quote(f"{os.path.dirname(data) or '.'}/*{suffix}")
         return (
             f"{out}: already exists, beside DATA {data}: if the shell expanded an unquoted "
-            f"glob into both, quote it ('{folder}/*{suffix}') and name OUT after it; to "
-            "replace this file, pass --overwrite"
+            f"glob into both, quote it ({pattern}) and name OUT after it; to replace this "
+            "file, pass --overwrite"
         )
     return f"{out}: already exists (pass --overwrite to replace it)"
 
