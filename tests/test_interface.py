@@ -671,6 +671,8 @@ def test_fit_q_takes_the_declared_gamma_too(root, ope_in_process, tmp_path):
         (["evaluate", "d", "--reward-range", "0", "1", "2"], "--reward-range takes 2 values"),
         # a number's option, and a command without arguments: no glob to quote
         (["bench", "--rounds", "1", "extra"], "--rounds takes one number: drop the extra"),
+        (["evaluate", "d", "--top-k", "1", "2"], "--top-k takes one number at a time: repeat"),
+        (["evaluate", "d", "--format", "json", "x"], "--format takes one of its choices: drop"),
         (["bench", "extra"], "ope bench takes no arguments but its options: drop the extra"),
         (["bench", "--data", "a.parquet", "b.parquet"], "--data takes one value: quote a glob"),
         # -p's glob before DATA: its second file was taken as DATA (same suffix), not DATA's

@@ -8,10 +8,12 @@ commands, so ``ope --help`` is instant.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import sys
 import traceback
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -165,8 +167,11 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     name = max(before.opts, key=len)
     if before.nargs > 1:
         return f"{name} takes {before.nargs} values: drop the extra ones"
-    if _takes_a_number(before):
-        return f"{name} takes one number: drop the extra ones"  # no glob expands into it
+    if _takes_a_number(before) or _takes_a_choice(before):  # no glob expands into them
+        what = "one number" if _takes_a_number(before) else "one of its choices"
+        if before.multiple:
+            return f"{name} takes {what} at a time: repeat {name} before each value"
+        return f"{name} takes {what}: drop the extra ones"
     if not before.multiple:
         return f"{name} takes one value: {glob(name + ' ', '...')}, or drop the extra ones"
     return (
@@ -178,10 +183,26 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
 def _takes_a_number(option) -> bool:
     """Whether ``option`` (a command's parameter) takes an int or a float: no glob expands
     into it."""
-    annotation = getattr(getattr(option, "type_descriptor", None), "annotation", None)
+    annotation = _value_annotation(option)
     if annotation is not None:  # typer's own parameters
         return annotation in (int, float)
     return getattr(getattr(option, "type", None), "name", "").startswith(("integer", "float"))
+
+
+def _value_annotation(option):
+    """The type of one value of a typer ``option`` (``list[int]``'s int), or None."""
+    annotation = getattr(getattr(option, "type_descriptor", None), "annotation", None)
+    if typing.get_origin(annotation) in (list, tuple):
+        (annotation, *_) = typing.get_args(annotation) or (None,)
+    return annotation
+
+
+def _takes_a_choice(option) -> bool:
+    """Whether ``option`` takes one of a fixed set of values (an Enum, or click's choices)."""
+    annotation = _value_annotation(option)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return True
+    return getattr(getattr(option, "type", None), "name", "") == "choice"
 
 
 def _glob_ran_into_arguments(words: list[tuple[str, object]], positions: list[int]):
