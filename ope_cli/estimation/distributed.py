@@ -112,19 +112,8 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
         check_coordinator(config.coordinator)
     if config.timeout is not None and config.timeout < 1:  # 0 waited for ever
         raise UsageError(f"--timeout must be at least 1 second, got {config.timeout}")
-    if config.auto and cluster_detected() is False:
-        given = (  # what JAX takes without a launcher (the address also from its variable)
-            ("--coordinator", config.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")),
-            ("--num-processes", config.num_processes),
-            ("--process-id", config.process_id),
-        )
-        missing = [name for name, value in given if value is None]
-        if missing:  # it was exit 5, "could not join ... within 60s" in JAX's words
-            raise UsageError(
-                "--distributed found no launcher it detects (SLURM's srun, Open MPI's "
-                "mpirun, Cloud TPU, Kubernetes) in this process's environment: start ope "
-                f"under one, or give {', '.join(missing)}"
-            )
+    if config.auto:
+        _check_launcher(config)
     # Like everything here, before anything initialises a JAX backend.
     runtime.enable_cpu_collectives()
     try:
@@ -145,6 +134,26 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
     # went on to its end): a scheduler's SIGTERM ends the run, as Ctrl-C does
     interrupts.reclaim()
     return jax.process_index(), jax.process_count()
+
+
+def _check_launcher(config: DistributedConfig) -> None:
+    """A UsageError where --distributed finds no launcher JAX detects and the options (or
+    JAX's own JAX_COORDINATOR_ADDRESS) do not give what it would: the run was exit 5,
+    "could not join ... within 60s", in JAX's words."""
+    if cluster_detected() is not False:
+        return
+    given = (
+        ("--coordinator", config.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")),
+        ("--num-processes", config.num_processes),
+        ("--process-id", config.process_id),
+    )
+    missing = [name for name, value in given if value is None]
+    if missing:
+        raise UsageError(
+            "--distributed found no launcher it detects (SLURM's srun, Open MPI's mpirun, "
+            "Cloud TPU, Kubernetes) in this process's environment: start ope under one, or "
+            f"give {', '.join(missing)}"
+        )
 
 
 def cluster_detected() -> bool | None:
