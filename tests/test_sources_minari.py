@@ -368,6 +368,17 @@ def test_dataset_ids_resolve_under_the_minari_root(made, monkeypatch, tmp_path):
     assert minari.resolve("minari:test/box-v1") == linked / "test" / "box-v1" / "data"
 
 
+def test_file_uris_name_local_datasets_and_roots(made, monkeypatch):
+    """file:// is a local path everywhere else; a Minari dataset (or root) given so was
+    refused as if it were in object storage."""
+    from ope_cli.data.sources import open_dataset
+
+    uri = f"file://{made['box']}"
+    assert open_dataset(uri).count_rows() == open_dataset(str(made["box"])).count_rows()
+    monkeypatch.setenv("MINARI_DATASETS_PATH", f"file://{made['root']}")
+    assert minari.resolve("minari:test/box-v1") == made["root"] / "test" / "box-v1" / "data"
+
+
 # ------------------------------------------------------------------------ through ope
 
 

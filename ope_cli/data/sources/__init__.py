@@ -20,7 +20,7 @@ from ope_cli.data.sources.base import (
 )
 from ope_cli.data.sources.files import read_head, resolve_files
 from ope_cli.data.sources.prefetch import prefetched
-from ope_cli.data.sources.remote import is_uri
+from ope_cli.data.sources.remote import is_uri, on_disk
 from ope_cli.errors import DataError
 
 FORMATS: tuple[ModuleType, ...] = (parquet, ipc, d4rl)  # tried in order on each file's head
@@ -64,6 +64,9 @@ MINARI_METADATA = re.compile(r"/data/(?:[^/]+/)?metadata\.json$")
 
 def open_dataset(source: str) -> Dataset:
     """Resolves a file, directory or glob into an ordered dataset; raises DataError."""
+    local = on_disk(source)  # a file:// URI's path: a Minari dataset is found there too
+    if local is not None and local != source and any(m.claims(local) for m in DATASET_FORMATS):
+        source = local
     for module in DATASET_FORMATS:
         if module.claims(source):
             return module.open_source(source)

@@ -81,6 +81,8 @@ class Layout:
 def root() -> Path:
     """The local Minari root: MINARI_DATASETS_PATH, else ~/.minari/datasets."""
     configured = os.environ.get("MINARI_DATASETS_PATH")
+    if configured and configured.lower().startswith("file://"):
+        configured = configured[len("file://") :]
     if configured and "://" in configured:
         raise DataError(
             f"MINARI_DATASETS_PATH {configured}: a local directory is needed (Minari datasets "
