@@ -98,6 +98,28 @@ def test_distributed_without_a_launcher_is_a_usage_error(monkeypatch):
         initialize(DistributedConfig(num_processes=2, auto=True))
 
 
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (dict(num_processes=2, process_id=5), r"--process-id must be in \[0, 2\), got 5"),
+        (dict(num_processes=0, process_id=0), "--num-processes must be at least 1, got 0"),
+        (dict(coordinator="127.0.0.1:abc"), "--coordinator must be HOST:PORT"),
+    ],
+)
+def test_distributed_checks_the_options_it_is_given(config, words, monkeypatch):
+    """Beside --distributed these were exit 5 in JAX's words, or a crash (a port of
+    "abc"), where without it they are usage errors."""
+    from ope_cli.errors import UsageError
+    from ope_cli.estimation.distributed import DistributedConfig, initialize
+
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    with pytest.raises(UsageError, match=words):
+        initialize(DistributedConfig(auto=True, **config))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:abc")
+    with pytest.raises(UsageError, match="JAX_COORDINATOR_ADDRESS must be HOST:PORT"):
+        initialize(DistributedConfig(auto=True))
+
+
 def test_a_checkpoint_of_other_contents_at_the_same_path_differs(tmp_path, monkeypatch):
     """A stale copy of a checkpoint on one host (the same path, another policy): the
     processes' sums were merged into one run's numbers (WIS 1.441, where the two policies

@@ -103,13 +103,7 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
             raise UsageError(
                 f"{lone} needs {', '.join(missing)} (or --distributed to detect the cluster)"
             )
-        if config.num_processes < 1:
-            raise UsageError(f"--num-processes must be at least 1, got {config.num_processes}")
-        if not 0 <= config.process_id < config.num_processes:
-            raise UsageError(
-                f"--process-id must be in [0, {config.num_processes}), got {config.process_id}"
-            )
-        check_coordinator(config.coordinator)
+    _check_values(config)  # also beside --distributed (JAX's own words, exit 5, or a crash)
     if config.timeout is not None and config.timeout < 1:  # 0 waited for ever
         raise UsageError(f"--timeout must be at least 1 second, got {config.timeout}")
     if config.auto:
@@ -134,6 +128,22 @@ def initialize(config: DistributedConfig) -> tuple[int, int]:
     # went on to its end): a scheduler's SIGTERM ends the run, as Ctrl-C does
     interrupts.reclaim()
     return jax.process_index(), jax.process_count()
+
+
+def _check_values(config: DistributedConfig) -> None:
+    """UsageErrors for the multi-process options given (and, with --distributed, JAX's own
+    JAX_COORDINATOR_ADDRESS): a process count below 1, a process id outside it, an address
+    that is no HOST:PORT."""
+    count, index = config.num_processes, config.process_id
+    if count is not None and count < 1:
+        raise UsageError(f"--num-processes must be at least 1, got {count}")
+    if index is not None and not 0 <= index < (count if count is not None else index + 1):
+        bound = count if count is not None else "the number of processes"
+        raise UsageError(f"--process-id must be in [0, {bound}), got {index}")
+    if config.coordinator is not None:
+        check_coordinator(config.coordinator)
+    elif config.auto and (address := os.environ.get("JAX_COORDINATOR_ADDRESS")) is not None:
+        check_coordinator(address, "JAX_COORDINATOR_ADDRESS")
 
 
 def _check_launcher(config: DistributedConfig) -> None:
@@ -168,15 +178,13 @@ def cluster_detected() -> bool | None:
         return None
 
 
-def check_coordinator(address: str) -> None:
+def check_coordinator(address: str, name: str = "--coordinator") -> None:
     """UsageError for a --coordinator that is not HOST:PORT with a port from 1 to 65535: the
     runtime took "127.0.0.1" for an internal error and "127.0.0.1:abc" for a segfault
     (exit 5, "another process died")."""
     host, _, port = address.rpartition(":")
     if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise UsageError(
-            f"--coordinator must be HOST:PORT, a port from 1 to 65535, got {address!r}"
-        )
+        raise UsageError(f"{name} must be HOST:PORT, a port from 1 to 65535, got {address!r}")
 
 
 def share_files(files: tuple[str, ...], process_id: int, num_processes: int) -> tuple[str, ...]:
