@@ -916,24 +916,27 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
     if small > -math.log10(FLOAT64_SMALLEST_NORMAL):
         found.append(f"rewards as small as 1e-{small} (below 2.2e-308 the kernel takes them as 0)")
     for what, size, critics in (("rewards", large, False), ("Q-hat or V-hat values", critic, True)):
-        loss = float64_loss(result, size)
-        if loss < FLOAT64_LOSS_FLOOR:
-            continue
-        exposed = [_float64_exposed(policy, loss, critics) for policy in result.results]
-        named = [
-            names + (f" ({policy.policy})" if len(result.results) > 1 else "")
-            for policy, names in zip(result.results, exposed, strict=True)
-            if names
-        ]
+        named, losses = [], []
+        for policy in result.results:  # its terms are as large as its weights make them
+            loss = float64_loss(result, size) * _largest_weight(policy, result.dataset.episodes)
+            names = _float64_exposed(policy, loss, critics) if loss >= FLOAT64_LOSS_FLOOR else ""
+            if names:
+                named.append(names + (f" ({policy.policy})" if len(result.results) > 1 else ""))
+                losses.append(loss)
+        loss = float64_loss(result, size)  # the logging policy's weights are 1
         if (
             not critics
+            and loss >= FLOAT64_LOSS_FLOOR
             and _discount_flushes(result)
             and _float64_moves(result.behavior_value, None, loss)
         ):  # returns lose only the steps where gamma^t is below 2.2e-308
             named.append("the logging policy's value (its mean discounted return)")
+            losses.append(loss)
         if named:
+            most = max(losses)
+            amount = f"{most:.1e}" if math.isfinite(most) else "more than float64 holds"
             found.append(
-                f"{what} reach 1e{size}: the terms counted as 0 can add up to {loss:.1e}, more "
+                f"{what} reach 1e{size}: the terms counted as 0 can add up to {amount}, more "
                 f"than 1e-9 of {'; '.join(named)}"
             )
     if not found:
@@ -954,6 +957,15 @@ def float64_loss(result: EvaluationResult, size: int) -> float:
         return 0.0
     cells = max(1, result.dataset.episodes) * max(1, result.dataset.max_length)
     return math.exp(math.log(FLOAT64_SMALLEST_NORMAL * cells) + (size + 1) * math.log(10))
+
+
+def _largest_weight(policy: PolicyResult, episodes: int) -> float:
+    """A bound on ``policy``'s largest per-decision weight, at least 1: ``episodes`` times
+    its largest mean weight at a step (weights are not negative); inf where one overflowed."""
+    mean_t = np.asarray(policy.profile.mean_weight_t, np.float64)
+    if mean_t.size == 0 or np.isnan(mean_t).all():
+        return 1.0
+    return max(1.0, float(np.nanmax(mean_t)) * max(1, episodes))
 
 
 def _discount_flushes(result: EvaluationResult) -> bool:
