@@ -167,8 +167,9 @@ def _extra_arguments_fix(message: str, argv: list[str]) -> str:
     name = max(before.opts, key=len)
     if before.nargs > 1:
         return f"{name} takes {before.nargs} values: drop the extra ones"
-    if _takes_a_number(before) or _takes_a_choice(before):  # no glob expands into them
-        what = "one number" if _takes_a_number(before) else "one of its choices"
+    number = _takes_a_number(before)
+    if number or _takes_a_choice(before):  # no glob expands into them
+        what = "one number" if number else "one of its choices"
         if before.multiple:
             return f"{name} takes {what} at a time: repeat {name} before each value"
         return f"{name} takes {what}: drop the extra ones"

@@ -122,6 +122,10 @@ def _with_keywords(options: GenerateOptions, keywords: dict) -> GenerateOptions:
     )
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # NumPy's: converted
+
+
 def check_seed_and_episodes(seed: Any, episodes: int) -> None:
     """A UsageError for a --seed outside 0 .. 2^63 - 1 or more than MAX_EPISODES
     --episodes (generate's and bench's)."""
@@ -130,7 +134,7 @@ def check_seed_and_episodes(seed: Any, episodes: int) -> None:
             f"--episodes must be at most {MAX_EPISODES:,} (each episode's key folds in its "
             f"32-bit id: episode 2^32 would repeat episode 0), got {episodes:,}"
         )
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+    if not _is_int(seed) or not 0 <= seed < 2**63:
         raise UsageError(f"--seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
 
 
@@ -138,19 +142,16 @@ def _check_options(env: str, options: GenerateOptions) -> None:
     episodes, seed, gamma, horizon = options.episodes, options.seed, options.gamma, options.horizon
     shift, files, policies = options.shift, options.files, options.policies
 
-    def is_int(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)  # NumPy's: converted
-
     if not isinstance(env, str) or env not in REGISTRY:
         raise UsageError(f"unknown environment {env!r}; choose one of {', '.join(ENVIRONMENTS)}")
-    if not is_int(episodes) or episodes < 1:
+    if not _is_int(episodes) or episodes < 1:
         raise UsageError(f"--episodes must be a positive integer, got {episodes!r}")
     check_seed_and_episodes(seed, episodes)
     number = isinstance(gamma, int | float) and not isinstance(gamma, bool)
     if not (number and 0.0 <= gamma <= 1.0):
         kind = "in" if number else "a number in"  # "0.9" is no number out of range
         raise UsageError(f"--gamma must be {kind} [0, 1], got {gamma!r}")
-    if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= MAX_HORIZON):
+    if horizon is not None and (not _is_int(horizon) or not 1 <= horizon <= MAX_HORIZON):
         raise UsageError(
             f"--horizon must be a positive integer of at most {MAX_HORIZON:,} steps, "
             f"got {horizon!r}"
@@ -159,12 +160,12 @@ def _check_options(env: str, options: GenerateOptions) -> None:
         raise UsageError(f"bandit episodes have one step, so --horizon must be 1, got {horizon}")
     if not isinstance(shift, int | float) or isinstance(shift, bool) or not math.isfinite(shift):
         raise UsageError(f"--shift must be a finite number, got {shift!r}")
-    if not is_int(files) or not 1 <= files <= episodes:
+    if not _is_int(files) or not 1 <= files <= episodes:
         raise UsageError(
             f"--files must be an integer from 1 to the number of episodes ({episodes}), "
             f"got {files!r}"
         )
-    if not is_int(policies) or not 1 <= policies <= MAX_POLICIES:
+    if not _is_int(policies) or not 1 <= policies <= MAX_POLICIES:
         raise UsageError(
             f"--policies must be an integer from 1 to {MAX_POLICIES}, got {policies!r}"
         )

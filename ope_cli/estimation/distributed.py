@@ -137,13 +137,20 @@ def _check_values(config: DistributedConfig) -> None:
     count, index = config.num_processes, config.process_id
     if count is not None and count < 1:
         raise UsageError(f"--num-processes must be at least 1, got {count}")
-    if index is not None and not 0 <= index < (count if count is not None else index + 1):
+    if index is not None and (index < 0 or (count is not None and index >= count)):
         bound = count if count is not None else "the number of processes"
         raise UsageError(f"--process-id must be in [0, {bound}), got {index}")
-    if config.coordinator is not None:
-        check_coordinator(config.coordinator)
-    elif config.auto and (address := os.environ.get("JAX_COORDINATOR_ADDRESS")) is not None:
-        check_coordinator(address, "JAX_COORDINATOR_ADDRESS")
+    address, name = _coordinator(config)
+    if address is not None:
+        check_coordinator(address, name)
+
+
+def _coordinator(config: DistributedConfig) -> tuple[str | None, str]:
+    """(the coordinator's address the options give, with --distributed also JAX's own
+    JAX_COORDINATOR_ADDRESS; where it comes from)."""
+    if config.coordinator is not None or not config.auto:
+        return config.coordinator, "--coordinator"
+    return os.environ.get("JAX_COORDINATOR_ADDRESS"), "JAX_COORDINATOR_ADDRESS"
 
 
 def _check_launcher(config: DistributedConfig) -> None:
@@ -153,7 +160,7 @@ def _check_launcher(config: DistributedConfig) -> None:
     if cluster_detected() is not False:
         return
     given = (
-        ("--coordinator", config.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")),
+        ("--coordinator", _coordinator(config)[0]),
         ("--num-processes", config.num_processes),
         ("--process-id", config.process_id),
     )

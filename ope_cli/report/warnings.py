@@ -916,14 +916,14 @@ def float64_warning(result: EvaluationResult) -> Warning | None:
     if small > -math.log10(FLOAT64_SMALLEST_NORMAL):
         found.append(f"rewards as small as 1e-{small} (below 2.2e-308 the kernel takes them as 0)")
     for what, size, critics in (("rewards", large, False), ("Q-hat or V-hat values", critic, True)):
-        named, losses = [], []
+        named, losses, unweighted = [], [], float64_loss(result, size)
         for policy in result.results:  # its terms are as large as its weights make them
-            loss = float64_loss(result, size) * _largest_weight(policy, result.dataset.episodes)
+            loss = unweighted * _largest_weight(policy, result.dataset.episodes)
             names = _float64_exposed(policy, loss, critics) if loss >= FLOAT64_LOSS_FLOOR else ""
             if names:
                 named.append(names + (f" ({policy.policy})" if len(result.results) > 1 else ""))
                 losses.append(loss)
-        loss = float64_loss(result, size)  # the logging policy's weights are 1
+        loss = unweighted  # the logging policy's weights are 1
         if (
             not critics
             and loss >= FLOAT64_LOSS_FLOOR

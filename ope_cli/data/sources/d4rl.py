@@ -323,9 +323,9 @@ def _common_schema(layouts: dict[str, FileLayout]) -> pa.Schema:
     (first, layout), *others = layouts.items()
     fields = list(layout.schema)
     for file, other in others:
-        mine, theirs = set(layout.columns.values()), set(other.columns.values())
-        if mine != theirs:
-            lacks, also = sorted(mine - theirs), sorted(theirs - mine)
+        held, other_held = set(layout.columns.values()), set(other.columns.values())
+        if held != other_held:
+            lacks, also = sorted(held - other_held), sorted(other_held - held)
             differs = (
                 f"no dataset {lacks[0]!r}, which {first} has"
                 if lacks

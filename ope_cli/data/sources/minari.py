@@ -30,6 +30,7 @@ import pyarrow as pa
 from ope_cli.data.sources.base import DeclaredBounds, SourcedBatch
 from ope_cli.data.sources.minari_spaces import arrow_type, flat_size, flatten, space_leaves
 from ope_cli.data.sources.minari_storage import ArrowStorage, Episodes, Hdf5Storage, Leaf
+from ope_cli.data.sources.remote import on_disk
 from ope_cli.errors import DataError, first_line
 
 NAME = "minari"
@@ -81,14 +82,15 @@ class Layout:
 def root() -> Path:
     """The local Minari root: MINARI_DATASETS_PATH, else ~/.minari/datasets."""
     configured = os.environ.get("MINARI_DATASETS_PATH")
-    if configured and configured.lower().startswith("file://"):
-        configured = configured[len("file://") :]
-    if configured and "://" in configured:
+    if not configured:
+        return Path.home() / ".minari" / "datasets"
+    local = on_disk(configured)  # a file:// URI's path
+    if local is None:
         raise DataError(
             f"MINARI_DATASETS_PATH {configured}: a local directory is needed (Minari datasets "
             "are read from a local disk only; copy it first)"
         )
-    return Path(configured) if configured else Path.home() / ".minari" / "datasets"
+    return Path(local)
 
 
 def _data_dir(path: Path) -> Path | None:
